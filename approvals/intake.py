@@ -1,0 +1,43 @@
+"""Limits applied to the ledger: what the intake and the executor ask of the policies."""
+
+from decimal import Decimal
+
+from django.db.models import Sum
+from django.utils import timezone
+
+from .models import Limit
+from .policies import RUN, verdict_for
+
+
+def limit_for(action_type, currency):
+    if not currency:
+        return None
+    return Limit.objects.filter(action_type=action_type, currency=currency).first()
+
+
+def verdict_for_request(*, action_type, amount, currency, customer):
+    from ledger.models import Action, ActionStatus
+
+    limit = limit_for(action_type, currency)
+    if limit is None or amount is None:
+        return RUN
+    total_today = Decimal(0)
+    if customer and limit.daily_customer_total is not None:
+        start_of_day = timezone.now().replace(hour=0, minute=0, second=0, microsecond=0)
+        total_today = (
+            Action.objects.filter(
+                action_type=action_type, currency=currency, customer=customer, created_at__gte=start_of_day
+            )
+            .exclude(status__in=[ActionStatus.REJECTED, ActionStatus.CANCELLED, ActionStatus.FAILED])
+            .aggregate(total=Sum("amount"))["total"]
+            or Decimal(0)
+        )
+    return verdict_for(limit, amount, total_today)
+
+
+def needs_person_after_verification(action):
+    """Over its limit, an unknown outcome goes to a person even when the provider was sure."""
+    limit = limit_for(action.action_type, action.currency)
+    if limit is None or action.amount is None or action.amount <= limit.max_amount:
+        return ""
+    return f"verified, but {action.amount} {action.currency} is above the limit of {limit.max_amount}"

@@ -1,0 +1,29 @@
+"""Pure policy: a limit and an action's amount in, a verdict out. No database here."""
+
+from dataclasses import dataclass
+from decimal import Decimal
+
+
+@dataclass(frozen=True)
+class Verdict:
+    approvals_needed: int  # 0: run it; 1: one approver; 2: two different approvers
+    reason: str = ""
+
+
+RUN = Verdict(0)
+
+
+def verdict_for(limit, amount: Decimal | None, customer_total_today: Decimal = Decimal(0)) -> Verdict:
+    if limit is None or amount is None:
+        return RUN
+    if limit.dual_approval_above is not None and amount > limit.dual_approval_above:
+        return Verdict(2, f"{amount} {limit.currency} is above {limit.dual_approval_above}: two approvers")
+    if amount > limit.max_amount:
+        return Verdict(1, f"{amount} {limit.currency} is above the limit of {limit.max_amount}")
+    if limit.daily_customer_total is not None and customer_total_today + amount > limit.daily_customer_total:
+        return Verdict(
+            1,
+            f"the customer's total today would be {customer_total_today + amount} {limit.currency}, "
+            f"above {limit.daily_customer_total}",
+        )
+    return RUN

@@ -1,0 +1,246 @@
+"""Settings, read from the environment variables of CONTRACT.md.
+
+With no configuration at all the app runs on a SQLite file (IMMEDIATE transactions) and
+on Redis at localhost if it answers, else runs jobs in-process; `ledger.apps` announces
+which on start.
+"""
+
+import os
+from pathlib import Path
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def env_str(name, default=None):
+    return os.environ.get(name, default)
+
+
+def env_bool(name, default=False):
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def env_float(name, default):
+    return float(os.environ.get(name, default))
+
+
+def env_int(name, default):
+    return int(os.environ.get(name, default))
+
+
+def env_list(name, default=""):
+    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
+
+
+DEBUG = env_bool("DEBUG", False)
+PRODUCTION = env_bool("PRODUCTION", False)
+
+# Development values are only ever used with DEBUG on; anything else must configure them.
+_DEV_SECRET = "dev-only-secret-key-never-used-in-production-0123456789abcdef"
+SECRET_KEY = env_str("SECRET_KEY") or (_DEV_SECRET if DEBUG or not PRODUCTION else None)
+if not SECRET_KEY:
+    raise RuntimeError("SECRET_KEY must be set when DEBUG is off in production")
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "" if PRODUCTION else "localhost,127.0.0.1,[::1],testserver")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "django_rq",
+    "django_htmx",
+    "template_partials",
+    "guardian",
+    "ledger",
+    "ledger.sandbox",
+    "approvals",
+    "dlq",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "ledger.middleware.RequestIdMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "csp.middleware.CSPMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+WSGI_APPLICATION = "config.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database -------------------------------------------------------------------------------
+DATABASES = {
+    "default": dj_database_url.parse(
+        env_str("DATABASE_URL", f"sqlite:///{BASE_DIR / 'db.sqlite3'}"),
+        conn_max_age=600,
+        conn_health_checks=True,
+    )
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # IMMEDIATE takes the write lock at BEGIN, so two writers queue instead of failing
+    # with "database is locked" halfway through a transaction.
+    DATABASES["default"]["OPTIONS"] = {"transaction_mode": "IMMEDIATE", "timeout": 20}
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+if env_str("TEST_DATABASE_NAME"):
+    DATABASES["default"]["TEST"] = {"NAME": env_str("TEST_DATABASE_NAME")}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- Redis and RQ ---------------------------------------------------------------------------
+REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def _redis_answers(url):
+    import redis
+
+    try:
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=0.3, socket_timeout=0.3).ping())
+    except (redis.RedisError, OSError, ValueError):
+        return False
+
+
+RQ_ASYNC = env_bool("RQ_ASYNC", True) and _redis_answers(REDIS_URL)
+RQ_QUEUES = {
+    "default": {"URL": REDIS_URL, "DEFAULT_TIMEOUT": 600, "ASYNC": RQ_ASYNC},
+}
+RQ = {"WORKER_CLASS": "rq.worker.SimpleWorker"}
+
+# --- Surety ---------------------------------------------------------------------------------
+SANDBOX_ENABLED = env_bool("SANDBOX_ENABLED", not PRODUCTION)
+SANDBOX_BASE_URL = env_str("SANDBOX_BASE_URL", "http://127.0.0.1:8000/sandbox/v1")
+SANDBOX_API_KEY = env_str("SANDBOX_API_KEY", "sandbox-dev-key")
+SANDBOX_WEBHOOK_SECRET = env_str("SANDBOX_WEBHOOK_SECRET", "whsec-sandbox-dev")
+SANDBOX_TIMEOUT_SLEEP = env_float("SANDBOX_TIMEOUT_SLEEP", 10)
+CONNECTOR_TIMEOUT = env_float("CONNECTOR_TIMEOUT", 5)
+LEASE_SECONDS = env_float("LEASE_SECONDS", 30)
+# A provider call starts only with at least CONNECTOR_TIMEOUT + this margin of lease left.
+LEASE_MARGIN_SECONDS = env_float("LEASE_MARGIN_SECONDS", 2)
+MAX_ATTEMPTS = env_int("MAX_ATTEMPTS", 3)
+# Backoff between attempts: BACKOFF_BASE * 2**(attempt-1), capped, with full jitter.
+BACKOFF_BASE_SECONDS = env_float("BACKOFF_BASE_SECONDS", 2)
+BACKOFF_MAX_SECONDS = env_float("BACKOFF_MAX_SECONDS", 300)
+SWEEP_INTERVAL_SECONDS = env_float("SWEEP_INTERVAL_SECONDS", 5)
+WEBHOOK_TOLERANCE_SECONDS = 300
+API_MAX_BODY_BYTES = 64 * 1024
+API_MAX_WAIT_SECONDS = 30
+ALERT_WEBHOOK_URL = env_str("ALERT_WEBHOOK_URL")
+ALERT_WEBHOOK_SECRET = env_str("ALERT_WEBHOOK_SECRET", "alert-dev-secret")
+ALERT_EMAILS = env_list("ALERT_EMAILS", "operations@surety.example")
+SITE_URL = env_str("SITE_URL", "http://127.0.0.1:8000")
+
+# --- Auth -----------------------------------------------------------------------------------
+AUTHENTICATION_BACKENDS = [
+    "django.contrib.auth.backends.ModelBackend",
+    "guardian.backends.ObjectPermissionBackend",
+]
+ANONYMOUS_USER_NAME = None
+GUARDIAN_MONKEY_PATCH_USER = False
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "overview"
+LOGOUT_REDIRECT_URL = "login"
+
+# --- REST framework -------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["ledger.api.auth.AgentTokenAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PARSER_CLASSES": ["ledger.api.problems.BoundedJSONParser"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "EXCEPTION_HANDLER": "ledger.api.problems.problem_exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_THROTTLE_CLASSES": ["ledger.api.auth.AgentRateThrottle"],
+    "DEFAULT_THROTTLE_RATES": {"agent": env_str("API_RATE_LIMIT", "20000/min")},
+    "UNAUTHENTICATED_USER": None,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Surety agents' API",
+    "DESCRIPTION": "Guarded, idempotent actions and durable tasks for AI agents.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SCHEMA_PATH_PREFIX": "/api/v1",
+}
+DATA_UPLOAD_MAX_MEMORY_SIZE = 1024 * 1024
+
+# --- Static files ---------------------------------------------------------------------------
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+STATICFILES_DIRS = [BASE_DIR / "static", ("vendor/htmx", BASE_DIR / "node_modules" / "htmx.org" / "dist")]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {
+        "BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"
+        if PRODUCTION
+        else "django.contrib.staticfiles.storage.StaticFilesStorage"
+    },
+}
+
+# --- Security -------------------------------------------------------------------------------
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'"],
+        "img-src": ["'self'", "data:"],
+        "connect-src": ["'self'"],
+        "frame-ancestors": ["'none'"],
+        "form-action": ["'self'"],
+        "base-uri": ["'self'"],
+    }
+}
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
+SESSION_COOKIE_HTTPONLY = True
+if PRODUCTION:
+    SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", True)
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31536000)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    SECURE_HSTS_PRELOAD = True
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+
+# --- Mail -----------------------------------------------------------------------------------
+EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "surety@surety.example")
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "loggers": {"surety": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")}},
+}

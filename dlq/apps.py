@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class DlqConfig(AppConfig):
+    name = "dlq"
+    verbose_name = "Dead-letter queue"

@@ -1,0 +1,111 @@
+"""Recording intent: the ledger row for an operation key, written before anything is called.
+
+`action_request` is the intake of the agents' API and of workflow steps alike.
+"""
+
+import hashlib
+import json
+import zlib
+
+from django.db import IntegrityError, connection, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from .models import IN_FLIGHT_STATUSES, Action, ActionStatus, AuditEvent
+
+S = ActionStatus
+
+
+class KeyReused(Exception):
+    """The operation key already names a different request (another fingerprint)."""
+
+    def __init__(self, action):
+        super().__init__(action.operation_key)
+        self.action = action
+
+
+def fingerprint(kind, target, params):
+    canonical = json.dumps([kind, target, params], sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _replay(action, print_):
+    if action.fingerprint != print_:
+        raise KeyReused(action)
+    return action, False
+
+
+def _lock_subjects(*subjects):
+    """Serialise requests about the same order, recipient or customer (PostgreSQL).
+
+    Without it two requests for one order, arriving together, would each see the other
+    not yet in flight and both run. Locks are taken in a fixed order so two requests never
+    wait on each other's second lock. SQLite's IMMEDIATE transactions already serialise.
+    """
+    if connection.vendor != "postgresql":
+        return
+    keys = sorted({zlib.crc32(s.encode()) - 2**31 for s in subjects if s})
+    with connection.cursor() as cursor:
+        for key in keys:
+            cursor.execute("SELECT pg_advisory_xact_lock(1, %s)", [key])
+
+
+def action_request(*, agent, operation_key, action_type, target, params, customer="", decision_id="",
+                   amount=None, currency="", task=None):
+    """Return `(action, created)`: the row for this key, created now or as it stands.
+
+    1. A key that exists answers at once: same fingerprint -> the stored action; another
+       -> KeyReused. Nothing is executed again either way.
+    2. Otherwise, under the subjects' locks: look again (a twin may just have committed),
+       find what is in flight on the same target or customer, ask the limits.
+    3. Insert `queued`, `awaiting_approval` or `held`; hold the not-yet-started siblings;
+       audit; enqueue the executor after commit. The unique key is the final arbiter.
+    """
+    from approvals.intake import verdict_for_request
+
+    from .jobs import ring_after_commit
+
+    print_ = fingerprint(action_type, target, params)
+    existing = Action.objects.filter(operation_key=operation_key).first()
+    if existing:
+        return _replay(existing, print_)
+    try:
+        with transaction.atomic():
+            _lock_subjects(f"target:{target}", customer and f"customer:{customer}")
+            existing = Action.objects.filter(operation_key=operation_key).first()
+            if existing:
+                return _replay(existing, print_)
+            same_subject = Q(target=target) | (Q(customer=customer) if customer else Q(pk__in=[]))
+            siblings = list(
+                Action.objects.select_for_update().filter(same_subject, status__in=IN_FLIGHT_STATUSES).order_by("id")
+            )
+            verdict = verdict_for_request(action_type=action_type, amount=amount, currency=currency, customer=customer)
+            if siblings:
+                status = S.HELD
+                reason = "another action is in flight for the same target or customer: " + ", ".join(
+                    s.operation_key for s in siblings[:5]
+                )
+            elif verdict.approvals_needed:
+                status, reason = S.AWAITING_APPROVAL, verdict.reason
+            else:
+                status, reason = S.QUEUED, ""
+            action = Action.objects.create(
+                operation_key=operation_key, fingerprint=print_, action_type=action_type, target=target,
+                customer=customer, params=params, amount=amount, currency=currency, decision_id=decision_id,
+                task=task, agent=agent, status=status,
+                next_attempt_at=timezone.now() if status == S.QUEUED else None,
+            )
+            AuditEvent.objects.record(actor=agent, verb="requested", obj=action, after={"status": status}, reason=reason)
+            for sibling in siblings:
+                if sibling.status == S.QUEUED:
+                    sibling.hold(actor="system:intake", reason=f"{operation_key} arrived for the same target or customer")
+            if status == S.QUEUED:
+                ring_after_commit("actions")
+    except IntegrityError:
+        # The same key, inserted meanwhile by a request about another subject.
+        existing = Action.objects.filter(operation_key=operation_key).first()
+        if existing is None:
+            raise
+        return _replay(existing, print_)
+    return action, True
+

@@ -1,0 +1,43 @@
+"""Agents (service accounts): create, grant, rotate — each audited."""
+
+from django.contrib.auth import get_user_model
+from django.db import transaction
+
+from .grants import agent_grant, capability
+from .models import ActionType, Agent, AuditEvent, Capability
+
+WORKFLOWS_KNOWN = ("refund",)
+
+
+def capabilities_named(name):
+    """`--grant NAME`: the action type and/or the workflow of that name."""
+    found = []
+    if name in ActionType.values:
+        found.append(capability(Capability.Kind.ACTION_TYPE, name))
+    if name in WORKFLOWS_KNOWN:
+        found.append(capability(Capability.Kind.WORKFLOW, name))
+    if not found:
+        raise ValueError(f"{name!r} is neither an action type nor a workflow")
+    return found
+
+
+def agent_create(name, *, actor, grants=()):
+    """Returns (agent, token); the token is not stored and cannot be shown again."""
+    with transaction.atomic():
+        user = get_user_model().objects.create_user(username=f"agent-{name}", password=None)
+        token = Agent.new_token()
+        agent = Agent.objects.create(name=name, user=user, token_hash=Agent.hash_token(token), token_prefix=token[:12])
+        AuditEvent.objects.record(actor=actor, verb="agent_created", obj=agent, after={"name": name})
+        for grant in grants:
+            for cap in capabilities_named(grant):
+                agent_grant(agent, cap, actor=actor)
+    return agent, token
+
+
+def agent_rotate_token(agent, *, actor, reason=""):
+    with transaction.atomic():
+        token = Agent.new_token()
+        agent.token_hash, agent.token_prefix = Agent.hash_token(token), token[:12]
+        agent.save(update_fields=["token_hash", "token_prefix"])
+        AuditEvent.objects.record(actor=actor, verb="token_rotated", obj=agent, reason=reason)
+    return token

@@ -1,0 +1,133 @@
+"""RFC 9457 problem details for every 4xx the API gives, DRF's own included."""
+
+import json
+from decimal import Decimal
+
+from django.conf import settings
+from django.core.exceptions import PermissionDenied, RequestDataTooBig
+from django.http import Http404, JsonResponse
+from rest_framework import exceptions, status
+from rest_framework.parsers import JSONParser
+from rest_framework.response import Response
+
+PROBLEM_TYPE = "https://surety.dev/problems/"
+
+# DRF's exception classes -> the stable `code` of the contract.
+_CODES = {
+    exceptions.NotAuthenticated: "unauthenticated",
+    exceptions.AuthenticationFailed: "unauthenticated",
+    exceptions.PermissionDenied: "forbidden",
+    exceptions.NotFound: "not_found",
+    exceptions.MethodNotAllowed: "method_not_allowed",
+    exceptions.NotAcceptable: "not_acceptable",
+    exceptions.UnsupportedMediaType: "unsupported_media_type",
+    exceptions.Throttled: "throttled",
+    exceptions.ParseError: "invalid",
+    exceptions.ValidationError: "invalid",
+}
+
+
+class Problem(exceptions.APIException):
+    """An API error with a contract code; `errors` maps fields to messages."""
+
+    def __init__(self, status_code, code, title, detail="", errors=None):
+        super().__init__(detail or title)
+        self.status_code = status_code
+        self.problem_code = code
+        self.title = title
+        self.errors = errors
+
+
+def problem_body(status_code, code, title, detail, errors=None):
+    body = {"type": PROBLEM_TYPE + code, "title": title, "status": status_code, "detail": detail, "code": code}
+    if errors:
+        body["errors"] = errors
+    return body
+
+
+def _messages(detail):
+    """DRF's nested error details, flattened to {field: [messages]} (dotted for nesting)."""
+    if isinstance(detail, dict):
+        flat = {}
+        for field, value in detail.items():
+            nested = _messages(value)
+            if isinstance(nested, dict):
+                flat.update({f"{field}.{k}" if k != "non_field_errors" else field: v for k, v in nested.items()})
+            else:
+                flat[field] = nested
+        return flat
+    if isinstance(detail, list):
+        if any(isinstance(item, dict) for item in detail):
+            return _messages({str(i): item for i, item in enumerate(detail)})
+        return [str(item) for item in detail]
+    return [str(detail)]
+
+
+def problem_exception_handler(exc, context):
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound()
+    elif isinstance(exc, PermissionDenied):
+        exc = exceptions.PermissionDenied()
+    elif isinstance(exc, RequestDataTooBig):
+        exc = body_too_large()
+    if not isinstance(exc, exceptions.APIException):
+        return None
+    # Imported here: rest_framework.views reads the parser setting, which names this module.
+    from rest_framework.views import set_rollback
+
+    set_rollback()
+    if isinstance(exc, Problem):
+        body = problem_body(exc.status_code, exc.problem_code, exc.title, str(exc.detail), exc.errors)
+    elif isinstance(exc, exceptions.ValidationError):
+        errors = _messages(exc.detail)
+        if isinstance(errors, list):
+            errors = {"body": errors}
+        body = problem_body(400, "invalid", "Invalid request", "The request did not pass validation.", errors)
+    else:
+        code = next((c for cls, c in _CODES.items() if isinstance(exc, cls)), "error")
+        body = problem_body(exc.status_code, code, _title(exc), str(exc.detail))
+    response = Response(body, status=exc.status_code, content_type="application/problem+json")
+    if isinstance(exc, (exceptions.NotAuthenticated, exceptions.AuthenticationFailed)):
+        response["WWW-Authenticate"] = 'Bearer realm="api"'
+    if getattr(exc, "wait", None):
+        response["Retry-After"] = str(int(exc.wait))
+    return response
+
+
+def _title(exc):
+    return {400: "Bad request", 401: "Unauthenticated", 403: "Forbidden", 404: "Not found",
+            405: "Method not allowed", 406: "Not acceptable", 415: "Unsupported media type",
+            429: "Too many requests"}.get(exc.status_code, "Error")
+
+
+def body_too_large():
+    limit = settings.API_MAX_BODY_BYTES
+    return Problem(400, "invalid", "Invalid request", f"The body is larger than {limit // 1024} KiB.",
+                   {"body": [f"at most {limit} bytes"]})
+
+
+def _no_constants(name):
+    raise ValueError(f"{name} is not JSON")
+
+
+class BoundedJSONParser(JSONParser):
+    """JSON bodies of at most API_MAX_BODY_BYTES; numbers with a fraction become Decimal,
+    never float, so an amount sent as a number is seen (and refused) as what it is."""
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        limit = settings.API_MAX_BODY_BYTES
+        raw = stream.read(limit + 1) if stream is not None else b""
+        if len(raw) > limit:
+            raise body_too_large()
+        if not raw:
+            raise exceptions.ParseError("The body is empty; a JSON object is expected.")
+        try:
+            return json.loads(raw.decode("utf-8"), parse_float=Decimal, parse_constant=_no_constants)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise exceptions.ParseError(f"The body is not valid JSON: {exc}") from exc
+
+
+def api_not_found(request, exception=None):
+    """Unknown URLs under /api/ answer as problems too (config/urls.py's handler404)."""
+    body = problem_body(404, "not_found", "Not found", "No such resource.")
+    return JsonResponse(body, status=status.HTTP_404_NOT_FOUND, content_type="application/problem+json")

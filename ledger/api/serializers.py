@@ -1,0 +1,150 @@
+"""Input and output of the agents' API. Validation lives here, at the edge."""
+
+import re
+from decimal import Decimal, InvalidOperation
+from urllib.parse import quote
+
+import pycountry
+from django.core.validators import validate_email
+from django.core.exceptions import ValidationError as DjangoValidationError
+from rest_framework import serializers
+
+from ledger.models import Action, ActionType
+
+PHONE = re.compile(r"^\+[1-9]\d{6,14}$")
+MAX_AMOUNT = Decimal("1000000000")
+
+
+class AmountField(serializers.Field):
+    """A decimal string such as "25.00": never a JSON number, positive, at most 3 decimals."""
+
+    default_error_messages = {
+        "type": 'Send the amount as a decimal string, e.g. "25.00", not as a number.',
+        "invalid": "Not a decimal number.",
+        "positive": "Must be greater than zero.",
+        "places": "At most 3 decimal places.",
+        "large": "Too large.",
+    }
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("type")
+        if not re.fullmatch(r"\d+(\.\d+)?", data.strip()):
+            self.fail("positive" if data.strip().startswith("-") else "invalid")
+        try:
+            amount = Decimal(data.strip())
+        except InvalidOperation:
+            self.fail("invalid")
+        if amount <= 0:
+            self.fail("positive")
+        if -amount.as_tuple().exponent > 3:
+            self.fail("places")
+        if amount >= MAX_AMOUNT:
+            self.fail("large")
+        return data.strip()
+
+    def to_representation(self, value):
+        return str(value)
+
+
+class CurrencyField(serializers.CharField):
+    def to_internal_value(self, data):
+        code = super().to_internal_value(data)
+        if len(code) != 3 or not code.isalpha() or pycountry.currencies.get(alpha_3=code.upper()) is None:
+            raise serializers.ValidationError("Not an ISO 4217 currency code.")
+        return code.upper()
+
+
+class StrictSerializer(serializers.Serializer):
+    """Refuses fields it does not know: what is not validated must not reach the ledger."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(self.fields))
+            if unknown:
+                raise serializers.ValidationError({name: ["Unknown field."] for name in unknown})
+        return super().to_internal_value(data)
+
+
+class RefundParams(StrictSerializer):
+    amount = AmountField()
+    currency = CurrencyField()
+    reason = serializers.CharField(max_length=500, required=False, allow_blank=True)
+
+
+class MessageParams(StrictSerializer):
+    channel = serializers.ChoiceField(choices=["email", "sms", "whatsapp"])
+    message_type = serializers.CharField(max_length=100)
+    body = serializers.CharField(max_length=10_000)
+
+
+class BookingParams(StrictSerializer):
+    service = serializers.CharField(max_length=200)
+    start = serializers.DateTimeField()
+    end = serializers.DateTimeField()
+
+    def validate(self, data):
+        if data["end"] <= data["start"]:
+            raise serializers.ValidationError({"end": ["Must be after start."]})
+        return data
+
+
+PARAMS = {
+    ActionType.REFUND: RefundParams,
+    ActionType.SEND_MESSAGE: MessageParams,
+    ActionType.CREATE_BOOKING: BookingParams,
+}
+
+
+class ActionRequestSerializer(StrictSerializer):
+    action_type = serializers.ChoiceField(choices=ActionType.choices)
+    target = serializers.CharField(max_length=255)
+    customer = serializers.CharField(max_length=255, required=False, allow_blank=True, allow_null=True, default="")
+    decision_id = serializers.CharField(max_length=255, required=False, allow_blank=True, allow_null=True, default="")
+    task_id = serializers.CharField(max_length=255, required=False, allow_null=True, default=None)
+    params = serializers.DictField()
+
+    def validate(self, data):
+        params = PARAMS[data["action_type"]](data=data["params"])
+        if not params.is_valid():
+            raise serializers.ValidationError({"params": params.errors})
+        clean = dict(params.validated_data)
+        for moment in ("start", "end"):
+            if moment in clean:
+                clean[moment] = clean[moment].isoformat()
+        data["params"] = clean
+        data["customer"] = data.get("customer") or ""
+        data["decision_id"] = data.get("decision_id") or ""
+        if data["action_type"] == ActionType.SEND_MESSAGE:
+            self._check_recipient(data["target"], clean["channel"])
+        if data["action_type"] == ActionType.CREATE_BOOKING and not data["customer"]:
+            raise serializers.ValidationError({"customer": ["A booking needs the customer."]})
+        return data
+
+    @staticmethod
+    def _check_recipient(target, channel):
+        if channel == "email":
+            try:
+                validate_email(target)
+            except DjangoValidationError:
+                raise serializers.ValidationError({"target": ["Not an e-mail address."]}) from None
+        elif not PHONE.match(target):
+            raise serializers.ValidationError({"target": ["Not a phone number in E.164 form (+4930123456)."]})
+
+
+class ActionSerializer(serializers.ModelSerializer):
+    task_id = serializers.SerializerMethodField()
+    url = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Action
+        fields = [
+            "operation_key", "action_type", "target", "customer", "decision_id", "task_id", "params", "status",
+            "attempts", "external_ref", "result", "error", "created_at", "updated_at", "url",
+        ]
+
+    def get_task_id(self, action) -> str | None:
+        return action.task.task_id if action.task_id else None
+
+    def get_url(self, action) -> str:
+        return f"/api/v1/actions/{quote(action.operation_key, safe='')}"

@@ -1,0 +1,12 @@
+from django.urls import path
+from drf_spectacular.views import SpectacularAPIView
+from rest_framework.permissions import AllowAny
+
+from . import views
+
+app_name = "api"
+urlpatterns = [
+    path("actions", views.ActionCreateView.as_view(), name="action-create"),
+    path("actions/<path:operation_key>", views.ActionDetailView.as_view(), name="action-detail"),
+    path("schema", SpectacularAPIView.as_view(authentication_classes=[], permission_classes=[AllowAny]), name="schema"),
+]

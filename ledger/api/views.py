@@ -1,0 +1,120 @@
+"""The agents' API: one view per operation, no business logic here."""
+
+import time
+
+from django.conf import settings
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from ledger.actions import KeyReused, action_request
+from ledger.grants import agent_may
+from ledger.models import Action, ActionStatus, Capability, Task
+
+from .problems import Problem
+from .serializers import ActionRequestSerializer, ActionSerializer
+
+KEY_HEADER = OpenApiParameter(
+    "Idempotency-Key", OpenApiTypes.STR, OpenApiParameter.HEADER, required=True,
+    description="The operation key: 1-255 printable ASCII characters, the same on every retry.",
+)
+WAIT = OpenApiParameter(
+    "wait", OpenApiTypes.INT, OpenApiParameter.QUERY,
+    description="Hold the answer up to this many seconds (at most 30) until the status settles.",
+)
+UNSETTLED_ACTION = {ActionStatus.QUEUED, ActionStatus.PENDING, ActionStatus.UNKNOWN}
+
+
+def idempotency_key(request):
+    key = request.headers.get("Idempotency-Key")
+    if key is None:
+        raise Problem(400, "idempotency_key_missing", "Idempotency-Key missing",
+                      "Send the operation key in the Idempotency-Key header.")
+    if not 1 <= len(key) <= 255 or not all(" " <= ch <= "~" for ch in key):
+        raise Problem(400, "invalid", "Invalid request", "The Idempotency-Key is not valid.",
+                      {"Idempotency-Key": ["1 to 255 printable ASCII characters."]})
+    return key
+
+
+def key_reused(key):
+    return Problem(422, "idempotency_key_reused", "Idempotency-Key reused",
+                   f"The key {key!r} was already used for a different request; nothing was changed.")
+
+
+def wait_seconds(request):
+    raw = request.query_params.get("wait")
+    if raw is None:
+        return 0
+    try:
+        value = float(raw)
+    except ValueError:
+        raise Problem(400, "invalid", "Invalid request", "wait must be a number of seconds.",
+                      {"wait": ["A number of seconds, 0 to 30."]}) from None
+    if not 0 <= value <= settings.API_MAX_WAIT_SECONDS:
+        raise Problem(400, "invalid", "Invalid request", "wait must be between 0 and 30.",
+                      {"wait": ["A number of seconds, 0 to 30."]})
+    return value
+
+
+def poll(load, unsettled, seconds):
+    """Re-read until the object leaves the unsettled states or time runs out."""
+    obj = load()
+    deadline = time.monotonic() + seconds
+    while unsettled(obj) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        obj = load()
+    return obj
+
+
+class ActionCreateView(APIView):
+    @extend_schema(
+        operation_id="actions_create", parameters=[KEY_HEADER], request=ActionRequestSerializer,
+        responses={201: ActionSerializer, 200: ActionSerializer},
+        description="Request one guarded effect. Same key and body again: 200 with "
+        "`Idempotent-Replayed: true`, nothing executed again.",
+    )
+    def post(self, request):
+        key = idempotency_key(request)
+        incoming = ActionRequestSerializer(data=request.data)
+        incoming.is_valid(raise_exception=True)
+        data = incoming.validated_data
+        agent = request.auth
+        if not agent_may(agent, Capability.Kind.ACTION_TYPE, data["action_type"]):
+            raise Problem(403, "forbidden", "Forbidden", f"This agent may not request {data['action_type']}.")
+        task = None
+        if data["task_id"]:
+            task = Task.objects.filter(task_id=data["task_id"], agent=agent).first()
+            if task is None:
+                raise Problem(400, "invalid", "Invalid request", "No such task.", {"task_id": ["No such task."]})
+        params = data["params"]
+        try:
+            action, created = action_request(
+                agent=agent, operation_key=key, action_type=data["action_type"], target=data["target"],
+                customer=data["customer"], decision_id=data["decision_id"], params=params, task=task,
+                amount=params.get("amount"), currency=params.get("currency", ""),
+            )
+        except KeyReused:
+            raise key_reused(key) from None
+        if action.agent_id != agent.pk:
+            raise key_reused(key)
+        response = Response(ActionSerializer(action).data, status=201 if created else 200)
+        if not created:
+            response["Idempotent-Replayed"] = "true"
+        return response
+
+
+class ActionDetailView(APIView):
+    @extend_schema(operation_id="actions_retrieve", parameters=[WAIT], responses={200: ActionSerializer})
+    def get(self, request, operation_key):
+        seconds = wait_seconds(request)
+        mine = Action.objects.select_related("task").filter(agent=request.auth, operation_key=operation_key)
+
+        def load():
+            found = mine.first()
+            if found is None:
+                raise Problem(404, "not_found", "Not found", "No such action.")
+            return found
+
+        action = poll(load, lambda a: a.status in UNSETTLED_ACTION, seconds)
+        return Response(ActionSerializer(action).data)

@@ -1,0 +1,82 @@
+"""The one entry point for audit events, and the hash chain that makes tampering visible.
+
+Each event stores a digest of its own content and, once sealed, its place in a chain:
+`hash = sha256(prev_hash + content_hash + seq)`. On PostgreSQL the database seals events
+itself at commit (a deferred constraint trigger, see migration 0002), so the chain lock is
+the last lock a transaction takes and writers never deadlock on it; it also refuses every
+UPDATE and DELETE except that seal. SQLite serialises writers anyway, so there the chain
+is extended here, in Python, inside the same transaction.
+"""
+
+import hashlib
+import json
+
+from django.contrib.auth import get_user_model
+from django.db import connection, models, transaction
+from django.utils import timezone
+
+from .middleware import current_request_id
+
+
+def actor_label(actor):
+    """`agent:NAME`, `user:USERNAME` or `system:WHAT` — one vocabulary for every event."""
+    from .models import Agent
+
+    if isinstance(actor, Agent):
+        return f"agent:{actor.name}"
+    if isinstance(actor, get_user_model()):
+        agent = Agent.objects.filter(user=actor).only("name").first()
+        return f"agent:{agent.name}" if agent else f"user:{actor.get_username()}"
+    if isinstance(actor, str) and ":" in actor:
+        return actor
+    raise ValueError(f"not an actor: {actor!r}")
+
+
+def content_hash(fields):
+    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def chain_hash(prev_hash, content, seq):
+    return hashlib.sha256(f"{prev_hash}{content}{seq}".encode()).hexdigest()
+
+
+class AuditEventManager(models.Manager):
+    def record(self, *, actor, verb, obj, before=None, after=None, reason=""):
+        """Append one event; must run inside the transaction whose change it describes."""
+        if not transaction.get_connection().in_atomic_block:
+            raise RuntimeError("audit events are written inside the transaction they describe")
+        event = self.model(
+            occurred_at=timezone.now(),
+            actor=actor_label(actor),
+            verb=verb,
+            object_type=obj._meta.label_lower,
+            object_id=str(obj.pk),
+            object_label=str(obj)[:255],
+            before=before,
+            after=after,
+            reason=reason or "",
+            request_id=current_request_id.get(),
+        )
+        # Through JSON and back, so the digest is of exactly what the database will hold.
+        event.before, event.after = json.loads(json.dumps([before, after], default=str))
+        event.content_hash = content_hash(event.content_fields())
+        if connection.vendor != "postgresql":
+            last = self.filter(seq__isnull=False).order_by("-seq").values_list("seq", "hash").first()
+            event.seq, event.prev_hash = (last[0] + 1, last[1]) if last else (1, "")
+            event.hash = chain_hash(event.prev_hash, event.content_hash, event.seq)
+        event.save(force_insert=True)
+        return event
+
+    def verify_chain(self):
+        """Return the seq of the first sealed event that was altered or does not follow, or None."""
+        prev_hash = ""
+        for event in self.filter(seq__isnull=False).order_by("seq").iterator(chunk_size=2000):
+            if (
+                event.prev_hash != prev_hash
+                or event.content_hash != content_hash(event.content_fields())
+                or event.hash != chain_hash(prev_hash, event.content_hash, event.seq)
+            ):
+                return event.seq
+            prev_hash = event.hash
+        return None

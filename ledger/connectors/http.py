@@ -1,0 +1,80 @@
+"""Every outbound HTTP call goes through here: explicit timeouts and three kinds of failure.
+
+- `NotSent`: the request provably never reached the provider (no connection). Safe to retry.
+- `OutcomeUnknown`: it may have been received and acted on (timeout while waiting, dropped
+  connection, 5xx). Never retried blindly: the effect must be looked up first.
+- `Rejected`: the provider answered with a definite no (4xx, a decline). Permanent.
+"""
+
+import os
+
+import httpx
+from django.conf import settings
+
+
+class ProviderError(Exception):
+    def __init__(self, message, *, code="provider_error", status=None, body=None):
+        super().__init__(message)
+        self.code = code
+        self.status = status
+        self.body = body
+
+    def evidence(self):
+        return {"error": type(self).__name__, "code": self.code, "status": self.status, "message": str(self)}
+
+
+class NotSent(ProviderError):
+    pass
+
+
+class OutcomeUnknown(ProviderError):
+    pass
+
+
+class Rejected(ProviderError):
+    pass
+
+
+_clients = {}
+
+
+def _client():
+    # One pooled client per process (workers may be forked after import).
+    pid = os.getpid()
+    if pid not in _clients:
+        _clients.clear()
+        _clients[pid] = httpx.Client(timeout=settings.CONNECTOR_TIMEOUT, follow_redirects=False)
+    return _clients[pid]
+
+
+def call(method, url, *, json=None, params=None, headers=None):
+    """Send one request; return the decoded JSON body of a 2xx answer or raise a ProviderError."""
+    try:
+        response = _client().request(method, url, json=json, params=params, headers=headers)
+    except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+        raise NotSent(f"{method} {url}: {exc!r}", code="connect_failed") from exc
+    except httpx.TimeoutException as exc:
+        raise OutcomeUnknown(f"{method} {url}: no answer within {settings.CONNECTOR_TIMEOUT}s", code="timeout") from exc
+    except httpx.TransportError as exc:
+        raise OutcomeUnknown(f"{method} {url}: {exc!r}", code="connection_lost") from exc
+    body = _json_or_text(response)
+    if response.is_success:
+        return body
+    if response.status_code >= 500:
+        raise OutcomeUnknown(
+            f"{method} {url}: HTTP {response.status_code}", code=f"http_{response.status_code}",
+            status=response.status_code, body=body,
+        )
+    if response.status_code == 429:
+        raise NotSent(f"{method} {url}: rate limited", code="rate_limited", status=429, body=body)
+    error = body.get("error") if isinstance(body, dict) else None
+    code = error.get("code") if isinstance(error, dict) else f"http_{response.status_code}"
+    message = error.get("message") if isinstance(error, dict) else f"HTTP {response.status_code}"
+    raise Rejected(f"{method} {url}: {message}", code=code or "rejected", status=response.status_code, body=body)
+
+
+def _json_or_text(response):
+    try:
+        return response.json()
+    except ValueError:
+        return {"text": response.text[:2000]}

@@ -1,0 +1,157 @@
+"""The guarded executor: the only code that makes a connector write.
+
+For each action it reads the ledger row under a lock and takes one of four branches:
+
+1. `queued`: claim it (-> `pending`, under a lease, committed), call the provider outside any
+   transaction, record the outcome under the claim's fencing token.
+2. `succeeded`: return the stored result, never call.
+3. `pending` (lease expired) / `unknown`: never call; ask the provider by operation key. Found
+   -> `succeeded` (or a person reviews it if it is over its limit); provably absent -> `queued`
+   for a new attempt under the same key; cannot tell -> `needs_review` with the evidence.
+4. `failed` and not retryable: stop; the owner of the workflow is told (the task fails).
+
+Rows are claimed with `SKIP LOCKED`, so any number of workers can drain the same table.
+"""
+
+import logging
+import os
+import socket
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from .connectors import connector_for, http
+from .connectors.base import write_permit
+from .models import Action, ActionStatus, StaleClaim
+from .retry import backoff_until
+
+logger = logging.getLogger("surety.executor")
+S = ActionStatus
+EXECUTOR = "system:executor"
+
+
+def worker_name():
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _due():
+    return Q(status__in=[S.QUEUED, S.UNKNOWN], next_attempt_at__lte=timezone.now())
+
+
+def action_claim_next(owner, *, only=None):
+    """Claim the next runnable action (a queued attempt or a verification that is due)."""
+    with transaction.atomic():
+        rows = Action.objects.select_for_update(skip_locked=True).filter(_due())
+        if only is not None:
+            rows = rows.filter(pk=only)
+        action = rows.order_by("next_attempt_at", "id").first()
+        if action is None:
+            return None
+        if action.status == S.UNKNOWN:
+            return action.claim_for_verification(owner=owner)
+        return action.claim(owner=owner)
+
+
+def action_run_claimed(action):
+    """Branch 1 or 3 for an action this worker has just claimed."""
+    if action.status == S.UNKNOWN:
+        return action_verify(action)
+    claim = action.fence
+    # A worker that stalled between claim and call must not start a call it may not finish
+    # inside its lease: someone else may already have taken the action over.
+    left = (action.lease_expires_at - timezone.now()).total_seconds()
+    if left < settings.CONNECTOR_TIMEOUT + settings.LEASE_MARGIN_SECONDS:
+        logger.warning("%s: lease too short to call (%.1fs left); leaving it to the sweeper", action, left)
+        return action
+    connector = connector_for(action.action_type)
+    try:
+        with write_permit(action):
+            effect = connector.perform(action)
+    except http.Rejected as exc:
+        return _settle(action.mark_failed, actor=EXECUTOR, claim=claim, code=exc.code, message=str(exc), retryable=False)
+    except http.NotSent as exc:
+        if action.attempts < settings.MAX_ATTEMPTS:
+            return _settle(
+                action.requeue, actor=EXECUTOR, claim=claim, reason="the request never reached the provider",
+                not_before=backoff_until(action.attempts), evidence=_evidence(action, exc.evidence()),
+            )
+        return _settle(action.mark_failed, actor=EXECUTOR, claim=claim, code=exc.code, message=str(exc), retryable=True)
+    except http.OutcomeUnknown as exc:
+        # The provider may still be finishing the request we gave up on: look only after
+        # it could have answered.
+        return _settle(
+            action.mark_unknown, actor=EXECUTOR, claim=claim, evidence=_evidence(action, exc.evidence()),
+            verify_at=timezone.now() + timedelta(seconds=settings.CONNECTOR_TIMEOUT),
+        )
+    return _settle(
+        action.mark_succeeded, actor=EXECUTOR, claim=claim, external_ref=effect.external_ref, result=effect.result
+    )
+
+
+def action_verify(action):
+    """Branch 3: the outcome is unknown; the provider's answer decides, never a blind retry."""
+    from approvals.intake import needs_person_after_verification
+
+    claim = action.fence
+    lookup = connector_for(action.action_type).find_effect(action)
+    evidence = _evidence(action, {"verification": lookup.evidence, "found": lookup.found})
+    if lookup.found is None:
+        return _settle(action.mark_needs_review, actor=EXECUTOR, claim=claim, evidence=evidence,
+                       reason="the provider cannot say whether the effect happened")
+    if lookup.found:
+        over_limit = needs_person_after_verification(action)
+        if over_limit:
+            return _settle(action.mark_needs_review, actor=EXECUTOR, claim=claim, evidence=evidence, reason=over_limit)
+        return _settle(action.mark_succeeded, actor=EXECUTOR, claim=claim, external_ref=lookup.external_ref,
+                       result=lookup.result, reason="verified at the provider")
+    if action.attempts >= settings.MAX_ATTEMPTS:
+        return _settle(action.mark_failed, actor=EXECUTOR, claim=claim, code="attempts_exhausted",
+                       message=f"no effect after {action.attempts} attempts", retryable=True)
+    return _settle(action.requeue, actor=EXECUTOR, claim=claim, evidence=evidence,
+                   reason="verified absent at the provider", not_before=backoff_until(action.attempts))
+
+
+def action_expire_leases(now=None):
+    """Pending actions whose claim lapsed become `unknown`, to be verified.
+
+    Only once the lease's end plus CONNECTOR_TIMEOUT has passed: by then no call made under
+    the old claim can still be in flight, so what verification sees is final.
+    """
+    cutoff = (now or timezone.now()) - timedelta(seconds=settings.CONNECTOR_TIMEOUT)
+    expired = 0
+    while True:
+        with transaction.atomic():
+            action = (
+                Action.objects.select_for_update(skip_locked=True)
+                .filter(status=S.PENDING, lease_expires_at__lt=cutoff)
+                .first()
+            )
+            if action is None:
+                return expired
+            action.mark_unknown(
+                actor="system:sweeper", claim=action.fence, verify_at=timezone.now(),
+                evidence={"at": timezone.now().isoformat(), "lease_expired": action.lease_expires_at.isoformat(),
+                          "owner": action.lease_owner, "attempt": action.attempts},
+                reason="the worker's lease expired while the call may have been in flight",
+            )
+            expired += 1
+
+
+def action_runnable_exists():
+    return Action.objects.filter(_due()).exists()
+
+
+def _settle(transition, **kwargs):
+    try:
+        return transition(**kwargs)
+    except StaleClaim:
+        # Someone took the action over while this worker was away; their outcome stands.
+        logger.warning("late write refused: %s", kwargs)
+        return None
+
+
+def _evidence(action, details):
+    return {"at": timezone.now().isoformat(), "attempt": action.attempts, **details}

@@ -1,0 +1,460 @@
+"""The ledger: agents, the actions they request, tasks and their checkpoints, audit events.
+
+Every status change is one method here that locks the row, checks the transition table,
+writes with `update_fields` and records an audit event, all in one transaction. Nothing
+else assigns `status`.
+"""
+
+import hashlib
+import secrets
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import models, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from .audit import AuditEventManager
+
+
+class InvalidTransition(Exception):
+    """The row is not in a status from which the requested change is allowed."""
+
+
+class StaleClaim(Exception):
+    """A worker's claim (fencing token) was superseded; its late write is refused."""
+
+
+# --- Agents and what they may do --------------------------------------------------------------
+
+
+class AgentManager(models.Manager):
+    def for_token(self, token):
+        if not token:
+            return None
+        return (
+            self.select_related("user")
+            .filter(token_hash=Agent.hash_token(token), is_active=True)
+            .first()
+        )
+
+
+class Agent(models.Model):
+    """A service account. Its bearer token is shown once and stored only as a hash.
+
+    Each agent has a user of its own so that django-guardian can hold its grants.
+    """
+
+    name = models.SlugField(max_length=100, unique=True)
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="agent")
+    token_hash = models.CharField(max_length=64, unique=True)
+    token_prefix = models.CharField(max_length=12)
+    is_active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    objects = AgentManager()
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name
+
+    @staticmethod
+    def hash_token(token):
+        # Tokens are 256 random bits, so a plain digest is enough: nothing to brute-force.
+        return hashlib.sha256(token.encode()).hexdigest()
+
+    @staticmethod
+    def new_token():
+        return "sur_" + secrets.token_urlsafe(32)
+
+
+class Capability(models.Model):
+    """An action type or a workflow: what grants (object permissions) are about."""
+
+    class Kind(models.TextChoices):
+        ACTION_TYPE = "action_type", "action type"
+        WORKFLOW = "workflow", "workflow"
+
+    kind = models.CharField(max_length=20, choices=Kind.choices)
+    name = models.CharField(max_length=100)
+
+    class Meta:
+        ordering = ["kind", "name"]
+        constraints = [models.UniqueConstraint(fields=["kind", "name"], name="capability_unique_kind_name")]
+        permissions = [
+            ("use_capability", "Agent may request this action type or start this workflow"),
+            ("approve_capability", "May approve or reject actions of this type"),
+            ("resolve_capability", "May resolve unknown outcomes and held groups of this type"),
+            ("work_deadletters_capability", "May redrive, resolve and discard dead-letter entries"),
+        ]
+
+    def __str__(self):
+        return f"{self.get_kind_display()} {self.name}"
+
+
+# --- Actions ----------------------------------------------------------------------------------
+
+
+class ActionStatus(models.TextChoices):
+    QUEUED = "queued"
+    AWAITING_APPROVAL = "awaiting_approval"
+    HELD = "held"
+    PENDING = "pending"
+    UNKNOWN = "unknown"
+    NEEDS_REVIEW = "needs_review"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    REJECTED = "rejected"
+    CANCELLED = "cancelled"
+
+
+S = ActionStatus
+
+# The whole state machine of an action. A failed action goes back to queued only when its
+# error says it is retryable; that condition is checked in `Action.requeue`.
+ACTION_TRANSITIONS = {
+    S.QUEUED: {S.PENDING, S.HELD, S.CANCELLED},
+    S.AWAITING_APPROVAL: {S.QUEUED, S.REJECTED, S.CANCELLED},
+    S.HELD: {S.QUEUED, S.AWAITING_APPROVAL, S.REJECTED, S.CANCELLED},
+    S.PENDING: {S.SUCCEEDED, S.FAILED, S.UNKNOWN, S.QUEUED},
+    S.UNKNOWN: {S.SUCCEEDED, S.FAILED, S.QUEUED, S.NEEDS_REVIEW},
+    S.NEEDS_REVIEW: {S.SUCCEEDED, S.FAILED, S.QUEUED},
+    S.FAILED: {S.QUEUED},
+    S.SUCCEEDED: set(),
+    S.REJECTED: set(),
+    S.CANCELLED: set(),
+}
+ACTION_INITIAL_STATUSES = {S.QUEUED, S.AWAITING_APPROVAL, S.HELD}
+# An action in one of these blocks others on the same target or customer.
+IN_FLIGHT_STATUSES = {S.QUEUED, S.PENDING, S.UNKNOWN, S.AWAITING_APPROVAL, S.HELD, S.NEEDS_REVIEW}
+# Waiting for a person: the task that owns the action waits too.
+PERSON_STATUSES = {S.AWAITING_APPROVAL, S.HELD, S.NEEDS_REVIEW}
+FINAL_STATUSES = {S.SUCCEEDED, S.REJECTED, S.CANCELLED}
+
+
+class ActionType(models.TextChoices):
+    REFUND = "refund"
+    SEND_MESSAGE = "send_message"
+    CREATE_BOOKING = "create_booking"
+
+
+class Action(models.Model):
+    """One ledger entry per operation key, written before any call to a provider."""
+
+    operation_key = models.CharField(max_length=255, unique=True)
+    fingerprint = models.CharField(max_length=64)
+    action_type = models.CharField(max_length=40, choices=ActionType.choices)
+    target = models.CharField(max_length=255)
+    customer = models.CharField(max_length=255, blank=True, default="")
+    params = models.JSONField()
+    amount = models.DecimalField(max_digits=18, decimal_places=3, null=True, blank=True)
+    currency = models.CharField(max_length=3, blank=True, default="")
+    decision_id = models.CharField(max_length=255, blank=True, default="")
+    task = models.ForeignKey("Task", null=True, blank=True, on_delete=models.PROTECT, related_name="actions")
+    agent = models.ForeignKey(Agent, on_delete=models.PROTECT, related_name="actions")
+    status = models.CharField(max_length=20, choices=ActionStatus.choices, default=S.QUEUED)
+    attempts = models.PositiveIntegerField(default=0)
+    external_ref = models.CharField(max_length=255, blank=True, default="")
+    result = models.JSONField(null=True, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    # What verification saw: provider answers, times, lease history. Shown to reviewers.
+    evidence = models.JSONField(default=list, blank=True)
+    # When the next attempt (queued) or verification (unknown) may start.
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    # The claim: who executes it until when, and a fencing token that grows with each claim.
+    lease_owner = models.CharField(max_length=100, blank=True, default="")
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    fence = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [
+            models.Index(fields=["status", "next_attempt_at"], name="action_runnable_idx"),
+            models.Index(fields=["target", "status"], name="action_target_idx"),
+            models.Index(fields=["customer", "status"], name="action_customer_idx"),
+            models.Index(fields=["agent", "-created_at"], name="action_agent_idx"),
+            models.Index(fields=["-created_at", "-id"], name="action_recent_idx"),
+        ]
+        constraints = [
+            models.CheckConstraint(condition=Q(status__in=ActionStatus.values), name="action_status_valid"),
+            models.CheckConstraint(condition=~Q(operation_key=""), name="action_key_not_empty"),
+            models.CheckConstraint(
+                condition=Q(amount__isnull=True) | Q(amount__gt=0), name="action_amount_positive"
+            ),
+            models.CheckConstraint(
+                condition=~Q(status=S.SUCCEEDED) | ~Q(external_ref=""), name="action_succeeded_has_ref"
+            ),
+        ]
+
+    def __str__(self):
+        return self.operation_key
+
+    @property
+    def is_retryable_failure(self):
+        return self.status == S.FAILED and bool((self.error or {}).get("retryable"))
+
+    # -- the one place a status changes --------------------------------------------------------
+
+    def _move(self, to, *, actor, verb, reason="", claim=None, **changes):
+        """Lock, check the transition (and the caller's claim), write, audit; refreshes self.
+
+        `claim` is the fencing token a worker got when it claimed the action: a write after
+        a provider call passes it, so a worker whose lease was taken over cannot overwrite
+        the newer outcome.
+        """
+        with transaction.atomic():
+            row = Action.objects.select_for_update().get(pk=self.pk)
+            if claim is not None and row.fence != claim:
+                raise StaleClaim(f"{row.operation_key}: claim {claim} superseded by {row.fence}")
+            if to not in ACTION_TRANSITIONS[row.status]:
+                raise InvalidTransition(f"{row.operation_key}: {row.status} -> {to} is not allowed")
+            if row.status == S.FAILED and not row.is_retryable_failure:
+                raise InvalidTransition(f"{row.operation_key}: its failure is not retryable")
+            before = {"status": row.status, "attempts": row.attempts}
+            row.status = to
+            row.updated_at = timezone.now()
+            for field, value in changes.items():
+                setattr(row, field, value(row) if callable(value) else value)
+            row.save(update_fields=["status", "updated_at", *changes])
+            after = {"status": row.status, "attempts": row.attempts}
+            after.update({k: getattr(row, k) for k in ("external_ref", "error") if k in changes})
+            AuditEvent.objects.record(actor=actor, verb=verb, obj=row, before=before, after=after, reason=reason)
+            on_action_moved(row)
+        self.__dict__.update({k: v for k, v in row.__dict__.items() if k != "_state"})
+        return self
+
+    def claim(self, *, owner):
+        """Take a queued action under a lease; its new fence makes any older claim stale."""
+        return self._move(
+            S.PENDING, actor="system:executor", verb="claimed", claim=self.fence,
+            attempts=lambda row: row.attempts + 1, next_attempt_at=None,
+            **_lease(owner), fence=lambda row: row.fence + 1,
+        )
+
+    def claim_for_verification(self, *, owner):
+        """Take an unknown action's lease (its status stays) so one worker verifies it."""
+        lease = {**_lease(owner), "fence": self.fence + 1}
+        claimed = Action.objects.filter(pk=self.pk, status=S.UNKNOWN, fence=self.fence).update(
+            updated_at=timezone.now(), **lease
+        )
+        if claimed != 1:
+            raise StaleClaim(f"{self.operation_key}: taken by another worker")
+        self.__dict__.update(lease)
+        return self
+
+    def mark_succeeded(self, *, actor, external_ref, result=None, claim=None, reason=""):
+        return self._move(
+            S.SUCCEEDED, actor=actor, verb="succeeded", reason=reason, claim=claim,
+            external_ref=external_ref, result=result, error=None, next_attempt_at=None, **_NO_LEASE,
+        )
+
+    def mark_failed(self, *, actor, code, message, retryable, claim=None, reason=""):
+        error = {"code": code, "message": message, "retryable": retryable}
+        return self._move(
+            S.FAILED, actor=actor, verb="failed", reason=reason, claim=claim,
+            error=error, next_attempt_at=None, **_NO_LEASE,
+        )
+
+    def mark_unknown(self, *, actor, evidence, claim, verify_at, reason=""):
+        """The call's outcome cannot be proven. Bumps the fence: the old claim may still be
+        out there (a stalled worker), and nothing it writes may land after this."""
+        return self._move(
+            S.UNKNOWN, actor=actor, verb="outcome_unknown", reason=reason, claim=claim,
+            evidence=lambda row: [*row.evidence, evidence], next_attempt_at=verify_at,
+            fence=lambda row: row.fence + 1, **_NO_LEASE,
+        )
+
+    def mark_needs_review(self, *, actor, evidence, claim=None, reason=""):
+        return self._move(
+            S.NEEDS_REVIEW, actor=actor, verb="needs_review", reason=reason, claim=claim,
+            evidence=lambda row: [*row.evidence, evidence], next_attempt_at=None, **_NO_LEASE,
+        )
+
+    def requeue(self, *, actor, reason, claim=None, not_before=None, evidence=None):
+        """A new attempt under the same key: only when the effect provably did not happen."""
+        changes = {"next_attempt_at": not_before or timezone.now(), **_NO_LEASE}
+        if evidence:
+            changes["evidence"] = lambda row: [*row.evidence, evidence]
+        return self._move(S.QUEUED, actor=actor, verb="requeued", reason=reason, claim=claim, **changes)
+
+    def hold(self, *, actor, reason):
+        return self._move(S.HELD, actor=actor, verb="held", reason=reason, next_attempt_at=None)
+
+    def release(self, *, actor, reason, needs_approval=False):
+        if needs_approval:
+            return self._move(S.AWAITING_APPROVAL, actor=actor, verb="released", reason=reason)
+        return self._move(S.QUEUED, actor=actor, verb="released", reason=reason, next_attempt_at=timezone.now())
+
+    def approve(self, *, actor, reason=""):
+        return self._move(S.QUEUED, actor=actor, verb="approved", reason=reason, next_attempt_at=timezone.now())
+
+    def reject(self, *, actor, reason):
+        return self._move(S.REJECTED, actor=actor, verb="rejected", reason=reason)
+
+    def cancel(self, *, actor, reason):
+        return self._move(S.CANCELLED, actor=actor, verb="cancelled", reason=reason)
+
+
+def _lease(owner):
+    return {"lease_owner": owner, "lease_expires_at": timezone.now() + timedelta(seconds=settings.LEASE_SECONDS)}
+
+
+_NO_LEASE = {"lease_owner": "", "lease_expires_at": None}
+
+
+def on_action_moved(action):
+    """Hook for the task that owns the action (set up in ledger.tasks); runs in the transaction."""
+    from .tasks import task_follow_action
+
+    task_follow_action(action)
+
+
+# --- Tasks and checkpoints --------------------------------------------------------------------
+
+
+class TaskState(models.TextChoices):
+    QUEUED = "queued"
+    RUNNING = "running"
+    WAITING = "waiting"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    DEAD_LETTERED = "dead_lettered"
+    CANCELLED = "cancelled"
+
+
+class StepStatus(models.TextChoices):
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+
+
+class Task(models.Model):
+    """A multi-step job of an agent; with its steps, the checkpoint a restarted worker resumes from."""
+
+    task_id = models.CharField(max_length=255, unique=True)
+    fingerprint = models.CharField(max_length=64)
+    workflow = models.CharField(max_length=100)
+    input = models.JSONField()
+    agent = models.ForeignKey(Agent, on_delete=models.PROTECT, related_name="tasks")
+    state = models.CharField(max_length=20, choices=TaskState.choices, default=TaskState.QUEUED)
+    attempts = models.PositiveIntegerField(default=0)
+    max_attempts = models.PositiveIntegerField()
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.JSONField(null=True, blank=True)
+    lease_owner = models.CharField(max_length=100, blank=True, default="")
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    fence = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [
+            models.Index(fields=["state", "next_attempt_at"], name="task_runnable_idx"),
+            models.Index(fields=["agent", "-created_at"], name="task_agent_idx"),
+        ]
+        constraints = [
+            models.CheckConstraint(condition=Q(state__in=TaskState.values), name="task_state_valid"),
+            models.CheckConstraint(condition=Q(attempts__lte=models.F("max_attempts")), name="task_attempts_capped"),
+        ]
+
+    def __str__(self):
+        return self.task_id
+
+
+class TaskStep(models.Model):
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="steps")
+    position = models.PositiveSmallIntegerField()
+    name = models.CharField(max_length=100)
+    status = models.CharField(max_length=20, choices=StepStatus.choices, default=StepStatus.PENDING)
+    idempotency_key = models.CharField(max_length=255, blank=True, default="")
+    result = models.JSONField(null=True, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["task", "position"]
+        constraints = [
+            models.UniqueConstraint(fields=["task", "position"], name="taskstep_unique_position"),
+            models.UniqueConstraint(fields=["task", "name"], name="taskstep_unique_name"),
+        ]
+
+    def __str__(self):
+        return f"{self.task.task_id}:{self.name}"
+
+
+# --- Webhooks and audit -----------------------------------------------------------------------
+
+
+class WebhookEvent(models.Model):
+    """An inbound provider event, stored once by its id: a redelivery finds it and does nothing."""
+
+    connector = models.CharField(max_length=50)
+    event_id = models.CharField(max_length=255)
+    event_type = models.CharField(max_length=100)
+    payload = models.JSONField()
+    received_at = models.DateTimeField(default=timezone.now)
+    outcome = models.CharField(max_length=255, blank=True, default="")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["connector", "event_id"], name="webhookevent_unique_event"),
+        ]
+
+    def __str__(self):
+        return f"{self.connector}:{self.event_id}"
+
+
+class AuditEvent(models.Model):
+    """Append-only and hash-chained; write it only through `AuditEvent.objects.record`.
+
+    `seq`, `prev_hash` and `hash` are empty until the event is sealed at commit.
+    """
+
+    seq = models.BigIntegerField(unique=True, null=True, blank=True)
+    occurred_at = models.DateTimeField()
+    actor = models.CharField(max_length=150)
+    verb = models.CharField(max_length=50)
+    object_type = models.CharField(max_length=100)
+    object_id = models.CharField(max_length=255)
+    object_label = models.CharField(max_length=255, blank=True, default="")
+    before = models.JSONField(null=True, blank=True)
+    after = models.JSONField(null=True, blank=True)
+    reason = models.TextField(blank=True, default="")
+    request_id = models.CharField(max_length=64, blank=True, default="")
+    content_hash = models.CharField(max_length=64)
+    prev_hash = models.CharField(max_length=64, blank=True, default="")
+    hash = models.CharField(max_length=64, blank=True, default="")
+
+    objects = AuditEventManager()
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [
+            models.Index(fields=["object_type", "object_id", "id"], name="audit_object_idx"),
+            models.Index(fields=["actor", "-id"], name="audit_actor_idx"),
+            models.Index(fields=["verb", "-id"], name="audit_verb_idx"),
+            models.Index(fields=["-occurred_at"], name="audit_time_idx"),
+        ]
+
+    def __str__(self):
+        return f"{self.actor} {self.verb} {self.object_type}:{self.object_id}"
+
+    def content_fields(self):
+        return {
+            "occurred_at": self.occurred_at.isoformat(),
+            "actor": self.actor,
+            "verb": self.verb,
+            "object_type": self.object_type,
+            "object_id": self.object_id,
+            "before": self.before,
+            "after": self.after,
+            "reason": self.reason,
+            "request_id": self.request_id,
+        }

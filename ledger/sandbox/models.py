@@ -1,0 +1,207 @@
+"""What the sandbox provider has committed, and the knobs tests turn: faults and idempotency."""
+
+import secrets
+
+from django.db import IntegrityError, models, transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+
+def new_refund_id():
+    return "re_" + secrets.token_hex(12)
+
+
+def new_message_id():
+    return "msg_" + secrets.token_hex(12)
+
+
+def new_booking_id():
+    return "bk_" + secrets.token_hex(12)
+
+
+class SlotTaken(Exception):
+    """A booking overlaps one already made for the same resource."""
+
+    def __init__(self, booking):
+        super().__init__(booking.booking_id)
+        self.booking = booking
+
+
+class SandboxSettings(models.Model):
+    """The single row (pk 1) of provider-wide switches."""
+
+    idempotency = models.BooleanField(default=True)
+
+    class Meta:
+        verbose_name_plural = "sandbox settings"
+
+    @classmethod
+    def load(cls, *, lock=False):
+        rows = cls.objects.select_for_update() if lock else cls.objects
+        return rows.get_or_create(pk=1)[0]
+
+
+class SandboxOrder(models.Model):
+    order_id = models.CharField(max_length=255, unique=True)
+    customer = models.CharField(max_length=255)
+    amount = models.DecimalField(max_digits=12, decimal_places=2)
+    currency = models.CharField(max_length=3)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self):
+        return self.order_id
+
+
+class SandboxEffect(models.Model):
+    """What every refund, message and booking carries besides its own fields."""
+
+    operation_key = models.CharField(max_length=255, blank=True, default="", db_index=True)
+    # Not unique: with the sandbox's idempotency off, a repeated key makes a second row.
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
+    metadata = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        abstract = True
+        ordering = ["created_at", "pk"]
+
+
+class SandboxRefund(SandboxEffect):
+    refund_id = models.CharField(max_length=40, unique=True, default=new_refund_id)
+    order_id = models.CharField(max_length=255, db_index=True)
+    amount = models.DecimalField(max_digits=12, decimal_places=2)
+    currency = models.CharField(max_length=3)
+
+    def __str__(self):
+        return self.refund_id
+
+
+class SandboxMessage(SandboxEffect):
+    class Channel(models.TextChoices):
+        EMAIL = "email", "e-mail"
+        SMS = "sms", "SMS"
+        WHATSAPP = "whatsapp", "WhatsApp"
+
+    message_id = models.CharField(max_length=40, unique=True, default=new_message_id)
+    recipient = models.CharField(max_length=255, db_index=True)
+    channel = models.CharField(max_length=20, choices=Channel.choices)
+    message_type = models.CharField(max_length=100)
+    body = models.TextField()
+
+    def __str__(self):
+        return self.message_id
+
+
+class SandboxBooking(SandboxEffect):
+    booking_id = models.CharField(max_length=40, unique=True, default=new_booking_id)
+    resource = models.CharField(max_length=255, db_index=True)
+    customer = models.CharField(max_length=255)
+    service = models.CharField(max_length=255)
+    start = models.DateTimeField()
+    end = models.DateTimeField()
+
+    class Meta(SandboxEffect.Meta):
+        constraints = [
+            models.CheckConstraint(condition=Q(end__gt=F("start")), name="sandboxbooking_ends_after_start"),
+        ]
+
+    def __str__(self):
+        return self.booking_id
+
+    def ensure_slot_free(self):
+        """Raise SlotTaken if another booking of this resource overlaps [start, end).
+
+        Locks the settings row until commit: two overlapping requests could otherwise both find
+        the slot free and both insert (a phantom no lock on existing bookings prevents), so
+        bookings take turns.
+        """
+        SandboxSettings.load(lock=True)
+        clash = SandboxBooking.objects.filter(
+            resource=self.resource, start__lt=self.end, end__gt=self.start
+        ).first()
+        if clash is not None:
+            raise SlotTaken(clash)
+
+
+class SandboxIdempotencyKey(models.Model):
+    """An Idempotency-Key claimed by the request that created `effect_pk`.
+
+    Its unique constraint is what makes concurrent requests with one key create one effect.
+    """
+
+    scope = models.CharField(max_length=50)
+    key = models.CharField(max_length=255)
+    effect_pk = models.BigIntegerField(null=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["scope", "key"], name="sandboxidempotencykey_unique_key"),
+        ]
+
+    def __str__(self):
+        return f"{self.scope}:{self.key}"
+
+
+def effect_save(effect, *, check=None):
+    """Save a new refund, message or booking once; return (the effect, whether it is new).
+
+    1. With the sandbox's idempotency on and an Idempotency-Key given, claim the key. If another
+       request holds it, PostgreSQL holds this insert until that request's transaction ends; its
+       failure then means the effect is committed, and that effect is returned instead.
+    2. Run `check`, which may raise to roll back the claim along with everything else.
+    3. Save the effect and point the claim at it, in the transaction that made the claim.
+    """
+    claim = None
+    with transaction.atomic():
+        if effect.idempotency_key and SandboxSettings.load().idempotency:
+            scope = effect._meta.model_name
+            try:
+                with transaction.atomic():
+                    claim = SandboxIdempotencyKey.objects.create(scope=scope, key=effect.idempotency_key)
+            except IntegrityError:
+                claim = SandboxIdempotencyKey.objects.get(scope=scope, key=effect.idempotency_key)
+                return type(effect).objects.get(pk=claim.effect_pk), False
+        if check is not None:
+            check()
+        effect.save()
+        if claim is not None:
+            claim.effect_pk = effect.pk
+            claim.save(update_fields=["effect_pk"])
+    return effect, True
+
+
+class SandboxFaultManager(models.Manager):
+    def consume(self, target):
+        """Use up one armed fault for `target` and return its kind, or None if none is armed.
+
+        The conditional UPDATE must change exactly one row: of two calls racing for a fault armed
+        for one time, the loser's UPDATE finds `remaining` already 0 and it tries the next fault.
+        """
+        for fault in self.filter(target=target, remaining__gt=0).order_by("pk"):
+            if self.filter(pk=fault.pk, remaining__gt=0).update(remaining=F("remaining") - 1) == 1:
+                return fault.fault
+        return None
+
+
+class SandboxFault(models.Model):
+    """The next `remaining` write calls for `target` (order id, recipient or resource) fail so."""
+
+    class Kind(models.TextChoices):
+        TIMEOUT_AFTER_COMMIT = "timeout_after_commit"
+        TIMEOUT_BEFORE_COMMIT = "timeout_before_commit"
+        ERROR_500 = "error_500"
+        DECLINE = "decline"
+
+    target = models.CharField(max_length=255, db_index=True)
+    fault = models.CharField(max_length=30, choices=Kind.choices)
+    remaining = models.PositiveIntegerField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+    objects = SandboxFaultManager()
+
+    class Meta:
+        ordering = ["pk"]
+
+    def __str__(self):
+        return f"{self.fault} x{self.remaining} for {self.target}"

@@ -1,0 +1,324 @@
+"""The sandbox provider's HTTP API: one function view per operation, JSON in and out.
+
+Errors are `{"error": {"code", "message", …}}`, as a payments provider would answer.
+"""
+
+import hmac
+import json
+import time
+
+from django.conf import settings
+from django.db import transaction
+from django.http import JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from ledger.models import Agent
+
+from . import forms
+from .models import (
+    SandboxBooking,
+    SandboxFault,
+    SandboxIdempotencyKey,
+    SandboxMessage,
+    SandboxOrder,
+    SandboxRefund,
+    SandboxSettings,
+    SlotTaken,
+    effect_save,
+)
+
+
+class InvalidInput(Exception):
+    def __init__(self, errors):
+        super().__init__(errors)
+        self.errors = errors
+
+
+def error_response(status, code, message, **details):
+    return JsonResponse({"error": {"code": code, "message": message, **details}}, status=status)
+
+
+def _authenticated(request):
+    """The sandbox connector's key, or any active agent's token."""
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        return False
+    # Compared as bytes: compare_digest refuses non-ASCII str, which a header may carry.
+    if hmac.compare_digest(token.encode(), settings.SANDBOX_API_KEY.encode()):
+        return True
+    return Agent.objects.for_token(token) is not None
+
+
+def endpoint(**views_by_method):
+    """One URL's view: authenticate, then hand the request to the view for its HTTP method.
+
+    Never wrapped in a request-wide transaction, even with ATOMIC_REQUESTS on: a
+    timeout_after_commit fault must have committed its effect before it stalls.
+    """
+
+    @csrf_exempt
+    @transaction.non_atomic_requests
+    def view(request, *args, **kwargs):
+        if not _authenticated(request):
+            return error_response(401, "unauthorized", "A valid bearer token is required.")
+        handler = views_by_method.get(request.method)
+        if handler is None:
+            response = error_response(405, "method_not_allowed", f"{request.method} is not allowed here.")
+            response["Allow"] = ", ".join(views_by_method)
+            return response
+        try:
+            return handler(request, *args, **kwargs)
+        except InvalidInput as exc:
+            return error_response(400, "invalid", "The request is invalid.", fields=exc.errors)
+
+    return view
+
+
+def _json_body(request):
+    try:
+        data = json.loads(request.body or b"null")
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidInput({"body": ["Must be JSON."]}) from None
+    if not isinstance(data, dict):
+        raise InvalidInput({"body": ["Must be a JSON object."]})
+    return data
+
+
+def _valid(form_class, request):
+    form = form_class(data=_json_body(request))
+    if not form.is_valid():
+        raise InvalidInput({field: [str(message) for message in messages] for field, messages in form.errors.items()})
+    return form.cleaned_data
+
+
+def _idempotency_key(request):
+    key = request.headers.get("Idempotency-Key") or None
+    if key is not None and not (len(key) <= 255 and key.isascii() and key.isprintable()):
+        raise InvalidInput({"Idempotency-Key": ["Must be 1 to 255 printable ASCII characters."]})
+    return key
+
+
+def _filters(request, *names):
+    return {name: request.GET[name] for name in names if name in request.GET}
+
+
+def _write(effect, *, target, body, check=None):
+    """Create one refund, message or booking the way a flaky real provider would.
+
+    1. Use up a fault armed for the target, if any; it is spent even if the call writes nothing.
+    2. error_500, decline and timeout_before_commit answer without writing anything.
+    3. Otherwise save the effect, or find the one already saved under the same Idempotency-Key.
+    4. timeout_after_commit stalls only after the commit, so the effect is visible to a lookup
+       while the caller has given up waiting for the answer.
+    """
+    fault = SandboxFault.objects.consume(target)
+    if fault == SandboxFault.Kind.ERROR_500:
+        return error_response(500, "internal_error", "Injected fault: the provider failed.")
+    if fault == SandboxFault.Kind.DECLINE:
+        return error_response(402, "declined", "Injected fault: the provider declined the request.")
+    if fault == SandboxFault.Kind.TIMEOUT_BEFORE_COMMIT:
+        time.sleep(settings.SANDBOX_TIMEOUT_SLEEP)
+        return error_response(504, "timeout", "Injected fault: timed out before committing anything.")
+    try:
+        effect, created = effect_save(effect, check=check)
+    except SlotTaken as exc:
+        return error_response(
+            409, "slot_taken", "The resource is already booked for that time.", booking=exc.booking.booking_id
+        )
+    if fault == SandboxFault.Kind.TIMEOUT_AFTER_COMMIT:
+        time.sleep(settings.SANDBOX_TIMEOUT_SLEEP)
+    return JsonResponse(body(effect), status=201 if created else 200)
+
+
+# --- Refunds ----------------------------------------------------------------------------------
+
+
+def _refund_body(refund):
+    return {
+        "id": refund.refund_id,
+        "object": "refund",
+        "order_id": refund.order_id,
+        "amount": str(refund.amount),
+        "currency": refund.currency,
+        "metadata": refund.metadata,
+        "operation_key": refund.operation_key,
+        "status": "succeeded",
+        "created": refund.created_at.isoformat(),
+    }
+
+
+def refund_create(request):
+    data = _valid(forms.RefundForm, request)
+    refund = SandboxRefund(
+        order_id=data["order_id"],
+        amount=data["amount"],
+        currency=data["currency"],
+        metadata=data["metadata"],
+        operation_key=data["operation_key"],
+        idempotency_key=_idempotency_key(request),
+    )
+    return _write(refund, target=refund.order_id, body=_refund_body)
+
+
+def refund_list(request):
+    refunds = SandboxRefund.objects.filter(**_filters(request, "order_id", "operation_key"))
+    return JsonResponse({"data": [_refund_body(refund) for refund in refunds]})
+
+
+# --- Messages ---------------------------------------------------------------------------------
+
+
+def _message_body(message):
+    return {
+        "id": message.message_id,
+        "object": "message",
+        "recipient": message.recipient,
+        "channel": message.channel,
+        "message_type": message.message_type,
+        "body": message.body,
+        "metadata": message.metadata,
+        "operation_key": message.operation_key,
+        "status": "sent",
+        "created": message.created_at.isoformat(),
+    }
+
+
+def message_create(request):
+    data = _valid(forms.MessageForm, request)
+    message = SandboxMessage(
+        recipient=data["recipient"],
+        channel=data["channel"],
+        message_type=data["message_type"],
+        body=data["body"],
+        metadata=data["metadata"],
+        operation_key=data["operation_key"],
+        idempotency_key=_idempotency_key(request),
+    )
+    return _write(message, target=message.recipient, body=_message_body)
+
+
+def message_list(request):
+    messages = SandboxMessage.objects.filter(**_filters(request, "recipient", "operation_key"))
+    return JsonResponse({"data": [_message_body(message) for message in messages]})
+
+
+# --- Bookings ---------------------------------------------------------------------------------
+
+
+def _booking_body(booking):
+    return {
+        "id": booking.booking_id,
+        "object": "booking",
+        "resource": booking.resource,
+        "customer": booking.customer,
+        "service": booking.service,
+        "start": booking.start.isoformat(),
+        "end": booking.end.isoformat(),
+        "metadata": booking.metadata,
+        "operation_key": booking.operation_key,
+        "status": "confirmed",
+        "created": booking.created_at.isoformat(),
+    }
+
+
+def booking_create(request):
+    data = _valid(forms.BookingForm, request)
+    booking = SandboxBooking(
+        resource=data["resource"],
+        customer=data["customer"],
+        service=data["service"],
+        start=data["start"],
+        end=data["end"],
+        metadata=data["metadata"],
+        operation_key=data["operation_key"],
+        idempotency_key=_idempotency_key(request),
+    )
+    return _write(booking, target=booking.resource, body=_booking_body, check=booking.ensure_slot_free)
+
+
+def booking_list(request):
+    bookings = SandboxBooking.objects.filter(**_filters(request, "resource", "operation_key"))
+    return JsonResponse({"data": [_booking_body(booking) for booking in bookings]})
+
+
+# --- Orders -----------------------------------------------------------------------------------
+
+
+def _order_body(order, refunds):
+    return {
+        "id": order.order_id,
+        "object": "order",
+        "order_id": order.order_id,
+        "customer": order.customer,
+        "amount": str(order.amount),
+        "currency": order.currency,
+        "created": order.created_at.isoformat(),
+        "refunds": [_refund_body(refund) for refund in refunds],
+    }
+
+
+def order_create(request):
+    data = _valid(forms.OrderForm, request)
+    order, created = SandboxOrder.objects.get_or_create(
+        order_id=data["order_id"],
+        defaults={"customer": data["customer"], "amount": data["amount"], "currency": data["currency"]},
+    )
+    if not created and (order.customer, order.amount, order.currency) != (
+        data["customer"],
+        data["amount"],
+        data["currency"],
+    ):
+        return error_response(409, "order_exists", "An order with this id exists with other details.")
+    refunds = SandboxRefund.objects.filter(order_id=order.order_id)
+    return JsonResponse(_order_body(order, refunds), status=201 if created else 200)
+
+
+def order_detail(request, order_id):
+    order = SandboxOrder.objects.filter(order_id=order_id).first()
+    if order is None:
+        return error_response(404, "order_not_found", f"No order {order_id}.")
+    refunds = SandboxRefund.objects.filter(order_id=order_id)
+    return JsonResponse(_order_body(order, refunds))
+
+
+# --- Faults, settings, reset ------------------------------------------------------------------
+
+
+def _fault_body(fault):
+    return {"id": fault.pk, "target": fault.target, "fault": fault.fault, "remaining": fault.remaining}
+
+
+def fault_create(request):
+    data = _valid(forms.FaultForm, request)
+    fault = SandboxFault.objects.create(target=data["target"], fault=data["fault"], remaining=data["times"])
+    return JsonResponse(_fault_body(fault), status=201)
+
+
+def fault_list(request):
+    return JsonResponse({"data": [_fault_body(fault) for fault in SandboxFault.objects.all()]})
+
+
+def fault_clear(request):
+    deleted, _ = SandboxFault.objects.all().delete()
+    return JsonResponse({"deleted": deleted})
+
+
+def settings_read(request):
+    return JsonResponse({"idempotency": SandboxSettings.load().idempotency})
+
+
+def settings_update(request):
+    idempotency = _json_body(request).get("idempotency")
+    if not isinstance(idempotency, bool):
+        raise InvalidInput({"idempotency": ["Must be true or false."]})
+    SandboxSettings.objects.update_or_create(pk=1, defaults={"idempotency": idempotency})
+    return JsonResponse({"idempotency": idempotency})
+
+
+def sandbox_reset(request):
+    with transaction.atomic():
+        for model in (SandboxRefund, SandboxMessage, SandboxBooking, SandboxOrder, SandboxFault, SandboxIdempotencyKey):
+            model.objects.all().delete()
+        SandboxSettings.objects.update_or_create(pk=1, defaults={"idempotency": True})
+    return JsonResponse({"reset": True})

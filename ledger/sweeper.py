@@ -1,0 +1,28 @@
+"""The sweeper: what makes Redis a mere delivery mechanism.
+
+Each pass (any number may run at once: every step claims with SKIP LOCKED or a
+conditional update):
+1. pending actions whose lease lapsed (plus CONNECTOR_TIMEOUT) become `unknown`;
+2. if any action is runnable (queued and due, or due for verification), ring its doorbell,
+   which enqueues a drain job unless one is already waiting — a flushed Redis or a
+   SIGKILLed worker loses nothing;
+3. the same for tasks (expired leases, queued tasks, backoffs that have passed).
+"""
+
+import logging
+
+from .executor import action_expire_leases, action_runnable_exists
+from .jobs import ring
+
+logger = logging.getLogger("surety.sweeper")
+
+
+def sweep_once():
+    from .tasks import task_expire_leases, task_runnable_exists
+
+    counts = {"actions_expired": action_expire_leases(), "tasks_expired": task_expire_leases()}
+    if action_runnable_exists():
+        ring("actions")
+    if task_runnable_exists():
+        ring("tasks")
+    return counts
