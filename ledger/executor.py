@@ -106,7 +106,7 @@ def action_verify(action):
         if over_limit:
             return _settle(action.mark_needs_review, actor=EXECUTOR, claim=claim, evidence=evidence, reason=over_limit)
         return _settle(action.mark_succeeded, actor=EXECUTOR, claim=claim, external_ref=lookup.external_ref,
-                       result=lookup.result, reason="verified at the provider")
+                       result=lookup.result, reason="verified at the provider", evidence=evidence)
     if action.attempts >= settings.MAX_ATTEMPTS:
         return _settle(action.mark_failed, actor=EXECUTOR, claim=claim, code="attempts_exhausted",
                        message=f"no effect after {action.attempts} attempts", retryable=True)

@@ -4,7 +4,9 @@ Checked here and nowhere else; every grant and revoke is audited.
 """
 
 from django.db import transaction
-from guardian.core import ObjectPermissionChecker
+from django.db.models import CharField
+from django.db.models.functions import Cast
+from guardian.models import UserObjectPermission
 from guardian.shortcuts import assign_perm, remove_perm
 
 from .models import AuditEvent, Capability
@@ -17,8 +19,15 @@ def capability(kind, name):
 
 
 def agent_may(agent, kind, name):
-    found = Capability.objects.filter(kind=kind, name=name).first()
-    return found is not None and ObjectPermissionChecker(agent.user).has_perm("use_capability", found)
+    """One query on the hot path of every request. Joined by natural keys rather than
+    through the process's content-type cache, and agents hold no group grants."""
+    return UserObjectPermission.objects.filter(
+        user_id=agent.user_id,
+        permission__codename="use_capability",
+        permission__content_type__app_label="ledger",
+        permission__content_type__model="capability",
+        object_pk__in=Capability.objects.filter(kind=kind, name=name).values(pk_text=Cast("pk", CharField())),
+    ).exists()
 
 
 def agent_grant(agent, cap, *, actor, reason=""):

@@ -8,10 +8,12 @@ worker joins in. The database stays the truth: if Redis loses the job, the sweep
 
 import logging
 import time
+from datetime import timedelta
 
 import django_rq
 import redis
 from django.db import transaction
+from django.utils import timezone
 
 logger = logging.getLogger("surety.jobs")
 DOORBELL_TTL_SECONDS = 15
@@ -33,9 +35,24 @@ def ring(kind):
         logger.exception("could not enqueue a %s drain; the sweeper will", kind)
 
 
-def ring_after_commit(kind):
+def ring_at(kind, when):
+    """A drain for work that becomes due later (a backoff, a verification that must wait)."""
+    queue = django_rq.get_queue("default")
+    if not queue.is_async:
+        return  # in-process mode: the sweeper's next pass finds it
+    try:
+        # RQ's scheduler keeps whole seconds and may fire up to one early.
+        queue.enqueue_at(when + timedelta(seconds=1), DRAINS[kind], job_timeout=DRAIN_SECONDS * 3, result_ttl=0, failure_ttl=3600)
+    except redis.RedisError:
+        logger.exception("could not schedule a %s drain; the sweeper will", kind)
+
+
+def ring_after_commit(kind, at=None):
     # robust: a Redis hiccup after commit must not turn a recorded request into an error.
-    transaction.on_commit(lambda: ring(kind), robust=True)
+    if at is not None and at > timezone.now():
+        transaction.on_commit(lambda: ring_at(kind, at), robust=True)
+    else:
+        transaction.on_commit(lambda: ring(kind), robust=True)
 
 
 def _drain(kind, claim_next, run_claimed):

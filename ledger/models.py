@@ -246,10 +246,11 @@ class Action(models.Model):
         self.__dict__.update(lease)
         return self
 
-    def mark_succeeded(self, *, actor, external_ref, result=None, claim=None, reason=""):
+    def mark_succeeded(self, *, actor, external_ref, result=None, claim=None, reason="", evidence=None):
+        changes = {"evidence": lambda row: [*row.evidence, evidence]} if evidence else {}
         return self._move(
             S.SUCCEEDED, actor=actor, verb="succeeded", reason=reason, claim=claim,
-            external_ref=external_ref, result=result, error=None, next_attempt_at=None, **_NO_LEASE,
+            external_ref=external_ref, result=result, error=None, next_attempt_at=None, **_NO_LEASE, **changes,
         )
 
     def mark_failed(self, *, actor, code, message, retryable, claim=None, reason=""):
@@ -307,9 +308,13 @@ _NO_LEASE = {"lease_owner": "", "lease_expires_at": None}
 
 
 def on_action_moved(action):
-    """Hook for the task that owns the action (set up in ledger.tasks); runs in the transaction."""
+    """Runs in the transaction of every action transition: work that became runnable gets a
+    drain after commit, and the task that owns the action follows it."""
+    from .jobs import ring_after_commit
     from .tasks import task_follow_action
 
+    if action.status in (S.QUEUED, S.UNKNOWN) and action.next_attempt_at:
+        ring_after_commit("actions", at=action.next_attempt_at)
     task_follow_action(action)
 
 

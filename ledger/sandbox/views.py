@@ -88,7 +88,7 @@ def _json_body(request):
 def _valid(form_class, request):
     form = form_class(data=_json_body(request))
     if not form.is_valid():
-        raise InvalidInput({field: [str(message) for message in messages] for field, messages in form.errors.items()})
+        raise InvalidInput({field: [str(error) for error in errors] for field, errors in form.errors.items()})
     return form.cleaned_data
 
 
@@ -318,7 +318,14 @@ def settings_update(request):
 
 def sandbox_reset(request):
     with transaction.atomic():
-        for model in (SandboxRefund, SandboxMessage, SandboxBooking, SandboxOrder, SandboxFault, SandboxIdempotencyKey):
+        for model in (
+            SandboxRefund,
+            SandboxMessage,
+            SandboxBooking,
+            SandboxOrder,
+            SandboxFault,
+            SandboxIdempotencyKey,
+        ):
             model.objects.all().delete()
         SandboxSettings.objects.update_or_create(pk=1, defaults={"idempotency": True})
     return JsonResponse({"reset": True})

@@ -218,7 +218,8 @@ def test_it_declines_an_overlapping_booking_of_the_same_resource(sandbox):
 
 def test_it_books_adjacent_slots_and_other_resources(sandbox):
     sandbox.post("bookings", booking_body())
-    assert sandbox.post("bookings", booking_body(start="2030-01-01T11:00:00Z", end="2030-01-01T12:00:00Z")).status_code == 201
+    next_hour = booking_body(start="2030-01-01T11:00:00Z", end="2030-01-01T12:00:00Z")
+    assert sandbox.post("bookings", next_hour).status_code == 201
     assert sandbox.post("bookings", booking_body(resource="ROOM-2")).status_code == 201
 
 

@@ -1,0 +1,144 @@
+"""Real components for the integration tests: a gunicorn server, RQ worker processes,
+Redis and PostgreSQL, all talking to the test database over real connections.
+
+Each xdist worker gets its own test database (pytest-django) and its own Redis database
+number, so parallel tests never share state.
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+
+# What the server, the workers and this process agree on: short timeouts keep tests fast.
+STACK_ENV = {
+    "CONNECTOR_TIMEOUT": "1",
+    "LEASE_SECONDS": "4",
+    "LEASE_MARGIN_SECONDS": "1",
+    "SANDBOX_TIMEOUT_SLEEP": "3",
+    "BACKOFF_BASE_SECONDS": "0.2",
+    "BACKOFF_MAX_SECONDS": "1",
+    "MAX_ATTEMPTS": "3",
+}
+
+
+def _redis_db():
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return 1 + int(worker.removeprefix("gw") or 0)
+
+
+REDIS_URL = f"redis://127.0.0.1:6379/{_redis_db()}"
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _database_url():
+    s = connection.settings_dict
+    return f"postgres://{s['USER'] or 'postgres'}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+
+
+class Stack:
+    """Processes started for tests; all of them are killed at teardown."""
+
+    def __init__(self, base_url, env):
+        self.url = base_url
+        self.env = env
+        self.workers = []
+
+    def start_worker(self, **env):
+        process = subprocess.Popen(
+            [PYTHON, "manage.py", "rqworker", "default", "--worker-class", "rq.worker.SimpleWorker",
+             "--burst" if env.pop("burst", False) else "--with-scheduler"],
+            cwd=ROOT, env={**self.env, **{k: str(v) for k, v in env.items()}},
+            stdout=open(f"/tmp/worker-{len(self.workers)}.log", "w"), stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        self.workers.append(process)
+        return process
+
+    def kill_worker(self, process):
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        self.workers.remove(process)
+
+    def stop_workers(self):
+        for process in list(self.workers):
+            self.kill_worker(process)
+
+
+def _wait_for_http(url, seconds=30):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=1).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} did not come up")
+
+
+@pytest.fixture(scope="session")
+def server(django_db_setup, django_db_blocker):
+    """gunicorn serving the app (API, sandbox, dashboard) on the test database."""
+    with django_db_blocker.unblock():
+        database_url = _database_url()
+    port = _free_port()
+    base_url = f"http://127.0.0.1:{port}"
+    env = {
+        **os.environ, **STACK_ENV,
+        "DATABASE_URL": database_url, "REDIS_URL": REDIS_URL,
+        "SANDBOX_BASE_URL": f"{base_url}/sandbox/v1", "SITE_URL": base_url, "DEBUG": "false",
+    }
+    process = subprocess.Popen(
+        [PYTHON, "-m", "gunicorn", "config.wsgi", "-b", f"127.0.0.1:{port}", "-k", "gthread",
+         "-w", "2", "--threads", "32", "--timeout", "60", "--log-level", "warning"],
+        cwd=ROOT, env=env, start_new_session=True,
+    )
+    try:
+        _wait_for_http(f"{base_url}/api/v1/schema")
+        yield Stack(base_url, env)
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(10)
+
+
+@pytest.fixture
+def stack(server, django_db_reset_sequences, settings):
+    """The server plus this test's own workers (started by the test), on a clean Redis.
+
+    Sequences are reset with each flush so that content types come back with the ids the
+    server process has cached (django-guardian looks grants up by content type id).
+    """
+    for name, value in STACK_ENV.items():
+        setattr(settings, name, float(value) if "." in value or name != "MAX_ATTEMPTS" else int(value))
+    settings.SANDBOX_BASE_URL = f"{server.url}/sandbox/v1"
+    settings.RQ_QUEUES = {"default": {"URL": REDIS_URL, "DEFAULT_TIMEOUT": 600, "ASYNC": True}}
+    redis.Redis.from_url(REDIS_URL).flushdb()
+    yield server
+    server.stop_workers()
+    redis.Redis.from_url(REDIS_URL).flushdb()
+
+
+def wait_until(predicate, seconds=20, interval=0.1, message="condition"):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {seconds}s waiting for {message}")
