@@ -99,7 +99,7 @@ def action_request(*, agent, operation_key, action_type, target, params, custome
             for sibling in siblings:
                 if sibling.status == S.QUEUED:
                     sibling.hold(actor="system:intake", reason=f"{operation_key} arrived for the same target or customer")
-            if status == S.QUEUED:
+            if status == S.QUEUED and task is None:  # a task's runner executes its own actions
                 ring_after_commit("actions")
     except IntegrityError:
         # The same key, inserted meanwhile by a request about another subject.

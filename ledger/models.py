@@ -15,14 +15,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from .audit import AuditEventManager
-
-
-class InvalidTransition(Exception):
-    """The row is not in a status from which the requested change is allowed."""
-
-
-class StaleClaim(Exception):
-    """A worker's claim (fencing token) was superseded; its late write is refused."""
+from .statemachine import InvalidTransition, StaleClaim, StateMachine  # noqa: F401 (re-exported)
 
 
 # --- Agents and what they may do --------------------------------------------------------------
@@ -140,8 +133,10 @@ class ActionType(models.TextChoices):
     CREATE_BOOKING = "create_booking"
 
 
-class Action(models.Model):
+class Action(StateMachine):
     """One ledger entry per operation key, written before any call to a provider."""
+
+    TRANSITIONS = ACTION_TRANSITIONS
 
     operation_key = models.CharField(max_length=255, unique=True)
     fingerprint = models.CharField(max_length=64)
@@ -168,7 +163,6 @@ class Action(models.Model):
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     fence = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(default=timezone.now)
-    updated_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -197,35 +191,13 @@ class Action(models.Model):
     def is_retryable_failure(self):
         return self.status == S.FAILED and bool((self.error or {}).get("retryable"))
 
-    # -- the one place a status changes --------------------------------------------------------
+    def _refuse(self, to):
+        if self.status == S.FAILED and not self.is_retryable_failure:
+            return "its failure is not retryable"
+        return ""
 
-    def _move(self, to, *, actor, verb, reason="", claim=None, **changes):
-        """Lock, check the transition (and the caller's claim), write, audit; refreshes self.
-
-        `claim` is the fencing token a worker got when it claimed the action: a write after
-        a provider call passes it, so a worker whose lease was taken over cannot overwrite
-        the newer outcome.
-        """
-        with transaction.atomic():
-            row = Action.objects.select_for_update().get(pk=self.pk)
-            if claim is not None and row.fence != claim:
-                raise StaleClaim(f"{row.operation_key}: claim {claim} superseded by {row.fence}")
-            if to not in ACTION_TRANSITIONS[row.status]:
-                raise InvalidTransition(f"{row.operation_key}: {row.status} -> {to} is not allowed")
-            if row.status == S.FAILED and not row.is_retryable_failure:
-                raise InvalidTransition(f"{row.operation_key}: its failure is not retryable")
-            before = {"status": row.status, "attempts": row.attempts}
-            row.status = to
-            row.updated_at = timezone.now()
-            for field, value in changes.items():
-                setattr(row, field, value(row) if callable(value) else value)
-            row.save(update_fields=["status", "updated_at", *changes])
-            after = {"status": row.status, "attempts": row.attempts}
-            after.update({k: getattr(row, k) for k in ("external_ref", "error") if k in changes})
-            AuditEvent.objects.record(actor=actor, verb=verb, obj=row, before=before, after=after, reason=reason)
-            on_action_moved(row)
-        self.__dict__.update({k: v for k, v in row.__dict__.items() if k != "_state"})
-        return self
+    def _moved(self):
+        on_action_moved(self)
 
     def claim(self, *, owner):
         """Take a queued action under a lease; its new fence makes any older claim stale."""
@@ -339,8 +311,28 @@ class StepStatus(models.TextChoices):
     SKIPPED = "skipped"
 
 
-class Task(models.Model):
+T = TaskState
+
+# The whole state machine of a task. `running -> queued` is a retry after backoff, a lease
+# taken back from a lost worker, or a step that must wait for its action's next attempt.
+TASK_TRANSITIONS = {
+    T.QUEUED: {T.RUNNING, T.CANCELLED, T.DEAD_LETTERED},
+    T.RUNNING: {T.QUEUED, T.WAITING, T.SUCCEEDED, T.FAILED, T.DEAD_LETTERED},
+    T.WAITING: {T.QUEUED, T.FAILED, T.CANCELLED},
+    T.DEAD_LETTERED: {T.QUEUED, T.CANCELLED},
+    T.SUCCEEDED: set(),
+    T.FAILED: set(),
+    T.CANCELLED: set(),
+}
+TASK_FINAL_STATES = {T.SUCCEEDED, T.FAILED, T.CANCELLED}
+
+
+class Task(StateMachine):
     """A multi-step job of an agent; with its steps, the checkpoint a restarted worker resumes from."""
+
+    STATUS_FIELD = "state"
+    TRANSITIONS = TASK_TRANSITIONS
+    AUDITED = ("attempts", "next_attempt_at")
 
     task_id = models.CharField(max_length=255, unique=True)
     fingerprint = models.CharField(max_length=64)
@@ -356,13 +348,13 @@ class Task(models.Model):
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     fence = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(default=timezone.now)
-    updated_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         ordering = ["-created_at", "-id"]
         indexes = [
             models.Index(fields=["state", "next_attempt_at"], name="task_runnable_idx"),
             models.Index(fields=["agent", "-created_at"], name="task_agent_idx"),
+            models.Index(fields=["-created_at", "-id"], name="task_recent_idx"),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(state__in=TaskState.values), name="task_state_valid"),
@@ -371,6 +363,91 @@ class Task(models.Model):
 
     def __str__(self):
         return self.task_id
+
+    def _snapshot(self, changes=()):
+        snap = super()._snapshot(changes)
+        if snap.get("next_attempt_at"):
+            snap["next_attempt_at"] = snap["next_attempt_at"].isoformat()
+        return snap
+
+    def _moved(self):
+        from .jobs import ring_after_commit
+
+        if self.state == T.QUEUED:
+            ring_after_commit("tasks", at=self.next_attempt_at)
+
+    def claim(self, *, owner):
+        """A run of the task: one attempt, under a lease that the runner keeps alive."""
+        return self._move(
+            T.RUNNING, actor="system:runner", verb="claimed", claim=self.fence,
+            attempts=lambda row: row.attempts + 1, next_attempt_at=None,
+            **_lease(owner), fence=lambda row: row.fence + 1,
+        )
+
+    def defer(self, *, claim, until, reason):
+        """Give the run back without spending an attempt: its action is not settled yet."""
+        return self._move(
+            T.QUEUED, actor="system:runner", verb="deferred", reason=reason, claim=claim,
+            attempts=lambda row: row.attempts - 1, next_attempt_at=until, **_NO_LEASE,
+        )
+
+    def wait_for_person(self, *, claim, reason):
+        return self._move(
+            T.WAITING, actor="system:runner", verb="waiting", reason=reason, claim=claim,
+            attempts=lambda row: row.attempts - 1, next_attempt_at=None, **_NO_LEASE,
+        )
+
+    def wake(self, *, actor, reason):
+        return self._move(T.QUEUED, actor=actor, verb="woken", reason=reason, next_attempt_at=timezone.now())
+
+    def retry_later(self, *, claim, error, until):
+        return self._move(
+            T.QUEUED, actor="system:runner", verb="retry_scheduled", reason=error["message"], claim=claim,
+            last_error=error, next_attempt_at=until, **_NO_LEASE,
+        )
+
+    def mark_succeeded(self, *, claim):
+        return self._move(T.SUCCEEDED, actor="system:runner", verb="succeeded", claim=claim, **_NO_LEASE)
+
+    def mark_failed(self, *, actor, error, claim=None):
+        return self._move(
+            T.FAILED, actor=actor, verb="failed", reason=error["message"], claim=claim, last_error=error,
+            next_attempt_at=None, **_NO_LEASE,
+        )
+
+    def mark_dead_lettered(self, *, actor, error, claim=None):
+        """Out of attempts. The dead-letter entry and its alert are written with it (dlq)."""
+        from dlq.models import DeadLetter
+
+        self._move(
+            T.DEAD_LETTERED, actor=actor, verb="dead_lettered", reason=error["message"], claim=claim,
+            last_error=error, next_attempt_at=None, **_NO_LEASE,
+        )
+        return DeadLetter.objects.open_for(self, actor=actor)
+
+    def take_back(self, *, reason):
+        """The sweeper's move when a worker vanished mid-run (its lease expired)."""
+        return self._move(
+            T.QUEUED, actor="system:sweeper", verb="lease_expired", reason=reason, claim=self.fence,
+            next_attempt_at=timezone.now(), fence=lambda row: row.fence + 1, **_NO_LEASE,
+        )
+
+    def redrive(self, *, actor, reason):
+        """From the dead-letter queue: a fresh budget of attempts, resuming at the checkpoint."""
+        return self._move(
+            T.QUEUED, actor=actor, verb="redriven", reason=reason, attempts=0, next_attempt_at=timezone.now()
+        )
+
+    def cancel(self, *, actor, reason):
+        return self._move(T.CANCELLED, actor=actor, verb="cancelled", reason=reason, **_NO_LEASE)
+
+    def heartbeat(self):
+        """Extend the lease; False if the claim was lost (the runner must stop at once)."""
+        until = timezone.now() + timedelta(seconds=settings.LEASE_SECONDS)
+        kept = Task.objects.filter(pk=self.pk, fence=self.fence, state=T.RUNNING).update(lease_expires_at=until)
+        if kept:
+            self.lease_expires_at = until
+        return kept == 1
 
 
 class TaskStep(models.Model):
@@ -395,6 +472,21 @@ class TaskStep(models.Model):
 
 
 # --- Webhooks and audit -----------------------------------------------------------------------
+
+
+class Confirmation(models.Model):
+    """The refund workflow's local record, written once per key with its step's checkpoint."""
+
+    key = models.CharField(max_length=255, unique=True)
+    task = models.ForeignKey(Task, on_delete=models.PROTECT, related_name="confirmations")
+    order_id = models.CharField(max_length=255)
+    external_ref = models.CharField(max_length=255)
+    amount = models.DecimalField(max_digits=18, decimal_places=3)
+    currency = models.CharField(max_length=3)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self):
+        return self.key
 
 
 class WebhookEvent(models.Model):

@@ -6,7 +6,8 @@ conditional update):
 2. if any action is runnable (queued and due, or due for verification), ring its doorbell,
    which enqueues a drain job unless one is already waiting — a flushed Redis or a
    SIGKILLed worker loses nothing;
-3. the same for tasks (expired leases, queued tasks, backoffs that have passed).
+3. the same for tasks (expired leases, queued tasks, backoffs that have passed);
+4. alerts whose delivery job was lost are enqueued again.
 """
 
 import logging
@@ -18,6 +19,8 @@ logger = logging.getLogger("surety.sweeper")
 
 
 def sweep_once():
+    from dlq.alerts import alerts_redeliver_stale
+
     from .tasks import task_expire_leases, task_runnable_exists
 
     counts = {"actions_expired": action_expire_leases(), "tasks_expired": task_expire_leases()}
@@ -25,4 +28,5 @@ def sweep_once():
         ring("actions")
     if task_runnable_exists():
         ring("tasks")
+    alerts_redeliver_stale()
     return counts

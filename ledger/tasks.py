@@ -1,23 +1,117 @@
-"""Tasks: checkpointed workflows run by RQ workers (filled in by the durable-tasks work)."""
+"""Tasks: intake, claiming, and what ties a task to its actions and to the sweeper.
+
+The runner that executes a claimed task's steps is `ledger.runner`.
+"""
+
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from .actions import KeyReused, fingerprint
+from .models import PERSON_STATUSES, AuditEvent, Task, TaskState, TaskStep
+from .workflows import registry
+
+T = TaskState
 
 
-def task_follow_action(action):
-    """An action of a task moved: wake, pause or fail the task with it."""
-    if action.task_id is None:
-        return
-
-
-def task_expire_leases():
-    return 0
-
-
-def task_runnable_exists():
-    return False
+def task_request(*, agent, task_id, workflow, input):
+    """Return `(task, created)`; the same rules as actions: replay, KeyReused, or a new task."""
+    print_ = fingerprint(f"workflow:{workflow}", task_id, input)
+    existing = Task.objects.filter(task_id=task_id).first()
+    if existing is None:
+        try:
+            with transaction.atomic():
+                task = Task.objects.create(
+                    task_id=task_id, fingerprint=print_, workflow=workflow, input=input, agent=agent,
+                    max_attempts=settings.MAX_ATTEMPTS, next_attempt_at=timezone.now(),
+                )
+                TaskStep.objects.bulk_create(
+                    TaskStep(task=task, position=i, name=step.name, idempotency_key=step.key(task))
+                    for i, step in enumerate(registry()[workflow].steps)
+                )
+                AuditEvent.objects.record(actor=agent, verb="requested", obj=task, after={"state": task.state})
+                task._moved()  # a new queued task: ring the runner after commit
+            return task, True
+        except IntegrityError:
+            existing = Task.objects.filter(task_id=task_id).first()
+            if existing is None:
+                raise
+    if existing.fingerprint != print_:
+        raise KeyReused(existing)
+    return existing, False
 
 
 def task_claim_next(owner):
-    return None
+    with transaction.atomic():
+        task = (
+            Task.objects.select_for_update(skip_locked=True)
+            .filter(state=T.QUEUED, next_attempt_at__lte=timezone.now())
+            .order_by("next_attempt_at", "id")
+            .first()
+        )
+        return task.claim(owner=owner) if task else None
 
 
 def task_run_claimed(task):
-    return None
+    from .runner import task_run
+
+    return task_run(task)
+
+
+def task_follow_action(action):
+    """In the transaction of an action's move: a task waiting on it wakes when a person
+    (or verification) has decided, so its runner can go on or fail."""
+    if action.task_id is None or action.status in PERSON_STATUSES:
+        return
+    task = Task.objects.select_for_update().filter(pk=action.task_id, state=T.WAITING).first()
+    if task is not None:
+        task.wake(actor="system:runner", reason=f"{action.operation_key} is now {action.status}")
+
+
+def task_expire_leases():
+    """Running tasks whose worker vanished go back to the queue — or, out of attempts
+    (a task that keeps killing its workers), to the dead-letter queue."""
+    taken = 0
+    while True:
+        with transaction.atomic():
+            task = (
+                Task.objects.select_for_update(skip_locked=True)
+                .filter(state=T.RUNNING, lease_expires_at__lt=timezone.now())
+                .first()
+            )
+            if task is None:
+                return taken
+            reason = f"the worker {task.lease_owner} stopped renewing its lease"
+            if task.attempts >= task.max_attempts:
+                task.mark_dead_lettered(actor="system:sweeper", claim=task.fence,
+                                        error={"code": "worker_lost", "message": reason, "retryable": True})
+            else:
+                task.take_back(reason=reason)
+            taken += 1
+
+
+def task_runnable_exists():
+    return Task.objects.filter(state=T.QUEUED, next_attempt_at__lte=timezone.now()).exists()
+
+
+def task_run_now(task, *, actor, reason="run now"):
+    """An operator skips the rest of a backoff."""
+    with transaction.atomic():
+        task = Task.objects.select_for_update().get(pk=task.pk)
+        if task.state != T.QUEUED:
+            return task
+        before = {"next_attempt_at": task.next_attempt_at and task.next_attempt_at.isoformat()}
+        task.next_attempt_at = timezone.now()
+        task.save(update_fields=["next_attempt_at"])
+        AuditEvent.objects.record(actor=actor, verb="run_now", obj=task, before=before,
+                                  after={"next_attempt_at": task.next_attempt_at.isoformat()}, reason=reason)
+        task._moved()
+    return task
+
+
+def defer_until(action):
+    """When to look at an unsettled action again."""
+    soon = timezone.now() + timedelta(seconds=1)
+    return max(action.next_attempt_at or soon, soon)

@@ -83,6 +83,10 @@ def problem_exception_handler(exc, context):
         if isinstance(errors, list):
             errors = {"body": errors}
         body = problem_body(400, "invalid", "Invalid request", "The request did not pass validation.", errors)
+    elif isinstance(exc, exceptions.ParseError):
+        # An unreadable body is a validation error of the body as a whole (CONTRACT.md: code
+        # `invalid` comes with `errors`).
+        body = problem_body(400, "invalid", "Invalid request", str(exc.detail), {"body": [str(exc.detail)]})
     else:
         code = next((c for cls, c in _CODES.items() if isinstance(exc, cls)), "error")
         body = problem_body(exc.status_code, code, _title(exc), str(exc.detail))

@@ -11,7 +11,8 @@ from rest_framework import serializers
 
 from ledger.models import Action, ActionType
 
-PHONE = re.compile(r"^\+[1-9]\d{6,14}$")
+# ASCII digits only: `\d` also matches digits such as ٢ or ２, which no provider can dial.
+PHONE = re.compile(r"\+[1-9][0-9]{6,14}")
 MAX_AMOUNT = Decimal("1000000000")
 
 
@@ -29,7 +30,7 @@ class AmountField(serializers.Field):
     def to_internal_value(self, data):
         if not isinstance(data, str):
             self.fail("type")
-        if not re.fullmatch(r"\d+(\.\d+)?", data.strip()):
+        if not re.fullmatch(r"[0-9]+(\.[0-9]+)?", data.strip()):
             self.fail("positive" if data.strip().startswith("-") else "invalid")
         try:
             amount = Decimal(data.strip())
@@ -128,7 +129,7 @@ class ActionRequestSerializer(StrictSerializer):
                 validate_email(target)
             except DjangoValidationError:
                 raise serializers.ValidationError({"target": ["Not an e-mail address."]}) from None
-        elif not PHONE.match(target):
+        elif not PHONE.fullmatch(target):
             raise serializers.ValidationError({"target": ["Not a phone number in E.164 form (+4930123456)."]})
 
 
@@ -148,3 +149,58 @@ class ActionSerializer(serializers.ModelSerializer):
 
     def get_url(self, action) -> str:
         return f"/api/v1/actions/{quote(action.operation_key, safe='')}"
+
+
+class TaskRequestSerializer(StrictSerializer):
+    workflow = serializers.CharField(max_length=100)
+    input = serializers.DictField()
+
+    def validate(self, data):
+        from ledger.workflows import registry
+
+        workflow = registry().get(data["workflow"])
+        if workflow is None:
+            raise serializers.ValidationError({"workflow": [f"Unknown workflow {data['workflow']!r}."]})
+        incoming = workflow.input_serializer(data=data["input"])
+        if not incoming.is_valid():
+            raise serializers.ValidationError({"input": incoming.errors})
+        data["input"] = {k: str(v) if not isinstance(v, (str, int, bool)) else v
+                         for k, v in incoming.validated_data.items()}
+        return data
+
+
+def _step_view(step, first_open):
+    view = {"status": "running" if step.name == first_open else step.status}
+    if step.idempotency_key:
+        view["idempotency_key"] = step.idempotency_key
+    if step.result is not None:
+        view["result"] = step.result
+    if step.error:
+        view["error"] = step.error
+    return view
+
+
+def checkpoint(task):
+    """The checkpoint record of CONTRACT.md, steps in execution order."""
+    steps = list(task.steps.all())
+    running = task.state == "running"
+    first_open = next((s.name for s in steps if s.status != "done"), None) if running else None
+    return {
+        "task_id": task.task_id,
+        "workflow": task.workflow,
+        "state": task.state,
+        "attempts": task.attempts,
+        "max_attempts": task.max_attempts,
+        "next_attempt_at": task.next_attempt_at.isoformat() if task.next_attempt_at and task.state == "queued" else None,
+        "last_error": task.last_error,
+        "steps": {s.name: _step_view(s, first_open) for s in steps},
+        "updated_at": task.updated_at.isoformat().replace("+00:00", "Z"),
+        "url": f"/api/v1/tasks/{quote(task.task_id, safe='')}",
+    }
+
+
+class CheckpointSerializer(serializers.BaseSerializer):
+    """Output only: see `checkpoint`."""
+
+    def to_representation(self, task):
+        return checkpoint(task)

@@ -8,5 +8,7 @@ app_name = "api"
 urlpatterns = [
     path("actions", views.ActionCreateView.as_view(), name="action-create"),
     path("actions/<path:operation_key>", views.ActionDetailView.as_view(), name="action-detail"),
+    path("tasks", views.TaskCreateView.as_view(), name="task-create"),
+    path("tasks/<path:task_id>", views.TaskDetailView.as_view(), name="task-detail"),
     path("schema", SpectacularAPIView.as_view(authentication_classes=[], permission_classes=[AllowAny]), name="schema"),
 ]

@@ -10,10 +10,11 @@ from rest_framework.views import APIView
 
 from ledger.actions import KeyReused, action_request
 from ledger.grants import agent_may
-from ledger.models import Action, ActionStatus, Capability, Task
+from ledger.models import Action, ActionStatus, Capability, Task, TaskState
+from ledger.tasks import task_request
 
 from .problems import Problem
-from .serializers import ActionRequestSerializer, ActionSerializer
+from .serializers import ActionRequestSerializer, ActionSerializer, TaskRequestSerializer, checkpoint
 
 KEY_HEADER = OpenApiParameter(
     "Idempotency-Key", OpenApiTypes.STR, OpenApiParameter.HEADER, required=True,
@@ -118,3 +119,48 @@ class ActionDetailView(APIView):
 
         action = poll(load, lambda a: a.status in UNSETTLED_ACTION, seconds)
         return Response(ActionSerializer(action).data)
+
+
+UNSETTLED_TASK = {TaskState.QUEUED, TaskState.RUNNING}
+
+
+class TaskCreateView(APIView):
+    @extend_schema(
+        operation_id="tasks_create", parameters=[KEY_HEADER], request=TaskRequestSerializer,
+        responses={201: OpenApiTypes.OBJECT, 200: OpenApiTypes.OBJECT},
+        description="Start a multi-step task; the Idempotency-Key is the task id. Returns the checkpoint.",
+    )
+    def post(self, request):
+        task_id = idempotency_key(request)
+        incoming = TaskRequestSerializer(data=request.data)
+        incoming.is_valid(raise_exception=True)
+        data = incoming.validated_data
+        agent = request.auth
+        if not agent_may(agent, Capability.Kind.WORKFLOW, data["workflow"]):
+            raise Problem(403, "forbidden", "Forbidden", f"This agent may not start {data['workflow']}.")
+        try:
+            task, created = task_request(agent=agent, task_id=task_id, workflow=data["workflow"], input=data["input"])
+        except KeyReused:
+            raise key_reused(task_id) from None
+        if task.agent_id != agent.pk:
+            raise key_reused(task_id)
+        response = Response(checkpoint(task), status=201 if created else 200)
+        if not created:
+            response["Idempotent-Replayed"] = "true"
+        return response
+
+
+class TaskDetailView(APIView):
+    @extend_schema(operation_id="tasks_retrieve", parameters=[WAIT], responses={200: OpenApiTypes.OBJECT})
+    def get(self, request, task_id):
+        seconds = wait_seconds(request)
+        mine = Task.objects.filter(agent=request.auth, task_id=task_id)
+
+        def load():
+            found = mine.first()
+            if found is None:
+                raise Problem(404, "not_found", "Not found", "No such task.")
+            return found
+
+        task = poll(load, lambda t: t.state in UNSETTLED_TASK, seconds)
+        return Response(checkpoint(task))

@@ -47,10 +47,10 @@ def _client():
     return _clients[pid]
 
 
-def call(method, url, *, json=None, params=None, headers=None):
+def call(method, url, *, json=None, content=None, params=None, headers=None):
     """Send one request; return the decoded JSON body of a 2xx answer or raise a ProviderError."""
     try:
-        response = _client().request(method, url, json=json, params=params, headers=headers)
+        response = _client().request(method, url, json=json, content=content, params=params, headers=headers)
     except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
         raise NotSent(f"{method} {url}: {exc!r}", code="connect_failed") from exc
     except httpx.TimeoutException as exc:

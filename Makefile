@@ -1,0 +1,77 @@
+# Surety: `make run` for a local stack, `make test` for the test suite. `make help` lists all.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+BENCH_ARGS ?=
+TEST_DATABASE_URL := postgres://postgres@127.0.0.1:5432/postgres
+SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
+
+export DEBIAN_FRONTEND := noninteractive
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: help install services static test run bench chaos check
+
+help:
+	@echo "make run       web app at http://127.0.0.1:8000, two RQ workers and the sweeper, with demo data"
+	@echo "make test      the test suite on PostgreSQL and Redis (PYTEST_ARGS=... to narrow it)"
+	@echo "make install   virtualenv + Python deps, npm packages, Chromium for browser tests"
+	@echo "make services  make sure PostgreSQL and Redis are running"
+	@echo "make bench     the benchmarks (BENCH_ARGS=... passed on)"
+	@echo "make chaos     the chaos tests at full scale"
+	@echo "make check     Django's deployment checks under production settings"
+
+# --- install: each step re-runs only when its inputs change -----------------------------
+install: $(VENV)/.installed node_modules/.installed /usr/bin/chromium
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --no-input -q --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(PY)
+	$(PY) -m pip install --no-input -q -e '.[dev]'
+	touch $@
+
+node_modules/.installed: package.json package-lock.json
+	npm ci --no-audit --no-fund
+	touch $@
+
+# Browser tests drive Debian's Chromium through Playwright; never `playwright install`.
+/usr/bin/chromium:
+	$(SUDO) apt-get update -q
+	$(SUDO) apt-get install -y -q -o DPkg::Lock::Timeout=300 --no-install-recommends chromium
+
+services:
+	@scripts/services.sh
+
+# The test servers run with DEBUG off, so static files are served from STATIC_ROOT.
+static: $(VENV)/.installed node_modules/.installed
+	$(PY) manage.py collectstatic --noinput -v 0
+
+# --- test ----------------------------------------------------------------------------------
+# pytest-django creates its own test_* databases next to the `postgres` one.
+# Exit code 5 (no tests collected) is turned into a failure.
+test: install services static
+	DATABASE_URL=$(TEST_DATABASE_URL) $(VENV)/bin/pytest -n 2 -p no:cacheprovider $(PYTEST_ARGS) || { \
+	  rc=$$?; [ $$rc -ne 5 ] || echo "make test: pytest collected no tests" >&2; exit $$rc; }
+
+chaos: install services static
+	CHAOS_SCALE=full DATABASE_URL=$(TEST_DATABASE_URL) \
+	  $(VENV)/bin/pytest tests/chaos -m chaos -p no:cacheprovider $(PYTEST_ARGS)
+
+# --- run -----------------------------------------------------------------------------------
+run: install services
+	@scripts/run-local.sh
+
+bench: install services
+	$(PY) -m bench $(BENCH_ARGS)
+
+check: $(VENV)/.installed
+	PRODUCTION=true DEBUG=false ALLOWED_HOSTS=example.com \
+	  SECRET_KEY="$$($(PY) -c 'import secrets; print(secrets.token_urlsafe(50))')" \
+	  $(PY) manage.py check --deploy

@@ -1,0 +1,95 @@
+"""Alert transports: e-mail to the operations group, and an HMAC-signed webhook.
+
+Each attempt on each channel is recorded. A channel that failed is tried again by the job
+with backoff, and by the sweeper for alerts still undelivered; a channel that already
+succeeded is not repeated.
+"""
+
+import hashlib
+import hmac
+import json
+import logging
+import time
+from datetime import timedelta
+
+import django_rq
+from django.conf import settings
+from django.core.mail import send_mail
+from django.db import transaction
+from django.utils import timezone
+
+from ledger.connectors import http
+
+logger = logging.getLogger("surety.alerts")
+MAX_DELIVERY_ATTEMPTS = 5
+
+
+def deliver_after_commit(alert):
+    transaction.on_commit(lambda: _enqueue(alert.pk), robust=True)
+
+
+def _enqueue(alert_id, delay=None):
+    queue = django_rq.get_queue("default")
+    try:
+        if delay and queue.is_async:
+            queue.enqueue_in(delay, alert_deliver, alert_id, result_ttl=0)
+        else:
+            queue.enqueue(alert_deliver, alert_id, result_ttl=0)
+    except Exception:  # Redis down: the sweeper's alert pass delivers it
+        logger.exception("could not enqueue delivery of alert %s", alert_id)
+
+
+def channels():
+    found = ["email"] if settings.ALERT_EMAILS else []
+    if settings.ALERT_WEBHOOK_URL:
+        found.append("webhook")
+    return found
+
+
+def _send(alert, channel):
+    link = settings.SITE_URL.rstrip("/") + alert.link
+    if channel == "email":
+        send_mail(f"[Surety] {alert.subject}", f"{alert.body}\n\n{link}\n", None, settings.ALERT_EMAILS)
+        return f"mailed to {', '.join(settings.ALERT_EMAILS)}"
+    body = json.dumps({"id": alert.pk, "kind": alert.kind, "subject": alert.subject, "body": alert.body,
+                       "link": link, "created_at": alert.created_at.isoformat()})
+    stamp = int(time.time())
+    signature = hmac.new(settings.ALERT_WEBHOOK_SECRET.encode(), f"{stamp}.{body}".encode(), hashlib.sha256)
+    http.call("POST", settings.ALERT_WEBHOOK_URL, content=body.encode(), headers={
+        "Content-Type": "application/json", "Surety-Signature": f"t={stamp},v1={signature.hexdigest()}"})
+    return f"posted to {settings.ALERT_WEBHOOK_URL}"
+
+
+def alert_deliver(alert_id):
+    """Try every channel not yet delivered; record each attempt; reschedule failures."""
+    from .models import Alert, AlertDelivery
+
+    alert = Alert.objects.get(pk=alert_id)
+    if alert.delivered_at:
+        return
+    done = set(alert.deliveries.filter(ok=True).values_list("channel", flat=True))
+    failed = []
+    for channel in channels():
+        if channel in done:
+            continue
+        attempt = alert.deliveries.filter(channel=channel).count() + 1
+        try:
+            detail, ok = _send(alert, channel), True
+        except Exception as exc:  # a transport error of any kind is recorded, not raised
+            detail, ok = f"{type(exc).__name__}: {exc}", False
+            failed.append(attempt)
+        AlertDelivery.objects.create(alert=alert, channel=channel, attempt=attempt, ok=ok, detail=detail[:2000])
+    if not failed:
+        Alert.objects.filter(pk=alert.pk).update(delivered_at=timezone.now())
+    elif max(failed) < MAX_DELIVERY_ATTEMPTS:
+        _enqueue(alert.pk, delay=timedelta(seconds=min(300, 2 ** max(failed))))
+
+
+def alerts_redeliver_stale(older_than=timedelta(minutes=5)):
+    """The sweeper's pass: undelivered alerts whose job may have been lost."""
+    from .models import Alert
+
+    cutoff = timezone.now() - older_than
+    stale = Alert.objects.filter(delivered_at__isnull=True, created_at__lt=cutoff).exclude(deliveries__at__gte=cutoff)
+    for alert_id in stale.values_list("pk", flat=True)[:100]:
+        _enqueue(alert_id)

@@ -1,0 +1,132 @@
+"""Dead-letter entries, and the alerts that make sure a person hears of each one."""
+
+from django.db import models, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from ledger.models import AuditEvent, Task
+from ledger.statemachine import StateMachine
+
+
+class EntryStatus(models.TextChoices):
+    OPEN = "open"
+    REDRIVEN = "redriven"
+    RESOLVED = "resolved"
+    DISCARDED = "discarded"
+
+
+E = EntryStatus
+ENTRY_TRANSITIONS = {E.OPEN: {E.REDRIVEN, E.RESOLVED, E.DISCARDED}, E.REDRIVEN: set(), E.RESOLVED: set(),
+                     E.DISCARDED: set()}
+
+
+class DeadLetterManager(models.Manager):
+    def open_for(self, task, *, actor):
+        """The entry, with the checkpoint as it stands, and its alert: one transaction.
+
+        (The database also refuses to commit an entry without an alert: migration 0002.)
+        """
+        from ledger.api.serializers import checkpoint
+
+        with transaction.atomic():
+            entry = self.create(
+                task=task, snapshot=checkpoint(task), last_error=task.last_error or {}, attempts=task.attempts
+            )
+            AuditEvent.objects.record(actor=actor, verb="dead_letter_opened", obj=entry,
+                                      after={"status": entry.status}, reason=(task.last_error or {}).get("message", ""))
+            Alert.objects.raise_for(entry)
+        return entry
+
+
+class DeadLetter(StateMachine):
+    TRANSITIONS = ENTRY_TRANSITIONS
+    AUDITED = ()
+
+    task = models.ForeignKey(Task, on_delete=models.PROTECT, related_name="dead_letters")
+    status = models.CharField(max_length=20, choices=EntryStatus.choices, default=E.OPEN)
+    snapshot = models.JSONField()
+    last_error = models.JSONField(default=dict)
+    attempts = models.PositiveIntegerField()
+    created_at = models.DateTimeField(default=timezone.now)
+    decided_by = models.CharField(max_length=150, blank=True, default="")
+    decided_at = models.DateTimeField(null=True, blank=True)
+    note = models.TextField(blank=True, default="")
+
+    objects = DeadLetterManager()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [
+            models.Index(fields=["status", "-created_at", "-id"], name="deadletter_queue_idx"),
+        ]
+        constraints = [
+            models.CheckConstraint(condition=Q(status__in=EntryStatus.values), name="deadletter_status_valid"),
+            # At most one open entry per task: a task is in the queue once.
+            models.UniqueConstraint(fields=["task"], condition=Q(status="open"), name="deadletter_one_open_per_task"),
+        ]
+
+    def __str__(self):
+        return f"dead letter #{self.pk} ({self.task.task_id})"
+
+    def get_absolute_url(self):
+        return f"/dlq/{self.pk}/"
+
+    def decide(self, to, *, actor, reason):
+        from ledger.audit import actor_label
+
+        return self._move(to, actor=actor, verb=to, reason=reason, decided_by=actor_label(actor),
+                          decided_at=timezone.now(), note=reason)
+
+
+class AlertManager(models.Manager):
+    def raise_for(self, entry=None, *, subject="", body="", link="", kind="dead_letter"):
+        """Record the alert in the caller's transaction; deliver it by a job after commit."""
+        from .alerts import deliver_after_commit
+
+        if entry is not None:
+            subject = subject or f"Dead letter: task {entry.task.task_id} ({entry.task.workflow}) failed {entry.attempts}×"
+            body = body or (entry.last_error or {}).get("message", "")
+            link = link or entry.get_absolute_url()
+        alert = self.create(kind=kind, dead_letter=entry, subject=subject[:255], body=body, link=link)
+        deliver_after_commit(alert)
+        return alert
+
+
+class Alert(models.Model):
+    class Kind(models.TextChoices):
+        DEAD_LETTER = "dead_letter"
+        OVERDUE_REVIEW = "overdue_review"
+
+    kind = models.CharField(max_length=30, choices=Kind.choices)
+    dead_letter = models.ForeignKey(DeadLetter, null=True, blank=True, on_delete=models.PROTECT, related_name="alerts")
+    subject = models.CharField(max_length=255)
+    body = models.TextField(blank=True, default="")
+    link = models.CharField(max_length=500)
+    created_at = models.DateTimeField(default=timezone.now)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    objects = AlertManager()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["delivered_at", "created_at"], name="alert_undelivered_idx")]
+
+    def __str__(self):
+        return self.subject
+
+
+class AlertDelivery(models.Model):
+    """One attempt to deliver an alert on one channel; saved whatever the outcome."""
+
+    alert = models.ForeignKey(Alert, on_delete=models.CASCADE, related_name="deliveries")
+    channel = models.CharField(max_length=20)  # "email" or "webhook"
+    attempt = models.PositiveSmallIntegerField()
+    ok = models.BooleanField()
+    detail = models.TextField(blank=True, default="")
+    at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["alert", "at"]
+
+    def __str__(self):
+        return f"{self.channel} #{self.attempt} {'ok' if self.ok else 'failed'}"

@@ -1,0 +1,144 @@
+"""Running a claimed task: resume at the first step that is not done, checkpoint each step.
+
+1. Read the steps; done ones only lend their results. Renew the lease before each step;
+   a lost lease means someone else runs the task now, so stop without writing.
+2. Run the step: a read step calls out; an effect step records its action (key
+   `{task_id}:{step}:v1`) and drives it through the guarded executor; a local step writes
+   in the checkpoint's own transaction.
+3. Checkpoint: step done, with its result, under the claim's fencing token.
+4. An action waiting for a person -> the task waits; an action not settled yet -> the task
+   is deferred without spending an attempt; a failure -> retry with backoff, or the
+   dead-letter queue when attempts are spent, or `failed` at once if it is not retryable.
+"""
+
+import logging
+from dataclasses import dataclass, field
+
+from django.db import transaction
+from django.utils import timezone
+
+from .actions import KeyReused, action_request
+from .executor import action_claim_next, action_run_claimed, worker_name
+from .models import PERSON_STATUSES, Action, ActionStatus, AuditEvent, StepStatus, Task
+from .retry import backoff_until
+from .statemachine import StaleClaim
+from .tasks import defer_until
+from .workflows import StepFailed, registry
+
+logger = logging.getLogger("surety.runner")
+A = ActionStatus
+
+
+@dataclass
+class StepContext:
+    task: Task
+    input: dict
+    results: dict = field(default_factory=dict)
+
+
+class Paused(Exception):
+    """The run ends here without failing: the task waits or was deferred."""
+
+
+def task_run(task):
+    claim = task.fence
+    workflow = registry()[task.workflow]
+    ctx = StepContext(task=task, input=task.input)
+    try:
+        for row in task.steps.order_by("position"):
+            if row.status == StepStatus.DONE:
+                ctx.results[row.name] = row.result
+                continue
+            if not task.heartbeat():
+                return None
+            step = workflow.step(row.name)
+            try:
+                _run_step(task, claim, step, row, ctx)
+            except StepFailed as exc:
+                return _fail(task, claim, row, exc)
+            except (Paused, StaleClaim):
+                raise
+            except Exception as exc:  # a bug or an outage in a step: retry, then dead-letter
+                logger.exception("step %s of %s crashed", row.name, task)
+                return _fail(task, claim, row, StepFailed(f"{type(exc).__name__}: {exc}", retryable=True, code="crash"))
+        return task.mark_succeeded(claim=claim)
+    except Paused:
+        return task
+    except StaleClaim:
+        logger.warning("%s: claim lost; another worker runs it now", task)
+        return None
+
+
+def _run_step(task, claim, step, row, ctx):
+    if step.kind == "read":
+        result = step.run(ctx)
+        _checkpoint(task, claim, row, lambda: result)
+    elif step.kind == "local":
+        _checkpoint(task, claim, row, lambda: step.run(ctx, row.idempotency_key))
+    else:
+        action = _drive(task, claim, row, step.run(ctx))
+        _checkpoint(task, claim, row, lambda: {"external_ref": action.external_ref,
+                                               "action_status": action.status})
+    ctx.results[row.name] = row.result
+
+
+def _drive(task, claim, row, spec):
+    """Take the step's action as far as this worker can; return it once succeeded."""
+    try:
+        action, _ = action_request(
+            agent=task.agent, operation_key=row.idempotency_key, action_type=spec.action_type,
+            target=spec.target, customer=spec.customer, params=spec.params, amount=spec.amount,
+            currency=spec.currency, task=task, decision_id=task.task_id,
+        )
+    except KeyReused:
+        raise StepFailed(f"{row.idempotency_key} was used for a different request", retryable=False,
+                         code="idempotency_key_reused") from None
+    if action.is_retryable_failure:
+        action.requeue(actor="system:runner", reason=f"task attempt {task.attempts}")
+    if action.status in (A.QUEUED, A.UNKNOWN):
+        claimed = action_claim_next(worker_name(), only=action.pk)
+        if claimed is not None:
+            action_run_claimed(claimed)
+        action = Action.objects.get(pk=action.pk)
+    if action.status == A.SUCCEEDED:
+        return action
+    if action.status in PERSON_STATUSES:
+        task.wait_for_person(claim=claim, reason=f"{action.operation_key} is {action.status}")
+        raise Paused
+    if action.status == A.FAILED:
+        error = action.error or {}
+        raise StepFailed(error.get("message", "the action failed"), retryable=bool(error.get("retryable")),
+                         code=error.get("code", "action_failed"))
+    if action.status in (A.REJECTED, A.CANCELLED):
+        raise StepFailed(f"{action.operation_key} was {action.status} by a person", retryable=False,
+                         code=f"action_{action.status}")
+    task.defer(claim=claim, until=defer_until(action), reason=f"{action.operation_key} is {action.status}")
+    raise Paused
+
+
+def _checkpoint(task, claim, row, produce):
+    """Step done and its result, in one transaction with the step's own local writes."""
+    with transaction.atomic():
+        locked = Task.objects.select_for_update().get(pk=task.pk)
+        if locked.fence != claim:
+            raise StaleClaim(f"{task}: claim {claim} superseded")
+        row.result = produce()
+        row.status = StepStatus.DONE
+        row.error = None
+        row.updated_at = timezone.now()
+        row.save(update_fields=["result", "status", "error", "updated_at"])
+        Task.objects.filter(pk=task.pk).update(updated_at=row.updated_at)
+        AuditEvent.objects.record(actor="system:runner", verb="step_done", obj=task,
+                                  after={"step": row.name, "result": row.result})
+
+
+def _fail(task, claim, row, exc):
+    error = {"code": exc.code, "message": str(exc), "retryable": exc.retryable, "step": row.name}
+    with transaction.atomic():
+        row.status, row.error, row.updated_at = StepStatus.FAILED, error, timezone.now()
+        row.save(update_fields=["status", "error", "updated_at"])
+        if not exc.retryable:
+            return task.mark_failed(actor="system:runner", error=error, claim=claim)
+        if task.attempts >= task.max_attempts:
+            return task.mark_dead_lettered(actor="system:runner", error=error, claim=claim)
+        return task.retry_later(claim=claim, error=error, until=backoff_until(task.attempts))

@@ -1,0 +1,74 @@
+"""The one way a status changes, shared by actions, tasks, dead-letter entries and review items."""
+
+from django.db import models, transaction
+from django.utils import timezone
+
+
+class InvalidTransition(Exception):
+    """The row is not in a status from which the requested change is allowed."""
+
+
+class StaleClaim(Exception):
+    """A worker's claim (fencing token) was superseded; its late write is refused."""
+
+
+class StateMachine(models.Model):
+    """A row whose status moves only along `TRANSITIONS`, each move locked, checked and audited.
+
+    Subclasses name their status field, their transition table, the fields an audit event
+    shows, and may add a guard (`_refuse`) and a hook run inside the transaction (`_moved`).
+    """
+
+    STATUS_FIELD = "status"
+    TRANSITIONS: dict = {}
+    AUDITED = ("attempts",)
+
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        abstract = True
+
+    def _refuse(self, to):
+        """Return why this row may not move to `to` beyond the table, or ""."""
+        return ""
+
+    def _moved(self):
+        """Runs inside the transaction of every move, after the write and the audit event."""
+
+    def _snapshot(self, changes=()):
+        snap = {self.STATUS_FIELD: getattr(self, self.STATUS_FIELD)}
+        snap.update({f: getattr(self, f) for f in self.AUDITED if hasattr(self, f)})
+        snap.update({f: getattr(self, f) for f in ("external_ref", "error", "last_error") if f in changes})
+        return snap
+
+    def _move(self, to, *, actor, verb, reason="", claim=None, **changes):
+        """Lock, check the transition (and the caller's claim), write, audit; refreshes self.
+
+        `claim` is the fencing token a worker got with its lease: a write after a provider
+        call passes it, so a worker whose lease was taken over cannot overwrite the newer
+        outcome. A change's value may be a function of the locked row.
+        """
+        from .models import AuditEvent
+
+        with transaction.atomic():
+            row = type(self).objects.select_for_update().get(pk=self.pk)
+            current = getattr(row, self.STATUS_FIELD)
+            if claim is not None and row.fence != claim:
+                raise StaleClaim(f"{row}: claim {claim} superseded by {row.fence}")
+            if to not in self.TRANSITIONS[current]:
+                raise InvalidTransition(f"{row}: {current} -> {to} is not allowed")
+            refusal = row._refuse(to)
+            if refusal:
+                raise InvalidTransition(f"{row}: {refusal}")
+            before = row._snapshot()
+            setattr(row, self.STATUS_FIELD, to)
+            row.updated_at = timezone.now()
+            for field, value in changes.items():
+                setattr(row, field, value(row) if callable(value) else value)
+            row.save(update_fields=[self.STATUS_FIELD, "updated_at", *changes])
+            AuditEvent.objects.record(
+                actor=actor, verb=verb, obj=row, before=before, after=row._snapshot(changes), reason=reason
+            )
+            row._moved()
+        self.__dict__.update({k: v for k, v in row.__dict__.items() if k != "_state"})
+        return self

@@ -1,0 +1,76 @@
+"""Workflows in code: a name, an input serializer, and steps in execution order.
+
+Three kinds of step:
+- `read`: a look-up with no effect; no key; its result is checkpointed.
+- `effect`: one action through the guarded executor, key `{task_id}:{step}:v{version}`.
+- `local`: a write to this database, done in the same transaction as its checkpoint.
+"""
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+
+class StepFailed(Exception):
+    def __init__(self, message, *, retryable, code="step_failed"):
+        super().__init__(message)
+        self.retryable = retryable
+        self.code = code
+
+
+@dataclass(frozen=True)
+class ActionSpec:
+    action_type: str
+    target: str
+    params: dict
+    customer: str = ""
+
+    @property
+    def amount(self):
+        return self.params.get("amount")
+
+    @property
+    def currency(self):
+        return self.params.get("currency", "")
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    kind: str  # "read", "effect" or "local"
+    run: Callable
+    version: int = 1
+
+    def key(self, task):
+        return f"{task.task_id}:{self.name}:v{self.version}" if self.kind != "read" else ""
+
+
+@dataclass(frozen=True)
+class Workflow:
+    name: str
+    input_serializer: type
+    steps: list = field(default_factory=list)
+
+    def step(self, name):
+        return next(s for s in self.steps if s.name == name)
+
+
+def read(name, run):
+    return Step(name, "read", run)
+
+
+def effect(name, run, version=1):
+    return Step(name, "effect", run, version)
+
+
+def local(name, run, version=1):
+    return Step(name, "local", run, version)
+
+
+def registry():
+    from .noop import NOOP
+    from .refund import REFUND
+
+    return {wf.name: wf for wf in (REFUND, NOOP)}
+
+
+WORKFLOW_NAMES = ("refund", "noop")

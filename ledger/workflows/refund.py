@@ -1,0 +1,69 @@
+"""The refund workflow: look the order up, refund it, record it, tell the customer."""
+
+from django.conf import settings
+from rest_framework import serializers
+
+from ledger.api.serializers import AmountField, CurrencyField, StrictSerializer
+from ledger.connectors import http
+from ledger.models import ActionType, Confirmation
+
+from . import ActionSpec, StepFailed, Workflow, effect, local, read
+
+
+class RefundInput(StrictSerializer):
+    order_id = serializers.CharField(max_length=255)
+    amount = AmountField()
+    currency = CurrencyField()
+    customer = serializers.CharField(max_length=255)
+    reason = serializers.CharField(max_length=500, required=False, allow_blank=True)
+    notify = serializers.EmailField(required=False, help_text="where to send the confirmation")
+
+
+def lookup_order(ctx):
+    url = f"{settings.SANDBOX_BASE_URL.rstrip('/')}/orders/{ctx.input['order_id']}"
+    try:
+        order = http.call("GET", url, headers={"Authorization": f"Bearer {settings.SANDBOX_API_KEY}"})
+    except http.Rejected as exc:
+        if exc.status == 404:
+            raise StepFailed(f"order {ctx.input['order_id']} is unknown", retryable=False, code="unknown_order") from exc
+        raise StepFailed(str(exc), retryable=False, code=exc.code) from exc
+    except http.ProviderError as exc:
+        raise StepFailed(str(exc), retryable=True, code=exc.code) from exc
+    return {"order_id": order["order_id"], "customer": order.get("customer", ""), "amount": order.get("amount")}
+
+
+def call_refund_api(ctx):
+    params = {"amount": ctx.input["amount"], "currency": ctx.input["currency"]}
+    if ctx.input.get("reason"):
+        params["reason"] = ctx.input["reason"]
+    return ActionSpec(ActionType.REFUND, ctx.input["order_id"], params, customer=ctx.input["customer"])
+
+
+def write_confirmation(ctx, key):
+    refund = ctx.results["call_refund_api"]
+    confirmation, _ = Confirmation.objects.get_or_create(
+        key=key,
+        defaults={"task": ctx.task, "order_id": ctx.input["order_id"], "external_ref": refund["external_ref"],
+                  "amount": ctx.input["amount"], "currency": ctx.input["currency"]},
+    )
+    return {"confirmation": confirmation.key, "external_ref": confirmation.external_ref}
+
+
+def notify_customer(ctx):
+    recipient = ctx.input.get("notify") or f"{ctx.input['customer'].lower()}@customers.surety.example"
+    body = (f"We refunded {ctx.input['amount']} {ctx.input['currency']} for order {ctx.input['order_id']} "
+            f"(reference {ctx.results['call_refund_api']['external_ref']}).")
+    return ActionSpec(ActionType.SEND_MESSAGE, recipient,
+                      {"channel": "email", "message_type": "refund_confirmation", "body": body})
+
+
+REFUND = Workflow(
+    "refund",
+    RefundInput,
+    [
+        read("lookup_order", lookup_order),
+        effect("call_refund_api", call_refund_api),
+        local("write_confirmation", write_confirmation),
+        effect("notify_customer", notify_customer),
+    ],
+)

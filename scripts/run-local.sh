@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Local run: prepare the `surety` database, then run the web app, two RQ workers and the
+# sweeper in the foreground. Ctrl-C (or any one process exiting) stops all of them.
+# Expects `make install services` to have run (`make run` does both).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=.venv/bin/python
+export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/surety}"
+export DEBUG="${DEBUG:-true}"
+export SANDBOX_BASE_URL="${SANDBOX_BASE_URL:-http://127.0.0.1:8000/sandbox/v1}"
+export PYTHONUNBUFFERED=1
+BIND="${BIND:-127.0.0.1:8000}"
+
+say() { echo "run: $*"; }
+
+# --- the database -------------------------------------------------------------------------
+say "ensuring database ${DATABASE_URL##*/}"
+"$PY" - <<'PY'
+import os, psycopg
+from psycopg import sql
+from urllib.parse import urlsplit
+
+url = urlsplit(os.environ["DATABASE_URL"])
+name = url.path.lstrip("/")
+admin = url._replace(path="/postgres").geturl().replace("postgres://", "postgresql://", 1)
+with psycopg.connect(admin, autocommit=True) as conn:
+    if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        print(f"run: created database {name}")
+PY
+say "migrating"
+"$PY" manage.py migrate --noinput
+if "$PY" manage.py help seed_demo >/dev/null 2>&1; then
+  say "seeding demo data"
+  "$PY" manage.py seed_demo
+else
+  say "no seed_demo command yet: skipping demo data"
+fi
+say "collecting static files"
+"$PY" manage.py collectstatic --noinput -v 0
+
+# --- the processes ------------------------------------------------------------------------
+pids=()
+start() {  # start NAME COMMAND...: run in the background, output prefixed with NAME
+  local name=$1; shift
+  # The prefixer ignores Ctrl-C, so it outlives its process and shows its shutdown.
+  "$@" > >(trap '' INT TERM; exec sed -u "s/^/$name | /") 2>&1 &
+  pids+=($!)
+  say "started $name (pid $!): $*"
+}
+
+stopping=0
+stop() {
+  [ "$stopping" -eq 0 ] || return 0
+  stopping=1
+  say "stopping ${#pids[@]} processes"
+  kill -TERM "${pids[@]}" 2>/dev/null || true
+  for _ in $(seq 1 100); do  # up to 10 s for a warm shutdown
+    alive=0
+    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    [ "$alive" -eq 1 ] || break
+    sleep 0.1
+  done
+  kill -KILL "${pids[@]}" 2>/dev/null || true
+  wait 2>/dev/null || true
+  say "stopped"
+}
+trap 'stop; exit 130' INT
+trap 'stop; exit 143' TERM
+trap stop EXIT
+
+start web    "$PY" -m gunicorn config.wsgi -b "$BIND" -k gthread -w 2 --threads 16 --timeout 60 --graceful-timeout 5 --access-logfile -
+start worker1 "$PY" manage.py rqworker default --worker-class rq.worker.SimpleWorker --with-scheduler
+start worker2 "$PY" manage.py rqworker default --worker-class rq.worker.SimpleWorker --with-scheduler
+start sweeper "$PY" manage.py sweep
+
+say "web app at http://$BIND/ — Ctrl-C stops everything"
+# Whichever process ends first (a crash, a kill) ends the whole run.
+set +e
+wait -n "${pids[@]}"
+status=$?
+set -e
+say "a process exited with status $status; shutting down the rest"
+exit "$status"

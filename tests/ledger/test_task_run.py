@@ -1,0 +1,87 @@
+"""Tasks run by real workers: resume from the checkpoint, capped retries, the dead-letter queue."""
+
+import pytest
+
+from dlq.models import DeadLetter
+from ledger.models import AuditEvent, Task
+from tests.conftest import wait_until
+from tests.factories import api_client, make_agent, sandbox
+
+
+def task_body(order="ORD-8841", amount="25.00", customer="CUST-17"):
+    return {"workflow": "refund", "input": {"order_id": order, "amount": amount, "currency": "EUR", "customer": customer}}
+
+
+def start_task(client, task_id, body):
+    return client.post("/api/v1/tasks", json=body, headers={"Idempotency-Key": task_id})
+
+
+def seed_order(client, order="ORD-8841", customer="CUST-17"):
+    sandbox(client, "POST", "orders", json={"order_id": order, "customer": customer, "amount": "100.00", "currency": "EUR"})
+
+
+def settled_task(client, task_id, seconds=30):
+    return wait_until(
+        lambda: (t := client.get(f"/api/v1/tasks/{task_id}").json())["state"] not in {"queued", "running"} and t,
+        seconds=seconds, message=f"task {task_id} to settle",
+    )
+
+
+@pytest.fixture
+def client(stack):
+    _, token = make_agent("billing", grants=("refund", "send_message"))
+    return api_client(stack.url, token)
+
+
+def test_a_refund_task_runs_every_step_once(stack, client):
+    seed_order(client)
+    created = start_task(client, "refund-8841", task_body())
+    assert created.status_code == 201
+    assert list(created.json()["steps"]) == ["lookup_order", "call_refund_api", "write_confirmation", "notify_customer"]
+    stack.start_worker()
+    task = settled_task(client, "refund-8841")
+    assert task["state"] == "succeeded"
+    assert {name: step["status"] for name, step in task["steps"].items()} == dict.fromkeys(task["steps"], "done")
+    assert task["steps"]["call_refund_api"]["idempotency_key"] == "refund-8841:call_refund_api:v1"
+    assert len(sandbox(client, "GET", "refunds", params={"order_id": "ORD-8841"}).json()["data"]) == 1
+    assert len(sandbox(client, "GET", "messages", params={"operation_key": "refund-8841:notify_customer:v1"}).json()["data"]) == 1
+
+
+def test_an_unknown_order_fails_at_once_without_retrying(stack, client):
+    start_task(client, "refund-404", task_body(order="ORD-NOPE"))
+    stack.start_worker()
+    task = settled_task(client, "refund-404")
+    assert task["state"] == "failed"
+    assert task["attempts"] == 1
+    assert task["last_error"]["code"] == "unknown_order"
+
+
+def test_a_declined_refund_fails_the_task_without_retrying(stack, client):
+    seed_order(client, "ORD-9")
+    sandbox(client, "POST", "faults", json={"target": "ORD-9", "fault": "decline", "times": 1})
+    start_task(client, "refund-9", task_body(order="ORD-9"))
+    stack.start_worker()
+    task = settled_task(client, "refund-9")
+    assert task["state"] == "failed" and task["attempts"] == 1
+    assert task["steps"]["lookup_order"]["status"] == "done"
+    assert task["steps"]["call_refund_api"]["status"] == "failed"
+
+
+def test_three_failures_in_a_row_dead_letter_the_task_with_an_alert(stack, client):
+    # Every refund call answers 500: verified absent each time, so each task attempt ends
+    # with a retryable failure, and the third one lands in the dead-letter queue.
+    seed_order(client, "ORD-500")
+    sandbox(client, "POST", "faults", json={"target": "ORD-500", "fault": "error_500", "times": 100})
+    start_task(client, "refund-500", task_body(order="ORD-500"))
+    stack.start_worker()
+    task = settled_task(client, "refund-500", seconds=60)
+    assert task["state"] == "dead_lettered", task
+    assert task["attempts"] == 3
+    entry = DeadLetter.objects.get(task__task_id="refund-500")
+    assert entry.status == "open" and entry.attempts == 3
+    assert entry.snapshot["steps"]["lookup_order"]["status"] == "done"
+    alert = entry.alerts.get()
+    wait_until(lambda: alert.deliveries.filter(ok=True).exists(), message="the alert's delivery")
+    assert AuditEvent.objects.filter(verb="dead_letter_opened", object_id=str(entry.pk)).exists()
+    retries = list(AuditEvent.objects.filter(verb="retry_scheduled", object_id=str(Task.objects.get().pk)).order_by("id"))
+    assert len(retries) == 2
