@@ -44,10 +44,10 @@ node_modules/.installed: package.json package-lock.json
 # Browser tests drive Debian's Chromium through Playwright; never `playwright install`.
 /usr/bin/chromium:
 	$(SUDO) apt-get update -q
-	$(SUDO) apt-get install -y -q -o DPkg::Lock::Timeout=300 --no-install-recommends chromium
+	$(SUDO) apt-get install -y -q -o DPkg::Lock::Timeout=300 chromium
 
 services:
-	@scripts/services.sh
+	@bash scripts/services.sh
 
 # The test servers run with DEBUG off, so static files are served from STATIC_ROOT.
 static: $(VENV)/.installed node_modules/.installed
@@ -57,7 +57,8 @@ static: $(VENV)/.installed node_modules/.installed
 # pytest-django creates its own test_* databases next to the `postgres` one.
 # Exit code 5 (no tests collected) is turned into a failure.
 test: install services static
-	DATABASE_URL=$(TEST_DATABASE_URL) $(VENV)/bin/pytest -n 2 -p no:cacheprovider $(PYTEST_ARGS) || { \
+	@echo "DATABASE_URL=$(TEST_DATABASE_URL) $(VENV)/bin/pytest -n 2 -p no:cacheprovider $(PYTEST_ARGS)"
+	@DATABASE_URL=$(TEST_DATABASE_URL) $(VENV)/bin/pytest -n 2 -p no:cacheprovider $(PYTEST_ARGS) || { \
 	  rc=$$?; [ $$rc -ne 5 ] || echo "make test: pytest collected no tests" >&2; exit $$rc; }
 
 chaos: install services static
@@ -66,7 +67,7 @@ chaos: install services static
 
 # --- run -----------------------------------------------------------------------------------
 run: install services
-	@scripts/run-local.sh
+	@bash scripts/run-local.sh
 
 bench: install services
 	$(PY) -m bench $(BENCH_ARGS)

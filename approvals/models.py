@@ -4,6 +4,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from ledger.models import ActionType, AuditEvent
+from ledger.statemachine import StateMachine
 
 
 class Limit(models.Model):
@@ -56,3 +57,83 @@ class Limit(models.Model):
                 actor=actor, verb="limit_set", obj=limit, before=before, after=limit.snapshot(), reason=reason
             )
         return limit
+
+
+class ReviewStatus(models.TextChoices):
+    OPEN = "open"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    RESOLVED = "resolved"
+    CLOSED = "closed"  # the action was settled elsewhere (a webhook, verification)
+
+
+class ReviewKind(models.TextChoices):
+    APPROVAL = "approval", "approval"
+    HELD = "held", "held group"
+    UNKNOWN_OUTCOME = "unknown_outcome", "unknown outcome"
+
+
+R = ReviewStatus
+REVIEW_TRANSITIONS = {
+    R.OPEN: {R.APPROVED, R.REJECTED, R.RESOLVED, R.CLOSED},
+    R.APPROVED: set(),
+    R.REJECTED: set(),
+    R.RESOLVED: set(),
+    R.CLOSED: set(),
+}
+
+
+class ReviewItem(StateMachine):
+    """What waits for a person: one open item per action at a time, each with a deadline."""
+
+    TRANSITIONS = REVIEW_TRANSITIONS
+    AUDITED = ("decided_by_label",)
+
+    kind = models.CharField(max_length=20, choices=ReviewKind.choices)
+    action = models.ForeignKey("ledger.Action", on_delete=models.PROTECT, related_name="review_items")
+    status = models.CharField(max_length=20, choices=ReviewStatus.choices, default=R.OPEN)
+    why = models.TextField(blank=True, default="")
+    approvals_needed = models.PositiveSmallIntegerField(default=1)
+    limit_snapshot = models.JSONField(null=True, blank=True)
+    deadline = models.DateTimeField()
+    created_at = models.DateTimeField(default=timezone.now)
+    decided_by_label = models.CharField(max_length=150, blank=True, default="")
+    decided_at = models.DateTimeField(null=True, blank=True)
+    note = models.TextField(blank=True, default="")
+    overdue_alerted_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["deadline", "id"]
+        indexes = [
+            models.Index(fields=["kind", "status", "deadline", "id"], name="review_queue_idx"),
+            models.Index(fields=["status", "deadline"], name="review_overdue_idx"),
+        ]
+        constraints = [
+            models.UniqueConstraint(fields=["action"], condition=Q(status="open"), name="review_one_open_per_action"),
+            models.CheckConstraint(condition=Q(status__in=ReviewStatus.values), name="review_status_valid"),
+        ]
+
+    def __str__(self):
+        return f"{self.get_kind_display()} #{self.pk} ({self.action.operation_key})"
+
+    def get_absolute_url(self):
+        return f"/review/{self.pk}/"
+
+    @property
+    def is_overdue(self):
+        return self.status == R.OPEN and self.deadline < timezone.now()
+
+
+class Approval(models.Model):
+    """One approver's yes on an item that needs two: the second must be someone else."""
+
+    item = models.ForeignKey(ReviewItem, on_delete=models.CASCADE, related_name="approvals")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT)
+    reason = models.TextField(blank=True, default="")
+    at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["item", "user"], name="approval_once_per_user")]
+
+    def __str__(self):
+        return f"{self.user} approved {self.item_id}"

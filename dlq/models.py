@@ -79,7 +79,7 @@ class DeadLetter(StateMachine):
 
 
 class AlertManager(models.Manager):
-    def raise_for(self, entry=None, *, subject="", body="", link="", kind="dead_letter"):
+    def raise_for(self, entry=None, *, subject="", body="", link="", kind="dead_letter", review_item=None):
         """Record the alert in the caller's transaction; deliver it by a job after commit."""
         from .alerts import deliver_after_commit
 
@@ -87,7 +87,8 @@ class AlertManager(models.Manager):
             subject = subject or f"Dead letter: task {entry.task.task_id} ({entry.task.workflow}) failed {entry.attempts}×"
             body = body or (entry.last_error or {}).get("message", "")
             link = link or entry.get_absolute_url()
-        alert = self.create(kind=kind, dead_letter=entry, subject=subject[:255], body=body, link=link)
+        alert = self.create(kind=kind, dead_letter=entry, review_item=review_item, subject=subject[:255], body=body,
+                            link=link)
         deliver_after_commit(alert)
         return alert
 
@@ -99,6 +100,9 @@ class Alert(models.Model):
 
     kind = models.CharField(max_length=30, choices=Kind.choices)
     dead_letter = models.ForeignKey(DeadLetter, null=True, blank=True, on_delete=models.PROTECT, related_name="alerts")
+    review_item = models.ForeignKey(
+        "approvals.ReviewItem", null=True, blank=True, on_delete=models.PROTECT, related_name="alerts"
+    )
     subject = models.CharField(max_length=255)
     body = models.TextField(blank=True, default="")
     link = models.CharField(max_length=500)

@@ -62,6 +62,7 @@ def action_request(*, agent, operation_key, action_type, target, params, custome
        audit; enqueue the executor after commit. The unique key is the final arbiter.
     """
     from approvals.intake import verdict_for_request
+    from approvals.reviews import review_follow_action
 
     from .jobs import ring_after_commit
 
@@ -96,6 +97,8 @@ def action_request(*, agent, operation_key, action_type, target, params, custome
                 next_attempt_at=timezone.now() if status == S.QUEUED else None,
             )
             AuditEvent.objects.record(actor=agent, verb="requested", obj=action, after={"status": status}, reason=reason)
+            if status != S.QUEUED:
+                review_follow_action(action, why=reason)
             for sibling in siblings:
                 if sibling.status == S.QUEUED:
                     sibling.hold(actor="system:intake", reason=f"{operation_key} arrived for the same target or customer")

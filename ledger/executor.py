@@ -38,7 +38,13 @@ def worker_name():
 
 
 def _due():
-    return Q(status__in=[S.QUEUED, S.UNKNOWN], next_attempt_at__lte=timezone.now())
+    now = timezone.now()
+    # An unknown action keeps its status while a worker verifies it; only its lease says it is
+    # taken. Without this, a second worker would claim it again at once, bump the fence and
+    # turn the first verifier's outcome into a stale write, and the two could take turns so
+    # until the drain ends. After the lease lapses (the verifier died) it is due again.
+    free = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now)
+    return Q(status=S.QUEUED, next_attempt_at__lte=now) | (Q(status=S.UNKNOWN, next_attempt_at__lte=now) & free)
 
 
 def action_claim_next(owner, *, only=None):

@@ -42,6 +42,10 @@ class Agent(models.Model):
     user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="agent")
     token_hash = models.CharField(max_length=64, unique=True)
     token_prefix = models.CharField(max_length=12)
+    # The person responsible for the agent: four eyes forbid them to approve its requests.
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="owned_agents"
+    )
     is_active = models.BooleanField(default=True)
     created_at = models.DateTimeField(default=timezone.now)
 
@@ -113,7 +117,7 @@ ACTION_TRANSITIONS = {
     S.HELD: {S.QUEUED, S.AWAITING_APPROVAL, S.REJECTED, S.CANCELLED},
     S.PENDING: {S.SUCCEEDED, S.FAILED, S.UNKNOWN, S.QUEUED},
     S.UNKNOWN: {S.SUCCEEDED, S.FAILED, S.QUEUED, S.NEEDS_REVIEW},
-    S.NEEDS_REVIEW: {S.SUCCEEDED, S.FAILED, S.QUEUED},
+    S.NEEDS_REVIEW: {S.SUCCEEDED, S.FAILED, S.QUEUED, S.UNKNOWN},
     S.FAILED: {S.QUEUED},
     S.SUCCEEDED: set(),
     S.REJECTED: set(),
@@ -254,6 +258,10 @@ class Action(StateMachine):
             changes["evidence"] = lambda row: [*row.evidence, evidence]
         return self._move(S.QUEUED, actor=actor, verb="requeued", reason=reason, claim=claim, **changes)
 
+    def verify_again(self, *, actor, reason):
+        """A person asks the executor to look at the provider once more."""
+        return self._move(S.UNKNOWN, actor=actor, verb="verify_again", reason=reason, next_attempt_at=timezone.now())
+
     def hold(self, *, actor, reason):
         return self._move(S.HELD, actor=actor, verb="held", reason=reason, next_attempt_at=None)
 
@@ -281,12 +289,15 @@ _NO_LEASE = {"lease_owner": "", "lease_expires_at": None}
 
 def on_action_moved(action):
     """Runs in the transaction of every action transition: work that became runnable gets a
-    drain after commit, and the task that owns the action follows it."""
+    drain after commit, a review item opens or closes, and the task that owns it follows."""
+    from approvals.reviews import review_follow_action
+
     from .jobs import ring_after_commit
     from .tasks import task_follow_action
 
     if action.status in (S.QUEUED, S.UNKNOWN) and action.next_attempt_at:
         ring_after_commit("actions", at=action.next_attempt_at)
+    review_follow_action(action)
     task_follow_action(action)
 
 

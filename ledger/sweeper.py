@@ -7,7 +7,8 @@ conditional update):
    which enqueues a drain job unless one is already waiting — a flushed Redis or a
    SIGKILLed worker loses nothing;
 3. the same for tasks (expired leases, queued tasks, backoffs that have passed);
-4. alerts whose delivery job was lost are enqueued again.
+4. review items past their deadline raise an alert, once;
+5. alerts whose delivery job was lost are enqueued again.
 """
 
 import logging
@@ -19,6 +20,7 @@ logger = logging.getLogger("surety.sweeper")
 
 
 def sweep_once():
+    from approvals.reviews import review_alert_overdue
     from dlq.alerts import alerts_redeliver_stale
 
     from .tasks import task_expire_leases, task_runnable_exists
@@ -28,5 +30,6 @@ def sweep_once():
         ring("actions")
     if task_runnable_exists():
         ring("tasks")
+    counts["reviews_overdue"] = review_alert_overdue()
     alerts_redeliver_stale()
     return counts

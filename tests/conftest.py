@@ -34,8 +34,9 @@ STACK_ENV = {
 
 
 def _redis_db():
+    # TEST_REDIS_DB lets two test runs share one Redis without flushing each other's queues.
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
-    return 1 + int(worker.removeprefix("gw") or 0)
+    return int(os.environ.get("TEST_REDIS_DB", 1)) + int(worker.removeprefix("gw") or 0)
 
 
 REDIS_URL = f"redis://127.0.0.1:6379/{_redis_db()}"
@@ -65,7 +66,7 @@ class Stack:
             [PYTHON, "manage.py", "rqworker", "default", "--worker-class", "rq.worker.SimpleWorker",
              "--burst" if env.pop("burst", False) else "--with-scheduler"],
             cwd=ROOT, env={**self.env, **{k: str(v) for k, v in env.items()}},
-            stdout=open(f"/tmp/worker-{len(self.workers)}.log", "w"), stderr=subprocess.STDOUT, start_new_session=True,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )
         self.workers.append(process)
         return process

@@ -1,3 +1,4 @@
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 from rest_framework.throttling import SimpleRateThrottle
 
@@ -31,3 +32,13 @@ class AgentRateThrottle(SimpleRateThrottle):
         if request.auth is None:
             return None
         return self.cache_format % {"scope": self.scope, "ident": request.auth.pk}
+
+
+class AgentTokenScheme(OpenApiAuthenticationExtension):
+    """Tells drf-spectacular that the API takes a bearer token."""
+
+    target_class = "ledger.api.auth.AgentTokenAuthentication"
+    name = "agentToken"
+
+    def get_security_definition(self, auto_schema):
+        return {"type": "http", "scheme": "bearer", "description": "An agent's token (create_agent prints it once)."}

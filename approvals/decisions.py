@@ -1,0 +1,92 @@
+"""What a person decides on a review item. One decision wins; the loser is told who won.
+
+Locks are taken action first, then item — the same order as an action's own moves (which
+close items), so a decision racing a webhook never deadlocks.
+"""
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from ledger.audit import actor_label
+from ledger.models import Action, AuditEvent
+from ledger.statemachine import InvalidTransition
+
+from .intake import verdict_for_request
+from .models import Approval, ReviewItem, ReviewKind, ReviewStatus
+
+
+class DecisionRefused(Exception):
+    """The decision cannot be taken (already decided, four eyes, a missing reason)."""
+
+
+class AlreadyDecided(DecisionRefused):
+    pass
+
+
+DECISIONS = {
+    ReviewKind.APPROVAL: {"approve", "reject"},
+    ReviewKind.HELD: {"release", "reject"},
+    ReviewKind.UNKNOWN_OUTCOME: {"mark_succeeded", "mark_failed", "verify"},
+}
+
+
+def review_decide(item, *, user, decision, reason="", external_ref=""):
+    """Take `decision` on `item` as `user`; returns the item as it stands afterwards."""
+    reason = reason.strip()
+    if decision not in DECISIONS[item.kind]:
+        raise DecisionRefused(f"{decision} is not a decision for a {item.get_kind_display()}")
+    if decision in ("reject", "mark_failed") and not reason:
+        raise DecisionRefused("a reason is required")
+    if decision == "mark_succeeded" and not external_ref.strip():
+        raise DecisionRefused("the provider's reference is required to mark it succeeded")
+    with transaction.atomic():
+        action = Action.objects.select_for_update().select_related("agent").get(pk=item.action_id)
+        item = ReviewItem.objects.select_for_update().get(pk=item.pk)
+        if item.status != ReviewStatus.OPEN:
+            raise AlreadyDecided(f"already {item.status} by {item.decided_by_label or 'the system'}")
+        if action.agent.owner_id == user.pk:
+            raise DecisionRefused("four eyes: you are responsible for the agent that requested this")
+        if decision == "approve" and item.approvals_needed > 1 and not _second_approval(item, user, reason):
+            return item
+        _decide(item, action, user, decision, reason, external_ref.strip())
+    return item
+
+
+def _second_approval(item, user, reason):
+    """Record this approval; True if it is the second, by someone else."""
+    earlier = list(item.approvals.all())
+    if any(a.user_id == user.pk for a in earlier):
+        raise DecisionRefused("four eyes: the second approval must come from someone else")
+    try:
+        with transaction.atomic():
+            Approval.objects.create(item=item, user=user, reason=reason)
+    except IntegrityError:
+        raise DecisionRefused("you have already approved this") from None
+    AuditEvent.objects.record(actor=user, verb="approval_recorded", obj=item,
+                              after={"approvals": len(earlier) + 1, "needed": item.approvals_needed}, reason=reason)
+    return len(earlier) + 1 >= item.approvals_needed
+
+
+def _decide(item, action, user, decision, reason, external_ref):
+    outcome = {"approve": ReviewStatus.APPROVED, "reject": ReviewStatus.REJECTED}.get(decision, ReviewStatus.RESOLVED)
+    item._move(outcome, actor=user, verb=decision, reason=reason,
+               decided_by_label=actor_label(user), decided_at=timezone.now(), note=reason)
+    try:
+        if decision == "approve":
+            action.approve(actor=user, reason=reason)
+        elif decision == "reject":
+            action.reject(actor=user, reason=reason)
+        elif decision == "release":
+            verdict = verdict_for_request(action_type=action.action_type, amount=action.amount,
+                                          currency=action.currency, customer=action.customer)
+            action.release(actor=user, reason=reason or "released by a person",
+                           needs_approval=bool(verdict.approvals_needed))
+        elif decision == "mark_succeeded":
+            action.mark_succeeded(actor=user, external_ref=external_ref, reason=reason or "confirmed by a person")
+        elif decision == "mark_failed":
+            action.mark_failed(actor=user, code="confirmed_absent", message=reason, retryable=True, reason=reason)
+        else:
+            action.verify_again(actor=user, reason=reason or "verify again")
+    except InvalidTransition as exc:
+        raise DecisionRefused(str(exc)) from exc
+

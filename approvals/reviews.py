@@ -1,0 +1,72 @@
+"""Review items follow their action: opened when it needs a person, closed when it no longer does."""
+
+from datetime import timedelta
+
+from django.db import transaction
+from django.utils import timezone
+
+from ledger.models import ActionStatus
+
+from .intake import limit_for, verdict_for_request
+from .models import ReviewItem, ReviewKind, ReviewStatus
+
+KIND_FOR_STATUS = {
+    ActionStatus.AWAITING_APPROVAL: ReviewKind.APPROVAL,
+    ActionStatus.HELD: ReviewKind.HELD,
+    ActionStatus.NEEDS_REVIEW: ReviewKind.UNKNOWN_OUTCOME,
+}
+DEFAULT_DEADLINE_HOURS = 4
+
+
+def review_follow_action(action, why=""):
+    """In the action's transaction: nothing waits for a person without an item and a deadline."""
+    item = ReviewItem.objects.select_for_update().filter(action=action, status=ReviewStatus.OPEN).first()
+    kind = KIND_FOR_STATUS.get(action.status)
+    if item is not None and item.kind != kind:
+        item._move(ReviewStatus.CLOSED, actor="system:reviews", verb="closed",
+                   reason=f"the action is now {action.status}")
+        item = None
+    if kind is None or item is not None:
+        return item
+    limit = limit_for(action.action_type, action.currency)
+    verdict = verdict_for_request(action_type=action.action_type, amount=action.amount, currency=action.currency,
+                                  customer=action.customer) if kind == ReviewKind.APPROVAL else None
+    hours = limit.review_deadline_hours if limit else DEFAULT_DEADLINE_HOURS
+    with transaction.atomic():
+        item = ReviewItem.objects.create(
+            kind=kind, action=action, deadline=timezone.now() + timedelta(hours=hours),
+            approvals_needed=max(verdict.approvals_needed, 1) if verdict else 1,
+            why=why or (verdict.reason if verdict else "") or _why(action),
+            limit_snapshot=limit.snapshot() if limit else None,
+        )
+        from ledger.models import AuditEvent
+
+        AuditEvent.objects.record(actor="system:reviews", verb="review_opened", obj=item,
+                                  after={"kind": kind, "deadline": item.deadline.isoformat()}, reason=item.why)
+    return item
+
+
+def _why(action):
+    if action.status == ActionStatus.HELD:
+        return "another action is in flight for the same target or customer"
+    if action.evidence:
+        return f"outcome unproven after {action.attempts} attempt(s)"
+    return ""
+
+
+def review_alert_overdue(now=None):
+    """The sweeper's pass: each overdue item raises one alert (the dead-letter machinery)."""
+    from dlq.models import Alert
+
+    now = now or timezone.now()
+    raised = 0
+    for item in ReviewItem.objects.filter(status=ReviewStatus.OPEN, deadline__lt=now, overdue_alerted_at__isnull=True):
+        with transaction.atomic():
+            claimed = ReviewItem.objects.filter(pk=item.pk, overdue_alerted_at__isnull=True).update(overdue_alerted_at=now)
+            if claimed:
+                Alert.objects.raise_for(
+                    kind=Alert.Kind.OVERDUE_REVIEW, review_item=item, link=item.get_absolute_url(),
+                    subject=f"Overdue: {item}", body=f"Waiting since {item.created_at:%Y-%m-%d %H:%M} UTC; {item.why}",
+                )
+                raised += 1
+    return raised

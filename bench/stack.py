@@ -1,0 +1,170 @@
+"""The processes a benchmark run starts, the way tests/conftest.py starts them.
+
+A fresh `surety_bench` database (dropped and created each run, then migrated), Redis DB 15
+(flushed), one gunicorn (gthread) serving the API, the sandbox provider and the baseline views,
+and RQ workers / the sweeper as separate processes. Each child runs in its own session, so it
+and its children are stopped by its own process-group id and nothing else.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+DB_NAME = "surety_bench"
+ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+DATABASE_URL = f"postgres://postgres@127.0.0.1:5432/{DB_NAME}"
+REDIS_URL = "redis://127.0.0.1:6379/15"
+
+# What the server, the workers, the sweeper and this process agree on. LEASE_SECONDS is the
+# figure (f) is judged by; CONNECTOR_TIMEOUT + LEASE_MARGIN_SECONDS must stay below it, or no
+# worker would ever start a provider call. The sandbox's stall (a timeout_after_commit fault)
+# outlasts CONNECTOR_TIMEOUT, so a worker in it is stuck long enough to be killed there.
+STACK_ENV = {
+    "DJANGO_SETTINGS_MODULE": "bench.settings",
+    "DATABASE_URL": DATABASE_URL,
+    "REDIS_URL": REDIS_URL,
+    "DEBUG": "false",
+    "PRODUCTION": "false",
+    "LEASE_SECONDS": "10",
+    "CONNECTOR_TIMEOUT": "6",
+    "LEASE_MARGIN_SECONDS": "2",
+    "SANDBOX_TIMEOUT_SLEEP": "20",
+    "LOG_LEVEL": "WARNING",
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def reset_database():
+    """Drop and create `surety_bench` (connections left by an earlier run are terminated)."""
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(DB_NAME)))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DB_NAME)))
+
+
+def flush_redis():
+    import redis
+
+    redis.Redis.from_url(REDIS_URL).flushdb()
+
+
+class Stack:
+    def __init__(self, logs, *, gunicorn_workers, gunicorn_threads):
+        self.logs = Path(logs)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {**os.environ, **STACK_ENV, "SANDBOX_BASE_URL": f"{self.url}/sandbox/v1", "SITE_URL": self.url}
+        self.gunicorn_workers, self.gunicorn_threads = gunicorn_workers, gunicorn_threads
+        self.processes = {}  # name -> Popen
+        self._n = 0
+
+    # --- one-shot commands -------------------------------------------------------------------
+
+    def manage(self, *args):
+        done = subprocess.run([PYTHON, "manage.py", *args], cwd=ROOT, env=self.env, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"manage.py {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
+        return done.stdout
+
+    def migrate(self):
+        self.manage("migrate", "--noinput", "-v", "0")
+
+    def create_agent(self, name, grants):
+        out = self.manage("create_agent", name, *[f"--grant={g}" for g in grants])
+        return out.strip().splitlines()[-1].strip()
+
+    # --- long-running processes ----------------------------------------------------------------
+
+    def _start(self, name, argv, **env):
+        self._n += 1
+        log = open(self.logs / f"{self._n:02d}-{name}.log", "w")
+        process = subprocess.Popen(
+            argv, cwd=ROOT, env={**self.env, **env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        log.close()
+        self.processes[name] = process
+        return process
+
+    def start_server(self):
+        self._start("gunicorn", [
+            PYTHON, "-m", "gunicorn", "config.wsgi", "-b", f"127.0.0.1:{self.port}", "-k", "gthread",
+            "-w", str(self.gunicorn_workers), "--threads", str(self.gunicorn_threads),
+            "--timeout", "60", "--log-level", "warning",
+        ])
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.url}/bench/baseline/rows/-", timeout=2).status_code == 404:
+                    return
+            except httpx.HTTPError:
+                pass
+            if self.processes["gunicorn"].poll() is not None:
+                break
+            time.sleep(0.1)
+        raise RuntimeError(f"gunicorn did not come up; see {self.logs}")
+
+    def start_worker(self, name):
+        return self._start(name, [
+            PYTHON, "manage.py", "rqworker", "default", "--worker-class", "rq.worker.SimpleWorker",
+        ])
+
+    def start_sweeper(self, interval=0.5):
+        return self._start("sweeper", [PYTHON, "manage.py", "sweep", "--interval", str(interval)])
+
+    def kill(self, name, sig=signal.SIGKILL):
+        process = self.processes.pop(name, None)
+        if process is None or process.poll() is not None:
+            return
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+    def stop(self, name):
+        """A warm stop (SIGTERM), SIGKILL after 10 s."""
+        self.kill(name, signal.SIGTERM)
+
+    def stop_all(self):
+        for name in list(self.processes):
+            self.stop(name)
+
+    # --- load ----------------------------------------------------------------------------------
+
+    def load(self, mode, *, token="", prefix="k", keys_file=None, concurrency=16, duration=10.0, warmup=2.0,
+             count=None):
+        """Run the load generator in its own process; return its JSON report."""
+        argv = [PYTHON, "-m", "bench.load", "--url", self.url, "--mode", mode, "--prefix", prefix,
+                "--concurrency", str(concurrency), "--duration", str(duration), "--warmup", str(warmup)]
+        if token:
+            argv += ["--token", token]
+        if keys_file:
+            argv += ["--keys-file", str(keys_file)]
+        if count is not None:
+            argv += ["--count", str(count)]
+        done = subprocess.run(argv, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"load generator failed ({mode}):\n{done.stderr}")
+        return json.loads(done.stdout.strip().splitlines()[-1])

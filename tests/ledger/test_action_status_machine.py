@@ -1,0 +1,143 @@
+"""The action status machine, exhaustively: every pair of statuses is either in
+ACTION_TRANSITIONS and works (one audit event), or is refused and changes nothing."""
+
+import itertools
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from ledger.models import ACTION_TRANSITIONS, Action, ActionStatus, AuditEvent, InvalidTransition, StaleClaim
+from tests.factories import make_agent
+
+S = ActionStatus
+ALL_PAIRS = list(itertools.product(S.values, S.values))
+ALLOWED = [(a, b) for a, b in ALL_PAIRS if b in ACTION_TRANSITIONS[a]]
+REFUSED = [(a, b) for a, b in ALL_PAIRS if b not in ACTION_TRANSITIONS[a]]
+
+
+def pair_id(pair):
+    return f"{pair[0]}->{pair[1]}"
+
+
+@pytest.fixture
+def agent(db):
+    return make_agent("billing", grants=())[0]
+
+
+def action_in(agent, status, *, key="refund:ORD-1:full:dec-1", retryable=True, **fields):
+    """A row created straight in `status`, with what that status requires of it."""
+    if status == S.SUCCEEDED:
+        fields.setdefault("external_ref", "re_existing")
+    if status == S.FAILED:
+        fields.setdefault("error", {"code": "declined", "message": "no", "retryable": retryable})
+    return Action.objects.create(
+        operation_key=key, fingerprint="f" * 64, action_type="refund", target="ORD-1",
+        params={"amount": "25.00", "currency": "EUR"}, amount="25.00", currency="EUR",
+        agent=agent, status=status, **fields,
+    )
+
+
+def events_for(action):
+    return AuditEvent.objects.filter(object_type="ledger.action", object_id=str(action.pk))
+
+
+def test_the_table_names_every_status_and_only_statuses():
+    assert set(ACTION_TRANSITIONS) == set(S.values)
+    assert all(targets <= set(S.values) for targets in ACTION_TRANSITIONS.values())
+    assert len(ALLOWED) + len(REFUSED) == len(S.values) ** 2
+
+
+def test_final_statuses_lead_nowhere():
+    assert ACTION_TRANSITIONS[S.SUCCEEDED] == ACTION_TRANSITIONS[S.REJECTED] == ACTION_TRANSITIONS[S.CANCELLED] == set()
+
+
+@pytest.mark.parametrize("pair", REFUSED, ids=pair_id)
+def test_a_transition_not_in_the_table_is_refused_and_changes_nothing(agent, pair):
+    source, target = pair
+    action = action_in(agent, source)
+    row_before = Action.objects.values().get(pk=action.pk)
+    events_before = AuditEvent.objects.count()
+
+    with pytest.raises(InvalidTransition):
+        action._move(target, actor="system:tests", verb="test", external_ref="re_new")
+
+    assert Action.objects.values().get(pk=action.pk) == row_before
+    assert AuditEvent.objects.count() == events_before
+    assert action.status == source
+
+
+@pytest.mark.parametrize("pair", ALLOWED, ids=pair_id)
+def test_a_transition_in_the_table_works_and_writes_exactly_one_audit_event(agent, pair):
+    source, target = pair
+    action = action_in(agent, source)
+    events_before = AuditEvent.objects.count()
+    # Into succeeded an external reference is required (a check constraint); harmless elsewhere.
+    changes = {"external_ref": "re_new"} if target == S.SUCCEEDED else {}
+
+    action._move(target, actor="system:tests", verb="test", reason="exhaustive", **changes)
+
+    assert Action.objects.get(pk=action.pk).status == target
+    assert action.status == target
+    assert AuditEvent.objects.count() == events_before + 1
+    event = events_for(action).get(verb="test")
+    assert (event.actor, event.reason) == ("system:tests", "exhaustive")
+    assert (event.before["status"], event.after["status"]) == (source, target)
+
+
+def test_a_failed_action_that_is_not_retryable_cannot_be_requeued(agent):
+    action = action_in(agent, S.FAILED, retryable=False)
+    row_before = Action.objects.values().get(pk=action.pk)
+
+    with pytest.raises(InvalidTransition):
+        action.requeue(actor="user:ops", reason="try again")
+
+    assert Action.objects.values().get(pk=action.pk) == row_before
+    assert not events_for(action).exists()
+
+
+def test_a_failed_action_that_is_retryable_can_be_requeued(agent):
+    action = action_in(agent, S.FAILED, retryable=True)
+    action.requeue(actor="user:ops", reason="the provider is back")
+    action.refresh_from_db()
+    assert action.status == S.QUEUED
+    assert action.next_attempt_at is not None
+    assert events_for(action).get().reason == "the provider is back"
+
+
+def test_a_succeeded_action_cannot_be_marked_failed(agent):
+    action = action_in(agent, S.SUCCEEDED)
+    with pytest.raises(InvalidTransition):
+        action.mark_failed(actor="system:tests", code="late", message="too late", retryable=False)
+    assert Action.objects.get(pk=action.pk).status == S.SUCCEEDED
+
+
+def test_a_claim_takes_a_lease_and_bumps_the_fence(agent):
+    action = action_in(agent, S.QUEUED, fence=4)
+    action.claim(owner="host:1")
+    row = Action.objects.get(pk=action.pk)
+    assert (row.status, row.fence, row.attempts, row.lease_owner) == (S.PENDING, 5, 1, "host:1")
+    assert row.lease_expires_at > timezone.now()
+
+
+def test_a_stale_claim_is_refused_and_changes_nothing(agent):
+    action = action_in(agent, S.PENDING, fence=2, lease_owner="host:new",
+                       lease_expires_at=timezone.now() + timedelta(seconds=30))
+    row_before = Action.objects.values().get(pk=action.pk)
+
+    with pytest.raises(StaleClaim):
+        action.mark_succeeded(actor="system:executor", external_ref="re_late", claim=1)
+    with pytest.raises(StaleClaim):
+        action.mark_failed(actor="system:executor", code="x", message="x", retryable=False, claim=1)
+    with pytest.raises(StaleClaim):
+        action.requeue(actor="system:executor", reason="x", claim=1)
+
+    assert Action.objects.values().get(pk=action.pk) == row_before
+    assert not events_for(action).exists()
+
+
+def test_the_current_claim_may_write_its_outcome(agent):
+    action = action_in(agent, S.PENDING, fence=2)
+    action.mark_succeeded(actor="system:executor", external_ref="re_1", result={"id": "re_1"}, claim=2)
+    row = Action.objects.get(pk=action.pk)
+    assert (row.status, row.external_ref, row.lease_owner, row.lease_expires_at) == (S.SUCCEEDED, "re_1", "", None)

@@ -1,0 +1,86 @@
+"""Many identical requests at the same moment: one action, one effect, never a 5xx.
+
+Each request has its own connection (its own httpx.Client in its own thread) and all of them
+are released together by a barrier, against the real gunicorn server and RQ workers.
+"""
+
+import threading
+from collections import Counter
+
+from ledger.models import Action
+from tests.conftest import wait_until
+from tests.factories import api_client, make_agent, post_action, refund_body, sandbox
+
+
+def post_together(url, token, requests):
+    """POST every (key, body) at once, one connection each; return the responses in order."""
+    barrier = threading.Barrier(len(requests))
+    responses = [None] * len(requests)
+
+    def send(i, key, body):
+        with api_client(url, token) as client:
+            client.get("/api/v1/schema")  # connect first, so the barrier releases ready sockets
+            barrier.wait()
+            responses[i] = post_action(client, key, body)
+
+    threads = [threading.Thread(target=send, args=(i, key, body)) for i, (key, body) in enumerate(requests)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert all(r is not None for r in responses), "a request did not come back"
+    return responses
+
+
+def test_fifty_identical_posts_at_once_make_one_action_and_one_refund(stack):
+    _, token = make_agent("billing")
+    key = "refund:ORD-50:full:dec-50"
+    stack.start_worker()
+    stack.start_worker()
+
+    responses = post_together(stack.url, token, [(key, refund_body("ORD-50"))] * 50)
+
+    statuses = Counter(r.status_code for r in responses)
+    assert statuses == {201: 1, 200: 49}, statuses
+    replayed = [r for r in responses if r.status_code == 200]
+    assert all(r.headers.get("Idempotent-Replayed") == "true" for r in replayed)
+    assert "Idempotent-Replayed" not in next(r for r in responses if r.status_code == 201).headers
+    assert {r.json()["operation_key"] for r in responses} == {key}
+    assert Action.objects.filter(operation_key=key).count() == 1
+    assert Action.objects.count() == 1
+
+    client = api_client(stack.url, token)
+    done = wait_until(
+        lambda: (a := client.get(f"/api/v1/actions/{key}").json())["status"] == "succeeded" and a,
+        message="the refund to succeed",
+    )
+    refunds = sandbox(client, "GET", "refunds", params={"operation_key": key}).json()["data"]
+    assert [r["id"] for r in refunds] == [done["external_ref"]]
+    assert done["attempts"] == 1
+
+
+def test_twenty_posts_of_one_key_with_different_amounts_let_one_win_and_refuse_the_rest(stack):
+    _, token = make_agent("billing")
+    key = "refund:ORD-20:full:dec-20"
+    stack.start_worker()
+
+    requests = [(key, refund_body("ORD-20", amount=f"{10 + i}.00")) for i in range(20)]
+    responses = post_together(stack.url, token, requests)
+
+    statuses = Counter(r.status_code for r in responses)
+    assert not any(code >= 500 for code in statuses), statuses
+    assert statuses[201] == 1, statuses
+    assert set(statuses) <= {201, 200, 422}, statuses
+    winner = next(r.json() for r in responses if r.status_code == 201)
+    for response in responses:
+        if response.status_code == 422:
+            assert response.json()["code"] == "idempotency_key_reused"
+        if response.status_code == 200:
+            assert response.json()["params"] == winner["params"]
+    action = Action.objects.get()
+    assert action.params == winner["params"]
+
+    client = api_client(stack.url, token)
+    wait_until(lambda: Action.objects.get().status == "succeeded", message="the refund to succeed")
+    refunds = sandbox(client, "GET", "refunds", params={"order_id": "ORD-20"}).json()["data"]
+    assert [r["amount"] for r in refunds] == [winner["params"]["amount"]]

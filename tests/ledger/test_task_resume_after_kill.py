@@ -1,0 +1,155 @@
+"""The seed incident: a refund task's worker is SIGKILLed after the refund went out.
+
+A fresh worker must resume from the checkpoint (never "start the task" again), and the
+provider must hold exactly one refund and one message per operation key. The sandbox's own
+idempotency is off, so only the ledger stands between a lost worker and a second refund.
+Recovery is the sweeper's job: it runs here in the test process, as `sweep_once()` passes.
+"""
+
+import time
+
+import pytest
+from django.db import connection, transaction
+
+from ledger.models import Action, AuditEvent, Confirmation, StepStatus, Task, TaskStep
+from ledger.sweeper import sweep_once
+from tests.conftest import wait_until
+from tests.factories import api_client, make_agent, sandbox
+
+ORDER, CUSTOMER = "ORD-8841", "CUST-17"
+RECIPIENT = f"{CUSTOMER.lower()}@customers.surety.example"
+STEPS = ["lookup_order", "call_refund_api", "write_confirmation", "notify_customer"]
+
+
+@pytest.fixture
+def client(stack):
+    _, token = make_agent("billing", grants=("refund", "send_message"))
+    client = api_client(stack.url, token)
+    assert sandbox(client, "PUT", "settings", json={"idempotency": False}).json() == {"idempotency": False}
+    sandbox(client, "POST", "orders", json={"order_id": ORDER, "customer": CUSTOMER, "amount": "100.00", "currency": "EUR"})
+    return client
+
+
+def start_refund_task(client, task_id):
+    body = {"workflow": "refund", "input": {"order_id": ORDER, "amount": "25.00", "currency": "EUR", "customer": CUSTOMER}}
+    response = client.post("/api/v1/tasks", json=body, headers={"Idempotency-Key": task_id})
+    assert response.status_code == 201, response.text
+    return Task.objects.get(task_id=task_id)
+
+
+def step_statuses(task):
+    return dict(TaskStep.objects.filter(task=task).order_by("position").values_list("name", "status"))
+
+
+def sweep_until_settled(task, seconds=40):
+    def settled():
+        sweep_once()
+        row = Task.objects.get(pk=task.pk)
+        return row.state not in ("queued", "running") and row
+
+    return wait_until(settled, seconds=seconds, interval=0.25, message=f"task {task.task_id} to settle")
+
+
+def provider_effects(client, task_id):
+    refunds = sandbox(client, "GET", "refunds", params={"order_id": ORDER}).json()["data"]
+    messages = sandbox(client, "GET", "messages", params={"recipient": RECIPIENT}).json()["data"]
+    return refunds, messages
+
+
+def task_events(task, verb=None):
+    events = AuditEvent.objects.filter(object_type="ledger.task", object_id=str(task.pk)).order_by("id")
+    return [e for e in events if verb is None or e.verb == verb]
+
+
+def assert_succeeded_once(client, task):
+    """The checkpoint is complete and every effect happened exactly once."""
+    row = sweep_until_settled(task)
+    assert row.state == "succeeded", (row.state, row.last_error)
+    assert step_statuses(row) == dict.fromkeys(STEPS, StepStatus.DONE)
+    refunds, messages = provider_effects(client, task.task_id)
+    refund_action = Action.objects.get(operation_key=f"{task.task_id}:call_refund_api:v1")
+    notify_action = Action.objects.get(operation_key=f"{task.task_id}:notify_customer:v1")
+    assert [r["id"] for r in refunds] == [refund_action.external_ref]
+    assert [r["operation_key"] for r in refunds] == [refund_action.operation_key]
+    assert [m["id"] for m in messages] == [notify_action.external_ref]
+    assert [m["operation_key"] for m in messages] == [notify_action.operation_key]
+    confirmation = Confirmation.objects.get(task=row)
+    assert confirmation.external_ref == refund_action.external_ref
+    # Every step was checkpointed once: nothing done was redone by the second worker.
+    assert sorted(e.after["step"] for e in task_events(row, "step_done")) == sorted(STEPS)
+    assert task_events(row, "lease_expired"), "the sweeper never took the task back from the dead worker"
+    return row
+
+
+def test_a_worker_killed_right_after_the_refund_went_out_resumes_at_write_confirmation(stack, client):
+    # Hold the confirmation table so the worker stops exactly between its checkpoint of
+    # call_refund_api and write_confirmation's own write: the window of the seed incident.
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("LOCK TABLE ledger_confirmation IN ACCESS EXCLUSIVE MODE")
+        task = start_refund_task(client, "refund-8841")
+        doomed = stack.start_worker()
+        wait_until(lambda: step_statuses(task)["call_refund_api"] == StepStatus.DONE, seconds=20, interval=0.02,
+                   message="call_refund_api to be checkpointed")
+        time.sleep(0.3)  # let it reach write_confirmation and block on the lock
+        assert step_statuses(task) == {"lookup_order": "done", "call_refund_api": "done",
+                                       "write_confirmation": "pending", "notify_customer": "pending"}
+        stack.kill_worker(doomed)
+    # The lock is gone; the dead worker's half-done transaction rolls back with its connection.
+
+    refunds, messages = provider_effects(client, task.task_id)
+    assert len(refunds) == 1 and messages == []
+    before_resume = Task.objects.get(pk=task.pk)
+    assert before_resume.state == "running" and before_resume.attempts == 1
+
+    stack.start_worker()
+    row = assert_succeeded_once(client, task)
+
+    # The fresh worker started at write_confirmation: after the lease was taken back, only
+    # the last two steps were checkpointed, and the refund action was claimed only once.
+    events = task_events(row)
+    taken_back = next(i for i, e in enumerate(events) if e.verb == "lease_expired")
+    assert [e.after["step"] for e in events[taken_back:] if e.verb == "step_done"] == STEPS[2:]
+    assert [e.after["step"] for e in events[:taken_back] if e.verb == "step_done"] == STEPS[:2]
+    assert Action.objects.get(operation_key="refund-8841:call_refund_api:v1").attempts == 1
+    assert row.attempts == 2
+
+
+def test_a_worker_killed_as_soon_as_the_refund_is_checkpointed_leaves_one_refund(stack, client):
+    # The message call stalls, so the worker is surely still busy with the task when killed.
+    sandbox(client, "POST", "faults", json={"target": RECIPIENT, "fault": "timeout_after_commit", "times": 1})
+    task = start_refund_task(client, "refund-race")
+    doomed = stack.start_worker()
+    wait_until(lambda: step_statuses(task)["call_refund_api"] == StepStatus.DONE, seconds=20, interval=0.01,
+               message="call_refund_api to be checkpointed")
+    stack.kill_worker(doomed)
+    assert Task.objects.get(pk=task.pk).state == "running"
+
+    stack.start_worker()
+    assert_succeeded_once(client, task)
+    assert Action.objects.get(operation_key="refund-race:call_refund_api:v1").attempts == 1
+
+
+def test_a_worker_killed_while_the_message_is_in_flight_is_verified_not_resent(stack, client, settings):
+    # The provider commits the message, then stalls 3 s; this worker would wait up to 4 s,
+    # so it is certainly inside notify_customer, after the refund and the confirmation.
+    sandbox(client, "POST", "faults", json={"target": RECIPIENT, "fault": "timeout_after_commit", "times": 1})
+    task = start_refund_task(client, "refund-stall")
+    doomed = stack.start_worker(CONNECTOR_TIMEOUT=4, LEASE_SECONDS=6)
+    wait_until(lambda: provider_effects(client, task.task_id)[1], seconds=20, interval=0.05,
+               message="the message to be committed at the provider")
+    assert step_statuses(task)["write_confirmation"] == StepStatus.DONE
+    notify = Action.objects.get(operation_key="refund-stall:notify_customer:v1")
+    assert notify.status == "pending"
+    stack.kill_worker(doomed)
+
+    # The sweeper must wait for the dead worker's lease plus its connector timeout.
+    settings.CONNECTOR_TIMEOUT = 4
+    settings.LEASE_SECONDS = 6
+    stack.start_worker()
+    assert_succeeded_once(client, task)
+    notify = Action.objects.get(pk=notify.pk)
+    assert notify.status == "succeeded" and notify.attempts == 1
+    assert any("lease_expired" in e for e in notify.evidence)
+    assert AuditEvent.objects.filter(object_type="ledger.action", object_id=str(notify.pk), verb="succeeded",
+                                     reason="verified at the provider").exists()
