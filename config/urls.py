@@ -1,7 +1,11 @@
 from django.conf import settings
 from django.contrib import admin
+from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
+from approvals import views as approvals
+from dlq import views as dlq
+from ledger import views as ledger
 from ledger.api.problems import api_not_found
 from ledger.webhooks import webhook_receive
 
@@ -9,6 +13,26 @@ urlpatterns = [
     path("api/v1/", include("ledger.api.urls")),
     path("webhooks/<slug:connector>/", webhook_receive, name="webhook"),
     path("admin/", admin.site.urls),
+    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    # The dashboard
+    path("", ledger.overview, name="overview"),
+    path("approvals/", approvals.review_queue, {"queue": "approvals"}, name="approvals"),
+    path("unknown/", approvals.review_queue, {"queue": "unknown"}, name="unknown-outcomes"),
+    path("review/<int:pk>/", approvals.review_detail, name="review-detail"),
+    path("review/<int:pk>/decide", approvals.review_decide_view, name="review-decide"),
+    path("policies/", approvals.policies, name="policies"),
+    path("dlq/", dlq.deadletter_queue, name="deadletter-queue"),
+    path("dlq/bulk", dlq.deadletter_bulk, name="deadletter-bulk"),
+    path("dlq/<int:pk>/", dlq.deadletter_detail, name="deadletter-detail"),
+    path("dlq/<int:pk>/<slug:op>", dlq.deadletter_operate, name="deadletter-operate"),
+    path("ledger/", ledger.ledger_search, name="ledger-search"),
+    path("actions/<int:pk>/", ledger.action_detail, name="action-detail"),
+    path("tasks/<int:pk>/", ledger.task_detail, name="task-detail"),
+    path("tasks/<int:pk>/run-now", ledger.task_run_now_view, name="task-run-now"),
+    path("agents/", ledger.agent_list, name="agent-list"),
+    path("agents/<int:pk>/<slug:op>", ledger.agent_change, name="agent-change"),
+    path("audit/", ledger.audit_log, name="audit-log"),
 ]
 if settings.SANDBOX_ENABLED:
     urlpatterns.append(path("sandbox/v1/", include("ledger.sandbox.urls")))

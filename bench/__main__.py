@@ -1,0 +1,429 @@
+"""`python -m bench` (`make bench`): the ledger's throughput next to bare-Django baselines.
+
+One run, one gunicorn (gthread; the same workers and threads for every HTTP figure), one
+fresh PostgreSQL database `surety_bench`, Redis DB 15, a load generator in a separate process
+on loopback (bench/load.py), fixed durations after a warm-up:
+
+  (a) baselines: a bare Django view inserting a row (insert + a second write: two commits) and
+      one reading a row by unique key (bench/baseline/), served with the same settings;
+  (b) POST /api/v1/actions with new keys (row + audit event + doorbell), no holds;
+  (c) the same POSTs replayed (existing keys);
+  (d) actions completed end to end per second by 2 RQ workers against the sandbox;
+  (e) the time per step of `noop` tasks (10 local steps) on 1 worker, next to two commits
+      plus one enqueue measured here in Python on the same database and Redis;
+  (f) SIGKILL of a worker mid-task -> the task running again on a fresh worker.
+
+Plus in-process probes: SQL statements and commits per request (CaptureQueriesContext) and
+in-process time per request. Prints the figures, ratios and PASS/MISS per target, and
+writes them to artifacts/bench.json.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from .stack import ROOT, STACK_ENV, Stack, flush_redis, reset_database
+
+TARGETS = {  # ratio name -> (numerator, denominator, at least)
+    "b/a_insert": ("b_action_new", "a_insert", 0.6),
+    "c/a_read": ("c_action_replay", "a_read", 0.8),
+    "d/a_insert": ("d_end_to_end", "a_insert", 0.25),
+}
+EXPECTED_STATUS = {"baseline_insert": "201", "baseline_read": "200", "action_new": "201", "action_replay": "200",
+                   "task_new": "201"}
+GRANTS = ["refund", "send_message", "create_booking", "noop"]
+
+
+def say(*parts):
+    print(*parts, flush=True)
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--duration", type=float, default=10.0, help="seconds measured per HTTP figure (default 10)")
+    p.add_argument("--warmup", type=float, default=2.0, help="seconds of warm-up before each (default 2)")
+    p.add_argument("--concurrency", type=int, default=16, help="connections of the load generator (default 16)")
+    p.add_argument("--gunicorn-workers", type=int, default=2)
+    p.add_argument("--gunicorn-threads", type=int, default=16)
+    p.add_argument("--actions", type=int, default=1000, help="N actions for (d) (default 1000)")
+    p.add_argument("--noop-tasks", type=int, default=100, help="noop tasks for (e), 10 steps each (default 100)")
+    p.add_argument("--only", default="abcdef", help="the figures to measure, e.g. 'ab' (default all)")
+    p.add_argument("--profile", action="store_true", help="also print a cProfile of the POST paths")
+    p.add_argument("--out", default="artifacts/bench.json")
+    return p.parse_args(argv)
+
+
+def setup_django():
+    """This process talks to the same database and Redis as the stack, with the same settings."""
+    os.environ.update(STACK_ENV)
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+
+
+def ok_rps(report):
+    good = report["statuses"].get(EXPECTED_STATUS[report["mode"]], 0)
+    return round(good / report["seconds"], 1) if report["seconds"] else 0.0
+
+
+def check_statuses(report, label):
+    expected = EXPECTED_STATUS[report["mode"]]
+    other = {k: v for k, v in report["statuses"].items() if k != expected}
+    if other or report["transport_errors"]:
+        say(f"   ! {label}: unexpected answers {other}, transport errors {report['transport_errors']} "
+            f"{report['first_errors']}")
+
+
+def write_keys(path, keys):
+    Path(path).write_text("\n".join(keys) + "\n")
+    return path
+
+
+def http_figure(stack, label, mode, args, **kwargs):
+    report = stack.load(mode, concurrency=args.concurrency, duration=args.duration, warmup=args.warmup, **kwargs)
+    report["ok_rps"] = ok_rps(report)
+    check_statuses(report, label)
+    lat = report["latency_ms"]
+    say(f"   {label:<44} {report['ok_rps']:>8.1f} req/s   p50 {lat['p50']} ms  p99 {lat['p99']} ms")
+    return report
+
+
+def wait_for(predicate, timeout, interval=0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    return None
+
+
+# --- the figures ----------------------------------------------------------------------------------
+
+
+def figure_a_b_c(stack, token, args, results, logs):
+    from django.db import connection
+
+    say("\n(a)-(c) HTTP throughput, same gunicorn, "
+        f"{args.concurrency} connections, {args.warmup:g} s warm-up + {args.duration:g} s each")
+    if "a" in args.only:
+        results["a_insert"] = http_figure(stack, "(a) baseline view: insert + update (2 commits)", "baseline_insert",
+                                          args, prefix="bi")
+        with connection.cursor() as c:
+            c.execute("SELECT key FROM bench_baseline_baselinerow ORDER BY id LIMIT 5000")
+            keys = [row[0] for row in c.fetchall()]
+        results["a_read"] = http_figure(stack, "(a) baseline view: read by unique key", "baseline_read", args,
+                                        keys_file=write_keys(logs / "keys-baseline.txt", keys))
+    if "b" in args.only or "c" in args.only:
+        results["b_action_new"] = http_figure(stack, "(b) POST /api/v1/actions, new keys", "action_new", args,
+                                              token=token, prefix="bnew")
+    if "c" in args.only:
+        with connection.cursor() as c:
+            c.execute("SELECT operation_key FROM ledger_action WHERE operation_key LIKE 'bnew-%%' ORDER BY id LIMIT 5000")
+            keys = [row[0] for row in c.fetchall()]
+        results["c_action_replay"] = http_figure(stack, "(c) POST /api/v1/actions, replayed keys", "action_replay",
+                                                 args, token=token, keys_file=write_keys(logs / "keys-actions.txt", keys))
+
+
+def park_leftovers():
+    """Housekeeping on the throwaway database between figures: actions queued by (b) and the
+    probes must not be drained by (d)'s workers, nor drain jobs already in Redis run."""
+    from django.db import connection
+
+    with connection.cursor() as c:
+        c.execute("UPDATE ledger_action SET status = 'cancelled', next_attempt_at = NULL WHERE status = 'queued'")
+        c.execute("UPDATE ledger_task SET state = 'cancelled', next_attempt_at = NULL WHERE state = 'queued'")
+    flush_redis()
+
+
+def figure_d(stack, token, args, results):
+    from django.db.models import Count, Max, Min
+
+    from ledger.models import Action, AuditEvent
+
+    n = args.actions
+    say(f"\n(d) end to end: {n} actions recorded through the API, then 2 RQ workers (SimpleWorker) "
+        "drain them against the sandbox")
+    park_leftovers()
+    intake = stack.load("action_new", token=token, prefix="e2e", concurrency=args.concurrency, count=n)
+    check_statuses(intake, "(d) intake")
+    say(f"   recorded {intake['statuses'].get('201', 0)} actions in {intake['seconds']} s "
+        f"({intake['rps']} req/s, no workers running)")
+    mine = Action.objects.filter(operation_key__startswith="e2e-")
+    started_wall = datetime.now(UTC)
+    started = time.monotonic()
+    stack.start_worker("worker-d1")
+    stack.start_worker("worker-d2")
+    finished = wait_for(lambda: mine.filter(status="succeeded").count() >= n, timeout=180, interval=0.1)
+    wall = time.monotonic() - started
+    stack.stop("worker-d1")
+    stack.stop("worker-d2")
+    statuses = {row["status"]: row["n"] for row in mine.order_by().values("status").annotate(n=Count("id"))}
+    ids = [str(pk) for pk in mine.values_list("pk", flat=True)]
+    first_claim = AuditEvent.objects.filter(object_type="ledger.action", verb="claimed", object_id__in=ids,
+                                            occurred_at__gte=started_wall).aggregate(t=Min("occurred_at"))["t"]
+    last_done = mine.filter(status="succeeded").aggregate(t=Max("updated_at"))["t"]
+    done = statuses.get("succeeded", 0)
+    busy = (last_done - first_claim).total_seconds() if first_claim and last_done else None
+    rate = round(done / busy, 1) if busy else 0.0
+    results["d_end_to_end"] = {
+        "actions": n, "succeeded": done, "statuses": statuses, "finished": bool(finished),
+        "seconds_first_claim_to_last_success": busy and round(busy, 3),
+        "seconds_including_worker_start": round(wall, 3), "ok_rps": rate,
+        "rps_including_worker_start": round(done / wall, 1), "intake": intake,
+    }
+    if not finished:
+        say(f"   ! not all actions succeeded within 180 s: {statuses}")
+    say(f"   {'(d) actions succeeded per second (2 workers)':<44} {rate:>8.1f} actions/s   "
+        f"({done} in {busy and round(busy, 2)} s from first claim; {round(done / wall, 1)}/s counting worker start)")
+
+
+def two_commits_and_enqueue(seconds=2.0):
+    """The floor of a checkpointed step, in Python on the same database and Redis: INSERT
+    (commit), UPDATE (commit), one RQ enqueue (as the doorbell does; to a queue no worker reads)."""
+    import django_rq
+    from django.utils import timezone
+    from rq import Queue
+
+    from bench.baseline.models import BaselineRow
+
+    queue = Queue("bench-baseline", connection=django_rq.get_connection("default"))
+    i = 0
+    started = time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        row = BaselineRow.objects.create(key=f"step-floor-{i}", payload={"i": i})
+        row.status, row.updated_at = "written", timezone.now()
+        row.save(update_fields=["status", "updated_at"])
+        queue.enqueue("bench.baseline.jobs.nothing", job_timeout=180, result_ttl=0, failure_ttl=3600)
+        i += 1
+    elapsed = time.perf_counter() - started
+    queue.empty()
+    return {"iterations": i, "ms_per_iteration": round(elapsed / i * 1000, 3)}
+
+
+def figure_e(stack, token, args, results):
+    from django.db.models import Max, Min
+
+    from ledger.models import AuditEvent, Task
+
+    m = args.noop_tasks
+    say(f"\n(e) task step overhead: {m} `noop` tasks x 10 local steps on 1 worker")
+    park_leftovers()
+    floor = two_commits_and_enqueue()
+    say(f"   baseline: INSERT+commit, UPDATE+commit, 1 RQ enqueue, in Python   {floor['ms_per_iteration']:.3f} ms")
+    intake = stack.load("task_new", token=token, prefix="noop", concurrency=args.concurrency, count=m)
+    check_statuses(intake, "(e) intake")
+    mine = Task.objects.filter(task_id__startswith="noop-")
+    started_wall = datetime.now(UTC)
+    stack.start_worker("worker-e")
+    finished = wait_for(lambda: mine.filter(state="succeeded").count() >= m, timeout=180, interval=0.1)
+    stack.stop("worker-e")
+    ids = {str(pk) for pk in mine.values_list("pk", flat=True)}
+    events = AuditEvent.objects.filter(object_type="ledger.task", object_id__in=ids, occurred_at__gte=started_wall)
+    step_times = {}
+    for object_id, when in events.filter(verb="step_done").order_by("object_id", "occurred_at").values_list(
+            "object_id", "occurred_at"):
+        step_times.setdefault(object_id, []).append(when)
+    gaps = [(b - a).total_seconds() * 1000 for times in step_times.values() for a, b in zip(times, times[1:])]
+    span = events.aggregate(first=Min("occurred_at"), last=Max("occurred_at"))
+    done = mine.filter(state="succeeded").count()
+    total_s = (span["last"] - span["first"]).total_seconds() if span["first"] else None
+    step_ms = round(statistics.median(gaps), 3) if gaps else None
+    per_step_all_in = round(total_s / (done * 10) * 1000, 3) if total_s and done else None
+    results["e_step_overhead"] = {
+        "tasks": m, "succeeded": done, "finished": bool(finished),
+        "ms_per_step_median": step_ms,
+        "ms_per_step_p90": round(sorted(gaps)[int(0.9 * len(gaps))], 3) if gaps else None,
+        "ms_per_step_including_task_overhead": per_step_all_in,
+        "steps_per_second": round(done * 10 / total_s, 1) if total_s else None,
+        "baseline_two_commits_one_enqueue": floor,
+        "ratio_step_to_baseline": round(step_ms / floor["ms_per_iteration"], 2) if step_ms else None,
+        "ratio_step_all_in_to_baseline": round(per_step_all_in / floor["ms_per_iteration"], 2)
+        if per_step_all_in else None,
+    }
+    if not finished:
+        say(f"   ! only {done}/{m} noop tasks succeeded within 180 s")
+    r = results["e_step_overhead"]
+    say(f"   {'(e) time per step (median gap between steps)':<44} {step_ms:>8.3f} ms   "
+        f"= {r['ratio_step_to_baseline']}x the baseline")
+    say(f"   {'    per step incl. claim/finish of the task':<44} {per_step_all_in:>8.3f} ms   "
+        f"= {r['ratio_step_all_in_to_baseline']}x the baseline; {r['steps_per_second']} steps/s")
+
+
+def figure_f(stack, token, args, results):
+    import httpx
+    from django.conf import settings
+
+    from ledger.models import AuditEvent, Task
+    from ledger.sandbox.models import SandboxMessage, SandboxRefund
+
+    lease = float(settings.LEASE_SECONDS)
+    say(f"\n(f) SIGKILL of a worker mid-task -> task running again (LEASE_SECONDS={lease:g}, sweeper every 0.5 s)")
+    park_leftovers()
+    order = "ORD-KILL-1"
+    client = httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+    client.post("/sandbox/v1/orders", json={"order_id": order, "customer": "CUST-KILL", "amount": "25.00",
+                                            "currency": "EUR"}).raise_for_status()
+    # The refund commits at the sandbox, then the answer stalls (SANDBOX_TIMEOUT_SLEEP) longer
+    # than the worker waits (CONNECTOR_TIMEOUT): the worker is killed inside that wait.
+    client.post("/sandbox/v1/faults", json={"target": order, "fault": "timeout_after_commit", "times": 1}
+                ).raise_for_status()
+    stack.start_sweeper(0.5)
+    victim = stack.start_worker("worker-f1")
+    posted = client.post("/api/v1/tasks", headers={"Idempotency-Key": "kill-refund-1"}, json={
+        "workflow": "refund", "input": {"order_id": order, "amount": "25.00", "currency": "EUR",
+                                        "customer": "CUST-KILL"}})
+    posted.raise_for_status()
+    task = Task.objects.get(task_id="kill-refund-1")
+    if not wait_for(lambda: SandboxRefund.objects.filter(order_id=order).exists(), timeout=60, interval=0.02):
+        raise RuntimeError("the refund never reached the sandbox; see the worker-f1 log")
+    time.sleep(0.5)  # well inside the stall: the worker is waiting for the provider's answer
+    task.refresh_from_db()
+    owner, lease_until = task.lease_owner, task.lease_expires_at
+    killed_wall = datetime.now(UTC)
+    killed = time.monotonic()
+    stack.kill("worker-f1")
+    stack.start_worker("worker-f2")
+
+    def resumed():
+        t = Task.objects.filter(pk=task.pk).values("state", "lease_owner").first()
+        return t["state"] == "running" and t["lease_owner"] not in ("", owner)
+
+    came_back = wait_for(resumed, timeout=lease + 30, interval=0.02)
+    resumed_after = time.monotonic() - killed if came_back else None
+    events = AuditEvent.objects.filter(object_type="ledger.task", object_id=str(task.pk), occurred_at__gte=killed_wall)
+    taken_back = events.filter(verb="lease_expired").order_by("id").values_list("occurred_at", flat=True).first()
+    claimed = events.filter(verb="claimed").order_by("id").values_list("occurred_at", flat=True).first()
+
+    def since_kill(when):
+        return round((when - killed_wall).total_seconds(), 3) if when else None
+
+    finished = wait_for(lambda: Task.objects.filter(pk=task.pk, state__in=["succeeded", "failed", "dead_lettered"])
+                        .exists(), timeout=60, interval=0.1)
+    task.refresh_from_db()
+    refunds = SandboxRefund.objects.filter(order_id=order).count()
+    messages = SandboxMessage.objects.filter(operation_key="kill-refund-1:notify_customer:v1").count()
+    stack.stop("worker-f2")
+    stack.stop("sweeper")
+    client.close()
+    target = lease + 2
+    seconds = since_kill(claimed) if claimed else resumed_after
+    results["f_kill_to_resume"] = {
+        "lease_seconds": lease, "killed_worker": owner, "victim_pid": victim.pid,
+        "lease_left_at_kill_s": round((lease_until - killed_wall).total_seconds(), 3),
+        "kill_to_lease_taken_back_s": since_kill(taken_back), "kill_to_claimed_s": since_kill(claimed),
+        "kill_to_seen_running_s": resumed_after and round(resumed_after, 3),
+        "seconds": seconds, "target_at_most": target, "pass": seconds is not None and seconds <= target,
+        "task_final_state": task.state, "task_finished_within_60s": bool(finished),
+        "sandbox_refunds_for_order": refunds, "sandbox_messages_for_task": messages,
+    }
+    r = results["f_kill_to_resume"]
+    say(f"   lease left at the kill {r['lease_left_at_kill_s']} s; taken back by the sweeper after "
+        f"{r['kill_to_lease_taken_back_s']} s; claimed by the fresh worker after {r['kill_to_claimed_s']} s")
+    say(f"   task then {task.state}; refunds at the sandbox for the order: {refunds} (must be 1); "
+        f"confirmation messages: {messages}")
+
+
+# --- the run ----------------------------------------------------------------------------------------
+
+
+def summary(results):
+    say("\n" + "=" * 78)
+    say("SUMMARY")
+    rows = [("(a) baseline insert (2 commits)", "a_insert", "req/s"), ("(a) baseline read", "a_read", "req/s"),
+            ("(b) POST actions, new keys", "b_action_new", "req/s"),
+            ("(c) POST actions, replayed keys", "c_action_replay", "req/s"),
+            ("(d) actions end to end, 2 workers", "d_end_to_end", "actions/s")]
+    for label, name, unit in rows:
+        if name in results:
+            say(f"  {label:<40} {results[name]['ok_rps']:>9.1f} {unit}")
+    ratios = {}
+    for ratio, (num, den, target) in TARGETS.items():
+        if num in results and den in results and results[den]["ok_rps"]:
+            value = round(results[num]["ok_rps"] / results[den]["ok_rps"], 3)
+            ratios[ratio] = {"value": value, "target_at_least": target, "pass": value >= target}
+            say(f"  ratio {ratio:<34} {value:>9.3f}   target >= {target:<5} {'PASS' if value >= target else 'MISS'}")
+    if "e_step_overhead" in results:
+        e = results["e_step_overhead"]
+        say(f"  (e) ms per noop step (median)            {e['ms_per_step_median']:>9.3f} ms  vs "
+            f"{e['baseline_two_commits_one_enqueue']['ms_per_iteration']:.3f} ms for 2 commits + 1 enqueue "
+            f"({e['ratio_step_to_baseline']}x); all-in {e['ms_per_step_including_task_overhead']} ms")
+    if "f_kill_to_resume" in results:
+        f = results["f_kill_to_resume"]
+        say(f"  (f) SIGKILL -> task running again        {f['seconds']:>9.3f} s   target <= {f['target_at_most']:g} s "
+            f"(lease + 2)   {'PASS' if f['pass'] else 'MISS'}")
+    return ratios
+
+
+def print_probe(shapes, cpu):
+    say("\nper request, in-process (Django test client; no HTTP, no gunicorn):")
+    say(f"  {'request':<18} {'status':>6} {'queries':>8} {'commits':>8} {'ms (sequential)':>16}")
+    for name, shape in shapes.items():
+        ms = cpu.get(name, "")
+        say(f"  {name:<18} {shape['status']:>6} {shape['queries']:>8} {shape['commits']:>8} {ms!s:>16}")
+    for name in ("action_new", "action_replay"):
+        say(f"  SQL of {name}:")
+        for sql in shapes[name]["sql"]:
+            say(f"    - {sql[:150]}")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    os.chdir(ROOT)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    logs = out.parent / "bench-logs"
+    logs.mkdir(exist_ok=True)
+    began = time.monotonic()
+    say(f"bench: fresh database surety_bench, Redis DB 15, gunicorn -k gthread -w {args.gunicorn_workers} "
+        f"--threads {args.gunicorn_threads}, load generator: bench/load.py (asyncio, separate process); "
+        f"logs in {logs}/")
+    flush_redis()
+    reset_database()
+    stack = Stack(logs, gunicorn_workers=args.gunicorn_workers, gunicorn_threads=args.gunicorn_threads)
+    results = {}
+    try:
+        stack.migrate()
+        token = stack.create_agent("bench", GRANTS)
+        setup_django()
+        stack.start_server()
+        say(f"   ready after {time.monotonic() - began:.1f} s (migrated, agent created, server up at {stack.url})")
+        figure_a_b_c(stack, token, args, results, logs)
+        from . import probe
+
+        shapes = probe.query_counts(token)
+        cpu = probe.cpu_per_request(token)
+        results["probe"] = {"per_request": shapes, "in_process_ms_per_request": cpu}
+        print_probe(shapes, cpu)
+        if args.profile:
+            for name, text in probe.profile(token).items():
+                say(f"\ncProfile of {name} (in-process):\n{text}")
+        if "d" in args.only:
+            figure_d(stack, token, args, results)
+        if "e" in args.only:
+            figure_e(stack, token, args, results)
+        if "f" in args.only:
+            figure_f(stack, token, args, results)
+    finally:
+        stack.stop_all()
+    ratios = summary(results)
+    document = {
+        "when": datetime.now(UTC).isoformat(), "seconds": round(time.monotonic() - began, 1),
+        "setup": {"gunicorn": f"-k gthread -w {args.gunicorn_workers} --threads {args.gunicorn_threads}",
+                  "concurrency": args.concurrency, "duration_s": args.duration, "warmup_s": args.warmup,
+                  "load_generator": "bench/load.py (asyncio HTTP/1.1 keep-alive, separate process)",
+                  "cpus": os.cpu_count(), "settings": "bench.settings", "env": STACK_ENV},
+        "results": results, "ratios": ratios,
+    }
+    out.write_text(json.dumps(document, indent=2, default=str) + "\n")
+    say(f"\nwritten to {out} in {document['seconds']} s")
+
+
+if __name__ == "__main__":
+    main()

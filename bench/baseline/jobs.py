@@ -1,0 +1,2 @@
+def nothing():
+    """What the two-commits-plus-one-enqueue baseline enqueues; never run by the benchmark."""

@@ -1,0 +1,151 @@
+"""In-process probes (no HTTP, no gunicorn): what each request costs in SQL and in CPU.
+
+Runs inside the benchmark process, with Django set up on `bench.settings` against the same
+`surety_bench` database and Redis DB 15 the server uses.
+"""
+
+import cProfile
+import io
+import pstats
+import time
+
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+
+from .load import action_body, baseline_body
+
+
+class Commits:
+    """Counts transactions that end in COMMIT: atomic blocks, plus writes run in autocommit."""
+
+    def __init__(self):
+        self.atomic = 0
+        self.autocommit_writes = 0
+
+    def __enter__(self):
+        real = connection.commit
+
+        def counting_commit():
+            self.atomic += 1
+            return real()
+
+        def wrapper(execute, sql, params, many, context):
+            if not connection.in_atomic_block and sql.lstrip().split(" ", 1)[0].upper() in {"INSERT", "UPDATE", "DELETE"}:
+                self.autocommit_writes += 1
+            return execute(sql, params, many, context)
+
+        connection.ensure_connection()
+        self._real = real
+        connection.commit = counting_commit
+        self._wrap = connection.execute_wrapper(wrapper)
+        self._wrap.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._wrap.__exit__(*exc)
+        del connection.commit  # back to the class's method
+        return False
+
+    @property
+    def total(self):
+        return self.atomic + self.autocommit_writes
+
+
+class Requests:
+    """The four request shapes of the HTTP benchmark, sent through Django's test client."""
+
+    def __init__(self, token):
+        self.client = Client()
+        self.auth = {"Authorization": f"Bearer {token}"}
+        self.n = 0
+
+    def fresh(self, stem):
+        self.n += 1
+        return f"probe-{stem}-{self.n}"
+
+    def baseline_insert(self, key):
+        return self.client.post("/bench/baseline/rows", data=baseline_body(key), content_type="application/json")
+
+    def baseline_read(self, key):
+        return self.client.get(f"/bench/baseline/rows/{key}")
+
+    def action_post(self, key):
+        return self.client.post("/api/v1/actions", data=action_body(key), content_type="application/json",
+                                headers={**self.auth, "Idempotency-Key": key})
+
+    def task_post(self, key):
+        return self.client.post("/api/v1/tasks", data={"workflow": "noop", "input": {}},
+                                content_type="application/json", headers={**self.auth, "Idempotency-Key": key})
+
+
+def _shape(send, key):
+    with CaptureQueriesContext(connection) as queries, Commits() as commits:
+        response = send(key)
+    return {
+        "status": response.status_code,
+        "queries": len(queries.captured_queries),
+        "commits": commits.total,
+        "sql": [q["sql"] for q in queries.captured_queries],
+    }
+
+
+def query_counts(token):
+    """SQL statements and commits per request, each measured on its second occurrence
+    (the first in a process fills caches)."""
+    r = Requests(token)
+    shapes = {}
+    for name, send, key_of in (
+        ("baseline_insert", r.baseline_insert, lambda: r.fresh("bi")),
+        ("baseline_read", r.baseline_read, None),
+        ("action_new", r.action_post, lambda: r.fresh("an")),
+        ("action_replay", r.action_post, None),
+        ("task_new", r.task_post, lambda: r.fresh("tn")),
+    ):
+        if key_of is None:  # a read / replay of the key the previous shape just wrote
+            key = last_key
+        else:
+            send(key_of())
+            key = last_key = key_of()
+        shapes[name] = _shape(send, key)
+    return shapes
+
+
+def cpu_per_request(token, repeat=200):
+    """Mean wall time per request in-process, sequential: Django's own cost with no HTTP,
+    no gunicorn and no contention (PostgreSQL round trips included)."""
+    r = Requests(token)
+    written = [r.fresh("ci") for _ in range(repeat)]
+    actions = [r.fresh("ca") for _ in range(repeat)]
+    runs = {
+        "baseline_insert": (r.baseline_insert, written),
+        "baseline_read": (r.baseline_read, written),
+        "action_new": (r.action_post, actions),
+        "action_replay": (r.action_post, actions),
+    }
+    out = {}
+    for name, (send, keys) in runs.items():
+        send(keys[0] + "-warm")
+        started = time.perf_counter()
+        for key in keys:
+            send(key)
+        out[name] = round((time.perf_counter() - started) / len(keys) * 1000, 3)
+    return out
+
+
+def profile(token, repeat=300, top=25):
+    """cProfile of `repeat` new-key POSTs and `repeat` replays: where the time goes."""
+    r = Requests(token)
+    keys = [r.fresh("pf") for _ in range(repeat)]
+    r.action_post(keys[0] + "-warm")
+    reports = {}
+    for name in ("action_new", "action_replay"):
+        prof = cProfile.Profile()
+        prof.enable()
+        for key in keys:
+            r.action_post(key)
+        prof.disable()
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(top)
+        reports[name] = buf.getvalue()
+    return reports

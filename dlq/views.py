@@ -1,0 +1,107 @@
+"""The dead-letter queue: list, detail, and redrive / resolve / discard, one or in bulk."""
+
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_POST
+
+from approvals.access import WORK_DLQ, decidable_names, get_deadletter_for_user
+from ledger.dashboard import keyset_page, render_partial, staff_required
+from ledger.models import AuditEvent, Capability
+from ledger.statemachine import InvalidTransition
+
+from .entries import deadletter_discard, deadletter_redrive, deadletter_resolve
+from .models import DeadLetter, EntryStatus
+
+OPERATIONS = {"redrive": deadletter_redrive, "resolve": deadletter_resolve, "discard": deadletter_discard}
+BULK_OPERATIONS = ("redrive", "discard")
+BULK_MAX = 500
+
+
+def _filtered(params):
+    entries = DeadLetter.objects.select_related("task", "task__agent")
+    status = params.get("status", EntryStatus.OPEN)
+    if status in EntryStatus.values:
+        entries = entries.filter(status=status)
+    if params.get("workflow"):
+        entries = entries.filter(task__workflow=params["workflow"])
+    if params.get("code"):
+        entries = entries.filter(last_error__code=params["code"])
+    return entries
+
+
+@staff_required
+def deadletter_queue(request):
+    rows, next_cursor = keyset_page(_filtered(request.GET), request.GET.get("after"))
+    filters = request.GET.copy()
+    filters.pop("after", None)
+    context = {"rows": rows, "next_cursor": next_cursor, "filters": filters, "query": filters.urlencode(),
+               "statuses": EntryStatus.values, "open_count": DeadLetter.objects.filter(status=EntryStatus.OPEN).count(),
+               "may_work": bool(decidable_names(request.user, WORK_DLQ, Capability.Kind.WORKFLOW))}
+    return render_partial(request, "dlq/queue.html", "rows" if request.htmx else None, context)
+
+
+@staff_required
+def deadletter_detail(request, pk):
+    entry = get_deadletter_for_user(request.user, pk)
+    context = {
+        "entry": entry,
+        "task": entry.task,
+        "steps": entry.snapshot.get("steps", {}),
+        "alerts": entry.alerts.prefetch_related("deliveries"),
+        "history": AuditEvent.objects.filter(object_type="ledger.task", object_id=str(entry.task_id)).order_by("id"),
+        "may_work": decidable_names(request.user, WORK_DLQ, Capability.Kind.WORKFLOW) >= {entry.task.workflow},
+    }
+    return render(request, "dlq/detail.html", context)
+
+
+@staff_required
+@require_POST
+def deadletter_operate(request, pk, op):
+    if op not in OPERATIONS:
+        raise PermissionDenied("unknown operation")
+    entry = get_deadletter_for_user(request.user, pk, to_work=True)
+    reason = request.POST.get("reason", "").strip()
+    try:
+        if op == "resolve":
+            deadletter_resolve(entry, actor=request.user, note=reason)
+        else:
+            OPERATIONS[op](entry, actor=request.user, reason=reason or f"{op} from the dashboard")
+    except (InvalidTransition, ValueError) as exc:
+        messages.error(request, f"Not done: {exc}.")
+    else:
+        messages.success(request, f"Dead letter #{entry.pk}: {op} done.")
+    return redirect("deadletter-detail", pk=pk)
+
+
+@staff_required
+@require_POST
+def deadletter_bulk(request):
+    """Two steps: the first POST shows how many entries the filter matches; the second,
+    with that count confirmed and a reason, does it. Only workflows you may work are touched."""
+    op = request.POST.get("op")
+    if op not in BULK_OPERATIONS:
+        raise PermissionDenied("bulk operations are redrive and discard")
+    allowed = decidable_names(request.user, WORK_DLQ, Capability.Kind.WORKFLOW)
+    if not allowed:
+        raise PermissionDenied("you may not work the dead-letter queue")
+    entries = _filtered({**request.POST.dict(), "status": EntryStatus.OPEN}).filter(task__workflow__in=allowed)
+    count = entries.count()
+    reason = request.POST.get("reason", "").strip()
+    confirmed = request.POST.get("confirm_count") == str(count) and count > 0
+    if not confirmed or not reason:
+        if request.POST.get("confirm_count") and request.POST.get("confirm_count") != str(count):
+            messages.warning(request, f"The queue changed: {count} entries match now. Confirm again.")
+        elif request.POST.get("confirm_count") and not reason:
+            messages.error(request, "A reason is required.")
+        return render(request, "dlq/bulk_confirm.html", {"op": op, "count": min(count, BULK_MAX), "total": count,
+                                                         "filters": request.POST, "reason": reason})
+    done = 0
+    for entry in entries.order_by("id")[:BULK_MAX]:
+        try:
+            OPERATIONS[op](entry, actor=request.user, reason=reason)
+            done += 1
+        except InvalidTransition:
+            continue  # decided by someone else meanwhile
+    messages.success(request, f"{op}: {done} of {count} entries.")
+    return redirect("deadletter-queue")

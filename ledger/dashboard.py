@@ -1,0 +1,53 @@
+"""Small helpers shared by the dashboard's function views."""
+
+import base64
+import functools
+from datetime import datetime
+
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.db.models import Q
+
+from approvals.access import ROLES
+
+PAGE_SIZE = 50
+
+
+def staff_required(view):
+    """Logged in and in one of the dashboard's groups (or a superuser)."""
+
+    @login_required
+    @functools.wraps(view)
+    def wrapper(request, *args, **kwargs):
+        user = request.user
+        if not (user.is_superuser or user.groups.filter(name__in=ROLES).exists()):
+            raise PermissionDenied("the dashboard is for operators, approvers, auditors and admins")
+        return view(request, *args, **kwargs)
+
+    return wrapper
+
+
+def keyset_page(queryset, cursor, *, time_field="created_at", size=PAGE_SIZE):
+    """Newest first by (time, id); `cursor` names the last row seen. Cost does not grow
+    with the page number, unlike OFFSET. Returns (rows, next_cursor or None)."""
+    if cursor:
+        try:
+            stamp, pk = base64.urlsafe_b64decode(cursor.encode()).decode().split("|")
+            moment = datetime.fromisoformat(stamp)
+            queryset = queryset.filter(Q(**{f"{time_field}__lt": moment}) | Q(**{time_field: moment, "pk__lt": int(pk)}))
+        except (ValueError, UnicodeDecodeError):
+            pass  # a mangled cursor shows the first page
+    rows = list(queryset.order_by(f"-{time_field}", "-pk")[: size + 1])
+    if len(rows) <= size:
+        return rows, None
+    last = rows[size - 1]
+    token = f"{getattr(last, time_field).isoformat()}|{last.pk}"
+    return rows[:size], base64.urlsafe_b64encode(token.encode()).decode()
+
+
+def render_partial(request, template, partial, context):
+    """htmx asks for one named fragment of the page; a plain request gets the page."""
+    from django.shortcuts import render
+
+    name = f"{template}#{partial}" if request.htmx and partial else template
+    return render(request, name, context)

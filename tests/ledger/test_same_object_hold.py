@@ -1,0 +1,121 @@
+"""Two actions on one order or customer: the intake holds them until a person decides."""
+
+import pytest
+
+from ledger.models import Action, ActionStatus, AuditEvent, InvalidTransition
+from tests.conftest import wait_until
+from tests.factories import api_client, make_agent, post_action, refund_body, sandbox
+
+S = ActionStatus
+
+
+@pytest.fixture
+def billing(stack):
+    _, token = make_agent("billing")
+    return api_client(stack.url, token)
+
+
+def status_of(key):
+    return Action.objects.get(operation_key=key).status
+
+
+def events_for(key, verb):
+    action = Action.objects.get(operation_key=key)
+    return list(AuditEvent.objects.filter(object_type="ledger.action", object_id=str(action.pk), verb=verb))
+
+
+def test_a_second_refund_for_an_order_with_a_queued_one_holds_both(billing):
+    assert post_action(billing, "refund:ORD-H1:full:dec-1", refund_body("ORD-H1")).status_code == 201
+
+    second = post_action(billing, "refund:ORD-H1:partial:dec-2", refund_body("ORD-H1", amount="5.00"))
+
+    assert second.status_code == 201
+    assert second.json()["status"] == "held"
+    assert status_of("refund:ORD-H1:full:dec-1") == S.HELD
+    [hold] = events_for("refund:ORD-H1:full:dec-1", "held")
+    assert hold.actor == "system:intake" and "refund:ORD-H1:partial:dec-2" in hold.reason
+    [request] = events_for("refund:ORD-H1:partial:dec-2", "requested")
+    assert request.after == {"status": "held"} and "refund:ORD-H1:full:dec-1" in request.reason
+
+
+def test_a_second_refund_while_the_first_is_pending_holds_only_the_new_one(billing):
+    post_action(billing, "refund:ORD-H2:full:dec-1", refund_body("ORD-H2"))
+    Action.objects.get(operation_key="refund:ORD-H2:full:dec-1").claim(owner="host:tests")
+
+    second = post_action(billing, "refund:ORD-H2:partial:dec-2", refund_body("ORD-H2", amount="5.00"))
+
+    assert second.json()["status"] == "held"
+    assert status_of("refund:ORD-H2:full:dec-1") == S.PENDING  # started: not ours to stop
+
+
+def test_a_second_refund_after_the_first_succeeded_is_not_held(billing):
+    post_action(billing, "refund:ORD-H3:full:dec-1", refund_body("ORD-H3"))
+    first = Action.objects.get(operation_key="refund:ORD-H3:full:dec-1").claim(owner="host:tests")
+    first.mark_succeeded(actor="system:tests", external_ref="re_1", claim=first.fence)
+
+    second = post_action(billing, "refund:ORD-H3:partial:dec-2", refund_body("ORD-H3", amount="5.00"))
+
+    assert second.json()["status"] == "queued"  # nothing is in flight any more
+    assert status_of("refund:ORD-H3:full:dec-1") == S.SUCCEEDED
+
+
+def test_refunds_for_one_customer_on_different_orders_are_held_too(billing):
+    post_action(billing, "refund:ORD-H4:full:dec-1", refund_body("ORD-H4", customer="CUST-H"))
+
+    second = post_action(billing, "refund:ORD-H5:full:dec-2", refund_body("ORD-H5", customer="CUST-H"))
+
+    assert second.json()["status"] == "held"
+    assert status_of("refund:ORD-H4:full:dec-1") == S.HELD
+
+
+def test_refunds_for_different_orders_and_customers_are_not_held(billing):
+    post_action(billing, "refund:ORD-H6:full:dec-1", refund_body("ORD-H6", customer="CUST-H6"))
+    second = post_action(billing, "refund:ORD-H7:full:dec-2", refund_body("ORD-H7", customer="CUST-H7"))
+    assert second.json()["status"] == "queued"
+    assert status_of("refund:ORD-H6:full:dec-1") == S.QUEUED
+
+
+def test_a_released_action_is_queued_and_executes(stack, billing):
+    post_action(billing, "refund:ORD-H8:full:dec-1", refund_body("ORD-H8"))
+    post_action(billing, "refund:ORD-H8:partial:dec-2", refund_body("ORD-H8", amount="5.00"))
+    stack.start_worker()
+    held = Action.objects.get(operation_key="refund:ORD-H8:full:dec-1")
+
+    held.release(actor="user:ops-lead", reason="the partial one was a mistake")
+
+    assert held.status == S.QUEUED
+    [release] = events_for(held.operation_key, "released")
+    assert (release.actor, release.reason) == ("user:ops-lead", "the partial one was a mistake")
+    assert (release.before["status"], release.after["status"]) == ("held", "queued")
+    done = wait_until(lambda: (a := Action.objects.get(pk=held.pk)).status == S.SUCCEEDED and a,
+                      message="the released refund to run")
+    refunds = sandbox(billing, "GET", "refunds", params={"order_id": "ORD-H8"}).json()["data"]
+    assert [(r["id"], r["operation_key"]) for r in refunds] == [(done.external_ref, held.operation_key)]
+    assert status_of("refund:ORD-H8:partial:dec-2") == S.HELD  # the other still waits for a person
+
+
+def test_a_rejected_held_action_never_executes(stack, billing):
+    post_action(billing, "refund:ORD-H9:full:dec-1", refund_body("ORD-H9"))
+    post_action(billing, "refund:ORD-H9:partial:dec-2", refund_body("ORD-H9", amount="5.00"))
+    stack.start_worker()
+    held = Action.objects.get(operation_key="refund:ORD-H9:partial:dec-2")
+
+    held.reject(actor="user:ops-lead", reason="duplicate of the full refund")
+
+    assert Action.objects.get(pk=held.pk).status == S.REJECTED
+    [reject] = events_for(held.operation_key, "rejected")
+    assert (reject.actor, reject.reason) == ("user:ops-lead", "duplicate of the full refund")
+    with pytest.raises(InvalidTransition):
+        held.release(actor="user:ops-lead", reason="changed my mind")
+    assert sandbox(billing, "GET", "refunds", params={"order_id": "ORD-H9"}).json()["data"] == []
+
+
+def test_a_hold_is_released_through_approval_when_asked(billing):
+    post_action(billing, "refund:ORD-HA:full:dec-1", refund_body("ORD-HA"))
+    post_action(billing, "refund:ORD-HA:partial:dec-2", refund_body("ORD-HA", amount="5.00"))
+    held = Action.objects.get(operation_key="refund:ORD-HA:partial:dec-2")
+
+    held.release(actor="user:ops-lead", reason="over the limit", needs_approval=True)
+
+    assert Action.objects.get(pk=held.pk).status == S.AWAITING_APPROVAL
+    assert events_for(held.operation_key, "released")[0].reason == "over the limit"

@@ -1,0 +1,130 @@
+"""Retries of a task: a non-retryable error stops at once; a retryable one backs off
+exponentially with jitter (ledger/retry.py) until the dead-letter queue; "run now" skips a
+backoff and is audited.
+
+A retryable failure is made real: the worker's SANDBOX_BASE_URL points at a port nobody
+listens on, so `lookup_order` cannot connect (NotSent, retryable) on every attempt.
+"""
+
+import socket
+from datetime import datetime, timedelta
+
+import pytest
+from django.utils import timezone
+
+from dlq.models import DeadLetter
+from ledger.models import AuditEvent, Task
+from ledger.sweeper import sweep_once
+from ledger.tasks import task_run_now
+from tests.conftest import wait_until
+from tests.factories import api_client, make_agent, sandbox
+
+# As in the stack (tests/conftest.py STACK_ENV).
+BASE, CAP = 0.2, 1.0
+
+
+def closed_port_url():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}/sandbox/v1"
+
+
+@pytest.fixture
+def client(stack):
+    _, token = make_agent("billing", grants=("refund", "send_message"))
+    return api_client(stack.url, token)
+
+
+def start_task(client, task_id, order="ORD-1", customer="CUST-1"):
+    body = {"workflow": "refund", "input": {"order_id": order, "amount": "25.00", "currency": "EUR", "customer": customer}}
+    response = client.post("/api/v1/tasks", json=body, headers={"Idempotency-Key": task_id})
+    assert response.status_code == 201, response.text
+    return Task.objects.get(task_id=task_id)
+
+
+def settled(task, seconds=30, states=("succeeded", "failed", "dead_lettered", "waiting")):
+    def check():
+        sweep_once()  # what the sweeper process does: re-ring work a lost job would strand
+        row = Task.objects.get(pk=task.pk)
+        return row.state in states and row
+
+    return wait_until(check, seconds=seconds, interval=0.2, message=f"task {task.task_id} to reach {states}")
+
+
+def events(task, verb):
+    return list(AuditEvent.objects.filter(object_type="ledger.task", object_id=str(task.pk), verb=verb).order_by("id"))
+
+
+def test_an_unknown_order_fails_after_one_attempt_without_scheduling_a_retry(stack, client):
+    task = start_task(client, "refund-unknown", order="ORD-NOPE")
+    stack.start_worker()
+    row = settled(task)
+    assert row.state == "failed"
+    assert row.attempts == 1
+    assert row.last_error["code"] == "unknown_order" and row.last_error["retryable"] is False
+    assert events(row, "retry_scheduled") == []
+    assert not DeadLetter.objects.filter(task=row).exists()
+
+
+def test_a_retryable_failure_backs_off_exponentially_with_jitter_then_dead_letters(stack, client):
+    task = start_task(client, "refund-unreachable")
+    stack.start_worker(SANDBOX_BASE_URL=closed_port_url())
+    row = settled(task)
+    assert row.state == "dead_lettered", row.last_error
+    assert row.attempts == row.max_attempts == 3
+    assert row.last_error["code"] == "connect_failed" and row.last_error["retryable"] is True
+
+    retries = events(row, "retry_scheduled")
+    assert [e.after["attempts"] for e in retries] == [1, 2]
+    delays = [(datetime.fromisoformat(e.after["next_attempt_at"]) - e.occurred_at).total_seconds() for e in retries]
+    # Attempt n waits between half and all of min(CAP, BASE * 2**(n-1)) ("equal jitter"),
+    # counted from a moment a few milliseconds before the event was written.
+    for attempt, delay in enumerate(delays, start=1):
+        ceiling = min(CAP, BASE * 2 ** (attempt - 1))
+        assert ceiling / 2 - 0.05 <= delay <= ceiling + 0.01, (attempt, delay, delays)
+    # The second wait's floor is the first one's ceiling: the backoff grows.
+    assert delays[1] >= delays[0] - 0.05
+    # Each retry ran only after its backoff had passed.
+    claims = events(row, "claimed")
+    assert len(claims) == 3
+    for retry, next_claim in zip(retries, claims[1:]):
+        assert next_claim.occurred_at >= datetime.fromisoformat(retry.after["next_attempt_at"])
+    entry = DeadLetter.objects.get(task=row)
+    assert entry.attempts == 3 and entry.last_error["code"] == "connect_failed"
+
+
+def test_run_now_moves_a_long_backoff_to_now_and_is_audited(stack, client):
+    sandbox(client, "POST", "orders", json={"order_id": "ORD-1", "customer": "CUST-1", "amount": "100.00", "currency": "EUR"})
+    task = start_task(client, "refund-later")
+    # A backoff of about an hour, so the task sits in the queue until an operator acts.
+    failing = stack.start_worker(SANDBOX_BASE_URL=closed_port_url(), BACKOFF_BASE_SECONDS=3600, BACKOFF_MAX_SECONDS=3600)
+    row = wait_until(lambda: events(task, "retry_scheduled") and Task.objects.get(pk=task.pk), seconds=20,
+                     message="the first retry to be scheduled")
+    stack.kill_worker(failing)
+    assert row.state == "queued"
+    assert row.next_attempt_at > timezone.now() + timedelta(minutes=25)
+
+    stack.start_worker()
+    before = timezone.now()
+    task_run_now(row, actor="system:tests", reason="the provider is back")
+    moved = Task.objects.get(pk=task.pk)
+    assert before <= moved.next_attempt_at <= timezone.now()
+    [event] = events(moved, "run_now")
+    assert event.actor == "system:tests" and event.reason == "the provider is back"
+    assert datetime.fromisoformat(event.before["next_attempt_at"]) == row.next_attempt_at
+    assert datetime.fromisoformat(event.after["next_attempt_at"]) == moved.next_attempt_at
+
+    # The doorbell rang after commit: the task runs without waiting for the sweeper.
+    done = wait_until(lambda: (t := Task.objects.get(pk=task.pk)).state == "succeeded" and t, seconds=20,
+                      message="the task to run now")
+    assert done.attempts == 2
+    assert len(sandbox(client, "GET", "refunds", params={"order_id": "ORD-1"}).json()["data"]) == 1
+
+
+def test_run_now_leaves_a_task_that_is_not_queued_alone(stack, client):
+    task = start_task(client, "refund-unknown-2", order="ORD-NOPE")
+    stack.start_worker()
+    row = settled(task)
+    assert task_run_now(row, actor="system:tests").state == "failed"
+    assert events(row, "run_now") == []
