@@ -60,6 +60,9 @@ def parse_args(argv):
 
 def setup_django():
     """This process talks to the same database and Redis as the stack, with the same settings."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message="No directory at", module="django.core.handlers.base")
     os.environ.update(STACK_ENV)
     sys.path.insert(0, str(ROOT))
     import django

@@ -5,8 +5,10 @@ Runs inside the benchmark process, with Django set up on `bench.settings` agains
 """
 
 import cProfile
+import os
 import io
 import pstats
+import secrets
 import time
 
 from django.db import connection
@@ -59,10 +61,11 @@ class Requests:
         self.client = Client()
         self.auth = {"Authorization": f"Bearer {token}"}
         self.n = 0
+        self.run = secrets.token_hex(4)  # keys never collide with an earlier probe's
 
     def fresh(self, stem):
         self.n += 1
-        return f"probe-{stem}-{self.n}"
+        return f"probe-{self.run}-{stem}-{self.n}"
 
     def baseline_insert(self, key):
         return self.client.post("/bench/baseline/rows", data=baseline_body(key), content_type="application/json")
@@ -82,9 +85,11 @@ class Requests:
 def _shape(send, key):
     with CaptureQueriesContext(connection) as queries, Commits() as commits:
         response = send(key)
+    control = ("BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT", "RELEASE")
+    statements = [q for q in queries.captured_queries if not q["sql"].lstrip().upper().startswith(control)]
     return {
         "status": response.status_code,
-        "queries": len(queries.captured_queries),
+        "queries": len(statements),
         "commits": commits.total,
         "sql": [q["sql"] for q in queries.captured_queries],
     }
@@ -146,6 +151,6 @@ def profile(token, repeat=300, top=25):
             r.action_post(key)
         prof.disable()
         buf = io.StringIO()
-        pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(top)
+        pstats.Stats(prof, stream=buf).sort_stats(os.environ.get("BENCH_PROFILE_SORT", "cumulative")).print_stats(top)
         reports[name] = buf.getvalue()
     return reports

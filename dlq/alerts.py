@@ -12,7 +12,6 @@ import logging
 import time
 from datetime import timedelta
 
-import django_rq
 from django.conf import settings
 from django.core.mail import send_mail
 from django.db import transaction
@@ -29,14 +28,9 @@ def deliver_after_commit(alert):
 
 
 def _enqueue(alert_id, delay=None):
-    queue = django_rq.get_queue("default")
-    try:
-        if delay and queue.is_async:
-            queue.enqueue_in(delay, alert_deliver, alert_id, result_ttl=0)
-        else:
-            queue.enqueue(alert_deliver, alert_id, result_ttl=0)
-    except Exception:  # Redis down: the sweeper's alert pass delivers it
-        logger.exception("could not enqueue delivery of alert %s", alert_id)
+    from ledger.jobs import enqueue
+
+    enqueue(alert_deliver, alert_id, at=timezone.now() + delay if delay else None)
 
 
 def channels():

@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from .connectors import connector_for, http
 from .connectors.base import write_permit
-from .models import Action, ActionStatus, StaleClaim
+from .models import Action, ActionStatus, InvalidTransition, StaleClaim
 from .retry import backoff_until
 
 logger = logging.getLogger("surety.executor")
@@ -156,6 +156,11 @@ def _settle(transition, **kwargs):
     except StaleClaim:
         # Someone took the action over while this worker was away; their outcome stands.
         logger.warning("late write refused: %s", kwargs)
+        return None
+    except InvalidTransition:
+        # Settled meanwhile without a claim (a webhook, a person resolving it): the fence did
+        # not move, but the row did. Their outcome stands too; the drain must go on.
+        logger.warning("late write refused, the action was settled meanwhile: %s", kwargs)
         return None
 
 

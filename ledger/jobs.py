@@ -6,17 +6,20 @@ kind (a Redis key set with NX), and a job that found work rings again so that an
 worker joins in. The database stays the truth: if Redis loses the job, the sweeper rings.
 """
 
+import contextvars
 import logging
 import time
 from datetime import timedelta
 
 import django_rq
 import redis
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 logger = logging.getLogger("surety.jobs")
 DOORBELL_TTL_SECONDS = 15
+_in_process = contextvars.ContextVar("surety_in_process_job", default=False)
 DRAIN_SECONDS = 60
 
 
@@ -24,33 +27,47 @@ def _doorbell(kind):
     return f"surety:doorbell:{kind}"
 
 
+def enqueue(func, *args, at=None):
+    """Hand work to RQ. Without Redis (the embedded default) run it here and now; work
+    due later is then left to the sweeper's next pass."""
+    if not settings.RQ_ASYNC:
+        # In-process, a drain already running picks up what its own moves made runnable.
+        if at is None and not _in_process.get():
+            token = _in_process.set(True)
+            try:
+                func(*args)
+            finally:
+                _in_process.reset(token)
+        return
+    queue = django_rq.get_queue("default")
+    options = {"job_timeout": DRAIN_SECONDS * 3, "result_ttl": 0, "failure_ttl": 3600}
+    try:
+        if at is None:
+            queue.enqueue(func, *args, **options)
+        else:
+            # RQ's scheduler keeps whole seconds and may fire up to one early.
+            queue.enqueue_at(at + timedelta(seconds=1), func, *args, **options)
+    except redis.RedisError:
+        logger.exception("could not enqueue %s; the sweeper will", func.__name__)
+
+
 def ring(kind):
     """Make sure a drain job for `kind` ("actions" or "tasks") is on its way."""
-    queue = django_rq.get_queue("default")
-    try:
-        if queue.is_async and not queue.connection.set(_doorbell(kind), 1, nx=True, ex=DOORBELL_TTL_SECONDS):
+    if settings.RQ_ASYNC:
+        try:
+            connection = django_rq.get_connection("default")
+            if not connection.set(_doorbell(kind), 1, nx=True, ex=DOORBELL_TTL_SECONDS):
+                return
+        except redis.RedisError:
+            logger.exception("doorbell for %s unreachable; the sweeper will ring", kind)
             return
-        queue.enqueue(DRAINS[kind], job_timeout=DRAIN_SECONDS * 3, result_ttl=0, failure_ttl=3600)
-    except redis.RedisError:
-        logger.exception("could not enqueue a %s drain; the sweeper will", kind)
-
-
-def ring_at(kind, when):
-    """A drain for work that becomes due later (a backoff, a verification that must wait)."""
-    queue = django_rq.get_queue("default")
-    if not queue.is_async:
-        return  # in-process mode: the sweeper's next pass finds it
-    try:
-        # RQ's scheduler keeps whole seconds and may fire up to one early.
-        queue.enqueue_at(when + timedelta(seconds=1), DRAINS[kind], job_timeout=DRAIN_SECONDS * 3, result_ttl=0, failure_ttl=3600)
-    except redis.RedisError:
-        logger.exception("could not schedule a %s drain; the sweeper will", kind)
+    enqueue(DRAINS[kind])
 
 
 def ring_after_commit(kind, at=None):
     # robust: a Redis hiccup after commit must not turn a recorded request into an error.
     if at is not None and at > timezone.now():
-        transaction.on_commit(lambda: ring_at(kind, at), robust=True)
+        transaction.on_commit(lambda: enqueue(DRAINS[kind], at=at), robust=True)
     else:
         transaction.on_commit(lambda: ring(kind), robust=True)
 
@@ -58,9 +75,8 @@ def ring_after_commit(kind, at=None):
 def _drain(kind, claim_next, run_claimed):
     from .executor import worker_name
 
-    queue = django_rq.get_queue("default")
-    if queue.is_async:
-        queue.connection.delete(_doorbell(kind))
+    if settings.RQ_ASYNC:
+        django_rq.get_connection("default").delete(_doorbell(kind))
     owner = worker_name()
     deadline = time.monotonic() + DRAIN_SECONDS
     handled = 0
@@ -68,11 +84,12 @@ def _drain(kind, claim_next, run_claimed):
         claimed = claim_next(owner)
         if claimed is None:
             return handled
-        if handled == 0 and queue.is_async:
+        if handled == 0 and settings.RQ_ASYNC:
             ring(kind)
         run_claimed(claimed)
         handled += 1
-    ring(kind)
+    if settings.RQ_ASYNC:
+        ring(kind)
     return handled
 
 

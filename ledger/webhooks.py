@@ -40,7 +40,9 @@ def signature_valid(header, raw, secret, now=None):
     if abs((now or time.time()) - stamp) > settings.WEBHOOK_TOLERANCE_SECONDS:
         return False
     expected = hmac.new(secret.encode(), f"{stamp}.".encode() + raw, hashlib.sha256).hexdigest()
-    return hmac.compare_digest(expected, parts.get("v1", ""))
+    # As bytes: compare_digest raises TypeError on a str with non-ASCII characters, which a
+    # header may carry, and a bad signature must be a 400, not a 500.
+    return hmac.compare_digest(expected.encode(), parts.get("v1", "").encode("utf-8", "replace"))
 
 
 def _problem(status, detail):
@@ -76,8 +78,9 @@ def webhook_receive(request, connector):
 def _settle(connector, event_type, data):
     if event_type not in SETTLING or not isinstance(data, dict):
         return "ignored"
-    key = (data.get("metadata") or {}).get("operation_key")
-    action = Action.objects.select_for_update().filter(operation_key=key).first() if key else None
+    metadata = data.get("metadata")
+    key = metadata.get("operation_key") if isinstance(metadata, dict) else None
+    action = Action.objects.select_for_update().filter(operation_key=key).first() if isinstance(key, str) and key else None
     if action is None or action.status not in OPEN:
         return "nothing to settle"
     actor = f"system:webhook:{connector}"

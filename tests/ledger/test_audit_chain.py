@@ -1,0 +1,170 @@
+"""The audit trail on PostgreSQL: sealed at commit into one chain, append-only, tamper-evident.
+
+These tests commit for real (transaction=True): the seal is a deferred trigger that only
+runs at COMMIT.
+"""
+
+import threading
+
+import pytest
+from django.db import DatabaseError, connection, transaction
+
+from ledger.audit import chain_hash, content_hash
+from ledger.models import Action, ActionStatus, AuditEvent
+from tests.factories import make_agent
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(connection.vendor != "postgresql", reason="the seal and the refusal are PostgreSQL triggers"),
+]
+S = ActionStatus
+
+
+def held_action(agent, key):
+    """A row that can be rejected: a transition that rings no worker."""
+    return Action.objects.create(
+        operation_key=key, fingerprint="f" * 64, action_type="refund", target=key,
+        params={"amount": "25.00", "currency": "EUR"}, agent=agent, status=S.HELD,
+    )
+
+
+def sealed():
+    return list(AuditEvent.objects.order_by("seq"))
+
+
+def test_events_are_sealed_at_commit_with_consecutive_seq_and_a_valid_chain():
+    agent, _ = make_agent("billing")
+    with transaction.atomic():
+        action = held_action(agent, "refund:ORD-A1:full:dec-1")
+        event = AuditEvent.objects.record(actor="user:ops", verb="noted", obj=action, reason="inside")
+        assert AuditEvent.objects.values_list("seq", "hash").get(pk=event.pk) == (None, "")
+    action.reject(actor="user:ops", reason="not needed")
+
+    events = sealed()
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert all(e.hash for e in events)
+    previous = ""
+    for e in events:
+        assert e.prev_hash == previous
+        assert e.content_hash == content_hash(e.content_fields())
+        assert e.hash == chain_hash(previous, e.content_hash, e.seq)
+        previous = e.hash
+    assert AuditEvent.objects.verify_chain() is None
+
+
+def test_a_rolled_back_transaction_leaves_no_event_and_no_gap():
+    agent, _ = make_agent("billing")
+    action = held_action(agent, "refund:ORD-A2:full:dec-1")
+    with pytest.raises(RuntimeError), transaction.atomic():
+        action.reject(actor="user:ops", reason="rolled back")
+        raise RuntimeError("abort")
+    held_action(agent, "refund:ORD-A3:full:dec-1").reject(actor="user:ops", reason="kept")
+
+    assert not AuditEvent.objects.filter(reason="rolled back").exists()
+    assert [e.seq for e in sealed()] == list(range(1, AuditEvent.objects.count() + 1))
+    assert AuditEvent.objects.verify_chain() is None
+
+
+def test_events_committed_by_concurrent_transactions_form_one_chain():
+    agent, _ = make_agent("billing")
+    actions = [held_action(agent, f"refund:ORD-C{i}:full:dec-1") for i in range(12)]
+    barrier = threading.Barrier(len(actions))
+    errors = []
+
+    def decide(action):
+        try:
+            barrier.wait()
+            action.reject(actor="user:ops", reason=f"concurrent {action.pk}")
+        except Exception as exc:  # reported below; a thread must not swallow it
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=decide, args=(a,)) for a in actions]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+
+    assert errors == []
+    events = sealed()
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert AuditEvent.objects.filter(verb="rejected").count() == len(actions)
+    assert AuditEvent.objects.verify_chain() is None
+
+
+def test_the_database_refuses_to_update_an_event():
+    make_agent("billing")
+    event = AuditEvent.objects.order_by("seq").first()
+    with pytest.raises(DatabaseError, match="append-only"), connection.cursor() as cursor:
+        cursor.execute("UPDATE ledger_auditevent SET reason = 'rewritten' WHERE id = %s", [event.pk])
+    assert AuditEvent.objects.get(pk=event.pk).reason == event.reason
+
+
+def test_the_database_refuses_to_update_only_the_seal_of_an_event():
+    make_agent("billing")
+    event = AuditEvent.objects.order_by("seq").first()
+    with pytest.raises(DatabaseError, match="append-only"), connection.cursor() as cursor:
+        cursor.execute("UPDATE ledger_auditevent SET seq = seq + 1000, hash = 'x' WHERE id = %s", [event.pk])
+    assert AuditEvent.objects.verify_chain() is None
+
+
+def test_the_database_refuses_to_delete_an_event():
+    make_agent("billing")
+    count = AuditEvent.objects.count()
+    with pytest.raises(DatabaseError, match="append-only"), connection.cursor() as cursor:
+        cursor.execute("DELETE FROM ledger_auditevent")
+    assert AuditEvent.objects.count() == count
+
+
+def test_the_orm_cannot_update_or_delete_events_either():
+    make_agent("billing")
+    with pytest.raises(DatabaseError, match="append-only"):
+        AuditEvent.objects.update(reason="rewritten")
+    with pytest.raises(DatabaseError, match="append-only"):
+        AuditEvent.objects.all().delete()
+    assert AuditEvent.objects.verify_chain() is None
+
+
+def tamper(sql, params):
+    """Write past the append-only trigger, as someone with the table owner's rights could."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE ledger_auditevent DISABLE TRIGGER ledger_audit_append_only")
+        cursor.execute(sql, params)
+        cursor.execute("ALTER TABLE ledger_auditevent ENABLE TRIGGER ledger_audit_append_only")
+
+
+def test_verify_chain_names_the_event_whose_reason_was_changed():
+    agent, _ = make_agent("billing")
+    for i in range(3):
+        held_action(agent, f"refund:ORD-T{i}:full:dec-1").reject(actor="user:ops", reason=f"reason {i}")
+    target = AuditEvent.objects.get(reason="reason 1")
+
+    tamper("UPDATE ledger_auditevent SET reason = 'a better story' WHERE id = %s", [target.pk])
+
+    assert AuditEvent.objects.verify_chain() == target.seq
+    with pytest.raises(DatabaseError, match="append-only"), connection.cursor() as cursor:
+        cursor.execute("UPDATE ledger_auditevent SET reason = 'again' WHERE id = %s", [target.pk])
+
+
+def test_verify_chain_names_the_event_after_a_deleted_one():
+    agent, _ = make_agent("billing")
+    for i in range(3):
+        held_action(agent, f"refund:ORD-D{i}:full:dec-1").reject(actor="user:ops", reason=f"reason {i}")
+    victim = AuditEvent.objects.get(reason="reason 1")
+
+    tamper("DELETE FROM ledger_auditevent WHERE id = %s", [victim.pk])
+
+    assert AuditEvent.objects.verify_chain() == victim.seq + 1
+
+
+def test_verify_chain_notices_a_recomputed_content_hash():
+    agent, _ = make_agent("billing")
+    held_action(agent, "refund:ORD-R1:full:dec-1").reject(actor="user:ops", reason="original")
+    target = AuditEvent.objects.get(reason="original")
+    target.reason = "forged"
+    forged_hash = content_hash(target.content_fields())
+
+    tamper("UPDATE ledger_auditevent SET reason = 'forged', content_hash = %s WHERE id = %s", [forged_hash, target.pk])
+
+    assert AuditEvent.objects.verify_chain() == target.seq

@@ -1,0 +1,129 @@
+"""Only the guarded executor makes a connector write: at run time (the permit) and in the source."""
+
+import ast
+from pathlib import Path
+
+import httpx
+import pytest
+from django.utils import timezone
+
+from ledger.connectors import base, http
+from ledger.connectors.base import UnguardedWrite, write_permit
+from ledger.connectors.sandbox import SandboxConnector
+from ledger.models import Action, ActionStatus
+from tests.factories import make_agent
+
+ROOT = Path(__file__).resolve().parents[2]
+PRODUCT = ("ledger", "approvals", "dlq")
+
+
+@pytest.fixture
+def no_http(monkeypatch):
+    """Every outbound request is recorded and refused instead of sent."""
+    sent = []
+
+    def refuse(self, request, **kwargs):
+        sent.append(request)
+        raise AssertionError(f"HTTP call made: {request.method} {request.url}")
+
+    monkeypatch.setattr(httpx.Client, "send", refuse)
+    return sent
+
+
+@pytest.fixture
+def pending_action(db):
+    agent, _ = make_agent("billing", grants=())
+    action = Action.objects.create(
+        operation_key="refund:ORD-G1:full:dec-1", fingerprint="f" * 64, action_type="refund", target="ORD-G1",
+        params={"amount": "25.00", "currency": "EUR"}, agent=agent, status=ActionStatus.QUEUED,
+        next_attempt_at=timezone.now(),
+    )
+    return action.claim(owner="host:tests")
+
+
+def test_a_connector_write_outside_the_executor_is_refused_without_an_http_call(pending_action, no_http):
+    with pytest.raises(UnguardedWrite):
+        SandboxConnector().perform(pending_action)
+    assert no_http == []
+
+
+def test_a_permit_for_another_claim_does_not_open_the_write(pending_action, no_http):
+    stale = Action.objects.get(pk=pending_action.pk)
+    stale.fence -= 1
+    with write_permit(stale), pytest.raises(UnguardedWrite):
+        SandboxConnector().perform(pending_action)
+    assert no_http == []
+
+
+def test_the_permit_ends_with_its_block(pending_action, no_http, monkeypatch):
+    monkeypatch.setattr(http, "call", lambda *a, **k: {"id": "re_1"})
+    with write_permit(pending_action):
+        assert SandboxConnector().perform(pending_action).external_ref == "re_1"
+    with pytest.raises(UnguardedWrite):
+        SandboxConnector().perform(pending_action)
+
+
+# --- the source tree ---------------------------------------------------------------------------
+
+
+def product_sources():
+    for package in PRODUCT:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            yield path.relative_to(ROOT).as_posix(), ast.parse(path.read_text(), filename=str(path))
+
+
+def names_used(tree, name):
+    """Lines where `name` is referenced: as a name, an attribute, an import or a definition."""
+    lines = []
+    for node in ast.walk(tree):
+        if (
+            (isinstance(node, ast.Name) and node.id == name)
+            or (isinstance(node, ast.Attribute) and node.attr == name)
+            or (isinstance(node, ast.alias) and name in (node.name.split(".")[-1], node.asname))
+            or (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name)
+        ):
+            lines.append(getattr(node, "lineno", 0))
+    return lines
+
+
+def perform_calls(tree):
+    return [
+        node.lineno for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "perform"
+    ]
+
+
+def test_the_scan_sees_the_whole_product():
+    files = dict(product_sources())
+    assert {"ledger/executor.py", "ledger/connectors/base.py", "ledger/connectors/sandbox.py"} <= set(files)
+    assert any(name.startswith("approvals/") for name in files)
+    assert any(name.startswith("dlq/") for name in files)
+
+
+def test_write_permit_is_used_only_in_the_executor_and_defined_only_in_the_connector_base():
+    where = {path: lines for path, tree in product_sources() if (lines := names_used(tree, "write_permit"))}
+    assert set(where) == {"ledger/executor.py", "ledger/connectors/base.py"}, where
+    definitions = [
+        (path, node.name) for path, tree in product_sources() for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef) and node.name == "write_permit"
+    ]
+    assert definitions == [("ledger/connectors/base.py", "write_permit")]
+    assert base.write_permit is write_permit
+
+
+def test_the_permit_variable_is_touched_only_by_the_connector_base():
+    where = {path for path, tree in product_sources() if names_used(tree, "_permit")}
+    assert where == {"ledger/connectors/base.py"}
+
+
+def test_perform_is_called_only_in_the_executor():
+    where = {path: lines for path, tree in product_sources() if (lines := perform_calls(tree))}
+    assert set(where) == {"ledger/executor.py"}, where
+
+
+def test_no_product_code_calls_a_connectors_send_directly():
+    where = {
+        path for path, tree in product_sources() for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "_send"
+    }
+    assert where == {"ledger/connectors/base.py"}, where

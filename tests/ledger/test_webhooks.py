@@ -1,0 +1,187 @@
+"""POST /webhooks/sandbox/: verified first, stored once by event id, and able to settle `unknown`."""
+
+import json
+import time
+
+import pytest
+
+from ledger.models import Action, ActionStatus, AuditEvent, WebhookEvent
+from ledger.sandbox.webhooks import sign_webhook
+from tests.factories import make_agent
+
+SECRET = "whsec-test"
+URL = "/webhooks/sandbox/"
+KEY = "refund:ORD-W1:full:dec-1"
+S = ActionStatus
+
+
+@pytest.fixture(autouse=True)
+def webhook_secret(settings):
+    settings.SANDBOX_ENABLED = True
+    settings.SANDBOX_WEBHOOK_SECRET = SECRET
+
+
+def event(event_id="evt_1", event_type="refund.succeeded", key=KEY, refund_id="re_w1"):
+    return {"id": event_id, "type": event_type,
+            "data": {"id": refund_id, "object": "refund", "order_id": "ORD-W1", "metadata": {"operation_key": key}}}
+
+
+def deliver(client, payload, *, signature=None, secret=SECRET, age=0):
+    """Sign with `secret` as of `age` seconds ago, unless a `signature` is given (False: none)."""
+    body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    headers = {}
+    if signature is not False:
+        headers["Sandbox-Signature"] = signature or sign_webhook(body, secret, time.time() - age)
+    return client.generic("POST", URL, body, content_type="application/json", headers=headers)
+
+
+@pytest.fixture
+def unknown_action(db):
+    agent, _ = make_agent("billing", grants=())
+    return Action.objects.create(
+        operation_key=KEY, fingerprint="f" * 64, action_type="refund", target="ORD-W1",
+        params={"amount": "25.00", "currency": "EUR"}, amount="25.00", currency="EUR",
+        agent=agent, status=S.UNKNOWN, attempts=1, fence=2,
+    )
+
+
+@pytest.mark.parametrize(
+    ("case", "kwargs"),
+    [
+        ("wrong secret", {"secret": "whsec-someone-else"}),
+        ("garbage header", {"signature": "sha256=deadbeef"}),
+        ("timestamp only", {"signature": "t=<now>"}),
+        ("non-ASCII signature", {"signature": "t=<now>,v1=\u00e9\u00e9"}),
+        ("stale timestamp", {"age": 302}),
+        ("timestamp from the future", {"age": -302}),
+        ("missing header", {"signature": False}),
+    ],
+    ids=lambda value: value if isinstance(value, str) else "",
+)
+def test_it_refuses_a_bad_missing_or_stale_signature_and_stores_nothing(client, unknown_action, case, kwargs):
+    if isinstance(kwargs.get("signature"), str):
+        kwargs = {**kwargs, "signature": kwargs["signature"].replace("<now>", str(int(time.time())))}
+    response = deliver(client, event(), **kwargs)
+    assert response.status_code == 400, (case, response.content)
+    assert not WebhookEvent.objects.exists()
+    assert Action.objects.get(pk=unknown_action.pk).status == S.UNKNOWN
+
+
+def test_it_refuses_a_body_changed_after_signing(client, unknown_action):
+    signed = json.dumps(event()).encode()
+    tampered = json.dumps(event(refund_id="re_other")).encode()
+    response = deliver(client, tampered, signature=sign_webhook(signed, SECRET))
+    assert response.status_code == 400
+    assert not WebhookEvent.objects.exists()
+
+
+def test_a_signature_just_inside_the_tolerance_is_accepted(client, db):
+    response = deliver(client, event(), age=290)
+    assert response.status_code == 200
+
+
+def test_a_refund_succeeded_event_settles_an_unknown_action(client, unknown_action):
+    response = deliver(client, event())
+
+    assert response.status_code == 200
+    assert response.json()["received"] is True
+    action = Action.objects.get(pk=unknown_action.pk)
+    assert (action.status, action.external_ref) == (S.SUCCEEDED, "re_w1")
+    assert action.result["metadata"]["operation_key"] == KEY
+    stored = WebhookEvent.objects.get()
+    assert (stored.connector, stored.event_id, stored.event_type) == ("sandbox", "evt_1", "refund.succeeded")
+    assert stored.outcome.startswith(f"settled {KEY}")
+    settle = AuditEvent.objects.get(object_type="ledger.action", object_id=str(action.pk), verb="succeeded")
+    assert settle.actor == "system:webhook:sandbox"
+    assert "refund.succeeded" in settle.reason
+
+
+def test_a_duplicate_delivery_answers_duplicate_and_does_nothing(client, unknown_action):
+    assert deliver(client, event()).status_code == 200
+    action_after_first = Action.objects.values().get(pk=unknown_action.pk)
+    events_after_first = AuditEvent.objects.count()
+
+    again = deliver(client, event())
+
+    assert again.status_code == 200
+    assert again.json() == {"duplicate": True}
+    assert WebhookEvent.objects.count() == 1
+    assert Action.objects.values().get(pk=unknown_action.pk) == action_after_first
+    assert AuditEvent.objects.count() == events_after_first
+
+
+def test_a_duplicate_with_another_body_is_still_a_duplicate(client, unknown_action):
+    assert deliver(client, event(event_type="message.sent", key="other")).status_code == 200
+    again = deliver(client, event())
+    assert again.json() == {"duplicate": True}
+    assert Action.objects.get(pk=unknown_action.pk).status == S.UNKNOWN
+
+
+def test_an_event_for_a_settled_action_changes_nothing(client, unknown_action):
+    Action.objects.filter(pk=unknown_action.pk).update(status=S.SUCCEEDED, external_ref="re_first")
+    response = deliver(client, event(refund_id="re_second"))
+    assert response.json()["outcome"] == "nothing to settle"
+    assert Action.objects.get(pk=unknown_action.pk).external_ref == "re_first"
+
+
+def test_a_refund_failed_event_fails_an_unknown_action_as_retryable(client, unknown_action):
+    response = deliver(client, event(event_type="refund.failed"))
+    assert response.status_code == 200
+    action = Action.objects.get(pk=unknown_action.pk)
+    assert action.status == S.FAILED and action.error["retryable"] is True
+
+
+@pytest.mark.parametrize(
+    ("case", "payload"),
+    [
+        ("not JSON", b"{nope"),
+        ("a JSON list", b"[1, 2]"),
+        ("no id", json.dumps({"type": "refund.succeeded", "data": {}}).encode()),
+    ],
+    ids=lambda value: value if isinstance(value, str) else "",
+)
+def test_a_signed_body_that_is_not_an_event_is_refused(client, db, case, payload):
+    response = deliver(client, payload)
+    assert response.status_code == 400, case
+    assert not WebhookEvent.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "data",
+    [{"metadata": "refund:ORD-W1"}, {"metadata": ["x"]}, {"metadata": {"operation_key": ["x"]}}, "just text", None],
+    ids=["metadata a string", "metadata a list", "operation key a list", "data a string", "data null"],
+)
+def test_an_event_with_odd_data_is_stored_and_ignored_not_a_crash(client, unknown_action, data):
+    response = deliver(client, {"id": "evt_odd", "type": "refund.succeeded", "data": data})
+    assert response.status_code == 200, response.content
+    assert WebhookEvent.objects.get().event_id == "evt_odd"
+    assert Action.objects.get(pk=unknown_action.pk).status == S.UNKNOWN
+
+
+def test_an_unknown_connector_is_404(client, db):
+    body = json.dumps(event()).encode()
+    response = client.generic("POST", "/webhooks/stripe-ish/", body, content_type="application/json",
+                              headers={"Sandbox-Signature": sign_webhook(body, SECRET)})
+    assert response.status_code == 404
+    assert not WebhookEvent.objects.exists()
+
+
+def test_a_webhook_that_settles_an_action_under_verification_leaves_the_verifier_nothing_to_do(
+    client, unknown_action, monkeypatch
+):
+    from ledger import executor
+    from ledger.connectors.base import Lookup
+    from ledger.connectors.sandbox import SandboxConnector
+
+    Action.objects.filter(pk=unknown_action.pk).update(next_attempt_at=unknown_action.created_at)
+    verifying = executor.action_claim_next("host:verifier")
+    assert verifying.pk == unknown_action.pk
+    monkeypatch.setattr(SandboxConnector, "find_effect",
+                        lambda self, action: Lookup(found=True, external_ref="re_w1", evidence={"lookup": "stub"}))
+
+    assert deliver(client, event()).status_code == 200  # settles it while the worker is asking
+    executor.action_verify(verifying)  # the worker's answer arrives late: dropped, not a crash
+
+    action = Action.objects.get(pk=unknown_action.pk)
+    assert (action.status, action.external_ref) == (S.SUCCEEDED, "re_w1")
+    assert AuditEvent.objects.filter(object_id=str(action.pk), verb="succeeded").count() == 1
