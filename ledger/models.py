@@ -15,7 +15,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from .audit import AuditEventManager
-from .statemachine import InvalidTransition, StaleClaim, StateMachine  # noqa: F401 (re-exported)
+from .statemachine import InvalidTransition, LeasedWork, StaleClaim  # noqa: F401 (re-exported)
 
 
 # --- Agents and what they may do --------------------------------------------------------------
@@ -137,7 +137,7 @@ class ActionType(models.TextChoices):
     CREATE_BOOKING = "create_booking"
 
 
-class Action(StateMachine):
+class Action(LeasedWork):
     """One ledger entry per operation key, written before any call to a provider."""
 
     TRANSITIONS = ACTION_TRANSITIONS
@@ -154,18 +154,11 @@ class Action(StateMachine):
     task = models.ForeignKey("Task", null=True, blank=True, on_delete=models.PROTECT, related_name="actions")
     agent = models.ForeignKey(Agent, on_delete=models.PROTECT, related_name="actions")
     status = models.CharField(max_length=20, choices=ActionStatus.choices, default=S.QUEUED)
-    attempts = models.PositiveIntegerField(default=0)
     external_ref = models.CharField(max_length=255, blank=True, default="")
     result = models.JSONField(null=True, blank=True)
     error = models.JSONField(null=True, blank=True)
     # What verification saw: provider answers, times, lease history. Shown to reviewers.
     evidence = models.JSONField(default=list, blank=True)
-    # When the next attempt (queued) or verification (unknown) may start.
-    next_attempt_at = models.DateTimeField(null=True, blank=True)
-    # The claim: who executes it until when, and a fencing token that grows with each claim.
-    lease_owner = models.CharField(max_length=100, blank=True, default="")
-    lease_expires_at = models.DateTimeField(null=True, blank=True)
-    fence = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -338,7 +331,7 @@ TASK_TRANSITIONS = {
 TASK_FINAL_STATES = {T.SUCCEEDED, T.FAILED, T.CANCELLED}
 
 
-class Task(StateMachine):
+class Task(LeasedWork):
     """A multi-step job of an agent; with its steps, the checkpoint a restarted worker resumes from."""
 
     STATUS_FIELD = "state"
@@ -351,13 +344,8 @@ class Task(StateMachine):
     input = models.JSONField()
     agent = models.ForeignKey(Agent, on_delete=models.PROTECT, related_name="tasks")
     state = models.CharField(max_length=20, choices=TaskState.choices, default=TaskState.QUEUED)
-    attempts = models.PositiveIntegerField(default=0)
     max_attempts = models.PositiveIntegerField()
-    next_attempt_at = models.DateTimeField(null=True, blank=True)
     last_error = models.JSONField(null=True, blank=True)
-    lease_owner = models.CharField(max_length=100, blank=True, default="")
-    lease_expires_at = models.DateTimeField(null=True, blank=True)
-    fence = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

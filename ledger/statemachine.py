@@ -72,3 +72,17 @@ class StateMachine(models.Model):
             row._moved()
         self.__dict__.update({k: v for k, v in row.__dict__.items() if k != "_state"})
         return self
+
+
+class LeasedWork(StateMachine):
+    """Work a worker claims: attempts, when the next may start, and the claim itself —
+    who holds it until when, and a fencing token that grows with every claim."""
+
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    lease_owner = models.CharField(max_length=100, blank=True, default="")
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    fence = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        abstract = True

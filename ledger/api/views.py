@@ -68,6 +68,36 @@ def poll(load, unsettled, seconds):
     return obj
 
 
+def require_grant(agent, kind, name):
+    if not agent_may(agent, kind, name):
+        raise Problem(403, "forbidden", "Forbidden", f"This agent may not use {name}.")
+
+
+def recorded(request, key, intake, represent):
+    """The shared answer of both intakes: 201 new; 200 replayed; 422 for a key that names
+    another request or belongs to another agent (whose objects are never shown)."""
+    try:
+        obj, created = intake()
+    except KeyReused:
+        raise key_reused(key) from None
+    if obj.agent_id != request.auth.pk:
+        raise key_reused(key)
+    response = Response(represent(obj), status=201 if created else 200)
+    if not created:
+        response["Idempotent-Replayed"] = "true"
+    return response
+
+
+def load_own(queryset, what):
+    def load():
+        found = queryset.first()
+        if found is None:
+            raise Problem(404, "not_found", "Not found", f"No such {what}.")
+        return found
+
+    return load
+
+
 class ActionCreateView(APIView):
     @extend_schema(
         operation_id="actions_create", parameters=[KEY_HEADER], request=ActionRequestSerializer,
@@ -81,28 +111,18 @@ class ActionCreateView(APIView):
         incoming.is_valid(raise_exception=True)
         data = incoming.validated_data
         agent = request.auth
-        if not agent_may(agent, Capability.Kind.ACTION_TYPE, data["action_type"]):
-            raise Problem(403, "forbidden", "Forbidden", f"This agent may not request {data['action_type']}.")
+        require_grant(agent, Capability.Kind.ACTION_TYPE, data["action_type"])
         task = None
         if data["task_id"]:
             task = Task.objects.filter(task_id=data["task_id"], agent=agent).first()
             if task is None:
                 raise Problem(400, "invalid", "Invalid request", "No such task.", {"task_id": ["No such task."]})
         params = data["params"]
-        try:
-            action, created = action_request(
-                agent=agent, operation_key=key, action_type=data["action_type"], target=data["target"],
-                customer=data["customer"], decision_id=data["decision_id"], params=params, task=task,
-                amount=params.get("amount"), currency=params.get("currency", ""),
-            )
-        except KeyReused:
-            raise key_reused(key) from None
-        if action.agent_id != agent.pk:
-            raise key_reused(key)
-        response = Response(ActionSerializer(action).data, status=201 if created else 200)
-        if not created:
-            response["Idempotent-Replayed"] = "true"
-        return response
+        return recorded(request, key, lambda: action_request(
+            agent=agent, operation_key=key, action_type=data["action_type"], target=data["target"],
+            customer=data["customer"], decision_id=data["decision_id"], params=params, task=task,
+            amount=params.get("amount"), currency=params.get("currency", ""),
+        ), lambda action: ActionSerializer(action).data)
 
 
 class ActionDetailView(APIView):
@@ -110,14 +130,7 @@ class ActionDetailView(APIView):
     def get(self, request, operation_key):
         seconds = wait_seconds(request)
         mine = Action.objects.select_related("task").filter(agent=request.auth, operation_key=operation_key)
-
-        def load():
-            found = mine.first()
-            if found is None:
-                raise Problem(404, "not_found", "Not found", "No such action.")
-            return found
-
-        action = poll(load, lambda a: a.status in UNSETTLED_ACTION, seconds)
+        action = poll(load_own(mine, "action"), lambda a: a.status in UNSETTLED_ACTION, seconds)
         return Response(ActionSerializer(action).data)
 
 
@@ -135,19 +148,10 @@ class TaskCreateView(APIView):
         incoming = TaskRequestSerializer(data=request.data)
         incoming.is_valid(raise_exception=True)
         data = incoming.validated_data
-        agent = request.auth
-        if not agent_may(agent, Capability.Kind.WORKFLOW, data["workflow"]):
-            raise Problem(403, "forbidden", "Forbidden", f"This agent may not start {data['workflow']}.")
-        try:
-            task, created = task_request(agent=agent, task_id=task_id, workflow=data["workflow"], input=data["input"])
-        except KeyReused:
-            raise key_reused(task_id) from None
-        if task.agent_id != agent.pk:
-            raise key_reused(task_id)
-        response = Response(checkpoint(task), status=201 if created else 200)
-        if not created:
-            response["Idempotent-Replayed"] = "true"
-        return response
+        require_grant(request.auth, Capability.Kind.WORKFLOW, data["workflow"])
+        return recorded(request, task_id, lambda: task_request(
+            agent=request.auth, task_id=task_id, workflow=data["workflow"], input=data["input"],
+        ), checkpoint)
 
 
 class TaskDetailView(APIView):
@@ -155,12 +159,5 @@ class TaskDetailView(APIView):
     def get(self, request, task_id):
         seconds = wait_seconds(request)
         mine = Task.objects.filter(agent=request.auth, task_id=task_id)
-
-        def load():
-            found = mine.first()
-            if found is None:
-                raise Problem(404, "not_found", "Not found", "No such task.")
-            return found
-
-        task = poll(load, lambda t: t.state in UNSETTLED_TASK, seconds)
+        task = poll(load_own(mine, "task"), lambda t: t.state in UNSETTLED_TASK, seconds)
         return Response(checkpoint(task))
