@@ -14,8 +14,14 @@ on loopback (bench/load.py), fixed durations after a warm-up:
   (f) SIGKILL of a worker mid-task -> the task running again on a fresh worker.
 
 Plus in-process probes: SQL statements and commits per request (CaptureQueriesContext) and
-in-process time per request. Prints the figures, ratios and PASS/MISS per target, and
-writes them to artifacts/bench.json.
+in-process wall and CPU time per request.
+
+The machine may be shared (other sessions' test suites): the HTTP figures are measured in
+interleaved rounds (each API figure right after its baseline), and a CPU monitor (bench/cpu.py)
+reports what other processes used meanwhile, plus this stack's CPU time per request, from
+which a CPU-bound estimate of each ratio follows that others' load barely moves.
+
+Prints the figures, ratios and PASS/MISS per target, and writes them to artifacts/bench.json.
 """
 
 import argparse
@@ -27,7 +33,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from .stack import ROOT, STACK_ENV, Stack, flush_redis, reset_database
+from .cpu import CpuMonitor
+from .stack import ROOT, STACK_ENV, Stack, flush_redis, reset_database, wait_for_connection_slots
 
 TARGETS = {  # ratio name -> (numerator, denominator, at least)
     "b/a_insert": ("b_action_new", "a_insert", 0.6),
@@ -47,9 +54,11 @@ def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--duration", type=float, default=10.0, help="seconds measured per HTTP figure (default 10)")
     p.add_argument("--warmup", type=float, default=2.0, help="seconds of warm-up before each (default 2)")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="interleaved rounds the duration and warm-up of each HTTP figure are split into (default 2)")
     p.add_argument("--concurrency", type=int, default=16, help="connections of the load generator (default 16)")
     p.add_argument("--gunicorn-workers", type=int, default=2)
-    p.add_argument("--gunicorn-threads", type=int, default=16)
+    p.add_argument("--gunicorn-threads", type=int, default=8)
     p.add_argument("--actions", type=int, default=1000, help="N actions for (d) (default 1000)")
     p.add_argument("--noop-tasks", type=int, default=100, help="noop tasks for (e), 10 steps each (default 100)")
     p.add_argument("--only", default="abcdef", help="the figures to measure, e.g. 'ab' (default all)")
@@ -88,13 +97,90 @@ def write_keys(path, keys):
     return path
 
 
-def http_figure(stack, label, mode, args, **kwargs):
-    report = stack.load(mode, concurrency=args.concurrency, duration=args.duration, warmup=args.warmup, **kwargs)
-    report["ok_rps"] = ok_rps(report)
-    check_statuses(report, label)
-    lat = report["latency_ms"]
-    say(f"   {label:<44} {report['ok_rps']:>8.1f} req/s   p50 {lat['p50']} ms  p99 {lat['p99']} ms")
-    return report
+HTTP_FIGURES = [  # in the order of each round: each API figure right after its baseline
+    ("a_insert", "(a) baseline view: insert + update (2 commits)", "baseline_insert"),
+    ("b_action_new", "(b) POST /api/v1/actions, new keys", "action_new"),
+    ("a_read", "(a) baseline view: read by unique key", "baseline_read"),
+    ("c_action_replay", "(c) POST /api/v1/actions, replayed keys", "action_replay"),
+]
+
+
+def others_note(cpu):
+    return f"other processes on the machine used {cpu['others']:.2f} of {cpu['cpus']} CPUs"
+
+
+def combine(name, label, segments):
+    """One figure from its rounds: requests and seconds summed; the per-round figures kept."""
+    seconds = sum(r["seconds"] for r in segments)
+    ok = sum(r["statuses"].get(EXPECTED_STATUS[r["mode"]], 0) for r in segments)
+    lat = {p: round(statistics.median(r["latency_ms"][p] for r in segments if r["latency_ms"][p] is not None), 2)
+           for p in ("p50", "p90", "p99")}
+    cpu = {k: round(statistics.mean(r["cpu"].get(k, 0.0) for r in segments), 2)
+           for k in sorted({k for r in segments for k in r["cpu"]})}
+    # CPU time per request: what this machine spends on one, whoever else shares it. The
+    # monitor's window also covers the warm-up, so the warm-up's requests are counted too.
+    served = sum(r["requests"] + r["warmup_requests"] for r in segments)
+    cpu_ms = {}
+    for part in ("gunicorn", "postgres", "load_generator"):
+        spent = sum(r["cpu"].get(part, 0.0) * r["cpu"]["seconds"] for r in segments)
+        cpu_ms[part] = round(spent / served * 1000, 3) if served else None
+    cpu_ms["total"] = round(sum(v for v in cpu_ms.values() if v), 3)
+    return {"label": label, "mode": segments[0]["mode"], "ok_rps": round(ok / seconds, 1), "requests_ok": ok,
+            "seconds": round(seconds, 3), "latency_ms_median_of_rounds": lat, "cpu": cpu,
+            "cpu_ms_per_request": cpu_ms,
+            "rounds_ok_rps": [r["ok_rps"] for r in segments], "rounds": segments}
+
+
+def figure_a_b_c(stack, token, args, results, logs, monitor):
+    from django.db import connection
+
+    per_round = args.duration / args.rounds
+    warmup = args.warmup / args.rounds
+    say(f"\n(a)-(c) HTTP throughput: one gunicorn, {args.concurrency} connections, {args.rounds} interleaved rounds "
+        f"of {warmup:g} s warm-up + {per_round:g} s per figure ({args.duration:g} s measured per figure)")
+    wanted = {"a_insert": "a" in args.only, "a_read": "a" in args.only,
+              "b_action_new": "b" in args.only or "c" in args.only, "c_action_replay": "c" in args.only}
+    segments = {name: [] for name, _, _ in HTTP_FIGURES}
+    keys_files = {}
+    for round_no in range(args.rounds):
+        for name, label, mode in HTTP_FIGURES:
+            if not wanted[name]:
+                continue
+            extra = {}
+            if mode == "baseline_insert":
+                extra["prefix"] = f"bi{round_no}"
+            elif mode == "action_new":
+                extra.update(token=token, prefix=f"bnew{round_no}")
+            elif mode == "baseline_read":
+                if "baseline" not in keys_files:
+                    with connection.cursor() as c:
+                        c.execute("SELECT key FROM bench_baseline_baselinerow ORDER BY id LIMIT 5000")
+                        keys_files["baseline"] = write_keys(logs / "keys-baseline.txt", [r[0] for r in c.fetchall()])
+                extra["keys_file"] = keys_files["baseline"]
+            elif mode == "action_replay":
+                if "actions" not in keys_files:
+                    with connection.cursor() as c:
+                        c.execute("SELECT operation_key FROM ledger_action WHERE operation_key LIKE 'bnew%%' "
+                                  "ORDER BY id LIMIT 5000")
+                        keys_files["actions"] = write_keys(logs / "keys-actions.txt", [r[0] for r in c.fetchall()])
+                extra.update(token=token, keys_file=keys_files["actions"])
+            monitor.start()
+            report = stack.load(mode, concurrency=args.concurrency, duration=per_round, warmup=warmup, **extra)
+            report["cpu"] = monitor.stop()
+            report["ok_rps"] = ok_rps(report)
+            check_statuses(report, f"{label} (round {round_no + 1})")
+            segments[name].append(report)
+            say(f"   round {round_no + 1}  {label:<46} {report['ok_rps']:>8.1f} req/s   "
+                f"[{others_note(report['cpu'])}]")
+    say("")
+    for name, label, _ in HTTP_FIGURES:
+        if segments[name]:
+            results[name] = fig = combine(name, label, segments[name])
+            lat, cpu = fig["latency_ms_median_of_rounds"], fig["cpu"]
+            ms = fig["cpu_ms_per_request"]
+            say(f"   {label:<46} {fig['ok_rps']:>8.1f} req/s   p50 {lat['p50']} ms  p99 {lat['p99']} ms")
+            say(f"   {'':<46} CPU per request: server {ms['gunicorn']} ms, postgres {ms['postgres']} ms, "
+                f"load generator {ms['load_generator']} ms; others used {cpu.get('others', 0):.2f} CPUs meanwhile")
 
 
 def wait_for(predicate, timeout, interval=0.05):
@@ -110,30 +196,6 @@ def wait_for(predicate, timeout, interval=0.05):
 # --- the figures ----------------------------------------------------------------------------------
 
 
-def figure_a_b_c(stack, token, args, results, logs):
-    from django.db import connection
-
-    say("\n(a)-(c) HTTP throughput, same gunicorn, "
-        f"{args.concurrency} connections, {args.warmup:g} s warm-up + {args.duration:g} s each")
-    if "a" in args.only:
-        results["a_insert"] = http_figure(stack, "(a) baseline view: insert + update (2 commits)", "baseline_insert",
-                                          args, prefix="bi")
-        with connection.cursor() as c:
-            c.execute("SELECT key FROM bench_baseline_baselinerow ORDER BY id LIMIT 5000")
-            keys = [row[0] for row in c.fetchall()]
-        results["a_read"] = http_figure(stack, "(a) baseline view: read by unique key", "baseline_read", args,
-                                        keys_file=write_keys(logs / "keys-baseline.txt", keys))
-    if "b" in args.only or "c" in args.only:
-        results["b_action_new"] = http_figure(stack, "(b) POST /api/v1/actions, new keys", "action_new", args,
-                                              token=token, prefix="bnew")
-    if "c" in args.only:
-        with connection.cursor() as c:
-            c.execute("SELECT operation_key FROM ledger_action WHERE operation_key LIKE 'bnew-%%' ORDER BY id LIMIT 5000")
-            keys = [row[0] for row in c.fetchall()]
-        results["c_action_replay"] = http_figure(stack, "(c) POST /api/v1/actions, replayed keys", "action_replay",
-                                                 args, token=token, keys_file=write_keys(logs / "keys-actions.txt", keys))
-
-
 def park_leftovers():
     """Housekeeping on the throwaway database between figures: actions queued by (b) and the
     probes must not be drained by (d)'s workers, nor drain jobs already in Redis run."""
@@ -145,7 +207,7 @@ def park_leftovers():
     flush_redis()
 
 
-def figure_d(stack, token, args, results):
+def figure_d(stack, token, args, results, monitor):
     from django.db.models import Count, Max, Min
 
     from ledger.models import Action, AuditEvent
@@ -161,10 +223,12 @@ def figure_d(stack, token, args, results):
     mine = Action.objects.filter(operation_key__startswith="e2e-")
     started_wall = datetime.now(UTC)
     started = time.monotonic()
+    monitor.start()
     stack.start_worker("worker-d1")
     stack.start_worker("worker-d2")
     finished = wait_for(lambda: mine.filter(status="succeeded").count() >= n, timeout=180, interval=0.1)
     wall = time.monotonic() - started
+    cpu = monitor.stop()
     stack.stop("worker-d1")
     stack.stop("worker-d2")
     statuses = {row["status"]: row["n"] for row in mine.order_by().values("status").annotate(n=Count("id"))}
@@ -175,16 +239,23 @@ def figure_d(stack, token, args, results):
     done = statuses.get("succeeded", 0)
     busy = (last_done - first_claim).total_seconds() if first_claim and last_done else None
     rate = round(done / busy, 1) if busy else 0.0
+    # CPU per action (workers + the sandbox's gunicorn + PostgreSQL), whoever else shares the machine.
+    cpu_ms = {part: round(cpu.get(part, 0.0) * cpu["seconds"] / max(done, 1) * 1000, 3)
+              for part in ("workers", "gunicorn", "postgres")}
+    cpu_ms["total"] = round(sum(cpu_ms.values()), 3)
     results["d_end_to_end"] = {
         "actions": n, "succeeded": done, "statuses": statuses, "finished": bool(finished),
         "seconds_first_claim_to_last_success": busy and round(busy, 3),
         "seconds_including_worker_start": round(wall, 3), "ok_rps": rate,
-        "rps_including_worker_start": round(done / wall, 1), "intake": intake,
+        "rps_including_worker_start": round(done / wall, 1), "intake": intake, "cpu": cpu,
+        "cpu_ms_per_request": cpu_ms,
     }
     if not finished:
         say(f"   ! not all actions succeeded within 180 s: {statuses}")
     say(f"   {'(d) actions succeeded per second (2 workers)':<44} {rate:>8.1f} actions/s   "
         f"({done} in {busy and round(busy, 2)} s from first claim; {round(done / wall, 1)}/s counting worker start)")
+    say(f"   CPU per action: workers {cpu_ms['workers']} ms, sandbox (gunicorn) {cpu_ms['gunicorn']} ms, "
+        f"postgres {cpu_ms['postgres']} ms (includes worker start-up); {others_note(cpu)}")
 
 
 def two_commits_and_enqueue(seconds=2.0):
@@ -210,7 +281,7 @@ def two_commits_and_enqueue(seconds=2.0):
     return {"iterations": i, "ms_per_iteration": round(elapsed / i * 1000, 3)}
 
 
-def figure_e(stack, token, args, results):
+def figure_e(stack, token, args, results, monitor):
     from django.db.models import Max, Min
 
     from ledger.models import AuditEvent, Task
@@ -224,8 +295,10 @@ def figure_e(stack, token, args, results):
     check_statuses(intake, "(e) intake")
     mine = Task.objects.filter(task_id__startswith="noop-")
     started_wall = datetime.now(UTC)
+    monitor.start()
     stack.start_worker("worker-e")
     finished = wait_for(lambda: mine.filter(state="succeeded").count() >= m, timeout=180, interval=0.1)
+    cpu = monitor.stop()
     stack.stop("worker-e")
     ids = {str(pk) for pk in mine.values_list("pk", flat=True)}
     events = AuditEvent.objects.filter(object_type="ledger.task", object_id__in=ids, occurred_at__gte=started_wall)
@@ -249,6 +322,7 @@ def figure_e(stack, token, args, results):
         "ratio_step_to_baseline": round(step_ms / floor["ms_per_iteration"], 2) if step_ms else None,
         "ratio_step_all_in_to_baseline": round(per_step_all_in / floor["ms_per_iteration"], 2)
         if per_step_all_in else None,
+        "cpu": cpu,
     }
     if not finished:
         say(f"   ! only {done}/{m} noop tasks succeeded within 180 s")
@@ -257,6 +331,7 @@ def figure_e(stack, token, args, results):
         f"= {r['ratio_step_to_baseline']}x the baseline")
     say(f"   {'    per step incl. claim/finish of the task':<44} {per_step_all_in:>8.3f} ms   "
         f"= {r['ratio_step_all_in_to_baseline']}x the baseline; {r['steps_per_second']} steps/s")
+    say(f"   CPU: worker {cpu.get('workers', 0):.2f}, postgres {cpu.get('postgres', 0):.2f}; {others_note(cpu)}")
 
 
 def figure_f(stack, token, args, results):
@@ -352,6 +427,16 @@ def summary(results):
             value = round(results[num]["ok_rps"] / results[den]["ok_rps"], 3)
             ratios[ratio] = {"value": value, "target_at_least": target, "pass": value >= target}
             say(f"  ratio {ratio:<34} {value:>9.3f}   target >= {target:<5} {'PASS' if value >= target else 'MISS'}")
+            num_ms = results[num].get("cpu_ms_per_request", {}).get("total")
+            den_ms = results[den].get("cpu_ms_per_request", {}).get("total")
+            if num_ms and den_ms:
+                ratios[ratio]["cpu_bound_estimate"] = round(den_ms / num_ms, 3)
+                say(f"        {'':<34} {den_ms / num_ms:>9.3f}   (CPU-bound estimate: CPU ms per request "
+                    f"{den_ms} / {num_ms}; unaffected by others' load)")
+    others = [results[k]["cpu"].get("others", 0) for k in results if isinstance(results[k], dict) and "cpu" in results[k]]
+    if others and max(others) > 0.2:
+        say(f"  ! other processes used up to {max(others):.2f} of {os.cpu_count()} CPUs during these measurements: "
+            "throughputs understate a quiet machine; compare the CPU-bound estimates")
     if "e_step_overhead" in results:
         e = results["e_step_overhead"]
         say(f"  (e) ms per noop step (median)            {e['ms_per_step_median']:>9.3f} ms  vs "
@@ -364,12 +449,13 @@ def summary(results):
     return ratios
 
 
-def print_probe(shapes, cpu):
-    say("\nper request, in-process (Django test client; no HTTP, no gunicorn):")
-    say(f"  {'request':<18} {'status':>6} {'queries':>8} {'commits':>8} {'ms (sequential)':>16}")
+def print_probe(shapes, timing):
+    say("\nper request, in-process (Django test client, one at a time; no HTTP, no gunicorn; medians of 200):")
+    say(f"  {'request':<18} {'status':>6} {'queries':>8} {'commits':>8} {'wall ms':>9} {'Python CPU ms':>14}")
     for name, shape in shapes.items():
-        ms = cpu.get(name, "")
-        say(f"  {name:<18} {shape['status']:>6} {shape['queries']:>8} {shape['commits']:>8} {ms!s:>16}")
+        t = timing.get(name, {})
+        say(f"  {name:<18} {shape['status']:>6} {shape['queries']:>8} {shape['commits']:>8} "
+            f"{t.get('wall_ms', ''):>9} {t.get('cpu_ms', ''):>14}")
     for name in ("action_new", "action_replay"):
         say(f"  SQL of {name}:")
         for sql in shapes[name]["sql"]:
@@ -387,6 +473,11 @@ def main(argv=None):
     say(f"bench: fresh database surety_bench, Redis DB 15, gunicorn -k gthread -w {args.gunicorn_workers} "
         f"--threads {args.gunicorn_threads}, load generator: bench/load.py (asyncio, separate process); "
         f"logs in {logs}/")
+    needed = args.gunicorn_workers * args.gunicorn_threads + 6  # + workers, sweeper, this process
+    free, limit = wait_for_connection_slots(needed)
+    if free < needed:
+        say(f"   ! only {free} of {limit} PostgreSQL connections are free (others' test runs hold the rest); "
+            f"this run needs about {needed} and may fail with 'too many clients'")
     flush_redis()
     reset_database()
     stack = Stack(logs, gunicorn_workers=args.gunicorn_workers, gunicorn_threads=args.gunicorn_threads)
@@ -397,7 +488,8 @@ def main(argv=None):
         setup_django()
         stack.start_server()
         say(f"   ready after {time.monotonic() - began:.1f} s (migrated, agent created, server up at {stack.url})")
-        figure_a_b_c(stack, token, args, results, logs)
+        monitor = CpuMonitor(stack.named_pids)
+        figure_a_b_c(stack, token, args, results, logs, monitor)
         from . import probe
 
         shapes = probe.query_counts(token)
@@ -408,9 +500,9 @@ def main(argv=None):
             for name, text in probe.profile(token).items():
                 say(f"\ncProfile of {name} (in-process):\n{text}")
         if "d" in args.only:
-            figure_d(stack, token, args, results)
+            figure_d(stack, token, args, results, monitor)
         if "e" in args.only:
-            figure_e(stack, token, args, results)
+            figure_e(stack, token, args, results, monitor)
         if "f" in args.only:
             figure_f(stack, token, args, results)
     finally:

@@ -9,6 +9,7 @@ import os
 import io
 import pstats
 import secrets
+import statistics
 import time
 
 from django.db import connection
@@ -117,25 +118,26 @@ def query_counts(token):
 
 
 def cpu_per_request(token, repeat=200):
-    """Mean wall time per request in-process, sequential: Django's own cost with no HTTP,
-    no gunicorn and no contention (PostgreSQL round trips included)."""
+    """Median wall time per request in-process, one request at a time: Django's own cost
+    with no HTTP, no gunicorn and no contention (PostgreSQL round trips included). The four
+    shapes are interleaved, so a passing disturbance touches them alike."""
     r = Requests(token)
     written = [r.fresh("ci") for _ in range(repeat)]
     actions = [r.fresh("ca") for _ in range(repeat)]
-    runs = {
-        "baseline_insert": (r.baseline_insert, written),
-        "baseline_read": (r.baseline_read, written),
-        "action_new": (r.action_post, actions),
-        "action_replay": (r.action_post, actions),
-    }
-    out = {}
-    for name, (send, keys) in runs.items():
-        send(keys[0] + "-warm")
-        started = time.perf_counter()
-        for key in keys:
-            send(key)
-        out[name] = round((time.perf_counter() - started) / len(keys) * 1000, 3)
-    return out
+    r.baseline_insert(r.fresh("warm"))
+    r.action_post(r.fresh("warm"))
+    wall = {"baseline_insert": [], "baseline_read": [], "action_new": [], "action_replay": []}
+    cpu = {name: [] for name in wall}
+    for pairs in ((("baseline_insert", r.baseline_insert), ("action_new", r.action_post)),
+                  (("baseline_read", r.baseline_read), ("action_replay", r.action_post))):
+        for base_key, action_key in zip(written, actions):
+            for (name, send), key in zip(pairs, (base_key, action_key)):
+                started, started_cpu = time.perf_counter(), time.process_time()
+                send(key)
+                cpu[name].append(time.process_time() - started_cpu)
+                wall[name].append(time.perf_counter() - started)
+    return {name: {"wall_ms": round(statistics.median(wall[name]) * 1000, 3),
+                   "cpu_ms": round(statistics.median(cpu[name]) * 1000, 3)} for name in wall}
 
 
 def profile(token, repeat=300, top=25):

@@ -59,6 +59,27 @@ def reset_database():
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DB_NAME)))
 
 
+def connection_slots():
+    """(free, max): PostgreSQL connections still available to a non-superuser-reserved client."""
+    import psycopg
+
+    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+        limit, reserved, used = conn.execute(
+            "SELECT current_setting('max_connections')::int, current_setting('superuser_reserved_connections')::int,"
+            " (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')").fetchone()
+    return limit - reserved - used, limit
+
+
+def wait_for_connection_slots(needed, timeout=90):
+    """Other test runs on the same server may hold most connections; wait a while for room."""
+    deadline = time.monotonic() + timeout
+    free, limit = connection_slots()
+    while free < needed and time.monotonic() < deadline:
+        time.sleep(2)
+        free, limit = connection_slots()
+    return free, limit
+
+
 def flush_redis():
     import redis
 
@@ -73,6 +94,7 @@ class Stack:
         self.env = {**os.environ, **STACK_ENV, "SANDBOX_BASE_URL": f"{self.url}/sandbox/v1", "SITE_URL": self.url}
         self.gunicorn_workers, self.gunicorn_threads = gunicorn_workers, gunicorn_threads
         self.processes = {}  # name -> Popen
+        self.load_pid = None
         self._n = 0
 
     # --- one-shot commands -------------------------------------------------------------------
@@ -163,8 +185,20 @@ class Stack:
             argv += ["--keys-file", str(keys_file)]
         if count is not None:
             argv += ["--count", str(count)]
-        done = subprocess.run(argv, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                              capture_output=True, text=True)
-        if done.returncode != 0:
-            raise RuntimeError(f"load generator failed ({mode}):\n{done.stderr}")
-        return json.loads(done.stdout.strip().splitlines()[-1])
+        process = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.load_pid = process.pid
+        try:
+            stdout, stderr = process.communicate()
+        finally:
+            self.load_pid = None
+        if process.returncode != 0:
+            raise RuntimeError(f"load generator failed ({mode}):\n{stderr}")
+        return json.loads(stdout.strip().splitlines()[-1])
+
+    def named_pids(self):
+        """{pid: category} of the direct children, for the CPU monitor."""
+        named = {p.pid: ("workers" if n.startswith("worker") else n) for n, p in list(self.processes.items())}
+        if self.load_pid:
+            named[self.load_pid] = "load_generator"
+        return named

@@ -127,9 +127,10 @@ def test_killed_workers_and_a_flushed_redis_never_double_an_effect_or_lose_a_tas
         due = min(n, int(n * (now - started) / post_window) + 1)
         while len(posted) < due:
             post(len(posted))
-        if now >= next_kill:
-            # Prefer a worker that holds a lease right now: killing idle ones proves little.
-            busy = busy_pids()
+        # Prefer a worker that holds a lease right now (waiting up to a second for one):
+        # killing idle workers proves little.
+        busy = busy_pids() if now >= next_kill else set()
+        if now >= next_kill and (busy & {w.pid for w in workers} or now >= next_kill + 1):
             victim = rng.choice([w for w in workers if w.pid in busy] or workers)
             figures["kills_while_busy"] += victim.pid in busy
             stack.kill_worker(victim)

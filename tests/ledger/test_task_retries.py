@@ -15,12 +15,12 @@ from django.utils import timezone
 from dlq.models import DeadLetter
 from ledger.models import AuditEvent, Task
 from ledger.sweeper import sweep_once
-from ledger.tasks import task_run_now
+from ledger.tasks import task_expire_leases, task_request, task_run_now
 from tests.conftest import wait_until
 from tests.factories import api_client, make_agent, sandbox
 
-# As in the stack (tests/conftest.py STACK_ENV).
-BASE, CAP = 0.2, 1.0
+# BASE as in the stack (tests/conftest.py STACK_ENV); the cap is set lower where it shows.
+BASE, CAP = 0.2, 0.8
 
 
 def closed_port_url():
@@ -32,8 +32,10 @@ def closed_port_url():
 
 @pytest.fixture
 def client(stack):
-    _, token = make_agent("billing", grants=("refund", "send_message"))
-    return api_client(stack.url, token)
+    agent, token = make_agent("billing", grants=("refund", "send_message"))
+    client = api_client(stack.url, token)
+    client.agent = agent
+    return client
 
 
 def start_task(client, task_id, order="ORD-1", customer="CUST-1"):
@@ -67,31 +69,62 @@ def test_an_unknown_order_fails_after_one_attempt_without_scheduling_a_retry(sta
     assert not DeadLetter.objects.filter(task=row).exists()
 
 
-def test_a_retryable_failure_backs_off_exponentially_with_jitter_then_dead_letters(stack, client):
-    task = start_task(client, "refund-unreachable")
-    stack.start_worker(SANDBOX_BASE_URL=closed_port_url())
+def test_a_retryable_failure_backs_off_exponentially_with_jitter_then_dead_letters(stack, client, settings):
+    # Six attempts, so that five backoffs show the growth and then the cap.
+    settings.MAX_ATTEMPTS = 6
+    task, _ = task_request(agent=client.agent, task_id="refund-unreachable", workflow="refund",
+                           input={"order_id": "ORD-1", "amount": "25.00", "currency": "EUR", "customer": "CUST-1"})
+    stack.start_worker(SANDBOX_BASE_URL=closed_port_url(), BACKOFF_MAX_SECONDS=CAP)
     row = settled(task)
     assert row.state == "dead_lettered", row.last_error
-    assert row.attempts == row.max_attempts == 3
+    assert row.attempts == row.max_attempts == 6
     assert row.last_error["code"] == "connect_failed" and row.last_error["retryable"] is True
 
     retries = events(row, "retry_scheduled")
-    assert [e.after["attempts"] for e in retries] == [1, 2]
+    assert [e.after["attempts"] for e in retries] == [1, 2, 3, 4, 5]
     delays = [(datetime.fromisoformat(e.after["next_attempt_at"]) - e.occurred_at).total_seconds() for e in retries]
     # Attempt n waits between half and all of min(CAP, BASE * 2**(n-1)) ("equal jitter"),
     # counted from a moment a few milliseconds before the event was written.
-    for attempt, delay in enumerate(delays, start=1):
-        ceiling = min(CAP, BASE * 2 ** (attempt - 1))
-        assert ceiling / 2 - 0.05 <= delay <= ceiling + 0.01, (attempt, delay, delays)
-    # The second wait's floor is the first one's ceiling: the backoff grows.
-    assert delays[1] >= delays[0] - 0.05
+    ceilings = [min(CAP, BASE * 2 ** (attempt - 1)) for attempt in range(1, 6)]
+    assert ceilings == [0.2, 0.4, 0.8, 0.8, 0.8]
+    for ceiling, delay in zip(ceilings, delays):
+        assert ceiling / 2 - 0.05 <= delay <= ceiling + 0.01, (ceilings, delays)
+    # Growth: each uncapped wait's floor is the previous one's ceiling.
+    assert delays[0] <= delays[1] + 0.05 and delays[1] <= delays[2] + 0.05, delays
     # Each retry ran only after its backoff had passed.
     claims = events(row, "claimed")
-    assert len(claims) == 3
+    assert len(claims) == 6
     for retry, next_claim in zip(retries, claims[1:]):
         assert next_claim.occurred_at >= datetime.fromisoformat(retry.after["next_attempt_at"])
     entry = DeadLetter.objects.get(task=row)
-    assert entry.attempts == 3 and entry.last_error["code"] == "connect_failed"
+    assert entry.attempts == 6 and entry.last_error["code"] == "connect_failed"
+    assert entry.alerts.count() == 1
+
+
+def test_three_retryable_failures_through_the_api_dead_letter_after_two_backoffs(stack, client):
+    task = start_task(client, "refund-unreachable-api")
+    stack.start_worker(SANDBOX_BASE_URL=closed_port_url())
+    row = settled(task)
+    assert (row.state, row.attempts, row.max_attempts) == ("dead_lettered", 3, 3)
+    assert [e.after["attempts"] for e in events(row, "retry_scheduled")] == [1, 2]
+
+
+def test_a_task_whose_workers_keep_dying_is_dead_lettered_by_the_sweeper(stack, client):
+    task, _ = task_request(agent=client.agent, task_id="refund-cursed", workflow="refund",
+                           input={"order_id": "ORD-1", "amount": "25.00", "currency": "EUR", "customer": "CUST-1"})
+    for attempt in range(1, 4):
+        # A worker claims the task, then vanishes: its lease runs out without a heartbeat.
+        Task.objects.get(pk=task.pk).claim(owner=f"tests:doomed-{attempt}")
+        Task.objects.filter(pk=task.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+        assert task_expire_leases() == 1
+    row = Task.objects.get(pk=task.pk)
+    assert row.state == "dead_lettered" and row.attempts == 3
+    assert row.last_error["code"] == "worker_lost" and "tests:doomed-3" in row.last_error["message"]
+    assert len(events(row, "lease_expired")) == 2
+    [dead] = events(row, "dead_lettered")
+    assert dead.actor == "system:sweeper"
+    entry = DeadLetter.objects.get(task=row)
+    assert entry.status == "open" and entry.alerts.count() == 1
 
 
 def test_run_now_moves_a_long_backoff_to_now_and_is_audited(stack, client):

@@ -1,0 +1,54 @@
+"""Bulk work on the dead-letter queue: a preview count, then a confirmation with a reason."""
+
+import pytest
+
+from dlq.models import DeadLetter, EntryStatus
+from ledger.models import Task, TaskState
+from ledger.tasks import task_request
+from tests.browser.conftest import login, status_message
+
+pytestmark = pytest.mark.browser
+
+
+def dead_letter(agent, task_id):
+    """Made in this process: requested, claimed once, out of attempts."""
+    task, _ = task_request(agent=agent, task_id=task_id, workflow="refund",
+                           input={"order_id": f"ORD-{task_id}", "amount": "25.00", "currency": "EUR",
+                                  "customer": f"CUST-{task_id}"})
+    task.claim(owner="t")
+    return task.mark_dead_lettered(actor="system:tests", error={"code": "x", "message": "boom", "retryable": True})
+
+
+def test_a_bulk_discard_shows_the_count_and_needs_a_confirmation_and_a_reason(page, people, agent, shot):
+    entries = [dead_letter(agent, f"bulk-{n}") for n in range(3)]
+    login(page, "olga")
+    page.goto("/dlq/")
+    assert page.locator(".queue-row").count() == 3
+
+    form = page.locator("#bulk-form")
+    form.locator("select[name=op]").select_option("discard")
+    with page.expect_navigation():
+        form.get_by_role("button", name="Preview").click()
+    assert page.locator("#bulk-count").inner_text().strip() == "3"
+    shot(page, "bulk-confirm")
+
+    # The browser refuses an empty required reason; the server must refuse it too.
+    reason = page.locator("textarea[name=reason]")
+    assert reason.get_attribute("required") is not None
+    reason.evaluate("el => el.removeAttribute('required')")
+    confirm = page.locator("form:has(textarea[name=reason]) [type=submit]").last
+    with page.expect_navigation():
+        confirm.click()
+    assert "reason is required" in status_message(page)
+    assert DeadLetter.objects.filter(status=EntryStatus.OPEN).count() == 3
+
+    page.locator("textarea[name=reason]").fill("duplicates of a refund already made by hand")
+    with page.expect_navigation():
+        page.locator("form:has(textarea[name=reason]) [type=submit]").last.click()
+    assert "discard: 3 of 3" in status_message(page)
+
+    for entry in entries:
+        entry.refresh_from_db()
+        assert entry.status == EntryStatus.DISCARDED and entry.decided_by == "user:olga"
+        assert entry.note == "duplicates of a refund already made by hand"
+    assert set(Task.objects.values_list("state", flat=True)) == {TaskState.CANCELLED}

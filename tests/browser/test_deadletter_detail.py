@@ -1,0 +1,55 @@
+"""A dead-letter entry's page: redrive puts the task back on its way, from its checkpoint."""
+
+import pytest
+
+from dlq.models import DeadLetter, EntryStatus
+from ledger.models import Task
+from tests.browser.conftest import login
+from tests.conftest import wait_until
+from tests.factories import sandbox
+
+pytestmark = pytest.mark.browser
+
+
+def start_refund_task(api, task_id, order, customer):
+    body = {"workflow": "refund", "input": {"order_id": order, "amount": "25.00", "currency": "EUR", "customer": customer}}
+    response = api.post("/api/v1/tasks", json=body, headers={"Idempotency-Key": task_id})
+    assert response.status_code == 201, response.text
+
+
+def task_state(api, task_id):
+    return api.get(f"/api/v1/tasks/{task_id}").json()["state"]
+
+
+def test_a_deadletter_redrive_from_the_page_completes_the_task(stack, page, people, agent, api, shot):
+    # Every refund call answers 500 until the faults are cleared: three attempts, then the queue.
+    sandbox(api, "POST", "orders", json={"order_id": "ORD-DL1", "customer": "CUST-DL1", "amount": "100.00",
+                                         "currency": "EUR"})
+    sandbox(api, "POST", "faults", json={"target": "ORD-DL1", "fault": "error_500", "times": 100})
+    start_refund_task(api, "refund-dl1", "ORD-DL1", "CUST-DL1")
+    stack.start_worker()
+    wait_until(lambda: task_state(api, "refund-dl1") == "dead_lettered", seconds=45, interval=0.2,
+               message="the task to be dead-lettered")
+    entry = DeadLetter.objects.get(task__task_id="refund-dl1", status=EntryStatus.OPEN)
+    assert sandbox(api, "DELETE", "faults").status_code < 300
+
+    login(page, "olga")
+    page.goto("/dlq/")
+    page.locator(".queue-row", has_text="refund-dl1").first.wait_for()
+    page.goto(f"/dlq/{entry.pk}/")
+    shot(page, "deadletter-detail")
+    form = page.locator("#redrive-form")
+    if form.locator("textarea[name=reason], input[name=reason]").count():
+        form.locator("textarea[name=reason], input[name=reason]").fill("the provider is back")
+    with page.expect_navigation():
+        form.locator("button[type=submit], input[type=submit]").first.click()
+    assert "redrive done" in page.locator("[role=status]").inner_text()
+
+    wait_until(lambda: task_state(api, "refund-dl1") == "succeeded", seconds=30, interval=0.2,
+               message="the redriven task to succeed")
+    entry.refresh_from_db()
+    assert entry.status == EntryStatus.REDRIVEN and entry.decided_by == "user:olga"
+    assert len(sandbox(api, "GET", "refunds", params={"order_id": "ORD-DL1"}).json()["data"]) == 1
+    page.goto(f"/tasks/{Task.objects.get(task_id='refund-dl1').pk}/")
+    assert page.locator("#task-state").inner_text().strip() == "succeeded"
+    shot(page, "task-detail")

@@ -1,0 +1,48 @@
+"""The approvals queue from the keyboard: j/k to move, Enter to open, a to approve."""
+
+from decimal import Decimal
+
+import pytest
+
+from approvals.models import ReviewItem, ReviewStatus
+from ledger.actions import action_request
+from ledger.models import ActionStatus, AuditEvent
+from tests.browser.conftest import login
+
+pytestmark = pytest.mark.browser
+
+
+def awaiting_approval(agent, n, amount):
+    action, _ = action_request(agent=agent, operation_key=f"refund:ORD-K{n}:full:dec-k{n}", action_type="refund",
+                               target=f"ORD-K{n}", customer=f"CUST-K{n}", params={"amount": amount, "currency": "EUR"},
+                               amount=Decimal(amount), currency="EUR")
+    assert action.status == ActionStatus.AWAITING_APPROVAL
+    return ReviewItem.objects.get(action=action, status=ReviewStatus.OPEN)
+
+
+def test_keyboard_approve_works(page, agent, limit):
+    first, second = awaiting_approval(agent, 1, "600.00"), awaiting_approval(agent, 2, "900.00")
+    login(page, "alice")
+    page.goto("/approvals/")
+    assert page.locator("#keyboard-hint").is_visible()
+    selected = page.locator('.queue-row[aria-selected="true"]')
+
+    page.keyboard.press("j")
+    assert selected.get_attribute("data-id") == str(first.pk)
+    page.keyboard.press("j")
+    assert selected.get_attribute("data-id") == str(second.pk)
+    page.keyboard.press("k")
+    assert selected.get_attribute("data-id") == str(first.pk)
+    with page.expect_navigation():
+        page.keyboard.press("Enter")
+    assert page.url.endswith(f"/review/{first.pk}/")
+
+    with page.expect_navigation():
+        page.keyboard.press("a")
+    assert page.locator("#item-status").inner_text().strip() == "approved"
+    first.refresh_from_db()
+    assert first.status == ReviewStatus.APPROVED and first.decided_by_label == "user:alice"
+    assert first.action.status == ActionStatus.QUEUED  # approved; no worker runs in this test
+    assert AuditEvent.objects.filter(object_type="approvals.reviewitem", object_id=str(first.pk),
+                                     verb="approve", actor="user:alice").count() == 1
+    assert ReviewItem.objects.get(pk=second.pk).status == ReviewStatus.OPEN
