@@ -107,7 +107,7 @@ class CpuMonitor:
             if pid in self._first:
                 used[category] = used.get(category, 0.0) + (self._last[pid] - self._first[pid]) / HZ / seconds
         ours = sum(used.values())
-        report = {name: round(v, 2) for name, v in sorted(used.items())}
-        report.update({"all_busy": round(busy, 2), "others": round(max(0.0, busy - ours), 2),
+        report = {name: round(v, 4) for name, v in sorted(used.items())}
+        report.update({"all_busy": round(busy, 4), "others": round(max(0.0, busy - ours), 4),
                        "cpus": os.cpu_count(), "seconds": round(seconds, 2)})
         return report

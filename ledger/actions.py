@@ -6,6 +6,7 @@
 import hashlib
 import json
 import zlib
+from decimal import Decimal
 
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Q
@@ -70,6 +71,7 @@ def action_request(*, agent, operation_key, action_type, target, params, custome
     existing = Action.objects.filter(operation_key=operation_key).first()
     if existing:
         return _replay(existing, print_)
+    amount = None if amount in (None, "") else Decimal(str(amount))
     try:
         with transaction.atomic():
             _lock_subjects(f"target:{target}", customer and f"customer:{customer}")

@@ -20,13 +20,18 @@ def capabilities_named(name):
     return found
 
 
-def agent_create(name, *, actor, grants=()):
-    """Returns (agent, token); the token is not stored and cannot be shown again."""
+def agent_create(name, *, actor, grants=(), owner=None):
+    """Returns (agent, token); the token is not stored and cannot be shown again.
+
+    `owner` is the person responsible for the agent; four eyes keep them from approving
+    its requests."""
     with transaction.atomic():
         user = get_user_model().objects.create_user(username=f"agent-{name}", password=None)
         token = Agent.new_token()
-        agent = Agent.objects.create(name=name, user=user, token_hash=Agent.hash_token(token), token_prefix=token[:12])
-        AuditEvent.objects.record(actor=actor, verb="agent_created", obj=agent, after={"name": name})
+        agent = Agent.objects.create(name=name, user=user, token_hash=Agent.hash_token(token), token_prefix=token[:12],
+                                     owner=owner)
+        AuditEvent.objects.record(actor=actor, verb="agent_created", obj=agent,
+                                  after={"name": name, "owner": owner.get_username() if owner else None})
         for grant in grants:
             for cap in capabilities_named(grant):
                 agent_grant(agent, cap, actor=actor)

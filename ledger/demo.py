@@ -145,15 +145,6 @@ def _create_user(username, group, full_name):
     return user
 
 
-def _set_owner(agent, owner, *, actor):
-    """`agent_create` takes no owner yet; set it here, audited like every other change."""
-    before = {"owner": agent.owner.get_username() if agent.owner_id else None}
-    Agent.objects.filter(pk=agent.pk).update(owner=owner)
-    agent.owner = owner
-    AuditEvent.objects.record(actor=actor, verb="owner_set", obj=agent, before=before,
-                              after={"owner": owner.get_username()})
-
-
 # --- The provider stand-in and the executor's moves ------------------------------------------
 
 
@@ -406,8 +397,7 @@ def seed_demo():
         ada = users["ada"]
         agents, tokens = {}, {}
         for name, owner, grants in DEMO_AGENTS:
-            agent, token = agent_create(name, actor=ada, grants=grants)
-            _set_owner(agent, users[owner], actor=ada)
+            agent, token = agent_create(name, actor=ada, grants=grants, owner=users[owner])
             agents[name], tokens[name] = agent, token
 
         Limit.limit_set(actor=ada, action_type=ActionType.REFUND, currency="EUR", max_amount=Decimal("500.00"),

@@ -126,7 +126,7 @@ def agent_list(request):
         try:
             if not name or Agent.objects.filter(name=name).exists():
                 raise ValueError("give a new, unused name")
-            agent, token = agent_create(name, actor=request.user, grants=grants)
+            agent, token = agent_create(name, actor=request.user, grants=grants, owner=request.user)
         except ValueError as exc:
             messages.error(request, str(exc))
             return redirect("agent-list")
