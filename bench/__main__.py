@@ -390,6 +390,7 @@ def figure_f(stack, token, args, results):
 
     finished = wait_for(lambda: Task.objects.filter(pk=task.pk, state__in=["succeeded", "failed", "dead_lettered"])
                         .exists(), timeout=60, interval=0.1)
+    settled_after = time.monotonic() - killed if finished else None
     task.refresh_from_db()
     refunds = SandboxRefund.objects.filter(order_id=order).count()
     messages = SandboxMessage.objects.filter(operation_key="kill-refund-1:notify_customer:v1").count()
@@ -405,13 +406,15 @@ def figure_f(stack, token, args, results):
         "kill_to_seen_running_s": resumed_after and round(resumed_after, 3),
         "seconds": seconds, "target_at_most": target, "pass": seconds is not None and seconds <= target,
         "task_final_state": task.state, "task_finished_within_60s": bool(finished),
+        "kill_to_task_finished_s": settled_after and round(settled_after, 3),
         "sandbox_refunds_for_order": refunds, "sandbox_messages_for_task": messages,
     }
     r = results["f_kill_to_resume"]
     say(f"   lease left at the kill {r['lease_left_at_kill_s']} s; taken back by the sweeper after "
         f"{r['kill_to_lease_taken_back_s']} s; claimed by the fresh worker after {r['kill_to_claimed_s']} s")
-    say(f"   task then {task.state}; refunds at the sandbox for the order: {refunds} (must be 1); "
-        f"confirmation messages: {messages}")
+    say(f"   task then {task.state} ({r['kill_to_task_finished_s']} s after the kill: the stalled refund is verified "
+        f"once its lease plus CONNECTOR_TIMEOUT has passed); refunds at the sandbox for the order: {refunds} "
+        f"(must be 1); confirmation messages: {messages}")
 
 
 # --- the run ----------------------------------------------------------------------------------------
@@ -455,17 +458,24 @@ def summary(results):
     return ratios
 
 
-def print_probe(shapes, timing):
+def print_probe(shapes, timing, noop):
     say("\nper request, in-process (Django test client, one at a time; no HTTP, no gunicorn; medians of 200):")
     say(f"  {'request':<18} {'status':>6} {'queries':>8} {'commits':>8} {'wall ms':>9} {'Python CPU ms':>14}")
     for name, shape in shapes.items():
         t = timing.get(name, {})
         say(f"  {name:<18} {shape['status']:>6} {shape['queries']:>8} {shape['commits']:>8} "
             f"{t.get('wall_ms', ''):>9} {t.get('cpu_ms', ''):>14}")
+    say(f"  a noop task run in a worker ({noop['steps']} local steps, {noop['state']}): claim "
+        f"{noop['claim']['queries']} queries / {noop['claim']['commits']} commit(s); run {noop['run']['queries']} "
+        f"queries / {noop['run']['commits']} commits = {noop['per_step']['queries']} queries and "
+        f"{noop['per_step']['commits']} commits per step")
     for name in ("action_new", "action_replay"):
         say(f"  SQL of {name}:")
         for sql in shapes[name]["sql"]:
             say(f"    - {sql[:150]}")
+    say("  SQL of a noop task run, first statements:")
+    for sql in noop["sql_first_step"]:
+        say(f"    - {sql[:150]}")
 
 
 def main(argv=None):
@@ -500,8 +510,9 @@ def main(argv=None):
 
         shapes = probe.query_counts(token)
         cpu = probe.cpu_per_request(token)
-        results["probe"] = {"per_request": shapes, "in_process_ms_per_request": cpu}
-        print_probe(shapes, cpu)
+        noop = probe.noop_task_counts(token)
+        results["probe"] = {"per_request": shapes, "in_process_ms_per_request": cpu, "noop_task_run": noop}
+        print_probe(shapes, cpu, noop)
         if args.profile:
             for name, text in probe.profile(token).items():
                 say(f"\ncProfile of {name} (in-process):\n{text}")

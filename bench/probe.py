@@ -156,3 +156,31 @@ def profile(token, repeat=300, top=25):
         pstats.Stats(prof, stream=buf).sort_stats(os.environ.get("BENCH_PROFILE_SORT", "cumulative")).print_stats(top)
         reports[name] = buf.getvalue()
     return reports
+
+
+def noop_task_counts(token):
+    """SQL statements and commits of one whole `noop` task run (10 local steps) in-process:
+    claim, then the runner, as a worker would do it."""
+    from ledger.tasks import task_claim_next, task_run_claimed
+
+    r = Requests(token)
+    key = r.fresh("nt")
+    r.task_post(key)
+    from ledger.models import Task
+
+    Task.objects.filter(state="queued").exclude(task_id=key).update(state="cancelled", next_attempt_at=None)
+    with CaptureQueriesContext(connection) as claim_queries, Commits() as claim_commits:
+        task = task_claim_next("bench-probe")
+    with CaptureQueriesContext(connection) as queries, Commits() as commits:
+        task_run_claimed(task)
+    task.refresh_from_db()
+    control = ("BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT", "RELEASE")
+    statements = [q["sql"] for q in queries.captured_queries if not q["sql"].lstrip().upper().startswith(control)]
+    steps = task.steps.count()
+    return {"state": task.state, "steps": steps,
+            "claim": {"queries": len([q for q in claim_queries.captured_queries
+                                      if not q["sql"].lstrip().upper().startswith(control)]),
+                      "commits": claim_commits.total},
+            "run": {"queries": len(statements), "commits": commits.total},
+            "per_step": {"queries": round(len(statements) / steps, 1), "commits": round(commits.total / steps, 1)},
+            "sql_first_step": [q["sql"] for q in queries.captured_queries][:12]}

@@ -107,7 +107,7 @@ def server(django_db_setup, django_db_blocker):
     }
     process = subprocess.Popen(
         [PYTHON, "-m", "gunicorn", "config.wsgi", "-b", f"127.0.0.1:{port}", "-k", "gthread",
-         "-w", "2", "--threads", "32", "--timeout", "60", "--log-level", "warning"],
+         "-w", "2", "--threads", "12", "--timeout", "60", "--log-level", "warning"],
         cwd=ROOT, env=env, start_new_session=True,
     )
     try:

@@ -1,0 +1,136 @@
+"""Limits at intake, and people deciding review items: four eyes, two approvers, one winner."""
+
+import threading
+from decimal import Decimal
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.db import connection
+
+from approvals.decisions import AlreadyDecided, DecisionRefused, review_decide
+from approvals.models import Limit, ReviewItem, ReviewKind
+from approvals.policies import verdict_for
+from ledger.actions import action_request
+from ledger.models import AuditEvent
+from tests.factories import make_agent
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def people():
+    users = {name: get_user_model().objects.create_user(name, password="x") for name in ("olga", "alice", "bob")}
+    agent, _ = make_agent("billing-bot")
+    agent.owner = users["olga"]
+    agent.save(update_fields=["owner"])
+    Limit.limit_set(actor="system:tests", action_type="refund", currency="EUR", max_amount=Decimal("500.00"),
+                    dual_approval_above=Decimal("5000.00"), daily_customer_total=Decimal("2000.00"))
+    return users, agent
+
+
+def refund(agent, key, amount, order, customer="CUST-1"):
+    params = {"amount": amount, "currency": "EUR"}
+    return action_request(agent=agent, operation_key=key, action_type="refund", target=order, customer=customer,
+                          params=params, amount=amount, currency="EUR")[0]
+
+
+def test_the_policy_is_pure_and_reads_in_one_place():
+    limit = Limit(action_type="refund", currency="EUR", max_amount=Decimal("500"),
+                  dual_approval_above=Decimal("5000"), daily_customer_total=Decimal("2000"))
+    assert verdict_for(limit, Decimal("500")).approvals_needed == 0
+    assert verdict_for(limit, Decimal("500.01")).approvals_needed == 1
+    assert verdict_for(limit, Decimal("5000.01")).approvals_needed == 2
+    assert verdict_for(limit, Decimal("100"), customer_total_today=Decimal("1950")).approvals_needed == 1
+    assert verdict_for(None, Decimal("1e9")).approvals_needed == 0
+
+
+def test_an_over_limit_refund_waits_for_approval_with_a_deadline(people):
+    _, agent = people
+    action = refund(agent, "r1", "750.00", "ORD-1")
+    assert action.status == "awaiting_approval"
+    item = ReviewItem.objects.get(action=action)
+    assert item.kind == ReviewKind.APPROVAL and item.status == "open" and item.approvals_needed == 1
+    assert item.limit_snapshot["max_amount"] == "500.000"
+    assert (item.deadline - item.created_at).total_seconds() == pytest.approx(4 * 3600, abs=5)
+
+
+def test_the_agents_owner_cannot_approve_four_eyes(people):
+    users, agent = people
+    item = ReviewItem.objects.get(action=refund(agent, "r1", "750.00", "ORD-1"))
+    with pytest.raises(DecisionRefused, match="four eyes"):
+        review_decide(item, user=users["olga"], decision="approve")
+    item.refresh_from_db()
+    assert item.status == "open"
+
+
+def test_a_reject_needs_a_reason(people):
+    users, agent = people
+    item = ReviewItem.objects.get(action=refund(agent, "r1", "750.00", "ORD-1"))
+    with pytest.raises(DecisionRefused, match="reason"):
+        review_decide(item, user=users["alice"], decision="reject", reason="  ")
+    review_decide(item, user=users["alice"], decision="reject", reason="duplicate claim")
+    item.action.refresh_from_db()
+    assert item.action.status == "rejected"
+    event = AuditEvent.objects.get(verb="rejected", object_type="ledger.action")
+    assert event.actor == "user:alice" and event.reason == "duplicate claim"
+
+
+def test_above_the_second_threshold_two_different_approvers_are_needed(people):
+    users, agent = people
+    action = refund(agent, "r-big", "7500.00", "ORD-2")
+    item = ReviewItem.objects.get(action=action)
+    assert item.approvals_needed == 2
+    review_decide(item, user=users["alice"], decision="approve", reason="checked")
+    action.refresh_from_db()
+    assert action.status == "awaiting_approval"
+    with pytest.raises(DecisionRefused, match="someone else"):
+        review_decide(item, user=users["alice"], decision="approve")
+    review_decide(item, user=users["bob"], decision="approve", reason="agreed")
+    action.refresh_from_db()
+    item.refresh_from_db()
+    assert action.status == "queued" and item.status == "approved"
+
+
+def test_two_approvers_at_once_one_wins_and_the_other_is_told_who(people):
+    users, agent = people
+    item = ReviewItem.objects.get(action=refund(agent, "r1", "750.00", "ORD-1"))
+    outcomes = {}
+    barrier = threading.Barrier(2)
+
+    def decide(name):
+        barrier.wait()
+        try:
+            review_decide(item, user=users[name], decision="approve", reason=name)
+            outcomes[name] = "won"
+        except AlreadyDecided as exc:
+            outcomes[name] = str(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=decide, args=(n,)) for n in ("alice", "bob")]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert sorted(outcomes.values())[-1] == "won"
+    loser = next(v for v in outcomes.values() if v != "won")
+    winner = next(k for k, v in outcomes.items() if v == "won")
+    assert f"already approved by user:{winner}" in loser
+    assert AuditEvent.objects.filter(verb="approve", object_type="approvals.reviewitem").count() == 1
+
+
+def test_a_customers_daily_total_sends_the_next_refund_to_approval(people):
+    _, agent = people
+    for i in range(4):
+        assert refund(agent, f"d{i}", "450.00", f"ORD-D{i}", customer="CUST-9").status in ("queued", "held")
+    assert refund(agent, "d4", "450.00", "ORD-D4", customer="CUST-9").status in ("awaiting_approval", "held")
+
+
+def test_a_policy_change_is_audited_and_applies_to_new_actions(people):
+    _, agent = people
+    before = refund(agent, "p1", "600.00", "ORD-P1", customer="C-P1")
+    Limit.limit_set(actor="system:tests", action_type="refund", currency="EUR", max_amount=Decimal("1000.00"),
+                    reason="raised for the sale")
+    after = refund(agent, "p2", "600.00", "ORD-P2", customer="C-P2")
+    assert before.status == "awaiting_approval" and after.status == "queued"
+    event = AuditEvent.objects.filter(verb="limit_set").latest("id")
+    assert event.before["max_amount"] == "500.000" and event.after["max_amount"] == "1000.00"
+    assert event.reason == "raised for the sale"
