@@ -6,7 +6,7 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from .models import Limit
-from .policies import RUN, verdict_for
+from .policies import RUN, money, verdict_for
 
 
 def limit_for(action_type, currency):
@@ -40,4 +40,4 @@ def needs_person_after_verification(action):
     limit = limit_for(action.action_type, action.currency)
     if limit is None or action.amount is None or action.amount <= limit.max_amount:
         return ""
-    return f"verified, but {action.amount} {action.currency} is above the limit of {limit.max_amount}"
+    return f"verified, but {money(action.amount)} {action.currency} is above the limit of {money(limit.max_amount)}"

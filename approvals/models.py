@@ -34,10 +34,12 @@ class Limit(models.Model):
         return f"{self.action_type} {self.currency} ≤ {self.max_amount}"
 
     def snapshot(self):
+        from .policies import money
+
         return {
-            "max_amount": str(self.max_amount),
-            "dual_approval_above": None if self.dual_approval_above is None else str(self.dual_approval_above),
-            "daily_customer_total": None if self.daily_customer_total is None else str(self.daily_customer_total),
+            "max_amount": money(self.max_amount),
+            "dual_approval_above": None if self.dual_approval_above is None else money(self.dual_approval_above),
+            "daily_customer_total": None if self.daily_customer_total is None else money(self.daily_customer_total),
             "review_deadline_hours": self.review_deadline_hours,
         }
 

@@ -7,7 +7,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from ledger.dashboard import render_partial, staff_required
-from ledger.models import Action, Capability
+from ledger.models import Action, ActionType, Capability
 
 from .access import PERM_FOR_KIND, get_review_item_for_user, user_may
 from .decisions import AlreadyDecided, DecisionRefused, review_decide
@@ -30,7 +30,8 @@ def review_queue(request, queue):
     if request.GET.get("action_type"):
         items = items.filter(action__action_type=request.GET["action_type"])
     items = list(items.order_by("deadline", "id")[:200])
-    context = {"items": items, "queue": queue, "title": title, "status": status, "statuses": ReviewStatus.values}
+    context = {"items": items, "queue": queue, "title": title, "status": status, "statuses": ReviewStatus.values,
+               "action_types": ActionType.values}
     return render_partial(request, "approvals/queue.html", "rows" if request.htmx else None, context)
 
 

@@ -4,7 +4,10 @@ import base64
 import functools
 from datetime import datetime
 
-from django.contrib.auth.decorators import login_required
+from django.conf import settings
+from django.contrib.auth.views import redirect_to_login
+from django.http import HttpResponse
+from django.shortcuts import resolve_url
 from django.core.exceptions import PermissionDenied
 from django.db.models import Q
 
@@ -14,12 +17,16 @@ PAGE_SIZE = 50
 
 
 def staff_required(view):
-    """Logged in and in one of the dashboard's groups (or a superuser)."""
+    """Logged in and in one of the dashboard's groups (or a superuser). An htmx poll whose
+    session expired is sent to the login page as a whole, not swapped into a fragment."""
 
-    @login_required
     @functools.wraps(view)
     def wrapper(request, *args, **kwargs):
         user = request.user
+        if not user.is_authenticated:
+            if request.htmx:
+                return HttpResponse(status=204, headers={"HX-Redirect": f"{resolve_url(settings.LOGIN_URL)}?next={request.path}"})
+            return redirect_to_login(request.get_full_path())
         if not (user.is_superuser or user.groups.filter(name__in=ROLES).exists()):
             raise PermissionDenied("the dashboard is for operators, approvers, auditors and admins")
         return view(request, *args, **kwargs)

@@ -11,15 +11,16 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_POST
 
-from approvals.access import APPROVE, RESOLVE, decidable_names
+from approvals.access import APPROVE, RESOLVE, WORK_DLQ, decidable_names, user_may
 from approvals.models import ReviewItem, ReviewKind, ReviewStatus
 from dlq.models import DeadLetter, EntryStatus
 
 from .agents import agent_create, agent_rotate_token, capabilities_named
 from .dashboard import keyset_page, render_partial, staff_required
 from .grants import agent_grant, agent_revoke
-from .models import Action, ActionStatus, Agent, AuditEvent, Capability, Task
+from .models import Action, ActionStatus, ActionType, Agent, AuditEvent, Capability, Task
 from .tasks import task_run_now
+from .workflows import WORKFLOW_NAMES
 
 STATUS_ORDER = list(ActionStatus.values)
 
@@ -92,15 +93,14 @@ def action_detail(request, pk):
 def task_detail(request, pk):
     task = get_object_or_404(Task.objects.select_related("agent"), pk=pk)
     context = {"task": task, "steps": task.steps.all(), "history": _history(task),
-               "actions": task.actions.order_by("id"), "dead_letters": task.dead_letters.order_by("-id")}
+               "actions": task.actions.order_by("id"), "dead_letters": task.dead_letters.order_by("-id"),
+               "may_run": user_may(request.user, WORK_DLQ, Capability.Kind.WORKFLOW, task.workflow)}
     return render(request, "ledger/task_detail.html", context)
 
 
 @staff_required
 @require_POST
 def task_run_now_view(request, pk):
-    from approvals.access import WORK_DLQ, user_may
-
     task = get_object_or_404(Task, pk=pk)
     if not user_may(request.user, WORK_DLQ, Capability.Kind.WORKFLOW, task.workflow):
         raise PermissionDenied("you may not run tasks of this workflow")
@@ -132,7 +132,8 @@ def agent_list(request):
             return redirect("agent-list")
         return render(request, "ledger/agent_token.html", {"agent": agent, "token": token})
     agents = Agent.objects.select_related("owner").annotate(actions_count=Count("actions"))
-    return render(request, "ledger/agents.html", {"agents": agents, "capabilities": Capability.objects.all(),
+    grantable = sorted({*ActionType.values, *WORKFLOW_NAMES})
+    return render(request, "ledger/agents.html", {"agents": agents, "grantable": grantable,
                                                    "may_manage": request.user.has_perm("ledger.change_agent")})
 
 

@@ -50,7 +50,7 @@ def test_an_over_limit_refund_waits_for_approval_with_a_deadline(people):
     assert action.status == "awaiting_approval"
     item = ReviewItem.objects.get(action=action)
     assert item.kind == ReviewKind.APPROVAL and item.status == "open" and item.approvals_needed == 1
-    assert item.limit_snapshot["max_amount"] == "500.000"
+    assert item.limit_snapshot["max_amount"] == "500.00"
     assert (item.deadline - item.created_at).total_seconds() == pytest.approx(4 * 3600, abs=5)
 
 
@@ -132,5 +132,5 @@ def test_a_policy_change_is_audited_and_applies_to_new_actions(people):
     after = refund(agent, "p2", "600.00", "ORD-P2", customer="C-P2")
     assert before.status == "awaiting_approval" and after.status == "queued"
     event = AuditEvent.objects.filter(verb="limit_set").latest("id")
-    assert event.before["max_amount"] == "500.000" and event.after["max_amount"] == "1000.00"
+    assert event.before["max_amount"] == "500.00" and event.after["max_amount"] == "1000.00"
     assert event.reason == "raised for the sale"

@@ -5,9 +5,12 @@ are built once per test (the database is flushed between tests): two approvers, 
 who owns the agent, an auditor. Screenshots land in artifacts/screenshots/<test>-<page>.png.
 """
 
+import fcntl
 import os
 import re
+import tempfile
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -41,8 +44,10 @@ def pytest_runtest_makereport(item, call):
 def static_collected():
     """The test server runs with DEBUG off: static files (htmx, the dashboard's JS and CSS)
     are served from STATIC_ROOT, as `make static` leaves them. Collect them once per session
-    so a browser run never tests yesterday's JavaScript."""
-    call_command("collectstatic", interactive=False, verbosity=0)
+    so a browser run never tests yesterday's JavaScript. Parallel sessions (xdist) take turns."""
+    with open(Path(tempfile.gettempdir()) / "surety-collectstatic.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        call_command("collectstatic", interactive=False, verbosity=0)
 
 
 @pytest.fixture(scope="session")
@@ -220,8 +225,9 @@ def status_message(page):
     return " ".join(region.all_inner_texts()) if region.count() else ""
 
 
-def csrf_post(page, path, form):
-    """A POST forged from the logged-in browser: valid session and CSRF token, no page."""
+def csrf_post(page, path, form, headers=None):
+    """A POST forged from the logged-in browser: its session and a valid CSRF token, but no
+    form on any page. Redirects are not followed, so the answer itself is checked."""
     token = next(c["value"] for c in page.context.cookies() if c["name"] == "csrftoken")
-    return page.request.post(path, form=form, headers={"X-CSRFToken": token, "Referer": page.url},
-                             max_redirects=0)
+    return page.request.post(path, form=form, max_redirects=0,
+                             headers={"X-CSRFToken": token, "Referer": page.url, **(headers or {})})

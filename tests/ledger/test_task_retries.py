@@ -9,14 +9,16 @@ listens on, so `lookup_order` cannot connect (NotSent, retryable) on every attem
 import socket
 from datetime import datetime, timedelta
 
+import django_rq
 import pytest
+import redis
 from django.utils import timezone
 
 from dlq.models import DeadLetter
 from ledger.models import AuditEvent, Task
 from ledger.sweeper import sweep_once
 from ledger.tasks import task_expire_leases, task_request, task_run_now
-from tests.conftest import wait_until
+from tests.conftest import REDIS_URL, wait_until
 from tests.factories import api_client, make_agent, sandbox
 
 # BASE as in the stack (tests/conftest.py STACK_ENV); the cap is set lower where it shows.
@@ -134,6 +136,11 @@ def test_run_now_moves_a_long_backoff_to_now_and_is_audited(stack, client):
     failing = stack.start_worker(SANDBOX_BASE_URL=closed_port_url(), BACKOFF_BASE_SECONDS=3600, BACKOFF_MAX_SECONDS=3600)
     row = wait_until(lambda: events(task, "retry_scheduled") and Task.objects.get(pk=task.pk), seconds=20,
                      message="the first retry to be scheduled")
+    # Let the worker finish its follow-up drain job first: killed inside it, it would leave
+    # the doorbell rung and swallow the ring below (see test_task_doorbell.py).
+    doorbell = redis.Redis.from_url(REDIS_URL)
+    wait_until(lambda: not doorbell.exists("surety:doorbell:tasks") and not django_rq.get_queue("default").count,
+               seconds=10, message="the worker to go idle")
     stack.kill_worker(failing)
     assert row.state == "queued"
     assert row.next_attempt_at > timezone.now() + timedelta(minutes=25)
