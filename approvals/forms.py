@@ -7,6 +7,13 @@ class DecisionForm(forms.Form):
     decision = forms.CharField(max_length=30)
     reason = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}), max_length=2000)
     external_ref = forms.CharField(required=False, max_length=255)
+    confirm_absent = forms.BooleanField(required=False)
+
+    def clean(self):
+        data = super().clean()
+        if data.get("decision") == "mark_failed" and not data.get("confirm_absent"):
+            raise forms.ValidationError("confirm that the effect did not happen")
+        return data
 
 
 class LimitForm(forms.ModelForm):

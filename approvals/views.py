@@ -62,7 +62,7 @@ def review_decide_view(request, pk):
     item = get_review_item_for_user(request.user, pk, to_decide=True)
     form = DecisionForm(request.POST)
     if not form.is_valid():
-        return _refused(request, item, "the decision form is incomplete", 400)
+        return _refused(request, item, "; ".join(form.non_field_errors()) or "the decision form is incomplete", 400)
     try:
         item = review_decide(item, user=request.user, decision=form.cleaned_data["decision"],
                              reason=form.cleaned_data["reason"], external_ref=form.cleaned_data["external_ref"])

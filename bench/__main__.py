@@ -266,25 +266,38 @@ def figure_d(stack, token, args, results, monitor):
 
 def two_commits_and_enqueue(seconds=2.0):
     """The floor of a checkpointed step, in Python on the same database and Redis: INSERT
-    (commit), UPDATE (commit), one RQ enqueue (as the doorbell does; to a queue no worker reads)."""
+    (commit), UPDATE (commit), one RQ enqueue (as the doorbell does; to a queue no worker reads).
+    Wall time per iteration, and CPU time (this process + its PostgreSQL backend)."""
     import django_rq
+    from django.db import connection
     from django.utils import timezone
     from rq import Queue
 
     from bench.baseline.models import BaselineRow
 
+    from .cpu import HZ, process_ticks
+
     queue = Queue("bench-baseline", connection=django_rq.get_connection("default"))
+    with connection.cursor() as c:
+        c.execute("SELECT pg_backend_pid()")
+        backend = c.fetchone()[0]
+    stem = f"step-floor-{time.monotonic_ns()}"
     i = 0
-    started = time.perf_counter()
+    backend_ticks, started_cpu, started = process_ticks(backend), time.process_time(), time.perf_counter()
     while time.perf_counter() - started < seconds:
-        row = BaselineRow.objects.create(key=f"step-floor-{i}", payload={"i": i})
+        row = BaselineRow.objects.create(key=f"{stem}-{i}", payload={"i": i})
         row.status, row.updated_at = "written", timezone.now()
         row.save(update_fields=["status", "updated_at"])
         queue.enqueue("bench.baseline.jobs.nothing", job_timeout=180, result_ttl=0, failure_ttl=3600)
         i += 1
     elapsed = time.perf_counter() - started
+    python_cpu = time.process_time() - started_cpu
+    postgres_cpu = (process_ticks(backend) - backend_ticks) / HZ
     queue.empty()
-    return {"iterations": i, "ms_per_iteration": round(elapsed / i * 1000, 3)}
+    return {"iterations": i, "ms_per_iteration": round(elapsed / i * 1000, 3),
+            "cpu_ms_per_iteration": {"python": round(python_cpu / i * 1000, 3),
+                                     "postgres": round(postgres_cpu / i * 1000, 3),
+                                     "total": round((python_cpu + postgres_cpu) / i * 1000, 3)}}
 
 
 def figure_e(stack, token, args, results, monitor):
@@ -295,8 +308,7 @@ def figure_e(stack, token, args, results, monitor):
     m = args.noop_tasks
     say(f"\n(e) task step overhead: {m} `noop` tasks x 10 local steps on 1 worker")
     park_leftovers()
-    floor = two_commits_and_enqueue()
-    say(f"   baseline: INSERT+commit, UPDATE+commit, 1 RQ enqueue, in Python   {floor['ms_per_iteration']:.3f} ms")
+    floor_before = two_commits_and_enqueue()
     intake = stack.load("task_new", token=token, prefix="noop", concurrency=args.concurrency, count=m)
     check_statuses(intake, "(e) intake")
     mine = Task.objects.filter(task_id__startswith="noop-")
@@ -306,6 +318,13 @@ def figure_e(stack, token, args, results, monitor):
     finished = wait_for(lambda: mine.filter(state="succeeded").count() >= m, timeout=180, interval=0.1)
     cpu = monitor.stop()
     stack.stop("worker-e")
+    floor_after = two_commits_and_enqueue()
+    # The floor measured right before and right after the tasks ran, as one figure.
+    floor = {"ms_per_iteration": round((floor_before["ms_per_iteration"] + floor_after["ms_per_iteration"]) / 2, 3),
+             "cpu_ms_per_iteration": {k: round((floor_before["cpu_ms_per_iteration"][k]
+                                                + floor_after["cpu_ms_per_iteration"][k]) / 2, 3)
+                                      for k in ("python", "postgres", "total")},
+             "before": floor_before, "after": floor_after}
     ids = {str(pk) for pk in mine.values_list("pk", flat=True)}
     events = AuditEvent.objects.filter(object_type="ledger.task", object_id__in=ids, occurred_at__gte=started_wall)
     step_times = {}
@@ -318,6 +337,10 @@ def figure_e(stack, token, args, results, monitor):
     total_s = (span["last"] - span["first"]).total_seconds() if span["first"] else None
     step_ms = round(statistics.median(gaps), 3) if gaps else None
     per_step_all_in = round(total_s / (done * 10) * 1000, 3) if total_s and done else None
+    steps = max(done * 10, 1)
+    step_cpu = {"worker": round(cpu.get("workers", 0.0) * cpu["seconds"] / steps * 1000, 3),
+                "postgres": round(cpu.get("postgres", 0.0) * cpu["seconds"] / steps * 1000, 3)}
+    step_cpu["total"] = round(step_cpu["worker"] + step_cpu["postgres"], 3)
     results["e_step_overhead"] = {
         "tasks": m, "succeeded": done, "finished": bool(finished),
         "ms_per_step_median": step_ms,
@@ -328,16 +351,23 @@ def figure_e(stack, token, args, results, monitor):
         "ratio_step_to_baseline": round(step_ms / floor["ms_per_iteration"], 2) if step_ms else None,
         "ratio_step_all_in_to_baseline": round(per_step_all_in / floor["ms_per_iteration"], 2)
         if per_step_all_in else None,
-        "cpu": cpu,
+        "cpu": cpu, "cpu_ms_per_step_all_in": step_cpu,
+        "ratio_cpu_per_step_to_baseline_cpu": round(step_cpu["total"] / floor["cpu_ms_per_iteration"]["total"], 2)
+        if floor["cpu_ms_per_iteration"]["total"] else None,
     }
     if not finished:
         say(f"   ! only {done}/{m} noop tasks succeeded within 180 s")
     r = results["e_step_overhead"]
+    say(f"   baseline: INSERT+commit, UPDATE+commit, 1 RQ enqueue, in Python   {floor['ms_per_iteration']:.3f} ms "
+        f"(before {floor_before['ms_per_iteration']}, after {floor_after['ms_per_iteration']}); CPU "
+        f"{floor['cpu_ms_per_iteration']['total']} ms (Python {floor['cpu_ms_per_iteration']['python']}, "
+        f"postgres {floor['cpu_ms_per_iteration']['postgres']})")
     say(f"   {'(e) time per step (median gap between steps)':<44} {step_ms:>8.3f} ms   "
         f"= {r['ratio_step_to_baseline']}x the baseline")
     say(f"   {'    per step incl. claim/finish of the task':<44} {per_step_all_in:>8.3f} ms   "
         f"= {r['ratio_step_all_in_to_baseline']}x the baseline; {r['steps_per_second']} steps/s")
-    say(f"   CPU: worker {cpu.get('workers', 0):.2f}, postgres {cpu.get('postgres', 0):.2f}; {others_note(cpu)}")
+    say(f"   CPU per step (all in): worker {step_cpu['worker']} ms, postgres {step_cpu['postgres']} ms = "
+        f"{r['ratio_cpu_per_step_to_baseline_cpu']}x the baseline's CPU; {others_note(cpu)}")
 
 
 def figure_f(stack, token, args, results):
@@ -442,7 +472,7 @@ def summary(results):
                 ratios[ratio]["cpu_bound_estimate"] = round(den_ms / num_ms, 3)
                 say(f"        {'':<34} {den_ms / num_ms:>9.3f}   (CPU-bound estimate: CPU ms per request "
                     f"{den_ms} / {num_ms}; unaffected by others' load)")
-    others = [results[k]["cpu"].get("others", 0) for k in results if isinstance(results[k], dict) and "cpu" in results[k]]
+    others = [fig["cpu"].get("others", 0) for fig in results.values() if isinstance(fig, dict) and "cpu" in fig]
     if others and max(others) > 0.2:
         say(f"  ! other processes used up to {max(others):.2f} of {os.cpu_count()} CPUs during these measurements: "
             "throughputs understate a quiet machine; compare the CPU-bound estimates")
@@ -450,7 +480,8 @@ def summary(results):
         e = results["e_step_overhead"]
         say(f"  (e) ms per noop step (median)            {e['ms_per_step_median']:>9.3f} ms  vs "
             f"{e['baseline_two_commits_one_enqueue']['ms_per_iteration']:.3f} ms for 2 commits + 1 enqueue "
-            f"({e['ratio_step_to_baseline']}x); all-in {e['ms_per_step_including_task_overhead']} ms")
+            f"({e['ratio_step_to_baseline']}x); all-in {e['ms_per_step_including_task_overhead']} ms; "
+            f"CPU per step {e['ratio_cpu_per_step_to_baseline_cpu']}x the baseline's")
     if "f_kill_to_resume" in results:
         f = results["f_kill_to_resume"]
         say(f"  (f) SIGKILL -> task running again        {f['seconds']:>9.3f} s   target <= {f['target_at_most']:g} s "
@@ -529,6 +560,7 @@ def main(argv=None):
         "when": datetime.now(UTC).isoformat(), "seconds": round(time.monotonic() - began, 1),
         "setup": {"gunicorn": f"-k gthread -w {args.gunicorn_workers} --threads {args.gunicorn_threads}",
                   "concurrency": args.concurrency, "duration_s": args.duration, "warmup_s": args.warmup,
+                  "rounds": args.rounds,
                   "load_generator": "bench/load.py (asyncio HTTP/1.1 keep-alive, separate process)",
                   "cpus": os.cpu_count(), "settings": "bench.settings", "env": STACK_ENV},
         "results": results, "ratios": ratios,

@@ -22,6 +22,14 @@ def _busy_jiffies():
     return sum(fields[:8]) - idle
 
 
+def process_ticks(pid):
+    """utime + stime of one process, in clock ticks."""
+    with open(f"/proc/{pid}/stat") as f:
+        raw = f.read()
+    rest = raw[raw.rindex(")") + 2:].split()
+    return int(rest[11]) + int(rest[12])
+
+
 def _processes():
     """pid -> (ppid, ticks, comm)"""
     out = {}

@@ -34,7 +34,8 @@ class Commits:
             return real()
 
         def wrapper(execute, sql, params, many, context):
-            if not connection.in_atomic_block and sql.lstrip().split(" ", 1)[0].upper() in {"INSERT", "UPDATE", "DELETE"}:
+            verb = sql.lstrip().split(" ", 1)[0].upper()
+            if not connection.in_atomic_block and verb in {"INSERT", "UPDATE", "DELETE"}:
                 self.autocommit_writes += 1
             return execute(sql, params, many, context)
 

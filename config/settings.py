@@ -103,7 +103,6 @@ DATABASES = {
     "default": dj_database_url.parse(
         env_str("DATABASE_URL", f"sqlite:///{BASE_DIR / 'db.sqlite3'}"),
         conn_max_age=600,
-        conn_health_checks=True,
     )
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
@@ -148,7 +147,7 @@ MAX_ATTEMPTS = env_int("MAX_ATTEMPTS", 3)
 # Backoff between attempts: BACKOFF_BASE * 2**(attempt-1), capped, with full jitter.
 BACKOFF_BASE_SECONDS = env_float("BACKOFF_BASE_SECONDS", 2)
 BACKOFF_MAX_SECONDS = env_float("BACKOFF_MAX_SECONDS", 300)
-SWEEP_INTERVAL_SECONDS = env_float("SWEEP_INTERVAL_SECONDS", 5)
+SWEEP_INTERVAL_SECONDS = env_float("SWEEP_INTERVAL_SECONDS", 1)
 WEBHOOK_TOLERANCE_SECONDS = 300
 API_MAX_BODY_BYTES = 64 * 1024
 API_MAX_WAIT_SECONDS = 30

@@ -47,12 +47,18 @@ def deadletter_detail(request, pk):
     context = {
         "entry": entry,
         "task": entry.task,
-        "steps": entry.snapshot.get("steps", {}),
+        "steps": _in_execution_order(entry),
         "alerts": entry.alerts.prefetch_related("deliveries"),
         "history": AuditEvent.objects.filter(object_type="ledger.task", object_id=str(entry.task_id)).order_by("id"),
         "may_work": decidable_names(request.user, WORK_DLQ, Capability.Kind.WORKFLOW) >= {entry.task.workflow},
     }
     return render(request, "dlq/detail.html", context)
+
+
+def _in_execution_order(entry):
+    """The snapshot's steps as (name, step) pairs in execution order (jsonb keeps no order)."""
+    positions = dict(entry.task.steps.values_list("name", "position"))
+    return sorted(entry.snapshot.get("steps", {}).items(), key=lambda pair: positions.get(pair[0], len(positions)))
 
 
 @staff_required

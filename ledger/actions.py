@@ -67,7 +67,8 @@ def action_request(*, agent, operation_key, action_type, target, params, custome
 
     from .jobs import ring_after_commit
 
-    print_ = fingerprint(action_type, target, params)
+    # A booking's customer is part of what is asked (the provider books for them).
+    print_ = fingerprint(action_type, target, {**params, "customer": customer} if action_type == "create_booking" else params)
     existing = Action.objects.filter(operation_key=operation_key).first()
     if existing:
         return _replay(existing, print_)
@@ -102,7 +103,7 @@ def action_request(*, agent, operation_key, action_type, target, params, custome
             if status != S.QUEUED:
                 review_follow_action(action, why=reason)
             for sibling in siblings:
-                if sibling.status == S.QUEUED:
+                if sibling.status in (S.QUEUED, S.AWAITING_APPROVAL):  # not started: held with it
                     sibling.hold(actor="system:intake", reason=f"{operation_key} arrived for the same target or customer")
             if status == S.QUEUED and task is None:  # a task's runner executes its own actions
                 ring_after_commit("actions")

@@ -27,6 +27,7 @@ class AgentManager(models.Manager):
             return None
         return (
             self.select_related("user")
+            .only("name", "grants_version", "user", "user__username", "user__is_active")
             .filter(token_hash=Agent.hash_token(token), is_active=True)
             .first()
         )
@@ -47,6 +48,8 @@ class Agent(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="owned_agents"
     )
     is_active = models.BooleanField(default=True)
+    # Bumped by every grant and revoke: the key of each process's cache of grant checks.
+    grants_version = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(default=timezone.now)
 
     objects = AgentManager()
@@ -113,7 +116,7 @@ S = ActionStatus
 # error says it is retryable; that condition is checked in `Action.requeue`.
 ACTION_TRANSITIONS = {
     S.QUEUED: {S.PENDING, S.HELD, S.CANCELLED},
-    S.AWAITING_APPROVAL: {S.QUEUED, S.REJECTED, S.CANCELLED},
+    S.AWAITING_APPROVAL: {S.QUEUED, S.HELD, S.REJECTED, S.CANCELLED},
     S.HELD: {S.QUEUED, S.AWAITING_APPROVAL, S.REJECTED, S.CANCELLED},
     S.PENDING: {S.SUCCEEDED, S.FAILED, S.UNKNOWN, S.QUEUED},
     S.UNKNOWN: {S.SUCCEEDED, S.FAILED, S.QUEUED, S.NEEDS_REVIEW},

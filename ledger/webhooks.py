@@ -1,7 +1,8 @@
 """Inbound provider events: verified first, stored once by event id, then acted on.
 
 A redelivered event finds its id taken and does nothing. An event that names an operation
-key settles that action if its outcome is still open (`unknown` or `needs_review`).
+key settles that action if its outcome is still open (`unknown` or `needs_review`); above
+its limit, an `unknown` one goes to a person instead.
 """
 
 import hashlib
@@ -13,6 +14,7 @@ import time
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.http import JsonResponse
+from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
@@ -63,12 +65,15 @@ def webhook_receive(request, connector):
         event_id, event_type, data = str(event["id"]), str(event["type"]), event.get("data") or {}
     except (ValueError, KeyError, TypeError):
         return _problem(400, "the body is not an event")
+    if not event_id or len(event_id) > 255 or len(event_type) > 100:
+        return _problem(400, "the body is not an event")  # would not fit its columns
     try:
         with transaction.atomic():
             stored = WebhookEvent.objects.create(
                 connector=connector, event_id=event_id, event_type=event_type, payload=event
             )
-            stored.outcome = _settle(connector, event_type, data)
+            # Cut to the column: an outcome names the operation key, itself up to 255 characters.
+            stored.outcome = _settle(connector, event_type, data)[:255]
             stored.save(update_fields=["outcome"])
     except IntegrityError:
         return JsonResponse({"duplicate": True})
@@ -76,15 +81,28 @@ def webhook_receive(request, connector):
 
 
 def _settle(connector, event_type, data):
+    from approvals.intake import needs_person_after_verification
+
     if event_type not in SETTLING or not isinstance(data, dict):
         return "ignored"
     metadata = data.get("metadata")
     key = metadata.get("operation_key") if isinstance(metadata, dict) else None
-    action = Action.objects.select_for_update().filter(operation_key=key).first() if isinstance(key, str) and key else None
+    if not isinstance(key, str) or not key:
+        return "nothing to settle"
+    action = Action.objects.select_for_update().filter(operation_key=key).first()
     if action is None or action.status not in OPEN:
         return "nothing to settle"
     actor = f"system:webhook:{connector}"
     if SETTLING[event_type]:
+        # DESIGN.md: above its limit a person reviews an unknown outcome even when the answer
+        # is conclusive, as the executor's verification does.
+        over_limit = needs_person_after_verification(action)
+        if over_limit:
+            if action.status == ActionStatus.UNKNOWN:
+                action.mark_needs_review(actor=actor, reason=over_limit, evidence={
+                    "at": timezone.now().isoformat(), "webhook": event_type, "found": True, "data": data,
+                })
+            return f"left to a person: {over_limit}"
         action.mark_succeeded(actor=actor, external_ref=str(data.get("id", "")) or key, result=data,
                               reason=f"{event_type} received")
     else:

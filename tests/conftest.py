@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
+from django.core.management import call_command
 from django.db import connection
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -95,8 +96,14 @@ def _wait_for_http(url, seconds=30):
 
 @pytest.fixture(scope="session")
 def server(django_db_setup, django_db_blocker):
-    """gunicorn serving the app (API, sandbox, dashboard) on the test database."""
+    """gunicorn serving the app (API, sandbox, dashboard) on the test database.
+
+    The flush first gives content types the ids they get back after every later flush:
+    `migrate` creates them in another order, and the server caches the ids it sees first
+    (django-guardian looks grants up by content type id).
+    """
     with django_db_blocker.unblock():
+        call_command("flush", interactive=False, reset_sequences=True, verbosity=0)
         database_url = _database_url()
     port = _free_port()
     base_url = f"http://127.0.0.1:{port}"

@@ -51,24 +51,6 @@ def static_collected():
 
 
 @pytest.fixture(scope="session")
-def content_types_as_after_a_flush(django_db_setup, django_db_blocker):
-    """Give content types the ids they get back after every later flush.
-
-    `migrate` creates them in another order than the flush's post_migrate signal, so the first
-    test of a session saw other ids than the rest (ledger.Capability: 12, then 11). The server
-    caches the ids it sees first, and django-guardian then found no grants at all in later
-    tests. A flush that restarts the sequences before the server starts settles them.
-    """
-    with django_db_blocker.unblock():
-        call_command("flush", interactive=False, reset_sequences=True, verbosity=0)
-
-
-@pytest.fixture(scope="session")
-def server(content_types_as_after_a_flush, server):
-    return server
-
-
-@pytest.fixture(scope="session")
 def browser(static_collected):
     # Playwright's sync API keeps an asyncio loop running in this thread; Django would then
     # refuse every ORM call of the test itself. The loop only carries the browser's
@@ -119,7 +101,7 @@ class Pages:
 
 
 @pytest.fixture
-def pages(browser, stack, request):
+def pages(stack, browser, request):  # the server first: its environment is copied from ours
     for old in SCREENSHOTS.glob(f"{_file_safe(request.node.name)}-*.png"):
         old.unlink()  # a passing run must not leave last run's failure screenshots behind
     opened = Pages(browser, stack.url)

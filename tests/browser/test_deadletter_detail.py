@@ -4,7 +4,8 @@ import pytest
 
 from dlq.models import DeadLetter, EntryStatus
 from ledger.models import Task
-from tests.browser.conftest import login
+from ledger.tasks import task_request
+from tests.browser.conftest import login, status_message
 from tests.conftest import wait_until
 from tests.factories import sandbox
 
@@ -35,17 +36,16 @@ def test_a_deadletter_redrive_from_the_page_completes_the_task(stack, page, peop
     entry = DeadLetter.objects.get(task__task_id="refund-dl1", status=EntryStatus.OPEN)
     assert sandbox(api, "DELETE", "faults").status_code < 300
 
-    login(page, "olga")
+    login(page, "olga")  # operators may work the dead-letter queue
     page.goto("/dlq/")
-    page.locator(".queue-row", has_text="refund-dl1").first.wait_for()
-    page.goto(f"/dlq/{entry.pk}/")
-    shot(page, "deadletter-detail")
-    form = page.locator("#redrive-form")
-    if form.locator("textarea[name=reason], input[name=reason]").count():
-        form.locator("textarea[name=reason], input[name=reason]").fill("the provider is back")
     with page.expect_navigation():
-        form.locator("button[type=submit], input[type=submit]").first.click()
-    assert "redrive done" in page.locator("[role=status]").inner_text()
+        page.locator(".queue-row", has_text="refund-dl1").locator("a.row-link").click()
+    assert page.url.endswith(f"/dlq/{entry.pk}/")
+    shot(page, "deadletter-detail")
+    page.locator("#redrive-reason").fill("the provider is back")
+    with page.expect_navigation():
+        page.locator("#redrive-form").get_by_role("button", name="Redrive").click()
+    assert "redrive done" in status_message(page)
 
     wait_until(lambda: task_state(api, "refund-dl1") == "succeeded", seconds=30, interval=0.2,
                message="the redriven task to succeed")
@@ -55,3 +55,14 @@ def test_a_deadletter_redrive_from_the_page_completes_the_task(stack, page, peop
     page.goto(f"/tasks/{Task.objects.get(task_id='refund-dl1').pk}/")
     assert page.locator("#task-state").inner_text().strip() == "succeeded"
     shot(page, "task-detail")
+
+
+def test_the_checkpoint_lists_the_steps_in_the_order_they_run(page, people, agent):
+    task, _ = task_request(agent=agent, task_id="refund-order", workflow="refund",
+                           input={"order_id": "ORD-O1", "amount": "25.00", "currency": "EUR", "customer": "CUST-O1"})
+    task.claim(owner="tests:runner")
+    entry = task.mark_dead_lettered(actor="system:tests", error={"code": "x", "message": "boom", "retryable": True})
+    login(page, "olga")
+    page.goto(f"/dlq/{entry.pk}/")
+    shown = [name.split(". ", 1)[1] for name in page.locator(".steps__name").all_inner_texts()]
+    assert shown == list(task.steps.order_by("position").values_list("name", flat=True))

@@ -91,6 +91,4 @@ def test_a_screenshot_of_every_page_is_saved(page, people, agent, limit, shot):
     visit(f"/review/{demo['approval'].pk}/", "review-detail-narrow", ready="#decision-form")
 
     assert all(path.stat().st_size > 5_000 for path in visited)
-    # A missing /favicon.ico is the browser's own guess, not a page's request: not counted.
-    errors = [e for e in page.console_errors if "/favicon.ico" not in e]
-    assert errors == [], errors
+    assert page.console_errors == [], page.console_errors

@@ -50,7 +50,7 @@ def test_an_unknown_outcome_marked_succeeded_with_a_reference_settles_the_action
     row = page.locator(".queue-row", has_text=action.operation_key)
     shot(page, "unknown-outcomes")
     with page.expect_navigation():
-        row.locator(f"a[href='/review/{item.pk}/']").first.click()
+        row.locator("a.row-link").click()
     assert page.url.endswith(f"/review/{item.pk}/")
     shot(page, "review-detail-unknown")
     form = page.locator("#decision-form")

@@ -185,3 +185,34 @@ def test_a_webhook_that_settles_an_action_under_verification_leaves_the_verifier
     action = Action.objects.get(pk=unknown_action.pk)
     assert (action.status, action.external_ref) == (S.SUCCEEDED, "re_w1")
     assert AuditEvent.objects.filter(object_id=str(action.pk), verb="succeeded").count() == 1
+
+
+def test_a_refund_succeeded_event_for_an_action_over_its_limit_goes_to_a_person(client, unknown_action):
+    from approvals.models import Limit
+
+    Limit.objects.create(action_type="refund", currency="EUR", max_amount="10.00")
+
+    response = deliver(client, event())
+
+    assert response.status_code == 200
+    assert response.json()["outcome"].startswith("left to a person")
+    action = Action.objects.get(pk=unknown_action.pk)
+    assert (action.status, action.external_ref) == (S.NEEDS_REVIEW, "")
+    assert action.evidence[-1]["webhook"] == "refund.succeeded"
+    review = AuditEvent.objects.get(object_type="ledger.action", object_id=str(action.pk), verb="needs_review")
+    assert "above the limit" in review.reason
+
+
+def test_an_event_for_a_key_of_the_longest_allowed_length_is_stored(client, unknown_action):
+    long_key = "k" * 255
+    Action.objects.filter(pk=unknown_action.pk).update(operation_key=long_key)
+    response = deliver(client, event(key=long_key))
+    assert response.status_code == 200, response.content
+    assert Action.objects.get(pk=unknown_action.pk).status == S.SUCCEEDED
+
+
+@pytest.mark.parametrize(("field", "value"), [("id", "e" * 256), ("id", ""), ("type", "t" * 101)])
+def test_a_signed_event_whose_id_or_type_does_not_fit_is_refused(client, db, field, value):
+    response = deliver(client, {**event(), field: value})
+    assert response.status_code == 400
+    assert not WebhookEvent.objects.exists()
