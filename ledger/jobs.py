@@ -1,9 +1,9 @@
 """RQ jobs: thin, and never one per action.
 
 The web side only rings a doorbell after commit; a drain job then claims ready rows one by
-one with SKIP LOCKED until none are left. At most one drain job waits in the queue per
-kind (a Redis key set with NX), and a job that found work rings again so that an idle
-worker joins in. The database stays the truth: if Redis loses the job, the sweeper rings.
+one with SKIP LOCKED until none are left. About one drain job waits in the queue per kind
+(the doorbell names it), and a job that found work rings again so that an idle worker
+joins in. The database stays the truth: if Redis loses the job, the sweeper rings.
 """
 
 import contextvars
@@ -13,6 +13,8 @@ from datetime import timedelta
 
 import django_rq
 import redis
+from rq.exceptions import NoSuchJobError
+from rq.job import Job, JobStatus
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
@@ -38,30 +40,46 @@ def enqueue(func, *args, at=None):
                 func(*args)
             finally:
                 _in_process.reset(token)
-        return
+        return None
     queue = django_rq.get_queue("default")
     options = {"job_timeout": DRAIN_SECONDS * 3, "result_ttl": 0, "failure_ttl": 3600}
     try:
         if at is None:
-            queue.enqueue(func, *args, **options)
-        else:
-            # RQ's scheduler keeps whole seconds and may fire up to one early.
-            queue.enqueue_at(at + timedelta(seconds=1), func, *args, **options)
+            return queue.enqueue(func, *args, **options)
+        # RQ's scheduler keeps whole seconds and may fire up to one early.
+        return queue.enqueue_at(at + timedelta(seconds=1), func, *args, **options)
     except redis.RedisError:
         logger.exception("could not enqueue %s; the sweeper will", func.__name__)
+        return None
 
 
 def ring(kind):
-    """Make sure a drain job for `kind` ("actions" or "tasks") is on its way."""
-    if settings.RQ_ASYNC:
-        try:
-            connection = django_rq.get_connection("default")
-            if not connection.set(_doorbell(kind), 1, nx=True, ex=DOORBELL_TTL_SECONDS):
-                return
-        except redis.RedisError:
-            logger.exception("doorbell for %s unreachable; the sweeper will ring", kind)
+    """Make sure a drain job for `kind` ("actions" or "tasks") is on its way.
+
+    The doorbell names the drain job it announced; it is trusted only while that job still
+    waits in the queue. A job that a worker took and died with (before its first line
+    cleared the doorbell) must not silence every ring until the key expires.
+    """
+    if not settings.RQ_ASYNC:
+        enqueue(DRAINS[kind])
+        return
+    try:
+        connection = django_rq.get_connection("default")
+        announced = connection.get(_doorbell(kind))
+        if announced and _waiting(announced.decode(), connection):
             return
-    enqueue(DRAINS[kind])
+        job = enqueue(DRAINS[kind])
+        if job is not None:
+            connection.set(_doorbell(kind), job.id, ex=DOORBELL_TTL_SECONDS)
+    except redis.RedisError:
+        logger.exception("doorbell for %s unreachable; the sweeper will ring", kind)
+
+
+def _waiting(job_id, connection):
+    try:
+        return Job.fetch(job_id, connection=connection).get_status() == JobStatus.QUEUED
+    except NoSuchJobError:
+        return False
 
 
 def ring_after_commit(kind, at=None):

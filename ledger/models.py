@@ -196,8 +196,8 @@ class Action(LeasedWork):
             return "its failure is not retryable"
         return ""
 
-    def _moved(self):
-        on_action_moved(self)
+    def _moved(self, previous):
+        on_action_moved(self, previous)
 
     def claim(self, *, owner):
         """Take a queued action under a lease; its new fence makes any older claim stale."""
@@ -283,7 +283,7 @@ def _lease(owner):
 _NO_LEASE = {"lease_owner": "", "lease_expires_at": None}
 
 
-def on_action_moved(action):
+def on_action_moved(action, previous):
     """Runs in the transaction of every action transition: work that became runnable gets a
     drain after commit, a review item opens or closes, and the task that owns it follows."""
     from approvals.reviews import review_follow_action
@@ -293,7 +293,8 @@ def on_action_moved(action):
 
     if action.status in (S.QUEUED, S.UNKNOWN) and action.next_attempt_at:
         ring_after_commit("actions", at=action.next_attempt_at)
-    review_follow_action(action)
+    if action.status in PERSON_STATUSES or previous in PERSON_STATUSES:
+        review_follow_action(action)
     task_follow_action(action)
 
 
@@ -372,7 +373,7 @@ class Task(LeasedWork):
             snap["next_attempt_at"] = snap["next_attempt_at"].isoformat()
         return snap
 
-    def _moved(self):
+    def _moved(self, previous=None):
         from .jobs import ring_after_commit
 
         if self.state == T.QUEUED:
@@ -442,6 +443,9 @@ class Task(LeasedWork):
 
     def cancel(self, *, actor, reason):
         return self._move(T.CANCELLED, actor=actor, verb="cancelled", reason=reason, **_NO_LEASE)
+
+    def lease_left(self):
+        return (self.lease_expires_at - timezone.now()).total_seconds() if self.lease_expires_at else 0
 
     def heartbeat(self):
         """Extend the lease; False if the claim was lost (the runner must stop at once)."""

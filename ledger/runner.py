@@ -1,7 +1,8 @@
 """Running a claimed task: resume at the first step that is not done, checkpoint each step.
 
-1. Read the steps; done ones only lend their results. Renew the lease before each step;
-   a lost lease means someone else runs the task now, so stop without writing.
+1. Read the steps; done ones only lend their results. Keep the lease alive (each checkpoint
+   renews it; a heartbeat tops it up when half is gone); a lost lease means someone else
+   runs the task now, so stop without writing.
 2. Run the step: a read step calls out; an effect step records its action (key
    `{task_id}:{step}:v1`) and drives it through the guarded executor; a local step writes
    in the checkpoint's own transaction.
@@ -13,6 +14,9 @@
 
 import logging
 from dataclasses import dataclass, field
+from datetime import timedelta
+
+from django.conf import settings
 
 from django.db import transaction
 from django.utils import timezone
@@ -49,7 +53,7 @@ def task_run(task):
             if row.status == StepStatus.DONE:
                 ctx.results[row.name] = row.result
                 continue
-            if not task.heartbeat():
+            if task.lease_left() < settings.LEASE_SECONDS / 2 and not task.heartbeat():
                 return None
             step = workflow.step(row.name)
             try:
@@ -127,7 +131,9 @@ def _checkpoint(task, claim, row, produce):
         row.error = None
         row.updated_at = timezone.now()
         row.save(update_fields=["result", "status", "error", "updated_at"])
-        Task.objects.filter(pk=task.pk).update(updated_at=row.updated_at)
+        # The checkpoint renews the lease too: a run that makes progress keeps its claim.
+        task.lease_expires_at = row.updated_at + timedelta(seconds=settings.LEASE_SECONDS)
+        Task.objects.filter(pk=task.pk).update(updated_at=row.updated_at, lease_expires_at=task.lease_expires_at)
         AuditEvent.objects.record(actor="system:runner", verb="step_done", obj=task,
                                   after={"step": row.name, "result": row.result})
 

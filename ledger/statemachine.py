@@ -32,8 +32,8 @@ class StateMachine(models.Model):
         """Return why this row may not move to `to` beyond the table, or ""."""
         return ""
 
-    def _moved(self):
-        """Runs inside the transaction of every move, after the write and the audit event."""
+    def _moved(self, previous):
+        """Runs inside the transaction of every move (from `previous`), after the write and the audit event."""
 
     def _snapshot(self, changes=()):
         snap = {self.STATUS_FIELD: getattr(self, self.STATUS_FIELD)}
@@ -69,7 +69,7 @@ class StateMachine(models.Model):
             AuditEvent.objects.record(
                 actor=actor, verb=verb, obj=row, before=before, after=row._snapshot(changes), reason=reason
             )
-            row._moved()
+            row._moved(current)
         self.__dict__.update({k: v for k, v in row.__dict__.items() if k != "_state"})
         return self
 

@@ -36,7 +36,8 @@ def demo_ledger(agent):
     declined.mark_failed(actor="system:executor", claim=declined.fence, code="declined",
                          message="the provider declined the request", retryable=False)
     over = refund(agent, 300, "750.00", customer="CUST-300")
-    refund(agent, 301, "20.00", order=300, customer="CUST-300")  # same order in flight: held
+    held = refund(agent, 500, "20.00", customer="CUST-500")
+    refund(agent, 501, "25.00", order=500, customer="CUST-500")  # same order in flight: both held
     unknown = refund(agent, 400, "45.00")
     unknown.claim(owner="demo-worker")
     unknown.mark_unknown(actor="system:executor", claim=unknown.fence, verify_at=timezone.now() + timedelta(hours=1),
@@ -50,7 +51,7 @@ def demo_ledger(agent):
                                                                   "retryable": True, "step": "call_refund_api"})
     return {
         "approval": ReviewItem.objects.get(action=over, status=ReviewStatus.OPEN),
-        "held": ReviewItem.objects.get(kind=ReviewKind.HELD, status=ReviewStatus.OPEN),
+        "held": ReviewItem.objects.get(action=held, kind=ReviewKind.HELD, status=ReviewStatus.OPEN),
         "unknown": ReviewItem.objects.get(action=unknown, status=ReviewStatus.OPEN),
         "entry": DeadLetter.objects.get(pk=entry.pk),
         "action": over,

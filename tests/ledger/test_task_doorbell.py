@@ -36,8 +36,6 @@ def test_a_new_task_rings_a_drain_job_and_runs_at_once(stack, client):
                message="the task to run without the sweeper")
 
 
-@pytest.mark.xfail(strict=True, reason="product bug: ledger/jobs.py ring() trusts a doorbell whose drain job "
-                   "died with its worker; it swallows every ring for DOORBELL_TTL_SECONDS")
 def test_a_drain_job_lost_with_its_worker_does_not_silence_the_doorbell(stack, client):
     start_noop_task(client, "noop-1")  # rings: a drain job is queued and the doorbell is set
     queue = django_rq.get_queue("default")

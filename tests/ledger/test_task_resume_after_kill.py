@@ -6,8 +6,6 @@ idempotency is off, so only the ledger stands between a lost worker and a second
 Recovery is the sweeper's job: it runs here in the test process, as `sweep_once()` passes.
 """
 
-import time
-
 import pytest
 from django.db import connection, transaction
 
@@ -41,6 +39,16 @@ def step_statuses(task):
     return dict(TaskStep.objects.filter(task=task).order_by("position").values_list("name", "status"))
 
 
+def blocked_on(table):
+    """A database session (the worker's) waits for a lock this test holds on `table`."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")  # else a transaction sees its first snapshot only
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            " AND wait_event_type = 'Lock' AND query ILIKE %s", [f"%{table}%"])
+        return cursor.fetchone()[0] == 1
+
+
 def sweep_until_settled(task, seconds=40):
     def settled():
         sweep_once()
@@ -50,7 +58,7 @@ def sweep_until_settled(task, seconds=40):
     return wait_until(settled, seconds=seconds, interval=0.25, message=f"task {task.task_id} to settle")
 
 
-def provider_effects(client, task_id):
+def provider_effects(client):
     refunds = sandbox(client, "GET", "refunds", params={"order_id": ORDER}).json()["data"]
     messages = sandbox(client, "GET", "messages", params={"recipient": RECIPIENT}).json()["data"]
     return refunds, messages
@@ -66,7 +74,7 @@ def assert_succeeded_once(client, task):
     row = sweep_until_settled(task)
     assert row.state == "succeeded", (row.state, row.last_error)
     assert step_statuses(row) == dict.fromkeys(STEPS, StepStatus.DONE)
-    refunds, messages = provider_effects(client, task.task_id)
+    refunds, messages = provider_effects(client)
     refund_action = Action.objects.get(operation_key=f"{task.task_id}:call_refund_api:v1")
     notify_action = Action.objects.get(operation_key=f"{task.task_id}:notify_customer:v1")
     assert [r["id"] for r in refunds] == [refund_action.external_ref]
@@ -91,13 +99,14 @@ def test_a_worker_killed_right_after_the_refund_went_out_resumes_at_write_confir
         doomed = stack.start_worker()
         wait_until(lambda: step_statuses(task)["call_refund_api"] == StepStatus.DONE, seconds=20, interval=0.02,
                    message="call_refund_api to be checkpointed")
-        time.sleep(0.3)  # let it reach write_confirmation and block on the lock
+        wait_until(lambda: blocked_on("ledger_confirmation"), seconds=10, interval=0.02,
+                   message="the worker to block in write_confirmation")
         assert step_statuses(task) == {"lookup_order": "done", "call_refund_api": "done",
                                        "write_confirmation": "pending", "notify_customer": "pending"}
         stack.kill_worker(doomed)
     # The lock is gone; the dead worker's half-done transaction rolls back with its connection.
 
-    refunds, messages = provider_effects(client, task.task_id)
+    refunds, messages = provider_effects(client)
     assert len(refunds) == 1 and messages == []
     before_resume = Task.objects.get(pk=task.pk)
     assert before_resume.state == "running" and before_resume.attempts == 1
@@ -113,6 +122,32 @@ def test_a_worker_killed_right_after_the_refund_went_out_resumes_at_write_confir
     assert [e.after["step"] for e in events[:taken_back] if e.verb == "step_done"] == STEPS[:2]
     assert Action.objects.get(operation_key="refund-8841:call_refund_api:v1").attempts == 1
     assert row.attempts == 2
+
+
+def test_a_worker_killed_after_the_refund_succeeded_but_before_its_checkpoint_does_not_call_again(stack, client):
+    # Hold the call_refund_api step row: the worker gets the refund done (provider and
+    # ledger), then blocks writing the step's checkpoint, and dies there.
+    with transaction.atomic():
+        task = start_refund_task(client, "refund-unchecked")
+        TaskStep.objects.select_for_update().get(task=task, name="call_refund_api")
+        doomed = stack.start_worker()
+        wait_until(lambda: blocked_on("ledger_taskstep"), seconds=20, interval=0.02,
+                   message="the worker to block checkpointing call_refund_api")
+        action = Action.objects.get(operation_key="refund-unchecked:call_refund_api:v1")
+        assert action.status == "succeeded" and action.attempts == 1
+        assert step_statuses(task)["call_refund_api"] == StepStatus.PENDING
+        stack.kill_worker(doomed)
+
+    assert len(provider_effects(client)[0]) == 1
+    stack.start_worker()
+    row = assert_succeeded_once(client, task)
+    # The fresh worker found the action succeeded in the ledger and only checkpointed it.
+    action.refresh_from_db()
+    assert action.attempts == 1
+    assert AuditEvent.objects.filter(object_type="ledger.action", object_id=str(action.pk), verb="claimed").count() == 1
+    events = task_events(row)
+    taken_back = next(i for i, e in enumerate(events) if e.verb == "lease_expired")
+    assert [e.after["step"] for e in events[taken_back:] if e.verb == "step_done"] == STEPS[1:]
 
 
 def test_a_worker_killed_as_soon_as_the_refund_is_checkpointed_leaves_one_refund(stack, client):
@@ -136,7 +171,7 @@ def test_a_worker_killed_while_the_message_is_in_flight_is_verified_not_resent(s
     sandbox(client, "POST", "faults", json={"target": RECIPIENT, "fault": "timeout_after_commit", "times": 1})
     task = start_refund_task(client, "refund-stall")
     doomed = stack.start_worker(CONNECTOR_TIMEOUT=4, LEASE_SECONDS=6)
-    wait_until(lambda: provider_effects(client, task.task_id)[1], seconds=20, interval=0.05,
+    wait_until(lambda: provider_effects(client)[1], seconds=20, interval=0.05,
                message="the message to be committed at the provider")
     assert step_statuses(task)["write_confirmation"] == StepStatus.DONE
     notify = Action.objects.get(operation_key="refund-stall:notify_customer:v1")
