@@ -61,7 +61,8 @@ def parse_args(argv):
     p.add_argument("--gunicorn-threads", type=int, default=8)
     p.add_argument("--actions", type=int, default=1000, help="N actions for (d) (default 1000)")
     p.add_argument("--noop-tasks", type=int, default=100, help="noop tasks for (e), 10 steps each (default 100)")
-    p.add_argument("--only", default="abcdef", help="the figures to measure, e.g. 'ab' (default all)")
+    p.add_argument("--only", default="abcdefp",
+                   help="the figures to measure, e.g. 'ab' (default all; p: the dashboard pages, bench/pages.py)")
     p.add_argument("--profile", action="store_true", help="also print a cProfile of the POST paths")
     p.add_argument("--out", default="artifacts/bench.json")
     return p.parse_args(argv)
@@ -510,7 +511,18 @@ def print_probe(shapes, timing, noop):
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["pages"]:  # `python -m bench pages [options]`: the dashboard pages section alone
+        from . import pages
+
+        pages.main(argv[1:])
+        return
     args = parse_args(argv)
+    if set(args.only) <= {"p"}:
+        from . import pages
+
+        pages.main(["--out", str(Path(args.out).with_name("bench-pages.json"))])
+        return
     os.chdir(ROOT)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -567,6 +579,13 @@ def main(argv=None):
     }
     out.write_text(json.dumps(document, indent=2, default=str) + "\n")
     say(f"\nwritten to {out} in {document['seconds']} s")
+    if "p" in args.only:
+        # (p) the dashboard's list and search pages at 1,000 rows and at volume (bench/pages.py),
+        # after the stack above is stopped, so nothing of it competes for the CPU.
+        from . import pages
+
+        say("\n(p) dashboard pages at 1,000 rows and at volume (`python -m bench pages --help` for its options)")
+        pages.main(["--out", str(out.with_name("bench-pages.json"))])
 
 
 if __name__ == "__main__":

@@ -1,11 +1,12 @@
 """The doorbell (ledger/jobs.py `ring`) after a worker died holding a drain job.
 
 Seen for real in test_task_retries.py: a worker SIGKILLed just after RQ handed it a drain
-job, before the job's first line deleted the doorbell, leaves the doorbell key set (TTL
-DOORBELL_TTL_SECONDS = 15 s) with no job in the queue. Until the key expires every ring is
-swallowed, and after it expires nothing rings again but the sweeper: a new task then waits
-up to 15 s plus a sweep, or forever where no sweeper runs. Here the same state is made
-directly: the job is taken off the queue, as the dead worker took it.
+job, before the job's first line deleted the doorbell, left the doorbell key set (TTL
+DOORBELL_TTL_SECONDS = 15 s) with no job in the queue. Every ring was then swallowed until
+the key expired, and after that nothing rang again but the sweeper: a new task waited up
+to 15 s plus a sweep, or forever where no sweeper ran. The doorbell now names its job and
+is trusted only while that job still waits. Here the state is made directly: the job is
+taken off the queue, as the dead worker took it.
 """
 
 import django_rq
