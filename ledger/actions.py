@@ -18,11 +18,11 @@ S = ActionStatus
 
 
 class KeyReused(Exception):
-    """The operation key already names a different request (another fingerprint)."""
+    """The key (an action's operation key, a task's id) already names a different request."""
 
-    def __init__(self, action):
-        super().__init__(action.operation_key)
-        self.action = action
+    def __init__(self, existing):
+        super().__init__(str(existing))
+        self.existing = existing
 
 
 def fingerprint(kind, target, params):

@@ -16,19 +16,8 @@ from .workflows import registry
 T = TaskState
 
 
-class TaskIdReused(KeyReused):
-    """The task id already names a different request (another fingerprint).
-
-    Its own class because `KeyReused` reads an action's `operation_key`, which a task lacks.
-    """
-
-    def __init__(self, task):
-        Exception.__init__(self, task.task_id)
-        self.task = task
-
-
 def task_request(*, agent, task_id, workflow, input):
-    """Return `(task, created)`; the same rules as actions: replay, TaskIdReused (a KeyReused), or a new task."""
+    """Return `(task, created)`; the same rules as actions: replay, KeyReused, or a new task."""
     print_ = fingerprint(f"workflow:{workflow}", task_id, input)
     existing = Task.objects.filter(task_id=task_id).first()
     if existing is None:
@@ -50,7 +39,7 @@ def task_request(*, agent, task_id, workflow, input):
             if existing is None:
                 raise
     if existing.fingerprint != print_:
-        raise TaskIdReused(existing)
+        raise KeyReused(existing)
     return existing, False
 
 
