@@ -1,7 +1,8 @@
 """Dead-letter entries, and the alerts that make sure a person hears of each one."""
 
 from django.db import models, transaction
-from django.db.models import Q
+from django.db.models import F, Q
+from django.db.models.fields.json import KeyTransform
 from django.utils import timezone
 
 from ledger.models import AuditEvent, Task
@@ -58,6 +59,10 @@ class DeadLetter(StateMachine):
         ordering = ["-created_at", "-id"]
         indexes = [
             models.Index(fields=["status", "-created_at", "-id"], name="deadletter_queue_idx"),
+            # The queue filtered by error code (`?code=`, matched exactly), newest first: without
+            # it, a code with few open entries read the whole open queue (~60 ms at 70k open).
+            models.Index("status", KeyTransform("code", "last_error"), F("created_at").desc(), F("id").desc(),
+                         name="deadletter_code_idx"),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(status__in=EntryStatus.values), name="deadletter_status_valid"),

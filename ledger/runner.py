@@ -123,17 +123,19 @@ def _drive(task, claim, row, spec):
 def _checkpoint(task, claim, row, produce):
     """Step done and its result, in one transaction with the step's own local writes."""
     with transaction.atomic():
-        locked = Task.objects.select_for_update().get(pk=task.pk)
-        if locked.fence != claim:
+        # Fenced and locking in one statement: the row stays locked to commit, and a run
+        # whose claim was taken over writes nothing. It renews the lease too: a run that
+        # makes progress keeps its claim.
+        now = timezone.now()
+        lease = now + timedelta(seconds=settings.LEASE_SECONDS)
+        if not Task.objects.filter(pk=task.pk, fence=claim).update(updated_at=now, lease_expires_at=lease):
             raise StaleClaim(f"{task}: claim {claim} superseded")
+        task.lease_expires_at = lease
         row.result = produce()
         row.status = StepStatus.DONE
         row.error = None
-        row.updated_at = timezone.now()
+        row.updated_at = now
         row.save(update_fields=["result", "status", "error", "updated_at"])
-        # The checkpoint renews the lease too: a run that makes progress keeps its claim.
-        task.lease_expires_at = row.updated_at + timedelta(seconds=settings.LEASE_SECONDS)
-        Task.objects.filter(pk=task.pk).update(updated_at=row.updated_at, lease_expires_at=task.lease_expires_at)
         AuditEvent.objects.record(actor="system:runner", verb="step_done", obj=task,
                                   after={"step": row.name, "result": row.result})
 
