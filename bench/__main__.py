@@ -16,6 +16,9 @@ on loopback (bench/load.py), fixed durations after a warm-up:
 Plus in-process probes: SQL statements and commits per request (CaptureQueriesContext) and
 in-process wall and CPU time per request.
 
+And (p), after the stack is stopped: the dashboard's list and search pages, their server time
+at ~1,000 actions and at 1M (bench/pages.py; `python -m bench pages` runs it alone).
+
 The machine may be shared (other sessions' test suites): the HTTP figures are measured in
 interleaved rounds (each API figure right after its baseline), and a CPU monitor (bench/cpu.py)
 reports what other processes used meanwhile, plus this stack's CPU time per request, from

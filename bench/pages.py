@@ -179,6 +179,9 @@ def prepare_volume(args, timings):
             seed = True
         else:
             say(f"   volume: reusing {name} (migrated in {timings['volume_migrate_s']} s; not re-seeded)")
+            if counts["ledger_action"] < 900_000:
+                say(f"   ! {name} holds only {counts['ledger_action']:,} actions (a load cut short?); "
+                    "--seed-volume always reloads it")
     if seed:
         say(f"   volume: {'reloading' if exists else 'creating'} {name}: seed_volume, 1,000,000 actions and "
             "100,000 dead-letter entries (about two minutes)...")
@@ -451,7 +454,8 @@ def main(argv=None):
             row["urls"] = {label: child.hello["urls"][page] for label, child in children.items()}
             row["verdict"] = verdict(row["small"], row["volume"])
             results[page] = row
-            bad = [f"{label} answered {row[label]['statuses']}" for label in children if row[label]["statuses"] != [200]]
+            bad = [f"{label} answered {row[label]['statuses']}" for label in children
+                   if row[label]["statuses"] != [200]]
             say(f"   {page:<36} p95 {row['small']['p95_ms']:>7.1f} ms small, {row['volume']['p95_ms']:>7.1f} ms volume"
                 + (f"   ! {'; '.join(bad)}" if bad else ""))
             if args.explain:
