@@ -6,7 +6,7 @@ from django.http import HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
-from ledger.dashboard import render_partial, staff_required
+from ledger.dashboard import keyset_page, render_partial, staff_required
 from ledger.models import Action, ActionType, Capability
 
 from .access import PERM_FOR_KIND, get_review_item_for_user, user_may
@@ -29,9 +29,12 @@ def review_queue(request, queue):
         items = items.filter(status=status)
     if request.GET.get("action_type"):
         items = items.filter(action__action_type=request.GET["action_type"])
-    items = list(items.order_by("deadline", "id")[:200])
+    # Earliest deadline first, a page at a time: what is due next is what a person works.
+    items, next_cursor = keyset_page(items, request.GET.get("after"), time_field="deadline", newest_first=False)
+    filters = request.GET.copy()
+    filters.pop("after", None)
     context = {"items": items, "queue": queue, "title": title, "status": status, "statuses": ReviewStatus.values,
-               "action_types": ActionType.values}
+               "action_types": ActionType.values, "next_cursor": next_cursor, "query": filters.urlencode()}
     return render_partial(request, "approvals/queue.html", "rows" if request.htmx else None, context)
 
 

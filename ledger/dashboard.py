@@ -34,17 +34,22 @@ def staff_required(view):
     return wrapper
 
 
-def keyset_page(queryset, cursor, *, time_field="created_at", size=PAGE_SIZE):
-    """Newest first by (time, id); `cursor` names the last row seen. Cost does not grow
-    with the page number, unlike OFFSET. Returns (rows, next_cursor or None)."""
+def keyset_page(queryset, cursor, *, time_field="created_at", size=PAGE_SIZE, newest_first=True):
+    """Ordered by (time, id), newest first unless told otherwise; `cursor` names the last
+    row seen. Cost does not grow with the page number, unlike OFFSET.
+    Returns (rows, next_cursor or None)."""
+    beyond = "lt" if newest_first else "gt"
     if cursor:
         try:
             stamp, pk = base64.urlsafe_b64decode(cursor.encode()).decode().split("|")
             moment = datetime.fromisoformat(stamp)
-            queryset = queryset.filter(Q(**{f"{time_field}__lt": moment}) | Q(**{time_field: moment, "pk__lt": int(pk)}))
+            queryset = queryset.filter(
+                Q(**{f"{time_field}__{beyond}": moment}) | Q(**{time_field: moment, f"pk__{beyond}": int(pk)})
+            )
         except (ValueError, UnicodeDecodeError):
             pass  # a mangled cursor shows the first page
-    rows = list(queryset.order_by(f"-{time_field}", "-pk")[: size + 1])
+    sign = "-" if newest_first else ""
+    rows = list(queryset.order_by(f"{sign}{time_field}", f"{sign}pk")[: size + 1])
     if len(rows) <= size:
         return rows, None
     last = rows[size - 1]

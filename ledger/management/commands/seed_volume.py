@@ -184,7 +184,9 @@ class Command(BaseCommand):
         rng = self.rng
         ids = self.reserve_ids("ledger_action", n)
         created = self.times(n)
-        recent_from = self.now - RECENT
+        # At least the newest few hundred are recent, so that a small load also has full pages
+        # of open review items to compare with the large one.
+        recent_from = min(self.now - RECENT, created[-min(n, 400)]) if n else self.now
         recent_status, settled_status = _weighted(rng, RECENT_STATUSES), _weighted(rng, SETTLED_STATUSES)
         action_type, currency = _weighted(rng, ACTION_TYPES), _weighted(rng, CURRENCIES)
         customers = max(1000, n // 20)
