@@ -198,8 +198,10 @@ def test_seed_volume_creates_the_requested_counts():
     assert Task.objects.filter(steps__isnull=True).count() == 0
     assert Alert.objects.filter(dead_letter__isnull=False).values("dead_letter").distinct().count() == 100
     assert DeadLetter.objects.filter(status=EntryStatus.OPEN).exists()
-    assert Action.objects.filter(status=ActionStatus.SUCCEEDED).count() > 800
+    # Mostly settled history; the newest 400 are recent, and about half of those wait for a person.
+    assert Action.objects.filter(status=ActionStatus.SUCCEEDED).count() > 650
     waiting = Action.objects.filter(status__in=PERSON_STATUSES).count()
+    assert waiting >= 100
     assert ReviewItem.objects.filter(status=ReviewStatus.OPEN).count() == waiting
     # Synthetic volume bypasses the audit trail: only the agents it created are recorded.
     assert not AuditEvent.objects.filter(object_type="ledger.action").exists()
