@@ -58,7 +58,7 @@ def action_claim_next(owner, *, only=None):
             return None
         if action.status == S.UNKNOWN:
             return action.claim_for_verification(owner=owner)
-        return action.claim(owner=owner)
+        return action.claim(owner=owner, locked=True)
 
 
 def action_run_claimed(action):

@@ -199,10 +199,10 @@ class Action(LeasedWork):
     def _moved(self, previous):
         on_action_moved(self, previous)
 
-    def claim(self, *, owner):
+    def claim(self, *, owner, locked=False):
         """Take a queued action under a lease; its new fence makes any older claim stale."""
         return self._move(
-            S.PENDING, actor="system:executor", verb="claimed", claim=self.fence,
+            S.PENDING, actor="system:executor", verb="claimed", claim=self.fence, locked=locked,
             attempts=lambda row: row.attempts + 1, next_attempt_at=None,
             **_lease(owner), fence=lambda row: row.fence + 1,
         )
@@ -383,10 +383,10 @@ class Task(LeasedWork):
         if self.state == T.QUEUED:
             ring_after_commit("tasks", at=self.next_attempt_at)
 
-    def claim(self, *, owner):
+    def claim(self, *, owner, locked=False):
         """A run of the task: one attempt, under a lease that the runner keeps alive."""
         return self._move(
-            T.RUNNING, actor="system:runner", verb="claimed", claim=self.fence,
+            T.RUNNING, actor="system:runner", verb="claimed", claim=self.fence, locked=locked,
             attempts=lambda row: row.attempts + 1, next_attempt_at=None,
             **_lease(owner), fence=lambda row: row.fence + 1,
         )

@@ -41,17 +41,18 @@ class StateMachine(models.Model):
         snap.update({f: getattr(self, f) for f in ("external_ref", "error", "last_error") if f in changes})
         return snap
 
-    def _move(self, to, *, actor, verb, reason="", claim=None, **changes):
+    def _move(self, to, *, actor, verb, reason="", claim=None, locked=False, **changes):
         """Lock, check the transition (and the caller's claim), write, audit; refreshes self.
 
         `claim` is the fencing token a worker got with its lease: a write after a provider
         call passes it, so a worker whose lease was taken over cannot overwrite the newer
-        outcome. A change's value may be a function of the locked row.
+        outcome. A change's value may be a function of the locked row. `locked`: the caller
+        has just read this very row FOR UPDATE in the current transaction.
         """
         from .models import AuditEvent
 
         with transaction.atomic():
-            row = type(self).objects.select_for_update().get(pk=self.pk)
+            row = self if locked else type(self).objects.select_for_update().get(pk=self.pk)
             current = getattr(row, self.STATUS_FIELD)
             if claim is not None and row.fence != claim:
                 raise StaleClaim(f"{row}: claim {claim} superseded by {row.fence}")

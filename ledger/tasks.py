@@ -51,7 +51,7 @@ def task_claim_next(owner):
             .order_by("next_attempt_at", "id")
             .first()
         )
-        return task.claim(owner=owner) if task else None
+        return task.claim(owner=owner, locked=True) if task else None
 
 
 def task_run_claimed(task):
