@@ -1,6 +1,7 @@
 """RFC 9457 problem details for every 4xx the API gives, DRF's own included."""
 
 import json
+import math
 from decimal import Decimal
 
 from django.conf import settings
@@ -94,7 +95,7 @@ def problem_exception_handler(exc, context):
     if isinstance(exc, (exceptions.NotAuthenticated, exceptions.AuthenticationFailed)):
         response["WWW-Authenticate"] = 'Bearer realm="api"'
     if getattr(exc, "wait", None):
-        response["Retry-After"] = str(int(exc.wait))
+        response["Retry-After"] = str(math.ceil(exc.wait))
     return response
 
 
