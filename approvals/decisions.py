@@ -37,6 +37,8 @@ def review_decide(item, *, user, decision, reason="", external_ref=""):
         raise DecisionRefused(f"{decision} is not a decision for a {item.get_kind_display()}")
     if decision in ("reject", "mark_failed") and not reason:
         raise DecisionRefused("a reason is required")
+    if decision == "mark_failed" and any(e.get("found") is True for e in item.action.evidence or []):
+        raise DecisionRefused("the provider reported the effect; mark it succeeded with its reference instead")
     if decision == "mark_succeeded" and not external_ref.strip():
         raise DecisionRefused("the provider's reference is required to mark it succeeded")
     with transaction.atomic():

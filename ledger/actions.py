@@ -115,3 +115,15 @@ def action_request(*, agent, operation_key, action_type, target, params, custome
         return _replay(existing, print_)
     return action, True
 
+
+
+def action_retry(action, *, actor, reason):
+    """A new attempt of a failed (retryable) action, under the same rule as a new request:
+    while another action on its target or customer is in flight, it is held for a person."""
+    with transaction.atomic():
+        _lock_subjects(f"target:{action.target}", action.customer and f"customer:{action.customer}")
+        same_subject = Q(target=action.target) | (Q(customer=action.customer) if action.customer else Q(pk__in=[]))
+        busy = Action.objects.filter(same_subject, status__in=IN_FLIGHT_STATUSES).exclude(pk=action.pk).first()
+        if busy is not None:
+            return action.hold(actor=actor, reason=f"{busy.operation_key} is in flight for the same target or customer")
+        return action.requeue(actor=actor, reason=reason)

@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from .connectors import connector_for, http
 from .connectors.base import write_permit
-from .models import Action, ActionStatus, InvalidTransition, StaleClaim
+from .models import Action, ActionStatus, InvalidTransition, StaleClaim, TaskState
 from .retry import backoff_until
 
 logger = logging.getLogger("surety.executor")
@@ -44,13 +44,20 @@ def _due():
     # turn the first verifier's outcome into a stale write, and the two could take turns so
     # until the drain ends. After the lease lapses (the verifier died) it is due again.
     free = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now)
-    return Q(status=S.QUEUED, next_attempt_at__lte=now) | (Q(status=S.UNKNOWN, next_attempt_at__lte=now) & free)
+    # A task's action is attempted only while its task runs: a task that was dead-lettered,
+    # discarded or resolved by hand must not have its effect carried out behind the
+    # operator's back. (Verification, a read, may go on.)
+    attemptable = Q(task__isnull=True) | Q(task__state=TaskState.RUNNING)
+    return (Q(status=S.QUEUED, next_attempt_at__lte=now) & attemptable) | (
+        Q(status=S.UNKNOWN, next_attempt_at__lte=now) & free
+    )
 
 
 def action_claim_next(owner, *, only=None):
     """Claim the next runnable action (a queued attempt or a verification that is due)."""
     with transaction.atomic():
-        rows = Action.objects.select_for_update(skip_locked=True).filter(_due())
+        # of=self: the join to the task must not lock the task row as well.
+        rows = Action.objects.select_for_update(skip_locked=True, of=("self",)).filter(_due())
         if only is not None:
             rows = rows.filter(pk=only)
         action = rows.order_by("next_attempt_at", "id").first()

@@ -121,7 +121,7 @@ ACTION_TRANSITIONS = {
     S.PENDING: {S.SUCCEEDED, S.FAILED, S.UNKNOWN, S.QUEUED},
     S.UNKNOWN: {S.SUCCEEDED, S.FAILED, S.QUEUED, S.NEEDS_REVIEW},
     S.NEEDS_REVIEW: {S.SUCCEEDED, S.FAILED, S.QUEUED, S.UNKNOWN},
-    S.FAILED: {S.QUEUED},
+    S.FAILED: {S.QUEUED, S.HELD},
     S.SUCCEEDED: set(),
     S.REJECTED: set(),
     S.CANCELLED: set(),
@@ -283,6 +283,11 @@ def _lease(owner):
 _NO_LEASE = {"lease_owner": "", "lease_expires_at": None}
 
 
+def _next_fence(row):
+    """Ends every claim on the row: a late worker's fenced writes find nothing to change."""
+    return row.fence + 1
+
+
 def on_action_moved(action, previous):
     """Runs in the transaction of every action transition: work that became runnable gets a
     drain after commit, a review item opens or closes, and the task that owns it follows."""
@@ -419,7 +424,7 @@ class Task(LeasedWork):
     def mark_failed(self, *, actor, error, claim=None):
         return self._move(
             T.FAILED, actor=actor, verb="failed", reason=error["message"], claim=claim, last_error=error,
-            next_attempt_at=None, **_NO_LEASE,
+            next_attempt_at=None, fence=_next_fence, **_NO_LEASE,
         )
 
     def mark_dead_lettered(self, *, actor, error, claim=None):
@@ -428,7 +433,7 @@ class Task(LeasedWork):
 
         self._move(
             T.DEAD_LETTERED, actor=actor, verb="dead_lettered", reason=error["message"], claim=claim,
-            last_error=error, next_attempt_at=None, **_NO_LEASE,
+            last_error=error, next_attempt_at=None, fence=_next_fence, **_NO_LEASE,
         )
         return DeadLetter.objects.open_for(self, actor=actor)
 
@@ -436,17 +441,18 @@ class Task(LeasedWork):
         """The sweeper's move when a worker vanished mid-run (its lease expired)."""
         return self._move(
             T.QUEUED, actor="system:sweeper", verb="lease_expired", reason=reason, claim=self.fence,
-            next_attempt_at=timezone.now(), fence=lambda row: row.fence + 1, **_NO_LEASE,
+            next_attempt_at=timezone.now(), fence=_next_fence, **_NO_LEASE,
         )
 
     def redrive(self, *, actor, reason):
         """From the dead-letter queue: a fresh budget of attempts, resuming at the checkpoint."""
         return self._move(
-            T.QUEUED, actor=actor, verb="redriven", reason=reason, attempts=0, next_attempt_at=timezone.now()
+            T.QUEUED, actor=actor, verb="redriven", reason=reason, attempts=0, next_attempt_at=timezone.now(),
+            fence=_next_fence,
         )
 
     def cancel(self, *, actor, reason):
-        return self._move(T.CANCELLED, actor=actor, verb="cancelled", reason=reason, **_NO_LEASE)
+        return self._move(T.CANCELLED, actor=actor, verb="cancelled", reason=reason, fence=_next_fence, **_NO_LEASE)
 
     def lease_left(self):
         return (self.lease_expires_at - timezone.now()).total_seconds() if self.lease_expires_at else 0

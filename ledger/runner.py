@@ -21,9 +21,9 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from .actions import KeyReused, action_request
+from .actions import KeyReused, action_request, action_retry
 from .executor import action_claim_next, action_run_claimed, worker_name
-from .models import PERSON_STATUSES, Action, ActionStatus, AuditEvent, StepStatus, Task
+from .models import PERSON_STATUSES, Action, ActionStatus, AuditEvent, StepStatus, Task, TaskState
 from .retry import backoff_until
 from .statemachine import StaleClaim
 from .tasks import defer_until
@@ -98,7 +98,7 @@ def _drive(task, claim, row, spec):
         raise StepFailed(f"{row.idempotency_key} was used for a different request", retryable=False,
                          code="idempotency_key_reused") from None
     if action.is_retryable_failure:
-        action.requeue(actor="system:runner", reason=f"task attempt {task.attempts}")
+        action = action_retry(action, actor="system:runner", reason=f"task attempt {task.attempts}")
     if action.status in (A.QUEUED, A.UNKNOWN):
         claimed = action_claim_next(worker_name(), only=action.pk)
         if claimed is not None:
@@ -107,7 +107,13 @@ def _drive(task, claim, row, spec):
     if action.status == A.SUCCEEDED:
         return action
     if action.status in PERSON_STATUSES:
-        task.wait_for_person(claim=claim, reason=f"{action.operation_key} is {action.status}")
+        # Action first, then task (the order of a person's decision): a decision taken just
+        # now must not leave the task waiting for a wake-up that already happened.
+        with transaction.atomic():
+            if Action.objects.select_for_update().filter(pk=action.pk, status__in=PERSON_STATUSES).exists():
+                task.wait_for_person(claim=claim, reason=f"{action.operation_key} is {action.status}")
+            else:
+                task.defer(claim=claim, until=timezone.now(), reason=f"{action.operation_key} was just decided")
         raise Paused
     if action.status == A.FAILED:
         error = action.error or {}
@@ -128,7 +134,8 @@ def _checkpoint(task, claim, row, produce):
         # makes progress keeps its claim.
         now = timezone.now()
         lease = now + timedelta(seconds=settings.LEASE_SECONDS)
-        if not Task.objects.filter(pk=task.pk, fence=claim).update(updated_at=now, lease_expires_at=lease):
+        running = Task.objects.filter(pk=task.pk, fence=claim, state=TaskState.RUNNING)
+        if not running.update(updated_at=now, lease_expires_at=lease):
             raise StaleClaim(f"{task}: claim {claim} superseded")
         task.lease_expires_at = lease
         row.result = produce()

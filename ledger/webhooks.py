@@ -105,6 +105,10 @@ def _settle(connector, event_type, data):
             return f"left to a person: {over_limit}"
         action.mark_succeeded(actor=actor, external_ref=str(data.get("id", "")) or key, result=data,
                               reason=f"{event_type} received")
-    else:
-        action.mark_failed(actor=actor, code="provider_failed", message=f"{event_type} received", retryable=True)
-    return f"settled {action.operation_key} as {action.status}"
+        return f"settled {action.operation_key} as {action.status}"
+    # A failure event names the key, not the attempt: a late one for an earlier attempt
+    # must not override a later success (or start another call). It only sends the action
+    # back to verification, whose answer decides.
+    if action.status == ActionStatus.NEEDS_REVIEW:
+        action.verify_again(actor=actor, reason=f"{event_type} received")
+    return f"{event_type} noted; {action.operation_key} is verified at the provider"

@@ -150,3 +150,11 @@ def wait_until(predicate, seconds=20, interval=0.1, message="condition"):
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {seconds}s waiting for {message}")
+
+
+@pytest.fixture
+def jobs_to_test_redis(settings):
+    """For tests without workers: what the code enqueues lands in this run's own Redis
+    database, where no worker listens, rather than running in-process or elsewhere."""
+    settings.RQ_ASYNC = True
+    settings.RQ_QUEUES = {"default": {"URL": REDIS_URL, "DEFAULT_TIMEOUT": 600, "ASYNC": True}}

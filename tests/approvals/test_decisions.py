@@ -14,7 +14,7 @@ from ledger.actions import action_request
 from ledger.models import AuditEvent
 from tests.factories import make_agent
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("jobs_to_test_redis")]
 
 
 @pytest.fixture
@@ -134,3 +134,14 @@ def test_a_policy_change_is_audited_and_applies_to_new_actions(people):
     event = AuditEvent.objects.filter(verb="limit_set").latest("id")
     assert event.before["max_amount"] == "500.00" and event.after["max_amount"] == "1000.00"
     assert event.reason == "raised for the sale"
+
+
+def test_an_outcome_the_provider_reported_cannot_be_marked_failed(people):
+    users, agent = people
+    action = refund(agent, "u1", "20.00", "ORD-U1")
+    action.claim(owner="w")
+    action.mark_unknown(actor="system:tests", claim=action.fence, verify_at=None, evidence={"code": "timeout"})
+    action.mark_needs_review(actor="system:tests", evidence={"found": True, "verification": {"matches": ["re_1"]}})
+    item = ReviewItem.objects.get(action=action, status="open")
+    with pytest.raises(DecisionRefused, match="reported the effect"):
+        review_decide(item, user=users["alice"], decision="mark_failed", reason="no refund seen")

@@ -124,11 +124,19 @@ def test_an_event_for_a_settled_action_changes_nothing(client, unknown_action):
     assert Action.objects.get(pk=unknown_action.pk).external_ref == "re_first"
 
 
-def test_a_refund_failed_event_fails_an_unknown_action_as_retryable(client, unknown_action):
+def test_a_refund_failed_event_does_not_settle_an_unknown_action_it_is_left_to_verification(client, unknown_action):
+    """The event names the key, not the attempt: a late failure of an earlier attempt must not
+    override what the provider holds now, nor start another call."""
     response = deliver(client, event(event_type="refund.failed"))
     assert response.status_code == 200
-    action = Action.objects.get(pk=unknown_action.pk)
-    assert action.status == S.FAILED and action.error["retryable"] is True
+    assert "verified at the provider" in response.json()["outcome"]
+    assert Action.objects.get(pk=unknown_action.pk).status == S.UNKNOWN
+
+
+def test_a_refund_failed_event_sends_an_action_in_review_back_to_verification(client, unknown_action):
+    Action.objects.get(pk=unknown_action.pk).mark_needs_review(actor="system:tests", evidence={"found": None})
+    deliver(client, event(event_type="refund.failed"))
+    assert Action.objects.get(pk=unknown_action.pk).status == S.UNKNOWN
 
 
 @pytest.mark.parametrize(
