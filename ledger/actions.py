@@ -6,13 +6,14 @@
 import hashlib
 import json
 import zlib
+from datetime import datetime
 from decimal import Decimal
 
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from .models import IN_FLIGHT_STATUSES, Action, ActionStatus, AuditEvent
+from .models import IN_FLIGHT_STATUSES, Action, ActionStatus, ActionType, AuditEvent, Booking
 
 S = ActionStatus
 
@@ -23,6 +24,10 @@ class KeyReused(Exception):
     def __init__(self, existing):
         super().__init__(str(existing))
         self.existing = existing
+
+
+class SlotTaken(Exception):
+    """A booking overlaps a pending or confirmed booking of the same resource."""
 
 
 def fingerprint(kind, target, params):
@@ -99,6 +104,8 @@ def action_request(*, agent, operation_key, action_type, target, params, custome
                 task=task, agent=agent, status=status,
                 next_attempt_at=timezone.now() if status == S.QUEUED else None,
             )
+            if action_type == ActionType.CREATE_BOOKING:
+                _book(action)
             AuditEvent.objects.record(actor=agent, verb="requested", obj=action, after={"status": status}, reason=reason)
             if status != S.QUEUED:
                 review_follow_action(action, why=reason)
@@ -127,3 +134,18 @@ def action_retry(action, *, actor, reason):
         if busy is not None:
             return action.hold(actor=actor, reason=f"{busy.operation_key} is in flight for the same target or customer")
         return action.requeue(actor=actor, reason=reason)
+
+
+def _book(action):
+    """Reserve the slot with the action. The check gives the friendly answer; the exclusion
+    constraint (PostgreSQL) is what holds when two requests race past it."""
+    start, end = (datetime.fromisoformat(action.params[k]) for k in ("start", "end"))
+    live = [Booking.Status.PENDING, Booking.Status.CONFIRMED]
+    clash = Booking.objects.filter(resource=action.target, status__in=live, start__lt=end, end__gt=start).first()
+    if clash is not None:
+        raise SlotTaken(f"{action.target} is booked from {clash.start:%Y-%m-%d %H:%M} to {clash.end:%H:%M} UTC")
+    try:
+        with transaction.atomic():
+            Booking.objects.create(action=action, resource=action.target, customer=action.customer, start=start, end=end)
+    except IntegrityError:
+        raise SlotTaken(f"{action.target} was booked for that time meanwhile") from None

@@ -298,6 +298,8 @@ def on_action_moved(action, previous):
 
     if action.status in (S.QUEUED, S.UNKNOWN) and action.next_attempt_at:
         ring_after_commit("actions", at=action.next_attempt_at)
+    if action.action_type == ActionType.CREATE_BOOKING:
+        _booking_follow(action)
     if action.status in PERSON_STATUSES or previous in PERSON_STATUSES:
         review_follow_action(action)
     task_follow_action(action)
@@ -503,6 +505,42 @@ class Confirmation(models.Model):
 
     def __str__(self):
         return self.key
+
+
+class Booking(models.Model):
+    """The slot a `create_booking` action asks for. On PostgreSQL the database refuses an
+    overlapping pending or confirmed booking of the same resource (migration 0007)."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        CONFIRMED = "confirmed"
+        RELEASED = "released"
+
+    action = models.OneToOneField(Action, on_delete=models.PROTECT, related_name="booking")
+    resource = models.CharField(max_length=255)
+    customer = models.CharField(max_length=255)
+    start = models.DateTimeField()
+    end = models.DateTimeField()
+    status = models.CharField(max_length=20, choices=Status.choices, default=Status.PENDING)
+
+    class Meta:
+        indexes = [models.Index(fields=["resource", "start"], name="booking_resource_idx")]
+        constraints = [models.CheckConstraint(condition=Q(end__gt=models.F("start")), name="booking_ends_after_start")]
+
+    def __str__(self):
+        return f"{self.resource} {self.start:%Y-%m-%d %H:%M}–{self.end:%H:%M} ({self.status})"
+
+
+def _booking_follow(action):
+    """A booking's slot follows its action: kept while the booking may still happen (a
+    retryable failure may be tried again), confirmed when it did, freed when it won't."""
+    if action.status == S.SUCCEEDED:
+        slot = Booking.Status.CONFIRMED
+    elif action.status in (S.REJECTED, S.CANCELLED) or (action.status == S.FAILED and not action.is_retryable_failure):
+        slot = Booking.Status.RELEASED
+    else:
+        return
+    Booking.objects.filter(action=action).update(status=slot)
 
 
 class WebhookEvent(models.Model):

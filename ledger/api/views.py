@@ -8,7 +8,7 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ledger.actions import KeyReused, action_request
+from ledger.actions import KeyReused, SlotTaken, action_request
 from ledger.grants import agent_may
 from ledger.models import Action, ActionStatus, Capability, Task, TaskState
 from ledger.tasks import task_request
@@ -75,11 +75,14 @@ def require_grant(agent, kind, name):
 
 def recorded(request, key, intake, represent):
     """The shared answer of both intakes: 201 new; 200 replayed; 422 for a key that names
-    another request or belongs to another agent (whose objects are never shown)."""
+    another request or belongs to another agent (whose objects are never shown); 409 for a
+    booking whose slot is taken."""
     try:
         obj, created = intake()
     except KeyReused:
         raise key_reused(key) from None
+    except SlotTaken as exc:
+        raise Problem(409, "booking_conflict", "Slot taken", f"{exc}; nothing was recorded.") from None
     if obj.agent_id != request.auth.pk:
         raise key_reused(key)
     response = Response(represent(obj), status=201 if created else 200)

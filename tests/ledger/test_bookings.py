@@ -1,0 +1,59 @@
+"""A resource is never booked twice for the same time: the database refuses the overlap."""
+
+from datetime import datetime, timezone
+
+import pytest
+from django.db import IntegrityError, transaction
+
+from ledger.models import Action, Booking
+from tests.factories import make_agent
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("jobs_to_test_redis")]
+
+
+def booking_body(start, end, customer="CUST-17"):
+    return {"action_type": "create_booking", "target": "ROOM-1", "customer": customer,
+            "params": {"service": "massage", "start": start, "end": end}}
+
+
+@pytest.fixture
+def post(client):
+    _, token = make_agent("booker", grants=("create_booking",))
+
+    def post(key, body):
+        return client.post("/api/v1/actions", body, content_type="application/json",
+                           HTTP_AUTHORIZATION=f"Bearer {token}", HTTP_IDEMPOTENCY_KEY=key)
+
+    return post
+
+
+def test_an_overlapping_booking_is_refused_with_409_and_nothing_recorded(post):
+    assert post("b-1", booking_body("2026-12-01T10:00:00Z", "2026-12-01T11:00:00Z")).status_code == 201
+    clash = post("b-2", booking_body("2026-12-01T10:30:00Z", "2026-12-01T11:30:00Z", customer="CUST-18"))
+    assert clash.status_code == 409
+    assert clash["Content-Type"] == "application/problem+json" and clash.json()["code"] == "booking_conflict"
+    assert not Action.objects.filter(operation_key="b-2").exists()
+    assert Booking.objects.count() == 1
+
+
+def test_back_to_back_bookings_do_not_overlap(post):
+    assert post("b-1", booking_body("2026-12-01T10:00:00Z", "2026-12-01T11:00:00Z")).status_code == 201
+    assert post("b-2", booking_body("2026-12-01T11:00:00Z", "2026-12-01T12:00:00Z")).status_code == 201
+
+
+def test_a_rejected_booking_frees_its_slot(post):
+    post("b-1", booking_body("2026-12-01T10:00:00Z", "2026-12-01T11:00:00Z"))
+    Action.objects.get(operation_key="b-1").cancel(actor="system:tests", reason="customer called")
+    assert Booking.objects.get().status == "released"
+    assert post("b-2", booking_body("2026-12-01T10:00:00Z", "2026-12-01T11:00:00Z")).status_code == 201
+
+
+def test_the_database_itself_refuses_an_overlapping_live_booking(post):
+    post("b-1", booking_body("2026-12-01T10:00:00Z", "2026-12-01T11:00:00Z"))
+    other = Action.objects.get(operation_key="b-1")
+    other.pk, other.operation_key = None, "b-raw"
+    other.save()
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Booking.objects.create(action=other, resource="ROOM-1", customer="CUST-9",
+                               start=datetime(2026, 12, 1, 10, 15, tzinfo=timezone.utc),
+                               end=datetime(2026, 12, 1, 10, 45, tzinfo=timezone.utc))
