@@ -24,7 +24,8 @@ PYTHON = sys.executable
 
 # What the server, the workers and this process agree on: short timeouts keep tests fast.
 STACK_ENV = {
-    "CONNECTOR_TIMEOUT": "1",
+    # Above the sandbox's answer time on a loaded 2-core CI machine, below its fault stall.
+    "CONNECTOR_TIMEOUT": "2",
     "LEASE_SECONDS": "4",
     "LEASE_MARGIN_SECONDS": "1",
     "SANDBOX_TIMEOUT_SLEEP": "3",
@@ -113,7 +114,7 @@ def server(django_db_setup, django_db_blocker):
         "SANDBOX_BASE_URL": f"{base_url}/sandbox/v1", "SITE_URL": base_url, "DEBUG": "false",
     }
     process = subprocess.Popen(
-        [PYTHON, "-m", "gunicorn", "config.wsgi", "-b", f"127.0.0.1:{port}", "-k", "gthread",
+        [PYTHON, "-m", "gunicorn", "config.wsgi", "--preload", "-b", f"127.0.0.1:{port}", "-k", "gthread",
          "-w", "2", "--threads", "12", "--timeout", "60", "--log-level", "warning"],
         cwd=ROOT, env=env, start_new_session=True,
     )
