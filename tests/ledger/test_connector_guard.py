@@ -7,7 +7,7 @@ import httpx
 import pytest
 from django.utils import timezone
 
-from ledger.connectors import base, http
+from ledger.connectors import base
 from ledger.connectors.base import UnguardedWrite, write_permit
 from ledger.connectors.sandbox import SandboxConnector
 from ledger.models import Action, ActionStatus
@@ -55,12 +55,19 @@ def test_a_permit_for_another_claim_does_not_open_the_write(pending_action, no_h
     assert no_http == []
 
 
-def test_the_permit_ends_with_its_block(pending_action, no_http, monkeypatch):
-    monkeypatch.setattr(http, "call", lambda *a, **k: {"id": "re_1"})
+def test_the_permit_ends_with_its_block(pending_action, live_server, settings):
+    """Inside the permit the write really reaches the sandbox (live_server); after it, it is refused
+    and nothing more arrives there."""
+    from ledger.sandbox.models import SandboxRefund
+
+    settings.SANDBOX_BASE_URL = f"{live_server.url}/sandbox/v1"
     with write_permit(pending_action):
-        assert SandboxConnector().perform(pending_action).external_ref == "re_1"
+        effect = SandboxConnector().perform(pending_action)
+    refund = SandboxRefund.objects.get(operation_key=pending_action.operation_key)
+    assert effect.external_ref == refund.refund_id and refund.refund_id.startswith("re_")
     with pytest.raises(UnguardedWrite):
         SandboxConnector().perform(pending_action)
+    assert SandboxRefund.objects.filter(operation_key=pending_action.operation_key).count() == 1
 
 
 # --- the source tree ---------------------------------------------------------------------------

@@ -78,6 +78,8 @@ def test_it_refuses_a_body_changed_after_signing(client, unknown_action):
 def test_a_signature_just_inside_the_tolerance_is_accepted(client, db):
     response = deliver(client, event(), age=290)
     assert response.status_code == 200
+    assert response.json()["received"] is True
+    assert WebhookEvent.objects.get().event_id == "evt_1"
 
 
 def test_a_refund_succeeded_event_settles_an_unknown_action(client, unknown_action):
@@ -175,17 +177,19 @@ def test_an_unknown_connector_is_404(client, db):
 
 
 def test_a_webhook_that_settles_an_action_under_verification_leaves_the_verifier_nothing_to_do(
-    client, unknown_action, monkeypatch
+    client, unknown_action, live_server, settings
 ):
+    """The verifier asks the real sandbox (live_server), which holds the refund; the webhook
+    settles the action between the claim and the verifier's answer, so the answer must be dropped."""
     from ledger import executor
-    from ledger.connectors.base import Lookup
-    from ledger.connectors.sandbox import SandboxConnector
+    from ledger.sandbox.models import SandboxRefund
 
+    settings.SANDBOX_BASE_URL = f"{live_server.url}/sandbox/v1"
+    SandboxRefund.objects.create(refund_id="re_w1", operation_key=KEY, order_id="ORD-W1", amount="25.00",
+                                 currency="EUR", metadata={"operation_key": KEY})
     Action.objects.filter(pk=unknown_action.pk).update(next_attempt_at=unknown_action.created_at)
     verifying = executor.action_claim_next("host:verifier")
     assert verifying.pk == unknown_action.pk
-    monkeypatch.setattr(SandboxConnector, "find_effect",
-                        lambda self, action: Lookup(found=True, external_ref="re_w1", evidence={"lookup": "stub"}))
 
     assert deliver(client, event()).status_code == 200  # settles it while the worker is asking
     executor.action_verify(verifying)  # the worker's answer arrives late: dropped, not a crash
@@ -193,6 +197,9 @@ def test_a_webhook_that_settles_an_action_under_verification_leaves_the_verifier
     action = Action.objects.get(pk=unknown_action.pk)
     assert (action.status, action.external_ref) == (S.SUCCEEDED, "re_w1")
     assert AuditEvent.objects.filter(object_id=str(action.pk), verb="succeeded").count() == 1
+    # Settled by the webhook, not by the verifier: the late answer left no trace on the action.
+    assert AuditEvent.objects.get(object_id=str(action.pk), verb="succeeded").actor == "system:webhook:sandbox"
+    assert not any("verification" in entry for entry in action.evidence)
 
 
 def test_a_refund_succeeded_event_for_an_action_over_its_limit_goes_to_a_person(client, unknown_action):
