@@ -1,3 +1,4 @@
+import pycountry
 from django import forms
 
 from .models import Limit
@@ -25,7 +26,26 @@ class LimitForm(forms.ModelForm):
                   "review_deadline_hours"]
 
     def clean_currency(self):
-        return self.cleaned_data["currency"].upper()
+        # Any three characters ("E1", "123") were saved as a currency; only
+        # ISO 4217 codes, as the API takes them, can ever match an action.
+        code = self.cleaned_data["currency"].strip().upper()
+        if len(code) != 3 or not code.isalpha() or pycountry.currencies.get(alpha_3=code) is None:
+            raise forms.ValidationError("Not an ISO 4217 currency code.")
+        return code
+
+    def clean_review_deadline_hours(self):
+        # 0 made every review item overdue the moment it opened.
+        hours = self.cleaned_data["review_deadline_hours"]
+        if hours is not None and not 1 <= hours <= 24 * 365:
+            raise forms.ValidationError("Between 1 hour and a year.")
+        return hours
+
+    def clean_daily_customer_total(self):
+        # A negative total (unlike max_amount, no constraint) was saved.
+        total = self.cleaned_data["daily_customer_total"]
+        if total is not None and total < 0:
+            raise forms.ValidationError("Must not be negative.")
+        return total
 
     def clean(self):
         data = super().clean()

@@ -113,6 +113,8 @@ class ReviewItem(StateMachine):
         constraints = [
             models.UniqueConstraint(fields=["action"], condition=Q(status="open"), name="review_one_open_per_action"),
             models.CheckConstraint(condition=Q(status__in=ReviewStatus.values), name="review_status_valid"),
+            models.CheckConstraint(condition=Q(kind__in=ReviewKind.values), name="review_kind_valid"),
+            models.CheckConstraint(condition=Q(approvals_needed__in=[1, 2]), name="review_approvals_one_or_two"),
         ]
 
     def __str__(self):

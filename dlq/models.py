@@ -119,6 +119,14 @@ class Alert(models.Model):
     class Meta:
         ordering = ["-created_at", "-id"]
         indexes = [models.Index(fields=["delivered_at", "created_at"], name="alert_undelivered_idx")]
+        constraints = [
+            # Every alert is about the one thing its kind names.
+            models.CheckConstraint(
+                condition=Q(kind="dead_letter", dead_letter__isnull=False, review_item__isnull=True)
+                | Q(kind="overdue_review", review_item__isnull=False, dead_letter__isnull=True),
+                name="alert_names_its_subject",
+            ),
+        ]
 
     def __str__(self):
         return self.subject

@@ -61,7 +61,7 @@ def deadletter_detail(request, pk):
         "task": entry.task,
         "steps": _in_execution_order(entry),
         "alerts": entry.alerts.prefetch_related("deliveries"),
-        "history": AuditEvent.objects.filter(object_type="ledger.task", object_id=str(entry.task_id)).order_by("id"),
+        "history": AuditEvent.objects.history(entry.task),
         "may_work": decidable_names(request.user, WORK_DLQ, Capability.Kind.WORKFLOW) >= {entry.task.workflow},
     }
     return render(request, "dlq/detail.html", context)

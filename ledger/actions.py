@@ -56,6 +56,13 @@ def _lock_subjects(*subjects):
             cursor.execute("SELECT pg_advisory_xact_lock(1, %s)", [key])
 
 
+def _in_flight_locked(target, customer):
+    """Take the target's and customer's locks; return the actions in flight on either."""
+    _lock_subjects(f"target:{target}", customer and f"customer:{customer}")
+    same_subject = Q(target=target) | (Q(customer=customer) if customer else Q(pk__in=[]))
+    return Action.objects.filter(same_subject, status__in=IN_FLIGHT_STATUSES)
+
+
 def action_request(*, agent, operation_key, action_type, target, params, customer="", decision_id="",
                    amount=None, currency="", task=None):
     """Return `(action, created)`: the row for this key, created now or as it stands.
@@ -80,14 +87,11 @@ def action_request(*, agent, operation_key, action_type, target, params, custome
     amount = None if amount in (None, "") else Decimal(str(amount))
     try:
         with transaction.atomic():
-            _lock_subjects(f"target:{target}", customer and f"customer:{customer}")
+            in_flight = _in_flight_locked(target, customer)
             existing = Action.objects.filter(operation_key=operation_key).first()
             if existing:
                 return _replay(existing, print_)
-            same_subject = Q(target=target) | (Q(customer=customer) if customer else Q(pk__in=[]))
-            siblings = list(
-                Action.objects.select_for_update().filter(same_subject, status__in=IN_FLIGHT_STATUSES).order_by("id")
-            )
+            siblings = list(in_flight.select_for_update().order_by("id"))
             verdict = verdict_for_request(action_type=action_type, amount=amount, currency=currency, customer=customer)
             if siblings:
                 status = S.HELD
@@ -128,9 +132,7 @@ def action_retry(action, *, actor, reason):
     """A new attempt of a failed (retryable) action, under the same rule as a new request:
     while another action on its target or customer is in flight, it is held for a person."""
     with transaction.atomic():
-        _lock_subjects(f"target:{action.target}", action.customer and f"customer:{action.customer}")
-        same_subject = Q(target=action.target) | (Q(customer=action.customer) if action.customer else Q(pk__in=[]))
-        busy = Action.objects.filter(same_subject, status__in=IN_FLIGHT_STATUSES).exclude(pk=action.pk).first()
+        busy = _in_flight_locked(action.target, action.customer).exclude(pk=action.pk).first()
         if busy is not None:
             return action.hold(actor=actor, reason=f"{busy.operation_key} is in flight for the same target or customer")
         return action.requeue(actor=actor, reason=reason)

@@ -5,7 +5,7 @@ from django.db import transaction
 
 from .grants import agent_grant, capability
 from .models import ActionType, Agent, AuditEvent, Capability
-from .workflows import WORKFLOW_NAMES
+from .workflows import WORKFLOWS
 
 
 def capabilities_named(name):
@@ -13,7 +13,7 @@ def capabilities_named(name):
     found = []
     if name in ActionType.values:
         found.append(capability(Capability.Kind.ACTION_TYPE, name))
-    if name in WORKFLOW_NAMES:
+    if name in WORKFLOWS:
         found.append(capability(Capability.Kind.WORKFLOW, name))
     if not found:
         raise ValueError(f"{name!r} is neither an action type nor a workflow")

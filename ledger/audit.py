@@ -68,6 +68,10 @@ class AuditEventManager(models.Manager):
         event.save(force_insert=True)
         return event
 
+    def history(self, obj):
+        """Every event about `obj`, oldest first."""
+        return self.filter(object_type=obj._meta.label_lower, object_id=str(obj.pk)).order_by("id")
+
     def verify_chain(self):
         """Return the seq of the first sealed event that was altered or does not follow, or None."""
         prev_hash = ""

@@ -2,11 +2,12 @@
 
 import base64
 import functools
-from datetime import datetime
 
 from django.conf import settings
 from django.contrib.auth.views import redirect_to_login
-from django.http import HttpResponse
+from django.http import HttpResponse, HttpResponseBadRequest
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 from django.shortcuts import resolve_url
 from django.core.exceptions import PermissionDenied
 from django.db.models import Q
@@ -29,9 +30,42 @@ def staff_required(view):
             return redirect_to_login(request.get_full_path())
         if not (user.is_superuser or user.groups.filter(name__in=ROLES).exists()):
             raise PermissionDenied("the dashboard is for operators, approvers, auditors and admins")
+        # PostgreSQL text cannot hold NUL: any query or save carrying one would fail.
+        # Refused here, once, for every page.
+        if any("\x00" in value for params in (request.GET, request.POST) for value in _all_values(params)):
+            return HttpResponseBadRequest("NUL characters are not allowed in parameters.")
         return view(request, *args, **kwargs)
 
     return wrapper
+
+
+def _all_values(params):
+    for key, values in params.lists():
+        yield key
+        yield from values
+
+
+# The largest id PostgreSQL's bigint holds: a cursor naming a larger one cannot be queried.
+MAX_PK = 2**63 - 1
+
+
+def parse_moment(value):
+    """A filter's date-time (ISO 8601, or a datetime-local input's naive one, taken in the
+    current time zone) as an aware datetime; None for a missing or malformed one.
+
+    `parse_datetime` raises ValueError for well-formed but impossible values
+    ("2026-13-45T99:99"), and an offset at the edge of the calendar
+    ("0001-01-01T00:00+01:00") overflows when converted."""
+    try:
+        moment = parse_datetime((value or "").strip())
+        if moment is None:
+            return None
+        if timezone.is_naive(moment):
+            moment = timezone.make_aware(moment)
+        moment.astimezone(timezone.get_current_timezone())  # raises OverflowError out of range
+        return moment
+    except (ValueError, OverflowError):
+        return None
 
 
 def keyset_page(queryset, cursor, *, time_field="created_at", size=PAGE_SIZE, newest_first=True):
@@ -42,7 +76,11 @@ def keyset_page(queryset, cursor, *, time_field="created_at", size=PAGE_SIZE, ne
     if cursor:
         try:
             stamp, pk = base64.urlsafe_b64decode(cursor.encode()).decode().split("|")
-            moment = datetime.fromisoformat(stamp)
+            # A naive, out-of-range or non-ISO stamp and an id past bigint were
+            # 500s (RuntimeWarning, OverflowError, DataError); they show the first page now.
+            moment = parse_moment(stamp)
+            if moment is None or not 0 <= int(pk) <= MAX_PK:
+                raise ValueError("a mangled cursor")
             queryset = queryset.filter(
                 Q(**{f"{time_field}__{beyond}": moment}) | Q(**{time_field: moment, f"pk__{beyond}": int(pk)})
             )
@@ -95,6 +133,14 @@ def count_up_to(queryset, cap):
 def render_partial(request, template, partial, context):
     """htmx asks for one named fragment of the page; a plain request gets the page."""
     from django.shortcuts import render
+    from django.template import TemplateDoesNotExist
+    from django.template.loader import get_template
 
     name = f"{template}#{partial}" if request.htmx and partial else template
+    # The overview takes the fragment's name from ?partial=: an unknown one is a 400.
+    if name != template:
+        try:
+            get_template(name)
+        except TemplateDoesNotExist:
+            return HttpResponseBadRequest("no such fragment")
     return render(request, name, context)

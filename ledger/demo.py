@@ -38,7 +38,7 @@ from .models import Action, ActionStatus, ActionType, Agent, AuditEvent, Capabil
 from .runner import StepContext, _checkpoint, _fail
 from .sandbox.models import SandboxBooking, SandboxMessage, SandboxOrder, SandboxRefund, effect_save
 from .tasks import task_request
-from .workflows import WORKFLOW_NAMES, ActionSpec, StepFailed, registry
+from .workflows import WORKFLOWS, ActionSpec, StepFailed
 
 S = ActionStatus
 SETUP_ACTOR = "system:setup_roles"
@@ -68,7 +68,7 @@ OBJECT_PERMS = {
 def roles_capabilities():
     """One Capability per action type and per workflow (created if missing)."""
     return [capability(Capability.Kind.ACTION_TYPE, name) for name in ActionType.values] + [
-        capability(Capability.Kind.WORKFLOW, name) for name in WORKFLOW_NAMES
+        capability(Capability.Kind.WORKFLOW, name) for name in WORKFLOWS
     ]
 
 
@@ -267,7 +267,7 @@ def task_run_demo(task, *, fail_at=None):
     runner's `_fail`: retry later, dead-letter or fail). An effect step whose action is not
     settled makes the task wait for a person, as the runner does."""
     claim = task.fence
-    workflow = registry()[task.workflow]
+    workflow = WORKFLOWS[task.workflow]
     ctx = StepContext(task=task, input=task.input)
     for row in task.steps.order_by("position"):
         if row.status == StepStatus.DONE:

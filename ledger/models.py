@@ -151,6 +151,8 @@ class Action(LeasedWork):
     target = models.CharField(max_length=255)
     customer = models.CharField(max_length=255, blank=True, default="")
     params = models.JSONField()
+    # The refund amount and currency again, as columns: limits, daily totals and the queues
+    # sum and filter on them. Written once, with params, by the intake; never changed.
     amount = models.DecimalField(max_digits=18, decimal_places=3, null=True, blank=True)
     currency = models.CharField(max_length=3, blank=True, default="")
     decision_id = models.CharField(max_length=255, blank=True, default="")
@@ -483,6 +485,7 @@ class TaskStep(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["task", "position"], name="taskstep_unique_position"),
             models.UniqueConstraint(fields=["task", "name"], name="taskstep_unique_name"),
+            models.CheckConstraint(condition=Q(status__in=StepStatus.values), name="taskstep_status_valid"),
         ]
 
     def __str__(self):
@@ -525,7 +528,13 @@ class Booking(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["resource", "start"], name="booking_resource_idx")]
-        constraints = [models.CheckConstraint(condition=Q(end__gt=models.F("start")), name="booking_ends_after_start")]
+        constraints = [
+            models.CheckConstraint(condition=Q(end__gt=models.F("start")), name="booking_ends_after_start"),
+            # The exclusion constraint covers pending and confirmed rows: a stray status
+            # would slip a live booking past it.
+            models.CheckConstraint(condition=Q(status__in=["pending", "confirmed", "released"]),
+                                   name="booking_status_valid"),
+        ]
 
     def __str__(self):
         return f"{self.resource} {self.start:%Y-%m-%d %H:%M}–{self.end:%H:%M} ({self.status})"

@@ -27,7 +27,7 @@ from .models import PERSON_STATUSES, Action, ActionStatus, AuditEvent, StepStatu
 from .retry import backoff_until
 from .statemachine import StaleClaim
 from .tasks import defer_until
-from .workflows import StepFailed, registry
+from .workflows import WORKFLOWS, StepFailed
 
 logger = logging.getLogger("surety.runner")
 A = ActionStatus
@@ -46,7 +46,7 @@ class Paused(Exception):
 
 def task_run(task):
     claim = task.fence
-    workflow = registry()[task.workflow]
+    workflow = WORKFLOWS[task.workflow]
     ctx = StepContext(task=task, input=task.input)
     try:
         for row in task.steps.order_by("position"):

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from .actions import KeyReused, fingerprint
 from .models import PERSON_STATUSES, AuditEvent, Task, TaskState, TaskStep
-from .workflows import registry
+from .workflows import WORKFLOWS
 
 T = TaskState
 
@@ -29,7 +29,7 @@ def task_request(*, agent, task_id, workflow, input):
                 )
                 TaskStep.objects.bulk_create(
                     TaskStep(task=task, position=i, name=step.name, idempotency_key=step.key(task))
-                    for i, step in enumerate(registry()[workflow].steps)
+                    for i, step in enumerate(WORKFLOWS[workflow].steps)
                 )
                 AuditEvent.objects.record(actor=agent, verb="requested", obj=task, after={"state": task.state})
                 task._moved()  # a new queued task: ring the runner after commit

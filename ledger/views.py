@@ -3,15 +3,16 @@
 import csv
 import functools
 import operator
+import re
 
 from django.contrib import messages
+from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
 from django.db import connection
 from django.db.models import Count, Min, Q, Value
-from django.http import StreamingHttpResponse
+from django.http import Http404, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_POST
 
 from approvals.access import APPROVE, RESOLVE, WORK_DLQ, decidable_names, user_may
@@ -19,13 +20,14 @@ from approvals.models import ReviewItem, ReviewKind, ReviewStatus
 from dlq.views import open_deadletter_count
 
 from .agents import agent_create, agent_rotate_token, capabilities_named
-from .dashboard import keyset_page, planner_estimates, render_partial, shown_estimate, staff_required
+from .dashboard import keyset_page, parse_moment, planner_estimates, render_partial, shown_estimate, staff_required
 from .grants import agent_grant, agent_revoke
 from .models import IN_FLIGHT_STATUSES, Action, ActionStatus, ActionType, Agent, AuditEvent, Capability, Task
 from .tasks import task_run_now
-from .workflows import WORKFLOW_NAMES
+from .workflows import WORKFLOWS
 
 STATUS_ORDER = list(ActionStatus.values)
+AGENT_NAME = re.compile(r"[A-Za-z0-9_-]+")  # Agent.name is a SlugField (ASCII)
 # Above this many actions in one of the statuses that only grow with history, the overview shows
 # an estimate instead of an exact count (see _status_counts).
 HISTORY_EXACT_UP_TO = 1000
@@ -127,7 +129,9 @@ def ledger_search(request):
         actions = actions.filter(agent_id=agent_id) if agent_id is not None else actions.none()
     if q.get("status") in STATUS_ORDER:
         actions = actions.filter(status=q["status"])
-    since, until = parse_datetime(q.get("since", "") or ""), parse_datetime(q.get("until", "") or "")
+    # Parse_moment, not parse_datetime: impossible dates were a 500 and naive
+    # (datetime-local) ones a RuntimeWarning; see ledger.dashboard.parse_moment.
+    since, until = parse_moment(q.get("since")), parse_moment(q.get("until"))
     if since:
         actions = actions.filter(created_at__gte=since)
     if until:
@@ -140,14 +144,10 @@ def ledger_search(request):
     return render_partial(request, "ledger/search.html", "results" if request.htmx else None, context)
 
 
-def _history(obj):
-    return AuditEvent.objects.filter(object_type=obj._meta.label_lower, object_id=str(obj.pk)).order_by("id")
-
-
 @staff_required
 def action_detail(request, pk):
     action = get_object_or_404(Action.objects.select_related("agent", "task"), pk=pk)
-    context = {"action": action, "history": _history(action),
+    context = {"action": action, "history": AuditEvent.objects.history(action),
                "items": action.review_items.order_by("-id"),
                "siblings": Action.objects.filter(target=action.target).exclude(pk=action.pk).order_by("-id")[:10]}
     return render(request, "ledger/action_detail.html", context)
@@ -156,7 +156,7 @@ def action_detail(request, pk):
 @staff_required
 def task_detail(request, pk):
     task = get_object_or_404(Task.objects.select_related("agent"), pk=pk)
-    context = {"task": task, "steps": task.steps.all(), "history": _history(task),
+    context = {"task": task, "steps": task.steps.all(), "history": AuditEvent.objects.history(task),
                "actions": task.actions.order_by("id"), "dead_letters": task.dead_letters.order_by("-id"),
                "may_run": user_may(request.user, WORK_DLQ, Capability.Kind.WORKFLOW, task.workflow)}
     return render(request, "ledger/task_detail.html", context)
@@ -190,13 +190,20 @@ def agent_list(request):
         try:
             if not name or Agent.objects.filter(name=name).exists():
                 raise ValueError("give a new, unused name")
+            # The name is a SlugField of 100 and becomes the username
+            # "agent-<name>" (150, unique). Over-long names and a taken username were 500s
+            # (DataError, IntegrityError); spaces, "/" and non-ASCII were stored unvalidated.
+            if len(name) > 100 or not AGENT_NAME.fullmatch(name):
+                raise ValueError("a name is 1 to 100 letters, digits, '-' or '_'")
+            if get_user_model().objects.filter(username=f"agent-{name}").exists():
+                raise ValueError(f"the username agent-{name} is taken; choose another name")
             agent, token = agent_create(name, actor=request.user, grants=grants, owner=request.user)
         except ValueError as exc:
             messages.error(request, str(exc))
             return redirect("agent-list")
         return render(request, "ledger/agent_token.html", {"agent": agent, "token": token})
     agents = Agent.objects.select_related("owner").annotate(actions_count=Count("actions"))
-    grantable = sorted({*ActionType.values, *WORKFLOW_NAMES})
+    grantable = sorted({*ActionType.values, *WORKFLOWS})
     return render(request, "ledger/agents.html", {"agents": agents, "grantable": grantable,
                                                    "may_manage": request.user.has_perm("ledger.change_agent")})
 
@@ -207,6 +214,10 @@ def agent_change(request, pk, op):
     _agents_admin(request)
     agent = get_object_or_404(Agent, pk=pk)
     reason = request.POST.get("reason", "")
+    # Any op but "grant" and "rotate" used to revoke (POST /agents/1/delete took
+    # the capability away). Only the three known operations are done.
+    if op not in ("grant", "revoke", "rotate"):
+        raise Http404("unknown operation")
     if op == "rotate":
         token = agent_rotate_token(agent, actor=request.user, reason=reason)
         return render(request, "ledger/agent_token.html", {"agent": agent, "token": token})
@@ -229,7 +240,7 @@ def _audit_filtered(q):
     for field in ("actor", "verb", "object_type", "object_id"):
         if q.get(field):
             events = events.filter(**{field: q[field].strip()})
-    since = parse_datetime(q.get("since", "") or "")
+    since = parse_moment(q.get("since"))
     if since:
         events = events.filter(occurred_at__gte=since)
     return events

@@ -7,7 +7,6 @@ its limit, an `unknown` one goes to a person instead.
 
 import hashlib
 import hmac
-import json
 import logging
 import time
 
@@ -18,6 +17,7 @@ from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
+from .json_input import loads_storable
 from .models import Action, ActionStatus, WebhookEvent
 
 logger = logging.getLogger("surety.webhooks")
@@ -61,7 +61,7 @@ def webhook_receive(request, connector):
     if not signature_valid(request.headers.get("Sandbox-Signature", ""), raw, secret):
         return _problem(400, "bad, missing or stale signature")
     try:
-        event = json.loads(raw)
+        event = loads_storable(raw)
         event_id, event_type, data = str(event["id"]), str(event["type"]), event.get("data") or {}
     except (ValueError, KeyError, TypeError):
         return _problem(400, "the body is not an event")

@@ -133,6 +133,8 @@ class ActionDetailView(APIView):
     def get(self, request, operation_key):
         seconds = wait_seconds(request)
         mine = Action.objects.select_related("task").filter(agent=request.auth, operation_key=operation_key)
+        if "\x00" in operation_key:  # PostgreSQL text holds no NUL, so no key has one
+            mine = mine.none()
         action = poll(load_own(mine, "action"), lambda a: a.status in UNSETTLED_ACTION, seconds)
         return Response(ActionSerializer(action).data)
 
@@ -162,5 +164,7 @@ class TaskDetailView(APIView):
     def get(self, request, task_id):
         seconds = wait_seconds(request)
         mine = Task.objects.filter(agent=request.auth, task_id=task_id)
+        if "\x00" in task_id:  # PostgreSQL text holds no NUL, so no task id has one
+            mine = mine.none()
         task = poll(load_own(mine, "task"), lambda t: t.state in UNSETTLED_TASK, seconds)
         return Response(checkpoint(task))

@@ -34,12 +34,32 @@ class CurrencyField(forms.CharField):
 
 class UTCDateTimeField(forms.DateTimeField):
     def clean(self, value):
+        # A JSON number reached DateTimeField.to_python (AttributeError on
+        # .strip()) and a time at the calendar's edge ("0001-01-01T00:00+01:00") overflowed
+        # converting to UTC (OverflowError): both were 500s.
+        if value is not None and not isinstance(value, str):
+            raise ValidationError("Must be an ISO 8601 date-time string.")
         # Naive times are taken as UTC (the project's time zone); aware ones are kept in UTC so a
         # stored booking and a fresh one render alike.
-        return super().clean(value).astimezone(UTC)
+        try:
+            return super().clean(value).astimezone(UTC)
+        except OverflowError:
+            raise ValidationError("Out of range.") from None
 
 
-class EffectForm(forms.Form):
+class StringsOnly:
+    """A CharField takes any JSON value and stores its str() (an order_id sent
+    as ["ORD-1"] was stored as "['ORD-1']"). Text fields of these forms take strings only."""
+
+    def clean(self):
+        for name, field in self.fields.items():
+            value = self.data.get(name)
+            if isinstance(field, forms.CharField) and value is not None and not isinstance(value, str):
+                self.add_error(name, "Must be a string.")
+        return super().clean()
+
+
+class EffectForm(StringsOnly, forms.Form):
     """A write call's `metadata`, which may carry the ledger's operation key."""
 
     metadata = forms.Field(required=False)
@@ -86,17 +106,18 @@ class BookingForm(EffectForm):
         return cleaned
 
 
-class OrderForm(forms.Form):
+class OrderForm(StringsOnly, forms.Form):
     order_id = forms.CharField(max_length=255)
     customer = forms.CharField(max_length=255)
     amount = AmountField()
     currency = CurrencyField()
 
 
-class FaultForm(forms.Form):
+class FaultForm(StringsOnly, forms.Form):
     target = forms.CharField(max_length=255)
     fault = forms.ChoiceField(choices=SandboxFault.Kind.choices)
-    times = forms.IntegerField(min_value=1, required=False)
+    # At most what the column (a PostgreSQL integer) holds.
+    times = forms.IntegerField(min_value=1, max_value=2**31 - 1, required=False)
 
     def clean_times(self):
         return self.cleaned_data["times"] or 1

@@ -3,8 +3,8 @@
 Errors are `{"error": {"code", "message", …}}`, as a payments provider would answer.
 """
 
+import functools
 import hmac
-import json
 import time
 
 from django.conf import settings
@@ -12,6 +12,7 @@ from django.db import transaction
 from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from ledger.json_input import loads_storable
 from ledger.models import Agent
 
 from . import forms
@@ -77,7 +78,7 @@ def endpoint(**views_by_method):
 
 def _json_body(request):
     try:
-        data = json.loads(request.body or b"null")
+        data = loads_storable(request.body or b"null")
     except (ValueError, UnicodeDecodeError):
         raise InvalidInput({"body": ["Must be JSON."]}) from None
     if not isinstance(data, dict):
@@ -100,7 +101,12 @@ def _idempotency_key(request):
 
 
 def _filters(request, *names):
-    return {name: request.GET[name] for name in names if name in request.GET}
+    found = {name: request.GET[name] for name in names if name in request.GET}
+    # PostgreSQL refuses NUL in a query (DataError, a 500).
+    bad = {name: ["Must not contain NUL."] for name, value in found.items() if "\x00" in value}
+    if bad:
+        raise InvalidInput(bad)
+    return found
 
 
 def _write(effect, *, target, body, check=None):
@@ -134,6 +140,12 @@ def _write(effect, *, target, body, check=None):
 # --- Refunds ----------------------------------------------------------------------------------
 
 
+def _effect_create(request, form_class, model, *, target, body, check=None):
+    """One effect from a write call: the form's cleaned fields are named as the model's."""
+    effect = model(**_valid(form_class, request), idempotency_key=_idempotency_key(request))
+    return _write(effect, target=getattr(effect, target), body=body, check=check and functools.partial(check, effect))
+
+
 def _refund_body(refund):
     return {
         "id": refund.refund_id,
@@ -149,16 +161,7 @@ def _refund_body(refund):
 
 
 def refund_create(request):
-    data = _valid(forms.RefundForm, request)
-    refund = SandboxRefund(
-        order_id=data["order_id"],
-        amount=data["amount"],
-        currency=data["currency"],
-        metadata=data["metadata"],
-        operation_key=data["operation_key"],
-        idempotency_key=_idempotency_key(request),
-    )
-    return _write(refund, target=refund.order_id, body=_refund_body)
+    return _effect_create(request, forms.RefundForm, SandboxRefund, target="order_id", body=_refund_body)
 
 
 def refund_list(request):
@@ -185,17 +188,7 @@ def _message_body(message):
 
 
 def message_create(request):
-    data = _valid(forms.MessageForm, request)
-    message = SandboxMessage(
-        recipient=data["recipient"],
-        channel=data["channel"],
-        message_type=data["message_type"],
-        body=data["body"],
-        metadata=data["metadata"],
-        operation_key=data["operation_key"],
-        idempotency_key=_idempotency_key(request),
-    )
-    return _write(message, target=message.recipient, body=_message_body)
+    return _effect_create(request, forms.MessageForm, SandboxMessage, target="recipient", body=_message_body)
 
 
 def message_list(request):
@@ -223,18 +216,8 @@ def _booking_body(booking):
 
 
 def booking_create(request):
-    data = _valid(forms.BookingForm, request)
-    booking = SandboxBooking(
-        resource=data["resource"],
-        customer=data["customer"],
-        service=data["service"],
-        start=data["start"],
-        end=data["end"],
-        metadata=data["metadata"],
-        operation_key=data["operation_key"],
-        idempotency_key=_idempotency_key(request),
-    )
-    return _write(booking, target=booking.resource, body=_booking_body, check=booking.ensure_slot_free)
+    return _effect_create(request, forms.BookingForm, SandboxBooking, target="resource", body=_booking_body,
+                          check=SandboxBooking.ensure_slot_free)
 
 
 def booking_list(request):
@@ -275,7 +258,8 @@ def order_create(request):
 
 
 def order_detail(request, order_id):
-    order = SandboxOrder.objects.filter(order_id=order_id).first()
+    # PostgreSQL text holds no NUL, so no order id has one.
+    order = SandboxOrder.objects.filter(order_id=order_id).first() if "\x00" not in order_id else None
     if order is None:
         return error_response(404, "order_not_found", f"No order {order_id}.")
     refunds = SandboxRefund.objects.filter(order_id=order_id)
