@@ -5,14 +5,20 @@ from decimal import Decimal
 from django.db.models import Sum
 from django.utils import timezone
 
+from ledger.compiled import Compiled
+
 from .models import Limit
 from .policies import RUN, money, verdict_for
+
+
+# Asked on every request (compiled once: see ledger/compiled.py).
+_limit = Compiled(lambda action_type, currency: Limit.objects.filter(action_type=action_type, currency=currency))
 
 
 def limit_for(action_type, currency):
     if not currency:
         return None
-    return Limit.objects.filter(action_type=action_type, currency=currency).first()
+    return _limit.first(action_type, currency)
 
 
 def verdict_for_request(*, action_type, amount, currency, customer):

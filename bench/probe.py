@@ -148,7 +148,7 @@ def profile(token, repeat=300, top=25):
     r.action_post(keys[0] + "-warm")
     reports = {}
     for name in ("action_new", "action_replay"):
-        prof = cProfile.Profile()
+        prof = cProfile.Profile(time.process_time)
         prof.enable()
         for key in keys:
             r.action_post(key)

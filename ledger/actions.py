@@ -13,6 +13,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from .compiled import Compiled, insert
 from .models import IN_FLIGHT_STATUSES, Action, ActionStatus, ActionType, AuditEvent, Booking
 
 S = ActionStatus
@@ -45,34 +46,49 @@ def _lock_subjects(*subjects):
     """Serialise requests about the same order, recipient or customer (PostgreSQL).
 
     Without it two requests for one order, arriving together, would each see the other
-    not yet in flight and both run. Locks are taken in a fixed order so two requests never
-    wait on each other's second lock. SQLite's IMMEDIATE transactions already serialise.
+    not yet in flight and both run. Locks are taken in a fixed order (PostgreSQL evaluates
+    a select list left to right) so two requests never wait on each other's second lock.
+    SQLite's IMMEDIATE transactions already serialise.
     """
     if connection.vendor != "postgresql":
         return
     keys = sorted({zlib.crc32(s.encode()) - 2**31 for s in subjects if s})
     with connection.cursor() as cursor:
-        for key in keys:
-            cursor.execute("SELECT pg_advisory_xact_lock(1, %s)", [key])
+        cursor.execute("SELECT " + ", ".join(["pg_advisory_xact_lock(1, %s)"] * len(keys)), keys)
+
+
+def _same_subject(target, customer):
+    return Q(target=target) | (Q(customer=customer) if customer else Q(pk__in=[]))
 
 
 def _in_flight_locked(target, customer):
     """Take the target's and customer's locks; return the actions in flight on either."""
     _lock_subjects(f"target:{target}", customer and f"customer:{customer}")
-    same_subject = Q(target=target) | (Q(customer=customer) if customer else Q(pk__in=[]))
-    return Action.objects.filter(same_subject, status__in=IN_FLIGHT_STATUSES)
+    return Action.objects.filter(_same_subject(target, customer), status__in=IN_FLIGHT_STATUSES)
+
+
+# The intake's one read under its locks: the key's own row, if a twin committed it, and
+# what is in flight on the same target or customer (compiled once: see compiled.py).
+_key_or_in_flight = Compiled(lambda key, target, customer="": Action.objects.filter(
+    Q(operation_key=key) | (_same_subject(target, customer) & Q(status__in=IN_FLIGHT_STATUSES))
+).select_for_update().order_by("id"))
+_by_key = Compiled(lambda key: Action.objects.filter(operation_key=key).order_by())
+
+
+def action_by_key(operation_key):
+    return _by_key.first(operation_key)
 
 
 def action_request(*, agent, operation_key, action_type, target, params, customer="", decision_id="",
                    amount=None, currency="", task=None):
     """Return `(action, created)`: the row for this key, created now or as it stands.
 
-    1. A key that exists answers at once: same fingerprint -> the stored action; another
-       -> KeyReused. Nothing is executed again either way.
-    2. Otherwise, under the subjects' locks: look again (a twin may just have committed),
-       find what is in flight on the same target or customer, ask the limits.
-    3. Insert `queued`, `awaiting_approval` or `held`; hold the not-yet-started siblings;
-       audit; enqueue the executor after commit. The unique key is the final arbiter.
+    1. Under the subjects' locks, read the key's row and what is in flight on the same
+       target or customer. A key that exists answers at once: same fingerprint -> the
+       stored action; another -> KeyReused. Nothing is executed again either way.
+    2. Otherwise ask the limits; insert `queued`, `awaiting_approval` or `held`; hold the
+       not-yet-started siblings; audit; ring the executor after commit. The unique key is
+       the final arbiter. (The API answers most replays before this, see api/views.py.)
     """
     from approvals.intake import verdict_for_request
     from approvals.reviews import review_follow_action
@@ -81,17 +97,16 @@ def action_request(*, agent, operation_key, action_type, target, params, custome
 
     # A booking's customer is part of what is asked (the provider books for them).
     print_ = fingerprint(action_type, target, {**params, "customer": customer} if action_type == "create_booking" else params)
-    existing = Action.objects.filter(operation_key=operation_key).first()
-    if existing:
-        return _replay(existing, print_)
     amount = None if amount in (None, "") else Decimal(str(amount))
     try:
         with transaction.atomic():
-            in_flight = _in_flight_locked(target, customer)
-            existing = Action.objects.filter(operation_key=operation_key).first()
+            _lock_subjects(f"target:{target}", customer and f"customer:{customer}")
+            found = _key_or_in_flight.all(operation_key, target, customer) if customer else \
+                _key_or_in_flight.all(operation_key, target)
+            existing = next((a for a in found if a.operation_key == operation_key), None)
             if existing:
                 return _replay(existing, print_)
-            siblings = list(in_flight.select_for_update().order_by("id"))
+            siblings = found
             verdict = verdict_for_request(action_type=action_type, amount=amount, currency=currency, customer=customer)
             if siblings:
                 status = S.HELD
@@ -102,12 +117,12 @@ def action_request(*, agent, operation_key, action_type, target, params, custome
                 status, reason = S.AWAITING_APPROVAL, verdict.reason
             else:
                 status, reason = S.QUEUED, ""
-            action = Action.objects.create(
+            action = insert(Action(
                 operation_key=operation_key, fingerprint=print_, action_type=action_type, target=target,
                 customer=customer, params=params, amount=amount, currency=currency, decision_id=decision_id,
                 task=task, agent=agent, status=status,
                 next_attempt_at=timezone.now() if status == S.QUEUED else None,
-            )
+            ))
             if action_type == ActionType.CREATE_BOOKING:
                 _book(action)
             AuditEvent.objects.record(actor=agent, verb="requested", obj=action, after={"status": status}, reason=reason)
@@ -120,12 +135,11 @@ def action_request(*, agent, operation_key, action_type, target, params, custome
                 ring_after_commit("actions")
     except IntegrityError:
         # The same key, inserted meanwhile by a request about another subject.
-        existing = Action.objects.filter(operation_key=operation_key).first()
+        existing = action_by_key(operation_key)
         if existing is None:
             raise
         return _replay(existing, print_)
     return action, True
-
 
 
 def action_retry(action, *, actor, reason):

@@ -15,6 +15,7 @@ from django.contrib.auth import get_user_model
 from django.db import connection, models, transaction
 from django.utils import timezone
 
+from .compiled import insert
 from .middleware import current_request_id
 
 
@@ -65,8 +66,7 @@ class AuditEventManager(models.Manager):
             last = self.filter(seq__isnull=False).order_by("-seq").values_list("seq", "hash").first()
             event.seq, event.prev_hash = (last[0] + 1, last[1]) if last else (1, "")
             event.hash = chain_hash(event.prev_hash, event.content_hash, event.seq)
-        event.save(force_insert=True)
-        return event
+        return insert(event)
 
     def history(self, obj):
         """Every event about `obj`, oldest first."""

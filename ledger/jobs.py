@@ -13,7 +13,7 @@ from datetime import timedelta
 
 import django_rq
 import redis
-from rq.exceptions import NoSuchJobError
+from rq.exceptions import InvalidJobOperation
 from rq.job import Job, JobStatus
 from django.conf import settings
 from django.db import transaction
@@ -29,6 +29,20 @@ def _doorbell(kind):
     return f"surety:doorbell:{kind}"
 
 
+_clients = {}
+
+
+def redis_connection():
+    """One Redis client, and so one connection pool, per process and configuration:
+    django-rq builds a new client, hence a new TCP connection, on every call."""
+    config = settings.RQ_QUEUES["default"]
+    key = tuple(sorted((k, str(v)) for k, v in config.items()))
+    client = _clients.get(key)
+    if client is None:
+        client = _clients.setdefault(key, django_rq.get_connection("default"))
+    return client
+
+
 def enqueue(func, *args, at=None):
     """Hand work to RQ. Without Redis (the embedded default) run it here and now; work
     due later is then left to the sweeper's next pass."""
@@ -41,7 +55,7 @@ def enqueue(func, *args, at=None):
             finally:
                 _in_process.reset(token)
         return None
-    queue = django_rq.get_queue("default")
+    queue = django_rq.get_queue("default", connection=redis_connection())
     options = {"job_timeout": DRAIN_SECONDS * 3, "result_ttl": 0, "failure_ttl": 3600}
     try:
         if at is None:
@@ -64,7 +78,7 @@ def ring(kind):
         enqueue(DRAINS[kind])
         return
     try:
-        connection = django_rq.get_connection("default")
+        connection = redis_connection()
         announced = connection.get(_doorbell(kind))
         if announced and _waiting(announced.decode(), connection):
             return
@@ -76,9 +90,9 @@ def ring(kind):
 
 
 def _waiting(job_id, connection):
-    try:
-        return Job.fetch(job_id, connection=connection).get_status() == JobStatus.QUEUED
-    except NoSuchJobError:
+    try:  # only the status field: fetching the whole job costs more than the ring itself
+        return Job(job_id, connection=connection).get_status() == JobStatus.QUEUED
+    except InvalidJobOperation:
         return False
 
 
@@ -94,7 +108,7 @@ def _drain(kind, claim_next, run_claimed):
     from .executor import worker_name
 
     if settings.RQ_ASYNC:
-        django_rq.get_connection("default").delete(_doorbell(kind))
+        redis_connection().delete(_doorbell(kind))
     owner = worker_name()
     deadline = time.monotonic() + DRAIN_SECONDS
     handled = 0

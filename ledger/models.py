@@ -15,6 +15,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from .audit import AuditEventManager
+from .compiled import Compiled
 from .statemachine import InvalidTransition, LeasedWork, StaleClaim  # noqa: F401 (re-exported)
 
 
@@ -23,14 +24,10 @@ from .statemachine import InvalidTransition, LeasedWork, StaleClaim  # noqa: F40
 
 class AgentManager(models.Manager):
     def for_token(self, token):
+        """The active agent whose token this is, or None; its user is loaded when first used."""
         if not token:
             return None
-        return (
-            self.select_related("user")
-            .only("name", "grants_version", "user", "user__username", "user__is_active")
-            .filter(token_hash=Agent.hash_token(token), is_active=True)
-            .first()
-        )
+        return _agent_by_token_hash.first(Agent.hash_token(token))
 
 
 class Agent(models.Model):
@@ -68,6 +65,13 @@ class Agent(models.Model):
     @staticmethod
     def new_token():
         return "sur_" + secrets.token_urlsafe(32)
+
+
+# Every API request authenticates: compiled once (see ledger/compiled.py).
+_agent_by_token_hash = Compiled(
+    lambda digest: Agent.objects.filter(token_hash=digest, is_active=True)
+    .only("name", "user_id", "grants_version", "is_active").order_by()
+)
 
 
 class Capability(models.Model):

@@ -1,8 +1,9 @@
 import time
 
 from django.conf import settings
+from django.utils.functional import SimpleLazyObject
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
-from rest_framework import authentication, exceptions
+from rest_framework import authentication, exceptions, permissions
 from rest_framework.throttling import BaseThrottle
 
 from ledger.models import Agent
@@ -22,10 +23,18 @@ class AgentTokenAuthentication(authentication.BaseAuthentication):
         agent = Agent.objects.for_token(header[1].decode("latin-1"))
         if agent is None:
             raise exceptions.AuthenticationFailed("Unknown or revoked token.")
-        return agent.user, agent
+        # The user only matters to code that asks for it (the API checks request.auth).
+        return SimpleLazyObject(lambda: agent.user), agent
 
     def authenticate_header(self, request):
         return f'{self.keyword} realm="api"'
+
+
+class IsAgent(permissions.BasePermission):
+    """The request carries an active agent's token (request.auth is that agent)."""
+
+    def has_permission(self, request, view):
+        return isinstance(request.auth, Agent)
 
 
 class AgentRateThrottle(BaseThrottle):

@@ -8,13 +8,13 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ledger.actions import KeyReused, SlotTaken, action_request
+from ledger.actions import KeyReused, SlotTaken, action_by_key, action_request
 from ledger.grants import agent_may
 from ledger.models import Action, ActionStatus, Capability, Task, TaskState
 from ledger.tasks import task_request
 
 from .problems import Problem
-from .serializers import ActionRequestSerializer, ActionSerializer, TaskRequestSerializer, checkpoint
+from .serializers import ActionRequestSerializer, ActionSerializer, TaskRequestSerializer, asks_again, checkpoint
 
 KEY_HEADER = OpenApiParameter(
     "Idempotency-Key", OpenApiTypes.STR, OpenApiParameter.HEADER, required=True,
@@ -85,10 +85,11 @@ def recorded(request, key, intake, represent):
         raise Problem(409, "booking_conflict", "Slot taken", f"{exc}; nothing was recorded.") from None
     if obj.agent_id != request.auth.pk:
         raise key_reused(key)
-    response = Response(represent(obj), status=201 if created else 200)
-    if not created:
-        response["Idempotent-Replayed"] = "true"
-    return response
+    return Response(represent(obj), status=201) if created else replayed(represent(obj))
+
+
+def replayed(body):
+    return Response(body, headers={"Idempotent-Replayed": "true"})
 
 
 def load_own(queryset, what):
@@ -110,10 +111,15 @@ class ActionCreateView(APIView):
     )
     def post(self, request):
         key = idempotency_key(request)
+        agent = request.auth
+        stored = action_by_key(key)
+        if stored is not None and stored.agent_id == agent.pk and asks_again(stored, request.data):
+            # The very request that was recorded (so valid as it was): answered from the row.
+            require_grant(agent, Capability.Kind.ACTION_TYPE, stored.action_type)
+            return replayed(ActionSerializer(stored).data)
         incoming = ActionRequestSerializer(data=request.data)
         incoming.is_valid(raise_exception=True)
         data = incoming.validated_data
-        agent = request.auth
         require_grant(agent, Capability.Kind.ACTION_TYPE, data["action_type"])
         task = None
         if data["task_id"]:

@@ -1,0 +1,81 @@
+"""Statements compiled once, for the few lookups and inserts every request or step makes.
+
+Building and compiling a queryset costs several times what PostgreSQL needs to answer a
+lookup by a unique key (about 0.4 ms of Python against 0.1 ms). A `Compiled` lookup lets
+the ORM write the SQL once per thread, with markers where the values go; each call only
+binds the values, runs the SQL and builds the model instances as the ORM would (same
+converters, `Model.from_db`). `insert` does the same for a new row.
+"""
+
+import threading
+
+from django.db import connections, router
+from django.db.models import AutoField, BigAutoField, SmallAutoField
+
+
+class Compiled:
+    """`Compiled(lambda key: Action.objects.filter(operation_key=key))`, then `.first(key)`
+    or `.all(key)`. The values stand in for string fields; the queryset may not follow
+    relations in its SELECT (no select_related), since rows become instances of its model."""
+
+    def __init__(self, build):
+        self._build = build
+        self._local = threading.local()
+
+    def _plan(self, arity):
+        plans = self._local.__dict__.setdefault("plans", {})
+        if arity not in plans:
+            markers = [f"\x1ecompiled-value-{i}\x1e" for i in range(arity)]
+            queryset = self._build(*markers)
+            if queryset.query.select_related:
+                raise ValueError("Compiled lookups build instances of one model: no select_related")
+            compiler = queryset.query.get_compiler(queryset.db)
+            sql, params = compiler.as_sql()
+            slots = [(True, markers.index(p)) if p in markers else (False, p) for p in params]
+            columns = [col for col, _, _ in compiler.select]
+            plans[arity] = (queryset.model, queryset.db, sql, slots, [c.target.attname for c in columns],
+                            compiler, compiler.get_converters(columns))
+        return plans[arity]
+
+    def all(self, *values):
+        model, db, sql, slots, names, compiler, converters = self._plan(len(values))
+        params = [values[v] if is_marker else v for is_marker, v in slots]
+        with connections[db].cursor() as cursor:
+            cursor.execute(sql, params)
+            rows = cursor.fetchall()
+        if converters:
+            rows = compiler.apply_converters(rows, converters)
+        return [model.from_db(db, names, row) for row in rows]
+
+    def first(self, *values):
+        found = self.all(*values)
+        return found[0] if found else None
+
+
+_inserts = {}
+
+
+def insert(obj):
+    """INSERT a new instance as `obj.save(force_insert=True)` would (fields' pre_save and
+    database preparation alike), with the statement written once per model. No
+    pre_save/post_save signals are sent: nothing in Surety listens to them."""
+    model = type(obj)
+    alias = router.db_for_write(model, instance=obj)
+    connection = connections[alias]
+    plan = _inserts.get((model, alias))
+    if plan is None:
+        fields = [f for f in model._meta.local_concrete_fields
+                  if not isinstance(f, (AutoField, BigAutoField, SmallAutoField))]
+        quote = connection.ops.quote_name
+        sql = (f"INSERT INTO {quote(model._meta.db_table)} ({', '.join(quote(f.column) for f in fields)}) "
+               f"VALUES ({', '.join(['%s'] * len(fields))})")
+        if connection.features.can_return_columns_from_insert:
+            sql += f" RETURNING {quote(model._meta.pk.column)}"
+        plan = _inserts[(model, alias)] = (sql, fields)
+    sql, fields = plan
+    values = [f.get_db_prep_save(f.pre_save(obj, True), connection) for f in fields]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, values)
+        obj.pk = cursor.fetchone()[0] if connection.features.can_return_columns_from_insert else cursor.lastrowid
+    obj._state.adding, obj._state.db = False, alias
+    return obj

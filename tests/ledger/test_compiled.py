@@ -1,0 +1,85 @@
+"""Statements compiled once answer exactly what the ORM answers, and the doorbell reuses
+one Redis connection."""
+
+from decimal import Decimal
+
+import pytest
+import redis
+
+from ledger.compiled import Compiled, insert
+from ledger.jobs import ring
+from ledger.models import Action, AuditEvent
+from tests.factories import make_agent
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def an_action(agent, key, **fields):
+    return Action(operation_key=key, fingerprint="f" * 64, action_type="refund", target=f"ORD-{key}",
+                  customer="CUST-1", params={"amount": "25.50", "currency": "EUR", "nested": {"a": [1, 2]}},
+                  amount=Decimal("25.50"), currency="EUR", agent=agent, status="cancelled", **fields)
+
+
+def field_values(obj):
+    return {f.attname: getattr(obj, f.attname) for f in type(obj)._meta.concrete_fields}
+
+
+def test_insert_writes_what_save_writes():
+    agent, _ = make_agent("billing")
+    saved = an_action(agent, "by-save")
+    saved.save(force_insert=True)
+    inserted = insert(an_action(agent, "by-insert"))
+
+    assert inserted.pk is not None and not inserted._state.adding
+    a, b = (field_values(Action.objects.get(pk=x.pk)) for x in (saved, inserted))
+    differs = {k for k in a if a[k] != b[k]}
+    assert differs == {"id", "operation_key", "target", "created_at", "updated_at"}
+
+
+def test_a_compiled_lookup_returns_the_instances_the_orm_returns():
+    agent, _ = make_agent("billing")
+    for key in ("k1", "k2", "k3"):
+        insert(an_action(agent, key))
+    by_key = Compiled(lambda key: Action.objects.filter(operation_key=key))
+    by_target_or_key = Compiled(lambda key, target: Action.objects.filter(operation_key=key) | Action.objects.filter(
+        target=target).order_by("id"))
+
+    found = by_key.first("k2")
+    assert field_values(found) == field_values(Action.objects.get(operation_key="k2"))
+    assert isinstance(found.amount, Decimal) and found.params["nested"] == {"a": [1, 2]}
+    assert by_key.first("k9") is None
+    assert [a.operation_key for a in by_target_or_key.all("k1", "ORD-k3")] == ["k1", "k3"]
+    # The values are bound, never spliced into the SQL.
+    assert by_key.first("k1' OR '1'='1") is None
+
+
+def test_a_compiled_lookup_refuses_what_it_cannot_build():
+    with pytest.raises(ValueError):
+        Compiled(lambda key: Action.objects.select_related("task").filter(operation_key=key)).first("k")
+
+
+def test_the_audit_entry_point_still_chains_events():
+    agent, _ = make_agent("billing")
+    action = insert(an_action(agent, "k1"))
+    from django.db import transaction
+
+    with transaction.atomic():
+        AuditEvent.objects.record(actor=agent, verb="requested", obj=action, after={"status": "cancelled"})
+    assert AuditEvent.objects.verify_chain() is None
+    assert AuditEvent.objects.history(action).get().after == {"status": "cancelled"}
+
+
+def test_ringing_reuses_one_redis_connection(jobs_to_test_redis, settings):
+    client = redis.Redis.from_url(settings.RQ_QUEUES["default"]["URL"])
+    db = client.connection_pool.connection_kwargs["db"]
+
+    def connections_to_this_db():
+        return sum(1 for c in client.client_list() if int(c["db"]) == db)
+
+    ring("actions")  # the first ring connects
+    before = connections_to_this_db()
+    for _ in range(30):
+        client.delete("surety:doorbell:actions")  # so that each ring enqueues a job
+        ring("actions")
+    assert connections_to_this_db() == before
+    assert len(client.lrange("rq:queue:default", 0, -1)) == 31

@@ -1,0 +1,95 @@
+"""A replayed POST is answered from the stored row; anything that is not the very same
+request still goes through validation and the intake, with their answers.
+
+No live server: the test client, and the run's own Redis for the doorbell (no worker
+listens), so nothing is executed.
+"""
+
+import json
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from ledger.grants import agent_revoke, capability
+from ledger.models import Action, AuditEvent, Capability
+from tests.factories import make_agent, refund_body
+
+KEY = "refund:ORD-8841:full:dec-77"
+
+
+@pytest.fixture
+def billing(client, db, jobs_to_test_redis):
+    agent, token = make_agent("billing")
+    client.defaults["HTTP_AUTHORIZATION"] = f"Bearer {token}"
+    return agent
+
+
+def post(client, body, key=KEY):
+    return client.generic("POST", "/api/v1/actions", json.dumps(body), content_type="application/json",
+                          headers={"Idempotency-Key": key})
+
+
+def statements(queries):
+    control = ("BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT", "RELEASE")
+    return [q["sql"] for q in queries.captured_queries if not q["sql"].lstrip().upper().startswith(control)]
+
+
+def test_the_same_request_again_reads_the_row_and_writes_nothing(client, billing):
+    first = post(client, refund_body())
+    assert first.status_code == 201
+    events = AuditEvent.objects.count()
+
+    with CaptureQueriesContext(connection) as queries:
+        again = post(client, refund_body())
+
+    assert again.status_code == 200
+    assert again["Idempotent-Replayed"] == "true"
+    assert again.json() == first.json()
+    # The agent by its token, the action by its key: no transaction, no lock, no write.
+    assert len(statements(queries)) == 2, statements(queries)
+    assert not any(q["sql"].startswith(("BEGIN", "INSERT", "UPDATE")) for q in queries.captured_queries)
+    assert AuditEvent.objects.count() == events
+
+
+def test_another_spelling_of_the_same_request_is_still_a_replay(client, billing):
+    assert post(client, refund_body(currency="eur")).status_code == 201
+    again = post(client, refund_body(currency="EUR"))
+    assert again.status_code == 200
+    assert again["Idempotent-Replayed"] == "true"
+    assert Action.objects.count() == 1
+
+
+@pytest.mark.parametrize(("change", "status", "code"), [
+    (lambda body: {**body, "params": {**body["params"], "amount": "26.00"}}, 422, "idempotency_key_reused"),
+    (lambda body: {**body, "target": "ORD-9999"}, 422, "idempotency_key_reused"),
+    (lambda body: {**body, "colour": "red"}, 400, "invalid"),
+    (lambda body: {**body, "params": {**body["params"], "amount": 25}}, 400, "invalid"),
+], ids=["another amount", "another target", "an unknown field", "a float amount"])
+def test_a_changed_request_on_a_used_key_gets_the_full_answer(client, billing, change, status, code):
+    first = post(client, refund_body())
+    assert first.status_code == 201
+
+    response = post(client, change(refund_body()))
+
+    assert response.status_code == status, response.content
+    assert response.json()["code"] == code
+    assert list(Action.objects.values_list("params", flat=True)) == [first.json()["params"]]
+
+
+def test_a_replay_needs_the_grant_still(client, billing):
+    assert post(client, refund_body()).status_code == 201
+    agent_revoke(billing, capability(Capability.Kind.ACTION_TYPE, "refund"), actor="system:tests")
+    response = post(client, refund_body())
+    assert response.status_code == 403
+    assert response.json()["code"] == "forbidden"
+
+
+def test_another_agents_key_is_never_shown(client, billing):
+    assert post(client, refund_body()).status_code == 201
+    _, token = make_agent("support")
+    client.defaults["HTTP_AUTHORIZATION"] = f"Bearer {token}"
+    response = post(client, refund_body())
+    assert response.status_code == 422
+    assert response.json()["code"] == "idempotency_key_reused"
+    assert "ORD-8841" not in response.content.decode().replace(KEY, "")
