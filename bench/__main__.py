@@ -2,7 +2,8 @@
 
 One run, one gunicorn (gthread; the same workers and threads for every HTTP figure), one
 fresh PostgreSQL database `surety_bench`, Redis DB 15, a load generator in a separate process
-on loopback (bench/load.py), fixed durations after a warm-up:
+on loopback (bench/load.py; each of its connections is reopened after 50 requests, so that
+the load spreads over the gunicorn processes), fixed durations after a warm-up:
 
   (a) baselines: a bare Django view inserting a row (insert + a second write: two commits) and
       one reading a row by unique key (bench/baseline/), served with the same settings;

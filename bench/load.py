@@ -135,7 +135,9 @@ class Run:
                 self.statuses[status] = self.statuses.get(status, 0) + 1
             elif done < self.window_start:
                 self.warmup_requests += 1
-            if not keep_alive:
+            # A connection lives for a few dozen requests: which gunicorn process accepts it is
+            # chance, and 16 lifelong connections could all land on one process for a whole round.
+            if not keep_alive or seq % self.args.requests_per_connection == 0:
                 writer.close()
                 reader = writer = None
         if writer is not None:
@@ -187,6 +189,7 @@ def main(argv=None):
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--duration", type=float, default=10.0)
     parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument("--requests-per-connection", type=int, default=50)
     parser.add_argument("--count", type=int, help="send exactly this many requests (no warm-up), then stop")
     args = parser.parse_args(argv)
     if args.count is not None:

@@ -1,11 +1,11 @@
 """The one entry point for audit events, and the hash chain that makes tampering visible.
 
-Each event stores a digest of its own content and, once sealed, its place in a chain:
-`hash = sha256(prev_hash + content_hash + seq)`. On PostgreSQL the database seals events
-itself at commit (a deferred constraint trigger, see migration 0002), so the chain lock is
-the last lock a transaction takes and writers never deadlock on it; it also refuses every
-UPDATE and DELETE except that seal. SQLite serialises writers anyway, so there the chain
-is extended here, in Python, inside the same transaction.
+Each event stores a digest of its own content when it is written, in the transaction whose
+change it describes, and from then on the database refuses to change or delete it (see
+migrations 0002 and 0010). The sealer (`AuditEvent.objects.seal`, run by every sweeper
+pass) then gives the events committed since its last pass their place in one chain:
+`hash = sha256(prev_hash + content_hash + seq)`. Sealing there rather than at each commit
+keeps the chain's one lock off the requests: writers never queue behind each other for it.
 """
 
 import hashlib
@@ -62,11 +62,32 @@ class AuditEventManager(models.Manager):
         # Through JSON and back, so the digest is of exactly what the database will hold.
         event.before, event.after = json.loads(json.dumps([before, after], default=str))
         event.content_hash = content_hash(event.content_fields())
-        if connection.vendor != "postgresql":
-            last = self.filter(seq__isnull=False).order_by("-seq").values_list("seq", "hash").first()
-            event.seq, event.prev_hash = (last[0] + 1, last[1]) if last else (1, "")
-            event.hash = chain_hash(event.prev_hash, event.content_hash, event.seq)
         return insert(event)
+
+    def seal(self, batch=1000):
+        """Chain the events committed since the last seal, oldest id first; return how many.
+
+        Safe to run in several processes at once: they take turns on one lock (SQLite
+        serialises writers anyway). An event whose transaction commits after a pass, even
+        with a lower id, is chained by the next one: the chain is in the order of sealing.
+        """
+        sealed = 0
+        while True:
+            with transaction.atomic():
+                if connection.vendor == "postgresql":
+                    with connection.cursor() as cursor:
+                        cursor.execute("SELECT pg_advisory_xact_lock(361478, 1)")
+                pending = list(self.filter(seq__isnull=True).order_by("id").only("content_hash")[:batch])
+                if not pending:
+                    return sealed
+                seq, prev_hash = self.filter(seq__isnull=False).order_by("-seq").values_list("seq", "hash").first() \
+                    or (0, "")
+                for event in pending:
+                    seq += 1
+                    event.seq, event.prev_hash = seq, prev_hash
+                    event.hash = prev_hash = chain_hash(prev_hash, event.content_hash, seq)
+                self.bulk_update(pending, ["seq", "prev_hash", "hash"])
+            sealed += len(pending)
 
     def history(self, obj):
         """Every event about `obj`, oldest first."""

@@ -578,7 +578,7 @@ class WebhookEvent(models.Model):
 class AuditEvent(models.Model):
     """Append-only and hash-chained; write it only through `AuditEvent.objects.record`.
 
-    `seq`, `prev_hash` and `hash` are empty until the event is sealed at commit.
+    `seq`, `prev_hash` and `hash` are empty until the sealer chains the event (see audit.py).
     """
 
     seq = models.BigIntegerField(unique=True, null=True, blank=True)
@@ -605,6 +605,8 @@ class AuditEvent(models.Model):
             models.Index(fields=["actor", "-id"], name="audit_actor_idx"),
             models.Index(fields=["verb", "-id"], name="audit_verb_idx"),
             models.Index(fields=["-occurred_at"], name="audit_time_idx"),
+            # What the sealer looks for: a handful of rows, however long the trail.
+            models.Index(fields=["id"], condition=Q(seq__isnull=True), name="audit_unsealed_idx"),
         ]
 
     def __str__(self):

@@ -8,13 +8,15 @@ conditional update):
    SIGKILLed worker loses nothing;
 3. the same for tasks (expired leases, queued tasks, backoffs that have passed);
 4. review items past their deadline raise an alert, once;
-5. alerts whose delivery job was lost are enqueued again.
+5. alerts whose delivery job was lost are enqueued again;
+6. audit events committed since the last pass are sealed into the chain.
 """
 
 import logging
 
 from .executor import action_expire_leases, action_runnable_exists
 from .jobs import ring
+from .models import AuditEvent
 
 logger = logging.getLogger("surety.sweeper")
 
@@ -32,4 +34,5 @@ def sweep_once():
         ring("tasks")
     counts["reviews_overdue"] = review_alert_overdue()
     alerts_redeliver_stale()
+    counts["audit_sealed"] = AuditEvent.objects.seal()
     return counts

@@ -201,5 +201,6 @@ def test_killed_workers_and_a_flushed_redis_never_double_an_effect_or_lose_a_tas
         elif task.state == "dead_lettered":
             entry = DeadLetter.objects.get(task=task, status="open")
             assert entry.alerts.exists(), f"dead-letter entry of {task_id} has no alert"
+    AuditEvent.objects.seal()
     assert AuditEvent.objects.verify_chain() is None, "the audit chain is broken"
     assert figures["kills"] >= scale["chaos_seconds"] / KILL_EVERY / 2

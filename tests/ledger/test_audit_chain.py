@@ -1,7 +1,7 @@
-"""The audit trail on PostgreSQL: sealed at commit into one chain, append-only, tamper-evident.
+"""The audit trail on PostgreSQL: append-only from the moment it is written, sealed into one
+chain by the sealer, tamper-evident.
 
-These tests commit for real (transaction=True): the seal is a deferred trigger that only
-runs at COMMIT.
+These tests commit for real (transaction=True): the sealer chains committed events only.
 """
 
 import threading
@@ -29,18 +29,23 @@ def held_action(agent, key):
 
 
 def sealed():
+    AuditEvent.objects.seal()
     return list(AuditEvent.objects.order_by("seq"))
 
 
-def test_events_are_sealed_at_commit_with_consecutive_seq_and_a_valid_chain():
+def test_the_sealer_chains_committed_events_with_consecutive_seq_and_a_valid_chain():
     agent, _ = make_agent("billing")
     with transaction.atomic():
         action = held_action(agent, "refund:ORD-A1:full:dec-1")
         event = AuditEvent.objects.record(actor="user:ops", verb="noted", obj=action, reason="inside")
-        assert AuditEvent.objects.values_list("seq", "hash").get(pk=event.pk) == (None, "")
     action.reject(actor="user:ops", reason="not needed")
+    assert AuditEvent.objects.values_list("seq", "hash").get(pk=event.pk) == (None, "")
+    unsealed = AuditEvent.objects.filter(seq__isnull=True).count()
 
+    assert AuditEvent.objects.seal() == unsealed
+    assert AuditEvent.objects.seal() == 0
     events = sealed()
+    assert len(events) == unsealed
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
     assert all(e.hash for e in events)
     previous = ""
@@ -65,10 +70,11 @@ def test_a_rolled_back_transaction_leaves_no_event_and_no_gap():
     assert AuditEvent.objects.verify_chain() is None
 
 
-def test_events_committed_by_concurrent_transactions_form_one_chain():
+def test_events_committed_by_concurrent_transactions_and_sealed_by_concurrent_sealers_form_one_chain():
     agent, _ = make_agent("billing")
     actions = [held_action(agent, f"refund:ORD-C{i}:full:dec-1") for i in range(12)]
-    barrier = threading.Barrier(len(actions))
+    sealers = 4
+    barrier = threading.Barrier(len(actions) + sealers)
     errors = []
 
     def decide(action):
@@ -80,7 +86,18 @@ def test_events_committed_by_concurrent_transactions_form_one_chain():
         finally:
             connection.close()
 
+    def seal():
+        try:
+            barrier.wait()
+            for _ in range(5):
+                AuditEvent.objects.seal(batch=3)
+        except Exception as exc:
+            errors.append(exc)
+        finally:
+            connection.close()
+
     threads = [threading.Thread(target=decide, args=(a,)) for a in actions]
+    threads += [threading.Thread(target=seal) for _ in range(sealers)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -95,6 +112,7 @@ def test_events_committed_by_concurrent_transactions_form_one_chain():
 
 def test_the_database_refuses_to_update_an_event():
     make_agent("billing")
+    AuditEvent.objects.seal()
     event = AuditEvent.objects.order_by("seq").first()
     with pytest.raises(DatabaseError, match="append-only"), connection.cursor() as cursor:
         cursor.execute("UPDATE ledger_auditevent SET reason = 'rewritten' WHERE id = %s", [event.pk])
@@ -103,9 +121,25 @@ def test_the_database_refuses_to_update_an_event():
 
 def test_the_database_refuses_to_update_only_the_seal_of_an_event():
     make_agent("billing")
+    AuditEvent.objects.seal()
     event = AuditEvent.objects.order_by("seq").first()
     with pytest.raises(DatabaseError, match="append-only"), connection.cursor() as cursor:
         cursor.execute("UPDATE ledger_auditevent SET seq = seq + 1000, hash = 'x' WHERE id = %s", [event.pk])
+    assert AuditEvent.objects.verify_chain() is None
+
+
+def test_sealing_an_event_may_not_change_anything_else_nor_unseal_it():
+    make_agent("billing")
+    event = AuditEvent.objects.order_by("id").first()
+    assert event.seq is None
+    for sql in ("UPDATE ledger_auditevent SET seq = 1, reason = 'rewritten' WHERE id = %s",
+                "UPDATE ledger_auditevent SET reason = 'rewritten' WHERE id = %s"):
+        with pytest.raises(DatabaseError, match="append-only"), connection.cursor() as cursor:
+            cursor.execute(sql, [event.pk])
+    assert AuditEvent.objects.seal() == AuditEvent.objects.count()
+    with pytest.raises(DatabaseError, match="append-only"), connection.cursor() as cursor:
+        cursor.execute("UPDATE ledger_auditevent SET seq = NULL, prev_hash = '', hash = '' WHERE id = %s", [event.pk])
+    assert AuditEvent.objects.get(pk=event.pk).reason == event.reason
     assert AuditEvent.objects.verify_chain() is None
 
 
@@ -119,6 +153,7 @@ def test_the_database_refuses_to_delete_an_event():
 
 def test_the_orm_cannot_update_or_delete_events_either():
     make_agent("billing")
+    AuditEvent.objects.seal()
     with pytest.raises(DatabaseError, match="append-only"):
         AuditEvent.objects.update(reason="rewritten")
     with pytest.raises(DatabaseError, match="append-only"):
@@ -138,6 +173,7 @@ def test_verify_chain_names_the_event_whose_reason_was_changed():
     agent, _ = make_agent("billing")
     for i in range(3):
         held_action(agent, f"refund:ORD-T{i}:full:dec-1").reject(actor="user:ops", reason=f"reason {i}")
+    AuditEvent.objects.seal()
     target = AuditEvent.objects.get(reason="reason 1")
 
     tamper("UPDATE ledger_auditevent SET reason = 'a better story' WHERE id = %s", [target.pk])
@@ -151,6 +187,7 @@ def test_verify_chain_names_the_event_after_a_deleted_one():
     agent, _ = make_agent("billing")
     for i in range(3):
         held_action(agent, f"refund:ORD-D{i}:full:dec-1").reject(actor="user:ops", reason=f"reason {i}")
+    AuditEvent.objects.seal()
     victim = AuditEvent.objects.get(reason="reason 1")
 
     tamper("DELETE FROM ledger_auditevent WHERE id = %s", [victim.pk])
@@ -161,6 +198,7 @@ def test_verify_chain_names_the_event_after_a_deleted_one():
 def test_verify_chain_notices_a_recomputed_content_hash():
     agent, _ = make_agent("billing")
     held_action(agent, "refund:ORD-R1:full:dec-1").reject(actor="user:ops", reason="original")
+    AuditEvent.objects.seal()
     target = AuditEvent.objects.get(reason="original")
     target.reason = "forged"
     forged_hash = content_hash(target.content_fields())

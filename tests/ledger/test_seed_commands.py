@@ -2,8 +2,8 @@
 demo has every state (made through the product's own, audited functions) and the volume
 loader creates what it is asked for, with an alert for every dead-letter entry.
 
-These commit for real (transaction=True): the audit seal and the dead-letter alert check are
-deferred PostgreSQL triggers that run only at COMMIT.
+These commit for real (transaction=True): the dead-letter alert check is a deferred
+PostgreSQL trigger that runs only at COMMIT, and the audit sealer chains committed events.
 """
 
 import io
@@ -27,7 +27,7 @@ from ledger.models import (
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(connection.vendor != "postgresql", reason="COPY, the audit seal and the alert check need PostgreSQL"),
+    pytest.mark.skipif(connection.vendor != "postgresql", reason="COPY and the alert check need PostgreSQL"),
 ]
 
 @pytest.fixture(autouse=True)
@@ -108,6 +108,7 @@ def test_setup_roles_is_idempotent_and_grants_what_each_role_may_do():
         assert not user.has_perm("ledger.change_agent")
         assert not user.has_perm("approvals.change_limit")
     assert AuditEvent.objects.filter(verb="role_granted").exists()
+    AuditEvent.objects.seal()
     assert AuditEvent.objects.verify_chain() is None
 
 
@@ -171,6 +172,7 @@ def test_seed_demo_has_every_state_made_through_audited_functions(no_jobs):
     # Every action's story is in the audit trail, and the chain holds.
     for action in Action.objects.all():
         assert AuditEvent.objects.filter(object_type="ledger.action", object_id=str(action.pk)).exists()
+    AuditEvent.objects.seal()
     assert AuditEvent.objects.verify_chain() is None
 
     limit = Limit.objects.get(action_type="refund", currency="EUR")
@@ -216,6 +218,7 @@ def test_seed_volume_creates_the_requested_counts():
     assert ReviewItem.objects.filter(status=ReviewStatus.OPEN).count() == waiting
     # Synthetic volume bypasses the audit trail: only the agents it created are recorded.
     assert not AuditEvent.objects.filter(object_type="ledger.action").exists()
+    AuditEvent.objects.seal()
     assert AuditEvent.objects.verify_chain() is None
     assert "done in" in out
 
