@@ -4,34 +4,46 @@ Building and compiling a queryset costs several times what PostgreSQL needs to a
 lookup by a unique key (about 0.4 ms of Python against 0.1 ms). A `Compiled` lookup lets
 the ORM write the SQL once per thread, with markers where the values go; each call only
 binds the values, runs the SQL and builds the model instances as the ORM would (same
-converters, `Model.from_db`). `insert` does the same for a new row.
+converters, `Model.from_db`). `insert` and `update` do the same for writing one row.
 """
 
 import threading
+from datetime import UTC, datetime
 
 from django.db import connections, router
 from django.db.models import AutoField, BigAutoField, SmallAutoField
 
+# What stands in for a value while the SQL is written: unlike any value a query holds, and
+# of the value's type, so that fields prepare it as they would the value.
+MARKERS = {
+    str: lambda i: f"\x1ecompiled-value-{i}\x1e",
+    int: lambda i: 2_147_483_000 + i,  # within a 32-bit integer field's range
+    datetime: lambda i: datetime(1970, 1, 1, 0, 0, 0, i, tzinfo=UTC),
+}
+
 
 class Compiled:
     """`Compiled(lambda key: Action.objects.filter(operation_key=key))`, then `.first(key)`
-    or `.all(key)`. The values stand in for string fields; the queryset may not follow
-    relations in its SELECT (no select_related), since rows become instances of its model."""
+    or `.all(key)`. The values stand in for string fields unless `kinds` names their types
+    (`Compiled(lambda pk: ..., int)`); the queryset may not follow relations in its SELECT
+    (no select_related), since rows become instances of its model."""
 
-    def __init__(self, build):
+    def __init__(self, build, *kinds):
         self._build = build
+        self._kinds = kinds
         self._local = threading.local()
 
     def _plan(self, arity):
         plans = self._local.__dict__.setdefault("plans", {})
         if arity not in plans:
-            markers = [f"\x1ecompiled-value-{i}\x1e" for i in range(arity)]
+            kinds = self._kinds + (str,) * (arity - len(self._kinds))
+            markers = [MARKERS[kind](i) for i, kind in enumerate(kinds)]
             queryset = self._build(*markers)
             if queryset.query.select_related:
                 raise ValueError("Compiled lookups build instances of one model: no select_related")
             compiler = queryset.query.get_compiler(queryset.db)
             sql, params = compiler.as_sql()
-            slots = [(True, markers.index(p)) if p in markers else (False, p) for p in params]
+            slots = [_slot(p, markers) for p in params]
             columns = [col for col, _, _ in compiler.select]
             plans[arity] = (queryset.model, queryset.db, sql, slots, [c.target.attname for c in columns],
                             compiler, compiler.get_converters(columns))
@@ -50,6 +62,14 @@ class Compiled:
     def first(self, *values):
         found = self.all(*values)
         return found[0] if found else None
+
+
+def _slot(param, markers):
+    """(True, index of the value) where the SQL takes a value; (False, param) for a constant."""
+    for i, marker in enumerate(markers):
+        if type(param) is type(marker) and param == marker:
+            return True, i
+    return False, param
 
 
 _inserts = {}
@@ -79,3 +99,31 @@ def insert(obj):
         obj.pk = cursor.fetchone()[0] if connection.features.can_return_columns_from_insert else cursor.lastrowid
     obj._state.adding, obj._state.db = False, alias
     return obj
+
+
+_updates = {}
+
+
+def update(obj, fields, **where):
+    """UPDATE `fields` of obj's row, as `obj.save(update_fields=fields)` would, and only while
+    the row matches `where` (field=value); return how many rows changed (0 or 1). The
+    statement is written once per model, fields and conditions."""
+    model = type(obj)
+    alias = router.db_for_write(model, instance=obj)
+    connection = connections[alias]
+    key = (model, alias, tuple(fields), tuple(where))
+    plan = _updates.get(key)
+    if plan is None:
+        meta, quote = model._meta, connection.ops.quote_name
+        columns = [meta.get_field(name) for name in fields]
+        conditions = [meta.pk, *(meta.get_field(name) for name in where)]
+        sql = (f"UPDATE {quote(meta.db_table)} SET {', '.join(f'{quote(f.column)} = %s' for f in columns)} "
+               f"WHERE {' AND '.join(f'{quote(f.column)} = %s' for f in conditions)}")
+        plan = _updates[key] = (sql, columns, conditions[1:])
+    sql, columns, conditions = plan
+    values = [f.get_db_prep_save(f.pre_save(obj, False), connection) for f in columns]
+    values.append(obj.pk)
+    values += [f.get_db_prep_value(value, connection, prepared=False) for f, value in zip(conditions, where.values())]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, values)
+        return cursor.rowcount

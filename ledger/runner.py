@@ -22,6 +22,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from .actions import KeyReused, action_request, action_retry
+from .compiled import update
 from .executor import action_claim_next, action_run_claimed, worker_name
 from .models import PERSON_STATUSES, Action, ActionStatus, AuditEvent, StepStatus, Task, TaskState
 from .retry import backoff_until
@@ -133,16 +134,14 @@ def _checkpoint(task, claim, row, produce):
         # whose claim was taken over writes nothing. It renews the lease too: a run that
         # makes progress keeps its claim.
         now = timezone.now()
-        lease = now + timedelta(seconds=settings.LEASE_SECONDS)
-        running = Task.objects.filter(pk=task.pk, fence=claim, state=TaskState.RUNNING)
-        if not running.update(updated_at=now, lease_expires_at=lease):
+        task.updated_at, task.lease_expires_at = now, now + timedelta(seconds=settings.LEASE_SECONDS)
+        if not update(task, ["updated_at", "lease_expires_at"], fence=claim, state=TaskState.RUNNING):
             raise StaleClaim(f"{task}: claim {claim} superseded")
-        task.lease_expires_at = lease
         row.result = produce()
         row.status = StepStatus.DONE
         row.error = None
         row.updated_at = now
-        row.save(update_fields=["result", "status", "error", "updated_at"])
+        update(row, ["result", "status", "error", "updated_at"])
         AuditEvent.objects.record(actor="system:runner", verb="step_done", obj=task,
                                   after={"step": row.name, "result": row.result})
 

@@ -3,6 +3,8 @@
 from django.db import models, transaction
 from django.utils import timezone
 
+from .compiled import Compiled, update
+
 
 class InvalidTransition(Exception):
     """The row is not in a status from which the requested change is allowed."""
@@ -52,7 +54,7 @@ class StateMachine(models.Model):
         from .models import AuditEvent
 
         with transaction.atomic():
-            row = self if locked else type(self).objects.select_for_update().get(pk=self.pk)
+            row = self if locked else _locked_row(type(self), self.pk)
             current = getattr(row, self.STATUS_FIELD)
             if claim is not None and row.fence != claim:
                 raise StaleClaim(f"{row}: claim {claim} superseded by {row.fence}")
@@ -66,13 +68,27 @@ class StateMachine(models.Model):
             row.updated_at = timezone.now()
             for field, value in changes.items():
                 setattr(row, field, value(row) if callable(value) else value)
-            row.save(update_fields=[self.STATUS_FIELD, "updated_at", *changes])
+            update(row, [self.STATUS_FIELD, "updated_at", *changes])
             AuditEvent.objects.record(
                 actor=actor, verb=verb, obj=row, before=before, after=row._snapshot(changes), reason=reason
             )
             row._moved(current)
         self.__dict__.update({k: v for k, v in row.__dict__.items() if k != "_state"})
         return self
+
+
+_locking_reads = {}
+
+
+def _locked_row(model, pk):
+    """The row, read FOR UPDATE (every move starts so; compiled once per model)."""
+    read = _locking_reads.get(model)
+    if read is None:
+        read = _locking_reads.setdefault(model, Compiled(lambda pk: model.objects.select_for_update().filter(pk=pk), int))
+    row = read.first(pk)
+    if row is None:
+        raise model.DoesNotExist(f"{model.__name__} {pk} does not exist")
+    return row
 
 
 class LeasedWork(StateMachine):

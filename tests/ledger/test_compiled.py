@@ -1,12 +1,13 @@
 """Statements compiled once answer exactly what the ORM answers, and the doorbell reuses
 one Redis connection."""
 
+from datetime import datetime, timedelta
 from decimal import Decimal
 
 import pytest
 import redis
 
-from ledger.compiled import Compiled, insert
+from ledger.compiled import Compiled, insert, update
 from ledger.jobs import ring
 from ledger.models import Action, AuditEvent
 from tests.factories import make_agent
@@ -51,6 +52,30 @@ def test_a_compiled_lookup_returns_the_instances_the_orm_returns():
     assert [a.operation_key for a in by_target_or_key.all("k1", "ORD-k3")] == ["k1", "k3"]
     # The values are bound, never spliced into the SQL.
     assert by_key.first("k1' OR '1'='1") is None
+
+
+def test_compiled_values_of_other_types_and_constants_of_the_same_type_are_kept_apart():
+    agent, _ = make_agent("billing")
+    action = insert(an_action(agent, "k1", attempts=3))
+    insert(an_action(agent, "k2", attempts=2))
+    by_pk_and_attempts = Compiled(lambda pk, since: Action.objects.filter(pk=pk, attempts=3, created_at__gte=since),
+                                  int, datetime)
+
+    assert by_pk_and_attempts.first(action.pk, action.created_at).operation_key == "k1"
+    assert by_pk_and_attempts.first(action.pk, action.created_at + timedelta(seconds=1)) is None
+    assert by_pk_and_attempts.first(action.pk + 1, action.created_at) is None
+
+
+def test_update_writes_only_the_fields_named_and_only_while_the_condition_holds():
+    agent, _ = make_agent("billing")
+    action = insert(an_action(agent, "k1", fence=4))
+    action.status, action.error, action.target = "failed", {"code": "x"}, "ORD-elsewhere"
+
+    assert update(action, ["status", "error"], fence=3) == 0
+    assert Action.objects.get(pk=action.pk).status == "cancelled"
+    assert update(action, ["status", "error"], fence=4) == 1
+    stored = Action.objects.get(pk=action.pk)
+    assert (stored.status, stored.error, stored.target) == ("failed", {"code": "x"}, "ORD-k1")
 
 
 def test_a_compiled_lookup_refuses_what_it_cannot_build():
