@@ -16,13 +16,14 @@ Rows are claimed with `SKIP LOCKED`, so any number of workers can drain the same
 import logging
 import os
 import socket
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from .compiled import Compiled
 from .connectors import connector_for, http
 from .connectors.base import write_permit
 from .models import Action, ActionStatus, InvalidTransition, StaleClaim, TaskState
@@ -37,8 +38,7 @@ def worker_name():
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _due():
-    now = timezone.now()
+def _due(now):
     # An unknown action keeps its status while a worker verifies it; only its lease says it is
     # taken. Without this, a second worker would claim it again at once, bump the fence and
     # turn the first verifier's outcome into a stale write, and the two could take turns so
@@ -53,14 +53,22 @@ def _due():
     )
 
 
+def _claimable(now):
+    # of=self: the join to the task must not lock the task row as well.
+    return Action.objects.select_for_update(skip_locked=True, of=("self",)).filter(_due(now)).order_by(
+        "next_attempt_at", "id")
+
+
+# Every claim asks this (compiled once: see compiled.py).
+_next_due = Compiled(lambda now: _claimable(now)[:1], datetime)
+_this_if_due = Compiled(lambda now, pk: _claimable(now).filter(pk=pk)[:1], datetime, int)
+
+
 def action_claim_next(owner, *, only=None):
     """Claim the next runnable action (a queued attempt or a verification that is due)."""
     with transaction.atomic():
-        # of=self: the join to the task must not lock the task row as well.
-        rows = Action.objects.select_for_update(skip_locked=True, of=("self",)).filter(_due())
-        if only is not None:
-            rows = rows.filter(pk=only)
-        action = rows.order_by("next_attempt_at", "id").first()
+        now = timezone.now()
+        action = _next_due.first(now) if only is None else _this_if_due.first(now, only)
         if action is None:
             return None
         if action.status == S.UNKNOWN:
@@ -154,7 +162,7 @@ def action_expire_leases(now=None):
 
 
 def action_runnable_exists():
-    return Action.objects.filter(_due()).exists()
+    return Action.objects.filter(_due(timezone.now())).exists()
 
 
 def _settle(transition, **kwargs):

@@ -50,10 +50,14 @@ class StateMachine(models.Model):
         call passes it, so a worker whose lease was taken over cannot overwrite the newer
         outcome. A change's value may be a function of the locked row. `locked`: the caller
         has just read this very row FOR UPDATE in the current transaction.
+
+        A caller that locked the row owns the transaction the move runs in: no savepoint is
+        taken for it (two round trips on every claim), so a refused move aborts that
+        transaction as a whole.
         """
         from .models import AuditEvent
 
-        with transaction.atomic():
+        with transaction.atomic(savepoint=not locked):
             row = self if locked else _locked_row(type(self), self.pk)
             current = getattr(row, self.STATUS_FIELD)
             if claim is not None and row.fence != claim:
