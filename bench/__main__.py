@@ -10,7 +10,7 @@ the load spreads over the gunicorn processes), fixed durations after a warm-up:
   (b) POST /api/v1/actions with new keys (row + audit event + doorbell), no holds;
   (c) the same POSTs replayed (existing keys);
   (d) actions completed end to end per second by 2 RQ workers against the sandbox;
-  (e) the time per step of `noop` tasks (10 local steps) on 1 worker, next to two commits
+  (e) the time per step of `noop` tasks (10 local steps) on 1 worker with 1 lane, next to two commits
       plus one enqueue measured here in Python on the same database and Redis;
   (f) SIGKILL of a worker mid-task -> the task running again on a fresh worker.
 
@@ -319,7 +319,8 @@ def figure_e(stack, token, args, results, monitor):
     mine = Task.objects.filter(task_id__startswith="noop-")
     started_wall = datetime.now(UTC)
     monitor.start()
-    stack.start_worker("worker-e")
+    # One lane: the time a step takes, not how many steps of different tasks overlap.
+    stack.start_worker("worker-e", DRAIN_LANES="1")
     finished = wait_for(lambda: mine.filter(state="succeeded").count() >= m, timeout=180, interval=0.1)
     cpu = monitor.stop()
     stack.stop("worker-e")
@@ -536,7 +537,8 @@ def main(argv=None):
     say(f"bench: fresh database surety_bench, Redis DB 15, gunicorn -k gthread -w {args.gunicorn_workers} "
         f"--threads {args.gunicorn_threads}, load generator: bench/load.py (asyncio, separate process); "
         f"logs in {logs}/")
-    needed = args.gunicorn_workers * args.gunicorn_threads + 6  # + workers, sweeper, this process
+    lanes = int(os.environ.get("DRAIN_LANES", 4))
+    needed = args.gunicorn_workers * args.gunicorn_threads + 2 * (lanes + 1) + 4  # + workers, sweeper, this process
     free, limit = wait_for_connection_slots(needed)
     if free < needed:
         say(f"   ! only {free} of {limit} PostgreSQL connections are free (others' test runs hold the rest); "

@@ -142,10 +142,10 @@ class Stack:
             time.sleep(0.1)
         raise RuntimeError(f"gunicorn did not come up; see {self.logs}")
 
-    def start_worker(self, name):
+    def start_worker(self, name, **env):
         return self._start(name, [
             PYTHON, "manage.py", "rqworker", "default", "--worker-class", "rq.worker.SimpleWorker",
-        ])
+        ], **env)
 
     def start_sweeper(self, interval=0.5):
         return self._start("sweeper", [PYTHON, "manage.py", "sweep", "--interval", str(interval)])

@@ -68,10 +68,12 @@ def _in_flight_locked(target, customer):
 
 
 # The intake's one read under its locks: the key's own row, if a twin committed it, and
-# what is in flight on the same target or customer (compiled once: see compiled.py).
+# what is in flight on the same target or customer (compiled once: see compiled.py). It
+# locks no row: a replay must not hold the row a worker is about to claim (claims skip
+# locked rows); siblings, when there are any, are locked next.
 _key_or_in_flight = Compiled(lambda key, target, customer="": Action.objects.filter(
     Q(operation_key=key) | (_same_subject(target, customer) & Q(status__in=IN_FLIGHT_STATUSES))
-).select_for_update().order_by("id"))
+).order_by("id"))
 _by_key = Compiled(lambda key: Action.objects.filter(operation_key=key).order_by())
 
 
@@ -106,7 +108,9 @@ def action_request(*, agent, operation_key, action_type, target, params, custome
             existing = next((a for a in found if a.operation_key == operation_key), None)
             if existing:
                 return _replay(existing, print_)
-            siblings = found
+            # Locked, so that no worker claims one between this look and holding it.
+            siblings = list(Action.objects.select_for_update().filter(
+                pk__in=[a.pk for a in found], status__in=IN_FLIGHT_STATUSES).order_by("id")) if found else []
             verdict = verdict_for_request(action_type=action_type, amount=amount, currency=currency, customer=customer)
             if siblings:
                 status = S.HELD

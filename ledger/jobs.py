@@ -1,12 +1,13 @@
 """RQ jobs: thin, and never one per action.
 
 The web side only rings a doorbell after commit; a drain job then claims ready rows one by
-one with SKIP LOCKED until none are left. About one drain job waits in the queue per kind
-(the doorbell names it), and a job that found work rings again so that an idle worker
-joins in. The database stays the truth: if Redis loses the job, the sweeper rings.
+one with SKIP LOCKED, in a few threads at once, until none are left. About one drain job
+waits in the queue per kind (the doorbell names it), and a job that found work rings again
+so that an idle worker joins in. The database stays the truth: if Redis loses the job, the sweeper rings.
 """
 
 import contextvars
+from concurrent.futures import ThreadPoolExecutor
 import logging
 import time
 from datetime import timedelta
@@ -15,7 +16,7 @@ import django_rq
 import redis
 from rq.job import Job
 from django.conf import settings
-from django.db import transaction
+from django.db import close_old_connections, connection, transaction
 from django.utils import timezone
 
 logger = logging.getLogger("surety.jobs")
@@ -77,12 +78,12 @@ def ring(kind):
         enqueue(DRAINS[kind])
         return
     try:
-        connection = redis_connection()
-        if _announced_job_waits(connection, kind):
+        client = redis_connection()
+        if _announced_job_waits(client, kind):
             return
         job = enqueue(DRAINS[kind])
         if job is not None:
-            connection.set(_doorbell(kind), job.id, ex=DOORBELL_TTL_SECONDS)
+            client.set(_doorbell(kind), job.id, ex=DOORBELL_TTL_SECONDS)
     except redis.RedisError:
         logger.exception("doorbell for %s unreachable; the sweeper will ring", kind)
 
@@ -95,8 +96,8 @@ return announced and redis.call('HGET', ARGV[1] .. announced, 'status') == 'queu
 """
 
 
-def _announced_job_waits(connection, kind):
-    script = connection.register_script(_ANNOUNCED_JOB_WAITS)
+def _announced_job_waits(client, kind):
+    script = client.register_script(_ANNOUNCED_JOB_WAITS)
     return script(keys=[_doorbell(kind)], args=[Job.redis_job_namespace_prefix])
 
 
@@ -109,24 +110,49 @@ def ring_after_commit(kind, at=None):
 
 
 def _drain(kind, claim_next, run_claimed):
-    from .executor import worker_name
-
+    """Claim and run until nothing is left or DRAIN_SECONDS have passed, in DRAIN_LANES
+    threads: most of an action's time is spent waiting for the provider and the database,
+    so one worker process keeps several in flight (each lane has its own connection)."""
     if settings.RQ_ASYNC:
         redis_connection().delete(_doorbell(kind))
-    owner = worker_name()
     deadline = time.monotonic() + DRAIN_SECONDS
+    lanes = settings.DRAIN_LANES if settings.RQ_ASYNC and connection.vendor == "postgresql" else 1
+    if lanes == 1:
+        handled = _drain_lane(kind, claim_next, run_claimed, deadline)
+    else:
+        handled = sum(_lane_pool(lanes).map(lambda _: _drain_lane(kind, claim_next, run_claimed, deadline),
+                                            range(lanes)))
+    if settings.RQ_ASYNC and time.monotonic() >= deadline:
+        ring(kind)
+    return handled
+
+
+def _drain_lane(kind, claim_next, run_claimed, deadline):
+    from .executor import worker_name
+
+    close_old_connections()  # a lane's thread outlives jobs: drop a connection gone stale
+    owner = worker_name()
     handled = 0
     while time.monotonic() < deadline:
         claimed = claim_next(owner)
         if claimed is None:
-            return handled
+            break
         if handled == 0 and settings.RQ_ASYNC:
-            ring(kind)
+            ring(kind)  # there is work: an idle worker may join in
         run_claimed(claimed)
         handled += 1
-    if settings.RQ_ASYNC:
-        ring(kind)
     return handled
+
+
+_pools = {}
+
+
+def _lane_pool(lanes):
+    """Threads that live as long as the worker process, and so keep their connections."""
+    pool = _pools.get(lanes)
+    if pool is None:
+        pool = _pools.setdefault(lanes, ThreadPoolExecutor(lanes, thread_name_prefix="drain-lane"))
+    return pool
 
 
 def drain_actions():

@@ -161,7 +161,8 @@ class Action(LeasedWork):
     currency = models.CharField(max_length=3, blank=True, default="")
     decision_id = models.CharField(max_length=255, blank=True, default="")
     task = models.ForeignKey("Task", null=True, blank=True, on_delete=models.PROTECT, related_name="actions")
-    agent = models.ForeignKey(Agent, on_delete=models.PROTECT, related_name="actions")
+    # Indexed by action_agent_idx (agent, created_at), which also serves lookups by agent alone.
+    agent = models.ForeignKey(Agent, on_delete=models.PROTECT, related_name="actions", db_index=False)
     status = models.CharField(max_length=20, choices=ActionStatus.choices, default=S.QUEUED)
     external_ref = models.CharField(max_length=255, blank=True, default="")
     result = models.JSONField(null=True, blank=True)
@@ -581,7 +582,7 @@ class AuditEvent(models.Model):
     `seq`, `prev_hash` and `hash` are empty until the sealer chains the event (see audit.py).
     """
 
-    seq = models.BigIntegerField(unique=True, null=True, blank=True)
+    seq = models.BigIntegerField(null=True, blank=True)
     occurred_at = models.DateTimeField()
     actor = models.CharField(max_length=150)
     verb = models.CharField(max_length=50)
@@ -607,6 +608,10 @@ class AuditEvent(models.Model):
             models.Index(fields=["-occurred_at"], name="audit_time_idx"),
             # What the sealer looks for: a handful of rows, however long the trail.
             models.Index(fields=["id"], condition=Q(seq__isnull=True), name="audit_unsealed_idx"),
+        ]
+        constraints = [
+            # Sealed events only: a new event costs no entry here until the sealer chains it.
+            models.UniqueConstraint(fields=["seq"], condition=Q(seq__isnull=False), name="audit_seq_unique"),
         ]
 
     def __str__(self):

@@ -6,11 +6,14 @@ listens), so nothing is executed.
 """
 
 import json
+import threading
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
+from ledger.actions import action_request
+from ledger.executor import action_claim_next
 from ledger.grants import agent_revoke, capability
 from ledger.models import Action, AuditEvent, Capability
 from tests.factories import make_agent, refund_body
@@ -93,3 +96,33 @@ def test_another_agents_key_is_never_shown(client, billing):
     assert response.status_code == 422
     assert response.json()["code"] == "idempotency_key_reused"
     assert "ORD-8841" not in response.content.decode().replace(KEY, "")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_replay_inside_the_intake_does_not_lock_the_row_a_worker_is_about_to_claim(jobs_to_test_redis):
+    """Claims skip locked rows: a replay holding the row would make a drain find nothing."""
+    agent, _ = make_agent("billing")
+    request = {"agent": agent, "operation_key": KEY, "action_type": "refund", "target": "ORD-8841",
+               "customer": "CUST-17", "params": {"amount": "25.00", "currency": "EUR"}}
+    action, created = action_request(**request)
+    assert created and action.status == "queued"
+    replayed, release = threading.Event(), threading.Event()
+
+    def replay_and_wait():
+        try:
+            with transaction.atomic():
+                assert action_request(**request)[1] is False
+                replayed.set()
+                release.wait(10)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=replay_and_wait)
+    thread.start()
+    try:
+        assert replayed.wait(10)
+        claimed = action_claim_next("host:test")
+        assert claimed is not None and claimed.pk == action.pk
+    finally:
+        release.set()
+        thread.join(10)
