@@ -67,13 +67,20 @@ def _in_flight_locked(target, customer):
     return Action.objects.filter(_same_subject(target, customer), status__in=IN_FLIGHT_STATUSES)
 
 
+def _key_or_in_flight_query(key, target, customer=None):
+    # One index lookup per branch, whatever the statistics say: as a single OR, a plan made
+    # while the table was small (a seq scan) stayed prepared while the table grew.
+    branches = [Action.objects.filter(target=target, status__in=IN_FLIGHT_STATUSES)]
+    if customer is not None:
+        branches.append(Action.objects.filter(customer=customer, status__in=IN_FLIGHT_STATUSES))
+    return Action.objects.filter(operation_key=key).union(*branches, all=True).order_by("id")
+
+
 # The intake's one read under its locks: the key's own row, if a twin committed it, and
 # what is in flight on the same target or customer (compiled once: see compiled.py). It
 # locks no row: a replay must not hold the row a worker is about to claim (claims skip
 # locked rows); siblings, when there are any, are locked next.
-_key_or_in_flight = Compiled(lambda key, target, customer="": Action.objects.filter(
-    Q(operation_key=key) | (_same_subject(target, customer) & Q(status__in=IN_FLIGHT_STATUSES))
-).order_by("id"))
+_key_or_in_flight = Compiled(_key_or_in_flight_query)
 _by_key = Compiled(lambda key: Action.objects.filter(operation_key=key).order_by())
 
 
@@ -103,14 +110,14 @@ def action_request(*, agent, operation_key, action_type, target, params, custome
     try:
         with transaction.atomic():
             _lock_subjects(f"target:{target}", customer and f"customer:{customer}")
-            found = _key_or_in_flight.all(operation_key, target, customer) if customer else \
-                _key_or_in_flight.all(operation_key, target)
-            existing = next((a for a in found if a.operation_key == operation_key), None)
+            found = {a.pk: a for a in (_key_or_in_flight.all(operation_key, target, customer) if customer
+                                        else _key_or_in_flight.all(operation_key, target))}
+            existing = next((a for a in found.values() if a.operation_key == operation_key), None)
             if existing:
                 return _replay(existing, print_)
             # Locked, so that no worker claims one between this look and holding it.
             siblings = list(Action.objects.select_for_update().filter(
-                pk__in=[a.pk for a in found], status__in=IN_FLIGHT_STATUSES).order_by("id")) if found else []
+                pk__in=list(found), status__in=IN_FLIGHT_STATUSES).order_by("id")) if found else []
             verdict = verdict_for_request(action_type=action_type, amount=amount, currency=currency, customer=customer)
             if siblings:
                 status = S.HELD
