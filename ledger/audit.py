@@ -82,11 +82,16 @@ class AuditEventManager(models.Manager):
                     return sealed
                 seq, prev_hash = self.filter(seq__isnull=False).order_by("-seq").values_list("seq", "hash").first() \
                     or (0, "")
+                seals = []
                 for event in pending:
                     seq += 1
-                    event.seq, event.prev_hash = seq, prev_hash
-                    event.hash = prev_hash = chain_hash(prev_hash, event.content_hash, seq)
-                self.bulk_update(pending, ["seq", "prev_hash", "hash"])
+                    seals.append((seq, prev_hash, chain_hash(prev_hash, event.content_hash, seq), event.pk))
+                    prev_hash = seals[-1][2]
+                # One statement, many rows (psycopg pipelines them): bulk_update's CASE per
+                # row cost more than half a millisecond of Python per event.
+                with connection.cursor() as cursor:
+                    cursor.executemany(f"UPDATE {self.model._meta.db_table} SET seq = %s, prev_hash = %s, hash = %s "
+                                       "WHERE id = %s", seals)
             sealed += len(pending)
 
     def history(self, obj):
