@@ -56,10 +56,16 @@ static: $(VENV)/.installed node_modules/.installed
 # --- test ----------------------------------------------------------------------------------
 # pytest-django creates its own test_* databases next to the `postgres` one.
 # Exit code 5 (no tests collected) is turned into a failure.
+# Then the in-process tests that run on SQLite as well, the zero-configuration default.
+SQLITE_TESTS := tests/ledger/test_sqlite_default.py tests/ledger/test_compiled.py \
+  tests/ledger/test_replay_from_the_row.py tests/ledger/test_action_create_bad_input.py
 test: install services static
 	@echo "DATABASE_URL=$(TEST_DATABASE_URL) $(VENV)/bin/pytest -n 2 -p no:cacheprovider $(PYTEST_ARGS)"
 	@DATABASE_URL=$(TEST_DATABASE_URL) $(VENV)/bin/pytest -n 2 -p no:cacheprovider $(PYTEST_ARGS) || { \
 	  rc=$$?; [ $$rc -ne 5 ] || echo "make test: pytest collected no tests" >&2; exit $$rc; }
+	@if [ -z "$(PYTEST_ARGS)" ]; then \
+	  echo "DATABASE_URL=sqlite:///:memory: $(VENV)/bin/pytest -p no:cacheprovider $(SQLITE_TESTS)"; \
+	  DATABASE_URL=sqlite:///:memory: $(VENV)/bin/pytest -p no:cacheprovider -q $(SQLITE_TESTS); fi
 
 chaos: install services static
 	CHAOS_SCALE=full DATABASE_URL=$(TEST_DATABASE_URL) \

@@ -70,10 +70,11 @@ def _in_flight_locked(target, customer):
 def _key_or_in_flight_query(key, target, customer=None):
     # One index lookup per branch, whatever the statistics say: as a single OR, a plan made
     # while the table was small (a seq scan) stayed prepared while the table grew.
-    branches = [Action.objects.filter(target=target, status__in=IN_FLIGHT_STATUSES)]
+    # (Each branch unordered: SQLite refuses an ORDER BY inside a compound statement.)
+    branches = [Action.objects.filter(target=target, status__in=IN_FLIGHT_STATUSES).order_by()]
     if customer is not None:
-        branches.append(Action.objects.filter(customer=customer, status__in=IN_FLIGHT_STATUSES))
-    return Action.objects.filter(operation_key=key).union(*branches, all=True).order_by("id")
+        branches.append(Action.objects.filter(customer=customer, status__in=IN_FLIGHT_STATUSES).order_by())
+    return Action.objects.filter(operation_key=key).order_by().union(*branches, all=True).order_by("id")
 
 
 # The intake's one read under its locks: the key's own row, if a twin committed it, and

@@ -43,15 +43,17 @@ class Compiled:
                 raise ValueError("Compiled lookups build instances of one model: no select_related")
             compiler = queryset.query.get_compiler(queryset.db)
             sql, params = compiler.as_sql()
-            slots = [_slot(p, markers) for p in params]
+            # A value reaches the SQL as the backend adapts it (SQLite: a datetime as text).
+            adapt = [_adapter(kind, compiler.connection) for kind in kinds]
+            slots = [_slot(p, [a(m) for a, m in zip(adapt, markers)]) for p in params]
             columns = [col for col, _, _ in compiler.select]
-            plans[arity] = (queryset.model, queryset.db, sql, slots, [c.target.attname for c in columns],
+            plans[arity] = (queryset.model, queryset.db, sql, slots, adapt, [c.target.attname for c in columns],
                             compiler, compiler.get_converters(columns))
         return plans[arity]
 
     def all(self, *values):
-        model, db, sql, slots, names, compiler, converters = self._plan(len(values))
-        params = [values[v] if is_marker else v for is_marker, v in slots]
+        model, db, sql, slots, adapt, names, compiler, converters = self._plan(len(values))
+        params = [adapt[v](values[v]) if is_marker else v for is_marker, v in slots]
         with connections[db].cursor() as cursor:
             cursor.execute(sql, params)
             rows = cursor.fetchall()
@@ -62,6 +64,14 @@ class Compiled:
     def first(self, *values):
         found = self.all(*values)
         return found[0] if found else None
+
+
+def _adapter(kind, connection):
+    return connection.ops.adapt_datetimefield_value if kind is datetime else _as_is
+
+
+def _as_is(value):
+    return value
 
 
 def _slot(param, markers):

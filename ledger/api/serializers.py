@@ -144,10 +144,15 @@ def asks_again(action, data):
         and action.task_id is None
         and data.get("action_type") == action.action_type
         and data.get("target") == action.target
-        and (data.get("customer") or "") == action.customer
-        and (data.get("decision_id") or "") == action.decision_id
+        and _or_blank(data.get("customer")) == action.customer
+        and _or_blank(data.get("decision_id")) == action.decision_id
         and data.get("params") == action.params
     )
+
+
+def _or_blank(value):
+    """What the serializer stores for an optional text field: null or absent -> ""."""
+    return "" if value is None else value
 
 
 class ActionSerializer(serializers.ModelSerializer):
