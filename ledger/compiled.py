@@ -11,6 +11,7 @@ import threading
 from datetime import UTC, datetime
 
 from django.db import connections, router
+from django.db.transaction import TransactionManagementError
 from django.db.models import AutoField, BigAutoField, SmallAutoField
 
 # What stands in for a value while the SQL is written: unlike any value a query holds, and
@@ -53,6 +54,9 @@ class Compiled:
 
     def all(self, *values):
         model, db, sql, slots, adapt, names, compiler, converters = self._plan(len(values))
+        if compiler.query.select_for_update and not connections[db].in_atomic_block:
+            # As the ORM says it: outside a transaction the lock would be gone at once.
+            raise TransactionManagementError("select_for_update cannot be used outside of a transaction.")
         params = [adapt[v](values[v]) if is_marker else v for is_marker, v in slots]
         with connections[db].cursor() as cursor:
             cursor.execute(sql, params)

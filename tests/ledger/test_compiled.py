@@ -6,7 +6,8 @@ from decimal import Decimal
 
 import pytest
 import redis
-from django.db import connection
+from django.db import connection, transaction
+from django.db.transaction import TransactionManagementError
 
 from ledger.compiled import Compiled, insert, update
 from ledger.jobs import ring
@@ -84,11 +85,19 @@ def test_a_compiled_lookup_refuses_what_it_cannot_build():
         Compiled(lambda key: Action.objects.select_related("task").filter(operation_key=key)).first("k")
 
 
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite empties such a test's database with DELETE")
+def test_a_compiled_locking_read_needs_a_transaction_every_time():
+    locked = Compiled(lambda key: Action.objects.select_for_update().filter(operation_key=key))
+    with transaction.atomic():
+        assert locked.first("k") is None
+    with pytest.raises(TransactionManagementError):
+        locked.first("k")
+
+
 def test_the_audit_entry_point_still_chains_events():
     agent, _ = make_agent("billing")
     action = insert(an_action(agent, "k1"))
-    from django.db import transaction
-
     with transaction.atomic():
         AuditEvent.objects.record(actor=agent, verb="requested", obj=action, after={"status": "cancelled"})
     assert AuditEvent.objects.seal() == AuditEvent.objects.count() > 0
