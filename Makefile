@@ -19,7 +19,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 help:
 	@echo "make run       web app at http://127.0.0.1:8000, two RQ workers and the sweeper, with demo data"
-	@echo "make test      the test suite on PostgreSQL and Redis (PYTEST_ARGS=... to narrow it)"
+	@echo "make test      the test suite on PostgreSQL and Redis, then in-process tests on SQLite (PYTEST_ARGS=... narrows it to PostgreSQL)"
 	@echo "make install   virtualenv + Python deps, npm packages, Chromium for browser tests"
 	@echo "make services  make sure PostgreSQL and Redis are running"
 	@echo "make bench     the benchmarks (BENCH_ARGS=... passed on)"
