@@ -128,6 +128,28 @@ def test_the_database_refuses_to_update_only_the_seal_of_an_event():
     assert AuditEvent.objects.verify_chain() is None
 
 
+def test_only_the_next_link_of_the_chain_may_be_sealed():
+    agent, _ = make_agent("billing")
+    AuditEvent.objects.seal()
+    last = AuditEvent.objects.order_by("-seq").first()
+    with transaction.atomic():
+        event = AuditEvent.objects.record(actor="user:ops", verb="noted", obj=agent, reason="to seal")
+    right_hash = chain_hash(last.hash, event.content_hash, last.seq + 1)
+    forgeries = [
+        (last.seq + 1, last.hash, "0" * 64),                                      # a made-up hash
+        (last.seq + 5, last.hash, chain_hash(last.hash, event.content_hash, last.seq + 5)),  # a gap
+        (last.seq + 1, "f" * 64, chain_hash("f" * 64, event.content_hash, last.seq + 1)),    # another chain
+    ]
+    for seq, prev_hash, hash_ in forgeries:
+        with pytest.raises(DatabaseError, match="next link"), transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("UPDATE ledger_auditevent SET seq = %s, prev_hash = %s, hash = %s WHERE id = %s",
+                           [seq, prev_hash, hash_, event.pk])
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE ledger_auditevent SET seq = %s, prev_hash = %s, hash = %s WHERE id = %s",
+                       [last.seq + 1, last.hash, right_hash, event.pk])
+    assert AuditEvent.objects.verify_chain() is None
+
+
 def test_sealing_an_event_may_not_change_anything_else_nor_unseal_it():
     make_agent("billing")
     event = AuditEvent.objects.order_by("id").first()
