@@ -153,6 +153,8 @@ MAX_ATTEMPTS = env_int("MAX_ATTEMPTS", 3)
 BACKOFF_BASE_SECONDS = env_float("BACKOFF_BASE_SECONDS", 2)
 BACKOFF_MAX_SECONDS = env_float("BACKOFF_MAX_SECONDS", 300)
 SWEEP_INTERVAL_SECONDS = env_float("SWEEP_INTERVAL_SECONDS", 1)
+# The overview warns when audit events wait longer than this for the sweeper to seal them.
+AUDIT_SEAL_ALERT_SECONDS = env_float("AUDIT_SEAL_ALERT_SECONDS", 60)
 # Threads per drain job on PostgreSQL (each with a connection): actions and tasks in flight per worker.
 DRAIN_LANES = env_int("DRAIN_LANES", 4)
 WEBHOOK_TOLERANCE_SECONDS = 300

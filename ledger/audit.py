@@ -10,6 +10,7 @@ keeps the chain's one lock off the requests: writers never queue behind each oth
 
 import hashlib
 import json
+from datetime import timedelta
 
 from django.contrib.auth import get_user_model
 from django.db import connection, models, transaction
@@ -93,6 +94,11 @@ class AuditEventManager(models.Manager):
                     cursor.executemany(f"UPDATE {self.model._meta.db_table} SET seq = %s, prev_hash = %s, hash = %s "
                                        "WHERE id = %s", seals)
             sealed += len(pending)
+
+    def unsealed_for(self, seconds):
+        """How many events have waited longer than `seconds` for the sealer (a stopped sweeper:
+        until sealed they are append-only, but outside the chain `verify_chain` checks)."""
+        return self.filter(seq__isnull=True, occurred_at__lt=timezone.now() - timedelta(seconds=seconds)).count()
 
     def history(self, obj):
         """Every event about `obj`, oldest first."""

@@ -5,6 +5,7 @@ import functools
 import operator
 import re
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
@@ -105,6 +106,7 @@ def overview(request):
         "queues": queues,
         "dlq_open": open_deadletter_count(),
         "recent": AuditEvent.objects.order_by("-id")[:15],
+        "audit_unsealed": AuditEvent.objects.unsealed_for(settings.AUDIT_SEAL_ALERT_SECONDS),
         "refreshed_at": now,
     }
     return render_partial(request, "ledger/overview.html", request.GET.get("partial"), context)

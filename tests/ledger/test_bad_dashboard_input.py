@@ -1,5 +1,6 @@
 """Bad input thrown at every dashboard endpoint (and the API, sandbox and webhooks) is refused
-with a 4xx or a redisplayed form, never a 500, and writes nothing half-way."""
+with a 4xx or a redisplayed form, never a 500, and writes nothing half-way. Last, the
+overview's warning about a stalled sealer."""
 
 import base64
 import json
@@ -293,3 +294,15 @@ def test_overview_unknown_partial(admin, partial):
 def test_dlq_operate_unknown_op_is_refused(admin):
     assert admin.post("/dlq/1/explode").status_code == 403
     assert admin.get("/dlq/1/redrive").status_code == 405
+
+
+def test_the_overview_warns_while_audit_events_wait_for_the_sealer(admin, settings):
+    settings.AUDIT_SEAL_ALERT_SECONDS = 0
+    make_agent("billing")
+    page = admin.get("/?partial=counts").content.decode()
+    assert 'data-alert="audit-unsealed"' in page
+    AuditEvent.objects.seal()
+    assert 'data-alert="audit-unsealed"' not in admin.get("/?partial=counts").content.decode()
+    settings.AUDIT_SEAL_ALERT_SECONDS = 60
+    make_agent("support")
+    assert 'data-alert="audit-unsealed"' not in admin.get("/?partial=counts").content.decode()
