@@ -52,7 +52,9 @@ class LimitForm(forms.ModelForm):
         dual, top = data.get("dual_approval_above"), data.get("max_amount")
         if dual is not None and top is not None and dual < top:
             self.add_error("dual_approval_above", "Must be at least the maximum amount.")
+        # The limit of this type and currency, if there is one, is the one being changed
+        # (Limit.limit_set): validated as that instance, its unique constraint does not refuse it.
+        existing = Limit.objects.filter(action_type=data.get("action_type"), currency=data.get("currency")).first()
+        if existing is not None:
+            self.instance = existing
         return data
-
-    def validate_unique(self):
-        """An existing (type, currency) is updated, not refused."""

@@ -36,8 +36,10 @@ def fingerprint(kind, target, params):
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def _replay(action, print_):
-    if action.fingerprint != print_:
+def _replay(action, print_, customer):
+    # The customer is outside the fingerprint (only a booking's is part of what is asked), but
+    # it decides what is in flight and the customer's daily total: another one is another request.
+    if action.fingerprint != print_ or action.customer != customer:
         raise KeyReused(action)
     return action, False
 
@@ -115,7 +117,7 @@ def action_request(*, agent, operation_key, action_type, target, params, custome
                                         else _key_or_in_flight.all(operation_key, target))}
             existing = next((a for a in found.values() if a.operation_key == operation_key), None)
             if existing:
-                return _replay(existing, print_)
+                return _replay(existing, print_, customer)
             # Locked, so that no worker claims one between this look and holding it.
             siblings = list(Action.objects.select_for_update().filter(
                 pk__in=list(found), status__in=IN_FLIGHT_STATUSES).order_by("id")) if found else []
@@ -150,7 +152,7 @@ def action_request(*, agent, operation_key, action_type, target, params, custome
         existing = action_by_key(operation_key)
         if existing is None:
             raise
-        return _replay(existing, print_)
+        return _replay(existing, print_, customer)
     return action, True
 
 

@@ -34,7 +34,7 @@ from .actions import action_request
 from .agents import agent_create
 from .connectors.base import Effect
 from .grants import capability
-from .models import Action, ActionStatus, ActionType, Agent, AuditEvent, Capability, StepStatus
+from .models import Action, ActionStatus, ActionType, AuditEvent, Capability, StepStatus
 from .runner import StepContext, _checkpoint, _fail
 from .sandbox.models import SandboxBooking, SandboxMessage, SandboxOrder, SandboxRefund, effect_save
 from .tasks import task_request

@@ -10,7 +10,7 @@ import secrets
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import models, transaction
+from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 

@@ -65,7 +65,8 @@ def webhook_receive(request, connector):
         event_id, event_type, data = str(event["id"]), str(event["type"]), event.get("data") or {}
     except (ValueError, KeyError, TypeError):
         return _problem(400, "the body is not an event")
-    if not event_id or len(event_id) > 255 or len(event_type) > 100:
+    effect_id = data.get("id") if isinstance(data, dict) else None
+    if not event_id or len(event_id) > 255 or len(event_type) > 100 or len(str(effect_id or "")) > 255:
         return _problem(400, "the body is not an event")  # would not fit its columns
     try:
         with transaction.atomic():

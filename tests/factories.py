@@ -3,6 +3,8 @@
 import httpx
 
 from ledger.agents import agent_create
+from ledger.models import StepStatus, TaskStep
+from ledger.tasks import task_request
 
 
 def make_agent(name, grants=("refund", "send_message", "create_booking")):
@@ -25,3 +27,19 @@ def post_action(client, key, body):
 
 def sandbox(client, method, path, **kwargs):
     return client.request(method, f"/sandbox/v1/{path}", **kwargs)
+
+
+def refund_input(order, customer):
+    return {"order_id": order, "amount": "25.00", "currency": "EUR", "customer": customer}
+
+
+def dead_letter(agent, task_id, *, order=None, customer=None, done=None):
+    """A refund task that ran out of attempts, made in this process: claimed once, optionally
+    with steps already done in its checkpoint (`done`: step name -> result), then dead-lettered."""
+    task, _ = task_request(agent=agent, task_id=task_id, workflow="refund",
+                           input=refund_input(order or f"ORD-{task_id}", customer or f"CUST-{task_id}"))
+    task.claim(owner="tests:1")
+    for name, result in (done or {}).items():
+        TaskStep.objects.filter(task=task, name=name).update(status=StepStatus.DONE, result=result)
+    error = {"code": "crash", "message": "the worker gave up", "retryable": True, "step": "call_refund_api"}
+    return task.mark_dead_lettered(actor="system:tests", error=error)

@@ -130,6 +130,8 @@ class BoundedJSONParser(JSONParser):
             return json.loads(raw.decode("utf-8"), parse_float=Decimal, parse_constant=_no_constants)
         except (ValueError, UnicodeDecodeError) as exc:
             raise exceptions.ParseError(f"The body is not valid JSON: {exc}") from exc
+        except RecursionError:
+            raise exceptions.ParseError("The body is nested too deeply.") from None
 
 
 def api_not_found(request, exception=None):

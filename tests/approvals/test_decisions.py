@@ -119,9 +119,16 @@ def test_two_approvers_at_once_one_wins_and_the_other_is_told_who(people):
 
 def test_a_customers_daily_total_sends_the_next_refund_to_approval(people):
     _, agent = people
-    for i in range(4):
-        assert refund(agent, f"d{i}", "450.00", f"ORD-D{i}", customer="CUST-9").status in ("queued", "held")
-    assert refund(agent, "d4", "450.00", "ORD-D4", customer="CUST-9").status in ("awaiting_approval", "held")
+    for i in range(4):  # 4 x 450.00 succeed: each settled before the next, so none is held
+        action = refund(agent, f"d{i}", "450.00", f"ORD-D{i}", customer="CUST-9")
+        assert action.status == "queued"
+        claimed = action.claim(owner="host:test")
+        claimed.mark_succeeded(actor="system:executor", claim=claimed.fence, external_ref=f"re_{i}")
+    fifth = refund(agent, "d4", "450.00", "ORD-D4", customer="CUST-9")  # 2,250.00 today > 2,000.00
+    assert fifth.status == "awaiting_approval"
+    assert ReviewItem.objects.get(action=fifth).why == "the customer's total today would be 2250.00 EUR, above 2000.00"
+    other_customer = refund(agent, "d5", "450.00", "ORD-D5", customer="CUST-10")
+    assert other_customer.status == "queued"
 
 
 def test_a_policy_change_is_audited_and_applies_to_new_actions(people):

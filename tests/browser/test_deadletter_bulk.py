@@ -4,19 +4,10 @@ import pytest
 
 from dlq.models import DeadLetter, EntryStatus
 from ledger.models import Task, TaskState
-from ledger.tasks import task_request
 from tests.browser.conftest import login, status_message
+from tests.factories import dead_letter
 
 pytestmark = pytest.mark.browser
-
-
-def dead_letter(agent, task_id):
-    """Made in this process: requested, claimed once, out of attempts."""
-    task, _ = task_request(agent=agent, task_id=task_id, workflow="refund",
-                           input={"order_id": f"ORD-{task_id}", "amount": "25.00", "currency": "EUR",
-                                  "customer": f"CUST-{task_id}"})
-    task.claim(owner="t")
-    return task.mark_dead_lettered(actor="system:tests", error={"code": "x", "message": "boom", "retryable": True})
 
 
 def test_a_bulk_discard_shows_the_count_and_needs_a_confirmation_and_a_reason(page, people, agent, shot):

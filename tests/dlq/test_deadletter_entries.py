@@ -21,28 +21,12 @@ from rq.registry import ScheduledJobRegistry
 from dlq.alerts import alert_deliver
 from dlq.entries import deadletter_discard, deadletter_redrive, deadletter_resolve
 from dlq.models import Alert, DeadLetter, EntryStatus
-from ledger.models import AuditEvent, InvalidTransition, StepStatus, Task, TaskStep
+from ledger.models import AuditEvent, InvalidTransition, StepStatus, Task
 from ledger.sweeper import sweep_once
-from ledger.tasks import task_request
 from tests.conftest import REDIS_URL, wait_until
-from tests.factories import api_client, make_agent, sandbox
+from tests.factories import api_client, dead_letter, make_agent, sandbox
 
 E = EntryStatus
-
-
-def refund_input(order, customer):
-    return {"order_id": order, "amount": "25.00", "currency": "EUR", "customer": customer}
-
-
-def dead_letter(agent, task_id, *, order="ORD-1", customer="CUST-1", done=None):
-    """A task that ran out of attempts, made in this process: claimed once, optionally with
-    steps already done in its checkpoint (`done`: step name -> result), then dead-lettered."""
-    task, _ = task_request(agent=agent, task_id=task_id, workflow="refund", input=refund_input(order, customer))
-    task.claim(owner="tests:1")
-    for name, result in (done or {}).items():
-        TaskStep.objects.filter(task=task, name=name).update(status=StepStatus.DONE, result=result)
-    error = {"code": "crash", "message": "the worker gave up", "retryable": True, "step": "call_refund_api"}
-    return task.mark_dead_lettered(actor="system:tests", error=error)
 
 
 def entry_events(entry, verb):

@@ -85,6 +85,7 @@ CASES = [
      booking_body(start="2026-09-10T11:00:00Z", end="2026-09-10T11:00:00Z"), "invalid", "params.end"),
     ("booking start not a time", KEY, booking_body(start="tomorrow"), "invalid", "params.start"),
     ("booking without customer", KEY, booking_body(customer=None), "invalid", "customer"),
+    ("JSON nested 5,000 levels deep", KEY, raw_json("[" * 5000 + "]" * 5000), "invalid", "body"),
     ("booking with an empty customer", KEY, booking_body(customer=""), "invalid", "customer"),
 ]
 

@@ -121,6 +121,15 @@ def test_policies_refuse_bad_limits(admin, change):
     assert not Limit.objects.exists()
 
 
+def test_policies_change_an_existing_limit_and_audit_it(admin):
+    assert admin.post("/policies/", LIMIT).status_code == 302
+    response = admin.post("/policies/", {**LIMIT, "max_amount": "250", "reason": "raised"})
+    assert response.status_code == 302, response.context["form"].errors if response.context else response
+    assert Limit.objects.get().max_amount == 250
+    changed = AuditEvent.objects.filter(verb="limit_set").order_by("id").last()
+    assert (changed.before["max_amount"], changed.after["max_amount"], changed.reason) == ("100.00", "250.00", "raised")
+
+
 @pytest.mark.parametrize("data", [
     {"name": ""}, {"name": "   "}, {"name": "has spaces"}, {"name": "ünïcode"}, {"name": "n" * 101},
     {"name": "n" * 300}, {"name": "bot", "grant": "teleport"}, {"name": "a/b"},

@@ -66,9 +66,10 @@ def test_another_spelling_of_the_same_request_is_still_a_replay(client, billing)
 @pytest.mark.parametrize(("change", "status", "code"), [
     (lambda body: {**body, "params": {**body["params"], "amount": "26.00"}}, 422, "idempotency_key_reused"),
     (lambda body: {**body, "target": "ORD-9999"}, 422, "idempotency_key_reused"),
+    (lambda body: {**body, "customer": "CUST-OTHER"}, 422, "idempotency_key_reused"),
     (lambda body: {**body, "colour": "red"}, 400, "invalid"),
     (lambda body: {**body, "params": {**body["params"], "amount": 25}}, 400, "invalid"),
-], ids=["another amount", "another target", "an unknown field", "a float amount"])
+], ids=["another amount", "another target", "another customer", "an unknown field", "a float amount"])
 def test_a_changed_request_on_a_used_key_gets_the_full_answer(client, billing, change, status, code):
     first = post(client, refund_body())
     assert first.status_code == 201

@@ -147,13 +147,15 @@ def test_a_refund_failed_event_sends_an_action_in_review_back_to_verification(cl
         ("not JSON", b"{nope"),
         ("a JSON list", b"[1, 2]"),
         ("no id", json.dumps({"type": "refund.succeeded", "data": {}}).encode()),
+        ("an effect id longer than its column", json.dumps(event(refund_id="re_" + "x" * 300)).encode()),
     ],
     ids=lambda value: value if isinstance(value, str) else "",
 )
-def test_a_signed_body_that_is_not_an_event_is_refused(client, db, case, payload):
+def test_a_signed_body_that_is_not_an_event_is_refused(client, unknown_action, case, payload):
     response = deliver(client, payload)
     assert response.status_code == 400, case
     assert not WebhookEvent.objects.exists()
+    assert Action.objects.get(pk=unknown_action.pk).status == S.UNKNOWN
 
 
 @pytest.mark.parametrize(
