@@ -11,7 +11,7 @@ from ledger.audit import actor_label
 from ledger.models import Action, AuditEvent
 from ledger.statemachine import InvalidTransition
 
-from .intake import verdict_for_request
+from .intake import verdict_for_action
 from .models import Approval, ReviewItem, ReviewKind, ReviewStatus
 
 
@@ -79,8 +79,7 @@ def _decide(item, action, user, decision, reason, external_ref):
         elif decision == "reject":
             action.reject(actor=user, reason=reason)
         elif decision == "release":
-            verdict = verdict_for_request(action_type=action.action_type, amount=action.amount,
-                                          currency=action.currency, customer=action.customer)
+            verdict = verdict_for_action(action)
             action.release(actor=user, reason=reason or "released by a person",
                            needs_approval=bool(verdict.approvals_needed))
         elif decision == "mark_succeeded":

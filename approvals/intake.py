@@ -21,7 +21,9 @@ def limit_for(action_type, currency):
     return _limit.first(action_type, currency)
 
 
-def verdict_for_request(*, action_type, amount, currency, customer):
+def verdict_for_request(*, action_type, amount, currency, customer, recorded=None):
+    """The limits' verdict on a request; `recorded`: the action itself when it is already in
+    the ledger (a held action being released), whose own amount is not yet part of the total."""
     from ledger.models import Action, ActionStatus
 
     limit = limit_for(action_type, currency)
@@ -30,15 +32,19 @@ def verdict_for_request(*, action_type, amount, currency, customer):
     total_today = Decimal(0)
     if customer and limit.daily_customer_total is not None:
         start_of_day = timezone.now().replace(hour=0, minute=0, second=0, microsecond=0)
-        total_today = (
-            Action.objects.filter(
-                action_type=action_type, currency=currency, customer=customer, created_at__gte=start_of_day
-            )
-            .exclude(status__in=[ActionStatus.REJECTED, ActionStatus.CANCELLED, ActionStatus.FAILED])
-            .aggregate(total=Sum("amount"))["total"]
-            or Decimal(0)
-        )
+        today = Action.objects.filter(
+            action_type=action_type, currency=currency, customer=customer, created_at__gte=start_of_day
+        ).exclude(status__in=[ActionStatus.REJECTED, ActionStatus.CANCELLED, ActionStatus.FAILED])
+        if recorded is not None:
+            today = today.exclude(pk=recorded.pk)
+        total_today = today.aggregate(total=Sum("amount"))["total"] or Decimal(0)
     return verdict_for(limit, amount, total_today)
+
+
+def verdict_for_action(action):
+    """The verdict on an action already recorded, as if it were requested now."""
+    return verdict_for_request(action_type=action.action_type, amount=action.amount, currency=action.currency,
+                               customer=action.customer, recorded=action)
 
 
 def needs_person_after_verification(action):

@@ -7,7 +7,7 @@ from django.utils import timezone
 
 from ledger.models import ActionStatus
 
-from .intake import limit_for, verdict_for_request
+from .intake import limit_for, verdict_for_action
 from .models import ReviewItem, ReviewKind, ReviewStatus
 
 KIND_FOR_STATUS = {
@@ -29,8 +29,7 @@ def review_follow_action(action, why=""):
     if kind is None or item is not None:
         return item
     limit = limit_for(action.action_type, action.currency)
-    verdict = verdict_for_request(action_type=action.action_type, amount=action.amount, currency=action.currency,
-                                  customer=action.customer) if kind == ReviewKind.APPROVAL else None
+    verdict = verdict_for_action(action) if kind == ReviewKind.APPROVAL else None
     hours = limit.review_deadline_hours if limit else DEFAULT_DEADLINE_HOURS
     with transaction.atomic():
         item = ReviewItem.objects.create(

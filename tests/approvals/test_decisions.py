@@ -122,13 +122,31 @@ def test_a_customers_daily_total_sends_the_next_refund_to_approval(people):
     for i in range(4):  # 4 x 450.00 succeed: each settled before the next, so none is held
         action = refund(agent, f"d{i}", "450.00", f"ORD-D{i}", customer="CUST-9")
         assert action.status == "queued"
-        claimed = action.claim(owner="host:test")
-        claimed.mark_succeeded(actor="system:executor", claim=claimed.fence, external_ref=f"re_{i}")
+        settled(action, f"re_{i}")
     fifth = refund(agent, "d4", "450.00", "ORD-D4", customer="CUST-9")  # 2,250.00 today > 2,000.00
     assert fifth.status == "awaiting_approval"
     assert ReviewItem.objects.get(action=fifth).why == "the customer's total today would be 2250.00 EUR, above 2000.00"
     other_customer = refund(agent, "d5", "450.00", "ORD-D5", customer="CUST-10")
     assert other_customer.status == "queued"
+
+
+def settled(action, ref):
+    claimed = action.claim(owner="host:test")
+    return claimed.mark_succeeded(actor="system:executor", claim=claimed.fence, external_ref=ref)
+
+
+def test_a_released_refund_counts_its_own_amount_once_in_the_daily_total(people):
+    users, agent = people
+    for i in (2, 3):
+        settled(refund(agent, f"r{i}", "450.00", f"ORD-R{i}", customer="CUST-R"), f"re_r{i}")
+    first = refund(agent, "r0", "450.00", "ORD-R0", customer="CUST-R").claim(owner="host:test")
+    held = refund(agent, "r1", "400.00", "ORD-R0", customer="CUST-R")  # the order has a call in flight
+    assert held.status == "held"
+    first.mark_succeeded(actor="system:executor", claim=first.fence, external_ref="re_r0")
+    # Today: 1,350.00 settled + the released 400.00 = 1,750.00, under the 2,000.00 a day.
+    review_decide(ReviewItem.objects.get(action=held, status="open"), user=users["alice"], decision="release",
+                  reason="the first one is done")
+    assert held.__class__.objects.get(pk=held.pk).status == "queued"
 
 
 def test_a_policy_change_is_audited_and_applies_to_new_actions(people):
