@@ -37,8 +37,6 @@ def review_decide(item, *, user, decision, reason="", external_ref=""):
         raise DecisionRefused(f"{decision} is not a decision for a {item.get_kind_display()}")
     if decision in ("reject", "mark_failed") and not reason:
         raise DecisionRefused("a reason is required")
-    if decision == "mark_failed" and any(e.get("found") is True for e in item.action.evidence or []):
-        raise DecisionRefused("the provider reported the effect; mark it succeeded with its reference instead")
     if decision == "mark_succeeded" and not external_ref.strip():
         raise DecisionRefused("the provider's reference is required to mark it succeeded")
     with transaction.atomic():
@@ -48,6 +46,9 @@ def review_decide(item, *, user, decision, reason="", external_ref=""):
             raise AlreadyDecided(f"already {item.status} by {item.decided_by_label or 'the system'}")
         if action.agent.owner_id == user.pk:
             raise DecisionRefused("four eyes: you are responsible for the agent that requested this")
+        # Read under the lock: a verification that lands meanwhile must still refuse this.
+        if decision == "mark_failed" and any(e.get("found") is True for e in action.evidence or []):
+            raise DecisionRefused("the provider reported the effect; mark it succeeded with its reference instead")
         if decision == "approve" and item.approvals_needed > 1 and not _second_approval(item, user, reason):
             return item
         _decide(item, action, user, decision, reason, external_ref.strip())

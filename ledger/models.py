@@ -130,12 +130,10 @@ ACTION_TRANSITIONS = {
     S.REJECTED: set(),
     S.CANCELLED: set(),
 }
-ACTION_INITIAL_STATUSES = {S.QUEUED, S.AWAITING_APPROVAL, S.HELD}
 # An action in one of these blocks others on the same target or customer.
 IN_FLIGHT_STATUSES = {S.QUEUED, S.PENDING, S.UNKNOWN, S.AWAITING_APPROVAL, S.HELD, S.NEEDS_REVIEW}
 # Waiting for a person: the task that owns the action waits too.
 PERSON_STATUSES = {S.AWAITING_APPROVAL, S.HELD, S.NEEDS_REVIEW}
-FINAL_STATUSES = {S.SUCCEEDED, S.REJECTED, S.CANCELLED}
 
 
 class ActionType(models.TextChoices):
@@ -211,7 +209,7 @@ class Action(LeasedWork):
         return self._move(
             S.PENDING, actor="system:executor", verb="claimed", claim=self.fence, locked=locked,
             attempts=lambda row: row.attempts + 1, next_attempt_at=None,
-            **_lease(owner), fence=lambda row: row.fence + 1,
+            **_lease(owner), fence=_next_fence,
         )
 
     def claim_for_verification(self, *, owner):
@@ -245,7 +243,7 @@ class Action(LeasedWork):
         return self._move(
             S.UNKNOWN, actor=actor, verb="outcome_unknown", reason=reason, claim=claim,
             evidence=lambda row: [*row.evidence, evidence], next_attempt_at=verify_at,
-            fence=lambda row: row.fence + 1, **_NO_LEASE,
+            fence=_next_fence, **_NO_LEASE,
         )
 
     def mark_needs_review(self, *, actor, evidence, claim=None, reason=""):
@@ -346,7 +344,6 @@ TASK_TRANSITIONS = {
     T.FAILED: set(),
     T.CANCELLED: set(),
 }
-TASK_FINAL_STATES = {T.SUCCEEDED, T.FAILED, T.CANCELLED}
 
 
 class Task(LeasedWork):
@@ -402,7 +399,7 @@ class Task(LeasedWork):
         return self._move(
             T.RUNNING, actor="system:runner", verb="claimed", claim=self.fence, locked=locked,
             attempts=lambda row: row.attempts + 1, next_attempt_at=None,
-            **_lease(owner), fence=lambda row: row.fence + 1,
+            **_lease(owner), fence=_next_fence,
         )
 
     def defer(self, *, claim, until, reason):

@@ -43,7 +43,6 @@ def write_permit(action):
 
 class Connector:
     name = ""
-    queryable = False
 
     def perform(self, action) -> Effect:
         if _permit.get() != (action.pk, action.fence):

@@ -13,11 +13,10 @@ from django.conf import settings
 
 
 class ProviderError(Exception):
-    def __init__(self, message, *, code="provider_error", status=None, body=None):
+    def __init__(self, message, *, code="provider_error", status=None):
         super().__init__(message)
         self.code = code
         self.status = status
-        self.body = body
 
     def evidence(self):
         return {"error": type(self).__name__, "code": self.code, "status": self.status, "message": str(self)}
@@ -63,14 +62,14 @@ def call(method, url, *, json=None, content=None, params=None, headers=None):
     if response.status_code >= 500:
         raise OutcomeUnknown(
             f"{method} {url}: HTTP {response.status_code}", code=f"http_{response.status_code}",
-            status=response.status_code, body=body,
+            status=response.status_code,
         )
     if response.status_code == 429:
-        raise NotSent(f"{method} {url}: rate limited", code="rate_limited", status=429, body=body)
+        raise NotSent(f"{method} {url}: rate limited", code="rate_limited", status=429)
     error = body.get("error") if isinstance(body, dict) else None
     code = error.get("code") if isinstance(error, dict) else f"http_{response.status_code}"
     message = error.get("message") if isinstance(error, dict) else f"HTTP {response.status_code}"
-    raise Rejected(f"{method} {url}: {message}", code=code or "rejected", status=response.status_code, body=body)
+    raise Rejected(f"{method} {url}: {message}", code=code or "rejected", status=response.status_code)
 
 
 def _json_or_text(response):

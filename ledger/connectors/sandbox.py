@@ -15,7 +15,6 @@ _RESOURCES = {
 
 class SandboxConnector(Connector):
     name = "sandbox"
-    queryable = True
 
     def _url(self, path):
         return f"{settings.SANDBOX_BASE_URL.rstrip('/')}/{path}"
