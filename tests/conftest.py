@@ -137,6 +137,7 @@ def stack(server, django_db_reset_sequences, settings):
         setattr(settings, name, float(value) if "." in value or name != "MAX_ATTEMPTS" else int(value))
     settings.SANDBOX_BASE_URL = f"{server.url}/sandbox/v1"
     settings.RQ_QUEUES = {"default": {"URL": REDIS_URL, "DEFAULT_TIMEOUT": 600, "ASYNC": True}}
+    settings.RQ_ASYNC = True  # work goes to the workers, never run quietly in this process
     redis.Redis.from_url(REDIS_URL).flushdb()
     yield server
     server.stop_workers()

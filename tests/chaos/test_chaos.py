@@ -19,6 +19,7 @@ import httpx
 import pytest
 import redis
 
+from approvals.models import ReviewItem
 from dlq.models import DeadLetter
 from ledger.models import Action, AuditEvent, Task
 from ledger.sweeper import sweep_once
@@ -201,6 +202,9 @@ def test_killed_workers_and_a_flushed_redis_never_double_an_effect_or_lose_a_tas
         elif task.state == "dead_lettered":
             entry = DeadLetter.objects.get(task=task, status="open")
             assert entry.alerts.exists(), f"dead-letter entry of {task_id} has no alert"
+        else:  # waiting: for a person, who must have something open to decide
+            assert ReviewItem.objects.filter(action__task=task, status="open").exists(), f"{task_id} waits for nobody"
     AuditEvent.objects.seal()
     assert AuditEvent.objects.verify_chain() is None, "the audit chain is broken"
     assert figures["kills"] >= scale["chaos_seconds"] / KILL_EVERY / 2
+    assert figures["kills_while_busy"] >= 1, "no worker was killed in the middle of work"

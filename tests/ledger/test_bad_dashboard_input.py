@@ -12,10 +12,11 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from approvals.models import Limit, ReviewItem
+from dlq.models import DeadLetter
 from ledger.actions import action_request
 from ledger.models import Agent, AuditEvent, Task, WebhookEvent
 from ledger.sandbox.webhooks import sign_webhook
-from tests.factories import make_agent
+from tests.factories import dead_letter, make_agent
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("jobs_to_test_redis")]
 
@@ -173,6 +174,21 @@ def test_agent_change_refuses_an_unknown_op_or_capability(admin):
 def test_dlq_bulk_refuses_bad_input(admin, data):
     response = admin.post("/dlq/bulk", data)
     assert response.status_code in (200, 302, 400, 403), response.status_code
+
+
+def test_dlq_bulk_does_nothing_until_the_count_shown_is_confirmed_with_a_reason(admin):
+    agent, _ = make_agent("bot")
+    entry = dead_letter(agent, "bulk-1")
+    events = AuditEvent.objects.count()
+    for data in ({"op": "discard", "reason": "x"},                          # the preview: a count, no change
+                 {"op": "discard", "confirm_count": "2", "reason": "x"},    # the queue changed meanwhile
+                 {"op": "discard", "confirm_count": "1", "reason": ""}):    # no reason
+        response = admin.post("/dlq/bulk", data)
+        assert response.status_code == 200, (data, response.status_code)
+        assert DeadLetter.objects.get(pk=entry.pk).status == "open", data
+    assert AuditEvent.objects.count() == events
+    assert admin.post("/dlq/bulk", {"op": "discard", "confirm_count": "1", "reason": "x"}).status_code == 302
+    assert DeadLetter.objects.get(pk=entry.pk).status == "discarded"
 
 
 def test_run_now_on_a_settled_task_does_nothing(admin):

@@ -3,7 +3,6 @@
 import ast
 from pathlib import Path
 
-import httpx
 import pytest
 from django.utils import timezone
 
@@ -11,6 +10,7 @@ from ledger.connectors import base
 from ledger.connectors.base import UnguardedWrite, write_permit
 from ledger.connectors.sandbox import SandboxConnector
 from ledger.models import Action, ActionStatus
+from ledger.sandbox.models import SandboxRefund
 from tests.factories import make_agent
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -18,16 +18,10 @@ PRODUCT = ("ledger", "approvals", "dlq")
 
 
 @pytest.fixture
-def no_http(monkeypatch):
-    """Every outbound request is recorded and refused instead of sent."""
-    sent = []
-
-    def refuse(self, request, **kwargs):
-        sent.append(request)
-        raise AssertionError(f"HTTP call made: {request.method} {request.url}")
-
-    monkeypatch.setattr(httpx.Client, "send", refuse)
-    return sent
+def sandbox_refunds(live_server, settings):
+    """The real sandbox (live_server) as the provider: what it stored is what reached it."""
+    settings.SANDBOX_BASE_URL = f"{live_server.url}/sandbox/v1"
+    return lambda: list(SandboxRefund.objects.values_list("operation_key", flat=True))
 
 
 @pytest.fixture
@@ -41,33 +35,30 @@ def pending_action(db):
     return action.claim(owner="host:tests")
 
 
-def test_a_connector_write_outside_the_executor_is_refused_without_an_http_call(pending_action, no_http):
+def test_a_connector_write_outside_the_executor_is_refused_and_reaches_no_provider(pending_action, sandbox_refunds):
     with pytest.raises(UnguardedWrite):
         SandboxConnector().perform(pending_action)
-    assert no_http == []
+    assert sandbox_refunds() == []
 
 
-def test_a_permit_for_another_claim_does_not_open_the_write(pending_action, no_http):
+def test_a_permit_for_another_claim_does_not_open_the_write(pending_action, sandbox_refunds):
     stale = Action.objects.get(pk=pending_action.pk)
     stale.fence -= 1
     with write_permit(stale), pytest.raises(UnguardedWrite):
         SandboxConnector().perform(pending_action)
-    assert no_http == []
+    assert sandbox_refunds() == []
 
 
-def test_the_permit_ends_with_its_block(pending_action, live_server, settings):
-    """Inside the permit the write really reaches the sandbox (live_server); after it, it is refused
-    and nothing more arrives there."""
-    from ledger.sandbox.models import SandboxRefund
-
-    settings.SANDBOX_BASE_URL = f"{live_server.url}/sandbox/v1"
+def test_the_permit_ends_with_its_block(pending_action, sandbox_refunds):
+    """Inside the permit the write really reaches the sandbox; after it, it is refused and
+    nothing more arrives there."""
     with write_permit(pending_action):
         effect = SandboxConnector().perform(pending_action)
     refund = SandboxRefund.objects.get(operation_key=pending_action.operation_key)
     assert effect.external_ref == refund.refund_id and refund.refund_id.startswith("re_")
     with pytest.raises(UnguardedWrite):
         SandboxConnector().perform(pending_action)
-    assert SandboxRefund.objects.filter(operation_key=pending_action.operation_key).count() == 1
+    assert sandbox_refunds() == [pending_action.operation_key]
 
 
 # --- the source tree ---------------------------------------------------------------------------
