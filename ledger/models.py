@@ -187,6 +187,15 @@ class Action(LeasedWork):
             models.CheckConstraint(
                 condition=~Q(status=S.SUCCEEDED) | ~Q(external_ref=""), name="action_succeeded_has_ref"
             ),
+            # What workers claim and the sweeper expires is found by these times: a row without
+            # one would never be run, verified or taken back, and nothing would say so.
+            models.CheckConstraint(
+                condition=~Q(status__in=[S.QUEUED, S.UNKNOWN]) | Q(next_attempt_at__isnull=False),
+                name="action_due_has_time",
+            ),
+            models.CheckConstraint(
+                condition=~Q(status=S.PENDING) | Q(lease_expires_at__isnull=False), name="action_pending_has_lease"
+            ),
         ]
 
     def __str__(self):
@@ -377,6 +386,13 @@ class Task(LeasedWork):
         constraints = [
             models.CheckConstraint(condition=Q(state__in=TaskState.values), name="task_state_valid"),
             models.CheckConstraint(condition=Q(attempts__lte=models.F("max_attempts")), name="task_attempts_capped"),
+            # As for actions: a queued task without a time, or a running one without a lease, is lost.
+            models.CheckConstraint(
+                condition=~Q(state=T.QUEUED) | Q(next_attempt_at__isnull=False), name="task_queued_has_time"
+            ),
+            models.CheckConstraint(
+                condition=~Q(state=T.RUNNING) | Q(lease_expires_at__isnull=False), name="task_running_has_lease"
+            ),
         ]
 
     def __str__(self):

@@ -6,6 +6,7 @@ from decimal import Decimal
 import pytest
 from django.contrib.auth import get_user_model
 from django.db import connection
+from django.utils import timezone
 
 from approvals.decisions import AlreadyDecided, DecisionRefused, review_decide
 from approvals.models import Limit, ReviewItem, ReviewKind
@@ -165,7 +166,7 @@ def test_an_outcome_the_provider_reported_cannot_be_marked_failed(people):
     users, agent = people
     action = refund(agent, "u1", "20.00", "ORD-U1")
     action.claim(owner="w")
-    action.mark_unknown(actor="system:tests", claim=action.fence, verify_at=None, evidence={"code": "timeout"})
+    action.mark_unknown(actor="system:tests", claim=action.fence, verify_at=timezone.now(), evidence={"code": "timeout"})
     action.mark_needs_review(actor="system:tests", evidence={"found": True, "verification": {"matches": ["re_1"]}})
     item = ReviewItem.objects.get(action=action, status="open")
     with pytest.raises(DecisionRefused, match="reported the effect"):

@@ -7,6 +7,7 @@ import itertools
 from datetime import timedelta
 
 import pytest
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from ledger.models import ACTION_TRANSITIONS, Action, ActionStatus, AuditEvent, InvalidTransition, StaleClaim
@@ -43,16 +44,23 @@ def agent(db):
     return make_agent("billing", grants=())[0]
 
 
+def required_in(status, retryable=True):
+    """What the database's check constraints require of a row in `status`."""
+    return {
+        S.SUCCEEDED: {"external_ref": "re_existing"},
+        S.FAILED: {"error": {"code": "declined", "message": "no", "retryable": retryable}},
+        S.QUEUED: {"next_attempt_at": timezone.now()},
+        S.UNKNOWN: {"next_attempt_at": timezone.now()},
+        S.PENDING: {"lease_expires_at": timezone.now() + timedelta(seconds=30)},
+    }.get(status, {})
+
+
 def action_in(agent, status, *, key="refund:ORD-1:full:dec-1", retryable=True, **fields):
     """A row created straight in `status`, with what that status requires of it."""
-    if status == S.SUCCEEDED:
-        fields.setdefault("external_ref", "re_existing")
-    if status == S.FAILED:
-        fields.setdefault("error", {"code": "declined", "message": "no", "retryable": retryable})
     return Action.objects.create(
         operation_key=key, fingerprint="f" * 64, action_type="refund", target="ORD-1",
         params={"amount": "25.00", "currency": "EUR"}, amount="25.00", currency="EUR",
-        agent=agent, status=status, **fields,
+        agent=agent, status=status, **{**required_in(status, retryable), **fields},
     )
 
 
@@ -90,10 +98,7 @@ def test_a_transition_in_the_table_works_and_writes_exactly_one_audit_event(agen
     source, target = pair
     action = action_in(agent, source)
     events_before = AuditEvent.objects.filter(object_type="ledger.action").count()
-    # Into succeeded an external reference is required (a check constraint).
-    changes = {"external_ref": "re_new"} if target == S.SUCCEEDED else {}
-
-    action._move(target, actor="system:tests", verb="test", reason="exhaustive", **changes)
+    action._move(target, actor="system:tests", verb="test", reason="exhaustive", **required_in(target))
 
     assert Action.objects.get(pk=action.pk).status == target
     assert action.status == target
@@ -101,6 +106,15 @@ def test_a_transition_in_the_table_works_and_writes_exactly_one_audit_event(agen
     assert AuditEvent.objects.filter(object_type="ledger.action").count() == events_before + 1
     assert (event.actor, event.verb, event.reason) == ("system:tests", "test", "exhaustive")
     assert (event.before["status"], event.after["status"]) == (source, target)
+
+
+@pytest.mark.parametrize(("status", "missing"), [
+    (S.QUEUED, "next_attempt_at"), (S.UNKNOWN, "next_attempt_at"), (S.PENDING, "lease_expires_at"),
+])
+def test_the_database_refuses_a_row_no_worker_or_sweeper_would_ever_find(agent, status, missing):
+    with pytest.raises(IntegrityError), transaction.atomic():
+        action_in(agent, status, **{missing: None})
+    assert not Action.objects.exists()
 
 
 def test_a_failed_action_that_is_not_retryable_cannot_be_requeued(agent):

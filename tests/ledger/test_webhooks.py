@@ -4,6 +4,7 @@ import json
 import time
 
 import pytest
+from django.utils import timezone
 
 from ledger.models import Action, ActionStatus, AuditEvent, WebhookEvent
 from ledger.sandbox.webhooks import sign_webhook
@@ -41,7 +42,7 @@ def unknown_action(db):
     return Action.objects.create(
         operation_key=KEY, fingerprint="f" * 64, action_type="refund", target="ORD-W1",
         params={"amount": "25.00", "currency": "EUR"}, amount="25.00", currency="EUR",
-        agent=agent, status=S.UNKNOWN, attempts=1, fence=2,
+        agent=agent, status=S.UNKNOWN, attempts=1, fence=2, next_attempt_at=timezone.now(),
     )
 
 
