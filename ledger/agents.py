@@ -1,11 +1,15 @@
 """Agents (service accounts): create, grant, rotate — each audited."""
 
+import re
+
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
 from .grants import agent_grant, capability
 from .models import ActionType, Agent, AuditEvent, Capability
 from .workflows import WORKFLOWS
+
+AGENT_NAME = re.compile(r"[A-Za-z0-9_-]+")  # Agent.name is a SlugField (ASCII)
 
 
 def capabilities_named(name):
@@ -21,10 +25,17 @@ def capabilities_named(name):
 
 
 def agent_create(name, *, actor, grants=(), owner=None):
-    """Returns (agent, token); the token is not stored and cannot be shown again.
+    """Returns (agent, token); the token is not stored and cannot be shown again. ValueError
+    for a name that is not a new slug of at most 100 characters.
 
     `owner` is the person responsible for the agent; four eyes keep them from approving
     its requests."""
+    # The name is a SlugField of 100 and becomes the username "agent-<name>" (150, unique):
+    # checked here, for the dashboard and create_agent alike, rather than failing at the INSERT.
+    if len(name) > 100 or not AGENT_NAME.fullmatch(name):
+        raise ValueError("a name is 1 to 100 letters, digits, '-' or '_'")
+    if Agent.objects.filter(name=name).exists() or get_user_model().objects.filter(username=f"agent-{name}").exists():
+        raise ValueError(f"an agent named {name!r} exists, or its username agent-{name} is taken")
     with transaction.atomic():
         user = get_user_model().objects.create_user(username=f"agent-{name}", password=None)
         token = Agent.new_token()

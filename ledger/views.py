@@ -3,11 +3,9 @@
 import csv
 import functools
 import operator
-import re
 
 from django.conf import settings
 from django.contrib import messages
-from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
 from django.db import connection
 from django.db.models import Count, Min, Q, Value
@@ -28,7 +26,6 @@ from .tasks import task_run_now
 from .workflows import WORKFLOWS
 
 STATUS_ORDER = list(ActionStatus.values)
-AGENT_NAME = re.compile(r"[A-Za-z0-9_-]+")  # Agent.name is a SlugField (ASCII)
 # Above this many actions in one of the statuses that only grow with history, the overview shows
 # an estimate instead of an exact count (see _status_counts).
 HISTORY_EXACT_UP_TO = 1000
@@ -190,15 +187,6 @@ def agent_list(request):
         name = request.POST.get("name", "").strip()
         grants = request.POST.getlist("grant")
         try:
-            if not name or Agent.objects.filter(name=name).exists():
-                raise ValueError("give a new, unused name")
-            # The name is a SlugField of 100 and becomes the username
-            # "agent-<name>" (150, unique). Over-long names and a taken username were 500s
-            # (DataError, IntegrityError); spaces, "/" and non-ASCII were stored unvalidated.
-            if len(name) > 100 or not AGENT_NAME.fullmatch(name):
-                raise ValueError("a name is 1 to 100 letters, digits, '-' or '_'")
-            if get_user_model().objects.filter(username=f"agent-{name}").exists():
-                raise ValueError(f"the username agent-{name} is taken; choose another name")
             agent, token = agent_create(name, actor=request.user, grants=grants, owner=request.user)
         except ValueError as exc:
             messages.error(request, str(exc))

@@ -331,3 +331,15 @@ def test_the_overview_warns_while_audit_events_wait_for_the_sealer(admin, settin
     settings.AUDIT_SEAL_ALERT_SECONDS = 60
     make_agent("support")
     assert 'data-alert="audit-unsealed"' not in admin.get("/?partial=counts").content.decode()
+
+
+@pytest.mark.parametrize("name", ["", "n" * 101, "bad name/ü", "billing"])
+def test_create_agent_refuses_a_bad_or_taken_name_and_writes_nothing(name):
+    from django.core.management import CommandError, call_command
+
+    make_agent("billing")
+    agents, users, events = Agent.objects.count(), get_user_model().objects.count(), AuditEvent.objects.count()
+    with pytest.raises(CommandError):
+        call_command("create_agent", name, "--grant", "refund")
+    assert (Agent.objects.count(), get_user_model().objects.count(), AuditEvent.objects.count()) == (
+        agents, users, events)

@@ -1,9 +1,8 @@
-from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
 from ledger.agents import agent_create
-from ledger.models import Agent, Capability
+from ledger.models import Capability
 
 
 class Command(BaseCommand):
@@ -15,8 +14,6 @@ class Command(BaseCommand):
                             help="an action type and/or workflow of that name (repeatable)")
 
     def handle(self, name, grant, **options):
-        if Agent.objects.filter(name=name).exists() or get_user_model().objects.filter(username=f"agent-{name}").exists():
-            raise CommandError(f"an agent named {name!r} exists")
         try:
             with transaction.atomic():
                 agent, token = agent_create(name, actor="system:create_agent", grants=grant)
