@@ -161,7 +161,10 @@ WEBHOOK_TOLERANCE_SECONDS = 300
 API_MAX_BODY_BYTES = 64 * 1024
 API_MAX_WAIT_SECONDS = 30
 ALERT_WEBHOOK_URL = env_str("ALERT_WEBHOOK_URL")
-ALERT_WEBHOOK_SECRET = env_str("ALERT_WEBHOOK_SECRET", "alert-dev-secret")
+ALERT_WEBHOOK_SECRET = env_str("ALERT_WEBHOOK_SECRET") or (None if PRODUCTION else "alert-dev-secret")
+if ALERT_WEBHOOK_URL and not ALERT_WEBHOOK_SECRET:
+    # A public development secret would let anyone forge alerts to the receiver.
+    raise RuntimeError("ALERT_WEBHOOK_SECRET must be set with ALERT_WEBHOOK_URL in production")
 ALERT_EMAILS = env_list("ALERT_EMAILS", "operations@surety.example")
 SITE_URL = env_str("SITE_URL", "http://127.0.0.1:8000")
 
