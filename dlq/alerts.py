@@ -58,24 +58,27 @@ def alert_deliver(alert_id):
     """Try every channel not yet delivered; record each attempt; reschedule failures."""
     from .models import Alert, AlertDelivery
 
-    alert = Alert.objects.get(pk=alert_id)
-    if alert.delivered_at:
-        return
-    done = set(alert.deliveries.filter(ok=True).values_list("channel", flat=True))
-    failed = []
-    for channel in channels():
-        if channel in done:
-            continue
-        attempt = alert.deliveries.filter(channel=channel).count() + 1
-        try:
-            detail, ok = _send(alert, channel), True
-        except Exception as exc:  # a transport error of any kind is recorded, not raised
-            detail, ok = f"{type(exc).__name__}: {exc}", False
-            failed.append(attempt)
-        AlertDelivery.objects.create(alert=alert, channel=channel, attempt=attempt, ok=ok, detail=detail[:2000])
-    if not failed:
-        Alert.objects.filter(pk=alert.pk).update(delivered_at=timezone.now())
-    elif max(failed) < MAX_DELIVERY_ATTEMPTS:
+    # The alert stays locked while it is delivered: a second job for it (the sweeper's
+    # redelivery of a job stuck in a backed-up queue) finds it taken and leaves it.
+    with transaction.atomic():
+        alert = Alert.objects.select_for_update(skip_locked=True).filter(pk=alert_id).first()
+        if alert is None or alert.delivered_at:
+            return
+        done = set(alert.deliveries.filter(ok=True).values_list("channel", flat=True))
+        failed = []
+        for channel in channels():
+            if channel in done:
+                continue
+            attempt = alert.deliveries.filter(channel=channel).count() + 1
+            try:
+                detail, ok = _send(alert, channel), True
+            except Exception as exc:  # a transport error of any kind is recorded, not raised
+                detail, ok = f"{type(exc).__name__}: {exc}", False
+                failed.append(attempt)
+            AlertDelivery.objects.create(alert=alert, channel=channel, attempt=attempt, ok=ok, detail=detail[:2000])
+        if not failed:
+            Alert.objects.filter(pk=alert.pk).update(delivered_at=timezone.now())
+    if failed and max(failed) < MAX_DELIVERY_ATTEMPTS:
         _enqueue(alert.pk, delay=timedelta(seconds=min(300, 2 ** max(failed))))
 
 

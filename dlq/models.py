@@ -144,6 +144,10 @@ class AlertDelivery(models.Model):
 
     class Meta:
         ordering = ["alert", "at"]
+        constraints = [
+            # Two jobs delivering one alert at once would both record "attempt 1".
+            models.UniqueConstraint(fields=["alert", "channel", "attempt"], name="alertdelivery_once_per_attempt"),
+        ]
 
     def __str__(self):
         return f"{self.channel} #{self.attempt} {'ok' if self.ok else 'failed'}"

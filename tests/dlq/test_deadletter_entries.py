@@ -14,16 +14,16 @@ import django_rq
 import pytest
 from django.contrib.auth import get_user_model
 from django.core import mail
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 from rq.registry import ScheduledJobRegistry
 
 from dlq.alerts import alert_deliver
 from dlq.entries import deadletter_discard, deadletter_redrive, deadletter_resolve
-from dlq.models import Alert, DeadLetter, EntryStatus
+from dlq.models import Alert, AlertDelivery, DeadLetter, EntryStatus
 from ledger.models import AuditEvent, InvalidTransition, StepStatus, Task
 from ledger.sweeper import sweep_once
-from tests.conftest import REDIS_URL, wait_until
+from tests.conftest import wait_until
 from tests.factories import api_client, dead_letter, make_agent, sandbox
 
 E = EntryStatus
@@ -172,12 +172,6 @@ def test_a_redriven_task_that_fails_again_gets_a_new_entry_of_its_own(stack, age
 # --- The database's own rule: no entry without an alert ----------------------------------------
 
 
-@pytest.fixture
-def quiet_rq(settings):
-    """Jobs enqueued after commit go to this test run's own Redis database, not db 0."""
-    settings.RQ_QUEUES = {"default": {"URL": REDIS_URL, "DEFAULT_TIMEOUT": 600, "ASYNC": True}}
-
-
 def plain_task(task_id):
     agent, _ = make_agent(f"agent-{task_id}")
     return Task.objects.create(task_id=task_id, fingerprint="x", workflow="refund", input={}, agent=agent,
@@ -185,7 +179,7 @@ def plain_task(task_id):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_an_entry_without_an_alert_cannot_be_committed(quiet_rq):
+def test_an_entry_without_an_alert_cannot_be_committed(jobs_to_test_redis):
     task = plain_task("refund-no-alert")
     with pytest.raises(IntegrityError, match="has no alert"):
         with transaction.atomic():
@@ -194,7 +188,7 @@ def test_an_entry_without_an_alert_cannot_be_committed(quiet_rq):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_an_entry_saved_on_its_own_in_autocommit_is_refused_too(quiet_rq):
+def test_an_entry_saved_on_its_own_in_autocommit_is_refused_too(jobs_to_test_redis):
     task = plain_task("refund-autocommit")
     with pytest.raises(IntegrityError, match="has no alert"):
         DeadLetter.objects.create(task=task, snapshot={}, last_error={}, attempts=3)
@@ -202,7 +196,7 @@ def test_an_entry_saved_on_its_own_in_autocommit_is_refused_too(quiet_rq):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_an_entry_with_its_alert_in_the_same_transaction_commits(quiet_rq):
+def test_an_entry_with_its_alert_in_the_same_transaction_commits(jobs_to_test_redis):
     task = plain_task("refund-with-alert")
     with transaction.atomic():
         entry = DeadLetter.objects.create(task=task, snapshot={}, last_error={}, attempts=3)
@@ -211,6 +205,38 @@ def test_an_entry_with_its_alert_in_the_same_transaction_commits(quiet_rq):
 
 
 # --- Alert delivery ---------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_alert_being_delivered_is_left_to_the_job_delivering_it(jobs_to_test_redis):
+    task = plain_task("refund-locked-alert")
+    with transaction.atomic():
+        entry = DeadLetter.objects.create(task=task, snapshot={}, last_error={}, attempts=3)
+        alert = Alert.objects.create(kind=Alert.Kind.DEAD_LETTER, dead_letter=entry, subject="s",
+                                     link=entry.get_absolute_url())
+    delivering, done = threading.Event(), threading.Event()
+
+    def first_job():  # holds the alert as a job in the middle of sending it would
+        try:
+            with transaction.atomic():
+                Alert.objects.select_for_update().get(pk=alert.pk)
+                delivering.set()
+                done.wait(10)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=first_job)
+    thread.start()
+    try:
+        assert delivering.wait(10)
+        alert_deliver(alert.pk)  # the second job, e.g. the sweeper's redelivery
+        assert not AlertDelivery.objects.exists() and mail.outbox == []
+    finally:
+        done.set()
+        thread.join(10)
+    alert_deliver(alert.pk)
+    assert list(AlertDelivery.objects.values_list("channel", "attempt", "ok")) == [("email", 1, True)]
+    assert len(mail.outbox) == 1
 
 
 class Receiver:
