@@ -44,7 +44,7 @@ def _redis_db():
 REDIS_URL = f"redis://127.0.0.1:6379/{_redis_db()}"
 
 
-def _free_port():
+def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -106,7 +106,7 @@ def server(django_db_setup, django_db_blocker):
     with django_db_blocker.unblock():
         call_command("flush", interactive=False, reset_sequences=True, verbosity=0)
         database_url = _database_url()
-    port = _free_port()
+    port = free_port()
     base_url = f"http://127.0.0.1:{port}"
     env = {
         **os.environ, **STACK_ENV,

@@ -29,8 +29,23 @@ def sandbox(client, method, path, **kwargs):
     return client.request(method, f"/sandbox/v1/{path}", **kwargs)
 
 
-def refund_input(order, customer):
-    return {"order_id": order, "amount": "25.00", "currency": "EUR", "customer": customer}
+def sandbox_list(client, kind, **params):
+    """What the sandbox provider holds: its `kind` ("refunds", "messages", "bookings") matching `params`."""
+    response = sandbox(client, "GET", kind, params=params)
+    assert response.status_code == 200, response.text
+    return response.json()["data"]
+
+
+def refund_input(order, customer, amount="25.00"):
+    return {"order_id": order, "amount": amount, "currency": "EUR", "customer": customer}
+
+
+def refund_task_body(order="ORD-8841", amount="25.00", customer="CUST-17"):
+    return {"workflow": "refund", "input": refund_input(order, customer, amount)}
+
+
+def post_task(client, task_id, body):
+    return client.post("/api/v1/tasks", json=body, headers={"Idempotency-Key": task_id})
 
 
 def dead_letter(agent, task_id, *, order=None, customer=None, done=None):

@@ -21,7 +21,7 @@ from playwright.sync_api import sync_playwright
 
 from approvals.models import Limit
 from tests.conftest import ROOT
-from tests.factories import api_client, make_agent, post_action, refund_body, sandbox
+from tests.factories import api_client, make_agent, post_action, refund_body
 
 SCREENSHOTS = ROOT / "artifacts" / "screenshots"
 PASSWORD = "correct-horse-battery-staple"
@@ -185,10 +185,6 @@ def request_refund(api, key, order, amount, customer):
     response = post_action(api, key, refund_body(order=order, amount=amount, customer=customer))
     assert response.status_code == 201, response.text
     return response.json()
-
-
-def sandbox_refunds(api, **params):
-    return sandbox(api, "GET", "refunds", params=params).json()["data"]
 
 
 def login(page, username, password=PASSWORD):

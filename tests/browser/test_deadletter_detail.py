@@ -7,14 +7,13 @@ from ledger.models import Task
 from ledger.tasks import task_request
 from tests.browser.conftest import login, status_message
 from tests.conftest import wait_until
-from tests.factories import sandbox
+from tests.factories import post_task, refund_task_body, sandbox
 
 pytestmark = pytest.mark.browser
 
 
 def start_refund_task(api, task_id, order, customer):
-    body = {"workflow": "refund", "input": {"order_id": order, "amount": "25.00", "currency": "EUR", "customer": customer}}
-    response = api.post("/api/v1/tasks", json=body, headers={"Idempotency-Key": task_id})
+    response = post_task(api, task_id, refund_task_body(order, customer=customer))
     assert response.status_code == 201, response.text
 
 

@@ -4,9 +4,9 @@ import pytest
 
 from approvals.models import ReviewItem, ReviewStatus
 from ledger.models import Action, ActionStatus, AuditEvent
-from tests.browser.conftest import csrf_post, login, request_refund, sandbox_refunds, status_message
+from tests.browser.conftest import csrf_post, login, request_refund, status_message
 from tests.conftest import wait_until
-from tests.factories import api_client, make_agent
+from tests.factories import api_client, make_agent, sandbox_list
 
 pytestmark = pytest.mark.browser
 
@@ -54,7 +54,7 @@ def test_an_approver_approves_an_over_limit_refund_and_the_provider_holds_exactl
         return page.locator("#action-status").inner_text().strip() == "succeeded"
 
     wait_until(action_status_on_page, seconds=20, interval=0.5, message="the page to show the action succeeded")
-    refunds = sandbox_refunds(api, order_id="ORD-7001")
+    refunds = sandbox_list(api, "refunds", order_id="ORD-7001")
     assert len(refunds) == 1 and refunds[0]["amount"] == "750.00"
     assert refunds[0]["id"] == Action.objects.get(operation_key=KEY).external_ref
     assert [e.actor for e in item_events(item, "approve")] == ["user:alice"]

@@ -9,9 +9,9 @@ from approvals.models import ReviewItem, ReviewKind, ReviewStatus
 from ledger.actions import action_request
 from ledger.models import Action, ActionStatus, AuditEvent, Task, TaskState
 from ledger.tasks import task_request
-from tests.browser.conftest import login, sandbox_refunds
+from tests.browser.conftest import login
 from tests.conftest import wait_until
-from tests.factories import sandbox
+from tests.factories import sandbox, sandbox_list
 
 pytestmark = pytest.mark.browser
 
@@ -70,5 +70,5 @@ def test_an_unknown_outcome_marked_succeeded_with_a_reference_settles_the_action
     wait_until(lambda: Task.objects.get(pk=task.pk).state == TaskState.SUCCEEDED, seconds=20, interval=0.2,
                message="the woken task to finish")
     assert Action.objects.get(pk=action.pk).external_ref == "re_manual_1"
-    assert sandbox_refunds(api, order_id=ORDER) == []
+    assert sandbox_list(api, "refunds", order_id=ORDER) == []
     assert task.steps.get(name="write_confirmation").result["external_ref"] == "re_manual_1"

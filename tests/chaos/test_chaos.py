@@ -24,7 +24,7 @@ from dlq.models import DeadLetter
 from ledger.models import Action, AuditEvent, Task
 from ledger.sweeper import sweep_once
 from tests.conftest import REDIS_URL, ROOT
-from tests.factories import api_client, make_agent, sandbox
+from tests.factories import api_client, make_agent, sandbox, sandbox_list
 
 pytestmark = pytest.mark.chaos
 
@@ -45,12 +45,6 @@ def pick_fault(rng):
         if roll < edge:
             return fault
     return None
-
-
-def effects(client, path, **params):
-    response = sandbox(client, "GET", path, params=params)
-    assert response.status_code == 200, response.text
-    return response.json()["data"]
 
 
 def test_killed_workers_and_a_flushed_redis_never_double_an_effect_or_lose_a_task(stack):
@@ -163,8 +157,8 @@ def test_killed_workers_and_a_flushed_redis_never_double_an_effect_or_lose_a_tas
     # 3. The figures, then the guarantees.
     tasks = {t.task_id: t for t in Task.objects.all()}
     states = Counter(t.state for t in tasks.values())
-    refunds = {order: effects(client, "refunds", order_id=order) for order, _ in orders}
-    messages = {task_id: effects(client, "messages", operation_key=f"{task_id}:notify_customer:v1")
+    refunds = {order: sandbox_list(client, "refunds", order_id=order) for order, _ in orders}
+    messages = {task_id: sandbox_list(client, "messages", operation_key=f"{task_id}:notify_customer:v1")
                 for task_id in tasks}
     figures.update({
         "states": dict(states),

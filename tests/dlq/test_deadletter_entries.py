@@ -5,7 +5,6 @@ by e-mail and by an HMAC-signed webhook, and a failed delivery is recorded and r
 import hashlib
 import hmac
 import json
-import socket
 import threading
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -23,7 +22,7 @@ from dlq.entries import deadletter_discard, deadletter_redrive, deadletter_resol
 from dlq.models import Alert, AlertDelivery, DeadLetter, EntryStatus
 from ledger.models import AuditEvent, InvalidTransition, StepStatus, Task
 from ledger.sweeper import sweep_once
-from tests.conftest import wait_until
+from tests.conftest import free_port, wait_until
 from tests.factories import api_client, dead_letter, make_agent, sandbox
 
 E = EntryStatus
@@ -271,12 +270,6 @@ def receiver():
     receiver = Receiver()
     yield receiver
     receiver.close()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def verify_signature(delivery, secret):

@@ -7,11 +7,7 @@ from ledger.models import Action, WebhookEvent
 from ledger.sandbox.webhooks import sign_webhook
 from ledger.sweeper import sweep_once
 from tests.conftest import wait_until
-from tests.factories import api_client, make_agent, post_action, refund_body, sandbox
-
-
-def refunds_for(client, key):
-    return sandbox(client, "GET", "refunds", params={"operation_key": key}).json()["data"]
+from tests.factories import api_client, make_agent, post_action, refund_body, sandbox, sandbox_list
 
 
 def settled(client, key, seconds=20):
@@ -32,7 +28,7 @@ def test_the_same_request_twice_returns_the_stored_result(stack):
     assert again.status_code == 200
     assert again.headers["Idempotent-Replayed"] == "true"
     assert again.json()["external_ref"] == done["external_ref"]
-    assert len(refunds_for(client, "refund:ORD-1:full:dec-1")) == 1
+    assert len(sandbox_list(client, "refunds", operation_key="refund:ORD-1:full:dec-1")) == 1
 
 
 def test_a_timeout_after_commit_is_verified_not_repeated_even_without_provider_idempotency(stack):
@@ -46,7 +42,7 @@ def test_a_timeout_after_commit_is_verified_not_repeated_even_without_provider_i
     action = settled(client, "refund:ORD-2:full:dec-2")
     assert action["status"] == "succeeded"
     assert action["attempts"] == 1
-    refunds = refunds_for(client, "refund:ORD-2:full:dec-2")
+    refunds = sandbox_list(client, "refunds", operation_key="refund:ORD-2:full:dec-2")
     assert [r["id"] for r in refunds] == [action["external_ref"]]
     evidence = Action.objects.get(operation_key="refund:ORD-2:full:dec-2").evidence
     assert evidence[0]["code"] == "timeout" and evidence[-1]["found"] is True

@@ -10,15 +10,11 @@ import pytest
 from ledger.models import Action, AuditEvent, Task
 from ledger.sweeper import sweep_once
 from tests.conftest import wait_until
-from tests.factories import api_client, make_agent, sandbox
+from tests.factories import api_client, make_agent, post_task, refund_task_body, sandbox
 
 
-def refund_task(order="ORD-30", amount="25.00", customer="CUST-30"):
-    return {"workflow": "refund", "input": {"order_id": order, "amount": amount, "currency": "EUR", "customer": customer}}
-
-
-def post_task(client, task_id, body):
-    return client.post("/api/v1/tasks", json=body, headers={"Idempotency-Key": task_id})
+def refund_task(amount="25.00"):
+    return refund_task_body("ORD-30", amount, "CUST-30")
 
 
 def post_together(url, token, task_id, body, count):

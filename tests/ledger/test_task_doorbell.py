@@ -16,11 +16,11 @@ import redis
 from ledger.jobs import DOORBELL_TTL_SECONDS
 from ledger.models import Task
 from tests.conftest import REDIS_URL, wait_until
-from tests.factories import api_client, make_agent
+from tests.factories import api_client, make_agent, post_task
 
 
 def start_noop_task(client, task_id):
-    response = client.post("/api/v1/tasks", json={"workflow": "noop", "input": {}}, headers={"Idempotency-Key": task_id})
+    response = post_task(client, task_id, {"workflow": "noop", "input": {}})
     assert response.status_code == 201, response.text
 
 

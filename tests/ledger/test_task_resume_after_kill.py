@@ -12,7 +12,7 @@ from django.db import connection, transaction
 from ledger.models import Action, AuditEvent, Confirmation, StepStatus, Task, TaskStep
 from ledger.sweeper import sweep_once
 from tests.conftest import wait_until
-from tests.factories import api_client, make_agent, sandbox
+from tests.factories import api_client, make_agent, post_task, refund_task_body, sandbox, sandbox_list
 
 ORDER, CUSTOMER = "ORD-8841", "CUST-17"
 RECIPIENT = f"{CUSTOMER.lower()}@customers.surety.example"
@@ -29,8 +29,7 @@ def client(stack):
 
 
 def start_refund_task(client, task_id):
-    body = {"workflow": "refund", "input": {"order_id": ORDER, "amount": "25.00", "currency": "EUR", "customer": CUSTOMER}}
-    response = client.post("/api/v1/tasks", json=body, headers={"Idempotency-Key": task_id})
+    response = post_task(client, task_id, refund_task_body(ORDER, customer=CUSTOMER))
     assert response.status_code == 201, response.text
     return Task.objects.get(task_id=task_id)
 
@@ -59,9 +58,7 @@ def sweep_until_settled(task, seconds=40):
 
 
 def provider_effects(client):
-    refunds = sandbox(client, "GET", "refunds", params={"order_id": ORDER}).json()["data"]
-    messages = sandbox(client, "GET", "messages", params={"recipient": RECIPIENT}).json()["data"]
-    return refunds, messages
+    return sandbox_list(client, "refunds", order_id=ORDER), sandbox_list(client, "messages", recipient=RECIPIENT)
 
 
 def task_events(task, verb=None):

@@ -6,7 +6,6 @@ A retryable failure is made real: the worker's SANDBOX_BASE_URL points at a port
 listens on, so `lookup_order` cannot connect (NotSent, retryable) on every attempt.
 """
 
-import socket
 from datetime import datetime, timedelta
 
 import django_rq
@@ -18,18 +17,15 @@ from dlq.models import DeadLetter
 from ledger.models import AuditEvent, Task
 from ledger.sweeper import sweep_once
 from ledger.tasks import task_expire_leases, task_request, task_run_now
-from tests.conftest import REDIS_URL, wait_until
-from tests.factories import api_client, make_agent, sandbox
+from tests.conftest import REDIS_URL, free_port, wait_until
+from tests.factories import api_client, make_agent, post_task, refund_task_body, sandbox
 
 # BASE as in the stack (tests/conftest.py STACK_ENV); the cap is set lower where it shows.
 BASE, CAP = 0.2, 0.8
 
 
 def closed_port_url():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"http://127.0.0.1:{port}/sandbox/v1"
+    return f"http://127.0.0.1:{free_port()}/sandbox/v1"  # nothing listens there
 
 
 @pytest.fixture
@@ -41,8 +37,7 @@ def client(stack):
 
 
 def start_task(client, task_id, order="ORD-1", customer="CUST-1"):
-    body = {"workflow": "refund", "input": {"order_id": order, "amount": "25.00", "currency": "EUR", "customer": customer}}
-    response = client.post("/api/v1/tasks", json=body, headers={"Idempotency-Key": task_id})
+    response = post_task(client, task_id, refund_task_body(order, customer=customer))
     assert response.status_code == 201, response.text
     return Task.objects.get(task_id=task_id)
 

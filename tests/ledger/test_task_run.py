@@ -5,15 +5,7 @@ import pytest
 from dlq.models import DeadLetter
 from ledger.models import AuditEvent, Task
 from tests.conftest import wait_until
-from tests.factories import api_client, make_agent, sandbox
-
-
-def task_body(order="ORD-8841", amount="25.00", customer="CUST-17"):
-    return {"workflow": "refund", "input": {"order_id": order, "amount": amount, "currency": "EUR", "customer": customer}}
-
-
-def start_task(client, task_id, body):
-    return client.post("/api/v1/tasks", json=body, headers={"Idempotency-Key": task_id})
+from tests.factories import api_client, make_agent, post_task, refund_task_body, sandbox
 
 
 def seed_order(client, order="ORD-8841", customer="CUST-17"):
@@ -35,7 +27,7 @@ def client(stack):
 
 def test_a_refund_task_runs_every_step_once(stack, client):
     seed_order(client)
-    created = start_task(client, "refund-8841", task_body())
+    created = post_task(client, "refund-8841", refund_task_body())
     assert created.status_code == 201
     assert list(created.json()["steps"]) == ["lookup_order", "call_refund_api", "write_confirmation", "notify_customer"]
     stack.start_worker()
@@ -48,7 +40,7 @@ def test_a_refund_task_runs_every_step_once(stack, client):
 
 
 def test_an_unknown_order_fails_at_once_without_retrying(stack, client):
-    start_task(client, "refund-404", task_body(order="ORD-NOPE"))
+    post_task(client, "refund-404", refund_task_body(order="ORD-NOPE"))
     stack.start_worker()
     task = settled_task(client, "refund-404")
     assert task["state"] == "failed"
@@ -59,7 +51,7 @@ def test_an_unknown_order_fails_at_once_without_retrying(stack, client):
 def test_a_declined_refund_fails_the_task_without_retrying(stack, client):
     seed_order(client, "ORD-9")
     sandbox(client, "POST", "faults", json={"target": "ORD-9", "fault": "decline", "times": 1})
-    start_task(client, "refund-9", task_body(order="ORD-9"))
+    post_task(client, "refund-9", refund_task_body(order="ORD-9"))
     stack.start_worker()
     task = settled_task(client, "refund-9")
     assert task["state"] == "failed" and task["attempts"] == 1
@@ -72,7 +64,7 @@ def test_three_failures_in_a_row_dead_letter_the_task_with_an_alert(stack, clien
     # with a retryable failure, and the third one lands in the dead-letter queue.
     seed_order(client, "ORD-500")
     sandbox(client, "POST", "faults", json={"target": "ORD-500", "fault": "error_500", "times": 100})
-    start_task(client, "refund-500", task_body(order="ORD-500"))
+    post_task(client, "refund-500", refund_task_body(order="ORD-500"))
     stack.start_worker()
     task = settled_task(client, "refund-500", seconds=60)
     assert task["state"] == "dead_lettered", task

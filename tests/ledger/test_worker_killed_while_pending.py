@@ -14,13 +14,9 @@ from ledger.models import Action, ActionStatus, AuditEvent, StaleClaim
 from ledger.sandbox.models import SandboxRefund
 from ledger.sweeper import sweep_once
 from tests.conftest import wait_until
-from tests.factories import api_client, make_agent, post_action, refund_body, sandbox
+from tests.factories import api_client, make_agent, post_action, refund_body, sandbox, sandbox_list
 
 S = ActionStatus
-
-
-def refunds_for(client, key):
-    return sandbox(client, "GET", "refunds", params={"operation_key": key}).json()["data"]
 
 
 def test_a_worker_killed_while_pending_is_verified_after_its_lease_not_repeated(stack, settings):
@@ -53,7 +49,7 @@ def test_a_worker_killed_while_pending_is_verified_after_its_lease_not_repeated(
 
     assert action.status == S.SUCCEEDED
     assert action.attempts == 1
-    refunds = refunds_for(client, key)
+    refunds = sandbox_list(client, "refunds", operation_key=key)
     assert [r["id"] for r in refunds] == [action.external_ref]
     expiry = [e for e in action.evidence if "lease_expired" in e]
     assert expiry and expiry[0]["owner"] == claimed.lease_owner
