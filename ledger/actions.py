@@ -91,8 +91,7 @@ def action_by_key(operation_key):
     return _by_key.first(operation_key)
 
 
-def action_request(*, agent, operation_key, action_type, target, params, customer="", decision_id="",
-                   amount=None, currency="", task=None):
+def action_request(*, agent, operation_key, action_type, target, params, customer="", decision_id="", task=None):
     """Return `(action, created)`: the row for this key, created now or as it stands.
 
     1. Under the subjects' locks, read the key's row and what is in flight on the same
@@ -109,7 +108,9 @@ def action_request(*, agent, operation_key, action_type, target, params, custome
 
     # A booking's customer is part of what is asked (the provider books for them).
     print_ = fingerprint(action_type, target, {**params, "customer": customer} if action_type == "create_booking" else params)
-    amount = None if amount in (None, "") else Decimal(str(amount))
+    # Columns of their own for the limits and the queues, always read from the params.
+    amount = None if params.get("amount") in (None, "") else Decimal(str(params["amount"]))
+    currency = params.get("currency", "")
     try:
         with transaction.atomic():
             _lock_subjects(f"target:{target}", customer and f"customer:{customer}")

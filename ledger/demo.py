@@ -255,8 +255,7 @@ def _lookup_order(order_id):
 def _step_action(task, row, spec: ActionSpec):
     action, _ = action_request(
         agent=task.agent, operation_key=row.idempotency_key, action_type=spec.action_type, target=spec.target,
-        customer=spec.customer, params=spec.params, currency=spec.currency, task=task, decision_id=task.task_id,
-        amount=None if spec.amount is None else Decimal(str(spec.amount)),
+        customer=spec.customer, params=spec.params, task=task, decision_id=task.task_id,
     )
     return action
 
@@ -362,7 +361,6 @@ def _refund(agent, key, order, amount=None, *, decision, customer=None, reason="
     action, _ = action_request(
         agent=agent, operation_key=key, action_type=ActionType.REFUND, target=order.order_id,
         customer=customer if customer is not None else order.customer, params=params, decision_id=decision,
-        amount=Decimal(params["amount"]), currency=order.currency,
     )
     return action
 

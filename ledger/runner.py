@@ -92,8 +92,8 @@ def _drive(task, claim, row, spec):
     try:
         action, _ = action_request(
             agent=task.agent, operation_key=row.idempotency_key, action_type=spec.action_type,
-            target=spec.target, customer=spec.customer, params=spec.params, amount=spec.amount,
-            currency=spec.currency, task=task, decision_id=task.task_id,
+            target=spec.target, customer=spec.customer, params=spec.params,
+            task=task, decision_id=task.task_id,
         )
     except KeyReused:
         raise StepFailed(f"{row.idempotency_key} was used for a different request", retryable=False,

@@ -130,7 +130,6 @@ class ActionCreateView(APIView):
         return recorded(request, key, lambda: action_request(
             agent=agent, operation_key=key, action_type=data["action_type"], target=data["target"],
             customer=data["customer"], decision_id=data["decision_id"], params=params, task=task,
-            amount=params.get("amount"), currency=params.get("currency", ""),
         ), lambda action: ActionSerializer(action).data)
 
 

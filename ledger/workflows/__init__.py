@@ -24,14 +24,6 @@ class ActionSpec:
     params: dict
     customer: str = ""
 
-    @property
-    def amount(self):
-        return self.params.get("amount")
-
-    @property
-    def currency(self):
-        return self.params.get("currency", "")
-
 
 @dataclass(frozen=True)
 class Step:

@@ -32,7 +32,7 @@ def people():
 def refund(agent, key, amount, order, customer="CUST-1"):
     params = {"amount": amount, "currency": "EUR"}
     return action_request(agent=agent, operation_key=key, action_type="refund", target=order, customer=customer,
-                          params=params, amount=amount, currency="EUR")[0]
+                          params=params)[0]
 
 
 def test_the_policy_is_pure_and_reads_in_one_place():

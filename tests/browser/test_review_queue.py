@@ -1,6 +1,5 @@
 """The approvals queue from the keyboard: j/k to move, Enter to open, a to approve."""
 
-from decimal import Decimal
 
 import pytest
 
@@ -14,8 +13,7 @@ pytestmark = pytest.mark.browser
 
 def awaiting_approval(agent, n, amount):
     action, _ = action_request(agent=agent, operation_key=f"refund:ORD-K{n}:full:dec-k{n}", action_type="refund",
-                               target=f"ORD-K{n}", customer=f"CUST-K{n}", params={"amount": amount, "currency": "EUR"},
-                               amount=Decimal(amount), currency="EUR")
+                               target=f"ORD-K{n}", customer=f"CUST-K{n}", params={"amount": amount, "currency": "EUR"})
     assert action.status == ActionStatus.AWAITING_APPROVAL
     return ReviewItem.objects.get(action=action, status=ReviewStatus.OPEN)
 

@@ -27,7 +27,7 @@ def task_waiting_on_an_unknown_refund(agent):
     step = task.steps.get(name="call_refund_api")
     action, _ = action_request(agent=agent, operation_key=step.idempotency_key, action_type="refund", target=ORDER,
                                customer=CUSTOMER, params={"amount": "25.00", "currency": "EUR"},
-                               amount="25.00", currency="EUR", task=task, decision_id=task.task_id)
+                               task=task, decision_id=task.task_id)
     action.claim(owner="tests:executor")
     action.mark_unknown(actor="system:executor", claim=action.fence, verify_at=timezone.now() + timedelta(hours=1),
                         evidence={"call": "timeout", "at": timezone.now().isoformat()})

@@ -37,8 +37,7 @@ def review_item(db):
     agent, _ = make_agent("billing-bot")
     Limit.limit_set(actor="system:tests", action_type="refund", currency="EUR", max_amount=Decimal("500.00"))
     action, _ = action_request(agent=agent, operation_key="r1", action_type="refund", target="ORD-1",
-                               customer="CUST-1", params={"amount": "750.00", "currency": "EUR"},
-                               amount="750.00", currency="EUR")
+                               customer="CUST-1", params={"amount": "750.00", "currency": "EUR"})
     return ReviewItem.objects.get(action=action)
 
 
