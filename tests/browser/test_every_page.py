@@ -2,7 +2,6 @@
 leaves a screenshot in artifacts/screenshots/ (light, and the overview in dark mode too)."""
 
 from datetime import timedelta
-from decimal import Decimal
 
 import pytest
 from django.utils import timezone
@@ -19,7 +18,7 @@ pytestmark = pytest.mark.browser
 def refund(agent, n, amount, *, order=None, customer=None):
     action, _ = action_request(agent=agent, operation_key=f"refund:ORD-{order or n}:full:dec-{n}", action_type="refund",
                                target=f"ORD-{order or n}", customer=customer or f"CUST-{n}", decision_id=f"dec-{n}",
-                               params={"amount": amount, "currency": "EUR"}, amount=Decimal(amount), currency="EUR")
+                               params={"amount": amount, "currency": "EUR"})
     return action
 
 
