@@ -432,7 +432,7 @@ def main(argv=None):
     explains = []
     try:
         children = {"small": Child("small", args.small_db), "volume": Child("volume", args.volume_db)}
-        say(f"   page URLs at volume: " + "; ".join(f"{children['volume'].hello['urls'][p]}" for p in pages))
+        say("   page URLs at volume: " + "; ".join(f"{children['volume'].hello['urls'][p]}" for p in pages))
         measured_from = time.monotonic()
         per_round = [args.requests // args.rounds + (1 if i < args.requests % args.rounds else 0)
                      for i in range(args.rounds)]

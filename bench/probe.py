@@ -101,7 +101,7 @@ def query_counts(token):
     """SQL statements and commits per request, each measured on its second occurrence
     (the first in a process fills caches)."""
     r = Requests(token)
-    shapes = {}
+    shapes, last_key = {}, None
     for name, send, key_of in (
         ("baseline_insert", r.baseline_insert, lambda: r.fresh("bi")),
         ("baseline_read", r.baseline_read, None),

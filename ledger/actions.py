@@ -91,6 +91,13 @@ def action_by_key(operation_key):
     return _by_key.first(operation_key)
 
 
+_by_pk = Compiled(lambda pk: Action.objects.filter(pk=pk), int)
+
+
+def action_by_pk(pk):
+    return _by_pk.first(pk)
+
+
 def action_request(*, agent, operation_key, action_type, target, params, customer="", decision_id="", task=None):
     """Return `(action, created)`: the row for this key, created now or as it stands.
 

@@ -27,7 +27,8 @@ class Compiled:
     """`Compiled(lambda key: Action.objects.filter(operation_key=key))`, then `.first(key)`
     or `.all(key)`. The values stand in for string fields unless `kinds` names their types
     (`Compiled(lambda pk: ..., int)`); the queryset may not follow relations in its SELECT
-    (no select_related), since rows become instances of its model."""
+    (no select_related), since rows become instances of its model. Annotations become
+    attributes of the instances, as the ORM sets them."""
 
     def __init__(self, build, *kinds):
         self._build = build
@@ -48,12 +49,14 @@ class Compiled:
             adapt = [_adapter(kind, compiler.connection) for kind in kinds]
             slots = [_slot(p, [a(m) for a, m in zip(adapt, markers)]) for p in params]
             columns = [col for col, _, _ in compiler.select]
-            plans[arity] = (queryset.model, queryset.db, sql, slots, adapt, [c.target.attname for c in columns],
+            annotations = list(queryset.query.annotation_select)
+            names = [col.target.attname for col, _, alias in compiler.select if alias not in annotations]
+            plans[arity] = (queryset.model, queryset.db, sql, slots, adapt, names, annotations,
                             compiler, compiler.get_converters(columns))
         return plans[arity]
 
     def all(self, *values):
-        model, db, sql, slots, adapt, names, compiler, converters = self._plan(len(values))
+        model, db, sql, slots, adapt, names, annotations, compiler, converters = self._plan(len(values))
         if compiler.query.select_for_update and not connections[db].in_atomic_block:
             # As the ORM says it: outside a transaction the lock would be gone at once.
             raise TransactionManagementError("select_for_update cannot be used outside of a transaction.")
@@ -63,7 +66,15 @@ class Compiled:
             rows = cursor.fetchall()
         if converters:
             rows = compiler.apply_converters(rows, converters)
-        return [model.from_db(db, names, row) for row in rows]
+        if not annotations:
+            return [model.from_db(db, names, row) for row in rows]
+        found = []
+        for row in rows:  # the ORM selects a model's columns first, then its annotations
+            obj = model.from_db(db, names, row[:len(names)])
+            for name, value in zip(annotations, row[len(names):]):
+                setattr(obj, name, value)
+            found.append(obj)
+        return found
 
     def first(self, *values):
         found = self.all(*values)

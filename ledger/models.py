@@ -23,11 +23,16 @@ from .statemachine import InvalidTransition, LeasedWork, StaleClaim  # noqa: F40
 
 
 class AgentManager(models.Manager):
-    def for_token(self, token):
-        """The active agent whose token this is, or None; its user is loaded when first used."""
+    def for_token(self, token, *, operation_key=None):
+        """The active agent whose token this is, or None; its user is loaded when first used.
+
+        With an `operation_key`, the same statement tells whether an action holds that key:
+        `agent.key_action_id` is its id, or None."""
         if not token:
             return None
-        return _agent_by_token_hash.first(Agent.hash_token(token))
+        if operation_key is None:
+            return _agent_by_token_hash.first(Agent.hash_token(token))
+        return _agent_by_token_hash_and_key.first(Agent.hash_token(token), operation_key)
 
 
 class Agent(models.Model):
@@ -68,9 +73,16 @@ class Agent(models.Model):
 
 
 # Every API request authenticates: compiled once (see ledger/compiled.py).
-_agent_by_token_hash = Compiled(
-    lambda digest: Agent.objects.filter(token_hash=digest, is_active=True)
-    .only("name", "user_id", "grants_version", "is_active").order_by()
+def _active_agent(digest):
+    return (Agent.objects.filter(token_hash=digest, is_active=True)
+            .only("name", "user_id", "grants_version", "is_active").order_by())
+
+
+_agent_by_token_hash = Compiled(_active_agent)
+_agent_by_token_hash_and_key = Compiled(
+    lambda digest, key: _active_agent(digest).annotate(
+        key_action_id=models.Subquery(Action.objects.filter(operation_key=key).order_by().values("pk")[:1])
+    )
 )
 
 

@@ -20,14 +20,33 @@ class AgentTokenAuthentication(authentication.BaseAuthentication):
             return None
         if header[0].decode("latin-1") != self.keyword or len(header) != 2:
             raise exceptions.AuthenticationFailed("Use 'Authorization: Bearer <token>'.")
-        agent = Agent.objects.for_token(header[1].decode("latin-1"))
+        agent = self.agent_for(header[1].decode("latin-1"), request)
         if agent is None:
             raise exceptions.AuthenticationFailed("Unknown or revoked token.")
         # The user only matters to code that asks for it (the API checks request.auth).
         return SimpleLazyObject(lambda: agent.user), agent
 
+    def agent_for(self, token, request):
+        return Agent.objects.for_token(token)
+
     def authenticate_header(self, request):
         return f'{self.keyword} realm="api"'
+
+
+def well_formed_key(key):
+    """An operation key (Idempotency-Key): 1 to 255 printable ASCII characters."""
+    return key is not None and 1 <= len(key) <= 255 and all(" " <= ch <= "~" for ch in key)
+
+
+class KeyedAgentTokenAuthentication(AgentTokenAuthentication):
+    """For the intake of actions: the statement that finds the agent also says whether the
+    request's Idempotency-Key names a recorded action (`agent.key_action_id`). A new key,
+    the common case, so costs no statement of its own before its transaction."""
+
+    def agent_for(self, token, request):
+        key = request.headers.get("Idempotency-Key")
+        # A malformed key matches nothing ("" is no key); the view answers it with a 400.
+        return Agent.objects.for_token(token, operation_key=key if well_formed_key(key) else "")
 
 
 class IsAgent(permissions.BasePermission):
@@ -72,6 +91,7 @@ class AgentTokenScheme(OpenApiAuthenticationExtension):
     """Tells drf-spectacular that the API takes a bearer token."""
 
     target_class = "ledger.api.auth.AgentTokenAuthentication"
+    match_subclasses = True
     name = "agentToken"
 
     def get_security_definition(self, auto_schema):

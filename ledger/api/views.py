@@ -8,11 +8,12 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ledger.actions import KeyReused, SlotTaken, action_by_key, action_request
+from ledger.actions import KeyReused, SlotTaken, action_by_pk, action_request
 from ledger.grants import agent_may
 from ledger.models import Action, ActionStatus, Capability, Task, TaskState
 from ledger.tasks import task_request
 
+from .auth import KeyedAgentTokenAuthentication, well_formed_key
 from .problems import Problem
 from .serializers import ActionRequestSerializer, ActionSerializer, TaskRequestSerializer, asks_again, checkpoint
 
@@ -32,7 +33,7 @@ def idempotency_key(request):
     if key is None:
         raise Problem(400, "idempotency_key_missing", "Idempotency-Key missing",
                       "Send the operation key in the Idempotency-Key header.")
-    if not 1 <= len(key) <= 255 or not all(" " <= ch <= "~" for ch in key):
+    if not well_formed_key(key):
         raise Problem(400, "invalid", "Invalid request", "The Idempotency-Key is not valid.",
                       {"Idempotency-Key": ["1 to 255 printable ASCII characters."]})
     return key
@@ -103,6 +104,8 @@ def load_own(queryset, what):
 
 
 class ActionCreateView(APIView):
+    authentication_classes = [KeyedAgentTokenAuthentication]
+
     @extend_schema(
         operation_id="actions_create", parameters=[KEY_HEADER], request=ActionRequestSerializer,
         responses={201: ActionSerializer, 200: ActionSerializer},
@@ -112,7 +115,7 @@ class ActionCreateView(APIView):
     def post(self, request):
         key = idempotency_key(request)
         agent = request.auth
-        stored = action_by_key(key)
+        stored = action_by_pk(agent.key_action_id) if agent.key_action_id else None
         if stored is not None and stored.agent_id == agent.pk and asks_again(stored, request.data):
             # The very request that was recorded (so valid as it was): answered from the row.
             require_grant(agent, Capability.Kind.ACTION_TYPE, stored.action_type)

@@ -7,11 +7,12 @@ from decimal import Decimal
 import pytest
 import redis
 from django.db import connection, transaction
+from django.db.models import Subquery
 from django.db.transaction import TransactionManagementError
 
 from ledger.compiled import Compiled, insert, update
 from ledger.jobs import ring
-from ledger.models import Action, AuditEvent
+from ledger.models import Action, Agent, AuditEvent
 from tests.factories import make_agent
 
 pytestmark = pytest.mark.django_db
@@ -54,6 +55,18 @@ def test_a_compiled_lookup_returns_the_instances_the_orm_returns():
     assert [a.operation_key for a in by_target_or_key.all("k1", "ORD-k3")] == ["k1", "k3"]
     # The values are bound, never spliced into the SQL.
     assert by_key.first("k1' OR '1'='1") is None
+
+
+def test_annotations_become_attributes_as_the_orm_sets_them():
+    agent, _ = make_agent("billing")
+    insert(an_action(agent, "k1"))
+    with_key = Compiled(lambda name, key: Agent.objects.filter(name=name).only("name").annotate(
+        key_action_id=Subquery(Action.objects.filter(operation_key=key).values("pk")[:1])))
+
+    found = with_key.first("billing", "k1")
+    assert found == agent and found.name == "billing"
+    assert found.key_action_id == Action.objects.get(operation_key="k1").pk
+    assert with_key.first("billing", "k9").key_action_id is None
 
 
 def test_compiled_values_of_other_types_and_constants_of_the_same_type_are_kept_apart():

@@ -49,10 +49,21 @@ def test_the_same_request_again_reads_the_row_and_writes_nothing(client, billing
     assert again.status_code == 200
     assert again["Idempotent-Replayed"] == "true"
     assert again.json() == first.json()
-    # The agent by its token, the action by its key: no transaction, no lock, no write.
+    # The agent by its token (which finds the key's action), the action: no transaction, no lock, no write.
     assert len(statements(queries)) == 2, statements(queries)
     assert not any(q["sql"].startswith(("BEGIN", "INSERT", "UPDATE")) for q in queries.captured_queries)
     assert AuditEvent.objects.count() == events
+
+
+def test_a_new_key_costs_no_lookup_of_its_own_before_its_transaction(client, billing):
+    assert post(client, refund_body(order="ORD-1", customer="C-1"), key="first").status_code == 201  # the grant is now cached
+    with CaptureQueriesContext(connection) as queries:
+        assert post(client, refund_body(order="ORD-2", customer="C-2"), key="second").status_code == 201
+
+    sql = [q["sql"] for q in queries.captured_queries]
+    before = sql[:next(i for i, q in enumerate(sql) if q.startswith(("BEGIN", "SAVEPOINT")))]
+    # The agent's statement answered whether the key was taken (it was not).
+    assert len(before) == 1 and "ledger_agent" in before[0] and "ledger_action" in before[0], before
 
 
 def test_another_spelling_of_the_same_request_is_still_a_replay(client, billing):
