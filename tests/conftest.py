@@ -18,6 +18,7 @@ import pytest
 import redis
 from django.core.management import call_command
 from django.db import connection
+from ledger import jobs
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -155,8 +156,10 @@ def wait_until(predicate, seconds=20, interval=0.1, message="condition"):
 
 
 @pytest.fixture
-def jobs_to_test_redis(settings):
+def jobs_to_test_redis(settings, monkeypatch):
     """For tests without workers: what the code enqueues lands in this run's own Redis
-    database, where no worker listens, rather than running in-process or elsewhere."""
+    database, where no worker listens, rather than running in-process or elsewhere. This
+    process forgets the drain jobs it saw waiting in an earlier test's Redis."""
     settings.RQ_ASYNC = True
     settings.RQ_QUEUES = {"default": {"URL": REDIS_URL, "DEFAULT_TIMEOUT": 600, "ASYNC": True}}
+    monkeypatch.setattr(jobs, "_seen_waiting", {})
