@@ -1,5 +1,5 @@
 from django.conf import settings
-from django.db import models, transaction
+from django.db import IntegrityError, models, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -46,6 +46,15 @@ class Limit(models.Model):
     @classmethod
     def limit_set(cls, *, actor, action_type, currency, reason="", **values):
         """Create or change a limit; audited, and applies to actions requested from now on."""
+        try:
+            return cls._limit_set(actor, action_type, currency, reason, values)
+        except IntegrityError:
+            # Two first saves of one limit at once: the other created it, so this one changes
+            # it (any other refusal by the database comes back the same way and is raised).
+            return cls._limit_set(actor, action_type, currency, reason, values)
+
+    @classmethod
+    def _limit_set(cls, actor, action_type, currency, reason, values):
         with transaction.atomic():
             limit = cls.objects.select_for_update().filter(action_type=action_type, currency=currency).first()
             before = limit.snapshot() if limit else None

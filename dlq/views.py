@@ -2,6 +2,7 @@
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
+from django.http import Http404
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
@@ -77,7 +78,7 @@ def _in_execution_order(entry):
 @require_POST
 def deadletter_operate(request, pk, op):
     if op not in OPERATIONS:
-        raise PermissionDenied("unknown operation")
+        raise Http404("No such operation.")
     entry = get_deadletter_for_user(request.user, pk, to_work=True)
     reason = request.POST.get("reason", "").strip()
     try:

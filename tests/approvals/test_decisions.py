@@ -171,3 +171,36 @@ def test_an_outcome_the_provider_reported_cannot_be_marked_failed(people):
     item = ReviewItem.objects.get(action=action, status="open")
     with pytest.raises(DecisionRefused, match="reported the effect"):
         review_decide(item, user=users["alice"], decision="mark_failed", reason="no refund seen")
+
+
+def test_two_first_saves_of_one_limit_at_once_both_land_and_neither_fails():
+    """The other save inserts the limit and has not committed when this one looks: this one
+    finds no row, inserts, waits on the unique constraint, and then changes the other's."""
+    inserted, release = threading.Event(), threading.Event()
+
+    def other_save():
+        Limit.limit_set(actor="system:other", action_type="refund", currency="GBP", max_amount=Decimal("100.00"))
+
+    def hold_the_insert(original=Limit.save):
+        def save(self, *args, **kwargs):
+            original(self, *args, **kwargs)
+            if self.currency == "GBP" and threading.current_thread().name == "other":
+                inserted.set()
+                release.wait(5)
+        return save
+
+    Limit.save = hold_the_insert()
+    try:
+        other = threading.Thread(target=lambda: (other_save(), connection.close()), name="other")
+        other.start()
+        assert inserted.wait(5)
+        threading.Timer(0.3, release.set).start()  # commits while this save waits on it
+        mine = Limit.limit_set(actor="system:tests", action_type="refund", currency="GBP", max_amount=Decimal("250.00"))
+        other.join(5)
+    finally:
+        del Limit.save
+
+    assert Limit.objects.get(action_type="refund", currency="GBP").max_amount == Decimal("250.00") == mine.max_amount
+    events = AuditEvent.objects.filter(verb="limit_set", object_id=str(mine.pk)).order_by("id")
+    assert [(e.actor, e.before and e.before["max_amount"], e.after["max_amount"]) for e in events] == [
+        ("system:other", None, "100.00"), ("system:tests", "100.00", "250.00")]

@@ -315,8 +315,8 @@ def test_overview_unknown_partial(admin, partial):
     assert response.status_code in (200, 400), response.status_code
 
 
-def test_dlq_operate_unknown_op_is_refused(admin):
-    assert admin.post("/dlq/1/explode").status_code == 403
+def test_dlq_operate_unknown_op_is_not_found(admin):
+    assert admin.post("/dlq/1/explode").status_code == 404
     assert admin.get("/dlq/1/redrive").status_code == 405
 
 
