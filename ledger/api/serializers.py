@@ -125,8 +125,15 @@ class ActionRequestSerializer(StrictSerializer):
     target = serializers.CharField(max_length=255)
     customer = serializers.CharField(max_length=255, required=False, allow_blank=True, allow_null=True, default="")
     decision_id = serializers.CharField(max_length=255, required=False, allow_blank=True, allow_null=True, default="")
+    # Only a workflow's steps add actions to a task (the runner executes them while the task
+    # runs); an action the API recorded under a task would wait for a runner that never comes.
     task_id = serializers.CharField(max_length=255, required=False, allow_null=True, default=None)
     params = serializers.DictField()
+
+    def validate_task_id(self, value):
+        if value is not None:
+            raise serializers.ValidationError("Only a workflow's steps add actions to a task: send null or leave it out.")
+        return value
 
     def validate(self, data):
         params = PARAMS[data["action_type"]](data=data["params"])
@@ -162,7 +169,8 @@ def asks_again(action, data):
     spelling, a task, a field more) takes the full path."""
     return (
         isinstance(data, dict)
-        and data.keys() <= {"action_type", "target", "customer", "decision_id", "params"}
+        and data.keys() <= {"action_type", "target", "customer", "decision_id", "task_id", "params"}
+        and data.get("task_id") is None
         and action.task_id is None
         and data.get("action_type") == action.action_type
         and data.get("target") == action.target

@@ -124,15 +124,9 @@ class ActionCreateView(APIView):
         incoming.is_valid(raise_exception=True)
         data = incoming.validated_data
         require_grant(agent, Capability.Kind.ACTION_TYPE, data["action_type"])
-        task = None
-        if data["task_id"]:
-            task = Task.objects.filter(task_id=data["task_id"], agent=agent).first()
-            if task is None:
-                raise Problem(400, "invalid", "Invalid request", "No such task.", {"task_id": ["No such task."]})
-        params = data["params"]
         return recorded(request, key, lambda: action_request(
             agent=agent, operation_key=key, action_type=data["action_type"], target=data["target"],
-            customer=data["customer"], decision_id=data["decision_id"], params=params, task=task,
+            customer=data["customer"], decision_id=data["decision_id"], params=data["params"],
         ), lambda action: ActionSerializer(action).data)
 
 

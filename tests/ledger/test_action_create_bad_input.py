@@ -75,6 +75,8 @@ CASES = [
     ("empty target", KEY, {**refund_body(), "target": ""}, "invalid", "target"),
     ("unknown field in params", KEY, refund_body(note="hello"), "invalid", "params.note"),
     ("unknown top-level field", KEY, {**refund_body(), "priority": "high"}, "invalid", "priority"),
+    ("a task id (only workflow steps join a task)", KEY, {**refund_body(), "task_id": "refund-8841"}, "invalid",
+     "task_id"),
     ("send_message with a bad e-mail", KEY, message_body(target="not-an-email"), "invalid", "target"),
     ("send_message by sms to an e-mail", KEY, message_body(channel="sms"), "invalid", "target"),
     ("send_message by sms with non-ASCII digits", KEY,

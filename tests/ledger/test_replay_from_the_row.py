@@ -66,6 +66,18 @@ def test_a_new_key_costs_no_lookup_of_its_own_before_its_transaction(client, bil
     assert len(before) == 1 and "ledger_agent" in before[0] and "ledger_action" in before[0], before
 
 
+def test_the_contract_body_with_a_null_task_id_is_replayed_from_the_row(client, billing):
+    body = {**refund_body(), "task_id": None}  # as CONTRACT.md writes it
+    first = post(client, body)
+    assert first.status_code == 201 and first.json()["task_id"] is None
+
+    with CaptureQueriesContext(connection) as queries:
+        again = post(client, body)
+    assert again.status_code == 200 and again["Idempotent-Replayed"] == "true"
+    assert len(statements(queries)) == 2, statements(queries)
+    assert post(client, refund_body()).status_code == 200  # the same request without the field
+
+
 def test_another_spelling_of_the_same_request_is_still_a_replay(client, billing):
     assert post(client, refund_body(currency="eur")).status_code == 201
     again = post(client, refund_body(currency="EUR"))
