@@ -5,7 +5,6 @@
 
 import hashlib
 import json
-import zlib
 from datetime import datetime
 from decimal import Decimal
 
@@ -44,19 +43,13 @@ def _replay(action, print_, customer):
     return action, False
 
 
-def _lock_subjects(*subjects):
-    """Serialise requests about the same order, recipient or customer (PostgreSQL).
-
-    Without it two requests for one order, arriving together, would each see the other
-    not yet in flight and both run. Locks are taken in a fixed order (PostgreSQL evaluates
-    a select list left to right) so two requests never wait on each other's second lock.
-    SQLite's IMMEDIATE transactions already serialise.
-    """
-    if connection.vendor != "postgresql":
-        return
-    keys = sorted({zlib.crc32(s.encode()) - 2**31 for s in subjects if s})
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT " + ", ".join(["pg_advisory_xact_lock(1, %s)"] * len(keys)), keys)
+def _lock_subjects(target, customer):
+    """Serialise work on the same order, recipient or customer (PostgreSQL), with the locks
+    an insert into the ledger takes (migration 0014: same keys, same order). SQLite's
+    IMMEDIATE transactions already serialise."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT ledger_lock_subjects(%s, %s)", [target, customer])
 
 
 def _same_subject(target, customer):
@@ -65,25 +58,22 @@ def _same_subject(target, customer):
 
 def _in_flight_locked(target, customer):
     """Take the target's and customer's locks; return the actions in flight on either."""
-    _lock_subjects(f"target:{target}", customer and f"customer:{customer}")
+    _lock_subjects(target, customer)
     return Action.objects.filter(_same_subject(target, customer), status__in=IN_FLIGHT_STATUSES)
 
 
-def _key_or_in_flight_query(key, target, customer=None):
-    # One index lookup per branch, whatever the statistics say: as a single OR, a plan made
-    # while the table was small (a seq scan) stayed prepared while the table grew.
-    # (Each branch unordered: SQLite refuses an ORDER BY inside a compound statement.)
-    branches = [Action.objects.filter(target=target, status__in=IN_FLIGHT_STATUSES).order_by()]
-    if customer is not None:
-        branches.append(Action.objects.filter(customer=customer, status__in=IN_FLIGHT_STATUSES).order_by())
-    return Action.objects.filter(operation_key=key).order_by().union(*branches, all=True).order_by("id")
+def _siblings(action):
+    """The other actions in flight on its target or customer, locked, oldest first. One
+    index lookup per subject: an OR, planned once while the table was small, could stay a
+    sequential scan."""
+    subjects = [Q(target=action.target)] + ([Q(customer=action.customer)] if action.customer else [])
+    found = {}
+    for subject in subjects:
+        in_flight = Action.objects.select_for_update().filter(subject, status__in=IN_FLIGHT_STATUSES)
+        found.update((a.pk, a) for a in in_flight.exclude(pk=action.pk))
+    return sorted(found.values(), key=lambda a: a.pk)
 
 
-# The intake's one read under its locks: the key's own row, if a twin committed it, and
-# what is in flight on the same target or customer (compiled once: see compiled.py). It
-# locks no row: a replay must not hold the row a worker is about to claim (claims skip
-# locked rows); siblings, when there are any, are locked next.
-_key_or_in_flight = Compiled(_key_or_in_flight_query)
 _by_key = Compiled(lambda key: Action.objects.filter(operation_key=key).order_by())
 
 
@@ -101,12 +91,16 @@ def action_by_pk(pk):
 def action_request(*, agent, operation_key, action_type, target, params, customer="", decision_id="", task=None):
     """Return `(action, created)`: the row for this key, created now or as it stands.
 
-    1. Under the subjects' locks, read the key's row and what is in flight on the same
-       target or customer. A key that exists answers at once: same fingerprint -> the
-       stored action; another -> KeyReused. Nothing is executed again either way.
-    2. Otherwise ask the limits; insert `queued`, `awaiting_approval` or `held`; hold the
-       not-yet-started siblings; audit; ring the executor after commit. The unique key is
-       the final arbiter. (The API answers most replays before this, see api/views.py.)
+    1. Ask the limits: `queued`, or `awaiting_approval` above them.
+    2. Insert. The database takes the target's and customer's locks and stores the row
+       `held` if another action is in flight on either (migration 0014); the unique key
+       turns a key that exists into an IntegrityError: same fingerprint -> the stored
+       action; another -> KeyReused. Nothing is executed again either way.
+    3. Hold the not-yet-started siblings of a held action; audit; ring the executor after
+       commit. (The API answers most replays before this, see api/views.py.)
+
+    The limits are asked before the locks, yet a customer's daily total cannot be passed
+    by two requests at once: while one is in flight, the other is held.
     """
     from approvals.intake import verdict_for_request
     from approvals.reviews import review_follow_action
@@ -120,43 +114,34 @@ def action_request(*, agent, operation_key, action_type, target, params, custome
     currency = params.get("currency", "")
     try:
         with transaction.atomic():
-            _lock_subjects(f"target:{target}", customer and f"customer:{customer}")
-            found = {a.pk: a for a in (_key_or_in_flight.all(operation_key, target, customer) if customer
-                                        else _key_or_in_flight.all(operation_key, target))}
-            existing = next((a for a in found.values() if a.operation_key == operation_key), None)
-            if existing:
-                return _replay(existing, print_, customer)
-            # Locked, so that no worker claims one between this look and holding it.
-            siblings = list(Action.objects.select_for_update().filter(
-                pk__in=list(found), status__in=IN_FLIGHT_STATUSES).order_by("id")) if found else []
             verdict = verdict_for_request(action_type=action_type, amount=amount, currency=currency, customer=customer)
-            if siblings:
-                status = S.HELD
-                reason = "another action is in flight for the same target or customer: " + ", ".join(
-                    s.operation_key for s in siblings[:5]
-                )
-            elif verdict.approvals_needed:
-                status, reason = S.AWAITING_APPROVAL, verdict.reason
-            else:
-                status, reason = S.QUEUED, ""
+            status = S.AWAITING_APPROVAL if verdict.approvals_needed else S.QUEUED
             action = insert(Action(
                 operation_key=operation_key, fingerprint=print_, action_type=action_type, target=target,
                 customer=customer, params=params, amount=amount, currency=currency, decision_id=decision_id,
                 task=task, agent=agent, status=status,
                 next_attempt_at=timezone.now() if status == S.QUEUED else None,
-            ))
+            ), stored=("status", "next_attempt_at"))
+            siblings = _siblings(action) if action.status == S.HELD else []
+            if siblings:
+                reason = "another action is in flight for the same target or customer: " + ", ".join(
+                    s.operation_key for s in siblings[:5]
+                )
+            else:
+                reason = verdict.reason if action.status == S.AWAITING_APPROVAL else ""
             if action_type == ActionType.CREATE_BOOKING:
                 _book(action)
-            AuditEvent.objects.record(actor=agent, verb="requested", obj=action, after={"status": status}, reason=reason)
-            if status != S.QUEUED:
+            AuditEvent.objects.record(actor=agent, verb="requested", obj=action, after={"status": action.status},
+                                      reason=reason)
+            if action.status != S.QUEUED:
                 review_follow_action(action, why=reason)
             for sibling in siblings:
                 if sibling.status in (S.QUEUED, S.AWAITING_APPROVAL):  # not started: held with it
                     sibling.hold(actor="system:intake", reason=f"{operation_key} arrived for the same target or customer")
-            if status == S.QUEUED and task is None:  # a task's runner executes its own actions
+            if action.status == S.QUEUED and task is None:  # a task's runner executes its own actions
                 ring_after_commit("actions")
     except IntegrityError:
-        # The same key, inserted meanwhile by a request about another subject.
+        # The same key, inserted meanwhile (or before: the API's lookup missed it).
         existing = action_by_key(operation_key)
         if existing is None:
             raise

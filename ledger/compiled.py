@@ -100,14 +100,20 @@ def _slot(param, markers):
 _inserts = {}
 
 
-def insert(obj):
+def insert(obj, stored=()):
     """INSERT a new instance as `obj.save(force_insert=True)` would (fields' pre_save and
     database preparation alike), with the statement written once per model. No
-    pre_save/post_save signals are sent: nothing in Surety listens to them."""
+    pre_save/post_save signals are sent: nothing in Surety listens to them.
+
+    `stored`: names of text or time fields a trigger may change on the way in, read back
+    into obj: on PostgreSQL by the INSERT's own RETURNING (a BEFORE trigger's change shows
+    there), elsewhere by a second read (SQLite's RETURNING does not show an AFTER trigger's)."""
     model = type(obj)
     alias = router.db_for_write(model, instance=obj)
     connection = connections[alias]
-    plan = _inserts.get((model, alias))
+    stored = tuple(stored)
+    in_returning = stored if connection.vendor == "postgresql" else ()
+    plan = _inserts.get((model, alias, in_returning))
     if plan is None:
         fields = [f for f in model._meta.local_concrete_fields
                   if not isinstance(f, (AutoField, BigAutoField, SmallAutoField))]
@@ -115,13 +121,21 @@ def insert(obj):
         sql = (f"INSERT INTO {quote(model._meta.db_table)} ({', '.join(quote(f.column) for f in fields)}) "
                f"VALUES ({', '.join(['%s'] * len(fields))})")
         if connection.features.can_return_columns_from_insert:
-            sql += f" RETURNING {quote(model._meta.pk.column)}"
-        plan = _inserts[(model, alias)] = (sql, fields)
+            returned = [model._meta.pk, *(model._meta.get_field(name) for name in in_returning)]
+            sql += f" RETURNING {', '.join(quote(f.column) for f in returned)}"
+        plan = _inserts[(model, alias, in_returning)] = (sql, fields)
     sql, fields = plan
     values = [f.get_db_prep_save(f.pre_save(obj, True), connection) for f in fields]
     with connection.cursor() as cursor:
         cursor.execute(sql, values)
-        obj.pk = cursor.fetchone()[0] if connection.features.can_return_columns_from_insert else cursor.lastrowid
+        if connection.features.can_return_columns_from_insert:
+            obj.pk, *returned = cursor.fetchone()
+        else:
+            obj.pk, returned = cursor.lastrowid, ()
+    if stored and not in_returning:
+        returned = model._base_manager.using(alias).filter(pk=obj.pk).values_list(*stored).get()
+    for name, value in zip(stored, returned):
+        setattr(obj, model._meta.get_field(name).attname, value)
     obj._state.adding, obj._state.db = False, alias
     return obj
 

