@@ -11,22 +11,34 @@ from .models import Limit
 from .policies import RUN, money, verdict_for
 
 
-# Asked on every request (compiled once: see ledger/compiled.py).
+# Asked on every request without a known version (compiled once: see ledger/compiled.py).
 _limit = Compiled(lambda action_type, currency: Limit.objects.filter(action_type=action_type, currency=currency))
 
+# This process's copy of every limit, and the LimitsVersion it was read at (or after).
+_copy = (None, {})
 
-def limit_for(action_type, currency):
+
+def limit_for(action_type, currency, version=None):
+    """The limit of this action type and currency, or None. With the limits' `version` as a
+    request read it (see ledger.models.Agent.for_token), from this process's copy while it
+    is of that version: the limits are few, and change far less often than requests come."""
+    global _copy
     if not currency:
         return None
-    return _limit.first(action_type, currency)
+    if version is None:
+        return _limit.first(action_type, currency)
+    if _copy[0] != version:
+        # Read after the version: at least as new as it, so never older than the copy claims.
+        _copy = (version, {(limit.action_type, limit.currency): limit for limit in Limit.objects.all()})
+    return _copy[1].get((action_type, currency))
 
 
-def verdict_for_request(*, action_type, amount, currency, customer, recorded=None):
+def verdict_for_request(*, action_type, amount, currency, customer, recorded=None, limits_version=None):
     """The limits' verdict on a request; `recorded`: the action itself when it is already in
     the ledger (a held action being released), whose own amount is not yet part of the total."""
     from ledger.models import Action, ActionStatus
 
-    limit = limit_for(action_type, currency)
+    limit = limit_for(action_type, currency, limits_version)
     if limit is None or amount is None:
         return RUN
     total_today = Decimal(0)

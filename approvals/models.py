@@ -70,6 +70,18 @@ class Limit(models.Model):
         return limit
 
 
+class LimitsVersion(models.Model):
+    """One row whose `version` grows with every change to the limits, by the database's own
+    triggers (migration 0004): the key of each process's copy of the limits, read by the
+    statement that authenticates an API request, so that the intake need not ask for them."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    version = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.CheckConstraint(condition=Q(id=1), name="limits_version_one_row")]
+
+
 class ReviewStatus(models.TextChoices):
     OPEN = "open"
     APPROVED = "approved"

@@ -88,10 +88,12 @@ def action_by_pk(pk):
     return _by_pk.first(pk)
 
 
-def action_request(*, agent, operation_key, action_type, target, params, customer="", decision_id="", task=None):
+def action_request(*, agent, operation_key, action_type, target, params, customer="", decision_id="", task=None,
+                   limits_version=None):
     """Return `(action, created)`: the row for this key, created now or as it stands.
 
-    1. Ask the limits: `queued`, or `awaiting_approval` above them.
+    1. Ask the limits (`limits_version`: as the request read it, see approvals/intake.py):
+       `queued`, or `awaiting_approval` above them.
     2. Insert. The database takes the target's and customer's locks and stores the row
        `held` if another action is in flight on either (migration 0014); the unique key
        turns a key that exists into an IntegrityError: same fingerprint -> the stored
@@ -114,7 +116,8 @@ def action_request(*, agent, operation_key, action_type, target, params, custome
     currency = params.get("currency", "")
     try:
         with transaction.atomic():
-            verdict = verdict_for_request(action_type=action_type, amount=amount, currency=currency, customer=customer)
+            verdict = verdict_for_request(action_type=action_type, amount=amount, currency=currency, customer=customer,
+                                          limits_version=limits_version)
             status = S.AWAITING_APPROVAL if verdict.approvals_needed else S.QUEUED
             action = insert(Action(
                 operation_key=operation_key, fingerprint=print_, action_type=action_type, target=target,

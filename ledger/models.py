@@ -26,8 +26,9 @@ class AgentManager(models.Manager):
     def for_token(self, token, *, operation_key=None):
         """The active agent whose token this is, or None; its user is loaded when first used.
 
-        With an `operation_key`, the same statement tells whether an action holds that key:
-        `agent.key_action_id` is its id, or None."""
+        With an `operation_key`, the same statement tells whether an action holds that key,
+        `agent.key_action_id` (its id, or None), and the limits' version the intake will judge
+        the request by, `agent.limits_version` (None where unknown)."""
         if not token:
             return None
         if operation_key is None:
@@ -79,11 +80,16 @@ def _active_agent(digest):
 
 
 _agent_by_token_hash = Compiled(_active_agent)
-_agent_by_token_hash_and_key = Compiled(
-    lambda digest, key: _active_agent(digest).annotate(
-        key_action_id=models.Subquery(Action.objects.filter(operation_key=key).order_by().values("pk")[:1])
+def _active_agent_and_key(digest, key):
+    from approvals.models import LimitsVersion
+
+    return _active_agent(digest).annotate(
+        key_action_id=models.Subquery(Action.objects.filter(operation_key=key).order_by().values("pk")[:1]),
+        limits_version=models.Subquery(LimitsVersion.objects.order_by().values("version")[:1]),
     )
-)
+
+
+_agent_by_token_hash_and_key = Compiled(_active_agent_and_key)
 
 
 class Capability(models.Model):

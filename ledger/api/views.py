@@ -127,6 +127,7 @@ class ActionCreateView(APIView):
         return recorded(request, key, lambda: action_request(
             agent=agent, operation_key=key, action_type=data["action_type"], target=data["target"],
             customer=data["customer"], decision_id=data["decision_id"], params=data["params"],
+            limits_version=agent.limits_version,
         ), lambda action: ActionSerializer(action).data)
 
 

@@ -1,0 +1,81 @@
+"""The limits' version (approvals migration 0004): the database bumps it on every change to
+the limits, the API's authenticating statement reads it, and a process keeps its copy of the
+limits only while the version is the same. `make test` runs this module on SQLite as well."""
+
+import json
+from decimal import Decimal
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from approvals.models import Limit, LimitsVersion
+from tests.factories import make_agent, refund_body
+
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("jobs_to_test_redis")]
+
+
+@pytest.fixture
+def version_row():
+    """The row the migration writes (a database emptied by an earlier test lost it)."""
+    return LimitsVersion.objects.get_or_create(id=1)[0]
+
+
+def version():
+    return LimitsVersion.objects.get(id=1).version
+
+
+def test_every_change_to_the_limits_bumps_the_version_whoever_makes_it(version_row):
+    start = version()
+    limit = Limit.limit_set(actor="system:tests", action_type="refund", currency="EUR", max_amount=Decimal("500"))
+    assert version() == start + 1
+    Limit.limit_set(actor="system:tests", action_type="refund", currency="EUR", max_amount=Decimal("600"))
+    assert version() == start + 2
+    with connection.cursor() as cursor:  # not through the model: the database still sees it
+        cursor.execute("UPDATE approvals_limit SET max_amount = 700 WHERE id = %s", [limit.pk])
+    assert version() == start + 3
+    Limit.objects.filter(pk=limit.pk).delete()
+    assert version() == start + 4
+
+
+@pytest.fixture
+def post(client):
+    _, token = make_agent("billing")
+    client.defaults["HTTP_AUTHORIZATION"] = f"Bearer {token}"
+
+    def post(key, order, amount):
+        response = client.generic("POST", "/api/v1/actions", json.dumps(refund_body(order, amount, customer=order)),
+                                  content_type="application/json", headers={"Idempotency-Key": key})
+        assert response.status_code == 201, response.content
+        return response.json()["status"]
+
+    return post
+
+
+def test_a_limit_change_applies_to_the_next_request_of_a_process_that_kept_the_limits(version_row, post):
+    Limit.limit_set(actor="system:tests", action_type="refund", currency="EUR", max_amount=Decimal("500.00"))
+    assert post("k1", "ORD-1", "750.00") == "awaiting_approval"
+    assert post("k2", "ORD-2", "400.00") == "queued"  # from this process's copy
+
+    Limit.limit_set(actor="system:tests", action_type="refund", currency="EUR", max_amount=Decimal("1000.00"))
+    assert post("k3", "ORD-3", "750.00") == "queued"
+    Limit.limit_set(actor="system:tests", action_type="refund", currency="EUR", max_amount=Decimal("100.00"))
+    assert post("k4", "ORD-4", "400.00") == "awaiting_approval"
+
+
+def test_a_process_with_the_current_copy_asks_for_no_limit(version_row, post):
+    Limit.limit_set(actor="system:tests", action_type="refund", currency="EUR", max_amount=Decimal("500.00"))
+    post("k1", "ORD-1", "25.00")  # reads the limits at this version
+
+    with CaptureQueriesContext(connection) as queries:
+        post("k2", "ORD-2", "25.00")
+    assert not any("approvals_limit" in q["sql"] and "approvals_limitsversion" not in q["sql"]
+                   for q in queries.captured_queries)
+
+
+def test_without_the_version_row_the_limits_are_asked_every_time(post):
+    LimitsVersion.objects.all().delete()
+    Limit.limit_set(actor="system:tests", action_type="refund", currency="EUR", max_amount=Decimal("500.00"))
+    assert post("k1", "ORD-1", "750.00") == "awaiting_approval"
+    Limit.limit_set(actor="system:tests", action_type="refund", currency="EUR", max_amount=Decimal("1000.00"))
+    assert post("k2", "ORD-2", "750.00") == "queued"
