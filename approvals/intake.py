@@ -27,15 +27,19 @@ def limit_for(action_type, currency, version=None):
         return None
     if version is None:
         return _limit.first(action_type, currency)
-    if _copy[0] != version:
+    seen, limits = _copy  # one read: another thread may replace the pair meanwhile
+    if seen != version:
         # Read after the version: at least as new as it, so never older than the copy claims.
-        _copy = (version, {(limit.action_type, limit.currency): limit for limit in Limit.objects.all()})
-    return _copy[1].get((action_type, currency))
+        limits = {(limit.action_type, limit.currency): limit for limit in Limit.objects.all()}
+        _copy = (version, limits)
+    return limits.get((action_type, currency))
 
 
-def verdict_for_request(*, action_type, amount, currency, customer, recorded=None, limits_version=None):
+def verdict_for_request(*, action_type, amount, currency, customer, recorded=None, limits_version=None,
+                        lock_subjects=None):
     """The limits' verdict on a request; `recorded`: the action itself when it is already in
-    the ledger (a held action being released), whose own amount is not yet part of the total."""
+    the ledger (a held action being released), whose own amount is not yet part of the total;
+    `lock_subjects`: called before the customer's daily total is summed."""
     from ledger.models import Action, ActionStatus
 
     limit = limit_for(action_type, currency, limits_version)
@@ -43,6 +47,8 @@ def verdict_for_request(*, action_type, amount, currency, customer, recorded=Non
         return RUN
     total_today = Decimal(0)
     if customer and limit.daily_customer_total is not None:
+        if lock_subjects:
+            lock_subjects()
         start_of_day = timezone.now().replace(hour=0, minute=0, second=0, microsecond=0)
         today = Action.objects.filter(
             action_type=action_type, currency=currency, customer=customer, created_at__gte=start_of_day

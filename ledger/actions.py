@@ -52,16 +52,6 @@ def _lock_subjects(target, customer):
             cursor.execute("SELECT ledger_lock_subjects(%s, %s)", [target, customer])
 
 
-def _same_subject(target, customer):
-    return Q(target=target) | (Q(customer=customer) if customer else Q(pk__in=[]))
-
-
-def _in_flight_locked(target, customer):
-    """Take the target's and customer's locks; return the actions in flight on either."""
-    _lock_subjects(target, customer)
-    return Action.objects.filter(_same_subject(target, customer), status__in=IN_FLIGHT_STATUSES)
-
-
 def _siblings(action):
     """The other actions in flight on its target or customer, locked, oldest first. One
     index lookup per subject: an OR, planned once while the table was small, could stay a
@@ -101,8 +91,9 @@ def action_request(*, agent, operation_key, action_type, target, params, custome
     3. Hold the not-yet-started siblings of a held action; audit; ring the executor after
        commit. (The API answers most replays before this, see api/views.py.)
 
-    The limits are asked before the locks, yet a customer's daily total cannot be passed
-    by two requests at once: while one is in flight, the other is held.
+    A customer's daily total is summed under the target's and customer's locks (taken
+    early, only for a limit that has one), so that an action it misses cannot have been
+    recorded and settled before this insert looks for actions in flight.
     """
     from approvals.intake import verdict_for_request
     from approvals.reviews import review_follow_action
@@ -117,7 +108,7 @@ def action_request(*, agent, operation_key, action_type, target, params, custome
     try:
         with transaction.atomic():
             verdict = verdict_for_request(action_type=action_type, amount=amount, currency=currency, customer=customer,
-                                          limits_version=limits_version)
+                                          limits_version=limits_version, lock_subjects=lambda: _lock_subjects(target, customer))
             status = S.AWAITING_APPROVAL if verdict.approvals_needed else S.QUEUED
             action = insert(Action(
                 operation_key=operation_key, fingerprint=print_, action_type=action_type, target=target,
@@ -130,6 +121,8 @@ def action_request(*, agent, operation_key, action_type, target, params, custome
                 reason = "another action is in flight for the same target or customer: " + ", ".join(
                     s.operation_key for s in siblings[:5]
                 )
+            elif action.status == S.HELD:  # a worker settled the one the insert saw, meanwhile
+                reason = "another action was in flight for the same target or customer when it was recorded"
             else:
                 reason = verdict.reason if action.status == S.AWAITING_APPROVAL else ""
             if action_type == ActionType.CREATE_BOOKING:
@@ -156,9 +149,10 @@ def action_retry(action, *, actor, reason):
     """A new attempt of a failed (retryable) action, under the same rule as a new request:
     while another action on its target or customer is in flight, it is held for a person."""
     with transaction.atomic():
-        busy = _in_flight_locked(action.target, action.customer).exclude(pk=action.pk).first()
-        if busy is not None:
-            return action.hold(actor=actor, reason=f"{busy.operation_key} is in flight for the same target or customer")
+        _lock_subjects(action.target, action.customer)
+        busy = _siblings(action)
+        if busy:
+            return action.hold(actor=actor, reason=f"{busy[0].operation_key} is in flight for the same target or customer")
         return action.requeue(actor=actor, reason=reason)
 
 

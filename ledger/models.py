@@ -80,6 +80,8 @@ def _active_agent(digest):
 
 
 _agent_by_token_hash = Compiled(_active_agent)
+
+
 def _active_agent_and_key(digest, key):
     from approvals.models import LimitsVersion
 

@@ -1,18 +1,19 @@
 """Limits at intake, and people deciding review items: four eyes, two approvers, one winner."""
 
 import threading
+import time
 from decimal import Decimal
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
 from approvals.decisions import AlreadyDecided, DecisionRefused, review_decide
 from approvals.models import Limit, ReviewItem, ReviewKind
 from approvals.policies import verdict_for
-from ledger.actions import action_request
-from ledger.models import AuditEvent
+from ledger.actions import _lock_subjects, action_request
+from ledger.models import Action, AuditEvent
 from tests.factories import make_agent
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("jobs_to_test_redis")]
@@ -204,3 +205,29 @@ def test_two_first_saves_of_one_limit_at_once_both_land_and_neither_fails():
     events = AuditEvent.objects.filter(verb="limit_set", object_id=str(mine.pk)).order_by("id")
     assert [(e.actor, e.before and e.before["max_amount"], e.after["max_amount"]) for e in events] == [
         ("system:other", None, "100.00"), ("system:tests", "100.00", "250.00")]
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite serialises every writer")
+def test_the_daily_total_is_summed_under_the_customers_lock(people):
+    """Another request for the customer holds the locks and ends with a settled refund: the
+    total must count it, or this refund would slip under the daily limit (2000.00)."""
+    _, agent = people
+    locked = threading.Event()
+
+    def another_request_recorded_and_settled():
+        with transaction.atomic():
+            _lock_subjects("ORD-A", "CUST-1")
+            locked.set()
+            time.sleep(0.3)
+            Action.objects.create(operation_key="earlier", fingerprint="f" * 64, action_type="refund",
+                                  target="ORD-A", customer="CUST-1", params={}, amount=Decimal("1950.00"),
+                                  currency="EUR", agent=agent, status="succeeded", external_ref="re_1")
+        connection.close()
+
+    other = threading.Thread(target=another_request_recorded_and_settled)
+    other.start()
+    assert locked.wait(5)
+    action = refund(agent, "later", "100.00", "ORD-9", customer="CUST-1")
+    other.join(5)
+
+    assert action.status == "awaiting_approval"

@@ -25,17 +25,21 @@ def version():
     return LimitsVersion.objects.get(id=1).version
 
 
-def test_every_change_to_the_limits_bumps_the_version_whoever_makes_it(version_row):
-    start = version()
+def test_every_change_to_the_limits_gives_a_new_version_whoever_makes_it(version_row):
+    seen = [version()]
     limit = Limit.limit_set(actor="system:tests", action_type="refund", currency="EUR", max_amount=Decimal("500"))
-    assert version() == start + 1
+    seen.append(version())
     Limit.limit_set(actor="system:tests", action_type="refund", currency="EUR", max_amount=Decimal("600"))
-    assert version() == start + 2
+    seen.append(version())
     with connection.cursor() as cursor:  # not through the model: the database still sees it
         cursor.execute("UPDATE approvals_limit SET max_amount = 700 WHERE id = %s", [limit.pk])
-    assert version() == start + 3
+    seen.append(version())
     Limit.objects.filter(pk=limit.pk).delete()
-    assert version() == start + 4
+    seen.append(version())
+    assert len(set(seen)) == 5, seen
+    # Never given twice, even after a rollback (this test's own changes are rolled back).
+    if connection.vendor == "postgresql":
+        assert seen == sorted(seen)
 
 
 @pytest.fixture
