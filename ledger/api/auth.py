@@ -9,8 +9,18 @@ from rest_framework.throttling import BaseThrottle
 from ledger.models import Agent
 
 
+def well_formed_key(key):
+    """An operation key (Idempotency-Key): 1 to 255 printable ASCII characters."""
+    return key is not None and 1 <= len(key) <= 255 and all(" " <= ch <= "~" for ch in key)
+
+
 class AgentTokenAuthentication(authentication.BaseAuthentication):
-    """`Authorization: Bearer <token>`; request.user is the agent's user, request.auth the agent."""
+    """`Authorization: Bearer <token>`; request.user is the agent's user, request.auth the agent.
+
+    On a view that says `finds_key = True` (the intake of actions), the statement that finds
+    the agent also says whether the request's Idempotency-Key names a recorded action
+    (`agent.key_action_id`) and reads the limits' version (`agent.limits_version`): a new
+    key, the common case, then costs no statement of its own before its transaction."""
 
     keyword = "Bearer"
 
@@ -20,33 +30,21 @@ class AgentTokenAuthentication(authentication.BaseAuthentication):
             return None
         if header[0].decode("latin-1") != self.keyword or len(header) != 2:
             raise exceptions.AuthenticationFailed("Use 'Authorization: Bearer <token>'.")
-        agent = self.agent_for(header[1].decode("latin-1"), request)
+        agent = Agent.objects.for_token(header[1].decode("latin-1"), operation_key=self._key(request))
         if agent is None:
             raise exceptions.AuthenticationFailed("Unknown or revoked token.")
         # The user only matters to code that asks for it (the API checks request.auth).
         return SimpleLazyObject(lambda: agent.user), agent
 
-    def agent_for(self, token, request):
-        return Agent.objects.for_token(token)
+    @staticmethod
+    def _key(request):
+        if not getattr(request.parser_context.get("view"), "finds_key", False):
+            return None
+        key = request.headers.get("Idempotency-Key")
+        return key if well_formed_key(key) else ""  # matches nothing; the view answers it with a 400
 
     def authenticate_header(self, request):
         return f'{self.keyword} realm="api"'
-
-
-def well_formed_key(key):
-    """An operation key (Idempotency-Key): 1 to 255 printable ASCII characters."""
-    return key is not None and 1 <= len(key) <= 255 and all(" " <= ch <= "~" for ch in key)
-
-
-class KeyedAgentTokenAuthentication(AgentTokenAuthentication):
-    """For the intake of actions: the statement that finds the agent also says whether the
-    request's Idempotency-Key names a recorded action (`agent.key_action_id`). A new key,
-    the common case, so costs no statement of its own before its transaction."""
-
-    def agent_for(self, token, request):
-        key = request.headers.get("Idempotency-Key")
-        # A malformed key matches nothing ("" is no key); the view answers it with a 400.
-        return Agent.objects.for_token(token, operation_key=key if well_formed_key(key) else "")
 
 
 class IsAgent(permissions.BasePermission):
@@ -91,7 +89,6 @@ class AgentTokenScheme(OpenApiAuthenticationExtension):
     """Tells drf-spectacular that the API takes a bearer token."""
 
     target_class = "ledger.api.auth.AgentTokenAuthentication"
-    match_subclasses = True
     name = "agentToken"
 
     def get_security_definition(self, auto_schema):

@@ -13,7 +13,7 @@ from ledger.grants import agent_may
 from ledger.models import Action, ActionStatus, Capability, Task, TaskState
 from ledger.tasks import task_request
 
-from .auth import KeyedAgentTokenAuthentication, well_formed_key
+from .auth import well_formed_key
 from .problems import Problem
 from .serializers import ActionRequestSerializer, ActionSerializer, TaskRequestSerializer, asks_again, checkpoint
 
@@ -104,7 +104,7 @@ def load_own(queryset, what):
 
 
 class ActionCreateView(APIView):
-    authentication_classes = [KeyedAgentTokenAuthentication]
+    finds_key = True  # see AgentTokenAuthentication
 
     @extend_schema(
         operation_id="actions_create", parameters=[KEY_HEADER], request=ActionRequestSerializer,
