@@ -116,7 +116,10 @@ def server(django_db_setup, django_db_blocker):
     }
     process = subprocess.Popen(
         [PYTHON, "-m", "gunicorn", "config.wsgi", "--preload", "-b", f"127.0.0.1:{port}", "-k", "gthread",
-         "-w", "2", "--threads", "12", "--timeout", "60", "--log-level", "warning"],
+         "-w", "2", "--threads", "12", "--timeout", "60", "--log-level", "warning",
+         # Idle connections stay open (gunicorn's default is 2 s): tests that connect many
+         # clients first and then send at once must not find some of them closed meanwhile.
+         "--keep-alive", "30"],
         cwd=ROOT, env=env, start_new_session=True,
     )
     try:

@@ -1,5 +1,7 @@
 """Named actors and small helpers shared by the tests."""
 
+import threading
+
 import httpx
 
 from ledger.agents import agent_create
@@ -14,6 +16,33 @@ def make_agent(name, grants=("refund", "send_message", "create_booking")):
 
 def api_client(base_url, token):
     return httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+
+
+def send_together(url, token, sends):
+    """Call every `send(client)` at the same moment, each on a connection and thread of its
+    own (all connect first, then a barrier releases them); return the answers in order. One
+    that raised fails the test with its exception."""
+    barrier = threading.Barrier(len(sends))
+    answers = [None] * len(sends)
+
+    def run(i, send):
+        try:
+            with api_client(url, token) as client:
+                client.get("/api/v1/schema")  # connect first, so the barrier releases ready sockets
+                barrier.wait(60)
+                answers[i] = send(client)
+        except Exception as exc:  # noqa: BLE001 (reported below, with the others)
+            answers[i] = exc
+            barrier.abort()
+
+    threads = [threading.Thread(target=run, args=(i, send)) for i, send in enumerate(sends)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(90)
+    failed = [a for a in answers if not isinstance(a, httpx.Response)]
+    assert not failed, f"{len(failed)} of {len(sends)} requests did not come back: {failed[:3]!r}"
+    return answers
 
 
 def refund_body(order="ORD-8841", amount="25.00", currency="EUR", customer="CUST-17", **extra):

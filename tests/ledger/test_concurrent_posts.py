@@ -4,32 +4,16 @@ Each request has its own connection (its own httpx.Client in its own thread) and
 are released together by a barrier, against the real gunicorn server and RQ workers.
 """
 
-import threading
 from collections import Counter
 
 from ledger.models import Action
 from tests.conftest import wait_until
-from tests.factories import api_client, make_agent, post_action, refund_body, sandbox
+from tests.factories import api_client, make_agent, post_action, refund_body, sandbox, send_together
 
 
 def post_together(url, token, requests):
     """POST every (key, body) at once, one connection each; return the responses in order."""
-    barrier = threading.Barrier(len(requests))
-    responses = [None] * len(requests)
-
-    def send(i, key, body):
-        with api_client(url, token) as client:
-            client.get("/api/v1/schema")  # connect first, so the barrier releases ready sockets
-            barrier.wait()
-            responses[i] = post_action(client, key, body)
-
-    threads = [threading.Thread(target=send, args=(i, key, body)) for i, (key, body) in enumerate(requests)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    assert all(r is not None for r in responses), "a request did not come back"
-    return responses
+    return send_together(url, token, [lambda client, k=key, b=body: post_action(client, k, b) for key, body in requests])
 
 
 def test_fifty_identical_posts_at_once_make_one_action_and_one_refund(stack):

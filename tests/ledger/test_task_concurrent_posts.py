@@ -1,7 +1,6 @@
 """POST /api/v1/tasks: many identical requests at once make one task that runs once; and the
 other answers of the contract (422, 400, 403, 404, ?wait=N)."""
 
-import threading
 import time
 from collections import Counter
 
@@ -10,7 +9,7 @@ import pytest
 from ledger.models import Action, AuditEvent, Task
 from ledger.sweeper import sweep_once
 from tests.conftest import wait_until
-from tests.factories import api_client, make_agent, post_task, refund_task_body, sandbox
+from tests.factories import api_client, make_agent, post_task, refund_task_body, sandbox, send_together
 
 
 def refund_task(amount="25.00"):
@@ -19,22 +18,7 @@ def refund_task(amount="25.00"):
 
 def post_together(url, token, task_id, body, count):
     """POST the same task `count` times at once, each on its own connection and thread."""
-    barrier = threading.Barrier(count)
-    responses = [None] * count
-
-    def send(i):
-        with api_client(url, token) as client:
-            client.get("/api/v1/schema")  # connect first, so the barrier releases ready sockets
-            barrier.wait()
-            responses[i] = post_task(client, task_id, body)
-
-    threads = [threading.Thread(target=send, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    assert all(r is not None for r in responses), "a request did not come back"
-    return responses
+    return send_together(url, token, [lambda client: post_task(client, task_id, body)] * count)
 
 
 @pytest.fixture
