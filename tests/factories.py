@@ -1,8 +1,10 @@
 """Named actors and small helpers shared by the tests."""
 
 import threading
+import time
 
 import httpx
+from django.db import connection
 
 from ledger.agents import agent_create
 from ledger.models import StepStatus, TaskStep
@@ -43,6 +45,21 @@ def send_together(url, token, sends):
     failed = [a for a in answers if not isinstance(a, httpx.Response)]
     assert not failed, f"{len(failed)} of {len(sends)} requests did not come back: {failed[:3]!r}"
     return answers
+
+
+def another_waits_for_a_lock(seconds=5):
+    """Whether, within `seconds`, another connection to this database waits for a lock (a
+    row, an advisory lock, a unique key being written): what a test racing two transactions
+    waits for before it lets the first one commit, instead of a sleep (PostgreSQL)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1 FROM pg_stat_activity WHERE datname = current_database() "
+                           "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()")
+            if cursor.fetchone():
+                return True
+        time.sleep(0.01)
+    return False
 
 
 def refund_body(order="ORD-8841", amount="25.00", currency="EUR", customer="CUST-17", **extra):

@@ -1,7 +1,6 @@
 """Limits at intake, and people deciding review items: four eyes, two approvers, one winner."""
 
 import threading
-import time
 from decimal import Decimal
 
 import pytest
@@ -14,7 +13,7 @@ from approvals.models import Limit, ReviewItem, ReviewKind
 from approvals.policies import verdict_for
 from ledger.actions import _lock_subjects, action_request
 from ledger.models import Action, AuditEvent
-from tests.factories import make_agent
+from tests.factories import another_waits_for_a_lock, make_agent
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("jobs_to_test_redis")]
 
@@ -212,13 +211,13 @@ def test_the_daily_total_is_summed_under_the_customers_lock(people):
     """Another request for the customer holds the locks and ends with a settled refund: the
     total must count it, or this refund would slip under the daily limit (2000.00)."""
     _, agent = people
-    locked = threading.Event()
+    locked, waited = threading.Event(), []
 
     def another_request_recorded_and_settled():
         with transaction.atomic():
             _lock_subjects("ORD-A", "CUST-1")
             locked.set()
-            time.sleep(0.3)
+            waited.append(another_waits_for_a_lock())  # this request, for the customer's lock
             Action.objects.create(operation_key="earlier", fingerprint="f" * 64, action_type="refund",
                                   target="ORD-A", customer="CUST-1", params={}, amount=Decimal("1950.00"),
                                   currency="EUR", agent=agent, status="succeeded", external_ref="re_1")
@@ -228,6 +227,7 @@ def test_the_daily_total_is_summed_under_the_customers_lock(people):
     other.start()
     assert locked.wait(5)
     action = refund(agent, "later", "100.00", "ORD-9", customer="CUST-1")
-    other.join(5)
+    other.join(10)
 
+    assert waited == [True]
     assert action.status == "awaiting_approval"
