@@ -242,6 +242,8 @@ if PRODUCTION:
 # --- Mail -----------------------------------------------------------------------------------
 EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "surety@surety.example")
+# An alert is mailed under its row lock: a mail server that hangs must not hold it for good.
+EMAIL_TIMEOUT = env_float("EMAIL_TIMEOUT", 10)
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"

@@ -3,7 +3,7 @@
 import re
 
 from django.contrib.auth import get_user_model
-from django.db import transaction
+from django.db import IntegrityError, transaction
 
 from .grants import agent_grant, capability
 from .models import ActionType, Agent, AuditEvent, Capability
@@ -34,8 +34,16 @@ def agent_create(name, *, actor, grants=(), owner=None):
     # checked here, for the dashboard and create_agent alike, rather than failing at the INSERT.
     if len(name) > 100 or not AGENT_NAME.fullmatch(name):
         raise ValueError("a name is 1 to 100 letters, digits, '-' or '_'")
+    taken = ValueError(f"an agent named {name!r} exists, or its username agent-{name} is taken")
     if Agent.objects.filter(name=name).exists() or get_user_model().objects.filter(username=f"agent-{name}").exists():
-        raise ValueError(f"an agent named {name!r} exists, or its username agent-{name} is taken")
+        raise taken
+    try:
+        return _agent_insert(name, actor=actor, grants=grants, owner=owner)
+    except IntegrityError:  # the same name, created meanwhile: the unique constraints decide
+        raise taken from None
+
+
+def _agent_insert(name, *, actor, grants, owner):
     with transaction.atomic():
         user = get_user_model().objects.create_user(username=f"agent-{name}", password=None)
         token = Agent.new_token()

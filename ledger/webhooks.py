@@ -104,7 +104,7 @@ def _settle(connector, event_type, data):
                     "at": timezone.now().isoformat(), "webhook": event_type, "found": True, "data": data,
                 })
             return f"left to a person: {over_limit}"
-        action.mark_succeeded(actor=actor, external_ref=str(data.get("id", "")) or key, result=data,
+        action.mark_succeeded(actor=actor, external_ref=str(data.get("id") or "") or key, result=data,
                               reason=f"{event_type} received")
         return f"settled {action.operation_key} as {action.status}"
     # A failure event names the key, not the attempt: a late one for an earlier attempt
