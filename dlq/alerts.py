@@ -5,11 +5,8 @@ with backoff, and by the sweeper for alerts still undelivered; a channel that al
 succeeded is not repeated.
 """
 
-import hashlib
-import hmac
 import json
 import logging
-import time
 from datetime import timedelta
 
 from django.conf import settings
@@ -18,6 +15,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from ledger.connectors import http
+from ledger.webhooks import sign_webhook
 
 logger = logging.getLogger("surety.alerts")
 MAX_DELIVERY_ATTEMPTS = 5
@@ -47,10 +45,8 @@ def _send(alert, channel):
         return f"mailed to {', '.join(settings.ALERT_EMAILS)}"
     body = json.dumps({"id": alert.pk, "kind": alert.kind, "subject": alert.subject, "body": alert.body,
                        "link": link, "created_at": alert.created_at.isoformat()})
-    stamp = int(time.time())
-    signature = hmac.new(settings.ALERT_WEBHOOK_SECRET.encode(), f"{stamp}.{body}".encode(), hashlib.sha256)
     http.call("POST", settings.ALERT_WEBHOOK_URL, content=body.encode(), headers={
-        "Content-Type": "application/json", "Surety-Signature": f"t={stamp},v1={signature.hexdigest()}"})
+        "Content-Type": "application/json", "Surety-Signature": sign_webhook(body.encode(), settings.ALERT_WEBHOOK_SECRET)})
     return f"posted to {settings.ALERT_WEBHOOK_URL}"
 
 

@@ -83,7 +83,7 @@ def action_run_claimed(action):
     claim = action.fence
     # A worker that stalled between claim and call must not start a call it may not finish
     # inside its lease: someone else may already have taken the action over.
-    left = (action.lease_expires_at - timezone.now()).total_seconds()
+    left = action.lease_left()
     if left < settings.CONNECTOR_TIMEOUT + settings.LEASE_MARGIN_SECONDS:
         logger.warning("%s: lease too short to call (%.1fs left); leaving it to the sweeper", action, left)
         return action

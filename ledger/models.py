@@ -496,9 +496,6 @@ class Task(LeasedWork):
     def cancel(self, *, actor, reason):
         return self._move(T.CANCELLED, actor=actor, verb="cancelled", reason=reason, fence=_next_fence, **_NO_LEASE)
 
-    def lease_left(self):
-        return (self.lease_expires_at - timezone.now()).total_seconds() if self.lease_expires_at else 0
-
     def heartbeat(self):
         """Extend the lease; False if the claim was lost (the runner must stop at once)."""
         until = timezone.now() + timedelta(seconds=settings.LEASE_SECONDS)

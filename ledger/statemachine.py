@@ -107,3 +107,7 @@ class LeasedWork(StateMachine):
 
     class Meta:
         abstract = True
+
+    def lease_left(self):
+        """Seconds until the claim lapses (0 without one)."""
+        return (self.lease_expires_at - timezone.now()).total_seconds() if self.lease_expires_at else 0

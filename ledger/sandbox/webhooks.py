@@ -1,23 +1,15 @@
 """Signed events from the sandbox provider, in the `Sandbox-Signature` format of CONTRACT.md."""
 
-import hashlib
-import hmac
 import json
 import secrets
-import time
 
 import httpx
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 
+from ledger.webhooks import sign_webhook
+
 SIGNATURE_HEADER = "Sandbox-Signature"
-
-
-def sign_webhook(body, secret, timestamp=None):
-    """The signature header value for a raw body: `t=<unix>,v1=<hex HMAC-SHA256 of "<t>.<body>">`."""
-    t = int(time.time() if timestamp is None else timestamp)
-    digest = hmac.new(secret.encode(), f"{t}.".encode() + body, hashlib.sha256).hexdigest()
-    return f"t={t},v1={digest}"
 
 
 def send_webhook(event_type, data, url):
