@@ -34,14 +34,15 @@ class LimitForm(forms.ModelForm):
         return code
 
     def clean_review_deadline_hours(self):
-        # 0 made every review item overdue the moment it opened.
+        # 0 made every review item overdue the moment it opened (the database refuses it too;
+        # here a person gets the reason next to the field).
         hours = self.cleaned_data["review_deadline_hours"]
         if hours is not None and not 1 <= hours <= 24 * 365:
             raise forms.ValidationError("Between 1 hour and a year.")
         return hours
 
     def clean_daily_customer_total(self):
-        # A negative total (unlike max_amount, no constraint) was saved.
+        # A negative total was saved once (the database refuses it too).
         total = self.cleaned_data["daily_customer_total"]
         if total is not None and total < 0:
             raise forms.ValidationError("Must not be negative.")

@@ -28,6 +28,13 @@ class Limit(models.Model):
                 condition=Q(dual_approval_above__isnull=True) | Q(dual_approval_above__gte=models.F("max_amount")),
                 name="limit_dual_above_max",
             ),
+            # What the policy form says to a person, held for every other writer too.
+            models.CheckConstraint(
+                condition=Q(daily_customer_total__isnull=True) | Q(daily_customer_total__gte=0),
+                name="limit_daily_total_nonnegative",
+            ),
+            models.CheckConstraint(condition=Q(review_deadline_hours__gte=1, review_deadline_hours__lte=24 * 365),
+                                   name="limit_deadline_an_hour_to_a_year"),
         ]
 
     def __str__(self):

@@ -6,7 +6,7 @@ import json
 from decimal import Decimal
 
 import pytest
-from django.db import connection
+from django.db import IntegrityError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from approvals.models import Limit, LimitsVersion
@@ -82,3 +82,12 @@ def test_without_the_version_row_the_limits_are_asked_every_time(post):
     assert post("k1", "ORD-1", "750.00") == "awaiting_approval"
     Limit.limit_set(actor="system:tests", action_type="refund", currency="EUR", max_amount=Decimal("1000.00"))
     assert post("k2", "ORD-2", "750.00") == "queued"
+
+
+@pytest.mark.parametrize("values", [{"daily_customer_total": Decimal("-1.00")}, {"review_deadline_hours": 0},
+                                    {"review_deadline_hours": 24 * 365 + 1}])
+def test_the_database_refuses_a_limit_the_policy_form_would_refuse(values):
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Limit.limit_set(actor="system:tests", action_type="refund", currency="EUR", max_amount=Decimal("500.00"),
+                        **values)
+    assert not Limit.objects.exists()
