@@ -397,7 +397,7 @@ def figure_f(stack, token, args, results):
     from django.conf import settings
 
     from ledger.models import AuditEvent, Task
-    from ledger.sandbox.models import SandboxMessage, SandboxRefund
+    from sandbox.models import SandboxMessage, SandboxRefund
 
     lease = float(settings.LEASE_SECONDS)
     say(f"\n(f) SIGKILL of a worker mid-task -> task running again (LEASE_SECONDS={lease:g}, sweeper every 0.5 s)")

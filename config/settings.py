@@ -61,9 +61,10 @@ INSTALLED_APPS = [
     "template_partials",
     "guardian",
     "ledger",
-    "ledger.sandbox",
+    "sandbox",
     "approvals",
     "dlq",
+    "demo",
 ]
 
 MIDDLEWARE = [

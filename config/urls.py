@@ -35,7 +35,7 @@ urlpatterns = [
     path("audit/", ledger.audit_log, name="audit-log"),
 ]
 if settings.SANDBOX_ENABLED:
-    urlpatterns.append(path("sandbox/v1/", include("ledger.sandbox.urls")))
+    urlpatterns.append(path("sandbox/v1/", include("sandbox.urls")))
 
 
 def handler404(request, exception=None):

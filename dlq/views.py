@@ -6,11 +6,12 @@ from django.http import Http404
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
-from approvals.access import WORK_DLQ, decidable_names, get_deadletter_for_user
+from ledger.access import WORK_DLQ, decidable_names
 from ledger.dashboard import count_up_to, keyset_page, render_partial, staff_required
 from ledger.models import AuditEvent, Capability
 from ledger.statemachine import InvalidTransition
 
+from .access import get_deadletter_for_user
 from .entries import deadletter_discard, deadletter_redrive, deadletter_resolve
 from .models import DeadLetter, EntryStatus
 

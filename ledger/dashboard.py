@@ -12,7 +12,7 @@ from django.shortcuts import resolve_url
 from django.core.exceptions import PermissionDenied
 from django.db.models import Q
 
-from approvals.access import ROLES
+from .access import ROLES
 
 PAGE_SIZE = 50
 

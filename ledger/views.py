@@ -14,7 +14,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from approvals.access import APPROVE, RESOLVE, WORK_DLQ, decidable_names, user_may
+from .access import APPROVE, RESOLVE, WORK_DLQ, decidable_names, user_may
 from approvals.models import ReviewItem, ReviewKind, ReviewStatus
 from dlq.views import open_deadletter_count
 

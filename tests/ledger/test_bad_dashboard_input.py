@@ -15,7 +15,7 @@ from approvals.models import Limit, ReviewItem
 from dlq.models import DeadLetter
 from ledger.actions import action_request
 from ledger.models import Agent, AuditEvent, Task, WebhookEvent
-from ledger.sandbox.webhooks import sign_webhook
+from sandbox.webhooks import sign_webhook
 from tests.factories import dead_letter, make_agent
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("jobs_to_test_redis")]

@@ -10,7 +10,7 @@ from ledger.connectors import base
 from ledger.connectors.base import UnguardedWrite, write_permit
 from ledger.connectors.sandbox import SandboxConnector
 from ledger.models import Action, ActionStatus
-from ledger.sandbox.models import SandboxRefund
+from sandbox.models import SandboxRefund
 from tests.factories import make_agent
 
 ROOT = Path(__file__).resolve().parents[2]

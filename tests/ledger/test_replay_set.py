@@ -4,7 +4,7 @@ import json
 import time
 
 from ledger.models import Action, WebhookEvent
-from ledger.sandbox.webhooks import sign_webhook
+from sandbox.webhooks import sign_webhook
 from ledger.sweeper import sweep_once
 from tests.conftest import wait_until
 from tests.factories import api_client, make_agent, post_action, refund_body, sandbox, sandbox_list

@@ -17,10 +17,10 @@ from django.utils import timezone
 from guardian.models import GroupObjectPermission
 from guardian.shortcuts import assign_perm
 
-from approvals.access import user_may
+from ledger.access import user_may
 from approvals.models import Limit, ReviewItem, ReviewStatus
 from dlq.models import Alert, DeadLetter, EntryStatus
-from ledger.demo import roles_setup
+from ledger.roles import roles_setup
 from ledger.models import (
     PERSON_STATUSES, Action, ActionStatus, Agent, AuditEvent, Capability, Task, TaskState,
 )

@@ -7,7 +7,7 @@ import pytest
 from django.utils import timezone
 
 from ledger.models import Action, ActionStatus, AuditEvent, WebhookEvent
-from ledger.sandbox.webhooks import sign_webhook
+from sandbox.webhooks import sign_webhook
 from tests.factories import make_agent
 
 SECRET = "whsec-test"
@@ -185,7 +185,7 @@ def test_a_webhook_that_settles_an_action_under_verification_leaves_the_verifier
     """The verifier asks the real sandbox (live_server), which holds the refund; the webhook
     settles the action between the claim and the verifier's answer, so the answer must be dropped."""
     from ledger import executor
-    from ledger.sandbox.models import SandboxRefund
+    from sandbox.models import SandboxRefund
 
     settings.SANDBOX_BASE_URL = f"{live_server.url}/sandbox/v1"
     SandboxRefund.objects.create(refund_id="re_w1", operation_key=KEY, order_id="ORD-W1", amount="25.00",

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from ledger import executor
 from ledger.models import Action, ActionStatus, AuditEvent, StaleClaim
-from ledger.sandbox.models import SandboxRefund
+from sandbox.models import SandboxRefund
 from ledger.sweeper import sweep_once
 from tests.conftest import wait_until
 from tests.factories import api_client, make_agent, post_action, refund_body, sandbox, sandbox_list

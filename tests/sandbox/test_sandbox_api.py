@@ -7,8 +7,8 @@ from django.db import connection, connections
 from django.test import Client
 
 from ledger.models import Agent
-from ledger.sandbox import views
-from ledger.sandbox.models import SandboxBooking, SandboxFault, SandboxIdempotencyKey, SandboxMessage, SandboxRefund
+from sandbox import views
+from sandbox.models import SandboxBooking, SandboxFault, SandboxIdempotencyKey, SandboxMessage, SandboxRefund
 
 from .conftest import API_KEY, SandboxClient
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from ledger.sandbox.models import SandboxBooking, SandboxFault, SandboxRefund, SandboxSettings
+from sandbox.models import SandboxBooking, SandboxFault, SandboxRefund, SandboxSettings
 
 pytestmark = pytest.mark.django_db
 

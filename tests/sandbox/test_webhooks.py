@@ -7,7 +7,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from ledger.sandbox import webhooks
+from sandbox import webhooks
 from ledger.webhooks import signature_valid
 
 

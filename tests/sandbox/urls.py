@@ -2,4 +2,4 @@
 
 from django.urls import include, path
 
-urlpatterns = [path("sandbox/v1/", include("ledger.sandbox.urls"))]
+urlpatterns = [path("sandbox/v1/", include("sandbox.urls"))]

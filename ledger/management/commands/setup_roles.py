@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand
 
-from ledger.demo import EXTRA_MODEL_PERMS, OBJECT_PERMS, ROLE_APPS, roles_setup
+from ledger.roles import EXTRA_MODEL_PERMS, OBJECT_PERMS, ROLE_APPS, roles_setup
 
 
 class Command(BaseCommand):

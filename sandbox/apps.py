@@ -2,6 +2,6 @@ from django.apps import AppConfig
 
 
 class SandboxConfig(AppConfig):
-    name = "ledger.sandbox"
+    name = "sandbox"
     label = "sandbox"
     verbose_name = "Sandbox provider"

@@ -1,7 +1,7 @@
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from ledger.demo import demo_summary, demo_users_existing, seed_demo
+from demo.seed import demo_summary, demo_users_existing, seed_demo
 
 
 class Command(BaseCommand):

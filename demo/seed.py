@@ -1,4 +1,4 @@
-"""Roles and demo data for development: `setup_roles` and `seed_demo` (management commands).
+"""Demo data for development: `seed_demo` (a management command).
 
 Everything here goes through the product's own functions — `agent_create`, `action_request`,
 `task_request`, the state-machine methods of actions, tasks and dead-letter entries,
@@ -17,99 +17,31 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Group, Permission
+from django.contrib.auth.models import Group
 from django.db import transaction
 from django.utils import timezone
-from guardian.shortcuts import assign_perm, get_perms
 
-from approvals.access import APPROVE, RESOLVE, ROLES, WORK_DLQ
 from approvals.decisions import review_decide
 from approvals.intake import needs_person_after_verification
 from approvals.models import Limit, ReviewItem, ReviewStatus
 from approvals.reviews import review_alert_overdue
 from dlq.entries import deadletter_discard, deadletter_redrive
 from dlq.models import DeadLetter
-
-from .actions import action_request
-from .agents import agent_create
-from .connectors.base import Effect
-from .grants import capability
-from .models import Action, ActionStatus, ActionType, AuditEvent, Capability, StepStatus
-from .runner import StepContext, _checkpoint, _fail
-from .sandbox.models import SandboxBooking, SandboxMessage, SandboxOrder, SandboxRefund, effect_save
-from .tasks import task_request
-from .workflows import WORKFLOWS, ActionSpec, StepFailed
+from ledger.access import ROLES
+from ledger.actions import action_request
+from ledger.agents import agent_create
+from ledger.connectors.base import Effect
+from ledger.models import Action, ActionStatus, ActionType, AuditEvent, StepStatus
+from ledger.runner import StepContext, _checkpoint, _fail
+from ledger.roles import roles_setup
+from ledger.tasks import task_request
+from ledger.workflows import WORKFLOWS, ActionSpec, StepFailed
+from sandbox.models import SandboxBooking, SandboxMessage, SandboxOrder, SandboxRefund, effect_save
 
 S = ActionStatus
-SETUP_ACTOR = "system:setup_roles"
 SEED_ACTOR = "system:seed_demo"
 EXECUTOR = "system:executor"
 WORKER = "demo-worker-1:4242"
-
-# --- Roles ------------------------------------------------------------------------------------
-
-ROLE_APPS = ("ledger", "approvals", "dlq")
-# Model permissions per group, on top of view_* on every model of ROLE_APPS for every role.
-EXTRA_MODEL_PERMS = {"admins": ("ledger.change_agent", "approvals.change_limit")}
-# django-guardian object permissions on each Capability, per kind and group. Auditors: none.
-OBJECT_PERMS = {
-    Capability.Kind.ACTION_TYPE: {
-        "approvers": (APPROVE, RESOLVE),
-        "operators": (RESOLVE,),
-        "admins": (APPROVE, RESOLVE, WORK_DLQ),
-    },
-    Capability.Kind.WORKFLOW: {
-        "operators": (WORK_DLQ,),
-        "admins": (WORK_DLQ,),
-    },
-}
-
-
-def roles_capabilities():
-    """One Capability per action type and per workflow (created if missing)."""
-    return [capability(Capability.Kind.ACTION_TYPE, name) for name in ActionType.values] + [
-        capability(Capability.Kind.WORKFLOW, name) for name in WORKFLOWS
-    ]
-
-
-def _model_perms(role):
-    perms = Permission.objects.filter(content_type__app_label__in=ROLE_APPS, codename__startswith="view_")
-    wanted = {(p.content_type.app_label, p.codename): p for p in perms.select_related("content_type")}
-    for label in EXTRA_MODEL_PERMS.get(role, ()):
-        app_label, codename = label.split(".")
-        wanted[(app_label, codename)] = Permission.objects.get(content_type__app_label=app_label, codename=codename)
-    return wanted
-
-
-def roles_setup(actor=SETUP_ACTOR):
-    """Create the four groups and their grants; adds what is missing, never removes. Returns
-    a list of what changed (empty on a second run). Each change is audited."""
-    changes = []
-    with transaction.atomic():
-        capabilities = roles_capabilities()
-        for role in ROLES:
-            group, created = Group.objects.get_or_create(name=role)
-            if created:
-                AuditEvent.objects.record(actor=actor, verb="group_created", obj=group, after={"name": role})
-                changes.append(f"group {role} created")
-            have = set(group.permissions.values_list("content_type__app_label", "codename"))
-            wanted = _model_perms(role)
-            missing = sorted(key for key in wanted if key not in have)
-            if missing:
-                group.permissions.add(*(wanted[key] for key in missing))
-                labels = [f"{app}.{codename}" for app, codename in missing]
-                AuditEvent.objects.record(actor=actor, verb="role_granted", obj=group, after={"permissions": labels})
-                changes.append(f"{role}: {len(labels)} model permissions")
-            for cap in capabilities:
-                held = set(get_perms(group, cap))
-                for codename in OBJECT_PERMS.get(cap.kind, {}).get(role, ()):
-                    if codename in held:
-                        continue
-                    assign_perm(f"ledger.{codename}", group, cap)
-                    AuditEvent.objects.record(actor=actor, verb="role_granted", obj=cap,
-                                              after={"group": role, "permission": codename})
-                    changes.append(f"{role}: {codename} on {cap}")
-    return changes
 
 
 # --- Demo people, agents, limits --------------------------------------------------------------
@@ -156,7 +88,7 @@ def provider_commit(action):
     """What the sandbox provider commits for `action`: its own rows, saved by its own
     `effect_save` under the operation key as Idempotency-Key. Returns the Effect the
     connector would have returned (the sandbox's JSON body of the effect)."""
-    from .sandbox.views import _booking_body, _message_body, _refund_body
+    from sandbox.views import _booking_body, _message_body, _refund_body
 
     p = action.params
     common = {"operation_key": action.operation_key, "idempotency_key": action.operation_key,

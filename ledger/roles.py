@@ -1,0 +1,78 @@
+"""The dashboard's groups and their permissions (`python manage.py setup_roles`)."""
+
+from django.contrib.auth.models import Group, Permission
+from django.db import transaction
+from guardian.shortcuts import assign_perm, get_perms
+
+from .access import APPROVE, RESOLVE, ROLES, WORK_DLQ
+from .grants import capability
+from .models import ActionType, AuditEvent, Capability
+from .workflows import WORKFLOWS
+
+SETUP_ACTOR = "system:setup_roles"
+
+
+ROLE_APPS = ("ledger", "approvals", "dlq")
+# Model permissions per group, on top of view_* on every model of ROLE_APPS for every role.
+EXTRA_MODEL_PERMS = {"admins": ("ledger.change_agent", "approvals.change_limit")}
+# django-guardian object permissions on each Capability, per kind and group. Auditors: none.
+OBJECT_PERMS = {
+    Capability.Kind.ACTION_TYPE: {
+        "approvers": (APPROVE, RESOLVE),
+        "operators": (RESOLVE,),
+        "admins": (APPROVE, RESOLVE, WORK_DLQ),
+    },
+    Capability.Kind.WORKFLOW: {
+        "operators": (WORK_DLQ,),
+        "admins": (WORK_DLQ,),
+    },
+}
+
+
+def roles_capabilities():
+    """One Capability per action type and per workflow (created if missing)."""
+    return [capability(Capability.Kind.ACTION_TYPE, name) for name in ActionType.values] + [
+        capability(Capability.Kind.WORKFLOW, name) for name in WORKFLOWS
+    ]
+
+
+def _model_perms(role):
+    perms = Permission.objects.filter(content_type__app_label__in=ROLE_APPS, codename__startswith="view_")
+    wanted = {(p.content_type.app_label, p.codename): p for p in perms.select_related("content_type")}
+    for label in EXTRA_MODEL_PERMS.get(role, ()):
+        app_label, codename = label.split(".")
+        wanted[(app_label, codename)] = Permission.objects.get(content_type__app_label=app_label, codename=codename)
+    return wanted
+
+
+def roles_setup(actor=SETUP_ACTOR):
+    """Create the four groups and their grants; adds what is missing, never removes. Returns
+    a list of what changed (empty on a second run). Each change is audited."""
+    changes = []
+    with transaction.atomic():
+        capabilities = roles_capabilities()
+        for role in ROLES:
+            group, created = Group.objects.get_or_create(name=role)
+            if created:
+                AuditEvent.objects.record(actor=actor, verb="group_created", obj=group, after={"name": role})
+                changes.append(f"group {role} created")
+            have = set(group.permissions.values_list("content_type__app_label", "codename"))
+            wanted = _model_perms(role)
+            missing = sorted(key for key in wanted if key not in have)
+            if missing:
+                group.permissions.add(*(wanted[key] for key in missing))
+                labels = [f"{app}.{codename}" for app, codename in missing]
+                AuditEvent.objects.record(actor=actor, verb="role_granted", obj=group, after={"permissions": labels})
+                changes.append(f"{role}: {len(labels)} model permissions")
+            for cap in capabilities:
+                held = set(get_perms(group, cap))
+                for codename in OBJECT_PERMS.get(cap.kind, {}).get(role, ()):
+                    if codename in held:
+                        continue
+                    assign_perm(f"ledger.{codename}", group, cap)
+                    AuditEvent.objects.record(actor=actor, verb="role_granted", obj=cap,
+                                              after={"group": role, "permission": codename})
+                    changes.append(f"{role}: {codename} on {cap}")
+    return changes
+
+
