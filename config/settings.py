@@ -146,6 +146,21 @@ SANDBOX_API_KEY = env_str("SANDBOX_API_KEY", "sandbox-dev-key")
 SANDBOX_WEBHOOK_SECRET = env_str("SANDBOX_WEBHOOK_SECRET", "whsec-sandbox-dev")
 SANDBOX_TIMEOUT_SLEEP = env_float("SANDBOX_TIMEOUT_SLEEP", 10)
 CONNECTOR_TIMEOUT = env_float("CONNECTOR_TIMEOUT", 5)
+# Which connector serves each action type: the registry `ledger.connectors` reads (see the
+# README, "Connectors"). An entry is {"class": dotted path, "options": {...}}; options come
+# from environment variables here. `CONNECTOR_<ACTION_TYPE>` names one of CONNECTOR_CLASSES;
+# by default every type goes to the sandbox while it is enabled, and to nothing otherwise
+# (a system check then refuses to start).
+CONNECTOR_CLASSES = {
+    "sandbox": "ledger.connectors.sandbox.SandboxConnector",
+}
+# The action types (ledger.models.ActionType; a system check compares the two).
+ACTION_TYPES = ("refund", "send_message", "create_booking")
+SURETY_CONNECTORS = {}
+for _action_type in ACTION_TYPES:
+    _name = env_str(f"CONNECTOR_{_action_type.upper()}", "sandbox" if SANDBOX_ENABLED else "")
+    if _name:
+        SURETY_CONNECTORS[_action_type] = {"class": CONNECTOR_CLASSES.get(_name, _name), "options": {}}
 LEASE_SECONDS = env_float("LEASE_SECONDS", 30)
 # A provider call starts only with at least CONNECTOR_TIMEOUT + this margin of lease left.
 LEASE_MARGIN_SECONDS = env_float("LEASE_MARGIN_SECONDS", 2)

@@ -12,6 +12,8 @@ class LedgerConfig(AppConfig):
     verbose_name = "Ledger"
 
     def ready(self):
+        from . import checks  # noqa: F401 (registers the system checks)
+
         # Said once per process, so whoever starts the app knows where work will run.
         if not settings.RQ_ASYNC and "test" not in sys.argv[1:2]:
             logger.warning(

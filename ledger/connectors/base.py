@@ -42,7 +42,16 @@ def write_permit(action):
 
 
 class Connector:
+    """A provider for one or more action types, built by the registry with its options."""
+
     name = ""
+
+    def __init__(self, **options):
+        self.options = options
+
+    def check(self):
+        """What stops this connector from working (missing credentials, a bad URL), as messages."""
+        return []
 
     def perform(self, action) -> Effect:
         if _permit.get() != (action.pk, action.fence):

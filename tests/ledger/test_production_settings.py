@@ -10,12 +10,15 @@ from tests.conftest import ROOT
 
 PRODUCTION = {"PRODUCTION": "true", "DEBUG": "false", "ALLOWED_HOSTS": "surety.example",
               "SECRET_KEY": "k" * 60, "DATABASE_URL": "sqlite:///:memory:"}
+# Production has no sandbox of its own: every action type needs a connector named.
+CONNECTORS = {"CONNECTOR_REFUND": "sandbox", "CONNECTOR_SEND_MESSAGE": "sandbox", "CONNECTOR_CREATE_BOOKING": "sandbox"}
 
 
 def check(**env):
-    keep = {k: v for k, v in os.environ.items() if not k.startswith(("ALERT_", "SECRET_", "DJANGO_SETTINGS"))}
+    keep = {k: v for k, v in os.environ.items()
+            if not k.startswith(("ALERT_", "SECRET_", "DJANGO_SETTINGS", "CONNECTOR_"))}
     return subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, capture_output=True, text=True,
-                          env={**keep, **PRODUCTION, **env}, timeout=60)
+                          env={**keep, **PRODUCTION, **CONNECTORS, **env}, timeout=60)
 
 
 @pytest.mark.parametrize(("env", "refused"), [
@@ -31,3 +34,16 @@ def test_production_refuses_to_start_with_a_development_secret(env, refused):
 def test_production_starts_with_its_secrets_set():
     result = check(ALERT_WEBHOOK_URL="https://alerts.example/hook", ALERT_WEBHOOK_SECRET="s" * 40)
     assert result.returncode == 0, result.stderr
+
+
+def test_production_refuses_to_start_with_an_action_type_no_connector_serves():
+    result = check(CONNECTOR_SEND_MESSAGE="")
+    assert result.returncode != 0
+    assert "surety.E001" in result.stderr and "'send_message'" in result.stderr
+    assert "'refund'" not in result.stderr
+
+
+def test_production_refuses_to_start_with_a_connector_class_that_does_not_exist():
+    result = check(CONNECTOR_REFUND="payments.nowhere.Connector")
+    assert result.returncode != 0
+    assert "surety.E002" in result.stderr and "'refund'" in result.stderr
