@@ -1,13 +1,18 @@
-"""Limits applied to the ledger: what the intake and the executor ask of the policies."""
+"""Limits applied to the ledger: what the intake and the executor ask of the policies.
+
+This module is the ledger's policy (`ledger.hooks.set_policy`, in ApprovalsConfig.ready):
+`version_expression`, `verdict_for_request` and `needs_person_after_verification`.
+"""
 
 from decimal import Decimal
 
-from django.db.models import Sum
+from django.db.models import Subquery, Sum
 from django.utils import timezone
 
 from ledger.compiled import Compiled
+from ledger.models import Action, ActionStatus
 
-from .models import Limit
+from .models import Limit, LimitsVersion
 from .policies import RUN, money, verdict_for
 
 
@@ -40,8 +45,6 @@ def verdict_for_request(*, action_type, amount, currency, customer, recorded=Non
     """The limits' verdict on a request; `recorded`: the action itself when it is already in
     the ledger (a held action being released), whose own amount is not yet part of the total;
     `lock_subjects`: called before the customer's daily total is summed."""
-    from ledger.models import Action, ActionStatus
-
     limit = limit_for(action_type, currency, limits_version)
     if limit is None or amount is None:
         return RUN
@@ -71,3 +74,8 @@ def needs_person_after_verification(action):
     if limit is None or action.amount is None or action.amount <= limit.max_amount:
         return ""
     return f"verified, but {money(action.amount)} {action.currency} is above the limit of {money(limit.max_amount)}"
+
+
+def version_expression():
+    """The limits' version as SQL, for the statement that authenticates an API request."""
+    return Subquery(LimitsVersion.objects.order_by().values("version")[:1])

@@ -1,16 +1,9 @@
 """Pure policy: a limit and an action's amount in, a verdict out. No database here."""
 
-from dataclasses import dataclass
 from decimal import Decimal
 
+from ledger.hooks import RUN, Verdict  # approvals_needed 0: run it; 1: one approver; 2: two different approvers
 
-@dataclass(frozen=True)
-class Verdict:
-    approvals_needed: int  # 0: run it; 1: one approver; 2: two different approvers
-    reason: str = ""
-
-
-RUN = Verdict(0)
 CENTS = Decimal("0.01")
 
 

@@ -5,7 +5,7 @@ from datetime import timedelta
 from django.db import transaction
 from django.utils import timezone
 
-from ledger.models import ActionStatus
+from ledger.models import PERSON_STATUSES, ActionStatus, AuditEvent
 
 from .intake import limit_for, verdict_for_action
 from .models import ReviewItem, ReviewKind, ReviewStatus
@@ -16,6 +16,13 @@ KIND_FOR_STATUS = {
     ActionStatus.NEEDS_REVIEW: ReviewKind.UNKNOWN_OUTCOME,
 }
 DEFAULT_DEADLINE_HOURS = 4
+
+
+def review_follow_move(action, previous, actor):
+    """After every move of an action: an item opens when it comes to need a person, and
+    closes when it no longer does."""
+    if action.status in PERSON_STATUSES or previous in PERSON_STATUSES:
+        review_follow_action(action)
 
 
 def review_follow_action(action, why=""):
@@ -38,8 +45,6 @@ def review_follow_action(action, why=""):
             why=why or (verdict.reason if verdict else "") or _why(action),
             limit_snapshot=limit.snapshot() if limit else None,
         )
-        from ledger.models import AuditEvent
-
         AuditEvent.objects.record(actor="system:reviews", verb="review_opened", obj=item,
                                   after={"kind": kind, "deadline": item.deadline.isoformat()}, reason=item.why)
     return item
@@ -51,21 +56,3 @@ def _why(action):
     if action.evidence:
         return f"outcome unproven after {action.attempts} attempt(s)"
     return ""
-
-
-def review_alert_overdue(now=None):
-    """The sweeper's pass: each overdue item raises one alert (the dead-letter machinery)."""
-    from dlq.models import Alert
-
-    now = now or timezone.now()
-    raised = 0
-    for item in ReviewItem.objects.filter(status=ReviewStatus.OPEN, deadline__lt=now, overdue_alerted_at__isnull=True):
-        with transaction.atomic():
-            claimed = ReviewItem.objects.filter(pk=item.pk, overdue_alerted_at__isnull=True).update(overdue_alerted_at=now)
-            if claimed:
-                Alert.objects.raise_for(
-                    kind=Alert.Kind.OVERDUE_REVIEW, review_item=item, link=item.get_absolute_url(),
-                    subject=f"Overdue: {item}", body=f"Waiting since {item.created_at:%Y-%m-%d %H:%M} UTC; {item.why}",
-                )
-                raised += 1
-    return raised

@@ -15,19 +15,16 @@ from django.db import transaction
 from django.utils import timezone
 
 from ledger.connectors import http
+from ledger.jobs import enqueue
 from ledger.webhooks import sign_webhook
+
+from .models import Alert, AlertDelivery
 
 logger = logging.getLogger("surety.alerts")
 MAX_DELIVERY_ATTEMPTS = 5
 
 
-def deliver_after_commit(alert):
-    transaction.on_commit(lambda: _enqueue(alert.pk), robust=True)
-
-
 def _enqueue(alert_id, delay=None):
-    from ledger.jobs import enqueue
-
     enqueue(alert_deliver, alert_id, at=timezone.now() + delay if delay else None)
 
 
@@ -52,8 +49,6 @@ def _send(alert, channel):
 
 def alert_deliver(alert_id):
     """Try every channel not yet delivered; record each attempt; reschedule failures."""
-    from .models import Alert, AlertDelivery
-
     # The alert stays locked while it is delivered: a second job for it (the sweeper's
     # redelivery of a job stuck in a backed-up queue) finds it taken and leaves it.
     with transaction.atomic():
@@ -80,8 +75,6 @@ def alert_deliver(alert_id):
 
 def alerts_redeliver_stale(older_than=timedelta(minutes=5)):
     """The sweeper's pass: undelivered alerts whose job may have been lost."""
-    from .models import Alert
-
     cutoff = timezone.now() - older_than
     stale = Alert.objects.filter(delivered_at__isnull=True, created_at__lt=cutoff).exclude(deliveries__at__gte=cutoff)
     for alert_id in stale.values_list("pk", flat=True)[:100]:

@@ -4,3 +4,22 @@ from django.apps import AppConfig
 class DlqConfig(AppConfig):
     name = "dlq"
     verbose_name = "Dead-letter queue"
+
+    def ready(self):
+        from ledger import hooks
+        from ledger.metrics import register_collector
+        from ledger.models import Task
+
+        from .alerts import alerts_redeliver_stale
+        from .metrics import DeadLetterCollector
+        from .models import deadletter_open_when_dead_lettered
+        from .overdue import review_alert_overdue
+        from .views import deadletter_card
+
+        # Never silent: a task out of attempts gets its entry and alert in the same
+        # transaction; overdue review items and undelivered alerts are looked at every pass.
+        hooks.on_move(Task, deadletter_open_when_dead_lettered)
+        hooks.on_sweep("reviews_overdue", review_alert_overdue)
+        hooks.on_sweep("alerts_redelivered", alerts_redeliver_stale)
+        hooks.on_overview(deadletter_card)
+        register_collector(DeadLetterCollector())

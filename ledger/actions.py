@@ -12,7 +12,9 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from . import hooks
 from .compiled import Compiled, insert
+from .jobs import ring_after_commit
 from .models import IN_FLIGHT_STATUSES, Action, ActionStatus, ActionType, AuditEvent, Booking
 
 S = ActionStatus
@@ -95,11 +97,6 @@ def action_request(*, agent, operation_key, action_type, target, params, custome
     early, only for a limit that has one), so that an action it misses cannot have been
     recorded and settled before this insert looks for actions in flight.
     """
-    from approvals.intake import verdict_for_request
-    from approvals.reviews import review_follow_action
-
-    from .jobs import ring_after_commit
-
     # A booking's customer is part of what is asked (the provider books for them).
     print_ = fingerprint(action_type, target, {**params, "customer": customer} if action_type == "create_booking" else params)
     # Columns of their own for the limits and the queues, always read from the params.
@@ -107,7 +104,7 @@ def action_request(*, agent, operation_key, action_type, target, params, custome
     currency = params.get("currency", "")
     try:
         with transaction.atomic():
-            verdict = verdict_for_request(action_type=action_type, amount=amount, currency=currency, customer=customer,
+            verdict = hooks.policy().verdict_for_request(action_type=action_type, amount=amount, currency=currency, customer=customer,
                                           limits_version=limits_version, lock_subjects=lambda: _lock_subjects(target, customer))
             status = S.AWAITING_APPROVAL if verdict.approvals_needed else S.QUEUED
             action = insert(Action(
@@ -130,7 +127,7 @@ def action_request(*, agent, operation_key, action_type, target, params, custome
             AuditEvent.objects.record(actor=agent, verb="requested", obj=action, after={"status": action.status},
                                       reason=reason)
             if action.status != S.QUEUED:
-                review_follow_action(action, why=reason)
+                hooks.recorded(action, reason)
             for sibling in siblings:
                 if sibling.status in (S.QUEUED, S.AWAITING_APPROVAL):  # not started: held with it
                     sibling.hold(actor="system:intake", reason=f"{operation_key} arrived for the same target or customer")
@@ -169,3 +166,23 @@ def _book(action):
             Booking.objects.create(action=action, resource=action.target, customer=action.customer, start=start, end=end)
     except IntegrityError:
         raise SlotTaken(f"{action.target} was booked for that time meanwhile") from None
+
+
+def action_ring_when_due(action, previous, actor):
+    """After every move of an action: work that became runnable gets a drain after commit."""
+    if action.status in (S.QUEUED, S.UNKNOWN) and action.next_attempt_at:
+        ring_after_commit("actions", at=action.next_attempt_at)
+
+
+def booking_follow_action(action, previous, actor):
+    """A booking's slot follows its action: kept while the booking may still happen (a
+    retryable failure may be tried again), confirmed when it did, freed when it won't."""
+    if action.action_type != ActionType.CREATE_BOOKING:
+        return
+    if action.status == S.SUCCEEDED:
+        slot = Booking.Status.CONFIRMED
+    elif action.status in (S.REJECTED, S.CANCELLED) or (action.status == S.FAILED and not action.is_retryable_failure):
+        slot = Booking.Status.RELEASED
+    else:
+        return
+    Booking.objects.filter(action=action).update(status=slot)

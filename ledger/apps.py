@@ -13,7 +13,17 @@ class LedgerConfig(AppConfig):
 
     def ready(self):
         from . import checks  # noqa: F401 (registers the system checks)
+        from .actions import action_ring_when_due, booking_follow_action
+        from .hooks import on_move
+        from .models import Action, Task
+        from .tasks import task_follow_action, task_ring_when_queued
 
+        # The ledger's own reactions come first: a move rings the drains, a booking's slot
+        # follows its action, and a task waiting on an action wakes when it is decided.
+        on_move(Action, action_ring_when_due)
+        on_move(Action, booking_follow_action)
+        on_move(Action, task_follow_action)
+        on_move(Task, task_ring_when_queued)
         # Said once per process, so whoever starts the app knows where work will run.
         if not settings.RQ_ASYNC and "test" not in sys.argv[1:2]:
             logger.warning(

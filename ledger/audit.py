@@ -14,6 +14,7 @@ from datetime import timedelta
 
 from django.contrib.auth import get_user_model
 from django.db import connection, models, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from .compiled import insert
@@ -22,13 +23,12 @@ from .middleware import current_request_id
 
 def actor_label(actor):
     """`agent:NAME`, `user:USERNAME` or `system:WHAT` — one vocabulary for every event."""
-    from .models import Agent
-
-    if isinstance(actor, Agent):
-        return f"agent:{actor.name}"
+    label = getattr(actor, "audit_actor", None)  # an agent
+    if label:
+        return label
     if isinstance(actor, get_user_model()):
-        agent = Agent.objects.filter(user=actor).only("name").first()
-        return f"agent:{agent.name}" if agent else f"user:{actor.get_username()}"
+        agent = getattr(actor, "agent", None)  # the user of an agent (Agent.user's reverse side)
+        return agent.audit_actor if agent else f"user:{actor.get_username()}"
     if isinstance(actor, str) and ":" in actor:
         return actor
     raise ValueError(f"not an actor: {actor!r}")
@@ -116,3 +116,58 @@ class AuditEventManager(models.Manager):
                 return event.seq
             prev_hash = event.hash
         return None
+
+
+class AuditEvent(models.Model):
+    """Append-only and hash-chained; write it only through `AuditEvent.objects.record`.
+
+    `seq`, `prev_hash` and `hash` are empty until the sealer chains the event (see audit.py).
+    """
+
+    seq = models.BigIntegerField(null=True, blank=True)
+    occurred_at = models.DateTimeField()
+    actor = models.CharField(max_length=150)
+    verb = models.CharField(max_length=50)
+    object_type = models.CharField(max_length=100)
+    object_id = models.CharField(max_length=255)
+    object_label = models.CharField(max_length=255, blank=True, default="")
+    before = models.JSONField(null=True, blank=True)
+    after = models.JSONField(null=True, blank=True)
+    reason = models.TextField(blank=True, default="")
+    request_id = models.CharField(max_length=64, blank=True, default="")
+    content_hash = models.CharField(max_length=64)
+    prev_hash = models.CharField(max_length=64, blank=True, default="")
+    hash = models.CharField(max_length=64, blank=True, default="")
+
+    objects = AuditEventManager()
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [
+            models.Index(fields=["object_type", "object_id", "id"], name="audit_object_idx"),
+            models.Index(fields=["actor", "-id"], name="audit_actor_idx"),
+            models.Index(fields=["verb", "-id"], name="audit_verb_idx"),
+            models.Index(fields=["-occurred_at"], name="audit_time_idx"),
+            # What the sealer looks for: a handful of rows, however long the trail.
+            models.Index(fields=["id"], condition=Q(seq__isnull=True), name="audit_unsealed_idx"),
+        ]
+        constraints = [
+            # Sealed events only: a new event costs no entry here until the sealer chains it.
+            models.UniqueConstraint(fields=["seq"], condition=Q(seq__isnull=False), name="audit_seq_unique"),
+        ]
+
+    def __str__(self):
+        return f"{self.actor} {self.verb} {self.object_type}:{self.object_id}"
+
+    def content_fields(self):
+        return {
+            "occurred_at": self.occurred_at.isoformat(),
+            "actor": self.actor,
+            "verb": self.verb,
+            "object_type": self.object_type,
+            "object_id": self.object_id,
+            "before": self.before,
+            "after": self.after,
+            "reason": self.reason,
+            "request_id": self.request_id,
+        }

@@ -4,12 +4,17 @@ The web side only rings a doorbell after commit; a drain job then claims ready r
 one with SKIP LOCKED, in a few threads at once, until none are left. About one drain job
 waits in the queue per kind (the doorbell names it), and a job that found work rings again
 so that an idle worker joins in. The database stays the truth: if Redis loses the job, the sweeper rings.
+
+The drain jobs themselves are `ledger.executor.drain_actions` and `ledger.runner.drain_tasks`;
+the doorbell names them by path, so that everything may ring without importing what runs.
 """
 
 import contextvars
-from concurrent.futures import ThreadPoolExecutor
 import logging
+import os
+import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import django_rq
@@ -18,6 +23,7 @@ from rq.job import Job
 from django.conf import settings
 from django.db import close_old_connections, connection, transaction
 from django.utils import timezone
+from django.utils.module_loading import import_string
 
 logger = logging.getLogger("surety.jobs")
 DOORBELL_TTL_SECONDS = 15
@@ -50,15 +56,19 @@ def redis_connection():
     return client
 
 
+def worker_name():
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
 def enqueue(func, *args, at=None):
-    """Hand work to RQ. Without Redis (the embedded default) run it here and now; work
-    due later is then left to the sweeper's next pass."""
+    """Hand work (a function, or its dotted path) to RQ. Without Redis (the embedded
+    default) run it here and now; work due later is then left to the sweeper's next pass."""
     if not settings.RQ_ASYNC:
         # In-process, a drain already running picks up what its own moves made runnable.
         if at is None and not _in_process.get():
             token = _in_process.set(True)
             try:
-                func(*args)
+                (import_string(func) if isinstance(func, str) else func)(*args)
             finally:
                 _in_process.reset(token)
         return None
@@ -70,7 +80,7 @@ def enqueue(func, *args, at=None):
         # RQ's scheduler keeps whole seconds and may fire up to one early.
         return queue.enqueue_at(at + timedelta(seconds=1), func, *args, **options)
     except redis.RedisError:
-        logger.exception("could not enqueue %s; the sweeper will", func.__name__)
+        logger.exception("could not enqueue %s; the sweeper will", func)
         return None
 
 
@@ -127,7 +137,7 @@ def ring_after_commit(kind, at=None):
         transaction.on_commit(lambda: ring(kind), robust=True)
 
 
-def _drain(kind, claim_next, run_claimed):
+def drain(kind, claim_next, run_claimed):
     """Claim and run until nothing is left or DRAIN_SECONDS have passed, in DRAIN_LANES
     threads: most of an action's time is spent waiting for the provider and the database,
     so one worker process keeps several in flight (each lane has its own connection)."""
@@ -151,8 +161,6 @@ def _drain(kind, claim_next, run_claimed):
 def _drain_lane(kind, claim_next, run_claimed, deadline, linger=0):
     """Claim and run until nothing is left; with `linger`, until a claim that began at
     least `linger` seconds after the lane first found nothing still finds nothing."""
-    from .executor import worker_name
-
     close_old_connections()  # a lane's thread outlives jobs: drop a connection gone stale
     owner = worker_name()
     handled = 0
@@ -186,16 +194,4 @@ def _lane_pool(lanes):
     return pool
 
 
-def drain_actions():
-    from .executor import action_claim_next, action_run_claimed
-
-    return _drain("actions", action_claim_next, action_run_claimed)
-
-
-def drain_tasks():
-    from .tasks import task_claim_next, task_run_claimed
-
-    return _drain("tasks", task_claim_next, task_run_claimed)
-
-
-DRAINS = {"actions": drain_actions, "tasks": drain_tasks}
+DRAINS = {"actions": "ledger.executor.drain_actions", "tasks": "ledger.runner.drain_tasks"}

@@ -14,7 +14,8 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from .audit import AuditEventManager
+from . import hooks
+from .audit import AuditEvent  # noqa: F401 (a model of this app, defined beside its manager)
 from .compiled import Compiled
 from .statemachine import InvalidTransition, LeasedWork, StaleClaim  # noqa: F401 (re-exported)
 
@@ -63,6 +64,10 @@ class Agent(models.Model):
     def __str__(self):
         return self.name
 
+    @property
+    def audit_actor(self):
+        return f"agent:{self.name}"
+
     @staticmethod
     def hash_token(token):
         # Tokens are 256 random bits, so a plain digest is enough: nothing to brute-force.
@@ -83,11 +88,9 @@ _agent_by_token_hash = Compiled(_active_agent)
 
 
 def _active_agent_and_key(digest, key):
-    from approvals.models import LimitsVersion
-
     return _active_agent(digest).annotate(
         key_action_id=models.Subquery(Action.objects.filter(operation_key=key).order_by().values("pk")[:1]),
-        limits_version=models.Subquery(LimitsVersion.objects.order_by().values("version")[:1]),
+        limits_version=hooks.policy().version_expression(),
     )
 
 
@@ -230,9 +233,6 @@ class Action(LeasedWork):
             return "its failure is not retryable"
         return ""
 
-    def _moved(self, previous):
-        on_action_moved(self, previous)
-
     def claim(self, *, owner, locked=False):
         """Take a queued action under a lease; its new fence makes any older claim stale."""
         return self._move(
@@ -322,23 +322,6 @@ def _next_fence(row):
     return row.fence + 1
 
 
-def on_action_moved(action, previous):
-    """Runs in the transaction of every action transition: work that became runnable gets a
-    drain after commit, a review item opens or closes, and the task that owns it follows."""
-    from approvals.reviews import review_follow_action
-
-    from .jobs import ring_after_commit
-    from .tasks import task_follow_action
-
-    if action.status in (S.QUEUED, S.UNKNOWN) and action.next_attempt_at:
-        ring_after_commit("actions", at=action.next_attempt_at)
-    if action.action_type == ActionType.CREATE_BOOKING:
-        _booking_follow(action)
-    if action.status in PERSON_STATUSES or previous in PERSON_STATUSES:
-        review_follow_action(action)
-    task_follow_action(action)
-
-
 # --- Tasks and checkpoints --------------------------------------------------------------------
 
 
@@ -424,12 +407,6 @@ class Task(LeasedWork):
             snap["next_attempt_at"] = snap["next_attempt_at"].isoformat()
         return snap
 
-    def _moved(self, previous=None):
-        from .jobs import ring_after_commit
-
-        if self.state == T.QUEUED:
-            ring_after_commit("tasks", at=self.next_attempt_at)
-
     def claim(self, *, owner, locked=False):
         """A run of the task: one attempt, under a lease that the runner keeps alive."""
         return self._move(
@@ -470,14 +447,11 @@ class Task(LeasedWork):
         )
 
     def mark_dead_lettered(self, *, actor, error, claim=None):
-        """Out of attempts. The dead-letter entry and its alert are written with it (dlq)."""
-        from dlq.models import DeadLetter
-
-        self._move(
+        """Out of attempts. The dead-letter queue reacts to this move (dlq: its entry and alert)."""
+        return self._move(
             T.DEAD_LETTERED, actor=actor, verb="dead_lettered", reason=error["message"], claim=claim,
             last_error=error, next_attempt_at=None, fence=_next_fence, **_NO_LEASE,
         )
-        return DeadLetter.objects.open_for(self, actor=actor)
 
     def take_back(self, *, reason):
         """The sweeper's move when a worker vanished mid-run (its lease expired)."""
@@ -527,7 +501,7 @@ class TaskStep(models.Model):
         return f"{self.task.task_id}:{self.name}"
 
 
-# --- Webhooks and audit -----------------------------------------------------------------------
+# --- Webhooks -----------------------------------------------------------------------
 
 
 class Confirmation(models.Model):
@@ -575,18 +549,6 @@ class Booking(models.Model):
         return f"{self.resource} {self.start:%Y-%m-%d %H:%M}–{self.end:%H:%M} ({self.status})"
 
 
-def _booking_follow(action):
-    """A booking's slot follows its action: kept while the booking may still happen (a
-    retryable failure may be tried again), confirmed when it did, freed when it won't."""
-    if action.status == S.SUCCEEDED:
-        slot = Booking.Status.CONFIRMED
-    elif action.status in (S.REJECTED, S.CANCELLED) or (action.status == S.FAILED and not action.is_retryable_failure):
-        slot = Booking.Status.RELEASED
-    else:
-        return
-    Booking.objects.filter(action=action).update(status=slot)
-
-
 class WebhookEvent(models.Model):
     """An inbound provider event, stored once by its id: a redelivery finds it and does nothing."""
 
@@ -604,58 +566,3 @@ class WebhookEvent(models.Model):
 
     def __str__(self):
         return f"{self.connector}:{self.event_id}"
-
-
-class AuditEvent(models.Model):
-    """Append-only and hash-chained; write it only through `AuditEvent.objects.record`.
-
-    `seq`, `prev_hash` and `hash` are empty until the sealer chains the event (see audit.py).
-    """
-
-    seq = models.BigIntegerField(null=True, blank=True)
-    occurred_at = models.DateTimeField()
-    actor = models.CharField(max_length=150)
-    verb = models.CharField(max_length=50)
-    object_type = models.CharField(max_length=100)
-    object_id = models.CharField(max_length=255)
-    object_label = models.CharField(max_length=255, blank=True, default="")
-    before = models.JSONField(null=True, blank=True)
-    after = models.JSONField(null=True, blank=True)
-    reason = models.TextField(blank=True, default="")
-    request_id = models.CharField(max_length=64, blank=True, default="")
-    content_hash = models.CharField(max_length=64)
-    prev_hash = models.CharField(max_length=64, blank=True, default="")
-    hash = models.CharField(max_length=64, blank=True, default="")
-
-    objects = AuditEventManager()
-
-    class Meta:
-        ordering = ["-id"]
-        indexes = [
-            models.Index(fields=["object_type", "object_id", "id"], name="audit_object_idx"),
-            models.Index(fields=["actor", "-id"], name="audit_actor_idx"),
-            models.Index(fields=["verb", "-id"], name="audit_verb_idx"),
-            models.Index(fields=["-occurred_at"], name="audit_time_idx"),
-            # What the sealer looks for: a handful of rows, however long the trail.
-            models.Index(fields=["id"], condition=Q(seq__isnull=True), name="audit_unsealed_idx"),
-        ]
-        constraints = [
-            # Sealed events only: a new event costs no entry here until the sealer chains it.
-            models.UniqueConstraint(fields=["seq"], condition=Q(seq__isnull=False), name="audit_seq_unique"),
-        ]
-
-    def __str__(self):
-        return f"{self.actor} {self.verb} {self.object_type}:{self.object_id}"
-
-    def content_fields(self):
-        return {
-            "occurred_at": self.occurred_at.isoformat(),
-            "actor": self.actor,
-            "verb": self.verb,
-            "object_type": self.object_type,
-            "object_id": self.object_id,
-            "before": self.before,
-            "after": self.after,
-            "reason": self.reason,
-            "request_id": self.request_id,
-        }

@@ -23,11 +23,12 @@ from django.utils import timezone
 
 from .actions import KeyReused, action_request, action_retry
 from .compiled import update
-from .executor import action_claim_next, action_run_claimed, worker_name
+from .executor import action_claim_next, action_run_claimed
+from .jobs import drain, worker_name
 from .models import PERSON_STATUSES, Action, ActionStatus, AuditEvent, StepStatus, Task, TaskState
 from .retry import backoff_until
 from .statemachine import StaleClaim
-from .tasks import defer_until
+from .tasks import defer_until, task_claim_next
 from .workflows import WORKFLOWS, StepFailed
 
 logger = logging.getLogger("surety.runner")
@@ -156,3 +157,8 @@ def _fail(task, claim, row, exc):
         if task.attempts >= task.max_attempts:
             return task.mark_dead_lettered(actor="system:runner", error=error, claim=claim)
         return task.retry_later(claim=claim, error=error, until=backoff_until(task.attempts))
+
+
+def drain_tasks():
+    """The RQ job a doorbell rings for (see jobs.py): run tasks until none is ready."""
+    return drain("tasks", task_claim_next, task_run)

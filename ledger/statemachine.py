@@ -3,6 +3,8 @@
 from django.db import models, transaction
 from django.utils import timezone
 
+from . import hooks
+from .audit import AuditEvent
 from .compiled import Compiled, update
 
 
@@ -18,7 +20,8 @@ class StateMachine(models.Model):
     """A row whose status moves only along `TRANSITIONS`, each move locked, checked and audited.
 
     Subclasses name their status field, their transition table, the fields an audit event
-    shows, and may add a guard (`_refuse`) and a hook run inside the transaction (`_moved`).
+    shows, and may add a guard (`_refuse`). What other parts do when a row moves is
+    registered with `ledger.hooks.on_move` and runs inside the move's transaction.
     """
 
     STATUS_FIELD = "status"
@@ -33,9 +36,6 @@ class StateMachine(models.Model):
     def _refuse(self, to):
         """Return why this row may not move to `to` beyond the table, or ""."""
         return ""
-
-    def _moved(self, previous):
-        """Runs inside the transaction of every move (from `previous`), after the write and the audit event."""
 
     def _snapshot(self, changes=()):
         snap = {self.STATUS_FIELD: getattr(self, self.STATUS_FIELD)}
@@ -55,8 +55,6 @@ class StateMachine(models.Model):
         taken for it (two round trips on every claim), so a refused move aborts that
         transaction as a whole.
         """
-        from .models import AuditEvent
-
         with transaction.atomic(savepoint=not locked):
             row = self if locked else _locked_row(type(self), self.pk)
             current = getattr(row, self.STATUS_FIELD)
@@ -76,7 +74,7 @@ class StateMachine(models.Model):
             AuditEvent.objects.record(
                 actor=actor, verb=verb, obj=row, before=before, after=row._snapshot(changes), reason=reason
             )
-            row._moved(current)
+            hooks.moved(row, current, actor)
         self.__dict__.update({k: v for k, v in row.__dict__.items() if k != "_state"})
         return self
 

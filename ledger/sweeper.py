@@ -7,32 +7,30 @@ conditional update):
    which enqueues a drain job unless one is already waiting — a flushed Redis or a
    SIGKILLed worker loses nothing;
 3. the same for tasks (expired leases, queued tasks, backoffs that have passed);
-4. review items past their deadline raise an alert, once;
-5. alerts whose delivery job was lost are enqueued again;
-6. audit events committed since the last pass are sealed into the chain.
+4. the steps the apps registered (`ledger.hooks.on_sweep`): review items past their
+   deadline raise an alert, once (approvals); alerts whose delivery job was lost are
+   enqueued again (dlq);
+5. audit events committed since the last pass are sealed into the chain.
 """
 
 import logging
 
+from . import hooks
 from .executor import action_expire_leases, action_runnable_exists
 from .jobs import ring
 from .models import AuditEvent
+from .tasks import task_expire_leases, task_runnable_exists
 
 logger = logging.getLogger("surety.sweeper")
 
 
 def sweep_once():
-    from approvals.reviews import review_alert_overdue
-    from dlq.alerts import alerts_redeliver_stale
-
-    from .tasks import task_expire_leases, task_runnable_exists
-
     counts = {"actions_expired": action_expire_leases(), "tasks_expired": task_expire_leases()}
     if action_runnable_exists():
         ring("actions")
     if task_runnable_exists():
         ring("tasks")
-    counts["reviews_overdue"] = review_alert_overdue()
-    alerts_redeliver_stale()
+    for name, step in hooks.sweep_steps():
+        counts[name] = step()
     counts["audit_sealed"] = AuditEvent.objects.seal()
     return counts

@@ -10,6 +10,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from .actions import KeyReused, fingerprint
+from .jobs import ring_after_commit
 from .models import PERSON_STATUSES, AuditEvent, Task, TaskState, TaskStep
 from .workflows import WORKFLOWS
 
@@ -32,7 +33,7 @@ def task_request(*, agent, task_id, workflow, input):
                     for i, step in enumerate(WORKFLOWS[workflow].steps)
                 )
                 AuditEvent.objects.record(actor=agent, verb="requested", obj=task, after={"state": task.state})
-                task._moved()  # a new queued task: ring the runner after commit
+                ring_after_commit("tasks")
             return task, True
         except IntegrityError:
             existing = Task.objects.filter(task_id=task_id).first()
@@ -54,13 +55,13 @@ def task_claim_next(owner):
         return task.claim(owner=owner, locked=True) if task else None
 
 
-def task_run_claimed(task):
-    from .runner import task_run
+def task_ring_when_queued(task, previous, actor):
+    """After every move of a task: a task queued again gets a drain when it is due."""
+    if task.state == T.QUEUED:
+        ring_after_commit("tasks", at=task.next_attempt_at)
 
-    return task_run(task)
 
-
-def task_follow_action(action):
+def task_follow_action(action, previous, actor):
     """In the transaction of an action's move: a task waiting on it wakes when a person
     (or verification) has decided, so its runner can go on or fail."""
     if action.task_id is None or action.status in PERSON_STATUSES:
@@ -107,7 +108,7 @@ def task_run_now(task, *, actor, reason="run now"):
         task.save(update_fields=["next_attempt_at"])
         AuditEvent.objects.record(actor=actor, verb="run_now", obj=task, before=before,
                                   after={"next_attempt_at": task.next_attempt_at.isoformat()}, reason=reason)
-        task._moved()
+        ring_after_commit("tasks")
     return task
 
 

@@ -1,23 +1,19 @@
 """Dashboard pages about the ledger itself: overview, search, details, agents, audit log."""
 
 import csv
-import functools
-import operator
 
 from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.db import connection
-from django.db.models import Count, Min, Q, Value
+from django.db.models import Count, Q
 from django.http import Http404, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from .access import APPROVE, RESOLVE, WORK_DLQ, decidable_names, user_may
-from approvals.models import ReviewItem, ReviewKind, ReviewStatus
-from dlq.views import open_deadletter_count
-
+from . import hooks
+from .access import WORK_DLQ, user_may
 from .agents import agent_create, agent_rotate_token, capabilities_named
 from .dashboard import keyset_page, parse_moment, planner_estimates, render_partial, shown_estimate, staff_required
 from .grants import agent_grant, agent_revoke
@@ -71,37 +67,9 @@ def _status_counts():
 def overview(request):
     now = timezone.now()
     counts = _status_counts()
-    # The three queue cards in one query over the open items (it was four queries per card):
-    # per kind, how many, how many are overdue, the oldest, the next deadline, and how many wait
-    # for this user: an action type they may decide, not requested by an agent they own (four
-    # eyes). Those two conditions need every open item joined to its action (~5 ms for the
-    # 2,800 open items at volume), so each is left out when it cannot exclude anything: the
-    # user may decide every action type, or owns no agent.
-    cards = ((ReviewKind.APPROVAL, APPROVE), (ReviewKind.HELD, APPROVE), (ReviewKind.UNKNOWN_OUTCOME, RESOLVE))
-    names = {perm: decidable_names(request.user, perm) for perm in (APPROVE, RESOLVE)}
-    decidable = [Q(kind=kind) if names[perm] >= set(ActionType.values)
-                 else Q(kind=kind, action__action_type__in=names[perm]) for kind, perm in cards if names[perm]]
-    owned_agents = list(Agent.objects.filter(owner=request.user).values_list("pk", flat=True))
-    if decidable:
-        waiting_for_me = functools.reduce(operator.or_, decidable)
-        if owned_agents:
-            waiting_for_me &= ~Q(action__agent__in=owned_agents)
-        mine = Count("id", filter=waiting_for_me)
-    else:
-        mine = Value(0)
-    stats = {row["kind"]: row for row in ReviewItem.objects.filter(status=ReviewStatus.OPEN).order_by().values("kind")
-             .annotate(count=Count("id"), mine=mine, overdue=Count("id", filter=Q(deadline__lt=now)),
-                       oldest=Min("created_at"), deadline=Min("deadline"))}
-    queues = []
-    for kind, _ in cards:
-        row = stats.get(kind, {})
-        queues.append({"kind": kind, "label": ReviewKind(kind).label, "count": row.get("count", 0),
-                       "mine": row.get("mine", 0), "oldest": row.get("oldest"), "deadline": row.get("deadline"),
-                       "overdue": row.get("overdue", 0)})
     context = {
         "counts": [(s, counts.get(s, 0)) for s in STATUS_ORDER],
-        "queues": queues,
-        "dlq_open": open_deadletter_count(),
+        "cards": hooks.overview_cards(request.user, now),
         "recent": AuditEvent.objects.order_by("-id")[:15],
         "audit_unsealed": AuditEvent.objects.unsealed_for(settings.AUDIT_SEAL_ALERT_SECONDS),
         "refreshed_at": now,

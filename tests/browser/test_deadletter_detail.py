@@ -7,7 +7,7 @@ from ledger.models import Task
 from ledger.tasks import task_request
 from tests.browser.conftest import login, status_message
 from tests.conftest import wait_until
-from tests.factories import post_task, refund_task_body, sandbox
+from tests.factories import open_entry, post_task, refund_task_body, sandbox
 
 pytestmark = pytest.mark.browser
 
@@ -60,7 +60,7 @@ def test_the_checkpoint_lists_the_steps_in_the_order_they_run(page, people, agen
     task, _ = task_request(agent=agent, task_id="refund-order", workflow="refund",
                            input={"order_id": "ORD-O1", "amount": "25.00", "currency": "EUR", "customer": "CUST-O1"})
     task.claim(owner="tests:runner")
-    entry = task.mark_dead_lettered(actor="system:tests", error={"code": "x", "message": "boom", "retryable": True})
+    entry = open_entry(task.mark_dead_lettered(actor="system:tests", error={"code": "x", "message": "boom", "retryable": True}))
     login(page, "olga")
     page.goto(f"/dlq/{entry.pk}/")
     shown = [name.split(". ", 1)[1] for name in page.locator(".steps__name").all_inner_texts()]

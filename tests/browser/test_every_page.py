@@ -11,6 +11,7 @@ from dlq.models import DeadLetter
 from ledger.actions import action_request
 from ledger.tasks import task_request
 from tests.browser.conftest import login
+from tests.factories import open_entry
 
 pytestmark = pytest.mark.browser
 
@@ -46,8 +47,8 @@ def demo_ledger(agent):
     task, _ = task_request(agent=agent, task_id="refund-500", workflow="refund",
                            input={"order_id": "ORD-500", "amount": "25.00", "currency": "EUR", "customer": "CUST-500"})
     task.claim(owner="demo-worker")
-    entry = task.mark_dead_lettered(actor="system:runner", error={"code": "http_500", "message": "HTTP 500 from the provider",
-                                                                  "retryable": True, "step": "call_refund_api"})
+    entry = open_entry(task.mark_dead_lettered(actor="system:runner", error={
+        "code": "http_500", "message": "HTTP 500 from the provider", "retryable": True, "step": "call_refund_api"}))
     return {
         "approval": ReviewItem.objects.get(action=over, status=ReviewStatus.OPEN),
         "held": ReviewItem.objects.get(action=held, kind=ReviewKind.HELD, status=ReviewStatus.OPEN),

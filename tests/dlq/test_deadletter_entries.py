@@ -23,7 +23,7 @@ from dlq.models import Alert, AlertDelivery, DeadLetter, EntryStatus
 from ledger.models import AuditEvent, InvalidTransition, StepStatus, Task
 from ledger.sweeper import sweep_once
 from tests.conftest import free_port, wait_until
-from tests.factories import api_client, dead_letter, make_agent, sandbox
+from tests.factories import api_client, dead_letter, make_agent, open_entry, sandbox
 
 E = EntryStatus
 
@@ -161,7 +161,8 @@ def test_a_redriven_task_that_fails_again_gets_a_new_entry_of_its_own(stack, age
     deadletter_redrive(first, actor=operator, reason="try again")
     task = Task.objects.get(task_id="refund-twice")
     task.claim(owner="tests:2")
-    second = task.mark_dead_lettered(actor="system:tests", error={"code": "crash", "message": "again", "retryable": True})
+    second = open_entry(task.mark_dead_lettered(actor="system:tests",
+                                                error={"code": "crash", "message": "again", "retryable": True}))
     assert second.pk != first.pk and second.status == E.OPEN
     assert list(DeadLetter.objects.filter(task=task).order_by("id").values_list("status", flat=True)) == [
         E.REDRIVEN, E.OPEN]
