@@ -5,6 +5,7 @@ on Redis at localhost if it answers, else runs jobs in-process; `ledger.apps` an
 which on start.
 """
 
+import ipaddress
 import os
 from pathlib import Path
 
@@ -183,6 +184,17 @@ if ALERT_WEBHOOK_URL and not ALERT_WEBHOOK_SECRET:
     raise RuntimeError("ALERT_WEBHOOK_SECRET must be set with ALERT_WEBHOOK_URL in production")
 ALERT_EMAILS = env_list("ALERT_EMAILS", "operations@surety.example")
 SITE_URL = env_str("SITE_URL", "http://127.0.0.1:8000")
+# Monitoring (ledger.metrics). /metrics opens to a bearer METRICS_TOKEN or a client address in
+# METRICS_ALLOWED_IPS (addresses or networks); with neither it is open on loopback outside
+# production and closed in production. Entries are checked here, so a typo stops the start.
+METRICS_TOKEN = env_str("METRICS_TOKEN")
+METRICS_ALLOWED_IPS = [str(ipaddress.ip_network(entry, strict=False)) for entry in env_list("METRICS_ALLOWED_IPS")]
+# Actions pending or unknown for longer than this are counted apart (surety_actions_stale).
+METRICS_STALE_SECONDS = env_float("METRICS_STALE_SECONDS", 300)
+# /healthz: how recent a worker's heartbeat (RQ's worker TTL 420 s + its 60 s grace, by
+# default: an idle worker beats every TTL - 15 s) and the sweeper's last pass must be.
+HEALTHZ_WORKER_SECONDS = env_float("HEALTHZ_WORKER_SECONDS", 480)
+HEALTHZ_SWEEPER_SECONDS = env_float("HEALTHZ_SWEEPER_SECONDS", 60)
 
 # --- Auth -----------------------------------------------------------------------------------
 AUTHENTICATION_BACKENDS = [
@@ -248,6 +260,8 @@ X_FRAME_OPTIONS = "DENY"
 SESSION_COOKIE_HTTPONLY = True
 if PRODUCTION:
     SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", True)
+    # Load balancers often ask over plain HTTP inside the network; /healthz tells nothing secret.
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
     SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31536000)
     SECURE_HSTS_INCLUDE_SUBDOMAINS = True

@@ -53,7 +53,8 @@ _settings_row = Compiled(lambda: SandboxSettings.objects.filter(pk=1))
 class SandboxOrder(models.Model):
     order_id = models.CharField(max_length=255, unique=True)
     customer = models.CharField(max_length=255)
-    amount = models.DecimalField(max_digits=12, decimal_places=2)
+    # Three places: a KWD amount has three minor digits (see ledger.money).
+    amount = models.DecimalField(max_digits=12, decimal_places=3)
     currency = models.CharField(max_length=3)
     created_at = models.DateTimeField(default=timezone.now)
 
@@ -78,7 +79,8 @@ class SandboxEffect(models.Model):
 class SandboxRefund(SandboxEffect):
     refund_id = models.CharField(max_length=40, unique=True, default=new_refund_id)
     order_id = models.CharField(max_length=255, db_index=True)
-    amount = models.DecimalField(max_digits=12, decimal_places=2)
+    # Three places: a KWD amount has three minor digits (see ledger.money).
+    amount = models.DecimalField(max_digits=12, decimal_places=3)
     currency = models.CharField(max_length=3)
 
     def __str__(self):

@@ -12,6 +12,7 @@ from django.db import transaction
 from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from ledger import money
 from ledger.json_input import loads_storable
 from ledger.models import Agent
 
@@ -109,8 +110,9 @@ def _filters(request, *names):
     return found
 
 
-def _write(effect, *, target, body, check=None):
-    """Create one refund, message or booking the way a flaky real provider would.
+def _write(effect, *, target, body, check=None, error=error_response):
+    """Create one refund, message or booking the way a flaky real provider would; `error`
+    answers in the wire format of the caller (this API's, or Stripe's: see stripe_api.py).
 
     1. Use up a fault armed for the target, if any; it is spent even if the call writes nothing.
     2. error_500, decline and timeout_before_commit answer without writing anything.
@@ -120,16 +122,16 @@ def _write(effect, *, target, body, check=None):
     """
     fault = SandboxFault.objects.consume(target)
     if fault == SandboxFault.Kind.ERROR_500:
-        return error_response(500, "internal_error", "Injected fault: the provider failed.")
+        return error(500, "internal_error", "Injected fault: the provider failed.")
     if fault == SandboxFault.Kind.DECLINE:
-        return error_response(402, "declined", "Injected fault: the provider declined the request.")
+        return error(402, "declined", "Injected fault: the provider declined the request.")
     if fault == SandboxFault.Kind.TIMEOUT_BEFORE_COMMIT:
         time.sleep(settings.SANDBOX_TIMEOUT_SLEEP)
-        return error_response(504, "timeout", "Injected fault: timed out before committing anything.")
+        return error(504, "timeout", "Injected fault: timed out before committing anything.")
     try:
         effect, created = effect_save(effect, check=check)
     except SlotTaken as exc:
-        return error_response(
+        return error(
             409, "slot_taken", "The resource is already booked for that time.", booking=exc.booking.booking_id
         )
     if fault == SandboxFault.Kind.TIMEOUT_AFTER_COMMIT:
@@ -151,7 +153,7 @@ def _refund_body(refund):
         "id": refund.refund_id,
         "object": "refund",
         "order_id": refund.order_id,
-        "amount": str(refund.amount),
+        "amount": str(money.quantized(refund.amount, refund.currency)),
         "currency": refund.currency,
         "metadata": refund.metadata,
         "operation_key": refund.operation_key,
@@ -234,7 +236,7 @@ def _order_body(order, refunds):
         "object": "order",
         "order_id": order.order_id,
         "customer": order.customer,
-        "amount": str(order.amount),
+        "amount": str(money.quantized(order.amount, order.currency)),
         "currency": order.currency,
         "created": order.created_at.isoformat(),
         "refunds": [_refund_body(refund) for refund in refunds],

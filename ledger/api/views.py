@@ -10,6 +10,7 @@ from rest_framework.views import APIView
 
 from ledger.actions import KeyReused, SlotTaken, action_by_pk, action_request
 from ledger.grants import agent_may
+from ledger.metrics import API_KEY_REUSED, API_REPLAYS
 from ledger.models import Action, ActionStatus, Capability, Task, TaskState
 from ledger.tasks import task_request
 
@@ -39,7 +40,8 @@ def idempotency_key(request):
     return key
 
 
-def key_reused(key):
+def key_reused(request, key):
+    API_KEY_REUSED.labels(request.auth.name).inc()
     return Problem(422, "idempotency_key_reused", "Idempotency-Key reused",
                    f"The key {key!r} was already used for a different request; nothing was changed.")
 
@@ -81,15 +83,16 @@ def recorded(request, key, intake, represent):
     try:
         obj, created = intake()
     except KeyReused:
-        raise key_reused(key) from None
+        raise key_reused(request, key) from None
     except SlotTaken as exc:
         raise Problem(409, "booking_conflict", "Slot taken", f"{exc}; nothing was recorded.") from None
     if obj.agent_id != request.auth.pk:
-        raise key_reused(key)
-    return Response(represent(obj), status=201) if created else replayed(represent(obj))
+        raise key_reused(request, key)
+    return Response(represent(obj), status=201) if created else replayed(request, represent(obj))
 
 
-def replayed(body):
+def replayed(request, body):
+    API_REPLAYS.labels(request.auth.name).inc()
     return Response(body, headers={"Idempotent-Replayed": "true"})
 
 
@@ -119,7 +122,7 @@ class ActionCreateView(APIView):
         if stored is not None and stored.agent_id == agent.pk and asks_again(stored, request.data):
             # The very request that was recorded (so valid as it was): answered from the row.
             require_grant(agent, Capability.Kind.ACTION_TYPE, stored.action_type)
-            return replayed(ActionSerializer(stored).data)
+            return replayed(request, ActionSerializer(stored).data)
         incoming = ActionRequestSerializer(data=request.data)
         incoming.is_valid(raise_exception=True)
         data = incoming.validated_data

@@ -7,7 +7,12 @@ and nowhere else (tests/ledger/test_connector_guard.py checks the source tree fo
 
 import contextlib
 import contextvars
+import functools
+import time
 from dataclasses import dataclass, field
+
+from ..metrics import connector_call_observed
+from . import http
 
 _permit = contextvars.ContextVar("connector_write_permit", default=None)
 
@@ -53,10 +58,23 @@ class Connector:
         """What stops this connector from working (missing credentials, a bad URL), as messages."""
         return []
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # Every connector's look-ups are measured for /metrics, however it writes them.
+        if "find_effect" in vars(cls):
+            cls.find_effect = _measured_lookup(vars(cls)["find_effect"])
+
     def perform(self, action) -> Effect:
         if _permit.get() != (action.pk, action.fence):
             raise UnguardedWrite(f"{self.name}: write for {action.operation_key} outside the guarded executor")
-        return self._send(action)
+        started = time.perf_counter()
+        try:
+            effect = self._send(action)
+        except Exception as exc:
+            _observe_failure(self.name, "perform", started, exc)
+            raise
+        connector_call_observed(self.name, "perform", started, "ok")
+        return effect
 
     def _send(self, action) -> Effect:
         raise NotImplementedError
@@ -64,3 +82,28 @@ class Connector:
     def find_effect(self, action) -> Lookup:
         """Ask the provider whether the action's effect exists. Read-only."""
         return Lookup(found=None, evidence={"reason": f"{self.name} cannot be asked"})
+
+
+_FAILURE_KINDS = ((http.NotSent, "not_sent"), (http.OutcomeUnknown, "outcome_unknown"), (http.Rejected, "rejected"))
+_LOOKUP_OUTCOMES = {True: "found", False: "absent", None: "inconclusive"}
+
+
+def _observe_failure(connector, operation, started, exc):
+    kind = next((kind for cls, kind in _FAILURE_KINDS if isinstance(exc, cls)), "error")
+    code = exc.code if isinstance(exc, http.ProviderError) else type(exc).__name__
+    connector_call_observed(connector, operation, started, kind, code)
+
+
+def _measured_lookup(find_effect):
+    @functools.wraps(find_effect)
+    def measured(self, action):
+        started = time.perf_counter()
+        try:
+            lookup = find_effect(self, action)
+        except Exception as exc:
+            _observe_failure(self.name, "find_effect", started, exc)
+            raise
+        connector_call_observed(self.name, "find_effect", started, _LOOKUP_OUTCOMES[lookup.found])
+        return lookup
+
+    return measured

@@ -4,6 +4,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.db import close_old_connections
 
+from ledger.metrics import sweeper_seen
 from ledger.sweeper import sweep_once
 
 
@@ -17,6 +18,7 @@ class Command(BaseCommand):
     def handle(self, interval, once, **options):
         while True:
             counts = sweep_once()
+            sweeper_seen()
             if any(counts.values()):
                 self.stdout.write(f"swept: {counts}")
             if once:

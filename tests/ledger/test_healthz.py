@@ -1,0 +1,74 @@
+"""/healthz: 200 when the database, Redis, a worker and the sweeper were seen; 503 naming what is down."""
+
+import time
+
+import httpx
+import pytest
+from django.core.management import call_command
+from rq import Worker
+
+from ledger import jobs
+from tests.conftest import free_port, wait_until
+
+ALL_OK = {"database": "ok", "redis": "ok", "worker": "ok", "sweeper": "ok"}
+
+
+def health(url):
+    response = httpx.get(f"{url}/healthz", timeout=10)
+    return response.status_code, response.json()
+
+
+def test_it_answers_200_once_a_worker_and_a_sweeper_pass_were_seen(stack):
+    assert health(stack.url) == (503, {**ALL_OK, "worker": "down", "sweeper": "down"})
+
+    stack.start_worker()
+    wait_until(lambda: Worker.all(connection=jobs.redis_connection()), message="the worker's registration")
+    assert health(stack.url) == (503, {**ALL_OK, "sweeper": "down"})
+
+    call_command("sweep", "--once")  # in this process, against the server's database and Redis
+    assert health(stack.url) == (200, ALL_OK)
+
+
+def test_the_sweeper_is_down_once_its_trace_expires(stack, settings):
+    settings.HEALTHZ_SWEEPER_SECONDS = 0.5
+    stack.start_worker()
+    wait_until(lambda: Worker.all(connection=jobs.redis_connection()), message="the worker's registration")
+    call_command("sweep", "--once")
+    assert health(stack.url)[0] == 200
+
+    time.sleep(0.6)
+
+    assert health(stack.url) == (503, {**ALL_OK, "sweeper": "down"})
+
+
+@pytest.mark.django_db
+def test_it_answers_503_naming_redis_when_redis_stops(client, settings):
+    # The machine's Redis is shared, so it is not stopped: this process's settings point at a
+    # port where nothing listens, as if Redis had gone away after the app started with it.
+    settings.RQ_ASYNC = True
+    settings.RQ_QUEUES = {"default": {"URL": f"redis://127.0.0.1:{free_port()}/0", "DEFAULT_TIMEOUT": 600,
+                                      "ASYNC": True}}
+
+    response = client.get("/healthz")
+
+    assert response.status_code == 503
+    assert response.json() == {"database": "ok", "redis": "down", "worker": "down", "sweeper": "down"}
+
+
+@pytest.mark.django_db
+def test_without_redis_jobs_run_in_process_and_redis_and_workers_are_not_used(client, settings):
+    settings.RQ_ASYNC = False
+
+    response = client.get("/healthz")
+
+    assert response.status_code == 200
+    assert response.json() == {"database": "ok", "redis": "not used", "worker": "not used", "sweeper": "not checked"}
+
+
+def test_it_tells_anonymous_callers_nothing_but_the_checks(stack):
+    response = httpx.get(f"{stack.url}/healthz", timeout=10)
+
+    assert set(response.json()) == set(ALL_OK)
+    assert response.headers["Content-Type"] == "application/json"
+    assert "no-cache" in response.headers["Cache-Control"]
+

@@ -1,0 +1,208 @@
+"""/metrics: who may read it, and that its figures match the ledger.
+
+The database figures are scraped in-process (Django's test client) against rows made here.
+The counted figures (API replays and reused keys, connector calls) are scraped from a
+gunicorn with two workers and an RQ worker sharing one PROMETHEUS_MULTIPROC_DIR, as in
+production: the figures must add up across processes.
+"""
+
+import os
+import signal
+import subprocess
+from datetime import timedelta
+
+import httpx
+import pytest
+from django.utils import timezone
+from prometheus_client.parser import text_string_to_metric_families
+
+from approvals.models import ReviewItem, ReviewKind
+from ledger.models import Action, ActionStatus
+from tests.conftest import PYTHON, ROOT, _wait_for_http, free_port, wait_until
+from tests.factories import api_client, dead_letter, make_agent, post_action, refund_body, sandbox
+
+S = ActionStatus
+
+
+def figures(text):
+    """{(sample name, ((label, value), ...)): value} of a scrape."""
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def scrape(client, **headers):
+    response = client.get("/metrics", headers=headers)
+    assert response.status_code == 200, response.content
+    return figures(response.content.decode())
+
+
+# --- Who may read it -------------------------------------------------------------------------
+
+@pytest.mark.django_db
+def test_it_is_open_on_loopback_in_development_without_configuration(client, settings):
+    settings.PRODUCTION, settings.METRICS_TOKEN, settings.METRICS_ALLOWED_IPS = False, None, []
+
+    assert client.get("/metrics", REMOTE_ADDR="127.0.0.1").status_code == 200
+    assert client.get("/metrics", REMOTE_ADDR="203.0.113.9").status_code == 403
+
+
+@pytest.mark.django_db
+def test_it_is_closed_in_production_without_a_token_or_an_allow_list(client, settings):
+    settings.PRODUCTION, settings.METRICS_TOKEN, settings.METRICS_ALLOWED_IPS = True, None, []
+
+    assert client.get("/metrics", REMOTE_ADDR="127.0.0.1").status_code == 403
+
+
+@pytest.mark.django_db
+def test_it_opens_to_the_token_only_once_one_is_set(client, settings):
+    settings.PRODUCTION, settings.METRICS_TOKEN, settings.METRICS_ALLOWED_IPS = True, "s3cret-scrape", []
+
+    assert client.get("/metrics", headers={"Authorization": "Bearer s3cret-scrape"},
+                      REMOTE_ADDR="203.0.113.9").status_code == 200
+    assert client.get("/metrics", headers={"Authorization": "Bearer wrong"}).status_code == 403
+    settings.PRODUCTION = False
+    assert client.get("/metrics", REMOTE_ADDR="127.0.0.1").status_code == 403  # loopback no longer enough
+
+
+@pytest.mark.django_db
+def test_it_opens_to_an_allowed_network(client, settings):
+    settings.PRODUCTION, settings.METRICS_TOKEN, settings.METRICS_ALLOWED_IPS = True, None, ["10.0.0.0/8"]
+
+    assert client.get("/metrics", REMOTE_ADDR="10.1.2.3").status_code == 200
+    assert client.get("/metrics", REMOTE_ADDR="11.1.2.3").status_code == 403
+
+
+# --- What it shows from the database ---------------------------------------------------------
+
+WAITING = {S.QUEUED: {"next_attempt_at": timezone.now()}, S.UNKNOWN: {"next_attempt_at": timezone.now()},
+           S.PENDING: {"lease_expires_at": timezone.now() + timedelta(seconds=30)},
+           S.SUCCEEDED: {"external_ref": "re_1"}}
+
+
+def action_in(agent, status, n, **fields):
+    """A row made straight in `status`, on a target and customer of its own (so none is held)."""
+    return Action.objects.create(
+        operation_key=f"refund:ORD-M{n}:full:dec-1", fingerprint="f" * 64, action_type="refund",
+        target=f"ORD-M{n}", customer=f"CUST-M{n}", params={"amount": "25.00", "currency": "EUR"},
+        amount="25.00", currency="EUR", agent=agent, status=status, **{**WAITING.get(status, {}), **fields},
+    )
+
+
+@pytest.mark.django_db
+def test_it_counts_actions_per_status_and_the_stale_ones(client, settings):
+    settings.METRICS_STALE_SECONDS = 300
+    agent, _ = make_agent("metrics-bot")
+    long_ago = timezone.now() - timedelta(seconds=301)
+    made = [(S.QUEUED, {}), (S.QUEUED, {}), (S.SUCCEEDED, {}), (S.AWAITING_APPROVAL, {}),
+            (S.PENDING, {"updated_at": long_ago}), (S.PENDING, {}), (S.UNKNOWN, {"updated_at": long_ago})]
+    for n, (status, fields) in enumerate(made):
+        action_in(agent, status, n, **fields)
+
+    seen = scrape(client)
+
+    expected = {S.QUEUED: 2, S.SUCCEEDED: 1, S.AWAITING_APPROVAL: 1, S.PENDING: 2, S.UNKNOWN: 1}
+    assert {status: seen[("surety_actions", (("status", status),))] for status in S.values} == {
+        status: expected.get(status, 0) for status in S.values}
+    assert seen[("surety_actions_stale", (("status", "pending"),))] == 1
+    assert seen[("surety_actions_stale", (("status", "unknown"),))] == 1
+
+
+@pytest.mark.django_db
+def test_it_counts_open_review_items_and_those_past_their_deadline(client):
+    agent, _ = make_agent("metrics-bot")
+    now = timezone.now()
+    for n, (kind, deadline) in enumerate([(ReviewKind.APPROVAL, now - timedelta(minutes=1)),
+                                          (ReviewKind.APPROVAL, now + timedelta(hours=1)),
+                                          (ReviewKind.UNKNOWN_OUTCOME, now - timedelta(hours=2))]):
+        ReviewItem.objects.create(kind=kind, action=action_in(agent, S.AWAITING_APPROVAL, n), deadline=deadline)
+
+    seen = scrape(client)
+
+    assert seen[("surety_review_items_open", (("kind", "approval"),))] == 2
+    assert seen[("surety_review_items_overdue", (("kind", "approval"),))] == 1
+    assert seen[("surety_review_items_overdue", (("kind", "unknown_outcome"),))] == 1
+    assert seen[("surety_review_items_overdue", (("kind", "held"),))] == 0
+
+
+@pytest.mark.django_db
+def test_it_counts_open_dead_letter_entries(client, jobs_to_test_redis):
+    agent, _ = make_agent("metrics-bot")
+    dead_letter(agent, "refund-m1")
+
+    assert scrape(client)[("surety_deadletter_entries_open", ())] == 1
+    dead_letter(agent, "refund-m2")
+    assert scrape(client)[("surety_deadletter_entries_open", ())] == 2
+
+
+# --- What is counted where it happens, added up across processes ------------------------------
+
+@pytest.fixture(scope="module")
+def counted(server, tmp_path_factory):
+    """A gunicorn with two workers sharing a PROMETHEUS_MULTIPROC_DIR (emptied before the
+    start, as the deployment must); RQ workers get the same directory from the test."""
+    directory = str(tmp_path_factory.mktemp("prometheus"))
+    port = free_port()
+    env = {**server.env, "PROMETHEUS_MULTIPROC_DIR": directory}
+    process = subprocess.Popen(
+        [PYTHON, "-m", "gunicorn", "config.wsgi", "--preload", "-b", f"127.0.0.1:{port}", "-k", "gthread",
+         "-w", "2", "--threads", "4", "--log-level", "warning"],
+        cwd=ROOT, env=env, start_new_session=True,
+    )
+    try:
+        _wait_for_http(f"http://127.0.0.1:{port}/api/v1/schema")
+        yield f"http://127.0.0.1:{port}", directory
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(10)
+
+
+def test_replays_and_reused_keys_are_counted_per_agent_across_web_processes(stack, counted):
+    url, _ = counted
+    _, token = make_agent("replaying-bot")
+    _, other_token = make_agent("other-bot")
+    key = "refund:ORD-MC1:full:dec-1"
+    with api_client(url, token) as first:
+        assert post_action(first, key, refund_body("ORD-MC1")).status_code == 201
+    for _ in range(5):  # a connection each: gunicorn hands them to either worker
+        with api_client(url, token) as again:
+            assert post_action(again, key, refund_body("ORD-MC1")).status_code == 200
+    for amount in ("26.00", "27.00"):
+        with api_client(url, token) as changed:
+            assert post_action(changed, key, refund_body("ORD-MC1", amount=amount)).status_code == 422
+    with api_client(url, other_token) as other:
+        assert post_action(other, key, refund_body("ORD-MC1")).status_code == 422
+
+    with httpx.Client(base_url=url) as client:
+        seen = scrape(client)
+
+    assert seen[("surety_api_replays_total", (("agent", "replaying-bot"),))] == 5
+    assert seen[("surety_api_key_reused_total", (("agent", "replaying-bot"),))] == 2
+    assert seen[("surety_api_key_reused_total", (("agent", "other-bot"),))] == 1
+
+
+def test_connector_calls_are_counted_by_outcome_with_their_latency(stack, counted):
+    url, directory = counted
+    _, token = make_agent("paying-bot")
+    with api_client(url, token) as agent:
+        # A 500 (nothing committed): outcome unknown, verified absent, then done on the next attempt.
+        sandbox(agent, "POST", "faults", json={"target": "ORD-MC2", "fault": "error_500", "times": 1})
+        sandbox(agent, "POST", "faults", json={"target": "ORD-MC3", "fault": "decline", "times": 1})
+        post_action(agent, "refund:ORD-MC2:full:dec-1", refund_body("ORD-MC2", customer="CUST-MC2"))
+        post_action(agent, "refund:ORD-MC3:full:dec-1", refund_body("ORD-MC3", customer="CUST-MC3"))
+        stack.start_worker(PROMETHEUS_MULTIPROC_DIR=directory)
+        settled = {S.SUCCEEDED, S.FAILED}
+        wait_until(lambda: set(Action.objects.values_list("status", flat=True)) <= settled, 30, message="settled")
+
+        seen = scrape(agent)
+
+    def calls(operation, outcome, code=""):
+        labels = (("code", code), ("connector", "sandbox"), ("operation", operation), ("outcome", outcome))
+        return seen.get(("surety_connector_calls_total", labels), 0)
+
+    assert calls("perform", "ok") == 1
+    assert calls("perform", "outcome_unknown", "http_500") == 1
+    assert calls("perform", "rejected", "declined") == 1
+    assert calls("find_effect", "absent") == 1
+    timed = (("connector", "sandbox"), ("operation", "perform"))
+    assert seen[("surety_connector_call_seconds_count", timed)] == 3
+    assert 0 < seen[("surety_connector_call_seconds_sum", timed)] < 3 * 2  # each within CONNECTOR_TIMEOUT
