@@ -1,46 +1,57 @@
 """Demo data for development: `seed_demo` (a management command).
 
-Everything here goes through the product's own functions — `agent_create`, `action_request`,
-`task_request`, the state-machine methods of actions, tasks and dead-letter entries,
-`review_decide`, `Limit.limit_set` — so each change is audited exactly as in real use. The
-one stand-in is the provider: the seed runs before the web app (and its sandbox provider)
-is up, so where a real run would call the sandbox over HTTP, the seed writes what the
-sandbox would have committed straight into the sandbox's tables (`effect_save`, the
-sandbox's own save) and records the outcome on the action under the claim, as the
-executor does.
+Everything here goes through the product's own functions (`agent_create`, `action_request`,
+`task_request`, `review_decide`, `Limit.limit_set`, the dead-letter queue's redrive and
+discard), so each change is audited exactly as in real use, and every state an action or a
+task shows was reached the way a worker reaches it: actions by the guarded executor
+(`action_claim_next` + `action_run_claimed`, verification included), tasks by the runner
+(`task_claim_next` + `task_run`), lapsed leases by the sweeper's `action_expire_leases`.
+
+The one stand-in is the provider: the seed runs before the web app (and its sandbox
+provider) is up, so `demo.connector.demo_provider` serves every action type in this process,
+committing into the sandbox's tables with the sandbox's own save, and its script makes calls
+fail where the demo shows a failure.
 """
 
-import secrets
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from decimal import Decimal
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
 from approvals.decisions import review_decide
-from approvals.intake import needs_person_after_verification
 from approvals.models import Limit, ReviewItem, ReviewStatus
-from approvals.reviews import review_alert_overdue
 from dlq.entries import deadletter_discard, deadletter_redrive
-from dlq.models import DeadLetter
+from dlq.models import DeadLetter, EntryStatus
+from dlq.overdue import review_alert_overdue
 from ledger.access import ROLES
 from ledger.actions import action_request
 from ledger.agents import agent_create
-from ledger.connectors.base import Effect
-from ledger.models import Action, ActionStatus, ActionType, AuditEvent, StepStatus
-from ledger.runner import StepContext, _checkpoint, _fail
+from ledger.executor import action_claim_next, action_expire_leases, action_run_claimed
+from ledger.models import Action, ActionStatus, ActionType, AuditEvent, Task, TaskState
 from ledger.roles import roles_setup
-from ledger.tasks import task_request
-from ledger.workflows import WORKFLOWS, ActionSpec, StepFailed
-from sandbox.models import SandboxBooking, SandboxMessage, SandboxOrder, SandboxRefund, effect_save
+from ledger.runner import task_run
+from ledger.tasks import task_claim_next, task_request, task_run_now
+from sandbox.models import SandboxOrder, SandboxRefund
+
+from .connector import (
+    CANNOT_TELL,
+    DECLINE,
+    NOT_SENT,
+    ORDER_UNAVAILABLE,
+    ORDER_UNREACHABLE,
+    TIMEOUT_AFTER_COMMIT,
+    TIMEOUT_BEFORE_COMMIT,
+    demo_provider,
+)
 
 S = ActionStatus
 SEED_ACTOR = "system:seed_demo"
-EXECUTOR = "system:executor"
 WORKER = "demo-worker-1:4242"
 
 
@@ -77,151 +88,50 @@ def _create_user(username, group, full_name):
     return user
 
 
-# --- The provider stand-in and the executor's moves ------------------------------------------
+# --- A worker's moves, made by the product's own functions ------------------------------------
 
 
-def _ref(prefix):
-    return f"{prefix}_demo_{secrets.token_hex(8)}"
+def execute(action):
+    """One pass of the guarded executor over this action, as a worker makes it: an attempt
+    if it is queued, a verification at the provider if its outcome is unknown."""
+    claimed = action_claim_next(WORKER, only=action.pk)
+    if claimed is None:
+        raise RuntimeError(f"{action} is not due; the demo expected to run it now")
+    action_run_claimed(claimed)
+    return Action.objects.get(pk=action.pk)
 
 
-def provider_commit(action):
-    """What the sandbox provider commits for `action`: its own rows, saved by its own
-    `effect_save` under the operation key as Idempotency-Key. Returns the Effect the
-    connector would have returned (the sandbox's JSON body of the effect)."""
-    from sandbox.views import _booking_body, _message_body, _refund_body
-
-    p = action.params
-    common = {"operation_key": action.operation_key, "idempotency_key": action.operation_key,
-              "metadata": {"operation_key": action.operation_key}}
-    check = None
-    if action.action_type == ActionType.REFUND:
-        effect, body = SandboxRefund(refund_id=_ref("re"), order_id=action.target, amount=Decimal(p["amount"]),
-                                     currency=p["currency"], **common), _refund_body
-    elif action.action_type == ActionType.SEND_MESSAGE:
-        effect, body = SandboxMessage(message_id=_ref("msg"), recipient=action.target, channel=p["channel"],
-                                      message_type=p["message_type"], body=p["body"], **common), _message_body
-    else:
-        effect, body = SandboxBooking(booking_id=_ref("bk"), resource=action.target, customer=action.customer,
-                                      service=p["service"], start=datetime.fromisoformat(p["start"]),
-                                      end=datetime.fromisoformat(p["end"]), **common), _booking_body
-        check = effect.ensure_slot_free
-    effect, _ = effect_save(effect, check=check)
-    answer = body(effect)
-    return Effect(external_ref=answer["id"], result=answer)
+def time_passes(action, seconds):
+    """Demo only: the seed cannot wait for a verification delay, a backoff or a lease to run
+    out, so it moves the action's times back by `seconds`, as if that much time had passed.
+    A plain update of those two times (nothing moved, so nothing is audited); the next
+    worker's move, made by the product's functions, overwrites them."""
+    delta = timedelta(seconds=seconds)
+    Action.objects.filter(pk=action.pk).update(next_attempt_at=F("next_attempt_at") - delta,
+                                               lease_expires_at=F("lease_expires_at") - delta)
 
 
-def _evidence(action, details):
-    """The shape the executor records (`ledger.executor._evidence`)."""
-    return {"at": timezone.now().isoformat(), "attempt": action.attempts, **details}
+def task_attempt(task):
+    """One run of the runner, on the task a worker's claim finds next (which must be this
+    one: the demo makes due only the task it means to run)."""
+    claimed = task_claim_next(WORKER)
+    if claimed is None or claimed.pk != task.pk:
+        raise RuntimeError(f"the demo expected to claim {task}, not {claimed}")
+    task_run(claimed)
+    return Task.objects.get(pk=task.pk)
 
 
-def _provider_error(error, code, message, status=None):
-    return {"error": error, "code": code, "status": status, "message": message}
-
-
-def _url(path):
-    return f"{settings.SANDBOX_BASE_URL.rstrip('/')}/{path}"
-
-
-def execute_succeeds(action):
-    """Branch 1, the provider answers: claim -> pending, commit, `succeeded` under the claim."""
-    action.claim(owner=WORKER)
-    effect = provider_commit(action)
-    return action.mark_succeeded(actor=EXECUTOR, claim=action.fence, external_ref=effect.external_ref,
-                                 result=effect.result)
-
-
-def execute_declined(action, message):
-    action.claim(owner=WORKER)
-    return action.mark_failed(actor=EXECUTOR, claim=action.fence, code="declined",
-                              message=f"POST {_url('refunds')}: {message}", retryable=False)
-
-
-def execute_times_out(action, *, committed, verify_in):
-    """The call timed out: the outcome is unknown (the provider may have committed it)."""
-    action.claim(owner=WORKER)
-    if committed:
-        provider_commit(action)
-    evidence = _evidence(action, _provider_error(
-        "OutcomeUnknown", "timeout", f"POST {_url('refunds')}: no answer within {settings.CONNECTOR_TIMEOUT}s"))
-    return action.mark_unknown(actor=EXECUTOR, claim=action.fence, evidence=evidence,
-                               verify_at=timezone.now() + verify_in)
-
-
-def verify_inconclusive(action):
-    """Branch 3: the look-up itself failed -> a person decides (`needs_review`)."""
-    action.claim_for_verification(owner=WORKER)
-    lookup = {"lookup": _provider_error("OutcomeUnknown", "http_503", f"GET {_url('refunds')}: HTTP 503", 503)}
-    return action.mark_needs_review(actor=EXECUTOR, claim=action.fence,
-                                    evidence=_evidence(action, {"verification": lookup, "found": None}),
-                                    reason="the provider cannot say whether the effect happened")
-
-
-def verify_found_over_limit(action, external_ref):
-    """Branch 3: found at the provider, but over the limit -> a person reviews anyway."""
-    action.claim_for_verification(owner=WORKER)
-    evidence = _evidence(action, {"verification": {"lookup": "by operation key", "matches": [external_ref]},
-                                  "found": True})
-    return action.mark_needs_review(actor=EXECUTOR, claim=action.fence, evidence=evidence,
-                                    reason=needs_person_after_verification(action))
-
-
-def execute_not_sent(action, *, retry_in):
-    """The request never reached the provider: back to `queued` after a backoff."""
-    action.claim(owner=WORKER)
-    evidence = _evidence(action, _provider_error(
-        "NotSent", "connect_failed", f"POST {_url('refunds')}: ConnectError('[Errno 111] Connection refused')"))
-    return action.requeue(actor=EXECUTOR, claim=action.fence, reason="the request never reached the provider",
-                          not_before=timezone.now() + retry_in, evidence=evidence)
-
-
-# --- Tasks: the runner's loop, with the provider stand-in ----------------------------------------
-
-
-def _lookup_order(order_id):
-    """`lookup_order`'s result, read from the sandbox's table instead of over HTTP."""
-    order = SandboxOrder.objects.get(order_id=order_id)
-    return {"order_id": order.order_id, "customer": order.customer, "amount": str(order.amount)}
-
-
-def _step_action(task, row, spec: ActionSpec):
-    action, _ = action_request(
-        agent=task.agent, operation_key=row.idempotency_key, action_type=spec.action_type, target=spec.target,
-        customer=spec.customer, params=spec.params, task=task, decision_id=task.task_id,
-    )
-    return action
-
-
-def task_run_demo(task, *, fail_at=None):
-    """One attempt of a claimed task, as `ledger.runner.task_run` does it: resume at the first
-    step not done, checkpoint each. `fail_at=(step, StepFailed)` makes that step fail (the
-    runner's `_fail`: retry later, dead-letter or fail). An effect step whose action is not
-    settled makes the task wait for a person, as the runner does."""
-    claim = task.fence
-    workflow = WORKFLOWS[task.workflow]
-    ctx = StepContext(task=task, input=task.input)
-    for row in task.steps.order_by("position"):
-        if row.status == StepStatus.DONE:
-            ctx.results[row.name] = row.result
-            continue
-        step = workflow.step(row.name)
-        if fail_at and fail_at[0] == row.name:
-            return _fail(task, claim, row, fail_at[1])
-        if step.kind == "read":
-            result = _lookup_order(task.input["order_id"])
-            _checkpoint(task, claim, row, lambda: result)
-        elif step.kind == "local":
-            _checkpoint(task, claim, row, lambda: step.run(ctx, row.idempotency_key))
-        else:
-            action = _step_action(task, row, step.run(ctx))
-            if action.status == S.QUEUED:
-                action = execute_succeeds(action)
-            if action.status != S.SUCCEEDED:
-                task.wait_for_person(claim=claim, reason=f"{action.operation_key} is {action.status}")
-                return task
-            _checkpoint(task, claim, row, lambda: {"external_ref": action.external_ref, "action_status": action.status})
-        ctx.results[row.name] = row.result
-    return task.mark_succeeded(claim=claim)
+def task_dead_letter(task):
+    """Attempt after attempt, each failing as the script says, until the runner sends the
+    task to the dead-letter queue (its entry and alert come with it). Backoffs are skipped:
+    the task's by an audited `task_run_now`, those of its actions by `time_passes`."""
+    task = task_attempt(task)
+    while task.state != TaskState.DEAD_LETTERED:
+        for action in task.actions.filter(status=S.QUEUED):
+            time_passes(action, settings.BACKOFF_MAX_SECONDS)
+        task_run_now(task, actor=SEED_ACTOR, reason="demo: the next attempt now rather than after its backoff")
+        task = task_attempt(task)
+    return DeadLetter.objects.get(task=task, status=EntryStatus.OPEN)
 
 
 def refund_task(agent, n, order, *, notify=None, reason=""):
@@ -234,20 +144,6 @@ def refund_task(agent, n, order, *, notify=None, reason=""):
     task, _ = task_request(agent=agent, task_id=f"refund-{order.order_id.removeprefix('ORD-')}-{n}",
                            workflow="refund", input=input_)
     return task
-
-
-def task_attempt(task, **kwargs):
-    task.claim(owner=WORKER)
-    return task_run_demo(task, **kwargs)
-
-
-def task_dead_letter(task, failure):
-    """Run out of attempts: each attempt fails at `failure`'s step, then the dead-letter queue."""
-    while True:
-        outcome = task_attempt(task, fail_at=failure)
-        if isinstance(outcome, DeadLetter):
-            return outcome
-        task = outcome
 
 
 # --- The demo ----------------------------------------------------------------------------------
@@ -275,8 +171,10 @@ ORDERS = [  # order id, customer, amount, currency
     ("ORD-10043", "CUST-1043", "860.00", "EUR"), ("ORD-10044", "CUST-1044", "76.00", "EUR"),
     ("ORD-10045", "CUST-1045", "215.00", "EUR"), ("ORD-10046", "CUST-1046", "33.50", "EUR"),
     ("ORD-10047", "CUST-1047", "140.00", "EUR"), ("ORD-10048", "CUST-1048", "95.00", "EUR"),
-    ("ORD-10049", "CUST-1049", "61.00", "EUR"), ("ORD-10050", "CUST-1050", "27.00", "EUR"),
+    ("ORD-10050", "CUST-1050", "27.00", "EUR"),
 ]
+# A task's order the provider does not know (never created in the sandbox).
+UNKNOWN_ORDER = SandboxOrder(order_id="ORD-10049", customer="CUST-1049", amount=Decimal("61.00"), currency="EUR")
 
 
 @dataclass
@@ -340,13 +238,14 @@ def seed_demo():
         for order_id, customer, amount, currency in ORDERS:
             orders[order_id], _ = SandboxOrder.objects.get_or_create(
                 order_id=order_id, defaults={"customer": customer, "amount": Decimal(amount), "currency": currency})
-        _seed_actions(users, agents, orders)
-        _seed_tasks(users, agents, orders)
+        with demo_provider() as script:
+            _seed_actions(users, agents, orders, script)
+            _seed_tasks(users, agents, orders, script)
         _seed_overdue()
     return Demo(users=users, agents=agents, tokens=tokens)
 
 
-def _seed_actions(users, agents, orders):
+def _seed_actions(users, agents, orders, script):
     billing, support = agents["billing-bot"], agents["support-bot"]
     alice, bob = users["alice"], users["bob"]
     o = orders.get
@@ -354,9 +253,9 @@ def _seed_actions(users, agents, orders):
     # succeeded: refunds, messages, bookings that went straight through.
     for n, order_id in enumerate(("ORD-10001", "ORD-10002", "ORD-10003", "ORD-10004", "ORD-10006", "ORD-10008",
                                   "ORD-10015", "ORD-10016"), start=101):
-        execute_succeeds(_refund(billing, f"refund:{order_id}:full:dec-{n}", o(order_id), decision=f"dec-{n}"))
+        execute(_refund(billing, f"refund:{order_id}:full:dec-{n}", o(order_id), decision=f"dec-{n}"))
     for n, customer in enumerate(("CUST-1001", "CUST-1002", "CUST-1004", "CUST-1006"), start=201):
-        execute_succeeds(_message(
+        execute(_message(
             support, f"message:{customer}:refund_confirmation:dec-{n}", f"{customer.lower()}@customers.surety.example",
             "refund_confirmation", "Your refund is on its way; it shows on your statement within 5 days.",
             decision=f"dec-{n}", customer=customer))
@@ -365,43 +264,50 @@ def _seed_actions(users, agents, orders):
             (("room-3", "CUST-1005", "consultation", 9), ("room-3", "CUST-1008", "consultation", 11),
              ("stylist-2", "CUST-1016", "haircut", 14)), start=301):
         start = tomorrow.replace(hour=hour)
-        execute_succeeds(_booking(support, f"booking:{customer}:{service}:{start:%Y%m%dT%H}", resource, customer,
-                                  service, start, 1, decision=f"dec-{n}"))
+        execute(_booking(support, f"booking:{customer}:{service}:{start:%Y%m%dT%H}", resource, customer,
+                         service, start, 1, decision=f"dec-{n}"))
 
     # queued: one just requested, one waiting out a backoff after the provider was unreachable.
     _refund(billing, "refund:ORD-10005:full:dec-401", o("ORD-10005"), decision="dec-401")
-    execute_not_sent(_refund(billing, "refund:ORD-10019:full:dec-402", o("ORD-10019"), decision="dec-402"),
-                     retry_in=timedelta(minutes=20))
+    script.arm("ORD-10019", NOT_SENT)
+    execute(_refund(billing, "refund:ORD-10019:full:dec-402", o("ORD-10019"), decision="dec-402"))
     # pending: claimed by a worker, call in flight (the sweeper takes it over if the worker is gone).
-    _refund(billing, "refund:ORD-10017:full:dec-403", o("ORD-10017"), decision="dec-403").claim(owner=WORKER)
+    action_claim_next(WORKER, only=_refund(billing, "refund:ORD-10017:full:dec-403", o("ORD-10017"),
+                                           decision="dec-403").pk)
     # unknown: the call timed out after the provider committed; verification is due shortly.
-    execute_times_out(_refund(billing, "refund:ORD-10018:full:dec-404", o("ORD-10018"), decision="dec-404"),
-                      committed=True, verify_in=timedelta(minutes=10))
-    # needs_review (1): the provider could not be asked.
-    verify_inconclusive(execute_times_out(
-        _refund(billing, "refund:ORD-10020:full:dec-405", o("ORD-10020"), decision="dec-405"),
-        committed=False, verify_in=timedelta(0)))
+    script.arm("ORD-10018", TIMEOUT_AFTER_COMMIT)
+    execute(_refund(billing, "refund:ORD-10018:full:dec-404", o("ORD-10018"), decision="dec-404"))
+    # needs_review (1): the worker vanished mid-call; the sweeper turned its lapsed lease into an
+    # unknown outcome, and the provider could not be asked.
+    lost = _refund(billing, "refund:ORD-10020:full:dec-405", o("ORD-10020"), decision="dec-405")
+    action_claim_next(WORKER, only=lost.pk)
+    time_passes(lost, settings.LEASE_SECONDS + settings.CONNECTOR_TIMEOUT)
+    action_expire_leases()
+    script.arm("ORD-10020", CANNOT_TELL)
+    execute(lost)
     # needs_review (2): approved over the limit, timed out, found at the provider — over the limit,
     # so a person confirms it even though verification was conclusive.
     big = _refund(billing, "refund:ORD-10024:full:dec-406", o("ORD-10024"), decision="dec-406")
     review_decide(_item(big), user=alice, decision="approve", reason="long-standing customer, damaged goods")
-    big = execute_times_out(big, committed=True, verify_in=timedelta(0))
-    verify_found_over_limit(big, SandboxRefund.objects.get(operation_key=big.operation_key).refund_id)
+    script.arm("ORD-10024", TIMEOUT_AFTER_COMMIT)
+    _verified(execute(big))
     # An unknown outcome a person settled as succeeded, and one settled as failed (safe to retry).
-    settled = verify_inconclusive(execute_times_out(
-        _refund(billing, "refund:ORD-10022:full:dec-407", o("ORD-10022"), decision="dec-407"),
-        committed=True, verify_in=timedelta(0)))
+    script.arm("ORD-10022", TIMEOUT_AFTER_COMMIT)
+    script.arm("ORD-10022", CANNOT_TELL)
+    settled = _verified(execute(_refund(billing, "refund:ORD-10022:full:dec-407", o("ORD-10022"),
+                                        decision="dec-407")))
     review_decide(_item(settled), user=alice, decision="mark_succeeded", reason="found in the provider's dashboard",
                   external_ref=SandboxRefund.objects.get(operation_key=settled.operation_key).refund_id)
-    absent = verify_inconclusive(execute_times_out(
-        _refund(billing, "refund:ORD-10023:full:dec-408", o("ORD-10023"), decision="dec-408"),
-        committed=False, verify_in=timedelta(0)))
+    script.arm("ORD-10023", TIMEOUT_BEFORE_COMMIT)
+    script.arm("ORD-10023", CANNOT_TELL)
+    absent = _verified(execute(_refund(billing, "refund:ORD-10023:full:dec-408", o("ORD-10023"),
+                                       decision="dec-408")))
     review_decide(_item(absent), user=bob, decision="mark_failed",
                   reason="not in the provider's export for today; safe to retry")
 
     # failed: declined by the provider (not retryable).
-    execute_declined(_refund(billing, "refund:ORD-10025:full:dec-409", o("ORD-10025"), decision="dec-409"),
-                     "the card account is closed; the provider declined the refund")
+    script.arm("ORD-10025", DECLINE)
+    execute(_refund(billing, "refund:ORD-10025:full:dec-409", o("ORD-10025"), decision="dec-409"))
 
     # awaiting_approval: over the limit; two approvers above 5000; the daily customer total.
     _refund(billing, "refund:ORD-10010:full:dec-501", o("ORD-10010"), decision="dec-501",
@@ -412,13 +318,13 @@ def _seed_actions(users, agents, orders):
                    reason="duplicate charge")
     review_decide(_item(dual), user=alice, decision="approve", reason="duplicate charge confirmed in the PSP export")
     for n, order_id in enumerate(("ORD-10030", "ORD-10031", "ORD-10032", "ORD-10033"), start=504):
-        execute_succeeds(_refund(billing, f"refund:{order_id}:full:dec-{n}", o(order_id), decision=f"dec-{n}"))
+        execute(_refund(billing, f"refund:{order_id}:full:dec-{n}", o(order_id), decision=f"dec-{n}"))
     _refund(billing, "refund:ORD-10034:full:dec-508", o("ORD-10034"), decision="dec-508")  # 2215 today > 2000
 
     # approved, then executed.
     approved = _refund(billing, "refund:ORD-10009:full:dec-509", o("ORD-10009"), decision="dec-509")
     review_decide(_item(approved), user=bob, decision="approve", reason="within goodwill budget")
-    execute_succeeds(approved)
+    execute(approved)
     # rejected by an approver.
     rejected = _refund(billing, "refund:ORD-10013:full:dec-510", o("ORD-10013"), decision="dec-510")
     review_decide(_item(rejected), user=bob, decision="reject", reason="already refunded by bank transfer last week")
@@ -431,7 +337,7 @@ def _seed_actions(users, agents, orders):
     second = _refund(billing, "refund:ORD-10014:full:dec-604", o("ORD-10014"), "480.00", decision="dec-604")
     review_decide(_item(second), user=alice, decision="reject", reason="the same decision sent twice")
     review_decide(_item(first), user=alice, decision="release", reason="the other request was a duplicate")
-    execute_succeeds(Action.objects.get(pk=first.pk))
+    execute(first)
 
     # cancelled: the agent withdrew a booking before it ran.
     start = (timezone.now() + timedelta(days=2)).replace(hour=10)
@@ -439,7 +345,14 @@ def _seed_actions(users, agents, orders):
              start, 1, decision="dec-701").cancel(actor=support, reason="the customer rescheduled by phone")
 
 
-def _seed_tasks(users, agents, orders):
+def _verified(action):
+    """The verification of an action whose call timed out: the executor looks only once the
+    provider could have answered (CONNECTOR_TIMEOUT), a wait the demo skips."""
+    time_passes(action, settings.CONNECTOR_TIMEOUT)
+    return execute(action)
+
+
+def _seed_tasks(users, agents, orders, script):
     billing = agents["billing-bot"]
     olga = users["olga"]
     o = orders.get
@@ -449,31 +362,30 @@ def _seed_tasks(users, agents, orders):
         task_attempt(refund_task(billing, 1, o(order_id), reason="late delivery"))
     # waiting: its refund is over the limit and waits for an approver.
     task_attempt(refund_task(billing, 1, o("ORD-10043"), reason="wrong size, returned"))
-    # queued: the first attempt failed (provider outage), the next one is scheduled.
-    task_attempt(refund_task(billing, 1, o("ORD-10050")), fail_at=(
-        "lookup_order", StepFailed(f"GET {_url('orders/ORD-10050')}: HTTP 502", retryable=True, code="http_502")))
     # failed: not retryable (the order is unknown to the provider).
-    task_attempt(refund_task(billing, 1, o("ORD-10049")), fail_at=(
-        "lookup_order", StepFailed("order ORD-10049 is unknown", retryable=False, code="unknown_order")))
+    task_attempt(refund_task(billing, 1, UNKNOWN_ORDER))
 
-    # dead_lettered, each with its entry and alert.
-    task_dead_letter(refund_task(billing, 1, o("ORD-10045")), (
-        "lookup_order", StepFailed(f"GET {_url('orders/ORD-10045')}: HTTP 503", retryable=True, code="http_503")))
-    task_dead_letter(refund_task(billing, 1, o("ORD-10046")), (
-        "notify_customer", StepFailed("TemplateDoesNotExist: emails/refund_confirmation.de.txt", retryable=True,
-                                      code="crash")))
-    task_dead_letter(refund_task(billing, 1, o("ORD-10047")), (
-        "write_confirmation", StepFailed("OperationalError: could not obtain lock on row in relation "
-                                         "\"ledger_confirmation\"", retryable=True, code="crash")))
-    # redriven from the dead-letter queue: queued again, resumes at its checkpoint.
-    entry = task_dead_letter(refund_task(billing, 1, o("ORD-10048")), (
-        "lookup_order", StepFailed(f"GET {_url('orders/ORD-10048')}: ConnectError('[Errno 111] Connection refused')",
-                                   retryable=True, code="connect_failed")))
-    deadletter_redrive(entry, actor=olga, reason="the sandbox provider is back up")
+    # dead_lettered, each with its entry and alert: the order look-up fails at every attempt;
+    # the refund cannot reach the provider; the customer's confirmation cannot (the refund is
+    # done: a redrive resumes at notify_customer).
+    script.arm("ORD-10045", ORDER_UNAVAILABLE, times=None)
+    task_dead_letter(refund_task(billing, 1, o("ORD-10045")))
+    script.arm("cust-1046@customers.surety.example", NOT_SENT, times=None)
+    task_dead_letter(refund_task(billing, 1, o("ORD-10046")))
+    script.arm("ORD-10047", NOT_SENT, times=None)
+    task_dead_letter(refund_task(billing, 1, o("ORD-10047")))
     # discarded: refunded by hand instead; the task is cancelled.
-    entry = task_dead_letter(refund_task(billing, 2, o("ORD-10026")), (
-        "lookup_order", StepFailed(f"GET {_url('orders/ORD-10026')}: HTTP 503", retryable=True, code="http_503")))
+    script.arm("ORD-10026", ORDER_UNAVAILABLE, times=None)
+    entry = task_dead_letter(refund_task(billing, 2, o("ORD-10026")))
     deadletter_discard(entry, actor=olga, reason="refunded by hand in the provider's dashboard (ticket OPS-4411)")
+    script.arm("ORD-10048", ORDER_UNREACHABLE, times=None)
+    unreachable = task_dead_letter(refund_task(billing, 1, o("ORD-10048")))
+    # queued: the first attempt failed (provider outage), the next one is scheduled. After the
+    # dead letters: once its backoff passes, it is the task a claim finds first.
+    script.arm("ORD-10050", ORDER_UNAVAILABLE)
+    task_attempt(refund_task(billing, 1, o("ORD-10050")))
+    # redriven from the dead-letter queue: queued again, resumes at its checkpoint.
+    deadletter_redrive(unreachable, actor=olga, reason="the sandbox provider is back up")
 
 
 def _seed_overdue():

@@ -7,18 +7,17 @@ import pycountry
 from django import forms
 from django.core.exceptions import ValidationError
 
-from .models import SandboxFault, SandboxMessage
+from ledger import money
 
-CENT = Decimal("0.01")
+from .models import SandboxFault, SandboxMessage
 
 
 class AmountField(forms.DecimalField):
-    def __init__(self, **kwargs):
-        super().__init__(max_digits=12, decimal_places=2, min_value=CENT, **kwargs)
+    """Positive, with at most the ledger's decimals; the currency's own limit is checked by
+    the form (`AmountInCurrency`), which knows the currency."""
 
-    def clean(self, value):
-        # Quantized here so a stored amount and a fresh one render alike ("25.50", not "25.5").
-        return super().clean(value).quantize(CENT)
+    def __init__(self, **kwargs):
+        super().__init__(max_digits=12, decimal_places=money.LEDGER_PLACES, min_value=Decimal("0.001"), **kwargs)
 
 
 class CurrencyField(forms.CharField):
@@ -79,7 +78,23 @@ class EffectForm(StringsOnly, forms.Form):
         return cleaned
 
 
-class RefundForm(EffectForm):
+class AmountInCurrency:
+    """An amount fits its currency's minor units (none for JPY, three for KWD), and is
+    quantized to them so a stored amount and a fresh one render alike ("25.50", not "25.5")."""
+
+    def clean(self):
+        cleaned = super().clean()
+        amount, currency = cleaned.get("amount"), cleaned.get("currency")
+        if amount is not None and currency:
+            digits = money.minor_digits(currency)
+            if money.places(amount) > digits:
+                self.add_error("amount", f"At most {digits} decimal places in {currency}.")
+            else:
+                cleaned["amount"] = money.quantized(amount, currency)
+        return cleaned
+
+
+class RefundForm(AmountInCurrency, EffectForm):
     order_id = forms.CharField(max_length=255)
     amount = AmountField()
     currency = CurrencyField()
@@ -106,7 +121,7 @@ class BookingForm(EffectForm):
         return cleaned
 
 
-class OrderForm(StringsOnly, forms.Form):
+class OrderForm(AmountInCurrency, StringsOnly, forms.Form):
     order_id = forms.CharField(max_length=255)
     customer = forms.CharField(max_length=255)
     amount = AmountField()

@@ -11,6 +11,7 @@ from django.core.validators import validate_email
 from django.core.exceptions import ValidationError as DjangoValidationError
 from rest_framework import serializers
 
+from ledger import money
 from ledger.models import Action, ActionType
 
 # ASCII digits only: `\d` also matches digits such as ٢ or ２, which no provider can dial.
@@ -19,14 +20,14 @@ MAX_AMOUNT = Decimal("1000000000")
 
 
 class AmountField(serializers.Field):
-    """A decimal string such as "25.00": never a JSON number, positive, at most 2 decimals
-    (what the providers take; currencies with three minor digits are not supported yet)."""
+    """A decimal string such as "25.00": never a JSON number, positive, with at most the
+    decimals the ledger keeps; its currency's own limit is checked beside the currency."""
 
     default_error_messages = {
         "type": 'Send the amount as a decimal string, e.g. "25.00", not as a number.',
         "invalid": "Not a decimal number.",
         "positive": "Must be greater than zero.",
-        "places": "At most 2 decimal places.",
+        "places": f"At most {money.LEDGER_PLACES} decimal places.",
         "large": "Too large.",
     }
 
@@ -41,7 +42,7 @@ class AmountField(serializers.Field):
             self.fail("invalid")
         if amount <= 0:
             self.fail("positive")
-        if -amount.as_tuple().exponent > 2:
+        if money.places(amount) > money.LEDGER_PLACES:
             self.fail("places")
         if amount >= MAX_AMOUNT:
             self.fail("large")
@@ -94,6 +95,13 @@ class RefundParams(StrictSerializer):
     amount = AmountField()
     currency = CurrencyField()
     reason = serializers.CharField(max_length=500, required=False, allow_blank=True)
+
+    def validate(self, data):
+        # A provider takes the amount in the currency's minor units: 0.5 JPY cannot be paid.
+        digits = money.minor_digits(data["currency"])
+        if money.places(Decimal(data["amount"])) > digits:
+            raise serializers.ValidationError({"amount": [f"At most {digits} decimal places in {data['currency']}."]})
+        return data
 
 
 class MessageParams(StrictSerializer):

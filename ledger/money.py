@@ -1,0 +1,39 @@
+"""Amounts and their currencies' minor units: JPY has none, EUR two, KWD three.
+
+The number of minor digits comes from CLDR's currency data (via babel), the source
+payment providers follow; the ledger's amount column keeps at most three decimals.
+"""
+
+from decimal import Decimal
+
+from babel.numbers import get_currency_precision
+
+LEDGER_PLACES = 3
+
+
+def minor_digits(currency):
+    """Decimals an amount in `currency` may have (an ISO 4217 code, any case)."""
+    return min(get_currency_precision(currency.upper()), LEDGER_PLACES)
+
+
+def places(amount):
+    """Decimals `amount` (a Decimal) needs: "25.50" needs one, "500.00" none."""
+    return max(-amount.normalize().as_tuple().exponent, 0)
+
+
+def quantized(amount, currency):
+    """`amount` written with exactly the currency's decimals ("25.5" EUR -> "25.50")."""
+    return Decimal(amount).quantize(Decimal(1).scaleb(-minor_digits(currency)))
+
+
+def to_minor_units(amount, currency):
+    """The integer a provider takes for `amount`: 25.00 EUR -> 2500, 500 JPY -> 500, 1.500 KWD -> 1500."""
+    value = Decimal(amount).scaleb(minor_digits(currency))
+    if value != value.to_integral_value():
+        raise ValueError(f"{amount} has more decimals than {currency.upper()} allows")
+    return int(value)
+
+
+def from_minor_units(units, currency):
+    """The amount an integer of minor units stands for, written with the currency's decimals."""
+    return quantized(Decimal(int(units)).scaleb(-minor_digits(currency)), currency)
