@@ -5,6 +5,7 @@ from django.urls import include, path
 
 from approvals import views as approvals
 from dlq import views as dlq
+from ledger import metrics as monitoring
 from ledger import views as ledger
 from ledger.api.problems import api_not_found
 from ledger.webhooks import webhook_receive
@@ -12,6 +13,9 @@ from ledger.webhooks import webhook_receive
 urlpatterns = [
     path("api/v1/", include("ledger.api.urls")),
     path("webhooks/<slug:connector>/", webhook_receive, name="webhook"),
+    # Monitoring: Prometheus scrapes /metrics (token or allow-list); load balancers ask /healthz.
+    path("metrics", monitoring.metrics_view, name="metrics"),
+    path("healthz", monitoring.healthz_view, name="healthz"),
     path("admin/", admin.site.urls),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
