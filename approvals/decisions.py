@@ -5,7 +5,6 @@ close items), so a decision racing a webhook never deadlocks.
 """
 
 from django.db import IntegrityError, transaction
-from django.utils import timezone
 
 from ledger.audit import actor_label
 from ledger.models import Action, AuditEvent
@@ -72,8 +71,7 @@ def _second_approval(item, user, reason):
 
 def _decide(item, action, user, decision, reason, external_ref):
     outcome = {"approve": ReviewStatus.APPROVED, "reject": ReviewStatus.REJECTED}.get(decision, ReviewStatus.RESOLVED)
-    item._move(outcome, actor=user, verb=decision, reason=reason,
-               decided_by_label=actor_label(user), decided_at=timezone.now(), note=reason)
+    item.decide(outcome, actor=user, verb=decision, reason=reason, decided_by_label=actor_label(user))
     try:
         if decision == "approve":
             action.approve(actor=user, reason=reason)

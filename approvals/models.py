@@ -155,6 +155,15 @@ class ReviewItem(StateMachine):
     def is_overdue(self):
         return self.status == R.OPEN and self.deadline < timezone.now()
 
+    def decide(self, outcome, *, actor, verb, reason, decided_by_label):
+        """A person's decision (approvals.decisions): approved, rejected or resolved."""
+        return self._move(outcome, actor=actor, verb=verb, reason=reason, decided_by_label=decided_by_label,
+                          decided_at=timezone.now(), note=reason)
+
+    def close(self, *, reason):
+        """The action no longer waits for a person in this way (approvals.reviews)."""
+        return self._move(R.CLOSED, actor="system:reviews", verb="closed", reason=reason)
+
 
 class Approval(models.Model):
     """One approver's yes on an item that needs two: the second must be someone else."""

@@ -30,8 +30,7 @@ def review_follow_action(action, why=""):
     item = ReviewItem.objects.select_for_update().filter(action=action, status=ReviewStatus.OPEN).first()
     kind = KIND_FOR_STATUS.get(action.status)
     if item is not None and item.kind != kind:
-        item._move(ReviewStatus.CLOSED, actor="system:reviews", verb="closed",
-                   reason=f"the action is now {action.status}")
+        item.close(reason=f"the action is now {action.status}")
         item = None
     if kind is None or item is not None:
         return item

@@ -180,9 +180,6 @@ def booking_follow_action(action, previous, actor):
     if action.action_type != ActionType.CREATE_BOOKING:
         return
     if action.status == S.SUCCEEDED:
-        slot = Booking.Status.CONFIRMED
+        Booking.objects.select_for_update().get(action=action).confirm()
     elif action.status in (S.REJECTED, S.CANCELLED) or (action.status == S.FAILED and not action.is_retryable_failure):
-        slot = Booking.Status.RELEASED
-    else:
-        return
-    Booking.objects.filter(action=action).update(status=slot)
+        Booking.objects.select_for_update().get(action=action).release()

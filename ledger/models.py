@@ -16,8 +16,8 @@ from django.utils import timezone
 
 from . import hooks
 from .audit import AuditEvent  # noqa: F401 (a model of this app, defined beside its manager)
-from .compiled import Compiled
-from .statemachine import InvalidTransition, LeasedWork, StaleClaim  # noqa: F401 (re-exported)
+from .compiled import Compiled, update
+from .statemachine import InvalidTransition, LeasedWork, StaleClaim, check_move  # noqa: F401 (re-exported)
 
 
 # --- Agents and what they may do --------------------------------------------------------------
@@ -479,7 +479,23 @@ class Task(LeasedWork):
         return kept == 1
 
 
+St = StepStatus
+
+# A step's status, written in its task's transactions (and audited with the task): a failed
+# step runs again on the task's next attempt, and may fail again. `running` and `skipped`
+# belong to the checkpoint's vocabulary; no workflow sets them yet.
+STEP_TRANSITIONS = {
+    St.PENDING: {St.RUNNING, St.DONE, St.FAILED, St.SKIPPED},
+    St.RUNNING: {St.DONE, St.FAILED},
+    St.FAILED: {St.RUNNING, St.DONE, St.FAILED},
+    St.DONE: set(),
+    St.SKIPPED: set(),
+}
+
+
 class TaskStep(models.Model):
+    TRANSITIONS = STEP_TRANSITIONS
+
     task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="steps")
     position = models.PositiveSmallIntegerField()
     name = models.CharField(max_length=100)
@@ -498,7 +514,21 @@ class TaskStep(models.Model):
         ]
 
     def __str__(self):
-        return f"{self.task.task_id}:{self.name}"
+        return f"{self.task_id}:{self.name}"
+
+    def mark_done(self, result):
+        """Inside the checkpoint's transaction (runner.py), which audits it on the task."""
+        self._move(St.DONE, result=result, error=None)
+
+    def mark_failed(self, error):
+        self._move(St.FAILED, error=error)
+
+    def _move(self, to, **changes):
+        check_move(STEP_TRANSITIONS, self.status, to, self)
+        self.status, self.updated_at = to, timezone.now()
+        for field, value in changes.items():
+            setattr(self, field, value)
+        update(self, ["status", "updated_at", *changes])
 
 
 # --- Webhooks -----------------------------------------------------------------------
@@ -528,6 +558,10 @@ class Booking(models.Model):
         CONFIRMED = "confirmed"
         RELEASED = "released"
 
+    # The slot follows its action (ledger.actions.booking_follow_action): confirmed when the
+    # booking happened, released when it never will; both are final.
+    TRANSITIONS = {Status.PENDING: {Status.CONFIRMED, Status.RELEASED}, Status.CONFIRMED: set(), Status.RELEASED: set()}
+
     action = models.OneToOneField(Action, on_delete=models.PROTECT, related_name="booking")
     resource = models.CharField(max_length=255)
     customer = models.CharField(max_length=255)
@@ -547,6 +581,17 @@ class Booking(models.Model):
 
     def __str__(self):
         return f"{self.resource} {self.start:%Y-%m-%d %H:%M}–{self.end:%H:%M} ({self.status})"
+
+    def confirm(self):
+        self._move(self.Status.CONFIRMED)
+
+    def release(self):
+        self._move(self.Status.RELEASED)
+
+    def _move(self, to):
+        check_move(self.TRANSITIONS, self.status, to, self)
+        self.status = to
+        self.save(update_fields=["status"])
 
 
 class WebhookEvent(models.Model):

@@ -138,11 +138,7 @@ def _checkpoint(task, claim, row, produce):
         task.updated_at, task.lease_expires_at = now, now + timedelta(seconds=settings.LEASE_SECONDS)
         if not update(task, ["updated_at", "lease_expires_at"], fence=claim, state=TaskState.RUNNING):
             raise StaleClaim(f"{task}: claim {claim} superseded")
-        row.result = produce()
-        row.status = StepStatus.DONE
-        row.error = None
-        row.updated_at = now
-        update(row, ["result", "status", "error", "updated_at"])
+        row.mark_done(produce())
         AuditEvent.objects.record(actor="system:runner", verb="step_done", obj=task,
                                   after={"step": row.name, "result": row.result})
 
@@ -150,8 +146,7 @@ def _checkpoint(task, claim, row, produce):
 def _fail(task, claim, row, exc):
     error = {"code": exc.code, "message": str(exc), "retryable": exc.retryable, "step": row.name}
     with transaction.atomic():
-        row.status, row.error, row.updated_at = StepStatus.FAILED, error, timezone.now()
-        row.save(update_fields=["status", "error", "updated_at"])
+        row.mark_failed(error)
         if not exc.retryable:
             return task.mark_failed(actor="system:runner", error=error, claim=claim)
         if task.attempts >= task.max_attempts:

@@ -16,6 +16,12 @@ class StaleClaim(Exception):
     """A worker's claim (fencing token) was superseded; its late write is refused."""
 
 
+def check_move(table, current, to, row):
+    """Every status field's one rule: `to` must be in its transition table's entry for `current`."""
+    if to not in table[current]:
+        raise InvalidTransition(f"{row}: {current} -> {to} is not allowed")
+
+
 class StateMachine(models.Model):
     """A row whose status moves only along `TRANSITIONS`, each move locked, checked and audited.
 
@@ -60,8 +66,7 @@ class StateMachine(models.Model):
             current = getattr(row, self.STATUS_FIELD)
             if claim is not None and row.fence != claim:
                 raise StaleClaim(f"{row}: claim {claim} superseded by {row.fence}")
-            if to not in self.TRANSITIONS[current]:
-                raise InvalidTransition(f"{row}: {current} -> {to} is not allowed")
+            check_move(self.TRANSITIONS, current, to, row)
             refusal = row._refuse(to)
             if refusal:
                 raise InvalidTransition(f"{row}: {refusal}")

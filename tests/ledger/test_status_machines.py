@@ -1,0 +1,160 @@
+"""Every status field but the action's (test_action_status_machine.py) has one machine: a
+named table, written out here rather than read from the product, and every pair of statuses
+either moves (audited where the model audits its moves) or is refused and changes nothing.
+Nothing outside a model's own module calls its `_move`."""
+
+import ast
+import itertools
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.utils import timezone
+
+from approvals.models import REVIEW_TRANSITIONS, ReviewItem, ReviewStatus
+from dlq.models import ENTRY_TRANSITIONS, Alert, DeadLetter, EntryStatus
+from ledger.models import (STEP_TRANSITIONS, TASK_TRANSITIONS, Action, AuditEvent, Booking, InvalidTransition,
+                           StepStatus, Task, TaskState, TaskStep)
+from tests.factories import make_agent
+
+ROOT = Path(__file__).resolve().parents[2]
+
+TASK = {
+    "queued": {"running", "cancelled", "dead_lettered"},
+    "running": {"queued", "waiting", "succeeded", "failed", "dead_lettered"},
+    "waiting": {"queued", "failed", "cancelled"},
+    "dead_lettered": {"queued", "cancelled"},
+    "succeeded": set(), "failed": set(), "cancelled": set(),
+}
+STEP = {
+    "pending": {"running", "done", "failed", "skipped"},
+    "running": {"done", "failed"},
+    "failed": {"running", "done", "failed"},
+    "done": set(), "skipped": set(),
+}
+BOOKING = {"pending": {"confirmed", "released"}, "confirmed": set(), "released": set()}
+REVIEW = {"open": {"approved", "rejected", "resolved", "closed"},
+          "approved": set(), "rejected": set(), "resolved": set(), "closed": set()}
+ENTRY = {"open": {"redriven", "resolved", "discarded"}, "redriven": set(), "resolved": set(), "discarded": set()}
+
+
+def as_strings(table):
+    return {str(a): {str(b) for b in to} for a, to in table.items()}
+
+
+@pytest.mark.parametrize(("product", "expected", "statuses"), [
+    (TASK_TRANSITIONS, TASK, TaskState.values),
+    (STEP_TRANSITIONS, STEP, StepStatus.values),
+    (Booking.TRANSITIONS, BOOKING, Booking.Status.values),
+    (REVIEW_TRANSITIONS, REVIEW, ReviewStatus.values),
+    (ENTRY_TRANSITIONS, ENTRY, EntryStatus.values),
+], ids=["task", "step", "booking", "review item", "dead-letter entry"])
+def test_each_machine_has_exactly_this_table_over_every_status(product, expected, statuses):
+    assert as_strings(product) == expected
+    assert set(expected) == set(statuses)
+
+
+def pairs(table):
+    return [pytest.param(a, b, b in table[a], id=f"{a}->{b}") for a, b in itertools.product(table, table)]
+
+
+@pytest.fixture
+def agent(db):
+    return make_agent("billing", grants=())[0]
+
+
+def task_in(agent, state):
+    required = {"queued": {"next_attempt_at": timezone.now()},
+                "running": {"lease_expires_at": timezone.now() + timedelta(seconds=30)}}.get(state, {})
+    return Task.objects.create(task_id=f"t-{state}", fingerprint="f" * 64, workflow="refund", input={}, agent=agent,
+                               state=state, max_attempts=3, **required)
+
+
+def action_for(agent, key="refund:ORD-1"):
+    return Action.objects.create(operation_key=key, fingerprint="f" * 64, action_type="refund", target="ORD-1",
+                                 params={}, agent=agent, status="held")
+
+
+def audited(obj):
+    return AuditEvent.objects.filter(object_type=obj._meta.label_lower, object_id=str(obj.pk)).count()
+
+
+def moves_or_refuses(row, move, target, allowed, *, audits):
+    before, events = type(row).objects.values().get(pk=row.pk), audited(row)
+    if allowed:
+        move()
+        assert getattr(type(row).objects.get(pk=row.pk), getattr(row, "STATUS_FIELD", "status")) == target
+        assert audited(row) == events + (1 if audits else 0)
+    else:
+        with pytest.raises(InvalidTransition):
+            move()
+        assert type(row).objects.values().get(pk=row.pk) == before
+        assert audited(row) == events
+
+
+@pytest.mark.parametrize(("source", "target", "allowed"), pairs(TASK))
+def test_task_moves(agent, source, target, allowed):
+    task = task_in(agent, source)
+    required = {"queued": {"next_attempt_at": timezone.now()},
+                "running": {"lease_expires_at": timezone.now() + timedelta(seconds=30)}}.get(target, {})
+    moves_or_refuses(task, lambda: task._move(target, actor="system:tests", verb="test", **required),
+                     target, allowed, audits=True)
+
+
+@pytest.mark.parametrize(("source", "target", "allowed"), pairs(STEP))
+def test_step_moves(agent, source, target, allowed):
+    step = TaskStep.objects.create(task=task_in(agent, "running"), position=0, name="call_refund_api", status=source)
+    moves_or_refuses(step, lambda: step._move(target), target, allowed, audits=False)
+
+
+@pytest.mark.parametrize(("source", "target", "allowed"), pairs(BOOKING))
+def test_booking_moves(agent, source, target, allowed):
+    start = timezone.now() + timedelta(days=1)
+    booking = Booking.objects.create(action=action_for(agent), resource="room-1", customer="c", start=start,
+                                     end=start + timedelta(hours=1), status=source)
+    moves_or_refuses(booking, lambda: booking._move(target), target, allowed, audits=False)
+
+
+@pytest.mark.parametrize(("source", "target", "allowed"), pairs(REVIEW))
+def test_review_item_moves(agent, source, target, allowed):
+    item = ReviewItem.objects.create(kind="held", action=action_for(agent), status=source,
+                                     deadline=timezone.now() + timedelta(hours=4))
+    moves_or_refuses(item, lambda: item._move(target, actor="system:tests", verb="test"), target, allowed, audits=True)
+
+
+@pytest.mark.parametrize(("source", "target", "allowed"), pairs(ENTRY))
+def test_dead_letter_entry_moves(agent, source, target, allowed):
+    entry = DeadLetter.objects.create(task=task_in(agent, "dead_lettered"), status=source, snapshot={}, attempts=3)
+    Alert.objects.raise_for(entry)  # the database refuses to commit an entry without one
+    moves_or_refuses(entry, lambda: entry.decide(target, actor="system:tests", reason="test"), target, allowed,
+                     audits=True)
+
+
+def test_the_named_step_and_booking_moves_follow_their_tables(agent):
+    step = TaskStep.objects.create(task=task_in(agent, "running"), position=0, name="call_refund_api")
+    step.mark_failed({"code": "x"})
+    step.mark_done({"ok": True})
+    assert TaskStep.objects.values_list("status", "result", "error").get() == ("done", {"ok": True}, None)
+    with pytest.raises(InvalidTransition):
+        step.mark_failed({"code": "late"})
+    start = timezone.now() + timedelta(days=1)
+    booking = Booking.objects.create(action=action_for(agent), resource="room-1", customer="c", start=start,
+                                     end=start + timedelta(hours=1))
+    booking.confirm()
+    with pytest.raises(InvalidTransition):
+        booking.release()
+    assert Booking.objects.get().status == "confirmed"
+
+
+def test_nothing_outside_a_models_module_calls_move():
+    """`_move` is the machine's own; others call its named transitions."""
+    callers = []
+    for package in ("ledger", "approvals", "dlq", "sandbox", "demo"):
+        for path in (ROOT / package).rglob("*.py"):
+            if "migrations" in path.parts:
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Attribute) and node.attr == "_move":
+                    callers.append(path.relative_to(ROOT).as_posix())
+    assert set(callers) <= {"ledger/models.py", "ledger/statemachine.py", "approvals/models.py", "dlq/models.py",
+                            "dlq/incidents.py"}, callers
