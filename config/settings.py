@@ -154,14 +154,21 @@ CONNECTOR_TIMEOUT = env_float("CONNECTOR_TIMEOUT", 5)
 # (a system check then refuses to start).
 CONNECTOR_CLASSES = {
     "sandbox": "ledger.connectors.sandbox.SandboxConnector",
+    "http": "ledger.connectors.signed_http.SignedHttpConnector",
+    "email": "ledger.connectors.email.EmailConnector",
 }
+# The options a connector takes, each read from CONNECTOR_<ACTION_TYPE>_<OPTION>.
+_CONNECTOR_OPTIONS = {"http": ("url", "secret")}
 # The action types (ledger.models.ActionType; a system check compares the two).
 ACTION_TYPES = ("refund", "send_message", "create_booking")
 SURETY_CONNECTORS = {}
 for _action_type in ACTION_TYPES:
     _name = env_str(f"CONNECTOR_{_action_type.upper()}", "sandbox" if SANDBOX_ENABLED else "")
     if _name:
-        SURETY_CONNECTORS[_action_type] = {"class": CONNECTOR_CLASSES.get(_name, _name), "options": {}}
+        SURETY_CONNECTORS[_action_type] = {"class": CONNECTOR_CLASSES.get(_name, _name), "options": {
+            option: env_str(f"CONNECTOR_{_action_type.upper()}_{option.upper()}", "")
+            for option in _CONNECTOR_OPTIONS.get(_name, ())
+        }}
 LEASE_SECONDS = env_float("LEASE_SECONDS", 30)
 # A provider call starts only with at least CONNECTOR_TIMEOUT + this margin of lease left.
 LEASE_MARGIN_SECONDS = env_float("LEASE_MARGIN_SECONDS", 2)
@@ -272,6 +279,13 @@ if PRODUCTION:
 # --- Mail -----------------------------------------------------------------------------------
 EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "surety@surety.example")
+# The SMTP server, for EMAIL_BACKEND django.core.mail.backends.smtp.EmailBackend.
+EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("EMAIL_PORT", 25)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+EMAIL_USE_SSL = env_bool("EMAIL_USE_SSL", False)
 # An alert is mailed under its row lock: a mail server that hangs must not hold it for good.
 EMAIL_TIMEOUT = env_float("EMAIL_TIMEOUT", 10)
 

@@ -1,0 +1,117 @@
+"""A minimal service that receives Surety's signed-HTTP connector ("http"): copy it and put
+the team's own effect where `_store` says.
+
+What the connector needs from the service:
+
+- `POST <url>` with the action as JSON, `Idempotency-Key: <operation key>` and
+  `Surety-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<raw body>">`. Refuse a
+  bad or stale signature (401). Carry the effect out at most once per key: the same key
+  again answers what the first request did (200), with the same `id`.
+- `GET <url>/<percent-encoded operation key>`: 200 with the effect's `id` if it was carried
+  out, 404 with `{"error": {"code": "not_found"}}` if it provably was not. Surety sends a
+  request again only after that 404, so never answer it for an effect that may still commit.
+
+Run it with `RECEIVER_SECRET=... python receiver.py [port]`; it needs only the standard library
+and keeps its effects in the SQLite file `RECEIVER_DATABASE`.
+"""
+
+import hashlib
+import hmac
+import json
+import os
+import sqlite3
+import sys
+import time
+from socketserver import ThreadingMixIn
+from wsgiref.simple_server import WSGIServer, make_server
+
+PATH = "/effects"
+TOLERANCE_SECONDS = 300
+
+
+def make_app(secret, database):
+    with sqlite3.connect(database) as db:
+        db.execute("CREATE TABLE IF NOT EXISTS effects "
+                   "(id INTEGER PRIMARY KEY, operation_key TEXT NOT NULL UNIQUE, body TEXT NOT NULL)")
+
+    def application(environ, start_response):
+        method, path = environ["REQUEST_METHOD"], environ.get("PATH_INFO", "")
+        if method == "POST" and path == PATH:
+            raw = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+            status, answer = _receive(database, secret, environ, raw)
+        elif method == "GET" and path.startswith(PATH + "/"):
+            # The server has already decoded the path: a key's "%2F" is a "/" here.
+            status, answer = _look_up(database, path[len(PATH) + 1:])
+        else:
+            status, answer = 404, {"error": {"code": "no_such_route"}}
+        start_response(f"{status} {'OK' if status < 400 else 'Error'}", [("Content-Type", "application/json")])
+        return [json.dumps(answer).encode()]
+
+    return application
+
+
+def _receive(database, secret, environ, raw):
+    if not _signature_valid(environ.get("HTTP_SURETY_SIGNATURE", ""), raw, secret):
+        return 401, {"error": {"code": "bad_signature", "message": "bad, missing or stale signature"}}
+    key = environ.get("HTTP_IDEMPOTENCY_KEY", "")
+    try:
+        action = json.loads(raw)
+    except ValueError:
+        action = None
+    if not isinstance(action, dict):
+        return 400, {"error": {"code": "invalid", "message": "the body is not a JSON object"}}
+    if not key or action.get("operation_key") != key:
+        return 400, {"error": {"code": "invalid", "message": "Idempotency-Key must be the body's operation_key"}}
+    created, row_id, stored_body = _store(database, key, json.dumps(action))
+    if json.loads(stored_body) != action:
+        return 409, {"error": {"code": "idempotency_key_reused", "message": "this key asked for something else"}}
+    return (201 if created else 200), {"id": f"eff_{row_id}", "operation_key": key}
+
+
+def _store(database, key, body):
+    """Record the key and carry the effect out in one transaction: the unique key lets only
+    the first of any number of concurrent requests through."""
+    with sqlite3.connect(database, timeout=30) as db:
+        created = db.execute("INSERT INTO effects (operation_key, body) VALUES (?, ?) "
+                             "ON CONFLICT (operation_key) DO NOTHING", (key, body)).rowcount == 1
+        # if created: carry out the team's effect here, inside this transaction.
+        row_id, stored_body = db.execute("SELECT id, body FROM effects WHERE operation_key = ?", (key,)).fetchone()
+    return created, row_id, stored_body
+
+
+def _look_up(database, key):
+    with sqlite3.connect(database, timeout=30) as db:
+        row = db.execute("SELECT id FROM effects WHERE operation_key = ?", (key,)).fetchone()
+    if row is None:
+        return 404, {"error": {"code": "not_found", "message": "no effect for this key"}}
+    return 200, {"id": f"eff_{row[0]}", "operation_key": key}
+
+
+def _signature_valid(header, raw, secret):
+    parts = dict(item.split("=", 1) for item in header.split(",") if "=" in item)
+    try:
+        stamp = int(parts["t"])
+    except (KeyError, ValueError):
+        return False
+    if abs(time.time() - stamp) > TOLERANCE_SECONDS:
+        return False
+    expected = hmac.new(secret.encode(), f"{stamp}.".encode() + raw, hashlib.sha256).hexdigest()
+    return hmac.compare_digest(expected.encode(), parts.get("v1", "").encode("utf-8", "replace"))
+
+
+class ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+    # socketserver's default backlog of 5 resets the connections of a burst of requests.
+    request_queue_size = 128
+
+
+def serve(app, port=0, host="127.0.0.1"):
+    """A threaded server for `app` (port 0: any free one); call its serve_forever()."""
+    return make_server(host, port, app, server_class=ThreadingWSGIServer)
+
+
+if __name__ == "__main__":
+    server = serve(make_app(os.environ["RECEIVER_SECRET"], os.environ.get("RECEIVER_DATABASE", "effects.sqlite3")),
+                   port=int(sys.argv[1]) if len(sys.argv) > 1 else 8080)
+    print(f"receiving on http://127.0.0.1:{server.server_port}{PATH}")
+    server.serve_forever()
