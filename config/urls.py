@@ -4,6 +4,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
 from approvals import views as approvals
+from dlq import incident_views as incidents
 from dlq import views as dlq
 from ledger import metrics as monitoring
 from ledger import views as ledger
@@ -30,6 +31,9 @@ urlpatterns = [
     path("dlq/bulk", dlq.deadletter_bulk, name="deadletter-bulk"),
     path("dlq/<int:pk>/", dlq.deadletter_detail, name="deadletter-detail"),
     path("dlq/<int:pk>/<slug:op>", dlq.deadletter_operate, name="deadletter-operate"),
+    path("incidents/", incidents.incident_list, name="incident-list"),
+    path("incidents/<int:pk>/", incidents.incident_detail, name="incident-detail"),
+    path("incidents/<int:pk>/<slug:op>", incidents.incident_operate, name="incident-operate"),
     path("ledger/", ledger.ledger_search, name="ledger-search"),
     path("actions/<int:pk>/", ledger.action_detail, name="action-detail"),
     path("tasks/<int:pk>/", ledger.task_detail, name="task-detail"),

@@ -8,6 +8,8 @@ from django.utils import timezone
 from ledger.models import AuditEvent, Task
 from ledger.statemachine import StateMachine
 
+from .incidents import Incident  # noqa: F401 (the model lives there; this module registers it)
+
 
 class EntryStatus(models.TextChoices):
     OPEN = "open"
@@ -84,7 +86,8 @@ class DeadLetter(StateMachine):
 
 
 class AlertManager(models.Manager):
-    def raise_for(self, entry=None, *, subject="", body="", link="", kind="dead_letter", review_item=None):
+    def raise_for(self, entry=None, *, subject="", body="", link="", kind="dead_letter", review_item=None,
+                  incident=None):
         """Record the alert in the caller's transaction; deliver it by a job after commit."""
         from .alerts import deliver_after_commit
 
@@ -92,8 +95,8 @@ class AlertManager(models.Manager):
             subject = subject or f"Dead letter: task {entry.task.task_id} ({entry.task.workflow}) failed {entry.attempts}×"
             body = body or (entry.last_error or {}).get("message", "")
             link = link or entry.get_absolute_url()
-        alert = self.create(kind=kind, dead_letter=entry, review_item=review_item, subject=subject[:255], body=body,
-                            link=link)
+        alert = self.create(kind=kind, dead_letter=entry, review_item=review_item, incident=incident,
+                            subject=subject[:255], body=body, link=link)
         deliver_after_commit(alert)
         return alert
 
@@ -102,12 +105,14 @@ class Alert(models.Model):
     class Kind(models.TextChoices):
         DEAD_LETTER = "dead_letter"
         OVERDUE_REVIEW = "overdue_review"
+        INCIDENT = "incident"
 
     kind = models.CharField(max_length=30, choices=Kind.choices)
     dead_letter = models.ForeignKey(DeadLetter, null=True, blank=True, on_delete=models.PROTECT, related_name="alerts")
     review_item = models.ForeignKey(
         "approvals.ReviewItem", null=True, blank=True, on_delete=models.PROTECT, related_name="alerts"
     )
+    incident = models.ForeignKey("dlq.Incident", null=True, blank=True, on_delete=models.PROTECT, related_name="alerts")
     subject = models.CharField(max_length=255)
     body = models.TextField(blank=True, default="")
     link = models.CharField(max_length=500)
@@ -122,8 +127,9 @@ class Alert(models.Model):
         constraints = [
             # Every alert is about the one thing its kind names.
             models.CheckConstraint(
-                condition=Q(kind="dead_letter", dead_letter__isnull=False, review_item__isnull=True)
-                | Q(kind="overdue_review", review_item__isnull=False, dead_letter__isnull=True),
+                condition=Q(kind="dead_letter", dead_letter__isnull=False, review_item__isnull=True, incident__isnull=True)
+                | Q(kind="overdue_review", review_item__isnull=False, dead_letter__isnull=True, incident__isnull=True)
+                | Q(kind="incident", incident__isnull=False, dead_letter__isnull=True, review_item__isnull=True),
                 name="alert_names_its_subject",
             ),
         ]

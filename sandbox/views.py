@@ -6,10 +6,13 @@ Errors are `{"error": {"code", "message", …}}`, as a payments provider would a
 import functools
 import hmac
 import time
+from datetime import UTC
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.http import JsonResponse
+from django.utils.dateparse import parse_datetime
 from django.views.decorators.csrf import csrf_exempt
 
 from ledger import money
@@ -110,6 +113,52 @@ def _filters(request, *names):
     return found
 
 
+# A page of a listing: at most this many effects, and this many unless told otherwise.
+PAGE_LIMIT_MAX = 1000
+PAGE_LIMIT_DEFAULT = 100
+
+
+def _moment(request, name):
+    """An ISO 8601 time with its offset ("Z" or "+02:00"), as a provider's listing takes it."""
+    try:
+        moment = parse_datetime(request.GET[name])
+        if moment is not None and moment.tzinfo is not None:
+            return moment.astimezone(UTC)  # OverflowError at the edge of the calendar
+    except (ValueError, OverflowError):
+        pass
+    raise InvalidInput({name: ["Must be an ISO 8601 time with its offset, e.g. 2026-09-10T03:14:02Z."]})
+
+
+def _effect_list(request, model, body, *names, id_field):
+    """The effects matching the filters `names`, oldest first.
+
+    Asked with `since` (inclusive) or `until` (exclusive) on the creation time, `limit` or
+    `starting_after`, the list is paged: at most `limit` effects (1 to 1000, default 100)
+    after the effect whose id is `starting_after`, and `has_more` says whether more follow.
+    Pages go by (creation time, row), so effects created meanwhile never shift a page.
+    Otherwise every matching effect is listed at once, as before paging was added.
+    """
+    effects = model.objects.filter(**_filters(request, *names))
+    if not {"since", "until", "limit", "starting_after"} & set(request.GET):
+        return JsonResponse({"data": [body(effect) for effect in effects], "has_more": False})
+    if "since" in request.GET:
+        effects = effects.filter(created_at__gte=_moment(request, "since"))
+    if "until" in request.GET:
+        effects = effects.filter(created_at__lt=_moment(request, "until"))
+    limit = request.GET.get("limit", str(PAGE_LIMIT_DEFAULT))
+    if not (limit.isascii() and limit.isdigit() and 1 <= int(limit) <= PAGE_LIMIT_MAX):
+        raise InvalidInput({"limit": [f"Must be a whole number from 1 to {PAGE_LIMIT_MAX}."]})
+    limit = int(limit)
+    after = _filters(request, "starting_after").get("starting_after")
+    if after is not None:
+        last = model.objects.filter(**{id_field: after}).values("created_at", "pk").first()
+        if last is None:
+            raise InvalidInput({"starting_after": [f"No {model._meta.verbose_name} has this id."]})
+        effects = effects.filter(Q(created_at__gt=last["created_at"]) | Q(created_at=last["created_at"], pk__gt=last["pk"]))
+    page = list(effects.order_by("created_at", "pk")[: limit + 1])
+    return JsonResponse({"data": [body(effect) for effect in page[:limit]], "has_more": len(page) > limit})
+
+
 def _write(effect, *, target, body, check=None, error=error_response):
     """Create one refund, message or booking the way a flaky real provider would; `error`
     answers in the wire format of the caller (this API's, or Stripe's: see stripe_api.py).
@@ -167,8 +216,7 @@ def refund_create(request):
 
 
 def refund_list(request):
-    refunds = SandboxRefund.objects.filter(**_filters(request, "order_id", "operation_key"))
-    return JsonResponse({"data": [_refund_body(refund) for refund in refunds]})
+    return _effect_list(request, SandboxRefund, _refund_body, "order_id", "operation_key", id_field="refund_id")
 
 
 # --- Messages ---------------------------------------------------------------------------------
@@ -194,8 +242,7 @@ def message_create(request):
 
 
 def message_list(request):
-    messages = SandboxMessage.objects.filter(**_filters(request, "recipient", "operation_key"))
-    return JsonResponse({"data": [_message_body(message) for message in messages]})
+    return _effect_list(request, SandboxMessage, _message_body, "recipient", "operation_key", id_field="message_id")
 
 
 # --- Bookings ---------------------------------------------------------------------------------
@@ -223,8 +270,7 @@ def booking_create(request):
 
 
 def booking_list(request):
-    bookings = SandboxBooking.objects.filter(**_filters(request, "resource", "operation_key"))
-    return JsonResponse({"data": [_booking_body(booking) for booking in bookings]})
+    return _effect_list(request, SandboxBooking, _booking_body, "resource", "operation_key", id_field="booking_id")
 
 
 # --- Orders -----------------------------------------------------------------------------------

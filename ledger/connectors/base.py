@@ -9,7 +9,10 @@ import contextlib
 import contextvars
 import functools
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
 
 from ..metrics import connector_call_observed
 from . import http
@@ -35,6 +38,23 @@ class Lookup:
     external_ref: str = ""
     result: dict = field(default_factory=dict)
     evidence: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Record:
+    """One effect as the provider lists it, for reconciliation with the ledger (read-only).
+
+    `operation_key` is what the effect carries of ours ("" if nothing); `amount` is None where
+    the effect has none (a message); `action_type` is the ledger's type the effect is of.
+    """
+
+    operation_key: str
+    external_ref: str
+    amount: Decimal | None
+    currency: str
+    created_at: datetime
+    action_type: str = ""
+    raw: dict = field(default_factory=dict, compare=False)
 
 
 @contextlib.contextmanager
@@ -82,6 +102,12 @@ class Connector:
     def find_effect(self, action) -> Lookup:
         """Ask the provider whether the action's effect exists. Read-only."""
         return Lookup(found=None, evidence={"reason": f"{self.name} cannot be asked"})
+
+    def records(self, since, until) -> Iterable[Record] | None:
+        """Every effect the provider committed in [since, until), paged as the provider pages,
+        or None if this connector cannot list its records (reconciliation then skips it and
+        says so). Read-only; raises `http.ProviderError` if the provider fails midway."""
+        return None
 
 
 _FAILURE_KINDS = ((http.NotSent, "not_sent"), (http.OutcomeUnknown, "outcome_unknown"), (http.Rejected, "rejected"))

@@ -1,16 +1,22 @@
 """The sandbox provider's connector: refunds, messages and bookings over real HTTP."""
 
+from decimal import Decimal
+
 from django.conf import settings
+from django.utils.dateparse import parse_datetime
 
 from ..models import ActionType
 from . import http
-from .base import Connector, Effect, Lookup
+from .base import Connector, Effect, Lookup, Record
 
 _RESOURCES = {
     ActionType.REFUND: "refunds",
     ActionType.SEND_MESSAGE: "messages",
     ActionType.CREATE_BOOKING: "bookings",
 }
+
+# Effects per listing request: the sandbox's largest page.
+RECORDS_PAGE = 1000
 
 
 class SandboxConnector(Connector):
@@ -52,3 +58,21 @@ class SandboxConnector(Connector):
         if not found:
             return Lookup(found=False, evidence=evidence)
         return Lookup(found=True, external_ref=found[0]["id"], result=found[0], evidence=evidence)
+
+    def records(self, since, until):
+        """Every refund, message and booking created in [since, until), a page of
+        RECORDS_PAGE at a time (`GET /sandbox/v1/<kind>?since=…&until=…&starting_after=…`)."""
+        for action_type, resource in _RESOURCES.items():
+            params = {"since": since.isoformat(), "until": until.isoformat(), "limit": RECORDS_PAGE}
+            while True:
+                answer = http.call("GET", self._url(resource), params=params, headers=self._headers())
+                for item in answer["data"]:
+                    yield Record(
+                        operation_key=item.get("operation_key") or "", external_ref=item["id"],
+                        amount=Decimal(item["amount"]) if "amount" in item else None,
+                        currency=item.get("currency", ""), created_at=parse_datetime(item["created"]),
+                        action_type=action_type, raw=item,
+                    )
+                if not answer.get("has_more") or not answer["data"]:
+                    break
+                params["starting_after"] = answer["data"][-1]["id"]

@@ -1,0 +1,162 @@
+"""Incidents: what reconciliation found wrong between the ledger and a provider's records.
+
+An incident is opened once per finding (the database refuses a second: re-running
+reconciliation over the same window opens nothing new), raises the same alert as a
+dead-letter entry, and is worked on its page: someone takes it, adds notes, and resolves
+it with a reason. Every change is audited in its transaction.
+"""
+
+from django.conf import settings
+from django.db import IntegrityError, models, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from ledger.models import AuditEvent
+from ledger.statemachine import InvalidTransition, StateMachine
+
+
+class IncidentKind(models.TextChoices):
+    ORPHAN_EFFECT = "orphan_effect", "effect without a ledger entry"
+    DOUBLE_EFFECT = "double_effect", "more than one effect for an operation key"
+    AMOUNT_MISMATCH = "amount_mismatch", "amount differs from the ledger"
+
+
+class IncidentStatus(models.TextChoices):
+    OPEN = "open"
+    RESOLVED = "resolved"
+
+
+I = IncidentStatus
+INCIDENT_TRANSITIONS = {I.OPEN: {I.RESOLVED}, I.RESOLVED: set()}
+
+
+class IncidentManager(models.Manager):
+    def open_for(self, finding, *, actor):
+        """The incident for a reconciliation finding and its alert, in one transaction; None
+        if this finding already has an incident (opened by an earlier or a concurrent run)."""
+        from .models import Alert
+
+        try:
+            with transaction.atomic():
+                incident = self.create(
+                    kind=finding.kind, connector=finding.connector, action_type=finding.action_type,
+                    operation_key=finding.operation_key, subject=finding.subject,
+                    external_refs=finding.external_refs, evidence=finding.evidence,
+                )
+                AuditEvent.objects.record(actor=actor, verb="incident_opened", obj=incident,
+                                          after={"status": incident.status, "kind": incident.kind},
+                                          reason=finding.summary)
+                Alert.objects.raise_for(incident=incident, kind=Alert.Kind.INCIDENT, link=incident.get_absolute_url(),
+                                        subject=f"Reconciliation: {finding.summary}",
+                                        body=f"{incident.get_kind_display()} at {incident.connector}.")
+        except IntegrityError:
+            if not self.filter(connector=finding.connector, kind=finding.kind, subject=finding.subject).exists():
+                raise
+            return None
+        return incident
+
+
+class Incident(StateMachine):
+    TRANSITIONS = INCIDENT_TRANSITIONS
+    AUDITED = ()
+
+    kind = models.CharField(max_length=30, choices=IncidentKind.choices)
+    connector = models.CharField(max_length=50)
+    action_type = models.CharField(max_length=40, blank=True, default="")
+    operation_key = models.CharField(max_length=255, blank=True, default="")
+    # What the finding is about: its operation key, or, for an effect that carries none, the
+    # provider's reference of that effect. With connector and kind, one finding, one incident.
+    subject = models.CharField(max_length=255)
+    external_refs = models.JSONField(default=list)
+    evidence = models.JSONField(default=dict)
+    status = models.CharField(max_length=20, choices=IncidentStatus.choices, default=I.OPEN)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT,
+                              related_name="incidents")
+    created_at = models.DateTimeField(default=timezone.now)
+    resolved_by = models.CharField(max_length=150, blank=True, default="")
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    resolution = models.TextField(blank=True, default="")
+
+    objects = IncidentManager()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["status", "-created_at", "-id"], name="incident_queue_idx")]
+        constraints = [
+            models.CheckConstraint(condition=Q(status__in=IncidentStatus.values), name="incident_status_valid"),
+            models.CheckConstraint(condition=Q(kind__in=IncidentKind.values), name="incident_kind_valid"),
+            models.UniqueConstraint(fields=["connector", "kind", "subject"], name="incident_once_per_finding"),
+            models.CheckConstraint(condition=Q(status=I.OPEN) | ~Q(resolution=""), name="incident_resolved_has_reason"),
+        ]
+
+    def __str__(self):
+        return f"incident #{self.pk} ({self.kind} {self.subject})"
+
+    def get_absolute_url(self):
+        return f"/incidents/{self.pk}/"
+
+
+def _open_incident(incident):
+    incident = Incident.objects.select_for_update().get(pk=incident.pk)
+    if incident.status != IncidentStatus.OPEN:
+        raise InvalidTransition(f"{incident} was already resolved by {incident.resolved_by}")
+    return incident
+
+
+def incident_resolve(incident, *, actor, reason):
+    """Close the incident; the reason says what was found and done (a refund clawed back...)."""
+    from ledger.audit import actor_label
+
+    if not reason.strip():
+        raise ValueError("a reason is required to resolve an incident")
+    with transaction.atomic():
+        return _open_incident(incident)._move(I.RESOLVED, actor=actor, verb="incident_resolved", reason=reason,
+                                              locked=True, resolved_by=actor_label(actor),
+                                              resolved_at=timezone.now(), resolution=reason)
+
+
+def incident_take(incident, *, user):
+    """`user` owns the incident from now on (whoever owned it before is in the audit event)."""
+    with transaction.atomic():
+        incident = _open_incident(incident)
+        before = {"owner": incident.owner.get_username() if incident.owner else None}
+        incident.owner, incident.updated_at = user, timezone.now()
+        incident.save(update_fields=["owner", "updated_at"])
+        AuditEvent.objects.record(actor=user, verb="incident_taken", obj=incident, before=before,
+                                  after={"owner": user.get_username()})
+    return incident
+
+
+def incident_note(incident, *, actor, text):
+    """A note on the incident: an audit event of its own, shown in the incident's history."""
+    if not text.strip():
+        raise ValueError("a note cannot be empty")
+    with transaction.atomic():
+        incident = Incident.objects.select_for_update().get(pk=incident.pk)
+        AuditEvent.objects.record(actor=actor, verb="incident_noted", obj=incident, reason=text)
+    return incident
+
+
+class ReconciliationRun(models.Model):
+    """One pass of reconciliation over a window: what it covered, checked and opened.
+
+    The sweeper's schedule starts one per `until` (a unique slot, so two sweepers cannot
+    both start it) and the next window starts where the last finished one ended, less an
+    overlap; a run that never finished leaves its window to the next one.
+    """
+
+    since = models.DateTimeField()
+    until = models.DateTimeField(unique=True)
+    started_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    # Every connector that can list its records was read to the end: the next window may start here.
+    complete = models.BooleanField(default=False)
+    # Per connector: records checked, incidents opened, or why it was skipped or failed.
+    report = models.JSONField(default=dict)
+
+    class Meta:
+        ordering = ["-until"]
+        constraints = [models.CheckConstraint(condition=Q(until__gt=models.F("since")), name="reconciliationrun_window")]
+
+    def __str__(self):
+        return f"reconciliation {self.since:%Y-%m-%d %H:%M} – {self.until:%Y-%m-%d %H:%M}"

@@ -1,0 +1,248 @@
+"""Reconciliation: the ledger against each connector's own records of what it did.
+
+`reconcile(window)`, for each connector that can list its records (one that cannot is
+skipped, and the report says so):
+1. read the provider's records created in the window, page by page as the provider pages;
+2. per chunk of CHUNK records, one query reads the ledger rows of their operation keys, and
+   the two are joined in memory by key: nothing is asked per action;
+3. a record whose key has no ledger row is an orphan effect; a key with more than one record
+   in the window, or a record other than the one its succeeded ledger row names, a double
+   effect; a record whose amount or currency differs from its ledger row, an amount mismatch;
+4. each finding opens its incident, with an alert, unless it already has one: running the
+   same window again opens nothing new.
+
+Memory grows by one small tuple per operation key seen in the window (a double's first record
+may be many pages before its second); the provider's raw answer is kept only for the records
+that are findings when they are read (orphans and mismatches).
+
+The schedule (`reconcile_schedule`, a sweeper step) starts a run every RECONCILE_INTERVAL_SECONDS
+over the time since the last complete run, less RECONCILE_OVERLAP_SECONDS (a provider's record
+may become visible a little after its creation time), at most RECONCILE_LOOKBACK_SECONDS back.
+"""
+
+import logging
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from itertools import islice
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from ledger.connectors import NoConnector, connector_for, http
+from ledger.models import Action, ActionStatus
+
+from .incidents import Incident, IncidentKind, ReconciliationRun
+
+logger = logging.getLogger("surety.reconcile")
+ACTOR = "system:reconcile"
+# Records joined with the ledger per query: one IN list of this many keys.
+CHUNK = 1000
+LEDGER_FIELDS = ("pk", "operation_key", "action_type", "status", "amount", "currency", "external_ref")
+
+
+def _setting(name, default):
+    return getattr(settings, name, default)
+
+
+@dataclass(frozen=True)
+class Window:
+    """[since, until): the records created in it are compared with the ledger."""
+
+    since: datetime
+    until: datetime
+
+    def __post_init__(self):
+        if timezone.is_naive(self.since) or timezone.is_naive(self.until):
+            raise ValueError("a reconciliation window needs time-zone-aware times")
+        if self.since >= self.until:
+            raise ValueError("a reconciliation window must end after it starts")
+
+
+@dataclass
+class Finding:
+    kind: str
+    connector: str
+    action_type: str
+    operation_key: str
+    subject: str
+    effects: list = field(default_factory=list)
+    ledger: dict | None = None
+
+    @property
+    def external_refs(self):
+        return [effect["external_ref"] for effect in self.effects]
+
+    @property
+    def evidence(self):
+        return {"effects": self.effects, "ledger": self.ledger}
+
+    @property
+    def summary(self):
+        what = self.operation_key or f"{self.external_refs[0]} (no operation key)"
+        if self.kind == IncidentKind.ORPHAN_EFFECT:
+            return f"{what}: {len(self.effects)} effect(s) at {self.connector} and no ledger entry"
+        if self.kind == IncidentKind.DOUBLE_EFFECT:
+            refs = {*self.external_refs, self.ledger["external_ref"]} - {""}
+            return f"{what}: {len(refs)} effects at {self.connector} for one ledger entry"
+        return f"{what}: {self.connector} has {self.effects[0]['amount']} {self.effects[0]['currency']}, " \
+               f"the ledger {self.ledger['amount']} {self.ledger['currency']}"
+
+
+def _effect(record, *, raw=False):
+    effect = {"external_ref": record.external_ref, "amount": None if record.amount is None else str(record.amount),
+              "currency": record.currency, "created_at": record.created_at.isoformat()}
+    return {**effect, "raw": record.raw} if raw else effect
+
+
+def _ledger(row):
+    return {"action_id": row["pk"], "status": row["status"], "external_ref": row["external_ref"],
+            "amount": None if row["amount"] is None else str(row["amount"]), "currency": row["currency"]}
+
+
+def _differs(record, row):
+    if row["amount"] is None:
+        return False  # an effect without an amount (a message): nothing to compare
+    return record.amount is None or record.amount != row["amount"] or record.currency != row["currency"]
+
+
+def _chunks(records, size):
+    records = iter(records)
+    while chunk := list(islice(records, size)):
+        yield chunk
+
+
+def findings_in(connector, records):
+    """Steps 2-3 for one connector's records; returns (records read, findings)."""
+    name = connector.name
+    orphans, mismatches, doubles = {}, {}, {}
+    first_seen = {}  # operation key -> (external_ref, amount, currency, created_at) of its first record
+    read = 0
+    for chunk in _chunks(records, CHUNK):
+        read += len(chunk)
+        keys = {record.operation_key for record in chunk if record.operation_key}
+        rows = {row["operation_key"]: row
+                for row in Action.objects.filter(operation_key__in=keys).order_by().values(*LEDGER_FIELDS)}
+        for record in chunk:
+            key, row = record.operation_key, rows.get(record.operation_key)
+            if row is None:
+                subject = key or record.external_ref
+                orphans.setdefault(subject, Finding(IncidentKind.ORPHAN_EFFECT, name, record.action_type, key,
+                                                    subject)).effects.append(_effect(record, raw=True))
+                continue
+            if _differs(record, row):
+                mismatches.setdefault(key, Finding(IncidentKind.AMOUNT_MISMATCH, name, row["action_type"], key, key,
+                                                   ledger=_ledger(row))).effects.append(_effect(record, raw=True))
+            first = first_seen.get(key)
+            if first is None:
+                first_seen[key] = replace(record, raw={})  # what a double's evidence needs, no more
+            names_another = row["status"] == ActionStatus.SUCCEEDED and row["external_ref"] != record.external_ref
+            if first is not None or names_another:
+                double = doubles.setdefault(key, Finding(IncidentKind.DOUBLE_EFFECT, name, row["action_type"], key,
+                                                         key, ledger=_ledger(row)))
+                for seen in (first, record):
+                    if seen is not None and seen.external_ref not in double.external_refs:
+                        double.effects.append(_effect(seen))
+    return read, [*orphans.values(), *doubles.values(), *mismatches.values()]
+
+
+def _connectors():
+    """{name: connector} of the registry, once per connector name; and {action type: why} for
+    the action types whose connector cannot be built."""
+    found, broken = {}, {}
+    for action_type in settings.SURETY_CONNECTORS:
+        try:
+            connector = connector_for(action_type)
+        except (NoConnector, ImportError, TypeError, ValueError) as exc:
+            broken[action_type] = str(exc)
+            continue
+        found.setdefault(connector.name, connector)
+    return found, broken
+
+
+def _open(findings):
+    """Step 4: an incident per finding that has none (one query finds those that do)."""
+    if not findings:
+        return 0
+    existing = set(Incident.objects.filter(subject__in={f.subject for f in findings})
+                   .values_list("connector", "kind", "subject"))
+    opened = 0
+    for finding in findings:
+        if (finding.connector, finding.kind, finding.subject) not in existing:
+            opened += Incident.objects.open_for(finding, actor=ACTOR) is not None
+    return opened
+
+
+def reconcile(window):
+    """Compare every connector's records in `window` with the ledger; returns the report:
+    per connector, records read and incidents opened, or why it was skipped or failed."""
+    report = {}
+    connectors, broken = _connectors()
+    for action_type, why in broken.items():
+        report[f"({action_type})"] = {"skipped": f"no connector: {why}"}
+    for name, connector in connectors.items():
+        records = connector.records(window.since, window.until)
+        if records is None:
+            logger.info("reconciliation skips %s: it cannot list its records", name)
+            report[name] = {"skipped": "this connector cannot list its records"}
+            continue
+        try:
+            read, findings = findings_in(connector, records)
+        except http.ProviderError as exc:
+            logger.warning("reconciliation of %s failed: %s", name, exc)
+            report[name] = {"failed": str(exc)}
+            continue
+        report[name] = {"records": read, "findings": len(findings), "opened": _open(findings)}
+    return report
+
+
+# --- The schedule ------------------------------------------------------------------------------
+
+
+def reconcile_schedule(now=None):
+    """The sweeper's step: start the run of the current slot if none has started; returns how
+    many runs it started (0 or 1). Slots are RECONCILE_INTERVAL_SECONDS apart, each run is
+    a row with its slot's end as a unique `until`, so of two sweepers only one starts it."""
+    interval = _setting("RECONCILE_INTERVAL_SECONDS", 300)
+    now = now or timezone.now()
+    until = datetime.fromtimestamp(now.timestamp() // interval * interval, tz=now.tzinfo)
+    if ReconciliationRun.objects.filter(until__gte=until).exists():
+        return 0
+    try:
+        with transaction.atomic():
+            run = run_start(until)
+    except IntegrityError:
+        return 0  # another sweeper started this slot's run
+    transaction.on_commit(lambda: _enqueue(run.pk), robust=True)
+    return 1
+
+
+def _enqueue(run_id):
+    from ledger.jobs import enqueue
+
+    enqueue(run_finish, run_id)
+
+
+def run_start(until, since=None):
+    """The run row for the window ending at `until`: from `since`, or from where the last
+    complete run ended, less the overlap, at most the lookback before `until`."""
+    if since is None:
+        earliest = until - timedelta(seconds=_setting("RECONCILE_LOOKBACK_SECONDS", 86400))
+        last = ReconciliationRun.objects.filter(complete=True).aggregate(end=Max("until"))["end"]
+        overlap = timedelta(seconds=_setting("RECONCILE_OVERLAP_SECONDS", 3600))
+        since = max(earliest, last - overlap) if last else earliest
+    window = Window(since, until)
+    return ReconciliationRun.objects.create(since=window.since, until=window.until)
+
+
+def run_finish(run_id):
+    """The job: reconcile the run's window and record what it found."""
+    run = ReconciliationRun.objects.get(pk=run_id)
+    if run.finished_at is not None:
+        return run
+    report = reconcile(Window(run.since, run.until))
+    run.report, run.finished_at = report, timezone.now()
+    run.complete = not any("failed" in part for part in report.values())
+    run.save(update_fields=["report", "finished_at", "complete"])
+    return run

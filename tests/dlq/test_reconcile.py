@@ -1,0 +1,134 @@
+"""Reconciliation compares the ledger with the sandbox provider's own records over real HTTP:
+a double effect, an orphan effect and an amount mismatch planted directly in the sandbox's
+tables each open one incident and raise one alert; a second run over the same window opens
+nothing; a connector that cannot list its records is skipped and the report says so."""
+
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from django.utils import timezone
+
+from dlq.incidents import Incident, IncidentKind, ReconciliationRun
+from dlq.models import Alert
+from dlq.reconcile import Window, reconcile, reconcile_schedule, run_finish
+from ledger.connectors.base import Connector
+from ledger.models import Action, AuditEvent
+from sandbox.models import SandboxRefund
+from tests.conftest import wait_until
+from tests.factories import api_client, make_agent, post_action, refund_body
+
+K = IncidentKind
+
+
+class UnlistedConnector(Connector):
+    """A connector that cannot list its records (the base class's answer)."""
+
+    name = "unlisted"
+
+
+def last_hour():
+    now = timezone.now()
+    return Window(now - timedelta(hours=1), now + timedelta(minutes=1))
+
+
+@pytest.fixture
+def refunded(stack):
+    """Three refunds made for real: requested through the API, executed by a worker against
+    the sandbox over HTTP. Returns their actions by operation key."""
+    agent, token = make_agent("billing")
+    client = api_client(stack.url, token)
+    keys = [f"refund:ORD-{n}:full:dec-{n}" for n in (1, 2, 3)]
+    for n, key in enumerate(keys, 1):
+        assert post_action(client, key, refund_body(order=f"ORD-{n}", customer=f"CUST-{n}")).status_code == 201
+    stack.start_worker()
+    wait_until(lambda: Action.objects.filter(operation_key__in=keys, status="succeeded").count() == 3,
+               message="the three refunds to succeed")
+    return {key: Action.objects.get(operation_key=key) for key in keys}
+
+
+def test_it_opens_one_incident_and_one_alert_per_planted_finding_and_nothing_on_a_second_run(stack, refunded):
+    double_key, mismatch_key, clean_key = refunded
+    assert reconcile(last_hour())["sandbox"] == {"records": 3, "findings": 0, "opened": 0}
+
+    # Planted at the provider, behind the ledger's back.
+    second = SandboxRefund.objects.create(order_id="ORD-1", amount=Decimal("25.00"), currency="EUR",
+                                          operation_key=double_key, metadata={"operation_key": double_key})
+    orphan = SandboxRefund.objects.create(order_id="ORD-GHOST", amount=Decimal("80.00"), currency="EUR",
+                                          operation_key="refund:ORD-GHOST:full:dec-9")
+    SandboxRefund.objects.filter(operation_key=mismatch_key).update(amount=Decimal("250.00"))
+
+    report = reconcile(last_hour())
+    assert report["sandbox"] == {"records": 5, "findings": 3, "opened": 3}
+    double = Incident.objects.get(kind=K.DOUBLE_EFFECT)
+    assert double.operation_key == double_key and double.connector == "sandbox" and double.action_type == "refund"
+    assert sorted(double.external_refs) == sorted([refunded[double_key].external_ref, second.refund_id])
+    assert double.evidence["ledger"]["external_ref"] == refunded[double_key].external_ref
+    ghost = Incident.objects.get(kind=K.ORPHAN_EFFECT)
+    assert ghost.subject == "refund:ORD-GHOST:full:dec-9" and ghost.external_refs == [orphan.refund_id]
+    assert ghost.evidence["ledger"] is None and ghost.evidence["effects"][0]["raw"]["order_id"] == "ORD-GHOST"
+    mismatch = Incident.objects.get(kind=K.AMOUNT_MISMATCH)
+    assert mismatch.operation_key == mismatch_key
+    assert mismatch.evidence["effects"][0]["amount"] == "250.00" and mismatch.evidence["ledger"]["amount"] == "25.000"
+    assert not Incident.objects.filter(operation_key=clean_key).exists()
+
+    for incident in (double, ghost, mismatch):
+        [alert] = Alert.objects.filter(incident=incident)
+        assert alert.kind == "incident" and alert.link == f"/incidents/{incident.pk}/"
+        [opened] = AuditEvent.objects.history(incident)
+        assert opened.verb == "incident_opened" and opened.actor == "system:reconcile"
+    # The alerts go out as a dead letter's do: by the worker, on every channel, recorded.
+    wait_until(lambda: not Alert.objects.filter(delivered_at__isnull=True).exists(), message="alerts delivered")
+    assert all(alert.deliveries.filter(ok=True).exists() for alert in Alert.objects.all())
+
+    assert reconcile(last_hour())["sandbox"] == {"records": 5, "findings": 3, "opened": 0}
+    assert Incident.objects.count() == 3 and Alert.objects.count() == 3
+
+
+def test_a_second_effect_outside_the_window_is_still_a_double(stack, refunded):
+    """The ledger names the effect it recorded: another effect for the key, even one created
+    long after the first, is a double."""
+    key = next(iter(refunded))
+    later = SandboxRefund.objects.create(order_id="ORD-1", amount=Decimal("25.00"), currency="EUR", operation_key=key,
+                                         created_at=timezone.now() + timedelta(days=2))
+    window = Window(timezone.now() + timedelta(days=1), timezone.now() + timedelta(days=3))
+    assert reconcile(window)["sandbox"] == {"records": 1, "findings": 1, "opened": 1}
+    double = Incident.objects.get()
+    assert double.kind == K.DOUBLE_EFFECT and double.external_refs == [later.refund_id]
+    assert double.evidence["ledger"]["external_ref"] == refunded[key].external_ref
+
+
+def test_an_effect_without_an_operation_key_is_an_orphan_of_its_own(stack):
+    refs = [SandboxRefund.objects.create(order_id=f"ORD-X{n}", amount=Decimal("5.00"), currency="EUR").refund_id
+            for n in (1, 2)]
+    assert reconcile(last_hour())["sandbox"]["opened"] == 2
+    assert sorted(Incident.objects.values_list("subject", flat=True)) == sorted(refs)
+    assert set(Incident.objects.values_list("operation_key", flat=True)) == {""}
+
+
+def test_a_connector_that_cannot_list_its_records_is_skipped_and_the_report_says_so(stack, settings):
+    settings.SURETY_CONNECTORS = {**settings.SURETY_CONNECTORS,
+                                  "send_message": {"class": f"{__name__}.UnlistedConnector", "options": {}}}
+    report = reconcile(last_hour())
+    assert report["unlisted"] == {"skipped": "this connector cannot list its records"}
+    assert report["sandbox"]["records"] == 0
+
+
+def test_the_schedule_starts_one_run_per_slot_from_where_the_last_complete_one_ended(stack, settings):
+    settings.RECONCILE_INTERVAL_SECONDS = 300
+    settings.RECONCILE_OVERLAP_SECONDS = 600
+    settings.RECONCILE_LOOKBACK_SECONDS = 86400
+    now = timezone.now()
+    assert reconcile_schedule(now) == 1
+    assert reconcile_schedule(now) == 0  # the same slot: another sweeper pass, or another sweeper
+    first = ReconciliationRun.objects.get()
+    assert first.until <= now < first.until + timedelta(seconds=300)
+    assert first.since == first.until - timedelta(days=1)
+    run_finish(first.pk)  # the job (RQ runs it after commit: no worker listens here)
+    first.refresh_from_db()
+    assert first.complete and first.report["sandbox"]["records"] == 0
+
+    assert reconcile_schedule(now + timedelta(seconds=300)) == 1
+    second = ReconciliationRun.objects.exclude(pk=first.pk).get()
+    assert second.since == first.until - timedelta(seconds=600)
+    assert second.until == first.until + timedelta(seconds=300)
