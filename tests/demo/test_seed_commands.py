@@ -1,5 +1,6 @@
 """`setup_roles`, `seed_demo` and `seed_volume`: the roles grant what the dashboard checks, the
-demo has every state (made through the product's own, audited functions) and the volume
+demo has every state (reached by the product's own executor, runner and sweeper, through a
+provider that commits into the sandbox's tables, and audited) and the volume
 loader creates what it is asked for, with an alert for every dead-letter entry.
 
 These commit for real (transaction=True): the dead-letter alert check is a deferred
@@ -20,7 +21,11 @@ from guardian.shortcuts import assign_perm
 from ledger.access import user_may
 from approvals.models import Limit, ReviewItem, ReviewStatus
 from dlq.models import Alert, DeadLetter, EntryStatus
+from sandbox.models import SandboxBooking, SandboxMessage, SandboxRefund
+from ledger.connectors import connector_for
 from ledger.roles import roles_setup
+from ledger.workflows import WORKFLOWS
+from ledger.workflows.refund import REFUND
 from ledger.models import (
     PERSON_STATUSES, Action, ActionStatus, Agent, AuditEvent, Capability, Task, TaskState,
 )
@@ -150,6 +155,30 @@ def test_seed_demo_has_every_state_made_through_audited_functions(no_jobs):
     assert statuses == set(ActionStatus.values), set(ActionStatus.values) - statuses
     states = set(Task.objects.values_list("state", flat=True))
     assert {TaskState.WAITING, TaskState.SUCCEEDED, TaskState.DEAD_LETTERED} <= states
+
+    # The states were reached by the product's workers, not written by the seed: actions
+    # moved by the executor and the sweeper (besides people, agents and the intake), tasks by
+    # the runner; the seed itself only skipped tasks' backoffs, audited as "run now".
+    action_actors = set(AuditEvent.objects.filter(object_type="ledger.action").values_list("actor", flat=True))
+    assert {"system:executor", "system:sweeper"} <= action_actors
+    assert not any(actor.startswith("system:seed") for actor in action_actors), action_actors
+    task_events = AuditEvent.objects.filter(object_type="ledger.task", actor__startswith="system:")
+    assert set(task_events.values_list("actor", "verb").filter(actor="system:seed_demo")) == {
+        ("system:seed_demo", "run_now")}
+    assert set(task_events.exclude(actor="system:seed_demo").values_list("actor", flat=True)) == {"system:runner"}
+    # The provider's side is what the sandbox commits: one effect per succeeded action, under
+    # its operation key, named by its external reference; a call that timed out after the
+    # commit left its effect there too, one that timed out before it left nothing.
+    effects = {"refund": (SandboxRefund, "refund_id"), "send_message": (SandboxMessage, "message_id"),
+               "create_booking": (SandboxBooking, "booking_id")}
+    for action in Action.objects.filter(status=ActionStatus.SUCCEEDED):
+        model, ref = effects[action.action_type]
+        committed = model.objects.filter(operation_key=action.operation_key).values_list(ref, flat=True)
+        assert list(committed) == [action.external_ref], action
+    assert SandboxRefund.objects.filter(operation_key="refund:ORD-10018:full:dec-404").exists()
+    assert not SandboxRefund.objects.filter(operation_key="refund:ORD-10023:full:dec-408").exists()
+    # The demo's provider served the seed alone: the registry and the workflows are back.
+    assert connector_for("refund").name == "sandbox" and WORKFLOWS["refund"] is REFUND
 
     open_entries = DeadLetter.objects.filter(status=EntryStatus.OPEN)
     assert open_entries.count() >= 3
