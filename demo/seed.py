@@ -5,7 +5,7 @@ Everything here goes through the product's own functions (`agent_create`, `actio
 discard), so each change is audited exactly as in real use, and every state an action or a
 task shows was reached the way a worker reaches it: actions by the guarded executor
 (`action_claim_next` + `action_run_claimed`, verification included), tasks by the runner
-(`task_claim_next` + `task_run`), lapsed leases by the sweeper's `action_expire_leases`.
+(a claim + `task_run`), lapsed leases by the sweeper's `action_expire_leases`.
 
 The one stand-in is the provider: the seed runs before the web app (and its sandbox
 provider) is up, so `demo.connector.demo_provider` serves every action type in this process,
@@ -36,7 +36,7 @@ from ledger.executor import action_claim_next, action_expire_leases, action_run_
 from ledger.models import Action, ActionStatus, ActionType, AuditEvent, Task, TaskState
 from ledger.roles import roles_setup
 from ledger.runner import task_run
-from ledger.tasks import task_claim_next, task_request, task_run_now
+from ledger.tasks import task_request, task_run_now
 from sandbox.models import SandboxOrder, SandboxRefund
 
 from .connector import (
@@ -112,12 +112,11 @@ def time_passes(action, seconds):
 
 
 def task_attempt(task):
-    """One run of the runner, on the task a worker's claim finds next (which must be this
-    one: the demo makes due only the task it means to run)."""
-    claimed = task_claim_next(WORKER)
-    if claimed is None or claimed.pk != task.pk:
-        raise RuntimeError(f"the demo expected to claim {task}, not {claimed}")
-    task_run(claimed)
+    """One run of the runner on this task, claimed as a worker claims it. (Claimed by the
+    task's own `claim`, the move `task_claim_next` makes: that takes whichever due task comes
+    first, which may be someone else's in a database that holds other work.)"""
+    task.claim(owner=WORKER)
+    task_run(task)
     return Task.objects.get(pk=task.pk)
 
 
@@ -374,18 +373,17 @@ def _seed_tasks(users, agents, orders, script):
     task_dead_letter(refund_task(billing, 1, o("ORD-10046")))
     script.arm("ORD-10047", NOT_SENT, times=None)
     task_dead_letter(refund_task(billing, 1, o("ORD-10047")))
+    # redriven from the dead-letter queue: queued again, resumes at its checkpoint.
+    script.arm("ORD-10048", ORDER_UNREACHABLE, times=None)
+    entry = task_dead_letter(refund_task(billing, 1, o("ORD-10048")))
+    deadletter_redrive(entry, actor=olga, reason="the sandbox provider is back up")
     # discarded: refunded by hand instead; the task is cancelled.
     script.arm("ORD-10026", ORDER_UNAVAILABLE, times=None)
     entry = task_dead_letter(refund_task(billing, 2, o("ORD-10026")))
     deadletter_discard(entry, actor=olga, reason="refunded by hand in the provider's dashboard (ticket OPS-4411)")
-    script.arm("ORD-10048", ORDER_UNREACHABLE, times=None)
-    unreachable = task_dead_letter(refund_task(billing, 1, o("ORD-10048")))
-    # queued: the first attempt failed (provider outage), the next one is scheduled. After the
-    # dead letters: once its backoff passes, it is the task a claim finds first.
+    # queued: the first attempt failed (provider outage), the next one is scheduled.
     script.arm("ORD-10050", ORDER_UNAVAILABLE)
     task_attempt(refund_task(billing, 1, o("ORD-10050")))
-    # redriven from the dead-letter queue: queued again, resumes at its checkpoint.
-    deadletter_redrive(unreachable, actor=olga, reason="the sandbox provider is back up")
 
 
 def _seed_overdue():

@@ -22,13 +22,17 @@ from ledger.access import user_may
 from approvals.models import Limit, ReviewItem, ReviewStatus
 from dlq.models import Alert, DeadLetter, EntryStatus
 from sandbox.models import SandboxBooking, SandboxMessage, SandboxRefund
+from ledger.actions import action_request
 from ledger.connectors import connector_for
 from ledger.roles import roles_setup
+from ledger.tasks import task_request
 from ledger.workflows import WORKFLOWS
 from ledger.workflows.refund import REFUND
 from ledger.models import (
     PERSON_STATUSES, Action, ActionStatus, Agent, AuditEvent, Capability, Task, TaskState,
 )
+
+from tests.factories import make_agent
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -226,6 +230,19 @@ def test_seed_demo_has_every_state_made_through_audited_functions(no_jobs):
     again = run("seed_demo", force=True)
     assert "already seeded" in again and "alice, bob" in again
     assert AuditEvent.objects.count() == events
+
+
+def test_seed_demo_leaves_other_work_in_the_database_alone():
+    # Due before anything the demo makes: a worker's claim would find these first.
+    agent = make_agent("other-bot")[0]
+    task, _ = task_request(agent=agent, task_id="other-1", workflow="noop", input={})
+    action, _ = action_request(agent=agent, operation_key="other-1", action_type="refund", target="ORD-OTHER",
+                               customer="CUST-OTHER", params={"amount": "10.00", "currency": "EUR"})
+
+    run("seed_demo", force=True)
+    task, action = Task.objects.get(pk=task.pk), Action.objects.get(pk=action.pk)
+    assert (task.state, task.attempts, action.status, action.attempts) == (TaskState.QUEUED, 0, ActionStatus.QUEUED, 0)
+    assert DeadLetter.objects.filter(status=EntryStatus.OPEN).count() >= 3
 
 
 # --- seed_volume ----------------------------------------------------------------------------------
