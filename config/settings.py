@@ -156,7 +156,14 @@ CONNECTOR_CLASSES = {
     "sandbox": "ledger.connectors.sandbox.SandboxConnector",
     "http": "ledger.connectors.signed_http.SignedHttpConnector",
     "email": "ledger.connectors.email.EmailConnector",
+    "stripe": "ledger.connectors.stripe.StripeConnector",
 }
+# Options of a connector that one provider account gives every action type it serves.
+_ACCOUNT_OPTIONS = {"stripe": {
+    "api_key": env_str("STRIPE_API_KEY", ""),
+    "api_base": env_str("STRIPE_API_BASE", ""),  # empty: Stripe's own
+    "webhook_secret": env_str("STRIPE_WEBHOOK_SECRET", ""),
+}}
 # The options a connector takes, each read from CONNECTOR_<ACTION_TYPE>_<OPTION>.
 _CONNECTOR_OPTIONS = {"http": ("url", "secret")}
 # The action types (ledger.models.ActionType; a system check compares the two).
@@ -169,6 +176,7 @@ for _action_type in ACTION_TYPES:
             option: env_str(f"CONNECTOR_{_action_type.upper()}_{option.upper()}", "")
             for option in _CONNECTOR_OPTIONS.get(_name, ())
         }}
+        SURETY_CONNECTORS[_action_type]["options"].update(_ACCOUNT_OPTIONS.get(_name, {}))
 LEASE_SECONDS = env_float("LEASE_SECONDS", 30)
 # A provider call starts only with at least CONNECTOR_TIMEOUT + this margin of lease left.
 LEASE_MARGIN_SECONDS = env_float("LEASE_MARGIN_SECONDS", 2)

@@ -1,0 +1,182 @@
+"""Stripe's refunds, through the official `stripe` SDK.
+
+1. The action's target is the Stripe charge (`ch_…`) or payment intent (`pi_…`) to refund.
+   It is read first: Stripe refunds in the payment's currency and refuses a `currency`
+   parameter, so an action in another currency is refused before anything is written.
+2. The refund is created with the operation key as Stripe's own `Idempotency-Key` and in
+   `metadata[operation_key]`, and the amount in the currency's minor units (ledger.money).
+3. Verification lists the target's refunds and looks for the operation key in their metadata:
+   Stripe lists refunds by charge or payment intent only, and its search API neither covers
+   refunds nor sees a write at once.
+
+Stripe's errors become the ledger's three kinds (ledger.connectors.http), so the executor
+treats this connector like any other. The SDK retries nothing: the ledger owns retries.
+Stripe's webhooks are read here too (`read_webhook`), verified by the SDK itself.
+"""
+
+import os
+
+import httpx
+import stripe
+from django.conf import settings
+
+from .. import money
+from ..json_input import loads_storable
+from ..models import ActionType
+from ..webhooks import WebhookRefused
+from . import http
+from .base import Connector, Effect, Lookup
+
+# Stripe's refund events, by the refund's status, as the webhook view settles them.
+_EVENT_TYPES = {"refund.created", "refund.updated", "refund.failed", "charge.refund.updated"}
+_SETTLED_AS = {"succeeded": "refund.succeeded", "failed": "refund.failed", "canceled": "refund.failed"}
+# A charge's own event carries the charge, whose metadata has no operation key: the refund's
+# own event for the same refund settles it. Accepted so that Stripe does not redeliver it.
+_NOTHING_TO_SETTLE = {"charge.refunded"}
+_FAILED = {"failed", "canceled"}
+
+
+class StripeConnector(Connector):
+    name = "stripe"
+
+    def __init__(self, *, api_key="", api_base=stripe.DEFAULT_API_BASE, webhook_secret="", **options):
+        super().__init__(api_key=api_key, api_base=api_base or stripe.DEFAULT_API_BASE,
+                         webhook_secret=webhook_secret, **options)
+        self._clients = {}
+
+    def check(self):
+        key, base = self.options["api_key"], self.options["api_base"]
+        problems = []
+        if not key:
+            problems.append("no API key (set STRIPE_API_KEY)")
+        elif not key.startswith(("sk_", "rk_")):
+            problems.append("STRIPE_API_KEY is not a Stripe secret or restricted key (sk_… or rk_…)")
+        if not base.startswith(("https://", "http://")):
+            problems.append(f"STRIPE_API_BASE {base!r} is not an http(s) address")
+        return problems
+
+    def _client(self):
+        # One per process: a worker may be forked after the registry built the connector, and
+        # must not share its parent's connections.
+        pid = os.getpid()
+        if pid not in self._clients:
+            self._clients = {pid: stripe.StripeClient(
+                self.options["api_key"],
+                base_addresses={"api": self.options["api_base"]},
+                http_client=stripe.HTTPXClient(timeout=settings.CONNECTOR_TIMEOUT, allow_sync_methods=True),
+                max_network_retries=0,
+            )}
+        return self._clients[pid]
+
+    def _payment(self, target):
+        """The charge or payment intent `target` names, and which of the two it is."""
+        kind = "payment_intent" if target.startswith("pi_") else "charge"
+        return kind, getattr(self._client().v1, f"{kind}s").retrieve(target).to_dict(for_json=True)
+
+    def _send(self, action):
+        if action.action_type != ActionType.REFUND:
+            raise http.Rejected(f"the Stripe connector makes refunds, not {action.action_type}",
+                                code="unsupported_action_type")
+        params = action.params
+        try:
+            kind, payment = self._payment(action.target)
+        except stripe.StripeError as exc:
+            failure = provider_error(exc, f"reading {action.target}")
+            # Only a read: whatever became of it, nothing was written.
+            raise failure if isinstance(failure, http.Rejected) else http.NotSent(
+                str(failure), code=failure.code, status=failure.status) from exc
+        if str(payment.get("currency", "")).upper() != params["currency"]:
+            raise http.Rejected(f"{action.target} was paid in {str(payment.get('currency')).upper()}, the refund "
+                                f"asks for {params['currency']}", code="currency_mismatch")
+        metadata = {"operation_key": action.operation_key}
+        if params.get("reason"):
+            metadata["reason"] = params["reason"]
+        try:
+            refund = self._client().v1.refunds.create(
+                params={kind: action.target, "amount": money.to_minor_units(params["amount"], params["currency"]),
+                        "metadata": metadata},
+                options={"idempotency_key": action.operation_key},
+            )
+        except stripe.StripeError as exc:
+            raise provider_error(exc, "creating the refund") from exc
+        result = refund.to_dict(for_json=True)
+        if result.get("object") != "refund" or not isinstance(result.get("id"), str):
+            raise http.OutcomeUnknown(f"creating the refund: the answer is not a refund: {str(result)[:2000]}",
+                                      code="not_a_refund")
+        if result.get("status") in _FAILED:
+            raise http.Rejected(f"Stripe refund {result['id']} {result['status']}: "
+                                f"{result.get('failure_reason') or 'no reason given'}",
+                                code=f"refund_{result['status']}", status=200)
+        return Effect(external_ref=result["id"], result=result)
+
+    def find_effect(self, action):
+        kind = "payment_intent" if action.target.startswith("pi_") else "charge"
+        try:
+            refunds = self._client().v1.refunds.list(params={kind: action.target, "limit": 100})
+            matches = [refund for refund in (item.to_dict(for_json=True) for item in refunds.auto_paging_iter())
+                       if (refund.get("metadata") or {}).get("operation_key") == action.operation_key]
+        except stripe.StripeError as exc:
+            return Lookup(found=None, evidence={"lookup": provider_error(exc, "listing refunds").evidence()})
+        evidence = {"lookup": f"refunds of {kind} {action.target} by metadata.operation_key",
+                    "matches": [(refund.get("id"), refund.get("status")) for refund in matches]}
+        made = [refund for refund in matches if refund.get("status") not in _FAILED]
+        if not made:
+            return Lookup(found=False, evidence=evidence)
+        return Lookup(found=True, external_ref=made[0]["id"], result=made[0], evidence=evidence)
+
+    def read_webhook(self, raw, headers):
+        """A Stripe event in the webhook view's terms: {"id", "type", "data"}, where "type" is
+        `refund.succeeded` or `refund.failed` for a refund that settled, and "data" the refund.
+
+        Raises WebhookRefused, saying why, for a body whose `Stripe-Signature` the SDK refuses
+        (bad, missing, or older than its tolerance) or an event type this connector does not know.
+        """
+        if not self.options["webhook_secret"]:
+            raise WebhookRefused("no webhook secret is configured (STRIPE_WEBHOOK_SECRET)")
+        try:
+            stripe.Webhook.construct_event(raw, headers.get("Stripe-Signature"), self.options["webhook_secret"])
+        except stripe.SignatureVerificationError as exc:
+            raise WebhookRefused(f"bad, missing or stale Stripe-Signature: {exc.user_message}") from None
+        except (AttributeError, TypeError) as exc:  # signed, but JSON that is not an object
+            raise ValueError("not an event") from exc
+        event = loads_storable(raw)  # what PostgreSQL can store, as the event is kept
+        data = event["data"].get("object") if isinstance(event.get("data"), dict) else None
+        if not isinstance(data, dict):
+            raise ValueError("the event carries no object")
+        if event.get("type") in _NOTHING_TO_SETTLE:
+            return {"id": event.get("id"), "type": event["type"], "data": {}, "stripe_event": event}
+        if event.get("type") not in _EVENT_TYPES or data.get("object") != "refund":
+            raise WebhookRefused(f"unknown Stripe event type {event.get('type')!r}")
+        settled_as = _SETTLED_AS.get(data.get("status"), f"refund.{data.get('status')}")
+        return {"id": event.get("id"), "type": settled_as, "data": data, "stripe_event": event}
+
+
+def provider_error(exc, doing):
+    """The ledger's kind of failure for one of the SDK's errors, as Stripe documents them."""
+    status = exc.http_status
+    message = f"Stripe, {doing}: {exc.user_message or exc}"
+    if isinstance(exc, stripe.APIConnectionError):
+        cause = exc.__cause__
+        if isinstance(cause, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)):
+            return http.NotSent(message, code="connect_failed")
+        if isinstance(cause, httpx.TimeoutException):
+            return http.OutcomeUnknown(f"Stripe, {doing}: no answer within {settings.CONNECTOR_TIMEOUT}s",
+                                       code="timeout")
+        return http.OutcomeUnknown(message, code="connection_lost")
+    if isinstance(exc, stripe.IdempotencyError) or status == 409:
+        # Stripe ran nothing for this request: the key is in use by a request still running
+        # (409), or was first used with other parameters (400). That request's effect is what
+        # counts, and only looking it up can tell.
+        return http.OutcomeUnknown(message, code="idempotency_conflict", status=status)
+    if isinstance(exc, stripe.RateLimitError):
+        return http.NotSent(message, code="rate_limited", status=status)
+    if isinstance(exc, (stripe.AuthenticationError, stripe.PermissionError)):
+        # Refused before anything ran: a wrong or revoked key, which an operator must fix.
+        return http.NotSent(message, code="not_authorized", status=status)
+    if isinstance(exc, (stripe.CardError, stripe.InvalidRequestError)) and status and status < 500:
+        return http.Rejected(message, code=exc.code or f"http_{status}", status=status)
+    # A 5xx, or an answer that is not Stripe's JSON (an HTML error page, a cut-off body):
+    # the request may have been acted on. The body is kept as evidence.
+    body = exc.http_body if isinstance(exc.http_body, str) else repr(exc.http_body)
+    return http.OutcomeUnknown(f"{message}; body: {body[:2000]}", code=f"http_{status}" if status else "bad_answer",
+                               status=status)
