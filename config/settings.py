@@ -146,6 +146,14 @@ SANDBOX_BASE_URL = env_str("SANDBOX_BASE_URL", "http://127.0.0.1:8000/sandbox/v1
 SANDBOX_API_KEY = env_str("SANDBOX_API_KEY", "sandbox-dev-key")
 SANDBOX_WEBHOOK_SECRET = env_str("SANDBOX_WEBHOOK_SECRET", "whsec-sandbox-dev")
 SANDBOX_TIMEOUT_SLEEP = env_float("SANDBOX_TIMEOUT_SLEEP", 10)
+# Where the sandbox posts its signed events (empty: it sends none), and how often it sends one
+# twice and how late, as real providers do. PUT /sandbox/v1/settings can change all three.
+# Off by default: an event could settle an action before the executor's own verification.
+SANDBOX_WEBHOOK_URL = env_str("SANDBOX_WEBHOOK_URL", "")
+SANDBOX_WEBHOOK_DUPLICATE_RATE = env_float("SANDBOX_WEBHOOK_DUPLICATE_RATE", 0)
+SANDBOX_WEBHOOK_DELAY_SECONDS = env_float("SANDBOX_WEBHOOK_DELAY_SECONDS", 0)
+if not (0 <= SANDBOX_WEBHOOK_DUPLICATE_RATE <= 1 and SANDBOX_WEBHOOK_DELAY_SECONDS >= 0):
+    raise RuntimeError("SANDBOX_WEBHOOK_DUPLICATE_RATE must be from 0 to 1 and SANDBOX_WEBHOOK_DELAY_SECONDS not negative")
 CONNECTOR_TIMEOUT = env_float("CONNECTOR_TIMEOUT", 5)
 # Which connector serves each action type: the registry `ledger.connectors` reads (see the
 # README, "Connectors"). An entry is {"class": dotted path, "options": {...}}; options come

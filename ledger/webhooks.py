@@ -1,8 +1,9 @@
 """Inbound provider events: verified first, stored once by event id, then acted on.
 
 A redelivered event finds its id taken and does nothing. An event that names an operation
-key settles that action if its outcome is still open (`unknown` or `needs_review`); above
-its limit, an `unknown` one goes to a person instead.
+key settles that action if its outcome is still open (`unknown` or `needs_review`), the
+event kept in its evidence; above its limit, an `unknown` one goes to a person instead. An
+event type not in SETTLING is refused, and every refusal is logged.
 """
 
 import hashlib
@@ -23,7 +24,7 @@ from .models import Action, ActionStatus, WebhookEvent
 
 logger = logging.getLogger("surety.webhooks")
 SETTLING = {
-    "refund.succeeded": True, "message.sent": True, "booking.confirmed": True,
+    "refund.succeeded": True, "message.sent": True, "message.delivered": True, "booking.confirmed": True,
     "refund.failed": False, "message.failed": False, "booking.failed": False,
 }
 OPEN = {ActionStatus.UNKNOWN, ActionStatus.NEEDS_REVIEW}
@@ -81,6 +82,7 @@ def signature_valid(header, raw, secret, now=None):
 
 
 def _problem(status, detail):
+    logger.warning("webhook refused (%s): %s", status, detail)
     return JsonResponse({"error": detail}, status=status)
 
 
@@ -101,20 +103,22 @@ def webhook_receive(request, connector):
     effect_id = data.get("id") if isinstance(data, dict) else None
     if not event_id or len(event_id) > 255 or len(event_type) > 100 or len(str(effect_id or "")) > 255:
         return _problem(400, "the body is not an event")  # would not fit its columns
+    if event_type not in SETTLING:
+        return _problem(400, f"unknown event type {event_type!r}")
     try:
         with transaction.atomic():
             stored = WebhookEvent.objects.create(
                 connector=connector, event_id=event_id, event_type=event_type, payload=event
             )
             # Cut to the column: an outcome names the operation key, itself up to 255 characters.
-            stored.outcome = _settle(connector, event_type, data)[:255]
+            stored.outcome = _settle(connector, event_type, data, event_id)[:255]
             stored.save(update_fields=["outcome"])
     except IntegrityError:
         return JsonResponse({"duplicate": True})
     return JsonResponse({"received": True, "outcome": stored.outcome})
 
 
-def _settle(connector, event_type, data):
+def _settle(connector, event_type, data, event_id):
     from approvals.intake import needs_person_after_verification
 
     if event_type not in SETTLING or not isinstance(data, dict):
@@ -124,21 +128,26 @@ def _settle(connector, event_type, data):
     if not isinstance(key, str) or not key:
         return "nothing to settle"
     action = Action.objects.select_for_update().filter(operation_key=key).first()
+    if action is not None and action.status == ActionStatus.SUCCEEDED and not SETTLING[event_type]:
+        # Providers deliver out of order: a failure of an earlier attempt may come after the
+        # success. This stored event is its record; the success stands.
+        logger.warning("%s %s arrived after %s succeeded: not applied", connector, event_type, key)
+        return f"late {event_type} after success: recorded, not applied ({key})"
     if action is None or action.status not in OPEN:
         return "nothing to settle"
     actor = f"system:webhook:{connector}"
+    evidence = {"at": timezone.now().isoformat(), "webhook": event_type, "event_id": event_id, "found": True,
+                "data": data}
     if SETTLING[event_type]:
         # DESIGN.md: above its limit a person reviews an unknown outcome even when the answer
         # is conclusive, as the executor's verification does.
         over_limit = needs_person_after_verification(action)
         if over_limit:
             if action.status == ActionStatus.UNKNOWN:
-                action.mark_needs_review(actor=actor, reason=over_limit, evidence={
-                    "at": timezone.now().isoformat(), "webhook": event_type, "found": True, "data": data,
-                })
+                action.mark_needs_review(actor=actor, reason=over_limit, evidence=evidence)
             return f"left to a person: {over_limit}"
         action.mark_succeeded(actor=actor, external_ref=str(data.get("id") or "") or key, result=data,
-                              reason=f"{event_type} received")
+                              reason=f"{event_type} received", evidence=evidence)
         return f"settled {action.operation_key} as {action.status}"
     # A failure event names the key, not the attempt: a late one for an earlier attempt
     # must not override a later success (or start another call). It only sends the action

@@ -33,9 +33,18 @@ class SandboxSettings(models.Model):
     """The single row (pk 1) of provider-wide switches."""
 
     idempotency = models.BooleanField(default=True)
+    # Outbound webhooks (sandbox.webhooks); null follows the SANDBOX_WEBHOOK_* setting.
+    webhook_url = models.CharField(max_length=500, null=True, blank=True)
+    webhook_duplicate_rate = models.FloatField(null=True, blank=True)
+    webhook_delay_seconds = models.FloatField(null=True, blank=True)
 
     class Meta:
         verbose_name_plural = "sandbox settings"
+        constraints = [
+            models.CheckConstraint(condition=Q(webhook_duplicate_rate__gte=0, webhook_duplicate_rate__lte=1),
+                                   name="sandboxsettings_duplicate_rate_0_to_1"),
+            models.CheckConstraint(condition=Q(webhook_delay_seconds__gte=0), name="sandboxsettings_delay_not_negative"),
+        ]
 
     @classmethod
     def load(cls, *, lock=False):
@@ -220,3 +229,37 @@ class SandboxFault(models.Model):
 
 # Asked on every write (compiled once: see ledger/compiled.py).
 _armed_faults = Compiled(lambda target: SandboxFault.objects.filter(target=target, remaining__gt=0).order_by("pk"))
+
+
+def new_event_id():
+    return "evt_" + secrets.token_hex(12)
+
+
+class SandboxWebhook(models.Model):
+    """One event the sandbox sends, and its delivery (see sandbox.webhooks).
+
+    Sent `copies` times (2 when it is duplicated on purpose), all under one event id. A failed
+    POST counts as an attempt that did not add to `sent`; `next_attempt_at` is when the next
+    one is due, null once every copy is sent or the sandbox gave up.
+    """
+
+    event_id = models.CharField(max_length=40, unique=True, default=new_event_id)
+    event_type = models.CharField(max_length=50)
+    data = models.JSONField()
+    url = models.CharField(max_length=500)
+    copies = models.PositiveSmallIntegerField(default=1)
+    sent = models.PositiveSmallIntegerField(default=0)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    last_error = models.TextField(blank=True, default="")
+    next_attempt_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["created_at", "pk"]
+        constraints = [
+            models.CheckConstraint(condition=Q(copies__gte=1, sent__lte=F("copies"), attempts__gte=F("sent")),
+                                   name="sandboxwebhook_counts_add_up"),
+        ]
+
+    def __str__(self):
+        return f"{self.event_type} {self.event_id}"

@@ -19,7 +19,7 @@ from ledger import money
 from ledger.json_input import loads_storable
 from ledger.models import Agent
 
-from . import forms
+from . import forms, webhooks
 from .models import (
     SandboxBooking,
     SandboxFault,
@@ -28,6 +28,7 @@ from .models import (
     SandboxOrder,
     SandboxRefund,
     SandboxSettings,
+    SandboxWebhook,
     SlotTaken,
     effect_save,
 )
@@ -159,20 +160,24 @@ def _effect_list(request, model, body, *names, id_field):
     return JsonResponse({"data": [body(effect) for effect in page[:limit]], "has_more": len(page) > limit})
 
 
-def _write(effect, *, target, body, check=None, error=error_response):
+def _write(effect, *, target, body, check=None, error=error_response, events=False):
     """Create one refund, message or booking the way a flaky real provider would; `error`
     answers in the wire format of the caller (this API's, or Stripe's: see stripe_api.py).
+    With `events` (this API's own calls) a new effect or a decline sends its webhook event.
 
     1. Use up a fault armed for the target, if any; it is spent even if the call writes nothing.
     2. error_500, decline and timeout_before_commit answer without writing anything.
     3. Otherwise save the effect, or find the one already saved under the same Idempotency-Key.
     4. timeout_after_commit stalls only after the commit, so the effect is visible to a lookup
-       while the caller has given up waiting for the answer.
+       while the caller has given up waiting for the answer (and its event is on its way).
     """
     fault = SandboxFault.objects.consume(target)
     if fault == SandboxFault.Kind.ERROR_500:
         return error(500, "internal_error", "Injected fault: the provider failed.")
     if fault == SandboxFault.Kind.DECLINE:
+        if events:
+            declined = {**body(effect), "status": "failed", "failure_code": "declined"}
+            webhooks.webhook_emit(effect, declined, committed=False)
         return error(402, "declined", "Injected fault: the provider declined the request.")
     if fault == SandboxFault.Kind.TIMEOUT_BEFORE_COMMIT:
         time.sleep(settings.SANDBOX_TIMEOUT_SLEEP)
@@ -183,6 +188,8 @@ def _write(effect, *, target, body, check=None, error=error_response):
         return error(
             409, "slot_taken", "The resource is already booked for that time.", booking=exc.booking.booking_id
         )
+    if events and created:
+        webhooks.webhook_emit(effect, body(effect), committed=True)
     if fault == SandboxFault.Kind.TIMEOUT_AFTER_COMMIT:
         time.sleep(settings.SANDBOX_TIMEOUT_SLEEP)
     return JsonResponse(body(effect), status=201 if created else 200)
@@ -194,7 +201,8 @@ def _write(effect, *, target, body, check=None, error=error_response):
 def _effect_create(request, form_class, model, *, target, body, check=None):
     """One effect from a write call: the form's cleaned fields are named as the model's."""
     effect = model(**_valid(form_class, request), idempotency_key=_idempotency_key(request))
-    return _write(effect, target=getattr(effect, target), body=body, check=check and functools.partial(check, effect))
+    return _write(effect, target=getattr(effect, target), body=body, check=check and functools.partial(check, effect),
+                  events=True)
 
 
 def _refund_body(refund):
@@ -337,15 +345,23 @@ def fault_clear(request):
 
 
 def settings_read(request):
-    return JsonResponse({"idempotency": SandboxSettings.load().idempotency})
+    """`idempotency`, and each webhook knob changed here (one never set follows its setting)."""
+    row = SandboxSettings.load()
+    knobs = {name: getattr(row, name) for name in webhooks.SETTINGS if getattr(row, name) is not None}
+    return JsonResponse({"idempotency": row.idempotency, **knobs})
 
 
 def settings_update(request):
-    idempotency = _json_body(request).get("idempotency")
-    if not isinstance(idempotency, bool):
-        raise InvalidInput({"idempotency": ["Must be true or false."]})
-    SandboxSettings.objects.update_or_create(pk=1, defaults={"idempotency": idempotency})
-    return JsonResponse({"idempotency": idempotency})
+    """Any of `idempotency` and the webhook knobs; the answer repeats what changed."""
+    data = _json_body(request)
+    given = {name: data[name] for name in ("idempotency", *webhooks.SETTINGS) if name in data}
+    errors = webhooks.webhook_settings_errors({k: v for k, v in given.items() if k != "idempotency"})
+    if not isinstance(given.get("idempotency", True), bool) or not given:
+        errors["idempotency"] = ["Must be true or false."]
+    if errors:
+        raise InvalidInput(errors)
+    SandboxSettings.objects.update_or_create(pk=1, defaults=given)
+    return JsonResponse(given)
 
 
 def sandbox_reset(request):
@@ -357,7 +373,9 @@ def sandbox_reset(request):
             SandboxOrder,
             SandboxFault,
             SandboxIdempotencyKey,
+            SandboxWebhook,
         ):
             model.objects.all().delete()
-        SandboxSettings.objects.update_or_create(pk=1, defaults={"idempotency": True})
+        SandboxSettings.objects.update_or_create(
+            pk=1, defaults={"idempotency": True, **dict.fromkeys(webhooks.SETTINGS)})
     return JsonResponse({"reset": True})
