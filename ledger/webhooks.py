@@ -2,8 +2,9 @@
 
 A redelivered event finds its id taken and does nothing. An event that names an operation
 key settles that action if its outcome is still open (`unknown` or `needs_review`), the
-event kept in its evidence; above its limit, an `unknown` one goes to a person instead. An
-event type not in SETTLING is refused, and every refusal is logged.
+event kept in its evidence; above its limit, an `unknown` one goes to a person instead. A
+connector's reader refuses an event type it does not know (the sandbox's: one not in
+SETTLING), and every refusal is logged.
 """
 
 import hashlib
@@ -37,7 +38,10 @@ class WebhookRefused(ValueError):
 def _sandbox_event(raw, headers):
     if not signature_valid(headers.get("Sandbox-Signature", ""), raw, settings.SANDBOX_WEBHOOK_SECRET):
         raise WebhookRefused("bad, missing or stale signature")
-    return loads_storable(raw)
+    event = loads_storable(raw)
+    if event["type"] not in SETTLING:  # not an object, no type: the caller's "not an event"
+        raise WebhookRefused(f"unknown event type {event['type']!r}")
+    return event
 
 
 def _readers():
@@ -103,8 +107,6 @@ def webhook_receive(request, connector):
     effect_id = data.get("id") if isinstance(data, dict) else None
     if not event_id or len(event_id) > 255 or len(event_type) > 100 or len(str(effect_id or "")) > 255:
         return _problem(400, "the body is not an event")  # would not fit its columns
-    if event_type not in SETTLING:
-        return _problem(400, f"unknown event type {event_type!r}")
     try:
         with transaction.atomic():
             stored = WebhookEvent.objects.create(
