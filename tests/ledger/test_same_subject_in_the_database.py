@@ -1,32 +1,22 @@
-"""The same-object rule is held by the database (migration 0014), on PostgreSQL and on SQLite
+"""The same-object rule is held by the database (migrations 0014, 0015), on PostgreSQL and on SQLite
 (`make test` runs this module on both): whatever inserts an action that would start while
 another one is in flight on its target or customer, the row is stored `held`. The
 requests racing for one order are in test_same_object_hold.py."""
 
-import threading
-
 import pytest
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 
-from ledger.actions import _lock_subjects
+from ledger.actions import _lock_subjects, action_retry
 from ledger.compiled import insert
 from ledger.models import IN_FLIGHT_STATUSES, Action, ActionStatus
-from tests.factories import another_waits_for_a_lock, make_agent
+from tests.factories import another_transaction, make_agent, new_action
 
 S = ActionStatus
 pytestmark = pytest.mark.django_db
 
 
-def required_in(status):
-    """What the database asks of a row in `status` (migration 0013, and a succeeded's reference)."""
-    now = "2026-09-10T10:00:00+00:00"
-    return {S.QUEUED: {"next_attempt_at": now}, S.UNKNOWN: {"next_attempt_at": now},
-            S.PENDING: {"lease_expires_at": now}, S.SUCCEEDED: {"external_ref": "re_1"}}.get(status, {})
-
-
 def stored(agent, key, status, target="ORD-1", customer=""):
-    action = insert(Action(operation_key=key, fingerprint="f" * 64, action_type="refund", target=target,
-                           customer=customer, params={}, agent=agent, status=status, **required_in(status)),
+    action = insert(new_action(agent, status, key=key, target=target, customer=customer),
                     stored=("status", "next_attempt_at"))
     assert Action.objects.get(pk=action.pk).status == action.status  # what insert read back is what is stored
     return action
@@ -66,19 +56,35 @@ def test_rows_stored_in_other_statuses_are_left_as_they_are():
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite serialises every writer")
 def test_an_insert_waits_for_the_locks_python_takes_on_the_same_subjects():
     agent, _ = make_agent("billing")
-    locked, waited = threading.Event(), []
+    with another_transaction(lambda: _lock_subjects("ORD-1", "CUST-9"), commit_when_waited_on=True) as holder:
+        stored(agent, "new", S.QUEUED, target="ORD-2", customer="CUST-9")  # another order, the same customer
 
-    def hold_the_customer():
-        with transaction.atomic():
-            _lock_subjects("ORD-1", "CUST-9")
-            locked.set()
-            waited.append(another_waits_for_a_lock())
-        connection.close()
+    assert holder.waited is True
 
-    holder = threading.Thread(target=hold_the_customer)
-    holder.start()
-    assert locked.wait(5)
-    stored(agent, "new", S.QUEUED, target="ORD-2", customer="CUST-9")  # another order, the same customer
-    holder.join(10)
 
-    assert waited == [True]
+# --- a new attempt (migration 0015): failed -> queued ------------------------------------------
+
+def failed(agent, key, target="ORD-1", customer=""):
+    return stored(agent, key, S.FAILED, target=target, customer=customer)  # a retryable failure
+
+
+@pytest.mark.parametrize("other", S.values)
+def test_the_database_refuses_a_new_attempt_while_another_action_is_in_flight(other):
+    agent, _ = make_agent("billing")
+    retry = failed(agent, "retry", customer="CUST-1")
+    stored(agent, "other", other, target="ORD-2", customer="CUST-1")
+
+    if other in IN_FLIGHT_STATUSES:
+        with pytest.raises(IntegrityError), transaction.atomic():
+            retry.requeue(actor="system:tests", reason="bypassing action_retry")
+        assert Action.objects.get(pk=retry.pk).status == S.FAILED
+    else:
+        retry.requeue(actor="system:tests", reason="nothing in flight")
+        assert Action.objects.get(pk=retry.pk).status == S.QUEUED
+
+
+def test_action_retry_holds_where_the_database_would_refuse():
+    agent, _ = make_agent("billing")
+    retry = failed(agent, "retry")
+    stored(agent, "other", S.PENDING)
+    assert action_retry(retry, actor="system:tests", reason="again").status == S.HELD

@@ -1,0 +1,179 @@
+"""The rules the database holds beyond Django's own constraints, written once: triggers.
+
+Each app keeps its rules in a `dbrules.py` beside its models, as `RULES`, and renders status
+lists from the Python enums, so the SQL says what the code means. Migrations freeze SQL as
+it was when they were written (`python manage.py dbrules APP` prints the current rendering
+for a new one); `tests/ledger/test_dbrules.py` compares every rule with what the migrated
+database holds, so a status added in Python without a migration that installs the new
+rendering fails the tests instead of being silently missing from SQL.
+"""
+
+from dataclasses import dataclass
+
+from .models import IN_FLIGHT_STATUSES, ActionStatus
+
+
+@dataclass(frozen=True)
+class Function:
+    """A PostgreSQL function in PL/pgSQL; `signature` is what follows CREATE FUNCTION up to LANGUAGE."""
+
+    signature: str
+    body: str
+
+    @property
+    def name(self):
+        return self.signature.split("(", 1)[0]
+
+    def create_sql(self):
+        return f"CREATE OR REPLACE FUNCTION {self.signature} LANGUAGE plpgsql AS $${self.body}$$;"
+
+
+@dataclass(frozen=True)
+class SQLiteTrigger:
+    name: str
+    sql: str
+
+    def create_sql(self):
+        return f"DROP TRIGGER IF EXISTS {self.name}; {self.sql};"
+
+
+def sql_list(values):
+    """('a', 'b') from Python values, in the order given."""
+    return "(" + ", ".join(f"'{value}'" for value in values) + ")"
+
+
+def in_enum_order(enum, members):
+    """The members of a set in their enum's order, so a rendering is the same every time."""
+    return [value for value in enum.values if value in members]
+
+
+IN_FLIGHT = sql_list(in_enum_order(ActionStatus, IN_FLIGHT_STATUSES))
+NOT_STARTED = sql_list([ActionStatus.QUEUED, ActionStatus.AWAITING_APPROVAL])
+
+LOCK_SUBJECTS = Function("ledger_lock_subjects(p_target text, p_customer text) RETURNS void", """
+BEGIN
+    -- In one order, so that two transactions never wait on each other's second lock.
+    PERFORM pg_advisory_xact_lock(k) FROM (
+        SELECT DISTINCT hashtextextended(s, 0) AS k
+          FROM unnest(ARRAY['target:' || p_target,
+                            CASE WHEN p_customer <> '' THEN 'customer:' || p_customer END]) AS s
+         WHERE s IS NOT NULL
+         ORDER BY 1) AS keys;
+END """)
+
+# The same-object rule on insert: a not-yet-started action is stored `held` while another
+# action on its target or customer is in flight (ledger.actions.action_request reads back
+# the status it was stored with).
+SAME_SUBJECT = Function("ledger_action_same_subject() RETURNS trigger", f"""
+BEGIN
+    PERFORM ledger_lock_subjects(NEW.target, NEW.customer);
+    IF NEW.status IN {NOT_STARTED} AND (
+        EXISTS (SELECT 1 FROM ledger_action a WHERE a.target = NEW.target AND a.status IN {IN_FLIGHT})
+        OR (NEW.customer <> '' AND EXISTS (
+            SELECT 1 FROM ledger_action a WHERE a.customer = NEW.customer AND a.status IN {IN_FLIGHT}))
+    ) THEN
+        NEW.status := '{ActionStatus.HELD}';
+        NEW.next_attempt_at := NULL;
+    END IF;
+    RETURN NEW;
+END """)
+
+SAME_SUBJECT_SQLITE = SQLiteTrigger("ledger_action_same_subject", f"""CREATE TRIGGER ledger_action_same_subject AFTER INSERT ON ledger_action
+WHEN NEW.status IN {NOT_STARTED} AND (
+    EXISTS (SELECT 1 FROM ledger_action a WHERE a.id <> NEW.id AND a.target = NEW.target AND a.status IN {IN_FLIGHT})
+    OR (NEW.customer <> '' AND EXISTS (
+        SELECT 1 FROM ledger_action a WHERE a.id <> NEW.id AND a.customer = NEW.customer AND a.status IN {IN_FLIGHT})))
+BEGIN
+    UPDATE ledger_action SET status = '{ActionStatus.HELD}', next_attempt_at = NULL WHERE id = NEW.id;
+END""")
+
+# The same rule on a new attempt: a failed action goes back to `queued` only while nothing
+# else is in flight on its target or customer (ledger.actions.action_retry holds it instead).
+REQUEUE_SAME_SUBJECT = Function("ledger_action_requeue_same_subject() RETURNS trigger", f"""
+BEGIN
+    PERFORM ledger_lock_subjects(NEW.target, NEW.customer);
+    IF EXISTS (SELECT 1 FROM ledger_action a WHERE a.id <> NEW.id AND a.target = NEW.target AND a.status IN {IN_FLIGHT})
+       OR (NEW.customer <> '' AND EXISTS (
+           SELECT 1 FROM ledger_action a WHERE a.id <> NEW.id AND a.customer = NEW.customer AND a.status IN {IN_FLIGHT}))
+    THEN
+        RAISE EXCEPTION USING MESSAGE = 'another action is in flight for the same target or customer: '
+                                        || NEW.operation_key || ' must be held, not queued',
+                              ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    RETURN NEW;
+END """)
+
+REQUEUE_SAME_SUBJECT_SQLITE = SQLiteTrigger("ledger_action_requeue_same_subject", f"""CREATE TRIGGER ledger_action_requeue_same_subject BEFORE UPDATE OF status ON ledger_action
+WHEN OLD.status = '{ActionStatus.FAILED}' AND NEW.status = '{ActionStatus.QUEUED}' AND (
+    EXISTS (SELECT 1 FROM ledger_action a WHERE a.id <> NEW.id AND a.target = NEW.target AND a.status IN {IN_FLIGHT})
+    OR (NEW.customer <> '' AND EXISTS (
+        SELECT 1 FROM ledger_action a WHERE a.id <> NEW.id AND a.customer = NEW.customer AND a.status IN {IN_FLIGHT})))
+BEGIN
+    SELECT RAISE(ABORT, 'another action is in flight for the same target or customer: it must be held, not queued');
+END""")
+
+# Audit events are append-only; the only update is the sealer's, and only with the next link
+# of the chain (hash = sha256(prev_hash || content_hash || seq), the formula of audit.py).
+AUDIT_APPEND_ONLY = Function("ledger_audit_append_only() RETURNS trigger", """
+DECLARE
+    expected_prev text := '';
+BEGIN
+    IF TG_OP = 'UPDATE' AND OLD.seq IS NULL AND NEW.seq IS NOT NULL
+       AND (to_jsonb(NEW) - 'seq' - 'prev_hash' - 'hash') = (to_jsonb(OLD) - 'seq' - 'prev_hash' - 'hash') THEN
+        IF NEW.seq > 1 THEN
+            SELECT hash INTO expected_prev FROM ledger_auditevent WHERE seq = NEW.seq - 1;  -- NULL if none
+        END IF;
+        IF NEW.prev_hash IS DISTINCT FROM expected_prev
+           OR NEW.hash <> encode(sha256(convert_to(NEW.prev_hash || NEW.content_hash || NEW.seq::text, 'UTF8')), 'hex')
+        THEN
+            RAISE EXCEPTION USING MESSAGE = 'audit events are append-only: a seal must be the next link of the chain',
+                                  ERRCODE = 'insufficient_privilege';
+        END IF;
+        RETURN NEW;  -- the seal (AuditEventManager.seal)
+    END IF;
+    RAISE EXCEPTION USING MESSAGE = 'audit events are append-only: ' || TG_OP || ' refused',
+                          ERRCODE = 'insufficient_privilege';
+END """)
+
+# SQLite: the same rule, spelled out column by column (it has no row-to-JSON).
+AUDIT_CONTENT_COLUMNS = ["id", "occurred_at", "actor", "verb", "object_type", "object_id", "object_label", "before",
+                         "after", "reason", "request_id", "content_hash"]
+AUDIT_NO_UPDATE_SQLITE = SQLiteTrigger(
+    "ledger_audit_no_update",
+    "CREATE TRIGGER ledger_audit_no_update BEFORE UPDATE ON ledger_auditevent "
+    "WHEN OLD.seq IS NOT NULL OR NEW.seq IS NULL OR "
+    + " OR ".join(f"NEW.{c} IS NOT OLD.{c}" for c in AUDIT_CONTENT_COLUMNS)
+    + " BEGIN SELECT RAISE(ABORT, 'audit events are append-only (UPDATE refused)'); END",
+)
+AUDIT_NO_DELETE_SQLITE = SQLiteTrigger(
+    "ledger_audit_no_delete",
+    "CREATE TRIGGER ledger_audit_no_delete BEFORE DELETE ON ledger_auditevent "
+    "BEGIN SELECT RAISE(ABORT, 'audit events are append-only (DELETE refused)'); END",
+)
+
+RULES = [LOCK_SUBJECTS, SAME_SUBJECT, REQUEUE_SAME_SUBJECT, AUDIT_APPEND_ONLY,
+         SAME_SUBJECT_SQLITE, REQUEUE_SAME_SUBJECT_SQLITE, AUDIT_NO_UPDATE_SQLITE, AUDIT_NO_DELETE_SQLITE]
+
+
+def installed(connection, rule):
+    """The rule's text as the database holds it (None if missing), comparable to the rendering."""
+    with connection.cursor() as cursor:
+        if isinstance(rule, Function):
+            cursor.execute("SELECT prosrc FROM pg_proc WHERE proname = %s", [rule.name])
+        else:
+            cursor.execute("SELECT sql FROM sqlite_master WHERE type = 'trigger' AND name = %s", [rule.name])
+        row = cursor.fetchone()
+    return None if row is None else _normal(row[0])
+
+
+def rendered(rule):
+    return _normal(rule.body if isinstance(rule, Function) else rule.sql)
+
+
+def _normal(text):
+    return text.strip().rstrip(";").strip()
+
+
+def for_vendor(rules, vendor):
+    kind = Function if vendor == "postgresql" else SQLiteTrigger
+    return [rule for rule in rules if isinstance(rule, kind)]
