@@ -133,18 +133,6 @@ def task_dead_letter(task):
     return DeadLetter.objects.get(task=task, status=EntryStatus.OPEN)
 
 
-def refund_task(agent, n, order, *, notify=None, reason=""):
-    input_ = {"order_id": order.order_id, "amount": str(order.amount), "currency": order.currency,
-              "customer": order.customer}
-    if reason:
-        input_["reason"] = reason
-    if notify:
-        input_["notify"] = notify
-    task, _ = task_request(agent=agent, task_id=f"refund-{order.order_id.removeprefix('ORD-')}-{n}",
-                           workflow="refund", input=input_)
-    return task
-
-
 # --- The demo ----------------------------------------------------------------------------------
 
 ORDERS = [  # order id, customer, amount, currency
@@ -183,13 +171,13 @@ class Demo:
     tokens: dict
 
 
-def _refund(agent, key, order, amount=None, *, decision, customer=None, reason=""):
+def _refund(agent, key, order, amount=None, *, decision, reason=""):
     params = {"amount": amount or str(order.amount), "currency": order.currency}
     if reason:
         params["reason"] = reason
     action, _ = action_request(
         agent=agent, operation_key=key, action_type=ActionType.REFUND, target=order.order_id,
-        customer=customer if customer is not None else order.customer, params=params, decision_id=decision,
+        customer=order.customer, params=params, decision_id=decision,
     )
     return action
 
@@ -210,6 +198,16 @@ def _booking(agent, key, resource, customer, service, start, hours, *, decision)
         params=params, decision_id=decision,
     )
     return action
+
+
+def refund_task(agent, n, order, *, reason=""):
+    input_ = {"order_id": order.order_id, "amount": str(order.amount), "currency": order.currency,
+              "customer": order.customer}
+    if reason:
+        input_["reason"] = reason
+    task, _ = task_request(agent=agent, task_id=f"refund-{order.order_id.removeprefix('ORD-')}-{n}",
+                           workflow="refund", input=input_)
+    return task
 
 
 def _item(action):
@@ -281,7 +279,7 @@ def _seed_actions(users, agents, orders, script):
     lost = _refund(billing, "refund:ORD-10020:full:dec-405", o("ORD-10020"), decision="dec-405")
     action_claim_next(WORKER, only=lost.pk)
     time_passes(lost, settings.LEASE_SECONDS + settings.CONNECTOR_TIMEOUT)
-    action_expire_leases()
+    action_expire_leases()  # the sweeper's pass: it takes over every lapsed lease, as at any start
     script.arm("ORD-10020", CANNOT_TELL)
     execute(lost)
     # needs_review (2): approved over the limit, timed out, found at the provider — over the limit,
