@@ -2,7 +2,8 @@
 
 SMTP cannot be asked afterwards whether a message arrived, so what the server said decides:
 
-- no connection, or a failed TLS or login: nothing was offered -> `NotSent` (a new attempt);
+- no connection, or a failed TLS or login: nothing was offered -> `NotSent` (a new attempt;
+  a refused login is named as such, so wrong credentials are plain in the evidence);
 - a 4xx reply (to MAIL, RCPT or DATA): the server took nothing and asks to come back -> `NotSent`;
 - a 5xx reply: a definite no -> `Rejected`;
 - a dropped connection or a timeout once DATA was sent, or a reply that cannot be read: the
@@ -71,6 +72,9 @@ class EmailConnector(Connector):
         connection = get_connection(timeout=settings.CONNECTOR_TIMEOUT)
         try:
             connection.open()
+        except smtplib.SMTPAuthenticationError as exc:
+            raise http.NotSent(f"{mid}: the mail server refused the login (EMAIL_HOST_USER, EMAIL_HOST_PASSWORD): "
+                               f"{exc!r}", code="smtp_login_refused") from exc
         except OSError as exc:
             raise http.NotSent(f"{mid}: no SMTP session: {exc!r}", code="smtp_connect_failed") from exc
         try:
