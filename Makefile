@@ -18,7 +18,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 .PHONY: help install services static test run bench chaos check
 
 help:
-	@echo "make run       web app at http://127.0.0.1:8000, two RQ workers and the sweeper, with demo data"
+	@echo "make run       web app at http://127.0.0.1:8000 (PORT=... to change), two RQ workers and the sweeper, with demo data"
 	@echo "make test      the test suite on PostgreSQL and Redis, then in-process tests on SQLite (PYTEST_ARGS=... narrows it to PostgreSQL)"
 	@echo "make install   virtualenv + Python deps, npm packages, Chromium for browser tests"
 	@echo "make services  make sure PostgreSQL and Redis are running"
@@ -74,7 +74,8 @@ chaos: install services static
 	  $(VENV)/bin/pytest tests/chaos -m chaos -p no:cacheprovider $(PYTEST_ARGS)
 
 # --- run -----------------------------------------------------------------------------------
-run: install services
+# Only what the app needs: Chromium is for the browser tests. PORT=8001 moves the whole run.
+run: $(VENV)/.installed node_modules/.installed services
 	@bash scripts/run-local.sh
 
 bench: install services

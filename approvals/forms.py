@@ -9,6 +9,8 @@ class DecisionForm(forms.Form):
     reason = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}), max_length=2000)
     external_ref = forms.CharField(required=False, max_length=255)
     confirm_absent = forms.BooleanField(required=False)
+    # "queue": a decision taken from the queue's row goes back to the queue.
+    return_to = forms.ChoiceField(choices=[("", "the next item"), ("queue", "the queue")], required=False)
 
     def clean(self):
         data = super().clean()

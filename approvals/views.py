@@ -2,31 +2,69 @@
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
+from django.db.models import Q, Sum
 from django.http import HttpResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from ledger.dashboard import keyset_page, render_partial, staff_required
-from ledger.models import Action, ActionType, Capability
+from ledger.models import IN_FLIGHT_STATUSES, Action, ActionStatus, ActionType, AuditEvent, Capability
 
 from .access import PERM_FOR_KIND, get_review_item_for_user, user_may
 from .decisions import AlreadyDecided, DecisionRefused, review_decide
 from .forms import DecisionForm, LimitForm
+from .overview import approved_by
 from .models import Limit, ReviewItem, ReviewKind, ReviewStatus
 
 QUEUES = {
-    "approvals": ([ReviewKind.APPROVAL, ReviewKind.HELD], "Approvals"),
-    "unknown": ([ReviewKind.UNKNOWN_OUTCOME], "Unknown outcomes"),
+    "approvals": ([ReviewKind.APPROVAL, ReviewKind.HELD], "Approvals", "approvals"),
+    "unknown": ([ReviewKind.UNKNOWN_OUTCOME], "Unknown outcomes", "unknown-outcomes"),
 }
+# What a person is told after each decision: the item's status alone said "resolved" for a
+# verification that had only just been asked for.
+DONE = {
+    "approve": "approved",
+    "reject": "rejected",
+    "release": "released",
+    "mark_succeeded": "marked succeeded",
+    "mark_failed": "marked failed (safe to retry)",
+    "verify": "sent back to the provider to verify; its outcome shows on this page once it is known",
+}
+# An action the executor still works on: what a verification waits for.
+UNSETTLED = {ActionStatus.QUEUED, ActionStatus.PENDING, ActionStatus.UNKNOWN}
+
+
+def _queue_of(item):
+    return "unknown" if item.kind == ReviewKind.UNKNOWN_OUTCOME else "approvals"
+
+
+def _waiting_for(user):
+    """Open items this user can still act on: not requested by an agent they own (four eyes)
+    and not already approved by them (the second approval must be someone else's)."""
+    return ReviewItem.objects.filter(status=ReviewStatus.OPEN).exclude(action__agent__owner=user).exclude(
+        approved_by(user))
+
+
+def _next_item(item, user):
+    """The item after `item` in its queue's order (deadline, then id: equal deadlines are
+    not skipped) that this user can act on."""
+    kinds = QUEUES[_queue_of(item)][0]
+    after = Q(deadline__gt=item.deadline) | Q(deadline=item.deadline, pk__gt=item.pk)
+    return _waiting_for(user).filter(after, kind__in=kinds).order_by("deadline", "id").first()
 
 
 @staff_required
 def review_queue(request, queue):
-    kinds, title = QUEUES[queue]
+    kinds, title, url_name = QUEUES[queue]
     items = ReviewItem.objects.select_related("action", "action__agent").filter(kind__in=kinds)
     status = request.GET.get("status", ReviewStatus.OPEN)
     if status in ReviewStatus.values:
         items = items.filter(status=status)
+    kind = request.GET.get("kind", "")
+    if kind in kinds:
+        items = items.filter(kind=kind)
     if request.GET.get("action_type"):
         items = items.filter(action__action_type=request.GET["action_type"])
     # Earliest deadline first, a page at a time: what is due next is what a person works.
@@ -34,7 +72,10 @@ def review_queue(request, queue):
     filters = request.GET.copy()
     filters.pop("after", None)
     context = {"items": items, "queue": queue, "title": title, "status": status, "statuses": ReviewStatus.values,
-               "action_types": ActionType.values, "next_cursor": next_cursor, "query": filters.urlencode()}
+               "kinds": kinds if len(kinds) > 1 else [], "kind": kind, "queue_url": reverse(url_name),
+               "action_types": ActionType.values, "next_cursor": next_cursor, "query": filters.urlencode(),
+               "may_reject": {t for t in ActionType.values if user_may(request.user, PERM_FOR_KIND[kinds[0]],
+                                                                        Capability.Kind.ACTION_TYPE, t)}}
     return render_partial(request, "approvals/queue.html", "rows" if request.htmx else None, context)
 
 
@@ -42,21 +83,82 @@ def review_queue(request, queue):
 def review_detail(request, pk):
     item = get_review_item_for_user(request.user, pk)
     action = item.action
+    approvals = list(item.approvals.select_related("user"))
+    history = AuditEvent.objects.history(action)
     context = {
         "item": item,
         "action": action,
         "may_decide": user_may(request.user, PERM_FOR_KIND[item.kind], Capability.Kind.ACTION_TYPE, action.action_type)
         and action.agent.owner_id != request.user.pk,
-        "is_requester": action.agent.owner_id == request.user.pk,
-        "approvals": item.approvals.select_related("user"),
+        "is_owner": action.agent.owner_id == request.user.pk,
+        "approved_by_me": any(a.user_id == request.user.pk for a in approvals),
+        "approvals": approvals,
+        "why": _why_now(item, history),
+        "rationale": (action.params or {}).get("reason", ""),
         "customer_recent": Action.objects.filter(customer=action.customer).exclude(pk=action.pk).order_by("-id")[:10]
         if action.customer else [],
+        "customer_today": _customer_total_today(action),
         "siblings": Action.objects.filter(target=action.target).exclude(pk=action.pk).order_by("-id")[:10],
+        "holding": _holding(action) if item.kind == ReviewKind.HELD else None,
+        "references": _references_found(action.evidence),
+        "verifying": _verification(item, action, history),
         "form": DecisionForm(),
-        "next_item": ReviewItem.objects.filter(status=ReviewStatus.OPEN, kind=item.kind, deadline__gt=item.deadline)
-        .order_by("deadline", "id").first(),
+        "next_item": _next_item(item, request.user),
     }
-    return render(request, "approvals/detail.html", context)
+    return render_partial(request, "approvals/detail.html", "outcome" if request.htmx else None, context)
+
+
+def _why_now(item, history):
+    """Why the item waits, as the move that made it wait recorded it: an unknown outcome the
+    provider did confirm waits for the limit, not because the outcome is unproven."""
+    if item.kind == ReviewKind.UNKNOWN_OUTCOME:
+        move = history.filter(after__status=ActionStatus.NEEDS_REVIEW).exclude(reason="").last()
+        if move is not None:
+            return move.reason
+    return item.why
+
+
+def _holding(action):
+    """What is in flight now on the held action's target or customer (its held companions
+    aside): the page tells when the action that held it has settled."""
+    subjects = Q(target=action.target) | (Q(customer=action.customer) if action.customer else Q(pk__in=[]))
+    return list(Action.objects.filter(subjects, status__in=IN_FLIGHT_STATUSES - {ActionStatus.HELD})
+                .exclude(pk=action.pk).order_by("id")[:10])
+
+
+def _customer_total_today(action):
+    """The customer's total today for this action type and currency, counted as the limits
+    count it (what is not rejected, cancelled or failed), this action included."""
+    if not action.customer or action.amount is None:
+        return None
+    start_of_day = timezone.now().replace(hour=0, minute=0, second=0, microsecond=0)
+    today = Action.objects.filter(action_type=action.action_type, currency=action.currency, customer=action.customer,
+                                  created_at__gte=start_of_day).exclude(
+        status__in=[ActionStatus.REJECTED, ActionStatus.CANCELLED, ActionStatus.FAILED])
+    return today.aggregate(total=Sum("amount"))["total"]
+
+
+def _references_found(evidence):
+    """The provider's references for this operation key that a verification found."""
+    references = []
+    for entry in evidence or []:
+        if entry.get("found") is True:
+            for ref in (entry.get("verification") or {}).get("matches") or []:
+                if isinstance(ref, str) and ref not in references:
+                    references.append(ref)
+    return references
+
+
+def _verification(item, action, history):
+    """For an item sent back to verify: whether the executor is still at it, what it came to
+    (the action's latest move since), and the action's new item if it needs a person again."""
+    if item.status != ReviewStatus.RESOLVED or not AuditEvent.objects.history(item).filter(verb="verify").exists():
+        return None
+    asked = history.filter(verb="verify_again").last()
+    latest = history.last()
+    return {"pending": action.status in UNSETTLED,
+            "latest": latest if asked is not None and latest.pk != asked.pk else None,
+            "open_item": action.review_items.filter(status=ReviewStatus.OPEN).first()}
 
 
 @staff_required
@@ -66,8 +168,9 @@ def review_decide_view(request, pk):
     form = DecisionForm(request.POST)
     if not form.is_valid():
         return _refused(request, item, "; ".join(form.non_field_errors()) or "the decision form is incomplete", 400)
+    decision = form.cleaned_data["decision"]
     try:
-        item = review_decide(item, user=request.user, decision=form.cleaned_data["decision"],
+        item = review_decide(item, user=request.user, decision=decision,
                              reason=form.cleaned_data["reason"], external_ref=form.cleaned_data["external_ref"])
     except AlreadyDecided as exc:
         return _refused(request, item, str(exc), 409)
@@ -76,8 +179,14 @@ def review_decide_view(request, pk):
     if item.status == ReviewStatus.OPEN:
         messages.info(request, "Your approval is recorded; a second approver is needed.")
     else:
-        messages.success(request, f"{item.action.operation_key}: {item.status}.")
-    return redirect("review-detail", pk=item.pk)
+        messages.success(request, f"{item.action.operation_key}: {DONE[decision]}.")
+    if decision == "verify":
+        return redirect("review-detail", pk=item.pk)
+    if form.cleaned_data["return_to"] == "queue":
+        return redirect(QUEUES[_queue_of(item)][2])
+    # On to the next item in the queue's order; the last one stays on the page it was decided on.
+    following = _next_item(item, request.user)
+    return redirect("review-detail", pk=following.pk if following else item.pk)
 
 
 def _refused(request, item, why, status):
@@ -105,4 +214,3 @@ def policies(request):
             return redirect("policies")
     limits = Limit.objects.select_related("updated_by")
     return render(request, "approvals/policies.html", {"limits": limits, "form": form, "may_edit": may_edit})
-

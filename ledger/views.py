@@ -1,6 +1,7 @@
 """Dashboard pages about the ledger itself: overview, search, details, agents, audit log."""
 
 import csv
+import json
 
 from django.conf import settings
 from django.contrib import messages
@@ -86,7 +87,7 @@ def ledger_search(request):
     if q.get("target"):
         actions = actions.filter(target=q["target"].strip())
     if q.get("customer"):
-        actions = actions.filter(customer=q["customer"].strip())
+        actions = _customer_matching(actions, q["customer"].strip())
     if q.get("agent"):
         # By the agent's id rather than a join on its name: with the id the planner knows from
         # agent_id's statistics how many actions the agent has and reads action_agent_idx in
@@ -109,6 +110,14 @@ def ledger_search(request):
     context = {"rows": rows, "next_cursor": next_cursor, "filters": filters, "statuses": STATUS_ORDER,
                "query": filters.urlencode(), "agents": Agent.objects.values_list("name", flat=True)}
     return render_partial(request, "ledger/search.html", "results" if request.htmx else None, context)
+
+
+def _customer_matching(actions, customer):
+    """The customer as written (action_customer_idx answers it), else any customer whose id
+    starts so in any case ("cust-17" finds CUST-17 and CUST-170): people type ids from
+    e-mails and tickets, not from the ledger."""
+    exact = actions.filter(customer=customer)
+    return exact if exact.exists() else actions.filter(customer__istartswith=customer)
 
 
 @staff_required
@@ -219,6 +228,11 @@ def audit_log(request):
     return render_partial(request, "ledger/audit.html", "results" if request.htmx else None, context)
 
 
+def _as_json(value):
+    """A before/after column as JSON, which any tool reads back (Python's repr was written)."""
+    return "" if value is None else json.dumps(value, ensure_ascii=False, sort_keys=True)
+
+
 class _Echo:
     def write(self, value):
         return value
@@ -233,7 +247,7 @@ def _audit_csv(events):
         yield writer.writerow(header)
         for e in events.order_by("id").iterator(chunk_size=2000):
             yield writer.writerow([e.seq, e.occurred_at.isoformat(), e.actor, e.verb, e.object_type, e.object_id,
-                                   e.before, e.after, e.reason, e.request_id, e.hash])
+                                   _as_json(e.before), _as_json(e.after), e.reason, e.request_id, e.hash])
 
     response = StreamingHttpResponse(rows(), content_type="text/csv")
     response["Content-Disposition"] = f'attachment; filename="audit-{timezone.now():%Y%m%d-%H%M}.csv"'

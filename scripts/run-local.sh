@@ -2,17 +2,35 @@
 # Local run: prepare the `surety` database, then run the web app, two RQ workers and the
 # sweeper in the foreground. Ctrl-C (or any one process exiting) stops all of them.
 # Expects `make install services` to have run (`make run` does both).
+#
+# PORT (default 8000) is where the web app listens on 127.0.0.1; the sandbox connector's
+# SANDBOX_BASE_URL and the alerts' SITE_URL follow it unless set. Every process runs with
+# config.local: alert e-mails are written to artifacts/mail/, refused requests are one line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PY=.venv/bin/python
+PORT="${PORT:-8000}"
+say() { echo "run: $*"; }
+
+# --- the port, before anything is prepared or announced ----------------------------------------
+if ! [[ "$PORT" =~ ^[0-9]+$ ]] || [ "$PORT" -lt 1 ] || [ "$PORT" -gt 65535 ]; then
+  say "PORT must be a number from 1 to 65535, not '$PORT'" >&2
+  exit 2
+fi
+if ! "$PY" -c 'import socket, sys
+s = socket.socket()
+s.bind(("127.0.0.1", int(sys.argv[1])))' "$PORT" 2>/dev/null; then
+  say "port $PORT on 127.0.0.1 is in use; choose another: make run PORT=8001" >&2
+  exit 1
+fi
+
 export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/surety}"
 export DEBUG="${DEBUG:-true}"
-export SANDBOX_BASE_URL="${SANDBOX_BASE_URL:-http://127.0.0.1:8000/sandbox/v1}"
+export DJANGO_SETTINGS_MODULE="${DJANGO_SETTINGS_MODULE:-config.local}"
+export SITE_URL="${SITE_URL:-http://127.0.0.1:$PORT}"
+export SANDBOX_BASE_URL="${SANDBOX_BASE_URL:-$SITE_URL/sandbox/v1}"
 export PYTHONUNBUFFERED=1
-BIND="${BIND:-127.0.0.1:8000}"
-
-say() { echo "run: $*"; }
 
 # --- the database -------------------------------------------------------------------------
 say "ensuring database ${DATABASE_URL##*/}"
@@ -70,12 +88,21 @@ trap 'stop; exit 130' INT
 trap 'stop; exit 143' TERM
 trap stop EXIT
 
-start web    "$PY" -m gunicorn config.wsgi -b "$BIND" -k gthread -w 2 --threads 16 --timeout 60 --graceful-timeout 5 --access-logfile -
+start web    "$PY" -m gunicorn config.wsgi -b "127.0.0.1:$PORT" -k gthread -w 2 --threads 16 --timeout 60 --graceful-timeout 5 --access-logfile -
 start worker1 "$PY" manage.py rqworker default --worker-class rq.worker.SimpleWorker --with-scheduler
 start worker2 "$PY" manage.py rqworker default --worker-class rq.worker.SimpleWorker --with-scheduler
 start sweeper "$PY" manage.py sweep
 
-say "web app at http://$BIND/ — Ctrl-C stops everything"
+# Announced once the web app answers: gunicorn can still fail to start (the port taken meanwhile).
+for _ in $(seq 1 300); do
+  "$PY" -c 'import sys, urllib.request
+urllib.request.urlopen(sys.argv[1], timeout=1)' "$SITE_URL/accounts/login/" >/dev/null 2>&1 && break
+  for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null || { say "a process exited before the web app answered"; exit 1; }; done
+  sleep 0.2
+done
+say "web app at $SITE_URL/ — Ctrl-C stops everything"
+say "alert e-mails are written to ${EMAIL_FILE_PATH:-artifacts/mail}/"
+say "an agent on this database: DATABASE_URL=$DATABASE_URL .venv/bin/python manage.py create_agent my-bot --grant refund --owner olga"
 # Whichever process ends first (a crash, a kill) ends the whole run.
 set +e
 wait -n "${pids[@]}"

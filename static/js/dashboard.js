@@ -3,8 +3,10 @@
  * Everything here is an enhancement: every control is a plain link or form that works
  * without it. Loaded with `defer` from static (the CSP allows no inline script).
  *
- * Queues (pages with .queue-row rows): j / k select the next / previous row, Enter opens it.
- * Review item: a approves (or releases), r focuses the reason, and rejects when a reason is
+ * Queues (pages with .queue-row rows): j / k select the next / previous row, Enter opens it,
+ * r opens the selected row's "Reject…" with its reason field focused.
+ * Review item: a approves (or releases), asking first where the button carries data-confirm
+ * (above the two-approver threshold); r focuses the reason, and rejects when a reason is
  * written. Escape leaves a text field so the shortcuts work again.
  */
 (function () {
@@ -84,11 +86,22 @@
   function approve() {
     var button = decisionButton(["approve", "release"]);
     if (!button) return false;
-    button.click();
+    var question = button.getAttribute("data-confirm");
+    if (!question || window.confirm(question)) button.click();
+    return true;
+  }
+
+  function rejectSelectedRow() {
+    var row = document.querySelector('.queue-row[aria-selected="true"]');
+    var details = row && row.querySelector("details.row-reject");
+    if (!details) return false;
+    details.open = true;
+    details.querySelector("input[name=reason]").focus();
     return true;
   }
 
   function reject() {
+    if (rejectSelectedRow()) return true;
     var reason = document.getElementById("reason");
     if (!reason || !document.getElementById("decision-form")) return false;
     var button = decisionButton(["reject"]);
@@ -120,6 +133,14 @@
       case "r": handled = reject(); break;
     }
     if (handled) event.preventDefault();
+  });
+
+  // A queue refresh would replace a reason being written in a row's "Reject…": skip it meanwhile.
+  document.addEventListener("htmx:beforeRequest", function (event) {
+    var target = event.detail && event.detail.elt;
+    if (target && target.id === "queue-rows" && target.querySelector("details.row-reject[open]")) {
+      event.preventDefault();
+    }
   });
 
   // After htmx refreshes a queue, keep the row the person had selected.

@@ -41,7 +41,7 @@ def test_an_approver_approves_an_over_limit_refund_and_the_provider_holds_exactl
         page.locator(".queue-row", has_text=KEY).locator("a.row-link").click()
     assert page.url.endswith(f"/review/{item.pk}/")
     assert page.locator("#item-status").inner_text().strip() == "open"
-    assert page.locator("#action-status").inner_text().strip() == "awaiting_approval"
+    assert page.locator("#action-status").inner_text().strip() == "awaiting approval"
     shot(page, "review-detail")
 
     page.locator("#reason").fill("the customer was charged twice")
@@ -69,7 +69,7 @@ def test_a_reject_without_a_reason_is_refused(page, over_limit_refund):
         decision_button(page, "reject").click()
     assert "a reason is required" in status_message(page)
     assert page.locator("#item-status").inner_text().strip() == "open"
-    assert page.locator("#action-status").inner_text().strip() == "awaiting_approval"
+    assert page.locator("#action-status").inner_text().strip() == "awaiting approval"
     item.refresh_from_db()
     assert item.status == ReviewStatus.OPEN
     assert Action.objects.get(pk=item.action_id).status == ActionStatus.AWAITING_APPROVAL

@@ -6,7 +6,7 @@ import pytest
 from approvals.models import ReviewItem, ReviewStatus
 from ledger.actions import action_request
 from ledger.models import ActionStatus, AuditEvent
-from tests.browser.conftest import login
+from tests.browser.conftest import login, status_message
 
 pytestmark = pytest.mark.browser
 
@@ -37,7 +37,9 @@ def test_keyboard_approve_works(page, agent, limit):
 
     with page.expect_navigation():
         page.keyboard.press("a")
-    assert page.locator("#item-status").inner_text().strip() == "approved"
+    # The decision is taken and the page moves on to the next item in the queue's order.
+    assert page.url.endswith(f"/review/{second.pk}/")
+    assert f"{first.action.operation_key}: approved" in status_message(page)
     first.refresh_from_db()
     assert first.status == ReviewStatus.APPROVED and first.decided_by_label == "user:alice"
     assert first.action.status == ActionStatus.QUEUED  # approved; no worker runs in this test
