@@ -217,7 +217,7 @@ METRICS_STALE_SECONDS = env_float("METRICS_STALE_SECONDS", 300)
 # /healthz: how recent a worker's heartbeat (RQ's worker TTL 420 s + its 60 s grace, by
 # default: an idle worker beats every TTL - 15 s) and the sweeper's last pass must be.
 HEALTHZ_WORKER_SECONDS = env_float("HEALTHZ_WORKER_SECONDS", 480)
-HEALTHZ_SWEEPER_SECONDS = env_float("HEALTHZ_SWEEPER_SECONDS", 60)
+HEALTHZ_SWEEPER_SECONDS = env_float("HEALTHZ_SWEEPER_SECONDS", max(60, 3 * SWEEP_INTERVAL_SECONDS))
 
 # --- Auth -----------------------------------------------------------------------------------
 AUTHENTICATION_BACKENDS = [

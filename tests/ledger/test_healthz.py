@@ -41,6 +41,19 @@ def test_the_sweeper_is_down_once_its_trace_expires(stack, settings):
     assert health(stack.url) == (503, {**ALL_OK, "sweeper": "down"})
 
 
+def test_a_worker_whose_heartbeat_is_older_than_the_window_is_down(stack, client, settings):
+    stack.start_worker()
+    wait_until(lambda: Worker.all(connection=jobs.redis_connection()), message="the worker's registration")
+    call_command("sweep", "--once")
+    settings.HEALTHZ_WORKER_SECONDS = 0.5  # an idle worker beats every few minutes
+
+    time.sleep(0.6)
+    response = client.get("/healthz")  # in this process, to see the shorter window
+
+    assert response.status_code == 503
+    assert response.json() == {**ALL_OK, "worker": "down"}
+
+
 @pytest.mark.django_db
 def test_it_answers_503_naming_redis_when_redis_stops(client, settings):
     # The machine's Redis is shared, so it is not stopped: this process's settings point at a
