@@ -19,6 +19,7 @@ import redis
 from django.core.management import call_command
 from django.db import connection
 from ledger import jobs
+from ledger.connectors import http
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -166,3 +167,14 @@ def jobs_to_test_redis(settings, monkeypatch):
     settings.RQ_ASYNC = True
     settings.RQ_QUEUES = {"default": {"URL": REDIS_URL, "DEFAULT_TIMEOUT": 600, "ASYNC": True}}
     monkeypatch.setattr(jobs, "_seen_waiting", {})
+
+
+@pytest.fixture
+def live_server(live_server):
+    """pytest-django's live server, which the product's pooled HTTP client lets go of after the
+    test: a connection kept alive holds a request thread of the server, and that thread's
+    database connection, open until the run ends, and the test database could not be dropped."""
+    yield live_server
+    for client in http._clients.values():
+        client.close()
+    http._clients.clear()

@@ -1,19 +1,35 @@
 """Named actors and small helpers shared by the tests."""
 
+import json
 import threading
 import time
+from contextlib import contextmanager
+from datetime import timedelta
+from decimal import Decimal
+from types import SimpleNamespace
 
 import httpx
-from django.db import connection
+from django.db import connection, transaction
+from django.utils import timezone
 
 from ledger.agents import agent_create
-from ledger.models import StepStatus, TaskStep
+from ledger.models import Action, ActionStatus, AuditEvent, StepStatus, TaskStep
 from ledger.tasks import task_request
 
 
-def make_agent(name, grants=("refund", "send_message", "create_booking")):
+GRANTS = ("refund", "send_message", "create_booking")
+
+
+def make_agent(name, grants=GRANTS):
     """Returns (agent, token)."""
     return agent_create(name, actor="system:tests", grants=grants)
+
+
+def make_agent_on(client, name="billing", grants=GRANTS):
+    """A new agent whose token Django's test `client` sends with every request from now on."""
+    agent, token = make_agent(name, grants)
+    client.defaults["HTTP_AUTHORIZATION"] = f"Bearer {token}"
+    return agent
 
 
 def api_client(base_url, token):
@@ -47,19 +63,67 @@ def send_together(url, token, sends):
     return answers
 
 
+def sessions_waiting_for_a_lock(table=None):
+    """How many other connections to this database wait for a lock (a row, an advisory lock,
+    a unique key being written), in a statement naming `table` if given (PostgreSQL)."""
+    with connection.cursor() as cursor:
+        # Inside a transaction PostgreSQL answers from its first look at pg_stat_activity.
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                       "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid() AND query ILIKE %s",
+                       [f"%{table or ''}%"])
+        return cursor.fetchone()[0]
+
+
 def another_waits_for_a_lock(seconds=5):
-    """Whether, within `seconds`, another connection to this database waits for a lock (a
-    row, an advisory lock, a unique key being written): what a test racing two transactions
-    waits for before it lets the first one commit, instead of a sleep (PostgreSQL)."""
+    """Whether, within `seconds`, another connection waits for a lock: what a test racing two
+    transactions waits for before it lets the first one commit, instead of a sleep."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT 1 FROM pg_stat_activity WHERE datname = current_database() "
-                           "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()")
-            if cursor.fetchone():
-                return True
+        if sessions_waiting_for_a_lock():
+            return True
         time.sleep(0.01)
     return False
+
+
+@contextmanager
+def another_transaction(hold, *, commit_when_waited_on=False):
+    """Run `hold()` in a transaction on a connection and thread of its own, and keep that
+    transaction open while the with-block runs: what a request does while another one holds
+    its locks, or has written rows it has not committed (PostgreSQL).
+
+    It commits when the block ends or, with `commit_when_waited_on`, as soon as another
+    connection waits for a lock (at the most 5 s), so that the block itself may wait on it;
+    then the yielded `.waited` says whether one did. An error in `hold()` is raised here."""
+    other = SimpleNamespace(waited=None, error=None)
+    held, release = threading.Event(), threading.Event()
+
+    def run():
+        try:
+            with transaction.atomic():
+                hold()
+                held.set()
+                if commit_when_waited_on:
+                    other.waited = another_waits_for_a_lock()
+                else:
+                    release.wait(30)
+        except BaseException as exc:  # noqa: BLE001 (raised in the test's thread)
+            other.error = exc
+        finally:
+            held.set()
+            connection.close()  # the thread's own connection, or the test database stays in use
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        assert held.wait(10), "the other transaction did not get its locks"
+        if other.error is None:
+            yield other
+    finally:
+        release.set()
+        thread.join(30)
+    if other.error is not None:
+        raise other.error
 
 
 def refund_body(order="ORD-8841", amount="25.00", currency="EUR", customer="CUST-17", **extra):
@@ -68,7 +132,52 @@ def refund_body(order="ORD-8841", amount="25.00", currency="EUR", customer="CUST
 
 
 def post_action(client, key, body):
+    """POST /api/v1/actions to a live server, with an httpx client."""
     return client.post("/api/v1/actions", json=body, headers={"Idempotency-Key": key})
+
+
+def post_action_in_process(client, key, body, *, headers=None, content_type="application/json"):
+    """POST /api/v1/actions with Django's test client: a dict or a list is sent as JSON, bytes
+    or a str as they are; a `key` of None sends no Idempotency-Key."""
+    content = body if isinstance(body, (bytes, str)) else json.dumps(body)
+    headers = {**({} if key is None else {"Idempotency-Key": key}), **(headers or {})}
+    return client.generic("POST", "/api/v1/actions", content, content_type=content_type, headers=headers)
+
+
+def required_in(status, retryable=True):
+    """What the database's check constraints ask of an action row in `status` (and what a
+    failed row needs to be retried or not)."""
+    S = ActionStatus
+    return {
+        S.SUCCEEDED: {"external_ref": "re_existing"},
+        S.FAILED: {"error": {"code": "declined", "message": "no", "retryable": retryable}},
+        S.QUEUED: {"next_attempt_at": timezone.now()},
+        S.UNKNOWN: {"next_attempt_at": timezone.now()},
+        S.PENDING: {"lease_expires_at": timezone.now() + timedelta(seconds=30)},
+    }.get(status, {})
+
+
+def new_action(agent, status, *, key="refund:ORD-1:full:dec-1", target="ORD-1", amount="25.00", retryable=True,
+               **fields):
+    """An action row made straight in `status`, not through the intake, and not saved yet: a
+    refund of `amount` EUR, with what its status requires; `fields` set any other column."""
+    values = {"operation_key": key, "fingerprint": "f" * 64, "action_type": "refund", "target": target,
+              "params": {"amount": amount, "currency": "EUR"}, "amount": Decimal(amount), "currency": "EUR",
+              "agent": agent, "status": status}
+    return Action(**{**values, **required_in(status, retryable), **fields})
+
+
+def make_action(agent, status, **kwargs):
+    """`new_action`, saved."""
+    action = new_action(agent, status, **kwargs)
+    action.save(force_insert=True)
+    return action
+
+
+def audit_events(obj, verb=None):
+    """The audit events about `obj`, oldest first; with `verb`, only those."""
+    events = AuditEvent.objects.history(obj)
+    return events if verb is None else events.filter(verb=verb)
 
 
 def sandbox(client, method, path, **kwargs):
@@ -103,4 +212,9 @@ def dead_letter(agent, task_id, *, order=None, customer=None, done=None):
     for name, result in (done or {}).items():
         TaskStep.objects.filter(task=task, name=name).update(status=StepStatus.DONE, result=result)
     error = {"code": "crash", "message": "the worker gave up", "retryable": True, "step": "call_refund_api"}
-    return task.mark_dead_lettered(actor="system:tests", error=error)
+    return open_entry(task.mark_dead_lettered(actor="system:tests", error=error))
+
+
+def open_entry(task):
+    """The task's open dead-letter entry (the dead-letter queue's reaction to its move)."""
+    return task.dead_letters.get(status="open")

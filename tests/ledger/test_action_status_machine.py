@@ -11,7 +11,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from ledger.models import ACTION_TRANSITIONS, Action, ActionStatus, AuditEvent, InvalidTransition, StaleClaim
-from tests.factories import make_agent
+from tests.factories import audit_events, make_action, make_agent, required_in
 
 S = ActionStatus
 EXPECTED = {
@@ -44,30 +44,6 @@ def agent(db):
     return make_agent("billing", grants=())[0]
 
 
-def required_in(status, retryable=True):
-    """What the database's check constraints require of a row in `status`."""
-    return {
-        S.SUCCEEDED: {"external_ref": "re_existing"},
-        S.FAILED: {"error": {"code": "declined", "message": "no", "retryable": retryable}},
-        S.QUEUED: {"next_attempt_at": timezone.now()},
-        S.UNKNOWN: {"next_attempt_at": timezone.now()},
-        S.PENDING: {"lease_expires_at": timezone.now() + timedelta(seconds=30)},
-    }.get(status, {})
-
-
-def action_in(agent, status, *, key="refund:ORD-1:full:dec-1", retryable=True, **fields):
-    """A row created straight in `status`, with what that status requires of it."""
-    return Action.objects.create(
-        operation_key=key, fingerprint="f" * 64, action_type="refund", target="ORD-1",
-        params={"amount": "25.00", "currency": "EUR"}, amount="25.00", currency="EUR",
-        agent=agent, status=status, **{**required_in(status, retryable), **fields},
-    )
-
-
-def events_for(action):
-    return AuditEvent.objects.filter(object_type="ledger.action", object_id=str(action.pk))
-
-
 def test_the_table_names_every_status_and_only_statuses():
     assert set(ACTION_TRANSITIONS) == set(S.values)
     assert all(targets <= set(S.values) for targets in ACTION_TRANSITIONS.values())
@@ -81,7 +57,7 @@ def test_final_statuses_lead_nowhere():
 @pytest.mark.parametrize("pair", REFUSED, ids=pair_id)
 def test_a_transition_not_in_the_table_is_refused_and_changes_nothing(agent, pair):
     source, target = pair
-    action = action_in(agent, source)
+    action = make_action(agent, source)
     row_before = Action.objects.values().get(pk=action.pk)
     events_before = AuditEvent.objects.count()
 
@@ -96,13 +72,13 @@ def test_a_transition_not_in_the_table_is_refused_and_changes_nothing(agent, pai
 @pytest.mark.parametrize("pair", ALLOWED, ids=pair_id)
 def test_a_transition_in_the_table_works_and_writes_exactly_one_audit_event(agent, pair):
     source, target = pair
-    action = action_in(agent, source)
+    action = make_action(agent, source)
     events_before = AuditEvent.objects.filter(object_type="ledger.action").count()
     action._move(target, actor="system:tests", verb="test", reason="exhaustive", **required_in(target))
 
     assert Action.objects.get(pk=action.pk).status == target
     assert action.status == target
-    [event] = events_for(action)  # others may follow it (a review item opening), never about this row
+    [event] = audit_events(action)  # others may follow it (a review item opening), never about this row
     assert AuditEvent.objects.filter(object_type="ledger.action").count() == events_before + 1
     assert (event.actor, event.verb, event.reason) == ("system:tests", "test", "exhaustive")
     assert (event.before["status"], event.after["status"]) == (source, target)
@@ -113,39 +89,39 @@ def test_a_transition_in_the_table_works_and_writes_exactly_one_audit_event(agen
 ])
 def test_the_database_refuses_a_row_no_worker_or_sweeper_would_ever_find(agent, status, missing):
     with pytest.raises(IntegrityError), transaction.atomic():
-        action_in(agent, status, **{missing: None})
+        make_action(agent, status, **{missing: None})
     assert not Action.objects.exists()
 
 
 def test_a_failed_action_that_is_not_retryable_cannot_be_requeued(agent):
-    action = action_in(agent, S.FAILED, retryable=False)
+    action = make_action(agent, S.FAILED, retryable=False)
     row_before = Action.objects.values().get(pk=action.pk)
 
     with pytest.raises(InvalidTransition):
         action.requeue(actor="user:ops", reason="try again")
 
     assert Action.objects.values().get(pk=action.pk) == row_before
-    assert not events_for(action).exists()
+    assert not audit_events(action).exists()
 
 
 def test_a_failed_action_that_is_retryable_can_be_requeued(agent):
-    action = action_in(agent, S.FAILED, retryable=True)
+    action = make_action(agent, S.FAILED, retryable=True)
     action.requeue(actor="user:ops", reason="the provider is back")
     action.refresh_from_db()
     assert action.status == S.QUEUED
     assert action.next_attempt_at is not None
-    assert events_for(action).get().reason == "the provider is back"
+    assert audit_events(action).get().reason == "the provider is back"
 
 
 def test_a_succeeded_action_cannot_be_marked_failed(agent):
-    action = action_in(agent, S.SUCCEEDED)
+    action = make_action(agent, S.SUCCEEDED)
     with pytest.raises(InvalidTransition):
         action.mark_failed(actor="system:tests", code="late", message="too late", retryable=False)
     assert Action.objects.get(pk=action.pk).status == S.SUCCEEDED
 
 
 def test_a_claim_takes_a_lease_and_bumps_the_fence(agent):
-    action = action_in(agent, S.QUEUED, fence=4)
+    action = make_action(agent, S.QUEUED, fence=4)
     action.claim(owner="host:1")
     row = Action.objects.get(pk=action.pk)
     assert (row.status, row.fence, row.attempts, row.lease_owner) == (S.PENDING, 5, 1, "host:1")
@@ -153,8 +129,8 @@ def test_a_claim_takes_a_lease_and_bumps_the_fence(agent):
 
 
 def test_a_stale_claim_is_refused_and_changes_nothing(agent):
-    action = action_in(agent, S.PENDING, fence=2, lease_owner="host:new",
-                       lease_expires_at=timezone.now() + timedelta(seconds=30))
+    action = make_action(agent, S.PENDING, fence=2, lease_owner="host:new",
+                         lease_expires_at=timezone.now() + timedelta(seconds=30))
     row_before = Action.objects.values().get(pk=action.pk)
 
     with pytest.raises(StaleClaim):
@@ -165,11 +141,11 @@ def test_a_stale_claim_is_refused_and_changes_nothing(agent):
         action.requeue(actor="system:executor", reason="x", claim=1)
 
     assert Action.objects.values().get(pk=action.pk) == row_before
-    assert not events_for(action).exists()
+    assert not audit_events(action).exists()
 
 
 def test_the_current_claim_may_write_its_outcome(agent):
-    action = action_in(agent, S.PENDING, fence=2)
+    action = make_action(agent, S.PENDING, fence=2)
     action.mark_succeeded(actor="system:executor", external_ref="re_1", result={"id": "re_1"}, claim=2)
     row = Action.objects.get(pk=action.pk)
     assert (row.status, row.external_ref, row.lease_owner, row.lease_expires_at) == (S.SUCCEEDED, "re_1", "", None)

@@ -10,8 +10,8 @@ import pytest
 from django.db import DatabaseError, connection, transaction
 
 from ledger.audit import chain_hash, content_hash
-from ledger.models import Action, ActionStatus, AuditEvent
-from tests.factories import make_agent
+from ledger.models import ActionStatus, AuditEvent
+from tests.factories import make_action, make_agent
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -22,10 +22,7 @@ S = ActionStatus
 
 def held_action(agent, key):
     """A row that can be rejected: a transition that rings no worker."""
-    return Action.objects.create(
-        operation_key=key, fingerprint="f" * 64, action_type="refund", target=key,
-        params={"amount": "25.00", "currency": "EUR"}, agent=agent, status=S.HELD,
-    )
+    return make_action(agent, S.HELD, key=key, target=key)
 
 
 def sealed():

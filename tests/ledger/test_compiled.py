@@ -14,15 +14,14 @@ from ledger.compiled import Compiled, insert, update
 from ledger import jobs
 from ledger.jobs import ring
 from ledger.models import Action, Agent, AuditEvent
-from tests.factories import make_agent
+from tests.factories import make_agent, new_action
 
 pytestmark = pytest.mark.django_db
 
 
 def an_action(agent, key, **fields):
-    return Action(operation_key=key, fingerprint="f" * 64, action_type="refund", target=f"ORD-{key}",
-                  customer="CUST-1", params={"amount": "25.50", "currency": "EUR", "nested": {"a": [1, 2]}},
-                  amount=Decimal("25.50"), currency="EUR", agent=agent, status="cancelled", **fields)
+    return new_action(agent, "cancelled", key=key, target=f"ORD-{key}", customer="CUST-1", amount="25.50",
+                      params={"amount": "25.50", "currency": "EUR", "nested": {"a": [1, 2]}}, **fields)
 
 
 def field_values(obj):

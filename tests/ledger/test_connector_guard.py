@@ -4,14 +4,13 @@ import ast
 from pathlib import Path
 
 import pytest
-from django.utils import timezone
 
 from ledger.connectors import base
 from ledger.connectors.base import UnguardedWrite, write_permit
 from ledger.connectors.sandbox import SandboxConnector
 from ledger.models import Action, ActionStatus
 from sandbox.models import SandboxRefund
-from tests.factories import make_agent
+from tests.factories import make_action, make_agent
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ("ledger", "approvals", "dlq")
@@ -27,11 +26,7 @@ def sandbox_refunds(live_server, settings):
 @pytest.fixture
 def pending_action(db):
     agent, _ = make_agent("billing", grants=())
-    action = Action.objects.create(
-        operation_key="refund:ORD-G1:full:dec-1", fingerprint="f" * 64, action_type="refund", target="ORD-G1",
-        params={"amount": "25.00", "currency": "EUR"}, agent=agent, status=ActionStatus.QUEUED,
-        next_attempt_at=timezone.now(),
-    )
+    action = make_action(agent, ActionStatus.QUEUED, key="refund:ORD-G1:full:dec-1", target="ORD-G1")
     return action.claim(owner="host:tests")
 
 

@@ -4,11 +4,10 @@ import json
 import time
 
 import pytest
-from django.utils import timezone
 
 from ledger.models import Action, ActionStatus, AuditEvent, WebhookEvent
 from sandbox.webhooks import sign_webhook
-from tests.factories import make_agent
+from tests.factories import audit_events, make_action, make_agent
 
 SECRET = "whsec-test"
 URL = "/webhooks/sandbox/"
@@ -39,11 +38,7 @@ def deliver(client, payload, *, signature=None, secret=SECRET, age=0):
 @pytest.fixture
 def unknown_action(db):
     agent, _ = make_agent("billing", grants=())
-    return Action.objects.create(
-        operation_key=KEY, fingerprint="f" * 64, action_type="refund", target="ORD-W1",
-        params={"amount": "25.00", "currency": "EUR"}, amount="25.00", currency="EUR",
-        agent=agent, status=S.UNKNOWN, attempts=1, fence=2, next_attempt_at=timezone.now(),
-    )
+    return make_action(agent, S.UNKNOWN, key=KEY, target="ORD-W1", attempts=1, fence=2)
 
 
 @pytest.mark.parametrize(
@@ -94,7 +89,7 @@ def test_a_refund_succeeded_event_settles_an_unknown_action(client, unknown_acti
     stored = WebhookEvent.objects.get()
     assert (stored.connector, stored.event_id, stored.event_type) == ("sandbox", "evt_1", "refund.succeeded")
     assert stored.outcome.startswith(f"settled {KEY}")
-    settle = AuditEvent.objects.get(object_type="ledger.action", object_id=str(action.pk), verb="succeeded")
+    settle = audit_events(action, "succeeded").get()
     assert settle.actor == "system:webhook:sandbox"
     assert "refund.succeeded" in settle.reason
 
@@ -199,9 +194,9 @@ def test_a_webhook_that_settles_an_action_under_verification_leaves_the_verifier
 
     action = Action.objects.get(pk=unknown_action.pk)
     assert (action.status, action.external_ref) == (S.SUCCEEDED, "re_w1")
-    assert AuditEvent.objects.filter(object_id=str(action.pk), verb="succeeded").count() == 1
+    assert audit_events(action, "succeeded").count() == 1
     # Settled by the webhook, not by the verifier: the late answer left no trace on the action.
-    assert AuditEvent.objects.get(object_id=str(action.pk), verb="succeeded").actor == "system:webhook:sandbox"
+    assert audit_events(action, "succeeded").get().actor == "system:webhook:sandbox"
     assert not any("verification" in entry for entry in action.evidence)
 
 
@@ -217,7 +212,7 @@ def test_a_refund_succeeded_event_for_an_action_over_its_limit_goes_to_a_person(
     action = Action.objects.get(pk=unknown_action.pk)
     assert (action.status, action.external_ref) == (S.NEEDS_REVIEW, "")
     assert action.evidence[-1]["webhook"] == "refund.succeeded"
-    review = AuditEvent.objects.get(object_type="ledger.action", object_id=str(action.pk), verb="needs_review")
+    review = audit_events(action, "needs_review").get()
     assert "above the limit" in review.reason
 
 

@@ -10,11 +10,12 @@ import pytest
 from django.utils import timezone
 
 from ledger import executor
-from ledger.models import Action, ActionStatus, AuditEvent, StaleClaim
+from ledger.models import Action, ActionStatus, StaleClaim
 from sandbox.models import SandboxRefund
 from ledger.sweeper import sweep_once
 from tests.conftest import wait_until
-from tests.factories import api_client, make_agent, post_action, refund_body, sandbox, sandbox_list
+from tests.factories import (api_client, audit_events, make_action, make_agent, post_action, refund_body, sandbox,
+                             sandbox_list)
 
 S = ActionStatus
 
@@ -57,8 +58,7 @@ def test_a_worker_killed_while_pending_is_verified_after_its_lease_not_repeated(
     marked_at = datetime.fromisoformat(expiry[0]["at"])
     assert marked_at >= claimed.lease_expires_at + timedelta(seconds=6)
     assert action.evidence[-1]["found"] is True
-    verbs = list(AuditEvent.objects.filter(object_type="ledger.action", object_id=str(action.pk))
-                 .order_by("id").values_list("verb", flat=True))
+    verbs = list(audit_events(action).values_list("verb", flat=True))
     assert verbs == ["requested", "claimed", "outcome_unknown", "succeeded"]
 
 
@@ -67,16 +67,8 @@ def agent(db):
     return make_agent("billing", grants=())[0]
 
 
-def queued_action(agent, key="refund:ORD-L1:full:dec-1"):
-    return Action.objects.create(
-        operation_key=key, fingerprint="f" * 64, action_type="refund", target="ORD-L1",
-        params={"amount": "25.00", "currency": "EUR"}, amount="25.00", currency="EUR",
-        agent=agent, status=S.QUEUED, next_attempt_at=timezone.now(),
-    )
-
-
 def test_a_late_worker_whose_claim_was_superseded_cannot_write_its_outcome(agent):
-    late = queued_action(agent).claim(owner="host:late")
+    late = make_action(agent, S.QUEUED).claim(owner="host:late")
     old_claim = late.fence
     # Its lease lapsed; the sweeper made the outcome unknown and a second worker took it over.
     Action.objects.get(pk=late.pk).mark_unknown(
@@ -95,7 +87,7 @@ def test_a_late_worker_whose_claim_was_superseded_cannot_write_its_outcome(agent
 
 
 def test_the_executor_drops_a_late_write_instead_of_failing(agent):
-    late = queued_action(agent).claim(owner="host:late")
+    late = make_action(agent, S.QUEUED).claim(owner="host:late")
     Action.objects.get(pk=late.pk).mark_unknown(
         actor="system:sweeper", claim=late.fence, verify_at=timezone.now(), evidence={"lease_expired": "…"},
     )
@@ -106,7 +98,7 @@ def test_the_executor_drops_a_late_write_instead_of_failing(agent):
 
 def test_an_action_being_verified_is_not_claimed_again_while_its_lease_runs(agent, settings):
     settings.LEASE_SECONDS = 30
-    action = queued_action(agent).claim(owner="host:1")
+    action = make_action(agent, S.QUEUED).claim(owner="host:1")
     action.mark_unknown(actor="system:sweeper", claim=action.fence, verify_at=timezone.now(), evidence={"x": 1})
 
     first = executor.action_claim_next("host:a")
@@ -118,7 +110,7 @@ def test_an_action_being_verified_is_not_claimed_again_while_its_lease_runs(agen
 
 
 def test_an_action_whose_verifier_died_is_claimed_again_after_its_lease(agent, settings):
-    action = queued_action(agent).claim(owner="host:1")
+    action = make_action(agent, S.QUEUED).claim(owner="host:1")
     action.mark_unknown(actor="system:sweeper", claim=action.fence, verify_at=timezone.now(), evidence={"x": 1})
     first = executor.action_claim_next("host:a")
     Action.objects.filter(pk=first.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
