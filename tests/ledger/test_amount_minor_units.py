@@ -2,10 +2,14 @@
 at the agents' API and at the sandbox alike (ledger.money), and no more than the ledger keeps."""
 
 import json
+from decimal import Decimal
 
 import pytest
+from django.contrib.auth import get_user_model
 
+from approvals.models import Limit, ReviewItem
 from ledger import money
+from ledger.actions import action_request
 from ledger.models import Action
 from tests.factories import make_agent, refund_body
 
@@ -62,3 +66,18 @@ def test_minor_units_go_both_ways():
         "25.00", "500", "1.234"]
     with pytest.raises(ValueError):
         money.to_minor_units("0.5", "JPY")
+
+
+@pytest.mark.usefixtures("jobs_to_test_redis")
+def test_the_dashboard_shows_an_amount_with_its_currencys_decimals(client, db):
+    client.force_login(get_user_model().objects.create_superuser("root", password="x"))
+    agent, _ = make_agent("billing-bot")
+    Limit.limit_set(actor="system:tests", action_type="refund", currency="KWD", max_amount=Decimal("100"))
+    kwd, _ = action_request(agent=agent, operation_key="r-kwd", action_type="refund", target="ORD-1",
+                            customer="CUST-1", params={"amount": "150.125", "currency": "KWD"})
+    jpy, _ = action_request(agent=agent, operation_key="r-jpy", action_type="refund", target="ORD-2",
+                            customer="CUST-2", params={"amount": "5000", "currency": "JPY"})
+    review = client.get(f"/review/{ReviewItem.objects.get(action=kwd).pk}/").content.decode()
+    assert "150.125" in review and "100.000" in review  # the amount and its limit, in fils
+    assert "5000 JPY" in client.get(f"/actions/{jpy.pk}/").content.decode()
+    assert "150.125 KWD" in client.get("/ledger/").content.decode()
