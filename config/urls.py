@@ -46,8 +46,6 @@ if settings.SANDBOX_ENABLED:
     urlpatterns.append(path("sandbox/v1/", include("sandbox.urls")))
     # The same provider in Stripe's wire format: the Stripe connector's API base is /sandbox/stripe.
     urlpatterns.append(path("sandbox/stripe/v1/", include("sandbox.stripe_urls")))
-    # The same provider in Stripe's wire format: the Stripe connector's API base is /sandbox/stripe.
-    urlpatterns.append(path("sandbox/stripe/v1/", include("sandbox.stripe_urls")))
 
 
 def handler404(request, exception=None):
