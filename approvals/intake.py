@@ -9,18 +9,29 @@ from decimal import Decimal
 from django.db.models import Subquery, Sum
 from django.utils import timezone
 
-from ledger.compiled import Compiled
+from ledger.compiled import Compiled, register_cache
 from ledger.models import Action, ActionStatus
 
 from .models import Limit, LimitsVersion
 from .policies import RUN, money, verdict_for
 
 
-# Asked on every request without a known version (compiled once: see ledger/compiled.py).
-_limit = Compiled(lambda action_type, currency: Limit.objects.filter(action_type=action_type, currency=currency))
+# The intake's question for a request without a known version (a workflow step's action):
+# SELECT ... FROM approvals_limit WHERE action_type = %s AND currency = %s
+_limit = Compiled(lambda action_type, currency: Limit.objects.filter(action_type=action_type, currency=currency),
+                  name="approvals.intake: the limit of a type and currency")
 
 # This process's copy of every limit, and the LimitsVersion it was read at (or after).
 _copy = (None, {})
+
+
+def _forget_limits():
+    global _copy
+    _copy = (None, {})
+
+
+register_cache("approvals.intake._copy", holds="every limit, as of a limits version", clear=_forget_limits,
+               stale_when="the limits' version differs from the one the request read (every change bumps it)")
 
 
 def limit_for(action_type, currency, version=None):

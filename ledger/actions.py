@@ -66,14 +66,16 @@ def _siblings(action):
     return sorted(found.values(), key=lambda a: a.pk)
 
 
-_by_key = Compiled(lambda key: Action.objects.filter(operation_key=key).order_by())
+# A replay's read (compiled once, see compiled.py): SELECT ... FROM ledger_action WHERE operation_key = %s
+_by_key = Compiled(lambda key: Action.objects.filter(operation_key=key).order_by(), name="ledger.actions: action by key")
 
 
 def action_by_key(operation_key):
     return _by_key.first(operation_key)
 
 
-_by_pk = Compiled(lambda pk: Action.objects.filter(pk=pk), int)
+# ... WHERE id = %s: a replay whose id the authenticating statement found
+_by_pk = Compiled(lambda pk: Action.objects.filter(pk=pk), int, name="ledger.actions: action by id")
 
 
 def action_by_pk(pk):

@@ -14,8 +14,6 @@ Rows are claimed with `SKIP LOCKED`, so any number of workers can drain the same
 """
 
 import logging
-import os
-import socket
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -23,19 +21,17 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from . import hooks
 from .compiled import Compiled
 from .connectors import connector_for, http
 from .connectors.base import write_permit
+from .jobs import drain
 from .models import Action, ActionStatus, InvalidTransition, StaleClaim, TaskState
 from .retry import backoff_until
 
 logger = logging.getLogger("surety.executor")
 S = ActionStatus
 EXECUTOR = "system:executor"
-
-
-def worker_name():
-    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 def _due(now):
@@ -59,9 +55,12 @@ def _claimable(now):
         "next_attempt_at", "id")
 
 
-# Every claim asks this (compiled once: see compiled.py).
-_next_due = Compiled(lambda now: _claimable(now)[:1], datetime)
-_this_if_due = Compiled(lambda now, pk: _claimable(now).filter(pk=pk)[:1], datetime, int)
+# Every claim asks this (compiled once: see compiled.py):
+# SELECT ledger_action.* FROM ledger_action LEFT JOIN ledger_task ON ... WHERE <due> AND <free>
+#  ORDER BY next_attempt_at, id LIMIT 1 FOR UPDATE OF ledger_action SKIP LOCKED
+_next_due = Compiled(lambda now: _claimable(now)[:1], datetime, name="ledger.executor: the next due action")
+_this_if_due = Compiled(lambda now, pk: _claimable(now).filter(pk=pk)[:1], datetime, int,
+                        name="ledger.executor: this action if due")
 
 
 def action_claim_next(owner, *, only=None):
@@ -114,8 +113,6 @@ def action_run_claimed(action):
 
 def action_verify(action):
     """Branch 3: the outcome is unknown; the provider's answer decides, never a blind retry."""
-    from approvals.intake import needs_person_after_verification
-
     claim = action.fence
     lookup = connector_for(action.action_type).find_effect(action)
     evidence = _evidence(action, {"verification": lookup.evidence, "found": lookup.found})
@@ -123,7 +120,7 @@ def action_verify(action):
         return _settle(action.mark_needs_review, actor=EXECUTOR, claim=claim, evidence=evidence,
                        reason="the provider cannot say whether the effect happened")
     if lookup.found:
-        over_limit = needs_person_after_verification(action)
+        over_limit = hooks.policy().needs_person_after_verification(action)
         if over_limit:
             return _settle(action.mark_needs_review, actor=EXECUTOR, claim=claim, evidence=evidence, reason=over_limit)
         return _settle(action.mark_succeeded, actor=EXECUTOR, claim=claim, external_ref=lookup.external_ref,
@@ -159,6 +156,11 @@ def action_expire_leases(now=None):
                 reason="the worker's lease expired while the call may have been in flight",
             )
             expired += 1
+
+
+def drain_actions():
+    """The RQ job a doorbell rings for (see jobs.py): run actions until none is ready."""
+    return drain("actions", action_claim_next, action_run_claimed)
 
 
 def action_runnable_exists():

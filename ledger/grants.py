@@ -9,6 +9,7 @@ from django.db.models.functions import Cast
 from guardian.models import UserObjectPermission
 from guardian.shortcuts import assign_perm, remove_perm
 
+from .compiled import register_cache
 from .models import Agent, AuditEvent, Capability
 
 USE = "ledger.use_capability"
@@ -20,6 +21,9 @@ def capability(kind, name):
 
 _checked = {}
 _CHECKED_MAX = 10_000
+register_cache("ledger.grants._checked", holds="whether an agent holds a grant, by its grants_version",
+               stale_when="a grant or revoke bumps the agent's grants_version (read with every request)",
+               clear=_checked.clear)
 
 
 def agent_may(agent, kind, name):

@@ -25,6 +25,8 @@ from django.db import close_old_connections, connection, transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
+from .compiled import register_cache
+
 logger = logging.getLogger("surety.jobs")
 DOORBELL_TTL_SECONDS = 15
 # A drain job that ran out of work goes on looking for DRAIN_LINGER_SECONDS before it ends,
@@ -43,6 +45,8 @@ def _doorbell(kind):
 
 
 _clients = {}
+register_cache("ledger.jobs._clients", holds="one Redis client per RQ configuration", clear=_clients.clear,
+               stale_when="never: the key is the configuration itself")
 
 
 def redis_connection():
@@ -114,6 +118,8 @@ def ring(kind):
 
 # kind -> when (time.monotonic(), before asking) this process last knew a drain job waited.
 _seen_waiting = {}
+register_cache("ledger.jobs._seen_waiting", holds="when this process last saw a drain job waiting, per kind",
+               stale_when="after DOORBELL_TRUST_SECONDS (then Redis is asked again)", clear=_seen_waiting.clear)
 
 
 # The doorbell names the job it announced; that job still waiting in the queue (RQ keeps its
@@ -184,6 +190,8 @@ def _drain_lane(kind, claim_next, run_claimed, deadline, linger=0):
 
 
 _pools = {}
+register_cache("ledger.jobs._pools", holds="the drain lanes' threads (and their connections), per lane count",
+               stale_when="never: they live as long as the worker", clear=_pools.clear)
 
 
 def _lane_pool(lanes):

@@ -79,6 +79,7 @@ class Agent(models.Model):
 
 
 # Every API request authenticates: compiled once (see ledger/compiled.py).
+# SELECT id, name, user_id, grants_version, is_active FROM ledger_agent WHERE token_hash = %s AND is_active
 def _active_agent(digest):
     return (Agent.objects.filter(token_hash=digest, is_active=True)
             .only("name", "user_id", "grants_version", "is_active").order_by())
@@ -87,6 +88,9 @@ def _active_agent(digest):
 _agent_by_token_hash = Compiled(_active_agent)
 
 
+# The same, and in the same statement whether the key is taken and the limits' version:
+# ..., (SELECT id FROM ledger_action WHERE operation_key = %s LIMIT 1) AS key_action_id,
+#      (SELECT version FROM approvals_limitsversion LIMIT 1) AS limits_version   (the policy's)
 def _active_agent_and_key(digest, key):
     return _active_agent(digest).annotate(
         key_action_id=models.Subquery(Action.objects.filter(operation_key=key).order_by().values("pk")[:1]),

@@ -5,7 +5,7 @@ from django.utils import timezone
 
 from . import hooks
 from .audit import AuditEvent
-from .compiled import Compiled, update
+from .compiled import Compiled, register_cache, update
 
 
 class InvalidTransition(Exception):
@@ -85,13 +85,17 @@ class StateMachine(models.Model):
 
 
 _locking_reads = {}
+register_cache("ledger.statemachine._locking_reads", holds="each model's compiled locked read",
+               stale_when="never (the statement itself is cached with the others)", clear=_locking_reads.clear)
 
 
 def _locked_row(model, pk):
-    """The row, read FOR UPDATE (every move starts so; compiled once per model)."""
+    """The row, read FOR UPDATE (every move starts so; compiled once per model):
+    SELECT ... FROM <table> WHERE id = %s FOR UPDATE"""
     read = _locking_reads.get(model)
     if read is None:
-        read = _locking_reads.setdefault(model, Compiled(lambda pk: model.objects.select_for_update().filter(pk=pk), int))
+        read = _locking_reads.setdefault(model, Compiled(lambda pk: model.objects.select_for_update().filter(pk=pk), int,
+                                                         name=f"ledger.statemachine: a {model.__name__} locked"))
     row = read.first(pk)
     if row is None:
         raise model.DoesNotExist(f"{model.__name__} {pk} does not exist")

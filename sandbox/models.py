@@ -6,7 +6,6 @@ from django.db import IntegrityError, models, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from ledger.compiled import Compiled, insert, update
 
 
 def new_refund_id():
@@ -48,15 +47,12 @@ class SandboxSettings(models.Model):
 
     @classmethod
     def load(cls, *, lock=False):
-        if not lock:  # asked on every write (compiled once: see ledger/compiled.py)
-            found = _settings_row.first()
+        if not lock:
+            found = cls.objects.filter(pk=1).first()
             if found is not None:
                 return found
         rows = cls.objects.select_for_update() if lock else cls.objects
         return rows.get_or_create(pk=1)[0]
-
-
-_settings_row = Compiled(lambda: SandboxSettings.objects.filter(pk=1))
 
 
 class SandboxOrder(models.Model):
@@ -178,16 +174,16 @@ def effect_save(effect, *, check=None):
             scope = effect._meta.model_name
             try:
                 with transaction.atomic():
-                    claim = insert(SandboxIdempotencyKey(scope=scope, key=effect.idempotency_key))
+                    claim = SandboxIdempotencyKey.objects.create(scope=scope, key=effect.idempotency_key)
             except IntegrityError:
                 claim = SandboxIdempotencyKey.objects.get(scope=scope, key=effect.idempotency_key)
                 return type(effect).objects.get(pk=claim.effect_pk), False
         if check is not None:
             check()
-        insert(effect)
+        effect.save(force_insert=True)
         if claim is not None:
             claim.effect_pk = effect.pk
-            update(claim, ["effect_pk"])
+            claim.save(update_fields=["effect_pk"])
     return effect, True
 
 
@@ -198,7 +194,7 @@ class SandboxFaultManager(models.Manager):
         The conditional UPDATE must change exactly one row: of two calls racing for a fault armed
         for one time, the loser's UPDATE finds `remaining` already 0 and it tries the next fault.
         """
-        for fault in _armed_faults.all(target):
+        for fault in self.filter(target=target, remaining__gt=0).order_by("pk"):
             if self.filter(pk=fault.pk, remaining__gt=0).update(remaining=F("remaining") - 1) == 1:
                 return fault.fault
         return None
@@ -225,10 +221,6 @@ class SandboxFault(models.Model):
 
     def __str__(self):
         return f"{self.fault} x{self.remaining} for {self.target}"
-
-
-# Asked on every write (compiled once: see ledger/compiled.py).
-_armed_faults = Compiled(lambda target: SandboxFault.objects.filter(target=target, remaining__gt=0).order_by("pk"))
 
 
 def new_event_id():

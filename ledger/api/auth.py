@@ -6,6 +6,7 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions, permissions
 from rest_framework.throttling import BaseThrottle
 
+from ledger.compiled import register_cache
 from ledger.models import Agent
 
 
@@ -83,6 +84,8 @@ class AgentRateThrottle(BaseThrottle):
 
 
 _windows = {}
+register_cache("ledger.api.auth._windows", holds="each agent's request count in the current minute",
+               stale_when="the minute ends (a new window starts at zero)", clear=_windows.clear)
 
 
 class AgentTokenScheme(OpenApiAuthenticationExtension):

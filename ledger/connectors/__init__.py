@@ -15,6 +15,8 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
+from ..compiled import register_cache
+
 
 class NoConnector(LookupError):
     """No connector is configured for an action type."""
@@ -34,6 +36,11 @@ def connector_name(action_type):
         return connector_for(action_type).name
     except (NoConnector, ImportError):
         return ""
+
+
+register_cache("ledger.connectors.connector_for", holds="each action type's connector, built once",
+               stale_when="SURETY_CONNECTORS changes (tests: the setting_changed signal empties it)",
+               clear=connector_for.cache_clear)
 
 
 @receiver(setting_changed)

@@ -11,6 +11,8 @@ import os
 import httpx
 from django.conf import settings
 
+from ..compiled import register_cache
+
 
 class ProviderError(Exception):
     def __init__(self, message, *, code="provider_error", status=None):
@@ -35,6 +37,8 @@ class Rejected(ProviderError):
 
 
 _clients = {}
+register_cache("ledger.connectors.http._clients", holds="one pooled HTTP client per process", clear=_clients.clear,
+               stale_when="the process forks (the key is its pid)")
 
 
 def _client():

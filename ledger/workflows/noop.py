@@ -1,6 +1,6 @@
 """A workflow of no-op local steps: what a checkpoint costs, measured by `make bench`."""
 
-from ledger.api.serializers import StrictSerializer
+from ledger.validation import StrictSerializer
 
 from . import Workflow, local
 

@@ -3,7 +3,7 @@
 from django.conf import settings
 from rest_framework import serializers
 
-from ledger.api.serializers import AmountField, CurrencyField, StrictSerializer
+from ledger.validation import AmountField, CurrencyField, StrictSerializer
 from ledger.connectors import http
 from ledger.models import ActionType, Confirmation
 

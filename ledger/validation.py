@@ -1,0 +1,89 @@
+"""Validation shared by the agents' API and the workflows' inputs: amounts, currencies, and
+serializers that refuse what they do not know."""
+
+import re
+import threading
+from decimal import Decimal, InvalidOperation
+
+import pycountry
+from django.utils.functional import cached_property
+from rest_framework import serializers
+
+from ledger import money
+from ledger.compiled import register_cache
+
+MAX_AMOUNT = Decimal("1000000000")
+
+
+class AmountField(serializers.Field):
+    """A decimal string such as "25.00": never a JSON number, positive, with at most the
+    decimals the ledger keeps; its currency's own limit is checked beside the currency."""
+
+    default_error_messages = {
+        "type": 'Send the amount as a decimal string, e.g. "25.00", not as a number.',
+        "invalid": "Not a decimal number.",
+        "positive": "Must be greater than zero.",
+        "places": f"At most {money.LEDGER_PLACES} decimal places.",
+        "large": "Too large.",
+    }
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("type")
+        if not re.fullmatch(r"[0-9]+(\.[0-9]+)?", data.strip()):
+            self.fail("positive" if data.strip().startswith("-") else "invalid")
+        try:
+            amount = Decimal(data.strip())
+        except InvalidOperation:
+            self.fail("invalid")
+        if amount <= 0:
+            self.fail("positive")
+        if money.places(amount) > money.LEDGER_PLACES:
+            self.fail("places")
+        if amount >= MAX_AMOUNT:
+            self.fail("large")
+        return data.strip()
+
+    def to_representation(self, value):
+        return str(value)
+
+
+class CurrencyField(serializers.CharField):
+    def to_internal_value(self, data):
+        code = super().to_internal_value(data)
+        if len(code) != 3 or not code.isalpha() or pycountry.currencies.get(alpha_3=code.upper()) is None:
+            raise serializers.ValidationError("Not an ISO 4217 currency code.")
+        return code.upper()
+
+
+_field_sets = threading.local()
+register_cache("ledger.validation._field_sets", holds="each strict serializer's bound fields, per thread",
+               stale_when="never: fields keep nothing between calls", clear=lambda: _field_sets.__dict__.clear())
+
+
+class StrictSerializer(serializers.Serializer):
+    """Refuses fields it does not know: what is not validated must not reach the ledger.
+
+    Its fields are copied once per thread rather than for every instance: DRF deep-copies
+    every declared field of every serializer it builds, a third of a millisecond on each
+    request. A thread validates with one instance of a class at a time, and the fields keep
+    nothing between calls but their binding, which each instance renews."""
+
+    @cached_property
+    def fields(self):
+        cache = _field_sets.__dict__.setdefault("by_class", {})
+        fields = cache.get(type(self))
+        if fields is None:
+            fields = cache[type(self)] = super().fields
+        else:  # bound as BindingDict bound them, to the instance in hand
+            fields.serializer = self
+            for field in fields.values():
+                field.parent = self
+        return fields
+
+    def to_internal_value(self, data):
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(self.fields))
+            if unknown:
+                raise serializers.ValidationError({name: ["Unknown field."] for name in unknown})
+        return super().to_internal_value(data)
