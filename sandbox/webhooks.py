@@ -63,8 +63,7 @@ def webhook_settings():
     """The knobs in force: the settings row's, else the settings'."""
     row = SandboxSettings.load()
     values = {name: getattr(row, name) for name in SETTINGS}
-    return {name: getattr(settings, setting) if values[name] is None else values[name]
-            for name, setting in SETTINGS.items()}
+    return {name: getattr(settings, SETTINGS[name]) if value is None else value for name, value in values.items()}
 
 
 def webhook_settings_errors(given):
