@@ -2,7 +2,6 @@
 the limits, the API's authenticating statement reads it, and a process keeps its copy of the
 limits only while the version is the same. `make test` runs this module on SQLite as well."""
 
-import json
 from decimal import Decimal
 
 import pytest
@@ -10,7 +9,7 @@ from django.db import IntegrityError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from approvals.models import Limit, LimitsVersion
-from tests.factories import make_agent, refund_body
+from tests.factories import make_agent_on, post_action_in_process, refund_body
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("jobs_to_test_redis")]
 
@@ -44,12 +43,10 @@ def test_every_change_to_the_limits_gives_a_new_version_whoever_makes_it(version
 
 @pytest.fixture
 def post(client):
-    _, token = make_agent("billing")
-    client.defaults["HTTP_AUTHORIZATION"] = f"Bearer {token}"
+    make_agent_on(client)
 
     def post(key, order, amount):
-        response = client.generic("POST", "/api/v1/actions", json.dumps(refund_body(order, amount, customer=order)),
-                                  content_type="application/json", headers={"Idempotency-Key": key})
+        response = post_action_in_process(client, key, refund_body(order, amount, customer=order))
         assert response.status_code == 201, response.content
         return response.json()["status"]
 

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from ledger.models import Action, AuditEvent
-from tests.factories import make_agent, refund_body
+from tests.factories import make_agent_on, post_action_in_process, refund_body
 
 KEY = "refund:ORD-8841:full:dec-77"
 
@@ -95,22 +95,15 @@ CASES = [
 
 @pytest.fixture
 def agent_client(client, db):
-    _, token = make_agent("billing")
-    client.defaults["HTTP_AUTHORIZATION"] = f"Bearer {token}"
+    make_agent_on(client)
     return client
-
-
-def post(client, key, body):
-    content = body if isinstance(body, bytes) else json.dumps(body).encode()
-    headers = {} if key is None else {"Idempotency-Key": key}
-    return client.generic("POST", "/api/v1/actions", content, content_type="application/json", headers=headers)
 
 
 @pytest.mark.parametrize(("case", "key", "body", "code", "field"), CASES, ids=[c[0] for c in CASES])
 def test_it_refuses_bad_input_with_a_problem_and_writes_nothing(agent_client, case, key, body, code, field):
     audit_events_before = AuditEvent.objects.count()
 
-    response = post(agent_client, key, body)
+    response = post_action_in_process(agent_client, key, body)
 
     assert response.status_code == 400, response.content
     assert response["Content-Type"] == "application/problem+json"
@@ -136,7 +129,7 @@ def test_it_accepts_the_same_bodies_when_they_are_valid(agent_client):
         ("booking:ROOM-1:CUST-17:dec-1", booking_body()),
     ]
     for key, body in valid:
-        response = post(agent_client, key, body)
+        response = post_action_in_process(agent_client, key, body)
         assert response.status_code == 201, (key, response.content)
     assert Action.objects.count() == len(valid)
     assert Action.objects.get(operation_key="refund:ORD-2:full:dec-1").params["currency"] == "EUR"

@@ -1,11 +1,9 @@
 """Who may do what through /api/v1/, and how every refusal is shaped (RFC 9457 problems)."""
 
-import json
-
 import pytest
 
 from ledger.models import Action
-from tests.factories import make_agent, refund_body
+from tests.factories import make_agent, post_action_in_process, refund_body
 
 KEY = "refund:ORD-8841:full:dec-77"
 
@@ -28,14 +26,6 @@ def bearer(token):
     return {"Authorization": f"Bearer {token}"}
 
 
-def post(client, body, *, key=KEY, headers=None, content_type="application/json"):
-    content = body if isinstance(body, (bytes, str)) else json.dumps(body)
-    return client.generic(
-        "POST", "/api/v1/actions", content, content_type=content_type,
-        headers={"Idempotency-Key": key, **(headers or {})},
-    )
-
-
 def assert_problem(response, status, code):
     assert response.status_code == status, response.content
     assert response["Content-Type"] == "application/problem+json"
@@ -46,39 +36,40 @@ def assert_problem(response, status, code):
 
 
 def test_it_refuses_a_request_without_a_token(client, actors):
-    response = post(client, refund_body())
+    response = post_action_in_process(client, KEY, refund_body())
     assert_problem(response, 401, "unauthenticated")
     assert response["WWW-Authenticate"].startswith("Bearer")
     assert not Action.objects.exists()
 
 
 def test_it_refuses_a_wrong_token(client, actors):
-    response = post(client, refund_body(), headers=bearer("sur_not-a-token"))
+    response = post_action_in_process(client, KEY, refund_body(), headers=bearer("sur_not-a-token"))
     assert_problem(response, 401, "unauthenticated")
     assert response["WWW-Authenticate"].startswith("Bearer")
     assert not Action.objects.exists()
 
 
 def test_it_refuses_a_token_in_another_scheme(client, actors):
-    response = post(client, refund_body(), headers={"Authorization": f"Token {actors.billing_token}"})
+    response = post_action_in_process(client, KEY, refund_body(),
+                                      headers={"Authorization": f"Token {actors.billing_token}"})
     assert_problem(response, 401, "unauthenticated")
 
 
 def test_it_refuses_the_token_of_a_deactivated_agent(client, actors):
     actors.billing.is_active = False
     actors.billing.save(update_fields=["is_active"])
-    response = post(client, refund_body(), headers=bearer(actors.billing_token))
+    response = post_action_in_process(client, KEY, refund_body(), headers=bearer(actors.billing_token))
     assert_problem(response, 401, "unauthenticated")
 
 
 def test_it_refuses_an_action_type_the_agent_was_not_granted(client, actors):
-    response = post(client, refund_body(), headers=bearer(actors.messenger_token))
+    response = post_action_in_process(client, KEY, refund_body(), headers=bearer(actors.messenger_token))
     assert_problem(response, 403, "forbidden")
     assert not Action.objects.exists()
 
 
 def test_it_hides_another_agents_action(client, actors):
-    assert post(client, refund_body(), headers=bearer(actors.billing_token)).status_code == 201
+    assert post_action_in_process(client, KEY, refund_body(), headers=bearer(actors.billing_token)).status_code == 201
     mine = client.get(f"/api/v1/actions/{KEY}", headers=bearer(actors.billing_token))
     theirs = client.get(f"/api/v1/actions/{KEY}", headers=bearer(actors.support_token))
     assert mine.status_code == 200
@@ -91,10 +82,10 @@ def test_it_answers_404_for_an_action_that_does_not_exist(client, actors):
 
 
 def test_it_refuses_a_key_another_agent_owns_even_with_the_same_body(client, actors):
-    assert post(client, refund_body(), headers=bearer(actors.billing_token)).status_code == 201
+    assert post_action_in_process(client, KEY, refund_body(), headers=bearer(actors.billing_token)).status_code == 201
     before = Action.objects.values().get()
 
-    response = post(client, refund_body(), headers=bearer(actors.support_token))
+    response = post_action_in_process(client, KEY, refund_body(), headers=bearer(actors.support_token))
 
     assert_problem(response, 422, "idempotency_key_reused")
     assert "Idempotent-Replayed" not in response
@@ -102,8 +93,8 @@ def test_it_refuses_a_key_another_agent_owns_even_with_the_same_body(client, act
 
 
 def test_it_refuses_a_key_another_agent_owns_with_another_body(client, actors):
-    assert post(client, refund_body(), headers=bearer(actors.billing_token)).status_code == 201
-    response = post(client, refund_body(amount="99.00"), headers=bearer(actors.support_token))
+    assert post_action_in_process(client, KEY, refund_body(), headers=bearer(actors.billing_token)).status_code == 201
+    response = post_action_in_process(client, KEY, refund_body(amount="99.00"), headers=bearer(actors.support_token))
     assert_problem(response, 422, "idempotency_key_reused")
     assert Action.objects.count() == 1
 
@@ -120,8 +111,8 @@ def test_it_refuses_a_wrong_method_with_a_problem(client, actors):
 
 
 def test_it_refuses_a_body_that_is_not_json(client, actors):
-    response = post(client, "refund ORD-8841 25.00 EUR", headers=bearer(actors.billing_token),
-                    content_type="text/plain")
+    response = post_action_in_process(client, KEY, "refund ORD-8841 25.00 EUR", headers=bearer(actors.billing_token),
+                                      content_type="text/plain")
     assert_problem(response, 415, "unsupported_media_type")
     assert not Action.objects.exists()
 

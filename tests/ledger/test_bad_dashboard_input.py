@@ -7,6 +7,7 @@ import json
 import time
 import warnings
 from decimal import Decimal
+from urllib.parse import quote
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -16,7 +17,7 @@ from dlq.models import DeadLetter
 from ledger.actions import action_request
 from ledger.models import Agent, AuditEvent, Task, WebhookEvent
 from sandbox.webhooks import sign_webhook
-from tests.factories import dead_letter, make_agent
+from tests.factories import dead_letter, make_agent, make_agent_on, post_action_in_process
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("jobs_to_test_redis")]
 
@@ -204,8 +205,7 @@ def test_run_now_on_a_settled_task_does_nothing(admin):
 
 @pytest.fixture
 def agent_client(client, db):
-    _, token = make_agent("billing", grants=("refund", "send_message", "create_booking", "refund"))
-    client.defaults["HTTP_AUTHORIZATION"] = f"Bearer {token}"
+    make_agent_on(client)
     return client
 
 
@@ -240,19 +240,16 @@ def test_api_task_create_refuses_bad_input(agent_client, body):
 @pytest.mark.parametrize("key", ["a/b", "a%2Fb", "../x", "a\x00b"])
 def test_api_keys_with_slashes_or_nul(agent_client, key):
     body = {"action_type": "refund", "target": "ORD-1", "customer": "C", "params": {"amount": "1.00", "currency": "EUR"}}
-    response = agent_client.post("/api/v1/actions", json.dumps(body), content_type="application/json",
-                                 headers={"Idempotency-Key": key})
+    response = post_action_in_process(agent_client, key, body)
     assert response.status_code in (201, 400), response.status_code
     if response.status_code == 201:
-        from urllib.parse import quote
         assert agent_client.get(f"/api/v1/actions/{quote(key, safe='')}").status_code == 200
 
 
 def test_api_strings_with_nul_are_refused(agent_client):
     body = {"action_type": "refund", "target": "ORD-1\x00", "customer": "C\x00",
             "params": {"amount": "1.00", "currency": "EUR", "reason": "\x00"}}
-    response = agent_client.post("/api/v1/actions", json.dumps(body), content_type="application/json",
-                                 headers={"Idempotency-Key": "k-nul"})
+    response = post_action_in_process(agent_client, "k-nul", body)
     assert response.status_code == 400, response.status_code
     assert agent_client.get("/api/v1/actions/a%00b").status_code in (400, 404)
 

@@ -6,7 +6,7 @@ import pytest
 from django.db import IntegrityError, transaction
 
 from ledger.models import Action, Booking
-from tests.factories import make_agent
+from tests.factories import make_agent_on, post_action_in_process
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("jobs_to_test_redis")]
 
@@ -18,13 +18,8 @@ def booking_body(start, end, customer="CUST-17"):
 
 @pytest.fixture
 def post(client):
-    _, token = make_agent("booker", grants=("create_booking",))
-
-    def post(key, body):
-        return client.post("/api/v1/actions", body, content_type="application/json",
-                           HTTP_AUTHORIZATION=f"Bearer {token}", HTTP_IDEMPOTENCY_KEY=key)
-
-    return post
+    make_agent_on(client, "booker", grants=("create_booking",))
+    return lambda key, body: post_action_in_process(client, key, body)
 
 
 def test_an_overlapping_booking_is_refused_with_409_and_nothing_recorded(post):

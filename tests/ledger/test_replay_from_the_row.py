@@ -5,32 +5,23 @@ No live server: the test client, and the run's own Redis for the doorbell (no wo
 listens), so nothing is executed.
 """
 
-import json
-import threading
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from ledger.actions import action_request
 from ledger.executor import action_claim_next
 from ledger.grants import agent_revoke, capability
 from ledger.models import Action, AuditEvent, Capability
-from tests.factories import make_agent, refund_body
+from tests.factories import another_transaction, make_agent, make_agent_on, post_action_in_process, refund_body
 
 KEY = "refund:ORD-8841:full:dec-77"
 
 
 @pytest.fixture
 def billing(client, db, jobs_to_test_redis):
-    agent, token = make_agent("billing")
-    client.defaults["HTTP_AUTHORIZATION"] = f"Bearer {token}"
-    return agent
-
-
-def post(client, body, key=KEY):
-    return client.generic("POST", "/api/v1/actions", json.dumps(body), content_type="application/json",
-                          headers={"Idempotency-Key": key})
+    return make_agent_on(client)
 
 
 def statements(queries):
@@ -39,12 +30,12 @@ def statements(queries):
 
 
 def test_the_same_request_again_reads_the_row_and_writes_nothing(client, billing):
-    first = post(client, refund_body())
+    first = post_action_in_process(client, KEY, refund_body())
     assert first.status_code == 201
     events = AuditEvent.objects.count()
 
     with CaptureQueriesContext(connection) as queries:
-        again = post(client, refund_body())
+        again = post_action_in_process(client, KEY, refund_body())
 
     assert again.status_code == 200
     assert again["Idempotent-Replayed"] == "true"
@@ -56,9 +47,10 @@ def test_the_same_request_again_reads_the_row_and_writes_nothing(client, billing
 
 
 def test_a_new_key_costs_no_lookup_of_its_own_before_its_transaction(client, billing):
-    assert post(client, refund_body(order="ORD-1", customer="C-1"), key="first").status_code == 201  # the grant is now cached
+    first = post_action_in_process(client, "first", refund_body(order="ORD-1", customer="C-1"))
+    assert first.status_code == 201  # the grant is now cached
     with CaptureQueriesContext(connection) as queries:
-        assert post(client, refund_body(order="ORD-2", customer="C-2"), key="second").status_code == 201
+        assert post_action_in_process(client, "second", refund_body(order="ORD-2", customer="C-2")).status_code == 201
 
     sql = [q["sql"] for q in queries.captured_queries]
     before = sql[:next(i for i, q in enumerate(sql) if q.startswith(("BEGIN", "SAVEPOINT")))]
@@ -68,19 +60,20 @@ def test_a_new_key_costs_no_lookup_of_its_own_before_its_transaction(client, bil
 
 def test_the_contract_body_with_a_null_task_id_is_replayed_from_the_row(client, billing):
     body = {**refund_body(), "task_id": None}  # as CONTRACT.md writes it
-    first = post(client, body)
+    first = post_action_in_process(client, KEY, body)
     assert first.status_code == 201 and first.json()["task_id"] is None
 
     with CaptureQueriesContext(connection) as queries:
-        again = post(client, body)
+        again = post_action_in_process(client, KEY, body)
     assert again.status_code == 200 and again["Idempotent-Replayed"] == "true"
     assert len(statements(queries)) == 2, statements(queries)
-    assert post(client, refund_body()).status_code == 200  # the same request without the field
+    without = post_action_in_process(client, KEY, refund_body())  # the same request without the field
+    assert without.status_code == 200
 
 
 def test_another_spelling_of_the_same_request_is_still_a_replay(client, billing):
-    assert post(client, refund_body(currency="eur")).status_code == 201
-    again = post(client, refund_body(currency="EUR"))
+    assert post_action_in_process(client, KEY, refund_body(currency="eur")).status_code == 201
+    again = post_action_in_process(client, KEY, refund_body(currency="EUR"))
     assert again.status_code == 200
     assert again["Idempotent-Replayed"] == "true"
     assert Action.objects.count() == 1
@@ -94,10 +87,10 @@ def test_another_spelling_of_the_same_request_is_still_a_replay(client, billing)
     (lambda body: {**body, "params": {**body["params"], "amount": 25}}, 400, "invalid"),
 ], ids=["another amount", "another target", "another customer", "an unknown field", "a float amount"])
 def test_a_changed_request_on_a_used_key_gets_the_full_answer(client, billing, change, status, code):
-    first = post(client, refund_body())
+    first = post_action_in_process(client, KEY, refund_body())
     assert first.status_code == 201
 
-    response = post(client, change(refund_body()))
+    response = post_action_in_process(client, KEY, change(refund_body()))
 
     assert response.status_code == status, response.content
     assert response.json()["code"] == code
@@ -105,18 +98,17 @@ def test_a_changed_request_on_a_used_key_gets_the_full_answer(client, billing, c
 
 
 def test_a_replay_needs_the_grant_still(client, billing):
-    assert post(client, refund_body()).status_code == 201
+    assert post_action_in_process(client, KEY, refund_body()).status_code == 201
     agent_revoke(billing, capability(Capability.Kind.ACTION_TYPE, "refund"), actor="system:tests")
-    response = post(client, refund_body())
+    response = post_action_in_process(client, KEY, refund_body())
     assert response.status_code == 403
     assert response.json()["code"] == "forbidden"
 
 
 def test_another_agents_key_is_never_shown(client, billing):
-    assert post(client, refund_body()).status_code == 201
-    _, token = make_agent("support")
-    client.defaults["HTTP_AUTHORIZATION"] = f"Bearer {token}"
-    response = post(client, refund_body())
+    assert post_action_in_process(client, KEY, refund_body()).status_code == 201
+    make_agent_on(client, "support")
+    response = post_action_in_process(client, KEY, refund_body())
     assert response.status_code == 422
     assert response.json()["code"] == "idempotency_key_reused"
     assert "ORD-8841" not in response.content.decode().replace(KEY, "")
@@ -131,32 +123,19 @@ def test_a_replay_inside_the_intake_does_not_lock_the_row_a_worker_is_about_to_c
                "customer": "CUST-17", "params": {"amount": "25.00", "currency": "EUR"}}
     action, created = action_request(**request)
     assert created and action.status == "queued"
-    replayed, release = threading.Event(), threading.Event()
 
-    def replay_and_wait():
-        try:
-            with transaction.atomic():
-                assert action_request(**request)[1] is False
-                replayed.set()
-                release.wait(10)
-        finally:
-            connection.close()
+    def replay():
+        assert action_request(**request)[1] is False
 
-    thread = threading.Thread(target=replay_and_wait)
-    thread.start()
-    try:
-        assert replayed.wait(10)
+    with another_transaction(replay):
         claimed = action_claim_next("host:test")
-        assert claimed is not None and claimed.pk == action.pk
-    finally:
-        release.set()
-        thread.join(10)
+    assert claimed is not None and claimed.pk == action.pk
 
 
 def test_a_replay_spelling_a_blank_field_another_way_gets_the_full_answer(client, billing):
     body = {k: v for k, v in refund_body().items() if k != "customer"}
-    assert post(client, body).status_code == 201
-    assert post(client, {**body, "customer": None}).status_code == 200
-    response = post(client, {**body, "customer": False})
+    assert post_action_in_process(client, KEY, body).status_code == 201
+    assert post_action_in_process(client, KEY, {**body, "customer": None}).status_code == 200
+    response = post_action_in_process(client, KEY, {**body, "customer": False})
     assert response.status_code == 400
     assert "customer" in response.json()["errors"]
