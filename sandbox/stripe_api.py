@@ -6,8 +6,8 @@ The official `stripe` SDK reaches it when its API base is `<site>/sandbox/stripe
   minor units, `metadata[...]`. An `Idempotency-Key` is replayed as Stripe does: the same key
   with the same parameters answers the first refund again with `Idempotent-Replayed: true`;
   with other parameters it is a 400 `idempotency_error`.
-- `GET /v1/refunds?charge=…|payment_intent=…&limit=…&starting_after=…`: newest first, in
-  Stripe's list envelope.
+- `GET /v1/refunds?charge=…|payment_intent=…&created[gte]=…&created[lt]=…&limit=…&starting_after=…`:
+  newest first, in Stripe's list envelope.
 - `GET /v1/charges/{id}`, `GET /v1/payment_intents/{id}`: the sandbox's orders as Stripe shows
   a payment (an order id starting `pi_` is a payment intent, any other a charge).
 
@@ -16,6 +16,8 @@ Errors are Stripe's `{"error": {"type", "code", "message", …}}`. A secret key 
 (`views.py`): a refund made here is one of the order's refunds there, and a fault armed for an
 order fires on either. Stripe replays a saved 500 for its key; this sandbox saves only effects.
 """
+
+from datetime import UTC, datetime
 
 from django.db import transaction
 from django.db.models import Sum
@@ -176,9 +178,18 @@ def refund_create(request):
     return response
 
 
+def _created(request, bound):
+    """`created[gte]` or `created[lt]`: a time in Unix seconds, as Stripe's lists take it."""
+    value = request.GET[f"created[{bound}]"]
+    if not (value.isascii() and value.isdigit() and int(value) < 2**32):
+        raise StripeError(400, "parameter_invalid_integer", f"created[{bound}] must be a Unix time in seconds.",
+                          param=f"created[{bound}]")
+    return datetime.fromtimestamp(int(value), UTC)
+
+
 def refund_list(request):
     filters = {name: request.GET[name] for name in ("charge", "payment_intent") if name in request.GET}
-    unknown = set(request.GET) - {"charge", "payment_intent", "limit", "starting_after"}
+    unknown = set(request.GET) - {"charge", "payment_intent", "limit", "starting_after", "created[gte]", "created[lt]"}
     if unknown:
         raise StripeError(400, "parameter_unknown", f"Received unknown parameter: {min(unknown)}")
     if any("\x00" in value for value in request.GET.values()):
@@ -189,6 +200,10 @@ def refund_list(request):
     refunds = SandboxRefund.objects.order_by("-pk")
     if filters:
         refunds = refunds.filter(order_id__in=filters.values())
+    if "created[gte]" in request.GET:
+        refunds = refunds.filter(created_at__gte=_created(request, "gte"))
+    if "created[lt]" in request.GET:
+        refunds = refunds.filter(created_at__lt=_created(request, "lt"))
     if "starting_after" in request.GET:
         after = SandboxRefund.objects.filter(refund_id=request.GET["starting_after"]).first()
         if after is None:

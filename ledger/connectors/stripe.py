@@ -15,6 +15,7 @@ Stripe's webhooks are read here too (`read_webhook`), verified by the SDK itself
 """
 
 import os
+from datetime import UTC, datetime
 
 import httpx
 import stripe
@@ -25,7 +26,7 @@ from ..json_input import loads_storable
 from ..models import ActionType
 from ..webhooks import WebhookRefused
 from . import http
-from .base import Connector, Effect, Lookup
+from .base import Connector, Effect, Lookup, Record
 
 # Stripe's refund events, by the refund's status, as the webhook view settles them.
 _EVENT_TYPES = {"refund.created", "refund.updated", "refund.failed", "charge.refund.updated"}
@@ -123,6 +124,24 @@ class StripeConnector(Connector):
         if not made:
             return Lookup(found=False, evidence=evidence)
         return Lookup(found=True, external_ref=made[0]["id"], result=made[0], evidence=evidence)
+
+    def records(self, since, until):
+        """Every refund created in [since, until), as Stripe lists them (newest first, paged).
+        Stripe's `created` has whole seconds: both ends are cut to the second, so that
+        adjacent windows share no refund."""
+        try:
+            refunds = self._client().v1.refunds.list(params={
+                "created": {"gte": int(since.timestamp()), "lt": int(until.timestamp())}, "limit": 100})
+            for item in refunds.auto_paging_iter():
+                refund = item.to_dict(for_json=True)
+                yield Record(
+                    operation_key=(refund.get("metadata") or {}).get("operation_key", ""), external_ref=refund["id"],
+                    amount=money.from_minor_units(refund["amount"], refund["currency"]),
+                    currency=refund["currency"].upper(), created_at=datetime.fromtimestamp(refund["created"], UTC),
+                    action_type=ActionType.REFUND, raw=refund,
+                )
+        except stripe.StripeError as exc:
+            raise provider_error(exc, "listing refunds") from exc
 
     def read_webhook(self, raw, headers):
         """A Stripe event in the webhook view's terms: {"id", "type", "data"}, where "type" is

@@ -4,14 +4,17 @@ Redis; the connector and the SDK are not changed for the sandbox in any way."""
 
 import json
 import time
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 
 import pytest
 import stripe
 
+from ledger.connectors.stripe import StripeConnector
 from ledger.models import Action, WebhookEvent
 from ledger.webhooks import sign_webhook
 from tests.conftest import wait_until
-from tests.connectors.stripe_stack import WEBHOOK_SECRET, make_order, stripe_client, stripe_server, stripe_stack  # noqa: F401
+from tests.connectors.stripe_stack import API_KEY, WEBHOOK_SECRET, make_order, stripe_client, stripe_server, stripe_stack  # noqa: F401
 from tests.factories import api_client, make_agent, post_action, refund_body, sandbox, sandbox_list
 
 
@@ -133,6 +136,12 @@ def test_amounts_go_to_stripe_in_the_minor_units_of_their_currency(stripe_stack,
     assert [(r["amount"], r["currency"]) for r in stripe_refunds(billing, "ch_jpy")] == [(500, "jpy")]
     assert [(r["amount"], r["currency"]) for r in stripe_refunds(billing, "ch_kwd")] == [(1234, "kwd")]
     assert sandbox_list(billing, "refunds", order_id="ch_kwd")[0]["amount"] == "1.234"
+    # Reconciliation reads them back in major units.
+    connector = StripeConnector(api_key=API_KEY, api_base=f"{stripe_stack.url}/sandbox/stripe")
+    now = datetime.now(UTC)
+    records = connector.records(now - timedelta(minutes=5), now + timedelta(minutes=1))
+    assert sorted((r.operation_key, r.amount, r.currency) for r in records) == [
+        ("refund:ch_jpy", Decimal("500"), "JPY"), ("refund:ch_kwd", Decimal("1.234"), "KWD")]
 
 
 def stripe_event(event_type, refund, *, event_id="evt_1"):
