@@ -91,7 +91,9 @@ def action_request(*, agent, operation_key, action_type, target, params, custome
     2. Insert. The database takes the target's and customer's locks and stores the row
        `held` if another action is in flight on either (migration 0014); the unique key
        turns a key that exists into an IntegrityError: same fingerprint -> the stored
-       action; another -> KeyReused. Nothing is executed again either way.
+       action; another -> KeyReused. Nothing is executed again either way. A message
+       already recorded for the same recipient, type and decision under another key is
+       answered with that first message's row (its own operation key tells them apart).
     3. Hold the not-yet-started siblings of a held action; audit; ring the executor after
        commit. (The API answers most replays before this, see api/views.py.)
 
@@ -138,6 +140,12 @@ def action_request(*, agent, operation_key, action_type, target, params, custome
     except IntegrityError:
         # The same key, inserted meanwhile (or before: the API's lookup missed it).
         existing = action_by_key(operation_key)
+        if existing is None and action_type == ActionType.SEND_MESSAGE:
+            # The same message for the same decision, under another key: the first one stands.
+            existing = Action.objects.filter(action_type=action_type, target=target, decision_id=decision_id,
+                                             params__message_type=params.get("message_type")).first()
+            if existing is not None:
+                return existing, False
         if existing is None:
             raise
         return _replay(existing, print_, customer)

@@ -12,6 +12,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.db.models.fields.json import KeyTextTransform
 from django.utils import timezone
 
 from . import hooks
@@ -222,6 +223,13 @@ class Action(LeasedWork):
             ),
             models.CheckConstraint(
                 condition=~Q(status=S.PENDING) | Q(lease_expires_at__isnull=False), name="action_pending_has_lease"
+            ),
+            # A message is sent once per recipient, message type and decision, whatever key
+            # asks for it (the intake answers a second one with the first one's row).
+            models.UniqueConstraint(
+                "target", KeyTextTransform("message_type", "params"), "decision_id",
+                condition=Q(action_type=ActionType.SEND_MESSAGE) & ~Q(decision_id=""),
+                name="action_message_once_per_decision",
             ),
         ]
 

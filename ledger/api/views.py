@@ -86,6 +86,10 @@ def recorded(request, key, intake, represent):
         raise key_reused(request, key) from None
     except SlotTaken as exc:
         raise Problem(409, "booking_conflict", "Slot taken", f"{exc}; nothing was recorded.") from None
+    if obj.agent_id != request.auth.pk and getattr(obj, "operation_key", key) != key:
+        raise Problem(409, "message_already_sent", "Message already sent",
+                      "Another agent's message to this recipient, of this type, for this decision is recorded; "
+                      "nothing was recorded.")
     if obj.agent_id != request.auth.pk:
         raise key_reused(request, key)
     return Response(represent(obj), status=201) if created else replayed(request, represent(obj))
