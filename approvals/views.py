@@ -119,11 +119,12 @@ def _why_now(item, history):
 
 
 def _holding(action):
-    """What is in flight now on the held action's target or customer (its held companions
-    aside): the page tells when the action that held it has settled."""
+    """What is in flight now on the held action's target or customer, read when the page is:
+    the item's own `why` was written when it was held, and went on saying so after that
+    action had settled."""
     subjects = Q(target=action.target) | (Q(customer=action.customer) if action.customer else Q(pk__in=[]))
-    return list(Action.objects.filter(subjects, status__in=IN_FLIGHT_STATUSES - {ActionStatus.HELD})
-                .exclude(pk=action.pk).order_by("id")[:10])
+    return list(Action.objects.filter(subjects, status__in=IN_FLIGHT_STATUSES).exclude(pk=action.pk)
+                .order_by("id")[:10])
 
 
 def _customer_total_today(action):

@@ -1,0 +1,98 @@
+"""What a decision costs a person, counted from the overview: each click, key press or field
+typed is one interaction. The figures are the product's promise; a change that adds a step
+fails here."""
+
+import pytest
+
+from approvals.models import ReviewStatus
+from dlq.models import EntryStatus
+from ledger.models import Action, ActionStatus
+from tests.browser.conftest import login
+from tests.browser.decisions import (Counted, effect_at_provider, needs_review_not_found, open_item, refund, unknown,
+                                     verify)
+from tests.factories import dead_letter
+
+pytestmark = pytest.mark.browser
+
+
+def from_overview(page, username):
+    login(page, username)
+    page.goto("/")
+    return Counted(page)
+
+
+def open_from_card(person, kind, item_pk):
+    person.navigating(person.click, f'.queue-card[data-queue="{kind}"]')
+    person.navigating(person.click, f'.queue-row[data-id="{item_pk}"] a.row-link')
+
+
+def test_approve_takes_3(page, people, agent, limit):
+    item = open_item(refund(agent, 1, "700.00"))
+    person = from_overview(page, "alice")
+    open_from_card(person, "approval", item.pk)
+    person.navigating(person.press, "a")
+    item.refresh_from_db()
+    assert item.status == ReviewStatus.APPROVED
+    assert person.count == 3
+
+
+def test_reject_with_a_reason_takes_4_and_3_from_the_queue(page, people, agent, limit):
+    item = open_item(refund(agent, 2, "700.00"))
+    person = from_overview(page, "alice")
+    person.navigating(person.click, '.queue-card[data-queue="approval"]')
+    at_queue = person.count
+    person.click(f'.queue-row[data-id="{item.pk}"] .row-reject > summary')
+    person.type(f"#reject-reason-{item.pk}", "the customer withdrew the claim")
+    person.navigating(person.press, "Enter")
+    item.refresh_from_db()
+    assert item.status == ReviewStatus.REJECTED and item.note == "the customer withdrew the claim"
+    assert page.url.endswith("/approvals/")  # back in the queue for the next one
+    assert (person.count, person.count - at_queue) == (4, 3)
+
+
+def test_resolve_an_unknown_outcome_as_succeeded_takes_3(page, people, agent, api, limit):
+    action = refund(agent, 3, "600.00")
+    action.approve(actor="system:tests")
+    unknown(Action.objects.get(pk=action.pk))
+    reference = effect_at_provider(api, action)
+    item = open_item(verify(action))
+    person = from_overview(page, "alice")
+    open_from_card(person, "unknown_outcome", item.pk)
+    person.navigating(person.click, "#use-reference-1")
+    assert Action.objects.get(pk=action.pk).external_ref == reference
+    assert person.count == 3
+
+
+def test_resolve_an_unknown_outcome_as_failed_takes_6(page, people, agent):
+    item = needs_review_not_found(refund(agent, 4, "40.00"))
+    person = from_overview(page, "alice")
+    open_from_card(person, "unknown_outcome", item.pk)
+    person.type("#reason", "no such refund in the provider's dashboard")
+    person.click("#mark-failed > summary")
+    person.check("#confirm-absent")
+    person.navigating(person.click, "#mark-failed-button")
+    assert Action.objects.get(pk=item.action_id).status == ActionStatus.FAILED
+    assert person.count == 6
+
+
+def test_release_a_held_group_takes_3(page, people, agent):
+    refund(agent, 5, "20.00", order="ORD-HR", customer="CUST-HR")
+    held = refund(agent, 6, "30.00", order="ORD-HR", customer="CUST-HR")
+    item = open_item(held)
+    person = from_overview(page, "alice")
+    open_from_card(person, "held", item.pk)
+    person.navigating(person.press, "a")
+    item.refresh_from_db()
+    assert item.status == ReviewStatus.RESOLVED
+    assert Action.objects.get(pk=held.pk).status == ActionStatus.QUEUED
+    assert person.count == 3
+
+
+def test_redrive_takes_3(page, people, agent):
+    entry = dead_letter(agent, "refund-ix1")
+    person = from_overview(page, "olga")
+    open_from_card(person, "dead_letters", entry.pk)
+    person.navigating(person.click, "#redrive-form button[value=redrive]")
+    entry.refresh_from_db()
+    assert entry.status == EntryStatus.REDRIVEN
+    assert person.count == 3
