@@ -111,3 +111,18 @@ def test_an_unknown_operation_or_incident_is_a_404(operator, incident):
     assert operator.post(f"/incidents/{incident.pk}/delete").status_code == 404
     assert operator.get("/incidents/999999/").status_code == 404
     assert operator.get(f"/incidents/{incident.pk}/resolve").status_code == 405
+
+
+def test_the_overview_card_counts_the_open_incidents_and_those_this_user_may_work(incident):
+    from dlq.incident_views import incident_card
+
+    [card] = incident_card(user_in("operators", "otto"), timezone.now())
+    assert (card["count"], card["mine"], card["oldest"]) == (1, 1, incident.created_at)
+    assert card["href"] == "/incidents/"
+    assert incident_card(user_in("auditors", "aud"), timezone.now())[0]["mine"] == 0
+
+
+@pytest.mark.parametrize("query", ["status=nope", "kind=nope", "connector=" + "x" * 5000, "after=%%%", "after=AAAA",
+                                   "status=all&kind=double_effect"])
+def test_odd_filters_show_a_page_never_a_500(operator, query):
+    assert operator.get(f"/incidents/?{query}").status_code == 200

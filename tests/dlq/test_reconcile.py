@@ -5,8 +5,10 @@ nothing; a connector that cannot list its records is skipped and the report says
 
 from datetime import timedelta
 from decimal import Decimal
+from io import StringIO
 
 import pytest
+from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from dlq.incidents import Incident, IncidentKind, ReconciliationRun
@@ -132,3 +134,16 @@ def test_the_schedule_starts_one_run_per_slot_from_where_the_last_complete_one_e
     second = ReconciliationRun.objects.exclude(pk=first.pk).get()
     assert second.since == first.until - timedelta(seconds=600)
     assert second.until == first.until + timedelta(seconds=300)
+
+
+def test_the_command_reconciles_the_last_hours_and_prints_the_report(stack):
+    SandboxRefund.objects.create(order_id="ORD-GHOST", amount=Decimal("5.00"), currency="EUR", operation_key="ghost")
+    out = StringIO()
+    call_command("reconcile", "--hours", "1", stdout=out)
+    assert "sandbox: records 1, findings 1, opened 1" in out.getvalue()
+    run = ReconciliationRun.objects.get()
+    assert run.complete and run.until - run.since == timedelta(hours=1)
+    for bad in (["--hours", "-1"], ["--since", "yesterday"], ["--hours", "1", "--since", "2026-09-10T00:00Z"]):
+        with pytest.raises(CommandError):
+            call_command(*["reconcile", *bad], stdout=StringIO())
+    assert ReconciliationRun.objects.count() == 1
