@@ -10,6 +10,7 @@ keeps the chain's one lock off the requests: writers never queue behind each oth
 
 import hashlib
 import json
+from dataclasses import dataclass
 from datetime import timedelta
 
 from django.contrib.auth import get_user_model
@@ -41,6 +42,19 @@ def content_hash(fields):
 
 def chain_hash(prev_hash, content, seq):
     return hashlib.sha256(f"{prev_hash}{content}{seq}".encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class ChainReport:
+    broken_at: int | None  # the seq of the first broken link
+    why: str
+    through_seq: int  # the last seq that holds
+    events: int  # how many were checked
+
+    def __str__(self):
+        if self.broken_at is None:
+            return f"chain intact through seq {self.through_seq} ({self.events} events checked)"
+        return f"chain broken at seq {self.broken_at}: {self.why} (intact through seq {self.through_seq})"
 
 
 class AuditEventManager(models.Manager):
@@ -106,16 +120,31 @@ class AuditEventManager(models.Manager):
 
     def verify_chain(self):
         """Return the seq of the first sealed event that was altered or does not follow, or None."""
-        prev_hash = ""
-        for event in self.filter(seq__isnull=False).order_by("seq").iterator(chunk_size=2000):
-            if (
-                event.prev_hash != prev_hash
-                or event.content_hash != content_hash(event.content_fields())
-                or event.hash != chain_hash(prev_hash, event.content_hash, event.seq)
-            ):
-                return event.seq
-            prev_hash = event.hash
-        return None
+        return self.chain_report().broken_at
+
+    def chain_report(self, from_seq=1):
+        """Walk the sealed chain from `from_seq` (trusting the link before it, which an earlier
+        walk checked): the first broken link and why, or how far it holds."""
+        prev_hash, expected = "", max(from_seq, 1)
+        if expected > 1:
+            prev_hash = self.filter(seq=expected - 1).values_list("hash", flat=True).first()
+            if prev_hash is None:
+                return ChainReport(expected - 1, f"event #{expected - 1} is missing", expected - 2, 0)
+        events = 0
+        for event in self.filter(seq__gte=expected).order_by("seq").iterator(chunk_size=2000):
+            why = ""
+            if event.seq != expected:
+                why = f"events #{expected} to #{event.seq - 1} are missing"
+            elif event.prev_hash != prev_hash:
+                why = "it does not follow the event before it"
+            elif event.content_hash != content_hash(event.content_fields()):
+                why = "its content was altered after it was written"
+            elif event.hash != chain_hash(prev_hash, event.content_hash, event.seq):
+                why = "its hash is not the chain's"
+            if why:
+                return ChainReport(event.seq, why, expected - 1, events)
+            prev_hash, expected, events = event.hash, expected + 1, events + 1
+        return ChainReport(None, "", expected - 1, events)
 
 
 class AuditEvent(models.Model):
@@ -171,3 +200,54 @@ class AuditEvent(models.Model):
             "reason": self.reason,
             "request_id": self.request_id,
         }
+
+
+class ChainCheck(models.Model):
+    """One verification of the audit chain (`audit_verify`, and the sweeper: the newest
+    stretch every pass, the whole chain daily), so the audit page shows a real result."""
+
+    class Scope(models.TextChoices):
+        NEWEST = "newest"
+        WHOLE = "whole"
+
+    scope = models.CharField(max_length=10, choices=Scope.choices)
+    from_seq = models.BigIntegerField()
+    through_seq = models.BigIntegerField()
+    broken_at = models.BigIntegerField(null=True, blank=True)
+    why = models.CharField(max_length=255, blank=True, default="")
+    events = models.BigIntegerField()
+    checked_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self):
+        return str(ChainReport(self.broken_at, self.why, self.through_seq, self.events))
+
+
+WHOLE_CHAIN_EVERY = timedelta(days=1)
+
+
+def audit_verify(*, whole=False):
+    """Verify the chain and record the result: from the end of the last intact check (the
+    newest stretch), or all of it. A chain shorter than a check once found it is broken
+    too: events at its end were removed."""
+    last = ChainCheck.objects.filter(broken_at__isnull=True).order_by("-id").first()
+    from_seq = 1 if whole or last is None else last.through_seq + 1
+    top = AuditEvent.objects.aggregate(top=models.Max("seq"))["top"] or 0
+    if last is not None and top < last.through_seq:
+        report = ChainReport(top + 1, f"events #{top + 1} to #{last.through_seq} were removed", top, 0)
+    else:
+        report = AuditEvent.objects.chain_report(from_seq)
+    if report.events or report.broken_at is not None or from_seq == 1:  # a pass with nothing new leaves no row
+        ChainCheck.objects.create(scope=ChainCheck.Scope.WHOLE if from_seq == 1 else ChainCheck.Scope.NEWEST,
+                                  from_seq=from_seq, through_seq=report.through_seq, broken_at=report.broken_at,
+                                  why=report.why[:255], events=report.events)
+    return report
+
+
+def audit_verify_due():
+    """The sweeper's step: the newest stretch on every pass, the whole chain once a day."""
+    last_whole = ChainCheck.objects.filter(scope=ChainCheck.Scope.WHOLE).order_by("-id").first()
+    whole = last_whole is None or last_whole.checked_at < timezone.now() - WHOLE_CHAIN_EVERY
+    return audit_verify(whole=whole).events

@@ -16,7 +16,7 @@ from django.db.models.fields.json import KeyTextTransform
 from django.utils import timezone
 
 from . import hooks
-from .audit import AuditEvent  # noqa: F401 (a model of this app, defined beside its manager)
+from .audit import AuditEvent, ChainCheck  # noqa: F401 (models of this app, defined beside their manager)
 from .compiled import Compiled, update
 from .statemachine import InvalidTransition, LeasedWork, StaleClaim, check_move  # noqa: F401 (re-exported)
 

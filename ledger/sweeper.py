@@ -10,7 +10,8 @@ conditional update):
 4. the steps the apps registered (`ledger.hooks.on_sweep`): review items past their
    deadline raise an alert, once (approvals); alerts whose delivery job was lost are
    enqueued again (dlq);
-5. audit events committed since the last pass are sealed into the chain.
+5. audit events committed since the last pass are sealed into the chain, and the chain is
+   verified: the newest stretch every pass, the whole of it once a day.
 """
 
 import logging
@@ -18,6 +19,7 @@ import logging
 from . import hooks
 from .executor import action_expire_leases, action_runnable_exists
 from .jobs import ring
+from .audit import audit_verify_due
 from .models import AuditEvent
 from .tasks import task_expire_leases, task_runnable_exists
 
@@ -33,4 +35,5 @@ def sweep_once():
     for name, step in hooks.sweep_steps():
         counts[name] = step()
     counts["audit_sealed"] = AuditEvent.objects.seal()
+    counts["audit_verified"] = audit_verify_due()
     return counts

@@ -18,7 +18,7 @@ from .access import WORK_DLQ, user_may
 from .agents import agent_create, agent_rotate_token, capabilities_named
 from .dashboard import keyset_page, parse_moment, planner_estimates, render_partial, shown_estimate, staff_required
 from .grants import agent_grant, agent_revoke
-from .models import IN_FLIGHT_STATUSES, Action, ActionStatus, ActionType, Agent, AuditEvent, Capability, Task
+from .models import IN_FLIGHT_STATUSES, Action, ActionStatus, ActionType, Agent, AuditEvent, Capability, ChainCheck, Task
 from .tasks import task_run_now
 from .workflows import WORKFLOWS
 
@@ -224,7 +224,7 @@ def audit_log(request):
     filters = request.GET.copy()
     filters.pop("after", None)
     context = {"rows": rows, "next_cursor": next_cursor, "filters": filters, "query": filters.urlencode(),
-               "chain_broken_at": None}
+               "chain": ChainCheck.objects.first()}
     return render_partial(request, "ledger/audit.html", "results" if request.htmx else None, context)
 
 

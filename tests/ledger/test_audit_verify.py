@@ -1,0 +1,86 @@
+"""`manage.py audit_verify` and the sweeper verify the audit chain and record what they found;
+the audit page shows the last result: intact through a seq, or the first broken link."""
+
+import io
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.core.management import CommandError, call_command
+
+from ledger.audit import audit_verify, audit_verify_due
+from ledger.models import AuditEvent, ChainCheck
+from tests.factories import make_agent
+from tests.ledger.test_audit_chain import held_action, tamper
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def chain():
+    """Nine sealed events: three actions created, held and rejected."""
+    agent, _ = make_agent("billing")
+    for i in range(3):
+        held_action(agent, f"refund:ORD-V{i}:full:dec-1").reject(actor="user:ops", reason=f"reason {i}")
+    AuditEvent.objects.seal()
+    return list(AuditEvent.objects.order_by("seq"))
+
+
+def verify(*args):
+    """The command's output, or the error it exits non-zero with."""
+    try:
+        call_command("audit_verify", *args, stdout=(out := io.StringIO()))
+    except CommandError as exc:
+        return f"ERROR {exc}"
+    return out.getvalue().strip()
+
+
+def test_an_intact_chain_is_reported_through_its_last_seq_and_recorded(chain):
+    assert verify() == f"chain intact through seq {chain[-1].seq} ({len(chain)} events checked)"
+    check = ChainCheck.objects.get()
+    assert (check.scope, check.from_seq, check.through_seq, check.broken_at) == ("whole", 1, chain[-1].seq, None)
+
+
+def test_an_altered_event_is_the_first_broken_link_and_the_command_fails(chain):
+    target = next(e for e in chain if e.reason == "reason 1")
+    tamper("UPDATE ledger_auditevent SET reason = 'a better story' WHERE id = %s", [target.pk])
+
+    assert verify() == (f"ERROR chain broken at seq {target.seq}: its content was altered after it was written "
+                        f"(intact through seq {target.seq - 1})")
+    assert ChainCheck.objects.get().broken_at == target.seq
+
+
+def test_a_removed_event_is_named(chain):
+    victim = chain[4]
+    tamper("DELETE FROM ledger_auditevent WHERE id = %s", [victim.pk])
+    assert verify().startswith(f"ERROR chain broken at seq {victim.seq + 1}: events #{victim.seq} to #{victim.seq} "
+                               "are missing")
+
+
+def test_events_removed_from_the_end_after_a_check_are_noticed(chain):
+    assert verify().startswith("chain intact")
+    tamper("DELETE FROM ledger_auditevent WHERE seq > %s", [chain[-3].seq])
+    assert verify("--newest").startswith(f"ERROR chain broken at seq {chain[-3].seq + 1}: events "
+                                         f"#{chain[-3].seq + 1} to #{chain[-1].seq} were removed")
+
+
+def test_the_sweeper_checks_the_whole_chain_first_then_only_what_is_new(chain):
+    assert audit_verify_due() == len(chain)
+    assert audit_verify_due() == 0  # nothing new: no row either
+    agent, _ = make_agent("support")
+    held_action(agent, "refund:ORD-V9:full:dec-1")
+    AuditEvent.objects.seal()
+    assert audit_verify_due() == AuditEvent.objects.count() - len(chain)
+    assert list(ChainCheck.objects.order_by("id").values_list("scope", "from_seq")) == [
+        ("whole", 1), ("newest", chain[-1].seq + 1)]
+
+
+def test_the_audit_page_shows_the_last_result(client, chain):
+    admin = get_user_model().objects.create_superuser("root", password=None)
+    client.force_login(admin)
+    assert 'data-chain="unchecked"' in client.get("/audit/").content.decode()
+    audit_verify()
+    assert f"intact through event #{chain[-1].seq}" in client.get("/audit/").content.decode()
+    tamper("UPDATE ledger_auditevent SET reason = 'forged' WHERE id = %s", [chain[2].pk])
+    audit_verify(whole=True)
+    page = client.get("/audit/").content.decode()
+    assert f"broken at event #{chain[2].seq}:" in page and "its content was altered" in page
