@@ -82,7 +82,8 @@ class Finding:
     def summary(self):
         what = self.operation_key or f"{self.external_refs[0]} (no operation key)"
         if self.kind == IncidentKind.ORPHAN_EFFECT:
-            return f"{what}: {len(self.effects)} effect(s) at {self.connector} and no ledger entry"
+            effects = "an effect" if len(self.effects) == 1 else f"{len(self.effects)} effects"
+            return f"{what}: {effects} at {self.connector} and no ledger entry"
         if self.kind == IncidentKind.DOUBLE_EFFECT:
             refs = {*self.external_refs, self.ledger["external_ref"]} - {""}
             return f"{what}: {len(refs)} effects at {self.connector} for one ledger entry"

@@ -67,7 +67,7 @@ def test_the_list_shows_the_open_incident_and_links_it_from_the_nav(operator, in
 def test_the_detail_shows_the_evidence_and_the_alert(operator, incident):
     page = operator.get(f"/incidents/{incident.pk}/").content.decode()
     assert "re_ghost" in page and "80.00 EUR" in page and 'id="no-ledger-entry"' in page
-    assert "Reconciliation: refund:ORD-7:full:dec-7: 1 effect(s) at sandbox and no ledger entry" in page
+    assert "Reconciliation: refund:ORD-7:full:dec-7: an effect at sandbox and no ledger entry" in page
 
 
 def test_an_operator_takes_notes_and_resolves_it_with_a_reason(operator, incident):
