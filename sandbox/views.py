@@ -183,13 +183,14 @@ def _write(effect, *, target, body, check=None, error=error_response, events=Fal
         time.sleep(settings.SANDBOX_TIMEOUT_SLEEP)
         return error(504, "timeout", "Injected fault: timed out before committing anything.")
     try:
-        effect, created = effect_save(effect, check=check)
+        with transaction.atomic():  # an effect and its event commit together
+            effect, created = effect_save(effect, check=check)
+            if events and created:
+                webhooks.webhook_emit(effect, body(effect), committed=True)
     except SlotTaken as exc:
         return error(
             409, "slot_taken", "The resource is already booked for that time.", booking=exc.booking.booking_id
         )
-    if events and created:
-        webhooks.webhook_emit(effect, body(effect), committed=True)
     if fault == SandboxFault.Kind.TIMEOUT_AFTER_COMMIT:
         time.sleep(settings.SANDBOX_TIMEOUT_SLEEP)
     return JsonResponse(body(effect), status=201 if created else 200)

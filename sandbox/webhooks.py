@@ -1,7 +1,7 @@
 """Signed events from the sandbox provider, in the `Sandbox-Signature` format of CONTRACT.md.
 
-After it commits an effect (or declines one) the sandbox records an event to send, and an RQ
-job sends it after commit: never inside the request's transaction, never holding up its
+With an effect it commits (or when it declines one) the sandbox records an event to send, and
+an RQ job sends it after commit: never inside the request's transaction, never holding up its
 answer. As a real provider does, it retries a failed POST with backoff, and on purpose sends
 some events twice (SANDBOX_WEBHOOK_DUPLICATE_RATE) or late (SANDBOX_WEBHOOK_DELAY_SECONDS).
 A job lost with Redis is found again by the sweeper (`webhooks_redeliver_stale`).
@@ -98,11 +98,12 @@ def _url_problem(value):
 
 
 def webhook_emit(effect, data, *, committed):
-    """Record the event of an effect just committed (or declined) and send it after commit.
+    """Record the event of an effect being committed (in its transaction) or declined, and
+    send it once that commits.
 
     1. With no URL in force, do nothing: webhooks are off.
     2. Draw whether this event goes out twice, and when it is first due (late on purpose).
-    3. Save the event; once that commits, an RQ job delivers it (the scheduler holds a late one).
+    3. Save the event; after commit an RQ job delivers it (the scheduler holds a late one).
     """
     knobs = webhook_settings()
     if not knobs["webhook_url"]:
@@ -110,12 +111,9 @@ def webhook_emit(effect, data, *, committed):
     event_type = EVENT_TYPES[type(effect)][0 if committed else 1]
     copies = 2 if random.random() < knobs["webhook_duplicate_rate"] else 1
     due = timezone.now() + timedelta(seconds=knobs["webhook_delay_seconds"])
-    with transaction.atomic():
-        event = SandboxWebhook.objects.create(
-            event_type=event_type, data=data,
-            url=knobs["webhook_url"], copies=copies, next_attempt_at=due,
-        )
-        transaction.on_commit(lambda: _enqueue(event), robust=True)
+    event = SandboxWebhook.objects.create(
+        event_type=event_type, data=data, url=knobs["webhook_url"], copies=copies, next_attempt_at=due)
+    transaction.on_commit(lambda: _enqueue(event), robust=True)
     return event
 
 
