@@ -10,7 +10,7 @@ is in the README; `examples/receiver/` is a service that does.
 import json
 from urllib.parse import quote, urlsplit
 
-from ..webhooks import sign_webhook
+from ..signing import sign_webhook
 from . import http
 from .base import Connector, Effect, Lookup
 

@@ -5,6 +5,7 @@
    parameter, so an action in another currency is refused before anything is written.
 2. The refund is created with the operation key as Stripe's own `Idempotency-Key` and in
    `metadata[operation_key]`, and the amount in the currency's minor units (ledger.money).
+   A refund Stripe answers `pending` counts as made; one `failed` or `canceled`, as refused.
 3. Verification lists the target's refunds and looks for the operation key in their metadata:
    Stripe lists refunds by charge or payment intent only, and its search API neither covers
    refunds nor sees a write at once.
@@ -24,9 +25,9 @@ from django.conf import settings
 from .. import money
 from ..json_input import loads_storable
 from ..models import ActionType
-from ..webhooks import WebhookRefused
 from . import http
 from .base import Connector, Effect, Lookup, Record
+from .events import WebhookRefused
 
 # Stripe's refund events, by the refund's status, as the webhook view settles them.
 _EVENT_TYPES = {"refund.created", "refund.updated", "refund.failed", "charge.refund.updated"}
@@ -70,9 +71,8 @@ class StripeConnector(Connector):
         return self._clients[pid]
 
     def _payment(self, target):
-        """The charge or payment intent `target` names, and which of the two it is."""
-        kind = "payment_intent" if target.startswith("pi_") else "charge"
-        return kind, getattr(self._client().v1, f"{kind}s").retrieve(target).to_dict(for_json=True)
+        """The charge or payment intent `target` names."""
+        return getattr(self._client().v1, f"{_kind(target)}s").retrieve(target).to_dict(for_json=True)
 
     def _send(self, action):
         if action.action_type != ActionType.REFUND:
@@ -80,22 +80,24 @@ class StripeConnector(Connector):
                                 code="unsupported_action_type")
         params = action.params
         try:
-            kind, payment = self._payment(action.target)
+            currency = self._payment(action.target).get("currency")
         except stripe.StripeError as exc:
             failure = provider_error(exc, f"reading {action.target}")
             # Only a read: whatever became of it, nothing was written.
             raise failure if isinstance(failure, http.Rejected) else http.NotSent(
                 str(failure), code=failure.code, status=failure.status) from exc
-        if str(payment.get("currency", "")).upper() != params["currency"]:
-            raise http.Rejected(f"{action.target} was paid in {str(payment.get('currency')).upper()}, the refund "
-                                f"asks for {params['currency']}", code="currency_mismatch")
+        if not isinstance(currency, str):
+            raise http.NotSent(f"reading {action.target}: the answer names no currency", code="bad_answer")
+        if currency.upper() != params["currency"]:
+            raise http.Rejected(f"{action.target} was paid in {currency.upper()}, the refund asks for "
+                                f"{params['currency']}", code="currency_mismatch")
         metadata = {"operation_key": action.operation_key}
         if params.get("reason"):
             metadata["reason"] = params["reason"]
         try:
+            amount = money.to_minor_units(params["amount"], params["currency"])
             refund = self._client().v1.refunds.create(
-                params={kind: action.target, "amount": money.to_minor_units(params["amount"], params["currency"]),
-                        "metadata": metadata},
+                params={_kind(action.target): action.target, "amount": amount, "metadata": metadata},
                 options={"idempotency_key": action.operation_key},
             )
         except stripe.StripeError as exc:
@@ -111,7 +113,7 @@ class StripeConnector(Connector):
         return Effect(external_ref=result["id"], result=result)
 
     def find_effect(self, action):
-        kind = "payment_intent" if action.target.startswith("pi_") else "charge"
+        kind = _kind(action.target)
         try:
             refunds = self._client().v1.refunds.list(params={kind: action.target, "limit": 100})
             matches = [refund for refund in (item.to_dict(for_json=True) for item in refunds.auto_paging_iter())
@@ -168,6 +170,11 @@ class StripeConnector(Connector):
             raise WebhookRefused(f"unknown Stripe event type {event.get('type')!r}")
         settled_as = _SETTLED_AS.get(data.get("status"), f"refund.{data.get('status')}")
         return {"id": event.get("id"), "type": settled_as, "data": data, "stripe_event": event}
+
+
+def _kind(target):
+    """What a target names at Stripe: a payment intent (`pi_…`) or a charge."""
+    return "payment_intent" if target.startswith("pi_") else "charge"
 
 
 def provider_error(exc, doing):

@@ -14,15 +14,17 @@ from ledger.connectors.stripe import StripeConnector
 from ledger.models import Action, WebhookEvent
 from ledger.webhooks import sign_webhook
 from tests.conftest import wait_until
-from tests.connectors.stripe_stack import API_KEY, WEBHOOK_SECRET, make_order, stripe_client, stripe_server, stripe_stack  # noqa: F401
+from tests.connectors.stripe_stack import (  # noqa: F401 (fixtures)
+    API_KEY, WEBHOOK_SECRET, make_order, stripe_client, stripe_server, stripe_stack)
 from tests.factories import api_client, make_agent, post_action, refund_body, sandbox, sandbox_list
 
 
 def settled(client, key, seconds=30):
-    return wait_until(
-        lambda: (a := client.get(f"/api/v1/actions/{key}").json())["status"] not in {"queued", "pending", "unknown"} and a,
-        seconds=seconds, message=f"{key} to settle",
-    )
+    def done():
+        action = client.get(f"/api/v1/actions/{key}").json()
+        return action["status"] not in {"queued", "pending", "unknown"} and action
+
+    return wait_until(done, seconds=seconds, message=f"{key} to settle")
 
 
 def stripe_refunds(client, charge):

@@ -13,10 +13,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from ledger.actions import action_request
+from ledger.connectors.events import WebhookRefused
 from ledger.connectors.stripe import StripeConnector
 from ledger.executor import action_claim_next, action_run_claimed
 from ledger.models import Action
-from ledger.webhooks import WebhookRefused
 from tests.conftest import PYTHON, ROOT, free_port, wait_until
 from tests.factories import make_agent
 

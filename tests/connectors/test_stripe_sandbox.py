@@ -58,9 +58,11 @@ def test_without_the_sandboxs_idempotency_the_same_key_makes_another_refund(clie
 
 
 @pytest.mark.parametrize(("params", "headers", "status", "error"), [
-    ({"charge": "ch_1", "amount": "100"}, {"Authorization": "Bearer sk_live_wrong"}, 401, {"type": "invalid_request_error"}),
+    ({"charge": "ch_1", "amount": "100"}, {"Authorization": "Bearer sk_live_wrong"}, 401,
+     {"type": "invalid_request_error"}),
     ({"charge": "ch_1", "amount": "100"}, {}, 401, {"type": "invalid_request_error"}),
-    ({"charge": "ch_1", "amount": "100", "currency": "eur"}, AUTH, 400, {"code": "parameter_unknown", "param": "currency"}),
+    ({"charge": "ch_1", "amount": "100", "currency": "eur"}, AUTH, 400,
+     {"code": "parameter_unknown", "param": "currency"}),
     ({"charge": "ch_nope", "amount": "100"}, AUTH, 404, {"code": "resource_missing", "param": "charge"}),
     ({"amount": "100"}, AUTH, 400, {"code": "parameter_missing"}),
     ({"charge": "ch_1", "payment_intent": "pi_1"}, AUTH, 400, {"code": "parameter_missing"}),

@@ -50,7 +50,8 @@ def test_the_api_takes_as_many_decimals_as_the_currency_has(agent_client, amount
 @pytest.mark.parametrize(("amount", "currency", "accepted"), CASES)
 def test_the_sandbox_takes_as_many_decimals_as_the_currency_has(client, settings, db, amount, currency, accepted):
     response = client.post("/sandbox/v1/refunds", {"order_id": "ORD-1", "amount": amount, "currency": currency},
-                           content_type="application/json", headers={"Authorization": f"Bearer {settings.SANDBOX_API_KEY}"})
+                           content_type="application/json",
+                           headers={"Authorization": f"Bearer {settings.SANDBOX_API_KEY}"})
     if accepted:
         assert response.status_code == 201, response.content
         assert response.json()["amount"] == str(money.quantized(amount, currency))
