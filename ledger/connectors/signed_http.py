@@ -28,7 +28,8 @@ class SignedHttpConnector(Connector):
 
     def check(self):
         problems = []
-        if urlsplit(self.url).scheme not in ("http", "https") or not urlsplit(self.url).netloc:
+        url = urlsplit(self.url)
+        if url.scheme not in ("http", "https") or not url.netloc:
             problems.append(f"url {self.url!r} is not an http(s) address (CONNECTOR_<TYPE>_URL)")
         if not self.secret:
             problems.append("no signing secret (CONNECTOR_<TYPE>_SECRET)")

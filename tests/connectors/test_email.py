@@ -1,6 +1,7 @@
 """The e-mail connector against a real SMTP server (aiosmtpd) run by the tests: one message per
 operation key under retries, and a message whose fate SMTP cannot tell goes to a person."""
 
+import asyncio
 import email
 import email.policy
 import hashlib
@@ -24,8 +25,8 @@ SMTP_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
 class MailServer:
     """An SMTP server that keeps every message it accepted, and counts every message body it
     was sent. `script` says how the next RCPT or DATA commands are answered: a reply such as
-    "451 4.3.0 Try again later", or "drop" (close the connection without a word once the
-    whole message has arrived)."""
+    "451 4.3.0 Try again later", "drop" (close the connection without a word once the whole
+    message has arrived) or a number of seconds to wait before accepting it."""
 
     def __init__(self, **smtp_options):
         self.port = free_port()
@@ -46,9 +47,18 @@ class MailServer:
         if reply == "drop":
             server.transport.abort()
             return "421 never sent"
+        if isinstance(reply, float):
+            # The message is queued for delivery; only the answer comes late (if the client
+            # is still there to hear it).
+            self._keep(envelope)
+            await asyncio.sleep(reply)
+            return "250 Accepted late"
         if reply.startswith("250"):
-            self.accepted.append(email.message_from_bytes(envelope.original_content, policy=email.policy.default))
+            self._keep(envelope)
         return reply
+
+    def _keep(self, envelope):
+        self.accepted.append(email.message_from_bytes(envelope.original_content, policy=email.policy.default))
 
     def message_ids(self):
         return [str(message["Message-ID"]).strip() for message in self.accepted]
@@ -175,6 +185,20 @@ def test_a_deferred_message_is_sent_again_under_the_same_key_and_arrives_once(em
     assert action.status == "succeeded"
     assert action.attempts == 2
     assert email_messages.message_ids() == [expected_message_id(action.operation_key)]
+
+
+@db
+def test_a_message_accepted_after_the_timeout_goes_to_a_person_and_is_not_sent_again(email_messages, settings):
+    settings.CONNECTOR_TIMEOUT = 0.5
+    email_messages.script["DATA"].append(2.0)
+    action = run_once(request_message("msg:late", "fay@customers.example"))
+
+    assert action.status == "unknown"
+    assert action.evidence[-1]["code"] == "smtp_connection_lost"
+    assert "timed out" in action.evidence[-1]["message"]
+    action = run_once(action)  # verification: SMTP cannot be asked
+    assert action.status == "needs_review"
+    assert email_messages.bodies_received == len(email_messages.accepted) == 1
 
 
 @db
