@@ -22,7 +22,7 @@ from ledger.models import Action, ActionStatus, AuditEvent, WebhookEvent
 from ledger.sweeper import sweep_once
 from ledger.webhooks import sign_webhook, signature_valid
 from sandbox.models import SandboxWebhook
-from sandbox.webhooks import send_webhook
+from sandbox.webhooks import MAX_FAILURES, send_webhook, webhook_deliver
 from tests.conftest import wait_until
 from tests.factories import api_client, make_agent, post_action, refund_body, sandbox, sandbox_list
 
@@ -293,6 +293,21 @@ def test_an_event_whose_job_was_lost_is_sent_by_the_sweeper(stack, receiver):
     wait_until(lambda: SandboxWebhook.objects.filter(pk=lost.pk, sent=1).exists(), message="the lost event to go out")
     assert [event["id"] for event in receiver.events()] == [lost.event_id]
     assert SandboxWebhook.objects.get(pk=recent.pk).attempts == 0
+
+
+def test_it_gives_up_on_an_event_after_its_last_allowed_failure_and_says_so(db, receiver, caplog):
+    """Run here, not by a worker: what is checked is that no further attempt is scheduled."""
+    receiver.failing = 100
+    event = SandboxWebhook.objects.create(event_type="refund.succeeded", data={}, url=receiver.url,
+                                          attempts=MAX_FAILURES - 1, next_attempt_at=timezone.now())
+    with caplog.at_level(logging.ERROR, logger="surety.sandbox.webhooks"):
+        assert webhook_deliver(event.pk) == 0
+
+    event.refresh_from_db()
+    assert (event.attempts, event.sent, event.next_attempt_at) == (MAX_FAILURES, 0, None)
+    assert len(receiver.received) == 1
+    assert any("gave up" in record.getMessage() for record in caplog.records)
+    assert webhook_deliver(event.pk) is None  # nothing is due any more
 
 
 # --- The knobs ------------------------------------------------------------------------------
