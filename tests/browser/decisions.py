@@ -10,7 +10,7 @@ from django.utils import timezone
 from approvals.models import Limit, ReviewItem, ReviewStatus
 from ledger.actions import action_request
 from ledger.executor import action_claim_next, action_run_claimed
-from ledger.models import Action, ActionStatus
+from ledger.models import Action
 from tests.factories import sandbox
 
 

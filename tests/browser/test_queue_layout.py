@@ -11,8 +11,9 @@ pytestmark = pytest.mark.browser
 WIDE = {"width": 1440, "height": 900}
 PHONE = {"width": 390, "height": 844}
 LONG_URL = "https://provider.example/v1/refunds/lookup?operation_key=" + "refund%3AORD-" + "9" * 120
-NESTED = {"lookup": "by operation key", "request": {"url": LONG_URL, "headers": {"accept": "application/json"},
-                                                    "answer": {"status": 504, "body": {"error": {"message": "x" * 200}}}}}
+ANSWER = {"status": 504, "body": {"error": {"message": "x" * 200}}}
+NESTED = {"lookup": "by operation key",
+          "request": {"url": LONG_URL, "headers": {"accept": "application/json"}, "answer": ANSWER}}
 
 
 def at(pages, viewport, username="alice"):
@@ -28,7 +29,8 @@ def sideways(page):
             .map(w => `table-wrap scrolls ${w.scrollWidth - w.clientWidth}px`),
         ...[...document.querySelectorAll('body *')].filter(e => e.getBoundingClientRect().right > window.innerWidth + 1
                                                              && !e.closest('.visually-hidden'))
-            .map(e => `${e.tagName.toLowerCase()}.${[...e.classList].join('.')} right=${e.getBoundingClientRect().right}`),
+            .map(e => `${e.tagName.toLowerCase()}.${[...e.classList].join('.')}`
+                      + ` right=${e.getBoundingClientRect().right}`),
     ]""")
 
 

@@ -31,5 +31,6 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from None
         granted = ", ".join(str(c) for c in Capability.objects.filter(name__in=grant)) or "nothing"
         responsible = f"owner {owner.get_username()}" if owner else "no owner"
-        self.stdout.write(f"Agent {agent.name} created ({responsible}); granted: {granted}. Its token (shown only now):")
+        self.stdout.write(f"Agent {agent.name} created ({responsible}); granted: {granted}. "
+                          "Its token (shown only now):")
         self.stdout.write(token)

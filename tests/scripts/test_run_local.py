@@ -1,0 +1,109 @@
+"""`make run` (scripts/run-local.sh) as a newcomer meets it: a taken port is said before
+anything starts; on another PORT the sandbox calls follow it; the README's create_agent line,
+pasted after it started, works; the output carries no mail bodies and no tracebacks for a 403.
+
+The whole local stack is started once here (a database of its own, dropped at the end)."""
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+
+import httpx
+import psycopg
+
+from tests.conftest import REDIS_URL, ROOT, free_port
+
+BASE = "postgres://postgres@127.0.0.1:5432"
+RUN_DATABASE = "surety_run_local_test"
+# The line the README tells a newcomer to paste once `make run` is up (DATABASE_URL: make run's).
+README_AGENT = ".venv/bin/python manage.py create_agent my-bot --grant refund --owner olga"
+
+
+def local_env(port, **extra):
+    env = {k: v for k, v in os.environ.items() if k not in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "PORT")}
+    return {**env, "PORT": str(port), "REDIS_URL": REDIS_URL, **extra}
+
+
+def drop_database():
+    with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{RUN_DATABASE}" WITH (FORCE)')
+
+
+def test_a_taken_port_is_refused_before_anything_is_prepared_or_announced():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        started = time.monotonic()
+        run = subprocess.run(["bash", "scripts/run-local.sh"], cwd=ROOT, env=local_env(port),
+                             capture_output=True, text=True, timeout=30)
+    assert run.returncode != 0
+    assert time.monotonic() - started < 10
+    assert f"port {port} on 127.0.0.1 is in use" in run.stderr
+    assert "web app at" not in run.stdout and "migrating" not in run.stdout
+
+
+def login(client, username, password="demo"):
+    client.get("/accounts/login/")
+    token = client.cookies["csrftoken"]
+    answer = client.post("/accounts/login/", headers={"Referer": str(client.base_url)},
+                         data={"username": username, "password": password, "csrfmiddlewaretoken": token})
+    assert answer.status_code == 302, answer.text[:300]
+
+
+def test_make_run_on_another_port_works_end_to_end_and_keeps_its_output_quiet(tmp_path):
+    drop_database()
+    port = free_port()
+    database_url = f"{BASE}/{RUN_DATABASE}"
+    log = tmp_path / "run.log"
+    env = local_env(port, DATABASE_URL=database_url, EMAIL_FILE_PATH=str(tmp_path / "mail"))
+    with open(log, "w") as out:
+        run = subprocess.Popen(["bash", "scripts/run-local.sh"], cwd=ROOT, env=env, stdout=out,
+                               stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while f"run: web app at http://127.0.0.1:{port}/" not in log.read_text():
+            assert run.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.5)
+
+        # The README's line, pasted with make run's database.
+        made = subprocess.run(README_AGENT.split(), cwd=ROOT, env={**env, "DATABASE_URL": database_url},
+                              capture_output=True, text=True, timeout=60)
+        assert made.returncode == 0, made.stderr
+        assert "owner olga" in made.stdout
+        token = made.stdout.strip().splitlines()[-1]
+
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            # A refund runs through the sandbox at this port (it was always :8000).
+            key = "refund:ORD-RUN1:full:dec-run1"
+            bearer = {"Authorization": f"Bearer {token}"}
+            answer = client.post("/api/v1/actions", headers={**bearer, "Idempotency-Key": key},
+                                 json={"action_type": "refund", "target": "ORD-RUN1", "customer": "CUST-RUN1",
+                                       "params": {"amount": "25.00", "currency": "EUR"}})
+            assert answer.status_code == 201, answer.text
+            settled = client.get(f"/api/v1/actions/{key}", params={"wait": 20}, headers=bearer).json()
+            assert settled["status"] == "succeeded", settled
+
+            # An ordinary 403 on the dashboard: an auditor may not create agents.
+            login(client, "aldo")
+            refused = client.post("/agents/", data={"name": "x", "csrfmiddlewaretoken": client.cookies["csrftoken"]},
+                                  headers={"Referer": str(client.base_url)})
+            assert refused.status_code == 403
+    finally:
+        os.killpg(run.pid, signal.SIGINT)
+        try:
+            run.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+        drop_database()
+
+    output = log.read_text()
+    assert "Traceback" not in output, output[output.find("Traceback") - 500:][:3000]
+    assert not re.search(r"^\S+ \| (Subject|Content-Type|MIME-Version):", output, re.M), "an e-mail was printed"
+    assert "apt" not in output.split("run: ensuring database")[0]
+    assert '"POST /agents/ HTTP/1.1" 403' in output  # the refusal is the access log's one line
