@@ -4,9 +4,18 @@
 - `OutcomeUnknown`: it may have been received and acted on (timeout while waiting, dropped
   connection, 5xx). Never retried blindly: the effect must be looked up first.
 - `Rejected`: the provider answered with a definite no (4xx, a decline). Permanent.
+
+`CONNECTOR_TIMEOUT` is one deadline for the whole call. httpx's timeouts hold per phase
+(connect, write, each read), so a provider that answers a byte at a time could keep a call
+going far past it, and past the lease the executor checked before calling (DESIGN: a worker
+never starts a call it may not finish inside its lease). So the call runs on a thread of its
+own and the caller waits for it at most until the deadline: then it is `OutcomeUnknown`, and
+whatever arrives later is dropped.
 """
 
 import os
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as DeadlinePassed
 
 import httpx
 from django.conf import settings
@@ -50,10 +59,23 @@ def _client():
     return _clients[pid]
 
 
+# Calls in flight at once per process: the drain lanes' and the web side's alerts, with room
+# for calls past their deadline that are still finishing in the background.
+_calls = ThreadPoolExecutor(max_workers=64, thread_name_prefix="provider-call")
+
+
 def call(method, url, *, json=None, content=None, params=None, headers=None):
     """Send one request; return the decoded JSON body of a 2xx answer or raise a ProviderError."""
+    request = _calls.submit(_client().request, method, url, json=json, content=content, params=params,
+                            headers=headers)
     try:
-        response = _client().request(method, url, json=json, content=content, params=params, headers=headers)
+        response = request.result(timeout=settings.CONNECTOR_TIMEOUT)
+    except DeadlinePassed:
+        if request.cancel():  # never started: every thread was busy
+            raise NotSent(f"{method} {url}: no thread free to call within {settings.CONNECTOR_TIMEOUT}s",
+                          code="busy") from None
+        raise OutcomeUnknown(f"{method} {url}: no complete answer within {settings.CONNECTOR_TIMEOUT}s",
+                             code="timeout") from None
     except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
         raise NotSent(f"{method} {url}: {exc!r}", code="connect_failed") from exc
     except httpx.TimeoutException as exc:
