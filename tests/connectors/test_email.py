@@ -152,6 +152,34 @@ def test_a_connection_dropped_after_data_goes_to_a_person_and_is_not_sent_again(
     assert evidence[-1]["verification"]["message_id"] == expected_message_id(key)
 
 
+def test_a_worker_killed_while_the_server_holds_its_answer_is_not_rerun_into_a_second_message(stack, mail_server,
+                                                                                              settings):
+    _, token = make_agent("notifier")
+    key = "msg:gus@customers.example:refund_confirmation:dec-3"
+    mail_server.script["DATA"].append(3.0)  # the message is queued; the answer comes after 3 s
+    doomed = stack.start_worker(**mail_server.worker_env(), CONNECTOR_TIMEOUT=6, LEASE_SECONDS=8)
+
+    client = api_client(stack.url, token)
+    assert post_action(client, key, message_body("gus@customers.example")).status_code == 201
+    wait_until(lambda: mail_server.bodies_received, seconds=20, interval=0.02, message="the message to arrive")
+    stack.kill_worker(doomed)  # inside the wait: the worker never hears the answer
+    settings.CONNECTOR_TIMEOUT, settings.LEASE_SECONDS = 6, 8
+    stack.start_worker(**mail_server.worker_env())
+
+    def swept_and_settled():
+        sweep_once()
+        action = Action.objects.get(operation_key=key)
+        return action.status not in ("pending", "unknown") and action
+
+    action = wait_until(swept_and_settled, seconds=40, interval=0.25, message="the sweeper to settle the action")
+
+    assert action.status == "needs_review"
+    assert action.attempts == 1
+    assert "lease_expired" in action.evidence[0]
+    assert action.evidence[-1]["found"] is None
+    assert mail_server.bodies_received == len(mail_server.accepted) == 1
+
+
 # --- Replies and faults, in this process -----------------------------------------------------
 
 
