@@ -116,10 +116,12 @@ def main(argv=None):
         for statement in PLANTS:
             cursor.execute(statement, {"n": PLANTED})
         cursor.execute("VACUUM ANALYZE")
-        cursor.execute("SELECT (SELECT count(*) FROM sandbox_sandboxrefund) + (SELECT count(*) FROM sandbox_sandboxmessage)"
+        cursor.execute("SELECT (SELECT count(*) FROM sandbox_sandboxrefund)"
+                       " + (SELECT count(*) FROM sandbox_sandboxmessage)"
                        " + (SELECT count(*) FROM sandbox_sandboxbooking), (SELECT min(created_at) FROM ledger_action)")
         effects, oldest = cursor.fetchone()
-    say(f"  loaded in {time.monotonic() - t0:.1f}s: {effects:,} effects at the sandbox, {PLANTED} of each finding planted")
+    say(f"  loaded in {time.monotonic() - t0:.1f}s: {effects:,} effects at the sandbox,"
+        f" {PLANTED} of each finding planted")
 
     stack.start_server()
     try:

@@ -6,6 +6,7 @@ dead-letter entry, and is worked on its page: someone takes it, adds notes, and 
 it with a reason. Every change is audited in its transaction.
 """
 
+from django.apps import apps
 from django.conf import settings
 from django.db import IntegrityError, models, transaction
 from django.db.models import Q
@@ -34,8 +35,8 @@ class IncidentManager(models.Manager):
     def open_for(self, finding, *, actor):
         """The incident for a reconciliation finding and its alert, in one transaction; None
         if this finding already has an incident (opened by an earlier or a concurrent run)."""
-        from .models import Alert
-
+        # By name: dlq.models imports this module to register the model.
+        Alert = apps.get_model("dlq", "Alert")
         try:
             with transaction.atomic():
                 incident = self.create(
@@ -156,7 +157,9 @@ class ReconciliationRun(models.Model):
 
     class Meta:
         ordering = ["-until"]
-        constraints = [models.CheckConstraint(condition=Q(until__gt=models.F("since")), name="reconciliationrun_window")]
+        constraints = [
+            models.CheckConstraint(condition=Q(until__gt=models.F("since")), name="reconciliationrun_window"),
+        ]
 
     def __str__(self):
         return f"reconciliation {self.since:%Y-%m-%d %H:%M} – {self.until:%Y-%m-%d %H:%M}"

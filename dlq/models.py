@@ -127,7 +127,8 @@ class Alert(models.Model):
         constraints = [
             # Every alert is about the one thing its kind names.
             models.CheckConstraint(
-                condition=Q(kind="dead_letter", dead_letter__isnull=False, review_item__isnull=True, incident__isnull=True)
+                condition=Q(kind="dead_letter", dead_letter__isnull=False, review_item__isnull=True,
+                            incident__isnull=True)
                 | Q(kind="overdue_review", review_item__isnull=False, dead_letter__isnull=True, incident__isnull=True)
                 | Q(kind="incident", incident__isnull=False, dead_letter__isnull=True, review_item__isnull=True),
                 name="alert_names_its_subject",

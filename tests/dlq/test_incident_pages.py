@@ -26,9 +26,9 @@ def user_in(group, name):
 def incident(db):
     roles_setup()
     key = "refund:ORD-7:full:dec-7"
-    finding = Finding(IncidentKind.ORPHAN_EFFECT, "sandbox", "refund", key, key,
-                      effects=[{"external_ref": "re_ghost", "amount": "80.00", "currency": "EUR",
-                                "created_at": timezone.now().isoformat(), "raw": {"id": "re_ghost", "order_id": "ORD-7"}}])
+    effect = {"external_ref": "re_ghost", "amount": "80.00", "currency": "EUR",
+              "created_at": timezone.now().isoformat(), "raw": {"id": "re_ghost", "order_id": "ORD-7"}}
+    finding = Finding(IncidentKind.ORPHAN_EFFECT, "sandbox", "refund", key, key, effects=[effect])
     return Incident.objects.open_for(finding, actor="system:reconcile")
 
 

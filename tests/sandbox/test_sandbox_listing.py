@@ -21,9 +21,10 @@ def at(minutes):
 @pytest.fixture
 def refunds(db):
     """Five refunds a minute apart from T0, two of them at the same instant (T0 + 2 min)."""
+    minutes = [0, 1, 2, 2, 3]
     made = [SandboxRefund.objects.create(order_id=f"ORD-{n}", amount=Decimal("10.00"), currency="EUR",
-                                         operation_key=f"k{n}", created_at=T0 + timedelta(minutes=min(n, 2) if n < 4 else n - 1))
-            for n in range(5)]
+                                         operation_key=f"k{n}", created_at=T0 + timedelta(minutes=m))
+            for n, m in enumerate(minutes)]
     return [refund.refund_id for refund in made]
 
 
