@@ -36,7 +36,7 @@ from ledger.executor import action_claim_next, action_expire_leases, action_run_
 from ledger.models import Action, ActionStatus, ActionType, AuditEvent, Task, TaskState
 from ledger.roles import roles_setup
 from ledger.runner import task_run
-from ledger.tasks import task_request, task_run_now
+from ledger.tasks import task_claim_next, task_request, task_run_now
 from sandbox.models import SandboxOrder, SandboxRefund
 
 from .connector import (
@@ -112,11 +112,9 @@ def time_passes(action, seconds):
 
 
 def task_attempt(task):
-    """One run of the runner on this task, claimed as a worker claims it. (Claimed by the
-    task's own `claim`, the move `task_claim_next` makes: that takes whichever due task comes
-    first, which may be someone else's in a database that holds other work.)"""
-    task.claim(owner=WORKER)
-    task_run(task)
+    """One run of the runner on this task, claimed as a worker claims it (only this task:
+    the database may hold other due work)."""
+    task_run(task_claim_next(WORKER, only=task.pk))
     return Task.objects.get(pk=task.pk)
 
 

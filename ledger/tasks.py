@@ -44,14 +44,11 @@ def task_request(*, agent, task_id, workflow, input):
     return existing, False
 
 
-def task_claim_next(owner):
+def task_claim_next(owner, *, only=None):
+    """Claim the next due task (or the task `only`, if it is due), as a drain lane does."""
     with transaction.atomic():
-        task = (
-            Task.objects.select_for_update(skip_locked=True)
-            .filter(state=T.QUEUED, next_attempt_at__lte=timezone.now())
-            .order_by("next_attempt_at", "id")
-            .first()
-        )
+        due = Task.objects.select_for_update(skip_locked=True).filter(state=T.QUEUED, next_attempt_at__lte=timezone.now())
+        task = (due if only is None else due.filter(pk=only)).order_by("next_attempt_at", "id").first()
         return task.claim(owner=owner, locked=True) if task else None
 
 
