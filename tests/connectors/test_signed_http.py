@@ -30,7 +30,7 @@ class Receiver:
     def __init__(self, database):
         self.database = str(database)
         self.app = make_app(SECRET, self.database)
-        self.script = []  # what the next POSTs do: ("stall", seconds) or ("garble", body)
+        self.script = []  # what the next POSTs do: ("stall", seconds) or ("garble", (status, body))
         self.server = serve(self._scripted)
         self.url = f"http://127.0.0.1:{self.server.server_port}{PATH}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
@@ -41,8 +41,9 @@ class Receiver:
         what, value = self.script.pop(0)
         if what == "garble":
             self.app(environ, lambda *args: None)
-            start_response("200 OK", [("Content-Type", "text/html")])
-            return [value.encode()]
+            status, body = value
+            start_response(status, [("Content-Type", "text/html")])
+            return [body.encode()]
         answer = self.app(environ, start_response)
         time.sleep(value)
         return answer
@@ -209,20 +210,21 @@ def request_refund(key, order):
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("jobs_to_test_redis")
-@pytest.mark.parametrize(("garbage", "kept"), [
-    ("<html><body>502 Bad Gateway</body></html>", "502 Bad Gateway"),  # a proxy's page
-    ('{"id": "eff_1", "opera', "eff_1"),  # JSON cut short
+@pytest.mark.parametrize(("status", "garbage", "code", "kept"), [
+    ("200 OK", "<html><body>502 Bad Gateway</body></html>", "unreadable_answer", "502 Bad Gateway"),
+    ("200 OK", '{"id": "eff_1", "opera', "unreadable_answer", "eff_1"),  # JSON cut short
+    ("502 Bad Gateway", "<html><body>502 Bad Gateway</body></html>", "http_502", "HTTP 502"),  # a proxy's page
 ])
-def test_an_answer_that_cannot_be_read_leaves_the_outcome_unknown_with_the_evidence(http_refunds, settings, garbage,
-                                                                                    kept):
+def test_an_answer_that_cannot_be_read_leaves_the_outcome_unknown_with_the_evidence(http_refunds, settings, status,
+                                                                                    garbage, code, kept):
     settings.CONNECTOR_TIMEOUT = 0.2  # verification waits this long after an unknown outcome
-    http_refunds.script.append(("garble", garbage))
+    http_refunds.script.append(("garble", (status, garbage)))
     action = request_refund("refund:ORD-30:full:dec-30", "ORD-30")
 
     action = run_once(action)
 
     assert action.status == "unknown"
-    assert action.evidence[-1]["code"] == "unreadable_answer"
+    assert action.evidence[-1]["code"] == code
     assert kept in action.evidence[-1]["message"]
     action = run_once(action)  # verification by key finds the effect the garbled answer hid
     assert action.status == "succeeded"
