@@ -5,15 +5,15 @@ from decimal import Decimal
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.db import connection, transaction
+from django.db import connection
 from django.utils import timezone
 
 from approvals.decisions import AlreadyDecided, DecisionRefused, review_decide
 from approvals.models import Limit, ReviewItem, ReviewKind
 from approvals.policies import verdict_for
 from ledger.actions import _lock_subjects, action_request
-from ledger.models import Action, AuditEvent
-from tests.factories import another_waits_for_a_lock, make_agent
+from ledger.models import ActionStatus, AuditEvent
+from tests.factories import another_transaction, make_action, make_agent
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("jobs_to_test_redis")]
 
@@ -176,30 +176,14 @@ def test_an_outcome_the_provider_reported_cannot_be_marked_failed(people):
 def test_two_first_saves_of_one_limit_at_once_both_land_and_neither_fails():
     """The other save inserts the limit and has not committed when this one looks: this one
     finds no row, inserts, waits on the unique constraint, and then changes the other's."""
-    inserted, release = threading.Event(), threading.Event()
 
     def other_save():
         Limit.limit_set(actor="system:other", action_type="refund", currency="GBP", max_amount=Decimal("100.00"))
 
-    def hold_the_insert(original=Limit.save):
-        def save(self, *args, **kwargs):
-            original(self, *args, **kwargs)
-            if self.currency == "GBP" and threading.current_thread().name == "other":
-                inserted.set()
-                release.wait(5)
-        return save
-
-    Limit.save = hold_the_insert()
-    try:
-        other = threading.Thread(target=lambda: (other_save(), connection.close()), name="other")
-        other.start()
-        assert inserted.wait(5)
-        threading.Timer(0.3, release.set).start()  # commits while this save waits on it
+    with another_transaction(other_save, commit_when_waited_on=True) as other:
         mine = Limit.limit_set(actor="system:tests", action_type="refund", currency="GBP", max_amount=Decimal("250.00"))
-        other.join(5)
-    finally:
-        del Limit.save
 
+    assert other.waited is True
     assert Limit.objects.get(action_type="refund", currency="GBP").max_amount == Decimal("250.00") == mine.max_amount
     events = AuditEvent.objects.filter(verb="limit_set", object_id=str(mine.pk)).order_by("id")
     assert [(e.actor, e.before and e.before["max_amount"], e.after["max_amount"]) for e in events] == [
@@ -211,23 +195,13 @@ def test_the_daily_total_is_summed_under_the_customers_lock(people):
     """Another request for the customer holds the locks and ends with a settled refund: the
     total must count it, or this refund would slip under the daily limit (2000.00)."""
     _, agent = people
-    locked, waited = threading.Event(), []
 
     def another_request_recorded_and_settled():
-        with transaction.atomic():
-            _lock_subjects("ORD-A", "CUST-1")
-            locked.set()
-            waited.append(another_waits_for_a_lock())  # this request, for the customer's lock
-            Action.objects.create(operation_key="earlier", fingerprint="f" * 64, action_type="refund",
-                                  target="ORD-A", customer="CUST-1", params={}, amount=Decimal("1950.00"),
-                                  currency="EUR", agent=agent, status="succeeded", external_ref="re_1")
-        connection.close()
+        _lock_subjects("ORD-A", "CUST-1")
+        make_action(agent, ActionStatus.SUCCEEDED, key="earlier", target="ORD-A", customer="CUST-1", amount="1950.00")
 
-    other = threading.Thread(target=another_request_recorded_and_settled)
-    other.start()
-    assert locked.wait(5)
-    action = refund(agent, "later", "100.00", "ORD-9", customer="CUST-1")
-    other.join(10)
+    with another_transaction(another_request_recorded_and_settled, commit_when_waited_on=True) as other:
+        action = refund(agent, "later", "100.00", "ORD-9", customer="CUST-1")
 
-    assert waited == [True]
+    assert other.waited is True  # this request, for the customer's lock
     assert action.status == "awaiting_approval"

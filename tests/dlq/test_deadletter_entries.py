@@ -13,27 +13,19 @@ import django_rq
 import pytest
 from django.contrib.auth import get_user_model
 from django.core import mail
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 from rq.registry import ScheduledJobRegistry
 
 from dlq.alerts import alert_deliver
 from dlq.entries import deadletter_discard, deadletter_redrive, deadletter_resolve
 from dlq.models import Alert, AlertDelivery, DeadLetter, EntryStatus
-from ledger.models import AuditEvent, InvalidTransition, StepStatus, Task
+from ledger.models import InvalidTransition, StepStatus, Task
 from ledger.sweeper import sweep_once
 from tests.conftest import free_port, wait_until
-from tests.factories import api_client, dead_letter, make_agent, open_entry, sandbox
+from tests.factories import another_transaction, api_client, audit_events, dead_letter, make_agent, open_entry, sandbox
 
 E = EntryStatus
-
-
-def entry_events(entry, verb):
-    return list(AuditEvent.objects.filter(object_type="dlq.deadletter", object_id=str(entry.pk), verb=verb).order_by("id"))
-
-
-def task_events(task, verb):
-    return list(AuditEvent.objects.filter(object_type="ledger.task", object_id=str(task.pk), verb=verb).order_by("id"))
 
 
 @pytest.fixture
@@ -55,7 +47,7 @@ def test_a_dead_lettered_task_has_an_open_entry_with_its_checkpoint_and_an_alert
     assert entry.snapshot["task_id"] == "refund-dl" and entry.snapshot["state"] == "dead_lettered"
     assert entry.last_error["code"] == "crash"
     assert entry.alerts.count() == 1
-    [opened] = entry_events(entry, "dead_letter_opened")
+    [opened] = audit_events(entry, "dead_letter_opened")
     assert opened.actor == "system:tests" and opened.reason == "the worker gave up"
 
 
@@ -87,7 +79,7 @@ def test_redriving_resumes_from_the_checkpoint_and_does_not_redo_done_steps(stac
     steps = {s.name: s for s in task.steps.all()}
     assert all(s.status == StepStatus.DONE for s in steps.values())
     assert steps["lookup_order"].result == looked_up
-    assert [e.after["step"] for e in task_events(task, "step_done")] == [
+    assert [e.after["step"] for e in audit_events(task, "step_done")] == [
         "call_refund_api", "write_confirmation", "notify_customer"]
     refunds = sandbox(client, "GET", "refunds", params={"order_id": "ORD-GONE"}).json()["data"]
     assert [r["operation_key"] for r in refunds] == ["refund-redrive:call_refund_api:v1"]
@@ -96,10 +88,10 @@ def test_redriving_resumes_from_the_checkpoint_and_does_not_redo_done_steps(stac
     control_task = wait_until(lambda: settled("refund-control"), seconds=30, message="the control task to settle")
     assert control_task.state == "failed" and control_task.last_error["code"] == "unknown_order"
 
-    [event] = entry_events(entry, "redriven")
+    [event] = audit_events(entry, "redriven")
     assert event.actor == "user:olga" and event.reason == "provider fixed"
     assert event.before == {"status": "open"} and event.after == {"status": "redriven"}
-    [task_event] = task_events(task, "redriven")
+    [task_event] = audit_events(task, "redriven")
     assert task_event.actor == "user:olga" and task_event.reason == "provider fixed"
     assert task_event.before["state"] == "dead_lettered" and task_event.after == {
         "state": "queued", "attempts": 0, "next_attempt_at": task_event.after["next_attempt_at"]}
@@ -114,7 +106,7 @@ def test_resolving_by_hand_is_audited_and_refuses_a_second_decision(stack, agent
     resolved = deadletter_resolve(entry, actor=operator, note="refunded by hand in the provider's console")
     assert resolved.status == E.RESOLVED and resolved.decided_by == "user:olga"
     assert resolved.decided_at is not None
-    [event] = entry_events(entry, "resolved")
+    [event] = audit_events(entry, "resolved")
     assert event.actor == "user:olga" and event.reason == "refunded by hand in the provider's console"
     assert Task.objects.get(pk=entry.task_id).state == "dead_lettered"  # the task stays as it was
 
@@ -127,8 +119,8 @@ def test_resolving_by_hand_is_audited_and_refuses_a_second_decision(stack, agent
             second()
     assert DeadLetter.objects.get(pk=entry.pk).status == E.RESOLVED
     assert Task.objects.get(pk=entry.task_id).state == "dead_lettered"
-    assert len(entry_events(entry, "resolved")) == 1
-    assert not entry_events(entry, "redriven") and not entry_events(entry, "discarded")
+    assert len(audit_events(entry, "resolved")) == 1
+    assert not audit_events(entry, "redriven") and not audit_events(entry, "discarded")
 
 
 def test_discarding_needs_a_reason_cancels_the_task_and_is_audited_once(stack, agent, operator):
@@ -143,9 +135,9 @@ def test_discarding_needs_a_reason_cancels_the_task_and_is_audited_once(stack, a
     assert discarded.status == E.DISCARDED and discarded.note == "customer cancelled the order"
     task = Task.objects.get(pk=entry.task_id)
     assert task.state == "cancelled"
-    [event] = entry_events(entry, "discarded")
+    [event] = audit_events(entry, "discarded")
     assert event.actor == "user:olga" and event.reason == "customer cancelled the order"
-    [cancelled] = task_events(task, "cancelled")
+    [cancelled] = audit_events(task, "cancelled")
     assert cancelled.actor == "user:olga" and cancelled.reason == "customer cancelled the order"
 
     with pytest.raises(InvalidTransition):
@@ -153,7 +145,7 @@ def test_discarding_needs_a_reason_cancels_the_task_and_is_audited_once(stack, a
     with pytest.raises(InvalidTransition):
         deadletter_redrive(entry, actor=operator, reason="changed my mind")
     assert Task.objects.get(pk=entry.task_id).state == "cancelled"
-    assert len(entry_events(entry, "discarded")) == 1
+    assert len(audit_events(entry, "discarded")) == 1
 
 
 def test_a_redriven_task_that_fails_again_gets_a_new_entry_of_its_own(stack, agent, operator):
@@ -214,26 +206,13 @@ def test_an_alert_being_delivered_is_left_to_the_job_delivering_it(jobs_to_test_
         entry = DeadLetter.objects.create(task=task, snapshot={}, last_error={}, attempts=3)
         alert = Alert.objects.create(kind=Alert.Kind.DEAD_LETTER, dead_letter=entry, subject="s",
                                      link=entry.get_absolute_url())
-    delivering, done = threading.Event(), threading.Event()
 
     def first_job():  # holds the alert as a job in the middle of sending it would
-        try:
-            with transaction.atomic():
-                Alert.objects.select_for_update().get(pk=alert.pk)
-                delivering.set()
-                done.wait(10)
-        finally:
-            connection.close()
+        Alert.objects.select_for_update().get(pk=alert.pk)
 
-    thread = threading.Thread(target=first_job)
-    thread.start()
-    try:
-        assert delivering.wait(10)
+    with another_transaction(first_job):
         alert_deliver(alert.pk)  # the second job, e.g. the sweeper's redelivery
         assert not AlertDelivery.objects.exists() and mail.outbox == []
-    finally:
-        done.set()
-        thread.join(10)
     alert_deliver(alert.pk)
     assert list(AlertDelivery.objects.values_list("channel", "attempt", "ok")) == [("email", 1, True)]
     assert len(mail.outbox) == 1

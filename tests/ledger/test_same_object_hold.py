@@ -2,9 +2,9 @@
 
 import pytest
 
-from ledger.models import Action, ActionStatus, AuditEvent, InvalidTransition
+from ledger.models import Action, ActionStatus, InvalidTransition
 from tests.conftest import wait_until
-from tests.factories import api_client, make_agent, post_action, refund_body, sandbox
+from tests.factories import api_client, audit_events, make_agent, post_action, refund_body, sandbox
 
 S = ActionStatus
 
@@ -20,8 +20,7 @@ def status_of(key):
 
 
 def events_for(key, verb):
-    action = Action.objects.get(operation_key=key)
-    return list(AuditEvent.objects.filter(object_type="ledger.action", object_id=str(action.pk), verb=verb))
+    return audit_events(Action.objects.get(operation_key=key), verb)
 
 
 def test_a_second_refund_for_an_order_with_a_queued_one_holds_both(billing):

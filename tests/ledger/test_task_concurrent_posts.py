@@ -6,10 +6,10 @@ from collections import Counter
 
 import pytest
 
-from ledger.models import Action, AuditEvent, Task
+from ledger.models import Action, Task
 from ledger.sweeper import sweep_once
 from tests.conftest import wait_until
-from tests.factories import api_client, make_agent, post_task, refund_task_body, sandbox, send_together
+from tests.factories import api_client, audit_events, make_agent, post_task, refund_task_body, sandbox, send_together
 
 
 def refund_task(amount="25.00"):
@@ -41,7 +41,7 @@ def test_thirty_identical_posts_at_once_make_one_task_that_refunds_once(stack, b
     assert {r.json()["task_id"] for r in responses} == {"refund-30"}
     assert Task.objects.count() == 1
     task = Task.objects.get()
-    assert AuditEvent.objects.filter(object_type="ledger.task", object_id=str(task.pk), verb="requested").count() == 1
+    assert audit_events(task, "requested").count() == 1
 
     stack.start_worker()
     stack.start_worker()

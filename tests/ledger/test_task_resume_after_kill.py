@@ -9,10 +9,11 @@ Recovery is the sweeper's job: it runs here in the test process, as `sweep_once(
 import pytest
 from django.db import connection, transaction
 
-from ledger.models import Action, AuditEvent, Confirmation, StepStatus, Task, TaskStep
+from ledger.models import Action, Confirmation, StepStatus, Task, TaskStep
 from ledger.sweeper import sweep_once
 from tests.conftest import wait_until
-from tests.factories import api_client, make_agent, post_task, refund_task_body, sandbox, sandbox_list
+from tests.factories import (api_client, audit_events, make_agent, post_task, refund_task_body, sandbox, sandbox_list,
+                             sessions_waiting_for_a_lock)
 
 ORDER, CUSTOMER = "ORD-8841", "CUST-17"
 RECIPIENT = f"{CUSTOMER.lower()}@customers.surety.example"
@@ -38,16 +39,6 @@ def step_statuses(task):
     return dict(TaskStep.objects.filter(task=task).order_by("position").values_list("name", "status"))
 
 
-def blocked_on(table):
-    """A database session (the worker's) waits for a lock this test holds on `table`."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_stat_clear_snapshot()")  # else a transaction sees its first snapshot only
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            " AND wait_event_type = 'Lock' AND query ILIKE %s", [f"%{table}%"])
-        return cursor.fetchone()[0] == 1
-
-
 def sweep_until_settled(task, seconds=40):
     def settled():
         sweep_once()
@@ -59,11 +50,6 @@ def sweep_until_settled(task, seconds=40):
 
 def provider_effects(client):
     return sandbox_list(client, "refunds", order_id=ORDER), sandbox_list(client, "messages", recipient=RECIPIENT)
-
-
-def task_events(task, verb=None):
-    events = AuditEvent.objects.filter(object_type="ledger.task", object_id=str(task.pk)).order_by("id")
-    return [e for e in events if verb is None or e.verb == verb]
 
 
 def assert_succeeded_once(client, task):
@@ -81,8 +67,8 @@ def assert_succeeded_once(client, task):
     confirmation = Confirmation.objects.get(task=row)
     assert confirmation.external_ref == refund_action.external_ref
     # Every step was checkpointed once: nothing done was redone by the second worker.
-    assert sorted(e.after["step"] for e in task_events(row, "step_done")) == sorted(STEPS)
-    assert task_events(row, "lease_expired"), "the sweeper never took the task back from the dead worker"
+    assert sorted(e.after["step"] for e in audit_events(row, "step_done")) == sorted(STEPS)
+    assert audit_events(row, "lease_expired"), "the sweeper never took the task back from the dead worker"
     return row
 
 
@@ -96,7 +82,7 @@ def test_a_worker_killed_right_after_the_refund_went_out_resumes_at_write_confir
         doomed = stack.start_worker()
         wait_until(lambda: step_statuses(task)["call_refund_api"] == StepStatus.DONE, seconds=20, interval=0.02,
                    message="call_refund_api to be checkpointed")
-        wait_until(lambda: blocked_on("ledger_confirmation"), seconds=10, interval=0.02,
+        wait_until(lambda: sessions_waiting_for_a_lock("ledger_confirmation") == 1, seconds=10, interval=0.02,
                    message="the worker to block in write_confirmation")
         assert step_statuses(task) == {"lookup_order": "done", "call_refund_api": "done",
                                        "write_confirmation": "pending", "notify_customer": "pending"}
@@ -113,7 +99,7 @@ def test_a_worker_killed_right_after_the_refund_went_out_resumes_at_write_confir
 
     # The fresh worker started at write_confirmation: after the lease was taken back, only
     # the last two steps were checkpointed, and the refund action was claimed only once.
-    events = task_events(row)
+    events = list(audit_events(row))
     taken_back = next(i for i, e in enumerate(events) if e.verb == "lease_expired")
     assert [e.after["step"] for e in events[taken_back:] if e.verb == "step_done"] == STEPS[2:]
     assert [e.after["step"] for e in events[:taken_back] if e.verb == "step_done"] == STEPS[:2]
@@ -128,7 +114,7 @@ def test_a_worker_killed_after_the_refund_succeeded_but_before_its_checkpoint_do
         task = start_refund_task(client, "refund-unchecked")
         TaskStep.objects.select_for_update().get(task=task, name="call_refund_api")
         doomed = stack.start_worker()
-        wait_until(lambda: blocked_on("ledger_taskstep"), seconds=20, interval=0.02,
+        wait_until(lambda: sessions_waiting_for_a_lock("ledger_taskstep") == 1, seconds=20, interval=0.02,
                    message="the worker to block checkpointing call_refund_api")
         action = Action.objects.get(operation_key="refund-unchecked:call_refund_api:v1")
         assert action.status == "succeeded" and action.attempts == 1
@@ -141,8 +127,8 @@ def test_a_worker_killed_after_the_refund_succeeded_but_before_its_checkpoint_do
     # The fresh worker found the action succeeded in the ledger and only checkpointed it.
     action.refresh_from_db()
     assert action.attempts == 1
-    assert AuditEvent.objects.filter(object_type="ledger.action", object_id=str(action.pk), verb="claimed").count() == 1
-    events = task_events(row)
+    assert audit_events(action, "claimed").count() == 1
+    events = list(audit_events(row))
     taken_back = next(i for i, e in enumerate(events) if e.verb == "lease_expired")
     assert [e.after["step"] for e in events[taken_back:] if e.verb == "step_done"] == STEPS[1:]
 
@@ -183,5 +169,4 @@ def test_a_worker_killed_while_the_message_is_in_flight_is_verified_not_resent(s
     notify = Action.objects.get(pk=notify.pk)
     assert notify.status == "succeeded" and notify.attempts == 1
     assert any("lease_expired" in e for e in notify.evidence)
-    assert AuditEvent.objects.filter(object_type="ledger.action", object_id=str(notify.pk), verb="succeeded",
-                                     reason="verified at the provider").exists()
+    assert audit_events(notify, "succeeded").filter(reason="verified at the provider").exists()

@@ -14,11 +14,11 @@ import redis
 from django.utils import timezone
 
 from dlq.models import DeadLetter
-from ledger.models import AuditEvent, Task
+from ledger.models import Task
 from ledger.sweeper import sweep_once
 from ledger.tasks import task_expire_leases, task_request, task_run_now
 from tests.conftest import REDIS_URL, free_port, wait_until
-from tests.factories import api_client, make_agent, post_task, refund_task_body, sandbox
+from tests.factories import api_client, audit_events, make_agent, post_task, refund_task_body, sandbox
 
 # BASE as in the stack (tests/conftest.py STACK_ENV); the cap is set lower where it shows.
 BASE, CAP = 0.2, 0.8
@@ -51,10 +51,6 @@ def settled(task, seconds=30, states=("succeeded", "failed", "dead_lettered", "w
     return wait_until(check, seconds=seconds, interval=0.2, message=f"task {task.task_id} to reach {states}")
 
 
-def events(task, verb):
-    return list(AuditEvent.objects.filter(object_type="ledger.task", object_id=str(task.pk), verb=verb).order_by("id"))
-
-
 def test_an_unknown_order_fails_after_one_attempt_without_scheduling_a_retry(stack, client):
     task = start_task(client, "refund-unknown", order="ORD-NOPE")
     stack.start_worker()
@@ -62,7 +58,7 @@ def test_an_unknown_order_fails_after_one_attempt_without_scheduling_a_retry(sta
     assert row.state == "failed"
     assert row.attempts == 1
     assert row.last_error["code"] == "unknown_order" and row.last_error["retryable"] is False
-    assert events(row, "retry_scheduled") == []
+    assert not audit_events(row, "retry_scheduled").exists()
     assert not DeadLetter.objects.filter(task=row).exists()
 
 
@@ -77,7 +73,7 @@ def test_a_retryable_failure_backs_off_exponentially_with_jitter_then_dead_lette
     assert row.attempts == row.max_attempts == 6
     assert row.last_error["code"] == "connect_failed" and row.last_error["retryable"] is True
 
-    retries = events(row, "retry_scheduled")
+    retries = audit_events(row, "retry_scheduled")
     assert [e.after["attempts"] for e in retries] == [1, 2, 3, 4, 5]
     delays = [(datetime.fromisoformat(e.after["next_attempt_at"]) - e.occurred_at).total_seconds() for e in retries]
     # Attempt n waits between half and all of min(CAP, BASE * 2**(n-1)) ("equal jitter"),
@@ -89,7 +85,7 @@ def test_a_retryable_failure_backs_off_exponentially_with_jitter_then_dead_lette
     # Growth: each uncapped wait's floor is the previous one's ceiling.
     assert delays[0] <= delays[1] + 0.05 and delays[1] <= delays[2] + 0.05, delays
     # Each retry ran only after its backoff had passed.
-    claims = events(row, "claimed")
+    claims = audit_events(row, "claimed")
     assert len(claims) == 6
     for retry, next_claim in zip(retries, claims[1:]):
         assert next_claim.occurred_at >= datetime.fromisoformat(retry.after["next_attempt_at"])
@@ -103,7 +99,7 @@ def test_three_retryable_failures_through_the_api_dead_letter_after_two_backoffs
     stack.start_worker(SANDBOX_BASE_URL=closed_port_url())
     row = settled(task)
     assert (row.state, row.attempts, row.max_attempts) == ("dead_lettered", 3, 3)
-    assert [e.after["attempts"] for e in events(row, "retry_scheduled")] == [1, 2]
+    assert [e.after["attempts"] for e in audit_events(row, "retry_scheduled")] == [1, 2]
 
 
 def test_a_task_whose_workers_keep_dying_is_dead_lettered_by_the_sweeper(stack, client):
@@ -117,8 +113,8 @@ def test_a_task_whose_workers_keep_dying_is_dead_lettered_by_the_sweeper(stack, 
     row = Task.objects.get(pk=task.pk)
     assert row.state == "dead_lettered" and row.attempts == 3
     assert row.last_error["code"] == "worker_lost" and "tests:doomed-3" in row.last_error["message"]
-    assert len(events(row, "lease_expired")) == 2
-    [dead] = events(row, "dead_lettered")
+    assert len(audit_events(row, "lease_expired")) == 2
+    [dead] = audit_events(row, "dead_lettered")
     assert dead.actor == "system:sweeper"
     entry = DeadLetter.objects.get(task=row)
     assert entry.status == "open" and entry.alerts.count() == 1
@@ -129,8 +125,8 @@ def test_run_now_moves_a_long_backoff_to_now_and_is_audited(stack, client):
     task = start_task(client, "refund-later")
     # A backoff of about an hour, so the task sits in the queue until an operator acts.
     failing = stack.start_worker(SANDBOX_BASE_URL=closed_port_url(), BACKOFF_BASE_SECONDS=3600, BACKOFF_MAX_SECONDS=3600)
-    row = wait_until(lambda: events(task, "retry_scheduled") and Task.objects.get(pk=task.pk), seconds=20,
-                     message="the first retry to be scheduled")
+    row = wait_until(lambda: audit_events(task, "retry_scheduled").exists() and Task.objects.get(pk=task.pk),
+                     seconds=20, message="the first retry to be scheduled")
     # Let the worker finish its follow-up drain job first: killed inside it, it would leave
     # the doorbell rung and swallow the ring below (see test_task_doorbell.py).
     doorbell = redis.Redis.from_url(REDIS_URL)
@@ -145,7 +141,7 @@ def test_run_now_moves_a_long_backoff_to_now_and_is_audited(stack, client):
     task_run_now(row, actor="system:tests", reason="the provider is back")
     moved = Task.objects.get(pk=task.pk)
     assert before <= moved.next_attempt_at <= timezone.now()
-    [event] = events(moved, "run_now")
+    [event] = audit_events(moved, "run_now")
     assert event.actor == "system:tests" and event.reason == "the provider is back"
     assert datetime.fromisoformat(event.before["next_attempt_at"]) == row.next_attempt_at
     assert datetime.fromisoformat(event.after["next_attempt_at"]) == moved.next_attempt_at
@@ -162,4 +158,4 @@ def test_run_now_leaves_a_task_that_is_not_queued_alone(stack, client):
     stack.start_worker()
     row = settled(task)
     assert task_run_now(row, actor="system:tests").state == "failed"
-    assert events(row, "run_now") == []
+    assert not audit_events(row, "run_now").exists()

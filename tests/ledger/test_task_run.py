@@ -3,9 +3,9 @@
 import pytest
 
 from dlq.models import DeadLetter
-from ledger.models import AuditEvent, Task
+from ledger.models import Task
 from tests.conftest import wait_until
-from tests.factories import api_client, make_agent, post_task, refund_task_body, sandbox
+from tests.factories import api_client, audit_events, make_agent, post_task, refund_task_body, sandbox
 
 
 def seed_order(client, order="ORD-8841", customer="CUST-17"):
@@ -74,6 +74,6 @@ def test_three_failures_in_a_row_dead_letter_the_task_with_an_alert(stack, clien
     assert entry.snapshot["steps"]["lookup_order"]["status"] == "done"
     alert = entry.alerts.get()
     wait_until(lambda: alert.deliveries.filter(ok=True).exists(), message="the alert's delivery")
-    assert AuditEvent.objects.filter(verb="dead_letter_opened", object_id=str(entry.pk)).exists()
-    retries = list(AuditEvent.objects.filter(verb="retry_scheduled", object_id=str(Task.objects.get().pk)).order_by("id"))
+    assert audit_events(entry, "dead_letter_opened").exists()
+    retries = list(audit_events(Task.objects.get(), "retry_scheduled"))
     assert len(retries) == 2
