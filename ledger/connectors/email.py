@@ -67,8 +67,9 @@ class EmailConnector(Connector):
             subject=params["message_type"].replace("_", " ").capitalize(), body=params["body"],
             to=[action.target], headers={"Message-ID": mid},
         )
-        # The socket timeout bounds each step of the conversation, as CONNECTOR_TIMEOUT bounds
-        # an HTTP call.
+        # The timeout bounds each step of the conversation, not all of it: a server that drips
+        # its answers can keep a worker past its lease, but then the sweeper fences the claim
+        # off and the action goes to a person; it is never sent twice.
         connection = get_connection(timeout=settings.CONNECTOR_TIMEOUT)
         try:
             connection.open()
