@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.contrib.auth.hashers import make_password
 from django.contrib.auth.models import Group
 from django.core.management import call_command
 from playwright.sync_api import sync_playwright
@@ -134,25 +133,15 @@ def shot(request):
 
 # --- people, the agent and the limit ------------------------------------------------------------
 
-_password_hash = None
-
-
-def password_hash():
-    # PBKDF2 is slow on purpose; hash the shared test password once per session.
-    global _password_hash
-    if _password_hash is None:
-        _password_hash = make_password(PASSWORD)
-    return _password_hash
-
-
 @pytest.fixture
 def people(stack):
     """alice and bob (approvers), olga (operators, owns billing-bot), aldo (auditors)."""
     call_command("setup_roles", verbosity=0)
     users = {}
     for username, group in PEOPLE.items():
-        user = get_user_model().objects.create(username=username, password=password_hash(),
-                                               email=f"{username}@surety.example")
+        # The server checks this password with the tests' fast hasher (tests/settings.py).
+        user = get_user_model().objects.create_user(username=username, password=PASSWORD,
+                                                    email=f"{username}@surety.example")
         user.groups.add(Group.objects.get(name=group))
         users[username] = user
     return users

@@ -5,8 +5,9 @@ import pytest
 
 from approvals.models import ReviewItem, ReviewStatus
 from ledger.actions import action_request
-from ledger.models import ActionStatus, AuditEvent
+from ledger.models import ActionStatus
 from tests.browser.conftest import login, status_message
+from tests.factories import audit_events
 
 pytestmark = pytest.mark.browser
 
@@ -43,6 +44,5 @@ def test_keyboard_approve_works(page, agent, limit):
     first.refresh_from_db()
     assert first.status == ReviewStatus.APPROVED and first.decided_by_label == "user:alice"
     assert first.action.status == ActionStatus.QUEUED  # approved; no worker runs in this test
-    assert AuditEvent.objects.filter(object_type="approvals.reviewitem", object_id=str(first.pk),
-                                     verb="approve", actor="user:alice").count() == 1
+    assert audit_events(first, "approve").filter(actor="user:alice").count() == 1
     assert ReviewItem.objects.get(pk=second.pk).status == ReviewStatus.OPEN

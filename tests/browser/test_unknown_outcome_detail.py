@@ -7,11 +7,11 @@ from django.utils import timezone
 
 from approvals.models import ReviewItem, ReviewKind, ReviewStatus
 from ledger.actions import action_request
-from ledger.models import Action, ActionStatus, AuditEvent, Task, TaskState
+from ledger.models import Action, ActionStatus, Task, TaskState
 from ledger.tasks import task_request
 from tests.browser.conftest import login
 from tests.conftest import wait_until
-from tests.factories import sandbox, sandbox_list
+from tests.factories import audit_events, sandbox, sandbox_list
 
 pytestmark = pytest.mark.browser
 
@@ -64,7 +64,7 @@ def test_an_unknown_outcome_marked_succeeded_with_a_reference_settles_the_action
     item.refresh_from_db()
     assert item.status == ReviewStatus.RESOLVED and item.decided_by_label == "user:alice"
     assert page.locator("#action-status").inner_text().strip() == "succeeded"
-    assert AuditEvent.objects.filter(verb="woken", object_type="ledger.task", object_id=str(task.pk)).exists()
+    assert audit_events(task, "woken").exists()
 
     # The woken task goes on from its checkpoint with the worker; the refund is not made again.
     wait_until(lambda: Task.objects.get(pk=task.pk).state == TaskState.SUCCEEDED, seconds=20, interval=0.2,
