@@ -44,8 +44,9 @@ class Lookup:
 class Record:
     """One effect as the provider lists it, for reconciliation with the ledger (read-only).
 
-    `operation_key` is what the effect carries of ours ("" if nothing); `amount` is None where
-    the effect has none (a message); `action_type` is the ledger's type the effect is of.
+    `operation_key` is what the effect carries of ours ("" if nothing); `amount` is in the
+    currency's major unit, as the ledger keeps it (25.00, not 2500 cents), None where the
+    effect has none (a message); `action_type` is the ledger's type the effect is of.
     """
 
     operation_key: str
