@@ -17,6 +17,7 @@ from ledger.connectors.events import WebhookRefused
 from ledger.connectors.stripe import StripeConnector
 from ledger.executor import action_claim_next, action_run_claimed
 from ledger.models import Action
+from ledger.signing import sign_webhook
 from tests.conftest import PYTHON, ROOT, free_port, wait_until
 from tests.factories import make_agent
 
@@ -180,3 +181,26 @@ def test_the_start_stops_with_a_clear_message_when_the_stripe_key_is_missing():
 def test_a_webhook_without_a_configured_secret_is_refused():
     with pytest.raises(WebhookRefused, match="STRIPE_WEBHOOK_SECRET"):
         StripeConnector(api_key="sk_test_1").read_webhook(b"{}", {"Stripe-Signature": "t=1,v1=00"})
+
+
+def signed(event, secret="whsec_unit"):
+    raw = json.dumps(event).encode()
+    return raw, {"Stripe-Signature": sign_webhook(raw, secret)}
+
+
+def test_refund_events_are_read_by_the_refunds_status_and_a_charges_own_event_settles_nothing():
+    connector = StripeConnector(api_key="sk_test_1", webhook_secret="whsec_unit")
+    refund = {"id": "re_1", "object": "refund", "metadata": {"operation_key": "k"}}
+    read = [connector.read_webhook(*signed({"id": f"evt_{status}", "object": "event", "type": "refund.updated",
+                                            "data": {"object": {**refund, "status": status}}}))["type"]
+            for status in ("succeeded", "pending", "failed", "canceled")]
+    assert read == ["refund.succeeded", "refund.pending", "refund.failed", "refund.failed"]
+    charge = connector.read_webhook(*signed({"id": "evt_c", "object": "event", "type": "charge.refunded",
+                                             "data": {"object": {"id": "ch_1", "object": "charge"}}}))
+    assert (charge["type"], charge["data"]) == ("charge.refunded", {})
+    with pytest.raises(WebhookRefused, match="unknown Stripe event type"):
+        connector.read_webhook(*signed({"id": "evt_x", "object": "event", "type": "refund.updated",
+                                        "data": {"object": {"id": "cus_1", "object": "customer"}}}))
+    with pytest.raises(ValueError) as signed_but_no_event:  # the view's "not an event", not a refusal
+        connector.read_webhook(*signed(["not", "an", "event"]))
+    assert not isinstance(signed_but_no_event.value, WebhookRefused)
