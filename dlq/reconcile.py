@@ -71,6 +71,11 @@ class Finding:
     effects: list = field(default_factory=list)
     ledger: dict | None = None
 
+    def __post_init__(self):
+        # A provider may carry a longer key than any the ledger holds (255): such an effect is
+        # an orphan, filed under the key's first 255 characters.
+        self.operation_key, self.subject = self.operation_key[:255], self.subject[:255]
+
     @property
     def external_refs(self):
         return [effect["external_ref"] for effect in self.effects]

@@ -14,7 +14,7 @@ from django.utils import timezone
 from dlq.incidents import Incident, IncidentKind, ReconciliationRun
 from dlq.models import Alert
 from dlq.reconcile import Window, reconcile, reconcile_schedule, run_finish
-from ledger.connectors.base import Connector
+from ledger.connectors.base import Connector, Record
 from ledger.models import Action, AuditEvent
 from sandbox.models import SandboxRefund
 from tests.conftest import wait_until
@@ -27,6 +27,16 @@ class UnlistedConnector(Connector):
     """A connector that cannot list its records (the base class's answer)."""
 
     name = "unlisted"
+
+
+class LongKeyConnector(Connector):
+    """A provider whose metadata holds longer values than the sandbox's columns (Stripe's hold
+    500 characters): one record, listed from memory, since no such provider runs here."""
+
+    name = "long-keys"
+
+    def records(self, since, until):
+        return [Record("k" * 300, "ext_1", None, "", since, "send_message")]
 
 
 def last_hour():
@@ -147,3 +157,13 @@ def test_the_command_reconciles_the_last_hours_and_prints_the_report(stack):
         with pytest.raises(CommandError):
             call_command(*["reconcile", *bad], stdout=StringIO())
     assert ReconciliationRun.objects.count() == 1
+
+
+def test_a_provider_key_longer_than_any_in_the_ledger_is_an_orphan_filed_under_its_first_255_characters(
+        stack, settings):
+    settings.SURETY_CONNECTORS = {**settings.SURETY_CONNECTORS,
+                                  "send_message": {"class": f"{__name__}.LongKeyConnector", "options": {}}}
+    assert reconcile(last_hour())["long-keys"] == {"records": 1, "findings": 1, "opened": 1}
+    assert reconcile(last_hour())["long-keys"]["opened"] == 0
+    incident = Incident.objects.get()
+    assert incident.subject == incident.operation_key == "k" * 255 and incident.external_refs == ["ext_1"]
