@@ -136,9 +136,12 @@ def test_the_schedule_starts_one_run_per_slot_from_where_the_last_complete_one_e
     first = ReconciliationRun.objects.get()
     assert first.until <= now < first.until + timedelta(seconds=300)
     assert first.since == first.until - timedelta(days=1)
-    run_finish(first.pk)  # the job (RQ runs it after commit: no worker listens here)
+    stack.start_worker()  # the run's job was enqueued when the run's row committed
+    wait_until(lambda: ReconciliationRun.objects.filter(pk=first.pk, finished_at__isnull=False).exists(),
+               message="the run's job to finish")
     first.refresh_from_db()
-    assert first.complete and first.report["sandbox"]["records"] == 0
+    assert first.complete and first.report["sandbox"] == {"records": 0, "findings": 0, "opened": 0}
+    assert run_finish(first.pk).finished_at == first.finished_at  # a second delivery of the job does nothing
 
     assert reconcile_schedule(now + timedelta(seconds=300)) == 1
     second = ReconciliationRun.objects.exclude(pk=first.pk).get()
