@@ -14,7 +14,9 @@ The official `stripe` SDK reaches it when its API base is `<site>/sandbox/stripe
 Errors are Stripe's `{"error": {"type", "code", "message", …}}`. A secret key of test mode
 (`sk_test_…`) is accepted. It shares its store and its fault script with the sandbox's own API
 (`views.py`): a refund made here is one of the order's refunds there, and a fault armed for an
-order fires on either. Stripe replays a saved 500 for its key; this sandbox saves only effects.
+order fires on either. As Stripe does, a key whose request answered a 500 answers every retry
+with it. Unlike Stripe, a second request with a key still in use waits for the first and
+replays its answer (Stripe answers 409).
 """
 
 from datetime import UTC, datetime
@@ -135,9 +137,18 @@ def _refund(refund):
     }
 
 
+# Keys whose first request answered a 500: Stripe saves that answer and gives it to every
+# retry with the key (for 24 hours), so the key can never make a refund.
+_FAILED_SCOPE = "stripe-500:sandboxrefund"
+
+
+def _idempotent(key):
+    return bool(key) and SandboxSettings.load().idempotency
+
+
 def _replay_conflict(key, refund):
     """Whether `key` already made a refund with other parameters (Stripe refuses to reuse it)."""
-    if not key or not SandboxSettings.load().idempotency:
+    if not _idempotent(key):
         return False
     claim = SandboxIdempotencyKey.objects.filter(scope="sandboxrefund", key=key).first()
     if claim is None or claim.effect_pk is None:
@@ -168,7 +179,13 @@ def refund_create(request):
         raise StripeError(400, None, "Keys for idempotent requests can only be used with the same parameters "
                           f"they were first used with. Try using a key other than '{key}' if you meant to "
                           "execute a different request.", type="idempotency_error")
+    if _idempotent(key) and SandboxIdempotencyKey.objects.filter(scope=_FAILED_SCOPE, key=key).exists():
+        response = stripe_error(500, "internal_error", "Injected fault: the provider failed.")
+        response["Idempotent-Replayed"] = "true"
+        return response
     response = views._write(refund, target=order.order_id, body=_refund, error=stripe_error)
+    if response.status_code == 500 and _idempotent(key):
+        SandboxIdempotencyKey.objects.get_or_create(scope=_FAILED_SCOPE, key=key)
     # The sandbox's own API answers 201 for a new effect and 200 for a replay; Stripe, 200 for
     # both and the header for a replay.
     if response.status_code == 200:

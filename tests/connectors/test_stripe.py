@@ -118,6 +118,20 @@ def test_a_decline_is_a_permanent_failure_with_stripes_code(stripe_stack, billin
     assert stripe_refunds(billing, "ch_5") == []
 
 
+def test_a_500_at_stripe_spends_the_key_the_retries_get_it_replayed_and_no_refund_is_made(stripe_stack, billing):
+    """Stripe saves a 500 under its key and answers every retry with it: the ledger verifies
+    each time, finds nothing, and after its attempts the action fails for a person to decide."""
+    make_order(billing, "ch_8")
+    sandbox(billing, "POST", "faults", json={"target": "ch_8", "fault": "error_500"})
+    stripe_stack.start_worker()
+    post_action(billing, "refund:ch_8:full:dec-8", refund_body("ch_8"))
+    action = settled(billing, "refund:ch_8:full:dec-8", seconds=60)
+    assert (action["status"], action["attempts"], action["error"]["code"]) == ("failed", 3, "attempts_exhausted")
+    codes = [entry.get("code") for entry in Action.objects.get(operation_key="refund:ch_8:full:dec-8").evidence]
+    assert codes.count("http_500") == 3
+    assert stripe_refunds(billing, "ch_8") == []
+
+
 def test_a_refund_in_another_currency_than_the_charge_is_refused_before_anything_is_sent(stripe_stack, billing):
     make_order(billing, "ch_6", amount="5000", currency="JPY")
     stripe_stack.start_worker()

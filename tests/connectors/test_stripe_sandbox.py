@@ -105,3 +105,14 @@ def test_the_list_is_newest_first_in_pages_and_filters_by_payment_and_creation_t
     recent = client.get("/sandbox/stripe/v1/refunds", {"created[gte]": since}, headers=AUTH).json()
     assert len(recent["data"]) == 3 and ids[0] not in [r["id"] for r in recent["data"]]
     assert client.get("/sandbox/stripe/v1/refunds", {"order_id": "ch_1"}, headers=AUTH).status_code == 400
+
+
+def test_a_key_whose_request_answered_500_answers_500_on_every_retry_as_at_stripe(client):
+    from sandbox.models import SandboxFault
+
+    SandboxFault.objects.create(target="ch_1", fault="error_500", remaining=1)
+    first = refund(client, "key-500", charge="ch_1", amount="100")
+    again = refund(client, "key-500", charge="ch_1", amount="100")
+    assert (first.status_code, again.status_code, again["Idempotent-Replayed"]) == (500, 500, "true")
+    assert refund(client, "key-other", charge="ch_1", amount="100").status_code == 200
+    assert SandboxRefund.objects.count() == 1
