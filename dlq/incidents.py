@@ -12,6 +12,7 @@ from django.db import IntegrityError, models, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from ledger.audit import actor_label
 from ledger.models import AuditEvent
 from ledger.statemachine import InvalidTransition, StateMachine
 
@@ -106,8 +107,6 @@ def _open_incident(incident):
 
 def incident_resolve(incident, *, actor, reason):
     """Close the incident; the reason says what was found and done (a refund clawed back...)."""
-    from ledger.audit import actor_label
-
     if not reason.strip():
         raise ValueError("a reason is required to resolve an incident")
     with transaction.atomic():

@@ -46,7 +46,8 @@ class Record:
 
     `operation_key` is what the effect carries of ours ("" if nothing); `amount` is in the
     currency's major unit, as the ledger keeps it (25.00, not 2500 cents), None where the
-    effect has none (a message); `action_type` is the ledger's type the effect is of.
+    effect has none (a message); `action_type` is the ledger's type the effect is of; `raw`,
+    the provider's own answer, is kept as an incident's evidence, so it must be JSON.
     """
 
     operation_key: str
