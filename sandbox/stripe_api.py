@@ -31,8 +31,7 @@ from ledger import money
 from . import views
 from .models import SandboxIdempotencyKey, SandboxOrder, SandboxRefund, SandboxSettings
 
-_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 402: "card_error",
-          404: "invalid_request_error", 409: "invalid_request_error"}
+_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 402: "card_error", 404: "invalid_request_error"}
 # The sandbox's own error codes, as Stripe names the same failures.
 _CODES = {"declined": "card_declined", "internal_error": None, "timeout": None}
 
