@@ -137,11 +137,11 @@ def _effect_list(request, model, body, *names, id_field):
     `starting_after`, the list is paged: at most `limit` effects (1 to 1000, default 100)
     after the effect whose id is `starting_after`, and `has_more` says whether more follow.
     Pages go by (creation time, row), so effects created meanwhile never shift a page.
-    Otherwise every matching effect is listed at once, as before paging was added.
+    Otherwise every matching effect is listed at once, with no `has_more`, as before paging.
     """
     effects = model.objects.filter(**_filters(request, *names))
     if not {"since", "until", "limit", "starting_after"} & set(request.GET):
-        return JsonResponse({"data": [body(effect) for effect in effects], "has_more": False})
+        return JsonResponse({"data": [body(effect) for effect in effects]})
     if "since" in request.GET:
         effects = effects.filter(created_at__gte=_moment(request, "since"))
     if "until" in request.GET:
