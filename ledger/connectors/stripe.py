@@ -80,6 +80,10 @@ class StripeConnector(Connector):
                                 code="unsupported_action_type")
         params = action.params
         try:
+            amount = money.to_minor_units(params["amount"], params["currency"])
+        except ValueError as exc:  # the API refuses such an amount; a workflow's input may not
+            raise http.Rejected(str(exc), code="amount_not_in_minor_units") from exc
+        try:
             currency = self._payment(action.target).get("currency")
         except stripe.StripeError as exc:
             failure = provider_error(exc, f"reading {action.target}")
@@ -95,7 +99,6 @@ class StripeConnector(Connector):
         if params.get("reason"):
             metadata["reason"] = params["reason"]
         try:
-            amount = money.to_minor_units(params["amount"], params["currency"])
             refund = self._client().v1.refunds.create(
                 params={_kind(action.target): action.target, "amount": amount, "metadata": metadata},
                 options={"idempotency_key": action.operation_key},

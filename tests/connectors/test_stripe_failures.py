@@ -85,9 +85,9 @@ def scripted(settings):
     stripe.stop()
 
 
-def run_once(key, order):
+def run_once(key, order, amount="25.00", currency="EUR"):
     action = action_request(agent=make_agent(f"agent-{order}")[0], operation_key=key, action_type="refund",
-                            target=order, params={"amount": "25.00", "currency": "EUR"})[0]
+                            target=order, params={"amount": amount, "currency": currency})[0]
     claimed = wait_until(lambda: action_claim_next("tests", only=action.pk), seconds=10, message="a claim")
     action_run_claimed(claimed)
     return Action.objects.get(pk=action.pk)
@@ -157,6 +157,13 @@ def test_the_refund_is_sent_form_encoded_with_the_minor_units_and_the_key_in_met
     assert (action.status, action.external_ref) == ("succeeded", "re_1")
     assert sorted(scripted.posts[0].split("&")) == ["amount=2500", "charge=ch_f",
                                                     "metadata[operation_key]=refund%3Ach_f%3Afull"]
+
+
+def test_an_amount_finer_than_its_currencys_minor_unit_is_refused_before_anything_is_sent(scripted):
+    # The API refuses 500.5 JPY; this one comes in past it, as a workflow's input could.
+    action = run_once("refund:ch_y:full", "ch_y", amount="500.5", currency="JPY")
+    assert (action.status, action.error["code"]) == ("failed", "amount_not_in_minor_units")
+    assert scripted.posts == []
 
 
 # --- Configuration ---------------------------------------------------------------------------
