@@ -65,14 +65,22 @@ def incident_card(user, now):
              "deadline": None, "hint": "Reconciliation found nothing wrong"}]
 
 
+def _unread(run):
+    """(connector, why) for each connector the run skipped or could not read to the end."""
+    parts = run.report.items() if run else ()
+    return [(name, part.get("skipped") or part.get("failed")) for name, part in parts
+            if "skipped" in part or "failed" in part]
+
+
 @staff_required
 def incident_list(request):
     rows, next_cursor = keyset_page(_filtered(request.GET), request.GET.get("after"))
     filters = request.GET.copy()
     filters.pop("after", None)
+    last_run = ReconciliationRun.objects.first()
     context = {"rows": rows, "next_cursor": next_cursor, "filters": filters, "query": filters.urlencode(),
                "statuses": IncidentStatus.values, "kinds": IncidentKind.choices, "open_count": open_incident_count(),
-               "last_run": ReconciliationRun.objects.first()}
+               "last_run": last_run, "unread": _unread(last_run)}
     return render_partial(request, "dlq/incident_list.html", "rows" if request.htmx else None, context)
 
 

@@ -2,12 +2,15 @@
 and resolves it with a reason (required), each audited; an auditor reads but cannot work it;
 a resolved incident stays resolved. The status table is written out here."""
 
+import re
+from datetime import timedelta
+
 import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.utils import timezone
 
-from dlq.incidents import INCIDENT_TRANSITIONS, Incident, IncidentKind, IncidentStatus
+from dlq.incidents import INCIDENT_TRANSITIONS, Incident, IncidentKind, IncidentStatus, ReconciliationRun
 from dlq.models import Alert
 from dlq.reconcile import Finding
 from ledger.models import AuditEvent
@@ -126,3 +129,13 @@ def test_the_overview_card_counts_the_open_incidents_and_those_this_user_may_wor
                                    "status=all&kind=double_effect"])
 def test_odd_filters_show_a_page_never_a_500(operator, query):
     assert operator.get(f"/incidents/?{query}").status_code == 200
+
+
+def test_the_list_says_when_reconciliation_last_ran_and_what_it_could_not_read(operator):
+    now = timezone.now()
+    ReconciliationRun.objects.create(since=now - timedelta(hours=1), until=now, finished_at=now, complete=False,
+                                     report={"sandbox": {"failed": "GET /sandbox/v1/refunds: HTTP 503"},
+                                             "unlisted": {"skipped": "this connector cannot list its records"}})
+    line = re.sub(r"\s+", " ", operator.get("/incidents/").content.decode().split('id="last-run">')[1].split("</p>")[0])
+    assert "incomplete" in line and "sandbox: GET /sandbox/v1/refunds: HTTP 503" in line
+    assert "unlisted: this connector cannot list its records" in line
