@@ -3,9 +3,8 @@ from datetime import timedelta
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
-from ledger.dashboard import parse_moment
-
 from dlq.reconcile import run_finish, run_start
+from ledger.dashboard import parse_moment
 
 
 class Command(BaseCommand):
