@@ -13,8 +13,10 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from ledger.agents import agent_create
-from ledger.models import Action, ActionStatus, AuditEvent, StepStatus, TaskStep
+from ledger.models import Action, ActionStatus, AuditEvent, StepStatus, Task, TaskStep
+from ledger.sweeper import sweep_once
 from ledger.tasks import task_request
+from tests.conftest import wait_until
 
 
 GRANTS = ("refund", "send_message", "create_booking")
@@ -34,6 +36,14 @@ def make_agent_on(client, name="billing", grants=GRANTS):
 
 def api_client(base_url, token):
     return httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+
+
+def agent_api(base_url, name="billing", grants=GRANTS):
+    """A new agent's API client on the live server; the agent is `client.agent`, its token `client.token`."""
+    agent, token = make_agent(name, grants)
+    client = api_client(base_url, token)
+    client.agent, client.token = agent, token
+    return client
 
 
 def send_together(url, token, sends):
@@ -184,6 +194,20 @@ def sandbox(client, method, path, **kwargs):
     return client.request(method, f"/sandbox/v1/{path}", **kwargs)
 
 
+def sandbox_without_idempotency(client):
+    """The sandbox provider stops recognising repeated keys: only the ledger then stands between
+    a lost answer and a second effect."""
+    response = sandbox(client, "PUT", "settings", json={"idempotency": False})
+    assert response.json() == {"idempotency": False}, response.text
+
+
+def sandbox_order(client, order, customer, amount="100.00"):
+    """An order the sandbox provider knows, which a refund task's `lookup_order` finds."""
+    response = sandbox(client, "POST", "orders",
+                       json={"order_id": order, "customer": customer, "amount": amount, "currency": "EUR"})
+    assert response.status_code in (200, 201), response.text
+
+
 def sandbox_list(client, kind, **params):
     """What the sandbox provider holds: its `kind` ("refunds", "messages", "bookings") matching `params`."""
     response = sandbox(client, "GET", kind, params=params)
@@ -201,6 +225,24 @@ def refund_task_body(order="ORD-8841", amount="25.00", customer="CUST-17"):
 
 def post_task(client, task_id, body):
     return client.post("/api/v1/tasks", json=body, headers={"Idempotency-Key": task_id})
+
+
+def start_refund_task(client, task_id, order="ORD-8841", customer="CUST-17"):
+    """POST a refund task (201) and return its row."""
+    response = post_task(client, task_id, refund_task_body(order, customer=customer))
+    assert response.status_code == 201, response.text
+    return Task.objects.get(task_id=task_id)
+
+
+def settled(task, seconds=30):
+    """The task's row once it is neither queued nor running. Sweeps meanwhile, as the sweeper
+    process would: it rings again for work whose job was lost with a killed worker."""
+    def check():
+        sweep_once()
+        row = Task.objects.get(pk=task.pk)
+        return row.state not in ("queued", "running") and row
+
+    return wait_until(check, seconds=seconds, interval=0.2, message=f"task {task.task_id} to settle")
 
 
 def dead_letter(agent, task_id, *, order=None, customer=None, done=None):

@@ -21,9 +21,9 @@ from dlq.alerts import alert_deliver
 from dlq.entries import deadletter_discard, deadletter_redrive, deadletter_resolve
 from dlq.models import Alert, AlertDelivery, DeadLetter, EntryStatus
 from ledger.models import InvalidTransition, StepStatus, Task
-from ledger.sweeper import sweep_once
-from tests.conftest import free_port, wait_until
-from tests.factories import another_transaction, api_client, audit_events, dead_letter, make_agent, open_entry, sandbox
+from tests.conftest import free_port
+from tests.factories import (another_transaction, api_client, audit_events, dead_letter, make_agent, open_entry, sandbox,
+                             sandbox_without_idempotency, settled)
 
 E = EntryStatus
 
@@ -53,7 +53,7 @@ def test_a_dead_lettered_task_has_an_open_entry_with_its_checkpoint_and_an_alert
 
 def test_redriving_resumes_from_the_checkpoint_and_does_not_redo_done_steps(stack, agent, operator):
     client = api_client(stack.url, agent.token)
-    sandbox(client, "PUT", "settings", json={"idempotency": False})
+    sandbox_without_idempotency(client)
     # Neither order exists at the provider any more: a lookup_order run now would fail the
     # task at once (unknown order). Only the first checkpoint already holds the lookup.
     looked_up = {"order_id": "ORD-GONE", "customer": "CUST-1", "amount": "100.00"}
@@ -68,12 +68,7 @@ def test_redriving_resumes_from_the_checkpoint_and_does_not_redo_done_steps(stac
     assert task.state == "queued" and task.attempts == 0
     stack.start_worker()
 
-    def settled(task_id):
-        sweep_once()
-        row = Task.objects.get(task_id=task_id)
-        return row.state not in ("queued", "running") and row
-
-    task = wait_until(lambda: settled("refund-redrive"), seconds=30, message="the redriven task to settle")
+    task = settled(task)
     assert task.state == "succeeded", task.last_error
     assert task.attempts == 1
     steps = {s.name: s for s in task.steps.all()}
@@ -85,7 +80,7 @@ def test_redriving_resumes_from_the_checkpoint_and_does_not_redo_done_steps(stac
     assert [r["operation_key"] for r in refunds] == ["refund-redrive:call_refund_api:v1"]
 
     # The control, without the lookup in its checkpoint, did look the order up, and failed.
-    control_task = wait_until(lambda: settled("refund-control"), seconds=30, message="the control task to settle")
+    control_task = settled(Task.objects.get(task_id="refund-control"))
     assert control_task.state == "failed" and control_task.last_error["code"] == "unknown_order"
 
     [event] = audit_events(entry, "redriven")

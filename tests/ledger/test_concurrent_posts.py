@@ -8,7 +8,7 @@ from collections import Counter
 
 from ledger.models import Action
 from tests.conftest import wait_until
-from tests.factories import api_client, make_agent, post_action, refund_body, sandbox, send_together
+from tests.factories import agent_api, post_action, refund_body, sandbox, send_together
 
 
 def post_together(url, token, requests):
@@ -17,12 +17,12 @@ def post_together(url, token, requests):
 
 
 def test_fifty_identical_posts_at_once_make_one_action_and_one_refund(stack):
-    _, token = make_agent("billing")
+    client = agent_api(stack.url)
     key = "refund:ORD-50:full:dec-50"
     stack.start_worker()
     stack.start_worker()
 
-    responses = post_together(stack.url, token, [(key, refund_body("ORD-50"))] * 50)
+    responses = post_together(stack.url, client.token, [(key, refund_body("ORD-50"))] * 50)
 
     statuses = Counter(r.status_code for r in responses)
     assert statuses == {201: 1, 200: 49}, statuses
@@ -33,7 +33,6 @@ def test_fifty_identical_posts_at_once_make_one_action_and_one_refund(stack):
     assert Action.objects.filter(operation_key=key).count() == 1
     assert Action.objects.count() == 1
 
-    client = api_client(stack.url, token)
     done = wait_until(
         lambda: (a := client.get(f"/api/v1/actions/{key}").json())["status"] == "succeeded" and a,
         message="the refund to succeed",
@@ -44,12 +43,12 @@ def test_fifty_identical_posts_at_once_make_one_action_and_one_refund(stack):
 
 
 def test_twenty_posts_of_one_key_with_different_amounts_let_one_win_and_refuse_the_rest(stack):
-    _, token = make_agent("billing")
+    client = agent_api(stack.url)
     key = "refund:ORD-20:full:dec-20"
     stack.start_worker()
 
     requests = [(key, refund_body("ORD-20", amount=f"{10 + i}.00")) for i in range(20)]
-    responses = post_together(stack.url, token, requests)
+    responses = post_together(stack.url, client.token, requests)
 
     statuses = Counter(r.status_code for r in responses)
     assert not any(code >= 500 for code in statuses), statuses
@@ -64,7 +63,6 @@ def test_twenty_posts_of_one_key_with_different_amounts_let_one_win_and_refuse_t
     action = Action.objects.get()
     assert action.params == winner["params"]
 
-    client = api_client(stack.url, token)
     wait_until(lambda: Action.objects.get().status == "succeeded", message="the refund to succeed")
     refunds = sandbox(client, "GET", "refunds", params={"order_id": "ORD-20"}).json()["data"]
     assert [r["amount"] for r in refunds] == [winner["params"]["amount"]]

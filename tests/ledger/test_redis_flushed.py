@@ -8,15 +8,14 @@ from rq import Worker
 from ledger.models import Action, ActionStatus
 from ledger.sweeper import sweep_once
 from tests.conftest import REDIS_URL, wait_until
-from tests.factories import api_client, make_agent, post_action, refund_body, sandbox
+from tests.factories import agent_api, post_action, refund_body, sandbox
 
 S = ActionStatus
 COUNT = 20
 
 
 def test_actions_whose_jobs_were_flushed_from_redis_all_run_once_after_a_sweep(stack):
-    _, token = make_agent("billing")
-    client = api_client(stack.url, token)
+    client = agent_api(stack.url)
     keys = [f"refund:ORD-F{i}:full:dec-{i}" for i in range(COUNT)]
     for i, key in enumerate(keys):
         # One order and one customer each, so that no action holds another.

@@ -7,7 +7,7 @@ from ledger.models import Action, WebhookEvent
 from sandbox.webhooks import sign_webhook
 from ledger.sweeper import sweep_once
 from tests.conftest import wait_until
-from tests.factories import api_client, make_agent, post_action, refund_body, sandbox, sandbox_list
+from tests.factories import agent_api, post_action, refund_body, sandbox, sandbox_list, sandbox_without_idempotency
 
 
 def settled(client, key, seconds=20):
@@ -18,8 +18,7 @@ def settled(client, key, seconds=20):
 
 
 def test_the_same_request_twice_returns_the_stored_result(stack):
-    _, token = make_agent("billing")
-    client = api_client(stack.url, token)
+    client = agent_api(stack.url)
     stack.start_worker()
     first = post_action(client, "refund:ORD-1:full:dec-1", refund_body("ORD-1"))
     assert first.status_code == 201
@@ -32,9 +31,8 @@ def test_the_same_request_twice_returns_the_stored_result(stack):
 
 
 def test_a_timeout_after_commit_is_verified_not_repeated_even_without_provider_idempotency(stack):
-    _, token = make_agent("billing")
-    client = api_client(stack.url, token)
-    sandbox(client, "PUT", "settings", json={"idempotency": False})
+    client = agent_api(stack.url)
+    sandbox_without_idempotency(client)
     sandbox(client, "POST", "faults", json={"target": "ORD-2", "fault": "timeout_after_commit", "times": 1})
     stack.start_worker()
     posted = post_action(client, "refund:ORD-2:full:dec-2", refund_body("ORD-2"))
@@ -49,8 +47,7 @@ def test_a_timeout_after_commit_is_verified_not_repeated_even_without_provider_i
 
 
 def test_the_same_webhook_twice_does_nothing_the_second_time(stack):
-    _, token = make_agent("billing")
-    client = api_client(stack.url, token)
+    client = agent_api(stack.url)
     body = json.dumps({"id": "evt_1", "type": "refund.succeeded", "data": {"id": "re_x"}}).encode()
     headers = {"Sandbox-Signature": sign_webhook(body, "whsec-sandbox-dev"), "Content-Type": "application/json"}
     first = client.post("/webhooks/sandbox/", content=body, headers=headers)
@@ -61,8 +58,7 @@ def test_the_same_webhook_twice_does_nothing_the_second_time(stack):
 
 
 def test_the_same_key_with_different_params_is_refused_and_changes_nothing(stack):
-    _, token = make_agent("billing")
-    client = api_client(stack.url, token)
+    client = agent_api(stack.url)
     post_action(client, "refund:ORD-3:full:dec-3", refund_body("ORD-3", amount="25.00"))
     before = Action.objects.values().get(operation_key="refund:ORD-3:full:dec-3")
     reused = post_action(client, "refund:ORD-3:full:dec-3", refund_body("ORD-3", amount="26.00"))
@@ -73,8 +69,7 @@ def test_the_same_key_with_different_params_is_refused_and_changes_nothing(stack
 
 
 def test_two_requests_for_the_same_order_close_together_make_at_most_one_effect(stack):
-    _, token = make_agent("billing")
-    client = api_client(stack.url, token)
+    client = agent_api(stack.url)
     first = post_action(client, "refund:ORD-4:full:dec-4", refund_body("ORD-4"))
     second = post_action(client, "refund:ORD-4:full:dec-5", refund_body("ORD-4"))
     assert first.status_code == second.status_code == 201

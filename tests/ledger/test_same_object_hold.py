@@ -4,15 +4,14 @@ import pytest
 
 from ledger.models import Action, ActionStatus, InvalidTransition
 from tests.conftest import wait_until
-from tests.factories import api_client, audit_events, make_agent, post_action, refund_body, sandbox
+from tests.factories import agent_api, audit_events, post_action, refund_body, sandbox
 
 S = ActionStatus
 
 
 @pytest.fixture
 def billing(stack):
-    _, token = make_agent("billing")
-    return api_client(stack.url, token)
+    return agent_api(stack.url)
 
 
 def status_of(key):

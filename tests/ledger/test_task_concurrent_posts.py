@@ -9,7 +9,8 @@ import pytest
 from ledger.models import Action, Task
 from ledger.sweeper import sweep_once
 from tests.conftest import wait_until
-from tests.factories import api_client, audit_events, make_agent, post_task, refund_task_body, sandbox, send_together
+from tests.factories import (agent_api, audit_events, post_task, refund_task_body, sandbox, sandbox_order,
+                             sandbox_without_idempotency, send_together)
 
 
 def refund_task(amount="25.00"):
@@ -22,17 +23,15 @@ def post_together(url, token, task_id, body, count):
 
 
 @pytest.fixture
-def billing(stack):
-    _, token = make_agent("billing", grants=("refund", "send_message"))
-    client = api_client(stack.url, token)
-    sandbox(client, "PUT", "settings", json={"idempotency": False})
-    sandbox(client, "POST", "orders", json={"order_id": "ORD-30", "customer": "CUST-30", "amount": "100.00", "currency": "EUR"})
-    return token, client
+def client(stack):
+    client = agent_api(stack.url, grants=("refund", "send_message"))
+    sandbox_without_idempotency(client)
+    sandbox_order(client, "ORD-30", "CUST-30")
+    return client
 
 
-def test_thirty_identical_posts_at_once_make_one_task_that_refunds_once(stack, billing):
-    token, client = billing
-    responses = post_together(stack.url, token, "refund-30", refund_task(), 30)
+def test_thirty_identical_posts_at_once_make_one_task_that_refunds_once(stack, client):
+    responses = post_together(stack.url, client.token, "refund-30", refund_task(), 30)
 
     statuses = Counter(r.status_code for r in responses)
     assert statuses == {201: 1, 200: 29}, [(r.status_code, r.text[:200]) for r in responses if r.status_code >= 300]
@@ -60,8 +59,7 @@ def test_thirty_identical_posts_at_once_make_one_task_that_refunds_once(stack, b
     assert Action.objects.count() == 2
 
 
-def test_the_same_task_id_with_a_different_input_is_refused_and_changes_nothing(stack, billing):
-    _, client = billing
+def test_the_same_task_id_with_a_different_input_is_refused_and_changes_nothing(stack, client):
     assert post_task(client, "refund-31", refund_task()).status_code == 201
     response = post_task(client, "refund-31", refund_task(amount="99.00"))
     assert response.status_code == 422
@@ -71,16 +69,14 @@ def test_the_same_task_id_with_a_different_input_is_refused_and_changes_nothing(
     assert Task.objects.count() == 1
 
 
-def test_a_task_without_an_idempotency_key_is_refused(stack, billing):
-    _, client = billing
+def test_a_task_without_an_idempotency_key_is_refused(stack, client):
     response = client.post("/api/v1/tasks", json=refund_task())
     assert response.status_code == 400
     assert response.json()["code"] == "idempotency_key_missing"
     assert not Task.objects.exists()
 
 
-def test_an_unknown_workflow_is_invalid(stack, billing):
-    _, client = billing
+def test_an_unknown_workflow_is_invalid(stack, client):
     response = post_task(client, "launch-1", {"workflow": "launch_rockets", "input": {}})
     assert response.status_code == 400
     problem = response.json()
@@ -88,8 +84,7 @@ def test_an_unknown_workflow_is_invalid(stack, billing):
     assert not Task.objects.exists()
 
 
-def test_invalid_input_for_the_workflow_is_invalid(stack, billing):
-    _, client = billing
+def test_invalid_input_for_the_workflow_is_invalid(stack, client):
     body = refund_task()
     body["input"]["amount"] = 25
     response = post_task(client, "refund-32", body)
@@ -100,18 +95,15 @@ def test_invalid_input_for_the_workflow_is_invalid(stack, billing):
 
 
 def test_an_agent_not_granted_the_workflow_is_forbidden(stack):
-    _, token = make_agent("messenger", grants=("send_message",))
-    response = post_task(api_client(stack.url, token), "refund-33", refund_task())
+    response = post_task(agent_api(stack.url, "messenger", grants=("send_message",)), "refund-33", refund_task())
     assert response.status_code == 403
     assert response.json()["code"] == "forbidden"
     assert not Task.objects.exists()
 
 
-def test_another_agents_task_is_not_found_and_its_id_cannot_be_taken(stack, billing):
-    _, client = billing
+def test_another_agents_task_is_not_found_and_its_id_cannot_be_taken(stack, client):
     assert post_task(client, "refund-34", refund_task()).status_code == 201
-    _, other_token = make_agent("support", grants=("refund", "send_message"))
-    other = api_client(stack.url, other_token)
+    other = agent_api(stack.url, "support", grants=("refund", "send_message"))
     response = other.get("/api/v1/tasks/refund-34")
     assert response.status_code == 404 and response.json()["code"] == "not_found"
     assert other.get("/api/v1/tasks/refund-34?wait=1").status_code == 404
@@ -121,8 +113,7 @@ def test_another_agents_task_is_not_found_and_its_id_cannot_be_taken(stack, bill
     assert Task.objects.get().agent.name == "billing"
 
 
-def test_get_with_wait_returns_as_soon_as_the_task_settles(stack, billing):
-    _, client = billing
+def test_get_with_wait_returns_as_soon_as_the_task_settles(stack, client):
     assert post_task(client, "refund-35", refund_task()).status_code == 201
     queued = client.get("/api/v1/tasks/refund-35?wait=0")
     assert queued.json()["state"] == "queued"
@@ -135,8 +126,7 @@ def test_get_with_wait_returns_as_soon_as_the_task_settles(stack, billing):
     assert took < 4.5, took
 
 
-def test_get_with_wait_gives_up_after_n_seconds_on_an_unsettled_task(stack, billing):
-    _, client = billing
+def test_get_with_wait_gives_up_after_n_seconds_on_an_unsettled_task(stack, client):
     assert post_task(client, "refund-36", refund_task()).status_code == 201
     started = time.monotonic()
     response = client.get("/api/v1/tasks/refund-36?wait=1")  # no worker: it stays queued

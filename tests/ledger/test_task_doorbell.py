@@ -20,7 +20,7 @@ import redis
 from ledger.jobs import DOORBELL_TRUST_SECONDS, DOORBELL_TTL_SECONDS
 from ledger.models import Task
 from tests.conftest import REDIS_URL, wait_until
-from tests.factories import api_client, make_agent, post_task
+from tests.factories import agent_api, post_task
 
 
 def start_noop_task(client, task_id):
@@ -30,8 +30,7 @@ def start_noop_task(client, task_id):
 
 @pytest.fixture
 def client(stack):
-    _, token = make_agent("billing", grants=("noop",))
-    return api_client(stack.url, token)
+    return agent_api(stack.url, grants=("noop",))
 
 
 def test_a_new_task_rings_a_drain_job_and_runs_at_once(stack, client):

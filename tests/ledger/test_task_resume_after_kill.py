@@ -10,10 +10,9 @@ import pytest
 from django.db import connection, transaction
 
 from ledger.models import Action, Confirmation, StepStatus, Task, TaskStep
-from ledger.sweeper import sweep_once
 from tests.conftest import wait_until
-from tests.factories import (api_client, audit_events, make_agent, post_task, refund_task_body, sandbox, sandbox_list,
-                             sessions_waiting_for_a_lock)
+from tests.factories import (agent_api, audit_events, sandbox, sandbox_list, sandbox_order, sandbox_without_idempotency,
+                             sessions_waiting_for_a_lock, settled, start_refund_task)
 
 ORDER, CUSTOMER = "ORD-8841", "CUST-17"
 RECIPIENT = f"{CUSTOMER.lower()}@customers.surety.example"
@@ -22,30 +21,14 @@ STEPS = ["lookup_order", "call_refund_api", "write_confirmation", "notify_custom
 
 @pytest.fixture
 def client(stack):
-    _, token = make_agent("billing", grants=("refund", "send_message"))
-    client = api_client(stack.url, token)
-    assert sandbox(client, "PUT", "settings", json={"idempotency": False}).json() == {"idempotency": False}
-    sandbox(client, "POST", "orders", json={"order_id": ORDER, "customer": CUSTOMER, "amount": "100.00", "currency": "EUR"})
+    client = agent_api(stack.url, grants=("refund", "send_message"))
+    sandbox_without_idempotency(client)
+    sandbox_order(client, ORDER, CUSTOMER)
     return client
-
-
-def start_refund_task(client, task_id):
-    response = post_task(client, task_id, refund_task_body(ORDER, customer=CUSTOMER))
-    assert response.status_code == 201, response.text
-    return Task.objects.get(task_id=task_id)
 
 
 def step_statuses(task):
     return dict(TaskStep.objects.filter(task=task).order_by("position").values_list("name", "status"))
-
-
-def sweep_until_settled(task, seconds=40):
-    def settled():
-        sweep_once()
-        row = Task.objects.get(pk=task.pk)
-        return row.state not in ("queued", "running") and row
-
-    return wait_until(settled, seconds=seconds, interval=0.25, message=f"task {task.task_id} to settle")
 
 
 def provider_effects(client):
@@ -54,7 +37,7 @@ def provider_effects(client):
 
 def assert_succeeded_once(client, task):
     """The checkpoint is complete and every effect happened exactly once."""
-    row = sweep_until_settled(task)
+    row = settled(task, seconds=40)
     assert row.state == "succeeded", (row.state, row.last_error)
     assert step_statuses(row) == dict.fromkeys(STEPS, StepStatus.DONE)
     refunds, messages = provider_effects(client)

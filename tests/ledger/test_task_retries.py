@@ -15,10 +15,9 @@ from django.utils import timezone
 
 from dlq.models import DeadLetter
 from ledger.models import Task
-from ledger.sweeper import sweep_once
 from ledger.tasks import task_expire_leases, task_request, task_run_now
 from tests.conftest import REDIS_URL, free_port, wait_until
-from tests.factories import api_client, audit_events, make_agent, post_task, refund_task_body, sandbox
+from tests.factories import agent_api, audit_events, sandbox, sandbox_order, settled, start_refund_task
 
 # BASE as in the stack (tests/conftest.py STACK_ENV); the cap is set lower where it shows.
 BASE, CAP = 0.2, 0.8
@@ -30,29 +29,11 @@ def closed_port_url():
 
 @pytest.fixture
 def client(stack):
-    agent, token = make_agent("billing", grants=("refund", "send_message"))
-    client = api_client(stack.url, token)
-    client.agent = agent
-    return client
-
-
-def start_task(client, task_id, order="ORD-1", customer="CUST-1"):
-    response = post_task(client, task_id, refund_task_body(order, customer=customer))
-    assert response.status_code == 201, response.text
-    return Task.objects.get(task_id=task_id)
-
-
-def settled(task, seconds=30, states=("succeeded", "failed", "dead_lettered", "waiting")):
-    def check():
-        sweep_once()  # what the sweeper process does: re-ring work a lost job would strand
-        row = Task.objects.get(pk=task.pk)
-        return row.state in states and row
-
-    return wait_until(check, seconds=seconds, interval=0.2, message=f"task {task.task_id} to reach {states}")
+    return agent_api(stack.url, grants=("refund", "send_message"))
 
 
 def test_an_unknown_order_fails_after_one_attempt_without_scheduling_a_retry(stack, client):
-    task = start_task(client, "refund-unknown", order="ORD-NOPE")
+    task = start_refund_task(client, "refund-unknown", order="ORD-NOPE")
     stack.start_worker()
     row = settled(task)
     assert row.state == "failed"
@@ -95,7 +76,7 @@ def test_a_retryable_failure_backs_off_exponentially_with_jitter_then_dead_lette
 
 
 def test_three_retryable_failures_through_the_api_dead_letter_after_two_backoffs(stack, client):
-    task = start_task(client, "refund-unreachable-api")
+    task = start_refund_task(client, "refund-unreachable-api")
     stack.start_worker(SANDBOX_BASE_URL=closed_port_url())
     row = settled(task)
     assert (row.state, row.attempts, row.max_attempts) == ("dead_lettered", 3, 3)
@@ -121,8 +102,8 @@ def test_a_task_whose_workers_keep_dying_is_dead_lettered_by_the_sweeper(stack, 
 
 
 def test_run_now_moves_a_long_backoff_to_now_and_is_audited(stack, client):
-    sandbox(client, "POST", "orders", json={"order_id": "ORD-1", "customer": "CUST-1", "amount": "100.00", "currency": "EUR"})
-    task = start_task(client, "refund-later")
+    sandbox_order(client, "ORD-1", "CUST-1")
+    task = start_refund_task(client, "refund-later", order="ORD-1", customer="CUST-1")
     # A backoff of about an hour, so the task sits in the queue until an operator acts.
     failing = stack.start_worker(SANDBOX_BASE_URL=closed_port_url(), BACKOFF_BASE_SECONDS=3600, BACKOFF_MAX_SECONDS=3600)
     row = wait_until(lambda: audit_events(task, "retry_scheduled").exists() and Task.objects.get(pk=task.pk),
@@ -154,7 +135,7 @@ def test_run_now_moves_a_long_backoff_to_now_and_is_audited(stack, client):
 
 
 def test_run_now_leaves_a_task_that_is_not_queued_alone(stack, client):
-    task = start_task(client, "refund-unknown-2", order="ORD-NOPE")
+    task = start_refund_task(client, "refund-unknown-2", order="ORD-NOPE")
     stack.start_worker()
     row = settled(task)
     assert task_run_now(row, actor="system:tests").state == "failed"

@@ -5,11 +5,7 @@ import pytest
 from dlq.models import DeadLetter
 from ledger.models import Task
 from tests.conftest import wait_until
-from tests.factories import api_client, audit_events, make_agent, post_task, refund_task_body, sandbox
-
-
-def seed_order(client, order="ORD-8841", customer="CUST-17"):
-    sandbox(client, "POST", "orders", json={"order_id": order, "customer": customer, "amount": "100.00", "currency": "EUR"})
+from tests.factories import agent_api, audit_events, post_task, refund_task_body, sandbox, sandbox_order
 
 
 def settled_task(client, task_id, seconds=30):
@@ -21,12 +17,11 @@ def settled_task(client, task_id, seconds=30):
 
 @pytest.fixture
 def client(stack):
-    _, token = make_agent("billing", grants=("refund", "send_message"))
-    return api_client(stack.url, token)
+    return agent_api(stack.url, grants=("refund", "send_message"))
 
 
 def test_a_refund_task_runs_every_step_once(stack, client):
-    seed_order(client)
+    sandbox_order(client, "ORD-8841", "CUST-17")
     created = post_task(client, "refund-8841", refund_task_body())
     assert created.status_code == 201
     assert list(created.json()["steps"]) == ["lookup_order", "call_refund_api", "write_confirmation", "notify_customer"]
@@ -49,7 +44,7 @@ def test_an_unknown_order_fails_at_once_without_retrying(stack, client):
 
 
 def test_a_declined_refund_fails_the_task_without_retrying(stack, client):
-    seed_order(client, "ORD-9")
+    sandbox_order(client, "ORD-9", "CUST-17")
     sandbox(client, "POST", "faults", json={"target": "ORD-9", "fault": "decline", "times": 1})
     post_task(client, "refund-9", refund_task_body(order="ORD-9"))
     stack.start_worker()
@@ -62,7 +57,7 @@ def test_a_declined_refund_fails_the_task_without_retrying(stack, client):
 def test_three_failures_in_a_row_dead_letter_the_task_with_an_alert(stack, client):
     # Every refund call answers 500: verified absent each time, so each task attempt ends
     # with a retryable failure, and the third one lands in the dead-letter queue.
-    seed_order(client, "ORD-500")
+    sandbox_order(client, "ORD-500", "CUST-17")
     sandbox(client, "POST", "faults", json={"target": "ORD-500", "fault": "error_500", "times": 100})
     post_task(client, "refund-500", refund_task_body(order="ORD-500"))
     stack.start_worker()

@@ -14,17 +14,16 @@ from ledger.models import Action, ActionStatus, StaleClaim
 from sandbox.models import SandboxRefund
 from ledger.sweeper import sweep_once
 from tests.conftest import wait_until
-from tests.factories import (api_client, audit_events, make_action, make_agent, post_action, refund_body, sandbox,
-                             sandbox_list)
+from tests.factories import (agent_api, audit_events, make_action, make_agent, post_action, refund_body, sandbox,
+                             sandbox_list, sandbox_without_idempotency)
 
 S = ActionStatus
 
 
 def test_a_worker_killed_while_pending_is_verified_after_its_lease_not_repeated(stack, settings):
-    _, token = make_agent("billing")
-    client = api_client(stack.url, token)
+    client = agent_api(stack.url)
     key = "refund:ORD-K1:full:dec-1"
-    assert sandbox(client, "PUT", "settings", json={"idempotency": False}).status_code == 200
+    sandbox_without_idempotency(client)
     # The sandbox commits, then stalls 3 s (SANDBOX_TIMEOUT_SLEEP); this worker would wait 6 s.
     sandbox(client, "POST", "faults", json={"target": "ORD-K1", "fault": "timeout_after_commit", "times": 1})
     doomed = stack.start_worker(CONNECTOR_TIMEOUT=6, LEASE_SECONDS=8)
