@@ -2,13 +2,12 @@ import threading
 import time
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.db import connection, connections
 from django.test import Client
 
-from ledger.models import Agent
 from sandbox import views
 from sandbox.models import SandboxBooking, SandboxFault, SandboxIdempotencyKey, SandboxMessage, SandboxRefund
+from tests.factories import make_agent
 
 from .conftest import API_KEY, SandboxClient
 
@@ -40,15 +39,6 @@ def booking_body(resource="ROOM-1", start="2030-01-01T10:00:00Z", end="2030-01-0
     }
 
 
-def make_agent(name, *, is_active=True):
-    token = Agent.new_token()
-    user = get_user_model().objects.create(username=name)
-    Agent.objects.create(
-        name=name, user=user, token_hash=Agent.hash_token(token), token_prefix=token[:12], is_active=is_active
-    )
-    return token
-
-
 # --- Authentication ---------------------------------------------------------------------------
 
 
@@ -65,13 +55,17 @@ def test_it_refuses_a_wrong_token(client):
 
 
 def test_it_accepts_an_active_agents_token(client):
-    response = SandboxClient(client, make_agent("agent-a")).get("refunds")
+    _, token = make_agent("agent-a")
+    response = SandboxClient(client, token).get("refunds")
     assert response.status_code == 200
     assert response.json()["data"] == []
 
 
 def test_it_refuses_an_inactive_agents_token(client):
-    assert SandboxClient(client, make_agent("agent-b", is_active=False)).get("refunds").status_code == 401
+    agent, token = make_agent("agent-b")
+    agent.is_active = False
+    agent.save(update_fields=["is_active"])
+    assert SandboxClient(client, token).get("refunds").status_code == 401
 
 
 def test_it_answers_405_for_a_method_the_route_does_not_have(sandbox):
