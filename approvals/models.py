@@ -6,6 +6,8 @@ from django.utils import timezone
 from ledger.models import ActionType, AuditEvent
 from ledger.statemachine import StateMachine
 
+from .policies import money
+
 
 class Limit(models.Model):
     """Above `max_amount` a person approves; above `dual_approval_above`, two different people."""
@@ -41,8 +43,6 @@ class Limit(models.Model):
         return f"{self.action_type} {self.currency} ≤ {self.max_amount}"
 
     def snapshot(self):
-        from .policies import money
-
         return {
             "max_amount": money(self.max_amount),
             "dual_approval_above": None if self.dual_approval_above is None else money(self.dual_approval_above),

@@ -5,12 +5,15 @@ import functools
 
 from django.conf import settings
 from django.contrib.auth.views import redirect_to_login
+from django.core.exceptions import PermissionDenied
+from django.db import connection
+from django.db.models import Q
 from django.http import HttpResponse, HttpResponseBadRequest
+from django.shortcuts import render, resolve_url
+from django.template import TemplateDoesNotExist
+from django.template.loader import get_template
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
-from django.shortcuts import resolve_url
-from django.core.exceptions import PermissionDenied
-from django.db.models import Q
 
 from .access import ROLES
 
@@ -101,8 +104,6 @@ def planner_estimates(model, column):
     the pages it has now, times the value's share in ANALYZE's sample (pg_stats). A catalog
     lookup (~1 ms) instead of a scan; empty until the table has been analysed (autovacuum does
     it as the table grows)."""
-    from django.db import connection
-
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT v.value,"
@@ -132,10 +133,6 @@ def count_up_to(queryset, cap):
 
 def render_partial(request, template, partial, context):
     """htmx asks for one named fragment of the page; a plain request gets the page."""
-    from django.shortcuts import render
-    from django.template import TemplateDoesNotExist
-    from django.template.loader import get_template
-
     name = f"{template}#{partial}" if request.htmx and partial else template
     # The overview takes the fragment's name from ?partial=: an unknown one is a 400.
     if name != template:

@@ -32,6 +32,11 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.django import PrometheusDjangoView
 from prometheus_client.multiprocess import MultiProcessCollector
+from rq import Worker
+
+from .dashboard import planner_estimates
+from .jobs import redis_connection
+from .models import IN_FLIGHT_STATUSES, Action, ActionStatus
 
 logger = logging.getLogger("surety.metrics")
 
@@ -93,9 +98,6 @@ def action_counts():
     counted exactly up to EXACT_UP_TO rows (a bounded scan); past that the planner's estimate
     stands in (a catalog lookup; the overview does the same).
     """
-    from .dashboard import planner_estimates
-    from .models import IN_FLIGHT_STATUSES, Action, ActionStatus
-
     counts = dict.fromkeys(ActionStatus.values, 0)
     exact = Action.objects.order_by().values_list("status").annotate(n=Count("id")).values_list("status", "n")
     if connection.vendor != "postgresql":  # SQLite, in development: small tables, counted exactly
@@ -114,8 +116,6 @@ def action_counts():
 
 class LedgerCollector:
     def collect(self):
-        from .models import Action, ActionStatus
-
         by_status = GaugeMetricFamily(
             "surety_actions",
             f"Actions per status: exact for work in flight; for settled statuses exact up to {EXACT_UP_TO}, "
@@ -177,8 +177,6 @@ def sweeper_seen():
     """The sweeper's trace, left after each pass: a key that expires HEALTHZ_SWEEPER_SECONDS
     later, so `/healthz` sees a sweeper that stopped or hangs. Without Redis there is no
     shared place for it, and `/healthz` does not check the sweeper."""
-    from .jobs import redis_connection
-
     if not settings.RQ_ASYNC:
         return
     try:
@@ -195,8 +193,6 @@ def _database_answers():
 
 
 def _redis_answers():
-    from .jobs import redis_connection
-
     return redis_connection().ping()
 
 
@@ -204,18 +200,12 @@ def _worker_seen():
     """An RQ worker whose heartbeat is recent. RQ itself forgets a worker worker_ttl + 60 s
     (480 s by default) after its last heartbeat, and an idle worker beats every worker_ttl -
     15 s: run workers with a smaller --worker-ttl to notice a dead one sooner."""
-    from rq import Worker
-
-    from .jobs import redis_connection
-
     since = timezone.now() - timedelta(seconds=settings.HEALTHZ_WORKER_SECONDS)
     return any(worker.last_heartbeat and worker.last_heartbeat >= since
                for worker in Worker.all(connection=redis_connection()))
 
 
 def _sweeper_seen():
-    from .jobs import redis_connection
-
     return bool(redis_connection().exists(SWEEPER_SEEN_KEY))
 
 
