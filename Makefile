@@ -62,6 +62,7 @@ SQLITE_TESTS := tests/ledger/test_sqlite_default.py tests/ledger/test_compiled.p
   tests/ledger/test_same_subject_in_the_database.py tests/approvals/test_limits_version.py \
   tests/ledger/test_dbrules.py
 test: install services static
+	$(VENV)/bin/lint-imports
 	@echo "DATABASE_URL=$(TEST_DATABASE_URL) $(VENV)/bin/pytest -n 2 -p no:cacheprovider $(PYTEST_ARGS)"
 	@DATABASE_URL=$(TEST_DATABASE_URL) $(VENV)/bin/pytest -n 2 -p no:cacheprovider $(PYTEST_ARGS) || { \
 	  rc=$$?; [ $$rc -ne 5 ] || echo "make test: pytest collected no tests" >&2; exit $$rc; }

@@ -5,7 +5,10 @@ from django.db.models import F, Q
 from django.db.models.fields.json import KeyTransform
 from django.utils import timezone
 
-from ledger.models import AuditEvent, Task
+from ledger.api.serializers import checkpoint
+from ledger.audit import actor_label
+from ledger.jobs import enqueue
+from ledger.models import AuditEvent, Task, TaskState
 from ledger.statemachine import StateMachine
 
 from .incidents import Incident  # noqa: F401 (the model lives there; this module registers it)
@@ -23,14 +26,18 @@ ENTRY_TRANSITIONS = {E.OPEN: {E.REDRIVEN, E.RESOLVED, E.DISCARDED}, E.REDRIVEN: 
                      E.DISCARDED: set()}
 
 
+def deadletter_open_when_dead_lettered(task, previous, actor):
+    """After every move of a task: out of attempts, it gets its entry and alert at once."""
+    if task.state == TaskState.DEAD_LETTERED:
+        DeadLetter.objects.open_for(task, actor=actor)
+
+
 class DeadLetterManager(models.Manager):
     def open_for(self, task, *, actor):
         """The entry, with the checkpoint as it stands, and its alert: one transaction.
 
         (The database also refuses to commit an entry without an alert: migration 0002.)
         """
-        from ledger.api.serializers import checkpoint
-
         with transaction.atomic():
             entry = self.create(
                 task=task, snapshot=checkpoint(task), last_error=task.last_error or {}, attempts=task.attempts
@@ -79,8 +86,6 @@ class DeadLetter(StateMachine):
         return f"/dlq/{self.pk}/"
 
     def decide(self, to, *, actor, reason):
-        from ledger.audit import actor_label
-
         return self._move(to, actor=actor, verb=to, reason=reason, decided_by=actor_label(actor),
                           decided_at=timezone.now(), note=reason)
 
@@ -88,16 +93,15 @@ class DeadLetter(StateMachine):
 class AlertManager(models.Manager):
     def raise_for(self, entry=None, *, subject="", body="", link="", kind="dead_letter", review_item=None,
                   incident=None):
-        """Record the alert in the caller's transaction; deliver it by a job after commit."""
-        from .alerts import deliver_after_commit
-
+        """Record the alert in the caller's transaction; deliver it by a job after commit
+        (`dlq.alerts.alert_deliver`, named by path: the transports depend on this module)."""
         if entry is not None:
             subject = subject or f"Dead letter: task {entry.task.task_id} ({entry.task.workflow}) failed {entry.attempts}×"
             body = body or (entry.last_error or {}).get("message", "")
             link = link or entry.get_absolute_url()
         alert = self.create(kind=kind, dead_letter=entry, review_item=review_item, incident=incident,
                             subject=subject[:255], body=body, link=link)
-        deliver_after_commit(alert)
+        transaction.on_commit(lambda: enqueue("dlq.alerts.alert_deliver", alert.pk), robust=True)
         return alert
 
 

@@ -4,6 +4,7 @@ from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.http import Http404
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from ledger.access import WORK_DLQ, decidable_names
@@ -32,6 +33,13 @@ def _filtered(params):
     if params.get("code"):
         entries = entries.filter(last_error__code=params["code"])
     return entries
+
+
+def deadletter_card(user, now):
+    """The dead-letter queue's card on the overview (registered with ledger.hooks.on_overview)."""
+    count = open_deadletter_count()
+    return [{"kind": "dead_letters", "label": "Dead letters", "href": reverse("deadletter-queue"), "count": count,
+             "count_id": "dlq-open", "mine": None, "overdue": count, "hint": "Redrive, resolve or discard each one"}]
 
 
 def open_deadletter_count():

@@ -16,6 +16,7 @@ from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
+from . import hooks
 from .connectors import connector_for
 from .connectors.events import WebhookRefused
 from .json_input import loads_storable
@@ -69,7 +70,6 @@ def webhook_receive(request, connector):
         event = reader(request.body, request.headers)
         event_id, event_type, data = str(event["id"]), str(event["type"]), event.get("data") or {}
     except WebhookRefused as exc:
-        logger.warning("webhook from %s refused: %s", connector, exc)
         return _problem(400, str(exc))
     except (ValueError, KeyError, TypeError):
         return _problem(400, "the body is not an event")
@@ -90,8 +90,6 @@ def webhook_receive(request, connector):
 
 
 def _settle(connector, event_type, data, event_id):
-    from approvals.intake import needs_person_after_verification
-
     if event_type not in SETTLING or not isinstance(data, dict):
         return "ignored"
     metadata = data.get("metadata")
@@ -112,7 +110,7 @@ def _settle(connector, event_type, data, event_id):
     if SETTLING[event_type]:
         # DESIGN.md: above its limit a person reviews an unknown outcome even when the answer
         # is conclusive, as the executor's verification does.
-        over_limit = needs_person_after_verification(action)
+        over_limit = hooks.policy().needs_person_after_verification(action)
         if over_limit:
             if action.status == ActionStatus.UNKNOWN:
                 action.mark_needs_review(actor=actor, reason=over_limit, evidence=evidence)
