@@ -7,14 +7,9 @@ from ledger.models import Task
 from ledger.tasks import task_request
 from tests.browser.conftest import login, status_message
 from tests.conftest import wait_until
-from tests.factories import open_entry, post_task, refund_task_body, sandbox
+from tests.factories import open_entry, sandbox, sandbox_order, start_refund_task
 
 pytestmark = pytest.mark.browser
-
-
-def start_refund_task(api, task_id, order, customer):
-    response = post_task(api, task_id, refund_task_body(order, customer=customer))
-    assert response.status_code == 201, response.text
 
 
 def task_state(api, task_id):
@@ -23,10 +18,9 @@ def task_state(api, task_id):
 
 def test_a_deadletter_redrive_from_the_page_completes_the_task(stack, page, people, agent, api, shot):
     # Every refund call answers 500 until the faults are cleared: three attempts, then the queue.
-    sandbox(api, "POST", "orders", json={"order_id": "ORD-DL1", "customer": "CUST-DL1", "amount": "100.00",
-                                         "currency": "EUR"})
+    sandbox_order(api, "ORD-DL1", "CUST-DL1")
     sandbox(api, "POST", "faults", json={"target": "ORD-DL1", "fault": "error_500", "times": 100})
-    start_refund_task(api, "refund-dl1", "ORD-DL1", "CUST-DL1")
+    start_refund_task(api, "refund-dl1", order="ORD-DL1", customer="CUST-DL1")
     # One provider call per task attempt (the task keeps its three): the queue is reached in
     # about a third of the time, and the retries themselves are tested in tests/ledger.
     stack.start_worker(MAX_ATTEMPTS=1)

@@ -11,7 +11,7 @@ from ledger.models import Action, ActionStatus, Task, TaskState
 from ledger.tasks import task_request
 from tests.browser.conftest import login
 from tests.conftest import wait_until
-from tests.factories import audit_events, sandbox, sandbox_list
+from tests.factories import audit_events, sandbox_list, sandbox_order
 
 pytestmark = pytest.mark.browser
 
@@ -39,7 +39,7 @@ def task_waiting_on_an_unknown_refund(agent):
 
 def test_an_unknown_outcome_marked_succeeded_with_a_reference_settles_the_action_and_its_task(
         stack, page, people, agent, api, shot):
-    sandbox(api, "POST", "orders", json={"order_id": ORDER, "customer": CUSTOMER, "amount": "100.00", "currency": "EUR"})
+    sandbox_order(api, ORDER, CUSTOMER)
     task, action = task_waiting_on_an_unknown_refund(agent)
     item = ReviewItem.objects.get(action=action, status=ReviewStatus.OPEN)
     assert item.kind == ReviewKind.UNKNOWN_OUTCOME
