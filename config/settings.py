@@ -155,6 +155,12 @@ SANDBOX_WEBHOOK_DELAY_SECONDS = env_float("SANDBOX_WEBHOOK_DELAY_SECONDS", 0)
 if not (0 <= SANDBOX_WEBHOOK_DUPLICATE_RATE <= 1 and SANDBOX_WEBHOOK_DELAY_SECONDS >= 0):
     raise RuntimeError("SANDBOX_WEBHOOK_DUPLICATE_RATE must be from 0 to 1 and SANDBOX_WEBHOOK_DELAY_SECONDS not negative")
 CONNECTOR_TIMEOUT = env_float("CONNECTOR_TIMEOUT", 5)
+# Reconciliation (dlq/reconcile.py): a run every INTERVAL over the time since the last complete
+# run, reaching OVERLAP further back (a provider's record may show a little after its time), and
+# never more than LOOKBACK. An interval of 0 switches the schedule off.
+RECONCILE_INTERVAL_SECONDS = env_float("RECONCILE_INTERVAL_SECONDS", 300)
+RECONCILE_OVERLAP_SECONDS = env_float("RECONCILE_OVERLAP_SECONDS", 3600)
+RECONCILE_LOOKBACK_SECONDS = env_float("RECONCILE_LOOKBACK_SECONDS", 86400)
 # Which connector serves each action type: the registry `ledger.connectors` reads (see the
 # README, "Connectors"). An entry is {"class": dotted path, "options": {...}}; options come
 # from environment variables here. `CONNECTOR_<ACTION_TYPE>` names one of CONNECTOR_CLASSES;

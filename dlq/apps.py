@@ -11,15 +11,20 @@ class DlqConfig(AppConfig):
         from ledger.models import Task
 
         from .alerts import alerts_redeliver_stale
+        from .incident_views import incident_card
         from .metrics import DeadLetterCollector
         from .models import deadletter_open_when_dead_lettered
         from .overdue import review_alert_overdue
+        from .reconcile import reconcile_schedule
         from .views import deadletter_card
 
         # Never silent: a task out of attempts gets its entry and alert in the same
-        # transaction; overdue review items and undelivered alerts are looked at every pass.
+        # transaction; overdue review items and undelivered alerts are looked at every pass,
+        # and the ledger is compared with the providers' records every few minutes.
         hooks.on_move(Task, deadletter_open_when_dead_lettered)
         hooks.on_sweep("reviews_overdue", review_alert_overdue)
         hooks.on_sweep("alerts_redelivered", alerts_redeliver_stale)
+        hooks.on_sweep("reconciliations_started", reconcile_schedule)
         hooks.on_overview(deadletter_card)
+        hooks.on_overview(incident_card)
         register_collector(DeadLetterCollector())

@@ -13,4 +13,14 @@ BEGIN
     RETURN NULL;
 END """)
 
-RULES = [ENTRY_NEEDS_ALERT]
+# The same for an incident reconciliation opens (migration 0008).
+INCIDENT_NEEDS_ALERT = Function("dlq_incident_needs_alert() RETURNS trigger", """
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM dlq_alert WHERE incident_id = NEW.id) THEN
+        RAISE EXCEPTION USING MESSAGE = 'incident ' || NEW.id || ' has no alert',
+                              ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    RETURN NULL;
+END """)
+
+RULES = [ENTRY_NEEDS_ALERT, INCIDENT_NEEDS_ALERT]

@@ -43,10 +43,6 @@ CHUNK = 1000
 LEDGER_FIELDS = ("pk", "operation_key", "action_type", "status", "amount", "currency", "external_ref")
 
 
-def _setting(name, default):
-    return getattr(settings, name, default)
-
-
 @dataclass(frozen=True)
 class Window:
     """[since, until): the records created in it are compared with the ledger."""
@@ -204,8 +200,11 @@ def reconcile(window):
 def reconcile_schedule(now=None):
     """The sweeper's step: start the run of the current slot if none has started; returns how
     many runs it started (0 or 1). Slots are RECONCILE_INTERVAL_SECONDS apart, each run is
-    a row with its slot's end as a unique `until`, so of two sweepers only one starts it."""
-    interval = _setting("RECONCILE_INTERVAL_SECONDS", 300)
+    a row with its slot's end as a unique `until`, so of two sweepers only one starts it.
+    An interval of 0 switches the schedule off (`manage.py reconcile` still runs one)."""
+    interval = settings.RECONCILE_INTERVAL_SECONDS
+    if interval <= 0:
+        return 0
     now = now or timezone.now()
     until = datetime.fromtimestamp(now.timestamp() // interval * interval, tz=now.tzinfo)
     if ReconciliationRun.objects.filter(until__gte=until).exists():
@@ -223,9 +222,9 @@ def run_start(until, since=None):
     """The run row for the window ending at `until`: from `since`, or from where the last
     complete run ended, less the overlap, at most the lookback before `until`."""
     if since is None:
-        earliest = until - timedelta(seconds=_setting("RECONCILE_LOOKBACK_SECONDS", 86400))
+        earliest = until - timedelta(seconds=settings.RECONCILE_LOOKBACK_SECONDS)
         last = ReconciliationRun.objects.filter(complete=True).aggregate(end=Max("until"))["end"]
-        overlap = timedelta(seconds=_setting("RECONCILE_OVERLAP_SECONDS", 3600))
+        overlap = timedelta(seconds=settings.RECONCILE_OVERLAP_SECONDS)
         since = max(earliest, last - overlap) if last else earliest
     window = Window(since, until)
     return ReconciliationRun.objects.create(since=window.since, until=window.until)

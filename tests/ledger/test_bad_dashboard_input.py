@@ -53,9 +53,9 @@ BAD_CURSORS = ["%%%", "é", b64("garbage"), b64("a|b|c"), b64("2026-13-45T99:99|
                b64("0001-01-01T00:00:00+01:00|1"), b64("2026-09-10T10:00:00+00:00|\x00"), "AAAA", "=" * 9]
 
 
-@pytest.mark.parametrize("path", ["/ledger/", "/audit/", "/dlq/", "/approvals/", "/unknown/"])
+@pytest.mark.parametrize("path", ["/ledger/", "/audit/", "/dlq/", "/approvals/", "/unknown/", "/incidents/"])
 @pytest.mark.parametrize("name", ["since", "until", "after", "status", "key", "target", "customer", "agent", "actor",
-                                  "verb", "object_type", "object_id", "workflow", "code", "action_type"])
+                                  "verb", "object_type", "object_id", "workflow", "code", "action_type", "kind"])
 def test_list_filters_refuse_nothing_with_a_500(admin, path, name):
     values = {"since": BAD_TIMES, "until": BAD_TIMES, "after": BAD_CURSORS}.get(name, ["nope", "\x00", "x" * 5000])
     for value in values:
