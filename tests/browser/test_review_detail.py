@@ -22,6 +22,14 @@ def over_limit_refund(api, limit):
     return ReviewItem.objects.get(action__operation_key=KEY, status=ReviewStatus.OPEN)
 
 
+def assert_undecided(item, verb):
+    """The item is still open, its action still waits for approval, and no `verb` was audited."""
+    item.refresh_from_db()
+    assert item.status == ReviewStatus.OPEN
+    assert Action.objects.get(pk=item.action_id).status == ActionStatus.AWAITING_APPROVAL
+    assert not audit_events(item, verb).exists()
+
+
 def decision_button(page, decision):
     return page.locator(f"#decision-form button[name=decision][value={decision}]")
 
@@ -66,10 +74,7 @@ def test_a_reject_without_a_reason_is_refused(page, over_limit_refund):
     assert "a reason is required" in status_message(page)
     assert page.locator("#item-status").inner_text().strip() == "open"
     assert page.locator("#action-status").inner_text().strip() == "awaiting approval"
-    item.refresh_from_db()
-    assert item.status == ReviewStatus.OPEN
-    assert Action.objects.get(pk=item.action_id).status == ActionStatus.AWAITING_APPROVAL
-    assert not audit_events(item, "reject").exists()
+    assert_undecided(item, "reject")
 
 
 def test_an_auditor_sees_no_approve_control_and_a_forged_post_answers_403(page, over_limit_refund):
@@ -124,10 +129,7 @@ def test_the_requester_cannot_approve_their_own_item(stack, pages, over_limit_re
     # Forged as an htmx request: 400, and htmx is sent back to the item.
     forged = csrf_post(page, f"/review/{own.pk}/decide", {"decision": "approve"}, headers={"HX-Request": "true"})
     assert forged.status == 400 and forged.headers["hx-redirect"] == f"/review/{own.pk}/"
-    own.refresh_from_db()
-    assert own.status == ReviewStatus.OPEN
-    assert Action.objects.get(pk=own.action_id).status == ActionStatus.AWAITING_APPROVAL
-    assert not audit_events(own, "approve").exists()
+    assert_undecided(own, "approve")
 
 
 def test_two_approvers_racing_make_one_decision_and_the_other_is_told_who_decided(pages, over_limit_refund):

@@ -188,12 +188,16 @@ def tamper(sql, params):
         cursor.execute("ALTER TABLE ledger_auditevent ENABLE TRIGGER ledger_audit_append_only")
 
 
-def test_verify_chain_names_the_event_whose_reason_was_changed():
+def the_middle_of_three_sealed_events():
     agent, _ = make_agent("billing")
     for i in range(3):
         held_action(agent, f"refund:ORD-T{i}:full:dec-1").reject(actor="user:ops", reason=f"reason {i}")
     AuditEvent.objects.seal()
-    target = AuditEvent.objects.get(reason="reason 1")
+    return AuditEvent.objects.get(reason="reason 1")
+
+
+def test_verify_chain_names_the_event_whose_reason_was_changed():
+    target = the_middle_of_three_sealed_events()
 
     tamper("UPDATE ledger_auditevent SET reason = 'a better story' WHERE id = %s", [target.pk])
 
@@ -203,11 +207,7 @@ def test_verify_chain_names_the_event_whose_reason_was_changed():
 
 
 def test_verify_chain_names_the_event_after_a_deleted_one():
-    agent, _ = make_agent("billing")
-    for i in range(3):
-        held_action(agent, f"refund:ORD-D{i}:full:dec-1").reject(actor="user:ops", reason=f"reason {i}")
-    AuditEvent.objects.seal()
-    victim = AuditEvent.objects.get(reason="reason 1")
+    victim = the_middle_of_three_sealed_events()
 
     tamper("DELETE FROM ledger_auditevent WHERE id = %s", [victim.pk])
 

@@ -22,6 +22,14 @@ def events_for(key, verb):
     return audit_events(Action.objects.get(operation_key=key), verb)
 
 
+def a_full_and_a_partial_refund(billing, order):
+    """Both refunds for one order, held (the first test): returns (full, partial)."""
+    keys = f"refund:{order}:full:dec-1", f"refund:{order}:partial:dec-2"
+    post_action(billing, keys[0], refund_body(order))
+    post_action(billing, keys[1], refund_body(order, amount="5.00"))
+    return tuple(Action.objects.get(operation_key=key, status=S.HELD) for key in keys)
+
+
 def test_a_second_refund_for_an_order_with_a_queued_one_holds_both(billing):
     assert post_action(billing, "refund:ORD-H1:full:dec-1", refund_body("ORD-H1")).status_code == 201
 
@@ -74,15 +82,13 @@ def test_refunds_for_different_orders_and_customers_are_not_held(billing):
 
 
 def test_a_released_action_is_queued_and_executes(stack, billing):
-    post_action(billing, "refund:ORD-H8:full:dec-1", refund_body("ORD-H8"))
-    post_action(billing, "refund:ORD-H8:partial:dec-2", refund_body("ORD-H8", amount="5.00"))
+    held, _ = a_full_and_a_partial_refund(billing, "ORD-H8")
     stack.start_worker()
-    held = Action.objects.get(operation_key="refund:ORD-H8:full:dec-1")
 
     held.release(actor="user:ops-lead", reason="the partial one was a mistake")
 
     assert held.status == S.QUEUED
-    [release] = events_for(held.operation_key, "released")
+    [release] = audit_events(held, "released")
     assert (release.actor, release.reason) == ("user:ops-lead", "the partial one was a mistake")
     assert (release.before["status"], release.after["status"]) == ("held", "queued")
     done = wait_until(lambda: (a := Action.objects.get(pk=held.pk)).status == S.SUCCEEDED and a,
@@ -93,15 +99,13 @@ def test_a_released_action_is_queued_and_executes(stack, billing):
 
 
 def test_a_rejected_held_action_never_executes(stack, billing):
-    post_action(billing, "refund:ORD-H9:full:dec-1", refund_body("ORD-H9"))
-    post_action(billing, "refund:ORD-H9:partial:dec-2", refund_body("ORD-H9", amount="5.00"))
+    _, held = a_full_and_a_partial_refund(billing, "ORD-H9")
     stack.start_worker()
-    held = Action.objects.get(operation_key="refund:ORD-H9:partial:dec-2")
 
     held.reject(actor="user:ops-lead", reason="duplicate of the full refund")
 
     assert Action.objects.get(pk=held.pk).status == S.REJECTED
-    [reject] = events_for(held.operation_key, "rejected")
+    [reject] = audit_events(held, "rejected")
     assert (reject.actor, reject.reason) == ("user:ops-lead", "duplicate of the full refund")
     with pytest.raises(InvalidTransition):
         held.release(actor="user:ops-lead", reason="changed my mind")
@@ -109,11 +113,9 @@ def test_a_rejected_held_action_never_executes(stack, billing):
 
 
 def test_a_hold_is_released_through_approval_when_asked(billing):
-    post_action(billing, "refund:ORD-HA:full:dec-1", refund_body("ORD-HA"))
-    post_action(billing, "refund:ORD-HA:partial:dec-2", refund_body("ORD-HA", amount="5.00"))
-    held = Action.objects.get(operation_key="refund:ORD-HA:partial:dec-2")
+    _, held = a_full_and_a_partial_refund(billing, "ORD-HA")
 
     held.release(actor="user:ops-lead", reason="over the limit", needs_approval=True)
 
     assert Action.objects.get(pk=held.pk).status == S.AWAITING_APPROVAL
-    assert events_for(held.operation_key, "released")[0].reason == "over the limit"
+    assert audit_events(held, "released")[0].reason == "over the limit"
