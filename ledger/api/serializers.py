@@ -4,12 +4,14 @@ import re
 from decimal import Decimal
 from urllib.parse import quote
 
+from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.validators import validate_email
+from django.urls import reverse
 from rest_framework import serializers
 
 from ledger import money
-from ledger.models import Action, ActionType
+from ledger.models import PERSON_STATUSES, Action, ActionStatus, ActionType, AuditEvent
 from ledger.validation import AmountField, CurrencyField, StrictSerializer
 from ledger.workflows import WORKFLOWS
 
@@ -125,12 +127,18 @@ class ActionSerializer(serializers.ModelSerializer):
 
     task_id = serializers.CharField(allow_null=True)
     url = serializers.CharField()
+    review = serializers.JSONField(
+        allow_null=True,
+        help_text="Null unless a person must decide (awaiting_approval, held, needs_review) or said no "
+        "(rejected, cancelled): {\"url\": the dashboard page of the action, \"by\": who decided, "
+        "\"reason\": why} (by and reason null while undecided).",
+    )
 
     class Meta:
         model = Action
         fields = [
             "operation_key", "action_type", "target", "customer", "decision_id", "task_id", "params", "status",
-            "attempts", "external_ref", "result", "error", "created_at", "updated_at", "url",
+            "attempts", "external_ref", "result", "error", "created_at", "updated_at", "url", "review",
         ]
 
     def to_representation(self, action):
@@ -150,7 +158,23 @@ class ActionSerializer(serializers.ModelSerializer):
             "created_at": _utc(action.created_at),
             "updated_at": _utc(action.updated_at),
             "url": f"/api/v1/actions/{quote(action.operation_key, safe='')}",
+            "review": _review(action),
         }
+
+
+DECIDED_NO = {ActionStatus.REJECTED, ActionStatus.CANCELLED}
+
+
+def _review(action):
+    """Where a person decides on the action, and who said no and why: the agent is told the
+    reason instead of a bare status. Only a refused action costs a read (of its audit trail)."""
+    if action.status not in PERSON_STATUSES and action.status not in DECIDED_NO:
+        return None
+    url = settings.SITE_URL.rstrip("/") + reverse("action-detail", args=[action.pk])
+    if action.status in PERSON_STATUSES:
+        return {"url": url, "by": None, "reason": None}
+    decided = AuditEvent.objects.history(action).filter(verb=action.status).values("actor", "reason").last()
+    return {"url": url, "by": decided and decided["actor"], "reason": decided and decided["reason"]}
 
 
 def _utc(moment):
