@@ -8,7 +8,9 @@
    then 2 RQ workers configured with that connector drain them. The figure is as (d) of
    `python -m bench` counts it: actions succeeded / seconds from the first claim to the last
    success. Rounds alternate the connectors, so a load that comes and goes touches both.
-3. Prints both figures per round, their medians and the ratio Stripe / sandbox.
+3. Prints both figures per round, their medians and the ratio Stripe / sandbox; and the CPU
+   time per refund of the workers, the gunicorn and PostgreSQL (bench/cpu.py), which others'
+   load on a shared machine barely moves, with the throughput ratio it implies.
 
 The Stripe connector makes two calls per refund (it reads the charge's currency first) where
 the sandbox connector makes one, and the SDK's form encoding and objects cost CPU of their own.
@@ -22,6 +24,7 @@ import tempfile
 import time
 from datetime import UTC, datetime
 
+from .cpu import CpuMonitor
 from .stack import ADMIN_URL, Stack
 
 DB_NAME = "surety_bench_stripe"
@@ -51,7 +54,8 @@ def reset_database():
 
 
 def one_round(stack, token, name, env, n, prefix):
-    """Refunds per second for `n` actions drained by 2 workers using connector `name`."""
+    """(refunds per second, CPU ms per refund) for `n` actions drained by 2 workers using
+    connector `name`."""
     import django_rq
     from django.db.models import Count, Max, Min
     from rq import Worker
@@ -72,8 +76,13 @@ def one_round(stack, token, name, env, n, prefix):
     workers = [f"{prefix}-worker-{i}" for i in (1, 2)]
     for worker in workers:
         stack.start_worker(worker, **env)
-    wait_for(lambda: Worker.count(connection=django_rq.get_connection("default")) >= 2, timeout=60, interval=0.02)
+    if not wait_for(lambda: Worker.count(connection=django_rq.get_connection("default")) >= 2, timeout=60,
+                    interval=0.02):
+        raise RuntimeError(f"{name}: the workers did not start; see their logs in {stack.logs}")
+    monitor = CpuMonitor(stack.named_pids, database=DB_NAME).start()
+    done_before = mine.filter(status="succeeded").count()
     finished = wait_for(lambda: mine.filter(status="succeeded").count() >= n, timeout=300, interval=0.1)
+    cpu = monitor.stop()
     for worker in workers:
         stack.stop(worker)
     if not finished:
@@ -83,7 +92,8 @@ def one_round(stack, token, name, env, n, prefix):
     first_claim = AuditEvent.objects.filter(object_type="ledger.action", verb="claimed", object_id__in=ids,
                                             occurred_at__gte=started).aggregate(t=Min("occurred_at"))["t"]
     last_done = mine.aggregate(t=Max("updated_at"))["t"]
-    return n / (last_done - first_claim).total_seconds()
+    ours = sum(cpu.get(part, 0.0) for part in ("workers", "gunicorn", "postgres"))
+    return n / (last_done - first_claim).total_seconds(), ours * cpu["seconds"] / max(n - done_before, 1) * 1000
 
 
 def main(argv=None):
@@ -111,19 +121,25 @@ def main(argv=None):
     flush_redis()
     stack.start_server()
     rates = {name: [] for name in connectors(stack.url)}
+    cpu_ms = {name: [] for name in connectors(stack.url)}
     try:
         for round_no in range(1, args.rounds + 1):
             for name, env in connectors(stack.url).items():
-                rate = one_round(stack, token, name, env, args.actions, prefix=f"r{round_no}{name}")
+                rate, ms = one_round(stack, token, name, env, args.actions, prefix=f"r{round_no}{name}")
                 rates[name].append(rate)
-                say(f"round {round_no}: {name:<8} {rate:8.1f} refunds/s ({args.actions} by 2 workers)")
+                cpu_ms[name].append(ms)
+                say(f"round {round_no}: {name:<8} {rate:8.1f} refunds/s, {ms:6.2f} ms CPU per refund "
+                    f"({args.actions} by 2 workers)")
                 flush_redis()
     finally:
         stack.stop_all()
         connection.close()
     sandbox, stripe = statistics.median(rates["sandbox"]), statistics.median(rates["stripe"])
+    sandbox_ms, stripe_ms = statistics.median(cpu_ms["sandbox"]), statistics.median(cpu_ms["stripe"])
     say(f"median: sandbox connector {sandbox:.1f}/s, Stripe connector {stripe:.1f}/s, "
-        f"ratio Stripe/sandbox {stripe / sandbox:.2f}   (process logs: {logs})")
+        f"ratio Stripe/sandbox {stripe / sandbox:.2f}")
+    say(f"CPU per refund (workers + gunicorn + PostgreSQL): sandbox {sandbox_ms:.2f} ms, Stripe {stripe_ms:.2f} ms; "
+        f"CPU-bound ratio Stripe/sandbox {sandbox_ms / stripe_ms:.2f}   (process logs: {logs})")
     return 0
 
 
