@@ -27,8 +27,8 @@ def sideways(page):
     return page.evaluate("""() => [
         ...[...document.querySelectorAll('.table-wrap')].filter(w => w.scrollWidth > w.clientWidth)
             .map(w => `table-wrap scrolls ${w.scrollWidth - w.clientWidth}px`),
-        ...[...document.querySelectorAll('body *')].filter(e => e.getBoundingClientRect().right > window.innerWidth + 1
-                                                             && !e.closest('.visually-hidden'))
+        ...[...document.querySelectorAll('body *')].filter(e => e.checkVisibility() && !e.closest('.visually-hidden')
+                                                             && e.getBoundingClientRect().right > window.innerWidth + 1)
             .map(e => `${e.tagName.toLowerCase()}.${[...e.classList].join('.')}`
                       + ` right=${e.getBoundingClientRect().right}`),
     ]""")
@@ -50,6 +50,11 @@ def test_a_queue_fits_1440_px_with_its_deadline_and_status_first(pages, agent, l
     for header in page.locator(".table--queue thead th").all()[:2]:
         box = header.bounding_box()
         assert box["x"] + box["width"] <= WIDE["width"]
+    if path == "/approvals/":  # a row's "Reject…" opened floats over the row, the table keeps its width
+        page.locator(".queue-row .row-reject > summary").first.click()
+        assert page.locator(".queue-row input[name=reason]").first.is_visible()
+        assert sideways(page) == []
+        shot(page, "queue-1440-reject-open")
     shot(page, f"queue-1440{path.replace('/', '-')}")
 
 
