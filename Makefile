@@ -33,8 +33,9 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --no-input -q --upgrade pip
 
-$(VENV)/.installed: pyproject.toml | $(PY)
+$(VENV)/.installed: pyproject.toml client/pyproject.toml | $(PY)
 	$(PY) -m pip install --no-input -q -e '.[dev]'
+	$(PY) -m pip install --no-input -q -e './client[mcp]'
 	touch $@
 
 node_modules/.installed: package.json package-lock.json

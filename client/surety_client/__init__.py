@@ -1,0 +1,32 @@
+"""Surety's Python client: post guarded actions under keys derived from the decision, wait for
+their outcome, read a task's checkpoint. `python -m surety_client.mcp_server` serves the same
+to an LLM agent over MCP (the `mcp` extra)."""
+
+from .client import Action, Checkpoint, Review, Step, SuretyClient
+from .errors import (
+    PROBLEMS,
+    BookingConflict,
+    Forbidden,
+    IdempotencyKeyMissing,
+    IdempotencyKeyReused,
+    Invalid,
+    MessageAlreadySent,
+    MethodNotAllowed,
+    NotAcceptable,
+    NotFound,
+    Problem,
+    SuretyError,
+    SuretyUnreachable,
+    Throttled,
+    Unauthenticated,
+    UnsupportedMediaType,
+)
+from .keys import booking_key, message_key, operation_key, refund_key, refund_task_id
+
+__all__ = [
+    "Action", "Checkpoint", "Review", "Step", "SuretyClient",
+    "PROBLEMS", "BookingConflict", "Forbidden", "IdempotencyKeyMissing", "IdempotencyKeyReused", "Invalid",
+    "MessageAlreadySent", "MethodNotAllowed", "NotAcceptable", "NotFound", "Problem", "SuretyError",
+    "SuretyUnreachable", "Throttled", "Unauthenticated", "UnsupportedMediaType",
+    "booking_key", "message_key", "operation_key", "refund_key", "refund_task_id",
+]

@@ -1,0 +1,278 @@
+"""The typed client of Surety's agents' API (`/api/v1/`), built on httpx."""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from . import keys
+from .errors import SuretyUnreachable, problem_from
+
+# What the API answers for an action or a task the ledger is still working on; anything else
+# is settled, or waits for a person.
+WORKING_STATUSES = frozenset({"queued", "pending", "unknown"})
+PERSON_STATUSES = frozenset({"awaiting_approval", "held", "needs_review"})
+WORKING_STATES = frozenset({"queued", "running"})
+MAX_WAIT = 30  # seconds the API holds a GET ?wait=N at most
+RETRY_STATUSES = frozenset({500, 502, 503, 504})
+
+
+@dataclass(frozen=True)
+class Review:
+    """Where a person decides on an action (`url`, the dashboard page), and once they said no,
+    who (`by`) and why (`reason`)."""
+
+    url: str
+    by: str | None
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class Action:
+    """The action resource. `replayed` is true when the API answered an earlier request's row."""
+
+    operation_key: str
+    action_type: str
+    target: str
+    customer: str
+    decision_id: str
+    task_id: str | None
+    params: dict[str, Any]
+    status: str
+    attempts: int
+    external_ref: str | None
+    result: Any
+    error: dict[str, Any] | None
+    created_at: str
+    updated_at: str
+    url: str
+    review: Review | None
+    replayed: bool = False
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_api(cls, body: dict[str, Any], *, replayed: bool = False) -> Action:
+        review = body.get("review")
+        return cls(
+            **{name: body.get(name) for name in _ACTION_FIELDS},
+            review=Review(review["url"], review.get("by"), review.get("reason")) if review else None,
+            replayed=replayed, raw=body,
+        )
+
+    @property
+    def settled(self) -> bool:
+        """The ledger is done with it: an outcome, or a person's decision is needed."""
+        return self.status not in WORKING_STATUSES
+
+    @property
+    def needs_person(self) -> bool:
+        """A person must decide (approve, release or resolve) before anything more happens."""
+        return self.status in PERSON_STATUSES
+
+
+_ACTION_FIELDS = (
+    "operation_key", "action_type", "target", "customer", "decision_id", "task_id", "params", "status",
+    "attempts", "external_ref", "result", "error", "created_at", "updated_at", "url",
+)
+
+
+@dataclass(frozen=True)
+class Step:
+    status: str
+    idempotency_key: str | None = None
+    result: Any = None
+    error: Any = None
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A task's checkpoint: its state and its steps in execution order."""
+
+    task_id: str
+    workflow: str
+    state: str
+    attempts: int
+    max_attempts: int
+    steps: dict[str, Step]
+    updated_at: str
+    url: str
+    last_error: Any = None
+    next_attempt_at: str | None = None
+    replayed: bool = False
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_api(cls, body: dict[str, Any], *, replayed: bool = False) -> Checkpoint:
+        return cls(
+            task_id=body["task_id"], workflow=body["workflow"], state=body["state"], attempts=body["attempts"],
+            max_attempts=body["max_attempts"], updated_at=body["updated_at"], url=body["url"],
+            steps={name: Step(**step) for name, step in body["steps"].items()},
+            last_error=body.get("last_error"), next_attempt_at=body.get("next_attempt_at"),
+            replayed=replayed, raw=body,
+        )
+
+    @property
+    def settled(self) -> bool:
+        return self.state not in WORKING_STATES
+
+
+class SuretyClient:
+    """One agent's client: `SuretyClient("https://surety.example", token)`.
+
+    Transport errors (refused or dropped connections, timeouts) and 5xx answers are retried
+    up to `retries` more times with exponential backoff and full jitter, always with the same
+    operation key, so a retry can only find the action already recorded, never add another.
+    A 4xx answer raises the typed error of its problem code (`surety_client.errors`).
+    """
+
+    def __init__(self, base_url: str, token: str, *, timeout: float = 10.0, retries: int = 4,
+                 backoff: float = 0.5, max_backoff: float = 8.0) -> None:
+        self.timeout = timeout
+        self.retries = retries
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self._http = httpx.Client(base_url=base_url.rstrip("/") + "/api/v1/",
+                                  headers={"Authorization": f"Bearer {token}"})
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> SuretyClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- actions -------------------------------------------------------------------------
+    def post_action(self, operation_key: str, *, action_type: str, target: str, params: dict[str, Any],
+                    customer: str | None = None, decision_id: str | None = None) -> Action:
+        """Record one guarded effect under `operation_key` (new: 201; the same again: replayed)."""
+        body = {"action_type": action_type, "target": target, "customer": customer, "decision_id": decision_id,
+                "params": _json_ready(params)}
+        response = self._send("POST", "actions", key=operation_key, json=body)
+        return Action.from_api(response.json(), replayed=_replayed(response))
+
+    def refund(self, *, order: str, amount: str | Decimal, currency: str, decision_id: str,
+               customer: str | None = None, reason: str | None = None) -> Action:
+        """Refund `amount` of `order`, keyed `refund:{order}:{amount}{currency}:{decision_id}`."""
+        params: dict[str, Any] = {"amount": amount, "currency": currency}
+        if reason is not None:
+            params["reason"] = reason
+        return self.post_action(keys.refund_key(order, amount, currency, decision_id), action_type="refund",
+                                target=order, customer=customer, decision_id=decision_id, params=params)
+
+    def send_message(self, *, recipient: str, channel: str, message_type: str, body: str, decision_id: str,
+                     customer: str | None = None) -> Action:
+        """Send one message, keyed per recipient, message type and decision."""
+        return self.post_action(
+            keys.message_key(recipient, message_type, decision_id), action_type="send_message", target=recipient,
+            customer=customer, decision_id=decision_id,
+            params={"channel": channel, "message_type": message_type, "body": body},
+        )
+
+    def create_booking(self, *, resource: str, customer: str, service: str, start: str, end: str,
+                       decision_id: str) -> Action:
+        """Book `resource` for `customer` from `start` to `end` (ISO 8601), keyed by all of them."""
+        return self.post_action(
+            keys.booking_key(resource, customer, service, start, end, decision_id), action_type="create_booking",
+            target=resource, customer=customer, decision_id=decision_id,
+            params={"service": service, "start": start, "end": end},
+        )
+
+    def get_action(self, operation_key: str, *, wait: float = 0) -> Action:
+        """The action as it stands; with `wait` (at most 30 s) the API holds the answer until
+        it settles or waits for a person."""
+        response = self._send("GET", f"actions/{quote(operation_key, safe='')}", wait=wait)
+        return Action.from_api(response.json())
+
+    def wait_for(self, operation_key: str, timeout: float = 60.0) -> Action:
+        """The action once it is settled (an outcome, or a person must decide), or as it stands
+        when `timeout` seconds have passed: check `Action.settled`."""
+        return _wait(lambda seconds: self.get_action(operation_key, wait=seconds), timeout)
+
+    # --- tasks ---------------------------------------------------------------------------
+    def start_task(self, task_id: str, *, workflow: str, input: dict[str, Any]) -> Checkpoint:
+        response = self._send("POST", "tasks", key=task_id, json={"workflow": workflow, "input": _json_ready(input)})
+        return Checkpoint.from_api(response.json(), replayed=_replayed(response))
+
+    def start_refund_task(self, *, order: str, amount: str | Decimal, currency: str, customer: str,
+                          decision_id: str, reason: str | None = None, notify: str | None = None) -> Checkpoint:
+        """The `refund` workflow (look up the order, refund, confirm, notify), with the task id
+        `task:refund:{order}:{amount}{currency}:{decision_id}`."""
+        given = {"reason": reason, "notify": notify}
+        task_input = {"order_id": order, "amount": amount, "currency": currency, "customer": customer,
+                      **{name: value for name, value in given.items() if value is not None}}
+        return self.start_task(keys.refund_task_id(order, amount, currency, decision_id), workflow="refund",
+                               input=task_input)
+
+    def get_task(self, task_id: str, *, wait: float = 0) -> Checkpoint:
+        """A task's checkpoint; with `wait` (at most 30 s) held until it leaves queued/running."""
+        response = self._send("GET", f"tasks/{quote(task_id, safe='')}", wait=wait)
+        return Checkpoint.from_api(response.json())
+
+    def wait_for_task(self, task_id: str, timeout: float = 60.0) -> Checkpoint:
+        return _wait(lambda seconds: self.get_task(task_id, wait=seconds), timeout)
+
+    # --- transport -------------------------------------------------------------------------
+    def _send(self, method: str, path: str, *, key: str | None = None, wait: float = 0,
+              json: dict[str, Any] | None = None) -> httpx.Response:
+        """One request, retried on transport errors and 5xx with the same key."""
+        headers = {"Idempotency-Key": key} if key is not None else {}
+        params = {"wait": _seconds(wait)} if wait else None
+        # A held GET answers after up to `wait` seconds: the read timeout must outlast it.
+        timeout = httpx.Timeout(self.timeout, read=self.timeout + wait)
+        failure = ""
+        for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(random.uniform(0, min(self.max_backoff, self.backoff * 2 ** (attempt - 1))))
+            try:
+                response = self._http.request(method, path, headers=headers, params=params, json=json,
+                                              timeout=timeout)
+            except httpx.TransportError as exc:
+                failure = f"{type(exc).__name__}: {exc}"
+                continue
+            if response.status_code in RETRY_STATUSES:
+                failure = f"HTTP {response.status_code}"
+                continue
+            if response.status_code >= 400:
+                raise problem_from(response.status_code, _body(response))
+            return response
+        raise SuretyUnreachable(f"{method} {path} failed {self.retries + 1} times, last: {failure}",
+                                operation_key=key, attempts=self.retries + 1)
+
+
+def _wait(read, timeout: float):
+    """Read with the API's held wait, in slices of at most 30 s, until settled or out of time."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = max(0.0, deadline - time.monotonic())
+        current = read(min(MAX_WAIT, left))
+        if current.settled or left <= 0:
+            return current
+
+
+def _seconds(wait: float) -> str:
+    return f"{max(0.0, min(float(wait), MAX_WAIT)):g}"
+
+
+def _replayed(response: httpx.Response) -> bool:
+    return response.headers.get("Idempotent-Replayed") == "true"
+
+
+def _body(response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except ValueError:
+        return response.text
+
+
+def _json_ready(values: dict[str, Any]) -> dict[str, Any]:
+    """Decimals go as decimal strings, as the API wants amounts; everything else as given
+    (a float amount is sent as a number, and the API answers why it refuses it)."""
+    return {name: str(value) if isinstance(value, Decimal) else value for name, value in values.items()}

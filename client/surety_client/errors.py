@@ -1,0 +1,103 @@
+"""Typed errors: one class per stable problem `code` of the API (application/problem+json)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class SuretyError(Exception):
+    """Anything this client raises."""
+
+
+class SuretyUnreachable(SuretyError):
+    """The transport kept failing (refused, timed out, 5xx) after every retry. Whether the last
+    request reached Surety is unknown: call again with the same operation key, which can never
+    add a second action."""
+
+    def __init__(self, message: str, *, operation_key: str | None = None, attempts: int = 0) -> None:
+        super().__init__(message)
+        self.operation_key = operation_key
+        self.attempts = attempts
+
+
+class Problem(SuretyError):
+    """A 4xx answer of the API. `code` is the contract's stable code; `errors` maps fields to
+    messages for validation errors."""
+
+    code = "error"
+
+    def __init__(self, body: dict[str, Any], status: int) -> None:
+        self.body = body
+        self.status = status
+        self.title: str = body.get("title", "")
+        self.detail: str = body.get("detail", "")
+        self.errors: dict[str, list[str]] = body.get("errors") or {}
+        super().__init__(f"{status} {body.get('code', self.code)}: {self.detail or self.title}")
+
+
+class Unauthenticated(Problem):
+    code = "unauthenticated"
+
+
+class Forbidden(Problem):
+    code = "forbidden"
+
+
+class NotFound(Problem):
+    code = "not_found"
+
+
+class MethodNotAllowed(Problem):
+    code = "method_not_allowed"
+
+
+class NotAcceptable(Problem):
+    code = "not_acceptable"
+
+
+class UnsupportedMediaType(Problem):
+    code = "unsupported_media_type"
+
+
+class Throttled(Problem):
+    code = "throttled"
+
+
+class Invalid(Problem):
+    code = "invalid"
+
+
+class IdempotencyKeyMissing(Problem):
+    code = "idempotency_key_missing"
+
+
+class IdempotencyKeyReused(Problem):
+    """The key was already used for a different request; nothing was changed."""
+
+    code = "idempotency_key_reused"
+
+
+class BookingConflict(Problem):
+    code = "booking_conflict"
+
+
+class MessageAlreadySent(Problem):
+    """Another agent's message to this recipient, of this type, for this decision is recorded."""
+
+    code = "message_already_sent"
+
+
+PROBLEMS: dict[str, type[Problem]] = {
+    cls.code: cls
+    for cls in (
+        Unauthenticated, Forbidden, NotFound, MethodNotAllowed, NotAcceptable, UnsupportedMediaType, Throttled,
+        Invalid, IdempotencyKeyMissing, IdempotencyKeyReused, BookingConflict, MessageAlreadySent,
+    )
+}
+
+
+def problem_from(status: int, body: Any) -> Problem:
+    """The typed error for a 4xx answer; a body that is not a problem still gives a Problem."""
+    if not isinstance(body, dict) or "code" not in body:
+        body = {"code": "error", "status": status, "title": "Error", "detail": str(body)[:500]}
+    return PROBLEMS.get(body["code"], Problem)(body, status)

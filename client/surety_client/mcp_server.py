@@ -1,0 +1,282 @@
+"""An MCP server that gives an LLM agent Surety's action types and workflows as tools.
+
+    SURETY_URL=https://surety.example SURETY_TOKEN=... python -m surety_client.mcp_server
+
+It speaks MCP over stdio. Every action tool takes the decision id, from which the operation
+key derives (`surety_client.keys`), so the agent calling again - after a crash, a timeout or
+the same decision reached twice - finds the action already recorded instead of a second
+effect. An action that needs a person answers at once with the dashboard link and the tool
+that waits for the decision; a rejected one answers the reviewer's reason. Arguments outside
+a tool's schema answer the API's problem (code `invalid`, `errors` by argument).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import mcp_types as types
+from jsonschema import Draft202012Validator
+from mcp.server.lowlevel import Server
+from mcp.server.stdio import stdio_server
+
+from .client import Action, Checkpoint, SuretyClient
+from .errors import Problem, SuretyUnreachable
+
+PROBLEM_TYPE = "https://surety.dev/problems/"
+
+DECISION = {
+    "type": "string", "minLength": 1, "maxLength": 200,
+    "description": "The id of the decision this call carries out. The operation key derives from it: calling "
+                   "again with the same decision (after a timeout, a restart) never doubles the effect; a new "
+                   "decision is a new action.",
+}
+AMOUNT = {"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)?$",
+          "description": 'A decimal string such as "25.00", never a number.'}
+CURRENCY = {"type": "string", "pattern": "^[A-Za-z]{3}$", "description": "An ISO 4217 code such as EUR."}
+TEXT = {"type": "string", "minLength": 1, "maxLength": 255}
+WAIT = {"type": "number", "minimum": 0, "maximum": 30, "default": 10,
+        "description": "Seconds to wait for the outcome before answering (0 to 30)."}
+SECONDS = {"type": "number", "minimum": 0, "maximum": 600, "default": 30,
+           "description": "Seconds to wait at most (0 to 600)."}
+MOMENT = {"type": "string", "format": "date-time", "description": "ISO 8601, e.g. 2026-12-01T10:00:00Z."}
+
+
+def _schema(required: list[str], **properties: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+    run: Callable[[SuretyClient, dict[str, Any]], Action | Checkpoint]
+    # Where the API names a field differently from the tool's argument (`target` is the order).
+    renamed: dict[str, str]
+
+    def as_mcp(self) -> types.Tool:
+        return types.Tool(name=self.name, description=self.description, input_schema=self.input_schema)
+
+
+def _posted(post: Callable[..., Action], client: SuretyClient, args: dict[str, Any]) -> Action:
+    """Post the action, then wait up to `wait` seconds for its outcome (the API answers at once
+    when a person must decide)."""
+    wait = args.pop("wait", WAIT["default"])
+    action = post(client, **args)
+    if action.settled or not wait:
+        return action
+    settled = client.wait_for(action.operation_key, timeout=wait)
+    return Action.from_api(settled.raw, replayed=action.replayed)
+
+
+def _started(client: SuretyClient, args: dict[str, Any]) -> Checkpoint:
+    wait = args.pop("wait", WAIT["default"])
+    task = client.start_refund_task(**args)
+    if task.settled or not wait:
+        return task
+    return Checkpoint.from_api(client.wait_for_task(task.task_id, timeout=wait).raw, replayed=task.replayed)
+
+
+TOOLS = {tool.name: tool for tool in (
+    Tool("refund", "Refund an order, once per decision. Above the limit a person must approve it first: the "
+         "answer then says so, with the dashboard link.",
+         _schema(["order", "amount", "currency", "decision_id"], order=TEXT, amount=AMOUNT, currency=CURRENCY,
+                 decision_id=DECISION, customer=TEXT, reason={"type": "string", "maxLength": 500}, wait=WAIT),
+         partial(_posted, SuretyClient.refund), {"target": "order"}),
+    Tool("send_message", "Send one message to a recipient (e-mail address, or phone number in E.164 form for sms "
+         "and whatsapp), once per recipient, message type and decision.",
+         _schema(["recipient", "channel", "message_type", "body", "decision_id"], recipient=TEXT,
+                 channel={"type": "string", "enum": ["email", "sms", "whatsapp"]},
+                 message_type={"type": "string", "minLength": 1, "maxLength": 100},
+                 body={"type": "string", "minLength": 1, "maxLength": 10_000}, decision_id=DECISION,
+                 customer=TEXT, wait=WAIT),
+         partial(_posted, SuretyClient.send_message), {"target": "recipient"}),
+    Tool("create_booking", "Book a resource for a customer from start to end, once per decision; an "
+         "overlapping booking of the same resource is refused (booking_conflict).",
+         _schema(["resource", "customer", "service", "start", "end", "decision_id"], resource=TEXT,
+                 customer=TEXT, service={"type": "string", "minLength": 1, "maxLength": 200}, start=MOMENT,
+                 end=MOMENT, decision_id=DECISION, wait=WAIT),
+         partial(_posted, SuretyClient.create_booking), {"target": "resource"}),
+    Tool("start_refund_task", "Start the refund workflow for an order (look the order up, refund, write the "
+         "confirmation, notify the customer), once per decision. Returns the task's checkpoint.",
+         _schema(["order", "amount", "currency", "customer", "decision_id"], order=TEXT, amount=AMOUNT,
+                 currency=CURRENCY, customer=TEXT, decision_id=DECISION,
+                 reason={"type": "string", "maxLength": 500},
+                 notify={"type": "string", "maxLength": 254, "description": "E-mail address for the confirmation."},
+                 wait=WAIT),
+         _started, {"order_id": "order"}),
+    Tool("get_action", "Read an action by its operation key, as it stands now.",
+         _schema(["operation_key"], operation_key=TEXT),
+         lambda client, args: client.get_action(args["operation_key"]), {}),
+    Tool("wait_for_action", "Wait until an action has an outcome or a person's decision, up to `seconds`.",
+         _schema(["operation_key"], operation_key=TEXT, seconds=SECONDS),
+         lambda client, args: client.wait_for(args["operation_key"], timeout=args.get("seconds", 30)), {}),
+    Tool("get_task", "Read a task's checkpoint by its task id.",
+         _schema(["task_id"], task_id=TEXT),
+         lambda client, args: client.get_task(args["task_id"]), {}),
+    Tool("wait_for_task", "Wait until a task leaves queued/running (done, failed, or waiting for a person), "
+         "up to `seconds`.",
+         _schema(["task_id"], task_id=TEXT, seconds=SECONDS),
+         lambda client, args: client.wait_for_task(args["task_id"], timeout=args.get("seconds", 30)), {}),
+)}
+
+
+# --- answers ---------------------------------------------------------------------------------
+def _problem_body(status: int, code: str, title: str, detail: str, errors: dict[str, list[str]] | None = None):
+    """The API's problem+json shape, for what is refused before reaching it."""
+    body: dict[str, Any] = {"type": PROBLEM_TYPE + code, "title": title, "status": status, "detail": detail,
+                            "code": code}
+    if errors:
+        body["errors"] = errors
+    return body
+
+
+def _schema_errors(tool: Tool, args: dict[str, Any]) -> dict[str, list[str]]:
+    errors: dict[str, list[str]] = {}
+    for error in Draft202012Validator(tool.input_schema, format_checker=Draft202012Validator.FORMAT_CHECKER) \
+            .iter_errors(args):
+        if error.validator == "required":
+            fields = [name for name in error.validator_value if name not in error.instance]
+        elif error.validator == "additionalProperties":
+            fields = [name for name in error.instance if name not in tool.input_schema["properties"]]
+        else:
+            fields = [str(error.path[0])] if error.path else ["arguments"]
+        for name in fields:
+            errors.setdefault(name, []).append(
+                "This argument is required." if error.validator == "required"
+                else "Unknown argument." if error.validator == "additionalProperties" else error.message)
+    return errors
+
+
+def _as_arguments(tool: Tool, errors: dict[str, list[str]]) -> dict[str, list[str]]:
+    """The API's field names (`params.amount`, `target`) as the tool's arguments (`amount`, `order`)."""
+    named: dict[str, list[str]] = {}
+    for field, messages in errors.items():
+        field = field.removeprefix("params.").removeprefix("input.")
+        field = tool.renamed.get(field, "decision_id" if field == "Idempotency-Key" else field)
+        named.setdefault(field, []).extend(messages)
+    return named
+
+
+def _failed(body: dict[str, Any]) -> types.CallToolResult:
+    lines = [f"{body['code']}: {body.get('detail') or body.get('title')}"]
+    lines += [f"  {field}: {' '.join(messages)}" for field, messages in (body.get("errors") or {}).items()]
+    return types.CallToolResult(content=[types.TextContent(type="text", text="\n".join(lines))],
+                                structured_content=body, is_error=True)
+
+
+def describe_action(action: Action) -> str:
+    """What the agent should know and do next, in words."""
+    key = action.operation_key
+    wait_hint = f"Call wait_for_action with operation_key={key!r} to wait for the decision."
+    said = {
+        "succeeded": f"Done: {action.action_type} succeeded (provider reference {action.external_ref}).",
+        "awaiting_approval": f"Awaiting approval: above the limit, a person must approve this {action.action_type} "
+                             f"before it runs. Nothing happens until someone decides. {wait_hint}",
+        "held": "Held: another action on the same target or customer is in flight; a person must release or "
+                f"reject this one. {wait_hint}",
+        "needs_review": "Needs review: the outcome could not be proven (or it is above the limit); a person "
+                        f"decides. {wait_hint}",
+        "failed": f"Failed: {(action.error or {}).get('code')}: {(action.error or {}).get('message')} "
+                  f"(retryable: {(action.error or {}).get('retryable')}).",
+    }
+    if action.status in ("rejected", "cancelled") and action.review:
+        text = f"{action.status.capitalize()} by {action.review.by}: {action.review.reason}. Do not retry this decision."
+    else:
+        text = said.get(action.status, f"Still working (status {action.status}). Call wait_for_action with "
+                                       f"operation_key={key!r} to wait for the outcome.")
+    if action.review and action.needs_person:
+        text += f" Dashboard: {action.review.url}"
+    if action.replayed:
+        text = "Already recorded for this decision; nothing was done again. " + text
+    return f"{text}\noperation_key: {key}\nstatus: {action.status}"
+
+
+def describe_task(task: Checkpoint) -> str:
+    text = f"Task {task.task_id} ({task.workflow}): {task.state}, attempt {task.attempts} of {task.max_attempts}."
+    if task.state == "waiting":
+        open_keys = [step.idempotency_key for step in task.steps.values() if step.status != "done"
+                     and step.idempotency_key]
+        text += (" A step's action waits for a person; get_action with operation_key="
+                 f"{open_keys[0]!r} gives the dashboard link." if open_keys else " A step waits for a person.")
+    elif not task.settled:
+        text += f" Call wait_for_task with task_id={task.task_id!r} to wait for it."
+    if task.replayed:
+        text = "Already started for this decision; nothing was started again. " + text
+    steps = ", ".join(f"{name}: {step.status}" for name, step in task.steps.items())
+    return f"{text}\nsteps: {steps}"
+
+
+def _answer(result: Action | Checkpoint) -> types.CallToolResult:
+    text = describe_action(result) if isinstance(result, Action) else describe_task(result)
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)],
+                                structured_content={**result.raw, "replayed": result.replayed})
+
+
+def call(client: SuretyClient, name: str, arguments: dict[str, Any] | None) -> types.CallToolResult:
+    """One tool call, answered as the API would: a result, or its problem."""
+    tool = TOOLS.get(name)
+    if tool is None:
+        return _failed(_problem_body(404, "not_found", "Not found", f"No tool named {name!r}."))
+    args = dict(arguments or {})
+    errors = _schema_errors(tool, args)
+    if errors:
+        return _failed(_problem_body(400, "invalid", "Invalid request", "The arguments did not pass validation.",
+                                     errors))
+    try:
+        return _answer(tool.run(client, args))
+    except Problem as problem:
+        return _failed({**problem.body, "errors": _as_arguments(tool, problem.errors)} if problem.errors
+                       else problem.body)
+    except SuretyUnreachable as exc:
+        return _failed(_problem_body(503, "unreachable", "Surety unreachable",
+                                     f"{exc} Call again with the same decision_id: it can never double the effect."))
+
+
+def build_server(client: SuretyClient) -> Server:
+    async def list_tools(ctx, params) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=[tool.as_mcp() for tool in TOOLS.values()])
+
+    async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
+        # The client blocks (it waits on the API); a thread keeps the server answering meanwhile.
+        return await anyio.to_thread.run_sync(call, client, params.name, params.arguments)
+
+    return Server("surety", version="0.1.0", instructions=INSTRUCTIONS, on_list_tools=list_tools,
+                  on_call_tool=call_tool)
+
+
+INSTRUCTIONS = (
+    "Surety records each real-world action (refund, message, booking) once per decision before anything is "
+    "called. Pass the id of your decision as decision_id; calling again with the same decision is always safe. "
+    "An action above its limit waits for a person: the answer gives the dashboard link, and wait_for_action "
+    "waits for the decision. A rejected action answers the reviewer's reason: do not retry it."
+)
+
+
+def main() -> None:
+    token = os.environ.get("SURETY_TOKEN")
+    if not token:
+        sys.exit("SURETY_TOKEN is not set: the agent's API token (manage.py create_agent prints it).")
+    client = SuretyClient(os.environ.get("SURETY_URL", "http://127.0.0.1:8000"), token)
+    server = build_server(client)
+
+    async def serve() -> None:
+        async with stdio_server() as (read, write):
+            await server.run(read, write, server.create_initialization_options())
+
+    try:
+        anyio.run(serve)
+    finally:
+        client.close()
+
+
+if __name__ == "__main__":
+    main()
+

@@ -1,0 +1,104 @@
+"""The Python client against the live server (gunicorn, PostgreSQL, Redis, an RQ worker)."""
+
+from decimal import Decimal
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from approvals.decisions import review_decide
+from approvals.models import Limit, ReviewItem
+from ledger.models import Action
+from surety_client import (
+    Forbidden,
+    IdempotencyKeyReused,
+    Invalid,
+    NotFound,
+    SuretyClient,
+    Unauthenticated,
+    refund_key,
+)
+from tests.factories import api_client, make_agent, sandbox_list
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def token(stack):
+    return make_agent("client-bot")[1]
+
+
+@pytest.fixture
+def agent_client(stack, token):
+    with SuretyClient(stack.url, token, retries=2, backoff=0.05) as client:
+        yield client
+
+
+def test_a_refund_is_posted_and_waited_for_until_it_succeeds(stack, agent_client, token):
+    stack.start_worker()
+    posted = agent_client.refund(order="ORD-C1", amount="25.00", currency="EUR", decision_id="dec-c1",
+                                 customer="CUST-C1", reason="duplicate charge")
+    assert posted.operation_key == "refund:ORD-C1:25.00EUR:dec-c1" == refund_key("ORD-C1", "25.00", "eur", "dec-c1")
+    assert not posted.replayed and posted.params == {"amount": "25.00", "currency": "EUR", "reason": "duplicate charge"}
+    done = agent_client.wait_for(posted.operation_key, timeout=30)
+    assert done.status == "succeeded" and done.external_ref and done.review is None
+    with api_client(stack.url, token) as provider:
+        assert len(sandbox_list(provider, "refunds", order_id="ORD-C1")) == 1
+
+
+def test_the_same_call_twice_is_one_action(stack, agent_client):
+    first = agent_client.refund(order="ORD-C2", amount=Decimal("40.50"), currency="EUR", decision_id="dec-c2")
+    again = agent_client.refund(order="ORD-C2", amount="40.50", currency="EUR", decision_id="dec-c2")
+    assert (first.replayed, again.replayed) == (False, True)
+    assert again.operation_key == first.operation_key
+    assert Action.objects.filter(target="ORD-C2").count() == 1
+    other_decision = agent_client.refund(order="ORD-C2", amount="40.50", currency="EUR", decision_id="dec-c3")
+    assert other_decision.operation_key != first.operation_key and not other_decision.replayed
+
+
+def test_an_over_limit_refund_says_a_person_must_decide_with_the_dashboard_link(stack, agent_client):
+    Limit.limit_set(actor="system:tests", action_type="refund", currency="EUR", max_amount=Decimal("500.00"))
+    posted = agent_client.refund(order="ORD-C4", amount="900.00", currency="EUR", decision_id="dec-c4")
+    waited = agent_client.wait_for(posted.operation_key, timeout=10)
+    pk = Action.objects.get(operation_key=posted.operation_key).pk
+    assert waited.status == "awaiting_approval" and waited.settled and waited.needs_person
+    assert waited.review.url == f"{stack.url}/actions/{pk}/" and waited.review.reason is None
+
+
+def test_a_rejected_refund_comes_back_with_the_reviewers_reason(stack, agent_client):
+    Limit.limit_set(actor="system:tests", action_type="refund", currency="EUR", max_amount=Decimal("500.00"))
+    posted = agent_client.refund(order="ORD-C5", amount="900.00", currency="EUR", decision_id="dec-c5")
+    reviewer = get_user_model().objects.create_user("rita", password="x")
+    item = ReviewItem.objects.get(action__operation_key=posted.operation_key)
+    review_decide(item, user=reviewer, decision="reject", reason="the order was already refunded by hand")
+    rejected = agent_client.get_action(posted.operation_key)
+    assert rejected.status == "rejected" and not rejected.needs_person
+    assert (rejected.review.by, rejected.review.reason) == ("user:rita", "the order was already refunded by hand")
+
+
+def test_the_same_key_for_another_request_raises_idempotency_key_reused(stack, agent_client):
+    agent_client.post_action("refund:ORD-C6:manual", action_type="refund", target="ORD-C6",
+                             params={"amount": "10.00", "currency": "EUR"})
+    with pytest.raises(IdempotencyKeyReused) as raised:
+        agent_client.post_action("refund:ORD-C6:manual", action_type="refund", target="ORD-C6",
+                                 params={"amount": "11.00", "currency": "EUR"})
+    assert (raised.value.status, raised.value.code) == (422, "idempotency_key_reused")
+    assert Action.objects.get(operation_key="refund:ORD-C6:manual").params["amount"] == "10.00"
+
+
+def test_bad_params_raise_invalid_with_the_fields_errors(stack, agent_client):
+    with pytest.raises(Invalid) as raised:
+        agent_client.refund(order="ORD-C7", amount=25.0, currency="ZZZ", decision_id="dec-c7")
+    assert raised.value.status == 400
+    assert set(raised.value.errors) == {"params.amount", "params.currency"}
+    assert not Action.objects.filter(target="ORD-C7").exists()
+
+
+def test_other_problems_raise_their_own_types(stack, agent_client):
+    with pytest.raises(NotFound):
+        agent_client.get_action("refund:nobody:knows")
+    _, refunds_only = make_agent("refunds-only", grants=("refund",))
+    with SuretyClient(stack.url, refunds_only, retries=0) as limited, pytest.raises(Forbidden):
+        limited.send_message(recipient="ana@example.com", channel="email", message_type="receipt", body="Hi",
+                             decision_id="dec-c8")
+    with SuretyClient(stack.url, "not-a-token", retries=0) as stranger, pytest.raises(Unauthenticated):
+        stranger.get_action("refund:ORD-C1:25.00EUR:dec-c1")
