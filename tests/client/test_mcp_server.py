@@ -1,0 +1,91 @@
+"""The MCP server over stdio, driven by the MCP SDK's own client, against the live server."""
+
+import sys
+from decimal import Decimal
+
+import anyio
+import pytest
+from django.contrib.auth import get_user_model
+from mcp import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+
+from approvals.decisions import review_decide
+from approvals.models import Limit, ReviewItem
+from ledger.models import Action
+from tests.factories import make_agent
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def token(stack):
+    return make_agent("mcp-bot")[1]
+
+
+def over_mcp(url, token, *calls):
+    """Start the MCP server as an agent's host would, make `calls` ((tool, arguments) or
+    "list"), return their results in order."""
+    async def session():
+        server = StdioServerParameters(command=sys.executable, args=["-m", "surety_client.mcp_server"],
+                                       env={"SURETY_URL": url, "SURETY_TOKEN": token})
+        async with stdio_client(server) as (read, write), ClientSession(read, write) as mcp:
+            await mcp.initialize()
+            return [await mcp.list_tools() if call == "list" else await mcp.call_tool(*call) for call in calls]
+
+    return anyio.run(session)
+
+
+def text_of(result):
+    return result.content[0].text
+
+
+def test_it_lists_a_tool_per_action_type_and_workflow_with_the_apis_input_rules(stack, token):
+    (listed,) = over_mcp(stack.url, token, "list")
+    tools = {tool.name: tool for tool in listed.tools}
+    assert set(tools) == {"refund", "send_message", "create_booking", "start_refund_task", "get_action",
+                          "wait_for_action", "get_task", "wait_for_task"}
+    refund = tools["refund"].input_schema
+    assert refund["required"] == ["order", "amount", "currency", "decision_id"]
+    assert refund["properties"]["amount"]["type"] == "string" and refund["additionalProperties"] is False
+
+
+def test_a_refund_call_becomes_one_keyed_action_and_answers_its_outcome(stack, token):
+    stack.start_worker()
+    arguments = {"order": "ORD-M1", "amount": "25.00", "currency": "EUR", "decision_id": "dec-m1", "wait": 20}
+    first, again = over_mcp(stack.url, token, ("refund", arguments), ("refund", arguments))
+    assert not first.is_error and first.structured_content["status"] == "succeeded", text_of(first)
+    assert text_of(first).startswith("Done: refund succeeded")
+    assert again.structured_content["replayed"] is True and "nothing was done again" in text_of(again)
+    assert Action.objects.filter(target="ORD-M1").count() == 1
+
+
+def test_an_over_limit_refund_answers_awaiting_approval_with_a_link_and_then_the_rejection_reason(stack, token):
+    Limit.limit_set(actor="system:tests", action_type="refund", currency="EUR", max_amount=Decimal("500.00"))
+    arguments = {"order": "ORD-M2", "amount": "900.00", "currency": "EUR", "decision_id": "dec-m2"}
+    (waiting,) = over_mcp(stack.url, token, ("refund", arguments))
+    action = Action.objects.get(target="ORD-M2")
+    assert not waiting.is_error and waiting.structured_content["status"] == "awaiting_approval"
+    assert text_of(waiting).startswith("Awaiting approval")
+    assert f"Dashboard: {stack.url}/actions/{action.pk}/" in text_of(waiting)
+    assert f"wait_for_action with operation_key='{action.operation_key}'" in text_of(waiting)
+
+    reviewer = get_user_model().objects.create_user("rita", password="x")
+    review_decide(ReviewItem.objects.get(action=action), user=reviewer, decision="reject", reason="refunded by phone")
+    (decided,) = over_mcp(stack.url, token, ("wait_for_action", {"operation_key": action.operation_key}))
+    assert decided.structured_content["status"] == "rejected"
+    assert text_of(decided).startswith("Rejected by user:rita: refunded by phone.")
+
+
+def test_arguments_outside_the_schema_answer_the_apis_problem_code(stack, token):
+    outside, past_the_schema = over_mcp(
+        stack.url, token,
+        ("refund", {"order": "ORD-M3", "amount": 25.0, "currency": "EUR", "surprise": 1}),
+        ("refund", {"order": "ORD-M3", "amount": "25.00", "currency": "ZZZ", "decision_id": "dec-m3"}),
+    )
+    assert outside.is_error and outside.structured_content["code"] == "invalid"
+    assert set(outside.structured_content["errors"]) == {"amount", "decision_id", "surprise"}
+    # Well-formed for the schema, refused by the API: its problem, named by the tool's arguments.
+    assert past_the_schema.is_error and past_the_schema.structured_content["code"] == "invalid"
+    assert set(past_the_schema.structured_content["errors"]) == {"currency"}
+    assert text_of(past_the_schema).startswith("invalid:")
+    assert not Action.objects.filter(target="ORD-M3").exists()
