@@ -38,12 +38,19 @@ def test_a_taken_port_is_refused_before_anything_is_prepared_or_announced():
         taken.listen()
         port = taken.getsockname()[1]
         started = time.monotonic()
-        run = subprocess.run(["bash", "scripts/run-local.sh"], cwd=ROOT, env=local_env(port),
-                             capture_output=True, text=True, timeout=30)
+        # Its own session: a script that went on regardless would leave no process behind.
+        run = subprocess.Popen(["bash", "scripts/run-local.sh"], cwd=ROOT, env=local_env(port), text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        try:
+            stdout, stderr = run.communicate(timeout=10)
+        finally:
+            if run.poll() is None:
+                os.killpg(run.pid, signal.SIGKILL)
+                run.wait()
     assert run.returncode != 0
     assert time.monotonic() - started < 10
-    assert f"port {port} on 127.0.0.1 is in use" in run.stderr
-    assert "web app at" not in run.stdout and "migrating" not in run.stdout
+    assert f"port {port} on 127.0.0.1 is in use" in stderr
+    assert "web app at" not in stdout and "migrating" not in stdout
 
 
 def login(client, username, password="demo"):
