@@ -24,7 +24,7 @@ from dlq.models import DeadLetter
 from ledger.models import Action, AuditEvent, Task
 from ledger.sweeper import sweep_once
 from tests.conftest import REDIS_URL, ROOT
-from tests.factories import api_client, make_agent, sandbox, sandbox_list
+from tests.factories import agent_api, sandbox, sandbox_list, sandbox_order, sandbox_without_idempotency
 
 pytestmark = pytest.mark.chaos
 
@@ -54,15 +54,12 @@ def test_killed_workers_and_a_flushed_redis_never_double_an_effect_or_lose_a_tas
     rng = random.Random(seed)
     n = scale["tasks"]
 
-    _, token = make_agent("chaos", grants=("refund", "send_message"))
-    client = api_client(stack.url, token)
-    assert sandbox(client, "PUT", "settings", json={"idempotency": False}).json() == {"idempotency": False}
+    client = agent_api(stack.url, "chaos", grants=("refund", "send_message"))
+    sandbox_without_idempotency(client)
     orders = [(f"ORD-C{i:04d}", f"CUST-C{i:04d}") for i in range(n)]
     faults = {}
     for order, customer in orders:
-        seeded = sandbox(client, "POST", "orders", json={"order_id": order, "customer": customer,
-                                                         "amount": "100.00", "currency": "EUR"})
-        assert seeded.status_code == 201, seeded.text
+        sandbox_order(client, order, customer)
         fault = pick_fault(rng)
         if fault:
             faults[order] = fault
