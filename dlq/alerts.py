@@ -1,4 +1,5 @@
-"""Alert transports: e-mail to the operations group, and an HMAC-signed webhook.
+"""Alert transports: e-mail to the operations group, an HMAC-signed webhook, and e-mail to
+the owner of an agent whose action failed for good.
 
 Each attempt on each channel is recorded. A channel that failed is tried again by the job
 with backoff, and by the sweeper for alerts still undelivered; a channel that already
@@ -28,18 +29,32 @@ def _enqueue(alert_id, delay=None):
     enqueue(alert_deliver, alert_id, at=timezone.now() + delay if delay else None)
 
 
-def channels():
+def channels(alert):
     found = ["email"] if settings.ALERT_EMAILS else []
     if settings.ALERT_WEBHOOK_URL:
         found.append("webhook")
+    if owner_email(alert):
+        found.append("owner")
     return found
+
+
+def owner_email(alert):
+    """The agent's owner hears of its action's permanent failure (a refusal no retry will
+    change: someone must fix its cause), when they are an active user with an address.
+    Everything else goes to the operations channels only."""
+    entry = alert.dead_letter
+    if entry is None or entry.action_id is None or entry.last_error.get("retryable"):
+        return ""
+    owner = entry.action.agent.owner
+    return owner.email if owner is not None and owner.is_active else ""
 
 
 def _send(alert, channel):
     link = settings.SITE_URL.rstrip("/") + alert.link
-    if channel == "email":
-        send_mail(f"[Surety] {alert.subject}", f"{alert.body}\n\n{link}\n", None, settings.ALERT_EMAILS)
-        return f"mailed to {', '.join(settings.ALERT_EMAILS)}"
+    if channel in ("email", "owner"):
+        to = settings.ALERT_EMAILS if channel == "email" else [owner_email(alert)]
+        send_mail(f"[Surety] {alert.subject}", f"{alert.body}\n\n{link}\n", None, to)
+        return f"mailed to {', '.join(to)}"
     body = json.dumps({"id": alert.pk, "kind": alert.kind, "subject": alert.subject, "body": alert.body,
                        "link": link, "created_at": alert.created_at.isoformat()})
     http.call("POST", settings.ALERT_WEBHOOK_URL, content=body.encode(), headers={
@@ -57,7 +72,7 @@ def alert_deliver(alert_id):
             return
         done = set(alert.deliveries.filter(ok=True).values_list("channel", flat=True))
         failed = []
-        for channel in channels():
+        for channel in channels(alert):
             if channel in done:
                 continue
             attempt = alert.deliveries.filter(channel=channel).count() + 1

@@ -1,32 +1,46 @@
 """Working the dead-letter queue: redrive, resolve by hand, discard. Each one audited.
 
 Permission checks belong to the callers (the pages); these functions only do the work.
+An entry is about a task or a standalone action; each function says what it does to either.
 """
 
 from django.db import transaction
 
+from ledger.actions import action_retry, action_retry_by_person
 from ledger.statemachine import InvalidTransition
 
 from .models import DeadLetter, EntryStatus
 
 
 def _open_entry(entry):
-    entry = DeadLetter.objects.select_for_update().select_related("task").get(pk=entry.pk)
+    entry = DeadLetter.objects.select_for_update(of=("self",)).select_related("task", "action").get(pk=entry.pk)
     if entry.status != EntryStatus.OPEN:
         raise InvalidTransition(f"{entry} was already {entry.status} by {entry.decided_by}")
     return entry
 
 
 def deadletter_redrive(entry, *, actor, reason):
-    """The task goes back to `queued` and resumes from its checkpoint: done steps stay done."""
+    """A task goes back to `queued` and resumes from its checkpoint: done steps stay done.
+
+    An action goes back to `queued` under the ledger's retry rule (held instead while another
+    action on its target or customer is in flight), for one more attempt by the guarded
+    executor, which verifies at the provider first wherever an outcome was unknown. A failure
+    marked permanent is retried only by a person who gives a reason (`action_retry_by_person`).
+    """
     with transaction.atomic():
         entry = _open_entry(entry)
-        entry.task.redrive(actor=actor, reason=reason)
+        if entry.task_id:
+            entry.task.redrive(actor=actor, reason=reason)
+        elif entry.action.is_retryable_failure:
+            action_retry(entry.action, actor=actor, reason=reason)
+        else:
+            action_retry_by_person(entry.action, actor=actor, reason=reason)
         return entry.decide(EntryStatus.REDRIVEN, actor=actor, reason=reason)
 
 
 def deadletter_resolve(entry, *, actor, note):
-    """A person finished the job by hand; the note says what they did. The task stays as it is."""
+    """A person finished the job by hand; the note says what they did. The task or action
+    stays as it is."""
     if not note.strip():
         raise ValueError("say what was done by hand")
     with transaction.atomic():
@@ -34,9 +48,12 @@ def deadletter_resolve(entry, *, actor, note):
 
 
 def deadletter_discard(entry, *, actor, reason):
+    """Give up: a task is cancelled; an action stays `failed`, which nothing runs again
+    unless a person retries it."""
     if not reason.strip():
         raise ValueError("a reason is required to discard")
     with transaction.atomic():
         entry = _open_entry(entry)
-        entry.task.cancel(actor=actor, reason=reason)
+        if entry.task_id:
+            entry.task.cancel(actor=actor, reason=reason)
         return entry.decide(EntryStatus.DISCARDED, actor=actor, reason=reason)

@@ -1,16 +1,18 @@
 """Dead-letter entries, and the alerts that make sure a person hears of each one."""
 
+from django.conf import settings
 from django.db import models, transaction
 from django.db.models import F, Q
 from django.db.models.fields.json import KeyTransform
 from django.utils import timezone
 
-from ledger.api.serializers import checkpoint
+from ledger.api.serializers import ActionSerializer, checkpoint
 from ledger.audit import actor_label
 from ledger.jobs import enqueue
-from ledger.models import AuditEvent, Task, TaskState
+from ledger.models import Action, ActionStatus, AuditEvent, Capability, Task, TaskState
 from ledger.statemachine import StateMachine
 
+from .alert_text import entry_body, entry_subject
 from .incidents import Incident  # noqa: F401 (the model lives there; this module registers it)
 
 
@@ -32,18 +34,41 @@ def deadletter_open_when_dead_lettered(task, previous, actor):
         DeadLetter.objects.open_for(task, actor=actor)
 
 
+def deadletter_open_when_failed_for_good(action, previous, actor):
+    """After every move of an action: a standalone action that failed and will not be tried
+    again (not retryable, or out of attempts) gets its entry and alert at once. A task's own
+    actions are covered by the task's entry; a retryable failure with attempts left never
+    reaches `failed` from the executor (it is requeued)."""
+    if action.status == ActionStatus.FAILED and action.task_id is None and (
+        not action.is_retryable_failure or action.attempts >= settings.MAX_ATTEMPTS
+    ):
+        DeadLetter.objects.open_for_action(action, actor=actor)
+
+
+def action_row(action):
+    """An action entry's snapshot: the ledger row as the API shows it, with its agent and evidence."""
+    return {**ActionSerializer().to_representation(action), "agent": action.agent.name, "evidence": action.evidence}
+
+
 class DeadLetterManager(models.Manager):
     def open_for(self, task, *, actor):
         """The entry, with the checkpoint as it stands, and its alert: one transaction.
 
         (The database also refuses to commit an entry without an alert: migration 0002.)
         """
+        return self._open(actor, task=task, snapshot=checkpoint(task), last_error=task.last_error or {},
+                          attempts=task.attempts)
+
+    def open_for_action(self, action, *, actor):
+        """The same for a standalone action, with its ledger row and evidence as the snapshot."""
+        return self._open(actor, action=action, snapshot=action_row(action), last_error=action.error or {},
+                          attempts=action.attempts)
+
+    def _open(self, actor, **fields):
         with transaction.atomic():
-            entry = self.create(
-                task=task, snapshot=checkpoint(task), last_error=task.last_error or {}, attempts=task.attempts
-            )
+            entry = self.create(**fields)
             AuditEvent.objects.record(actor=actor, verb="dead_letter_opened", obj=entry,
-                                      after={"status": entry.status}, reason=(task.last_error or {}).get("message", ""))
+                                      after={"status": entry.status}, reason=entry.last_error.get("message", ""))
             Alert.objects.raise_for(entry)
         return entry
 
@@ -52,7 +77,10 @@ class DeadLetter(StateMachine):
     TRANSITIONS = ENTRY_TRANSITIONS
     AUDITED = ()
 
-    task = models.ForeignKey(Task, on_delete=models.PROTECT, related_name="dead_letters")
+    # What failed: a task (snapshot: its checkpoint) or a standalone action (snapshot: its
+    # ledger row and evidence); exactly one of the two.
+    task = models.ForeignKey(Task, null=True, blank=True, on_delete=models.PROTECT, related_name="dead_letters")
+    action = models.ForeignKey(Action, null=True, blank=True, on_delete=models.PROTECT, related_name="dead_letters")
     status = models.CharField(max_length=20, choices=EntryStatus.choices, default=E.OPEN)
     snapshot = models.JSONField()
     last_error = models.JSONField(default=dict)
@@ -75,12 +103,35 @@ class DeadLetter(StateMachine):
         ]
         constraints = [
             models.CheckConstraint(condition=Q(status__in=EntryStatus.values), name="deadletter_status_valid"),
-            # At most one open entry per task: a task is in the queue once.
+            # At most one open entry per task or action: each is in the queue once.
             models.UniqueConstraint(fields=["task"], condition=Q(status="open"), name="deadletter_one_open_per_task"),
+            models.UniqueConstraint(fields=["action"], condition=Q(status="open"),
+                                    name="deadletter_one_open_per_action"),
+            models.CheckConstraint(
+                condition=Q(task__isnull=False, action__isnull=True) | Q(task__isnull=True, action__isnull=False),
+                name="deadletter_task_or_action",
+            ),
         ]
 
     def __str__(self):
-        return f"dead letter #{self.pk} ({self.task.task_id})"
+        return f"dead letter #{self.pk} ({self.subject_label})"
+
+    @property
+    def subject_label(self):
+        """The task id or the operation key: what the entry is about, as people know it."""
+        return self.action.operation_key if self.action_id else self.task.task_id
+
+    @property
+    def capability(self):
+        """(kind, name) of the Capability whose dead-letter permission works this entry."""
+        if self.action_id:
+            return Capability.Kind.ACTION_TYPE, self.action.action_type
+        return Capability.Kind.WORKFLOW, self.task.workflow
+
+    @property
+    def redrive_needs_reason(self):
+        """A permanent failure is retried only on a person's word, and they say why."""
+        return bool(self.action_id) and not self.last_error.get("retryable")
 
     def get_absolute_url(self):
         return f"/dlq/{self.pk}/"
@@ -96,8 +147,8 @@ class AlertManager(models.Manager):
         """Record the alert in the caller's transaction; deliver it by a job after commit
         (`dlq.alerts.alert_deliver`, named by path: the transports depend on this module)."""
         if entry is not None:
-            subject = subject or f"Dead letter: task {entry.task.task_id} ({entry.task.workflow}) failed {entry.attempts}×"
-            body = body or (entry.last_error or {}).get("message", "")
+            subject = subject or entry_subject(entry)
+            body = body or entry_body(entry)
             link = link or entry.get_absolute_url()
         alert = self.create(kind=kind, dead_letter=entry, review_item=review_item, incident=incident,
                             subject=subject[:255], body=body, link=link)

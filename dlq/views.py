@@ -2,6 +2,7 @@
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
+from django.db.models import Q
 from django.http import Http404
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -24,7 +25,7 @@ BULK_MAX = 500
 
 
 def _filtered(params):
-    entries = DeadLetter.objects.select_related("task", "task__agent")
+    entries = DeadLetter.objects.select_related("task", "task__agent", "action", "action__agent")
     status = params.get("status", EntryStatus.OPEN)
     if status in EntryStatus.values:
         entries = entries.filter(status=status)
@@ -59,26 +60,29 @@ def deadletter_queue(request):
     filters.pop("after", None)
     context = {"rows": rows, "next_cursor": next_cursor, "filters": filters, "query": filters.urlencode(),
                "statuses": EntryStatus.values, "open_count": open_deadletter_count(),
-               "may_work": bool(decidable_names(request.user, WORK_DLQ, Capability.Kind.WORKFLOW))}
+               "may_work": bool(decidable_names(request.user, WORK_DLQ, Capability.Kind.WORKFLOW)
+                                or decidable_names(request.user, WORK_DLQ, Capability.Kind.ACTION_TYPE))}
     return render_partial(request, "dlq/queue.html", "rows" if request.htmx else None, context)
 
 
 @staff_required
 def deadletter_detail(request, pk):
     entry = get_deadletter_for_user(request.user, pk)
+    kind, name = entry.capability
     context = {
         "entry": entry,
         "task": entry.task,
-        "steps": _in_execution_order(entry),
+        "action": entry.action,
+        "steps": _in_execution_order(entry) if entry.task_id else [],
         "alerts": entry.alerts.prefetch_related("deliveries"),
-        "history": AuditEvent.objects.history(entry.task),
-        "may_work": decidable_names(request.user, WORK_DLQ, Capability.Kind.WORKFLOW) >= {entry.task.workflow},
+        "history": AuditEvent.objects.history(entry.task or entry.action),
+        "may_work": name in decidable_names(request.user, WORK_DLQ, kind),
     }
     return render(request, "dlq/detail.html", context)
 
 
 def _in_execution_order(entry):
-    """The snapshot's steps as (name, step) pairs in execution order (jsonb keeps no order)."""
+    """A task's snapshot steps as (name, step) pairs in execution order (jsonb keeps no order)."""
     positions = dict(entry.task.steps.values_list("name", "position"))
     return sorted(entry.snapshot.get("steps", {}).items(), key=lambda pair: positions.get(pair[0], len(positions)))
 
@@ -93,6 +97,8 @@ def deadletter_operate(request, pk, op):
     try:
         if op == "resolve":
             deadletter_resolve(entry, actor=request.user, note=reason)
+        elif op == "redrive" and entry.redrive_needs_reason:
+            deadletter_redrive(entry, actor=request.user, reason=reason)
         else:
             OPERATIONS[op](entry, actor=request.user, reason=reason or f"{op} from the dashboard")
     except (InvalidTransition, ValueError) as exc:
@@ -106,14 +112,17 @@ def deadletter_operate(request, pk, op):
 @require_POST
 def deadletter_bulk(request):
     """Two steps: the first POST shows how many entries the filter matches; the second,
-    with that count confirmed and a reason, does it. Only workflows you may work are touched."""
+    with that count confirmed and a reason, does it. Only entries of workflows and action
+    types you may work are touched."""
     op = request.POST.get("op")
     if op not in BULK_OPERATIONS:
         raise PermissionDenied("bulk operations are redrive and discard")
-    allowed = decidable_names(request.user, WORK_DLQ, Capability.Kind.WORKFLOW)
-    if not allowed:
+    workflows = decidable_names(request.user, WORK_DLQ, Capability.Kind.WORKFLOW)
+    action_types = decidable_names(request.user, WORK_DLQ, Capability.Kind.ACTION_TYPE)
+    if not workflows and not action_types:
         raise PermissionDenied("you may not work the dead-letter queue")
-    entries = _filtered({**request.POST.dict(), "status": EntryStatus.OPEN}).filter(task__workflow__in=allowed)
+    entries = _filtered({**request.POST.dict(), "status": EntryStatus.OPEN}).filter(
+        Q(task__workflow__in=workflows) | Q(action__action_type__in=action_types))
     count = entries.count()
     reason = request.POST.get("reason", "").strip()
     confirmed = request.POST.get("confirm_count") == str(count) and count > 0

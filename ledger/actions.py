@@ -13,9 +13,9 @@ from django.db.models import Q
 from django.utils import timezone
 
 from . import hooks
-from .compiled import Compiled, insert
+from .compiled import Compiled, insert, update
 from .jobs import ring_after_commit
-from .models import IN_FLIGHT_STATUSES, Action, ActionStatus, ActionType, AuditEvent, Booking
+from .models import IN_FLIGHT_STATUSES, Action, ActionStatus, ActionType, AuditEvent, Booking, InvalidTransition
 
 S = ActionStatus
 
@@ -161,6 +161,31 @@ def action_retry(action, *, actor, reason):
         if busy:
             return action.hold(actor=actor, reason=f"{busy[0].operation_key} is in flight for the same target or customer")
         return action.requeue(actor=actor, reason=reason)
+
+
+def action_retry_by_person(action, *, actor, reason):
+    """A person retries an action whose failure was marked permanent (a provider's refusal),
+    having fixed its cause: the error is marked retryable on their word — audited as
+    `retry_allowed`, with the error as it was, who and why — then `action_retry` decides as
+    for any retry. The status table stays as it is: only the permanence is lifted."""
+    if isinstance(actor, str):
+        raise ValueError("only a person may retry a failure marked permanent")
+    if not reason.strip():
+        raise ValueError("a reason is required to retry a failure marked permanent")
+    with transaction.atomic():
+        row = Action.objects.select_for_update().get(pk=action.pk)
+        if row.status != S.FAILED:
+            raise InvalidTransition(f"{row}: it is {row.status}, not failed")
+        if row.action_type == ActionType.CREATE_BOOKING and not row.is_retryable_failure:
+            raise InvalidTransition(f"{row}: its slot was given up when it failed; request a new booking")
+        if not row.is_retryable_failure:
+            before = {"status": row.status, "error": row.error}
+            row.error = {**row.error, "retryable": True}
+            row.updated_at = timezone.now()
+            update(row, ["error", "updated_at"])
+            AuditEvent.objects.record(actor=actor, verb="retry_allowed", obj=row, before=before,
+                                      after={"status": row.status, "error": row.error}, reason=reason)
+        return action_retry(row, actor=actor, reason=reason)
 
 
 def _book(action):

@@ -1,0 +1,278 @@
+"""Never silent, for every action: a standalone action that fails for good (the provider refused
+it) or runs out of attempts gets a dead-letter entry and an alert in the same transaction, with
+its ledger row and evidence in the alert; the agent's owner hears of a refusal; the entry is
+redriven through the guarded executor, resolved or discarded, each audited; the database
+refuses an entry about both a task and an action, or about neither."""
+
+import pytest
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+from django.core import mail
+from django.core.management import call_command
+from django.db import IntegrityError, transaction
+
+from dlq.alerts import alert_deliver, channels
+from dlq.entries import deadletter_discard, deadletter_redrive, deadletter_resolve
+from dlq.models import Alert, DeadLetter, EntryStatus
+from ledger.executor import action_claim_next, action_run_claimed
+from ledger.models import Action, Agent, InvalidTransition, Task
+from tests.conftest import free_port, wait_until
+from tests.factories import (api_client, audit_events, dead_letter, make_action, make_agent, post_action, refund_body,
+                             sandbox, sandbox_list)
+
+E = EntryStatus
+User = get_user_model()
+
+
+def owned_agent(name, owner):
+    """An agent whose owner is `owner` (the factory's agents belong to a person of the tests')."""
+    agent, token = make_agent(name, grants=("refund",))
+    Agent.objects.filter(pk=agent.pk).update(owner=owner)
+    agent.owner, agent.token = owner, token
+    return agent
+
+
+@pytest.fixture
+def owner(stack):
+    return User.objects.create_user(username="oona", email="oona@surety.example", password=None)
+
+
+@pytest.fixture
+def agent(stack, owner):
+    return owned_agent("billing", owner)
+
+
+@pytest.fixture
+def operator(stack):
+    call_command("setup_roles", verbosity=0)
+    user = User.objects.create_user(username="olga", password=None)
+    user.groups.add(Group.objects.get(name="operators"))
+    return user
+
+
+def declined(stack, agent, key, order):
+    """A standalone refund the sandbox provider declines, run by the executor in this process
+    (no worker listens, so its alert waits to be delivered by the test)."""
+    client = api_client(stack.url, agent.token)
+    assert sandbox(client, "POST", "faults", json={"target": order, "fault": "decline", "times": 1}).status_code in (200, 201)
+    assert post_action(client, key, refund_body(order=order, customer=f"CUST-{order}")).status_code == 201
+    action_run_claimed(action_claim_next("tests:1"))
+    return Action.objects.get(operation_key=key)
+
+
+def test_a_refund_the_provider_declines_ends_failed_with_an_open_entry_and_one_alert(stack, agent):
+    client = api_client(stack.url, agent.token)
+    assert sandbox(client, "POST", "faults", json={"target": "ORD-DEC", "fault": "decline", "times": 1}).status_code in (200, 201)
+    stack.start_worker()
+    assert post_action(client, "refund:ORD-DEC:full:dec-1", refund_body(order="ORD-DEC")).status_code == 201
+
+    action = wait_until(lambda: Action.objects.filter(operation_key="refund:ORD-DEC:full:dec-1", status="failed").first(),
+                        message="the declined refund to fail")
+    assert action.error["code"] == "declined" and action.error["retryable"] is False
+    entry = DeadLetter.objects.get(action=action)
+    assert entry.status == E.OPEN and entry.task is None and entry.attempts == 1
+    assert entry.last_error == action.error
+    assert entry.snapshot["operation_key"] == action.operation_key and entry.snapshot["status"] == "failed"
+    [opened] = audit_events(entry, "dead_letter_opened")
+    assert opened.actor == "system:executor"
+    [alert] = entry.alerts.all()
+    assert "refund:ORD-DEC:full:dec-1" in alert.subject
+    for text in ("Operation key: refund:ORD-DEC:full:dec-1", "Target: ORD-DEC", "Customer: CUST-17",
+                 "Amount: 25.00 EUR", "Status: failed", "declined", "not retryable"):
+        assert text in alert.body, (text, alert.body)
+    assert not sandbox_list(client, "refunds", order_id="ORD-DEC")
+
+    # The worker delivers it: to operations, and to the agent's owner (a refusal is theirs to fix).
+    delivered = wait_until(lambda: Alert.objects.filter(pk=alert.pk, delivered_at__isnull=False).first(),
+                           message="the alert to be delivered")
+    deliveries = {d.channel: d for d in delivered.deliveries.all()}
+    assert set(deliveries) == {"email", "owner"} and all(d.ok for d in deliveries.values())
+    assert deliveries["owner"].detail == "mailed to oona@surety.example"
+
+
+def test_the_owner_is_mailed_the_row_and_evidence_and_an_ownerless_mail_goes_to_operations_only(stack, agent):
+    action = declined(stack, agent, "refund:ORD-OWN:full:dec-1", "ORD-OWN")
+    alert = DeadLetter.objects.get(action=action).alerts.get()
+
+    alert_deliver(alert.pk)
+
+    by_recipient = {tuple(m.to): m for m in mail.outbox}
+    assert set(by_recipient) == {tuple(settings.ALERT_EMAILS), ("oona@surety.example",)}
+    owner_mail = by_recipient[("oona@surety.example",)]
+    assert "refund:ORD-OWN:full:dec-1" in owner_mail.subject
+    for text in ("Operation key: refund:ORD-OWN:full:dec-1", "Type: refund", "Target: ORD-OWN", "Amount: 25.00 EUR",
+                 "declined", f"/dlq/{alert.dead_letter_id}/"):
+        assert text in owner_mail.body, (text, owner_mail.body)
+    assert owner_mail.body == by_recipient[tuple(settings.ALERT_EMAILS)].body
+
+    # An owner without an address (or not an active user) is not a channel: operations only.
+    silent_owner = User.objects.create_user(username="no-mail", password=None)
+    other = owned_agent("other", silent_owner)
+    second = DeadLetter.objects.get(action=declined(stack, other, "refund:ORD-NOMAIL:full:dec-1", "ORD-NOMAIL")).alerts.get()
+    assert channels(second) == ["email"]
+
+
+def test_a_refund_that_never_reaches_the_provider_is_dead_lettered_after_the_last_attempt_then_redriven_once(
+        stack, agent, operator):
+    client = api_client(stack.url, agent.token)
+    unreachable = stack.start_worker(SANDBOX_BASE_URL=f"http://127.0.0.1:{free_port()}/sandbox/v1")
+    key = "refund:ORD-NOTSENT:full:dec-1"
+    assert post_action(client, key, refund_body(order="ORD-NOTSENT")).status_code == 201
+
+    action = wait_until(lambda: Action.objects.filter(operation_key=key, status="failed").first(), seconds=30,
+                        message="the refund to run out of attempts")
+    stack.kill_worker(unreachable)
+    assert action.attempts == settings.MAX_ATTEMPTS == 3
+    assert action.error["code"] == "connect_failed" and action.error["retryable"] is True
+    entry = DeadLetter.objects.get(action=action, status=E.OPEN)
+    assert [e["attempt"] for e in entry.snapshot["evidence"]] == [1, 2]  # the two requeued attempts
+    [alert] = entry.alerts.all()
+    assert "Evidence (2):" in alert.body and "connect_failed" in alert.body
+    assert channels(alert) == ["email"]  # retryable: operations, not the owner
+
+    stack.start_worker()
+    redriven = deadletter_redrive(entry, actor=operator, reason="provider reachable again")
+    assert redriven.status == E.REDRIVEN and redriven.decided_by == "user:olga"
+    action = wait_until(lambda: Action.objects.filter(operation_key=key, status="succeeded").first(),
+                        message="the redriven refund to succeed")
+    assert action.attempts == 4
+    assert [r["operation_key"] for r in sandbox_list(client, "refunds", order_id="ORD-NOTSENT")] == [key]
+    [requeued] = [e for e in audit_events(action, "requeued") if e.actor == "user:olga"]
+    assert requeued.reason == "provider reachable again" and requeued.before["status"] == "failed"
+    assert not audit_events(action, "retry_allowed")  # it was retryable: nothing lifted
+    assert DeadLetter.objects.filter(action=action).count() == 1
+
+
+def test_a_refusal_is_redriven_only_by_a_person_who_gives_a_reason(stack, agent, operator):
+    action = declined(stack, agent, "refund:ORD-FIX:full:dec-1", "ORD-FIX")
+    entry = DeadLetter.objects.get(action=action)
+    assert entry.redrive_needs_reason
+
+    for actor, reason, refusal in ((operator, "  ", "reason"), ("system:sweeper", "fixed", "person")):
+        with pytest.raises(ValueError, match=refusal):
+            deadletter_redrive(entry, actor=actor, reason=reason)
+    assert DeadLetter.objects.get(pk=entry.pk).status == E.OPEN
+    assert Action.objects.get(pk=action.pk).status == "failed" and not audit_events(action, "retry_allowed")
+
+    deadletter_redrive(entry, actor=operator, reason="card limit raised by the customer")
+    action.refresh_from_db()
+    assert action.status == "queued" and action.error["retryable"] is True
+    [allowed] = audit_events(action, "retry_allowed")
+    assert allowed.actor == "user:olga" and allowed.reason == "card limit raised by the customer"
+    assert allowed.before["error"]["retryable"] is False and allowed.before["error"]["code"] == "declined"
+
+    action_run_claimed(action_claim_next("tests:2"))  # the guarded executor, as a worker runs it
+    action.refresh_from_db()
+    assert action.status == "succeeded"
+    client = api_client(stack.url, agent.token)
+    assert [r["operation_key"] for r in sandbox_list(client, "refunds", order_id="ORD-FIX")] == [action.operation_key]
+
+
+def test_the_dashboard_refuses_a_refusals_redrive_without_a_reason_and_a_person_without_the_permission(
+        stack, agent, operator, client):
+    entry = DeadLetter.objects.get(action=declined(stack, agent, "refund:ORD-PAGE:full:dec-1", "ORD-PAGE"))
+    client.force_login(operator)
+    page = client.get(f"/dlq/{entry.pk}/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "refund:ORD-PAGE:full:dec-1" in html and 'id="action-row"' in html and "Action history" in html
+
+    client.post(f"/dlq/{entry.pk}/redrive", {"reason": ""})
+    assert DeadLetter.objects.get(pk=entry.pk).status == E.OPEN
+    assert Action.objects.get(pk=entry.action_id).status == "failed"
+
+    client.force_login(User.objects.create_user(username="nora", password=None))
+    call_command("setup_roles", verbosity=0)
+    User.objects.get(username="nora").groups.add(Group.objects.get(name="auditors"))
+    assert client.post(f"/dlq/{entry.pk}/redrive", {"reason": "fixed"}).status_code == 403
+    assert DeadLetter.objects.get(pk=entry.pk).status == E.OPEN
+
+    queue = client.get("/dlq/").content.decode()
+    assert "refund:ORD-PAGE:full:dec-1" in queue and "refund action" in queue
+
+
+def test_resolving_and_discarding_an_action_entry_need_a_reason_leave_it_failed_and_are_audited(stack, agent, operator):
+    first = DeadLetter.objects.get(action=declined(stack, agent, "refund:ORD-R:full:dec-1", "ORD-R"))
+    second = DeadLetter.objects.get(action=declined(stack, agent, "refund:ORD-D:full:dec-1", "ORD-D"))
+    with pytest.raises(ValueError):
+        deadletter_resolve(first, actor=operator, note=" ")
+    with pytest.raises(ValueError):
+        deadletter_discard(second, actor=operator, reason="")
+
+    deadletter_resolve(first, actor=operator, note="refunded by hand, ticket 8812")
+    deadletter_discard(second, actor=operator, reason="the customer withdrew the claim")
+
+    [resolved] = audit_events(first, "resolved")
+    [discarded] = audit_events(second, "discarded")
+    assert (resolved.actor, resolved.reason) == ("user:olga", "refunded by hand, ticket 8812")
+    assert (discarded.actor, discarded.reason) == ("user:olga", "the customer withdrew the claim")
+    assert set(Action.objects.filter(pk__in=[first.action_id, second.action_id]).values_list("status", flat=True)) == {
+        "failed"}
+    with pytest.raises(InvalidTransition, match="already discarded"):
+        deadletter_redrive(second, actor=operator, reason="changed my mind")
+
+
+# --- Which failures open an entry -----------------------------------------------------------------
+
+
+def failed_from(agent, status, *, key, retryable, attempts, task=None):
+    action = make_action(agent, status, key=key, target=key, attempts=attempts, task=task)
+    return action.mark_failed(actor="system:tests", code="x", message="no", retryable=retryable)
+
+
+@pytest.mark.django_db
+def test_only_a_standalone_failure_for_good_opens_an_entry(settings):
+    settings.MAX_ATTEMPTS = 3
+    agent, _ = make_agent("billing", grants=())
+    task = Task.objects.create(task_id="refund-t", fingerprint="x", workflow="refund", input={}, agent=agent,
+                               max_attempts=3, state="failed")
+
+    permanent = failed_from(agent, "pending", key="k-permanent", retryable=False, attempts=1)
+    exhausted = failed_from(agent, "unknown", key="k-exhausted", retryable=True, attempts=3)
+    attempts_left = failed_from(agent, "needs_review", key="k-left", retryable=True, attempts=2)
+    in_a_task = failed_from(agent, "pending", key="k-task", retryable=False, attempts=1, task=task)
+
+    assert set(DeadLetter.objects.values_list("action__operation_key", flat=True)) == {"k-permanent", "k-exhausted"}
+    assert not attempts_left.dead_letters.exists() and not in_a_task.dead_letters.exists()
+    assert permanent.dead_letters.get().alerts.count() == exhausted.dead_letters.get().alerts.count() == 1
+
+
+# --- The database's rules ------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_database_refuses_an_entry_about_both_a_task_and_an_action_or_neither(jobs_to_test_redis):
+    agent, _ = make_agent("billing", grants=())
+    task = Task.objects.create(task_id="refund-both", fingerprint="x", workflow="refund", input={}, agent=agent,
+                               max_attempts=3, state="dead_lettered", attempts=3)
+    action = make_action(agent, "failed", key="k-both", retryable=False)
+
+    for about in ({"task": task, "action": action}, {}):
+        with pytest.raises(IntegrityError, match="deadletter_task_or_action"):
+            with transaction.atomic():
+                entry = DeadLetter.objects.create(snapshot={}, attempts=1, **about)
+                Alert.objects.create(kind="dead_letter", dead_letter=entry, subject="s", link="/")
+    assert not DeadLetter.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_action_is_in_the_queue_once_and_never_without_an_alert(jobs_to_test_redis):
+    agent, _ = make_agent("billing", grants=())
+    action = make_action(agent, "failed", key="k-once", retryable=False)
+    with pytest.raises(IntegrityError, match="has no alert"):
+        DeadLetter.objects.create(action=action, snapshot={}, attempts=1)
+
+    DeadLetter.objects.open_for_action(action, actor="system:tests")
+    with pytest.raises(IntegrityError, match="deadletter_one_open_per_action"):
+        DeadLetter.objects.open_for_action(action, actor="system:tests")
+    assert DeadLetter.objects.filter(action=action).count() == 1
+
+
+def test_a_tasks_alert_carries_its_checkpoint_as_text(stack):
+    agent, _ = make_agent("tasks", grants=("refund",))
+    entry = dead_letter(agent, "refund-text", done={"lookup_order": {"order_id": "ORD-refund-text"}})
+    body = entry.alerts.get().body
+    for text in ("Error: crash: the worker gave up (retryable)", "Task: refund-text", "Workflow: refund",
+                 "State: dead_lettered", "Attempts: 1 of 3", "lookup_order: done", "call_refund_api: pending"):
+        assert text in body, (text, body)
