@@ -17,7 +17,7 @@ from surety_client import (
     Unauthenticated,
     refund_key,
 )
-from tests.factories import api_client, make_agent, sandbox_list
+from tests.factories import api_client, make_agent, sandbox_list, sandbox_order
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -102,3 +102,20 @@ def test_other_problems_raise_their_own_types(stack, agent_client):
                              decision_id="dec-c8")
     with SuretyClient(stack.url, "not-a-token", retries=0) as stranger, pytest.raises(Unauthenticated):
         stranger.get_action("refund:ORD-C1:25.00EUR:dec-c1")
+
+
+def test_a_refund_task_is_started_once_and_its_checkpoint_read_until_done(stack, agent_client, token):
+    with api_client(stack.url, token) as provider:
+        sandbox_order(provider, "ORD-C9", "CUST-C9")
+    stack.start_worker()
+    task_input = {"order": "ORD-C9", "amount": "25.00", "currency": "EUR", "customer": "CUST-C9",
+                  "decision_id": "dec-c9"}
+    started = agent_client.start_refund_task(**task_input)
+    assert started.task_id == "task:refund:ORD-C9:25.00EUR:dec-c9" and not started.replayed
+    assert agent_client.start_refund_task(**task_input).replayed
+    done = agent_client.wait_for_task(started.task_id, timeout=30)
+    assert done.state == "succeeded", done.raw
+    assert list(done.steps) == ["lookup_order", "call_refund_api", "write_confirmation", "notify_customer"]
+    assert all(step.status == "done" for step in done.steps.values())
+    refund_step = agent_client.get_action(done.steps["call_refund_api"].idempotency_key)
+    assert refund_step.status == "succeeded" and refund_step.task_id == started.task_id

@@ -12,7 +12,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from approvals.decisions import review_decide
 from approvals.models import Limit, ReviewItem
 from ledger.models import Action
-from tests.factories import make_agent
+from tests.factories import api_client, make_agent, sandbox_order
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -89,3 +89,16 @@ def test_arguments_outside_the_schema_answer_the_apis_problem_code(stack, token)
     assert set(past_the_schema.structured_content["errors"]) == {"currency"}
     assert text_of(past_the_schema).startswith("invalid:")
     assert not Action.objects.filter(target="ORD-M3").exists()
+
+
+def test_a_refund_task_tool_starts_the_workflow_and_answers_its_checkpoint(stack, token):
+    with api_client(stack.url, token) as provider:
+        sandbox_order(provider, "ORD-M4", "CUST-M4")
+    stack.start_worker()
+    arguments = {"order": "ORD-M4", "amount": "25.00", "currency": "EUR", "customer": "CUST-M4",
+                 "decision_id": "dec-m4", "wait": 30}
+    (started,) = over_mcp(stack.url, token, ("start_refund_task", arguments))
+    assert not started.is_error and started.structured_content["state"] == "succeeded", text_of(started)
+    assert text_of(started).startswith("Task task:refund:ORD-M4:25.00EUR:dec-m4 (refund): succeeded")
+    (read,) = over_mcp(stack.url, token, ("get_task", {"task_id": started.structured_content["task_id"]}))
+    assert read.structured_content["steps"]["notify_customer"]["status"] == "done"
