@@ -3,6 +3,8 @@ every change to the limits, so each process knows when its copy is out of date."
 
 from ledger.dbrules import Function, SQLiteTrigger
 
+from .models import ReviewStatus
+
 LIMITS_CHANGED = Function("approvals_limits_changed() RETURNS trigger", """
 BEGIN
     UPDATE approvals_limitsversion SET version = nextval('approvals_limits_version_seq');
@@ -17,4 +19,50 @@ LIMITS_CHANGED_SQLITE = [
     for event in ("INSERT", "UPDATE", "DELETE")
 ]
 
-RULES = [LIMITS_CHANGED, *LIMITS_CHANGED_SQLITE]
+# Four eyes: the owner of the agent that asked never approves or decides its request, and an
+# item that needs two approvals is approved only with two, from two people (approvals_approval
+# is unique per item and user). approvals.decisions says so first, in words.
+OWNED_BY = """SELECT 1 FROM ledger_action a JOIN ledger_agent g ON g.id = a.agent_id
+                WHERE a.id = {action} AND g.owner_id = {user}"""
+TOO_FEW_APPROVALS = (f"NEW.status = '{ReviewStatus.APPROVED}' AND NEW.approvals_needed > 1 "
+                     "AND (SELECT count(*) FROM approvals_approval WHERE item_id = NEW.id) < NEW.approvals_needed")
+
+FOUR_EYES_APPROVAL = Function("approvals_four_eyes_approval() RETURNS trigger", f"""
+BEGIN
+    IF EXISTS ({OWNED_BY.format(action="(SELECT action_id FROM approvals_reviewitem WHERE id = NEW.item_id)",
+                                user="NEW.user_id")}) THEN
+        RAISE EXCEPTION USING MESSAGE = 'four eyes: the owner of the agent that asked may not approve it',
+                              ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    RETURN NEW;
+END """)
+
+FOUR_EYES_DECISION = Function("approvals_four_eyes_decision() RETURNS trigger", f"""
+BEGIN
+    IF NEW.decided_by_id IS NOT NULL AND EXISTS ({OWNED_BY.format(action="NEW.action_id", user="NEW.decided_by_id")}) THEN
+        RAISE EXCEPTION USING MESSAGE = 'four eyes: the owner of the agent that asked may not decide it',
+                              ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    IF {TOO_FEW_APPROVALS} THEN
+        RAISE EXCEPTION USING MESSAGE = 'four eyes: this item needs its approvals from different people',
+                              ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    RETURN NEW;
+END """)
+
+FOUR_EYES_APPROVAL_SQLITE = SQLiteTrigger("approvals_four_eyes_approval", f"""CREATE TRIGGER approvals_four_eyes_approval BEFORE INSERT ON approvals_approval
+WHEN EXISTS ({OWNED_BY.format(action="(SELECT action_id FROM approvals_reviewitem WHERE id = NEW.item_id)",
+                              user="NEW.user_id")})
+BEGIN
+    SELECT RAISE(ABORT, 'four eyes: the owner of the agent that asked may not approve it');
+END""")
+
+FOUR_EYES_DECISION_SQLITE = SQLiteTrigger("approvals_four_eyes_decision", f"""CREATE TRIGGER approvals_four_eyes_decision BEFORE UPDATE OF status ON approvals_reviewitem
+WHEN (NEW.decided_by_id IS NOT NULL AND EXISTS ({OWNED_BY.format(action="NEW.action_id", user="NEW.decided_by_id")}))
+    OR ({TOO_FEW_APPROVALS})
+BEGIN
+    SELECT RAISE(ABORT, 'four eyes: the owner of the agent that asked may not decide it, and two approvals come from two people');
+END""")
+
+RULES = [LIMITS_CHANGED, *LIMITS_CHANGED_SQLITE, FOUR_EYES_APPROVAL, FOUR_EYES_DECISION, FOUR_EYES_APPROVAL_SQLITE,
+         FOUR_EYES_DECISION_SQLITE]

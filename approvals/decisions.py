@@ -71,7 +71,7 @@ def _second_approval(item, user, reason):
 
 def _decide(item, action, user, decision, reason, external_ref):
     outcome = {"approve": ReviewStatus.APPROVED, "reject": ReviewStatus.REJECTED}.get(decision, ReviewStatus.RESOLVED)
-    item.decide(outcome, actor=user, verb=decision, reason=reason, decided_by_label=actor_label(user))
+    item.decide(outcome, user=user, verb=decision, reason=reason, decided_by_label=actor_label(user))
     try:
         if decision == "approve":
             action.approve(actor=user, reason=reason)

@@ -128,6 +128,10 @@ class ReviewItem(StateMachine):
     deadline = models.DateTimeField()
     created_at = models.DateTimeField(default=timezone.now)
     decided_by_label = models.CharField(max_length=150, blank=True, default="")
+    # The person who decided (none when the system closed it): four eyes check it against the
+    # agent's owner, in the database too (approvals.dbrules).
+    decided_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT,
+                                   related_name="+")
     decided_at = models.DateTimeField(null=True, blank=True)
     note = models.TextField(blank=True, default="")
     overdue_alerted_at = models.DateTimeField(null=True, blank=True)
@@ -155,10 +159,10 @@ class ReviewItem(StateMachine):
     def is_overdue(self):
         return self.status == R.OPEN and self.deadline < timezone.now()
 
-    def decide(self, outcome, *, actor, verb, reason, decided_by_label):
+    def decide(self, outcome, *, user, verb, reason, decided_by_label):
         """A person's decision (approvals.decisions): approved, rejected or resolved."""
-        return self._move(outcome, actor=actor, verb=verb, reason=reason, decided_by_label=decided_by_label,
-                          decided_at=timezone.now(), note=reason)
+        return self._move(outcome, actor=user, verb=verb, reason=reason, decided_by_label=decided_by_label,
+                          decided_by=user, decided_at=timezone.now(), note=reason)
 
     def close(self, *, reason):
         """The action no longer waits for a person in this way (approvals.reviews)."""

@@ -109,7 +109,9 @@ class Stack:
         self.manage("migrate", "--noinput", "-v", "0")
 
     def create_agent(self, name, grants):
-        out = self.manage("create_agent", name, *[f"--grant={g}" for g in grants])
+        self.manage("shell", "-c", "from django.contrib.auth import get_user_model; "
+                                   "get_user_model().objects.get_or_create(username='bench-owner')")
+        out = self.manage("create_agent", name, *[f"--grant={g}" for g in grants], "--owner=bench-owner")
         return out.strip().splitlines()[-1].strip()
 
     # --- long-running processes ----------------------------------------------------------------

@@ -24,12 +24,14 @@ def capabilities_named(name):
     return found
 
 
-def agent_create(name, *, actor, grants=(), owner=None):
+def agent_create(name, *, actor, owner, grants=()):
     """Returns (agent, token); the token is not stored and cannot be shown again. ValueError
-    for a name that is not a new slug of at most 100 characters.
+    for a name that is not a new slug of at most 100 characters, or without an owner.
 
-    `owner` is the person responsible for the agent; four eyes keep them from approving
-    its requests."""
+    `owner` is the person responsible for the agent; four eyes keep them from deciding its
+    requests."""
+    if owner is None:
+        raise ValueError("every agent has an owner: the person responsible for it")
     # The name is a SlugField of 100 and becomes the username "agent-<name>" (150, unique):
     # checked here, for the dashboard and create_agent alike, rather than failing at the INSERT.
     if len(name) > 100 or not AGENT_NAME.fullmatch(name):
@@ -50,7 +52,7 @@ def _agent_insert(name, *, actor, grants, owner):
         agent = Agent.objects.create(name=name, user=user, token_hash=Agent.hash_token(token), token_prefix=token[:12],
                                      owner=owner)
         AuditEvent.objects.record(actor=actor, verb="agent_created", obj=agent,
-                                  after={"name": name, "owner": owner.get_username() if owner else None})
+                                  after={"name": name, "owner": owner.get_username()})
         for grant in grants:
             for cap in capabilities_named(grant):
                 agent_grant(agent, cap, actor=actor)

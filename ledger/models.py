@@ -38,6 +38,9 @@ class AgentManager(models.Manager):
         return _agent_by_token_hash_and_key.first(Agent.hash_token(token), operation_key)
 
 
+UNASSIGNED_OWNER = "owner-to-be-named"
+
+
 class Agent(models.Model):
     """A service account. Its bearer token is shown once and stored only as a hash.
 
@@ -48,10 +51,10 @@ class Agent(models.Model):
     user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="agent")
     token_hash = models.CharField(max_length=64, unique=True)
     token_prefix = models.CharField(max_length=12)
-    # The person responsible for the agent: four eyes forbid them to approve its requests.
-    owner = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="owned_agents"
-    )
+    # The person responsible for the agent: four eyes forbid them to decide its requests (held
+    # by the database too: approvals.dbrules). Agents made before owners were required belong to
+    # UNASSIGNED_OWNER until a person is named (the agents page says so).
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="owned_agents")
     is_active = models.BooleanField(default=True)
     # Bumped by every grant and revoke: the key of each process's cache of grant checks.
     grants_version = models.PositiveIntegerField(default=0)

@@ -5,6 +5,7 @@ import json
 
 from django.conf import settings
 from django.contrib import messages
+from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
 from django.db import connection
 from django.db.models import Count, Q
@@ -18,7 +19,8 @@ from .access import WORK_DLQ, user_may
 from .agents import agent_create, agent_rotate_token, capabilities_named
 from .dashboard import keyset_page, parse_moment, planner_estimates, render_partial, shown_estimate, staff_required
 from .grants import agent_grant, agent_revoke
-from .models import IN_FLIGHT_STATUSES, Action, ActionStatus, ActionType, Agent, AuditEvent, Capability, ChainCheck, Task
+from .models import (IN_FLIGHT_STATUSES, UNASSIGNED_OWNER, Action, ActionStatus, ActionType, Agent, AuditEvent,
+                     Capability, ChainCheck, Task)
 from .tasks import task_run_now
 from .workflows import WORKFLOWS
 
@@ -163,16 +165,24 @@ def agent_list(request):
         _agents_admin(request)
         name = request.POST.get("name", "").strip()
         grants = request.POST.getlist("grant")
+        # The person responsible for the agent (four eyes: never its approver); the creator unless named.
+        owner = _people().filter(username=request.POST.get("owner") or request.user.get_username()).first()
         try:
-            agent, token = agent_create(name, actor=request.user, grants=grants, owner=request.user)
+            agent, token = agent_create(name, actor=request.user, grants=grants, owner=owner)
         except ValueError as exc:
             messages.error(request, str(exc))
             return redirect("agent-list")
         return render(request, "ledger/agent_token.html", {"agent": agent, "token": token})
     agents = Agent.objects.select_related("owner").annotate(actions_count=Count("actions"))
     grantable = sorted({*ActionType.values, *WORKFLOWS})
-    return render(request, "ledger/agents.html", {"agents": agents, "grantable": grantable,
+    return render(request, "ledger/agents.html", {"agents": agents, "grantable": grantable, "people": _people(),
+                                                   "unassigned": UNASSIGNED_OWNER,
                                                    "may_manage": request.user.has_perm("ledger.change_agent")})
+
+
+def _people():
+    """Who may own an agent: active people, not the agents' own users."""
+    return get_user_model().objects.filter(is_active=True, agent__isnull=True).order_by("username")
 
 
 @staff_required

@@ -144,6 +144,20 @@ def refund_body(order="ORD-8841", amount="25.00", currency="EUR", customer="CUST
             "params": {"amount": amount, "currency": currency, **extra}}
 
 
+def message_body(target="ada@example.com", **params):
+    return {"action_type": "send_message", "target": target, "decision_id": "dec-1",
+            "params": {"channel": "email", "message_type": "receipt", "body": "Thanks!", **params}}
+
+
+def booking_body(start="2026-09-10T10:00:00Z", end="2026-09-10T11:00:00Z", customer="CUST-17"):
+    """A booking of ROOM-1; a `customer` of None leaves the field out."""
+    body = {"action_type": "create_booking", "target": "ROOM-1", "decision_id": "dec-1",
+            "params": {"service": "massage", "start": start, "end": end}}
+    if customer is not None:
+        body["customer"] = customer
+    return body
+
+
 def post_action(client, key, body):
     """POST /api/v1/actions to a live server, with an httpx client."""
     return client.post("/api/v1/actions", json=body, headers={"Idempotency-Key": key})

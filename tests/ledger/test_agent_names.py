@@ -5,6 +5,7 @@ dashboard). Real PostgreSQL, one connection per thread."""
 import threading
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.db import connection
 
 from ledger.agents import agent_create
@@ -18,11 +19,12 @@ pytestmark = [
 
 def test_a_name_created_twice_at_once_is_one_agent_and_one_refusal():
     barrier, outcomes = threading.Barrier(6), []
+    owner = get_user_model().objects.create_user("olga")
 
     def create():
         try:
             barrier.wait(10)
-            agent_create("twin-bot", actor="system:tests")
+            agent_create("twin-bot", actor="system:tests", owner=owner)
             outcomes.append("created")
         except ValueError as exc:
             outcomes.append(str(exc))

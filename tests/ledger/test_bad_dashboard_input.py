@@ -334,8 +334,9 @@ def test_create_agent_refuses_a_bad_or_taken_name_and_writes_nothing(name):
     from django.core.management import CommandError, call_command
 
     make_agent("billing")
+    get_user_model().objects.create_user("olga")
     agents, users, events = Agent.objects.count(), get_user_model().objects.count(), AuditEvent.objects.count()
     with pytest.raises(CommandError):
-        call_command("create_agent", name, "--grant", "refund")
+        call_command("create_agent", name, "--grant", "refund", "--owner", "olga")
     assert (Agent.objects.count(), get_user_model().objects.count(), AuditEvent.objects.count()) == (
         agents, users, events)

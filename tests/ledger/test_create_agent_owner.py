@@ -4,6 +4,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 
+from ledger.agents import agent_create
 from ledger.models import Agent, AuditEvent
 
 pytestmark = pytest.mark.django_db
@@ -28,7 +29,30 @@ def test_an_unknown_owner_is_refused_and_nothing_is_written():
     assert AuditEvent.objects.count() == events
 
 
-def test_without_an_owner_the_agent_has_none_and_says_so(capsys):
-    call_command("create_agent", "lone-bot")
-    assert Agent.objects.get(name="lone-bot").owner is None
-    assert "no owner" in capsys.readouterr().out
+def test_without_an_owner_there_is_no_agent():
+    """Every agent has an owner: the command refuses (argparse's own "required" error) and the
+    database would too (the column is NOT NULL)."""
+    with pytest.raises(CommandError, match="--owner"):
+        call_command("create_agent", "lone-bot")
+    assert not Agent.objects.filter(name="lone-bot").exists()
+    with pytest.raises(ValueError, match="owner"):
+        agent_create("lone-bot", actor="system:tests", owner=None)
+
+
+def test_the_dashboard_names_the_owner_the_form_chose(client):
+    people = get_user_model().objects
+    ada, olga = people.create_superuser("ada", password=None), people.create_user("olga")
+    client.force_login(ada)
+    page = client.post("/agents/", {"name": "desk-bot", "grant": ["refund"], "owner": "olga"})
+    assert page.status_code == 200 and Agent.objects.get(name="desk-bot").owner == olga
+    client.post("/agents/", {"name": "ada-bot"})  # no owner named: the one who creates it
+    assert Agent.objects.get(name="ada-bot").owner == ada
+
+
+def test_the_dashboard_refuses_an_owner_who_is_no_person(client):
+    ada = get_user_model().objects.create_superuser("ada", password=None)
+    client.force_login(ada)
+    client.post("/agents/", {"name": "x-bot"})
+    agent = Agent.objects.get(name="x-bot")
+    client.post("/agents/", {"name": "y-bot", "owner": agent.user.get_username()})  # an agent's own user
+    assert not Agent.objects.filter(name="y-bot").exists()

@@ -23,6 +23,7 @@ import time
 from datetime import timedelta
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection, transaction
 from django.utils import timezone
@@ -164,13 +165,17 @@ class Command(BaseCommand):
 
     # --- agents --------------------------------------------------------------------------------
 
+    def owner(self):
+        """The volume agents' owner: a person of the seed's own, who decides nothing."""
+        return get_user_model().objects.get_or_create(username="volume-owner", defaults={"is_active": False})[0]
+
     def ensure_agents(self):
         agents = {}
         for name, types in AGENTS.items():
             agent = Agent.objects.filter(name=name).first()
             if agent is None:
                 with transaction.atomic():
-                    agent, _ = agent_create(name, actor="system:seed_volume", grants=types)
+                    agent, _ = agent_create(name, actor="system:seed_volume", grants=types, owner=self.owner())
             agents[name] = agent.pk
         by_type = {}
         for name, types in AGENTS.items():

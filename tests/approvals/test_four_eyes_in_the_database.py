@@ -1,0 +1,70 @@
+"""Four eyes, held by the database (approvals.dbrules; `make test` runs this on PostgreSQL and
+SQLite): whatever code writes it, the owner of the agent that asked neither approves nor
+decides its request, and an item needing two approvals is approved only with two people's."""
+
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from approvals.models import Approval, ReviewItem, ReviewStatus
+from tests.factories import make_action, make_agent
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def people():
+    users = get_user_model().objects
+    return users.create_user("olga"), users.create_user("alice"), users.create_user("bob")
+
+
+def item_for(owner, approvals_needed=1):
+    agent, _ = make_agent("billing", owner=owner)
+    action = make_action(agent, "awaiting_approval")
+    return ReviewItem.objects.create(kind="approval", action=action, approvals_needed=approvals_needed,
+                                     deadline=timezone.now() + timedelta(hours=4))
+
+
+def refused(write):
+    with pytest.raises(IntegrityError, match="four eyes"), transaction.atomic():
+        write()
+
+
+def test_the_owner_may_not_record_an_approval(people):
+    olga, alice, _ = people
+    item = item_for(owner=olga, approvals_needed=2)
+    refused(lambda: Approval.objects.create(item=item, user=olga))
+    Approval.objects.create(item=item, user=alice)
+    assert list(item.approvals.values_list("user__username", flat=True)) == ["alice"]
+
+
+@pytest.mark.parametrize("outcome", [ReviewStatus.APPROVED, ReviewStatus.REJECTED])
+def test_the_owner_may_not_decide(people, outcome):
+    olga, alice, _ = people
+    item = item_for(owner=olga)
+    refused(lambda: item.decide(outcome, user=olga, verb="test", reason="mine", decided_by_label="user:olga"))
+    assert ReviewItem.objects.get(pk=item.pk).status == ReviewStatus.OPEN
+    item.decide(outcome, user=alice, verb="test", reason="four eyes", decided_by_label="user:alice")
+    assert ReviewItem.objects.get(pk=item.pk).decided_by == alice
+
+
+def test_two_approvals_come_from_two_people(people):
+    olga, alice, bob = people
+    item = item_for(owner=olga, approvals_needed=2)
+    Approval.objects.create(item=item, user=alice)
+    refused(lambda: item.decide(ReviewStatus.APPROVED, user=alice, verb="approve", reason="again",
+                                decided_by_label="user:alice"))
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Approval.objects.create(item=item, user=alice)  # the same person twice: unique per item and person
+    Approval.objects.create(item=item, user=bob)
+    item.decide(ReviewStatus.APPROVED, user=bob, verb="approve", reason="second", decided_by_label="user:bob")
+    assert ReviewItem.objects.get(pk=item.pk).status == ReviewStatus.APPROVED
+
+
+def test_a_system_close_names_no_person_and_is_left_alone(people):
+    item = item_for(owner=people[0])
+    item.close(reason="the action moved on")
+    assert ReviewItem.objects.get(pk=item.pk).status == ReviewStatus.CLOSED
