@@ -9,22 +9,9 @@ import json
 import pytest
 
 from ledger.models import Action, AuditEvent
-from tests.factories import make_agent_on, post_action_in_process, refund_body
+from tests.factories import booking_body, make_agent_on, message_body, post_action_in_process, refund_body
 
 KEY = "refund:ORD-8841:full:dec-77"
-
-
-def message_body(target="ada@example.com", **params):
-    return {"action_type": "send_message", "target": target, "decision_id": "dec-1",
-            "params": {"channel": "email", "message_type": "receipt", "body": "Thanks!", **params}}
-
-
-def booking_body(customer="CUST-17", start="2026-09-10T10:00:00Z", end="2026-09-10T11:00:00Z"):
-    body = {"action_type": "create_booking", "target": "ROOM-1", "decision_id": "dec-1",
-            "params": {"service": "massage", "start": start, "end": end}}
-    if customer is not None:
-        body["customer"] = customer
-    return body
 
 
 def without(body, field):

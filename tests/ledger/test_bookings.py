@@ -6,14 +6,9 @@ import pytest
 from django.db import IntegrityError, transaction
 
 from ledger.models import Action, Booking
-from tests.factories import make_agent_on, post_action_in_process
+from tests.factories import booking_body, make_agent_on, post_action_in_process
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("jobs_to_test_redis")]
-
-
-def booking_body(start, end, customer="CUST-17"):
-    return {"action_type": "create_booking", "target": "ROOM-1", "customer": customer,
-            "params": {"service": "massage", "start": start, "end": end}}
 
 
 @pytest.fixture
