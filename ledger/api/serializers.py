@@ -121,17 +121,24 @@ def _or_blank(value):
     return "" if value is None else value
 
 
+class ReviewSerializer(serializers.Serializer):
+    """Where a person decides on an action, and once they said no, who and why."""
+
+    url = serializers.URLField(help_text="The action's page on the dashboard.")
+    by = serializers.CharField(allow_null=True, help_text="Who rejected or cancelled it; null while undecided.")
+    reason = serializers.CharField(allow_null=True, help_text="Why; null while undecided.")
+
+
 class ActionSerializer(serializers.ModelSerializer):
     """The action resource of CONTRACT.md. The fields document the schema; the dict is
     built directly because this runs on every request and replay."""
 
     task_id = serializers.CharField(allow_null=True)
     url = serializers.CharField()
-    review = serializers.JSONField(
+    review = ReviewSerializer(
         allow_null=True,
         help_text="Null unless a person must decide (awaiting_approval, held, needs_review) or said no "
-        "(rejected, cancelled): {\"url\": the dashboard page of the action, \"by\": who decided, "
-        "\"reason\": why} (by and reason null while undecided).",
+        "(rejected, cancelled).",
     )
 
     class Meta:
