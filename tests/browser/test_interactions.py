@@ -96,3 +96,17 @@ def test_redrive_takes_3(page, people, agent):
     entry.refresh_from_db()
     assert entry.status == EntryStatus.REDRIVEN
     assert person.count == 3
+
+
+def test_reject_with_a_reason_from_the_queue_by_keyboard_takes_4(page, people, agent, limit):
+    item = open_item(refund(agent, 7, "700.00"))
+    login(page, "alice")
+    page.goto("/approvals/")
+    person = Counted(page)
+    person.press("j")  # selects the first row
+    person.press("r")  # opens its "Reject…" with the reason field focused
+    person.type(f"#reject-reason-{item.pk}", "duplicate of an earlier refund")
+    person.navigating(person.press, "Enter")
+    item.refresh_from_db()
+    assert item.status == ReviewStatus.REJECTED and item.note == "duplicate of an earlier refund"
+    assert person.count == 4
