@@ -1,4 +1,5 @@
-"""Production refuses to start with a development secret where one would be public."""
+"""Production refuses to start with a development secret where one would be public, or with
+the tests' settings."""
 
 import os
 import subprocess
@@ -14,10 +15,10 @@ PRODUCTION = {"PRODUCTION": "true", "DEBUG": "false", "ALLOWED_HOSTS": "surety.e
 CONNECTORS = {"CONNECTOR_REFUND": "sandbox", "CONNECTOR_SEND_MESSAGE": "sandbox", "CONNECTOR_CREATE_BOOKING": "sandbox"}
 
 
-def check(**env):
+def manage(*command, **env):
     keep = {k: v for k, v in os.environ.items()
             if not k.startswith(("ALERT_", "SECRET_", "DJANGO_SETTINGS", "CONNECTOR_"))}
-    return subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "manage.py", *command], cwd=ROOT, capture_output=True, text=True,
                           env={**keep, **PRODUCTION, **CONNECTORS, **env}, timeout=60)
 
 
@@ -26,24 +27,34 @@ def check(**env):
     ({"ALERT_WEBHOOK_URL": "https://alerts.example/hook"}, "ALERT_WEBHOOK_SECRET must be set"),
 ])
 def test_production_refuses_to_start_with_a_development_secret(env, refused):
-    result = check(**env)
+    result = manage("check", **env)
     assert result.returncode != 0
     assert refused in result.stderr
 
 
 def test_production_starts_with_its_secrets_set():
-    result = check(ALERT_WEBHOOK_URL="https://alerts.example/hook", ALERT_WEBHOOK_SECRET="s" * 40)
+    result = manage("check", ALERT_WEBHOOK_URL="https://alerts.example/hook", ALERT_WEBHOOK_SECRET="s" * 40)
     assert result.returncode == 0, result.stderr
 
 
 def test_production_refuses_to_start_with_an_action_type_no_connector_serves():
-    result = check(CONNECTOR_SEND_MESSAGE="")
+    result = manage("check", CONNECTOR_SEND_MESSAGE="")
     assert result.returncode != 0
     assert "surety.E001" in result.stderr and "'send_message'" in result.stderr
     assert "'refund'" not in result.stderr
 
 
 def test_production_refuses_to_start_with_a_connector_class_that_does_not_exist():
-    result = check(CONNECTOR_REFUND="payments.nowhere.Connector")
+    result = manage("check", CONNECTOR_REFUND="payments.nowhere.Connector")
     assert result.returncode != 0
     assert "surety.E002" in result.stderr and "'refund'" in result.stderr
+
+
+def test_production_never_hashes_passwords_with_the_tests_fast_hasher():
+    """tests/settings.py swaps in MD5 for speed: production neither has it nor loads that module."""
+    hashers = manage("shell", "-c", "from django.conf import settings; print(settings.PASSWORD_HASHERS)")
+    assert hashers.returncode == 0, hashers.stderr
+    assert "PasswordHasher" in hashers.stdout and "MD5" not in hashers.stdout
+    refused = manage("check", DJANGO_SETTINGS_MODULE="tests.settings")
+    assert refused.returncode != 0
+    assert "tests.settings is for the test suite" in refused.stderr
