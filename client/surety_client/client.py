@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
+from typing import Any, Protocol, TypeVar
 from urllib.parse import quote
 
 import httpx
@@ -60,7 +61,11 @@ class Action:
     def from_api(cls, body: dict[str, Any], *, replayed: bool = False) -> Action:
         review = body.get("review")
         return cls(
-            **{name: body.get(name) for name in _ACTION_FIELDS},
+            operation_key=body["operation_key"], action_type=body["action_type"], target=body["target"],
+            customer=body["customer"], decision_id=body["decision_id"], task_id=body["task_id"],
+            params=body["params"], status=body["status"], attempts=body["attempts"],
+            external_ref=body["external_ref"], result=body["result"], error=body["error"],
+            created_at=body["created_at"], updated_at=body["updated_at"], url=body["url"],
             review=Review(review["url"], review.get("by"), review.get("reason")) if review else None,
             replayed=replayed, raw=body,
         )
@@ -74,12 +79,6 @@ class Action:
     def needs_person(self) -> bool:
         """A person must decide (approve, release or resolve) before anything more happens."""
         return self.status in PERSON_STATUSES
-
-
-_ACTION_FIELDS = (
-    "operation_key", "action_type", "target", "customer", "decision_id", "task_id", "params", "status",
-    "attempts", "external_ref", "result", "error", "created_at", "updated_at", "url",
-)
 
 
 @dataclass(frozen=True)
@@ -112,7 +111,8 @@ class Checkpoint:
         return cls(
             task_id=body["task_id"], workflow=body["workflow"], state=body["state"], attempts=body["attempts"],
             max_attempts=body["max_attempts"], updated_at=body["updated_at"], url=body["url"],
-            steps={name: Step(**step) for name, step in body["steps"].items()},
+            steps={name: Step(step["status"], step.get("idempotency_key"), step.get("result"), step.get("error"))
+                   for name, step in body["steps"].items()},
             last_error=body.get("last_error"), next_attempt_at=body.get("next_attempt_at"),
             replayed=replayed, raw=body,
         )
@@ -247,7 +247,15 @@ class SuretyClient:
                                 operation_key=key, attempts=self.retries + 1)
 
 
-def _wait(read, timeout: float):
+class _Settles(Protocol):
+    @property
+    def settled(self) -> bool: ...
+
+
+Settles = TypeVar("Settles", bound=_Settles)
+
+
+def _wait(read: Callable[[float], Settles], timeout: float) -> Settles:
     """Read with the API's held wait, in slices of at most 30 s, until settled or out of time."""
     deadline = time.monotonic() + timeout
     while True:
@@ -262,7 +270,8 @@ def _seconds(wait: float) -> str:
 
 
 def _replayed(response: httpx.Response) -> bool:
-    return response.headers.get("Idempotent-Replayed") == "true"
+    header: str | None = response.headers.get("Idempotent-Replayed")
+    return header == "true"
 
 
 def _body(response: httpx.Response) -> Any:

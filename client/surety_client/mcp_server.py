@@ -22,7 +22,8 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import mcp_types as types
-from jsonschema import Draft202012Validator
+from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
+from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
@@ -32,7 +33,7 @@ from .errors import Problem, SuretyUnreachable
 PROBLEM_TYPE = "https://surety.dev/problems/"
 
 DECISION = {
-    "type": "string", "minLength": 1, "maxLength": 200,
+    "type": "string", "minLength": 1, "maxLength": 255,
     "description": "The id of the decision this call carries out. The operation key derives from it: calling "
                    "again with the same decision (after a timeout, a restart) never doubles the effect; a new "
                    "decision is a new action.",
@@ -41,6 +42,7 @@ AMOUNT = {"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)?$",
           "description": 'A decimal string such as "25.00", never a number.'}
 CURRENCY = {"type": "string", "pattern": "^[A-Za-z]{3}$", "description": "An ISO 4217 code such as EUR."}
 TEXT = {"type": "string", "minLength": 1, "maxLength": 255}
+OPTIONAL_TEXT = {"type": "string", "maxLength": 255}
 WAIT = {"type": "number", "minimum": 0, "maximum": 30, "default": 10,
         "description": "Seconds to wait for the outcome before answering (0 to 30)."}
 SECONDS = {"type": "number", "minimum": 0, "maximum": 600, "default": 30,
@@ -88,7 +90,7 @@ TOOLS = {tool.name: tool for tool in (
     Tool("refund", "Refund an order, once per decision. Above the limit a person must approve it first: the "
          "answer then says so, with the dashboard link.",
          _schema(["order", "amount", "currency", "decision_id"], order=TEXT, amount=AMOUNT, currency=CURRENCY,
-                 decision_id=DECISION, customer=TEXT, reason={"type": "string", "maxLength": 500}, wait=WAIT),
+                 decision_id=DECISION, customer=OPTIONAL_TEXT, reason={"type": "string", "maxLength": 500}, wait=WAIT),
          partial(_posted, SuretyClient.refund), {"target": "order"}),
     Tool("send_message", "Send one message to a recipient (e-mail address, or phone number in E.164 form for sms "
          "and whatsapp), once per recipient, message type and decision.",
@@ -96,7 +98,7 @@ TOOLS = {tool.name: tool for tool in (
                  channel={"type": "string", "enum": ["email", "sms", "whatsapp"]},
                  message_type={"type": "string", "minLength": 1, "maxLength": 100},
                  body={"type": "string", "minLength": 1, "maxLength": 10_000}, decision_id=DECISION,
-                 customer=TEXT, wait=WAIT),
+                 customer=OPTIONAL_TEXT, wait=WAIT),
          partial(_posted, SuretyClient.send_message), {"target": "recipient"}),
     Tool("create_booking", "Book a resource for a customer from start to end, once per decision; an "
          "overlapping booking of the same resource is refused (booking_conflict).",
@@ -129,7 +131,8 @@ TOOLS = {tool.name: tool for tool in (
 
 
 # --- answers ---------------------------------------------------------------------------------
-def _problem_body(status: int, code: str, title: str, detail: str, errors: dict[str, list[str]] | None = None):
+def _problem_body(status: int, code: str, title: str, detail: str,
+                  errors: dict[str, list[str]] | None = None) -> dict[str, Any]:
     """The API's problem+json shape, for what is refused before reaching it."""
     body: dict[str, Any] = {"type": PROBLEM_TYPE + code, "title": title, "status": status, "detail": detail,
                             "code": code}
@@ -188,7 +191,8 @@ def describe_action(action: Action) -> str:
                   f"(retryable: {(action.error or {}).get('retryable')}).",
     }
     if action.status in ("rejected", "cancelled") and action.review:
-        text = f"{action.status.capitalize()} by {action.review.by}: {action.review.reason}. Do not retry this decision."
+        text = (f"{action.status.capitalize()} by {action.review.by}: {action.review.reason}. "
+                "Do not retry this decision.")
     else:
         text = said.get(action.status, f"Still working (status {action.status}). Call wait_for_action with "
                                        f"operation_key={key!r} to wait for the outcome.")
@@ -240,11 +244,12 @@ def call(client: SuretyClient, name: str, arguments: dict[str, Any] | None) -> t
                                      f"{exc} Call again with the same decision_id: it can never double the effect."))
 
 
-def build_server(client: SuretyClient) -> Server:
-    async def list_tools(ctx, params) -> types.ListToolsResult:
+def build_server(client: SuretyClient) -> Server[Any]:
+    async def list_tools(ctx: ServerRequestContext[Any],
+                         params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
         return types.ListToolsResult(tools=[tool.as_mcp() for tool in TOOLS.values()])
 
-    async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
+    async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
         # The client blocks (it waits on the API); a thread keeps the server answering meanwhile.
         return await anyio.to_thread.run_sync(call, client, params.name, params.arguments)
 
