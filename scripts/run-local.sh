@@ -48,7 +48,7 @@ with psycopg.connect(admin, autocommit=True) as conn:
         print(f"run: created database {name}")
 PY
 say "migrating"
-"$PY" manage.py migrate --noinput
+"$PY" manage.py migrate --noinput -v 0
 if "$PY" manage.py help seed_demo >/dev/null 2>&1; then
   say "seeding demo data"
   "$PY" manage.py seed_demo
