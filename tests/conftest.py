@@ -128,7 +128,11 @@ def server(django_db_setup, django_db_blocker):
         yield Stack(base_url, env)
     finally:
         os.killpg(process.pid, signal.SIGTERM)
-        process.wait(10)
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:  # a server still up would keep the test database in use
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
 
 
 @pytest.fixture
