@@ -53,6 +53,14 @@ def test_a_taken_port_is_refused_before_anything_is_prepared_or_announced():
     assert "web app at" not in stdout and "migrating" not in stdout
 
 
+def test_make_run_does_not_install_the_browser_the_tests_use():
+    # -B: every prerequisite as if out of date, -n: print the commands without running them.
+    planned = subprocess.run(["make", "-Bn", "run"], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert planned.returncode == 0, planned.stderr
+    assert "scripts/run-local.sh" in planned.stdout
+    assert "chromium" not in planned.stdout and "apt-get" not in planned.stdout
+
+
 def login(client, username, password="demo"):
     client.get("/accounts/login/")
     token = client.cookies["csrftoken"]
