@@ -1,21 +1,28 @@
-"""A TCP relay in front of the test server whose first connections lose their answer."""
+"""A TCP relay in front of the test server whose first connections fail, as real networks do."""
 
 import socket
 import threading
+import time
+
+# What happens to the first connections (the rest are relayed untouched):
+#   lose  - the request reaches the server, which handles it; the connection closes as its
+#           answer starts, so the caller never hears (a dropped connection)
+#   stall - the same, but the answer is held for `stall` seconds first (a read timeout)
+#   503   - a load balancer's 503 without reaching the server
+FAILURES = ("lose", "stall", "503")
+UNAVAILABLE = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 
 
-class AnswerLosingProxy:
-    """Relays connections to the server at `upstream_port`. The first `lose` connections reach
-    the server with their whole request, and are closed as soon as its answer starts: the
-    request took effect, the caller never hears so (a real dropped connection, not a mock)."""
-
-    def __init__(self, upstream_port, lose=1):
+class FlakyProxy:
+    def __init__(self, upstream_port, failure="lose", times=1, stall=3.0):
+        assert failure in FAILURES
         self.upstream_port = upstream_port
-        self.lose = lose
+        self.failure = failure
+        self.times = times
+        self.stall = stall
         self.connections = 0
         self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
         threading.Thread(target=self._accept, daemon=True).start()
 
     def close(self):
@@ -28,21 +35,25 @@ class AnswerLosingProxy:
             except OSError:
                 return
             self.connections += 1
-            threading.Thread(target=self._relay, args=(caller, self.connections <= self.lose), daemon=True).start()
+            failing = self.connections <= self.times
+            threading.Thread(target=self._relay, args=(caller, failing), daemon=True).start()
 
-    def _relay(self, caller, lose_answer):
+    def _relay(self, caller, failing):
+        if failing and self.failure == "503":
+            caller.recv(65536)
+            caller.sendall(UNAVAILABLE)
+            _close(caller)
+            return
         server = socket.create_connection(("127.0.0.1", self.upstream_port))
         threading.Thread(target=_pump, args=(caller, server), daemon=True).start()
-        if lose_answer:
+        if failing:
             server.recv(1)  # the server has handled the request and starts answering
+            if self.failure == "stall":
+                time.sleep(self.stall)
         else:
             _pump(server, caller)
-        for end in (caller, server):
-            try:
-                end.shutdown(socket.SHUT_RDWR)  # wakes the other pump's recv
-            except OSError:
-                pass
-            end.close()
+        _close(caller)
+        _close(server)
 
 
 def _pump(source, sink):
@@ -52,3 +63,11 @@ def _pump(source, sink):
         sink.shutdown(socket.SHUT_WR)
     except OSError:
         pass  # the other side closed
+
+
+def _close(end):
+    try:
+        end.shutdown(socket.SHUT_RDWR)  # wakes a pump blocked reading it
+    except OSError:
+        pass
+    end.close()

@@ -102,3 +102,19 @@ def test_a_refund_task_tool_starts_the_workflow_and_answers_its_checkpoint(stack
     assert text_of(started).startswith("Task task:refund:ORD-M4:25.00EUR:dec-m4 (refund): succeeded")
     (read,) = over_mcp(stack.url, token, ("get_task", {"task_id": started.structured_content["task_id"]}))
     assert read.structured_content["steps"]["notify_customer"]["status"] == "done"
+
+
+def test_the_apis_other_problem_codes_come_through_and_an_unknown_tool_is_not_found(stack, token):
+    booking = {"resource": "ROOM-1", "service": "massage", "start": "2026-12-01T10:00:00Z",
+               "end": "2026-12-01T11:00:00Z", "wait": 0}
+    booked, clash, unknown = over_mcp(
+        stack.url, token,
+        ("create_booking", {**booking, "customer": "CUST-M5", "decision_id": "dec-m5"}),
+        ("create_booking", {**booking, "customer": "CUST-M6", "decision_id": "dec-m6"}),
+        ("cancel_everything", {}),
+    )
+    assert not booked.is_error and booked.structured_content["status"] == "queued", text_of(booked)
+    assert clash.is_error and (clash.structured_content["status"], clash.structured_content["code"]) == (
+        409, "booking_conflict")
+    assert unknown.is_error and unknown.structured_content["code"] == "not_found"
+    assert Action.objects.filter(target="ROOM-1").count() == 1
