@@ -2,6 +2,7 @@
 
 import re
 from decimal import Decimal
+from types import SimpleNamespace
 from urllib.parse import quote
 
 from django.conf import settings
@@ -186,6 +187,16 @@ def _review(action):
 
 def _utc(moment):
     return moment.isoformat().replace("+00:00", "Z")
+
+def task_id_room(workflow):
+    """The longest task id a workflow takes: its steps' keys are the task id and a suffix
+    (`:call_refund_api:v1`), and a key holds as many characters as an operation key."""
+    suffixes = [len(step.key(_NO_ID)) for step in WORKFLOWS[workflow].steps]
+    return Action._meta.get_field("operation_key").max_length - max(suffixes, default=0)
+
+
+_NO_ID = SimpleNamespace(task_id="")
+
 
 class TaskRequestSerializer(StrictSerializer):
     workflow = serializers.CharField(max_length=100)

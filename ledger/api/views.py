@@ -3,8 +3,7 @@
 import time
 
 from django.conf import settings
-from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -15,17 +14,15 @@ from ledger.models import Action, ActionStatus, Capability, Task, TaskState
 from ledger.tasks import task_request
 
 from .auth import well_formed_key
+from .openapi import (
+    ACTION_REQUEST, KEY_HEADER, REPLAYED, RETRY_AFTER, TASK_ID_HEADER, TASK_REQUEST, WAIT, ApiSchema,
+    CheckpointSerializer, intake_responses, links_to, path_key, read_responses,
+)
 from .problems import Problem
-from .serializers import ActionRequestSerializer, ActionSerializer, TaskRequestSerializer, asks_again, checkpoint
+from .serializers import (
+    ActionRequestSerializer, ActionSerializer, TaskRequestSerializer, asks_again, checkpoint, task_id_room,
+)
 
-KEY_HEADER = OpenApiParameter(
-    "Idempotency-Key", OpenApiTypes.STR, OpenApiParameter.HEADER, required=True,
-    description="The operation key: 1-255 printable ASCII characters, the same on every retry.",
-)
-WAIT = OpenApiParameter(
-    "wait", OpenApiTypes.INT, OpenApiParameter.QUERY,
-    description="Hold the answer up to this many seconds (at most 30) until the status settles.",
-)
 UNSETTLED_ACTION = {ActionStatus.QUEUED, ActionStatus.PENDING, ActionStatus.UNKNOWN}
 
 
@@ -112,10 +109,12 @@ def load_own(queryset, what):
 
 class ActionCreateView(APIView):
     finds_key = True  # see AgentTokenAuthentication
+    schema = ApiSchema()
+    openapi_links = links_to("actions_retrieve", "operation_key")
 
     @extend_schema(
-        operation_id="actions_create", parameters=[KEY_HEADER], request=ActionRequestSerializer,
-        responses={201: ActionSerializer, 200: ActionSerializer},
+        operation_id="actions_create", parameters=[KEY_HEADER, REPLAYED, RETRY_AFTER], request=ACTION_REQUEST,
+        responses=intake_responses(ActionSerializer),
         description="Request one guarded effect. Same key and body again: 200 with "
         "`Idempotent-Replayed: true`, nothing executed again.",
     )
@@ -139,7 +138,10 @@ class ActionCreateView(APIView):
 
 
 class ActionDetailView(APIView):
-    @extend_schema(operation_id="actions_retrieve", parameters=[WAIT], responses={200: ActionSerializer})
+    @extend_schema(
+        operation_id="actions_retrieve", responses=read_responses(ActionSerializer, "action"),
+        parameters=[path_key("operation_key", "The action's operation key."), WAIT, RETRY_AFTER],
+    )
     def get(self, request, operation_key):
         seconds = wait_seconds(request)
         mine = Action.objects.select_related("task").filter(agent=request.auth, operation_key=operation_key)
@@ -153,9 +155,12 @@ UNSETTLED_TASK = {TaskState.QUEUED, TaskState.RUNNING}
 
 
 class TaskCreateView(APIView):
+    schema = ApiSchema()
+    openapi_links = links_to("tasks_retrieve", "task_id")
+
     @extend_schema(
-        operation_id="tasks_create", parameters=[KEY_HEADER], request=TaskRequestSerializer,
-        responses={201: OpenApiTypes.OBJECT, 200: OpenApiTypes.OBJECT},
+        operation_id="tasks_create", parameters=[TASK_ID_HEADER, REPLAYED, RETRY_AFTER], request=TASK_REQUEST,
+        responses=intake_responses(CheckpointSerializer),
         description="Start a multi-step task; the Idempotency-Key is the task id. Returns the checkpoint.",
     )
     def post(self, request):
@@ -163,6 +168,10 @@ class TaskCreateView(APIView):
         incoming = TaskRequestSerializer(data=request.data)
         incoming.is_valid(raise_exception=True)
         data = incoming.validated_data
+        room = task_id_room(data["workflow"])
+        if len(task_id) > room:
+            raise Problem(400, "invalid", "Invalid request", f"A {data['workflow']} task's id is too long.",
+                          {"Idempotency-Key": [f"At most {room} characters: the steps' keys add their names to it."]})
         require_grant(request.auth, Capability.Kind.WORKFLOW, data["workflow"])
         return recorded(request, task_id, lambda: task_request(
             agent=request.auth, task_id=task_id, workflow=data["workflow"], input=data["input"],
@@ -170,7 +179,10 @@ class TaskCreateView(APIView):
 
 
 class TaskDetailView(APIView):
-    @extend_schema(operation_id="tasks_retrieve", parameters=[WAIT], responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(
+        operation_id="tasks_retrieve", responses=read_responses(CheckpointSerializer, "task"),
+        parameters=[path_key("task_id", "The task's id (the key it was started with)."), WAIT, RETRY_AFTER],
+    )
     def get(self, request, task_id):
         seconds = wait_seconds(request)
         mine = Task.objects.filter(agent=request.auth, task_id=task_id)

@@ -1,0 +1,39 @@
+"""A task id leaves room for its steps' keys (`{task_id}:{step}:v{version}`, each at most an
+operation key's 255 characters): a longer one is refused with a problem and writes nothing.
+Found by the schema fuzzer: a 255-character task id was a 500."""
+
+import json
+
+import pytest
+
+from ledger.api.serializers import task_id_room
+from ledger.models import AuditEvent, Task, TaskStep
+from tests.factories import make_agent_on, refund_task_body
+
+pytestmark = pytest.mark.django_db
+
+
+def post_task(client, task_id):
+    return client.post("/api/v1/tasks", data=json.dumps(refund_task_body()), content_type="application/json",
+                       headers={"Idempotency-Key": task_id})
+
+
+def test_it_refuses_a_task_id_its_steps_keys_would_not_fit_after(client):
+    make_agent_on(client)
+    events = AuditEvent.objects.count()
+    response = post_task(client, "t" * 255)
+    assert response.status_code == 400
+    assert response["Content-Type"] == "application/problem+json"
+    problem = response.json()
+    assert problem["code"] == "invalid"
+    assert problem["errors"]["Idempotency-Key"] == [
+        f"At most {task_id_room('refund')} characters: the steps' keys add their names to it."]
+    assert not Task.objects.exists() and not TaskStep.objects.exists()
+    assert AuditEvent.objects.count() == events
+
+
+def test_it_takes_the_longest_task_id_that_leaves_room(client):
+    make_agent_on(client)
+    task_id = "t" * task_id_room("refund")
+    assert post_task(client, task_id).status_code == 201
+    assert max(len(step.idempotency_key) for step in TaskStep.objects.filter(task__task_id=task_id)) == 255
