@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -74,8 +74,7 @@ def _posted(post: Callable[..., Action], client: SuretyClient, args: dict[str, A
     action = post(client, **args)
     if action.settled or not wait:
         return action
-    settled = client.wait_for(action.operation_key, timeout=wait)
-    return Action.from_api(settled.raw, replayed=action.replayed)
+    return replace(client.wait_for(action.operation_key, timeout=wait), replayed=action.replayed)
 
 
 def _started(client: SuretyClient, args: dict[str, Any]) -> Checkpoint:
@@ -83,7 +82,7 @@ def _started(client: SuretyClient, args: dict[str, Any]) -> Checkpoint:
     task = client.start_refund_task(**args)
     if task.settled or not wait:
         return task
-    return Checkpoint.from_api(client.wait_for_task(task.task_id, timeout=wait).raw, replayed=task.replayed)
+    return replace(client.wait_for_task(task.task_id, timeout=wait), replayed=task.replayed)
 
 
 TOOLS = {tool.name: tool for tool in (
