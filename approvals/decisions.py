@@ -5,6 +5,7 @@ close items), so a decision racing a webhook never deadlocks.
 """
 
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 
 from ledger.audit import actor_label
 from ledger.models import Action, AuditEvent
@@ -90,3 +91,28 @@ def _decide(item, action, user, decision, reason, external_ref):
     except InvalidTransition as exc:
         raise DecisionRefused(str(exc)) from exc
 
+
+def held_group(item):
+    """The open held items waiting with this one: held actions on its action's target or
+    customer, oldest first (this one among them)."""
+    action = item.action
+    subjects = Q(action__target=action.target) | (Q(action__customer=action.customer) if action.customer else Q())
+    return list(ReviewItem.objects.filter(subjects, kind=ReviewKind.HELD, status=ReviewStatus.OPEN)
+                .select_related("action").order_by("action_id"))
+
+
+def held_group_decide(item, *, user, release, reason):
+    """One decision for a held group: release the action `release` (a pk in the group) and
+    reject the rest, or reject them all (`release` None), with one reason for all. The one
+    released goes first, so that no rejection lets the system release another meanwhile."""
+    reason = reason.strip()
+    if not reason:
+        raise DecisionRefused("a reason is required")
+    with transaction.atomic():
+        group = held_group(item)
+        if release is not None and release not in {member.action_id for member in group}:
+            raise DecisionRefused("the action to release is not held in this group any more")
+        for member in sorted(group, key=lambda member: member.action_id != release):
+            review_decide(member, user=user, decision="release" if member.action_id == release else "reject",
+                          reason=reason)
+    return group

@@ -32,6 +32,9 @@ def review_follow_action(action, why=""):
     if item is not None and item.kind != kind:
         item.close(reason=f"the action is now {action.status}")
         item = None
+    if item is not None and why and item.why != why:  # still waiting, for another reason now
+        item.why = why
+        item.save(update_fields=["why"])
     if kind is None or item is not None:
         return item
     limit = limit_for(action.action_type, action.currency)

@@ -13,7 +13,7 @@ from ledger.dashboard import keyset_page, render_partial, staff_required
 from ledger.models import IN_FLIGHT_STATUSES, Action, ActionStatus, ActionType, AuditEvent, Capability
 
 from .access import PERM_FOR_KIND, get_review_item_for_user, user_may
-from .decisions import AlreadyDecided, DecisionRefused, review_decide
+from .decisions import AlreadyDecided, DecisionRefused, held_group, held_group_decide, review_decide
 from .forms import DecisionForm, LimitForm
 from .overview import approved_by
 from .models import Limit, ReviewItem, ReviewKind, ReviewStatus
@@ -100,6 +100,7 @@ def review_detail(request, pk):
         "customer_today": _customer_total_today(action),
         "siblings": Action.objects.filter(target=action.target).exclude(pk=action.pk).order_by("-id")[:10],
         "holding": _holding(action) if item.kind == ReviewKind.HELD else None,
+        "group": held_group(item) if item.kind == ReviewKind.HELD and item.status == ReviewStatus.OPEN else [],
         "references": _references_found(action.evidence),
         "verifying": _verification(item, action, history),
         "form": DecisionForm(),
@@ -186,6 +187,28 @@ def review_decide_view(request, pk):
     if form.cleaned_data["return_to"] == "queue":
         return redirect(QUEUES[_queue_of(item)][2])
     # On to the next item in the queue's order; the last one stays on the page it was decided on.
+    following = _next_item(item, request.user)
+    return redirect("review-detail", pk=following.pk if following else item.pk)
+
+
+@staff_required
+@require_POST
+def held_group_decide_view(request, pk):
+    """Release one action of a held group and reject the rest, or reject them all: one form."""
+    item = get_review_item_for_user(request.user, pk, to_decide=True)
+    for member in held_group(item):  # the same permission and four eyes for every one of them
+        get_review_item_for_user(request.user, member.pk, to_decide=True)
+    release = request.POST.get("release", "")
+    try:
+        group = held_group_decide(item, user=request.user, release=int(release) if release.isdigit() else None,
+                                  reason=request.POST.get("reason", ""))
+    except AlreadyDecided as exc:
+        return _refused(request, item, str(exc), 409)
+    except DecisionRefused as exc:
+        return _refused(request, item, str(exc), 400)
+    released = [m.action.operation_key for m in group if m.action_id == int(release or 0)]
+    messages.success(request, f"Group of {len(group)} decided: " + (f"{released[0]} released, the rest rejected."
+                                                                   if released else "all rejected."))
     following = _next_item(item, request.user)
     return redirect("review-detail", pk=following.pk if following else item.pk)
 

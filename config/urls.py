@@ -26,6 +26,7 @@ urlpatterns = [
     path("unknown/", approvals.review_queue, {"queue": "unknown"}, name="unknown-outcomes"),
     path("review/<int:pk>/", approvals.review_detail, name="review-detail"),
     path("review/<int:pk>/decide", approvals.review_decide_view, name="review-decide"),
+    path("review/<int:pk>/group", approvals.held_group_decide_view, name="held-group-decide"),
     path("policies/", approvals.policies, name="policies"),
     path("dlq/", dlq.deadletter_queue, name="deadletter-queue"),
     path("dlq/bulk", dlq.deadletter_bulk, name="deadletter-bulk"),

@@ -54,11 +54,15 @@ def _lock_subjects(target, customer):
             cursor.execute("SELECT ledger_lock_subjects(%s, %s)", [target, customer])
 
 
+def _subjects(action):
+    return [Q(target=action.target)] + ([Q(customer=action.customer)] if action.customer else [])
+
+
 def _siblings(action):
     """The other actions in flight on its target or customer, locked, oldest first. One
     index lookup per subject: an OR, planned once while the table was small, could stay a
     sequential scan."""
-    subjects = [Q(target=action.target)] + ([Q(customer=action.customer)] if action.customer else [])
+    subjects = _subjects(action)
     found = {}
     for subject in subjects:
         in_flight = Action.objects.select_for_update().filter(subject, status__in=IN_FLIGHT_STATUSES)
@@ -218,3 +222,38 @@ def booking_follow_action(action, previous, actor):
         Booking.objects.select_for_update().get(action=action).confirm()
     elif action.status in (S.REJECTED, S.CANCELLED) or (action.status == S.FAILED and not action.is_retryable_failure):
         Booking.objects.select_for_update().get(action=action).release()
+
+
+SETTLED = {S.SUCCEEDED, S.FAILED, S.REJECTED, S.CANCELLED}
+
+
+def held_release_when_settled(action, previous, actor):
+    """After every move of an action: once it settles, the actions it held are looked at
+    again in the same transaction, oldest first. One that nothing else holds (no action in
+    flight on its target or customer that is not itself held) is released: queued, or
+    awaiting approval if its limit says so; the next one is then held by it, with that reason.
+
+    What a person decides stays theirs: a held action they reject or cancel lets go of
+    nothing, and when one they released out of a held group settles, the rest of the group
+    waits for their decision too (approvals.decisions.held_group_decide) — two requests for
+    one order close together must not both run because one of them was let through. A failure
+    that may still be retried keeps what it held: it may run again."""
+    if action.status not in SETTLED or action.is_retryable_failure or previous == S.HELD:
+        return
+    if not any(Action.objects.filter(subject, status=S.HELD).exists() for subject in _subjects(action)):
+        return  # the common case, one indexed look per subject
+    _lock_subjects(action.target, action.customer)
+    from_a_group = AuditEvent.objects.history(action).filter(verb="released").exists()
+    for held in [s for s in _siblings(action) if s.status == S.HELD]:
+        holders = [s for s in _siblings(held) if s.status != S.HELD]
+        if holders or from_a_group:
+            reason = (f"{holders[0].operation_key} is in flight for the same target or customer" if holders else
+                      f"{action.operation_key}, released from this held group by a person, is {action.status}: "
+                      "the rest wait for a person's decision")
+            AuditEvent.objects.record(actor="system:intake", verb="still_held", obj=held, reason=reason)
+            hooks.recorded(held, reason)
+            continue
+        verdict = hooks.policy().verdict_for_request(action_type=held.action_type, amount=held.amount,
+                                                     currency=held.currency, customer=held.customer, recorded=held)
+        held.release(actor="system:intake", needs_approval=bool(verdict.approvals_needed),
+                     reason=f"{action.operation_key} is {action.status}: nothing else holds it")

@@ -13,16 +13,18 @@ class LedgerConfig(AppConfig):
 
     def ready(self):
         from . import checks  # noqa: F401 (registers the system checks)
-        from .actions import action_ring_when_due, booking_follow_action
+        from .actions import action_ring_when_due, booking_follow_action, held_release_when_settled
         from .hooks import on_move
         from .models import Action, Task
         from .tasks import task_follow_action, task_ring_when_queued
 
         # The ledger's own reactions come first: a move rings the drains, a booking's slot
-        # follows its action, and a task waiting on an action wakes when it is decided.
+        # follows its action, a task waiting on an action wakes when it is decided, and a
+        # settled action lets go of what it held.
         on_move(Action, action_ring_when_due)
         on_move(Action, booking_follow_action)
         on_move(Action, task_follow_action)
+        on_move(Action, held_release_when_settled)
         on_move(Task, task_ring_when_queued)
         # Said once per process, so whoever starts the app knows where work will run.
         if not settings.RQ_ASYNC and "test" not in sys.argv[1:2]:

@@ -40,8 +40,9 @@ class NoLimits:
         an API request (so a request costs no statement of its own for the limits)."""
         return Value(None)
 
-    def verdict_for_request(self, *, action_type, amount, currency, customer, limits_version=None,
+    def verdict_for_request(self, *, action_type, amount, currency, customer, recorded=None, limits_version=None,
                             lock_subjects=None):
+        """`recorded`: the action itself, when it is already in the ledger (a held one released)."""
         return RUN
 
     def needs_person_after_verification(self, action):
@@ -69,7 +70,7 @@ def moved(obj, previous, actor):
 
 def on_record(reaction):
     """`reaction(action, reason)` runs in the transaction that records a new action that is
-    not simply queued (held, or awaiting approval)."""
+    not simply queued (held, or awaiting approval), or that keeps one held for a new reason."""
     _on_record.append(reaction)
 
 

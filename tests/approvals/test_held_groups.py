@@ -1,0 +1,118 @@
+"""Held groups: when the action that held others settles, they are looked at again in the same
+transaction (released, or kept held with the new reason); a person decides a whole group in
+one interaction; two requests for one order close together end with exactly one effect."""
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from approvals.decisions import DecisionRefused, held_group, held_group_decide
+from approvals.models import ReviewItem, ReviewKind, ReviewStatus
+from ledger.actions import action_request
+from ledger.models import Action, ActionStatus
+from tests.conftest import wait_until
+from tests.factories import agent_api, audit_events, make_agent, refund_body, sandbox_list
+
+S = ActionStatus
+
+
+def refund(agent, key, order="ORD-1", customer=""):
+    return action_request(agent=agent, operation_key=key, action_type="refund", target=order, customer=customer,
+                          params={"amount": "25.00", "currency": "EUR"})[0]
+
+
+def status(action):
+    return Action.objects.get(pk=action.pk).status
+
+
+@pytest.fixture
+def agent(db, jobs_to_test_redis):
+    return make_agent("billing")[0]
+
+
+@pytest.fixture
+def approver(db):
+    return get_user_model().objects.create_superuser("alice", password=None)
+
+
+def running(action):
+    return Action.objects.get(pk=action.pk).claim(owner="host:tests")
+
+
+@pytest.mark.django_db
+def test_when_the_holder_succeeds_the_held_one_is_released_at_once(agent):
+    first = running(refund(agent, "r1"))
+    second = refund(agent, "r2")
+    assert status(second) == S.HELD
+
+    first.mark_succeeded(actor="system:executor", external_ref="re_1", claim=first.fence)
+
+    assert status(second) == S.QUEUED
+    [released] = audit_events(second, "released")
+    assert released.reason == "r1 is succeeded: nothing else holds it"
+    assert not ReviewItem.objects.filter(action=second, status=ReviewStatus.OPEN).exists()
+
+
+@pytest.mark.django_db
+def test_the_next_one_stays_held_with_the_new_reason(agent):
+    first = running(refund(agent, "r1"))
+    second, third = refund(agent, "r2"), refund(agent, "r3")
+
+    first.mark_failed(actor="system:executor", code="declined", message="no", retryable=False, claim=first.fence)
+
+    assert (status(second), status(third)) == (S.QUEUED, S.HELD)
+    [still] = audit_events(third, "still_held")
+    assert still.reason == "r2 is in flight for the same target or customer"
+    assert ReviewItem.objects.get(action=third, status=ReviewStatus.OPEN).why == still.reason
+
+
+@pytest.mark.django_db
+def test_a_failure_that_may_be_retried_keeps_what_it_held(agent):
+    first = running(refund(agent, "r1"))
+    second = refund(agent, "r2")
+    first.mark_failed(actor="system:executor", code="x", message="x", retryable=True, claim=first.fence)
+    assert status(second) == S.HELD
+
+
+@pytest.mark.django_db
+def test_one_decision_releases_one_and_rejects_the_rest(agent, approver):
+    first = refund(agent, "r1")
+    second, third = refund(agent, "r2"), refund(agent, "r3")
+    assert {status(a) for a in (first, second, third)} == {S.HELD}  # the first had not started: held with them
+    item = ReviewItem.objects.get(action=second, status=ReviewStatus.OPEN)
+    assert [m.action_id for m in held_group(item)] == [first.pk, second.pk, third.pk]
+
+    held_group_decide(item, user=approver, release=third.pk, reason="the newest one has the right amount")
+
+    assert (status(first), status(second), status(third)) == (S.REJECTED, S.REJECTED, S.QUEUED)
+    assert not ReviewItem.objects.filter(kind=ReviewKind.HELD, status=ReviewStatus.OPEN).exists()
+
+
+@pytest.mark.django_db
+def test_reject_all_rejects_all_and_a_reason_is_required(agent, approver):
+    first, second = refund(agent, "r1"), refund(agent, "r2")
+    item = ReviewItem.objects.get(action=first, status=ReviewStatus.OPEN)
+    with pytest.raises(DecisionRefused):
+        held_group_decide(item, user=approver, release=None, reason="  ")
+    held_group_decide(item, user=approver, release=None, reason="duplicates of one refund")
+    assert (status(first), status(second)) == (S.REJECTED, S.REJECTED)
+
+
+def test_two_requests_for_one_order_close_together_end_with_exactly_one_effect(stack, client):
+    """The replay case: both held, one decision on the page, exactly one refund at the provider."""
+    api = agent_api(stack.url, "billing")
+    for key in ("refund:ORD-77:a", "refund:ORD-77:b"):
+        assert api.post("/api/v1/actions", headers={"Idempotency-Key": key},
+                        json=refund_body("ORD-77", customer="")).status_code == 201
+    first, second = Action.objects.order_by("id")
+    assert {status(first), status(second)} == {S.HELD}
+    approver = get_user_model().objects.create_superuser("alice", password=None)
+    client.force_login(approver)
+    item = ReviewItem.objects.get(action=first, status=ReviewStatus.OPEN)
+    assert 'id="group-form"' in client.get(f"/review/{item.pk}/").content.decode()
+
+    client.post(f"/review/{item.pk}/group", {"release": first.pk, "reason": "one refund for this order"})
+    stack.start_worker()
+
+    wait_until(lambda: status(first) == S.SUCCEEDED, message="the released refund to succeed")
+    assert status(second) == S.REJECTED
+    assert len(sandbox_list(api, "refunds", order_id="ORD-77")) == 1
