@@ -18,8 +18,7 @@ import pytest
 import redis
 from django.core.management import call_command
 from django.db import connection
-from ledger import jobs
-from ledger.connectors import http
+from ledger import compiled, jobs
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -179,6 +178,4 @@ def live_server(live_server):
     test: a connection kept alive holds a request thread of the server, and that thread's
     database connection, open until the run ends, and the test database could not be dropped."""
     yield live_server
-    for client in http._clients.values():
-        client.close()
-    http._clients.clear()
+    compiled.CACHES["ledger.connectors.http._clients"].clear()

@@ -46,7 +46,17 @@ class Rejected(ProviderError):
 
 
 _clients = {}
-register_cache("ledger.connectors.http._clients", holds="one pooled HTTP client per process", clear=_clients.clear,
+
+
+def _close_clients():
+    """Close the pooled connections too: an idle one may hold a server's thread (and its
+    database connection) open."""
+    for client in _clients.values():
+        client.close()
+    _clients.clear()
+
+
+register_cache("ledger.connectors.http._clients", holds="one pooled HTTP client per process", clear=_close_clients,
                stale_when="the process forks (the key is its pid)")
 
 
