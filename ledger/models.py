@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from . import hooks
 from .audit import AuditEvent, ChainCheck  # noqa: F401 (models of this app, defined beside their manager)
+from .authority import Grant, GrantState, ReplayRun  # noqa: F401 (models of this app, see authority.py)
 from .compiled import Compiled, update
 from .statemachine import InvalidTransition, LeasedWork, StaleClaim, check_move  # noqa: F401 (re-exported)
 
@@ -143,6 +144,8 @@ class ActionStatus(models.TextChoices):
     FAILED = "failed"
     REJECTED = "rejected"
     CANCELLED = "cancelled"
+    # Requested under a shadow grant: recorded and fingerprinted, never executed (ledger.grants).
+    SHADOW = "shadow"
 
 
 S = ActionStatus
@@ -160,6 +163,8 @@ ACTION_TRANSITIONS = {
     S.SUCCEEDED: set(),
     S.REJECTED: set(),
     S.CANCELLED: set(),
+    # Recorded as it is and final: nothing may ever make it pending.
+    S.SHADOW: set(),
 }
 # An action in one of these blocks others on the same target or customer.
 IN_FLIGHT_STATUSES = {S.QUEUED, S.PENDING, S.UNKNOWN, S.AWAITING_APPROVAL, S.HELD, S.NEEDS_REVIEW}

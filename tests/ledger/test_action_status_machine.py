@@ -25,6 +25,7 @@ EXPECTED = {
     "succeeded": set(),
     "rejected": set(),
     "cancelled": set(),
+    "shadow": set(),  # recorded under a shadow grant, never executed: nothing makes it pending
 }
 ALL_PAIRS = list(itertools.product(S.values, S.values))
 ALLOWED = [(a, b) for a, b in ALL_PAIRS if b in EXPECTED[a]]
