@@ -7,8 +7,9 @@
 
 The same call with the same decision gives the same key, so a retry, a restarted agent or the
 model reaching the decision again never doubles the effect; a new decision is a new key.
-Keys are 1-255 printable ASCII characters (the API's rule): a key that would be longer, or
-holds other characters, is `{kind}:sha256:{hex digest of the long form}` instead.
+Keys are 1-255 printable ASCII characters (the API's rule), and a task id at most 200, as the
+keys of its steps (`{task_id}:call_refund_api:v1`) must fit in 255 too: a key that would be
+longer, or holds other characters, is `{kind}:sha256:{hex digest of the long form}` instead.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ import hashlib
 from decimal import Decimal
 
 MAX_KEY = 255
+MAX_TASK_ID = 200
 
 
-def operation_key(kind: str, *parts: object) -> str:
+def operation_key(kind: str, *parts: object, limit: int = MAX_KEY) -> str:
     key = ":".join([kind, *(str(part) for part in parts)])
-    if len(key) <= MAX_KEY and key.isascii() and key.isprintable():
+    if len(key) <= limit and key.isascii() and key.isprintable():
         return key
     return f"{kind}:sha256:{hashlib.sha256(key.encode()).hexdigest()}"
 
@@ -39,4 +41,4 @@ def booking_key(resource: str, customer: str, service: str, start: str, end: str
 
 
 def refund_task_id(order: str, amount: str | Decimal, currency: str, decision_id: str) -> str:
-    return operation_key("task:refund", order, f"{amount}{currency.upper()}", decision_id)
+    return operation_key("task:refund", order, f"{amount}{currency.upper()}", decision_id, limit=MAX_TASK_ID)

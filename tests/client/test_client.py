@@ -7,7 +7,7 @@ from django.contrib.auth import get_user_model
 
 from approvals.decisions import review_decide
 from approvals.models import Limit, ReviewItem
-from ledger.models import Action
+from ledger.models import Action, Task
 from surety_client import (
     Forbidden,
     IdempotencyKeyReused,
@@ -17,7 +17,7 @@ from surety_client import (
     Unauthenticated,
     refund_key,
 )
-from tests.factories import api_client, make_agent, sandbox_list, sandbox_order
+from tests.factories import api_client, make_agent, sandbox_list, sandbox_order, settled
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -113,6 +113,7 @@ def test_a_refund_task_is_started_once_and_its_checkpoint_read_until_done(stack,
     started = agent_client.start_refund_task(**task_input)
     assert started.task_id == "task:refund:ORD-C9:25.00EUR:dec-c9" and not started.replayed
     assert agent_client.start_refund_task(**task_input).replayed
+    settled(Task.objects.get(task_id=started.task_id), seconds=60)  # sweeping, as the sweeper would
     done = agent_client.wait_for_task(started.task_id, timeout=30)
     assert done.state == "succeeded", done.raw
     assert list(done.steps) == ["lookup_order", "call_refund_api", "write_confirmation", "notify_customer"]

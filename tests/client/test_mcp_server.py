@@ -11,8 +11,8 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from approvals.decisions import review_decide
 from approvals.models import Limit, ReviewItem
-from ledger.models import Action
-from tests.factories import api_client, make_agent, sandbox_order
+from ledger.models import Action, Task
+from tests.factories import api_client, make_agent, sandbox_order, settled
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -96,12 +96,15 @@ def test_a_refund_task_tool_starts_the_workflow_and_answers_its_checkpoint(stack
         sandbox_order(provider, "ORD-M4", "CUST-M4")
     stack.start_worker()
     arguments = {"order": "ORD-M4", "amount": "25.00", "currency": "EUR", "customer": "CUST-M4",
-                 "decision_id": "dec-m4", "wait": 30}
+                 "decision_id": "dec-m4", "wait": 0}
     (started,) = over_mcp(stack.url, token, ("start_refund_task", arguments))
-    assert not started.is_error and started.structured_content["state"] == "succeeded", text_of(started)
-    assert text_of(started).startswith("Task task:refund:ORD-M4:25.00EUR:dec-m4 (refund): succeeded")
-    (read,) = over_mcp(stack.url, token, ("get_task", {"task_id": started.structured_content["task_id"]}))
-    assert read.structured_content["steps"]["notify_customer"]["status"] == "done"
+    task_id = "task:refund:ORD-M4:25.00EUR:dec-m4"
+    assert not started.is_error and started.structured_content["task_id"] == task_id, text_of(started)
+    assert text_of(started).startswith(f"Task {task_id} (refund): queued")
+    settled(Task.objects.get(task_id=task_id), seconds=60)  # sweeping, as the sweeper would
+    (done,) = over_mcp(stack.url, token, ("wait_for_task", {"task_id": task_id}))
+    assert done.structured_content["state"] == "succeeded", text_of(done)
+    assert done.structured_content["steps"]["notify_customer"]["status"] == "done"
 
 
 def test_the_apis_other_problem_codes_come_through_and_an_unknown_tool_is_not_found(stack, token):
