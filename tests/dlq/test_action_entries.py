@@ -11,12 +11,14 @@ from django.contrib.auth.models import Group
 from django.core import mail
 from django.core.management import call_command
 from django.db import IntegrityError, transaction
+from guardian.shortcuts import assign_perm
 
 from dlq.alerts import alert_deliver, channels
 from dlq.entries import deadletter_discard, deadletter_redrive, deadletter_resolve
 from dlq.models import Alert, DeadLetter, EntryStatus
+from ledger.access import WORK_DLQ
 from ledger.executor import action_claim_next, action_run_claimed
-from ledger.models import Action, Agent, InvalidTransition, Task
+from ledger.models import Action, Agent, Capability, InvalidTransition, Task
 from tests.conftest import free_port, wait_until
 from tests.factories import (api_client, audit_events, dead_letter, make_action, make_agent, post_action, refund_body,
                              sandbox, sandbox_list)
@@ -45,9 +47,12 @@ def agent(stack, owner):
 
 @pytest.fixture
 def operator(stack):
+    """olga, an operator granted the dead-letter permission on refunds (the action type: an
+    action's entry is worked with the permission on its type, a task's on its workflow)."""
     call_command("setup_roles", verbosity=0)
     user = User.objects.create_user(username="olga", password=None)
     user.groups.add(Group.objects.get(name="operators"))
+    assign_perm(f"ledger.{WORK_DLQ}", user, Capability.objects.get(kind="action_type", name="refund"))
     return user
 
 
@@ -177,8 +182,10 @@ def test_the_dashboard_refuses_a_refusals_redrive_without_a_reason_and_a_person_
     assert page.status_code == 200
     html = page.content.decode()
     assert "refund:ORD-PAGE:full:dec-1" in html and 'id="action-row"' in html and "Action history" in html
+    assert 'id="redrive-form"' in html and "say what was fixed" in html
 
-    client.post(f"/dlq/{entry.pk}/redrive", {"reason": ""})
+    answer = client.post(f"/dlq/{entry.pk}/redrive", {"reason": ""}, follow=True)
+    assert answer.status_code == 200 and "Not done: a reason is required" in answer.content.decode()
     assert DeadLetter.objects.get(pk=entry.pk).status == E.OPEN
     assert Action.objects.get(pk=entry.action_id).status == "failed"
 
