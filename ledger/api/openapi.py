@@ -21,7 +21,7 @@ from ledger.models import ActionType, StepStatus, TaskState
 from ledger.validation import MAX_AMOUNT, StrictSerializer
 from ledger.workflows import WORKFLOWS
 
-from .serializers import PARAMS, ActionRequestSerializer, TaskRequestSerializer, task_id_room
+from .serializers import PARAMS, PHONE, ActionRequestSerializer, TaskRequestSerializer, task_id_room
 
 PROBLEM_JSON = "application/problem+json"
 
@@ -141,6 +141,11 @@ def read_responses(resource, what):
         (400, PROBLEM_JSON): problem("`invalid`: `wait` is not a number of seconds from 0 to 30."),
         **COMMON_PROBLEMS,
         (404, PROBLEM_JSON): problem(f"`not_found`: no such {what}, or another agent's."),
+        # gunicorn's own answer, before the request reaches the API; a reverse proxy in front
+        # may answer it first, in its own words.
+        (414, "text/html"): OpenApiResponse(
+            {"type": "string"}, description="The query string makes the request line longer than the web "
+            "server takes (gunicorn: 4094 bytes)."),
     }
 
 
@@ -201,15 +206,13 @@ _ACTION_FIELDS = {
     ActionType.CREATE_BOOKING: {"customer": serializers.CharField(max_length=255, help_text="Who the booking is for.")},
 }
 
+ACTION_REQUESTS = {
+    str(action_type): _variant(ActionRequestSerializer, f"{_camel(action_type)}ActionRequest",
+                               "action_type", str(action_type), "params", params, **_ACTION_FIELDS.get(action_type, {}))
+    for action_type, params in PARAMS.items()
+}
 ACTION_REQUEST = PolymorphicProxySerializer(
-    component_name="ActionRequest",
-    serializers={
-        str(action_type): _variant(ActionRequestSerializer, f"{_camel(action_type)}ActionRequest",
-                                   "action_type", str(action_type), "params", params,
-                                   **_ACTION_FIELDS.get(action_type, {}))
-        for action_type, params in PARAMS.items()
-    },
-    resource_type_field_name="action_type",
+    component_name="ActionRequest", serializers=ACTION_REQUESTS, resource_type_field_name="action_type",
 )
 TASK_REQUEST = PolymorphicProxySerializer(
     component_name="TaskRequest",
@@ -319,3 +322,30 @@ class RefundParamsSchema(OpenApiSerializerExtension):
             group["properties"]["amount"]["pattern"] = _amount_pattern(digits)
             groups.append(group)
         return {"oneOf": groups}
+
+
+class MessageRequestSchema(OpenApiSerializerExtension):
+    """A message's recipient (`target`) is an e-mail address for the email channel and an
+    E.164 phone number for the others: one schema per kind of recipient. The channels are
+    patterns, not enums, for the reason RefundParamsSchema gives."""
+
+    target_class = ACTION_REQUESTS[ActionType.SEND_MESSAGE]
+    priority = 1  # before StrictSerializerSchema, which it builds on
+
+    def map_serializer(self, auto_schema, direction):
+        schema = StrictSerializerSchema(self.target).map_serializer(auto_schema, direction)
+        params = schema["properties"]["params"]
+        recipients = [
+            (["email"], {"type": "string", "format": "email", "maxLength": 255, "description": "An e-mail address."}),
+            (["sms", "whatsapp"], {"type": "string", "pattern": f"^{PHONE.pattern}$",
+                                   "description": "A phone number in E.164 form (+4930123456)."}),
+        ]
+        kinds = []
+        for channels, target in recipients:
+            kind = copy.deepcopy(schema)
+            kind.pop("description", None)
+            kind["properties"]["target"] = target
+            kind["properties"]["params"] = {"allOf": [params, {"type": "object", "properties": {
+                "channel": {"type": "string", "pattern": f"^({'|'.join(channels)})$"}}}]}
+            kinds.append(kind)
+        return {"oneOf": kinds, "description": schema.get("description", "")}
