@@ -12,7 +12,6 @@ import pycountry
 from drf_spectacular.extensions import OpenApiSerializerExtension, OpenApiSerializerFieldExtension
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.plumbing import get_doc
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, PolymorphicProxySerializer, extend_schema_field
 from rest_framework import serializers
 
@@ -114,6 +113,12 @@ def links_to(operation_id, parameter):
     return {"201": link, "200": link}
 
 
+COMMON_PROBLEMS = {
+    (401, PROBLEM_JSON): problem("`unauthenticated`: no token, or an unknown or revoked one."),
+    (429, PROBLEM_JSON): problem("`throttled`: too many requests from this agent (see Retry-After)."),
+}
+
+
 def intake_responses(resource):
     """What both intakes answer (CONTRACT.md), each problem with its media type."""
     return {
@@ -127,12 +132,6 @@ def intake_responses(resource):
                                      "(another agent's message to this recipient, type and decision)."),
         (422, PROBLEM_JSON): problem("`idempotency_key_reused`: the key names a different request."),
     }
-
-
-COMMON_PROBLEMS = {
-    (401, PROBLEM_JSON): problem("`unauthenticated`: no token, or an unknown or revoked one."),
-    (429, PROBLEM_JSON): problem("`throttled`: too many requests from this agent (see Retry-After)."),
-}
 
 
 def read_responses(resource, what):
@@ -172,13 +171,13 @@ def _variant(base, name, discriminator, value, payload_field, payload, **fields)
         "__doc__": f"{base.__name__.removesuffix('Serializer')} with {discriminator} {value!r}.",
         discriminator: _only(discriminator, value),
         payload_field: payload(),
-        **({"task_id": _ALWAYS_NULL()} if "task_id" in base._declared_fields else {}),
+        **({"task_id": AlwaysNull()} if "task_id" in base._declared_fields else {}),
     })
 
 
 @extend_schema_field({"type": "string", "nullable": True, "minLength": 1, "maxLength": 0,
                       "description": "null or left out: only a workflow's steps add actions to a task."})
-class _ALWAYS_NULL(serializers.CharField):
+class AlwaysNull(serializers.CharField):
     """No string is allowed (the serializer refuses any), which JSON Schema 3.0 can only
     say as a string no length fits."""
 
@@ -335,10 +334,11 @@ class MessageRequestSchema(OpenApiSerializerExtension):
     def map_serializer(self, auto_schema, direction):
         schema = StrictSerializerSchema(self.target).map_serializer(auto_schema, direction)
         params = schema["properties"]["params"]
-        recipients = [
+        phones = [c for c in PARAMS[ActionType.SEND_MESSAGE]().fields["channel"].choices if c != "email"]
+        recipients = [  # as ActionRequestSerializer._check_recipient tells them apart
             (["email"], {"type": "string", "format": "email", "maxLength": 255, "description": "An e-mail address."}),
-            (["sms", "whatsapp"], {"type": "string", "pattern": f"^{PHONE.pattern}$",
-                                   "description": "A phone number in E.164 form (+4930123456)."}),
+            (phones, {"type": "string", "pattern": f"^{PHONE.pattern}$",
+                      "description": "A phone number in E.164 form (+4930123456)."}),
         ]
         kinds = []
         for channels, target in recipients:
