@@ -87,8 +87,11 @@ def action_by_pk(pk):
 
 
 def action_request(*, agent, operation_key, action_type, target, params, customer="", decision_id="", task=None,
-                   limits_version=None):
+                   limits_version=None, shadow=False):
     """Return `(action, created)`: the row for this key, created now or as it stands.
+
+    Under a shadow grant (`shadow`, see ledger.grants) the action is recorded `shadow` and
+    nothing else happens: no limits, no hold, no slot, no executor.
 
     1. Ask the limits (`limits_version`: as the request read it, see approvals/intake.py):
        `queued`, or `awaiting_approval` above them.
@@ -112,9 +115,10 @@ def action_request(*, agent, operation_key, action_type, target, params, custome
     currency = params.get("currency", "")
     try:
         with transaction.atomic():
-            verdict = hooks.policy().verdict_for_request(action_type=action_type, amount=amount, currency=currency, customer=customer,
-                                          limits_version=limits_version, lock_subjects=lambda: _lock_subjects(target, customer))
-            status = S.AWAITING_APPROVAL if verdict.approvals_needed else S.QUEUED
+            verdict = None if shadow else hooks.policy().verdict_for_request(
+                action_type=action_type, amount=amount, currency=currency, customer=customer,
+                limits_version=limits_version, lock_subjects=lambda: _lock_subjects(target, customer))
+            status = S.SHADOW if shadow else S.AWAITING_APPROVAL if verdict.approvals_needed else S.QUEUED
             action = insert(Action(
                 operation_key=operation_key, fingerprint=print_, action_type=action_type, target=target,
                 customer=customer, params=params, amount=amount, currency=currency, decision_id=decision_id,
@@ -128,13 +132,15 @@ def action_request(*, agent, operation_key, action_type, target, params, custome
                 )
             elif action.status == S.HELD:  # a worker settled the one the insert saw, meanwhile
                 reason = "another action was in flight for the same target or customer when it was recorded"
+            elif shadow:
+                reason = "requested under a shadow grant: recorded, never executed"
             else:
                 reason = verdict.reason if action.status == S.AWAITING_APPROVAL else ""
-            if action_type == ActionType.CREATE_BOOKING:
+            if action_type == ActionType.CREATE_BOOKING and not shadow:
                 _book(action)
             AuditEvent.objects.record(actor=agent, verb="requested", obj=action, after={"status": action.status},
                                       reason=reason)
-            if action.status != S.QUEUED:
+            if action.status not in (S.QUEUED, S.SHADOW):
                 hooks.recorded(action, reason)
             for sibling in siblings:
                 if sibling.status in (S.QUEUED, S.AWAITING_APPROVAL):  # not started: held with it

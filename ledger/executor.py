@@ -23,8 +23,9 @@ from django.utils import timezone
 
 from . import hooks
 from .compiled import Compiled
-from .connectors import connector_for, http
+from .connectors import http
 from .connectors.base import write_permit
+from .connectors.test_mode import connector_for_action
 from .jobs import drain
 from .models import Action, ActionStatus, InvalidTransition, StaleClaim, TaskState
 from .retry import backoff_until
@@ -86,7 +87,7 @@ def action_run_claimed(action):
     if left < settings.CONNECTOR_TIMEOUT + settings.LEASE_MARGIN_SECONDS:
         logger.warning("%s: lease too short to call (%.1fs left); leaving it to the sweeper", action, left)
         return action
-    connector = connector_for(action.action_type)
+    connector = connector_for_action(action)
     try:
         with write_permit(action):
             effect = connector.perform(action)
@@ -114,7 +115,7 @@ def action_run_claimed(action):
 def action_verify(action):
     """Branch 3: the outcome is unknown; the provider's answer decides, never a blind retry."""
     claim = action.fence
-    lookup = connector_for(action.action_type).find_effect(action)
+    lookup = connector_for_action(action).find_effect(action)
     evidence = _evidence(action, {"verification": lookup.evidence, "found": lookup.found})
     if lookup.found is None:
         return _settle(action.mark_needs_review, actor=EXECUTOR, claim=claim, evidence=evidence,

@@ -1,18 +1,39 @@
-"""Which agent may request which action type or start which workflow (django-guardian).
+"""Which agent may request which action type or start which workflow (django-guardian), and
+whether its grant for an action type is live or shadow.
 
-Checked here and nowhere else; every grant and revoke is audited.
+Checked here and nowhere else; every grant, promotion and revoke is audited.
+
+A grant for an action type starts `shadow`: the agent's actions are recorded and
+fingerprinted, never executed (the intake records them `shadow`). A person with the right to
+manage agents, never the agent's owner (four eyes), promotes it to `live` with a reason and a
+review date, and only while the connector has a passing replay run for its current version
+(ledger.replay). Past the review date it is shadow again unless renewed; that is read at each
+check, so no job is needed. A revoke takes the permission and the live state away at once.
 """
 
+from datetime import timedelta
+
+from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.db.models import CharField, F
 from django.db.models.functions import Cast
+from django.utils import timezone
 from guardian.models import UserObjectPermission
 from guardian.shortcuts import assign_perm, remove_perm
 
 from .compiled import register_cache
-from .models import Agent, AuditEvent, Capability
+from .connectors import NoConnector
+from .connectors.test_mode import connector_version
+from .models import Agent, AuditEvent, Capability, Grant, GrantState, ReplayRun
 
 USE = "ledger.use_capability"
+# How long a promotion lasts unless the person promoting says otherwise, and at most.
+REVIEW_DAYS = 90
+MAX_REVIEW_DAYS = 365
+
+
+class GrantRefused(ValueError):
+    """A promotion that the rules refuse (four eyes, no passing replay run, no reason...)."""
 
 
 def capability(kind, name):
@@ -21,43 +42,126 @@ def capability(kind, name):
 
 _checked = {}
 _CHECKED_MAX = 10_000
-register_cache("ledger.grants._checked", holds="whether an agent holds a grant, by its grants_version",
-               stale_when="a grant or revoke bumps the agent's grants_version (read with every request)",
+register_cache("ledger.grants._checked", holds="an agent's grant and its live-until date, by its grants_version",
+               stale_when="a grant, promotion or revoke bumps the agent's grants_version (read with every request)",
                clear=_checked.clear)
 
 
-def agent_may(agent, kind, name):
-    """Cached per process under the agent's `grants_version`, which every grant and revoke
-    bumps: the agent row read for this very request says whether the cache is current."""
+def grant_state(agent, kind, name, now=None):
+    """None without a grant, else `GrantState.LIVE` or `SHADOW`. A workflow's grant is live
+    once given: the replay set is run per action type.
+
+    Cached per process under the agent's `grants_version`, which every grant, promotion and
+    revoke bumps: the agent row read for this very request says whether the cache is
+    current. The review date is compared with the clock at each call."""
     key = (agent.pk, agent.grants_version, kind, name)
     if key not in _checked:
         if len(_checked) >= _CHECKED_MAX:
             _checked.clear()
         _checked[key] = _agent_holds(agent, kind, name)
-    return _checked[key]
+    held, live_until = _checked[key]
+    if not held:
+        return None
+    if kind == Capability.Kind.WORKFLOW or (live_until and live_until > (now or timezone.now())):
+        return GrantState.LIVE
+    return GrantState.SHADOW
+
+
+def agent_may(agent, kind, name):
+    return grant_state(agent, kind, name) is not None
 
 
 def _agent_holds(agent, kind, name):
-    """Joined by natural keys rather than through the process's content-type cache;
-    agents hold no group grants."""
-    return UserObjectPermission.objects.filter(
+    """(holds the permission, live until). Joined by natural keys rather than through the
+    process's content-type cache; agents hold no group grants."""
+    held = UserObjectPermission.objects.filter(
         user_id=agent.user_id,
         permission__codename="use_capability",
         permission__content_type__app_label="ledger",
         permission__content_type__model="capability",
         object_pk__in=Capability.objects.filter(kind=kind, name=name).values(pk_text=Cast("pk", CharField())),
     ).exists()
+    live_until = Grant.objects.filter(agent_id=agent.pk, capability__kind=kind, capability__name=name).values_list(
+        "live_until", flat=True).first() if held else None
+    return held, live_until
+
+
+def _bump(agent):
+    Agent.objects.filter(pk=agent.pk).update(grants_version=F("grants_version") + 1)
 
 
 def agent_grant(agent, cap, *, actor, reason=""):
+    """Grant (or grant again) the use of `cap`, in shadow until a person promotes it."""
     with transaction.atomic():
         assign_perm(USE, agent.user, cap)
-        Agent.objects.filter(pk=agent.pk).update(grants_version=F("grants_version") + 1)
+        Grant.objects.get_or_create(agent=agent, capability=cap)
+        _bump(agent)
         AuditEvent.objects.record(actor=actor, verb="granted", obj=agent, after={"capability": str(cap)}, reason=reason)
 
 
 def agent_revoke(agent, cap, *, actor, reason=""):
     with transaction.atomic():
+        before = Grant.objects.filter(agent=agent, capability=cap).first()
         remove_perm(USE, agent.user, cap)
-        Agent.objects.filter(pk=agent.pk).update(grants_version=F("grants_version") + 1)
-        AuditEvent.objects.record(actor=actor, verb="revoked", obj=agent, before={"capability": str(cap)}, reason=reason)
+        Grant.objects.filter(agent=agent, capability=cap).delete()
+        _bump(agent)
+        AuditEvent.objects.record(actor=actor, verb="revoked", obj=agent, reason=reason, before={
+            "capability": str(cap), "state": before.state() if before else GrantState.SHADOW})
+
+
+def passing_run(action_type):
+    """The newest replay run that passed against the connector as it is now, or None."""
+    try:
+        version = connector_version(action_type)
+    except (NoConnector, ImportError):
+        return None
+    return ReplayRun.objects.filter(action_type=action_type, connector_version=version, passed=True).first()
+
+
+def grant_promote(agent, cap, *, actor, reason, review_by=None):
+    """Make the agent's grant for an action type live until `review_by` (or renew it).
+
+    Refused (GrantRefused) unless: a person other than the agent's owner asks, with a reason;
+    the agent holds the grant; the review date is ahead, at most MAX_REVIEW_DAYS away; and
+    the action type's connector passed the replay set as it is now."""
+    now = timezone.now()
+    review_by = review_by or now + timedelta(days=REVIEW_DAYS)
+    if not isinstance(actor, get_user_model()):
+        raise GrantRefused("only a person may make a grant live")
+    if actor.pk == agent.owner_id:
+        raise GrantRefused("the agent's owner may not make its grant live (four eyes)")
+    if not reason.strip():
+        raise GrantRefused("a reason is required to make a grant live")
+    if cap.kind != Capability.Kind.ACTION_TYPE:
+        raise GrantRefused("only a grant for an action type is promoted; a workflow's is live once given")
+    if not now < review_by <= now + timedelta(days=MAX_REVIEW_DAYS):
+        raise GrantRefused(f"the review date must be ahead, at most {MAX_REVIEW_DAYS} days away")
+    run = passing_run(cap.name)
+    if run is None:
+        raise GrantRefused(f"no replay run passed against the {cap.name} connector as it is now: run the replay set")
+    with transaction.atomic():
+        if not agent_may(Agent.objects.get(pk=agent.pk), cap.kind, cap.name):
+            raise GrantRefused(f"{agent} holds no grant for {cap}")
+        grant, _ = Grant.objects.select_for_update().get_or_create(agent=agent, capability=cap)
+        before = {"capability": str(cap), "state": grant.state(now), "live_until": grant.live_until}
+        grant.live_until, grant.promoted_by, grant.promoted_at = review_by, actor, now
+        grant.save(update_fields=["live_until", "promoted_by", "promoted_at"])
+        _bump(agent)
+        AuditEvent.objects.record(actor=actor, verb="promoted", obj=agent, before=before, reason=reason, after={
+            "capability": str(cap), "state": GrantState.LIVE, "live_until": review_by, "replay_run": run.pk,
+            "connector_version": run.connector_version})
+    return grant
+
+
+def agent_grants(agent, now=None):
+    """The agent's grants for the agents page: (capability, state, grant row or None), in order."""
+    rows = {g.capability_id: g for g in Grant.objects.filter(agent=agent).select_related("promoted_by")}
+    held = UserObjectPermission.objects.filter(user_id=agent.user_id, permission__codename="use_capability",
+                                               permission__content_type__app_label="ledger").values("object_pk")
+    caps = Capability.objects.filter(pk__in=[int(p["object_pk"]) for p in held])
+    states = []
+    for cap in caps:
+        grant = rows.get(cap.pk)
+        live = cap.kind == Capability.Kind.WORKFLOW or (grant is not None and grant.state(now) == GrantState.LIVE)
+        states.append((cap, GrantState.LIVE if live else GrantState.SHADOW, grant))
+    return states

@@ -11,10 +11,11 @@ from types import SimpleNamespace
 import httpx
 from django.contrib.auth import get_user_model
 from django.db import connection, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from ledger.agents import agent_create
-from ledger.models import Action, ActionStatus, AuditEvent, StepStatus, Task, TaskStep
+from ledger.models import Action, ActionStatus, Agent, AuditEvent, Grant, StepStatus, Task, TaskStep
 from ledger.sweeper import sweep_once
 from ledger.tasks import task_request
 from tests.conftest import wait_until
@@ -23,11 +24,25 @@ from tests.conftest import wait_until
 GRANTS = ("refund", "send_message", "create_booking")
 
 
-def make_agent(name, grants=GRANTS, owner=None):
+def make_agent(name, grants=GRANTS, owner=None, live=True):
     """Returns (agent, token). Its owner (every agent has one) is `owner`, or a person of the
-    tests' own who decides nothing."""
+    tests' own who decides nothing. Its grants are live unless `live` is false (then shadow,
+    as a new agent's are in the product)."""
     owner = owner or get_user_model().objects.get_or_create(username="agents-owner")[0]
-    return agent_create(name, actor="system:tests", grants=grants, owner=owner)
+    agent, token = agent_create(name, actor="system:tests", grants=grants, owner=owner)
+    if live:
+        make_grants_live(agent)
+    return agent, token
+
+
+def make_grants_live(agent, until=None):
+    """Every grant of the agent live until `until` (a year ahead), written straight to the
+    table: past the replay gate and four eyes, which tests/ledger/test_shadow_grants.py tests."""
+    promoter = get_user_model().objects.get_or_create(username="grants-promoter")[0]
+    Grant.objects.filter(agent=agent).update(live_until=until or timezone.now() + timedelta(days=365),
+                                             promoted_by=promoter, promoted_at=timezone.now())
+    Agent.objects.filter(pk=agent.pk).update(grants_version=F("grants_version") + 1)
+    agent.refresh_from_db(fields=["grants_version"])
 
 
 def make_agent_on(client, name="billing", grants=GRANTS):

@@ -8,9 +8,9 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from ledger.actions import KeyReused, SlotTaken, action_by_pk, action_request
-from ledger.grants import agent_may
+from ledger.grants import grant_state
 from ledger.metrics import API_KEY_REUSED, API_REPLAYS
-from ledger.models import Action, ActionStatus, Capability, Task, TaskState
+from ledger.models import Action, ActionStatus, Capability, GrantState, Task, TaskState
 from ledger.tasks import task_request
 
 from .auth import well_formed_key
@@ -69,8 +69,11 @@ def poll(load, unsettled, seconds):
 
 
 def require_grant(agent, kind, name):
-    if not agent_may(agent, kind, name):
+    """The grant's state (live or shadow); 403 without one."""
+    state = grant_state(agent, kind, name)
+    if state is None:
         raise Problem(403, "forbidden", "Forbidden", f"This agent may not use {name}.")
+    return state
 
 
 def recorded(request, key, intake, represent):
@@ -129,11 +132,11 @@ class ActionCreateView(APIView):
         incoming = ActionRequestSerializer(data=request.data)
         incoming.is_valid(raise_exception=True)
         data = incoming.validated_data
-        require_grant(agent, Capability.Kind.ACTION_TYPE, data["action_type"])
+        state = require_grant(agent, Capability.Kind.ACTION_TYPE, data["action_type"])
         return recorded(request, key, lambda: action_request(
             agent=agent, operation_key=key, action_type=data["action_type"], target=data["target"],
             customer=data["customer"], decision_id=data["decision_id"], params=data["params"],
-            limits_version=agent.limits_version,
+            limits_version=agent.limits_version, shadow=state == GrantState.SHADOW,
         ), lambda action: ActionSerializer(action).data)
 
 

@@ -1,0 +1,88 @@
+"""An action type's connector in its test mode, what the replay set runs against.
+
+The sandbox connector's provider is the sandbox itself, so its test mode is the connector as
+configured. Any other connector has one only if its `SURETY_CONNECTORS` entry says how:
+`"test_mode": {"options": {...}, "faults_url": "..."}` — the options that replace the live
+ones (a team's test URL for signed HTTP; the sandbox's Stripe wire mode as Stripe's
+`api_base` with a test key), and optionally where the sandbox's fault protocol is spoken
+(`POST {"target", "fault", "times"}`), without which the timeout case cannot be staged.
+
+Actions whose operation key starts with REPLAY_KEY_PREFIX belong to a replay run: the
+executor sends them here, never to the live provider, whichever worker runs them.
+"""
+
+import hashlib
+import inspect
+import json
+
+from django.conf import settings
+from django.utils.module_loading import import_string
+
+from . import NoConnector, connector_for
+
+REPLAY_KEY_PREFIX = "replay:"
+_SECRET_WORDS = ("secret", "key", "token", "password")
+
+
+class NoTestMode(LookupError):
+    """The connector of an action type has no test mode to replay against."""
+
+
+def _entry(action_type):
+    entry = settings.SURETY_CONNECTORS.get(action_type)
+    if entry is None:
+        raise NoConnector(f"no connector is configured for {action_type} (SURETY_CONNECTORS)")
+    return entry
+
+
+def test_connector_for(action_type):
+    """The connector to replay against, and the URL of its provider's faults (or "")."""
+    entry = _entry(action_type)
+    live = connector_for(action_type)
+    if live.name == "sandbox":
+        return live, f"{settings.SANDBOX_BASE_URL.rstrip('/')}/faults"
+    test_mode = entry.get("test_mode")
+    if not test_mode:
+        raise NoTestMode(f"the {live.name} connector for {action_type} has no test mode: "
+                         f"set SURETY_CONNECTORS['{action_type}']['test_mode']")
+    options = {**entry.get("options", {}), **test_mode.get("options", {})}
+    return import_string(entry["class"])(**options), test_mode.get("faults_url", "")
+
+
+def connector_for_action(action):
+    """The connector that may act for this action: a replay run's goes to the test mode."""
+    if action.operation_key.startswith(REPLAY_KEY_PREFIX):
+        return test_connector_for(action.action_type)[0]
+    return connector_for(action.action_type)
+
+
+def masked(options):
+    """Options as they may be shown and stored: secrets replaced, their presence kept."""
+    return {name: ("•••" if value and any(word in name.lower() for word in _SECRET_WORDS) else value)
+            for name, value in options.items()}
+
+
+def connector_description(action_type):
+    """Name, class and masked options (live and test mode) of the connector serving `action_type`."""
+    entry = _entry(action_type)
+    test_mode = entry.get("test_mode") or {}
+    return {
+        "name": connector_for(action_type).name, "class": entry["class"],
+        "options": masked(entry.get("options", {})),
+        "test_mode": {"options": masked(test_mode.get("options", {})), "faults_url": test_mode.get("faults_url", "")},
+    }
+
+
+def connector_version(action_type):
+    """A digest of what decides the connector's behaviour: its class's source and every option,
+    secrets included (only their digest is kept). Any change makes earlier runs stale."""
+    entry = _entry(action_type)
+    cls = import_string(entry["class"])
+    try:
+        source = inspect.getsource(inspect.getmodule(cls))
+    except (OSError, TypeError):  # no source to read (a frozen build): the class's name stands in
+        source = entry["class"]
+    extra = {"sandbox": [settings.SANDBOX_BASE_URL, settings.SANDBOX_API_KEY]} if connector_for(action_type).name == "sandbox" else {}
+    canonical = json.dumps([entry["class"], entry.get("options", {}), entry.get("test_mode", {}), extra, source],
+                           sort_keys=True, default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()

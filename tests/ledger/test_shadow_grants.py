@@ -1,0 +1,151 @@
+"""Grants are shadow until the replay set passes: a shadow grant's actions are recorded and
+answered `shadow`, never executed; a person other than the agent's owner promotes a grant
+live, only with a passing replay run for the connector as it is now; past the review date
+it is shadow again; a revoke is immediate."""
+
+import time
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.utils import timezone
+
+from ledger.actions import action_request
+from ledger.connectors.test_mode import connector_version
+from ledger.executor import action_claim_next
+from ledger.grants import GrantRefused, agent_revoke, capability, grant_promote, grant_state
+from ledger.models import Action, ActionStatus, Agent, Capability, Grant, GrantState, InvalidTransition, ReplayRun
+from ledger.sweeper import sweep_once
+from tests.factories import (
+    api_client, audit_events, make_agent, make_agent_on, make_grants_live, post_action, post_action_in_process, refund_body, sandbox_list,
+)
+
+REFUND = Capability.Kind.ACTION_TYPE, "refund"
+
+
+@pytest.fixture
+def olga(db):
+    return get_user_model().objects.create_user("olga")
+
+
+@pytest.fixture
+def ada(db):
+    return get_user_model().objects.create_user("ada")
+
+
+@pytest.fixture
+def scout(olga):
+    """An agent owned by olga, its grants shadow as every new agent's are."""
+    return make_agent("scout", owner=olga, live=False)[0]
+
+
+def passed_run(action_type="refund", version=None):
+    return ReplayRun.objects.create(action_type=action_type, connector="sandbox", ran_by="system:tests", passed=True,
+                                    connector_version=version or connector_version(action_type))
+
+
+def fresh(agent):
+    return Agent.objects.get(pk=agent.pk)
+
+
+def test_a_new_agents_grant_is_shadow(scout):
+    assert grant_state(scout, *REFUND) == GrantState.SHADOW
+
+
+def test_a_shadow_grants_action_is_recorded_and_answered_shadow_and_never_reaches_the_provider(stack):
+    agent, token = make_agent("scout", live=False)
+    client = api_client(stack.url, token)
+    stack.start_worker()
+
+    posted = post_action(client, "refund:ORD-9:full:dec-9", refund_body("ORD-9"))
+    assert posted.status_code == 201, posted.text
+    assert posted.json()["status"] == "shadow"
+    again = post_action(client, "refund:ORD-9:full:dec-9", refund_body("ORD-9"))
+    assert (again.status_code, again.headers["Idempotent-Replayed"], again.json()["status"]) == (200, "true", "shadow")
+    sweep_once()
+    time.sleep(2)  # the worker had its chance
+
+    action = Action.objects.get(operation_key="refund:ORD-9:full:dec-9")
+    assert (action.status, action.attempts, action.fingerprint != "") == (ActionStatus.SHADOW, 0, True)
+    assert client.get("/api/v1/actions/refund:ORD-9:full:dec-9").json()["status"] == "shadow"
+    assert sandbox_list(client, "refunds", order_id="ORD-9") == []
+    assert audit_events(action, "requested").get().reason == "requested under a shadow grant: recorded, never executed"
+
+
+def test_a_shadow_action_can_never_be_claimed_or_made_pending(scout):
+    action, _ = action_request(agent=scout, operation_key="k-1", action_type="refund", target="ORD-1",
+                               params={"amount": "5.00", "currency": "EUR"}, shadow=True)
+    assert action.status == ActionStatus.SHADOW and action.next_attempt_at is None
+    assert action_claim_next("host:1", only=action.pk) is None
+    with pytest.raises(InvalidTransition):
+        action.claim(owner="host:1")
+    assert Action.objects.get(pk=action.pk).status == ActionStatus.SHADOW
+
+
+def test_promotion_by_the_agents_owner_is_refused(scout, olga):
+    passed_run()
+    with pytest.raises(GrantRefused, match="four eyes"):
+        grant_promote(scout, capability(*REFUND), actor=olga, reason="looks fine")
+    assert grant_state(fresh(scout), *REFUND) == GrantState.SHADOW
+    assert not audit_events(scout, "promoted").exists()
+
+
+def test_promotion_without_a_passing_replay_run_for_the_connector_as_it_is_now_is_refused(scout, ada):
+    ReplayRun.objects.create(action_type="refund", connector="sandbox", ran_by="system:tests", passed=False,
+                             connector_version=connector_version("refund"))
+    passed_run(version="0" * 64)  # passed, but against the connector as it was before a change
+    with pytest.raises(GrantRefused, match="no replay run passed"):
+        grant_promote(scout, capability(*REFUND), actor=ada, reason="ready")
+    assert grant_state(fresh(scout), *REFUND) == GrantState.SHADOW
+
+
+def test_promotion_needs_a_reason_and_a_review_date_ahead(scout, ada):
+    passed_run()
+    with pytest.raises(GrantRefused, match="reason"):
+        grant_promote(scout, capability(*REFUND), actor=ada, reason=" ")
+    with pytest.raises(GrantRefused, match="review date"):
+        grant_promote(scout, capability(*REFUND), actor=ada, reason="ready", review_by=timezone.now())
+    assert not audit_events(scout, "promoted").exists()
+
+
+def test_promotion_is_audited_and_makes_the_next_request_execute(client, scout, ada):
+    run = passed_run()
+    review_by = timezone.now() + timedelta(days=30)
+    version_before = fresh(scout).grants_version
+    grant_promote(scout, capability(*REFUND), actor=ada, reason="replay set passed", review_by=review_by)
+
+    scout = fresh(scout)
+    assert scout.grants_version == version_before + 1
+    assert grant_state(scout, *REFUND) == GrantState.LIVE
+    event = audit_events(scout, "promoted").get()
+    assert (event.actor, event.reason) == ("user:ada", "replay set passed")
+    assert event.before["state"] == "shadow"
+    assert (event.after["state"], event.after["replay_run"]) == ("live", run.pk)
+    grant = Grant.objects.get(agent=scout, capability=capability(*REFUND))
+    assert (grant.promoted_by, grant.live_until) == (ada, review_by)
+
+
+def test_past_its_review_date_a_grant_is_shadow_again(db, client):
+    agent = make_agent_on(client, "scout", grants=("refund",))
+    review_by = timezone.now() + timedelta(seconds=1)
+    make_grants_live(agent, until=review_by)
+    before = post_action_in_process(client, "refund:ORD-4", refund_body("ORD-4"))
+    assert before.json()["status"] != "shadow"  # the grant check is cached from here on
+
+    time.sleep(max(0, (review_by - timezone.now()).total_seconds()) + 0.1)
+    after = post_action_in_process(client, "refund:ORD-5", refund_body("ORD-5", customer="CUST-18"))
+    assert after.status_code == 201, after.content
+    assert after.json()["status"] == "shadow"
+    assert grant_state(fresh(agent), *REFUND) == GrantState.SHADOW
+
+
+def test_a_revoke_is_immediate(db, client):
+    agent = make_agent_on(client, "scout", grants=("refund",))
+    first = post_action_in_process(client, "k-6", refund_body("ORD-6"))
+    assert first.status_code == 201 and first.json()["status"] != "shadow"
+
+    agent_revoke(agent, capability(*REFUND), actor="system:tests", reason="done")
+    second = post_action_in_process(client, "k-7", refund_body("ORD-7"))
+    assert second.status_code == 403
+    assert not Grant.objects.filter(agent=agent, capability=capability(*REFUND)).exists()
+    assert audit_events(agent, "revoked").get().before == {"capability": "action type refund", "state": "live"}
