@@ -50,6 +50,10 @@ ACTOR = "system:replay"
 _WEBHOOK_SIGNERS = {"sandbox": lambda connector: ("Sandbox-Signature", settings.SANDBOX_WEBHOOK_SECRET)}
 
 
+class NotApplicable(Exception):
+    """The case does not apply to this connector (it sends no webhooks): it neither passes nor fails the run."""
+
+
 class CaseFailed(Exception):
     def __init__(self, message, **evidence):
         super().__init__(message)
@@ -94,6 +98,8 @@ def replay_run(run):
         started = time.monotonic()
         try:
             outcome, evidence = "passed", step()
+        except NotApplicable as exc:
+            outcome, evidence = "not_applicable", {"reason": str(exc)}
         except CaseFailed as exc:
             outcome, evidence = "failed", {"error": str(exc), **exc.evidence}
         except Exception as exc:  # noqa: BLE001 (any failure of a case is its evidence, the run goes on)
@@ -236,7 +242,7 @@ class _Cases:
 
     def webhook_twice(self):
         if not hasattr(self.connector, "read_webhook") and self.connector.name not in _WEBHOOK_SIGNERS:
-            return {"not_applicable": f"the {self.connector.name} connector sends no webhooks"}
+            raise NotApplicable(f"the {self.connector.name} connector sends no webhooks")
         signer = _WEBHOOK_SIGNERS.get(self.connector.name)
         if signer is None:
             raise CaseFailed(f"no test event can be signed for the {self.connector.name} connector yet")

@@ -1,0 +1,86 @@
+"""`manage.py replay_check <action type>`: the replay set run against the connector's test mode,
+every run and case kept; a connector that is down ends the run failed with the evidence and
+promotes nothing."""
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.core.management import CommandError, call_command
+
+from ledger.connectors.test_mode import connector_version
+from ledger.grants import GrantRefused, capability, grant_promote, grant_state
+from ledger.models import Action, ActionStatus, Capability, GrantState, ReplayRun, WebhookEvent
+from tests.conftest import free_port
+from tests.factories import api_client, make_agent, sandbox_list
+
+CASES = ["clean_first_call", "retry_same_request", "timeout_after_commit", "webhook_twice", "same_key_other_params",
+         "two_actions_same_object"]
+
+
+def test_replay_check_refund_against_the_sandbox_passes_and_keeps_six_cases(stack, settings):
+    settings.SITE_URL = stack.url  # where the webhook case delivers its event
+    stack.start_worker()  # workers may run: the replay's actions are this process's own
+
+    call_command("replay_check", "refund")
+
+    run = ReplayRun.objects.get()
+    assert [c["case"] for c in run.cases] == CASES
+    assert [c["outcome"] for c in run.cases] == ["passed"] * 6, run.cases
+    assert run.passed is True and run.finished_at is not None
+    assert (run.action_type, run.connector, run.ran_by) == ("refund", "sandbox", "system:replay_check")
+    assert run.connector_version == connector_version("refund")
+    client = api_client(stack.url, settings.SANDBOX_API_KEY)
+    clean = f"replay:{run.pk}:clean"
+    assert len(sandbox_list(client, "refunds", operation_key=clean)) == 1
+    assert len(sandbox_list(client, "refunds", operation_key=f"replay:{run.pk}:timeout")) == 1
+    assert Action.objects.get(operation_key=f"replay:{run.pk}:timeout").attempts == 1
+    assert WebhookEvent.objects.filter(connector="sandbox").count() == 1
+    # Nothing of the run is left waiting for a person or a worker.
+    assert not Action.objects.filter(status__in=[ActionStatus.QUEUED, ActionStatus.HELD]).exists()
+
+
+@pytest.fixture
+def refunds_to_nowhere(settings):
+    """Refunds go to a team's service over signed HTTP whose test URL is a port where nothing listens."""
+    url = f"http://127.0.0.1:{free_port()}/refunds"
+    settings.SURETY_CONNECTORS = {**settings.SURETY_CONNECTORS, "refund": {
+        "class": "ledger.connectors.signed_http.SignedHttpConnector", "options": {"url": url, "secret": "s3cret"},
+        "test_mode": {"options": {"url": url}},
+    }}
+    return url
+
+
+def test_a_replay_run_against_a_connector_that_is_down_ends_failed_with_the_evidence(db, refunds_to_nowhere):
+    with pytest.raises(CommandError, match="failed"):
+        call_command("replay_check", "refund")
+
+    run = ReplayRun.objects.get()
+    assert run.passed is False and run.finished_at is not None
+    assert (run.connector, run.connector_options["options"]) == ("http", {"url": refunds_to_nowhere, "secret": "•••"})
+    outcomes = {c["case"]: c["outcome"] for c in run.cases}
+    assert outcomes["clean_first_call"] == "failed"
+    clean = next(c for c in run.cases if c["case"] == "clean_first_call")
+    assert clean["evidence"]["action"]["evidence"][-1]["error"] == "NotSent"  # never reached the service
+    assert outcomes["webhook_twice"] == "not_applicable"
+    # The run's actions are not left to be tried again later.
+    assert not Action.objects.filter(status__in=[ActionStatus.QUEUED, ActionStatus.HELD]).exists()
+
+
+def test_a_failed_run_promotes_nothing_and_the_gate_stays_shut(db, refunds_to_nowhere):
+    owner, ada = (get_user_model().objects.create_user(name) for name in ("olga", "ada"))
+    agent = make_agent("scout", owner=owner, live=False)[0]
+    with pytest.raises(CommandError):
+        call_command("replay_check", "refund")
+
+    assert grant_state(agent, Capability.Kind.ACTION_TYPE, "refund") == GrantState.SHADOW
+    with pytest.raises(GrantRefused, match="no replay run passed"):
+        grant_promote(agent, capability(Capability.Kind.ACTION_TYPE, "refund"), actor=ada, reason="try")
+
+
+def test_an_action_type_without_a_test_mode_ends_failed_and_says_why(db, settings):
+    settings.SURETY_CONNECTORS = {**settings.SURETY_CONNECTORS, "refund": {
+        "class": "ledger.connectors.signed_http.SignedHttpConnector",
+        "options": {"url": "https://refunds.example.test/", "secret": "s3cret"}}}
+    with pytest.raises(CommandError):
+        call_command("replay_check", "refund")
+    [case] = ReplayRun.objects.get().cases
+    assert case["case"] == "test_mode" and "has no test mode" in case["evidence"]["error"]
