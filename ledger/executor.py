@@ -127,8 +127,9 @@ def action_verify(action):
         return _settle(action.mark_succeeded, actor=EXECUTOR, claim=claim, external_ref=lookup.external_ref,
                        result=lookup.result, reason="verified at the provider", evidence=evidence)
     if action.attempts >= settings.MAX_ATTEMPTS:
+        # The last look at the provider is the evidence its dead-letter entry shows.
         return _settle(action.mark_failed, actor=EXECUTOR, claim=claim, code="attempts_exhausted",
-                       message=f"no effect after {action.attempts} attempts", retryable=True)
+                       message=f"no effect after {action.attempts} attempts", retryable=True, evidence=evidence)
     return _settle(action.requeue, actor=EXECUTOR, claim=claim, evidence=evidence,
                    reason="verified absent at the provider", not_before=backoff_until(action.attempts))
 

@@ -279,11 +279,12 @@ class Action(LeasedWork):
             external_ref=external_ref, result=result, error=None, next_attempt_at=None, **_NO_LEASE, **changes,
         )
 
-    def mark_failed(self, *, actor, code, message, retryable, claim=None, reason=""):
+    def mark_failed(self, *, actor, code, message, retryable, claim=None, reason="", evidence=None):
         error = {"code": code, "message": message, "retryable": retryable}
+        changes = {"evidence": lambda row: [*row.evidence, evidence]} if evidence else {}
         return self._move(
             S.FAILED, actor=actor, verb="failed", reason=reason, claim=claim,
-            error=error, next_attempt_at=None, **_NO_LEASE,
+            error=error, next_attempt_at=None, **_NO_LEASE, **changes,
         )
 
     def mark_unknown(self, *, actor, evidence, claim, verify_at, reason=""):

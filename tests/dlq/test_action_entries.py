@@ -149,6 +149,31 @@ def test_a_refund_that_never_reaches_the_provider_is_dead_lettered_after_the_las
     assert DeadLetter.objects.filter(action=action).count() == 1
 
 
+def test_a_refund_verified_absent_after_its_last_attempt_is_dead_lettered_then_redriven_to_one_effect(
+        stack, agent, operator):
+    client = api_client(stack.url, agent.token)
+    key = "refund:ORD-SLOW:full:dec-1"
+    # Each call stalls past the connector's timeout without committing: outcome unknown, then
+    # verified absent at the provider, three times.
+    fault = {"target": "ORD-SLOW", "fault": "timeout_before_commit", "times": settings.MAX_ATTEMPTS}
+    assert sandbox(client, "POST", "faults", json=fault).status_code in (200, 201)
+    stack.start_worker()
+    assert post_action(client, key, refund_body(order="ORD-SLOW")).status_code == 201
+
+    action = wait_until(lambda: Action.objects.filter(operation_key=key, status="failed").first(), seconds=60,
+                        message="the refund to be verified absent after its last attempt")
+    assert action.error["code"] == "attempts_exhausted" and action.attempts == settings.MAX_ATTEMPTS
+    entry = DeadLetter.objects.get(action=action, status=E.OPEN)
+    assert [e.get("found") for e in entry.snapshot["evidence"] if "found" in e] == [False] * settings.MAX_ATTEMPTS
+    assert "attempts_exhausted" in entry.alerts.get().body
+    assert not sandbox_list(client, "refunds", order_id="ORD-SLOW")
+
+    deadletter_redrive(entry, actor=operator, reason="provider recovered")
+    action = wait_until(lambda: Action.objects.filter(operation_key=key, status="succeeded").first(), seconds=30,
+                        message="the redriven refund to succeed")
+    assert [r["operation_key"] for r in sandbox_list(client, "refunds", order_id="ORD-SLOW")] == [key]
+
+
 def test_a_refusal_is_redriven_only_by_a_person_who_gives_a_reason(stack, agent, operator):
     action = declined(stack, agent, "refund:ORD-FIX:full:dec-1", "ORD-FIX")
     entry = DeadLetter.objects.get(action=action)
