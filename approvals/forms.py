@@ -1,7 +1,8 @@
 import pycountry
 from django import forms
+from django.core.validators import validate_email
 
-from .models import Limit
+from .models import Limit, tier_addresses
 
 
 class DecisionForm(forms.Form):
@@ -25,7 +26,7 @@ class LimitForm(forms.ModelForm):
     class Meta:
         model = Limit
         fields = ["action_type", "currency", "max_amount", "dual_approval_above", "daily_customer_total",
-                  "review_deadline_hours"]
+                  "review_deadline_hours", "first_tier", "next_tier", "escalate_after_hours"]
 
     def clean_currency(self):
         # Any three characters ("E1", "123") were saved as a currency; only
@@ -50,8 +51,25 @@ class LimitForm(forms.ModelForm):
             raise forms.ValidationError("Must not be negative.")
         return total
 
+    def clean_first_tier(self):
+        return _tier(self.cleaned_data["first_tier"])
+
+    def clean_next_tier(self):
+        return _tier(self.cleaned_data["next_tier"])
+
+    def clean_escalate_after_hours(self):
+        hours = self.cleaned_data["escalate_after_hours"]
+        if hours is not None and not 1 <= hours <= 24 * 365:
+            raise forms.ValidationError("Between 1 hour and a year.")
+        return hours
+
     def clean(self):
         data = super().clean()
+        # The database refuses one without the other too (limit_next_tier_with_its_deadline).
+        if data.get("next_tier") and data.get("escalate_after_hours") is None and "escalate_after_hours" in data:
+            self.add_error("escalate_after_hours", "Say after how many hours the next tier is alerted.")
+        if data.get("escalate_after_hours") is not None and not data.get("next_tier") and "next_tier" in data:
+            self.add_error("next_tier", "Name who is alerted at the second deadline.")
         dual, top = data.get("dual_approval_above"), data.get("max_amount")
         if dual is not None and top is not None and dual < top:
             self.add_error("dual_approval_above", "Must be at least the maximum amount.")
@@ -61,3 +79,17 @@ class LimitForm(forms.ModelForm):
         if existing is not None:
             self.instance = existing
         return data
+
+
+def _tier(text):
+    """A tier as typed ("a@x.example b@x.example; c@…") -> stored as "a@x.example, b@x.example, …"."""
+    addresses = tier_addresses(text.replace(";", ",").replace(" ", ","))
+    for address in addresses:
+        try:
+            validate_email(address)
+        except forms.ValidationError:
+            raise forms.ValidationError(f"{address!r} is not an e-mail address.") from None
+    stored = ", ".join(dict.fromkeys(addresses))
+    if len(stored) > Limit._meta.get_field("first_tier").max_length:
+        raise forms.ValidationError("Too many addresses: name a group's address instead.")
+    return stored

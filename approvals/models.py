@@ -9,6 +9,11 @@ from ledger.statemachine import StateMachine
 from .policies import money
 
 
+def tier_addresses(tier):
+    """A tier as the policy form stores it ("a@x.example, b@x.example") -> its addresses."""
+    return [address.strip() for address in tier.split(",") if address.strip()]
+
+
 class Limit(models.Model):
     """Above `max_amount` a person approves; above `dual_approval_above`, two different people."""
 
@@ -18,6 +23,15 @@ class Limit(models.Model):
     dual_approval_above = models.DecimalField(max_digits=18, decimal_places=3, null=True, blank=True)
     daily_customer_total = models.DecimalField(max_digits=18, decimal_places=3, null=True, blank=True)
     review_deadline_hours = models.PositiveIntegerField(default=4)
+    # Who hears of an item past its review deadline (blank: ALERT_EMAILS), and who next if it
+    # is still open `escalate_after_hours` after that deadline (blank: nobody more).
+    first_tier = models.CharField(max_length=500, blank=True, default="",
+                                  help_text="E-mail addresses alerted when a review item is overdue, comma-separated "
+                                            "(blank: the operations group).")
+    next_tier = models.CharField(max_length=500, blank=True, default="",
+                                 help_text="E-mail addresses alerted when it is still open at the second deadline.")
+    escalate_after_hours = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Hours after the review deadline; required with a next tier.")
     updated_at = models.DateTimeField(default=timezone.now)
     updated_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
 
@@ -37,6 +51,13 @@ class Limit(models.Model):
             ),
             models.CheckConstraint(condition=Q(review_deadline_hours__gte=1, review_deadline_hours__lte=24 * 365),
                                    name="limit_deadline_an_hour_to_a_year"),
+            # A next tier needs its deadline and a deadline needs someone to alert.
+            models.CheckConstraint(
+                condition=Q(next_tier="", escalate_after_hours__isnull=True)
+                | (~Q(next_tier="") & Q(escalate_after_hours__isnull=False, escalate_after_hours__gte=1,
+                                        escalate_after_hours__lte=24 * 365)),
+                name="limit_next_tier_with_its_deadline",
+            ),
         ]
 
     def __str__(self):
@@ -48,6 +69,9 @@ class Limit(models.Model):
             "dual_approval_above": None if self.dual_approval_above is None else money(self.dual_approval_above),
             "daily_customer_total": None if self.daily_customer_total is None else money(self.daily_customer_total),
             "review_deadline_hours": self.review_deadline_hours,
+            "first_tier": self.first_tier,
+            "next_tier": self.next_tier,
+            "escalate_after_hours": self.escalate_after_hours,
         }
 
     @classmethod
@@ -135,12 +159,18 @@ class ReviewItem(StateMachine):
     decided_at = models.DateTimeField(null=True, blank=True)
     note = models.TextField(blank=True, default="")
     overdue_alerted_at = models.DateTimeField(null=True, blank=True)
+    # The second deadline (set with the first alert, from the limit's next tier) and when the
+    # next tier was alerted (dlq.overdue).
+    escalate_at = models.DateTimeField(null=True, blank=True)
+    escalated_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["deadline", "id"]
         indexes = [
             models.Index(fields=["kind", "status", "deadline", "id"], name="review_queue_idx"),
             models.Index(fields=["status", "deadline"], name="review_overdue_idx"),
+            models.Index(fields=["escalate_at"], condition=Q(status="open", escalated_at__isnull=True),
+                         name="review_escalate_idx"),
         ]
         constraints = [
             models.UniqueConstraint(fields=["action"], condition=Q(status="open"), name="review_one_open_per_action"),
@@ -158,6 +188,10 @@ class ReviewItem(StateMachine):
     @property
     def is_overdue(self):
         return self.status == R.OPEN and self.deadline < timezone.now()
+
+    @property
+    def is_escalated(self):
+        return self.status == R.OPEN and self.escalated_at is not None
 
     def decide(self, outcome, *, user, verb, reason, decided_by_label):
         """A person's decision (approvals.decisions): approved, rejected or resolved."""

@@ -1,5 +1,6 @@
-"""Alert transports: e-mail to the operations group, an HMAC-signed webhook, and e-mail to
-the owner of an agent whose action failed for good.
+"""Alert transports: e-mail to the operations group (or to the alert's own recipients, a
+review item's tier), an HMAC-signed webhook, and e-mail to the owner of an agent whose
+action failed for good.
 
 Each attempt on each channel is recorded. A channel that failed is tried again by the job
 with backoff, and by the sweeper for alerts still undelivered; a channel that already
@@ -29,8 +30,13 @@ def _enqueue(alert_id, delay=None):
     enqueue(alert_deliver, alert_id, at=timezone.now() + delay if delay else None)
 
 
+def group_emails(alert):
+    """Where the alert's e-mail goes: its own recipients when it names them, else ALERT_EMAILS."""
+    return alert.recipients or settings.ALERT_EMAILS
+
+
 def channels(alert):
-    found = ["email"] if settings.ALERT_EMAILS else []
+    found = ["email"] if group_emails(alert) else []
     if settings.ALERT_WEBHOOK_URL:
         found.append("webhook")
     if owner_email(alert):
@@ -52,7 +58,7 @@ def owner_email(alert):
 def _send(alert, channel):
     link = settings.SITE_URL.rstrip("/") + alert.link
     if channel in ("email", "owner"):
-        to = settings.ALERT_EMAILS if channel == "email" else [owner_email(alert)]
+        to = group_emails(alert) if channel == "email" else [owner_email(alert)]
         send_mail(f"[Surety] {alert.subject}", f"{alert.body}\n\n{link}\n", None, to)
         return f"mailed to {', '.join(to)}"
     body = json.dumps({"id": alert.pk, "kind": alert.kind, "subject": alert.subject, "body": alert.body,

@@ -143,7 +143,7 @@ class DeadLetter(StateMachine):
 
 class AlertManager(models.Manager):
     def raise_for(self, entry=None, *, subject="", body="", link="", kind="dead_letter", review_item=None,
-                  incident=None):
+                  incident=None, recipients=None):
         """Record the alert in the caller's transaction; deliver it by a job after commit
         (`dlq.alerts.alert_deliver`, named by path: the transports depend on this module)."""
         if entry is not None:
@@ -151,7 +151,7 @@ class AlertManager(models.Manager):
             body = body or entry_body(entry)
             link = link or entry.get_absolute_url()
         alert = self.create(kind=kind, dead_letter=entry, review_item=review_item, incident=incident,
-                            subject=subject[:255], body=body, link=link)
+                            subject=subject[:255], body=body, link=link, recipients=recipients or None)
         transaction.on_commit(lambda: enqueue("dlq.alerts.alert_deliver", alert.pk), robust=True)
         return alert
 
@@ -173,6 +173,8 @@ class Alert(models.Model):
     link = models.CharField(max_length=500)
     created_at = models.DateTimeField(default=timezone.now)
     delivered_at = models.DateTimeField(null=True, blank=True)
+    # The addresses its e-mail goes to instead of ALERT_EMAILS (a review item's tier); null: those.
+    recipients = models.JSONField(null=True, blank=True)
 
     objects = AlertManager()
 
