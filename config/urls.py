@@ -7,6 +7,7 @@ from approvals import views as approvals
 from dlq import incident_views as incidents
 from dlq import views as dlq
 from ledger import metrics as monitoring
+from ledger import readiness_views as readiness
 from ledger import views as ledger
 from ledger.api.problems import api_not_found
 from ledger.webhooks import webhook_receive
@@ -41,6 +42,10 @@ urlpatterns = [
     path("tasks/<int:pk>/run-now", ledger.task_run_now_view, name="task-run-now"),
     path("agents/", ledger.agent_list, name="agent-list"),
     path("agents/<int:pk>/<slug:op>", ledger.agent_change, name="agent-change"),
+    path("agents/<int:pk>/grants/promote", readiness.agent_grant_promote, name="agent-grant-promote"),
+    path("connectors/", readiness.connector_readiness, name="connectors"),
+    path("connectors/<slug:action_type>/replay", readiness.replay_run_start, name="replay-run-start"),
+    path("connectors/runs/<int:pk>/", readiness.replay_run_detail, name="replay-run"),
     path("audit/", ledger.audit_log, name="audit-log"),
 ]
 if settings.SANDBOX_ENABLED:

@@ -21,6 +21,7 @@ from .dashboard import keyset_page, parse_moment, planner_estimates, render_part
 from .grants import agent_grant, agent_revoke
 from .models import (IN_FLIGHT_STATUSES, UNASSIGNED_OWNER, Action, ActionStatus, ActionType, Agent, AuditEvent,
                      Capability, ChainCheck, Task)
+from .readiness_views import with_grant_states
 from .tasks import task_run_now
 from .workflows import WORKFLOWS
 
@@ -173,7 +174,7 @@ def agent_list(request):
             messages.error(request, str(exc))
             return redirect("agent-list")
         return render(request, "ledger/agent_token.html", {"agent": agent, "token": token})
-    agents = Agent.objects.select_related("owner").annotate(actions_count=Count("actions"))
+    agents = with_grant_states(Agent.objects.select_related("owner").annotate(actions_count=Count("actions")))
     grantable = sorted({*ActionType.values, *WORKFLOWS})
     return render(request, "ledger/agents.html", {"agents": agents, "grantable": grantable, "people": _people(),
                                                    "unassigned": UNASSIGNED_OWNER,
