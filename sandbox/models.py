@@ -191,26 +191,31 @@ def effect_save(effect, *, check=None):
 
 
 class SandboxFaultManager(models.Manager):
-    def consume(self, target):
-        """Use up one armed fault for `target` and return its kind, or None if none is armed.
+    def consume(self, target, *, lookup=False):
+        """Use up one armed fault for `target` and return its kind, or None if none is armed:
+        a write's fault, or with `lookup` a look-up's (each is spent only by its own kind of call).
 
         The conditional UPDATE must change exactly one row: of two calls racing for a fault armed
         for one time, the loser's UPDATE finds `remaining` already 0 and it tries the next fault.
         """
-        for fault in self.filter(target=target, remaining__gt=0).order_by("pk"):
+        armed = self.filter(target=target, remaining__gt=0)
+        armed = armed.filter(fault__in=LOOKUP_FAULTS) if lookup else armed.exclude(fault__in=LOOKUP_FAULTS)
+        for fault in armed.order_by("pk"):
             if self.filter(pk=fault.pk, remaining__gt=0).update(remaining=F("remaining") - 1) == 1:
                 return fault.fault
         return None
 
 
 class SandboxFault(models.Model):
-    """The next `remaining` write calls for `target` (order id, recipient or resource) fail so."""
+    """The next `remaining` write calls for `target` (order id, recipient or resource) fail so;
+    a look-up fault fails the next look-ups for `target` (an operation key, order id or recipient)."""
 
     class Kind(models.TextChoices):
         TIMEOUT_AFTER_COMMIT = "timeout_after_commit"
         TIMEOUT_BEFORE_COMMIT = "timeout_before_commit"
         ERROR_500 = "error_500"
         DECLINE = "decline"
+        LOOKUP_ERROR = "lookup_error"  # the provider cannot be asked: a look-up answers 500
 
     target = models.CharField(max_length=255, db_index=True)
     fault = models.CharField(max_length=30, choices=Kind.choices)
@@ -224,6 +229,9 @@ class SandboxFault(models.Model):
 
     def __str__(self):
         return f"{self.fault} x{self.remaining} for {self.target}"
+
+
+LOOKUP_FAULTS = [SandboxFault.Kind.LOOKUP_ERROR]
 
 
 def new_event_id():

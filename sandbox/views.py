@@ -139,7 +139,10 @@ def _effect_list(request, model, body, *names, id_field):
     Pages go by (creation time, row), so effects created meanwhile never shift a page.
     Otherwise every matching effect is listed at once, with no `has_more`, as before paging.
     """
-    effects = model.objects.filter(**_filters(request, *names))
+    filters = _filters(request, *names)
+    if any(SandboxFault.objects.consume(value, lookup=True) for value in filters.values()):
+        return error_response(500, "internal_error", "Injected fault: the provider could not be asked.")
+    effects = model.objects.filter(**filters)
     if not {"since", "until", "limit", "starting_after"} & set(request.GET):
         return JsonResponse({"data": [body(effect) for effect in effects]})
     if "since" in request.GET:
