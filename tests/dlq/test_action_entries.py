@@ -224,6 +224,25 @@ def test_the_dashboard_refuses_a_refusals_redrive_without_a_reason_and_a_person_
     assert "refund:ORD-PAGE:full:dec-1" in queue and "refund action" in queue
 
 
+def test_a_bulk_discard_touches_the_action_entries_of_types_the_person_may_work_only(stack, agent, operator, client):
+    entries = [DeadLetter.objects.get(action=declined(stack, agent, f"refund:ORD-B{n}:full:dec-1", f"ORD-B{n}"))
+               for n in range(2)]
+    task_only = User.objects.create_user(username="tom", password=None)
+    task_only.groups.add(Group.objects.get(name="operators"))  # the workflows' permission, not refunds'
+    client.force_login(task_only)
+    assert client.post("/dlq/bulk", {"op": "discard", "status": "open", "code": "declined"}).context["total"] == 0
+
+    client.force_login(operator)
+    preview = client.post("/dlq/bulk", {"op": "discard", "status": "open", "code": "declined"})
+    assert preview.context["total"] == 2
+    client.post("/dlq/bulk", {"op": "discard", "status": "open", "code": "declined", "confirm_count": "2",
+                              "reason": "duplicates of refunds made by hand"})
+    assert set(DeadLetter.objects.values_list("status", flat=True)) == {E.DISCARDED}
+    for entry in entries:
+        [event] = audit_events(entry, "discarded")
+        assert (event.actor, event.reason) == ("user:olga", "duplicates of refunds made by hand")
+
+
 def test_resolving_and_discarding_an_action_entry_need_a_reason_leave_it_failed_and_are_audited(stack, agent, operator):
     first = DeadLetter.objects.get(action=declined(stack, agent, "refund:ORD-R:full:dec-1", "ORD-R"))
     second = DeadLetter.objects.get(action=declined(stack, agent, "refund:ORD-D:full:dec-1", "ORD-D"))
