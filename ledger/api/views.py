@@ -119,7 +119,9 @@ class ActionCreateView(APIView):
         operation_id="actions_create", parameters=[KEY_HEADER, REPLAYED, RETRY_AFTER], request=ACTION_REQUEST,
         responses=intake_responses(ActionSerializer),
         description="Request one guarded effect. Same key and body again: 200 with "
-        "`Idempotent-Replayed: true`, nothing executed again.",
+        "`Idempotent-Replayed: true`, nothing executed again. While the agent's grant for the action type is "
+        "shadow (not yet made live by a person after the replay set passed), the action is recorded with "
+        "status `shadow` and never executed.",
     )
     def post(self, request):
         key = idempotency_key(request)

@@ -82,3 +82,17 @@ def test_promoting_from_the_agents_page_is_refused_to_the_owner_and_done_by_anot
     assert grant_state(Agent.objects.get(pk=agent.pk), Capability.Kind.ACTION_TYPE, "refund") == GrantState.LIVE
     assert audit_events(agent, "promoted").get().actor == "user:root"
     assert f"review by {review_by}" in done.content.decode()
+
+
+def test_bad_input_is_said_on_the_page_and_changes_nothing(client):
+    person(client, "root", "admins")
+    agent = make_agent("scout", grants=("refund",), live=False)[0]
+    no_type = client.post(reverse("replay-run-start", args=["teleport"]), follow=True)
+    assert "&#x27;teleport&#x27; is not an action type" in no_type.content.decode()
+    bad_date = client.post(reverse("agent-grant-promote", args=[agent.pk]),
+                           {"action_type": "refund", "reason": "ok", "review_by": "next week"}, follow=True)
+    assert "Choose an action type and a review date" in bad_date.content.decode()
+    not_granted = client.post(reverse("agent-grant-promote", args=[agent.pk]),
+                              {"action_type": "send_message", "reason": "ok"}, follow=True)
+    assert "Not promoted" in not_granted.content.decode()
+    assert not ReplayRun.objects.exists() and not audit_events(agent, "promoted").exists()
