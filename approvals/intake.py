@@ -66,7 +66,7 @@ def verdict_for_request(*, action_type, amount, currency, customer, recorded=Non
         start_of_day = timezone.now().replace(hour=0, minute=0, second=0, microsecond=0)
         today = Action.objects.filter(
             action_type=action_type, currency=currency, customer=customer, created_at__gte=start_of_day
-        ).exclude(status__in=[ActionStatus.REJECTED, ActionStatus.CANCELLED, ActionStatus.FAILED])
+        ).exclude(status__in=[ActionStatus.REJECTED, ActionStatus.CANCELLED, ActionStatus.FAILED, ActionStatus.SHADOW])
         if recorded is not None:
             today = today.exclude(pk=recorded.pk)
         total_today = today.aggregate(total=Sum("amount"))["total"] or Decimal(0)

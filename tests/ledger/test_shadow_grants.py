@@ -5,11 +5,13 @@ it is shadow again; a revoke is immediate."""
 
 import time
 from datetime import timedelta
+from decimal import Decimal
 
 import pytest
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
+from approvals.models import Limit
 from ledger.actions import action_request
 from ledger.connectors.test_mode import connector_version
 from ledger.executor import action_claim_next
@@ -149,3 +151,15 @@ def test_a_revoke_is_immediate(db, client):
     assert second.status_code == 403
     assert not Grant.objects.filter(agent=agent, capability=capability(*REFUND)).exists()
     assert audit_events(agent, "revoked").get().before == {"capability": "action type refund", "state": "live"}
+
+
+def test_a_shadow_action_counts_nothing_toward_a_customers_daily_total(scout):
+    Limit.limit_set(actor="system:tests", action_type="refund", currency="EUR", max_amount=Decimal("500.00"),
+                    dual_approval_above=Decimal("5000.00"), daily_customer_total=Decimal("600.00"))
+    live = make_agent("billing", grants=("refund",))[0]
+    params = {"amount": "400.00", "currency": "EUR"}
+    action_request(agent=scout, operation_key="k-1", action_type="refund", target="ORD-1", customer="CUST-1",
+                   params=params, shadow=True)
+    real, _ = action_request(agent=live, operation_key="k-2", action_type="refund", target="ORD-2", customer="CUST-1",
+                             params=params)
+    assert real.status == ActionStatus.QUEUED  # 400.00 today, not 800.00: the shadow refund never happened
