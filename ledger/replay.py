@@ -35,7 +35,7 @@ from .agents import agent_create
 from .audit import actor_label
 from .connectors import NoConnector, http
 from .connectors.test_mode import (
-    REPLAY_KEY_PREFIX, NoTestMode, connector_description, connector_version, test_connector_for,
+    REPLAY_AGENT, REPLAY_KEY_PREFIX, NoTestMode, connector_description, connector_version, test_connector_for,
 )
 from .executor import action_claim_next, action_run_claimed
 from .jobs import worker_name
@@ -43,7 +43,6 @@ from .models import Action, ActionStatus, ActionType, Agent, ReplayRun
 from .signing import sign_webhook
 
 S = ActionStatus
-REPLAY_AGENT = "replay-set"
 REPLAY_AGENT_OWNER = "replay-set-owner"
 ACTOR = "system:replay"
 # Who signs which connector's test events, and with what: (header, secret).

@@ -7,8 +7,9 @@ ones (a team's test URL for signed HTTP; the sandbox's Stripe wire mode as Strip
 `api_base` with a test key), and optionally where the sandbox's fault protocol is spoken
 (`POST {"target", "fault", "times"}`), without which the timeout case cannot be staged.
 
-Actions whose operation key starts with REPLAY_KEY_PREFIX belong to a replay run: the
-executor sends them here, never to the live provider, whichever worker runs them.
+The replay agent's actions under keys starting with REPLAY_KEY_PREFIX belong to a replay
+run: the executor sends them here, never to the live provider, whichever worker runs them.
+Both must hold: any agent may choose such a key, and its action must reach the live provider.
 """
 
 import hashlib
@@ -18,9 +19,11 @@ import json
 from django.conf import settings
 from django.utils.module_loading import import_string
 
+from ..models import Agent
 from . import NoConnector, connector_for
 
 REPLAY_KEY_PREFIX = "replay:"
+REPLAY_AGENT = "replay-set"
 _SECRET_WORDS = ("secret", "key", "token", "password")
 
 
@@ -51,7 +54,8 @@ def test_connector_for(action_type):
 
 def connector_for_action(action):
     """The connector that may act for this action: a replay run's goes to the test mode."""
-    if action.operation_key.startswith(REPLAY_KEY_PREFIX):
+    if action.operation_key.startswith(REPLAY_KEY_PREFIX) and Agent.objects.filter(
+            pk=action.agent_id, name=REPLAY_AGENT).exists():
         return test_connector_for(action.action_type)[0]
     return connector_for(action.action_type)
 

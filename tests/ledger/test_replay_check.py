@@ -6,9 +6,11 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 
-from ledger.connectors.test_mode import connector_version
+from ledger.actions import action_request
+from ledger.connectors.test_mode import connector_for_action, connector_version
 from ledger.grants import GrantRefused, capability, grant_promote, grant_state
 from ledger.models import Action, ActionStatus, Capability, GrantState, ReplayRun, WebhookEvent
+from ledger.replay import replay_agent
 from tests.conftest import free_port
 from tests.factories import api_client, make_agent, sandbox_list
 
@@ -84,3 +86,16 @@ def test_an_action_type_without_a_test_mode_ends_failed_and_says_why(db, setting
         call_command("replay_check", "refund")
     [case] = ReplayRun.objects.get().cases
     assert case["case"] == "test_mode" and "has no test mode" in case["evidence"]["error"]
+
+
+def test_only_the_replay_agents_actions_go_to_the_test_mode(db, settings):
+    settings.SURETY_CONNECTORS = {**settings.SURETY_CONNECTORS, "refund": {
+        "class": "ledger.connectors.signed_http.SignedHttpConnector",
+        "options": {"url": "https://refunds.example.test/live", "secret": "s3cret"},
+        "test_mode": {"options": {"url": "https://refunds.example.test/test"}},
+    }}
+    request = dict(action_type="refund", target="ORD-1", params={"amount": "5.00", "currency": "EUR"})
+    impostor = action_request(agent=make_agent("billing")[0], operation_key="replay:1:clean", **request)[0]
+    replayed = action_request(agent=replay_agent(), operation_key="replay:2:clean", **{**request, "target": "ORD-2"})[0]
+    assert connector_for_action(impostor).url == "https://refunds.example.test/live"
+    assert connector_for_action(replayed).url == "https://refunds.example.test/test"
