@@ -96,3 +96,14 @@ def test_bad_input_is_said_on_the_page_and_changes_nothing(client):
                               {"action_type": "send_message", "reason": "ok"}, follow=True)
     assert "Not promoted" in not_granted.content.decode()
     assert not ReplayRun.objects.exists() and not audit_events(agent, "promoted").exists()
+
+
+def test_a_runs_page_shows_every_case_with_its_outcome_and_evidence(client):
+    person(client, "ada", "approvers")
+    run = ReplayRun.objects.create(action_type="refund", connector="http", ran_by="user:root", passed=False, cases=[
+        {"case": "clean_first_call", "outcome": "failed", "seconds": 0.1, "evidence": {"error": "connection refused"}},
+        {"case": "webhook_twice", "outcome": "not_applicable", "evidence": {"reason": "sends no webhooks"}},
+        {"case": "same_key_other_params", "outcome": "passed", "evidence": {"refused": "idempotency_key_reused"}},
+    ])
+    page = client.get(reverse("replay-run", args=[run.pk])).content.decode()
+    assert "connection refused" in page and "not applicable" in page and "idempotency_key_reused" in page
