@@ -46,8 +46,8 @@ REPLAYED = OpenApiParameter(
     required=True, description="The request was answered before: nothing was executed again.",
 )
 RETRY_AFTER = OpenApiParameter(
-    "Retry-After", {"type": "string", "pattern": "^[0-9]+$"}, OpenApiParameter.HEADER, response=[429],
-    required=True, description="Seconds until the agent's request window opens again.",
+    "Retry-After", {"type": "string", "pattern": "^[0-9]+$"}, OpenApiParameter.HEADER, response=[429, 503],
+    required=True, description="Seconds to wait before sending the request again.",
 )
 
 
@@ -131,6 +131,8 @@ def intake_responses(resource):
         (409, PROBLEM_JSON): problem("`booking_conflict` (the slot is taken) or `message_already_sent` "
                                      "(another agent's message to this recipient, type and decision)."),
         (422, PROBLEM_JSON): problem("`idempotency_key_reused`: the key names a different request."),
+        (503, PROBLEM_JSON): problem("`busy`: the database stayed deadlocked on the same target or customer; "
+                                     "nothing was recorded, send the same request again (see Retry-After)."),
     }
 
 

@@ -3,6 +3,7 @@
 import time
 
 from django.conf import settings
+from django.db import OperationalError
 from drf_spectacular.utils import extend_schema
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -76,12 +77,35 @@ def require_grant(agent, kind, name):
     return state
 
 
+# PostgreSQL's deadlock_detected and serialization_failure: the database rolled the whole
+# transaction back, so running it again records the request at most once (the key is unique).
+TRANSIENT_SQLSTATES = {"40P01", "40001"}
+INTAKE_ATTEMPTS = 2
+
+
+def intake_through_transient_failures(intake):
+    """Run `intake`, again if the database rolled it back to break a deadlock (two
+    transactions on the same target or customer that took their locks in another order);
+    a 503 problem if it cannot get through: nothing was recorded, the same request may be
+    sent again."""
+    for _ in range(INTAKE_ATTEMPTS):
+        try:
+            return intake()
+        except OperationalError as exc:
+            if getattr(exc.__cause__, "sqlstate", None) not in TRANSIENT_SQLSTATES:
+                raise
+    busy = Problem(503, "busy", "Busy", "The ledger was busy with the same target or customer; nothing was "
+                   "recorded. Send the same request again.")
+    busy.wait = 1
+    raise busy
+
+
 def recorded(request, key, intake, represent):
     """The shared answer of both intakes: 201 new; 200 replayed; 422 for a key that names
     another request or belongs to another agent (whose objects are never shown); 409 for a
-    booking whose slot is taken."""
+    booking whose slot is taken; 503 when the database stays deadlocked."""
     try:
-        obj, created = intake()
+        obj, created = intake_through_transient_failures(intake)
     except KeyReused:
         raise key_reused(request, key) from None
     except SlotTaken as exc:
