@@ -1,10 +1,33 @@
 """Shadow grants and replay runs: an action may be recorded `shadow` (never executed), a grant's
-live state and review date live beside its permission, and every replay run is kept."""
+live state and review date live beside its permission, and every replay run is kept.
+
+On SQLite, changing the status check rebuilds ledger_action: the triggers that name it (its
+own, and those of the apps built on the ledger) would stop the rebuild or go with the old
+table, so they are set aside first and created again, as they were, afterwards."""
 
 import django.db.models.deletion
 import django.utils.timezone
 from django.conf import settings
 from django.db import migrations, models
+
+_set_aside = []
+
+
+def sqlite_triggers_aside(apps, schema_editor):
+    if schema_editor.connection.vendor != "sqlite":
+        return
+    with schema_editor.connection.cursor() as cursor:
+        cursor.execute("SELECT name, sql FROM sqlite_master WHERE type = 'trigger' AND sql LIKE '%ledger_action%'")
+        _set_aside[:] = cursor.fetchall()
+    for name, _ in _set_aside:
+        schema_editor.execute(f"DROP TRIGGER IF EXISTS {name}")
+
+
+def sqlite_triggers_back(apps, schema_editor):
+    if schema_editor.connection.vendor != "sqlite":
+        return
+    for _, sql in _set_aside:
+        schema_editor.execute(sql)
 
 
 class Migration(migrations.Migration):
@@ -15,6 +38,7 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        migrations.RunPython(sqlite_triggers_aside, sqlite_triggers_back),
         migrations.RemoveConstraint(
             model_name='action',
             name='action_status_valid',
@@ -28,6 +52,7 @@ class Migration(migrations.Migration):
             model_name='action',
             constraint=models.CheckConstraint(condition=models.Q(('status__in', ['queued', 'awaiting_approval', 'held', 'pending', 'unknown', 'needs_review', 'succeeded', 'failed', 'rejected', 'cancelled', 'shadow'])), name='action_status_valid'),
         ),
+        migrations.RunPython(sqlite_triggers_back, sqlite_triggers_aside),
         migrations.CreateModel(
             name='ReplayRun',
             fields=[
