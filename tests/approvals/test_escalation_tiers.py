@@ -155,13 +155,14 @@ def test_two_sweepers_at_once_raise_one_alert_per_tier(tiered):
 def test_the_overview_counts_escalated_items(tiered):
     limit(first_tier=FIRST, next_tier=NEXT, escalate_after_hours=2)
     late = tiered.deadline + timedelta(hours=3)
-    other = over_limit_item("r2", "ORD-2")
-    ReviewItem.objects.filter(pk=other.pk).update(deadline=late + timedelta(hours=1))
+    other, waiting = over_limit_item("r2", "ORD-2"), over_limit_item("r3", "ORD-3")
+    ReviewItem.objects.filter(pk=other.pk).update(deadline=late - timedelta(hours=1))  # alerted, not escalated
+    ReviewItem.objects.filter(pk=waiting.pk).update(deadline=late + timedelta(hours=1))  # not yet overdue
     review_alert_overdue(now=late)
     user = get_user_model().objects.create_superuser("root", password=None)
 
     [approvals] = [card for card in review_cards(user, late) if card["kind"] == "approval"]
-    assert (approvals["count"], approvals["overdue"], approvals["escalated"]) == (2, 1, 1)
+    assert (approvals["count"], approvals["overdue"], approvals["escalated"]) == (3, 2, 1)
 
 
 def test_the_queue_marks_escalated_items(tiered, client):
