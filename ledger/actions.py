@@ -5,10 +5,11 @@
 
 import hashlib
 import json
+import logging
 from datetime import datetime
 from decimal import Decimal
 
-from django.db import IntegrityError, connection, transaction
+from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -18,6 +19,7 @@ from .jobs import ring_after_commit
 from .models import IN_FLIGHT_STATUSES, Action, ActionStatus, ActionType, AuditEvent, Booking, InvalidTransition
 
 S = ActionStatus
+logger = logging.getLogger("surety.actions")
 
 
 class KeyReused(Exception):
@@ -243,15 +245,31 @@ def held_release_when_settled(action, previous, actor):
     nothing, and when one they released out of a held group settles, the rest of the group
     waits for their decision too (approvals.decisions.held_group_decide) — two requests for
     one order close together must not both run because one of them was let through. A failure
-    that may still be retried keeps what it held: it may run again."""
+    that may still be retried keeps what it held: it may run again.
+
+    This runs holding the settled row's lock, while the intake takes the subjects' locks first
+    and the rows after: waiting here for either could deadlock with it. So the held rows are
+    taken with NOWAIT, and one that is busy stays held for a person (its page says that nothing
+    holds it any more). No subject lock is needed: a request inserted meanwhile is held by the
+    database either way, by this action while it is in flight or by the one released."""
     if action.status not in SETTLED or action.is_retryable_failure or previous == S.HELD:
         return
-    if not any(Action.objects.filter(subject, status=S.HELD).exists() for subject in _subjects(action)):
-        return  # the common case, one indexed look per subject
-    _lock_subjects(action.target, action.customer)
+    held_ones = sorted({a.pk: a for subject in _subjects(action)
+                        for a in Action.objects.filter(subject, status=S.HELD).exclude(pk=action.pk)}.values(),
+                       key=lambda a: a.pk)
+    if not held_ones:
+        return  # the common case: one indexed look per subject
     from_a_group = AuditEvent.objects.history(action).filter(verb="released").exists()
-    for held in [s for s in _siblings(action) if s.status == S.HELD]:
-        holders = [s for s in _siblings(held) if s.status != S.HELD]
+    for held in held_ones:
+        try:
+            with transaction.atomic():
+                held = Action.objects.select_for_update(nowait=True).get(pk=held.pk, status=S.HELD)
+        except (DatabaseError, Action.DoesNotExist):
+            logger.info("%s is busy or moved on: left held for a person", held.operation_key)
+            continue
+        holders = [a for subject in _subjects(held)
+                   for a in Action.objects.filter(subject, status__in=IN_FLIGHT_STATUSES).exclude(pk=held.pk)
+                   if a.status != S.HELD]
         if holders or from_a_group:
             reason = (f"{holders[0].operation_key} is in flight for the same target or customer" if holders else
                       f"{action.operation_key}, released from this held group by a person, is {action.status}: "
