@@ -254,6 +254,9 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "SCHEMA_PATH_PREFIX": "/api/v1",
+    # The components' names are part of what generated clients rely on: the per-type request
+    # schemas must not rename the two enums the document always had.
+    "ENUM_NAME_OVERRIDES": {"ActionTypeEnum": "ledger.models.ActionType", "StatusEnum": "ledger.models.ActionStatus"},
 }
 DATA_UPLOAD_MAX_MEMORY_SIZE = 1024 * 1024
 
