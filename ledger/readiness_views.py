@@ -1,8 +1,7 @@
 """The connectors' readiness page and the grants' live state on the agents page.
 
 Per action type: its connector (name, class, options with secrets masked, its test mode),
-the last replay run and whether it passes the gate (it passed, against the connector as it
-is now), and a button that runs the replay set as an RQ job. Promoting a grant (or renewing
+the last replay run, the run that opens the gate (ledger.grants.passing_run) if any, and a button that runs the replay set as an RQ job. Promoting a grant (or renewing
 it) is here too: ledger.grants decides; these views only ask and say what it answered.
 """
 
@@ -18,7 +17,7 @@ from django.views.decorators.http import require_POST
 from .connectors import NoConnector
 from .connectors.test_mode import connector_description, connector_version
 from .dashboard import staff_required
-from .grants import GrantRefused, agent_grants, capability, grant_promote
+from .grants import GrantRefused, agent_grants, capability, grant_promote, passing_run
 from .jobs import enqueue
 from .models import ActionType, Agent, Capability, ReplayRun
 from .replay import last_runs, replay_start
@@ -38,8 +37,7 @@ def connector_readiness(request):
         except (NoConnector, ImportError) as exc:
             connector, version, problem = None, "", str(exc)
         rows.append({"action_type": action_type, "connector": connector, "problem": problem, "run": run,
-                     "ready": bool(run and run.passed and run.connector_version == version),
-                     "stale": bool(run and run.connector_version != version)})
+                     "passing": passing_run(action_type), "stale": bool(run and run.connector_version != version)})
     return render(request, "ledger/connectors.html", {
         "rows": rows, "may_manage": request.user.has_perm("ledger.change_agent")})
 
