@@ -169,13 +169,13 @@ class Demo:
     tokens: dict
 
 
-def _refund(agent, key, order, amount=None, *, decision, reason=""):
+def _refund(agent, key, order, amount=None, *, decision, reason="", shadow=False):
     params = {"amount": amount or str(order.amount), "currency": order.currency}
     if reason:
         params["reason"] = reason
     action, _ = action_request(
         agent=agent, operation_key=key, action_type=ActionType.REFUND, target=order.order_id,
-        customer=order.customer, params=params, decision_id=decision,
+        customer=order.customer, params=params, decision_id=decision, shadow=shadow,
     )
     return action
 
@@ -261,6 +261,9 @@ def _seed_actions(users, agents, orders, script):
         start = tomorrow.replace(hour=hour)
         execute(_booking(support, f"booking:{customer}:{service}:{start:%Y%m%dT%H}", resource, customer,
                          service, start, 1, decision=f"dec-{n}"))
+
+    # shadow: asked under a grant nobody has made live yet (recorded, never executed).
+    _refund(billing, "refund:ORD-10020:full:dec-400", o("ORD-10020"), decision="dec-400", shadow=True)
 
     # queued: one just requested, one waiting out a backoff after the provider was unreachable.
     _refund(billing, "refund:ORD-10005:full:dec-401", o("ORD-10005"), decision="dec-401")
