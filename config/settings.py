@@ -191,11 +191,15 @@ for _action_type in ACTION_TYPES:
             for option in _CONNECTOR_OPTIONS.get(_name, ())
         }}
         SURETY_CONNECTORS[_action_type]["options"].update(_ACCOUNT_OPTIONS.get(_name, {}))
+        # Where the replay set (ledger.replay) calls a team's service in its test mode.
+        if env_str(f"CONNECTOR_{_action_type.upper()}_TEST_URL"):
+            SURETY_CONNECTORS[_action_type]["test_mode"] = {"options": {
+                "url": env_str(f"CONNECTOR_{_action_type.upper()}_TEST_URL")}}
 LEASE_SECONDS = env_float("LEASE_SECONDS", 30)
 # A provider call starts only with at least CONNECTOR_TIMEOUT + this margin of lease left.
 LEASE_MARGIN_SECONDS = env_float("LEASE_MARGIN_SECONDS", 2)
 MAX_ATTEMPTS = env_int("MAX_ATTEMPTS", 3)
-# Backoff between attempts: BACKOFF_BASE * 2**(attempt-1), capped, with full jitter.
+# Backoff between attempts: BACKOFF_BASE * 2**(attempt-1), capped, with equal jitter (ledger.retry).
 BACKOFF_BASE_SECONDS = env_float("BACKOFF_BASE_SECONDS", 2)
 BACKOFF_MAX_SECONDS = env_float("BACKOFF_MAX_SECONDS", 300)
 SWEEP_INTERVAL_SECONDS = env_float("SWEEP_INTERVAL_SECONDS", 1)
