@@ -16,6 +16,7 @@ from django.views.decorators.http import require_POST
 
 from . import hooks
 from .access import WORK_DLQ, user_may
+from .connectors import connector_name
 from .agents import agent_create, agent_rotate_token, capabilities_named
 from .dashboard import keyset_page, parse_moment, planner_estimates, render_partial, shown_estimate, staff_required
 from .grants import agent_grant, agent_revoke
@@ -127,6 +128,7 @@ def _customer_matching(actions, customer):
 def action_detail(request, pk):
     action = get_object_or_404(Action.objects.select_related("agent", "task"), pk=pk)
     context = {"action": action, "history": AuditEvent.objects.history(action),
+               "connector": connector_name(action.action_type) or "none configured",
                "items": action.review_items.order_by("-id"),
                "siblings": Action.objects.filter(target=action.target).exclude(pk=action.pk).order_by("-id")[:10]}
     return render(request, "ledger/action_detail.html", context)
@@ -176,7 +178,9 @@ def agent_list(request):
         return render(request, "ledger/agent_token.html", {"agent": agent, "token": token})
     agents = with_grant_states(Agent.objects.select_related("owner").annotate(actions_count=Count("actions")))
     grantable = sorted({*ActionType.values, *WORKFLOWS})
+    connectors = [(action_type, connector_name(action_type) or "none configured") for action_type in ActionType.values]
     return render(request, "ledger/agents.html", {"agents": agents, "grantable": grantable, "people": _people(),
+                                                   "connectors": connectors,
                                                    "unassigned": UNASSIGNED_OWNER,
                                                    "may_manage": request.user.has_perm("ledger.change_agent")})
 

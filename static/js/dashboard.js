@@ -221,6 +221,9 @@
         dual_approval_above: button.dataset.dualApprovalAbove,
         daily_customer_total: button.dataset.dailyCustomerTotal,
         review_deadline_hours: button.dataset.reviewDeadlineHours,
+        first_tier: button.dataset.firstTier,
+        next_tier: button.dataset.nextTier,
+        escalate_after_hours: button.dataset.escalateAfterHours,
       };
       Object.keys(fields).forEach(function (name) {
         var input = form.elements.namedItem(name);

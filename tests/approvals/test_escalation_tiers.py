@@ -165,6 +165,13 @@ def test_the_overview_counts_escalated_items(tiered):
     assert (approvals["count"], approvals["overdue"], approvals["escalated"]) == (3, 2, 1)
 
 
+def test_the_overview_page_shows_the_escalated_figure(tiered, client):
+    limit(first_tier=FIRST, next_tier=NEXT, escalate_after_hours=2)
+    review_alert_overdue(now=tiered.deadline + timedelta(hours=3))
+    client.force_login(get_user_model().objects.create_superuser("root", password=None))
+    assert 'data-escalated="1">1 escalated</span>' in client.get("/").content.decode()
+
+
 def test_the_queue_marks_escalated_items(tiered, client):
     other = over_limit_item("r2", "ORD-2")
     ReviewItem.objects.filter(pk=other.pk).update(deadline=tiered.deadline + timedelta(days=1))

@@ -6,6 +6,7 @@ from django.core.management import CommandError, call_command
 
 from ledger.agents import agent_create
 from ledger.models import Agent, AuditEvent
+from tests.factories import make_action, make_agent
 
 pytestmark = pytest.mark.django_db
 
@@ -56,3 +57,17 @@ def test_the_dashboard_refuses_an_owner_who_is_no_person(client):
     agent = Agent.objects.get(name="x-bot")
     client.post("/agents/", {"name": "y-bot", "owner": agent.user.get_username()})  # an agent's own user
     assert not Agent.objects.filter(name="y-bot").exists()
+
+
+def test_the_agents_and_action_pages_name_the_connector_of_each_type(client, settings):
+    settings.SURETY_CONNECTORS = {**settings.SURETY_CONNECTORS,
+                                  "send_message": {"class": "ledger.connectors.email.EmailConnector", "options": {}}}
+    ada = get_user_model().objects.create_superuser("ada", password=None)
+    client.force_login(ada)
+    agents = client.get("/agents/").content.decode()
+    assert 'refund → <span class="mono">sandbox</span>' in agents
+    assert 'send message → <span class="mono">email</span>' in agents
+    agent, _ = make_agent("billing")
+    action = make_action(agent, "queued")
+    assert '<a class="mono" id="connector" href="/connectors/">sandbox</a>' in client.get(
+        f"/actions/{action.pk}/").content.decode()
