@@ -1,6 +1,7 @@
 """The MCP server over stdio, driven by the MCP SDK's own client, against the live server."""
 
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 
 import anyio
@@ -32,7 +33,10 @@ def over_mcp(url, token, *calls):
             await mcp.initialize()
             return [await mcp.list_tools() if call == "list" else await mcp.call_tool(*call) for call in calls]
 
-    return anyio.run(session)
+    # On a thread of its own: a browser test before this one in the same worker leaves
+    # Playwright's asyncio loop running on the main thread, and anyio will not nest in it.
+    with ThreadPoolExecutor(1) as thread:
+        return thread.submit(anyio.run, session).result()
 
 
 def text_of(result):

@@ -49,9 +49,9 @@ def test_every_cache_a_module_keeps_is_registered():
 
 
 def test_statements_are_compiled_only_on_the_hot_paths():
-    assert compiled.STATEMENTS
-    assert all(str(statement).startswith(HOT) for statement in compiled.STATEMENTS), [
-        str(s) for s in compiled.STATEMENTS]
+    product = [str(s) for s in compiled.STATEMENTS if not str(s).startswith("tests.")]  # tests compile their own
+    assert product
+    assert all(statement.startswith(HOT) for statement in product), product
 
 
 @pytest.mark.django_db
