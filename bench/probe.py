@@ -162,7 +162,8 @@ def profile(token, repeat=300, top=25):
 def noop_task_counts(token):
     """SQL statements and commits of one whole `noop` task run (10 local steps) in-process:
     claim, then the runner, as a worker would do it."""
-    from ledger.tasks import task_claim_next, task_run_claimed
+    from ledger.runner import task_run
+    from ledger.tasks import task_claim_next
 
     r = Requests(token)
     key = r.fresh("nt")
@@ -173,7 +174,7 @@ def noop_task_counts(token):
     with CaptureQueriesContext(connection) as claim_queries, Commits() as claim_commits:
         task = task_claim_next("bench-probe")
     with CaptureQueriesContext(connection) as queries, Commits() as commits:
-        task_run_claimed(task)
+        task_run(task)
     task.refresh_from_db()
     control = ("BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT", "RELEASE")
     statements = [q["sql"] for q in queries.captured_queries if not q["sql"].lstrip().upper().startswith(control)]
