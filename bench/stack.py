@@ -109,9 +109,20 @@ class Stack:
         self.manage("migrate", "--noinput", "-v", "0")
 
     def create_agent(self, name, grants):
+        """An agent whose grants are live. A new grant is shadow until a person promotes it after
+        a passing replay run; the benchmark measures execution, so it writes the grants live
+        straight into the table (as the tests do), past that gate."""
         self.manage("shell", "-c", "from django.contrib.auth import get_user_model; "
                                    "get_user_model().objects.get_or_create(username='bench-owner')")
         out = self.manage("create_agent", name, *[f"--grant={g}" for g in grants], "--owner=bench-owner")
+        self.manage("shell", "-c", (
+            "from datetime import timedelta; from django.db.models import F; from django.utils import timezone; "
+            "from django.contrib.auth import get_user_model; from ledger.authority import Grant; "
+            "from ledger.models import Agent; "
+            "promoter = get_user_model().objects.get_or_create(username='bench-promoter')[0]; "
+            f"Grant.objects.filter(agent__name={name!r}).update(live_until=timezone.now() + timedelta(days=1), "
+            "promoted_by=promoter, promoted_at=timezone.now()); "
+            f"Agent.objects.filter(name={name!r}).update(grants_version=F('grants_version') + 1)"))
         return out.strip().splitlines()[-1].strip()
 
     # --- long-running processes ----------------------------------------------------------------
