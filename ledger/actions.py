@@ -233,6 +233,12 @@ def booking_follow_action(action, previous, actor):
 
 
 SETTLED = {S.SUCCEEDED, S.FAILED, S.REJECTED, S.CANCELLED}
+# Every settle asks these (compiled once, see compiled.py; bench (d)):
+# SELECT id, ... FROM ledger_action WHERE target = %s AND status = 'held'   (and by customer)
+_held_on_target = Compiled(lambda target: Action.objects.filter(target=target, status=S.HELD).only("id"),
+                           name="ledger.actions: held on a target")
+_held_on_customer = Compiled(lambda customer: Action.objects.filter(customer=customer, status=S.HELD).only("id"),
+                             name="ledger.actions: held on a customer")
 
 
 def held_release_when_settled(action, previous, actor):
@@ -254,9 +260,9 @@ def held_release_when_settled(action, previous, actor):
     database either way, by this action while it is in flight or by the one released."""
     if action.status not in SETTLED or action.is_retryable_failure or previous == S.HELD:
         return
-    held_ones = sorted({a.pk: a for subject in _subjects(action)
-                        for a in Action.objects.filter(subject, status=S.HELD).exclude(pk=action.pk)}.values(),
-                       key=lambda a: a.pk)
+    held_ones = sorted({a.pk: a for a in [*_held_on_target.all(action.target),
+                                          *(_held_on_customer.all(action.customer) if action.customer else [])]
+                        if a.pk != action.pk}.values(), key=lambda a: a.pk)
     if not held_ones:
         return  # the common case: one indexed look per subject
     from_a_group = AuditEvent.objects.history(action).filter(verb="released").exists()

@@ -172,7 +172,8 @@ def effect_save(effect, *, check=None):
     3. Save the effect and point the claim at it, in the transaction that made the claim.
     """
     claim = None
-    with transaction.atomic():
+    # No savepoint of its own inside the caller's transaction: a failure rolls back that one.
+    with transaction.atomic(savepoint=False):
         if effect.idempotency_key and SandboxSettings.load().idempotency:
             scope = effect._meta.model_name
             try:
