@@ -29,14 +29,18 @@ DECISIONS = {
     ReviewKind.UNKNOWN_OUTCOME: {"mark_succeeded", "mark_failed", "verify"},
 }
 
+REASON_REQUIRED = {"approve", "reject", "release", "mark_failed"}
+
 
 def review_decide(item, *, user, decision, reason="", external_ref=""):
     """Take `decision` on `item` as `user`; returns the item as it stands afterwards."""
     reason = reason.strip()
     if decision not in DECISIONS[item.kind]:
         raise DecisionRefused(f"{decision} is not a decision for a {item.get_kind_display()}")
-    if decision in ("reject", "mark_failed") and not reason:
-        raise DecisionRefused("a reason is required")
+    # Every decision that changes what happens to money gives its reason; verifying again changes
+    # nothing, and marking succeeded is backed by the provider's reference.
+    if decision in REASON_REQUIRED and not reason:
+        raise DecisionRefused(f"a reason is required to {decision.replace('_', ' ')}")
     if decision == "mark_succeeded" and not external_ref.strip():
         raise DecisionRefused("the provider's reference is required to mark it succeeded")
     with transaction.atomic():
@@ -80,7 +84,7 @@ def _decide(item, action, user, decision, reason, external_ref):
             action.reject(actor=user, reason=reason)
         elif decision == "release":
             verdict = verdict_for_action(action)
-            action.release(actor=user, reason=reason or "released by a person",
+            action.release(actor=user, reason=reason,
                            needs_approval=bool(verdict.approvals_needed))
         elif decision == "mark_succeeded":
             action.mark_succeeded(actor=user, external_ref=external_ref, reason=reason or "confirmed by a person")

@@ -75,8 +75,12 @@ class Limit(models.Model):
         }
 
     @classmethod
-    def limit_set(cls, *, actor, action_type, currency, reason="", **values):
-        """Create or change a limit; audited, and applies to actions requested from now on."""
+    def limit_set(cls, *, actor, action_type, currency, reason, **values):
+        """Create or change a limit; audited, and applies to actions requested from now on.
+        Refused (ValueError) without a reason: a limit decides what happens to money."""
+        reason = reason.strip()
+        if not reason:
+            raise ValueError("a reason is required to change a limit")
         try:
             return cls._limit_set(actor, action_type, currency, reason, values)
         except IntegrityError:

@@ -55,7 +55,8 @@ def _agent_insert(name, *, actor, grants, owner):
                                   after={"name": name, "owner": owner.get_username()})
         for grant in grants:
             for cap in capabilities_named(grant):
-                agent_grant(agent, cap, actor=actor)
+                # Granted as part of the creation, which is its reason (in shadow until promoted).
+                agent_grant(agent, cap, actor=actor, reason=f"granted at the creation of the agent {name}")
     return agent, token
 
 

@@ -90,8 +90,16 @@ def _bump(agent):
     Agent.objects.filter(pk=agent.pk).update(grants_version=F("grants_version") + 1)
 
 
-def agent_grant(agent, cap, *, actor, reason=""):
+def _reason_required(reason, change):
+    """The reason, stripped; a change to what an agent may do is refused without one."""
+    if not reason.strip():
+        raise GrantRefused(f"a reason is required to {change}")
+    return reason.strip()
+
+
+def agent_grant(agent, cap, *, actor, reason):
     """Grant (or grant again) the use of `cap`, in shadow until a person promotes it."""
+    reason = _reason_required(reason, "grant")
     with transaction.atomic():
         assign_perm(USE, agent.user, cap)
         Grant.objects.get_or_create(agent=agent, capability=cap)
@@ -99,7 +107,8 @@ def agent_grant(agent, cap, *, actor, reason=""):
         AuditEvent.objects.record(actor=actor, verb="granted", obj=agent, after={"capability": str(cap)}, reason=reason)
 
 
-def agent_revoke(agent, cap, *, actor, reason=""):
+def agent_revoke(agent, cap, *, actor, reason):
+    reason = _reason_required(reason, "revoke")
     with transaction.atomic():
         before = Grant.objects.filter(agent=agent, capability=cap).first()
         remove_perm(USE, agent.user, cap)
@@ -130,8 +139,7 @@ def grant_promote(agent, cap, *, actor, reason, review_by=None):
         raise GrantRefused("only a person may make a grant live")
     if actor.pk == agent.owner_id:
         raise GrantRefused("the agent's owner may not make its grant live (four eyes)")
-    if not reason.strip():
-        raise GrantRefused("a reason is required to make a grant live")
+    reason = _reason_required(reason, "make a grant live")
     if cap.kind != Capability.Kind.ACTION_TYPE:
         raise GrantRefused("only a grant for an action type is promoted; a workflow's is live once given")
     if not now < review_by <= now + timedelta(days=MAX_REVIEW_DAYS):

@@ -19,7 +19,7 @@ from .access import WORK_DLQ, user_may
 from .connectors import connector_name
 from .agents import agent_create, agent_rotate_token, capabilities_named
 from .dashboard import keyset_page, parse_moment, planner_estimates, render_partial, shown_estimate, staff_required
-from .grants import agent_grant, agent_revoke
+from .grants import GrantRefused, agent_grant, agent_revoke
 from .models import (IN_FLIGHT_STATUSES, UNASSIGNED_OWNER, Action, ActionStatus, ActionType, Agent, AuditEvent,
                      Capability, ChainCheck, Task)
 from .readiness_views import with_grant_states
@@ -208,8 +208,12 @@ def agent_change(request, pk, op):
     except ValueError as exc:
         messages.error(request, str(exc))
         return redirect("agent-list")
-    for capability in capabilities:
-        (agent_grant if op == "grant" else agent_revoke)(agent, capability, actor=request.user, reason=reason)
+    try:  # one reason for every capability named: refused at the first, before any change
+        for capability in capabilities:
+            (agent_grant if op == "grant" else agent_revoke)(agent, capability, actor=request.user, reason=reason)
+    except GrantRefused as exc:
+        messages.error(request, f"Not done: {exc}.")
+        return redirect("agent-list")
     messages.success(request, f"{op} {request.POST.get('capability')} for {agent.name}: done.")
     return redirect("agent-list")
 

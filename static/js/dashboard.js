@@ -5,9 +5,10 @@
  *
  * Queues (pages with .queue-row rows): j / k select the next / previous row, Enter opens it,
  * r opens the selected row's "Reject…" with its reason field focused.
- * Review item: a approves (or releases), asking first where the button carries data-confirm
- * (above the two-approver threshold); r focuses the reason, and rejects when a reason is
- * written. Escape leaves a text field so the shortcuts work again.
+ * Review item: a approves (or releases) with the reason written, or asks for one, with the
+ * button's data-confirm question where it has one (above the two-approver threshold); r
+ * focuses the reason, and rejects when a reason is written. Escape leaves a text field so
+ * the shortcuts work again.
  */
 (function () {
   "use strict";
@@ -85,9 +86,22 @@
 
   function approve() {
     var button = decisionButton(["approve", "release"]);
-    if (!button) return false;
+    var reason = document.getElementById("reason");
+    if (!button || !reason) return false;
     var question = button.getAttribute("data-confirm");
-    if (!question || window.confirm(question)) button.click();
+    if (reason.value.trim()) {
+      if (!question || window.confirm(question)) button.click();
+      return true;
+    }
+    // Every decision gives its reason: asked here (with the threshold's question, if any), so
+    // that a stays one key and one answer. Cancelled or left blank, the reason field waits.
+    var given = window.prompt((question ? question + " " : "") + "Reason to " + button.value + " (recorded in the audit log):");
+    if (given && given.trim()) {
+      reason.value = given;
+      button.click();
+    } else {
+      reason.focus();
+    }
     return true;
   }
 

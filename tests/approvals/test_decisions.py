@@ -24,7 +24,8 @@ def people():
     agent, _ = make_agent("billing-bot")
     agent.owner = users["olga"]
     agent.save(update_fields=["owner"])
-    Limit.limit_set(actor="system:tests", action_type="refund", currency="EUR", max_amount=Decimal("500.00"),
+    Limit.limit_set(actor="system:tests", reason="the tests' policy",
+                    action_type="refund", currency="EUR", max_amount=Decimal("500.00"),
                     dual_approval_above=Decimal("5000.00"), daily_customer_total=Decimal("2000.00"))
     return users, agent
 
@@ -59,7 +60,7 @@ def test_the_agents_owner_cannot_approve_four_eyes(people):
     users, agent = people
     item = ReviewItem.objects.get(action=refund(agent, "r1", "750.00", "ORD-1"))
     with pytest.raises(DecisionRefused, match="four eyes"):
-        review_decide(item, user=users["olga"], decision="approve")
+        review_decide(item, user=users["olga"], decision="approve", reason="mine")
     item.refresh_from_db()
     assert item.status == "open"
 
@@ -85,7 +86,7 @@ def test_above_the_second_threshold_two_different_approvers_are_needed(people):
     action.refresh_from_db()
     assert action.status == "awaiting_approval"
     with pytest.raises(DecisionRefused, match="someone else"):
-        review_decide(item, user=users["alice"], decision="approve")
+        review_decide(item, user=users["alice"], decision="approve", reason="checked again")
     review_decide(item, user=users["bob"], decision="approve", reason="agreed")
     action.refresh_from_db()
     item.refresh_from_db()
@@ -177,10 +178,12 @@ def test_two_first_saves_of_one_limit_at_once_both_land_and_neither_fails():
     finds no row, inserts, waits on the unique constraint, and then changes the other's."""
 
     def other_save():
-        Limit.limit_set(actor="system:other", action_type="refund", currency="GBP", max_amount=Decimal("100.00"))
+        Limit.limit_set(actor="system:other", reason="the tests' policy",
+                        action_type="refund", currency="GBP", max_amount=Decimal("100.00"))
 
     with another_transaction(other_save, commit_when_waited_on=True) as other:
-        mine = Limit.limit_set(actor="system:tests", action_type="refund", currency="GBP", max_amount=Decimal("250.00"))
+        mine = Limit.limit_set(actor="system:tests", reason="the tests' policy",
+                               action_type="refund", currency="GBP", max_amount=Decimal("250.00"))
 
     assert other.waited is True
     assert Limit.objects.get(action_type="refund", currency="GBP").max_amount == Decimal("250.00") == mine.max_amount
@@ -204,3 +207,37 @@ def test_the_daily_total_is_summed_under_the_customers_lock(people):
 
     assert other.waited is True  # this request, for the customer's lock
     assert action.status == "awaiting_approval"
+
+
+@pytest.mark.parametrize("decision", ["approve", "reject", "release", "limit"])
+def test_every_decision_without_a_reason_is_refused_and_changes_nothing(people, decision):
+    users, agent = people
+    if decision == "release":  # held behind an earlier refund still in flight on the same order
+        refund(agent, "r0", "20.00", "ORD-1")
+    item = ReviewItem.objects.get(action=refund(agent, "r1", "750.00" if decision != "release" else "30.00", "ORD-1"))
+    events = AuditEvent.objects.count()
+    if decision == "limit":
+        with pytest.raises(ValueError, match="a reason is required"):
+            Limit.limit_set(actor=users["alice"], reason="  ", action_type="refund", currency="EUR",
+                            max_amount=Decimal("1.00"))
+        assert Limit.objects.get(currency="EUR").max_amount == Decimal("500.00")
+    else:
+        with pytest.raises(DecisionRefused, match=f"a reason is required to {decision}"):
+            review_decide(item, user=users["alice"], decision=decision, reason="  ")
+    item.refresh_from_db()
+    assert item.status == "open" and AuditEvent.objects.count() == events
+    assert item.action.status == ("held" if decision == "release" else "awaiting_approval")
+
+
+def test_the_page_shows_the_refusal_of_a_decision_without_a_reason(people, client):
+    users, agent = people
+    item = ReviewItem.objects.get(action=refund(agent, "r1", "750.00", "ORD-1"))
+    client.force_login(get_user_model().objects.create_superuser("root", password="x"))
+    page = client.post(f"/review/{item.pk}/decide", {"decision": "approve", "reason": " "}, follow=True)
+    assert "Not done: a reason is required to approve" in page.content.decode()
+    item.refresh_from_db()
+    assert item.status == "open"
+    policies = client.post("/policies/", {"action_type": "refund", "currency": "EUR", "max_amount": "1.00",
+                                           "review_deadline_hours": 4, "reason": " "})
+    assert policies.status_code == 200 and "This field is required" in policies.content.decode()
+    assert Limit.objects.get(currency="EUR").max_amount == Decimal("500.00")

@@ -29,8 +29,8 @@ NEXT = "head-of-ops@surety.example"
 
 
 def limit(**tiers):
-    return Limit.limit_set(actor="system:tests", action_type="refund", currency="EUR", max_amount=Decimal("500.00"),
-                           **tiers)
+    return Limit.limit_set(actor="system:tests", reason="the tests' policy", action_type="refund", currency="EUR",
+                           max_amount=Decimal("500.00"), **tiers)
 
 
 def over_limit_item(key="r1", order="ORD-1"):

@@ -26,9 +26,11 @@ def version():
 
 def test_every_change_to_the_limits_gives_a_new_version_whoever_makes_it(version_row):
     seen = [version()]
-    limit = Limit.limit_set(actor="system:tests", action_type="refund", currency="EUR", max_amount=Decimal("500"))
+    limit = Limit.limit_set(actor="system:tests", reason="the tests' policy",
+                            action_type="refund", currency="EUR", max_amount=Decimal("500"))
     seen.append(version())
-    Limit.limit_set(actor="system:tests", action_type="refund", currency="EUR", max_amount=Decimal("600"))
+    Limit.limit_set(actor="system:tests", reason="the tests' policy",
+                    action_type="refund", currency="EUR", max_amount=Decimal("600"))
     seen.append(version())
     with connection.cursor() as cursor:  # not through the model: the database still sees it
         cursor.execute("UPDATE approvals_limit SET max_amount = 700 WHERE id = %s", [limit.pk])
@@ -54,18 +56,22 @@ def post(client):
 
 
 def test_a_limit_change_applies_to_the_next_request_of_a_process_that_kept_the_limits(version_row, post):
-    Limit.limit_set(actor="system:tests", action_type="refund", currency="EUR", max_amount=Decimal("500.00"))
+    Limit.limit_set(actor="system:tests", reason="the tests' policy",
+                    action_type="refund", currency="EUR", max_amount=Decimal("500.00"))
     assert post("k1", "ORD-1", "750.00") == "awaiting_approval"
     assert post("k2", "ORD-2", "400.00") == "queued"  # from this process's copy
 
-    Limit.limit_set(actor="system:tests", action_type="refund", currency="EUR", max_amount=Decimal("1000.00"))
+    Limit.limit_set(actor="system:tests", reason="the tests' policy",
+                    action_type="refund", currency="EUR", max_amount=Decimal("1000.00"))
     assert post("k3", "ORD-3", "750.00") == "queued"
-    Limit.limit_set(actor="system:tests", action_type="refund", currency="EUR", max_amount=Decimal("100.00"))
+    Limit.limit_set(actor="system:tests", reason="the tests' policy",
+                    action_type="refund", currency="EUR", max_amount=Decimal("100.00"))
     assert post("k4", "ORD-4", "400.00") == "awaiting_approval"
 
 
 def test_a_process_with_the_current_copy_asks_for_no_limit(version_row, post):
-    Limit.limit_set(actor="system:tests", action_type="refund", currency="EUR", max_amount=Decimal("500.00"))
+    Limit.limit_set(actor="system:tests", reason="the tests' policy",
+                    action_type="refund", currency="EUR", max_amount=Decimal("500.00"))
     post("k1", "ORD-1", "25.00")  # reads the limits at this version
 
     with CaptureQueriesContext(connection) as queries:
@@ -75,9 +81,11 @@ def test_a_process_with_the_current_copy_asks_for_no_limit(version_row, post):
 
 def test_without_the_version_row_the_limits_are_asked_every_time(post):
     LimitsVersion.objects.all().delete()
-    Limit.limit_set(actor="system:tests", action_type="refund", currency="EUR", max_amount=Decimal("500.00"))
+    Limit.limit_set(actor="system:tests", reason="the tests' policy",
+                    action_type="refund", currency="EUR", max_amount=Decimal("500.00"))
     assert post("k1", "ORD-1", "750.00") == "awaiting_approval"
-    Limit.limit_set(actor="system:tests", action_type="refund", currency="EUR", max_amount=Decimal("1000.00"))
+    Limit.limit_set(actor="system:tests", reason="the tests' policy",
+                    action_type="refund", currency="EUR", max_amount=Decimal("1000.00"))
     assert post("k2", "ORD-2", "750.00") == "queued"
 
 
@@ -85,6 +93,6 @@ def test_without_the_version_row_the_limits_are_asked_every_time(post):
                                     {"review_deadline_hours": 24 * 365 + 1}])
 def test_the_database_refuses_a_limit_the_policy_form_would_refuse(values):
     with pytest.raises(IntegrityError), transaction.atomic():
-        Limit.limit_set(actor="system:tests", action_type="refund", currency="EUR", max_amount=Decimal("500.00"),
-                        **values)
+        Limit.limit_set(actor="system:tests", reason="the tests' policy", action_type="refund", currency="EUR",
+                        max_amount=Decimal("500.00"), **values)
     assert not Limit.objects.exists()

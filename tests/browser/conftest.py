@@ -159,7 +159,7 @@ def agent(people):
 
 @pytest.fixture
 def limit(stack):
-    return Limit.limit_set(actor="system:tests", action_type="refund", currency="EUR",
+    return Limit.limit_set(actor="system:tests", reason="the tests' policy", action_type="refund", currency="EUR",
                            max_amount=Decimal("500.00"), dual_approval_above=None)
 
 

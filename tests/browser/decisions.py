@@ -29,7 +29,8 @@ def refund(agent, n, amount, *, order=None, customer=None, reason=None):
 
 def dual_limit():
     """Refunds over 500.00 EUR need one approver, over 1000.00 two."""
-    return Limit.limit_set(actor="system:tests", action_type="refund", currency="EUR", max_amount=Decimal("500.00"),
+    return Limit.limit_set(actor="system:tests", reason="the tests' policy",
+                           action_type="refund", currency="EUR", max_amount=Decimal("500.00"),
                            dual_approval_above=Decimal("1000.00"))
 
 
@@ -92,6 +93,11 @@ class Counted:
     def type(self, selector, text):
         self.count += 1
         self.page.locator(selector).first.fill(text)
+
+    def answer(self, text):
+        """Answer the next dialog (a prompt for a reason) with `text`: typed and accepted, one."""
+        self.count += 1
+        self.page.once("dialog", lambda dialog: dialog.accept(text))
 
     def check(self, selector):
         self.count += 1

@@ -26,14 +26,15 @@ def open_from_card(person, kind, item_pk):
     person.navigating(person.click, f'.queue-row[data-id="{item_pk}"] a.row-link')
 
 
-def test_approve_takes_3(page, people, agent, limit):
+def test_approve_with_a_reason_takes_4(page, people, agent, limit):
     item = open_item(refund(agent, 1, "700.00"))
     person = from_overview(page, "alice")
     open_from_card(person, "approval", item.pk)
+    person.answer("the order shows the damage")  # a asks for the reason
     person.navigating(person.press, "a")
     item.refresh_from_db()
-    assert item.status == ReviewStatus.APPROVED
-    assert person.count == 3
+    assert item.status == ReviewStatus.APPROVED and item.note == "the order shows the damage"
+    assert person.count == 4
 
 
 def test_reject_with_a_reason_takes_4_and_3_from_the_queue(page, people, agent, limit):
@@ -75,27 +76,29 @@ def test_resolve_an_unknown_outcome_as_failed_takes_6(page, people, agent):
     assert person.count == 6
 
 
-def test_release_a_held_group_takes_3(page, people, agent):
+def test_release_a_held_group_with_a_reason_takes_4(page, people, agent):
     refund(agent, 5, "20.00", order="ORD-HR", customer="CUST-HR")
     held = refund(agent, 6, "30.00", order="ORD-HR", customer="CUST-HR")
     item = open_item(held)
     person = from_overview(page, "alice")
     open_from_card(person, "held", item.pk)
+    person.answer("the earlier refund settled")
     person.navigating(person.press, "a")
     item.refresh_from_db()
     assert item.status == ReviewStatus.RESOLVED
     assert Action.objects.get(pk=held.pk).status == ActionStatus.QUEUED
-    assert person.count == 3
+    assert person.count == 4
 
 
-def test_redrive_takes_3(page, people, agent):
+def test_redrive_with_a_reason_takes_4(page, people, agent):
     entry = dead_letter(agent, "refund-ix1")
     person = from_overview(page, "olga")
     open_from_card(person, "dead_letters", entry.pk)
+    person.type("#redrive-reason", "the provider is back")
     person.navigating(person.click, "#redrive-form button[value=redrive]")
     entry.refresh_from_db()
-    assert entry.status == EntryStatus.REDRIVEN
-    assert person.count == 3
+    assert entry.status == EntryStatus.REDRIVEN and entry.note == "the provider is back"
+    assert person.count == 4
 
 
 def test_reject_with_a_reason_from_the_queue_by_keyboard_takes_4(page, people, agent, limit):

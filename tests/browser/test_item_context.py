@@ -13,7 +13,8 @@ pytestmark = pytest.mark.browser
 
 
 def test_the_item_shows_the_agents_reason_and_the_customers_total_today(page, people, agent):
-    Limit.limit_set(actor="system:tests", action_type="refund", currency="EUR", max_amount=Decimal("500.00"),
+    Limit.limit_set(actor="system:tests", reason="the tests' policy",
+                    action_type="refund", currency="EUR", max_amount=Decimal("500.00"),
                     daily_customer_total=Decimal("1000.00"))
     for n, amount in ((1, "300.00"), (2, "450.00")):  # settled earlier today
         earlier = refund(agent, n, amount, customer="CUST-CTX")

@@ -65,16 +65,22 @@ def test_an_approver_approves_an_over_limit_refund_and_the_provider_holds_exactl
     shot(page, "review-detail-approved")
 
 
-def test_a_reject_without_a_reason_is_refused(page, over_limit_refund):
+@pytest.mark.parametrize("decision", ["approve", "reject"])
+def test_a_decision_without_a_reason_is_refused(page, over_limit_refund, decision):
     item = over_limit_refund
     login(page, "alice")
     page.goto(f"/review/{item.pk}/")
-    with page.expect_navigation():
-        decision_button(page, "reject").click()
-    assert "a reason is required" in status_message(page)
+    decision_button(page, decision).click()  # the reason field is required: the browser asks for it
+    assert page.locator("#reason").evaluate("field => field.validity.valueMissing")
+    assert page.url.endswith(f"/review/{item.pk}/")
+    # Sent anyway (blank once stripped): the server refuses and the page says why.
+    forged = csrf_post(page, f"/review/{item.pk}/decide", {"decision": decision, "reason": "  "})
+    assert forged.status == 303
+    page.goto(f"/review/{item.pk}/")
+    assert f"a reason is required to {decision}" in status_message(page)
     assert page.locator("#item-status").inner_text().strip() == "open"
     assert page.locator("#action-status").inner_text().strip() == "awaiting approval"
-    assert_undecided(item, "reject")
+    assert_undecided(item, decision)
 
 
 def test_an_auditor_sees_no_approve_control_and_a_forged_post_answers_403(page, over_limit_refund):
@@ -127,7 +133,8 @@ def test_the_requester_cannot_approve_their_own_item(stack, pages, over_limit_re
     page.goto(f"/review/{own.pk}/")
     assert "four eyes" in status_message(page)
     # Forged as an htmx request: 400, and htmx is sent back to the item.
-    forged = csrf_post(page, f"/review/{own.pk}/decide", {"decision": "approve"}, headers={"HX-Request": "true"})
+    forged = csrf_post(page, f"/review/{own.pk}/decide", {"decision": "approve", "reason": "mine"},
+                       headers={"HX-Request": "true"})
     assert forged.status == 400 and forged.headers["hx-redirect"] == f"/review/{own.pk}/"
     assert_undecided(own, "approve")
 

@@ -36,6 +36,8 @@ def test_keyboard_approve_works(page, agent, limit):
         page.keyboard.press("Enter")
     assert page.url.endswith(f"/review/{first.pk}/")
 
+    # a asks for the reason (a prompt) and, answered, takes the decision.
+    page.once("dialog", lambda dialog: dialog.accept("the order was checked"))
     with page.expect_navigation():
         page.keyboard.press("a")
     # The decision is taken and the page moves on to the next item in the queue's order.
@@ -44,5 +46,5 @@ def test_keyboard_approve_works(page, agent, limit):
     first.refresh_from_db()
     assert first.status == ReviewStatus.APPROVED and first.decided_by_label == "user:alice"
     assert first.action.status == ActionStatus.QUEUED  # approved; no worker runs in this test
-    assert audit_events(first, "approve").filter(actor="user:alice").count() == 1
+    assert audit_events(first, "approve").filter(actor="user:alice").get().reason == "the order was checked"
     assert ReviewItem.objects.get(pk=second.pk).status == ReviewStatus.OPEN

@@ -54,11 +54,13 @@ def test_a_key_press_approving_above_the_two_approver_threshold_asks_first(page,
     page.wait_for_timeout(300)
     assert asked and "two-approver threshold" in asked[0] and "1500.00 EUR" in asked[0]
     assert item.approvals.count() == 0  # dismissed: nothing recorded
+    assert page.evaluate("document.activeElement.id") == "reason"  # the reason field waits instead
 
-    page.once("dialog", lambda dialog: dialog.accept())
+    page.keyboard.press("Escape")
+    page.once("dialog", lambda dialog: dialog.accept("checked the order"))
     with page.expect_navigation():
         page.keyboard.press("a")
-    assert item.approvals.count() == 1
+    assert item.approvals.get().reason == "checked the order"
 
 
 def test_the_agents_owner_is_told_they_are_responsible_for_the_agent_not_that_they_requested_it(page, agent):

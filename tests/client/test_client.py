@@ -56,7 +56,8 @@ def test_the_same_call_twice_is_one_action(stack, agent_client):
 
 
 def test_an_over_limit_refund_says_a_person_must_decide_with_the_dashboard_link(stack, agent_client):
-    Limit.limit_set(actor="system:tests", action_type="refund", currency="EUR", max_amount=Decimal("500.00"))
+    Limit.limit_set(actor="system:tests", reason="the tests' policy",
+                    action_type="refund", currency="EUR", max_amount=Decimal("500.00"))
     posted = agent_client.refund(order="ORD-C4", amount="900.00", currency="EUR", decision_id="dec-c4")
     waited = agent_client.wait_for(posted.operation_key, timeout=10)
     pk = Action.objects.get(operation_key=posted.operation_key).pk
@@ -65,7 +66,8 @@ def test_an_over_limit_refund_says_a_person_must_decide_with_the_dashboard_link(
 
 
 def test_a_rejected_refund_comes_back_with_the_reviewers_reason(stack, agent_client):
-    Limit.limit_set(actor="system:tests", action_type="refund", currency="EUR", max_amount=Decimal("500.00"))
+    Limit.limit_set(actor="system:tests", reason="the tests' policy",
+                    action_type="refund", currency="EUR", max_amount=Decimal("500.00"))
     posted = agent_client.refund(order="ORD-C5", amount="900.00", currency="EUR", decision_id="dec-c5")
     reviewer = get_user_model().objects.create_user("rita", password="x")
     item = ReviewItem.objects.get(action__operation_key=posted.operation_key)

@@ -64,7 +64,8 @@ def test_a_refund_call_becomes_one_keyed_action_and_answers_its_outcome(stack, t
 
 
 def test_an_over_limit_refund_answers_awaiting_approval_with_a_link_and_then_the_rejection_reason(stack, token):
-    Limit.limit_set(actor="system:tests", action_type="refund", currency="EUR", max_amount=Decimal("500.00"))
+    Limit.limit_set(actor="system:tests", reason="the tests' policy",
+                    action_type="refund", currency="EUR", max_amount=Decimal("500.00"))
     arguments = {"order": "ORD-M2", "amount": "900.00", "currency": "EUR", "decision_id": "dec-m2"}
     (waiting,) = over_mcp(stack.url, token, ("refund", arguments))
     action = Action.objects.get(target="ORD-M2")

@@ -73,7 +73,8 @@ def test_minor_units_go_both_ways():
 def test_the_dashboard_shows_an_amount_with_its_currencys_decimals(client, db):
     client.force_login(get_user_model().objects.create_superuser("root", password="x"))
     agent, _ = make_agent("billing-bot")
-    Limit.limit_set(actor="system:tests", action_type="refund", currency="KWD", max_amount=Decimal("100"))
+    Limit.limit_set(actor="system:tests", reason="the tests' policy",
+                    action_type="refund", currency="KWD", max_amount=Decimal("100"))
     kwd, _ = action_request(agent=agent, operation_key="r-kwd", action_type="refund", target="ORD-1",
                             customer="CUST-1", params={"amount": "150.125", "currency": "KWD"})
     jpy, _ = action_request(agent=agent, operation_key="r-jpy", action_type="refund", target="ORD-2",

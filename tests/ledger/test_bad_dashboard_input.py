@@ -36,7 +36,8 @@ def admin(client):
 @pytest.fixture
 def review_item(db):
     agent, _ = make_agent("billing-bot")
-    Limit.limit_set(actor="system:tests", action_type="refund", currency="EUR", max_amount=Decimal("500.00"))
+    Limit.limit_set(actor="system:tests", reason="the tests' policy",
+                    action_type="refund", currency="EUR", max_amount=Decimal("500.00"))
     action, _ = action_request(agent=agent, operation_key="r1", action_type="refund", target="ORD-1",
                                customer="CUST-1", params={"amount": "750.00", "currency": "EUR"})
     return ReviewItem.objects.get(action=action)
@@ -86,7 +87,7 @@ def test_nul_in_a_form_field_is_refused(admin):
     {"decision": "teleport"}, {}, {"decision": ""}, {"decision": "x" * 31},
     {"decision": "approve", "external_ref": "r" * 300}, {"decision": "reject", "reason": "r" * 5000},
     {"decision": "reject"}, {"decision": "mark_failed"}, {"decision": "mark_succeeded"},
-    {"decision": "approve", "reason": "\x00"},
+    {"decision": "approve", "reason": "\x00"}, {"decision": "approve"}, {"decision": "approve", "reason": "  "},
 ])
 def test_review_decide_refuses_bad_decisions(admin, review_item, data):
     events = AuditEvent.objects.count()

@@ -15,8 +15,9 @@ from approvals.models import Limit
 from ledger.actions import action_request
 from ledger.connectors.test_mode import connector_version
 from ledger.executor import action_claim_next
-from ledger.grants import GrantRefused, agent_revoke, capability, grant_promote, grant_state
-from ledger.models import Action, ActionStatus, Agent, Capability, Grant, GrantState, InvalidTransition, ReplayRun
+from ledger.grants import GrantRefused, agent_grant, agent_revoke, capability, grant_promote, grant_state
+from ledger.models import (Action, ActionStatus, Agent, AuditEvent, Capability, Grant, GrantState, InvalidTransition,
+                           ReplayRun)
 from ledger.sweeper import sweep_once
 from tests.factories import (
     api_client, audit_events, make_agent, make_agent_on, make_grants_live, post_action, post_action_in_process, refund_body, sandbox_list,
@@ -154,7 +155,8 @@ def test_a_revoke_is_immediate(db, client):
 
 
 def test_a_shadow_action_counts_nothing_toward_a_customers_daily_total(scout):
-    Limit.limit_set(actor="system:tests", action_type="refund", currency="EUR", max_amount=Decimal("500.00"),
+    Limit.limit_set(actor="system:tests", reason="the tests' policy",
+                    action_type="refund", currency="EUR", max_amount=Decimal("500.00"),
                     dual_approval_above=Decimal("5000.00"), daily_customer_total=Decimal("600.00"))
     live = make_agent("billing", grants=("refund",))[0]
     params = {"amount": "400.00", "currency": "EUR"}
@@ -163,3 +165,23 @@ def test_a_shadow_action_counts_nothing_toward_a_customers_daily_total(scout):
     real, _ = action_request(agent=live, operation_key="k-2", action_type="refund", target="ORD-2", customer="CUST-1",
                              params=params)
     assert real.status == ActionStatus.QUEUED  # 400.00 today, not 800.00: the shadow refund never happened
+
+
+@pytest.mark.parametrize(("change", "grants"), [(agent_grant, ()), (agent_revoke, ("refund",))])
+def test_a_grant_or_a_revoke_without_a_reason_is_refused_changes_nothing_and_the_page_says_so(db, client, change,
+                                                                                              grants):
+    agent, _ = make_agent("scout", grants=grants)
+    root = get_user_model().objects.create_superuser("root", password="x")
+
+    def state():
+        return (list(Grant.objects.filter(agent=agent).values_list("capability_id", "live_until")),
+                fresh(agent).grants_version, AuditEvent.objects.count())
+
+    before = state()
+    with pytest.raises(GrantRefused, match="a reason is required"):
+        change(fresh(agent), capability(*REFUND), actor=root, reason="  ")
+    op = change.__name__.removeprefix("agent_")
+    client.force_login(root)
+    page = client.post(f"/agents/{agent.pk}/{op}", {"capability": "refund", "reason": " "}, follow=True)
+    assert page.status_code == 200 and f"Not done: a reason is required to {op}" in page.content.decode()
+    assert state() == before

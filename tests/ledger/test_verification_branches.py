@@ -69,7 +69,8 @@ def test_when_the_provider_cannot_be_asked_the_action_needs_review_with_the_evid
 def test_an_effect_verified_but_over_its_limit_needs_review_with_the_limits_reason(stack):
     client = agent_api(stack.url)
     key = "refund:ORD-OL:full:dec-1"
-    Limit.limit_set(actor="system:tests", action_type="refund", currency="EUR", max_amount=Decimal("500.00"))
+    Limit.limit_set(actor="system:tests", reason="the tests' policy",
+                    action_type="refund", currency="EUR", max_amount=Decimal("500.00"))
     arm(client, "ORD-OL", "timeout_after_commit")  # committed, but the answer never comes
     assert post_action(client, key, refund_body("ORD-OL", amount="750.00")).status_code == 201
     action = Action.objects.get(operation_key=key)

@@ -14,7 +14,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_wait_answers_at_once_for_an_action_awaiting_approval(stack):
-    Limit.limit_set(actor="system:tests", action_type="refund", currency="EUR", max_amount=Decimal("500.00"))
+    Limit.limit_set(actor="system:tests", reason="the tests' policy",
+                    action_type="refund", currency="EUR", max_amount=Decimal("500.00"))
     _, token = make_agent("wait-bot")
     with api_client(stack.url, token) as api:
         key = "refund:ORD-W1:full:dec-w1"
