@@ -1,6 +1,6 @@
 """Alert transports: e-mail to the operations group (or to the alert's own recipients, a
 review item's tier), an HMAC-signed webhook, and e-mail to the owner of an agent whose
-action failed for good.
+action or task failed for good.
 
 Each attempt on each channel is recorded. A channel that failed is tried again by the job
 with backoff, and by the sweeper for alerts still undelivered; a channel that already
@@ -45,13 +45,13 @@ def channels(alert):
 
 
 def owner_email(alert):
-    """The agent's owner hears of its action's permanent failure (a refusal no retry will
-    change: someone must fix its cause), when they are an active user with an address.
+    """The agent's owner hears of its action's or task's permanent failure (a refusal no retry
+    will change: someone must fix its cause), when they are an active user with an address.
     Everything else goes to the operations channels only."""
     entry = alert.dead_letter
-    if entry is None or entry.action_id is None or entry.last_error.get("retryable"):
+    if entry is None or entry.last_error.get("retryable"):
         return ""
-    owner = entry.action.agent.owner
+    owner = (entry.action or entry.task).agent.owner
     return owner.email if owner is not None and owner.is_active else ""
 
 

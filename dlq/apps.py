@@ -13,16 +13,16 @@ class DlqConfig(AppConfig):
         from .alerts import alerts_redeliver_stale
         from .incident_views import incident_card
         from .metrics import DeadLetterCollector
-        from .models import deadletter_open_when_dead_lettered, deadletter_open_when_failed_for_good
+        from .models import deadletter_open_when_failed_for_good, deadletter_open_when_task_gives_up
         from .overdue import review_alert_overdue
         from .reconcile import reconcile_schedule
         from .views import deadletter_card
 
-        # Never silent: a task out of attempts, and a standalone action that failed for good,
-        # gets its entry and alert in the same transaction; overdue review items and
+        # Never silent: a task out of attempts or failed for good, and a standalone action that
+        # failed for good, gets its entry and alert in the same transaction; overdue review items and
         # undelivered alerts are looked at every pass, and the ledger is compared with the
         # providers' records every few minutes.
-        hooks.on_move(Task, deadletter_open_when_dead_lettered)
+        hooks.on_move(Task, deadletter_open_when_task_gives_up)
         hooks.on_move(Action, deadletter_open_when_failed_for_good)
         hooks.on_sweep("reviews_overdue", review_alert_overdue)
         hooks.on_sweep("alerts_redelivered", alerts_redeliver_stale)

@@ -7,6 +7,7 @@ An entry is about a task or a standalone action; each function says what it does
 from django.db import transaction
 
 from ledger.actions import action_retry, action_retry_by_person
+from ledger.models import TaskState
 from ledger.statemachine import InvalidTransition
 
 from .models import DeadLetter, EntryStatus
@@ -27,8 +28,13 @@ def deadletter_redrive(entry, *, actor, reason):
     executor, which verifies at the provider first wherever an outcome was unknown. A failure
     marked permanent is retried only by a person who gives a reason (`action_retry_by_person`).
     """
+    reason = reason.strip()
+    if not reason:
+        raise ValueError("a reason is required to redrive")
     with transaction.atomic():
         entry = _open_entry(entry)
+        if entry.redrive_refusal:  # a failed task is final
+            raise InvalidTransition(f"{entry} cannot be redriven: {entry.redrive_refusal}")
         if entry.task_id:
             entry.task.redrive(actor=actor, reason=reason)
         elif entry.action.is_retryable_failure:
@@ -48,12 +54,12 @@ def deadletter_resolve(entry, *, actor, note):
 
 
 def deadletter_discard(entry, *, actor, reason):
-    """Give up: a task is cancelled; an action stays `failed`, which nothing runs again
-    unless a person retries it."""
+    """Give up: a dead-lettered task is cancelled; a failed task stays `failed` (final); an
+    action stays `failed`, which nothing runs again unless a person retries it."""
     if not reason.strip():
         raise ValueError("a reason is required to discard")
     with transaction.atomic():
         entry = _open_entry(entry)
-        if entry.task_id:
+        if entry.task_id and entry.task.state == TaskState.DEAD_LETTERED:
             entry.task.cancel(actor=actor, reason=reason)
         return entry.decide(EntryStatus.DISCARDED, actor=actor, reason=reason)

@@ -28,9 +28,15 @@ ENTRY_TRANSITIONS = {E.OPEN: {E.REDRIVEN, E.RESOLVED, E.DISCARDED}, E.REDRIVEN: 
                      E.DISCARDED: set()}
 
 
-def deadletter_open_when_dead_lettered(task, previous, actor):
-    """After every move of a task: out of attempts, it gets its entry and alert at once."""
-    if task.state == TaskState.DEAD_LETTERED:
+# The task states no run leaves on its own: out of attempts (a redrive may resume it), or
+# failed with an error no retry will change (final: `failed` has no way out).
+TASK_STATES_WITH_ENTRY = (TaskState.DEAD_LETTERED, TaskState.FAILED)
+
+
+def deadletter_open_when_task_gives_up(task, previous, actor):
+    """After every move of a task: out of attempts, or failed for good, it gets its entry and
+    alert at once."""
+    if task.state in TASK_STATES_WITH_ENTRY:
         DeadLetter.objects.open_for(task, actor=actor)
 
 
@@ -132,6 +138,13 @@ class DeadLetter(StateMachine):
     def redrive_needs_reason(self):
         """A permanent failure is retried only on a person's word, and they say why."""
         return bool(self.action_id) and not self.last_error.get("retryable")
+
+    @property
+    def redrive_refusal(self):
+        """Why this entry cannot be redriven ("" when it can): a failed task is final."""
+        if self.task_id and self.task.state == TaskState.FAILED:
+            return "a failed task is final (its error is one no retry will change): resolve or discard it"
+        return ""
 
     def get_absolute_url(self):
         return f"/dlq/{self.pk}/"
