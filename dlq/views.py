@@ -97,10 +97,8 @@ def deadletter_operate(request, pk, op):
     try:
         if op == "resolve":
             deadletter_resolve(entry, actor=request.user, note=reason)
-        elif op == "redrive" and entry.redrive_needs_reason:
-            deadletter_redrive(entry, actor=request.user, reason=reason)
         else:
-            OPERATIONS[op](entry, actor=request.user, reason=reason or f"{op} from the dashboard")
+            OPERATIONS[op](entry, actor=request.user, reason=reason)
     except (InvalidTransition, ValueError) as exc:
         messages.error(request, f"Not done: {exc}.")
     else:

@@ -327,3 +327,21 @@ def test_a_tasks_alert_carries_its_checkpoint_as_text(stack):
     for text in ("Error: crash: the worker gave up (retryable)", "Task: refund-text", "Workflow: refund",
                  "State: dead_lettered", "Attempts: 1 of 3", "lookup_order: done", "call_refund_api: pending"):
         assert text in body, (text, body)
+
+
+@pytest.mark.parametrize("op", ["redrive", "resolve", "discard"])
+def test_every_operation_on_an_entry_without_a_reason_is_refused_changes_nothing_and_the_page_says_so(
+        stack, agent, operator, client, op):
+    entry = DeadLetter.objects.get(action=declined(stack, agent, "refund:ORD-WHY:full:dec-1", "ORD-WHY"))
+    events = len(audit_events(entry))
+    work = {"redrive": lambda: deadletter_redrive(entry, actor=operator, reason=" "),
+            "resolve": lambda: deadletter_resolve(entry, actor=operator, note=" "),
+            "discard": lambda: deadletter_discard(entry, actor=operator, reason=" ")}[op]
+    with pytest.raises(ValueError):
+        work()
+    client.force_login(operator)
+    answer = client.post(f"/dlq/{entry.pk}/{op}", {"reason": "  "}, follow=True)
+    assert answer.status_code == 200 and "Not done:" in answer.content.decode()
+    assert DeadLetter.objects.get(pk=entry.pk).status == E.OPEN
+    assert Action.objects.get(pk=entry.action_id).status == "failed"
+    assert len(audit_events(entry)) == events
