@@ -77,7 +77,7 @@ _calls = ThreadPoolExecutor(max_workers=64, thread_name_prefix="provider-call")
 def call(method, url, *, json=None, content=None, params=None, headers=None):
     """Send one request; return the decoded JSON body of a 2xx answer or raise a ProviderError."""
     request = _calls.submit(_client().request, method, url, json=json, content=content, params=params,
-                            headers=headers)
+                            headers=headers, timeout=settings.CONNECTOR_TIMEOUT)
     try:
         response = request.result(timeout=settings.CONNECTOR_TIMEOUT)
     except DeadlinePassed:

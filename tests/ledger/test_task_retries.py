@@ -40,7 +40,9 @@ def test_an_unknown_order_fails_after_one_attempt_without_scheduling_a_retry(sta
     assert row.attempts == 1
     assert row.last_error["code"] == "unknown_order" and row.last_error["retryable"] is False
     assert not audit_events(row, "retry_scheduled").exists()
-    assert not DeadLetter.objects.filter(task=row).exists()
+    # Failed for good: for a person to resolve or discard, never to redrive (not the attempts' queue).
+    [entry] = DeadLetter.objects.filter(task=row)
+    assert entry.status == "open" and entry.redrive_refusal
 
 
 def test_a_retryable_failure_backs_off_exponentially_with_jitter_then_dead_letters(stack, client, settings):
