@@ -2,11 +2,10 @@
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
-from django.db.models import Q, Sum
+from django.db.models import Q
 from django.http import HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
-from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from ledger.dashboard import keyset_page, render_partial, staff_required
@@ -15,6 +14,7 @@ from ledger.models import IN_FLIGHT_STATUSES, Action, ActionStatus, ActionType, 
 from .access import PERM_FOR_KIND, get_review_item_for_user, user_may
 from .decisions import AlreadyDecided, DecisionRefused, held_group, held_group_decide, review_decide
 from .forms import DecisionForm, LimitForm
+from .intake import customer_total_today
 from .overview import approved_by
 from .models import Limit, ReviewItem, ReviewKind, ReviewStatus
 
@@ -133,11 +133,7 @@ def _customer_total_today(action):
     count it (what is not rejected, cancelled or failed), this action included."""
     if not action.customer or action.amount is None:
         return None
-    start_of_day = timezone.now().replace(hour=0, minute=0, second=0, microsecond=0)
-    today = Action.objects.filter(action_type=action.action_type, currency=action.currency, customer=action.customer,
-                                  created_at__gte=start_of_day).exclude(
-        status__in=[ActionStatus.REJECTED, ActionStatus.CANCELLED, ActionStatus.FAILED])
-    return today.aggregate(total=Sum("amount"))["total"]
+    return customer_total_today(action.action_type, action.currency, action.customer)
 
 
 def _references_found(evidence):
@@ -198,15 +194,19 @@ def held_group_decide_view(request, pk):
     item = get_review_item_for_user(request.user, pk, to_decide=True)
     for member in held_group(item):  # the same permission and four eyes for every one of them
         get_review_item_for_user(request.user, member.pk, to_decide=True)
+    # Empty means "reject them all"; anything else must name an action, or nothing is decided
+    # (a mistyped id must not turn into rejecting the one meant to be released).
     release = request.POST.get("release", "")
+    if release and not (release.isascii() and release.isdigit()):
+        return _refused(request, item, "the action to release is not one of this group", 400)
+    release = int(release) if release else None
     try:
-        group = held_group_decide(item, user=request.user, release=int(release) if release.isdigit() else None,
-                                  reason=request.POST.get("reason", ""))
+        group = held_group_decide(item, user=request.user, release=release, reason=request.POST.get("reason", ""))
     except AlreadyDecided as exc:
         return _refused(request, item, str(exc), 409)
     except DecisionRefused as exc:
         return _refused(request, item, str(exc), 400)
-    released = [m.action.operation_key for m in group if m.action_id == int(release or 0)]
+    released = [m.action.operation_key for m in group if m.action_id == release]
     messages.success(request, f"Group of {len(group)} decided: " + (f"{released[0]} released, the rest rejected."
                                                                    if released else "all rejected."))
     following = _next_item(item, request.user)

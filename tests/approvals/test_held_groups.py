@@ -116,3 +116,15 @@ def test_two_requests_for_one_order_close_together_end_with_exactly_one_effect(s
     wait_until(lambda: status(first) == S.SUCCEEDED, message="the released refund to succeed")
     assert status(second) == S.REJECTED
     assert len(sandbox_list(api, "refunds", order_id="ORD-77")) == 1
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("release", ["abc", "²", "-1", "1.0"])
+def test_a_malformed_release_decides_nothing(agent, approver, client, release):
+    first, second = refund(agent, "r1"), refund(agent, "r2")
+    item = ReviewItem.objects.get(action=first, status=ReviewStatus.OPEN)
+    client.force_login(approver)
+    answer = client.post(f"/review/{item.pk}/group", {"release": release, "reason": "a typo"})
+    assert answer.status_code == 303  # back to the item, with the refusal said there
+    assert (status(first), status(second)) == (S.HELD, S.HELD)
+    assert ReviewItem.objects.filter(kind=ReviewKind.HELD, status=ReviewStatus.OPEN).count() == 2
