@@ -63,14 +63,20 @@ def verdict_for_request(*, action_type, amount, currency, customer, recorded=Non
     if customer and limit.daily_customer_total is not None:
         if lock_subjects:
             lock_subjects()
-        start_of_day = timezone.now().replace(hour=0, minute=0, second=0, microsecond=0)
-        today = Action.objects.filter(
-            action_type=action_type, currency=currency, customer=customer, created_at__gte=start_of_day
-        ).exclude(status__in=[ActionStatus.REJECTED, ActionStatus.CANCELLED, ActionStatus.FAILED, ActionStatus.SHADOW])
-        if recorded is not None:
-            today = today.exclude(pk=recorded.pk)
-        total_today = today.aggregate(total=Sum("amount"))["total"] or Decimal(0)
+        total_today = customer_total_today(action_type, currency, customer, excluding=recorded)
     return verdict_for(limit, amount, total_today)
+
+
+def customer_total_today(action_type, currency, customer, excluding=None):
+    """The customer's total today for an action type and currency, as the limits count it:
+    what is not rejected, cancelled, failed or only shadow; without the action `excluding`."""
+    start_of_day = timezone.now().replace(hour=0, minute=0, second=0, microsecond=0)
+    today = Action.objects.filter(
+        action_type=action_type, currency=currency, customer=customer, created_at__gte=start_of_day
+    ).exclude(status__in=[ActionStatus.REJECTED, ActionStatus.CANCELLED, ActionStatus.FAILED, ActionStatus.SHADOW])
+    if excluding is not None:
+        today = today.exclude(pk=excluding.pk)
+    return today.aggregate(total=Sum("amount"))["total"] or Decimal(0)
 
 
 def verdict_for_action(action):

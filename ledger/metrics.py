@@ -34,9 +34,9 @@ from prometheus_client.django import PrometheusDjangoView
 from prometheus_client.multiprocess import MultiProcessCollector
 from rq import Worker
 
-from .dashboard import planner_estimates
+from .dashboard import HISTORY_EXACT_UP_TO, action_counts
 from .jobs import redis_connection
-from .models import IN_FLIGHT_STATUSES, Action, ActionStatus
+from .models import Action, ActionStatus
 
 logger = logging.getLogger("surety.metrics")
 
@@ -86,42 +86,15 @@ def connector_call_observed(connector, operation, started, outcome, code=""):
 
 # --- Read from the database at scrape time ---------------------------------------------------
 
-# Settled statuses only grow with history: above this many rows each, an estimate (see action_counts).
-EXACT_UP_TO = 1000
-
-
-def action_counts():
-    """{status: count} of the ledger without reading the whole table.
-
-    Work in flight or waiting for a person is counted exactly: its size follows the backlog,
-    not history, and action_runnable_idx (status, ...) counts it. Each settled status is
-    counted exactly up to EXACT_UP_TO rows (a bounded scan); past that the planner's estimate
-    stands in (a catalog lookup; the overview does the same).
-    """
-    counts = dict.fromkeys(ActionStatus.values, 0)
-    exact = Action.objects.order_by().values_list("status").annotate(n=Count("id")).values_list("status", "n")
-    if connection.vendor != "postgresql":  # SQLite, in development: small tables, counted exactly
-        counts.update(exact)
-        return counts
-    counts.update(exact.filter(status__in=IN_FLIGHT_STATUSES))
-    estimates = None
-    for status in set(ActionStatus.values) - IN_FLIGHT_STATUSES:
-        n = Action.objects.filter(status=status).order_by().values("pk")[: EXACT_UP_TO + 1].count()
-        if n > EXACT_UP_TO:
-            estimates = planner_estimates(Action, "status") if estimates is None else estimates
-            n = max(n, round(estimates.get(status, 0)))
-        counts[status] = n
-    return counts
-
-
 class LedgerCollector:
     def collect(self):
         by_status = GaugeMetricFamily(
             "surety_actions",
-            f"Actions per status: exact for work in flight; for settled statuses exact up to {EXACT_UP_TO}, "
+            f"Actions per status: exact for work in flight; for settled statuses exact up to {HISTORY_EXACT_UP_TO}, "
             "beyond that PostgreSQL's estimate.", labels=["status"])
-        for status, n in action_counts().items():
-            by_status.add_metric([status], n)
+        counts, estimates = action_counts()
+        for status, n in counts.items():
+            by_status.add_metric([status], max(n, estimates.get(status, 0)))
         yield by_status
 
         window = settings.METRICS_STALE_SECONDS

@@ -7,7 +7,6 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
-from django.db import connection
 from django.db.models import Count, Q
 from django.http import Http404, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -16,56 +15,27 @@ from django.views.decorators.http import require_POST
 
 from . import hooks
 from .access import WORK_DLQ, user_may
-from .connectors import connector_name
 from .agents import agent_create, agent_rotate_token, capabilities_named
-from .dashboard import keyset_page, parse_moment, planner_estimates, render_partial, shown_estimate, staff_required
+from .connectors import connector_name
+from .dashboard import (HISTORY_EXACT_UP_TO, action_counts, keyset_page, parse_moment, render_partial,
+                        shown_estimate, staff_required)
 from .grants import GrantRefused, agent_grant, agent_revoke
-from .models import (IN_FLIGHT_STATUSES, UNASSIGNED_OWNER, Action, ActionStatus, ActionType, Agent, AuditEvent,
+from .models import (UNASSIGNED_OWNER, Action, ActionStatus, ActionType, Agent, AuditEvent,
                      Capability, ChainCheck, Task)
 from .readiness_views import with_grant_states
 from .tasks import task_run_now
 from .workflows import WORKFLOWS
 
 STATUS_ORDER = list(ActionStatus.values)
-# Above this many actions in one of the statuses that only grow with history, the overview shows
-# an estimate instead of an exact count (see _status_counts).
-HISTORY_EXACT_UP_TO = 1000
 
 
 def _status_counts():
-    """Actions per status for the overview, which every open dashboard polls every 3 s.
-
-    An exact `GROUP BY status` reads the whole table: ~200 ms at 1M actions, and it grows
-    with history. What an operator needs from these figures differs by status:
-
-    - work in flight or waiting for a person (IN_FLIGHT_STATUSES: queued, pending, unknown,
-      awaiting approval, held, needs review) is counted exactly: it is what someone must act
-      on, its size is bounded by the backlog rather than by history, and action_runnable_idx
-      (status, next_attempt_at) counts it with an index-only scan;
-    - the statuses that only accumulate (succeeded, failed, rejected, cancelled) are counted
-      exactly up to HISTORY_EXACT_UP_TO rows each (a bounded index-only scan); beyond that the
-      page shows PostgreSQL's own estimate, e.g. "≈930,000" (see planner_estimates). There the
-      order of magnitude is what the overview is for; the ledger search lists the rows.
-
-    Returns {status: int, or str for an estimate}.
-    """
-    if connection.vendor != "postgresql":  # SQLite, in development: small tables, counted exactly
-        return dict(Action.objects.values_list("status").annotate(n=Count("id")).values_list("status", "n"))
-    caps = [None if status in IN_FLIGHT_STATUSES else HISTORY_EXACT_UP_TO + 1 for status in STATUS_ORDER]
-    with connection.cursor() as cursor:
-        # One statement for all statuses: per status, count its rows, stopping after `cap`
-        # (LIMIT NULL counts them all).
-        cursor.execute(
-            f"SELECT s.status, (SELECT count(*) FROM (SELECT 1 FROM {Action._meta.db_table} a"
-            "                            WHERE a.status = s.status LIMIT s.cap) AS n)"
-            " FROM unnest(%s::text[], %s::int[]) AS s(status, cap)", [STATUS_ORDER, caps])
-        counts = dict(cursor.fetchall())
-    capped = [s for s in STATUS_ORDER if s not in IN_FLIGHT_STATUSES and counts[s] > HISTORY_EXACT_UP_TO]
-    if capped:
-        estimates = planner_estimates(Action, "status")
-        for status in capped:
-            counts[status] = shown_estimate(estimates.get(status), HISTORY_EXACT_UP_TO)
-    return counts
+    """Actions per status for the overview, which every open dashboard polls every 3 s: exact
+    where it matters, an estimate such as "≈930,000" where only the order of magnitude does
+    (see ledger.dashboard.action_counts). Returns {status: int, or str for an estimate}."""
+    counts, estimates = action_counts()
+    return {status: shown_estimate(estimates[status], HISTORY_EXACT_UP_TO) if status in estimates else n
+            for status, n in counts.items()}
 
 
 @staff_required
