@@ -78,11 +78,14 @@ def test_a_declined_refund_task_ends_failed_with_an_open_entry_an_alert_and_the_
     assert deliveries["owner"].detail == "mailed to oona@surety.example"
 
 
-def test_a_dead_lettered_task_is_still_for_operations_only_and_may_be_redriven(stack, agent):
+def test_a_dead_lettered_task_is_still_for_operations_only_and_may_be_redriven(stack, agent, operator):
     # Out of attempts on a retryable error: not the owner's to fix, and a redrive may resume it.
     entry = dead_letter(agent, "refund-out-of-attempts")
     assert channels(entry.alerts.get()) == ["email"]
     assert entry.redrive_refusal == ""
+    deadletter_redrive(entry, actor=operator, reason="the provider is back")
+    assert DeadLetter.objects.get(pk=entry.pk).status == EntryStatus.REDRIVEN
+    assert Task.objects.get(pk=entry.task_id).state == "queued"
 
 
 def test_a_failed_tasks_entry_is_not_redriven_but_resolved_with_a_reason(stack, agent, operator):

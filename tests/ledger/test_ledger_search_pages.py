@@ -26,12 +26,13 @@ def searcher(client):
 
 @pytest.fixture
 def ledger():
-    """PAGE_SIZE + 10 refunds of billing's, a minute apart except the last three (one moment),
-    and five of another agent's, interleaved in time; returns billing's rows newest first."""
+    """PAGE_SIZE + 10 refunds of billing's, a minute apart except the last three (one moment)
+    and the two either side of page one's end (another moment, so the page break falls inside a
+    tie), and five of another agent's, interleaved in time; returns billing's rows newest first."""
     billing, other = make_agent("billing")[0], make_agent("other")[0]
     rows = []
     for n in range(PAGE_SIZE + 10):
-        at = START + timedelta(minutes=min(n, PAGE_SIZE + 7))
+        at = START + timedelta(minutes=10 if n == 9 else min(n, PAGE_SIZE + 7))
         status = "failed" if n % 7 == 0 else "succeeded"
         rows.append(make_action(billing, status, key=f"refund:ORD-{n}:dec", target=f"ORD-{n}", customer=f"CUST-{n % 3}",
                                 created_at=at))
