@@ -21,7 +21,8 @@ from ledger.connectors.base import Connector, Effect, Lookup
 from ledger.models import ActionType
 from ledger.workflows import WORKFLOWS, StepFailed, read
 from sandbox import forms
-from sandbox.models import SandboxBooking, SandboxMessage, SandboxOrder, SandboxRefund, SlotTaken, effect_save
+from sandbox.models import (SandboxBooking, SandboxMessage, SandboxOrder, SandboxRefund, SandboxSettings, SlotTaken,
+                            effect_save)
 from sandbox.views import _booking_body, _message_body, _order_body, _refund_body
 
 # Faults a script can name, each for the calls it applies to.
@@ -113,7 +114,7 @@ class DemoConnector(Connector):
         effect = model(**form.cleaned_data, idempotency_key=action.operation_key)
         check = effect.ensure_slot_free if model is SandboxBooking else None
         try:
-            effect, _ = effect_save(effect, check=check)
+            effect, _ = effect_save(effect, idempotency=SandboxSettings.load().idempotency, check=check)
         except SlotTaken as exc:
             raise http.Rejected(f"{self._where(action)}: already booked ({exc.booking.booking_id})",
                                 code="slot_taken", status=409) from None

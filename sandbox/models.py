@@ -3,7 +3,7 @@
 import secrets
 
 from django.db import IntegrityError, models, transaction
-from django.db.models import F, Q
+from django.db.models import Exists, F, Q
 from django.utils import timezone
 
 
@@ -53,6 +53,18 @@ class SandboxSettings(models.Model):
                 return found
         rows = cls.objects.select_for_update() if lock else cls.objects
         return rows.get_or_create(pk=1)[0]
+
+    @classmethod
+    def for_write(cls, target):
+        """The row, with `fault_armed`: whether a write fault is armed for `target`. Every write
+        asks both, so they are one statement (the sandbox is the provider in `make bench`'s (d)),
+        and the faults are looked at, and spent, only when one is armed."""
+        armed = SandboxFault.objects.armed(target)
+        row = cls.objects.filter(pk=1).annotate(fault_armed=Exists(armed)).first()
+        if row is None:
+            row = cls.load()
+            row.fault_armed = armed.exists()
+        return row
 
 
 class SandboxOrder(models.Model):
@@ -162,10 +174,10 @@ class SandboxIdempotencyKey(models.Model):
         return f"{self.scope}:{self.key}"
 
 
-def effect_save(effect, *, check=None):
+def effect_save(effect, *, idempotency, check=None):
     """Save a new refund, message or booking once; return (the effect, whether it is new).
 
-    1. With the sandbox's idempotency on and an Idempotency-Key given, claim the key. If another
+    1. With the sandbox's `idempotency` on and an Idempotency-Key given, claim the key. If another
        request holds it, PostgreSQL holds this insert until that request's transaction ends; its
        failure then means the effect is committed, and that effect is returned instead.
     2. Run `check`, which may raise to roll back the claim along with everything else.
@@ -174,7 +186,7 @@ def effect_save(effect, *, check=None):
     claim = None
     # No savepoint of its own inside the caller's transaction: a failure rolls back that one.
     with transaction.atomic(savepoint=False):
-        if effect.idempotency_key and SandboxSettings.load().idempotency:
+        if effect.idempotency_key and idempotency:
             scope = effect._meta.model_name
             try:
                 with transaction.atomic():
@@ -192,6 +204,11 @@ def effect_save(effect, *, check=None):
 
 
 class SandboxFaultManager(models.Manager):
+    def armed(self, target, *, lookup=False):
+        """The faults armed for `target`: a write's, or with `lookup` a look-up's."""
+        armed = self.filter(target=target, remaining__gt=0)
+        return armed.filter(fault__in=LOOKUP_FAULTS) if lookup else armed.exclude(fault__in=LOOKUP_FAULTS)
+
     def consume(self, target, *, lookup=False):
         """Use up one armed fault for `target` and return its kind, or None if none is armed:
         a write's fault, or with `lookup` a look-up's (each is spent only by its own kind of call).
@@ -199,9 +216,7 @@ class SandboxFaultManager(models.Manager):
         The conditional UPDATE must change exactly one row: of two calls racing for a fault armed
         for one time, the loser's UPDATE finds `remaining` already 0 and it tries the next fault.
         """
-        armed = self.filter(target=target, remaining__gt=0)
-        armed = armed.filter(fault__in=LOOKUP_FAULTS) if lookup else armed.exclude(fault__in=LOOKUP_FAULTS)
-        for fault in armed.order_by("pk"):
+        for fault in self.armed(target, lookup=lookup).order_by("pk"):
             if self.filter(pk=fault.pk, remaining__gt=0).update(remaining=F("remaining") - 1) == 1:
                 return fault.fault
         return None

@@ -174,22 +174,23 @@ def _write(effect, *, target, body, check=None, error=error_response, events=Fal
     4. timeout_after_commit stalls only after the commit, so the effect is visible to a lookup
        while the caller has given up waiting for the answer (and its event is on its way).
     """
-    fault = SandboxFault.objects.consume(target)
+    switches = SandboxSettings.for_write(target)
+    fault = SandboxFault.objects.consume(target) if switches.fault_armed else None
     if fault == SandboxFault.Kind.ERROR_500:
         return error(500, "internal_error", "Injected fault: the provider failed.")
     if fault == SandboxFault.Kind.DECLINE:
         if events:
             declined = {**body(effect), "status": "failed", "failure_code": "declined"}
-            webhooks.webhook_emit(effect, declined, committed=False)
+            webhooks.webhook_emit(effect, declined, committed=False, switches=switches)
         return error(402, "declined", "Injected fault: the provider declined the request.")
     if fault == SandboxFault.Kind.TIMEOUT_BEFORE_COMMIT:
         time.sleep(settings.SANDBOX_TIMEOUT_SLEEP)
         return error(504, "timeout", "Injected fault: timed out before committing anything.")
     try:
         with transaction.atomic():  # an effect and its event commit together
-            effect, created = effect_save(effect, check=check)
+            effect, created = effect_save(effect, idempotency=switches.idempotency, check=check)
             if events and created:
-                webhooks.webhook_emit(effect, body(effect), committed=True)
+                webhooks.webhook_emit(effect, body(effect), committed=True, switches=switches)
     except SlotTaken as exc:
         return error(
             409, "slot_taken", "The resource is already booked for that time.", booking=exc.booking.booking_id

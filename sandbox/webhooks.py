@@ -25,7 +25,7 @@ from ledger.jobs import enqueue
 from ledger.retry import backoff_until
 from ledger.webhooks import sign_webhook
 
-from .models import SandboxBooking, SandboxMessage, SandboxRefund, SandboxSettings, SandboxWebhook, new_event_id
+from .models import SandboxBooking, SandboxMessage, SandboxRefund, SandboxWebhook, new_event_id
 
 logger = logging.getLogger("surety.sandbox.webhooks")
 SIGNATURE_HEADER = "Sandbox-Signature"
@@ -59,10 +59,9 @@ def send_webhook(event_type, data, url, *, event_id=None):
     return httpx.post(url, content=body, headers=headers, timeout=settings.CONNECTOR_TIMEOUT)
 
 
-def webhook_settings():
-    """The knobs in force: the settings row's, else the settings'."""
-    row = SandboxSettings.load()
-    values = {name: getattr(row, name) for name in SETTINGS}
+def webhook_settings(switches):
+    """The knobs in force: the `switches` row's (SandboxSettings), else the settings'."""
+    values = {name: getattr(switches, name) for name in SETTINGS}
     return {name: getattr(settings, SETTINGS[name]) if value is None else value for name, value in values.items()}
 
 
@@ -97,15 +96,15 @@ def _url_problem(value):
     return ""
 
 
-def webhook_emit(effect, data, *, committed):
+def webhook_emit(effect, data, *, committed, switches):
     """Record the event of an effect being committed (in its transaction) or declined, and
-    send it once that commits.
+    send it once that commits; `switches`: the SandboxSettings row the write read.
 
     1. With no URL in force, do nothing: webhooks are off.
     2. Draw whether this event goes out twice, and when it is first due (late on purpose).
     3. Save the event; after commit an RQ job delivers it (the scheduler holds a late one).
     """
-    knobs = webhook_settings()
+    knobs = webhook_settings(switches)
     if not knobs["webhook_url"]:
         return None
     event_type = EVENT_TYPES[type(effect)][0 if committed else 1]
