@@ -11,6 +11,7 @@ class ApprovalsConfig(AppConfig):
         from ledger.models import Action
 
         from . import intake
+        from .evidence import ApprovalsEvidenceSerializer, approvals_evidence
         from .metrics import ReviewCollector
         from .overview import review_cards
         from .reviews import review_follow_action, review_follow_move
@@ -20,4 +21,6 @@ class ApprovalsConfig(AppConfig):
         hooks.on_record(review_follow_action)
         hooks.on_move(Action, review_follow_move)
         hooks.on_overview(review_cards)
+        hooks.on_evidence("approvals", approvals_evidence, schema=ApprovalsEvidenceSerializer,
+                          template="ledger/evidence_approvals.html")
         register_collector(ReviewCollector())

@@ -6,6 +6,7 @@ from django.urls import include, path
 from approvals import views as approvals
 from dlq import incident_views as incidents
 from dlq import views as dlq
+from ledger import evidence_views as evidence
 from ledger import metrics as monitoring
 from ledger import readiness_views as readiness
 from ledger import views as ledger
@@ -38,6 +39,8 @@ urlpatterns = [
     path("incidents/<int:pk>/<slug:op>", incidents.incident_operate, name="incident-operate"),
     path("ledger/", ledger.ledger_search, name="ledger-search"),
     path("actions/<int:pk>/", ledger.action_detail, name="action-detail"),
+    path("actions/<int:pk>/evidence", evidence.action_evidence, name="action-evidence"),
+    path("actions/<int:pk>/evidence.json", evidence.action_evidence_json, name="action-evidence-json"),
     path("tasks/<int:pk>/", ledger.task_detail, name="task-detail"),
     path("tasks/<int:pk>/run-now", ledger.task_run_now_view, name="task-run-now"),
     path("agents/", ledger.agent_list, name="agent-list"),

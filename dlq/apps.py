@@ -11,6 +11,7 @@ class DlqConfig(AppConfig):
         from ledger.models import Action, Task
 
         from .alerts import alerts_redeliver_stale
+        from .evidence import DeadLettersEvidenceSerializer, deadletters_evidence
         from .incident_views import incident_card
         from .metrics import DeadLetterCollector
         from .models import deadletter_open_when_failed_for_good, deadletter_open_when_task_gives_up
@@ -29,4 +30,6 @@ class DlqConfig(AppConfig):
         hooks.on_sweep("reconciliations_started", reconcile_schedule)
         hooks.on_overview(deadletter_card)
         hooks.on_overview(incident_card)
+        hooks.on_evidence("dead_letters", deadletters_evidence, schema=DeadLettersEvidenceSerializer,
+                          template="ledger/evidence_dead_letters.html")
         register_collector(DeadLetterCollector())

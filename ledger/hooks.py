@@ -1,7 +1,7 @@
 """The seams through which the apps built on the ledger take part in its work.
 
 The ledger knows nothing of `approvals` or `dlq`: each app registers here, from its
-`AppConfig.ready()`, what it adds. Four kinds of entry, each a plain list or slot:
+`AppConfig.ready()`, what it adds. Its entries, each kept in a plain list, dict or slot:
 
 - reactions to moves (`on_move`): run inside the transaction of every status change of a
   model, after its write and audit event, in registration order (INSTALLED_APPS order:
@@ -13,12 +13,14 @@ The ledger knows nothing of `approvals` or `dlq`: each app registers here, from 
   nothing is over a limit.
 - sweeper steps (`on_sweep`): extra work for every sweeper pass, named for its counts.
 - overview cards (`on_overview`): the queues a person works, shown on the overview.
+- evidence sections (`on_evidence`): an app's part of an action's evidence record
+  (ledger.evidence), with the audit events that cover it.
 """
 
 from collections import defaultdict
 from dataclasses import dataclass
 
-from django.db.models import Value
+from django.db.models import Q, Value
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,7 @@ _reactions = defaultdict(list)
 _on_record = []
 _sweeps = []
 _overview = []
+_evidence = {}
 _policy = [NoLimits()]
 
 
@@ -105,3 +108,32 @@ def on_overview(cards):
 
 def overview_cards(user, now):
     return [card for cards in _overview for card in cards(user, now)]
+
+
+@dataclass(frozen=True)
+class EvidencePart:
+    """An app's part of an action's evidence record: `data` (JSON-ready, as its schema says)
+    and `audit`, a Q naming the audit events that cover it (the record carries them with
+    their links in the hash chain)."""
+
+    data: object
+    audit: Q = Q(pk__in=[])
+
+
+@dataclass(frozen=True)
+class EvidenceSection:
+    name: str
+    build: object  # build(action) -> EvidencePart, in a number of queries that does not grow with the history
+    schema: type  # the DRF serializer describing `data`, for the OpenAPI document
+    template: str  # what the printable page includes, with `data`
+
+
+def on_evidence(name, build, *, schema, template):
+    """The section `name` of every action's evidence record: `build(action)` returns an
+    `EvidencePart`; `schema` (a serializer class) describes its data in the API's document and
+    `template` shows it on the printable page."""
+    _evidence[name] = EvidenceSection(name, build, schema, template)
+
+
+def evidence_sections():
+    return list(_evidence.values())

@@ -7,6 +7,8 @@ from . import views
 app_name = "api"
 urlpatterns = [
     path("actions", views.ActionCreateView.as_view(), name="action-create"),
+    # Before the action's own read, which would take "/evidence" as part of the key.
+    path("actions/<path:operation_key>/evidence", views.ActionEvidenceView.as_view(), name="action-evidence"),
     path("actions/<path:operation_key>", views.ActionDetailView.as_view(), name="action-detail"),
     path("tasks", views.TaskCreateView.as_view(), name="task-create"),
     path("tasks/<path:task_id>", views.TaskDetailView.as_view(), name="task-detail"),

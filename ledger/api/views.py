@@ -4,20 +4,22 @@ import time
 
 from django.conf import settings
 from django.db import OperationalError
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from ledger.actions import KeyReused, SlotTaken, action_by_pk, action_request
+from ledger.evidence import evidence_actions, evidence_export
 from ledger.grants import grant_state
 from ledger.metrics import API_KEY_REUSED, API_REPLAYS
 from ledger.models import Action, ActionStatus, Capability, GrantState, Task, TaskState
 from ledger.tasks import task_request
 
 from .auth import well_formed_key
+from .evidence_schema import EvidenceRecordSerializer
 from .openapi import (
-    ACTION_REQUEST, KEY_HEADER, REPLAYED, RETRY_AFTER, TASK_ID_HEADER, TASK_REQUEST, WAIT, ApiSchema,
-    CheckpointSerializer, intake_responses, links_to, path_key, read_responses,
+    ACTION_REQUEST, COMMON_PROBLEMS, KEY_HEADER, PROBLEM_JSON, REPLAYED, RETRY_AFTER, TASK_ID_HEADER, TASK_REQUEST,
+    WAIT, ApiSchema, CheckpointSerializer, intake_responses, links_to, path_key, problem, read_responses,
 )
 from .problems import Problem
 from .serializers import (
@@ -134,10 +136,17 @@ def load_own(queryset, what):
     return load
 
 
+EVIDENCE_LINK = {"read_evidence": {
+    "operationId": "actions_evidence_retrieve", "parameters": {"operation_key": "$response.body#/operation_key"},
+    "description": "Read the action's evidence record.",
+}}
+
+
 class ActionCreateView(APIView):
     finds_key = True  # see AgentTokenAuthentication
     schema = ApiSchema()
-    openapi_links = links_to("actions_retrieve", "operation_key")
+    openapi_links = {status: {**link, **EVIDENCE_LINK}
+                     for status, link in links_to("actions_retrieve", "operation_key").items()}
 
     @extend_schema(
         operation_id="actions_create", parameters=[KEY_HEADER, REPLAYED, RETRY_AFTER], request=ACTION_REQUEST,
@@ -173,11 +182,40 @@ class ActionDetailView(APIView):
     )
     def get(self, request, operation_key):
         seconds = wait_seconds(request)
-        mine = Action.objects.select_related("task").filter(agent=request.auth, operation_key=operation_key)
-        if "\x00" in operation_key:  # PostgreSQL text holds no NUL, so no key has one
-            mine = mine.none()
-        action = poll(load_own(mine, "action"), lambda a: a.status in UNSETTLED_ACTION, seconds)
+        load = own_action(request, operation_key, Action.objects.select_related("task"))
+        action = poll(load, lambda a: a.status in UNSETTLED_ACTION, seconds)
         return Response(ActionSerializer(action).data)
+
+
+def own_action(request, operation_key, queryset):
+    mine = queryset.filter(agent=request.auth, operation_key=operation_key)
+    if "\x00" in operation_key:  # PostgreSQL text holds no NUL, so no key has one
+        mine = mine.none()
+    return load_own(mine, "action")
+
+
+def key_ends_in_evidence(request):
+    """Whether the URL named an action whose own key ends in "/evidence" ("%2Fevidence"):
+    the server decodes the path before it is routed, so such a read reaches the evidence
+    view too. gunicorn passes the path as it was sent (RAW_URI), which tells them apart."""
+    return request.META.get("RAW_URI", "").split("?", 1)[0].lower().endswith("%2fevidence")
+
+
+class ActionEvidenceView(APIView):
+    @extend_schema(
+        operation_id="actions_evidence_retrieve", parameters=[path_key("operation_key", "The action's operation key.")],
+        responses={200: OpenApiResponse(EvidenceRecordSerializer, description="The action's evidence record."),
+                   **COMMON_PROBLEMS,
+                   (404, PROBLEM_JSON): problem("`not_found`: no such action, or another agent's.")},
+        description="The action's evidence record: the request, the agent and its grant, the provider's evidence, "
+        "webhooks, review items and the limit in force, dead-letter entries and alerts, and every audit event "
+        "covering them with its place in the hash chain, digested and signed (`manage.py evidence_verify` checks "
+        "a saved record).",
+    )
+    def get(self, request, operation_key):
+        if key_ends_in_evidence(request):
+            return ActionDetailView().get(request, f"{operation_key}/evidence")
+        return Response(evidence_export(own_action(request, operation_key, evidence_actions())()))
 
 
 UNSETTLED_TASK = {TaskState.QUEUED, TaskState.RUNNING}

@@ -1,0 +1,251 @@
+"""An action's evidence record: one export an auditor can take away and check.
+
+The record holds what the agent asked (the request and its fingerprint), who asked and under
+which grant, what the provider answered (the evidence the executor kept, the outcome), the
+webhooks that named the action, its task's checkpoint, what the apps built on the ledger add
+(`ledger.hooks.on_evidence`: review items and the limit that applied, dead-letter entries and
+their alerts), and every audit event that covers any of it, each with its place in the hash
+chain (ledger/audit.py).
+
+Building it costs the same number of queries however long the action's history is: one per
+kind of row, never one per row.
+
+The record is checked twice (`manage.py evidence_verify`, `record_problems`):
+
+1. from the file alone: each event's content hash is recomputed from its fields, each sealed
+   event's hash from the hash before it, consecutive events must link, and the digest must
+   be the record's. (Anyone can recompute a digest: it shows damage, not intent.)
+2. against the database: the signature, an HMAC of the digest under this deployment's
+   secret key, proves that this ledger wrote the record as it is; and every event's hashes
+   must be the ones the chain holds.
+"""
+
+import hashlib
+import json
+
+from django.core import signing
+from django.db.models import Q
+from django.utils import timezone
+
+from . import hooks
+from .audit import chain_hash, content_hash
+from .models import Action, ActionStatus, AuditEvent, Capability, ChainCheck, Grant, WebhookEvent
+
+FORMAT = "surety-evidence/1"
+SIGNER = signing.Signer(salt="ledger.evidence", algorithm="sha256")
+GRANT_VERBS = ("granted", "promoted", "revoked")
+# What each entry of Action.evidence records, told by the key it carries (ledger/executor.py,
+# ledger/webhooks.py); an entry with none of them is a provider call that failed.
+EVIDENCE_KINDS = (("verification", "verification"), ("webhook", "webhook"), ("lease_expired", "lease_expired"))
+HOW_TO_CHECK = (
+    "content_hash = sha256 of the JSON of {occurred_at, actor, verb, object_type, object_id, before, after, reason, "
+    "request_id} with sorted keys and separators (',', ':'); hash = sha256 of prev_hash + content_hash + seq "
+    "(as text); an event's prev_hash is the hash of the event whose seq is one less. digest = sha256 of this "
+    "record's JSON without 'integrity', written the same way. `manage.py evidence_verify FILE` checks all of it "
+    "and, against the database, the signature and the chain."
+)
+
+
+def evidence_actions():
+    """The actions to build records from, with what every record reads of them."""
+    return Action.objects.select_related("agent__owner", "task")
+
+
+def evidence_export(action):
+    """The evidence record of `action` (one of `evidence_actions()`), JSON-ready and signed."""
+    parts = [(section.name, section.build(action)) for section in hooks.evidence_sections()]
+    audit_q = _covering(action) | _grant_events(action)
+    for _, part in parts:
+        audit_q |= part.audit
+    events = list(AuditEvent.objects.filter(audit_q).order_by("id"))
+    record = {
+        "format": FORMAT,
+        "generated_at": _utc(timezone.now()),
+        "request": _request(action),
+        "outcome": _outcome(action),
+        "agent": _agent(action, events),
+        "task": _task(action.task) if action.task_id else None,
+        "provider_evidence": [{"kind": _kind(entry), "entry": entry} for entry in action.evidence or []],
+        "webhooks": _webhooks(action),
+        "sections": {name: part.data for name, part in parts},
+        "audit": _audit(events),
+    }
+    # Through JSON and back: the digest is of exactly what the file will hold.
+    record = json.loads(json.dumps(record, default=str))
+    digest = record_digest(record)
+    record["integrity"] = {"digest": digest, "signature": SIGNER.signature(digest), "how_to_check": HOW_TO_CHECK}
+    return record
+
+
+def _covering(action):
+    q = Q(object_type=Action._meta.label_lower, object_id=str(action.pk))
+    if action.task_id:
+        q |= Q(object_type=action.task._meta.label_lower, object_id=str(action.task_id))
+    return q
+
+
+def _capability_label(action):
+    return str(Capability(kind=Capability.Kind.ACTION_TYPE, name=action.action_type))
+
+
+def _grant_events(action):
+    """The agent's grant, promotions and revokes for the action type, up to the request."""
+    label = _capability_label(action)
+    return Q(object_type=action.agent._meta.label_lower, object_id=str(action.agent_id), verb__in=GRANT_VERBS,
+             occurred_at__lte=action.created_at) & (Q(after__capability=label) | Q(before__capability=label))
+
+
+def _request(action):
+    return {
+        "operation_key": action.operation_key, "action_type": action.action_type, "target": action.target,
+        "customer": action.customer, "params": action.params, "fingerprint": action.fingerprint,
+        "decision_id": action.decision_id, "task_id": action.task.task_id if action.task_id else None,
+        "requested_at": _utc(action.created_at),
+    }
+
+
+def _outcome(action):
+    return {
+        "status": action.status, "attempts": action.attempts, "external_ref": action.external_ref or None,
+        "result": action.result, "error": action.error, "updated_at": _utc(action.updated_at),
+    }
+
+
+def _agent(action, events):
+    """The agent, its owner, and the grant it acted under: shadow or live when the request
+    was recorded, and the promotion in force then (from the audit events)."""
+    agent = action.agent
+    requested = next((e for e in events if e.object_type == "ledger.action" and e.verb == "requested"), None)
+    promoted = [e for e in events if e.object_type == "ledger.agent" and e.verb == "promoted"]
+    grant = Grant.objects.filter(agent=agent, capability__kind=Capability.Kind.ACTION_TYPE,
+                                 capability__name=action.action_type).first()
+    return {
+        "name": agent.name, "owner": agent.owner.get_username(),
+        "grant": {
+            "capability": _capability_label(action),
+            "state_at_request": None if requested is None else (
+                ActionStatus.SHADOW if (requested.after or {}).get("status") == ActionStatus.SHADOW else "live"),
+            "promotion": None if not promoted else {
+                "seq": promoted[-1].seq, "at": promoted[-1].occurred_at.isoformat(), "by": promoted[-1].actor,
+                "reason": promoted[-1].reason, "live_until": (promoted[-1].after or {}).get("live_until"),
+                "replay_run": (promoted[-1].after or {}).get("replay_run"),
+            },
+            "state_now": grant.state() if grant else None,
+        },
+    }
+
+
+def _task(task):
+    """The task the action is a step of, with every step row as it stands."""
+    return {
+        "task_id": task.task_id, "workflow": task.workflow, "state": task.state, "attempts": task.attempts,
+        "max_attempts": task.max_attempts, "last_error": task.last_error,
+        "steps": [{"position": s.position, "name": s.name, "status": s.status, "idempotency_key": s.idempotency_key,
+                   "result": s.result, "error": s.error, "updated_at": _utc(s.updated_at)}
+                  for s in task.steps.order_by("position")],
+    }
+
+
+def _kind(entry):
+    return next((kind for key, kind in EVIDENCE_KINDS if key in entry), "call") if isinstance(entry, dict) else "call"
+
+
+def _webhooks(action):
+    """Every event a provider sent naming the action's operation key, settling or not."""
+    events = WebhookEvent.objects.filter(payload__data__metadata__operation_key=action.operation_key).order_by("id")
+    return [{"connector": e.connector, "event_id": e.event_id, "event_type": e.event_type,
+             "received_at": _utc(e.received_at), "outcome": e.outcome, "payload": e.payload} for e in events]
+
+
+def _audit(events):
+    latest = ChainCheck.objects.order_by("-id").first()
+    return {
+        "events": [audit_event(e) for e in events],
+        "unsealed": sum(1 for e in events if e.seq is None),
+        "last_chain_check": None if latest is None else {
+            "checked_at": _utc(latest.checked_at), "scope": latest.scope, "through_seq": latest.through_seq,
+            "broken_at": latest.broken_at, "why": latest.why,
+        },
+    }
+
+
+def audit_event(event):
+    """An event as the record carries it: the fields its content hash is of, exactly as
+    hashed, with its place in the chain (seq, prev_hash, hash: null/empty until sealed)."""
+    return {"id": event.pk, "seq": event.seq, **event.content_fields(), "object_label": event.object_label,
+            "content_hash": event.content_hash, "prev_hash": event.prev_hash, "hash": event.hash}
+
+
+def _utc(moment):
+    return moment.isoformat().replace("+00:00", "Z")
+
+
+# --- checking a record --------------------------------------------------------------------------
+
+
+def record_digest(record):
+    body = {k: v for k, v in record.items() if k != "integrity"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+CONTENT_FIELDS = ("occurred_at", "actor", "verb", "object_type", "object_id", "before", "after", "reason", "request_id")
+
+
+def record_problems(record, *, database=True):
+    """Everything wrong with a record (an empty list: it holds). From the file alone, or also
+    against the database (`database`): see the module's docstring."""
+    try:
+        events = record["audit"]["events"]
+        integrity = record["integrity"]
+    except (KeyError, TypeError):
+        events = integrity = None
+    if not isinstance(events, list) or not all(isinstance(e, dict) for e in events) or not isinstance(integrity, dict):
+        return ["not an evidence record (no audit events or no integrity block)"]
+    problems = []
+    if record_digest(record) != integrity.get("digest"):
+        problems.append("the digest is not the record's: the record was changed after it was written")
+    problems += _chain_problems(events)
+    if database:
+        try:
+            SIGNER.unsign(f"{integrity.get('digest')}{SIGNER.sep}{integrity.get('signature')}")
+        except signing.BadSignature:
+            problems.append("the signature is not this ledger's for this digest")
+        problems += _database_problems(events)
+    return problems
+
+
+def _chain_problems(events):
+    problems, previous = [], None
+    # In the chain's order (the order of sealing, which may differ from the ids').
+    for event in sorted(events, key=lambda e: (0, e["seq"]) if isinstance(e.get("seq"), int) else (1, 0)):
+        name = f"event #{event.get('seq') or event.get('id')}"
+        if content_hash({field: event.get(field) for field in CONTENT_FIELDS}) != event.get("content_hash"):
+            problems.append(f"{name}: its fields are not what its content hash was computed from")
+        if isinstance(event.get("seq"), int):
+            if chain_hash(event.get("prev_hash"), event.get("content_hash"), event["seq"]) != event.get("hash"):
+                problems.append(f"{name}: its hash is not sha256(prev_hash + content_hash + seq)")
+            if previous is not None and previous.get("seq") == event["seq"] - 1 \
+                    and previous.get("hash") != event.get("prev_hash"):
+                problems.append(f"{name}: it does not follow event #{previous['seq']}")
+            previous = event
+    return problems
+
+
+def _database_problems(events):
+    """Each event against the database's row with the same id: the same content hash, and
+    once sealed the same seq and hashes (an event the export saw unsealed may be sealed now)."""
+    rows = AuditEvent.objects.in_bulk([e.get("id") for e in events if isinstance(e.get("id"), int)])
+    problems = []
+    for event in events:
+        row = rows.get(event.get("id"))
+        name = f"event #{event.get('seq') or event.get('id')}"
+        if row is None:
+            problems.append(f"{name}: not in the database's audit trail")
+        elif row.content_hash != content_hash(row.content_fields()):
+            problems.append(f"{name}: the database's row was altered after it was written")
+        elif event.get("content_hash") != row.content_hash:
+            problems.append(f"{name}: its content hash is not the database's")
+        elif event.get("seq") is not None and (event["seq"], event.get("prev_hash"), event.get("hash")) != (
+                row.seq, row.prev_hash, row.hash):
+            problems.append(f"{name}: its place in the chain is not the database's")
+    return problems

@@ -1,0 +1,36 @@
+import json
+
+from django.core.management.base import BaseCommand, CommandError
+
+from ledger.audit import AuditEvent
+from ledger.evidence import record_problems
+
+
+class Command(BaseCommand):
+    help = ("Check an action's evidence record (the JSON file from the dashboard or the API): each audit event's "
+            "hashes recomputed from its fields, the links between consecutive events and the record's digest; then, "
+            "unless --offline, the signature and every event against the audit chain in the database (--chain also "
+            "walks the chain from the record's first event to its end). Exits non-zero on any mismatch.")
+
+    def add_arguments(self, parser):
+        parser.add_argument("file", help="the evidence record, a JSON file")
+        parser.add_argument("--offline", action="store_true", help="check the file alone, without the database")
+        parser.add_argument("--chain", action="store_true",
+                            help="also verify the database's chain from the record's first sealed event on")
+
+    def handle(self, file, offline, chain, **options):
+        try:
+            with open(file, encoding="utf-8") as f:
+                record = json.load(f)
+        except (OSError, ValueError) as exc:
+            raise CommandError(f"cannot read {file}: {exc}") from None
+        problems = record_problems(record, database=not offline)
+        if chain and not offline and not problems:
+            sealed = [e["seq"] for e in record["audit"]["events"] if isinstance(e.get("seq"), int)]
+            report = AuditEvent.objects.chain_report(from_seq=min(sealed)) if sealed else None
+            if report is not None and report.broken_at is not None:
+                problems.append(f"the database's chain: {report}")
+        if problems:
+            raise CommandError(f"{file}: {len(problems)} problem(s):\n" + "\n".join(f"- {p}" for p in problems))
+        where = "the file alone" if offline else "the database's audit chain"
+        self.stdout.write(f"{file}: intact: {len(record['audit']['events'])} audit events checked against {where}")

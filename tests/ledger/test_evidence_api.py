@@ -1,0 +1,106 @@
+"""GET /api/v1/actions/{operation_key}/evidence: the agent's own actions only, and the
+dashboard's printable page and JSON file, for the people who may read the audit log."""
+
+import json
+from urllib.parse import quote
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+from django.core.management import call_command
+
+from ledger.actions import action_request
+from ledger.evidence import record_problems
+from ledger.models import Action, AuditEvent
+from tests.factories import make_agent, make_agent_on
+
+pytestmark = pytest.mark.django_db
+
+KEY = "refund:ORD-E1:full:dec-1"
+
+
+def recorded(agent, key=KEY, order="ORD-E1"):
+    action, _ = action_request(agent=agent, operation_key=key, action_type="refund", target=order, customer="CUST-E1",
+                               decision_id="dec-1", params={"amount": "25.00", "currency": "EUR"})
+    action.hold(actor="system:tests", reason="a person looks first")
+    AuditEvent.objects.seal()
+    return action
+
+
+def test_an_agent_reads_the_record_of_its_own_action(client):
+    agent = make_agent_on(client)
+    action = recorded(agent)
+    response = client.get(f"/api/v1/actions/{quote(KEY, safe='')}/evidence")
+    assert response.status_code == 200, response.content
+    record = response.json()
+    assert record["request"]["operation_key"] == KEY and record["outcome"]["status"] == "held"
+    assert [e["verb"] for e in record["audit"]["events"] if e["object_type"] == "ledger.action"] == ["requested", "held"]
+    assert record["sections"]["approvals"]["review_items"][0]["kind"] == "held"
+    ids = {e["id"] for e in record["audit"]["events"]}
+    assert set(AuditEvent.objects.history(action).values_list("pk", flat=True)) <= ids
+    # The grant it acted under (made live straight in the table by the tests: no promotion event).
+    assert [e["verb"] for e in record["audit"]["events"] if e["object_type"] == "ledger.agent"] == ["granted"]
+    assert record["agent"]["grant"]["state_at_request"] == "live" and record["agent"]["grant"]["promotion"] is None
+    assert record_problems(record) == []
+
+
+def test_another_agents_action_and_an_unknown_key_are_404_problems(client):
+    recorded(make_agent("someone-else")[0])
+    make_agent_on(client)
+    for key in (KEY, "refund:ORD-NONE:full", "a\x00b"):
+        response = client.get(f"/api/v1/actions/{quote(key, safe='')}/evidence")
+        assert response.status_code == 404, key
+        assert response["Content-Type"] == "application/problem+json" and response.json()["code"] == "not_found"
+
+
+def test_without_a_token_it_is_401(client):
+    recorded(make_agent("billing")[0])
+    response = client.get(f"/api/v1/actions/{quote(KEY, safe='')}/evidence")
+    assert response.status_code == 401 and response.json()["code"] == "unauthenticated"
+
+
+# --- the dashboard -------------------------------------------------------------------------------
+
+
+def person(username, group=None):
+    call_command("setup_roles", verbosity=0)
+    user = get_user_model().objects.create_user(username, password=None)
+    if group:
+        user.groups.add(Group.objects.get(name=group))
+    return user
+
+
+def test_an_auditor_gets_the_printable_page_linked_from_the_action_and_the_json_file(client):
+    action = recorded(make_agent("billing")[0])
+    client.force_login(person("aldo", "auditors"))
+    detail = client.get(f"/actions/{action.pk}/")
+    assert f'href="/actions/{action.pk}/evidence"' in detail.content.decode()
+
+    page = client.get(f"/actions/{action.pk}/evidence")
+    assert page.status_code == 200
+    html = page.content.decode()
+    first = AuditEvent.objects.history(action).first()
+    assert KEY in html and action.fingerprint in html and first.hash in html and first.content_hash in html
+    assert "a person looks first" in html and f'href="/actions/{action.pk}/evidence.json"' in html
+
+    download = client.get(f"/actions/{action.pk}/evidence.json")
+    assert download.status_code == 200
+    assert download["Content-Disposition"] == f'attachment; filename="evidence-action-{action.pk}.json"'
+    record = json.loads(download.content)
+    assert record["request"]["operation_key"] == KEY and record_problems(record) == []
+
+
+def test_the_record_is_refused_to_people_outside_the_dashboards_groups(client):
+    action = recorded(make_agent("billing")[0])
+    client.force_login(person("visitor"))
+    for path in (f"/actions/{action.pk}/evidence", f"/actions/{action.pk}/evidence.json"):
+        assert client.get(path).status_code == 403
+    client.logout()
+    assert client.get(f"/actions/{action.pk}/evidence").status_code == 302
+    assert client.get(f"/actions/{Action.objects.count() + 10}/evidence").status_code == 302
+
+
+def test_an_unknown_action_is_404_on_the_dashboard(client):
+    client.force_login(person("aldo", "auditors"))
+    assert client.get("/actions/999999/evidence").status_code == 404
+    assert client.get("/actions/999999/evidence.json").status_code == 404
