@@ -33,7 +33,8 @@ from ledger.access import ROLES
 from ledger.actions import action_request
 from ledger.agents import agent_create
 from ledger.executor import action_claim_next, action_expire_leases, action_run_claimed
-from ledger.models import Action, ActionStatus, ActionType, AuditEvent, Task, TaskState
+from ledger.grants import REVIEW_DAYS
+from ledger.models import Action, ActionStatus, ActionType, Agent, AuditEvent, Grant, GrantState, Task, TaskState
 from ledger.roles import roles_setup
 from ledger.runner import task_run
 from ledger.tasks import task_claim_next, task_request, task_run_now
@@ -233,11 +234,34 @@ def seed_demo():
         for order_id, customer, amount, currency in ORDERS:
             orders[order_id], _ = SandboxOrder.objects.get_or_create(
                 order_id=order_id, defaults={"customer": customer, "amount": Decimal(amount), "currency": currency})
+        # shadow: asked under a grant nobody has made live yet (recorded, never executed).
+        _refund(agents["billing-bot"], "refund:ORD-10020:full:dec-400", orders["ORD-10020"], decision="dec-400",
+                shadow=True)
+        for agent in agents.values():
+            _grants_live_for_the_demo(agent, by=ada)
         with demo_provider() as script:
             _seed_actions(users, agents, orders, script)
             _seed_tasks(users, agents, orders, script)
         _seed_overdue()
     return Demo(users=users, agents=agents, tokens=tokens)
+
+
+def _grants_live_for_the_demo(agent, *, by):
+    """Demo only: the history below was made under live grants (the executor cancels a queued
+    action whose grant is not live), but no replay run can pass before the web app and its
+    sandbox are up. So the seed writes the demo agents' grants live, audited as what it is;
+    `make run` then runs the replay set and promotes billing-bot's refund grant for real."""
+    now = timezone.now()
+    for grant in Grant.objects.filter(agent=agent).select_related("capability"):
+        grant.live_until, grant.promoted_by, grant.promoted_at = now + timedelta(days=REVIEW_DAYS), by, now
+        grant.save(update_fields=["live_until", "promoted_by", "promoted_at"])
+        AuditEvent.objects.record(
+            actor=SEED_ACTOR, verb="promoted", obj=agent, before={"capability": str(grant.capability),
+                                                                 "state": GrantState.SHADOW},
+            after={"capability": str(grant.capability), "state": GrantState.LIVE, "live_until": grant.live_until},
+            reason="demo data: written live by the seed, before any replay run could pass")
+    Agent.objects.filter(pk=agent.pk).update(grants_version=F("grants_version") + 1)
+    agent.refresh_from_db(fields=["grants_version"])
 
 
 def _seed_actions(users, agents, orders, script):
@@ -261,9 +285,6 @@ def _seed_actions(users, agents, orders, script):
         start = tomorrow.replace(hour=hour)
         execute(_booking(support, f"booking:{customer}:{service}:{start:%Y%m%dT%H}", resource, customer,
                          service, start, 1, decision=f"dec-{n}"))
-
-    # shadow: asked under a grant nobody has made live yet (recorded, never executed).
-    _refund(billing, "refund:ORD-10020:full:dec-400", o("ORD-10020"), decision="dec-400", shadow=True)
 
     # queued: one just requested, one waiting out a backoff after the provider was unreachable.
     _refund(billing, "refund:ORD-10005:full:dec-401", o("ORD-10005"), decision="dec-401")

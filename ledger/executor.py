@@ -18,14 +18,15 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils import timezone
 
 from . import hooks
 from .compiled import Compiled
 from .connectors import http
 from .connectors.base import write_permit
-from .connectors.test_mode import connector_for_action
+from .connectors.test_mode import connector_for_action, is_replay_action
+from .grants import grant_lapsed
 from .jobs import drain
 from .models import Action, ActionStatus, InvalidTransition, StaleClaim, TaskState
 from .retry import backoff_until
@@ -51,9 +52,12 @@ def _due(now):
 
 
 def _claimable(now):
-    # of=self: the join to the task must not lock the task row as well.
-    return Action.objects.select_for_update(skip_locked=True, of=("self",)).filter(_due(now)).order_by(
-        "next_attempt_at", "id")
+    # of=self: the joins to the task and the agent must not lock those rows as well. The
+    # agent's grants_version comes along, so that the claim re-checks the grant without a
+    # statement of its own (ledger.grants.grant_lapsed).
+    return Action.objects.select_for_update(skip_locked=True, of=("self",)).filter(_due(now)).annotate(
+        agent_user_id=F("agent__user_id"), agent_grants_version=F("agent__grants_version"),
+    ).order_by("next_attempt_at", "id")
 
 
 # Every claim asks this (compiled once: see compiled.py):
@@ -65,15 +69,24 @@ _this_if_due = Compiled(lambda now, pk: _claimable(now).filter(pk=pk)[:1], datet
 
 
 def action_claim_next(owner, *, only=None):
-    """Claim the next runnable action (a queued attempt or a verification that is due)."""
-    with transaction.atomic():
-        now = timezone.now()
-        action = _next_due.first(now) if only is None else _this_if_due.first(now, only)
-        if action is None:
-            return None
-        if action.status == S.UNKNOWN:
-            return action.claim_for_verification(owner=owner)
-        return action.claim(owner=owner, locked=True)
+    """Claim the next runnable action (a queued attempt or a verification that is due).
+
+    A queued action whose agent's grant was revoked, or is shadow again, since it was
+    recorded is cancelled instead, with the reason, and the next one is looked at: a revoke
+    stops what is queued, not only what is asked after it. (A verification, a read, goes on.)"""
+    while True:
+        with transaction.atomic():
+            now = timezone.now()
+            action = _next_due.first(now) if only is None else _this_if_due.first(now, only)
+            if action is None:
+                return None
+            if action.status == S.UNKNOWN:
+                return action.claim_for_verification(owner=owner)
+            lapsed = "" if is_replay_action(action) else grant_lapsed(
+                action, agent_user_id=action.agent_user_id, agent_grants_version=action.agent_grants_version)
+            if not lapsed:
+                return action.claim(owner=owner, locked=True)
+            action.cancel(actor=EXECUTOR, reason=lapsed)
 
 
 def action_run_claimed(action):

@@ -71,6 +71,22 @@ def agent_may(agent, kind, name):
     return grant_state(agent, kind, name) is not None
 
 
+def grant_lapsed(action, *, agent_user_id, agent_grants_version):
+    """Why a queued action may no longer be attempted, or "": its agent's grant for its type
+    was revoked, or is shadow (demoted, or past its review date) since it was recorded.
+
+    The executor asks at each claim, with the agent's user and grants_version read by the
+    claim's own statement, so the answer comes from `_checked` and costs no statement while
+    the agent's grants are unchanged."""
+    agent = Agent(pk=action.agent_id, user_id=agent_user_id, grants_version=agent_grants_version)
+    state = grant_state(agent, Capability.Kind.ACTION_TYPE, action.action_type)
+    if state == GrantState.LIVE:
+        return ""
+    if state is None:
+        return f"grant revoked: the agent may no longer use {action.action_type}; never executed"
+    return f"grant not live: the agent's grant for {action.action_type} is shadow again; never executed"
+
+
 def _agent_holds(agent, kind, name):
     """(holds the permission, live until). Joined by natural keys rather than through the
     process's content-type cache; agents hold no group grants."""

@@ -24,8 +24,10 @@ from django.utils import timezone
 from .actions import KeyReused, action_request, action_retry
 from .compiled import update
 from .executor import action_claim_next, action_run_claimed
+from .grants import grant_state
 from .jobs import drain, worker_name
-from .models import PERSON_STATUSES, Action, ActionStatus, AuditEvent, StepStatus, Task, TaskState
+from .models import (PERSON_STATUSES, Action, ActionStatus, AuditEvent, Capability, GrantState, StepStatus, Task,
+                     TaskState)
 from .retry import backoff_until
 from .statemachine import StaleClaim
 from .tasks import defer_until, task_claim_next
@@ -89,16 +91,27 @@ def _run_step(task, claim, step, row, ctx):
 
 
 def _drive(task, claim, row, spec):
-    """Take the step's action as far as this worker can; return it once succeeded."""
+    """Take the step's action as far as this worker can; return it once succeeded.
+
+    The step's action has the authority a direct request of the agent would have: the
+    workflow's grant lets the agent start the task, its grant for the action type decides
+    the action (none: the step fails `forbidden`; shadow: the action is recorded `shadow`,
+    never executed, and the task fails `shadow` before any later step runs)."""
+    state = grant_state(task.agent, Capability.Kind.ACTION_TYPE, spec.action_type)
+    if state is None:
+        raise StepFailed(f"{task.agent} holds no grant for {spec.action_type}", retryable=False, code="forbidden")
     try:
         action, _ = action_request(
             agent=task.agent, operation_key=row.idempotency_key, action_type=spec.action_type,
             target=spec.target, customer=spec.customer, params=spec.params,
-            task=task, decision_id=task.task_id,
+            task=task, decision_id=task.task_id, shadow=state == GrantState.SHADOW,
         )
     except KeyReused:
         raise StepFailed(f"{row.idempotency_key} was used for a different request", retryable=False,
                          code="idempotency_key_reused") from None
+    if action.status == A.SHADOW:
+        raise StepFailed(f"{row.idempotency_key} was recorded shadow, never executed: {task.agent}'s grant for "
+                         f"{spec.action_type} is not live", retryable=False, code="shadow")
     if action.is_retryable_failure:
         action = action_retry(action, actor="system:runner", reason=f"task attempt {task.attempts}")
     if action.status in (A.QUEUED, A.UNKNOWN):
@@ -122,7 +135,7 @@ def _drive(task, claim, row, spec):
         raise StepFailed(error.get("message", "the action failed"), retryable=bool(error.get("retryable")),
                          code=error.get("code", "action_failed"))
     if action.status in (A.REJECTED, A.CANCELLED):
-        raise StepFailed(f"{action.operation_key} was {action.status} by a person", retryable=False,
+        raise StepFailed(f"{action.operation_key} was {action.status}", retryable=False,
                          code=f"action_{action.status}")
     task.defer(claim=claim, until=defer_until(action), reason=f"{action.operation_key} is {action.status}")
     raise Paused

@@ -52,10 +52,15 @@ def test_connector_for(action_type):
     return import_string(entry["class"])(**options), test_mode.get("faults_url", "")
 
 
+def is_replay_action(action):
+    """Whether the action belongs to a replay run (its key's prefix is looked at first: free)."""
+    return action.operation_key.startswith(REPLAY_KEY_PREFIX) and Agent.objects.filter(
+        pk=action.agent_id, name=REPLAY_AGENT).exists()
+
+
 def connector_for_action(action):
     """The connector that may act for this action: a replay run's goes to the test mode."""
-    if action.operation_key.startswith(REPLAY_KEY_PREFIX) and Agent.objects.filter(
-            pk=action.agent_id, name=REPLAY_AGENT).exists():
+    if is_replay_action(action):
         return test_connector_for(action.action_type)[0]
     return connector_for(action.action_type)
 
