@@ -50,6 +50,8 @@ def test_it_links_each_intake_to_the_read_of_what_it_recorded(document, path, re
 def test_every_problem_is_problem_json(document):
     for path in document["paths"].values():
         for operation in path.values():
-            for status, response in operation["responses"].items():
-                if status.startswith("4") and status != "414":
-                    assert list(response["content"]) == ["application/problem+json"], status
+            problems = {status: response for status, response in operation["responses"].items()
+                        if status.startswith("4") and status != "414"}
+            assert {"401", "404"} & set(problems), operation["operationId"]  # every operation documents its refusals
+            for status, response in problems.items():
+                assert list(response["content"]) == ["application/problem+json"], status
