@@ -1,5 +1,8 @@
 """What a person decides on a review item. One decision wins; the loser is told who won.
 
+Every decision is taken on the params the person saw (their fingerprint, carried by the
+page): changed since, it is refused; an approval or release is bound to them.
+
 Locks are taken action first, then item — the same order as an action's own moves (which
 close items), so a decision racing a webhook never deadlocks.
 """
@@ -10,6 +13,7 @@ from django.db.models import Q
 from ledger.audit import actor_label
 from ledger.models import Action, AuditEvent
 from ledger.statemachine import InvalidTransition
+from ledger.versions import VersionRefused, action_version_create, version_params
 
 from .intake import verdict_for_action
 from .models import Approval, ReviewItem, ReviewKind, ReviewStatus
@@ -32,8 +36,18 @@ DECISIONS = {
 REASON_REQUIRED = {"approve", "reject", "release", "mark_failed"}
 
 
-def review_decide(item, *, user, decision, reason="", external_ref=""):
-    """Take `decision` on `item` as `user`; returns the item as it stands afterwards."""
+# Decisions that let the action go on: bound to the params the person saw.
+BINDING = {"approve", "release"}
+PARAMS_CHANGED = "the parameters changed since you opened this page: look at them again"
+
+
+def review_decide(item, *, user, decision, reason="", external_ref="", fingerprint=""):
+    """Take `decision` on `item` as `user`; returns the item as it stands afterwards.
+
+    `fingerprint`: of the action's params as the person saw them (the page carries it). A
+    decision whose print is not the params' print now is refused; an approval or release
+    is bound to it, so the executor runs the action only with those params. Without one (a
+    caller with no page), the params as they are under the lock are what is decided."""
     reason = reason.strip()
     if decision not in DECISIONS[item.kind]:
         raise DecisionRefused(f"{decision} is not a decision for a {item.get_kind_display()}")
@@ -50,41 +64,57 @@ def review_decide(item, *, user, decision, reason="", external_ref=""):
             raise AlreadyDecided(f"already {item.status} by {item.decided_by_label or 'the system'}")
         if action.agent.owner_id == user.pk:
             raise DecisionRefused("four eyes: you are responsible for the agent that requested this")
+        fingerprint = _as_seen(action, fingerprint)
         # Read under the lock: a verification that lands meanwhile must still refuse this.
         if decision == "mark_failed" and any(e.get("found") is True for e in action.evidence or []):
             raise DecisionRefused("the provider reported the effect; mark it succeeded with its reference instead")
-        if decision == "approve" and item.approvals_needed > 1 and not _second_approval(item, user, reason):
+        if decision == "approve" and item.approvals_needed > 1 and not _second_approval(
+                item, user, reason, fingerprint):
             return item
-        _decide(item, action, user, decision, reason, external_ref.strip())
+        _decide(item, action, user, decision, reason, external_ref.strip(), fingerprint)
     return item
 
 
-def _second_approval(item, user, reason):
-    """Record this approval; True if it is the second, by someone else."""
+def _as_seen(action, fingerprint):
+    """The print the decision is bound to: the one the person saw, refused unless it is the
+    params' print now (read under the action's lock)."""
+    now = action.params_fingerprint()
+    if fingerprint and fingerprint != now:
+        raise DecisionRefused(PARAMS_CHANGED)
+    return now
+
+
+def _second_approval(item, user, reason, fingerprint):
+    """Record this approval; True if it is the second, by someone else, of the same params."""
     earlier = list(item.approvals.all())
     if any(a.user_id == user.pk for a in earlier):
         raise DecisionRefused("four eyes: the second approval must come from someone else")
+    if any(a.fingerprint and a.fingerprint != fingerprint for a in earlier):
+        raise DecisionRefused("the parameters changed after the first approval, which was for others: "
+                              "reject it, or edit it into a new version")
     try:
         with transaction.atomic():
-            Approval.objects.create(item=item, user=user, reason=reason)
+            Approval.objects.create(item=item, user=user, reason=reason, fingerprint=fingerprint)
     except IntegrityError:
         raise DecisionRefused("you have already approved this") from None
-    AuditEvent.objects.record(actor=user, verb="approval_recorded", obj=item,
-                              after={"approvals": len(earlier) + 1, "needed": item.approvals_needed}, reason=reason)
+    AuditEvent.objects.record(actor=user, verb="approval_recorded", obj=item, reason=reason,
+                              after={"approvals": len(earlier) + 1, "needed": item.approvals_needed,
+                                     "fingerprint": fingerprint})
     return len(earlier) + 1 >= item.approvals_needed
 
 
-def _decide(item, action, user, decision, reason, external_ref):
+def _decide(item, action, user, decision, reason, external_ref, fingerprint):
     outcome = {"approve": ReviewStatus.APPROVED, "reject": ReviewStatus.REJECTED}.get(decision, ReviewStatus.RESOLVED)
-    item.decide(outcome, user=user, verb=decision, reason=reason, decided_by_label=actor_label(user))
+    item.decide(outcome, user=user, verb=decision, reason=reason, decided_by_label=actor_label(user),
+                fingerprint=fingerprint)
     try:
         if decision == "approve":
-            action.approve(actor=user, reason=reason)
+            action.approve(actor=user, reason=reason, fingerprint=fingerprint)
         elif decision == "reject":
             action.reject(actor=user, reason=reason)
         elif decision == "release":
             verdict = verdict_for_action(action)
-            action.release(actor=user, reason=reason,
+            action.release(actor=user, reason=reason, fingerprint=fingerprint,
                            needs_approval=bool(verdict.approvals_needed))
         elif decision == "mark_succeeded":
             action.mark_succeeded(actor=user, external_ref=external_ref, reason=reason or "confirmed by a person")
@@ -96,6 +126,38 @@ def _decide(item, action, user, decision, reason, external_ref):
         raise DecisionRefused(str(exc)) from exc
 
 
+def review_edit(item, *, user, changes, reason, fingerprint=""):
+    """Edit an over-limit action down instead of rejecting it (`changes`: param -> text): its
+    next version (ledger.versions), approved by `user` as it is made — the first of two
+    approvals if the limits still ask two for it. The item ends `edited`, the action
+    `superseded`. Returns the item and the new version."""
+    reason = reason.strip()
+    if item.kind != ReviewKind.APPROVAL:
+        raise DecisionRefused("only an action awaiting approval can be edited")
+    if not reason:
+        raise DecisionRefused("a reason is required to edit")
+    with transaction.atomic():
+        action = Action.objects.select_for_update().select_related("agent").get(pk=item.action_id)
+        item = ReviewItem.objects.select_for_update().get(pk=item.pk)
+        if item.status != ReviewStatus.OPEN:
+            raise AlreadyDecided(f"already {item.status} by {item.decided_by_label or 'the system'}")
+        if action.agent.owner_id == user.pk:
+            raise DecisionRefused("four eyes: you are responsible for the agent that requested this")
+        fingerprint = _as_seen(action, fingerprint)
+        try:
+            params = version_params(action, changes)
+            item.decide(ReviewStatus.EDITED, user=user, verb="edit", reason=reason,
+                        decided_by_label=actor_label(user), fingerprint=fingerprint)
+            version = action_version_create(action, actor=user, reason=reason, params=params)
+        except VersionRefused as exc:
+            raise DecisionRefused(str(exc)) from None
+        waiting = ReviewItem.objects.filter(action=version, kind=ReviewKind.APPROVAL, status=ReviewStatus.OPEN).first()
+        if waiting is not None:  # (held instead when something else is in flight on its subjects)
+            review_decide(waiting, user=user, decision="approve", reason=reason,
+                          fingerprint=version.params_fingerprint())
+    return item, Action.objects.get(pk=version.pk)
+
+
 def held_group(item):
     """The open held items waiting with this one: held actions on its action's target or
     customer, oldest first (this one among them)."""
@@ -105,10 +167,11 @@ def held_group(item):
                 .select_related("action").order_by("action_id"))
 
 
-def held_group_decide(item, *, user, release, reason):
+def held_group_decide(item, *, user, release, reason, fingerprint=""):
     """One decision for a held group: release the action `release` (a pk in the group) and
     reject the rest, or reject them all (`release` None), with one reason for all. The one
-    released goes first, so that no rejection lets the system release another meanwhile."""
+    released goes first, so that no rejection lets the system release another meanwhile;
+    `fingerprint`: of its params as the person saw them."""
     reason = reason.strip()
     if not reason:
         raise DecisionRefused("a reason is required")
@@ -117,6 +180,7 @@ def held_group_decide(item, *, user, release, reason):
         if release is not None and release not in {member.action_id for member in group}:
             raise DecisionRefused("the action to release is not held in this group any more")
         for member in sorted(group, key=lambda member: member.action_id != release):
-            review_decide(member, user=user, decision="release" if member.action_id == release else "reject",
-                          reason=reason)
+            released = member.action_id == release
+            review_decide(member, user=user, decision="release" if released else "reject", reason=reason,
+                          fingerprint=fingerprint if released else "")
     return group

@@ -2,7 +2,14 @@ import pycountry
 from django import forms
 from django.core.validators import validate_email
 
+from ledger.versions import EDITABLE_PARAMS
+
+from .decisions import BINDING
 from .models import Limit, tier_addresses
+
+
+# The print of the params a page showed (a SHA-256, hex): a decision is taken on those.
+FINGERPRINT = {"max_length": 64, "min_length": 64, "required": False}
 
 
 class DecisionForm(forms.Form):
@@ -10,6 +17,7 @@ class DecisionForm(forms.Form):
     reason = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}), max_length=2000)
     external_ref = forms.CharField(required=False, max_length=255)
     confirm_absent = forms.BooleanField(required=False)
+    fingerprint = forms.CharField(**FINGERPRINT)
     # "queue": a decision taken from the queue's row goes back to the queue.
     return_to = forms.ChoiceField(choices=[("", "the next item"), ("queue", "the queue")], required=False)
 
@@ -17,7 +25,35 @@ class DecisionForm(forms.Form):
         data = super().clean()
         if data.get("decision") == "mark_failed" and not data.get("confirm_absent"):
             raise forms.ValidationError("confirm that the effect did not happen")
+        # An approval from a page binds to what the page showed: a form without it (an old
+        # page, a hand-made post) approves nothing.
+        if data.get("decision") in BINDING and not data.get("fingerprint"):
+            raise forms.ValidationError("the page did not say which parameters you saw: reload it and decide again")
         return data
+
+
+class EditForm(forms.Form):
+    """Edit an over-limit action down: its editable params (ledger.versions.EDITABLE_PARAMS),
+    the approver's reason, and the print of the params the page showed."""
+
+    reason = forms.CharField(max_length=2000, required=False, widget=forms.Textarea(attrs={"rows": 2}))
+    fingerprint = forms.CharField(**FINGERPRINT)
+
+    def __init__(self, *args, action, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.editable = EDITABLE_PARAMS.get(action.action_type, ())
+        for name in self.editable:
+            # Named apart from the decision's own reason: a refund's `reason` is a param.
+            self.fields[f"param_{name}"] = forms.CharField(
+                label=f"{action.action_type.replace('_', ' ').capitalize()} {name}", required=False, max_length=500, initial=(action.params or {}).get(name, ""))
+
+    def changes(self):
+        """The params as edited (field -> text); posted fields that are not editable too,
+        so that the ledger refuses them by name rather than ignoring them."""
+        edited = {name: self.cleaned_data[f"param_{name}"].strip() for name in self.editable}
+        extra = {key.removeprefix("param_"): value for key, value in self.data.items()
+                 if key.startswith("param_") and key.removeprefix("param_") not in self.editable}
+        return {**edited, **extra}
 
 
 class LimitForm(forms.ModelForm):
@@ -26,7 +62,8 @@ class LimitForm(forms.ModelForm):
     class Meta:
         model = Limit
         fields = ["action_type", "currency", "max_amount", "dual_approval_above", "daily_customer_total",
-                  "review_deadline_hours", "first_tier", "next_tier", "escalate_after_hours"]
+                  "review_deadline_hours", "first_tier", "next_tier", "escalate_after_hours",
+                  "approval_expires_after_hours"]
 
     def clean_currency(self):
         # Any three characters ("E1", "123") were saved as a currency; only
@@ -39,10 +76,7 @@ class LimitForm(forms.ModelForm):
     def clean_review_deadline_hours(self):
         # 0 made every review item overdue the moment it opened (the database refuses it too;
         # here a person gets the reason next to the field).
-        hours = self.cleaned_data["review_deadline_hours"]
-        if hours is not None and not 1 <= hours <= 24 * 365:
-            raise forms.ValidationError("Between 1 hour and a year.")
-        return hours
+        return _hours(self.cleaned_data["review_deadline_hours"])
 
     def clean_daily_customer_total(self):
         # A negative total was saved once (the database refuses it too).
@@ -58,10 +92,10 @@ class LimitForm(forms.ModelForm):
         return _tier(self.cleaned_data["next_tier"])
 
     def clean_escalate_after_hours(self):
-        hours = self.cleaned_data["escalate_after_hours"]
-        if hours is not None and not 1 <= hours <= 24 * 365:
-            raise forms.ValidationError("Between 1 hour and a year.")
-        return hours
+        return _hours(self.cleaned_data["escalate_after_hours"])
+
+    def clean_approval_expires_after_hours(self):
+        return _hours(self.cleaned_data["approval_expires_after_hours"])
 
     def clean(self):
         data = super().clean()
@@ -79,6 +113,13 @@ class LimitForm(forms.ModelForm):
         if existing is not None:
             self.instance = existing
         return data
+
+
+def _hours(hours):
+    """A number of hours the database takes (limit_*_an_hour_to_a_year), said next to the field."""
+    if hours is not None and not 1 <= hours <= 24 * 365:
+        raise forms.ValidationError("Between 1 hour and a year.")
+    return hours
 
 
 def _tier(text):

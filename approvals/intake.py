@@ -67,13 +67,19 @@ def verdict_for_request(*, action_type, amount, currency, customer, recorded=Non
     return verdict_for(limit, amount, total_today)
 
 
+# What a customer's daily total leaves out (the what-if's window sums leave out the same).
+NOT_IN_DAILY_TOTAL = [ActionStatus.REJECTED, ActionStatus.CANCELLED, ActionStatus.FAILED, ActionStatus.SHADOW,
+                      ActionStatus.EXPIRED, ActionStatus.SUPERSEDED]
+
+
 def customer_total_today(action_type, currency, customer, excluding=None):
     """The customer's total today for an action type and currency, as the limits count it:
-    what is not rejected, cancelled, failed or only shadow; without the action `excluding`."""
+    what is not rejected, cancelled, failed, expired, only shadow, or superseded by a version
+    (which counts instead); without the action `excluding`."""
     start_of_day = timezone.now().replace(hour=0, minute=0, second=0, microsecond=0)
     today = Action.objects.filter(
         action_type=action_type, currency=currency, customer=customer, created_at__gte=start_of_day
-    ).exclude(status__in=[ActionStatus.REJECTED, ActionStatus.CANCELLED, ActionStatus.FAILED, ActionStatus.SHADOW])
+    ).exclude(status__in=NOT_IN_DAILY_TOTAL)
     if excluding is not None:
         today = today.exclude(pk=excluding.pk)
     return today.aggregate(total=Sum("amount"))["total"] or Decimal(0)

@@ -32,6 +32,10 @@ class Limit(models.Model):
                                  help_text="E-mail addresses alerted when it is still open at the second deadline.")
     escalate_after_hours = models.PositiveIntegerField(
         null=True, blank=True, help_text="Hours after the review deadline; required with a next tier.")
+    # An approval wait that nobody decides ends `expired` this many hours after it opened
+    # (blank: it waits until someone does): never recorded as a person's rejection.
+    approval_expires_after_hours = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Hours after which an approval nobody decided expires (blank: never).")
     updated_at = models.DateTimeField(default=timezone.now)
     updated_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
 
@@ -51,6 +55,9 @@ class Limit(models.Model):
             ),
             models.CheckConstraint(condition=Q(review_deadline_hours__gte=1, review_deadline_hours__lte=24 * 365),
                                    name="limit_deadline_an_hour_to_a_year"),
+            models.CheckConstraint(condition=Q(approval_expires_after_hours__isnull=True)
+                                   | Q(approval_expires_after_hours__gte=1, approval_expires_after_hours__lte=24 * 365),
+                                   name="limit_expiry_an_hour_to_a_year"),
             # A next tier needs its deadline and a deadline needs someone to alert.
             models.CheckConstraint(
                 condition=Q(next_tier="", escalate_after_hours__isnull=True)
@@ -72,6 +79,7 @@ class Limit(models.Model):
             "first_tier": self.first_tier,
             "next_tier": self.next_tier,
             "escalate_after_hours": self.escalate_after_hours,
+            "approval_expires_after_hours": self.approval_expires_after_hours,
         }
 
     @classmethod
@@ -125,6 +133,8 @@ class ReviewStatus(models.TextChoices):
     CLOSED = "closed"  # the action was settled elsewhere (a webhook, verification)
 
 
+    EDITED = "edited"  # a person edited the action down: its new version has an item of its own
+    EXPIRED = "expired"  # nobody decided before the limit's approval window ended
 class ReviewKind(models.TextChoices):
     APPROVAL = "approval", "approval"
     HELD = "held", "held group"
@@ -133,13 +143,15 @@ class ReviewKind(models.TextChoices):
 
 R = ReviewStatus
 REVIEW_TRANSITIONS = {
-    R.OPEN: {R.APPROVED, R.REJECTED, R.RESOLVED, R.CLOSED},
+    R.OPEN: {R.APPROVED, R.REJECTED, R.RESOLVED, R.CLOSED, R.EDITED, R.EXPIRED},
     R.APPROVED: set(),
     R.REJECTED: set(),
     R.RESOLVED: set(),
     R.CLOSED: set(),
 }
 
+    R.EDITED: set(),
+    R.EXPIRED: set(),
 
 class ReviewItem(StateMachine):
     """What waits for a person: one open item per action at a time, each with a deadline."""
@@ -169,6 +181,10 @@ class ReviewItem(StateMachine):
     escalated_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+    # When an approval nobody decided expires (the limit's approval_expires_after_hours; none: never).
+    expires_at = models.DateTimeField(null=True, blank=True)
+    # The fingerprint of the action's params the decider saw (approvals.decisions).
+    decided_fingerprint = models.CharField(max_length=64, blank=True, default="")
         ordering = ["deadline", "id"]
         indexes = [
             models.Index(fields=["kind", "status", "deadline", "id"], name="review_queue_idx"),
@@ -177,6 +193,8 @@ class ReviewItem(StateMachine):
                          name="review_escalate_idx"),
         ]
         constraints = [
+            models.Index(fields=["expires_at"], condition=Q(status="open", expires_at__isnull=False),
+                         name="review_expiry_idx"),
             models.UniqueConstraint(fields=["action"], condition=Q(status="open"), name="review_one_open_per_action"),
             models.CheckConstraint(condition=Q(status__in=ReviewStatus.values), name="review_status_valid"),
             models.CheckConstraint(condition=Q(kind__in=ReviewKind.values), name="review_kind_valid"),
@@ -197,10 +215,22 @@ class ReviewItem(StateMachine):
     def is_escalated(self):
         return self.status == R.OPEN and self.escalated_at is not None
 
-    def decide(self, outcome, *, user, verb, reason, decided_by_label):
-        """A person's decision (approvals.decisions): approved, rejected or resolved."""
+    def _snapshot(self, changes=()):
+        snap = super()._snapshot(changes)
+        if self.decided_fingerprint:  # what the decider saw, in the decision's audit event
+            snap["decided_fingerprint"] = self.decided_fingerprint
+        return snap
+
+    def decide(self, outcome, *, user, verb, reason, decided_by_label, fingerprint=""):
+        """A person's decision (approvals.decisions): approved, rejected, resolved or edited;
+        `fingerprint`: of the params they saw."""
         return self._move(outcome, actor=user, verb=verb, reason=reason, decided_by_label=decided_by_label,
-                          decided_by=user, decided_at=timezone.now(), note=reason)
+                          decided_by=user, decided_at=timezone.now(), note=reason, decided_fingerprint=fingerprint)
+
+    def expire(self, *, reason):
+        """Nobody decided in time (approvals.reviews.approval_expire_due)."""
+        return self._move(R.EXPIRED, actor="system:approvals", verb="expired", reason=reason,
+                          decided_at=timezone.now(), note=reason)
 
     def close(self, *, reason):
         """The action no longer waits for a person in this way (approvals.reviews)."""
@@ -216,6 +246,8 @@ class Approval(models.Model):
     at = models.DateTimeField(default=timezone.now)
 
     class Meta:
+    # The fingerprint of the params this approver saw: two approvals count only for the same.
+    fingerprint = models.CharField(max_length=64, blank=True, default="")
         constraints = [models.UniqueConstraint(fields=["item", "user"], name="approval_once_per_user")]
 
     def __str__(self):

@@ -5,7 +5,7 @@ from datetime import timedelta
 from django.db import transaction
 from django.utils import timezone
 
-from ledger.models import PERSON_STATUSES, ActionStatus, AuditEvent
+from ledger.models import PERSON_STATUSES, Action, ActionStatus, AuditEvent
 
 from .intake import limit_for, verdict_for_action
 from .models import ReviewItem, ReviewKind, ReviewStatus
@@ -40,16 +40,45 @@ def review_follow_action(action, why=""):
     limit = limit_for(action.action_type, action.currency)
     verdict = verdict_for_action(action) if kind == ReviewKind.APPROVAL else None
     hours = limit.review_deadline_hours if limit else DEFAULT_DEADLINE_HOURS
+    expires = limit.approval_expires_after_hours if limit and kind == ReviewKind.APPROVAL else None
+    now = timezone.now()
     with transaction.atomic():
         item = ReviewItem.objects.create(
-            kind=kind, action=action, deadline=timezone.now() + timedelta(hours=hours),
+            kind=kind, action=action, deadline=now + timedelta(hours=hours),
+            expires_at=now + timedelta(hours=expires) if expires else None,
             approvals_needed=max(verdict.approvals_needed, 1) if verdict else 1,
             why=why or (verdict.reason if verdict else "") or _why(action),
             limit_snapshot=limit.snapshot() if limit else None,
         )
-        AuditEvent.objects.record(actor="system:reviews", verb="review_opened", obj=item,
-                                  after={"kind": kind, "deadline": item.deadline.isoformat()}, reason=item.why)
+        AuditEvent.objects.record(actor="system:reviews", verb="review_opened", obj=item, reason=item.why,
+                                  after={"kind": kind, "deadline": item.deadline.isoformat(),
+                                         "expires_at": item.expires_at and item.expires_at.isoformat()})
     return item
+
+
+def approval_expire_due(now=None):
+    """A sweeper step: approvals nobody decided before they expired end `expired`, item and
+    action, as the system's doing (never a person's rejection); the action's error says
+    `approval_expired`. Locks the action first, then the item, as a person's decision does,
+    and looks again under them: a decision that won meanwhile stands."""
+    now = now or timezone.now()
+    expired = 0
+    due = ReviewItem.objects.filter(kind=ReviewKind.APPROVAL, status=ReviewStatus.OPEN, expires_at__lte=now)
+    for item_id, action_id in due.order_by("expires_at").values_list("pk", "action_id")[:100]:
+        with transaction.atomic():
+            action = Action.objects.select_for_update(skip_locked=True).filter(
+                pk=action_id, status=ActionStatus.AWAITING_APPROVAL).first()
+            if action is None:
+                continue  # decided, or being decided, meanwhile
+            item = ReviewItem.objects.select_for_update().filter(pk=item_id, status=ReviewStatus.OPEN).first()
+            if item is None:
+                continue
+            hours = round((item.expires_at - item.created_at).total_seconds() / 3600)
+            reason = f"nobody approved or rejected it within {hours} h (the limit's approval window)"
+            item.expire(reason=reason)
+            action.expire(reason=reason)
+            expired += 1
+    return expired
 
 
 def _why(action):

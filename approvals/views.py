@@ -12,8 +12,8 @@ from ledger.dashboard import keyset_page, render_partial, staff_required
 from ledger.models import IN_FLIGHT_STATUSES, Action, ActionStatus, ActionType, AuditEvent, Capability
 
 from .access import PERM_FOR_KIND, get_review_item_for_user, user_may
-from .decisions import AlreadyDecided, DecisionRefused, held_group, held_group_decide, review_decide
-from .forms import DecisionForm, LimitForm
+from .decisions import AlreadyDecided, DecisionRefused, held_group, held_group_decide, review_decide, review_edit
+from .forms import DecisionForm, EditForm, LimitForm
 from .intake import customer_total_today
 from .overview import approved_by
 from .models import Limit, ReviewItem, ReviewKind, ReviewStatus
@@ -105,6 +105,9 @@ def review_detail(request, pk):
         "verifying": _verification(item, action, history),
         "form": DecisionForm(),
         "next_item": _next_item(item, request.user),
+        # What the decision is taken on: the print of the params this page shows.
+        "fingerprint": action.params_fingerprint(),
+        "edit_form": EditForm(action=action) if item.kind == ReviewKind.APPROVAL else None,
     }
     return render_partial(request, "approvals/detail.html", "outcome" if request.htmx else None, context)
 
@@ -169,7 +172,8 @@ def review_decide_view(request, pk):
     decision = form.cleaned_data["decision"]
     try:
         item = review_decide(item, user=request.user, decision=decision,
-                             reason=form.cleaned_data["reason"], external_ref=form.cleaned_data["external_ref"])
+                             reason=form.cleaned_data["reason"], external_ref=form.cleaned_data["external_ref"],
+                             fingerprint=form.cleaned_data["fingerprint"])
     except AlreadyDecided as exc:
         return _refused(request, item, str(exc), 409)
     except DecisionRefused as exc:
@@ -201,7 +205,8 @@ def held_group_decide_view(request, pk):
         return _refused(request, item, "the action to release is not one of this group", 400)
     release = int(release) if release else None
     try:
-        group = held_group_decide(item, user=request.user, release=release, reason=request.POST.get("reason", ""))
+        group = held_group_decide(item, user=request.user, release=release, reason=request.POST.get("reason", ""),
+                                  fingerprint=request.POST.get(f"fingerprint_{release}", "")[:64])
     except AlreadyDecided as exc:
         return _refused(request, item, str(exc), 409)
     except DecisionRefused as exc:
@@ -214,6 +219,29 @@ def held_group_decide_view(request, pk):
 
 
 def _refused(request, item, why, status):
+@staff_required
+@require_POST
+def review_edit_view(request, pk):
+    """Edit an over-limit action down instead of rejecting it: a new version, approved by
+    this person as it is made (approvals.decisions.review_edit)."""
+    item = get_review_item_for_user(request.user, pk, to_decide=True)
+    form = EditForm(request.POST, action=item.action)
+    if not form.is_valid():
+        return _refused(request, item, "; ".join(f"{field}: {' '.join(errors)}"
+                                                 for field, errors in form.errors.items()), 400)
+    try:
+        item, version = review_edit(item, user=request.user, changes=form.changes(),
+                                    reason=form.cleaned_data["reason"], fingerprint=form.cleaned_data["fingerprint"])
+    except AlreadyDecided as exc:
+        return _refused(request, item, str(exc), 409)
+    except DecisionRefused as exc:
+        return _refused(request, item, str(exc), 400)
+    said = {ActionStatus.AWAITING_APPROVAL: "approved by you; a second approver is needed",
+            ActionStatus.HELD: "recorded, and held: another action is in flight on its target or customer"}
+    messages.success(request, f"Edited into {version.operation_key}: {said.get(version.status, 'approved by you')}.")
+    return redirect("review-detail", pk=item.pk)
+
+
     messages.error(request, f"Not done: {why}.")
     if request.htmx:
         return HttpResponse(status=status, headers={"HX-Redirect": item.get_absolute_url()})

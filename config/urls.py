@@ -32,6 +32,7 @@ urlpatterns = [
     path("policies/", approvals.policies, name="policies"),
     path("dlq/", dlq.deadletter_queue, name="deadletter-queue"),
     path("dlq/bulk", dlq.deadletter_bulk, name="deadletter-bulk"),
+    path("review/<int:pk>/edit", approvals.review_edit_view, name="review-edit"),
     path("dlq/<int:pk>/", dlq.deadletter_detail, name="deadletter-detail"),
     path("dlq/<int:pk>/<slug:op>", dlq.deadletter_operate, name="deadletter-operate"),
     path("incidents/", incidents.incident_list, name="incident-list"),

@@ -3,8 +3,6 @@
 `action_request` is the intake of the agents' API and of workflow steps alike.
 """
 
-import hashlib
-import json
 import logging
 from datetime import datetime
 from decimal import Decimal
@@ -16,7 +14,8 @@ from django.utils import timezone
 from . import hooks
 from .compiled import Compiled, insert, update
 from .jobs import ring_after_commit
-from .models import IN_FLIGHT_STATUSES, Action, ActionStatus, ActionType, AuditEvent, Booking, InvalidTransition
+from .models import (IN_FLIGHT_STATUSES, Action, ActionStatus, ActionType, AuditEvent, Booking,  # noqa: F401
+                     InvalidTransition, fingerprint, request_fingerprint)  # (fingerprint: re-exported)
 
 S = ActionStatus
 logger = logging.getLogger("surety.actions")
@@ -32,11 +31,6 @@ class KeyReused(Exception):
 
 class SlotTaken(Exception):
     """A booking overlaps a pending or confirmed booking of the same resource."""
-
-
-def fingerprint(kind, target, params):
-    canonical = json.dumps([kind, target, params], sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def _replay(action, print_, customer):
@@ -110,8 +104,7 @@ def action_request(*, agent, operation_key, action_type, target, params, custome
     early, only for a limit that has one), so that an action it misses cannot have been
     recorded and settled before this insert looks for actions in flight.
     """
-    # A booking's customer is part of what is asked (the provider books for them).
-    print_ = fingerprint(action_type, target, {**params, "customer": customer} if action_type == "create_booking" else params)
+    print_ = request_fingerprint(action_type, target, params, customer)
     # Columns of their own for the limits and the queues, always read from the params.
     amount = None if params.get("amount") in (None, "") else Decimal(str(params["amount"]))
     currency = params.get("currency", "")
@@ -228,11 +221,14 @@ def booking_follow_action(action, previous, actor):
         return
     if action.status == S.SUCCEEDED:
         Booking.objects.select_for_update().get(action=action).confirm()
-    elif action.status in (S.REJECTED, S.CANCELLED) or (action.status == S.FAILED and not action.is_retryable_failure):
+    elif action.status in (S.REJECTED, S.CANCELLED, S.EXPIRED) or (
+            action.status == S.FAILED and not action.is_retryable_failure):
         Booking.objects.select_for_update().get(action=action).release()
 
 
-SETTLED = {S.SUCCEEDED, S.FAILED, S.REJECTED, S.CANCELLED}
+# (A superseded action is not among them: its new version, in flight on the same subjects,
+# holds what it held.)
+SETTLED = {S.SUCCEEDED, S.FAILED, S.REJECTED, S.CANCELLED, S.EXPIRED}
 # Every settle asks these (compiled once, see compiled.py; bench (d)):
 # SELECT id, ... FROM ledger_action WHERE target = %s AND status = 'held'   (and by customer)
 _held_on_target = Compiled(lambda target: Action.objects.filter(target=target, status=S.HELD).only("id"),

@@ -3,7 +3,9 @@
 For each action it reads the ledger row under a lock and takes one of four branches:
 
 1. `queued`: claim it (-> `pending`, under a lease, committed), call the provider outside any
-   transaction, record the outcome under the claim's fencing token.
+   transaction, record the outcome under the claim's fencing token. One a person approved
+   is claimed only while its params are the ones they approved; else it goes back to
+   `awaiting_approval`, never to the provider.
 2. `succeeded`: return the stored result, never call.
 3. `pending` (lease expired) / `unknown`: never call; ask the provider by operation key. Found
    -> `succeeded` (or a person reviews it if it is over its limit); provably absent -> `queued`
@@ -82,11 +84,33 @@ def action_claim_next(owner, *, only=None):
                 return None
             if action.status == S.UNKNOWN:
                 return action.claim_for_verification(owner=owner)
+            if not _as_approved(action):
+                continue  # sent back to a person (its params are not the approved ones)
             lapsed = "" if is_replay_action(action) else grant_lapsed(
                 action, agent_user_id=action.agent_user_id, agent_grants_version=action.agent_grants_version)
             if not lapsed:
                 return action.claim(owner=owner, locked=True)
             action.cancel(actor=EXECUTOR, reason=lapsed)
+
+
+def _as_approved(action):
+    """Whether the locked, queued `action` may be claimed: it needed no person, or its params
+    are still the ones a person approved. The provider is called with the very params read
+    here under the lock, so this is the last look before the call. Changed behind the
+    ledger's back (a raw UPDATE, a bug), it goes back to a person instead, with both prints
+    in its evidence."""
+    if not action.approved_fingerprint:
+        return True
+    seen = action.params_fingerprint()
+    if seen == action.approved_fingerprint:
+        return True
+    action.approval_lapse(locked=True, evidence={
+        "at": timezone.now().isoformat(), "approved_fingerprint": action.approved_fingerprint,
+        "params_fingerprint": seen, "params": action.params,
+    })
+    hooks.recorded(action, "its parameters changed after it was approved: a person must approve them again")
+    logger.warning("%s: params differ from the approved ones; sent back for approval", action)
+    return False
 
 
 def action_run_claimed(action):

@@ -6,6 +6,7 @@ else assigns `status`.
 """
 
 import hashlib
+import json
 import secrets
 from datetime import timedelta
 
@@ -146,15 +147,20 @@ class ActionStatus(models.TextChoices):
     CANCELLED = "cancelled"
     # Requested under a shadow grant: recorded and fingerprinted, never executed (ledger.grants).
     SHADOW = "shadow"
+    # Nobody decided within the limit's approval window: not a person's no (error approval_expired).
+    EXPIRED = "expired"
+    # A person edited it down instead of rejecting it: a new version (ledger.versions) runs instead.
+    SUPERSEDED = "superseded"
 
 
 S = ActionStatus
 
 # The whole state machine of an action. A failed action goes back to queued only when its
-# error says it is retryable; that condition is checked in `Action.requeue`.
+# error says it is retryable; that condition is checked in `Action.requeue`. A queued action
+# goes back to awaiting approval when its params are no longer the ones a person approved.
 ACTION_TRANSITIONS = {
-    S.QUEUED: {S.PENDING, S.HELD, S.CANCELLED},
-    S.AWAITING_APPROVAL: {S.QUEUED, S.HELD, S.REJECTED, S.CANCELLED},
+    S.QUEUED: {S.PENDING, S.HELD, S.CANCELLED, S.AWAITING_APPROVAL},
+    S.AWAITING_APPROVAL: {S.QUEUED, S.HELD, S.REJECTED, S.CANCELLED, S.EXPIRED, S.SUPERSEDED},
     S.HELD: {S.QUEUED, S.AWAITING_APPROVAL, S.REJECTED, S.CANCELLED},
     S.PENDING: {S.SUCCEEDED, S.FAILED, S.UNKNOWN, S.QUEUED},
     S.UNKNOWN: {S.SUCCEEDED, S.FAILED, S.QUEUED, S.NEEDS_REVIEW},
@@ -165,6 +171,8 @@ ACTION_TRANSITIONS = {
     S.CANCELLED: set(),
     # Recorded as it is and final: nothing may ever make it pending.
     S.SHADOW: set(),
+    S.EXPIRED: set(),
+    S.SUPERSEDED: set(),
 }
 # An action in one of these blocks others on the same target or customer.
 IN_FLIGHT_STATUSES = {S.QUEUED, S.PENDING, S.UNKNOWN, S.AWAITING_APPROVAL, S.HELD, S.NEEDS_REVIEW}
@@ -176,6 +184,22 @@ class ActionType(models.TextChoices):
     REFUND = "refund"
     SEND_MESSAGE = "send_message"
     CREATE_BOOKING = "create_booking"
+
+
+APPROVAL_EXPIRED = "approval_expired"  # the error code of an expired action (stable: CONTRACT)
+
+
+def fingerprint(kind, target, params):
+    """What a key asks for, hashed from its canonical form: the same request, the same print."""
+    canonical = json.dumps([kind, target, params], sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def request_fingerprint(action_type, target, params, customer):
+    """An action's fingerprint. A booking's customer is part of what is asked (the provider
+    books for them); anyone else's customer is not."""
+    return fingerprint(action_type, target,
+                       {**params, "customer": customer} if action_type == ActionType.CREATE_BOOKING else params)
 
 
 class Action(LeasedWork):
@@ -203,6 +227,12 @@ class Action(LeasedWork):
     error = models.JSONField(null=True, blank=True)
     # What verification saw: provider answers, times, lease history. Shown to reviewers.
     evidence = models.JSONField(default=list, blank=True)
+    # The fingerprint of the params a person saw when they approved or released it: the
+    # executor calls the provider only while the params still have it (ledger.executor).
+    approved_fingerprint = models.CharField(max_length=64, blank=True, default="")
+    # The action a person edited down into this one (ledger.versions); that one is superseded.
+    supersedes = models.OneToOneField("self", null=True, blank=True, on_delete=models.PROTECT,
+                                      related_name="superseded_by")
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -232,6 +262,11 @@ class Action(LeasedWork):
             models.CheckConstraint(
                 condition=~Q(status=S.PENDING) | Q(lease_expires_at__isnull=False), name="action_pending_has_lease"
             ),
+            # An expired wait is never recorded as anything else (a rejection, a failure): the
+            # agent reads the code.
+            models.CheckConstraint(
+                condition=~Q(status=S.EXPIRED) | Q(error__code=APPROVAL_EXPIRED), name="action_expired_says_so"
+            ),
             # A message is sent once per recipient, message type and decision, whatever key
             # asks for it (the intake answers a second one with the first one's row).
             models.UniqueConstraint(
@@ -252,6 +287,16 @@ class Action(LeasedWork):
         if self.status == S.FAILED and not self.is_retryable_failure:
             return "its failure is not retryable"
         return ""
+
+    def _snapshot(self, changes=()):
+        snap = super()._snapshot(changes)
+        if "approved_fingerprint" in changes:  # what a person's approval was bound to, in its event
+            snap["approved_fingerprint"] = self.approved_fingerprint
+        return snap
+
+    def params_fingerprint(self):
+        """The fingerprint of the params as they are now (a person approves what they saw)."""
+        return request_fingerprint(self.action_type, self.target, self.params, self.customer)
 
     def claim(self, *, owner, locked=False):
         """Take a queued action under a lease; its new fence makes any older claim stale."""
@@ -316,13 +361,37 @@ class Action(LeasedWork):
     def hold(self, *, actor, reason):
         return self._move(S.HELD, actor=actor, verb="held", reason=reason, next_attempt_at=None)
 
-    def release(self, *, actor, reason, needs_approval=False):
+    def release(self, *, actor, reason, needs_approval=False, fingerprint=""):
+        """`fingerprint`: of the params the person releasing it saw (none when the system
+        releases it): it binds the release as an approval binds."""
+        bound = {"approved_fingerprint": fingerprint} if fingerprint else {}
         if needs_approval:
-            return self._move(S.AWAITING_APPROVAL, actor=actor, verb="released", reason=reason)
-        return self._move(S.QUEUED, actor=actor, verb="released", reason=reason, next_attempt_at=timezone.now())
+            return self._move(S.AWAITING_APPROVAL, actor=actor, verb="released", reason=reason, **bound)
+        return self._move(S.QUEUED, actor=actor, verb="released", reason=reason, next_attempt_at=timezone.now(),
+                          **bound)
 
-    def approve(self, *, actor, reason=""):
-        return self._move(S.QUEUED, actor=actor, verb="approved", reason=reason, next_attempt_at=timezone.now())
+    def approve(self, *, actor, reason="", fingerprint=""):
+        """Bound to the params the approver saw (`fingerprint`; without one, the params as
+        they are under the lock now): the executor runs it only with those."""
+        return self._move(S.QUEUED, actor=actor, verb="approved", reason=reason, next_attempt_at=timezone.now(),
+                          approved_fingerprint=lambda row: fingerprint or row.params_fingerprint())
+
+    def approval_lapse(self, *, evidence, locked=False):
+        """The executor's move for a queued action whose params are not the ones approved
+        (changed behind the ledger's back): no call; a person must approve it again."""
+        return self._move(S.AWAITING_APPROVAL, actor="system:executor", verb="approval_lapsed", locked=locked,
+                          reason="the parameters are not the ones a person approved: it needs a new approval",
+                          approved_fingerprint="", next_attempt_at=None,
+                          evidence=lambda row: [*row.evidence, evidence])
+
+    def expire(self, *, reason):
+        """Nobody decided within the approval window: final, and said as such (not rejected)."""
+        return self._move(S.EXPIRED, actor="system:approvals", verb="expired", reason=reason,
+                          error={"code": APPROVAL_EXPIRED, "message": reason, "retryable": False})
+
+    def supersede(self, *, actor, reason):
+        """A person edited it down: its new version (ledger.versions) runs in its place."""
+        return self._move(S.SUPERSEDED, actor=actor, verb="superseded", reason=reason)
 
     def reject(self, *, actor, reason):
         return self._move(S.REJECTED, actor=actor, verb="rejected", reason=reason)

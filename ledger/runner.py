@@ -31,6 +31,7 @@ from .models import (PERSON_STATUSES, Action, ActionStatus, AuditEvent, Capabili
 from .retry import backoff_until
 from .statemachine import StaleClaim
 from .tasks import defer_until, task_claim_next
+from .versions import latest_version
 from .workflows import WORKFLOWS, StepFailed
 
 logger = logging.getLogger("surety.runner")
@@ -85,8 +86,9 @@ def _run_step(task, claim, step, row, ctx):
         _checkpoint(task, claim, row, lambda: step.run(ctx, row.idempotency_key))
     else:
         action = _drive(task, claim, row, step.run(ctx))
+        version = {"operation_key": action.operation_key} if action.operation_key != row.idempotency_key else {}
         _checkpoint(task, claim, row, lambda: {"external_ref": action.external_ref,
-                                               "action_status": action.status})
+                                               "action_status": action.status, **version})
     ctx.results[row.name] = row.result
 
 
@@ -112,6 +114,7 @@ def _drive(task, claim, row, spec):
     if action.status == A.SHADOW:
         raise StepFailed(f"{row.idempotency_key} was recorded shadow, never executed: {task.agent}'s grant for "
                          f"{spec.action_type} is not live", retryable=False, code="shadow")
+    action = latest_version(action)  # a person edited it down: the task goes on with their version
     if action.is_retryable_failure:
         action = action_retry(action, actor="system:runner", reason=f"task attempt {task.attempts}")
     if action.status in (A.QUEUED, A.UNKNOWN):
@@ -134,6 +137,10 @@ def _drive(task, claim, row, spec):
         error = action.error or {}
         raise StepFailed(error.get("message", "the action failed"), retryable=bool(error.get("retryable")),
                          code=error.get("code", "action_failed"))
+    if action.status == A.EXPIRED:
+        # Its error's code says so (approval_expired, held by the database): not a person's no.
+        raise StepFailed(f"{action.operation_key} expired: {action.error['message']}", retryable=False,
+                         code=action.error["code"])
     if action.status in (A.REJECTED, A.CANCELLED):
         raise StepFailed(f"{action.operation_key} was {action.status}", retryable=False,
                          code=f"action_{action.status}")

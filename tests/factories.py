@@ -196,6 +196,7 @@ def required_in(status, retryable=True):
         S.QUEUED: {"next_attempt_at": timezone.now()},
         S.UNKNOWN: {"next_attempt_at": timezone.now()},
         S.PENDING: {"lease_expires_at": timezone.now() + timedelta(seconds=30)},
+        S.EXPIRED: {"error": {"code": "approval_expired", "message": "nobody decided", "retryable": False}},
     }.get(status, {})
 
 

@@ -123,11 +123,23 @@ def _or_blank(value):
 
 
 class ReviewSerializer(serializers.Serializer):
-    """Where a person decides on an action, and once they said no, who and why."""
+    """Where a person decides on an action, and once it ended without running, who and why."""
 
     url = serializers.URLField(help_text="The action's page on the dashboard.")
-    by = serializers.CharField(allow_null=True, help_text="Who rejected or cancelled it; null while undecided.")
+    by = serializers.CharField(allow_null=True, help_text="Who rejected, cancelled or edited it (`system:approvals` "
+                               "when its approval expired); null while undecided.")
     reason = serializers.CharField(allow_null=True, help_text="Why; null while undecided.")
+
+
+class VersionSerializer(serializers.Serializer):
+    """The version a person edited a superseded action into: it runs in the action's place."""
+
+    operation_key = serializers.CharField(help_text="The version's own key: the original's with `~v2` (`~v3`, …).")
+    url = serializers.CharField()
+    status = serializers.ChoiceField(choices=ActionStatus.choices)
+    params = serializers.DictField(help_text="The params the person approved.")
+    by = serializers.CharField(help_text="Who edited it.")
+    reason = serializers.CharField(help_text="Why.")
 
 
 class ActionSerializer(serializers.ModelSerializer):
@@ -138,15 +150,22 @@ class ActionSerializer(serializers.ModelSerializer):
     url = serializers.CharField()
     review = ReviewSerializer(
         allow_null=True,
-        help_text="Null unless a person must decide (awaiting_approval, held, needs_review) or said no "
-        "(rejected, cancelled).",
+        help_text="Null unless a person must decide (awaiting_approval, held, needs_review), said no "
+        "(rejected, cancelled) or edited it (superseded), or nobody decided in time (expired).",
     )
+    supersedes = serializers.CharField(
+        allow_null=True, help_text="The operation key of the action a person edited down into this version; "
+        "null for an action an agent requested.")
+    superseded_by = VersionSerializer(
+        allow_null=True, help_text="Null unless superseded: the version a person edited this action into, which "
+        "runs in its place.")
 
     class Meta:
         model = Action
         fields = [
             "operation_key", "action_type", "target", "customer", "decision_id", "task_id", "params", "status",
             "attempts", "external_ref", "result", "error", "created_at", "updated_at", "url", "review",
+            "supersedes", "superseded_by",
         ]
 
     def to_representation(self, action):
@@ -165,12 +184,29 @@ class ActionSerializer(serializers.ModelSerializer):
             "error": action.error,
             "created_at": _utc(action.created_at),
             "updated_at": _utc(action.updated_at),
-            "url": f"/api/v1/actions/{quote(action.operation_key, safe='')}",
+            "url": _url(action),
             "review": _review(action),
+            "supersedes": action.supersedes.operation_key if action.supersedes_id else None,
+            "superseded_by": _version(action),
         }
 
 
-DECIDED_NO = {ActionStatus.REJECTED, ActionStatus.CANCELLED}
+# Ended without running: the audit event of the move (its verb is the status) says who and why.
+DECIDED_NO = {ActionStatus.REJECTED, ActionStatus.CANCELLED, ActionStatus.EXPIRED, ActionStatus.SUPERSEDED}
+
+
+def _url(action):
+    return f"/api/v1/actions/{quote(action.operation_key, safe='')}"
+
+
+def _version(action):
+    """What a person edited a superseded action into, who and why (two reads, only then)."""
+    if action.status != ActionStatus.SUPERSEDED:
+        return None
+    version = Action.objects.get(supersedes=action)
+    edited = AuditEvent.objects.history(action).filter(verb=ActionStatus.SUPERSEDED).values("actor", "reason").last()
+    return {"operation_key": version.operation_key, "url": _url(version), "status": version.status,
+            "params": version.params, "by": edited["actor"], "reason": edited["reason"]}
 
 
 def _review(action):

@@ -233,7 +233,8 @@ def test_the_page_shows_the_refusal_of_a_decision_without_a_reason(people, clien
     users, agent = people
     item = ReviewItem.objects.get(action=refund(agent, "r1", "750.00", "ORD-1"))
     client.force_login(get_user_model().objects.create_superuser("root", password="x"))
-    page = client.post(f"/review/{item.pk}/decide", {"decision": "approve", "reason": " "}, follow=True)
+    page = client.post(f"/review/{item.pk}/decide", {"decision": "approve", "reason": " ",
+                                                      "fingerprint": item.action.params_fingerprint()}, follow=True)
     assert "Not done: a reason is required to approve" in page.content.decode()
     item.refresh_from_db()
     assert item.status == "open"

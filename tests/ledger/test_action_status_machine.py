@@ -15,8 +15,8 @@ from tests.factories import audit_events, make_action, make_agent, required_in
 
 S = ActionStatus
 EXPECTED = {
-    "queued": {"pending", "held", "cancelled"},
-    "awaiting_approval": {"queued", "held", "rejected", "cancelled"},
+    "queued": {"pending", "held", "cancelled", "awaiting_approval"},  # its params are not the approved ones
+    "awaiting_approval": {"queued", "held", "rejected", "cancelled", "expired", "superseded"},
     "held": {"queued", "awaiting_approval", "rejected", "cancelled"},
     "pending": {"succeeded", "failed", "unknown", "queued"},
     "unknown": {"succeeded", "failed", "queued", "needs_review"},
@@ -26,6 +26,8 @@ EXPECTED = {
     "rejected": set(),
     "cancelled": set(),
     "shadow": set(),  # recorded under a shadow grant, never executed: nothing makes it pending
+    "expired": set(),  # nobody decided in time: final, and not a rejection
+    "superseded": set(),  # edited into a new version, which runs instead
 }
 ALL_PAIRS = list(itertools.product(S.values, S.values))
 ALLOWED = [(a, b) for a, b in ALL_PAIRS if b in EXPECTED[a]]
@@ -53,6 +55,7 @@ def test_the_table_names_every_status_and_only_statuses():
 
 def test_final_statuses_lead_nowhere():
     assert ACTION_TRANSITIONS[S.SUCCEEDED] == ACTION_TRANSITIONS[S.REJECTED] == ACTION_TRANSITIONS[S.CANCELLED] == set()
+    assert ACTION_TRANSITIONS[S.EXPIRED] == ACTION_TRANSITIONS[S.SUPERSEDED] == set()
 
 
 @pytest.mark.parametrize("pair", REFUSED, ids=pair_id)

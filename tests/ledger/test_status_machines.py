@@ -33,8 +33,8 @@ STEP = {
     "done": set(), "skipped": set(),
 }
 BOOKING = {"pending": {"confirmed", "released"}, "confirmed": set(), "released": set()}
-REVIEW = {"open": {"approved", "rejected", "resolved", "closed"},
-          "approved": set(), "rejected": set(), "resolved": set(), "closed": set()}
+REVIEW = {"open": {"approved", "rejected", "resolved", "closed", "edited", "expired"},
+          "approved": set(), "rejected": set(), "resolved": set(), "closed": set(), "edited": set(), "expired": set()}
 ENTRY = {"open": {"redriven", "resolved", "discarded"}, "redriven": set(), "resolved": set(), "discarded": set()}
 
 

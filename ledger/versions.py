@@ -1,0 +1,103 @@
+"""Versions of an action: a person edits an over-limit action down instead of rejecting it.
+
+The edit never changes the action the agent asked for. It makes a new action, the next
+version, with its own operation key (the original's and `~v2`, `~v3`, …), its own audit
+trail and review item, and a `supersedes` link; the original ends `superseded`. So a replay
+of the original key still answers the original row, and nothing runs twice: only the version
+can reach the provider, and only once a person has approved it.
+
+1. `version_params`: the edited params, refused (VersionRefused, in words) unless only the
+   fields declared editable for the action type change, the result is valid params for that
+   type, and the amount goes down.
+2. `action_version_create` (in the caller's transaction, with the original locked and waiting
+   for approval): the original moves to `superseded` with the editor's reason, then the new
+   version is inserted `awaiting_approval` (the database may hold it, as any insert, when
+   something else is in flight on its target or customer) and the apps are told
+   (`hooks.recorded`): the approvals app opens its review item, with as many approvers as the
+   limits ask for the new amount.
+"""
+
+import re
+from decimal import Decimal
+
+from django.db import IntegrityError, transaction
+
+from . import hooks
+from .api.serializers import PARAMS
+from .compiled import insert
+from .models import Action, ActionStatus, ActionType, AuditEvent, request_fingerprint
+
+# What an approver may change, per action type; anything else is asked again by the agent.
+EDITABLE_PARAMS = {ActionType.REFUND: ("amount", "reason")}
+VERSION_SUFFIX = re.compile(r"~v([0-9]+)$")
+
+
+class VersionRefused(Exception):
+    """The edit is not allowed; the message says why, for a person."""
+
+
+def version_key(action):
+    """`refund:ORD-1:dec-7` -> `refund:ORD-1:dec-7~v2`; `…~v2` -> `…~v3`."""
+    found = VERSION_SUFFIX.search(action.operation_key)
+    base = action.operation_key[: found.start()] if found else action.operation_key
+    return f"{base}~v{int(found.group(1)) + 1 if found else 2}"
+
+
+def version_params(action, changes):
+    """The params of the next version: `action`'s with `changes` (field -> text) applied."""
+    editable = EDITABLE_PARAMS.get(action.action_type, ())
+    if not editable:
+        raise VersionRefused(f"a {action.action_type} cannot be edited: approve or reject it")
+    fixed = sorted(set(changes) - set(editable))
+    if fixed:
+        raise VersionRefused(f"{', '.join(fixed)} may not be edited (for a {action.action_type}: "
+                             f"{', '.join(editable)})")
+    params = {**action.params, **{field: value for field, value in changes.items()
+                                  if value != "" or field in action.params}}
+    incoming = PARAMS[action.action_type](data=params)
+    if not incoming.is_valid():
+        raise VersionRefused("; ".join(f"{field}: {' '.join(map(str, messages))}"
+                                       for field, messages in incoming.errors.items()))
+    params = dict(incoming.validated_data)
+    if "amount" in params and Decimal(params["amount"]) >= action.amount:
+        raise VersionRefused(f"the amount can only go down: {params['amount']} is not below "
+                             f"{action.params['amount']} {action.currency}")
+    if params == action.params:
+        raise VersionRefused("nothing was changed")
+    return params
+
+
+def action_version_create(original, *, actor, reason, params):
+    """The next version of `original` (locked by the caller, awaiting approval) with `params`
+    (from `version_params`); `original` ends superseded. Returns the new version."""
+    key = version_key(original)
+    if len(key) > Action._meta.get_field("operation_key").max_length:
+        raise VersionRefused("the operation key is too long for a version of its own: reject it instead")
+    if original.status != ActionStatus.AWAITING_APPROVAL:
+        raise VersionRefused(f"it is {original.status}, no longer awaiting approval")
+    original.supersede(actor=actor, reason=reason)
+    amount = Decimal(params["amount"]) if params.get("amount") else None
+    try:
+        with transaction.atomic():
+            version = insert(Action(
+                operation_key=key, action_type=original.action_type, target=original.target,
+                customer=original.customer, params=params, amount=amount, currency=original.currency,
+                decision_id=original.decision_id, task=original.task, agent=original.agent,
+                status=ActionStatus.AWAITING_APPROVAL, supersedes=original,
+                fingerprint=request_fingerprint(original.action_type, original.target, params, original.customer),
+            ), stored=("status", "next_attempt_at"))
+    except IntegrityError:
+        raise VersionRefused(f"the operation key {key} is already taken: reject it instead") from None
+    why = f"edited down from {original.operation_key}: {reason}"
+    AuditEvent.objects.record(actor=actor, verb="requested", obj=version, reason=why,
+                              after={"status": version.status, "supersedes": original.operation_key,
+                                     "params": params})
+    hooks.recorded(version, why)
+    return version
+
+
+def latest_version(action):
+    """The version that runs in `action`'s place: itself unless a person edited it down."""
+    while action.status == ActionStatus.SUPERSEDED:
+        action = Action.objects.select_related("task").get(supersedes=action)
+    return action

@@ -1,0 +1,189 @@
+"""An approver edits an over-limit refund down instead of rejecting it: a new, linked version
+with its own key and audit trail, approved by the editor (the first of two if it still needs
+two); the original ends superseded. Every edit that is not allowed is refused, in words, and
+changes nothing."""
+
+from decimal import Decimal
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from approvals.decisions import AlreadyDecided, DecisionRefused, review_decide, review_edit
+from approvals.intake import customer_total_today
+from approvals.models import Limit, ReviewItem, ReviewKind
+from ledger.actions import action_request
+from ledger.models import Action, ActionStatus, AuditEvent
+from tests.factories import audit_events, make_agent
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("jobs_to_test_redis")]
+KEY = "refund:ORD-E1:full:dec-1"
+
+
+@pytest.fixture
+def people():
+    users = {name: get_user_model().objects.create_user(name, password="x") for name in ("olga", "alice", "bob")}
+    agent, _ = make_agent("billing-bot", owner=users["olga"])
+    Limit.limit_set(actor="system:tests", reason="the tests' policy", action_type="refund", currency="EUR",
+                    max_amount=Decimal("500.00"), dual_approval_above=Decimal("1000.00"))
+    return users, agent
+
+
+def over_limit(agent, amount="750.00", key=KEY, **params):
+    action, _ = action_request(agent=agent, operation_key=key, action_type="refund", target="ORD-E1",
+                               customer="CUST-E1", params={"amount": amount, "currency": "EUR", **params})
+    return action, ReviewItem.objects.get(action=action, status="open")
+
+
+def unchanged(action, item):
+    """Nothing moved: the action still waits, its item is open, and no version exists."""
+    action.refresh_from_db()
+    item.refresh_from_db()
+    return (action.status == ActionStatus.AWAITING_APPROVAL and item.status == "open"
+            and not Action.objects.filter(supersedes=action).exists())
+
+
+def test_an_edit_down_makes_an_approved_version_and_supersedes_the_original(people):
+    users, agent = people
+    action, item = over_limit(agent, reason="damaged parcel")
+    seen = action.params_fingerprint()
+
+    item, version = review_edit(item, user=users["alice"], changes={"amount": "400.00", "reason": "damaged parcel"},
+                                reason="only the broken item is refunded", fingerprint=seen)
+
+    action.refresh_from_db()
+    assert action.status == ActionStatus.SUPERSEDED and action.superseded_by == version
+    assert item.status == "edited" and item.decided_by_label == "user:alice" and item.decided_fingerprint == seen
+    assert version.operation_key == KEY + "~v2" and version.supersedes == action
+    assert version.params == {"amount": "400.00", "currency": "EUR", "reason": "damaged parcel"}
+    assert version.amount == Decimal("400.00") and version.customer == "CUST-E1" and version.agent == agent
+    # Approved by the editor as it was made, bound to the params the editor gave it.
+    assert version.status == ActionStatus.QUEUED
+    assert version.approved_fingerprint == version.params_fingerprint() == version.fingerprint
+    version_item = ReviewItem.objects.get(action=version)
+    assert version_item.status == "approved" and version_item.decided_by_label == "user:alice"
+    # Its own audit trail: asked for by the editor, approved by the editor.
+    assert [(e.actor, e.verb) for e in audit_events(version)] == [("user:alice", "requested"),
+                                                                   ("user:alice", "approved")]
+    [superseded] = audit_events(action, "superseded")
+    assert superseded.actor == "user:alice" and superseded.reason == "only the broken item is refunded"
+    # The original's params never change: a replay of its key still asks what it asked.
+    assert action.params == {"amount": "750.00", "currency": "EUR", "reason": "damaged parcel"}
+
+
+def test_an_edited_amount_still_above_the_second_threshold_waits_for_a_second_approver(people):
+    users, agent = people
+    action, item = over_limit(agent, amount="3000.00")
+    assert item.approvals_needed == 2
+
+    _, version = review_edit(item, user=users["alice"], changes={"amount": "1500.00"}, reason="half",
+                             fingerprint=action.params_fingerprint())
+
+    assert version.status == ActionStatus.AWAITING_APPROVAL
+    version_item = ReviewItem.objects.get(action=version, status="open")
+    assert version_item.approvals_needed == 2
+    assert [(a.user.username, a.fingerprint) for a in version_item.approvals.all()] == [
+        ("alice", version.params_fingerprint())]
+    with pytest.raises(DecisionRefused, match="someone else"):
+        review_decide(version_item, user=users["alice"], decision="approve", reason="again")
+    review_decide(version_item, user=users["bob"], decision="approve", reason="agreed",
+                  fingerprint=version.params_fingerprint())
+    version.refresh_from_db()
+    assert version.status == ActionStatus.QUEUED
+
+
+def test_a_version_can_be_edited_down_again_under_the_next_suffix(people):
+    users, agent = people
+    action, item = over_limit(agent, amount="3000.00")
+    _, v2 = review_edit(item, user=users["alice"], changes={"amount": "1500.00"}, reason="half",
+                        fingerprint=action.params_fingerprint())
+    _, v3 = review_edit(ReviewItem.objects.get(action=v2, status="open"), user=users["bob"],
+                        changes={"amount": "900.00"}, reason="less again", fingerprint=v2.params_fingerprint())
+    assert v3.operation_key == KEY + "~v3" and v3.supersedes == v2 and v3.status == ActionStatus.QUEUED
+
+
+@pytest.mark.parametrize(("changes", "why"), [
+    ({"amount": "800.00"}, "the amount can only go down: 800.00 is not below 750.00"),
+    ({"amount": "750.00"}, "the amount can only go down"),
+    ({"amount": "0"}, "amount: Must be greater than zero"),
+    ({"amount": "-5.00"}, "amount: Must be greater than zero"),
+    ({"amount": "12.345"}, "amount: At most 2 decimal places in EUR"),
+    ({"amount": "lots"}, "amount: Not a decimal number"),
+    ({"amount": "400.00", "currency": "USD"}, "currency may not be edited (for a refund: amount, reason)"),
+    ({"target": "ORD-OTHER"}, "target may not be edited"),
+])
+def test_an_edit_that_is_not_allowed_is_refused_and_changes_nothing(people, changes, why):
+    users, agent = people
+    action, item = over_limit(agent)
+    with pytest.raises(DecisionRefused, match=why.replace("(", r"\(").replace(")", r"\)")):
+        review_edit(item, user=users["alice"], changes=changes, reason="trying",
+                    fingerprint=action.params_fingerprint())
+    assert unchanged(action, item)
+    assert not audit_events(item, "edit").exists()
+
+
+def test_an_edit_without_a_reason_is_refused(people):
+    users, agent = people
+    action, item = over_limit(agent)
+    with pytest.raises(DecisionRefused, match="a reason is required to edit"):
+        review_edit(item, user=users["alice"], changes={"amount": "400.00"}, reason="  ",
+                    fingerprint=action.params_fingerprint())
+    assert unchanged(action, item)
+
+
+def test_the_agents_owner_may_not_edit_four_eyes(people):
+    users, agent = people
+    action, item = over_limit(agent)
+    with pytest.raises(DecisionRefused, match="four eyes"):
+        review_edit(item, user=users["olga"], changes={"amount": "400.00"}, reason="mine",
+                    fingerprint=action.params_fingerprint())
+    assert unchanged(action, item)
+
+
+def test_an_edit_of_params_that_changed_since_the_page_opened_is_refused(people):
+    users, agent = people
+    action, item = over_limit(agent)
+    seen = action.params_fingerprint()
+    Action.objects.filter(pk=action.pk).update(params={"amount": "700.00", "currency": "EUR"})
+    with pytest.raises(DecisionRefused, match="the parameters changed since you opened this page"):
+        review_edit(item, user=users["alice"], changes={"amount": "400.00"}, reason="half", fingerprint=seen)
+    assert unchanged(action, item)
+
+
+def test_an_item_decided_meanwhile_cannot_be_edited(people):
+    users, agent = people
+    action, item = over_limit(agent)
+    review_decide(item, user=users["bob"], decision="reject", reason="fraud")
+    with pytest.raises(AlreadyDecided, match="already rejected by user:bob"):
+        review_edit(item, user=users["alice"], changes={"amount": "400.00"}, reason="half",
+                    fingerprint=action.params_fingerprint())
+    assert not Action.objects.filter(supersedes=action).exists()
+
+
+def test_a_held_item_is_not_edited(people):
+    users, agent = people
+    first, _ = over_limit(agent)
+    held, _ = action_request(agent=agent, operation_key="refund:ORD-E1:part:dec-2", action_type="refund",
+                             target="ORD-E1", params={"amount": "20.00", "currency": "EUR"})
+    item = ReviewItem.objects.get(action=held, status="open")
+    assert item.kind == ReviewKind.HELD
+    with pytest.raises(DecisionRefused, match="only an action awaiting approval can be edited"):
+        review_edit(item, user=users["alice"], changes={"amount": "10.00"}, reason="less",
+                    fingerprint=held.params_fingerprint())
+
+
+def test_the_customers_total_today_counts_the_version_not_the_superseded_original(people):
+    users, agent = people
+    action, item = over_limit(agent)
+    review_edit(item, user=users["alice"], changes={"amount": "400.00"}, reason="less",
+                fingerprint=action.params_fingerprint())
+    assert customer_total_today("refund", "EUR", "CUST-E1") == Decimal("400.00")
+
+
+def test_each_edit_is_audited_on_the_item_with_what_the_editor_saw(people):
+    users, agent = people
+    action, item = over_limit(agent)
+    seen = action.params_fingerprint()
+    review_edit(item, user=users["alice"], changes={"amount": "400.00"}, reason="less", fingerprint=seen)
+    [event] = AuditEvent.objects.history(item).filter(verb="edit")
+    assert event.actor == "user:alice" and event.reason == "less"
+    assert event.after["status"] == "edited" and event.after["decided_fingerprint"] == seen
