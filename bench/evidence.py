@@ -1,7 +1,7 @@
 """`python -m bench.evidence`: the time and the queries to build an action's evidence record.
 
-1. A fresh PostgreSQL database `surety_bench_evidence`, migrated; one gunicorn serving the
-   sandbox provider and the webhook receiver.
+1. A fresh `surety_bench` database (the one `make bench` recreates at each run), migrated; one
+   gunicorn serving the sandbox provider and the webhook receiver.
 2. Through the product's own code paths (bench/evidence_scenario.py), an action with over 20
    audit events: a limit, a grant promoted after a replay run, two approvals, a decline and
    its dead-letter entry redriven, an unknown outcome verified twice (once by a person's
@@ -12,7 +12,7 @@
    `record_problems` (what `evidence_verify` does) against the database.
 
 Prints the events covered, the sizes, the milliseconds and the statements. About 30 s.
-Options: --repeat N, --keep (leave the database for a look).
+Options: --repeat N.
 """
 
 import argparse
@@ -23,26 +23,10 @@ import sys
 import tempfile
 import time
 
-from .stack import REDIS_URL, Stack, flush_redis
-
-DB_NAME = "surety_bench_evidence"
-DATABASE_URL = f"postgres://postgres@127.0.0.1:5432/{DB_NAME}"
-
+from .stack import DATABASE_URL, DB_NAME, REDIS_URL, Stack, flush_redis, reset_database
 
 def say(*parts):
     print(*parts, flush=True)
-
-
-def drop_database(*, create_again=False):
-    import psycopg
-    from psycopg import sql
-
-    from .stack import ADMIN_URL
-
-    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(DB_NAME)))
-        if create_again:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DB_NAME)))
 
 
 def timed(repeat, run):
@@ -63,11 +47,9 @@ def timed(repeat, run):
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m bench.evidence", description=__doc__.split("\n\n")[0])
     p.add_argument("--repeat", type=int, default=20)
-    p.add_argument("--keep", action="store_true", help=f"leave the database {DB_NAME} when done")
     args = p.parse_args(argv)
 
     stack = Stack(tempfile.mkdtemp(prefix="bench-evidence-"), gunicorn_workers=1, gunicorn_threads=4)
-    stack.env["DATABASE_URL"] = DATABASE_URL
     # This process runs the executor against the server's sandbox, step by step: the jobs the
     # scenario's commits enqueue wait in Redis, where no worker listens. Short waits keep its
     # verification and retry steps quick.
@@ -75,7 +57,7 @@ def main(argv=None):
                       SANDBOX_BASE_URL=f"{stack.url}/sandbox/v1", SITE_URL=stack.url, LOG_LEVEL="WARNING",
                       CONNECTOR_TIMEOUT="2", LEASE_SECONDS="10", LEASE_MARGIN_SECONDS="1",
                       BACKOFF_BASE_SECONDS="0.2", BACKOFF_MAX_SECONDS="1")
-    drop_database(create_again=True)
+    reset_database()
     flush_redis()
     stack.migrate()
     stack.start_server()
@@ -133,9 +115,7 @@ def main(argv=None):
         stack.stop_all()
         connection.close()
         flush_redis()
-        if not args.keep:
-            drop_database()
-            say(f"(database {DB_NAME} dropped; --keep leaves it)")
+        say(f"(the database {DB_NAME} is left as it is, for a look)")
 
 
 if __name__ == "__main__":
