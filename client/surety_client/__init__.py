@@ -2,9 +2,12 @@
 their outcome, read a task's checkpoint. `python -m surety_client.mcp_server` serves the same
 to an LLM agent over MCP (the `mcp` extra)."""
 
-from .client import Action, Checkpoint, Review, Step, SuretyClient
+from .client import Action, Checkpoint, Review, Step, SuretyClient, Version
 from .errors import (
     PROBLEMS,
+    ActionNotDone,
+    ActionRejected,
+    ApprovalExpired,
     BookingConflict,
     Forbidden,
     IdempotencyKeyMissing,
@@ -24,8 +27,8 @@ from .errors import (
 from .keys import booking_key, message_key, operation_key, refund_key, refund_task_id
 
 __all__ = [
-    "Action", "Checkpoint", "Review", "Step", "SuretyClient",
-    "PROBLEMS", "BookingConflict", "Forbidden", "IdempotencyKeyMissing", "IdempotencyKeyReused", "Invalid",
+    "Action", "Checkpoint", "Review", "Step", "SuretyClient", "Version",
+    "PROBLEMS", "ActionNotDone", "ActionRejected", "ApprovalExpired", "BookingConflict", "Forbidden", "IdempotencyKeyMissing", "IdempotencyKeyReused", "Invalid",
     "MessageAlreadySent", "MethodNotAllowed", "NotAcceptable", "NotFound", "Problem", "SuretyError",
     "SuretyUnreachable", "Throttled", "Unauthenticated", "UnsupportedMediaType",
     "booking_key", "message_key", "operation_key", "refund_key", "refund_task_id",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from decimal import Decimal
 from typing import Any, Protocol, TypeVar
 from urllib.parse import quote
@@ -13,7 +13,7 @@ from urllib.parse import quote
 import httpx
 
 from . import keys
-from .errors import SuretyUnreachable, problem_from
+from .errors import ActionRejected, ApprovalExpired, SuretyUnreachable, problem_from
 
 # What the API answers for an action or a task the ledger is still working on; anything else
 # is settled, or waits for a person.
@@ -32,6 +32,19 @@ class Review:
     url: str
     by: str | None
     reason: str | None
+
+
+@dataclass(frozen=True)
+class Version:
+    """The version a person edited a superseded action into (a lower amount, say): it runs in
+    the action's place. `by` edited it and says why (`reason`)."""
+
+    operation_key: str
+    url: str
+    status: str
+    params: dict[str, Any]
+    by: str
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -56,10 +69,14 @@ class Action:
     review: Review | None
     replayed: bool = False
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    # The action a person edited down into this version, and the version that superseded this one.
+    supersedes: str | None = None
+    superseded_by: Version | None = None
 
     @classmethod
     def from_api(cls, body: dict[str, Any], *, replayed: bool = False) -> Action:
         review = body.get("review")
+        version = body.get("superseded_by")
         return cls(
             operation_key=body["operation_key"], action_type=body["action_type"], target=body["target"],
             customer=body["customer"], decision_id=body["decision_id"], task_id=body["task_id"],
@@ -67,7 +84,9 @@ class Action:
             external_ref=body["external_ref"], result=body["result"], error=body["error"],
             created_at=body["created_at"], updated_at=body["updated_at"], url=body["url"],
             review=Review(review["url"], review.get("by"), review.get("reason")) if review else None,
-            replayed=replayed, raw=body,
+            replayed=replayed, raw=body, supersedes=body.get("supersedes"),
+            superseded_by=Version(**{f.name: version[f.name] for f in fields(Version)})
+            if version else None,
         )
 
     @property
@@ -79,6 +98,21 @@ class Action:
     def needs_person(self) -> bool:
         """A person must decide (approve, release or resolve) before anything more happens."""
         return self.status in PERSON_STATUSES
+
+    @property
+    def expired(self) -> bool:
+        """Nobody decided within the approval window: not a rejection (error code approval_expired)."""
+        return self.status == "expired"
+
+    def raise_for_outcome(self) -> Action:
+        """This action, unless it ended without its effect by a decision: `ApprovalExpired`
+        when nobody decided in time, `ActionRejected` when a person rejected or cancelled it.
+        (A superseded action is not raised: its `superseded_by` version runs instead.)"""
+        if self.status == "expired":
+            raise ApprovalExpired(self)
+        if self.status in ("rejected", "cancelled"):
+            raise ActionRejected(self)
+        return self
 
 
 @dataclass(frozen=True)
@@ -191,10 +225,16 @@ class SuretyClient:
         response = self._send("GET", f"actions/{quote(operation_key, safe='')}", wait=wait)
         return Action.from_api(response.json())
 
-    def wait_for(self, operation_key: str, timeout: float = 60.0) -> Action:
+    def wait_for(self, operation_key: str, timeout: float = 60.0, *, follow: bool = False) -> Action:
         """The action once it is settled (an outcome, or a person must decide), or as it stands
-        when `timeout` seconds have passed: check `Action.settled`."""
-        return _wait(lambda seconds: self.get_action(operation_key, wait=seconds), timeout)
+        when `timeout` seconds have passed: check `Action.settled`. With `follow`, an action a
+        person edited into a new version is followed to that version (within the same time)."""
+        deadline = time.monotonic() + timeout
+        action = _wait(lambda seconds: self.get_action(operation_key, wait=seconds), timeout)
+        while follow and action.superseded_by is not None:
+            key = action.superseded_by.operation_key
+            action = _wait(lambda seconds: self.get_action(key, wait=seconds), max(0.0, deadline - time.monotonic()))
+        return action
 
     # --- tasks ---------------------------------------------------------------------------
     def start_task(self, task_id: str, *, workflow: str, input: dict[str, Any]) -> Checkpoint:

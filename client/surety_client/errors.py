@@ -20,6 +20,33 @@ class SuretyUnreachable(SuretyError):
         self.attempts = attempts
 
 
+class ActionNotDone(SuretyError):
+    """An action ended without its effect by a decision, not by a failure (`Action.raise_for_outcome`);
+    `action` is the action as the API answered it."""
+
+    code = "action_not_done"
+
+    def __init__(self, action: Any) -> None:
+        self.action = action
+        review = action.review
+        said = f" by {review.by}: {review.reason}" if review and review.by else ""
+        super().__init__(f"{action.operation_key} is {action.status}{said}")
+
+
+class ApprovalExpired(ActionNotDone):
+    """Nobody approved or rejected the action within its approval window (error code
+    `approval_expired`). Not a person's no: the same intent may be asked again under a new
+    decision, if it still stands."""
+
+    code = "approval_expired"
+
+
+class ActionRejected(ActionNotDone):
+    """A person rejected or cancelled the action: do not ask again for the same decision."""
+
+    code = "action_rejected"
+
+
 class Problem(SuretyError):
     """A 4xx answer of the API. `code` is the contract's stable code; `errors` maps fields to
     messages for validation errors."""

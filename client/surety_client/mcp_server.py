@@ -6,7 +6,8 @@ It speaks MCP over stdio. Every action tool takes the decision id, from which th
 key derives (`surety_client.keys`), so the agent calling again - after a crash, a timeout or
 the same decision reached twice - finds the action already recorded instead of a second
 effect. An action that needs a person answers at once with the dashboard link and the tool
-that waits for the decision; a rejected one answers the reviewer's reason. Arguments outside
+that waits for the decision; a rejected one answers the reviewer's reason, an expired one says
+it expired (not rejected), an edited one names the version that runs instead. Arguments outside
 a tool's schema answer the API's problem (code `invalid`, `errors` by argument).
 """
 
@@ -189,9 +190,17 @@ def describe_action(action: Action) -> str:
         "failed": f"Failed: {(action.error or {}).get('code')}: {(action.error or {}).get('message')} "
                   f"(retryable: {(action.error or {}).get('retryable')}).",
     }
+    version = action.superseded_by
     if action.status in ("rejected", "cancelled") and action.review:
         text = (f"{action.status.capitalize()} by {action.review.by}: {action.review.reason}. "
                 "Do not retry this decision.")
+    elif action.status == "expired":
+        text = ("Expired: nobody approved or rejected it within its approval window; this is not a rejection and "
+                "nothing was done. If the decision still stands, ask again under a new decision_id.")
+    elif version is not None:
+        text = (f"Superseded: {version.by} edited it into a new version instead of rejecting it ({version.reason}). "
+                f"The version {version.operation_key!r} with params {version.params} is {version.status} and runs "
+                f"in its place. Call wait_for_action with operation_key={version.operation_key!r} for its outcome.")
     else:
         text = said.get(action.status, f"Still working (status {action.status}). Call wait_for_action with "
                                        f"operation_key={key!r} to wait for the outcome.")
