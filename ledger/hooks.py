@@ -1,7 +1,7 @@
 """The seams through which the apps built on the ledger take part in its work.
 
 The ledger knows nothing of `approvals` or `dlq`: each app registers here, from its
-`AppConfig.ready()`, what it adds. Its entries, each kept in a plain list, dict or slot:
+`AppConfig.ready()`, what it adds. Its entries, each kept in a plain list or slot:
 
 - reactions to moves (`on_move`): run inside the transaction of every status change of a
   model, after its write and audit event, in registration order (INSTALLED_APPS order:
@@ -56,7 +56,7 @@ _reactions = defaultdict(list)
 _on_record = []
 _sweeps = []
 _overview = []
-_evidence = {}
+_evidence = []
 _policy = [NoLimits()]
 
 
@@ -132,8 +132,8 @@ def on_evidence(name, build, *, schema, template):
     """The section `name` of every action's evidence record: `build(action)` returns an
     `EvidencePart`; `schema` (a serializer class) describes its data in the API's document and
     `template` shows it on the printable page."""
-    _evidence[name] = EvidenceSection(name, build, schema, template)
+    _evidence.append(EvidenceSection(name, build, schema, template))
 
 
 def evidence_sections():
-    return list(_evidence.values())
+    return list(_evidence)
