@@ -15,10 +15,12 @@ from ledger.models import AuditEvent
 
 from .models import Approval, Limit, ReviewItem
 
-APPROVAL_FIELDS = ("user", "reason", "at")
+# `fingerprint` / `decided_fingerprint`: of the params the approver or decider saw on the page.
+APPROVAL_FIELDS = ("user", "reason", "at", "fingerprint")
 ITEM_FIELDS = (
-    "id", "kind", "status", "why", "approvals_needed", "limit_snapshot", "created_at", "deadline",
-    "decided_by", "decided_by_label", "decided_at", "note", "overdue_alerted_at", "escalated_at", "approvals",
+    "id", "kind", "status", "why", "approvals_needed", "limit_snapshot", "created_at", "deadline", "expires_at",
+    "decided_by", "decided_by_label", "decided_at", "decided_fingerprint", "note", "overdue_alerted_at",
+    "escalated_at", "approvals",
 )
 
 

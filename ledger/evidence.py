@@ -48,7 +48,7 @@ HOW_TO_CHECK = (
 
 def evidence_actions():
     """The actions to build records from, with what every record reads of them."""
-    return Action.objects.select_related("agent__owner", "task")
+    return Action.objects.select_related("agent__owner", "task", "supersedes", "superseded_by")
 
 
 def evidence_export(action):
@@ -101,12 +101,16 @@ def _request(action):
         "customer": action.customer, "params": action.params, "fingerprint": action.fingerprint,
         "decision_id": action.decision_id, "task_id": action.task.task_id if action.task_id else None,
         "requested_at": _utc(action.created_at),
+        # A version a person edited an action down into names the one it replaces, and back.
+        "supersedes": action.supersedes.operation_key if action.supersedes_id else None,
+        "superseded_by": getattr(getattr(action, "superseded_by", None), "operation_key", None),
     }
 
 
 def _outcome(action):
     return {
         "status": action.status, "attempts": action.attempts, "external_ref": action.external_ref or None,
+        "approved_fingerprint": action.approved_fingerprint or None,
         "result": action.result, "error": action.error, "updated_at": _utc(action.updated_at),
     }
 

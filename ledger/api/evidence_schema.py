@@ -25,6 +25,8 @@ class EvidenceRequestSerializer(serializers.Serializer):
     decision_id = serializers.CharField(allow_blank=True)
     task_id = serializers.CharField(allow_null=True)
     requested_at = serializers.DateTimeField()
+    supersedes = serializers.CharField(allow_null=True, help_text="The operation key this version replaces.")
+    superseded_by = serializers.CharField(allow_null=True, help_text="The version a person edited it into.")
 
 
 class EvidenceOutcomeSerializer(serializers.Serializer):
@@ -33,6 +35,9 @@ class EvidenceOutcomeSerializer(serializers.Serializer):
     status = serializers.ChoiceField(choices=ActionStatus.choices)
     attempts = serializers.IntegerField(min_value=0)
     external_ref = serializers.CharField(allow_null=True, help_text="The provider's reference.")
+    approved_fingerprint = serializers.CharField(
+        allow_null=True, help_text="The params' fingerprint a person's approval is bound to; the executor calls "
+        "the provider only while the params have it.")
     result = serializers.JSONField(allow_null=True, help_text="What the provider answered.")
     error = ErrorSerializer(allow_null=True)
     updated_at = serializers.DateTimeField()

@@ -39,6 +39,8 @@ def test_the_record_of_an_action_with_a_long_history_holds_every_part_of_it(rich
         rich.fingerprint, "1200.00", "CUST-EV1", "dec-ev1")
     assert record["outcome"]["status"] == "succeeded" and record["outcome"]["external_ref"] == rich.external_ref
     assert record["outcome"]["attempts"] == 3
+    assert record["outcome"]["approved_fingerprint"] == (rich.approved_fingerprint or None)
+    assert (request["supersedes"], request["superseded_by"]) == (None, None)
 
     grant = record["agent"]["grant"]
     assert (record["agent"]["name"], record["agent"]["owner"]) == ("evidence-bot", "evidence-owner")
@@ -59,6 +61,9 @@ def test_the_record_of_an_action_with_a_long_history_holds_every_part_of_it(rich
     assert (approval_item["kind"], approval_item["status"], approval_item["approvals_needed"]) == (
         "approval", "approved", 2)
     assert approval_item["limit_snapshot"]["max_amount"] == "500.00"
+    # What each approver saw: the fingerprint of the params on their page, when it was recorded.
+    assert {"decided_fingerprint", "expires_at"} <= approval_item.keys()
+    assert all("fingerprint" in approval for approval in approval_item["approvals"])
     assert [(a["user"], a["reason"]) for a in approval_item["approvals"]] == [
         ("evidence-alice", "photos of the damage attached"), ("evidence-bob", "second look: the order is damaged")]
     assert (approval_item["decided_by"], approval_item["note"]) == ("evidence-bob", "second look: the order is damaged")
