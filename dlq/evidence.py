@@ -9,6 +9,7 @@ What the record shows of each row is named once, in the serializers' field lists
 from django.db.models import Prefetch, Q
 from rest_framework import serializers
 
+from approvals.models import ReviewItem
 from ledger.hooks import EvidencePart
 
 from .incidents import Incident
@@ -59,10 +60,13 @@ class DeadLettersEvidenceSerializer(serializers.Serializer):
 
 
 def deadletters_evidence(action):
-    """Four queries, whatever the number of rows."""
+    """Five queries, whatever the number of rows. The alerts are looked up by the ids of their
+    entries and review items: an OR across a join to the review items read every alert (a
+    sequential scan, ~100 ms at 100,000 alerts); by ids, each side is an index lookup."""
     about = Q(action=action) | (Q(task_id=action.task_id) if action.task_id else Q(pk__in=[]))
     entries = list(DeadLetter.objects.filter(about).order_by("id"))
-    alerts = Alert.objects.filter(Q(dead_letter__in=[e.pk for e in entries]) | Q(review_item__action=action)).order_by(
+    items = list(ReviewItem.objects.filter(action=action).values_list("pk", flat=True))
+    alerts = Alert.objects.filter(Q(dead_letter__in=[e.pk for e in entries]) | Q(review_item__in=items)).order_by(
         "id").prefetch_related(Prefetch("deliveries", AlertDelivery.objects.order_by("at", "id")))
     incidents = list(Incident.objects.filter(operation_key=action.operation_key).order_by("id"))
     audit = (Q(object_type=DeadLetter._meta.label_lower, object_id__in=[str(e.pk) for e in entries])
