@@ -195,6 +195,16 @@ for _action_type in ACTION_TYPES:
         if env_str(f"CONNECTOR_{_action_type.upper()}_TEST_URL"):
             SURETY_CONNECTORS[_action_type]["test_mode"] = {"options": {
                 "url": env_str(f"CONNECTOR_{_action_type.upper()}_TEST_URL")}}
+# A bulk redrive from the dead-letter queue (dlq/bulk.py) never goes faster than the connectors
+# it calls allow: CONNECTOR_<ACTION_TYPE>_REDRIVE_RATE, entries per minute. It stops when
+# REDRIVE_SPIKE_FAILURES of the last REDRIVE_SPIKE_WINDOW entries it redrove failed again at the provider.
+CONNECTOR_REDRIVE_RATES = {t: env_float(f"CONNECTOR_{t.upper()}_REDRIVE_RATE", 60) for t in ACTION_TYPES}
+REDRIVE_SPIKE_FAILURES = env_int("REDRIVE_SPIKE_FAILURES", 3)
+REDRIVE_SPIKE_WINDOW = env_int("REDRIVE_SPIKE_WINDOW", 10)
+if not (all(rate > 0 for rate in CONNECTOR_REDRIVE_RATES.values())
+        and 1 <= REDRIVE_SPIKE_FAILURES <= REDRIVE_SPIKE_WINDOW):
+    raise RuntimeError("CONNECTOR_<TYPE>_REDRIVE_RATE must be above 0, and REDRIVE_SPIKE_FAILURES from 1 to "
+                       "REDRIVE_SPIKE_WINDOW")
 LEASE_SECONDS = env_float("LEASE_SECONDS", 30)
 # A provider call starts only with at least CONNECTOR_TIMEOUT + this margin of lease left.
 LEASE_MARGIN_SECONDS = env_float("LEASE_MARGIN_SECONDS", 2)

@@ -4,6 +4,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
 from approvals import views as approvals
+from dlq import bulk_views as redrives
 from dlq import incident_views as incidents
 from dlq import views as dlq
 from ledger import evidence_views as evidence
@@ -32,6 +33,10 @@ urlpatterns = [
     path("policies/", approvals.policies, name="policies"),
     path("dlq/", dlq.deadletter_queue, name="deadletter-queue"),
     path("dlq/bulk", dlq.deadletter_bulk, name="deadletter-bulk"),
+    path("dlq/redrives/", redrives.bulk_redrive_list, name="bulk-redrive-list"),
+    path("dlq/redrives/<int:pk>/", redrives.bulk_redrive_detail, name="bulk-redrive-detail"),
+    path("dlq/redrives/<int:pk>/start", redrives.bulk_redrive_start, name="bulk-redrive-start"),
+    path("dlq/redrives/<int:pk>/stop", redrives.bulk_redrive_stop, name="bulk-redrive-stop"),
     path("review/<int:pk>/edit", approvals.review_edit_view, name="review-edit"),
     path("dlq/<int:pk>/", dlq.deadletter_detail, name="deadletter-detail"),
     path("dlq/<int:pk>/<slug:op>", dlq.deadletter_operate, name="deadletter-operate"),

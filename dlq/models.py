@@ -14,6 +14,7 @@ from ledger.statemachine import StateMachine
 
 from .alert_text import entry_body, entry_subject
 from .incidents import Incident  # noqa: F401 (the model lives there; this module registers it)
+from .redrive_runs import BulkRedrive, BulkRedriveItem  # noqa: F401 (the same)
 
 
 class EntryStatus(models.TextChoices):
@@ -57,6 +58,19 @@ def action_row(action):
 
 
 class DeadLetterManager(models.Manager):
+    def matching(self, params):
+        """The queue's filters (`status`, default open; `workflow`; `code`, exact), with what
+        every list shows of each entry."""
+        entries = self.select_related("task", "task__agent", "action", "action__agent")
+        status = params.get("status", EntryStatus.OPEN)
+        if status in EntryStatus.values:
+            entries = entries.filter(status=status)
+        if params.get("workflow"):
+            entries = entries.filter(task__workflow=params["workflow"])
+        if params.get("code"):
+            entries = entries.filter(last_error__code=params["code"])
+        return entries
+
     def open_for(self, task, *, actor):
         """The entry, with the checkpoint as it stands, and its alert: one transaction.
 

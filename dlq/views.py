@@ -14,26 +14,14 @@ from ledger.models import AuditEvent, Capability
 from ledger.statemachine import InvalidTransition
 
 from .access import get_deadletter_for_user
+from .bulk import bulk_plan
 from .entries import deadletter_discard, deadletter_redrive, deadletter_resolve
 from .models import DeadLetter, EntryStatus
 
 # The open entries are counted exactly up to this many (open_deadletter_count).
 OPEN_EXACT_UP_TO = 10_000
 OPERATIONS = {"redrive": deadletter_redrive, "resolve": deadletter_resolve, "discard": deadletter_discard}
-BULK_OPERATIONS = ("redrive", "discard")
 BULK_MAX = 500
-
-
-def _filtered(params):
-    entries = DeadLetter.objects.select_related("task", "task__agent", "action", "action__agent")
-    status = params.get("status", EntryStatus.OPEN)
-    if status in EntryStatus.values:
-        entries = entries.filter(status=status)
-    if params.get("workflow"):
-        entries = entries.filter(task__workflow=params["workflow"])
-    if params.get("code"):
-        entries = entries.filter(last_error__code=params["code"])
-    return entries
 
 
 def deadletter_card(user, now):
@@ -55,7 +43,7 @@ def open_deadletter_count():
 
 @staff_required
 def deadletter_queue(request):
-    rows, next_cursor = keyset_page(_filtered(request.GET), request.GET.get("after"))
+    rows, next_cursor = keyset_page(DeadLetter.objects.matching(request.GET), request.GET.get("after"))
     filters = request.GET.copy()
     filters.pop("after", None)
     context = {"rows": rows, "next_cursor": next_cursor, "filters": filters, "query": filters.urlencode(),
@@ -76,9 +64,17 @@ def deadletter_detail(request, pk):
         "steps": _in_execution_order(entry) if entry.task_id else [],
         "alerts": entry.alerts.prefetch_related("deliveries"),
         "history": AuditEvent.objects.history(entry.task or entry.action),
+        "attempts": _every_entry_of_its_subject(entry),
         "may_work": name in decidable_names(request.user, WORK_DLQ, kind),
     }
     return render(request, "dlq/detail.html", context)
+
+
+def _every_entry_of_its_subject(entry):
+    """Each time the task or action reached the queue, oldest first: a redrive that fails
+    again opens a new entry, and every earlier one keeps its error, checkpoint and decision."""
+    subject = {"task_id": entry.task_id} if entry.task_id else {"action_id": entry.action_id}
+    return DeadLetter.objects.filter(**subject).prefetch_related("bulk_items__run").order_by("created_at", "id")
 
 
 def _in_execution_order(entry):
@@ -109,17 +105,20 @@ def deadletter_operate(request, pk, op):
 @staff_required
 @require_POST
 def deadletter_bulk(request):
-    """Two steps: the first POST shows how many entries the filter matches; the second,
-    with that count confirmed and a reason, does it. Only entries of workflows and action
-    types you may work are touched."""
+    """A bulk redrive starts with its dry run (dlq/bulk.py), on a page of its own. A bulk
+    discard has two steps: the first POST shows how many entries the filter matches; the
+    second, with that count confirmed and a reason, does it. Only entries of workflows and
+    action types you may work are touched."""
     op = request.POST.get("op")
-    if op not in BULK_OPERATIONS:
+    if op not in ("redrive", "discard"):
         raise PermissionDenied("bulk operations are redrive and discard")
     workflows = decidable_names(request.user, WORK_DLQ, Capability.Kind.WORKFLOW)
     action_types = decidable_names(request.user, WORK_DLQ, Capability.Kind.ACTION_TYPE)
     if not workflows and not action_types:
         raise PermissionDenied("you may not work the dead-letter queue")
-    entries = _filtered({**request.POST.dict(), "status": EntryStatus.OPEN}).filter(
+    if op == "redrive":
+        return redirect(bulk_plan(request.POST, user=request.user))
+    entries = DeadLetter.objects.matching({**request.POST.dict(), "status": EntryStatus.OPEN}).filter(
         Q(task__workflow__in=workflows) | Q(action__action_type__in=action_types))
     count = entries.count()
     reason = request.POST.get("reason", "").strip()
@@ -134,7 +133,7 @@ def deadletter_bulk(request):
     done = 0
     for entry in entries.order_by("id")[:BULK_MAX]:
         try:
-            OPERATIONS[op](entry, actor=request.user, reason=reason)
+            deadletter_discard(entry, actor=request.user, reason=reason)
             done += 1
         except InvalidTransition:
             continue  # decided by someone else meanwhile

@@ -290,6 +290,16 @@ def dead_letter(agent, task_id, *, order=None, customer=None, done=None):
     return open_entry(task.mark_dead_lettered(actor="system:tests", error=error))
 
 
+def failed_task_entry(agent, task_id):
+    """A refund task whose refund was refused for good, made in this process: final (no redrive),
+    with its open entry."""
+    task, _ = task_request(agent=agent, task_id=task_id, workflow="refund",
+                           input=refund_input(f"ORD-{task_id}", f"CUST-{task_id}"))
+    task.claim(owner="tests:1")
+    error = {"code": "declined", "message": "refused", "retryable": False, "step": "call_refund_api"}
+    return open_entry(task.mark_failed(actor="system:tests", error=error))
+
+
 def open_entry(task):
     """The task's open dead-letter entry (the dead-letter queue's reaction to its move)."""
     return task.dead_letters.get(status="open")

@@ -1,7 +1,6 @@
 """Bulk redrive from the dead-letter page, through the real stack (the gunicorn server with its
-sandbox provider, an RQ worker): the preview counts what the filter matches and changes
-nothing; the confirmation with that count and a reason redrives each entry, audited; every
-task resumes from its checkpoint; and an effect whose outcome was unknown is never sent again
+sandbox provider, RQ workers): the dry run changes nothing; the run, with a rate and a reason,
+redrives each entry, audited; every task resumes from its checkpoint; and an effect whose outcome was unknown is never sent again
 in bulk: the executor asks the provider first and settles it with what the provider holds. The
 sandbox's own idempotency is off, so only the ledger stands between a redrive and a second refund."""
 
@@ -9,9 +8,10 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
-from dlq.models import DeadLetter, EntryStatus
+from dlq.models import BulkRedrive, DeadLetter, EntryStatus
 from ledger.actions import action_request
 from ledger.models import Action, ActionStatus
+from tests.conftest import wait_until
 from tests.factories import (agent_api, audit_events, dead_letter, make_agent, sandbox, sandbox_list, sandbox_order,
                              sandbox_without_idempotency, settled)
 
@@ -49,22 +49,21 @@ def test_a_bulk_redrive_resumes_each_task_and_never_sends_an_unknown_outcome_aga
         tasks[order] = dead_letter(agent, f"bulk-{n}", order=order, customer=customer).task
     unknown_key, committed_ref = unknown_after_commit(client, tasks["ORD-BULK-1"], "ORD-BULK-1", "CUST-BULK-1")
 
-    preview = operator.post("/dlq/bulk", {"op": "redrive", "status": "open", "workflow": "refund"})
-    assert preview.status_code == 200 and preview.context["total"] == 3
-    stale = operator.post("/dlq/bulk", {"op": "redrive", "status": "open", "workflow": "refund",
-                                        "confirm_count": "4", "reason": REASON})
-    assert stale.status_code == 200  # the count changed since the preview: confirm again
-    assert DeadLetter.objects.filter(status=EntryStatus.OPEN).count() == 3  # neither changed anything
+    preview = operator.post("/dlq/bulk", {"op": "redrive", "workflow": "refund"})
+    run = BulkRedrive.objects.get()
+    assert preview.status_code == 302 and run.items.count() == 3
+    assert DeadLetter.objects.filter(status=EntryStatus.OPEN).count() == 3  # a dry run changes nothing
 
-    done = operator.post("/dlq/bulk", {"op": "redrive", "status": "open", "workflow": "refund",
-                                       "confirm_count": "3", "reason": REASON})
+    stack.start_worker()
+    stack.start_worker()
+    done = operator.post(f"/dlq/redrives/{run.pk}/start", {"rate": "60", "reason": REASON})
     assert done.status_code == 302
+    wait_until(lambda: BulkRedrive.objects.filter(pk=run.pk, status="finished").exists(), 30, message="the run")
     for entry in DeadLetter.objects.all():
         assert entry.status == EntryStatus.REDRIVEN and entry.decided_by == "user:olga" and entry.note == REASON
         [event] = audit_events(entry.task, "redriven")
         assert event.reason == REASON
 
-    stack.start_worker()
     for order, task in tasks.items():
         assert settled(task, seconds=60).state == "succeeded", order
         [refund] = sandbox_list(client, "refunds", order_id=order)

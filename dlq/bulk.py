@@ -1,0 +1,314 @@
+"""Safe bulk redrive from the dead-letter queue.
+
+1. Dry run (`bulk_plan`): the open entries the queue's filters select, oldest first (at most
+   RUN_MAX), each with what it would do — a task resumes at a step, an action is retried under
+   the retry rule or on the person's word — or why it is skipped. Kept as a `planned` run;
+   nothing else changes.
+2. Start (`bulk_start`): the selection is taken again. If it differs from the dry run's
+   (entries appeared, disappeared, or would now do something else) the run is refused with
+   the difference. Otherwise it runs, at a rate the person sets and never above the
+   strictest redrive rate of the connectors it calls (`redrive_ceiling`).
+3. The job (`bulk_redrive_work`, on an RQ worker) redrives the entries one by one at that
+   pace, each through `deadletter_redrive` (one audited redrive, as on the entry's page).
+   Before each one it looks at what became of those it redrove; when REDRIVE_SPIKE_FAILURES
+   of the last REDRIVE_SPIKE_WINDOW failed again at the provider, it stops and leaves the rest
+   open, saying why. A person may stop it too. It works for SLICE_SECONDS at a time and then
+   hands the run to a new job, so drain jobs get the worker in between.
+4. The sweeper starts a new job for a run whose job was lost (`bulk_redrives_resume`).
+"""
+
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Max, Q
+from django.utils import timezone
+
+from ledger.access import WORK_DLQ, decidable_names, user_may
+from ledger.jobs import enqueue
+from ledger.models import Action, ActionStatus, ActionType, AuditEvent, Capability, StepStatus, TaskState
+from ledger.statemachine import InvalidTransition
+
+from .entries import deadletter_redrive
+from .models import DeadLetter, EntryStatus
+from .redrive_runs import ACTIVE_STATUSES, BulkRedrive, BulkRedriveItem, Outcome, Plan, RunStatus
+
+RUN_MAX = 500
+SLICE_SECONDS = 15
+# A lost job's run waits this long for its lease to lapse before the sweeper starts another.
+LEASE_SECONDS = SLICE_SECONDS + 30
+POLL_SECONDS = 0.25
+SYSTEM = "system:bulk-redrive"
+JOB = "dlq.bulk.bulk_redrive_work"
+
+# After a redrive, what says the provider failed the redriven work again: the executor's
+# failure, an outcome it could not prove, or a call that never got through (requeued from
+# `pending`; requeued from `unknown` is a verification finding nothing, not an error).
+ACTION_FAILED_AGAIN = Q(verb__in=("failed", "outcome_unknown")) | Q(verb="requeued", before__status="pending")
+# A task's run failing again, whichever step it was (a look-up at the provider, or its effect).
+TASK_FAILED_AGAIN = Q(verb__in=("retry_scheduled", "failed", "dead_lettered"))
+
+
+class SelectionChanged(Exception):
+    """The filters select other entries than the dry run listed: nothing is started."""
+
+    def __init__(self, difference):
+        super().__init__("the selection changed since the dry run")
+        self.difference = difference
+
+
+@dataclass(frozen=True)
+class Difference:
+    appeared: list  # entries selected now, not in the dry run
+    disappeared: list  # (entry, its dry-run item): listed then, not selected now
+    changed: list  # (entry, its dry-run item, the plan now, its detail)
+
+    def __bool__(self):
+        return bool(self.appeared or self.disappeared or self.changed)
+
+
+def _workable(user):
+    return {(kind, name) for kind in (Capability.Kind.WORKFLOW, Capability.Kind.ACTION_TYPE)
+            for name in decidable_names(user, WORK_DLQ, kind)}
+
+
+def may_redrive_any(user):
+    return bool(_workable(user))
+
+
+def entry_plan(entry, workable):
+    """(plan, detail): what redriving this open entry would do now, for a person who may work `workable`."""
+    kind, name = entry.capability
+    if (kind, name) not in workable:
+        return Plan.SKIP, f"not yours to work: you may not work {name} dead letters"
+    if entry.redrive_refusal:
+        return Plan.SKIP, entry.redrive_refusal
+    if entry.task_id:
+        if entry.task.state != TaskState.DEAD_LETTERED:
+            return Plan.SKIP, f"the task is {entry.task.state} now"
+        steps = sorted(entry.task.steps.all(), key=lambda step: step.position)
+        step = next((s for s in steps if s.status != StepStatus.DONE), None)
+        where = f"resumes at step {step.position + 1}, {step.name}" if step else "every step is done: it finishes"
+        return Plan.TASK_RESUME, f"{where} (fresh budget of {entry.task.max_attempts} attempts)"
+    action = entry.action
+    if action.status != ActionStatus.FAILED:
+        return Plan.SKIP, f"the action is {action.status} now, not failed"
+    if action.is_retryable_failure:
+        return Plan.ACTION_RETRY, "one more attempt under its operation key (held instead while another action " \
+                                  "on its target or customer is in flight)"
+    if action.action_type == ActionType.CREATE_BOOKING:
+        return Plan.SKIP, "its slot was given up when it failed: request a new booking"
+    code = action.error.get("code", "error")
+    return Plan.ACTION_RETRY_BY_PERSON, f"its failure ({code}) was marked permanent: retried on your word and reason"
+
+
+def _selected(filters):
+    entries = DeadLetter.objects.matching({**filters, "status": EntryStatus.OPEN})
+    return list(entries.prefetch_related("task__steps").order_by("id")[:RUN_MAX])
+
+
+def redrive_ceiling(entries):
+    """Entries per minute: the strictest CONNECTOR_<TYPE>_REDRIVE_RATE of the connectors these
+    entries call. A task's workflow chooses its effects as it runs, so a task is held to the
+    strictest of all."""
+    rates = settings.CONNECTOR_REDRIVE_RATES
+    types = {entry.action.action_type if entry.action_id else None for entry in entries}
+    if None in types or not types:
+        return min(rates.values())
+    return min(rates.get(action_type, min(rates.values())) for action_type in types)
+
+
+def bulk_plan(filters, *, user):
+    """The dry run: a `planned` run listing every selected entry and what it would do."""
+    filters = {key: filters.get(key, "") for key in ("workflow", "code")}
+    workable = _workable(user)
+    entries = _selected(filters)
+    plans = [entry_plan(entry, workable) for entry in entries]
+    with transaction.atomic():
+        run = BulkRedrive.objects.create(
+            filters=filters, planned_by=user.get_username(),
+            ceiling=redrive_ceiling([e for e, (plan, _) in zip(entries, plans) if plan != Plan.SKIP]),
+        )
+        BulkRedriveItem.objects.bulk_create(
+            BulkRedriveItem(run=run, entry=entry, position=n, plan=plan, plan_detail=detail[:500])
+            for n, (entry, (plan, detail)) in enumerate(zip(entries, plans), start=1)
+        )
+    return run
+
+
+def selection_difference(run, *, user):
+    """What differs between the run's dry run and the same filters now."""
+    workable = _workable(user)
+    now = {entry.pk: (entry, *entry_plan(entry, workable)) for entry in _selected(run.filters)}
+    then = {item.entry_id: item for item in run.items.select_related("entry", "entry__task", "entry__action")}
+    return Difference(
+        appeared=[now[pk][0] for pk in now if pk not in then],
+        disappeared=[(item.entry, item) for pk, item in then.items() if pk not in now],
+        changed=[(now[pk][0], then[pk], now[pk][1], now[pk][2]) for pk in now
+                 if pk in then and now[pk][1] != then[pk].plan],
+    )
+
+
+def bulk_start(run, *, user, reason, rate):
+    """Run the dry run as it was listed, or refuse (SelectionChanged) with the difference."""
+    reason = reason.strip()
+    if not reason:
+        raise ValueError("a reason is required to redrive")
+    with transaction.atomic():
+        run = BulkRedrive.objects.select_for_update().get(pk=run.pk)
+        if run.status != RunStatus.PLANNED:
+            raise InvalidTransition(f"{run} was already started by {run.started_by}")
+        difference = selection_difference(run, user=user)
+        if difference:
+            raise SelectionChanged(difference)
+        if not run.items.exclude(plan=Plan.SKIP).exists():
+            raise InvalidTransition("nothing in this dry run can be redriven")
+        run.start(actor=user, reason=reason, rate=rate)
+        for item in run.items.filter(plan=Plan.SKIP):
+            item.settle(Outcome.SKIPPED, item.plan_detail)
+        _hand_over(run)
+    return run
+
+
+def bulk_stop(run, *, user, reason):
+    """A person stops a running redrive: its job stops before its next entry."""
+    if not reason.strip():
+        raise ValueError("a reason is required to stop a redrive")
+    with transaction.atomic():
+        run = BulkRedrive.objects.select_for_update().get(pk=run.pk)
+        if run.status != RunStatus.RUNNING:
+            raise InvalidTransition(f"{run} is {run.status}, not running")
+        return run.ask_to_stop(actor=user, reason=reason.strip())
+
+
+def _hand_over(run):
+    """The run's next job, after commit; the lease waits for that job alone (a spare the
+    sweeper starts meanwhile finds it taken), until it lapses."""
+    token = uuid.uuid4().hex
+    run.hand_lease(LEASE_SECONDS, owner=token)
+    transaction.on_commit(lambda: enqueue(JOB, run.pk, token), robust=True)
+
+
+def bulk_redrive_work(run_id, token=""):
+    """The RQ job: one slice of a run (see the module's docstring, step 3)."""
+    run = BulkRedrive.objects.filter(pk=run_id).first()
+    if run is None or not run.take_lease(LEASE_SECONDS, owner=token):
+        return
+    slice_ends = time.monotonic() + SLICE_SECONDS
+    while time.monotonic() < slice_ends:
+        run.refresh_from_db()
+        if not run.keep_lease(LEASE_SECONDS, owner=token):
+            return  # stalled past its lease: the run went on in another job
+        if run.status == RunStatus.STOPPING:
+            return _end(run)
+        _observe(run)
+        spike = _spike(run)
+        if spike:
+            return _end(run, stop_reason=spike)
+        item = run.items.filter(outcome=Outcome.PLANNED).select_related("entry").order_by("position").first()
+        if item is None:
+            return _end(run)
+        wait = (_next_slot(run) - timezone.now()).total_seconds()
+        if wait > 0:
+            time.sleep(min(wait, POLL_SECONDS))  # short naps: a stop or a spike is seen at once
+            continue
+        _redrive_one(run, item)
+    with transaction.atomic():
+        _hand_over(run)
+
+
+def _next_slot(run):
+    """The last redrive of the run plus the spacing of its rate: kept across slices and
+    lost jobs, and a run held up (a busy worker) never makes up for it with a burst."""
+    last = run.items.aggregate(last=Max("redriven_at"))["last"]
+    return last + timedelta(seconds=run.seconds_apart) if last else timezone.now()
+
+
+def _redrive_one(run, item):
+    entry, user = item.entry, run.started_by
+    if not user_may(user, WORK_DLQ, *entry.capability):
+        item.settle(Outcome.FAILED, f"{user.get_username()} may no longer work {entry.capability[1]} dead letters")
+        return
+    try:
+        with transaction.atomic():
+            redriven_at = timezone.now()
+            entry = deadletter_redrive(entry, actor=user, reason=run.note)
+            detail = item.plan_detail
+            if entry.action_id and Action.objects.filter(pk=entry.action_id, status=ActionStatus.HELD).exists():
+                detail = "held for a person: another action on its target or customer is in flight"
+            item.settle(Outcome.REDRIVEN, detail, redriven_at=redriven_at)
+    except (InvalidTransition, ValueError) as exc:
+        entry.refresh_from_db()
+        if entry.status != EntryStatus.OPEN:
+            item.settle(Outcome.SKIPPED, f"already {entry.status} by {entry.decided_by or 'the system'}")
+        else:
+            item.settle(Outcome.FAILED, str(exc))
+
+
+def _observe(run):
+    """Note, on each entry redriven in the spike window, whether its work failed again at the provider."""
+    watched = run.items.filter(outcome=Outcome.REDRIVEN).select_related("entry").order_by("-redriven_at")
+    for item in watched[:settings.REDRIVE_SPIKE_WINDOW]:
+        if item.failed_again:
+            continue
+        event = _failure_since(item.entry, item.redriven_at)
+        if event is not None:
+            item.note_failed_again(_describe(event), event.occurred_at)
+
+
+def _failure_since(entry, since):
+    if entry.action_id:
+        events = AuditEvent.objects.filter(ACTION_FAILED_AGAIN, object_type="ledger.action",
+                                           object_id=str(entry.action_id))
+    else:
+        actions = [str(pk) for pk in Action.objects.filter(task_id=entry.task_id).values_list("pk", flat=True)]
+        events = AuditEvent.objects.filter(
+            (Q(object_type="ledger.action", object_id__in=actions) & ACTION_FAILED_AGAIN)
+            | (Q(object_type="ledger.task", object_id=str(entry.task_id)) & TASK_FAILED_AGAIN))
+    return events.filter(occurred_at__gte=since).order_by("id").first()
+
+
+def _describe(event):
+    error = (event.after or {}).get("error") or (event.after or {}).get("last_error") or {}
+    said = f"{error.get('code', '')}: {error.get('message', '')}" if error else event.reason
+    return f"{event.verb} ({event.object_label}){': ' + said if said else ''}"
+
+
+def _spike(run):
+    """Why the run must stop ("" if not): too many of its latest redrives failed again."""
+    window, limit = settings.REDRIVE_SPIKE_WINDOW, settings.REDRIVE_SPIKE_FAILURES
+    latest = list(run.items.filter(outcome=Outcome.REDRIVEN).order_by("-redriven_at")[:window])
+    failed = [item for item in latest if item.failed_again]
+    if len(failed) < limit:
+        return ""
+    return (f"provider error spike: {len(failed)} of the last {len(latest)} redriven entries failed again at the "
+            f"provider (first: {failed[-1].failed_again})")
+
+
+def _end(run, *, stop_reason=""):
+    with transaction.atomic():
+        run = BulkRedrive.objects.select_for_update().get(pk=run.pk)
+        if run.status not in ACTIVE_STATUSES:
+            return run
+        if stop_reason or run.status == RunStatus.STOPPING:
+            run.stop(actor=SYSTEM, stop_reason=stop_reason)
+        else:
+            run.finish(actor=SYSTEM)
+        for item in run.items.filter(outcome=Outcome.PLANNED):
+            item.settle(Outcome.LEFT_OPEN, f"left open: the run stopped ({run.stop_reason})")
+    return run
+
+
+def bulk_redrives_resume():
+    """The sweeper's pass: a running run whose job was lost gets a new one."""
+    lapsed = BulkRedrive.objects.filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=timezone.now()),
+                                        status__in=ACTIVE_STATUSES)
+    resumed = 0
+    for run in lapsed:
+        with transaction.atomic():
+            _hand_over(run)
+        resumed += 1
+    return resumed

@@ -1,0 +1,200 @@
+"""A bulk redrive, kept: its dry run (what each selected entry would do), who ran it, why, at
+what rate, when it started and ended, why it stopped, and what became of every entry.
+
+The work itself is in `dlq/bulk.py`; these are the rows and their moves. A run's moves are
+audited like every other status change; an item's outcome is written in the transaction of
+the entry's own redrive (audited there) or of the run's end, so it carries no events of its own.
+"""
+
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import models, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from ledger.audit import actor_label
+from ledger.statemachine import StateMachine, check_move
+
+
+class RunStatus(models.TextChoices):
+    PLANNED = "planned"  # the dry run: a list, nothing done
+    RUNNING = "running"
+    STOPPING = "stopping"  # a person asked it to stop: it stops before its next entry
+    FINISHED = "finished"
+    STOPPED = "stopped"
+
+
+R = RunStatus
+RUN_TRANSITIONS = {
+    R.PLANNED: {R.RUNNING},
+    R.RUNNING: {R.STOPPING, R.FINISHED, R.STOPPED},
+    R.STOPPING: {R.STOPPED},
+    R.FINISHED: set(),
+    R.STOPPED: set(),
+}
+ACTIVE_STATUSES = (R.RUNNING, R.STOPPING)
+
+
+class Plan(models.TextChoices):
+    """What a selected entry would do, as the dry run says it."""
+
+    TASK_RESUME = "task_resume", "task resumes at its checkpoint"
+    ACTION_RETRY = "action_retry", "action retried under the retry rule"
+    ACTION_RETRY_BY_PERSON = "action_retry_by_person", "action retried on a person's word"
+    SKIP = "skip", "skipped"
+
+
+class Outcome(models.TextChoices):
+    PLANNED = "planned"
+    REDRIVEN = "redriven"
+    SKIPPED = "skipped"
+    FAILED = "failed"  # the redrive itself was refused (the entry stays as it was)
+    LEFT_OPEN = "left_open"  # the run stopped before reaching it
+
+
+O = Outcome
+ITEM_TRANSITIONS = {O.PLANNED: {O.REDRIVEN, O.SKIPPED, O.FAILED, O.LEFT_OPEN}, O.REDRIVEN: set(),
+                    O.SKIPPED: set(), O.FAILED: set(), O.LEFT_OPEN: set()}
+
+
+class BulkRedrive(StateMachine):
+    TRANSITIONS = RUN_TRANSITIONS
+    AUDITED = ("rate", "stop_reason")
+
+    status = models.CharField(max_length=20, choices=RunStatus.choices, default=R.PLANNED)
+    # The queue's filters as given ({"workflow": ..., "code": ...}): the run's selection is
+    # the open entries they match, oldest first, up to dlq.bulk.RUN_MAX.
+    filters = models.JSONField(default=dict)
+    planned_by = models.CharField(max_length=150)
+    planned_at = models.DateTimeField(default=timezone.now)
+    # The person whose redrive it is: the job acts as them (a permanent failure is retried
+    # only on a person's word), and may not outlive their permission.
+    started_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT,
+                                   related_name="+")
+    note = models.TextField(blank=True, default="")  # the person's reason for the run, as given
+    # Entries per minute: what the person chose, never above `ceiling`, the strictest
+    # redrive rate of the connectors the selection calls (settings.CONNECTOR_REDRIVE_RATES).
+    rate = models.DecimalField(max_digits=8, decimal_places=2, null=True, blank=True)
+    ceiling = models.DecimalField(max_digits=8, decimal_places=2)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    stop_reason = models.TextField(blank=True, default="")
+    # The job working the run holds it until then; the sweeper starts another once it lapses.
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    lease_owner = models.CharField(max_length=40, blank=True, default="")
+
+    class Meta:
+        ordering = ["-planned_at", "-id"]
+        indexes = [models.Index(fields=["status", "lease_expires_at"], name="bulkredrive_active_idx")]
+        constraints = [
+            models.CheckConstraint(condition=Q(status__in=RunStatus.values), name="bulkredrive_status_valid"),
+            models.CheckConstraint(condition=Q(rate__isnull=True) | Q(rate__gt=0, rate__lte=models.F("ceiling")),
+                                   name="bulkredrive_rate_within_ceiling"),
+            models.CheckConstraint(condition=Q(status="planned") | Q(started_by__isnull=False, rate__isnull=False,
+                                                                      started_at__isnull=False),
+                                   name="bulkredrive_started_says_who_and_how_fast"),
+        ]
+
+    def __str__(self):
+        return f"bulk redrive #{self.pk}"
+
+    def get_absolute_url(self):
+        return f"/dlq/redrives/{self.pk}/"
+
+    @property
+    def seconds_apart(self):
+        """The spacing of two redrives at the run's rate."""
+        return 60 / float(self.rate)
+
+    def start(self, *, actor, reason, rate):
+        return self._move(R.RUNNING, actor=actor, verb="bulk_redrive_started", reason=reason, started_by=actor,
+                          rate=rate, started_at=timezone.now(), note=reason)
+
+    def ask_to_stop(self, *, actor, reason):
+        return self._move(R.STOPPING, actor=actor, verb="bulk_redrive_stop_asked", reason=reason,
+                          stop_reason=f"stopped by {actor_label(actor)}: {reason}")
+
+    def stop(self, *, actor, stop_reason=""):
+        """Ended before every entry was reached: by a person (the reason they gave when they
+        asked) or by the run itself (`stop_reason`, e.g. a provider error spike)."""
+        stop_reason = stop_reason or self.stop_reason
+        return self._move(R.STOPPED, actor=actor, verb="bulk_redrive_stopped", reason=stop_reason,
+                          finished_at=timezone.now(), stop_reason=stop_reason, lease_expires_at=None)
+
+    def finish(self, *, actor):
+        return self._move(R.FINISHED, actor=actor, verb="bulk_redrive_finished", finished_at=timezone.now(),
+                          lease_expires_at=None)
+
+    def take_lease(self, seconds, *, owner):
+        """Claim the run for one job: the job it was handed to (`owner`), or any job once the
+        lease lapsed (a lost job). False if another holds it or the run has ended."""
+        now = timezone.now()
+        until = now + timedelta(seconds=seconds)
+        free = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now) | Q(lease_owner=owner)
+        taken = BulkRedrive.objects.filter(free, pk=self.pk, status__in=ACTIVE_STATUSES).update(
+            lease_expires_at=until, lease_owner=owner)
+        self.lease_expires_at, self.lease_owner = until, owner
+        return taken == 1
+
+    def keep_lease(self, seconds, *, owner):
+        """Renew the lease once half of it is gone; False if another job took the run over."""
+        if self.lease_owner != owner:
+            return False
+        if (self.lease_expires_at - timezone.now()).total_seconds() > seconds / 2:
+            return True
+        return self.take_lease(seconds, owner=owner)
+
+    def hand_lease(self, seconds, *, owner):
+        """Reserve the run for the job about to be enqueued under `owner`."""
+        until = timezone.now() + timedelta(seconds=seconds)
+        BulkRedrive.objects.filter(pk=self.pk).update(lease_expires_at=until, lease_owner=owner)
+        self.lease_expires_at, self.lease_owner = until, owner
+
+    def counts(self):
+        found = dict(self.items.values_list("outcome").annotate(n=models.Count("id")))
+        return {outcome: found.get(outcome, 0) for outcome in Outcome.values}
+
+
+class BulkRedriveItem(models.Model):
+    """One selected entry of a run: what the dry run said it would do, and what it did."""
+
+    run = models.ForeignKey(BulkRedrive, on_delete=models.CASCADE, related_name="items")
+    entry = models.ForeignKey("dlq.DeadLetter", on_delete=models.PROTECT, related_name="bulk_items")
+    position = models.PositiveIntegerField()
+    plan = models.CharField(max_length=30, choices=Plan.choices)
+    plan_detail = models.CharField(max_length=500, blank=True, default="")
+    outcome = models.CharField(max_length=20, choices=Outcome.choices, default=O.PLANNED)
+    outcome_detail = models.TextField(blank=True, default="")
+    redriven_at = models.DateTimeField(null=True, blank=True)
+    # What the provider said of the redriven work afterwards, when it failed again there
+    # (the run's error spike is counted from these).
+    failed_again = models.TextField(blank=True, default="")
+    failed_again_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["run", "position"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "position"], name="bulkredriveitem_position_once"),
+            models.UniqueConstraint(fields=["run", "entry"], name="bulkredriveitem_entry_once"),
+            models.CheckConstraint(condition=Q(outcome__in=Outcome.values), name="bulkredriveitem_outcome_valid"),
+            models.CheckConstraint(condition=Q(plan__in=Plan.values), name="bulkredriveitem_plan_valid"),
+        ]
+
+    def __str__(self):
+        return f"{self.run}: entry #{self.entry_id} {self.outcome}"
+
+    def settle(self, to, detail="", **changes):
+        """Its one move out of `planned` (ITEM_TRANSITIONS), inside the caller's transaction."""
+        check_move(ITEM_TRANSITIONS, self.outcome, to, self)
+        self.outcome, self.outcome_detail = to, detail[:2000]
+        for field, value in changes.items():
+            setattr(self, field, value)
+        with transaction.atomic():
+            self.save(update_fields=["outcome", "outcome_detail", *changes])
+        return self
+
+    def note_failed_again(self, detail, at):
+        """Observed after the redrive: appended once, never changed after."""
+        BulkRedriveItem.objects.filter(pk=self.pk, failed_again="").update(failed_again=detail[:2000], failed_again_at=at)
+        self.failed_again, self.failed_again_at = detail, at

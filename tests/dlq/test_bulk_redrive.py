@@ -1,0 +1,327 @@
+"""A bulk redrive from the dead-letter queue, through the real stack (the gunicorn server with
+its sandbox provider, RQ workers, PostgreSQL): the dry run lists every selected entry and what it
+would do, and changes nothing; a run goes at the rate the person set (measured between
+redrives), stops on a provider error spike (the sandbox's faults) or when a person stops it,
+leaves the rest open and a report that says why; a run whose selection changed since its dry
+run is refused with the difference; bad rates and missing permissions are refused; and an
+entry redriven that fails again gets a new entry, the earlier one keeping its error."""
+
+from decimal import Decimal
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+from django.core.management import call_command
+from django.test import Client
+from guardian.shortcuts import assign_perm
+
+from dlq.bulk import bulk_redrive_work, bulk_redrives_resume
+from dlq.entries import deadletter_resolve
+from dlq.models import BulkRedrive, DeadLetter, EntryStatus
+from ledger.access import WORK_DLQ
+from ledger.models import Action, ActionStatus, AuditEvent, Capability
+from tests.conftest import wait_until
+from tests.factories import (agent_api, audit_events, dead_letter, failed_task_entry, make_action, make_agent, sandbox,
+                             sandbox_list)
+
+REASON = "the provider is back (INC-4411); the runbook says redrive"
+User = get_user_model()
+
+
+@pytest.fixture
+def olga(stack, client):
+    """An operator (the dead-letter permission on every workflow), granted it on refunds too."""
+    call_command("setup_roles", verbosity=0)
+    user = User.objects.create_user(username="olga", password=None)
+    user.groups.add(Group.objects.get(name="operators"))
+    assign_perm(f"ledger.{WORK_DLQ}", user, Capability.objects.get(kind="action_type", name="refund"))
+    client.force_login(user)
+    client.user = user
+    return client
+
+
+@pytest.fixture
+def agent(stack):
+    return make_agent("billing")[0]
+
+
+@pytest.fixture
+def provider(stack):
+    client = agent_api(stack.url, "provider-client")
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def fast_limit(settings):
+    settings.CONNECTOR_REDRIVE_RATES = {**settings.CONNECTOR_REDRIVE_RATES, "refund": 600}
+
+
+def failed_refund_entry(agent, n, *, retryable=True, code="provider_unavailable"):
+    """A standalone refund out of attempts (or refused for good), with its open entry."""
+    order = f"ORD-BR-{n}"
+    action = make_action(agent, ActionStatus.FAILED, key=f"refund:{order}:full:dec-{n}", target=order,
+                         customer=f"CUST-BR-{n}", attempts=3,
+                         error={"code": code, "message": f"{code} on attempt 3", "retryable": retryable})
+    return DeadLetter.objects.open_for_action(action, actor="system:tests")
+
+
+def dry_run(client, **filters):
+    response = client.post("/dlq/bulk", {"op": "redrive", **filters})
+    assert response.status_code == 302, response.content[:500]
+    return BulkRedrive.objects.get(pk=response.url.rstrip("/").rsplit("/", 1)[1])
+
+
+def start(client, run, rate, reason=REASON):
+    return client.post(f"/dlq/redrives/{run.pk}/start", {"rate": rate, "reason": reason})
+
+
+def ended(run, seconds=60):
+    def check():
+        bulk_redrives_resume()  # as the sweeper would
+        row = BulkRedrive.objects.get(pk=run.pk)
+        return row.status in ("finished", "stopped") and row
+    return wait_until(check, seconds=seconds, interval=0.2, message=f"{run} to end")
+
+
+def test_the_dry_run_lists_every_entry_with_what_it_would_do_and_changes_nothing(agent, olga):
+    resumes = dead_letter(agent, "dry-1", done={"lookup_order": {"order_id": "ORD-dry-1"}})
+    retried = failed_refund_entry(agent, 1)
+    by_person = failed_refund_entry(agent, 2, retryable=False, code="declined")
+    final = failed_task_entry(agent, "dry-2")
+    before = AuditEvent.objects.count()
+
+    run = dry_run(olga)
+    page = olga.get(run.get_absolute_url())
+    assert page.status_code == 200
+    plans = {item.entry_id: (item.plan, item.plan_detail) for item in run.items.all()}
+    assert plans == {
+        resumes.pk: ("task_resume", "resumes at step 2, call_refund_api (fresh budget of 3 attempts)"),
+        retried.pk: ("action_retry", plans[retried.pk][1]),
+        by_person.pk: ("action_retry_by_person", "its failure (declined) was marked permanent: retried on your word "
+                                                 "and reason"),
+        final.pk: ("skip", "a failed task is final (its error is one no retry will change): resolve or discard it"),
+    }
+    html = page.content.decode()
+    for entry in (resumes, retried, by_person, final):
+        assert f'data-entry="{entry.pk}"' in html
+    assert "resumes at step 2, call_refund_api" in html and "a failed task is final" in html
+    # Nothing moved: every entry open, no event written.
+    assert set(DeadLetter.objects.values_list("status", flat=True)) == {EntryStatus.OPEN}
+    assert AuditEvent.objects.count() == before
+
+
+def test_an_entry_you_may_not_work_is_listed_as_skipped_and_a_long_list_is_paged(agent, client, stack):
+    call_command("setup_roles", verbosity=0)
+    user = User.objects.create_user(username="wendy", password=None)
+    user.groups.add(Group.objects.get(name="auditors"))
+    capability, _ = Capability.objects.get_or_create(kind=Capability.Kind.WORKFLOW, name="refund")
+    assign_perm(f"ledger.{WORK_DLQ}", user, capability)
+    client.force_login(user)
+    tasks = [dead_letter(agent, f"page-{n}") for n in range(52)]
+    action = failed_refund_entry(agent, 9)
+
+    run = dry_run(client)
+    assert run.items.count() == 53
+    skipped = run.items.get(entry=action)
+    assert (skipped.plan, skipped.plan_detail) == ("skip", "not yours to work: you may not work refund dead letters")
+    first, second = client.get(run.get_absolute_url()), client.get(f"{run.get_absolute_url()}?page=2")
+    assert first.content.decode().count('class="run-item"') == 50
+    assert second.content.decode().count('class="run-item"') == 3
+    assert f'data-entry="{action.pk}"' in second.content.decode() and tasks
+
+
+def test_a_run_goes_at_the_rate_set_and_leaves_a_report(agent, olga, provider, fast_limit, stack):
+    entries = [failed_refund_entry(agent, n) for n in range(5)]
+    run = dry_run(olga)
+    stack.start_worker()
+    stack.start_worker()  # one works the run, the other drains what it redrives
+
+    response = start(olga, run, "120")  # one every 0.5 s
+    assert response.status_code == 302
+    run = ended(run)
+
+    assert run.status == "finished" and run.stop_reason == ""
+    assert run.started_by == olga.user and run.note == REASON and run.rate == Decimal("120")
+    assert run.started_at <= run.finished_at
+    items = list(run.items.order_by("position"))
+    assert [item.outcome for item in items] == ["redriven"] * 5
+    times = [item.redriven_at for item in items]
+    gaps = [(b - a).total_seconds() for a, b in zip(times, times[1:])]
+    assert min(gaps) >= 0.5, gaps  # never faster than the rate
+    assert max(gaps) < 3, gaps  # and not stalled either
+    for entry in entries:
+        entry.refresh_from_db()
+        assert entry.status == EntryStatus.REDRIVEN and entry.note == REASON and entry.decided_by == "user:olga"
+        [event] = audit_events(entry, "redriven")
+        assert event.reason == REASON
+        action = wait_until(lambda: Action.objects.filter(pk=entry.action_id, status="succeeded").first(), 30)
+        assert [r["operation_key"] for r in sandbox_list(provider, "refunds", order_id=action.target)] == [
+            action.operation_key]
+    assert [e.verb for e in audit_events(run)] == ["bulk_redrive_started", "bulk_redrive_finished"]
+    assert audit_events(run)[0].actor == "user:olga" and audit_events(run)[0].reason == REASON
+
+    report = olga.get(run.get_absolute_url()).content.decode()
+    assert report.count('data-plan="action_retry" data-outcome="redriven"') == 5 and "120.00 per minute" in report
+    assert "Report" in report and REASON in report
+    assert f'href="/dlq/redrives/{run.pk}/"' in olga.get("/dlq/redrives/").content.decode()
+    assert 'href="/dlq/redrives/"' in olga.get("/dlq/").content.decode()
+
+
+def test_a_provider_error_spike_stops_the_run_and_a_redrive_that_fails_again_gets_a_new_entry(
+        agent, olga, provider, fast_limit, stack):
+    entries = [failed_refund_entry(agent, n) for n in range(8)]
+    for entry in entries:  # the provider fails every refund call now
+        armed = sandbox(provider, "POST", "faults", json={"target": entry.action.target, "fault": "error_500",
+                                                          "times": 5})
+        assert armed.status_code == 201, armed.text
+    run = dry_run(olga)
+    for _ in range(2):
+        stack.start_worker(REDRIVE_SPIKE_FAILURES=2, REDRIVE_SPIKE_WINDOW=3)
+
+    assert start(olga, run, "60").status_code == 302  # one a second: the failures are seen in time
+    run = ended(run)
+
+    assert run.status == "stopped"
+    assert run.stop_reason.startswith("provider error spike: 2 of the last ")
+    assert "failed again at the provider" in run.stop_reason
+    counts = run.counts()
+    assert counts["redriven"] >= 2 and counts["left_open"] >= 3, counts
+    assert counts["redriven"] + counts["left_open"] == 8
+    for item in run.items.filter(outcome="left_open"):
+        item.entry.refresh_from_db()
+        assert item.entry.status == EntryStatus.OPEN  # the rest stays in the queue, untouched
+        assert item.outcome_detail == f"left open: the run stopped ({run.stop_reason})"
+        assert Action.objects.get(pk=item.entry.action_id).status == ActionStatus.FAILED
+    failed_again = [item for item in run.items.filter(outcome="redriven") if item.failed_again]
+    assert len(failed_again) >= 2
+    assert failed_again[0].failed_again.startswith("outcome_unknown")
+    [stopped] = audit_events(run, "bulk_redrive_stopped")
+    assert stopped.actor == "system:bulk-redrive" and stopped.reason == run.stop_reason
+
+    # The redriven action failed again for good: a new entry, the first one kept as it was.
+    first = failed_again[0].entry
+    second = wait_until(lambda: DeadLetter.objects.filter(action=first.action, status="open").first(), 30,
+                        message="the action's second entry")
+    first.refresh_from_db()
+    assert first.status == EntryStatus.REDRIVEN and first.last_error["code"] == "provider_unavailable"
+    assert second.pk != first.pk and second.last_error["code"] == "attempts_exhausted"
+    page = olga.get(f"/dlq/{second.pk}/").content.decode()
+    attempts = page[page.index('id="entry-attempts"'):]
+    assert f'data-id="{first.pk}"' in attempts and f'data-id="{second.pk}"' in attempts
+    assert "provider_unavailable" in attempts and "attempts_exhausted" in attempts
+    assert f"bulk redrive #{run.pk}" in attempts
+    report = olga.get(run.get_absolute_url()).content.decode()
+    assert "provider error spike" in report and "failed again at the provider: outcome_unknown" in report
+
+
+def test_a_person_stops_a_running_redrive(agent, olga, stack):
+    entries = [failed_refund_entry(agent, n) for n in range(3)]
+    run = dry_run(olga)
+    stack.start_worker()
+    stack.start_worker()
+    assert start(olga, run, "6").status_code == 302  # one every 10 s
+    wait_until(lambda: run.items.filter(outcome="redriven").exists(), 20, message="the first redrive")
+
+    assert olga.post(f"/dlq/redrives/{run.pk}/stop", {"reason": ""}).status_code == 302  # refused: no reason
+    assert BulkRedrive.objects.get(pk=run.pk).status == "running"
+    assert olga.post(f"/dlq/redrives/{run.pk}/stop", {"reason": "the provider paged us"}).status_code == 302
+    run = ended(run, seconds=15)
+
+    assert run.status == "stopped" and run.stop_reason == "stopped by user:olga: the provider paged us"
+    assert [item.outcome for item in run.items.order_by("position")] == ["redriven", "left_open", "left_open"]
+    assert DeadLetter.objects.filter(pk__in=[e.pk for e in entries[1:]], status="open").count() == 2
+    assert [e.verb for e in audit_events(run)] == ["bulk_redrive_started", "bulk_redrive_stop_asked",
+                                                   "bulk_redrive_stopped"]
+
+
+def test_a_run_whose_selection_changed_is_refused_with_the_difference(agent, olga):
+    kept, decided, gone_quietly = (failed_refund_entry(agent, n) for n in range(3))
+    run = dry_run(olga)
+    deadletter_resolve(decided, actor="user:alice", note="refunded by hand, ticket 8812")
+    # Another would now do something else: its failure was made permanent meanwhile.
+    Action.objects.filter(pk=gone_quietly.action_id).update(
+        error={"code": "declined", "message": "no", "retryable": False})
+    appeared = failed_refund_entry(agent, 7)
+
+    response = start(olga, run, "30")
+    assert response.status_code == 409
+    html = response.content.decode()
+    section = html[html.index('id="selection-difference"'):]
+    appeared_list = section[section.index('id="appeared"'):section.index("</ul>")]
+    assert f'data-id="{appeared.pk}"' in appeared_list and f'data-id="{kept.pk}"' not in appeared_list
+    disappeared = section[section.index('id="disappeared"'):]
+    assert f'data-id="{decided.pk}"' in disappeared[:disappeared.index("</ul>")]
+    assert "resolved by user:alice" in disappeared
+    changed = section[section.index('id="changed"'):]
+    assert f'data-id="{gone_quietly.pk}"' in changed[:changed.index("</ul>")]
+    assert "the selection changed since the dry run" in html
+    # Nothing started, nothing moved.
+    run.refresh_from_db()
+    assert run.status == "planned" and run.started_by is None
+    assert DeadLetter.objects.filter(status="open").count() == 3
+    assert not audit_events(run).exists()
+
+
+@pytest.mark.parametrize(("rate", "message"), [
+    ("0", "The rate must be above 0 entries per minute."),
+    ("-5", "The rate must be above 0 entries per minute."),
+    ("fast", "The rate is a number of entries per minute, e.g. 30."),
+    ("NaN", "The rate is a number of entries per minute, e.g. 30."),
+    ("60.01", "At most 60.00 entries per minute: the redrive limit of the connectors these entries call."),
+    ("", "This field is required."),
+])
+def test_a_rate_that_is_not_a_positive_number_within_the_limit_is_refused(agent, olga, rate, message):
+    failed_refund_entry(agent, 1)
+    run = dry_run(olga)
+    assert run.ceiling == Decimal("60")
+
+    response = start(olga, run, rate)
+    assert response.status_code == 200  # the page again, with the error at the field
+    assert message in response.content.decode()
+    run.refresh_from_db()
+    assert run.status == "planned" and not audit_events(run).exists()
+
+
+def test_a_reason_is_required_and_a_run_starts_once(agent, olga, jobs_to_test_redis):
+    failed_refund_entry(agent, 1)
+    run = dry_run(olga)
+    refused = start(olga, run, "30", reason="  ")
+    assert refused.status_code == 200 and "A reason is required to redrive." in refused.content.decode()
+    assert start(olga, run, "30").status_code == 302
+    again = start(olga, run, "30")
+    assert again.status_code == 302
+    assert "already started" in olga.get(again.url).content.decode()
+    assert audit_events(run, "bulk_redrive_started").count() == 1
+
+
+def test_without_the_permission_each_step_is_forbidden(agent, olga, jobs_to_test_redis):
+    failed_refund_entry(agent, 1)
+    run = dry_run(olga)
+    aldo = User.objects.create_user(username="aldo", password=None)
+    aldo.groups.add(Group.objects.get(name="auditors"))
+    client = Client()
+    client.force_login(aldo)
+
+    assert client.get(run.get_absolute_url()).status_code == 200  # an auditor reads it
+    assert client.post("/dlq/bulk", {"op": "redrive"}).status_code == 403
+    assert start(client, run, "30").status_code == 403
+    assert client.post(f"/dlq/redrives/{run.pk}/stop", {"reason": "no"}).status_code == 403
+    assert BulkRedrive.objects.count() == 1 and BulkRedrive.objects.get().status == "planned"
+
+
+def test_a_lost_job_is_taken_over_and_a_second_job_for_the_run_does_nothing(agent, olga, jobs_to_test_redis):
+    entries = [failed_refund_entry(agent, n) for n in range(2)]
+    run = dry_run(olga)
+    assert start(olga, run, "60").status_code == 302
+    run.refresh_from_db()
+    bulk_redrive_work(run.pk, "not-the-token")  # a stray job: the run is handed to another
+    assert not run.items.filter(outcome="redriven").exists()
+
+    BulkRedrive.objects.filter(pk=run.pk).update(lease_expires_at=None)  # its job was lost
+    assert bulk_redrives_resume() == 1
+    token = BulkRedrive.objects.get(pk=run.pk).lease_owner
+    bulk_redrive_work(run.pk, token)  # the sweeper's job, run here
+    run.refresh_from_db()
+    assert run.status == "finished", list(run.items.values_list("outcome", "outcome_detail"))
+    assert {e.status for e in DeadLetter.objects.filter(pk__in=[e.pk for e in entries])} == {EntryStatus.REDRIVEN}
