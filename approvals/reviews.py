@@ -44,7 +44,7 @@ def review_follow_action(action, why=""):
     now = timezone.now()
     with transaction.atomic():
         item = ReviewItem.objects.create(
-            kind=kind, action=action, deadline=now + timedelta(hours=hours),
+            kind=kind, action=action, created_at=now, deadline=now + timedelta(hours=hours),
             expires_at=now + timedelta(hours=expires) if expires else None,
             approvals_needed=max(verdict.approvals_needed, 1) if verdict else 1,
             why=why or (verdict.reason if verdict else "") or _why(action),

@@ -1,0 +1,118 @@
+"""An approval wait can expire: its own outcome, never a person's rejection. The limit says
+after how many hours (blank: never); the sweeper's step ends what is due, as the system."""
+
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.db import IntegrityError, transaction
+
+from approvals.decisions import review_decide
+from approvals.forms import LimitForm
+from approvals.models import Limit, ReviewItem
+from approvals.reviews import approval_expire_due
+from ledger import hooks
+from ledger.actions import action_request
+from ledger.models import Action, ActionStatus
+from tests.factories import audit_events, make_agent
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("jobs_to_test_redis")]
+
+
+@pytest.fixture
+def agent():
+    return make_agent("billing-bot")[0]
+
+
+def limit(hours):
+    return Limit.limit_set(actor="system:tests", reason="the tests' policy", action_type="refund", currency="EUR",
+                           max_amount=Decimal("500.00"), approval_expires_after_hours=hours)
+
+
+def refund(agent, n, amount="750.00", order=None):
+    action, _ = action_request(agent=agent, operation_key=f"refund:ORD-X{n}:full:dec-{n}", action_type="refund",
+                               target=order or f"ORD-X{n}", params={"amount": amount, "currency": "EUR"})
+    return action
+
+
+def test_an_approval_nobody_decides_expires_as_the_system_not_as_a_rejection(agent):
+    limit(hours=6)
+    action = refund(agent, 1)
+    item = ReviewItem.objects.get(action=action)
+    assert item.expires_at == item.created_at + timedelta(hours=6)
+    assert audit_events(item, "review_opened").get().after["expires_at"] == item.expires_at.isoformat()
+
+    assert approval_expire_due(now=item.expires_at - timedelta(seconds=1)) == 0
+    assert approval_expire_due(now=item.expires_at) == 1
+
+    action.refresh_from_db()
+    item.refresh_from_db()
+    assert item.status == "expired" and item.decided_by is None and item.decided_by_label == ""
+    assert action.status == ActionStatus.EXPIRED
+    assert action.error == {"code": "approval_expired", "retryable": False,
+                            "message": "nobody approved or rejected it within 6 h (the limit's approval window)"}
+    [event] = audit_events(action, "expired")
+    assert event.actor == "system:approvals" and event.before["status"] == "awaiting_approval"
+    assert not audit_events(action, "rejected").exists()
+    assert audit_events(item, "expired").get().actor == "system:approvals"
+    assert approval_expire_due(now=item.expires_at + timedelta(days=1)) == 0  # once
+
+
+def test_without_an_expiry_on_the_limit_an_approval_waits_until_someone_decides(agent):
+    limit(hours=None)
+    item = ReviewItem.objects.get(action=refund(agent, 2))
+    assert item.expires_at is None
+    assert approval_expire_due(now=item.created_at + timedelta(days=3650)) == 0
+
+
+def test_a_decision_taken_before_the_sweeper_came_stands(agent):
+    limit(hours=1)
+    action = refund(agent, 3)
+    item = ReviewItem.objects.get(action=action)
+    approver = get_user_model().objects.create_user("alice", password="x")
+    review_decide(item, user=approver, decision="approve", reason="checked", fingerprint=action.params_fingerprint())
+    assert approval_expire_due(now=item.expires_at + timedelta(hours=1)) == 0
+    action.refresh_from_db()
+    assert action.status == ActionStatus.QUEUED
+
+
+def test_held_items_do_not_expire_and_an_expired_action_settles_what_it_held(agent):
+    limit(hours=1)
+    first = refund(agent, 4, order="ORD-SAME")
+    second = refund(agent, 5, amount="20.00", order="ORD-SAME")  # both held now, for a person
+    assert Action.objects.get(pk=first.pk).status == second.status == ActionStatus.HELD
+    assert all(item.expires_at is None for item in ReviewItem.objects.filter(status="open"))
+    alice = get_user_model().objects.create_user("alice", password="x")
+    review_decide(ReviewItem.objects.get(action=first, status="open"), user=alice, decision="release",
+                  reason="this one first", fingerprint=first.params_fingerprint())
+    approval = ReviewItem.objects.get(action=first, status="open")
+    assert approval.kind == "approval" and approval.expires_at is not None
+
+    assert approval_expire_due(now=approval.expires_at) == 1
+
+    # Settled: what it held is looked at again (and, released from a group by a person, waits for one).
+    [still] = audit_events(second, "still_held")
+    assert still.reason.startswith(f"{first.operation_key}, released from this held group by a person, is expired")
+
+
+def test_the_database_refuses_an_expired_action_without_its_code(agent):
+    action = refund(agent, 6)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Action.objects.filter(pk=action.pk).update(status=ActionStatus.EXPIRED, error={"code": "rejected"})
+
+
+def test_the_policy_form_takes_an_hour_to_a_year_or_blank():
+    values = {"action_type": "refund", "currency": "EUR", "max_amount": "500.00", "review_deadline_hours": 4,
+              "reason": "expiry"}
+    assert LimitForm({**values, "approval_expires_after_hours": ""}).is_valid()
+    assert LimitForm({**values, "approval_expires_after_hours": "48"}).is_valid()
+    for bad in ("0", str(24 * 365 + 1)):
+        form = LimitForm({**values, "approval_expires_after_hours": bad})
+        assert not form.is_valid() and form.errors["approval_expires_after_hours"]
+    with pytest.raises(IntegrityError), transaction.atomic():
+        limit(hours=0)
+
+
+def test_the_sweeper_runs_the_expiry_step():
+    assert ("approvals_expired", approval_expire_due) in hooks.sweep_steps()
