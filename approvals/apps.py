@@ -12,7 +12,7 @@ class ApprovalsConfig(AppConfig):
 
         from . import intake
         from .evidence import ApprovalsEvidenceSerializer, approvals_evidence
-        from .metrics import ReviewCollector
+        from .metrics import DecisionCollector, ReviewCollector
         from .overview import review_cards
         from .reviews import approval_expire_due, review_follow_action, review_follow_move
 
@@ -25,3 +25,4 @@ class ApprovalsConfig(AppConfig):
         hooks.on_evidence("approvals", approvals_evidence, schema=ApprovalsEvidenceSerializer,
                           template="ledger/evidence_approvals.html")
         register_collector(ReviewCollector())
+        register_collector(DecisionCollector())

@@ -83,21 +83,22 @@ class Limit(models.Model):
         }
 
     @classmethod
-    def limit_set(cls, *, actor, action_type, currency, reason, **values):
+    def limit_set(cls, *, actor, action_type, currency, reason, preview=None, **values):
         """Create or change a limit; audited, and applies to actions requested from now on.
-        Refused (ValueError) without a reason: a limit decides what happens to money."""
+        Refused (ValueError) without a reason: a limit decides what happens to money.
+        `preview`: the what-if shown before saving (approvals.whatif), kept in the event."""
         reason = reason.strip()
         if not reason:
             raise ValueError("a reason is required to change a limit")
         try:
-            return cls._limit_set(actor, action_type, currency, reason, values)
+            return cls._limit_set(actor, action_type, currency, reason, values, preview)
         except IntegrityError:
             # Two first saves of one limit at once: the other created it, so this one changes
             # it (any other refusal by the database comes back the same way and is raised).
-            return cls._limit_set(actor, action_type, currency, reason, values)
+            return cls._limit_set(actor, action_type, currency, reason, values, preview)
 
     @classmethod
-    def _limit_set(cls, actor, action_type, currency, reason, values):
+    def _limit_set(cls, actor, action_type, currency, reason, values, preview=None):
         with transaction.atomic():
             limit = cls.objects.select_for_update().filter(action_type=action_type, currency=currency).first()
             before = limit.snapshot() if limit else None
@@ -108,7 +109,8 @@ class Limit(models.Model):
             limit.updated_by = actor if getattr(actor, "pk", None) and not hasattr(actor, "agent") else None
             limit.save()
             AuditEvent.objects.record(
-                actor=actor, verb="limit_set", obj=limit, before=before, after=limit.snapshot(), reason=reason
+                actor=actor, verb="limit_set", obj=limit, before=before,
+                after={**limit.snapshot(), **({"preview": preview} if preview else {})}, reason=reason
             )
         return limit
 
@@ -131,10 +133,10 @@ class ReviewStatus(models.TextChoices):
     REJECTED = "rejected"
     RESOLVED = "resolved"
     CLOSED = "closed"  # the action was settled elsewhere (a webhook, verification)
-
-
     EDITED = "edited"  # a person edited the action down: its new version has an item of its own
     EXPIRED = "expired"  # nobody decided before the limit's approval window ended
+
+
 class ReviewKind(models.TextChoices):
     APPROVAL = "approval", "approval"
     HELD = "held", "held group"
@@ -148,10 +150,10 @@ REVIEW_TRANSITIONS = {
     R.REJECTED: set(),
     R.RESOLVED: set(),
     R.CLOSED: set(),
-}
-
     R.EDITED: set(),
     R.EXPIRED: set(),
+}
+
 
 class ReviewItem(StateMachine):
     """What waits for a person: one open item per action at a time, each with a deadline."""
@@ -179,22 +181,22 @@ class ReviewItem(StateMachine):
     # next tier was alerted (dlq.overdue).
     escalate_at = models.DateTimeField(null=True, blank=True)
     escalated_at = models.DateTimeField(null=True, blank=True)
-
-    class Meta:
     # When an approval nobody decided expires (the limit's approval_expires_after_hours; none: never).
     expires_at = models.DateTimeField(null=True, blank=True)
     # The fingerprint of the action's params the decider saw (approvals.decisions).
     decided_fingerprint = models.CharField(max_length=64, blank=True, default="")
+
+    class Meta:
         ordering = ["deadline", "id"]
         indexes = [
             models.Index(fields=["kind", "status", "deadline", "id"], name="review_queue_idx"),
             models.Index(fields=["status", "deadline"], name="review_overdue_idx"),
             models.Index(fields=["escalate_at"], condition=Q(status="open", escalated_at__isnull=True),
                          name="review_escalate_idx"),
-        ]
-        constraints = [
             models.Index(fields=["expires_at"], condition=Q(status="open", expires_at__isnull=False),
                          name="review_expiry_idx"),
+        ]
+        constraints = [
             models.UniqueConstraint(fields=["action"], condition=Q(status="open"), name="review_one_open_per_action"),
             models.CheckConstraint(condition=Q(status__in=ReviewStatus.values), name="review_status_valid"),
             models.CheckConstraint(condition=Q(kind__in=ReviewKind.values), name="review_kind_valid"),
@@ -244,10 +246,10 @@ class Approval(models.Model):
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT)
     reason = models.TextField(blank=True, default="")
     at = models.DateTimeField(default=timezone.now)
-
-    class Meta:
     # The fingerprint of the params this approver saw: two approvals count only for the same.
     fingerprint = models.CharField(max_length=64, blank=True, default="")
+
+    class Meta:
         constraints = [models.UniqueConstraint(fields=["item", "user"], name="approval_once_per_user")]
 
     def __str__(self):

@@ -17,6 +17,7 @@ from .forms import DecisionForm, EditForm, LimitForm
 from .intake import customer_total_today
 from .overview import approved_by
 from .models import Limit, ReviewItem, ReviewKind, ReviewStatus
+from .whatif import DEFAULT_DAYS, MAX_DAYS, Proposal, preview_for_audit
 
 QUEUES = {
     "approvals": ([ReviewKind.APPROVAL, ReviewKind.HELD], "Approvals", "approvals"),
@@ -104,10 +105,10 @@ def review_detail(request, pk):
         "references": _references_found(action.evidence),
         "verifying": _verification(item, action, history),
         "form": DecisionForm(),
-        "next_item": _next_item(item, request.user),
         # What the decision is taken on: the print of the params this page shows.
         "fingerprint": action.params_fingerprint(),
         "edit_form": EditForm(action=action) if item.kind == ReviewKind.APPROVAL else None,
+        "next_item": _next_item(item, request.user),
     }
     return render_partial(request, "approvals/detail.html", "outcome" if request.htmx else None, context)
 
@@ -218,7 +219,6 @@ def held_group_decide_view(request, pk):
     return redirect("review-detail", pk=following.pk if following else item.pk)
 
 
-def _refused(request, item, why, status):
 @staff_required
 @require_POST
 def review_edit_view(request, pk):
@@ -242,6 +242,7 @@ def review_edit_view(request, pk):
     return redirect("review-detail", pk=item.pk)
 
 
+def _refused(request, item, why, status):
     messages.error(request, f"Not done: {why}.")
     if request.htmx:
         return HttpResponse(status=status, headers={"HX-Redirect": item.get_absolute_url()})
@@ -261,8 +262,18 @@ def policies(request):
         if form.is_valid():
             data = dict(form.cleaned_data)
             reason = data.pop("reason")
-            Limit.limit_set(actor=request.user, reason=reason, **data)
+            # The audit event keeps the what-if the person saw for these values (approvals.whatif).
+            preview = preview_for_audit(request.POST.get("whatif", ""), Proposal.of(data))
+            Limit.limit_set(actor=request.user, reason=reason, preview=preview, **data)
             messages.success(request, f"Limit for {data['action_type']} {data['currency']} saved; it applies to new actions.")
             return redirect("policies")
+    return policies_page(request, form)
+
+
+def policies_page(request, form, **extra):
+    """The policies page: the limits, and the form to set one (with a what-if preview in `extra`)."""
     limits = Limit.objects.select_related("updated_by")
-    return render(request, "approvals/policies.html", {"limits": limits, "form": form, "may_edit": may_edit})
+    return render(request, "approvals/policies.html", {"limits": limits, "form": form, "days": DEFAULT_DAYS,
+                                                       "max_days": MAX_DAYS,
+                                                       "may_edit": request.user.has_perm("approvals.change_limit"),
+                                                       **extra})

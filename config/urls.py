@@ -3,7 +3,9 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
+from approvals import analytics_views as analytics
 from approvals import views as approvals
+from approvals import whatif_views as whatif
 from dlq import bulk_views as redrives
 from dlq import incident_views as incidents
 from dlq import views as dlq
@@ -31,6 +33,8 @@ urlpatterns = [
     path("review/<int:pk>/decide", approvals.review_decide_view, name="review-decide"),
     path("review/<int:pk>/group", approvals.held_group_decide_view, name="held-group-decide"),
     path("policies/", approvals.policies, name="policies"),
+    path("policies/whatif", whatif.policy_whatif, name="policy-whatif"),
+    path("analytics/", analytics.decision_analytics, name="decision-analytics"),
     path("dlq/", dlq.deadletter_queue, name="deadletter-queue"),
     path("dlq/bulk", dlq.deadletter_bulk, name="deadletter-bulk"),
     path("dlq/redrives/", redrives.bulk_redrive_list, name="bulk-redrive-list"),

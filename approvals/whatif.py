@@ -1,0 +1,176 @@
+"""Policy what-if: a changed limit replayed over the last N days of real actions, before it is saved.
+
+For every action of the limit's type and currency requested in the window, the SQL below
+finds the verdict `approvals.policies.verdict_for` would have given it, under the current
+limit and under the proposed one, and counts them in one statement:
+
+1. the customer's total that day before the action, as `approvals.intake.customer_total_today`
+   counts it when the action is requested: a window sum over the same customer's earlier
+   actions of the same UTC day (ties in time broken by id), leaving out what it leaves out
+   (`NOT_IN_DAILY_TOTAL`); 0 for an action without a customer. Only summed when one of
+   the two limits has a daily customer total (the one costly part: a sort of the window);
+2. the verdict, asked in verdict_for's order: above the two-approver threshold, above the
+   maximum, above the daily customer total, else it runs;
+3. conditional counts of both verdicts, of the changes between them, and of the actions that
+   actually opened an approval item.
+
+The rule itself is verdict_for's: `tests/approvals/test_whatif_agrees.py` compares this SQL
+with verdict_for action by action on a varied data set. Statuses are as they are now: an
+action rejected later no longer counts in its customer's total, as it would not today.
+The examples' reasons are verdict_for's own words.
+"""
+
+from dataclasses import dataclass
+from datetime import UTC, timedelta
+from decimal import Decimal
+
+from django.core import signing
+from django.db.models import (Case, Count, DecimalField, Exists, F, IntegerField, OuterRef, Q, Sum, Value, When,
+                              Window)
+from django.db.models.functions import Coalesce, TruncDate
+from django.db.models.expressions import RowRange
+from django.db.models.lookups import GreaterThan
+from django.utils import timezone
+
+from ledger.models import Action, ActionStatus
+
+from .intake import NOT_IN_DAILY_TOTAL
+from .models import Limit, ReviewItem, ReviewKind
+from .policies import money, verdict_for
+
+DEFAULT_DAYS = 30
+MAX_DAYS = 90
+EXAMPLES = 10
+
+# The verdict's kinds: 0 runs; the others wait for a person, each for verdict_for's reason.
+RUNS, ABOVE_MAX, TWO_APPROVERS, DAILY_TOTAL = 0, 1, 2, 3
+# The preview's rows: what the counts of each limit are of.
+ROWS = (("waiting", "waited for a person"), ("two_approvers", "needed two approvers"),
+        ("above_max", "needed one approver (above the maximum)"),
+        ("daily_total", "been stopped by the customer's daily total"))
+VALUES = ("max_amount", "dual_approval_above", "daily_customer_total")
+SIGNING_SALT = "approvals.whatif"
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """The limit as the form has it; not saved."""
+
+    action_type: str
+    currency: str
+    max_amount: Decimal
+    dual_approval_above: Decimal | None = None
+    daily_customer_total: Decimal | None = None
+
+    @classmethod
+    def of(cls, data):
+        """From a limit form's cleaned data."""
+        return cls(data["action_type"], data["currency"], *(data[name] for name in VALUES))
+
+    def values(self):
+        """As the audit trail writes amounts ("250.00")."""
+        return {"action_type": self.action_type, "currency": self.currency,
+                **{name: None if getattr(self, name) is None else money(getattr(self, name)) for name in VALUES}}
+
+
+def window_start(days, now=None):
+    """Midnight (UTC) `days - 1` days ago: today and the days before it, each one whole, so
+    that every customer's daily total in the window is complete."""
+    now = now or timezone.now()
+    return now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=days - 1)
+
+
+def _verdict(limit, total_before):
+    """verdict_for's order as SQL (see the module's docstring): the kind of verdict, 0 to 3."""
+    if limit is None:
+        return Value(RUNS)
+    whens = []
+    if limit.dual_approval_above is not None:
+        whens.append(When(amount__gt=Value(limit.dual_approval_above), then=Value(TWO_APPROVERS)))
+    whens.append(When(amount__gt=Value(limit.max_amount), then=Value(ABOVE_MAX)))
+    if limit.daily_customer_total is not None:
+        whens.append(When(GreaterThan(total_before + F("amount"), Value(limit.daily_customer_total)),
+                          then=Value(DAILY_TOTAL)))
+    return Case(*whens, default=Value(RUNS), output_field=IntegerField())
+
+
+def _daily_total_before():
+    """The customer's total that day before the action: see the module's docstring, step 1."""
+    counted = Case(When(~Q(status__in=NOT_IN_DAILY_TOTAL), then=F("amount")), output_field=DecimalField())
+    earlier = Window(Sum(counted), partition_by=[F("customer"), TruncDate("created_at", tzinfo=UTC)],
+                     order_by=[F("created_at").asc(), F("id").asc()], frame=RowRange(start=None, end=-1))
+    return Case(When(customer="", then=Value(Decimal(0))), default=Coalesce(earlier, Value(Decimal(0))),
+                output_field=DecimalField())
+
+
+def replayed(proposal, current, since):
+    """The window's actions, each annotated with `current` and `proposed`: the kind of verdict
+    under each limit (`current` may be None: no limit, everything runs), and `total_before`
+    when a daily customer total is in play."""
+    actions = Action.objects.filter(action_type=proposal.action_type, currency=proposal.currency,
+                                    created_at__gte=since).exclude(status=ActionStatus.SHADOW).order_by()
+    limits = [limit for limit in (current, proposal) if limit is not None]
+    total_before = Value(Decimal(0))
+    if any(limit.daily_customer_total is not None for limit in limits):
+        actions = actions.annotate(total_before=_daily_total_before())
+        total_before = F("total_before")
+    return actions.annotate(current=_verdict(current, total_before), proposed=_verdict(proposal, total_before))
+
+
+def _counts(kind):
+    """How many wait for a person, and why, under one of the two limits."""
+    return {f"{kind}_waiting": Count("id", filter=Q(**{f"{kind}__gt": RUNS})),
+            f"{kind}_above_max": Count("id", filter=Q(**{kind: ABOVE_MAX})),
+            f"{kind}_two_approvers": Count("id", filter=Q(**{kind: TWO_APPROVERS})),
+            f"{kind}_daily_total": Count("id", filter=Q(**{kind: DAILY_TOTAL}))}
+
+
+def whatif(proposal, *, days=DEFAULT_DAYS, now=None):
+    """The preview of `proposal` over the last `days` days: a dict of counts (see `_counts`;
+    `actions` in the window, `newly_waiting` and `no_longer_waiting` between the two limits,
+    `asked_for_approval`: those that actually opened an approval item) and `examples`, the
+    newest actions whose verdict would change, with verdict_for's reasons."""
+    since = window_start(days, now)
+    current = Limit.objects.filter(action_type=proposal.action_type, currency=proposal.currency).first()
+    actions = replayed(proposal, current, since)
+    opened = actions.annotate(asked=Exists(ReviewItem.objects.filter(action=OuterRef("pk"), kind=ReviewKind.APPROVAL)))
+    counts = opened.aggregate(
+        actions=Count("id"), **_counts("current"), **_counts("proposed"),
+        newly_waiting=Count("id", filter=Q(current=RUNS) & ~Q(proposed=RUNS)),
+        no_longer_waiting=Count("id", filter=~Q(current=RUNS) & Q(proposed=RUNS)),
+        asked_for_approval=Count("id", filter=Q(asked=True)),
+    )
+    changed = (actions.exclude(current=F("proposed")).order_by("-created_at", "-id")
+               .only("operation_key", "customer", "amount", "currency", "status", "created_at")[:EXAMPLES])
+    rows = [{"key": key, "label": label, "current": counts[f"current_{key}"], "proposed": counts[f"proposed_{key}"],
+             "change": f"{counts[f'proposed_{key}'] - counts[f'current_{key}']:+,}".replace("+0", "±0")}
+            for key, label in ROWS]
+    return {"days": days, "since": since, "proposal": proposal, "current": current, "counts": counts, "rows": rows,
+            "examples": [_example(action, current, proposal) for action in changed]}
+
+
+def _example(action, current, proposal):
+    total = getattr(action, "total_before", Decimal(0))
+    return {"action": action, "total_before": total,
+            "current": verdict_for(current, action.amount, total), "proposed": verdict_for(proposal, action.amount, total)}
+
+
+def preview_signed(preview):
+    """The preview's figures as the page shows them, signed: the save records what was shown."""
+    return signing.dumps({"values": preview["proposal"].values(), "days": preview["days"],
+                          "since": preview["since"].isoformat(), "counts": preview["counts"]}, salt=SIGNING_SALT)
+
+
+def preview_for_audit(signed, proposal, *, max_age=3600):
+    """What the limit change's audit event records: the preview shown for exactly these
+    values (signed by the page, at most `max_age` seconds old), or, when none was shown or
+    the values changed after it, the preview over the default window computed now."""
+    try:
+        shown = signing.loads(signed or "", salt=SIGNING_SALT, max_age=max_age)
+    except signing.BadSignature:
+        shown = None
+    if shown is not None and shown["values"] == proposal.values():
+        return {**shown, "shown": True}
+    preview = whatif(proposal)
+    return {"values": proposal.values(), "days": preview["days"], "since": preview["since"].isoformat(),
+            "counts": preview["counts"], "shown": False}

@@ -1,0 +1,150 @@
+"""The what-if's SQL gives every action the verdict `verdict_for` gives it, on a varied data set:
+amounts on and around every threshold, customers with many actions a day (and none), ties in
+time, every status, days on both sides of midnight and of the window's start, other types and
+currencies around them."""
+
+import random
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+import pytest
+from django.utils import timezone
+
+from approvals.intake import NOT_IN_DAILY_TOTAL, customer_total_today
+from approvals.models import Limit
+from approvals.policies import verdict_for
+from approvals.whatif import ABOVE_MAX, DAILY_TOTAL, RUNS, TWO_APPROVERS, Proposal, replayed, \
+    window_start, whatif
+from ledger.models import Action, ActionStatus
+from tests.factories import make_agent, new_action
+
+pytestmark = pytest.mark.django_db
+
+KIND = {0: RUNS, 2: TWO_APPROVERS}  # verdict_for's approvals_needed -> the SQL's kind (1 is either of two)
+AMOUNTS = ["0.01", "99.99", "100.00", "100.01", "150.00", "249.999", "250.00", "250.001", "300.00", "499.99",
+           "500.00", "500.01", "999.99", "1000.00", "1000.01", "2500.00"]
+R, M, T, D = RUNS, ABOVE_MAX, TWO_APPROVERS, DAILY_TOTAL
+LIMITS = [  # (a limit, the kinds of verdict it gives on the data set: each rule has something to decide)
+    (dict(max_amount=Decimal("250.00")), {R, M}),
+    (dict(max_amount=Decimal("250.00"), dual_approval_above=Decimal("1000.00")), {R, M, T}),
+    (dict(max_amount=Decimal("500.00"), daily_customer_total=Decimal("600.00")), {R, M, D}),
+    # Two approvers from the maximum on: nothing is only above the maximum.
+    (dict(max_amount=Decimal("500.00"), dual_approval_above=Decimal("500.00"),
+          daily_customer_total=Decimal("300.00")), {R, T, D}),
+    # No daily total at all: nothing runs.
+    (dict(max_amount=Decimal("1000.00"), dual_approval_above=Decimal("2000.00"), daily_customer_total=Decimal("0")),
+     {M, T, D}),
+    (dict(max_amount=Decimal("0"), daily_customer_total=Decimal("100000")), {M}),
+]
+
+
+def kind_of(verdict):
+    """The SQL's kind for a verdict of verdict_for's, told apart by its reason when one approver."""
+    if verdict.approvals_needed == 1:
+        return DAILY_TOTAL if verdict.reason.startswith("the customer's total") else ABOVE_MAX
+    return KIND[verdict.approvals_needed]
+
+
+@pytest.fixture
+def now():
+    # Late in the day: the data set's times on "today" stay in the past.
+    today = timezone.now().astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    return min(timezone.now(), today + timedelta(hours=23, minutes=59))
+
+
+@pytest.fixture
+def data_set(now):
+    """~600 actions over 5 days (the window: the last 3), in time order with ties."""
+    agent, _ = make_agent("billing")
+    rng = random.Random(12)
+    customers = ["CUST-1", "CUST-2", "CUST-3", "CUST-4", ""]
+    start = window_start(5, now)
+    rows = []
+    for i in range(600):
+        at = start + timedelta(seconds=rng.randrange(int((now - start).total_seconds())))
+        if rng.random() < 0.2 and rows:
+            at = rows[-1].created_at  # a tie in time: the id orders them
+        status = rng.choice(ActionStatus.values)
+        action_type, currency = "refund", "EUR"
+        if rng.random() < 0.1:
+            action_type, currency = rng.choice([("refund", "USD"), ("create_booking", "")])
+        amount = rng.choice(AMOUNTS)
+        row = new_action(agent, status, key=f"refund:ORD-{i}:dec", target=f"ORD-{i}", amount=amount,
+                         created_at=at, customer=rng.choice(customers), action_type=action_type, currency=currency)
+        if not currency:
+            row.amount = None  # a booking has no amount
+        rows.append(row)
+    return sorted(rows, key=lambda row: row.created_at)
+
+
+def save(rows):
+    """Saved in time order (ids grow with time, ties keep their order); read back as the
+    database holds them (its rules may hold an action another one waits beside)."""
+    Action.objects.bulk_create(rows)
+    return list(Action.objects.order_by("created_at", "id"))
+
+
+def totals_before(rows):
+    """{pk: the customer's total that day before it}: customer_total_today's rule, in Python."""
+    totals = {}
+    for row in rows:
+        same_day = [o for o in rows if o.customer == row.customer and o.customer and o.action_type == row.action_type
+                    and o.currency == row.currency and o.created_at.date() == row.created_at.date()
+                    and (o.created_at, o.pk) < (row.created_at, row.pk) and o.status not in NOT_IN_DAILY_TOTAL]
+        totals[row.pk] = sum((o.amount for o in same_day if o.amount is not None), Decimal(0))
+    return totals
+
+
+@pytest.mark.parametrize(("proposed", "kinds"), LIMITS)
+@pytest.mark.parametrize("current", [None, LIMITS[3][0]])
+def test_each_actions_verdict_is_verdict_fors(data_set, now, proposed, kinds, current):
+    rows = save(data_set)
+    if current is not None:
+        Limit.limit_set(actor="system:tests", reason="the current one", action_type="refund", currency="EUR",
+                        **current)
+    current_limit = Limit.objects.filter(action_type="refund", currency="EUR").first()
+    proposal = Proposal("refund", "EUR", **{"dual_approval_above": None, "daily_customer_total": None, **proposed})
+    since = window_start(3, now)
+    totals = totals_before(rows)
+    expected = {row.pk: (kind_of(verdict_for(current_limit, row.amount, totals[row.pk])),
+                         kind_of(verdict_for(proposal, row.amount, totals[row.pk])))
+                for row in rows if row.action_type == "refund" and row.currency == "EUR" and row.created_at >= since
+                and row.status != ActionStatus.SHADOW}
+    got = {a.pk: (a.current, a.proposed) for a in replayed(proposal, current_limit, since)}
+    assert got == expected
+    assert {p for _, p in expected.values()} == kinds
+    preview = whatif(proposal, days=3, now=now)
+    counts = preview["counts"]
+    assert counts["actions"] == len(expected)
+    assert counts["proposed_waiting"] == sum(p != RUNS for _, p in expected.values())
+    assert counts["current_waiting"] == sum(c != RUNS for c, _ in expected.values())
+    assert counts["proposed_daily_total"] == sum(p == DAILY_TOTAL for _, p in expected.values())
+    assert counts["newly_waiting"] == sum(c == RUNS and p != RUNS for c, p in expected.values())
+
+
+def test_the_daily_total_is_the_one_the_intake_asks_for(data_set, now):
+    """For the last action of each customer today, the total before it is what the intake's
+    customer_total_today counts now without it (the product's own function), and what the
+    what-if's SQL sums."""
+    rows = save(data_set)
+    totals = totals_before(rows)
+    today = now.astimezone(UTC).date()
+    last = {}
+    for row in rows:
+        # The last but for shadow actions, which no total counts and no what-if replays.
+        if row.customer and row.created_at.date() == today and row.action_type == "refund" and row.currency == "EUR" \
+                and row.status != ActionStatus.SHADOW:
+            last[row.customer] = row
+    assert len(last) >= 3
+    proposal = Proposal("refund", "EUR", Decimal("100000"), daily_customer_total=Decimal("0.01"))
+    summed = {a.pk: a.total_before for a in replayed(proposal, None, window_start(1, now))}
+    for row in last.values():
+        assert totals[row.pk] == customer_total_today("refund", "EUR", row.customer, excluding=row)
+        assert summed[row.pk] == totals[row.pk]
+
+
+def test_a_window_starts_at_midnight_utc_and_holds_whole_days():
+    at = datetime(2026, 3, 10, 15, 30, tzinfo=UTC)
+    assert window_start(1, at) == datetime(2026, 3, 10, tzinfo=UTC)
+    assert window_start(30, at) == datetime(2026, 2, 9, tzinfo=UTC)
+

@@ -1,0 +1,135 @@
+"""The policies page's what-if: a preview of the form's values over real actions, never a save;
+its errors in words, never a 500; the save's audit event keeps the preview shown."""
+
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.utils import timezone
+
+from approvals.models import Limit
+from approvals.whatif import Proposal, whatif
+from ledger.models import AuditEvent
+from tests.factories import make_action, make_agent
+
+pytestmark = pytest.mark.django_db
+
+HTMX = {"HX-Request": "true"}
+FORM = {"action_type": "refund", "currency": "EUR", "max_amount": "200", "dual_approval_above": "",
+        "daily_customer_total": "", "review_deadline_hours": "4", "days": "30"}
+
+
+@pytest.fixture
+def admin(client):
+    client.force_login(get_user_model().objects.create_superuser("root", password="x"))
+    return client
+
+
+@pytest.fixture
+def actions():
+    """Refunds of 100, 300 and 600 EUR today, a 300 USD one, and a 900 EUR one 40 days ago;
+    the current limit (500) made the 600 one wait."""
+    agent, _ = make_agent("billing")
+    Limit.limit_set(actor="system:tests", reason="the current limit", action_type="refund", currency="EUR",
+                    max_amount=Decimal("500"))
+    made = {}
+    for n, (amount, currency, age) in enumerate([("100.00", "EUR", 0), ("300.00", "EUR", 0), ("600.00", "EUR", 0),
+                                                 ("300.00", "USD", 0), ("900.00", "EUR", 40)]):
+        made[(amount, currency, age)] = make_action(agent, "succeeded", key=f"refund:ORD-{n}:full", target=f"ORD-{n}",
+                                                    amount=amount, currency=currency, customer="CUST-1",
+                                                    created_at=timezone.now() - timedelta(days=age, minutes=n))
+    return made
+
+
+def counts_of(response):
+    page = response.content.decode()
+    assert response.status_code == 200, page
+    return page
+
+
+def test_a_preview_counts_the_windows_actions_under_both_limits_and_saves_nothing(admin, actions):
+    events = AuditEvent.objects.count()
+    page = counts_of(admin.post("/policies/whatif", FORM, headers=HTMX))
+    assert "<html" not in page  # the fragment alone
+    assert "3 actions since" in page  # the EUR refunds of the last 30 days
+    # Waiting for a person: 1 under the current limit (600), 2 under 200 (300 and 600): +1.
+    assert '<tr data-row="waiting"><th scope="row">waited for a person</th><td class="num">1</td>' in page
+    assert "<strong>2</strong></td>" in page and ">+1<" in page
+    assert "300.00 EUR is above the limit of 200.00" in page  # verdict_for's own words
+    assert f'href="/actions/{actions[("300.00", "EUR", 0)].pk}/"' in page
+    assert f'href="/actions/{actions[("100.00", "EUR", 0)].pk}/"' not in page  # its verdict does not change
+    assert Limit.objects.get().max_amount == 500 and AuditEvent.objects.count() == events
+
+
+def test_a_window_with_no_data_says_so(admin):
+    page = counts_of(admin.post("/policies/whatif", {**FORM, "currency": "GBP"}, headers=HTMX))
+    assert "No refund actions in GBP since" in page and 'id="whatif-counts"' not in page
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    ({"max_amount": "abc"}, "Enter a number."),
+    ({"max_amount": ""}, "This field is required."),
+    ({"dual_approval_above": "50"}, "Must be at least the maximum amount."),
+    ({"daily_customer_total": "-1"}, "Must not be negative."),
+    ({"currency": "E1"}, "Not an ISO 4217 currency code."),
+    ({"action_type": "teleport"}, "Select a valid choice."),
+    ({"days": "0"}, "greater than or equal to 1"),
+    ({"days": "91"}, "less than or equal to 90"),
+    ({"days": "abc"}, "Enter a whole number."),
+    ({"days": "9" * 30}, "less than or equal to 90"),
+    ({"max_amount": "1e400"}, ""),
+])
+def test_bad_values_get_the_forms_errors_never_a_500(admin, actions, change, says):
+    page = counts_of(admin.post("/policies/whatif", {**FORM, **change}, headers=HTMX))
+    assert 'id="whatif-errors"' in page and says in page
+    assert 'id="whatif-counts"' not in page
+
+
+def test_without_javascript_the_preview_comes_back_on_the_whole_page(admin, actions):
+    page = counts_of(admin.post("/policies/whatif", {**FORM, "reason": ""}))
+    assert "<html" in page and 'id="whatif-counts"' in page and 'id="limit-form"' in page
+    assert 'value="200"' in page  # the form keeps what was typed
+    assert "This field is required" not in page  # the reason is only needed to save
+
+
+def test_it_takes_posts_from_staff_only(admin, client):
+    assert admin.get("/policies/whatif").status_code == 405
+    client.force_login(get_user_model().objects.create_user("nobody", password="x"))
+    assert client.post("/policies/whatif", FORM).status_code == 403
+
+
+def test_saving_after_a_preview_records_the_preview_shown(admin, actions):
+    page = counts_of(admin.post("/policies/whatif", FORM, headers=HTMX))
+    signed = page.split('name="whatif" value="')[1].split('"')[0]
+    response = admin.post("/policies/", {**FORM, "whatif": signed, "reason": "fewer large refunds unseen"})
+    assert response.status_code == 302
+    event = AuditEvent.objects.filter(verb="limit_set").order_by("id").last()
+    preview = event.after["preview"]
+    assert preview["shown"] is True and preview["days"] == 30
+    assert preview["values"] == {"action_type": "refund", "currency": "EUR", "max_amount": "200.00",
+                                 "dual_approval_above": None, "daily_customer_total": None}
+    assert (preview["counts"]["current_waiting"], preview["counts"]["proposed_waiting"]) == (1, 2)
+    assert event.after["max_amount"] == "200.00" and event.reason == "fewer large refunds unseen"
+
+
+def test_values_changed_after_the_preview_record_a_preview_of_what_was_saved(admin, actions):
+    page = counts_of(admin.post("/policies/whatif", FORM, headers=HTMX))
+    signed = page.split('name="whatif" value="')[1].split('"')[0]
+    admin.post("/policies/", {**FORM, "max_amount": "50", "whatif": signed, "reason": "even lower"})
+    preview = AuditEvent.objects.filter(verb="limit_set").order_by("id").last().after["preview"]
+    assert preview["shown"] is False and preview["values"]["max_amount"] == "50.00"
+    assert preview["counts"]["proposed_waiting"] == 3
+
+
+def test_a_forged_preview_is_not_recorded_as_shown(admin, actions):
+    admin.post("/policies/", {**FORM, "whatif": "forged:value", "reason": "no preview"})
+    preview = AuditEvent.objects.filter(verb="limit_set").order_by("id").last().after["preview"]
+    assert preview["shown"] is False and preview["counts"]["proposed_waiting"] == 2
+
+
+def test_the_examples_are_the_newest_changed_ones_with_both_verdicts(actions):
+    preview = whatif(Proposal("refund", "EUR", Decimal("50")))
+    assert [e["action"].amount for e in preview["examples"]] == [Decimal("100.00"), Decimal("300.00")]
+    assert preview["examples"][0]["current"].approvals_needed == 0
+    assert preview["examples"][0]["proposed"].reason == "100.00 EUR is above the limit of 50.00"
