@@ -195,6 +195,14 @@ for _action_type in ACTION_TYPES:
         if env_str(f"CONNECTOR_{_action_type.upper()}_TEST_URL"):
             SURETY_CONNECTORS[_action_type]["test_mode"] = {"options": {
                 "url": env_str(f"CONNECTOR_{_action_type.upper()}_TEST_URL")}}
+        # And Stripe in its test mode: a test key, by default against the sandbox's Stripe wire
+        # format, which shares the sandbox's faults (the timeout case needs them).
+        if _name == "stripe" and env_str("STRIPE_TEST_API_KEY"):
+            _sandbox_stripe = f"{SANDBOX_BASE_URL.rstrip('/').removesuffix('/v1')}/stripe"
+            _test_base = env_str("STRIPE_TEST_API_BASE", _sandbox_stripe if SANDBOX_ENABLED else "")
+            SURETY_CONNECTORS[_action_type]["test_mode"] = {
+                "options": {"api_key": env_str("STRIPE_TEST_API_KEY"), "api_base": _test_base},
+                "faults_url": f"{SANDBOX_BASE_URL.rstrip('/')}/faults" if _test_base == _sandbox_stripe else ""}
 # A bulk redrive from the dead-letter queue (dlq/bulk.py) never goes faster than the connectors
 # it calls allow: CONNECTOR_<ACTION_TYPE>_REDRIVE_RATE, entries per minute. It stops when
 # REDRIVE_SPIKE_FAILURES of the last REDRIVE_SPIKE_WINDOW entries it redrove failed again at the provider.

@@ -177,15 +177,24 @@ def grant_promote(agent, cap, *, actor, reason, review_by=None):
     return grant
 
 
-def agent_grants(agent, now=None):
-    """The agent's grants for the agents page: (capability, state, grant row or None), in order."""
-    rows = {g.capability_id: g for g in Grant.objects.filter(agent=agent).select_related("promoted_by")}
-    held = UserObjectPermission.objects.filter(user_id=agent.user_id, permission__codename="use_capability",
-                                               permission__content_type__app_label="ledger").values("object_pk")
-    caps = Capability.objects.filter(pk__in=[int(p["object_pk"]) for p in held])
-    states = []
-    for cap in caps:
-        grant = rows.get(cap.pk)
-        live = cap.kind == Capability.Kind.WORKFLOW or (grant is not None and grant.state(now) == GrantState.LIVE)
-        states.append((cap, GrantState.LIVE if live else GrantState.SHADOW, grant))
-    return states
+def agents_grants(agents, now=None):
+    """The agents' grants for the agents page, by agent id: [(capability, state, grant row or
+    None)] in the capabilities' order. Three statements whatever the number of agents."""
+    agents = list(agents)
+    rows = {(g.agent_id, g.capability_id): g
+            for g in Grant.objects.filter(agent__in=agents).select_related("promoted_by")}
+    held = UserObjectPermission.objects.filter(
+        user_id__in=[agent.user_id for agent in agents], permission__codename="use_capability",
+        permission__content_type__app_label="ledger").values_list("user_id", "object_pk")
+    by_user = {}
+    for user_id, object_pk in held:
+        by_user.setdefault(user_id, set()).add(int(object_pk))
+    caps = list(Capability.objects.filter(pk__in=set().union(*by_user.values())))
+    shown = {}
+    for agent in agents:
+        states = shown[agent.pk] = []
+        for cap in (c for c in caps if c.pk in by_user.get(agent.user_id, ())):
+            grant = rows.get((agent.pk, cap.pk))
+            live = cap.kind == Capability.Kind.WORKFLOW or (grant is not None and grant.state(now) == GrantState.LIVE)
+            states.append((cap, GrantState.LIVE if live else GrantState.SHADOW, grant))
+    return shown

@@ -17,7 +17,7 @@ from django.views.decorators.http import require_POST
 from .connectors import NoConnector
 from .connectors.test_mode import connector_description, connector_version
 from .dashboard import staff_required
-from .grants import GrantRefused, agent_grants, capability, grant_promote, passing_run
+from .grants import GrantRefused, agents_grants, capability, grant_promote, passing_run
 from .jobs import enqueue
 from .models import ActionType, Agent, Capability, ReplayRun
 from .replay import last_runs, replay_start
@@ -95,7 +95,8 @@ def _end_of_day(text):
 
 def with_grant_states(agents):
     """The agents, each with `grants_shown`: (capability, state, grant) for the agents page."""
-    now = timezone.now()
+    agents = list(agents)
+    shown = agents_grants(agents, timezone.now())
     for agent in agents:
-        agent.grants_shown = agent_grants(agent, now)
+        agent.grants_shown = shown[agent.pk]
     return agents

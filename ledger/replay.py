@@ -45,8 +45,31 @@ from .signing import sign_webhook
 S = ActionStatus
 REPLAY_AGENT_OWNER = "replay-set-owner"
 ACTOR = "system:replay"
-# Who signs which connector's test events, and with what: (header, secret).
-_WEBHOOK_SIGNERS = {"sandbox": lambda connector: ("Sandbox-Signature", settings.SANDBOX_WEBHOOK_SECRET)}
+
+
+def _sandbox_event(connector, key):
+    body = json.dumps({"id": f"evt_{key}", "type": "refund.succeeded",
+                       "data": {"id": f"re_{key}", "metadata": {"operation_key": key}}}).encode()
+    return body, {"Sandbox-Signature": sign_webhook(body, settings.SANDBOX_WEBHOOK_SECRET)}
+
+
+def _stripe_event(connector, key):
+    """A Stripe event as Stripe signs it (the same scheme, with the connector's webhook secret)."""
+    refund = {"id": f"re_{key}", "object": "refund", "status": "succeeded", "metadata": {"operation_key": key}}
+    body = json.dumps({"id": f"evt_{key}", "object": "event", "type": "refund.updated",
+                       "data": {"object": refund}}).encode()
+    return body, {"Stripe-Signature": sign_webhook(body, connector.options.get("webhook_secret") or "")}
+
+
+# A connector's test event about an operation key, signed as its webhook view checks it: (body, headers).
+_WEBHOOK_EVENTS = {"sandbox": _sandbox_event, "stripe": _stripe_event}
+# How a fault is armed where a connector's test mode takes them: the sandbox's own key (the
+# sandbox, and Stripe's wire format, which shares its faults), or a team's test service's signature.
+_FAULT_HEADERS = {"http": lambda connector, body: connector.signed(body)}
+
+
+def _sandbox_fault_headers(connector, body):
+    return {"Content-Type": "application/json", "Authorization": f"Bearer {settings.SANDBOX_API_KEY}"}
 
 
 class NotApplicable(Exception):
@@ -101,6 +124,8 @@ def replay_run(run):
             outcome, evidence = "not_applicable", {"reason": str(exc)}
         except CaseFailed as exc:
             outcome, evidence = "failed", {"error": str(exc), **exc.evidence}
+        except http.ProviderError as exc:  # what the provider answered (its status, its code) is the evidence
+            outcome, evidence = "failed", {"error": f"{type(exc).__name__}: {exc}", "answer": exc.evidence()}
         except Exception as exc:  # noqa: BLE001 (any failure of a case is its evidence, the run goes on)
             outcome, evidence = "failed", {"error": f"{type(exc).__name__}: {exc}"}
         run.cases = [*run.cases, {"case": name, "outcome": outcome, "seconds": round(time.monotonic() - started, 2),
@@ -135,6 +160,7 @@ class _Cases:
     def __init__(self, run, agent, connector, faults_url):
         self.run, self.agent, self.connector, self.faults_url = run, agent, connector, faults_url
         self.owner = f"replay:{worker_name()}"
+        self.targets = {}
 
     def steps(self):
         return [("clean_first_call", self.clean_first_call), ("retry_same_request", self.retry_same_request),
@@ -153,7 +179,7 @@ class _Cases:
         action_type = self.run.action_type
         customer = ""
         if action_type == ActionType.REFUND:
-            target, params = target.upper(), {"amount": "2.00" if other else "1.00", "currency": "EUR"}
+            target, params = self.refund_target(n), {"amount": "2.00" if other else "1.00", "currency": "EUR"}
         elif action_type == ActionType.SEND_MESSAGE:
             target, params = f"{target}@example.test", {"channel": "email", "message_type": "replay",
                                                         "body": "replay set (again)" if other else "replay set"}
@@ -164,6 +190,14 @@ class _Cases:
                       "end": (start + timedelta(hours=1)).isoformat()}
         return dict(agent=self.agent, operation_key=self.key(case), action_type=action_type, target=target,
                     customer=customer, params=params, decision_id=self.key(case))
+
+    def refund_target(self, n):
+        """What the case's refunds are for: an order of its own, or at a provider that refunds
+        only what was paid (Stripe), a payment the test mode makes for it (`replay_target`)."""
+        if n not in self.targets:
+            make = getattr(self.connector, "replay_target", None)
+            self.targets[n] = make("10.00", "EUR") if make else f"REPLAY-{self.run.pk}-{n}"
+        return self.targets[n]
 
     # -- running through the executor ------------------------------------------------------------
 
@@ -228,9 +262,9 @@ class _Cases:
         request = self.request("timeout", n=3)
         if not self.faults_url:
             raise CaseFailed("this test mode names no faults URL: a timeout after commit cannot be staged")
-        http.call("POST", self.faults_url, json={"target": request["target"], "fault": "timeout_after_commit",
-                                                 "times": 1},
-                  headers={"Authorization": f"Bearer {settings.SANDBOX_API_KEY}"})
+        body = json.dumps({"target": request["target"], "fault": "timeout_after_commit", "times": 1}).encode()
+        headers = _FAULT_HEADERS.get(self.connector.name, _sandbox_fault_headers)(self.connector, body)
+        http.call("POST", self.faults_url, content=body, headers=headers)
         action, _, claimed = self.record_and_claim(**request)
         if claimed is None:
             raise CaseFailed(f"the action was recorded {action.status}, not queued", action=_shown(action))
@@ -240,18 +274,14 @@ class _Cases:
         return self.expect_succeeded(action)
 
     def webhook_twice(self):
-        if not hasattr(self.connector, "read_webhook") and self.connector.name not in _WEBHOOK_SIGNERS:
+        if not hasattr(self.connector, "read_webhook") and self.connector.name not in _WEBHOOK_EVENTS:
             raise NotApplicable(f"the {self.connector.name} connector sends no webhooks")
-        signer = _WEBHOOK_SIGNERS.get(self.connector.name)
-        if signer is None:
+        event = _WEBHOOK_EVENTS.get(self.connector.name)
+        if event is None:
             raise CaseFailed(f"no test event can be signed for the {self.connector.name} connector yet")
-        header, secret = signer(self.connector)
-        body = json.dumps({"id": f"evt_{self.key('webhook')}", "type": "refund.succeeded",
-                           "data": {"id": f"re_{self.key('webhook')}",
-                                    "metadata": {"operation_key": self.key("webhook")}}}).encode()
+        body, signature = event(self.connector, self.key("webhook"))
         url = f"{settings.SITE_URL.rstrip('/')}/webhooks/{self.connector.name}/"
-        answers = [http.call("POST", url, content=body, headers={"Content-Type": "application/json",
-                                                                  header: sign_webhook(body, secret)})
+        answers = [http.call("POST", url, content=body, headers={"Content-Type": "application/json", **signature})
                    for _ in range(2)]
         if answers[0].get("duplicate") or answers[1] != {"duplicate": True}:
             raise CaseFailed("the second delivery was not recognised as a duplicate", answers=answers)

@@ -10,6 +10,9 @@ The official `stripe` SDK reaches it when its API base is `<site>/sandbox/stripe
   newest first, in Stripe's list envelope.
 - `GET /v1/charges/{id}`, `GET /v1/payment_intents/{id}`: the sandbox's orders as Stripe shows
   a payment (an order id starting `pi_` is a payment intent, any other a charge).
+- `POST /v1/charges`, form-encoded: `amount` (minor units), `currency`, a test `source` such as
+  `tok_visa`: a new order whose id is the charge's `ch_…`, as Stripe's test mode makes one (the
+  replay set's refunds need a charge to refund).
 
 Errors are Stripe's `{"error": {"type", "code", "message", …}}`. A secret key of test mode
 (`sk_test_…`) is accepted. It shares its store and its fault script with the sandbox's own API
@@ -19,6 +22,7 @@ with it. Unlike Stripe, a second request with a key still in use waits for the f
 replays its answer (Stripe answers 409).
 """
 
+import secrets
 from datetime import UTC, datetime
 
 from django.db import transaction
@@ -229,6 +233,20 @@ def refund_list(request):
     page = list(refunds[: int(limit) + 1])
     return JsonResponse({"object": "list", "url": "/v1/refunds", "has_more": len(page) > int(limit),
                          "data": [_refund(refund) for refund in page[: int(limit)]]})
+
+
+def charge_create(request):
+    params, metadata = _form(request, {"amount", "currency", "source", "description"})
+    amount, currency = params.get("amount", ""), params.get("currency", "")
+    if not (amount.isascii() and amount.isdigit() and 0 < int(amount) < 10**12):
+        raise StripeError(400, "parameter_invalid_integer", "amount must be a positive integer.", param="amount")
+    if not (len(currency) == 3 and currency.isascii() and currency.isalpha()):
+        raise StripeError(400, "parameter_invalid_string", "currency must be a three-letter ISO code.",
+                          param="currency")
+    order = SandboxOrder.objects.create(
+        order_id=f"ch_{secrets.token_hex(12)}", customer=metadata.get("customer", ""), currency=currency.upper(),
+        amount=money.from_minor_units(amount, currency.upper()))
+    return JsonResponse(_payment(order))
 
 
 def charge_detail(request, charge_id):

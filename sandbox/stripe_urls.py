@@ -8,6 +8,7 @@ app_name = "sandbox-stripe"
 
 urlpatterns = [
     path("refunds", stripe_api.endpoint(GET=stripe_api.refund_list, POST=stripe_api.refund_create), name="refunds"),
+    path("charges", stripe_api.endpoint(POST=stripe_api.charge_create), name="charges"),
     path("charges/<str:charge_id>", stripe_api.endpoint(GET=stripe_api.charge_detail), name="charge"),
     path("payment_intents/<str:payment_intent_id>", stripe_api.endpoint(GET=stripe_api.payment_intent_detail),
          name="payment-intent"),

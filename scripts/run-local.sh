@@ -100,9 +100,18 @@ urllib.request.urlopen(sys.argv[1], timeout=1)' "$SITE_URL/accounts/login/" >/de
   for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null || { say "a process exited before the web app answered"; exit 1; }; done
   sleep 0.2
 done
+# The replay set against the refund connector, then the demo agent's refund grant made live by
+# a demo person (audited), so that refunds execute for real rather than in shadow.
+if "$PY" manage.py replay_check refund > >(sed -u "s/^/replay | /") 2>&1; then
+  "$PY" manage.py grant_promote billing-bot refund --by ada --reason "make run: the replay set passed" || true
+else
+  say "the replay set did not pass: new grants stay shadow (see $SITE_URL/connectors/)"
+fi
 say "web app at $SITE_URL/ — Ctrl-C stops everything"
 say "alert e-mails are written to ${EMAIL_FILE_PATH:-artifacts/mail}/"
 say "an agent on this database: DATABASE_URL=$DATABASE_URL .venv/bin/python manage.py create_agent my-bot --grant refund --owner olga"
+# The promotion compares the replay run with the connector as configured here: same sandbox URL.
+say "and its refunds live: DATABASE_URL=$DATABASE_URL SANDBOX_BASE_URL=$SANDBOX_BASE_URL .venv/bin/python manage.py grant_promote my-bot refund --by ada --reason 'quick start'"
 # Whichever process ends first (a crash, a kill) ends the whole run.
 set +e
 wait -n "${pids[@]}"

@@ -11,8 +11,18 @@ What the connector needs from the service:
   out, 404 with `{"error": {"code": "not_found"}}` if it provably was not. Surety sends a
   request again only after that 404, so never answer it for an effect that may still commit.
 
+What the service's test mode adds (the URL Surety's replay set calls, `CONNECTOR_<TYPE>_TEST_URL`;
+never the live one):
+
+- `POST <url>/faults`, signed like an action: `{"target": …, "fault": "timeout_after_commit",
+  "times": n}`. The next `n` actions for that target carry their effect out and commit it, then
+  answer only after `stall_seconds` (longer than Surety's `CONNECTOR_TIMEOUT`): the replay set's
+  "timeout after the provider committed" case. 201 with the fault as armed; 400 for another
+  fault or a bad body.
+
 Run it with `RECEIVER_SECRET=... python receiver.py [port]`; it needs only the standard library
-and keeps its effects in the SQLite file `RECEIVER_DATABASE`.
+and keeps its effects in the SQLite file `RECEIVER_DATABASE`. `RECEIVER_TEST_MODE=1` serves the
+test mode too (`RECEIVER_STALL_SECONDS`, default 10).
 """
 
 import hashlib
@@ -27,18 +37,26 @@ from wsgiref.simple_server import WSGIServer, make_server
 
 PATH = "/effects"
 TOLERANCE_SECONDS = 300
+FAULTS = {"timeout_after_commit"}
 
 
-def make_app(secret, database):
+def make_app(secret, database, *, test_mode=False, stall_seconds=10):
     with sqlite3.connect(database) as db:
         db.execute("CREATE TABLE IF NOT EXISTS effects "
                    "(id INTEGER PRIMARY KEY, operation_key TEXT NOT NULL UNIQUE, body TEXT NOT NULL)")
+        db.execute("CREATE TABLE IF NOT EXISTS faults (target TEXT PRIMARY KEY, fault TEXT NOT NULL, "
+                   "times INTEGER NOT NULL)")
 
     def application(environ, start_response):
         method, path = environ["REQUEST_METHOD"], environ.get("PATH_INFO", "")
         if method == "POST" and path == PATH:
             raw = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
             status, answer = _receive(database, secret, environ, raw)
+            if test_mode and status < 400 and _fault_fires(database, answer["target"]):
+                time.sleep(stall_seconds)  # committed above: the caller gives up before this answer
+        elif method == "POST" and path == PATH + "/faults" and test_mode:
+            raw = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+            status, answer = _arm(database, secret, environ, raw)
         elif method == "GET" and path.startswith(PATH + "/"):
             # The server has already decoded the path: a key's "%2F" is a "/" here.
             status, answer = _look_up(database, path[len(PATH) + 1:])
@@ -65,7 +83,7 @@ def _receive(database, secret, environ, raw):
     created, row_id, stored_body = _store(database, key, json.dumps(action))
     if json.loads(stored_body) != action:
         return 409, {"error": {"code": "idempotency_key_reused", "message": "this key asked for something else"}}
-    return (201 if created else 200), {"id": f"eff_{row_id}", "operation_key": key}
+    return (201 if created else 200), {"id": f"eff_{row_id}", "operation_key": key, "target": action.get("target")}
 
 
 def _store(database, key, body):
@@ -77,6 +95,30 @@ def _store(database, key, body):
         # if created: carry out the team's effect here, inside this transaction.
         row_id, stored_body = db.execute("SELECT id, body FROM effects WHERE operation_key = ?", (key,)).fetchone()
     return created, row_id, stored_body
+
+
+def _arm(database, secret, environ, raw):
+    """Test mode: the next `times` actions for `target` stall after their commit."""
+    if not _signature_valid(environ.get("HTTP_SURETY_SIGNATURE", ""), raw, secret):
+        return 401, {"error": {"code": "bad_signature", "message": "bad, missing or stale signature"}}
+    try:
+        fault = json.loads(raw)
+        target, kind, times = fault["target"], fault["fault"], fault.get("times", 1)
+    except (ValueError, TypeError, KeyError):
+        return 400, {"error": {"code": "invalid", "message": "a JSON object with target, fault and times"}}
+    if kind not in FAULTS or not isinstance(target, str) or not isinstance(times, int) or times < 1:
+        return 400, {"error": {"code": "invalid", "message": f"fault is one of {sorted(FAULTS)}, times at least 1"}}
+    with sqlite3.connect(database, timeout=30) as db:
+        db.execute("INSERT INTO faults (target, fault, times) VALUES (?, ?, ?) ON CONFLICT (target) "
+                   "DO UPDATE SET fault = excluded.fault, times = excluded.times", (target, kind, times))
+    return 201, {"target": target, "fault": kind, "times": times}
+
+
+def _fault_fires(database, target):
+    """Whether an armed fault takes this action for `target` (and one use of it)."""
+    with sqlite3.connect(database, timeout=30) as db:
+        return db.execute("UPDATE faults SET times = times - 1 WHERE target = ? AND times > 0",
+                          (target,)).rowcount == 1
 
 
 def _look_up(database, key):
@@ -111,7 +153,9 @@ def serve(app, port=0, host="127.0.0.1"):
 
 
 if __name__ == "__main__":
-    server = serve(make_app(os.environ["RECEIVER_SECRET"], os.environ.get("RECEIVER_DATABASE", "effects.sqlite3")),
+    server = serve(make_app(os.environ["RECEIVER_SECRET"], os.environ.get("RECEIVER_DATABASE", "effects.sqlite3"),
+                            test_mode=os.environ.get("RECEIVER_TEST_MODE") == "1",
+                            stall_seconds=float(os.environ.get("RECEIVER_STALL_SECONDS", "10"))),
                    port=int(sys.argv[1]) if len(sys.argv) > 1 else 8080)
     print(f"receiving on http://127.0.0.1:{server.server_port}{PATH}")
     server.serve_forever()

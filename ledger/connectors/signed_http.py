@@ -4,7 +4,8 @@ Configured per action type with a `url` and a `secret`. It POSTs the action as J
 url with the operation key as `Idempotency-Key` and a `Surety-Signature` header (the scheme
 of the outbound alerts: `t=<unix seconds>,v1=<HMAC-SHA256 of "<t>.<raw body>">`), and looks
 an effect up with `GET <url>/<percent-encoded operation key>`. What the service must answer
-is in the README; `examples/receiver/` is a service that does.
+is in the README; `examples/receiver/` is a service that does. In its test mode (the replay
+set's, ledger.replay) the service also arms faults at `<url>/faults`, signed the same way.
 """
 
 import json
@@ -35,15 +36,22 @@ class SignedHttpConnector(Connector):
             problems.append("no signing secret (CONNECTOR_<TYPE>_SECRET)")
         return problems
 
+    @property
+    def faults_url(self):
+        """Where the service's test mode arms a fault: `{"target", "fault", "times"}`, signed."""
+        return f"{self.url}/faults"
+
+    def signed(self, body):
+        """The headers that make `body` this connector's own request."""
+        return {"Content-Type": "application/json", "Surety-Signature": sign_webhook(body, self.secret)}
+
     def _send(self, action):
         body = json.dumps({
             "operation_key": action.operation_key, "action_type": action.action_type, "target": action.target,
             "customer": action.customer, "params": action.params, "decision_id": action.decision_id,
         }).encode()
-        answer = http.call("POST", self.url, content=body, headers={
-            "Content-Type": "application/json", "Idempotency-Key": action.operation_key,
-            "Surety-Signature": sign_webhook(body, self.secret),
-        })
+        answer = http.call("POST", self.url, content=body,
+                           headers={**self.signed(body), "Idempotency-Key": action.operation_key})
         reference = _reference(answer)
         if reference is None:
             # A 2xx we cannot read (a proxy's HTML page, JSON cut short) may still mean the

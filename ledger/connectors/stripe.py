@@ -115,6 +115,13 @@ class StripeConnector(Connector):
                                 code=f"refund_{result['status']}", status=200)
         return Effect(external_ref=result["id"], result=result)
 
+    def replay_target(self, amount, currency):
+        """Test mode only (the replay set, ledger.replay): a new charge to refund, paid with
+        Stripe's test card; at the sandbox's Stripe wire format, a new order."""
+        charge = self._client().v1.charges.create(params={
+            "amount": money.to_minor_units(amount, currency), "currency": currency.lower(), "source": "tok_visa"})
+        return charge.id
+
     def find_effect(self, action):
         kind = _kind(action.target)
         try:

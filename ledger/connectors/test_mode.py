@@ -5,7 +5,8 @@ configured. Any other connector has one only if its `SURETY_CONNECTORS` entry sa
 `"test_mode": {"options": {...}, "faults_url": "..."}` — the options that replace the live
 ones (a team's test URL for signed HTTP; the sandbox's Stripe wire mode as Stripe's
 `api_base` with a test key), and optionally where the sandbox's fault protocol is spoken
-(`POST {"target", "fault", "times"}`), without which the timeout case cannot be staged.
+(`POST {"target", "fault", "times"}`), without which the timeout case cannot be staged. A
+connector may name its own (`faults_url`: signed HTTP's test service takes them at `<url>/faults`).
 
 The replay agent's actions under keys starting with REPLAY_KEY_PREFIX belong to a replay
 run: the executor sends them here, never to the live provider, whichever worker runs them.
@@ -49,7 +50,8 @@ def test_connector_for(action_type):
         raise NoTestMode(f"the {live.name} connector for {action_type} has no test mode: "
                          f"set SURETY_CONNECTORS['{action_type}']['test_mode']")
     options = {**entry.get("options", {}), **test_mode.get("options", {})}
-    return import_string(entry["class"])(**options), test_mode.get("faults_url", "")
+    connector = import_string(entry["class"])(**options)
+    return connector, test_mode.get("faults_url") or getattr(connector, "faults_url", "")
 
 
 def is_replay_action(action):

@@ -1,6 +1,7 @@
 """`make run` (scripts/run-local.sh) as a newcomer meets it: a taken port is said before
 anything starts; on another PORT the sandbox calls and the alerts' links follow it; the
-README's create_agent line, pasted after it started, works; the output carries no mail bodies
+README's create_agent and grant_promote lines, pasted after it started, make an agent whose refund
+executes for real (make run ran the replay set first); the output carries no mail bodies
 and no tracebacks for a 403 (Linux: the processes' environments are read from /proc).
 
 The whole local stack is started once here (a database of its own, dropped at the end)."""
@@ -21,6 +22,8 @@ BASE = "postgres://postgres@127.0.0.1:5432"
 RUN_DATABASE = "surety_run_local_test"
 # The line the README tells a newcomer to paste once `make run` is up (DATABASE_URL: make run's).
 README_AGENT = ".venv/bin/python manage.py create_agent my-bot --grant refund --owner olga"
+README_PROMOTE = [".venv/bin/python", "manage.py", "grant_promote", "my-bot", "refund", "--by", "ada", "--reason",
+                  "quick start"]
 
 
 def local_env(port, **extra):
@@ -112,6 +115,10 @@ def test_make_run_on_another_port_works_end_to_end_and_keeps_its_output_quiet(tm
         assert made.returncode == 0, made.stderr
         assert "owner olga" in made.stdout
         token = made.stdout.strip().splitlines()[-1]
+        promoted = subprocess.run(README_PROMOTE, cwd=ROOT, capture_output=True, text=True, timeout=60, env={
+            **env, "DATABASE_URL": database_url, "SANDBOX_BASE_URL": f"http://127.0.0.1:{port}/sandbox/v1"})
+        assert promoted.returncode == 0, promoted.stdout + promoted.stderr
+        assert "my-bot acts for real on refund" in promoted.stdout
 
         # Every process sends its sandbox calls to this port and links alerts to it (it was always :8000).
         site = f"http://127.0.0.1:{port}"
@@ -121,14 +128,16 @@ def test_make_run_on_another_port_works_end_to_end_and_keeps_its_output_quiet(tm
         with httpx.Client(base_url=site, timeout=30) as client:
             bearer = {"Authorization": f"Bearer {token}"}
             assert client.get("/sandbox/v1/refunds", params={"order_id": "ORD-RUN1"}, headers=bearer).status_code == 200
-            # The new agent's request is recorded; it runs once its grant is live (else it stays shadow).
+            # make run's replay set passed, so the promoted grant is live: the refund executes.
             key = "refund:ORD-RUN1:full:dec-run1"
             answer = client.post("/api/v1/actions", headers={**bearer, "Idempotency-Key": key},
                                  json={"action_type": "refund", "target": "ORD-RUN1", "customer": "CUST-RUN1",
                                        "params": {"amount": "25.00", "currency": "EUR"}})
             assert answer.status_code == 201, answer.text
             settled = client.get(f"/api/v1/actions/{key}", params={"wait": 20}, headers=bearer).json()
-            assert settled["status"] in ("succeeded", "shadow"), settled
+            assert settled["status"] == "succeeded", settled
+            refunds = client.get("/sandbox/v1/refunds", params={"operation_key": key}, headers=bearer).json()["data"]
+            assert len(refunds) == 1, refunds
 
             # An ordinary 403 on the dashboard: an auditor may not create agents.
             login(client, "aldo")
@@ -149,3 +158,4 @@ def test_make_run_on_another_port_works_end_to_end_and_keeps_its_output_quiet(tm
     assert not re.search(r"^\S+ \| (Subject|Content-Type|MIME-Version):", output, re.M), "an e-mail was printed"
     assert "apt" not in output.split("run: ensuring database")[0]
     assert '"POST /agents/ HTTP/1.1" 403' in output  # the refusal is the access log's one line
+    assert "billing-bot acts for real on refund" in output  # the demo agent's grant, promoted by ada

@@ -1,0 +1,39 @@
+from datetime import timedelta
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandError
+from django.utils import timezone
+
+from ledger.grants import REVIEW_DAYS, GrantRefused, capability, grant_promote
+from ledger.models import ActionType, Agent, Capability
+
+
+class Command(BaseCommand):
+    help = ("Make an agent's grant for an action type live (or renew it) until a review date, as the agents page "
+            "does: by a person with the change_agent permission who is not the agent's owner, with a reason, "
+            "only while the connector has a passing replay run for its current version. Audited.")
+
+    def add_arguments(self, parser):
+        parser.add_argument("agent", help="the agent's name")
+        parser.add_argument("action_type", choices=ActionType.values)
+        parser.add_argument("--by", metavar="USERNAME", required=True, help="the person deciding (an existing user)")
+        parser.add_argument("--reason", required=True, help="why: recorded in the audit log")
+        parser.add_argument("--review-days", type=int, default=REVIEW_DAYS, metavar="N",
+                            help=f"days until the grant falls back to shadow unless renewed (default {REVIEW_DAYS})")
+
+    def handle(self, agent, action_type, by, reason, review_days, **options):
+        person = get_user_model().objects.filter(username=by, is_active=True).first()
+        if person is None:
+            raise CommandError(f"no active user named {by!r}")
+        if not person.has_perm("ledger.change_agent"):
+            raise CommandError(f"{by} may not promote grants: it needs the change_agent permission")
+        found = Agent.objects.filter(name=agent).first()
+        if found is None:
+            raise CommandError(f"no agent named {agent!r}")
+        try:
+            grant = grant_promote(found, capability(Capability.Kind.ACTION_TYPE, action_type), actor=person,
+                                  reason=reason, review_by=timezone.now() + timedelta(days=review_days))
+        except (GrantRefused, OverflowError) as exc:
+            raise CommandError(f"not promoted: {exc}") from None
+        self.stdout.write(f"{found.name} acts for real on {action_type} until {grant.live_until:%Y-%m-%d %H:%M} UTC "
+                          f"(promoted by {by}).")
