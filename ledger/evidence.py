@@ -119,8 +119,7 @@ def _agent(action, events):
     """The agent, its owner, and the grant it acted under: shadow or live when the request
     was recorded, and the promotion in force then (from the audit events)."""
     agent = action.agent
-    requested = next((e for e in events if e.object_type == "ledger.action" and e.verb == "requested"), None)
-    promoted = [e for e in events if e.object_type == "ledger.agent" and e.verb == "promoted"]
+    requested = next((e for e in events if e.object_type == Action._meta.label_lower and e.verb == "requested"), None)
     grant = Grant.objects.filter(agent=agent, capability__kind=Capability.Kind.ACTION_TYPE,
                                  capability__name=action.action_type).first()
     return {
@@ -129,14 +128,24 @@ def _agent(action, events):
             "capability": _capability_label(action),
             "state_at_request": None if requested is None else (
                 ActionStatus.SHADOW if (requested.after or {}).get("status") == ActionStatus.SHADOW else "live"),
-            "promotion": None if not promoted else {
-                "seq": promoted[-1].seq, "at": promoted[-1].occurred_at.isoformat(), "by": promoted[-1].actor,
-                "reason": promoted[-1].reason, "live_until": (promoted[-1].after or {}).get("live_until"),
-                "replay_run": (promoted[-1].after or {}).get("replay_run"),
-            },
+            "promotion": _promotion_in_force([e for e in events if e.object_type == agent._meta.label_lower]),
             "state_now": grant.state() if grant else None,
         },
     }
+
+
+def _promotion_in_force(grant_events):
+    """The last promotion before the request, unless a revoke came after it (granting again
+    leaves a live grant live)."""
+    promoted = None
+    for event in grant_events:
+        if event.verb in ("promoted", "revoked"):
+            promoted = event if event.verb == "promoted" else None
+    if promoted is None:
+        return None
+    after = promoted.after or {}
+    return {"seq": promoted.seq, "at": promoted.occurred_at.isoformat(), "by": promoted.actor,
+            "reason": promoted.reason, "live_until": after.get("live_until"), "replay_run": after.get("replay_run")}
 
 
 def _task(task):

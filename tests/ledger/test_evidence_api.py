@@ -9,9 +9,11 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core.management import call_command
 
+from bench.evidence_scenario import rich_agent
 from ledger.actions import action_request
-from ledger.evidence import record_problems
-from ledger.models import Action, AuditEvent
+from ledger.evidence import evidence_actions, evidence_export, record_problems
+from ledger.grants import agent_grant, agent_revoke, capability
+from ledger.models import Action, AuditEvent, Capability
 from tests.factories import make_agent, make_agent_on
 
 pytestmark = pytest.mark.django_db
@@ -104,3 +106,22 @@ def test_an_unknown_action_is_404_on_the_dashboard(client):
     client.force_login(person("aldo", "auditors"))
     assert client.get("/actions/999999/evidence").status_code == 404
     assert client.get("/actions/999999/evidence.json").status_code == 404
+
+
+def test_the_grant_an_action_acted_under_is_the_one_in_force_when_it_was_requested(db):
+    agent, _ = rich_agent()  # promoted live by a person after a replay run
+    live = recorded(agent, key="refund:ORD-G1:full", order="ORD-G1")
+    cap = capability(Capability.Kind.ACTION_TYPE, "refund")
+    agent_revoke(agent, cap, actor="system:tests", reason="the connector changed")
+    agent_grant(agent, cap, actor="system:tests", reason="granted again: shadow until promoted")
+    shadow, _ = action_request(agent=agent, operation_key="refund:ORD-G2:full", action_type="refund", target="ORD-G2",
+                               params={"amount": "25.00", "currency": "EUR"}, shadow=True)
+
+    promoted = evidence_export(evidence_actions().get(pk=live.pk))["agent"]["grant"]
+    assert (promoted["state_at_request"], promoted["state_now"]) == ("live", "shadow")
+    assert promoted["promotion"]["by"] == "user:evidence-admin"
+    assert promoted["promotion"]["reason"] == "the replay set passed against the sandbox"
+    revoked = evidence_export(evidence_actions().get(pk=shadow.pk))
+    assert (revoked["agent"]["grant"]["state_at_request"], revoked["agent"]["grant"]["promotion"]) == ("shadow", None)
+    assert [e["verb"] for e in revoked["audit"]["events"] if e["object_type"] == "ledger.agent"] == [
+        "granted", "promoted", "revoked", "granted"]
