@@ -14,7 +14,8 @@
    of the last REDRIVE_SPIKE_WINDOW failed again at the provider, it stops and leaves the rest
    open, saying why. A person may stop it too. It works for SLICE_SECONDS at a time and then
    hands the run to a new job, so drain jobs get the worker in between.
-4. The sweeper starts a new job for a run whose job was lost (`bulk_redrives_resume`).
+4. The sweeper starts a new job for a run whose job was lost (`bulk_redrives_resume`);
+   without workers (the embedded default) it works the run itself, a slice per pass.
 """
 
 import time
@@ -186,7 +187,12 @@ def bulk_stop(run, *, user, reason):
 
 def _hand_over(run):
     """The run's next job, after commit; the lease waits for that job alone (a spare the
-    sweeper starts meanwhile finds it taken), until it lapses."""
+    sweeper starts meanwhile finds it taken), until it lapses. Without workers (the embedded
+    default) a job would run inside the request that started it, for a whole slice: the lease
+    lapses at once instead, and the sweeper's next pass works the run in its own process."""
+    if not settings.RQ_ASYNC:
+        run.hand_lease(0, owner="")
+        return
     token = uuid.uuid4().hex
     run.hand_lease(LEASE_SECONDS, owner=token)
     transaction.on_commit(lambda: enqueue(JOB, run.pk, token), robust=True)
@@ -212,9 +218,10 @@ def bulk_redrive_work(run_id, token=""):
         if item is None:
             return _end(run)
         wait = (_next_slot(run) - timezone.now()).total_seconds()
-        if wait > 0:
-            time.sleep(min(wait, POLL_SECONDS))  # short naps: a stop or a spike is seen at once
+        if wait > POLL_SECONDS:
+            time.sleep(POLL_SECONDS)  # short naps: a stop or a spike is seen at once
             continue
+        time.sleep(max(wait, 0))  # to the slot itself, not the next look round after it
         _redrive_one(run, item)
     with transaction.atomic():
         _hand_over(run)
@@ -303,12 +310,17 @@ def _end(run, *, stop_reason=""):
 
 
 def bulk_redrives_resume():
-    """The sweeper's pass: a running run whose job was lost gets a new one."""
+    """The sweeper's pass: a running run whose job was lost (or, without workers, whose slice
+    is over) gets a new one."""
     lapsed = BulkRedrive.objects.filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=timezone.now()),
                                         status__in=ACTIVE_STATUSES)
     resumed = 0
     for run in lapsed:
-        with transaction.atomic():
-            _hand_over(run)
+        token = uuid.uuid4().hex
+        run.hand_lease(LEASE_SECONDS, owner=token)
+        if settings.RQ_ASYNC:
+            enqueue(JOB, run.pk, token)
+        else:
+            bulk_redrive_work(run.pk, token)
         resumed += 1
     return resumed

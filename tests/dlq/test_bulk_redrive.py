@@ -6,6 +6,7 @@ leaves the rest open and a report that says why; a run whose selection changed s
 run is refused with the difference; bad rates and missing permissions are refused; and an
 entry redriven that fails again gets a new entry, the earlier one keeping its error."""
 
+import time
 from decimal import Decimal
 
 import pytest
@@ -324,4 +325,27 @@ def test_a_lost_job_is_taken_over_and_a_second_job_for_the_run_does_nothing(agen
     bulk_redrive_work(run.pk, token)  # the sweeper's job, run here
     run.refresh_from_db()
     assert run.status == "finished", list(run.items.values_list("outcome", "outcome_detail"))
+    assert {e.status for e in DeadLetter.objects.filter(pk__in=[e.pk for e in entries])} == {EntryStatus.REDRIVEN}
+
+
+@pytest.mark.django_db
+def test_without_workers_the_request_returns_at_once_and_the_sweeper_works_the_run(settings, client):
+    settings.RQ_ASYNC = False  # the embedded default: no Redis, no workers
+    call_command("setup_roles", verbosity=0)
+    user = User.objects.create_user(username="olga", password=None)
+    user.groups.add(Group.objects.get(name="operators"))
+    assign_perm(f"ledger.{WORK_DLQ}", user, Capability.objects.get(kind="action_type", name="refund"))
+    client.force_login(user)
+    agent = make_agent("billing")[0]
+    entries = [failed_refund_entry(agent, n) for n in range(2)]
+    run = dry_run(client)
+
+    began = time.monotonic()
+    assert start(client, run, "60").status_code == 302
+    assert time.monotonic() - began < 1  # not a whole slice inside the request
+    assert not run.items.filter(outcome="redriven").exists()
+
+    assert bulk_redrives_resume() == 1  # the sweeper's pass works it
+    run.refresh_from_db()
+    assert run.status == "finished" and run.counts()["redriven"] == 2
     assert {e.status for e in DeadLetter.objects.filter(pk__in=[e.pk for e in entries])} == {EntryStatus.REDRIVEN}
