@@ -8,7 +8,8 @@ fingerprinted, never executed (the intake records them `shadow`). A person with 
 manage agents, never the agent's owner (four eyes), promotes it to `live` with a reason and a
 review date, and only while the connector has a passing replay run for its current version
 (ledger.replay). Past the review date it is shadow again unless renewed; that is read at each
-check, so no job is needed. A revoke takes the permission and the live state away at once.
+check, so no job is needed. A revoke takes the permission and the live state away at once,
+and the executor re-checks at each claim (`grant_lapsed`): what was queued under it is cancelled.
 """
 
 from datetime import timedelta
@@ -49,7 +50,8 @@ register_cache("ledger.grants._checked", holds="an agent's grant and its live-un
 
 def grant_state(agent, kind, name, now=None):
     """None without a grant, else `GrantState.LIVE` or `SHADOW`. A workflow's grant is live
-    once given: the replay set is run per action type.
+    once given: it lets the agent start the workflow's tasks, while each step's action answers
+    to the agent's grant for its action type (ledger.runner), which the replay set gates.
 
     Cached per process under the agent's `grants_version`, which every grant, promotion and
     revoke bumps: the agent row read for this very request says whether the cache is
