@@ -58,13 +58,7 @@ def review_decide(item, *, user, decision, reason="", external_ref="", fingerpri
     if decision == "mark_succeeded" and not external_ref.strip():
         raise DecisionRefused("the provider's reference is required to mark it succeeded")
     with transaction.atomic():
-        action = Action.objects.select_for_update().select_related("agent").get(pk=item.action_id)
-        item = ReviewItem.objects.select_for_update().get(pk=item.pk)
-        if item.status != ReviewStatus.OPEN:
-            raise AlreadyDecided(f"already {item.status} by {item.decided_by_label or 'the system'}")
-        if action.agent.owner_id == user.pk:
-            raise DecisionRefused("four eyes: you are responsible for the agent that requested this")
-        fingerprint = _as_seen(action, fingerprint)
+        action, item, fingerprint = _open_for(item, user, fingerprint)
         # Read under the lock: a verification that lands meanwhile must still refuse this.
         if decision == "mark_failed" and any(e.get("found") is True for e in action.evidence or []):
             raise DecisionRefused("the provider reported the effect; mark it succeeded with its reference instead")
@@ -75,13 +69,20 @@ def review_decide(item, *, user, decision, reason="", external_ref="", fingerpri
     return item
 
 
-def _as_seen(action, fingerprint):
-    """The print the decision is bound to: the one the person saw, refused unless it is the
-    params' print now (read under the action's lock)."""
+def _open_for(item, user, fingerprint):
+    """The item's action and the item, locked in that order, still open and not the agent's
+    owner's to decide; and the print the decision is bound to: the one the person saw,
+    refused unless it is the params' print now (read under the action's lock)."""
+    action = Action.objects.select_for_update().select_related("agent").get(pk=item.action_id)
+    item = ReviewItem.objects.select_for_update().get(pk=item.pk)
+    if item.status != ReviewStatus.OPEN:
+        raise AlreadyDecided(f"already {item.status} by {item.decided_by_label or 'the system'}")
+    if action.agent.owner_id == user.pk:
+        raise DecisionRefused("four eyes: you are responsible for the agent that requested this")
     now = action.params_fingerprint()
     if fingerprint and fingerprint != now:
         raise DecisionRefused(PARAMS_CHANGED)
-    return now
+    return action, item, now
 
 
 def _second_approval(item, user, reason, fingerprint):
@@ -137,13 +138,7 @@ def review_edit(item, *, user, changes, reason, fingerprint=""):
     if not reason:
         raise DecisionRefused("a reason is required to edit")
     with transaction.atomic():
-        action = Action.objects.select_for_update().select_related("agent").get(pk=item.action_id)
-        item = ReviewItem.objects.select_for_update().get(pk=item.pk)
-        if item.status != ReviewStatus.OPEN:
-            raise AlreadyDecided(f"already {item.status} by {item.decided_by_label or 'the system'}")
-        if action.agent.owner_id == user.pk:
-            raise DecisionRefused("four eyes: you are responsible for the agent that requested this")
-        fingerprint = _as_seen(action, fingerprint)
+        action, item, fingerprint = _open_for(item, user, fingerprint)
         try:
             params = version_params(action, changes)
             item.decide(ReviewStatus.EDITED, user=user, verb="edit", reason=reason,

@@ -238,6 +238,7 @@
         first_tier: button.dataset.firstTier,
         next_tier: button.dataset.nextTier,
         escalate_after_hours: button.dataset.escalateAfterHours,
+        approval_expires_after_hours: button.dataset.approvalExpiresAfterHours,
       };
       Object.keys(fields).forEach(function (name) {
         var input = form.elements.namedItem(name);

@@ -121,20 +121,15 @@ def test_an_edit_that_is_not_allowed_is_refused_and_changes_nothing(people, chan
     assert not audit_events(item, "edit").exists()
 
 
-def test_an_edit_without_a_reason_is_refused(people):
+@pytest.mark.parametrize(("editor", "reason", "why"), [
+    ("alice", "  ", "a reason is required to edit"),
+    ("olga", "mine", "four eyes: you are responsible for the agent"),  # the agent's owner
+])
+def test_an_edit_without_a_reason_or_by_the_agents_owner_is_refused(people, editor, reason, why):
     users, agent = people
     action, item = over_limit(agent)
-    with pytest.raises(DecisionRefused, match="a reason is required to edit"):
-        review_edit(item, user=users["alice"], changes={"amount": "400.00"}, reason="  ",
-                    fingerprint=action.params_fingerprint())
-    assert unchanged(action, item)
-
-
-def test_the_agents_owner_may_not_edit_four_eyes(people):
-    users, agent = people
-    action, item = over_limit(agent)
-    with pytest.raises(DecisionRefused, match="four eyes"):
-        review_edit(item, user=users["olga"], changes={"amount": "400.00"}, reason="mine",
+    with pytest.raises(DecisionRefused, match=why):
+        review_edit(item, user=users[editor], changes={"amount": "400.00"}, reason=reason,
                     fingerprint=action.params_fingerprint())
     assert unchanged(action, item)
 

@@ -79,7 +79,13 @@ def test_an_approval_of_unchanged_params_runs_once(stack, alice):
     assert answer["supersedes"] is None and answer["superseded_by"] is None
 
 
-def waiting(task):
+def waiting_refund_task(stack, client, n):
+    """A refund task of 900.00 EUR (over the limit) started, run by a worker until it waits for a person."""
+    sandbox_order(client, f"ORD-T{n}", f"CUST-T{n}", amount="1000.00")
+    body = refund_task_body(f"ORD-T{n}", amount="900.00", customer=f"CUST-T{n}")
+    assert post_task(client, f"refund-t{n}", body).status_code == 201
+    stack.start_worker()
+    task = Task.objects.get(task_id=f"refund-t{n}")
     return wait_until(lambda: Task.objects.filter(pk=task.pk, state="waiting").first(),
                       message=f"task {task.task_id} to wait for a person")
 
@@ -87,11 +93,7 @@ def waiting(task):
 def test_a_task_whose_refund_was_edited_down_goes_on_with_the_approved_version(stack, alice):
     limit()
     client = agent_api(stack.url)
-    sandbox_order(client, "ORD-T1", "CUST-T1", amount="1000.00")
-    assert post_task(client, "refund-t1", refund_task_body("ORD-T1", amount="900.00", customer="CUST-T1")
-                     ).status_code == 201
-    stack.start_worker()
-    task = waiting(Task.objects.get(task_id="refund-t1"))
+    task = waiting_refund_task(stack, client, 1)
     original = Action.objects.get(task=task)
 
     _, version = review_edit(open_item(original), user=alice, changes={"amount": "400.00"},
@@ -111,11 +113,7 @@ def test_a_task_whose_refund_was_edited_down_goes_on_with_the_approved_version(s
 def test_a_task_whose_approval_expired_fails_saying_expiry(stack):
     limit(approval_expires_after_hours=2)
     client = agent_api(stack.url)
-    sandbox_order(client, "ORD-T2", "CUST-T2", amount="1000.00")
-    assert post_task(client, "refund-t2", refund_task_body("ORD-T2", amount="900.00", customer="CUST-T2")
-                     ).status_code == 201
-    stack.start_worker()
-    task = waiting(Task.objects.get(task_id="refund-t2"))
+    task = waiting_refund_task(stack, client, 2)
     action = Action.objects.get(task=task)
     item = open_item(action)
     assert item.expires_at == pytest.approx(item.created_at + timedelta(hours=2), abs=timedelta(seconds=1))

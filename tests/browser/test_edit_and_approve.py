@@ -1,13 +1,18 @@
 """Edit down instead of reject, in the browser: an approver lowers an over-limit refund's amount
 on its review page, the edited version is approved and runs, the agent reads the approved
 version through the API; a raise is refused with the reason on the page; a page left open
-while the params changed refuses the decision."""
+while the params changed refuses the decision. A limit's approval window shows on the policies
+page and its Edit keeps it."""
+
+from decimal import Decimal
 
 import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
 
-from approvals.models import ReviewItem, ReviewStatus
+from approvals.models import Limit, ReviewItem, ReviewStatus
 from ledger.models import Action
-from tests.browser.conftest import login, request_refund, status_message
+from tests.browser.conftest import PASSWORD, login, request_refund, status_message
 from tests.conftest import wait_until
 from tests.factories import audit_events, sandbox_list
 
@@ -87,3 +92,21 @@ def test_a_decision_on_a_page_opened_before_the_params_changed_is_refused(page, 
     item.refresh_from_db()
     assert item.status == ReviewStatus.OPEN
     assert Action.objects.get(pk=item.action_id).status == "awaiting_approval"
+
+
+def test_a_limits_approval_window_is_shown_kept_by_edit_and_saved(page, people, shot):
+    ada = get_user_model().objects.create_user("ada", password=PASSWORD)
+    ada.groups.add(Group.objects.get(name="admins"))  # changing limits needs change_limit
+    Limit.limit_set(actor="system:tests", reason="the tests' policy", action_type="refund", currency="EUR",
+                    max_amount=Decimal("500.00"), approval_expires_after_hours=48)
+    login(page, "ada").goto("/policies/")
+    assert "48 h" in page.locator("#limits-table").inner_text()
+    page.locator("#limits-table [data-fill-limit]").first.click()
+    assert page.locator("#id_approval_expires_after_hours").input_value() == "48"  # Edit keeps the window
+    page.locator("#id_max_amount").fill("600.00")
+    page.locator("#id_reason").fill("a higher limit, the same window")
+    shot(page, "policies-expiry")
+    with page.expect_navigation():
+        page.get_by_role("button", name="Save limit").click()
+    limit = Limit.objects.get(action_type="refund", currency="EUR")
+    assert (limit.max_amount, limit.approval_expires_after_hours) == (Decimal("600.00"), 48)
