@@ -66,7 +66,13 @@ def test_an_approver_edits_the_amount_down_and_the_agent_sees_the_approved_versi
     assert [e.actor for e in audit_events(item, "edit")] == ["user:alice"]
 
     page.goto(f"/actions/{Action.objects.get(operation_key=version_key).pk}/")
+    assert page.locator("#version-of").inner_text() == KEY
+    assert page.locator("#approved-fingerprint").inner_text() == Action.objects.get(
+        operation_key=version_key).params_fingerprint()
     shot(page, "version-action")
+    with page.expect_navigation():
+        page.locator("#version-of").click()
+    assert page.locator("#superseded-by").inner_text().startswith(version_key)
 
 
 def test_an_edit_that_raises_the_amount_is_refused_with_the_reason_on_the_page(page, item, shot):
