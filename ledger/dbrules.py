@@ -112,6 +112,20 @@ BEGIN
     SELECT RAISE(ABORT, 'another action is in flight for the same target or customer: it must be held, not queued');
 END""")
 
+# A superseded action is replaced by the version a person edited it into (ledger.versions):
+# without one, the agent would be told its action was superseded and nothing would run. Checked
+# at commit (a deferred constraint trigger, migration 0021), when the version is written.
+# PostgreSQL only; SQLite runs the same code path, unchecked.
+SUPERSEDED_HAS_VERSION = Function("ledger_action_superseded_has_version() RETURNS trigger", f"""
+BEGIN
+    IF NEW.status = '{ActionStatus.SUPERSEDED}'
+       AND NOT EXISTS (SELECT 1 FROM ledger_action v WHERE v.supersedes_id = NEW.id) THEN
+        RAISE EXCEPTION USING MESSAGE = 'action ' || NEW.operation_key || ' is superseded by no version',
+                              ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    RETURN NULL;
+END """)
+
 # Audit events are append-only; the only update is the sealer's, and only with the next link
 # of the chain (hash = sha256(prev_hash || content_hash || seq), the formula of audit.py).
 AUDIT_APPEND_ONLY = Function("ledger_audit_append_only() RETURNS trigger", """
@@ -151,7 +165,7 @@ AUDIT_NO_DELETE_SQLITE = SQLiteTrigger(
     "BEGIN SELECT RAISE(ABORT, 'audit events are append-only (DELETE refused)'); END",
 )
 
-RULES = [LOCK_SUBJECTS, SAME_SUBJECT, REQUEUE_SAME_SUBJECT, AUDIT_APPEND_ONLY,
+RULES = [LOCK_SUBJECTS, SAME_SUBJECT, REQUEUE_SAME_SUBJECT, AUDIT_APPEND_ONLY, SUPERSEDED_HAS_VERSION,
          SAME_SUBJECT_SQLITE, REQUEUE_SAME_SUBJECT_SQLITE, AUDIT_NO_UPDATE_SQLITE, AUDIT_NO_DELETE_SQLITE]
 
 

@@ -7,6 +7,7 @@ from decimal import Decimal
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.db import IntegrityError, transaction
 
 from approvals.decisions import AlreadyDecided, DecisionRefused, review_decide, review_edit
 from approvals.intake import customer_total_today
@@ -182,3 +183,11 @@ def test_each_edit_is_audited_on_the_item_with_what_the_editor_saw(people):
     [event] = AuditEvent.objects.history(item).filter(verb="edit")
     assert event.actor == "user:alice" and event.reason == "less"
     assert event.after["status"] == "edited" and event.after["decided_fingerprint"] == seen
+
+
+def test_the_database_refuses_to_commit_a_superseded_action_without_its_version(people):
+    _, agent = people
+    action, _ = over_limit(agent)
+    with pytest.raises(IntegrityError, match="superseded by no version"), transaction.atomic():
+        Action.objects.filter(pk=action.pk).update(status=ActionStatus.SUPERSEDED)
+    assert Action.objects.get(pk=action.pk).status == ActionStatus.AWAITING_APPROVAL
