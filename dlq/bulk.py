@@ -22,6 +22,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
+from decimal import Decimal
 
 from django.conf import settings
 from django.db import transaction
@@ -118,8 +119,10 @@ def redrive_ceiling(entries):
     rates = settings.CONNECTOR_REDRIVE_RATES
     types = {entry.action.action_type if entry.action_id else None for entry in entries}
     if None in types or not types:
-        return min(rates.values())
-    return min(rates.get(action_type, min(rates.values())) for action_type in types)
+        strictest = min(rates.values())
+    else:
+        strictest = min(rates.get(action_type, min(rates.values())) for action_type in types)
+    return Decimal(str(strictest)).quantize(Decimal("0.01"))
 
 
 def bulk_plan(filters, *, user):
@@ -165,9 +168,15 @@ def bulk_start(run, *, user, reason, rate):
         difference = selection_difference(run, user=user)
         if difference:
             raise SelectionChanged(difference)
-        if not run.items.exclude(plan=Plan.SKIP).exists():
+        redrivable = [item.entry for item in run.items.exclude(plan=Plan.SKIP).select_related("entry__action")]
+        if not redrivable:
             raise InvalidTransition("nothing in this dry run can be redriven")
-        run.start(actor=user, reason=reason, rate=rate)
+        # The connectors' limits as they are now: a setting lowered since the dry run holds.
+        ceiling = redrive_ceiling(redrivable)
+        if rate > ceiling:
+            raise ValueError(f"at most {ceiling} entries per minute now: the redrive limit of the connectors "
+                             "these entries call")
+        run.start(actor=user, reason=reason, rate=rate, ceiling=ceiling)
         for item in run.items.filter(plan=Plan.SKIP):
             item.settle(Outcome.SKIPPED, item.plan_detail)
         _hand_over(run)

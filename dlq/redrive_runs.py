@@ -60,7 +60,7 @@ ITEM_TRANSITIONS = {O.PLANNED: {O.REDRIVEN, O.SKIPPED, O.FAILED, O.LEFT_OPEN}, O
 
 class BulkRedrive(StateMachine):
     TRANSITIONS = RUN_TRANSITIONS
-    AUDITED = ("rate", "stop_reason")
+    AUDITED = ("rate", "ceiling", "stop_reason")
 
     status = models.CharField(max_length=20, choices=RunStatus.choices, default=R.PLANNED)
     # The queue's filters as given ({"workflow": ..., "code": ...}): the run's selection is
@@ -107,9 +107,9 @@ class BulkRedrive(StateMachine):
         """The spacing of two redrives at the run's rate."""
         return 60 / float(self.rate)
 
-    def start(self, *, actor, reason, rate):
+    def start(self, *, actor, reason, rate, ceiling):
         return self._move(R.RUNNING, actor=actor, verb="bulk_redrive_started", reason=reason, started_by=actor,
-                          rate=rate, started_at=timezone.now(), note=reason)
+                          rate=rate, ceiling=ceiling, started_at=timezone.now(), note=reason)
 
     def ask_to_stop(self, *, actor, reason):
         return self._move(R.STOPPING, actor=actor, verb="bulk_redrive_stop_asked", reason=reason,

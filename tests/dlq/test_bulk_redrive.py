@@ -349,3 +349,18 @@ def test_without_workers_the_request_returns_at_once_and_the_sweeper_works_the_r
     run.refresh_from_db()
     assert run.status == "finished" and run.counts()["redriven"] == 2
     assert {e.status for e in DeadLetter.objects.filter(pk__in=[e.pk for e in entries])} == {EntryStatus.REDRIVEN}
+
+
+def test_a_limit_lowered_since_the_dry_run_holds(agent, olga, settings, jobs_to_test_redis):
+    failed_refund_entry(agent, 1)
+    settings.CONNECTOR_REDRIVE_RATES = {**settings.CONNECTOR_REDRIVE_RATES, "refund": 600}
+    run = dry_run(olga)
+    settings.CONNECTOR_REDRIVE_RATES = {**settings.CONNECTOR_REDRIVE_RATES, "refund": 30}
+
+    refused = start(olga, run, "120")
+    assert "at most 30.00 entries per minute now" in olga.get(refused.url).content.decode()
+    run.refresh_from_db()
+    assert run.status == "planned" and not audit_events(run).exists()
+    assert start(olga, run, "30").status_code == 302
+    run.refresh_from_db()
+    assert run.status == "running" and run.ceiling == Decimal("30") and run.rate == Decimal("30")

@@ -28,7 +28,7 @@ def test_each_machine_has_exactly_this_table_over_every_status():
     assert as_strings(ITEM_TRANSITIONS) == ITEM and set(ITEM) == set(Outcome.values)
 
 
-MOVES = {"running": lambda run, user: run.start(actor=user, reason="go", rate=Decimal("10")),
+MOVES = {"running": lambda run, user: run.start(actor=user, reason="go", rate=Decimal("10"), ceiling=Decimal("60")),
          "stopping": lambda run, user: run.ask_to_stop(actor=user, reason="enough"),
          "finished": lambda run, user: run.finish(actor="system:tests"),
          "stopped": lambda run, user: run.stop(actor="system:tests", stop_reason="a spike")}
