@@ -133,3 +133,19 @@ def test_the_examples_are_the_newest_changed_ones_with_both_verdicts(actions):
     assert [e["action"].amount for e in preview["examples"]] == [Decimal("100.00"), Decimal("300.00")]
     assert preview["examples"][0]["current"].approvals_needed == 0
     assert preview["examples"][0]["proposed"].reason == "100.00 EUR is above the limit of 50.00"
+
+
+@pytest.mark.parametrize("ages", [[3], [10], [3, 10, 20]])
+def test_examples_are_found_however_far_back_they_are(ages):
+    """The last day is looked at first, then the week, then the window: nothing is missed."""
+    agent, _ = make_agent("billing")
+    made = [make_action(agent, "succeeded", key=f"refund:ORD-{age}:full", target=f"ORD-{age}", amount="300.00",
+                        created_at=timezone.now() - timedelta(days=age)) for age in ages]
+    preview = whatif(Proposal("refund", "EUR", Decimal("50")))
+    assert [e["action"].pk for e in preview["examples"]] == [action.pk for action in made]
+    assert preview["counts"]["changed"] == len(ages)
+
+
+def test_no_example_when_no_verdict_changes(actions):
+    preview = whatif(Proposal("refund", "EUR", Decimal("500")))
+    assert preview["counts"]["changed"] == 0 and preview["examples"] == []
