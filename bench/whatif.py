@@ -80,29 +80,19 @@ def client_logged_in():
 
 def measure(client, form, n, warmup):
     from django.db import connection
-
-    sql = {"statements": 0, "seconds": 0.0}
-
-    def timed(execute, statement, params, many, context):
-        started = time.perf_counter()
-        try:
-            return execute(statement, params, many, context)
-        finally:
-            sql["statements"] += 1
-            sql["seconds"] += time.perf_counter() - started
+    from django.test.utils import CaptureQueriesContext
 
     for _ in range(warmup):
         client.post("/policies/whatif", form, headers={"HX-Request": "true"})
     wall, in_sql, statements = [], [], []
-    with connection.execute_wrapper(timed):
-        for _ in range(n):
-            sql["statements"], sql["seconds"] = 0, 0.0
+    for _ in range(n):
+        with CaptureQueriesContext(connection) as captured:
             started = time.perf_counter()
             response = client.post("/policies/whatif", form, headers={"HX-Request": "true"})
             response.content  # noqa: B018 - rendered and read, as a server would send it
             wall.append((time.perf_counter() - started) * 1000)
-            in_sql.append(sql["seconds"] * 1000)
-            statements.append(sql["statements"])
+        in_sql.append(sum(float(q["time"]) for q in captured.captured_queries) * 1000)
+        statements.append(len(captured.captured_queries))
     page = response.content.decode()
     if response.status_code != 200 or 'id="whatif-counts"' not in page:
         raise RuntimeError(f"the what-if answered {response.status_code} without its figures: {page[:500]}")
