@@ -226,12 +226,11 @@ def bulk_redrive_work(run_id, token=""):
         item = run.items.filter(outcome=Outcome.PLANNED).select_related("entry").order_by("position").first()
         if item is None:
             return _end(run)
-        wait = (_next_slot(run) - timezone.now()).total_seconds()
-        if wait > POLL_SECONDS:
+        slot = _next_slot(run)
+        if (slot - timezone.now()).total_seconds() > POLL_SECONDS:
             time.sleep(POLL_SECONDS)  # short naps: a stop or a spike is seen at once
             continue
-        time.sleep(max(wait, 0))  # to the slot itself, not the next look round after it
-        _redrive_one(run, item)
+        _redrive_one(run, item, slot=slot)
     with transaction.atomic():
         _hand_over(run)
 
@@ -243,11 +242,13 @@ def _next_slot(run):
     return last + timedelta(seconds=run.seconds_apart) if last else timezone.now()
 
 
-def _redrive_one(run, item):
+def _redrive_one(run, item, *, slot):
+    """Redrive the item's entry at `slot` (to the slot itself, not the next look round after it)."""
     entry, user = item.entry, run.started_by
     if not user_may(user, WORK_DLQ, *entry.capability):
         item.settle(Outcome.FAILED, f"{user.get_username()} may no longer work {entry.capability[1]} dead letters")
         return
+    time.sleep(max((slot - timezone.now()).total_seconds(), 0))
     try:
         with transaction.atomic():
             redriven_at = timezone.now()
