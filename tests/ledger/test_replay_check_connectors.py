@@ -3,7 +3,10 @@ service (the example receiver in test mode, which arms the timeout-after-commit 
 (the sandbox's Stripe wire format: a charge made for the run, its webhook signed as Stripe signs);
 a test service that cannot stage a fault fails the run with the evidence, and nothing is promoted."""
 
+import json
+import os
 import sqlite3
+import subprocess
 import threading
 
 import pytest
@@ -11,6 +14,7 @@ from django.core.management import CommandError, call_command
 
 from examples.receiver.receiver import PATH, make_app, serve
 from ledger.models import Action, ReplayRun, WebhookEvent
+from tests.conftest import PYTHON, ROOT
 from tests.connectors.stripe_stack import API_KEY, WEBHOOK_SECRET, stripe_client, stripe_server, stripe_stack  # noqa: F401
 from tests.factories import api_client, sandbox_list
 
@@ -101,3 +105,24 @@ def test_replay_check_passes_against_stripe_in_the_sandboxs_stripe_wire_format(s
     provider = api_client(url, settings.SANDBOX_API_KEY)
     assert len(sandbox_list(provider, "refunds", operation_key=f"replay:{run.pk}:timeout")) == 1
     assert WebhookEvent.objects.filter(connector="stripe").count() == 1
+
+
+def test_stripes_test_mode_is_configured_from_the_environment():
+    """STRIPE_TEST_API_KEY gives the Stripe connector a test mode: the sandbox's Stripe wire format
+    and its faults while the sandbox is enabled; Stripe's own (no faults to stage) otherwise."""
+    def test_mode(**env):
+        shown = subprocess.run(
+            [PYTHON, "-c", "import json, django; django.setup(); from django.conf import settings; "
+                           "print(json.dumps(settings.SURETY_CONNECTORS['refund'].get('test_mode')))"],
+            cwd=ROOT, capture_output=True, text=True, timeout=60, env={
+                **os.environ, "DJANGO_SETTINGS_MODULE": "config.settings", "CONNECTOR_REFUND": "stripe",
+                "STRIPE_API_KEY": "sk_live_x", "SANDBOX_BASE_URL": "http://surety.test/sandbox/v1", **env})
+        assert shown.returncode == 0, shown.stderr
+        return json.loads(shown.stdout)
+
+    assert test_mode() is None
+    assert test_mode(STRIPE_TEST_API_KEY="sk_test_y") == {
+        "options": {"api_key": "sk_test_y", "api_base": "http://surety.test/sandbox/stripe"},
+        "faults_url": "http://surety.test/sandbox/v1/faults"}
+    assert test_mode(STRIPE_TEST_API_KEY="sk_test_y", SANDBOX_ENABLED="false") == {
+        "options": {"api_key": "sk_test_y", "api_base": ""}, "faults_url": ""}
