@@ -45,7 +45,8 @@ class EditForm(forms.Form):
         for name in self.editable:
             # Named apart from the decision's own reason: a refund's `reason` is a param.
             self.fields[f"param_{name}"] = forms.CharField(
-                label=f"{action.action_type.replace('_', ' ').capitalize()} {name}", required=False, max_length=500, initial=(action.params or {}).get(name, ""))
+                label=f"{action.action_type.replace('_', ' ').capitalize()} {name}", required=False, max_length=500,
+                initial=(action.params or {}).get(name, ""))
 
     def changes(self):
         """The params as edited (field -> text); posted fields that are not editable too,

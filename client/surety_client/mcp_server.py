@@ -269,7 +269,9 @@ INSTRUCTIONS = (
     "Surety records each real-world action (refund, message, booking) once per decision before anything is "
     "called. Pass the id of your decision as decision_id; calling again with the same decision is always safe. "
     "An action above its limit waits for a person: the answer gives the dashboard link, and wait_for_action "
-    "waits for the decision. A rejected action answers the reviewer's reason: do not retry it."
+    "waits for the decision. A rejected action answers the reviewer's reason: do not retry it. An expired one "
+    "was not rejected (nobody decided in time): ask again under a new decision_id if it still stands. A "
+    "superseded one was edited by a person into a version that runs instead: wait for that version."
 )
 
 

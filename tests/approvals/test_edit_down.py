@@ -191,3 +191,19 @@ def test_the_database_refuses_to_commit_a_superseded_action_without_its_version(
     with pytest.raises(IntegrityError, match="superseded by no version"), transaction.atomic():
         Action.objects.filter(pk=action.pk).update(status=ActionStatus.SUPERSEDED)
     assert Action.objects.get(pk=action.pk).status == ActionStatus.AWAITING_APPROVAL
+
+
+def test_the_edit_page_refuses_a_field_not_declared_editable_by_name(people, client):
+    users, agent = people
+    action, item = over_limit(agent)
+    users["alice"].is_staff = users["alice"].is_superuser = True
+    users["alice"].save(update_fields=["is_staff", "is_superuser"])
+    client.force_login(users["alice"])
+    page = client.post(f"/review/{item.pk}/edit", {"param_amount": "400.00", "param_currency": "USD",
+                                                   "reason": "cheaper", "fingerprint": action.params_fingerprint()},
+                       follow=True)
+    assert "Not done: currency may not be edited (for a refund: amount, reason)." in page.content.decode()
+    assert unchanged(action, item)
+    page = client.post(f"/review/{item.pk}/edit", {"param_amount": "400.00", "reason": "cheaper",
+                                                   "fingerprint": action.params_fingerprint()}, follow=True)
+    assert f"Edited into {KEY}~v2: approved by you." in page.content.decode()

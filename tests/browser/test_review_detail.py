@@ -74,7 +74,8 @@ def test_a_decision_without_a_reason_is_refused(page, over_limit_refund, decisio
     assert page.locator("#reason").evaluate("field => field.validity.valueMissing")
     assert page.url.endswith(f"/review/{item.pk}/")
     # Sent anyway (blank once stripped): the server refuses and the page says why.
-    forged = csrf_post(page, f"/review/{item.pk}/decide", {"decision": decision, "reason": "  "})
+    forged = csrf_post(page, f"/review/{item.pk}/decide", {"decision": decision, "reason": "  ",
+                                                           "fingerprint": item.action.params_fingerprint()})
     assert forged.status == 303
     page.goto(f"/review/{item.pk}/")
     assert f"a reason is required to {decision}" in status_message(page)
@@ -128,12 +129,13 @@ def test_the_requester_cannot_approve_their_own_item(stack, pages, over_limit_re
     assert page.locator("#four-eyes").is_visible()
     assert page.locator("button[value=approve]").count() == 0
     # Forged as a plain form post: refused, back to the item with the reason why.
-    forged = csrf_post(page, f"/review/{own.pk}/decide", {"decision": "approve", "reason": "mine"})
+    seen = own.action.params_fingerprint()  # as the page would carry it
+    forged = csrf_post(page, f"/review/{own.pk}/decide", {"decision": "approve", "reason": "mine", "fingerprint": seen})
     assert forged.status == 303 and forged.headers["location"] == f"/review/{own.pk}/"
     page.goto(f"/review/{own.pk}/")
     assert "four eyes" in status_message(page)
     # Forged as an htmx request: 400, and htmx is sent back to the item.
-    forged = csrf_post(page, f"/review/{own.pk}/decide", {"decision": "approve", "reason": "mine"},
+    forged = csrf_post(page, f"/review/{own.pk}/decide", {"decision": "approve", "reason": "mine", "fingerprint": seen},
                        headers={"HX-Request": "true"})
     assert forged.status == 400 and forged.headers["hx-redirect"] == f"/review/{own.pk}/"
     assert_undecided(own, "approve")

@@ -86,6 +86,8 @@ def test_a_transition_in_the_table_works_and_writes_exactly_one_audit_event(agen
     assert AuditEvent.objects.filter(object_type="ledger.action").count() == events_before + 1
     assert (event.actor, event.verb, event.reason) == ("system:tests", "test", "exhaustive")
     assert (event.before["status"], event.after["status"]) == (source, target)
+    if target == S.SUPERSEDED:  # the database wants its version by the end of the transaction
+        make_action(agent, S.QUEUED, key=action.operation_key + "~v2", supersedes=action)
 
 
 @pytest.mark.parametrize(("status", "missing"), [
