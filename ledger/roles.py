@@ -16,10 +16,12 @@ ROLE_APPS = ("ledger", "approvals", "dlq")
 # Model permissions per group, on top of view_* on every model of ROLE_APPS for every role.
 EXTRA_MODEL_PERMS = {"admins": ("ledger.change_agent", "approvals.change_limit")}
 # django-guardian object permissions on each Capability, per kind and group. Auditors: none.
+# Operators work the dead-letter queue: a task's entry by its workflow, a standalone action's
+# by its action type.
 OBJECT_PERMS = {
     Capability.Kind.ACTION_TYPE: {
         "approvers": (APPROVE, RESOLVE),
-        "operators": (RESOLVE,),
+        "operators": (RESOLVE, WORK_DLQ),
         "admins": (APPROVE, RESOLVE, WORK_DLQ),
     },
     Capability.Kind.WORKFLOW: {

@@ -98,6 +98,8 @@ def test_setup_roles_is_idempotent_and_grants_what_each_role_may_do():
         assert user_may(approver, "resolve_capability", "action_type", action_type)
         assert not user_may(operator, "approve_capability", "action_type", action_type)
         assert user_may(operator, "resolve_capability", "action_type", action_type)
+        assert user_may(operator, "work_deadletters_capability", "action_type", action_type)
+        assert not user_may(approver, "work_deadletters_capability", "action_type", action_type)
         assert user_may(admin, "approve_capability", "action_type", action_type)
         assert user_may(admin, "resolve_capability", "action_type", action_type)
         for perm in ("approve_capability", "resolve_capability", "work_deadletters_capability"):

@@ -47,12 +47,11 @@ def agent(stack, owner):
 
 @pytest.fixture
 def operator(stack):
-    """olga, an operator granted the dead-letter permission on refunds (the action type: an
-    action's entry is worked with the permission on its type, a task's on its workflow)."""
+    """olga, an operator: the role works an action's entry by the permission on its action
+    type, a task's by the one on its workflow."""
     call_command("setup_roles", verbosity=0)
     user = User.objects.create_user(username="olga", password=None)
     user.groups.add(Group.objects.get(name="operators"))
-    assign_perm(f"ledger.{WORK_DLQ}", user, Capability.objects.get(kind="action_type", name="refund"))
     return user
 
 
@@ -228,7 +227,8 @@ def test_a_bulk_discard_touches_the_action_entries_of_types_the_person_may_work_
     entries = [DeadLetter.objects.get(action=declined(stack, agent, f"refund:ORD-B{n}:full:dec-1", f"ORD-B{n}"))
                for n in range(2)]
     task_only = User.objects.create_user(username="tom", password=None)
-    task_only.groups.add(Group.objects.get(name="operators"))  # the workflows' permission, not refunds'
+    task_only.groups.add(Group.objects.get(name="auditors"))  # on the dashboard, with a workflow's permission only
+    assign_perm(f"ledger.{WORK_DLQ}", task_only, Capability.objects.get(kind="workflow", name="refund"))
     client.force_login(task_only)
     assert client.post("/dlq/bulk", {"op": "discard", "status": "open", "code": "declined"}).context["total"] == 0
 
