@@ -54,14 +54,16 @@ def now():
 
 @pytest.fixture
 def data_set(now):
-    """~600 actions over 5 days (the window: the last 3), in time order with ties."""
+    """600 actions over 5 days (the window: the last 3), in time order with ties."""
     agent, _ = make_agent("billing")
     rng = random.Random(12)
     customers = ["CUST-1", "CUST-2", "CUST-3", "CUST-4", ""]
-    start = window_start(5, now)
+    start, today = window_start(5, now), window_start(1, now)
     rows = []
     for i in range(600):
-        at = start + timedelta(seconds=rng.randrange(int((now - start).total_seconds())))
+        # Every fifth one today, however early in the day the test runs.
+        since = today if i % 5 == 0 else start
+        at = since + timedelta(microseconds=rng.randrange(int((now - since).total_seconds() * 1e6)))
         if rng.random() < 0.2 and rows:
             at = rows[-1].created_at  # a tie in time: the id orders them
         status = rng.choice(ActionStatus.values)
