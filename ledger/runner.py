@@ -98,19 +98,24 @@ def _drive(task, claim, row, spec):
     The step's action has the authority a direct request of the agent would have: the
     workflow's grant lets the agent start the task, its grant for the action type decides
     the action (none: the step fails `forbidden`; shadow: the action is recorded `shadow`,
-    never executed, and the task fails `shadow` before any later step runs)."""
+    never executed, and the task fails `shadow` before any later step runs). Without a grant
+    nothing new is recorded, but what the step recorded before a revoke stands: its action may
+    have succeeded already, and the task goes on from it."""
     state = grant_state(task.agent, Capability.Kind.ACTION_TYPE, spec.action_type)
     if state is None:
-        raise StepFailed(f"{task.agent} holds no grant for {spec.action_type}", retryable=False, code="forbidden")
-    try:
-        action, _ = action_request(
-            agent=task.agent, operation_key=row.idempotency_key, action_type=spec.action_type,
-            target=spec.target, customer=spec.customer, params=spec.params,
-            task=task, decision_id=task.task_id, shadow=state == GrantState.SHADOW,
-        )
-    except KeyReused:
-        raise StepFailed(f"{row.idempotency_key} was used for a different request", retryable=False,
-                         code="idempotency_key_reused") from None
+        action = Action.objects.filter(operation_key=row.idempotency_key, agent=task.agent).first()
+        if action is None:
+            raise StepFailed(f"{task.agent} holds no grant for {spec.action_type}", retryable=False, code="forbidden")
+    else:
+        try:
+            action, _ = action_request(
+                agent=task.agent, operation_key=row.idempotency_key, action_type=spec.action_type,
+                target=spec.target, customer=spec.customer, params=spec.params,
+                task=task, decision_id=task.task_id, shadow=state == GrantState.SHADOW,
+            )
+        except KeyReused:
+            raise StepFailed(f"{row.idempotency_key} was used for a different request", retryable=False,
+                             code="idempotency_key_reused") from None
     if action.status == A.SHADOW:
         raise StepFailed(f"{row.idempotency_key} was recorded shadow, never executed: {task.agent}'s grant for "
                          f"{spec.action_type} is not live", retryable=False, code="shadow")

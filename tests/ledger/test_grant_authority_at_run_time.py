@@ -70,6 +70,27 @@ def test_a_workflow_grant_gives_no_authority_over_its_steps_action_types(db, set
     assert not Action.objects.filter(task=task).exists()
 
 
+def test_a_step_whose_action_succeeded_before_a_revoke_goes_on_from_it(db, settings, jobs_to_test_redis):
+    settings.SANDBOX_BASE_URL = "http://127.0.0.1:9/sandbox/v1"  # the refund is settled below, by hand
+    agent, _ = make_agent("billing", grants=("refund", "send_message"))
+    task, _ = task_request(agent=agent, task_id="refund-v1", workflow="refund", input=refund_input("ORD-V1", "C-V1"))
+    task.steps.filter(name="lookup_order").update(status="done", result={"order_id": "ORD-V1"})
+    task = task_claim_next("tests:1", only=task.pk)
+    # The step's refund succeeded, and its worker stopped before the step was checkpointed done.
+    action, _ = action_request(agent=agent, operation_key="refund-v1:call_refund_api:v1", action_type="refund",
+                               target="ORD-V1", customer="C-V1", params={"amount": "25.00", "currency": "EUR"},
+                               task=task, decision_id=task.task_id)
+    claimed = action_claim_next("tests:1", only=action.pk)
+    claimed.mark_succeeded(actor="system:tests", external_ref="re_v1", result={"id": "re_v1"}, claim=claimed.fence)
+    agent_revoke(agent, capability(*REFUND), actor="system:tests", reason="the agent misbehaved")
+
+    task = task_run(task)
+    step = task.steps.get(name="call_refund_api")
+    assert (step.status, step.result["external_ref"]) == ("done", "re_v1")
+    assert (task.last_error or {}).get("code") != "forbidden"
+    assert Action.objects.filter(task=task, action_type="refund").count() == 1
+
+
 @pytest.fixture
 def queued_refund(stack):
     """A live agent's refund, recorded by the API and queued while no worker runs yet."""
