@@ -108,8 +108,11 @@ def replayed(proposal, current, since):
     """The window's actions, each annotated with `current` and `proposed`: the kind of verdict
     under each limit (`current` may be None: no limit, everything runs), and `total_before`
     when a daily customer total is in play."""
+    # What agents asked for: not their shadow requests, and not the versions people made by
+    # editing a request down (ledger.versions), which would count that request twice.
     actions = Action.objects.filter(action_type=proposal.action_type, currency=proposal.currency,
-                                    created_at__gte=since).exclude(status=ActionStatus.SHADOW).order_by()
+                                    created_at__gte=since, supersedes__isnull=True
+                                    ).exclude(status=ActionStatus.SHADOW).order_by()
     limits = [limit for limit in (current, proposal) if limit is not None]
     total_before = Value(Decimal(0))
     if any(limit.daily_customer_total is not None for limit in limits):

@@ -8,8 +8,10 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
-from approvals.models import Limit
+from approvals.decisions import review_edit
+from approvals.models import Limit, ReviewItem
 from approvals.whatif import Proposal, whatif
+from ledger.actions import action_request
 from ledger.models import AuditEvent
 from tests.factories import make_action, make_agent
 
@@ -149,3 +151,18 @@ def test_examples_are_found_however_far_back_they_are(ages):
 def test_no_example_when_no_verdict_changes(actions):
     preview = whatif(Proposal("refund", "EUR", Decimal("500")))
     assert preview["counts"]["changed"] == 0 and preview["examples"] == []
+
+
+def test_a_request_edited_down_by_a_person_counts_once_as_the_agent_asked_it(actions):
+    users = [get_user_model().objects.create_user(name, password="x") for name in ("olga", "alice")]
+    agent, _ = make_agent("edited-bot", owner=users[0])
+    action, _ = action_request(agent=agent, operation_key="refund:ORD-E:full", action_type="refund", target="ORD-E",
+                               customer="CUST-E", params={"amount": "700.00", "currency": "EUR"})
+    item = ReviewItem.objects.get(action=action, status="open")
+    review_edit(item, user=users[1], changes={"amount": "400.00"}, reason="the broken item only",
+                fingerprint=action.params_fingerprint())
+
+    preview = whatif(Proposal("refund", "EUR", Decimal("250")))
+    # The three of the fixture and the 700.00 request; not its 400.00 version as well.
+    assert preview["counts"]["actions"] == 4
+    assert preview["counts"]["current_waiting"] == 2 and preview["counts"]["proposed_waiting"] == 3
