@@ -24,8 +24,9 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from approvals.decisions import review_decide
+from approvals.decisions import review_decide, review_edit
 from approvals.models import Limit, ReviewItem, ReviewStatus
+from approvals.reviews import approval_expire_due
 from dlq.entries import deadletter_discard, deadletter_redrive
 from dlq.models import DeadLetter, EntryStatus
 from dlq.overdue import review_alert_overdue
@@ -157,7 +158,8 @@ ORDERS = [  # order id, customer, amount, currency
     ("ORD-10043", "CUST-1043", "860.00", "EUR"), ("ORD-10044", "CUST-1044", "76.00", "EUR"),
     ("ORD-10045", "CUST-1045", "215.00", "EUR"), ("ORD-10046", "CUST-1046", "33.50", "EUR"),
     ("ORD-10047", "CUST-1047", "140.00", "EUR"), ("ORD-10048", "CUST-1048", "95.00", "EUR"),
-    ("ORD-10050", "CUST-1050", "27.00", "EUR"),
+    ("ORD-10050", "CUST-1050", "27.00", "EUR"), ("ORD-10051", "CUST-1051", "640.00", "USD"),
+    ("ORD-10052", "CUST-1052", "780.00", "EUR"),
 ]
 # A task's order the provider does not know (never created in the sandbox).
 UNKNOWN_ORDER = SandboxOrder(order_id="ORD-10049", customer="CUST-1049", amount=Decimal("61.00"), currency="EUR")
@@ -228,7 +230,8 @@ def seed_demo():
                         dual_approval_above=Decimal("5000.00"), daily_customer_total=Decimal("2000.00"),
                         review_deadline_hours=4, reason="demo policy: refunds over 500 EUR need an approver")
         Limit.limit_set(actor=ada, action_type=ActionType.REFUND, currency="USD", max_amount=Decimal("500.00"),
-                        review_deadline_hours=4, reason="demo policy: refunds over 500 USD need an approver")
+                        review_deadline_hours=4, approval_expires_after_hours=48,
+                        reason="demo policy: refunds over 500 USD need an approver within two days")
 
         orders = {}
         for order_id, customer, amount, currency in ORDERS:
@@ -347,6 +350,17 @@ def _seed_actions(users, agents, orders, script):
     # rejected by an approver.
     rejected = _refund(billing, "refund:ORD-10013:full:dec-510", o("ORD-10013"), decision="dec-510")
     review_decide(_item(rejected), user=bob, decision="reject", reason="already refunded by bank transfer last week")
+
+    # superseded: an approver lowered an over-limit refund instead of rejecting it; its version ran.
+    edited = _refund(billing, "refund:ORD-10052:full:dec-511", o("ORD-10052"), decision="dec-511",
+                     reason="two items arrived broken")
+    _, version = review_edit(_item(edited), user=bob, changes={"amount": "390.00"},
+                             reason="one of the two items was not broken: half the order")
+    execute(version)
+    # expired: over the USD limit, and nobody decided within its two days (the sweeper's step, as
+    # it runs once they have passed).
+    lapsed = _refund(billing, "refund:ORD-10051:full:dec-512", o("ORD-10051"), decision="dec-512")
+    approval_expire_due(now=_item(lapsed).expires_at)
 
     # held: two refunds for the same order, both waiting for a person.
     _refund(billing, "refund:ORD-10021:full:dec-601", o("ORD-10021"), decision="dec-601")

@@ -198,9 +198,10 @@ class Command(BaseCommand):
         columns = ("id", "operation_key", "fingerprint", "action_type", "target", "customer", "params", "amount",
                    "currency", "decision_id", "task_id", "agent_id", "status", "attempts", "external_ref", "result",
                    "error", "evidence", "next_attempt_at", "lease_owner", "lease_expires_at", "fence", "created_at",
-                   "updated_at")
+                   "updated_at", "approved_fingerprint")
         review_columns = ("kind", "action_id", "status", "why", "approvals_needed", "limit_snapshot", "deadline",
-                          "created_at", "updated_at", "decided_by_label", "decided_at", "note", "overdue_alerted_at")
+                          "created_at", "updated_at", "decided_by_label", "decided_at", "note", "overdue_alerted_at",
+                          "decided_fingerprint")
         limit_snapshot = _j({"max_amount": "500.000", "dual_approval_above": "5000.000",
                              "daily_customer_total": "2000.000", "review_deadline_hours": 4})
         tag = self.run_tag
@@ -261,24 +262,28 @@ class Command(BaseCommand):
                     evidence = _j([{"at": updated.isoformat(), "attempt": attempts, "error": "OutcomeUnknown",
                                     "code": "timeout", "status": None, "message": "no answer within 5s"}])
                     next_at = updated if status == "unknown" else None
+                # A decision is bound to the print of the params the approver saw (these, unchanged).
+                params_print = fingerprint(kind, target, params)
+                approved = ""
                 if status in REVIEW_KIND:
                     deadline = at + timedelta(hours=4)
                     reviews.append((REVIEW_KIND[status], ids[i], "open", "", 2 if amount and float(amount) > 5000 else 1,
                                     limit_snapshot if status == "awaiting_approval" else None, deadline, at, at,
-                                    "", None, "", None))
+                                    "", None, "", None, ""))
                 elif status == "rejected" or (status == "succeeded" and amount and float(amount) > 500):
                     decided = at + timedelta(minutes=rng.uniform(3, 200))
                     who = rng.choice(APPROVERS)
                     rejected = status == "rejected"
                     reviews.append(("approval", ids[i], "rejected" if rejected else "approved", "", 1, limit_snapshot,
                                     at + timedelta(hours=4), at, decided, who, decided,
-                                    "not covered by the refund policy" if rejected else "", None))
+                                    "not covered by the refund policy" if rejected else "", None, params_print))
                     if not rejected:
                         updated = decided + timedelta(seconds=rng.uniform(0.2, 5))
+                        approved = params_print
                 fence = attempts
-                yield (ids[i], key, fingerprint(kind, target, params), kind, target, customer, _j(params), amount,
+                yield (ids[i], key, params_print, kind, target, customer, _j(params), amount,
                        cur or "", f"dec-{tag}{i}", None, agent_id, status, attempts, external_ref or "", result,
-                       error, evidence, next_at, lease_owner, lease_exp, fence, at, updated)
+                       error, evidence, next_at, lease_owner, lease_exp, fence, at, updated, approved)
 
         written = reviewed = 0
         for lo in range(0, n, self.batch):
