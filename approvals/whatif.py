@@ -81,11 +81,17 @@ def window_start(days, now=None):
     return now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=days - 1)
 
 
+# What an agent asked for. A version a person made by editing a request down (ledger.versions)
+# is not a request of its own: it gets no verdict and is not counted (its request is), but
+# its amount is in its customer's daily total, as the intake counts it.
+REQUESTED = Q(supersedes__isnull=True)
+
+
 def _verdict(limit, total_before):
     """verdict_for's order as SQL (see the module's docstring): the kind of verdict, 0 to 3."""
     if limit is None:
         return Value(RUNS)
-    whens = []
+    whens = [When(~REQUESTED, then=Value(RUNS))]
     if limit.dual_approval_above is not None:
         whens.append(When(amount__gt=Value(limit.dual_approval_above), then=Value(TWO_APPROVERS)))
     whens.append(When(amount__gt=Value(limit.max_amount), then=Value(ABOVE_MAX)))
@@ -108,11 +114,8 @@ def replayed(proposal, current, since):
     """The window's actions, each annotated with `current` and `proposed`: the kind of verdict
     under each limit (`current` may be None: no limit, everything runs), and `total_before`
     when a daily customer total is in play."""
-    # What agents asked for: not their shadow requests, and not the versions people made by
-    # editing a request down (ledger.versions), which would count that request twice.
     actions = Action.objects.filter(action_type=proposal.action_type, currency=proposal.currency,
-                                    created_at__gte=since, supersedes__isnull=True
-                                    ).exclude(status=ActionStatus.SHADOW).order_by()
+                                    created_at__gte=since).exclude(status=ActionStatus.SHADOW).order_by()
     limits = [limit for limit in (current, proposal) if limit is not None]
     total_before = Value(Decimal(0))
     if any(limit.daily_customer_total is not None for limit in limits):
@@ -142,11 +145,11 @@ def whatif(proposal, *, days=DEFAULT_DAYS, now=None):
         opened = replayed(proposal, current, since).annotate(
             asked=Exists(ReviewItem.objects.filter(action=OuterRef("pk"), kind=ReviewKind.APPROVAL)))
         counts = opened.aggregate(
-            actions=Count("id"), **_counts("current"), **_counts("proposed"),
+            actions=Count("id", filter=REQUESTED), **_counts("current"), **_counts("proposed"),
             changed=Count("id", filter=~Q(current=F("proposed"))),
             newly_waiting=Count("id", filter=Q(current=RUNS) & ~Q(proposed=RUNS)),
             no_longer_waiting=Count("id", filter=~Q(current=RUNS) & Q(proposed=RUNS)),
-            asked_for_approval=Count("id", filter=Q(asked=True)),
+            asked_for_approval=Count("id", filter=Q(asked=True) & REQUESTED),
         )
         examples = _changed_newest(proposal, current, since, now, counts["changed"])
     rows = []

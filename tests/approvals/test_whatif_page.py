@@ -9,6 +9,7 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from approvals.decisions import review_edit
+from approvals.intake import customer_total_today
 from approvals.models import Limit, ReviewItem
 from approvals.whatif import Proposal, whatif
 from ledger.actions import action_request
@@ -153,16 +154,32 @@ def test_no_example_when_no_verdict_changes(actions):
     assert preview["counts"]["changed"] == 0 and preview["examples"] == []
 
 
-def test_a_request_edited_down_by_a_person_counts_once_as_the_agent_asked_it(actions):
+@pytest.fixture
+def edited(actions):
+    """CUST-E asks 700.00, which alice edits down to 400.00 (its version), then 300.00 more."""
     users = [get_user_model().objects.create_user(name, password="x") for name in ("olga", "alice")]
     agent, _ = make_agent("edited-bot", owner=users[0])
-    action, _ = action_request(agent=agent, operation_key="refund:ORD-E:full", action_type="refund", target="ORD-E",
-                               customer="CUST-E", params={"amount": "700.00", "currency": "EUR"})
-    item = ReviewItem.objects.get(action=action, status="open")
-    review_edit(item, user=users[1], changes={"amount": "400.00"}, reason="the broken item only",
-                fingerprint=action.params_fingerprint())
 
+    def refund(key, amount):
+        return action_request(agent=agent, operation_key=key, action_type="refund", target=key, customer="CUST-E",
+                              params={"amount": amount, "currency": "EUR"})[0]
+
+    action = refund("ORD-E1", "700.00")
+    review_edit(ReviewItem.objects.get(action=action, status="open"), user=users[1], changes={"amount": "400.00"},
+                reason="the broken item only", fingerprint=action.params_fingerprint())
+    return refund("ORD-E2", "300.00")
+
+
+def test_a_request_edited_down_by_a_person_counts_once_as_the_agent_asked_it(edited):
     preview = whatif(Proposal("refund", "EUR", Decimal("250")))
-    # The three of the fixture and the 700.00 request; not its 400.00 version as well.
-    assert preview["counts"]["actions"] == 4
-    assert preview["counts"]["current_waiting"] == 2 and preview["counts"]["proposed_waiting"] == 3
+    # The three of the fixture and the two of CUST-E; not the 400.00 version as well.
+    assert preview["counts"]["actions"] == 5
+    assert preview["counts"]["current_waiting"] == 2 and preview["counts"]["proposed_waiting"] == 4
+
+
+def test_the_version_a_person_made_is_in_its_customers_daily_total_as_the_intake_counts_it(edited):
+    assert customer_total_today("refund", "EUR", "CUST-E", excluding=edited) == Decimal("400.00")
+    preview = whatif(Proposal("refund", "EUR", Decimal("500"), daily_customer_total=Decimal("600")))
+    [example] = [e for e in preview["examples"] if e["action"].pk == edited.pk]
+    assert example["total_before"] == Decimal("400.00")
+    assert example["proposed"].reason == "the customer's total today would be 700.00 EUR, above 600.00"
