@@ -156,5 +156,7 @@ def test_nothing_outside_a_models_module_calls_move():
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, ast.Attribute) and node.attr == "_move":
                     callers.append(path.relative_to(ROOT).as_posix())
-    assert set(callers) <= {"ledger/models.py", "ledger/statemachine.py", "approvals/models.py", "dlq/models.py",
-                            "dlq/incidents.py", "dlq/redrive_runs.py"}, callers
+    models_modules = {"ledger/models.py", "ledger/statemachine.py", "approvals/models.py", "dlq/models.py",
+                      "dlq/incidents.py", "dlq/redrive_runs.py"}
+    assert set(callers) <= models_modules, callers
+    assert {"ledger/models.py", "approvals/models.py", "dlq/models.py"} <= set(callers)  # the scan sees them
