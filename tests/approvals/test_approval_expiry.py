@@ -7,14 +7,15 @@ from decimal import Decimal
 import pytest
 from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
+from django.utils import timezone
 
 from approvals.decisions import review_decide
 from approvals.forms import LimitForm
 from approvals.models import Limit, ReviewItem
 from approvals.reviews import approval_expire_due
-from ledger import hooks
 from ledger.actions import action_request
 from ledger.models import Action, ActionStatus
+from ledger.sweeper import sweep_once
 from tests.factories import audit_events, make_agent
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("jobs_to_test_redis")]
@@ -114,5 +115,10 @@ def test_the_policy_form_takes_an_hour_to_a_year_or_blank():
         limit(hours=0)
 
 
-def test_the_sweeper_runs_the_expiry_step():
-    assert ("approvals_expired", approval_expire_due) in hooks.sweep_steps()
+def test_a_sweeper_pass_expires_what_is_due(agent):
+    limit(hours=1)
+    action = refund(agent, 1)
+    ReviewItem.objects.filter(action=action).update(expires_at=timezone.now() - timedelta(seconds=1))
+    assert sweep_once()["approvals_expired"] == 1
+    action.refresh_from_db()
+    assert action.status == ActionStatus.EXPIRED
