@@ -38,6 +38,8 @@ from .models import SandboxIdempotencyKey, SandboxOrder, SandboxRefund, SandboxS
 _TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 402: "card_error", 404: "invalid_request_error"}
 # The sandbox's own error codes, as Stripe names the same failures.
 _CODES = {"declined": "card_declined", "internal_error": None, "timeout": None}
+# A charge below this fits an order's amount column (12 digits, 3 of them decimals).
+MAX_CHARGE = 10**9
 
 
 class StripeError(Exception):
@@ -243,9 +245,16 @@ def charge_create(request):
     if not (len(currency) == 3 and currency.isascii() and currency.isalpha()):
         raise StripeError(400, "parameter_invalid_string", "currency must be a three-letter ISO code.",
                           param="currency")
+    amount = money.from_minor_units(amount, currency.upper())
+    if amount >= MAX_CHARGE:
+        raise StripeError(400, "amount_too_large", f"Amount must be below {MAX_CHARGE} {currency.upper()}.",
+                          param="amount")
+    customer = metadata.get("customer", "")
+    if len(customer) > SandboxOrder._meta.get_field("customer").max_length:
+        raise StripeError(400, "parameter_invalid_string", "metadata[customer] is at most 255 characters in this "
+                          "sandbox.", param="metadata")
     order = SandboxOrder.objects.create(
-        order_id=f"ch_{secrets.token_hex(12)}", customer=metadata.get("customer", ""), currency=currency.upper(),
-        amount=money.from_minor_units(amount, currency.upper()))
+        order_id=f"ch_{secrets.token_hex(12)}", customer=customer, currency=currency.upper(), amount=amount)
     return JsonResponse(_payment(order))
 
 

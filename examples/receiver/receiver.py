@@ -38,6 +38,7 @@ from wsgiref.simple_server import WSGIServer, make_server
 PATH = "/effects"
 TOLERANCE_SECONDS = 300
 FAULTS = {"timeout_after_commit"}
+MAX_TIMES = 10**6
 
 
 def make_app(secret, database, *, test_mode=False, stall_seconds=10):
@@ -49,13 +50,16 @@ def make_app(secret, database, *, test_mode=False, stall_seconds=10):
 
     def application(environ, start_response):
         method, path = environ["REQUEST_METHOD"], environ.get("PATH_INFO", "")
-        if method == "POST" and path == PATH:
-            raw = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+        length = environ.get("CONTENT_LENGTH") or "0"
+        if method == "POST" and not (length.isascii() and length.isdigit()):
+            status, answer = 400, {"error": {"code": "invalid", "message": "Content-Length must be a number"}}
+        elif method == "POST" and path == PATH:
+            raw = environ["wsgi.input"].read(int(length))
             status, answer = _receive(database, secret, environ, raw)
             if test_mode and status < 400 and _fault_fires(database, answer["target"]):
                 time.sleep(stall_seconds)  # committed above: the caller gives up before this answer
         elif method == "POST" and path == PATH + "/faults" and test_mode:
-            raw = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+            raw = environ["wsgi.input"].read(int(length))
             status, answer = _arm(database, secret, environ, raw)
         elif method == "GET" and path.startswith(PATH + "/"):
             # The server has already decoded the path: a key's "%2F" is a "/" here.
@@ -106,8 +110,11 @@ def _arm(database, secret, environ, raw):
         target, kind, times = fault["target"], fault["fault"], fault.get("times", 1)
     except (ValueError, TypeError, KeyError):
         return 400, {"error": {"code": "invalid", "message": "a JSON object with target, fault and times"}}
-    if kind not in FAULTS or not isinstance(target, str) or not isinstance(times, int) or times < 1:
-        return 400, {"error": {"code": "invalid", "message": f"fault is one of {sorted(FAULTS)}, times at least 1"}}
+    # type(...) is int: a JSON true is a bool, which isinstance would take for 1.
+    if not isinstance(kind, str) or kind not in FAULTS or not isinstance(target, str) \
+            or type(times) is not int or not 1 <= times <= MAX_TIMES:
+        return 400, {"error": {"code": "invalid",
+                               "message": f"fault is one of {sorted(FAULTS)}, times from 1 to {MAX_TIMES}"}}
     with sqlite3.connect(database, timeout=30) as db:
         db.execute("INSERT INTO faults (target, fault, times) VALUES (?, ?, ?) ON CONFLICT (target) "
                    "DO UPDATE SET fault = excluded.fault, times = excluded.times", (target, kind, times))

@@ -1,6 +1,7 @@
 """The signed-HTTP connector against a real HTTP server: the receiving service of
 `examples/receiver/`, run here on a free port, so the example a team copies is the one tested."""
 
+import io
 import json
 import sqlite3
 import subprocess
@@ -263,3 +264,30 @@ def test_the_start_stops_with_a_clear_message_when_the_url_and_secret_are_missin
     assert "surety.E003" in checked.stderr
     assert "http connector for 'refund': url 'team.example/effects' is not an http(s) address" in checked.stderr
     assert "http connector for 'refund': no signing secret (CONNECTOR_<TYPE>_SECRET)" in checked.stderr
+
+
+@pytest.mark.parametrize("fault", [
+    {"target": "a", "fault": ["timeout_after_commit"], "times": 1}, {"target": "a", "fault": "melt", "times": 1},
+    {"target": "a", "fault": "timeout_after_commit", "times": 10**22},
+    {"target": "a", "fault": "timeout_after_commit", "times": True}, {"target": 5, "fault": "timeout_after_commit"},
+    {"target": "a", "fault": "timeout_after_commit", "times": 0},
+])
+def test_the_example_services_test_mode_refuses_a_bad_fault_and_arms_nothing(tmp_path, fault):
+    database = str(tmp_path / "effects.sqlite3")
+    app = make_app(SECRET, database, test_mode=True)
+    raw = json.dumps(fault).encode()
+    answered = []
+    environ = {"REQUEST_METHOD": "POST", "PATH_INFO": PATH + "/faults", "CONTENT_LENGTH": str(len(raw)),
+               "wsgi.input": io.BytesIO(raw), "HTTP_SURETY_SIGNATURE": sign_webhook(raw, SECRET)}
+    body = app(environ, lambda status, headers: answered.append(status))
+    assert answered[0].startswith("400") and json.loads(b"".join(body))["error"]["code"] == "invalid"
+    with sqlite3.connect(database) as db:
+        assert db.execute("SELECT count(*) FROM faults").fetchone() == (0,)
+
+
+def test_the_example_service_refuses_a_content_length_that_is_not_a_number(tmp_path):
+    app = make_app(SECRET, str(tmp_path / "effects.sqlite3"))
+    answered = []
+    app({"REQUEST_METHOD": "POST", "PATH_INFO": PATH, "CONTENT_LENGTH": "ten", "wsgi.input": io.BytesIO(b"{}")},
+        lambda status, headers: answered.append(status))
+    assert answered[0].startswith("400")

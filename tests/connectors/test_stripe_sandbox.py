@@ -116,3 +116,27 @@ def test_a_key_whose_request_answered_500_answers_500_on_every_retry_as_at_strip
     assert (first.status_code, again.status_code, again["Idempotent-Replayed"]) == (500, 500, "true")
     assert refund(client, "key-other", charge="ch_1", amount="100").status_code == 200
     assert SandboxRefund.objects.count() == 1
+
+
+def test_a_charge_is_made_for_a_test_card_and_refundable_by_its_id(client):
+    answer = client.post("/sandbox/stripe/v1/charges", {"amount": "2500", "currency": "eur", "source": "tok_visa",
+                                                        "metadata[customer]": "CUST-9"}, headers=AUTH)
+    assert answer.status_code == 200, answer.content
+    charge = SandboxOrder.objects.get(order_id=answer.json()["id"])
+    assert (charge.amount, charge.currency, charge.customer) == (25, "EUR", "CUST-9")
+    assert refund(client, charge=charge.order_id).status_code == 200
+
+
+@pytest.mark.parametrize(("params", "error"), [
+    ({"amount": "999999999999", "currency": "eur"}, {"code": "amount_too_large", "param": "amount"}),
+    ({"amount": "999999999999", "currency": "jpy"}, {"code": "amount_too_large", "param": "amount"}),
+    ({"amount": "100", "currency": "eur", "metadata[customer]": "c" * 256}, {"param": "metadata"}),
+    ({"amount": "-1", "currency": "eur"}, {"code": "parameter_invalid_integer"}),
+    ({"amount": "100", "currency": "e1r"}, {"param": "currency"}),
+])
+def test_a_bad_charge_gets_stripes_error_json_and_makes_no_charge(client, params, error):
+    before = SandboxOrder.objects.count()
+    answer = client.post("/sandbox/stripe/v1/charges", {"source": "tok_visa", **params}, headers=AUTH)
+    assert answer.status_code == 400, answer.content
+    assert error.items() <= answer.json()["error"].items()
+    assert SandboxOrder.objects.count() == before
