@@ -230,7 +230,7 @@ def bulk_redrive_work(run_id, token=""):
         if (slot - timezone.now()).total_seconds() > POLL_SECONDS:
             time.sleep(POLL_SECONDS)  # short naps: a stop or a spike is seen at once
             continue
-        _redrive_one(run, item, slot=slot)
+        _redrive_one(run, item, slot=slot, token=token)
     with transaction.atomic():
         _hand_over(run)
 
@@ -242,27 +242,41 @@ def _next_slot(run):
     return last + timedelta(seconds=run.seconds_apart) if last else timezone.now()
 
 
-def _redrive_one(run, item, *, slot):
-    """Redrive the item's entry at `slot` (to the slot itself, not the next look round after it)."""
+def _redrive_one(run, item, *, slot, token):
+    """Redrive the item's entry at `slot` (to the slot itself, not the next look round after it).
+
+    The loop's look at the run came before the wait for the slot. A person's stop
+    (`bulk_stop`) and another job's takeover both change the run's row under its lock, so the
+    entry is redriven with that row locked and only while the run is still running under this
+    job's lease: neither lets one more entry through after it."""
     entry, user = item.entry, run.started_by
     if not user_may(user, WORK_DLQ, *entry.capability):
         item.settle(Outcome.FAILED, f"{user.get_username()} may no longer work {entry.capability[1]} dead letters")
         return
     time.sleep(max((slot - timezone.now()).total_seconds(), 0))
-    try:
-        with transaction.atomic():
-            redriven_at = timezone.now()
-            entry = deadletter_redrive(entry, actor=user, reason=run.note)
-            detail = item.plan_detail
-            if entry.action_id and Action.objects.filter(pk=entry.action_id, status=ActionStatus.HELD).exists():
-                detail = "held for a person: another action on its target or customer is in flight"
-            item.settle(Outcome.REDRIVEN, detail, redriven_at=redriven_at)
-    except (InvalidTransition, ValueError) as exc:
-        entry.refresh_from_db()
-        if entry.status != EntryStatus.OPEN:
-            item.settle(Outcome.SKIPPED, f"already {entry.status} by {entry.decided_by or 'the system'}")
-        else:
-            item.settle(Outcome.FAILED, str(exc))
+    with transaction.atomic():
+        if not _still_ours(run, token):
+            return  # the loop's next look ends the run, or leaves it to the job that took it
+        try:
+            with transaction.atomic():
+                redriven_at = timezone.now()
+                entry = deadletter_redrive(entry, actor=user, reason=run.note)
+                detail = item.plan_detail
+                if entry.action_id and Action.objects.filter(pk=entry.action_id, status=ActionStatus.HELD).exists():
+                    detail = "held for a person: another action on its target or customer is in flight"
+                item.settle(Outcome.REDRIVEN, detail, redriven_at=redriven_at)
+        except (InvalidTransition, ValueError) as exc:
+            entry.refresh_from_db()
+            if entry.status != EntryStatus.OPEN:
+                item.settle(Outcome.SKIPPED, f"already {entry.status} by {entry.decided_by or 'the system'}")
+            else:
+                item.settle(Outcome.FAILED, str(exc))
+
+
+def _still_ours(run, token):
+    """Lock the run's row for the caller's transaction: is it still running under `token`'s lease?"""
+    return BulkRedrive.objects.select_for_update().filter(pk=run.pk, status=RunStatus.RUNNING,
+                                                          lease_owner=token).exists()
 
 
 def _observe(run):

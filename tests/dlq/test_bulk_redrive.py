@@ -6,6 +6,7 @@ leaves the rest open and a report that says why; a run whose selection changed s
 run is refused with the difference; bad rates and missing permissions are refused; and an
 entry redriven that fails again gets a new entry, the earlier one keeping its error."""
 
+import sys
 import time
 from decimal import Decimal
 
@@ -16,7 +17,7 @@ from django.core.management import call_command
 from django.test import Client
 from guardian.shortcuts import assign_perm
 
-from dlq.bulk import bulk_redrive_work, bulk_redrives_resume
+from dlq.bulk import LEASE_SECONDS, bulk_redrive_work, bulk_redrives_resume
 from dlq.entries import deadletter_resolve
 from dlq.models import BulkRedrive, DeadLetter, EntryStatus
 from ledger.access import WORK_DLQ
@@ -364,3 +365,35 @@ def test_a_limit_lowered_since_the_dry_run_holds(agent, olga, settings, jobs_to_
     assert start(olga, run, "30").status_code == 302
     run.refresh_from_db()
     assert run.status == "running" and run.ceiling == Decimal("30") and run.rate == Decimal("30")
+
+
+@pytest.mark.parametrize("meanwhile", ["a person stops the run", "another job takes the run over"])
+def test_no_entry_is_redriven_after_a_stop_or_a_takeover_that_came_while_the_job_waited_for_its_slot(
+        agent, olga, jobs_to_test_redis, monkeypatch, meanwhile):
+    entries = [failed_refund_entry(agent, n) for n in range(2)]
+    run = dry_run(olga)
+    assert start(olga, run, "60").status_code == 302
+    token = BulkRedrive.objects.get(pk=run.pk).lease_owner
+    sleep, asked = time.sleep, []
+
+    def wait_for_the_slot(seconds):
+        """The job's wait just before it redrives an entry: the moment the race is about."""
+        if sys._getframe(1).f_code.co_name == "_redrive_one" and not asked:
+            if meanwhile == "a person stops the run":
+                asked.append(olga.post(f"/dlq/redrives/{run.pk}/stop", {"reason": "the provider paged us"}))
+            else:  # the sweeper thought the job lost and handed the run to another
+                asked.append(BulkRedrive.objects.get(pk=run.pk).hand_lease(LEASE_SECONDS, owner="another-job"))
+        sleep(seconds)
+
+    monkeypatch.setattr(time, "sleep", wait_for_the_slot)
+    bulk_redrive_work(run.pk, token)
+
+    assert asked, "the job never waited for a slot"
+    assert DeadLetter.objects.filter(pk__in=[e.pk for e in entries], status="open").count() == 2
+    assert not any(audit_events(entry, "redriven").exists() for entry in entries)
+    run.refresh_from_db()
+    if meanwhile == "a person stops the run":
+        assert run.status == "stopped" and run.stop_reason == "stopped by user:olga: the provider paged us"
+        assert run.counts()["left_open"] == 2
+    else:  # the run is the other job's to go on with, untouched
+        assert run.status == "running" and run.lease_owner == "another-job" and run.counts()["planned"] == 2
