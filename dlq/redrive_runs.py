@@ -9,12 +9,12 @@ the entry's own redrive (audited there) or of the run's end, so it carries no ev
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import models, transaction
+from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
 from ledger.audit import actor_label
-from ledger.statemachine import StateMachine, check_move
+from ledger.statemachine import InvalidTransition, StateMachine, check_move
 
 
 class RunStatus(models.TextChoices):
@@ -185,13 +185,21 @@ class BulkRedriveItem(models.Model):
         return f"{self.run}: entry #{self.entry_id} {self.outcome}"
 
     def settle(self, to, detail="", **changes):
-        """Its one move out of `planned` (ITEM_TRANSITIONS), inside the caller's transaction."""
+        """Its one move out of `planned` (ITEM_TRANSITIONS), inside the caller's transaction.
+
+        Written only if the row still holds the outcome this copy was checked against: a job
+        that stalled with a stale copy must not overwrite what another wrote meanwhile (a
+        `redriven` turned `skipped`); it is refused instead, and nothing changes."""
         check_move(ITEM_TRANSITIONS, self.outcome, to, self)
-        self.outcome, self.outcome_detail = to, detail[:2000]
+        detail = detail[:2000]
+        written = BulkRedriveItem.objects.filter(pk=self.pk, outcome=self.outcome).update(
+            outcome=to, outcome_detail=detail, **changes)
+        if not written:
+            now = BulkRedriveItem.objects.filter(pk=self.pk).values_list("outcome", flat=True).first()
+            raise InvalidTransition(f"{self}: {self.outcome} -> {to} refused, it is {now} now")
+        self.outcome, self.outcome_detail = to, detail
         for field, value in changes.items():
             setattr(self, field, value)
-        with transaction.atomic():
-            self.save(update_fields=["outcome", "outcome_detail", *changes])
         return self
 
     def note_failed_again(self, detail, at):

@@ -1,17 +1,19 @@
 """A bulk redrive's two machines, written out here rather than read from the product: the run
 (planned, running, stopping, finished, stopped) and each item's outcome, one move out of
-`planned`. A move the table refuses changes nothing."""
+`planned`. A move the table refuses changes nothing, and so does one made from a stale copy."""
 
 import itertools
 from decimal import Decimal
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.utils import timezone
 
-from dlq.models import BulkRedrive
-from dlq.redrive_runs import ITEM_TRANSITIONS, RUN_TRANSITIONS, Outcome, RunStatus
-from ledger.models import AuditEvent
+from dlq.models import BulkRedrive, BulkRedriveItem, DeadLetter
+from dlq.redrive_runs import ITEM_TRANSITIONS, RUN_TRANSITIONS, Outcome, Plan, RunStatus
+from ledger.models import ActionStatus, AuditEvent
 from ledger.statemachine import InvalidTransition
+from tests.factories import make_action, make_agent
 
 RUN = {"planned": {"running"}, "running": {"stopping", "finished", "stopped"}, "stopping": {"stopped"},
        "finished": set(), "stopped": set()}
@@ -45,3 +47,21 @@ def test_a_move_the_run_table_refuses_changes_nothing(start, to):
     with pytest.raises(InvalidTransition):
         MOVES[to](run, user)
     assert BulkRedrive.objects.get(pk=run.pk).status == start and AuditEvent.objects.count() == before
+
+
+@pytest.mark.django_db
+def test_a_stale_copy_of_an_item_cannot_overwrite_the_outcome_written_meanwhile():
+    agent = make_agent("billing")[0]
+    action = make_action(agent, ActionStatus.FAILED, key="refund:ORD-ST:full:dec-1", target="ORD-ST",
+                         error={"code": "provider_unavailable", "message": "503", "retryable": True})
+    run = BulkRedrive.objects.create(filters={}, planned_by="olga", ceiling=Decimal("60"))
+    item = BulkRedriveItem.objects.create(run=run, entry=DeadLetter.objects.open_for_action(action, actor="system:tests"),
+                                          position=1, plan=Plan.ACTION_RETRY)
+    stalled = BulkRedriveItem.objects.get(pk=item.pk)  # what a job that stalls holds: `planned`
+    redriven_at = timezone.now()
+    item.settle(Outcome.REDRIVEN, "one more attempt", redriven_at=redriven_at)
+
+    with pytest.raises(InvalidTransition, match="it is redriven now"):
+        stalled.settle(Outcome.SKIPPED, "already redriven by user:olga")
+    assert BulkRedriveItem.objects.values_list("outcome", "outcome_detail", "redriven_at").get() == (
+        "redriven", "one more attempt", redriven_at)
