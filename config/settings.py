@@ -209,10 +209,11 @@ for _action_type in ACTION_TYPES:
 CONNECTOR_REDRIVE_RATES = {t: env_float(f"CONNECTOR_{t.upper()}_REDRIVE_RATE", 60) for t in ACTION_TYPES}
 REDRIVE_SPIKE_FAILURES = env_int("REDRIVE_SPIKE_FAILURES", 3)
 REDRIVE_SPIKE_WINDOW = env_int("REDRIVE_SPIKE_WINDOW", 10)
-if not (all(rate > 0 for rate in CONNECTOR_REDRIVE_RATES.values())
+# A run keeps its ceiling with two decimals, below a million a minute (dlq.redrive_runs).
+if not (all(0.01 <= rate < 10**6 for rate in CONNECTOR_REDRIVE_RATES.values())
         and 1 <= REDRIVE_SPIKE_FAILURES <= REDRIVE_SPIKE_WINDOW):
-    raise RuntimeError("CONNECTOR_<TYPE>_REDRIVE_RATE must be above 0, and REDRIVE_SPIKE_FAILURES from 1 to "
-                       "REDRIVE_SPIKE_WINDOW")
+    raise RuntimeError("CONNECTOR_<TYPE>_REDRIVE_RATE must be from 0.01 to 999999.99 entries a minute, and "
+                       "REDRIVE_SPIKE_FAILURES from 1 to REDRIVE_SPIKE_WINDOW")
 LEASE_SECONDS = env_float("LEASE_SECONDS", 30)
 # A provider call starts only with at least CONNECTOR_TIMEOUT + this margin of lease left.
 LEASE_MARGIN_SECONDS = env_float("LEASE_MARGIN_SECONDS", 2)

@@ -25,6 +25,9 @@ def manage(*command, **env):
 @pytest.mark.parametrize(("env", "refused"), [
     ({"SECRET_KEY": ""}, "SECRET_KEY must be set"),
     ({"ALERT_WEBHOOK_URL": "https://alerts.example/hook"}, "ALERT_WEBHOOK_SECRET must be set"),
+    # A bulk redrive's ceiling is kept with two decimals, below a million a minute.
+    ({"CONNECTOR_REFUND_REDRIVE_RATE": "1e7"}, "CONNECTOR_<TYPE>_REDRIVE_RATE must be from 0.01"),
+    ({"CONNECTOR_REFUND_REDRIVE_RATE": "0.001"}, "CONNECTOR_<TYPE>_REDRIVE_RATE must be from 0.01"),
 ])
 def test_production_refuses_to_start_with_a_development_secret(env, refused):
     result = manage("check", **env)
