@@ -10,7 +10,8 @@ from django.db.models import Subquery, Sum
 from django.utils import timezone
 
 from ledger.compiled import Compiled, register_cache
-from ledger.models import Action, ActionStatus
+from ledger.hooks import Verdict
+from ledger.models import Action, ActionStatus, money_in_params
 
 from .models import Limit, LimitsVersion
 from .policies import RUN, money, verdict_for
@@ -86,8 +87,19 @@ def customer_total_today(action_type, currency, customer, excluding=None):
 
 
 def verdict_for_action(action):
-    """The verdict on an action already recorded, as if it were requested now."""
-    return verdict_for_request(action_type=action.action_type, amount=action.amount, currency=action.currency,
+    """The verdict on an action already recorded, as if it were requested now, on what the
+    provider would be sent: the amount and currency in its params, read as the intake reads
+    them. They differ from the columns the intake wrote only when the params were changed
+    behind the ledger's back (a raw UPDATE, a bug); then the columns understate what would be
+    sent. Params not readable as money, or in another currency than recorded (which may have
+    no limit at all), get the strictest review instead."""
+    try:
+        amount, currency = money_in_params(action.params)
+    except (ArithmeticError, AttributeError, TypeError, ValueError):
+        currency = None
+    if currency != action.currency:
+        return Verdict(2, "its params are not an amount in the currency recorded: two approvers")
+    return verdict_for_request(action_type=action.action_type, amount=amount, currency=currency,
                                customer=action.customer, recorded=action)
 
 

@@ -5,7 +5,6 @@
 
 import logging
 from datetime import datetime
-from decimal import Decimal
 
 from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.db.models import Q
@@ -15,7 +14,7 @@ from . import hooks
 from .compiled import Compiled, insert, update
 from .jobs import ring_after_commit
 from .models import (IN_FLIGHT_STATUSES, Action, ActionStatus, ActionType, AuditEvent, Booking,  # noqa: F401
-                     InvalidTransition, fingerprint, request_fingerprint)  # (fingerprint: re-exported)
+                     InvalidTransition, fingerprint, money_in_params, request_fingerprint)  # (fingerprint: re-exported)
 
 S = ActionStatus
 logger = logging.getLogger("surety.actions")
@@ -106,8 +105,7 @@ def action_request(*, agent, operation_key, action_type, target, params, custome
     """
     print_ = request_fingerprint(action_type, target, params, customer)
     # Columns of their own for the limits and the queues, always read from the params.
-    amount = None if params.get("amount") in (None, "") else Decimal(str(params["amount"]))
-    currency = params.get("currency", "")
+    amount, currency = money_in_params(params)
     try:
         with transaction.atomic():
             verdict = None if shadow else hooks.policy().verdict_for_request(

@@ -9,6 +9,7 @@ import hashlib
 import json
 import secrets
 from datetime import timedelta
+from decimal import Decimal
 
 from django.conf import settings
 from django.db import models
@@ -193,6 +194,13 @@ def fingerprint(kind, target, params):
     """What a key asks for, hashed from its canonical form: the same request, the same print."""
     canonical = json.dumps([kind, target, params], sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def money_in_params(params):
+    """`(amount, currency)` as params ask for them, the way the intake writes them into the
+    columns of their own (None and "" where there are none)."""
+    amount = params.get("amount")
+    return (None if amount in (None, "") else Decimal(str(amount))), params.get("currency", "")
 
 
 def request_fingerprint(action_type, target, params, customer):

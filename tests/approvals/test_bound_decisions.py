@@ -73,8 +73,14 @@ def test_a_queued_action_whose_params_changed_after_approval_goes_back_to_a_pers
     assert action.status == ActionStatus.AWAITING_APPROVAL and action.attempts == 0
     again = ReviewItem.objects.get(action=action, status="open")
     assert "changed after it was approved" in again.why
-    # Approved again, on the params as they are now, it runs.
-    review_decide(again, user=users["bob"], decision="approve", reason="seen", fingerprint=action.params_fingerprint())
+    # 7500.00 would be sent, above the two-approver line: one person's approval is not enough.
+    assert again.approvals_needed == 2
+    seen = action.params_fingerprint()
+    review_decide(again, user=users["bob"], decision="approve", reason="seen", fingerprint=seen)
+    assert Action.objects.get(pk=action.pk).status == ActionStatus.AWAITING_APPROVAL
+    assert action_claim_next("tests:worker", only=action.pk) is None
+    # Approved again by a second person, on the params as they are now, it runs.
+    review_decide(again, user=users["alice"], decision="approve", reason="seen too", fingerprint=seen)
     assert action_claim_next("tests:worker", only=action.pk).status == ActionStatus.PENDING
 
 
@@ -118,3 +124,12 @@ def test_the_page_carries_the_print_and_a_form_without_it_approves_nothing(peopl
     assert CHANGED in stale.content.decode()
     item.refresh_from_db()
     assert item.status == "open"
+
+
+def test_params_changed_to_a_currency_without_a_limit_need_two_approvers(people):
+    users, agent = people
+    action, item = refund(agent, 8, "750.00")
+    review_decide(item, user=users["alice"], decision="approve", reason="fine", fingerprint=action.params_fingerprint())
+    Action.objects.filter(pk=action.pk).update(params={"amount": "7500.00", "currency": "USD"})
+    assert action_claim_next("tests:worker", only=action.pk) is None
+    assert ReviewItem.objects.get(action=action, status="open").approvals_needed == 2
