@@ -250,13 +250,16 @@ def _redrive_one(run, item, *, slot, token):
     entry is redriven with that row locked and only while the run is still running under this
     job's lease: neither lets one more entry through after it."""
     entry, user = item.entry, run.started_by
-    if not user_may(user, WORK_DLQ, *entry.capability):
-        item.settle(Outcome.FAILED, f"{user.get_username()} may no longer work {entry.capability[1]} dead letters")
-        return
-    time.sleep(max((slot - timezone.now()).total_seconds(), 0))
+    allowed = user_may(user, WORK_DLQ, *entry.capability)  # before the wait: a redrive keeps to its slot
+    if allowed:
+        time.sleep(max((slot - timezone.now()).total_seconds(), 0))
     with transaction.atomic():
         if not _still_ours(run, token):
             return  # the loop's next look ends the run, or leaves it to the job that took it
+        if not allowed:
+            item.settle(Outcome.FAILED, f"{user.get_username()} may no longer work {entry.capability[1]} dead letters",
+                        actor=SYSTEM)
+            return
         try:
             with transaction.atomic():
                 redriven_at = timezone.now()
@@ -268,9 +271,10 @@ def _redrive_one(run, item, *, slot, token):
         except (InvalidTransition, ValueError) as exc:
             entry.refresh_from_db()
             if entry.status != EntryStatus.OPEN:
-                item.settle(Outcome.SKIPPED, f"already {entry.status} by {entry.decided_by or 'the system'}")
+                item.settle(Outcome.SKIPPED, f"already {entry.status} by {entry.decided_by or 'the system'}",
+                            actor=SYSTEM)
             else:
-                item.settle(Outcome.FAILED, str(exc))
+                item.settle(Outcome.FAILED, str(exc), actor=SYSTEM)
 
 
 def _still_ours(run, token):

@@ -2,8 +2,9 @@
 what rate, when it started and ended, why it stopped, and what became of every entry.
 
 The work itself is in `dlq/bulk.py`; these are the rows and their moves. A run's moves are
-audited like every other status change; an item's outcome is written in the transaction of
-the entry's own redrive (audited there) or of the run's end, so it carries no events of its own.
+audited like every other status change. An item's outcome is written in the transaction of
+the entry's own redrive or of the run's start or end, audited there; an outcome no such event
+explains (a redrive refused, an entry someone else decided first) is audited on the item.
 """
 
 from datetime import timedelta
@@ -13,7 +14,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from ledger.audit import actor_label
+from ledger.audit import AuditEvent, actor_label
 from ledger.statemachine import InvalidTransition, StateMachine, check_move
 
 
@@ -184,8 +185,9 @@ class BulkRedriveItem(models.Model):
     def __str__(self):
         return f"{self.run}: entry #{self.entry_id} {self.outcome}"
 
-    def settle(self, to, detail="", **changes):
-        """Its one move out of `planned` (ITEM_TRANSITIONS), inside the caller's transaction.
+    def settle(self, to, detail="", *, actor=None, **changes):
+        """Its one move out of `planned` (ITEM_TRANSITIONS), inside the caller's transaction;
+        with `actor`, audited on the item (the detail its reason).
 
         Written only if the row still holds the outcome this copy was checked against: a job
         that stalled with a stale copy must not overwrite what another wrote meanwhile (a
@@ -197,9 +199,13 @@ class BulkRedriveItem(models.Model):
         if not written:
             now = BulkRedriveItem.objects.filter(pk=self.pk).values_list("outcome", flat=True).first()
             raise InvalidTransition(f"{self}: {self.outcome} -> {to} refused, it is {now} now")
+        before = {"outcome": self.outcome}
         self.outcome, self.outcome_detail = to, detail
         for field, value in changes.items():
             setattr(self, field, value)
+        if actor is not None:
+            AuditEvent.objects.record(actor=actor, verb=f"bulk_redrive_item_{to}", obj=self, before=before,
+                                      after={"outcome": to, "entry": self.entry_id}, reason=detail)
         return self
 
     def note_failed_again(self, detail, at):

@@ -15,11 +15,11 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core.management import call_command
 from django.test import Client
-from guardian.shortcuts import assign_perm
+from guardian.shortcuts import assign_perm, remove_perm
 
 from dlq.bulk import LEASE_SECONDS, bulk_redrive_work, bulk_redrives_resume
 from dlq.entries import deadletter_resolve
-from dlq.models import BulkRedrive, DeadLetter, EntryStatus
+from dlq.models import BulkRedrive, BulkRedriveItem, DeadLetter, EntryStatus
 from ledger.access import WORK_DLQ
 from ledger.models import Action, ActionStatus, AuditEvent, Capability
 from tests.conftest import wait_until
@@ -397,3 +397,28 @@ def test_no_entry_is_redriven_after_a_stop_or_a_takeover_that_came_while_the_job
         assert run.counts()["left_open"] == 2
     else:  # the run is the other job's to go on with, untouched
         assert run.status == "running" and run.lease_owner == "another-job" and run.counts()["planned"] == 2
+
+
+def test_an_entry_the_job_could_not_redrive_is_audited_with_why(agent, olga, jobs_to_test_redis):
+    refund, task = failed_refund_entry(agent, 1), dead_letter(agent, "decided-1")
+    run = dry_run(olga)
+    assert start(olga, run, "60").status_code == 302
+    # After the start: olga loses the refund permission, and alice settles the task by hand.
+    refunds = Capability.objects.get(kind="action_type", name="refund")
+    for holder in (olga.user, Group.objects.get(name="operators")):
+        remove_perm(f"ledger.{WORK_DLQ}", holder, refunds)
+    deadletter_resolve(task, actor="user:alice", note="refunded by hand, ticket 8812")
+
+    bulk_redrive_work(run.pk, BulkRedrive.objects.get(pk=run.pk).lease_owner)
+
+    failed, skipped = (BulkRedriveItem.objects.get(run=run, entry=entry) for entry in (refund, task))
+    assert (failed.outcome, failed.outcome_detail) == ("failed", "olga may no longer work refund dead letters")
+    assert (skipped.outcome, skipped.outcome_detail) == ("skipped", "already resolved by user:alice")
+    for item in (failed, skipped):
+        [event] = audit_events(item)
+        assert event.verb == f"bulk_redrive_item_{item.outcome}" and event.actor == "system:bulk-redrive"
+        assert event.reason == item.outcome_detail
+        assert (event.before, event.after) == ({"outcome": "planned"}, {"outcome": item.outcome, "entry": item.entry_id})
+    refund.refresh_from_db()
+    assert refund.status == EntryStatus.OPEN and Action.objects.get(pk=refund.action_id).status == ActionStatus.FAILED
+    assert BulkRedrive.objects.get(pk=run.pk).status == "finished"
