@@ -1,6 +1,6 @@
 import pycountry
 from django import forms
-from django.core.validators import validate_email
+from django.core.validators import RegexValidator, validate_email
 
 from ledger.versions import EDITABLE_PARAMS
 
@@ -9,7 +9,18 @@ from .models import Limit, tier_addresses
 
 
 # The print of the params a page showed (a SHA-256, hex): a decision is taken on those.
-FINGERPRINT = {"max_length": 64, "min_length": 64, "required": False}
+UNSEEN = "the page did not say which parameters you saw: reload it and decide again"
+FINGERPRINT = {"required": False, "validators": [RegexValidator(
+    r"\A[0-9a-f]{64}\Z", "the page's print of the parameters you saw is not one: reload it and decide again")]}
+# Where a decision lets the action go on with the params as edited or released, the print is
+# required: without it, the decision would bind to whatever the params are by then.
+SEEN = {**FINGERPRINT, "required": True, "error_messages": {"required": UNSEEN}}
+
+
+def fingerprint_seen(posted):
+    """The print a page posted for one action (a held group's form names one per action),
+    cleaned as a form's; forms.ValidationError, in words, when it is missing or not a print."""
+    return forms.CharField(**SEEN).clean(posted)
 
 
 class DecisionForm(forms.Form):
@@ -27,8 +38,8 @@ class DecisionForm(forms.Form):
             raise forms.ValidationError("confirm that the effect did not happen")
         # An approval from a page binds to what the page showed: a form without it (an old
         # page, a hand-made post) approves nothing.
-        if data.get("decision") in BINDING and not data.get("fingerprint"):
-            raise forms.ValidationError("the page did not say which parameters you saw: reload it and decide again")
+        if data.get("decision") in BINDING and not data.get("fingerprint") and "fingerprint" not in self.errors:
+            raise forms.ValidationError(UNSEEN)
         return data
 
 
@@ -37,7 +48,7 @@ class EditForm(forms.Form):
     the approver's reason, and the print of the params the page showed."""
 
     reason = forms.CharField(max_length=2000, required=False, widget=forms.Textarea(attrs={"rows": 2}))
-    fingerprint = forms.CharField(**FINGERPRINT)
+    fingerprint = forms.CharField(**SEEN)
 
     def __init__(self, *args, action, **kwargs):
         super().__init__(*args, **kwargs)

@@ -1,7 +1,7 @@
 """Pages where people decide: the approval and unknown-outcome queues, an item, the limits."""
 
 from django.contrib import messages
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import Q
 from django.http import HttpResponse
 from django.shortcuts import redirect, render
@@ -13,7 +13,7 @@ from ledger.models import IN_FLIGHT_STATUSES, Action, ActionStatus, ActionType, 
 
 from .access import PERM_FOR_KIND, get_review_item_for_user, user_may
 from .decisions import AlreadyDecided, DecisionRefused, held_group, held_group_decide, review_decide, review_edit
-from .forms import DecisionForm, EditForm, LimitForm
+from .forms import DecisionForm, EditForm, LimitForm, fingerprint_seen
 from .intake import customer_total_today
 from .overview import approved_by
 from .models import Limit, ReviewItem, ReviewKind, ReviewStatus
@@ -169,7 +169,8 @@ def review_decide_view(request, pk):
     item = get_review_item_for_user(request.user, pk, to_decide=True)
     form = DecisionForm(request.POST)
     if not form.is_valid():
-        return _refused(request, item, "; ".join(form.non_field_errors()) or "the decision form is incomplete", 400)
+        return _refused(request, item, "; ".join([*form.non_field_errors(), *form.errors.get("fingerprint", [])])
+                        or "the decision form is incomplete", 400)
     decision = form.cleaned_data["decision"]
     try:
         item = review_decide(item, user=request.user, decision=decision,
@@ -206,8 +207,13 @@ def held_group_decide_view(request, pk):
         return _refused(request, item, "the action to release is not one of this group", 400)
     release = int(release) if release else None
     try:
+        # The one released goes on with the params the page showed for it, never with whatever they are by now.
+        fingerprint = fingerprint_seen(request.POST.get(f"fingerprint_{release}", "")) if release else ""
+    except ValidationError as exc:
+        return _refused(request, item, " ".join(exc.messages), 400)
+    try:
         group = held_group_decide(item, user=request.user, release=release, reason=request.POST.get("reason", ""),
-                                  fingerprint=request.POST.get(f"fingerprint_{release}", "")[:64])
+                                  fingerprint=fingerprint)
     except AlreadyDecided as exc:
         return _refused(request, item, str(exc), 409)
     except DecisionRefused as exc:
@@ -227,8 +233,9 @@ def review_edit_view(request, pk):
     item = get_review_item_for_user(request.user, pk, to_decide=True)
     form = EditForm(request.POST, action=item.action)
     if not form.is_valid():
-        return _refused(request, item, "; ".join(f"{field}: {' '.join(errors)}"
-                                                 for field, errors in form.errors.items()), 400)
+        return _refused(request, item, "; ".join(
+            " ".join(errors) if field == "fingerprint" else f"{field}: {' '.join(errors)}"
+            for field, errors in form.errors.items()), 400)
     try:
         item, version = review_edit(item, user=request.user, changes=form.changes(),
                                     reason=form.cleaned_data["reason"], fingerprint=form.cleaned_data["fingerprint"])

@@ -207,3 +207,17 @@ def test_the_edit_page_refuses_a_field_not_declared_editable_by_name(people, cli
     page = client.post(f"/review/{item.pk}/edit", {"param_amount": "400.00", "reason": "cheaper",
                                                    "fingerprint": action.params_fingerprint()}, follow=True)
     assert f"Edited into {KEY}~v2: approved by you." in page.content.decode()
+
+
+@pytest.mark.parametrize("fingerprint, said", [("", "the page did not say which parameters you saw"),
+                                               ("z" * 64, "print of the parameters you saw is not one: reload it")])
+def test_the_edit_page_refuses_an_edit_without_the_print_of_the_params_seen(people, client, fingerprint, said):
+    users, agent = people
+    action, item = over_limit(agent)
+    users["alice"].is_staff = users["alice"].is_superuser = True
+    users["alice"].save(update_fields=["is_staff", "is_superuser"])
+    client.force_login(users["alice"])
+    page = client.post(f"/review/{item.pk}/edit", {"param_amount": "400.00", "reason": "cheaper",
+                                                   "fingerprint": fingerprint}, follow=True)
+    assert "Not done: " in page.content.decode() and said in page.content.decode()
+    assert unchanged(action, item)

@@ -110,7 +110,8 @@ def test_two_requests_for_one_order_close_together_end_with_exactly_one_effect(s
     item = ReviewItem.objects.get(action=first, status=ReviewStatus.OPEN)
     assert 'id="group-form"' in client.get(f"/review/{item.pk}/").content.decode()
 
-    client.post(f"/review/{item.pk}/group", {"release": first.pk, "reason": "one refund for this order"})
+    client.post(f"/review/{item.pk}/group", {"release": first.pk, "reason": "one refund for this order",
+                                             f"fingerprint_{first.pk}": first.params_fingerprint()})
     stack.start_worker()
 
     wait_until(lambda: status(first) == S.SUCCEEDED, message="the released refund to succeed")
@@ -126,5 +127,23 @@ def test_a_malformed_release_decides_nothing(agent, approver, client, release):
     client.force_login(approver)
     answer = client.post(f"/review/{item.pk}/group", {"release": release, "reason": "a typo"})
     assert answer.status_code == 303  # back to the item, with the refusal said there
+    assert (status(first), status(second)) == (S.HELD, S.HELD)
+    assert ReviewItem.objects.filter(kind=ReviewKind.HELD, status=ReviewStatus.OPEN).count() == 2
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("posted, said", [
+    ({}, "the page did not say which parameters you saw"),
+    ({"fingerprint": "abc"}, "print of the parameters you saw is not one: reload it"),
+])
+def test_a_release_without_the_print_of_the_params_seen_decides_nothing(agent, approver, client, posted, said):
+    first, second = refund(agent, "r1"), refund(agent, "r2")
+    item = ReviewItem.objects.get(action=first, status=ReviewStatus.OPEN)
+    client.force_login(approver)
+    form = {"release": first.pk, "reason": "go"}
+    if posted:
+        form[f"fingerprint_{first.pk}"] = posted["fingerprint"]
+    answer = client.post(f"/review/{item.pk}/group", form, follow=True)
+    assert "Not done: " in answer.content.decode() and said in answer.content.decode()
     assert (status(first), status(second)) == (S.HELD, S.HELD)
     assert ReviewItem.objects.filter(kind=ReviewKind.HELD, status=ReviewStatus.OPEN).count() == 2
