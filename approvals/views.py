@@ -250,7 +250,7 @@ def review_edit_view(request, pk):
 
 
 def _refused(request, item, why, status):
-    messages.error(request, f"Not done: {why}.")
+    messages.error(request, f"Not done: {why.rstrip('.')}.")  # some reasons end in a full stop of their own
     if request.htmx:
         return HttpResponse(status=status, headers={"HX-Redirect": item.get_absolute_url()})
     response = redirect("review-detail", pk=item.pk)

@@ -204,6 +204,11 @@ def test_the_edit_page_refuses_a_field_not_declared_editable_by_name(people, cli
                        follow=True)
     assert "Not done: currency may not be edited (for a refund: amount, reason)." in page.content.decode()
     assert unchanged(action, item)
+    page = client.post(f"/review/{item.pk}/edit", {"param_amount": "abc", "reason": "cheaper",
+                                                   "fingerprint": action.params_fingerprint()}, follow=True)
+    # The message ends in its own full stop: one, not two.
+    assert "Not done: amount: Not a decimal number.<" in page.content.decode().replace("\n", "").replace(" <", "<")
+    assert unchanged(action, item)
     page = client.post(f"/review/{item.pk}/edit", {"param_amount": "400.00", "reason": "cheaper",
                                                    "fingerprint": action.params_fingerprint()}, follow=True)
     assert f"Edited into {KEY}~v2: approved by you." in page.content.decode()
