@@ -63,7 +63,10 @@ def approval_expire_due(now=None):
     and looks again under them: a decision that won meanwhile stands."""
     now = now or timezone.now()
     expired = 0
-    due = ReviewItem.objects.filter(kind=ReviewKind.APPROVAL, status=ReviewStatus.OPEN, expires_at__lte=now)
+    # Only items whose action still waits: a hundred that would be skipped (decided meanwhile,
+    # or left open by a bug) must not stand in front of every pass and keep the rest waiting.
+    due = ReviewItem.objects.filter(kind=ReviewKind.APPROVAL, status=ReviewStatus.OPEN, expires_at__lte=now,
+                                    action__status=ActionStatus.AWAITING_APPROVAL)
     for item_id, action_id in due.order_by("expires_at").values_list("pk", "action_id")[:100]:
         with transaction.atomic():
             action = Action.objects.select_for_update(skip_locked=True).filter(

@@ -122,3 +122,17 @@ def test_a_sweeper_pass_expires_what_is_due(agent):
     assert sweep_once()["approvals_expired"] == 1
     action.refresh_from_db()
     assert action.status == ActionStatus.EXPIRED
+
+
+def test_a_hundred_items_that_would_be_skipped_do_not_keep_the_next_one_from_expiring(agent):
+    limit(hours=1)
+    waiting = refund(agent, 0)
+    now = timezone.now()
+    # Open approval items whose actions no longer wait (a refund under the limit, queued), due
+    # before the one that waits: a pass that took the first hundred due would skip them all.
+    for n in range(1, 102):
+        ReviewItem.objects.create(kind="approval", action=refund(agent, n, amount="10.00"), why="left open",
+                                  deadline=now, expires_at=now - timedelta(hours=2))
+    ReviewItem.objects.filter(action=waiting).update(expires_at=now - timedelta(hours=1))
+    assert approval_expire_due(now=now) == 1
+    assert Action.objects.get(pk=waiting.pk).status == ActionStatus.EXPIRED
