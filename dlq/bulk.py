@@ -15,7 +15,8 @@
    open, saying why. A person may stop it too. It works for SLICE_SECONDS at a time and then
    hands the run to a new job, so drain jobs get the worker in between.
 4. The sweeper starts a new job for a run whose job was lost (`bulk_redrives_resume`);
-   without workers (the embedded default) it works the run itself, a slice per pass.
+   without workers (the embedded default) it works the run itself, INLINE_SLICE_SECONDS per
+   pass, so its other steps (expiry, lease recovery, alerts) are not held up for a whole slice.
 """
 
 import time
@@ -40,6 +41,7 @@ from .redrive_runs import ACTIVE_STATUSES, BulkRedrive, BulkRedriveItem, Outcome
 
 RUN_MAX = 500
 SLICE_SECONDS = 15
+INLINE_SLICE_SECONDS = 1
 # A lost job's run waits this long for its lease to lapse before the sweeper starts another.
 LEASE_SECONDS = SLICE_SECONDS + 30
 POLL_SECONDS = 0.25
@@ -207,12 +209,12 @@ def _hand_over(run):
     transaction.on_commit(lambda: enqueue(JOB, run.pk, token), robust=True)
 
 
-def bulk_redrive_work(run_id, token=""):
-    """The RQ job: one slice of a run (see the module's docstring, step 3)."""
+def bulk_redrive_work(run_id, token="", seconds=SLICE_SECONDS):
+    """The RQ job: one slice of a run, `seconds` long (see the module's docstring, steps 3-4)."""
     run = BulkRedrive.objects.filter(pk=run_id).first()
     if run is None or not run.take_lease(LEASE_SECONDS, owner=token):
         return
-    slice_ends = time.monotonic() + SLICE_SECONDS
+    slice_ends = time.monotonic() + seconds
     while time.monotonic() < slice_ends:
         run.refresh_from_db()
         if not run.keep_lease(LEASE_SECONDS, owner=token):
@@ -349,6 +351,6 @@ def bulk_redrives_resume():
         if settings.RQ_ASYNC:
             enqueue(JOB, run.pk, token)
         else:
-            bulk_redrive_work(run.pk, token)
+            bulk_redrive_work(run.pk, token, seconds=INLINE_SLICE_SECONDS)
         resumed += 1
     return resumed

@@ -55,8 +55,8 @@ def test_a_stale_copy_of_an_item_cannot_overwrite_the_outcome_written_meanwhile(
     action = make_action(agent, ActionStatus.FAILED, key="refund:ORD-ST:full:dec-1", target="ORD-ST",
                          error={"code": "provider_unavailable", "message": "503", "retryable": True})
     run = BulkRedrive.objects.create(filters={}, planned_by="olga", ceiling=Decimal("60"))
-    item = BulkRedriveItem.objects.create(run=run, entry=DeadLetter.objects.open_for_action(action, actor="system:tests"),
-                                          position=1, plan=Plan.ACTION_RETRY)
+    entry = DeadLetter.objects.open_for_action(action, actor="system:tests")
+    item = BulkRedriveItem.objects.create(run=run, entry=entry, position=1, plan=Plan.ACTION_RETRY)
     stalled = BulkRedriveItem.objects.get(pk=item.pk)  # what a job that stalls holds: `planned`
     redriven_at = timezone.now()
     item.settle(Outcome.REDRIVEN, "one more attempt", redriven_at=redriven_at)
