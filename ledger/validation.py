@@ -1,5 +1,6 @@
-"""Validation shared by the agents' API and the workflows' inputs: amounts, currencies, and
-serializers that refuse what they do not know."""
+"""Validation shared by the agents' API, the workflows' inputs and the ledger's own edits
+(ledger.versions): amounts, currencies, each action type's params, and serializers that
+refuse what they do not know."""
 
 import re
 import threading
@@ -11,6 +12,7 @@ from rest_framework import serializers
 
 from ledger import money
 from ledger.compiled import register_cache
+from ledger.models import ActionType
 
 MAX_AMOUNT = Decimal("1000000000")
 
@@ -87,3 +89,40 @@ class StrictSerializer(serializers.Serializer):
             if unknown:
                 raise serializers.ValidationError({name: ["Unknown field."] for name in unknown})
         return super().to_internal_value(data)
+
+
+class RefundParams(StrictSerializer):
+    amount = AmountField()
+    currency = CurrencyField()
+    reason = serializers.CharField(max_length=500, required=False, allow_blank=True)
+
+    def validate(self, data):
+        # A provider takes the amount in the currency's minor units: 0.5 JPY cannot be paid.
+        digits = money.minor_digits(data["currency"])
+        if money.places(Decimal(data["amount"])) > digits:
+            raise serializers.ValidationError({"amount": [f"At most {digits} decimal places in {data['currency']}."]})
+        return data
+
+
+class MessageParams(StrictSerializer):
+    channel = serializers.ChoiceField(choices=["email", "sms", "whatsapp"])
+    message_type = serializers.CharField(max_length=100)
+    body = serializers.CharField(max_length=10_000)
+
+
+class BookingParams(StrictSerializer):
+    service = serializers.CharField(max_length=200)
+    start = serializers.DateTimeField()
+    end = serializers.DateTimeField()
+
+    def validate(self, data):
+        if data["end"] <= data["start"]:
+            raise serializers.ValidationError({"end": ["Must be after start."]})
+        return data
+
+
+PARAMS = {
+    ActionType.REFUND: RefundParams,
+    ActionType.SEND_MESSAGE: MessageParams,
+    ActionType.CREATE_BOOKING: BookingParams,
+}

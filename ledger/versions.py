@@ -23,9 +23,9 @@ from decimal import Decimal
 from django.db import IntegrityError, transaction
 
 from . import hooks
-from .api.serializers import PARAMS
 from .compiled import insert
 from .models import Action, ActionStatus, ActionType, AuditEvent, request_fingerprint
+from .validation import PARAMS
 
 # What an approver may change, per action type; anything else is asked again by the agent.
 EDITABLE_PARAMS = {ActionType.REFUND: ("amount", "reason")}

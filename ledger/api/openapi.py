@@ -310,7 +310,7 @@ class RefundParamsSchema(OpenApiSerializerExtension):
     schema per number of minor digits. The currencies are a pattern, not an enum: an enum
     would become a component per group, all named after the same field."""
 
-    target_class = "ledger.api.serializers.RefundParams"
+    target_class = "ledger.validation.RefundParams"
     priority = 1  # before StrictSerializerSchema, which it builds on
 
     def map_serializer(self, auto_schema, direction):
