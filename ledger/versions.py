@@ -8,7 +8,7 @@ can reach the provider, and only once a person has approved it.
 
 1. `version_params`: the edited params, refused (VersionRefused, in words) unless only the
    fields declared editable for the action type change, the result is valid params for that
-   type, and the amount goes down.
+   type, something changed, and the amount did not go up.
 2. `action_version_create` (in the caller's transaction, with the original locked and waiting
    for approval): the original moves to `superseded` with the editor's reason, then the new
    version is inserted `awaiting_approval` (the database may hold it, as any insert, when
@@ -18,13 +18,12 @@ can reach the provider, and only once a person has approved it.
 """
 
 import re
-from decimal import Decimal
 
 from django.db import IntegrityError, transaction
 
 from . import hooks
 from .compiled import insert
-from .models import Action, ActionStatus, ActionType, AuditEvent, request_fingerprint
+from .models import Action, ActionStatus, ActionType, AuditEvent, money_in_params, request_fingerprint
 from .validation import PARAMS
 
 # What an approver may change, per action type; anything else is asked again by the agent.
@@ -59,9 +58,15 @@ def version_params(action, changes):
         raise VersionRefused("; ".join(f"{field}: {' '.join(map(str, messages))}"
                                        for field, messages in incoming.errors.items()))
     params = dict(incoming.validated_data)
-    if "amount" in params and Decimal(params["amount"]) >= action.amount:
-        raise VersionRefused(f"the amount can only go down: {params['amount']} is not below "
-                             f"{action.params['amount']} {action.currency}")
+    # Against the params the person saw (the columns are a copy): an edit lowers the amount or
+    # keeps it while changing another field (a refund's reason), never raises it.
+    amount, was = money_in_params(params)[0], money_in_params(action.params)[0]
+    if amount is not None and was is not None:
+        if amount > was:
+            raise VersionRefused(f"the amount may not go up: {params['amount']} is above "
+                                 f"{action.params['amount']} {action.currency}")
+        if amount == was:  # "750" for "750.00" is no change
+            params["amount"] = action.params["amount"]
     if params == action.params:
         raise VersionRefused("nothing was changed")
     return params
@@ -76,7 +81,7 @@ def action_version_create(original, *, actor, reason, params):
     if original.status != ActionStatus.AWAITING_APPROVAL:
         raise VersionRefused(f"it is {original.status}, no longer awaiting approval")
     original.supersede(actor=actor, reason=reason)
-    amount = Decimal(params["amount"]) if params.get("amount") else None
+    amount, _ = money_in_params(params)
     try:
         with transaction.atomic():
             version = insert(Action(

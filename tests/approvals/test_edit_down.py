@@ -103,8 +103,9 @@ def test_a_version_can_be_edited_down_again_under_the_next_suffix(people):
 
 
 @pytest.mark.parametrize(("changes", "why"), [
-    ({"amount": "800.00"}, "the amount can only go down: 800.00 is not below 750.00"),
-    ({"amount": "750.00"}, "the amount can only go down"),
+    ({"amount": "800.00"}, "the amount may not go up: 800.00 is above 750.00"),
+    ({"amount": "750.00"}, "nothing was changed"),
+    ({"amount": "750"}, "nothing was changed"),
     ({"amount": "0"}, "amount: Must be greater than zero"),
     ({"amount": "-5.00"}, "amount: Must be greater than zero"),
     ({"amount": "12.345"}, "amount: At most 2 decimal places in EUR"),
@@ -120,6 +121,15 @@ def test_an_edit_that_is_not_allowed_is_refused_and_changes_nothing(people, chan
                     fingerprint=action.params_fingerprint())
     assert unchanged(action, item)
     assert not audit_events(item, "edit").exists()
+
+
+def test_a_refunds_reason_alone_can_be_edited_at_the_same_amount(people):
+    users, agent = people
+    action, item = over_limit(agent, reason="wrong size")
+    _, version = review_edit(item, user=users["alice"], changes={"amount": "750", "reason": "damaged parcel"},
+                             reason="the customer's words", fingerprint=action.params_fingerprint())
+    assert version.params == {"amount": "750.00", "currency": "EUR", "reason": "damaged parcel"}
+    assert version.amount == Decimal("750.00") and version.status == ActionStatus.QUEUED
 
 
 @pytest.mark.parametrize(("editor", "reason", "why"), [

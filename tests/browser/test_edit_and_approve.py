@@ -81,7 +81,7 @@ def test_an_edit_that_raises_the_amount_is_refused_with_the_reason_on_the_page(p
     page.locator("#edit-reason").fill("more")
     with page.expect_navigation():
         page.locator("#edit-button").click()
-    assert "Not done: the amount can only go down: 1200.00 is not below 900.00" in status_message(page)
+    assert "Not done: the amount may not go up: 1200.00 is above 900.00" in status_message(page)
     shot(page, "edit-refused")
     item.refresh_from_db()
     assert item.status == ReviewStatus.OPEN and not Action.objects.filter(supersedes=item.action).exists()
