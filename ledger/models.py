@@ -692,6 +692,13 @@ class Booking(models.Model):
         self.save(update_fields=["status"])
 
 
+def named_operation_key(data):
+    """The operation key a provider event's data names in its metadata, or ""."""
+    metadata = data.get("metadata") if isinstance(data, dict) else None
+    key = metadata.get("operation_key") if isinstance(metadata, dict) else None
+    return key if isinstance(key, str) else ""
+
+
 class WebhookEvent(models.Model):
     """An inbound provider event, stored once by its id: a redelivery finds it and does nothing."""
 
@@ -699,6 +706,9 @@ class WebhookEvent(models.Model):
     event_id = models.CharField(max_length=255)
     event_type = models.CharField(max_length=100)
     payload = models.JSONField()
+    # The key the payload names (named_operation_key, cut to the column), indexed: an action's
+    # evidence finds its events by it rather than reading every payload.
+    operation_key = models.CharField(max_length=255, blank=True, default="", db_index=True)
     received_at = models.DateTimeField(default=timezone.now)
     outcome = models.CharField(max_length=255, blank=True, default="")
 

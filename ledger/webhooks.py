@@ -20,7 +20,7 @@ from . import hooks
 from .connectors import connector_for
 from .connectors.events import WebhookRefused
 from .json_input import loads_storable
-from .models import Action, ActionStatus, WebhookEvent
+from .models import Action, ActionStatus, WebhookEvent, named_operation_key
 from .signing import sign_webhook, signature_valid  # noqa: F401 (sign_webhook is imported from here too)
 
 logger = logging.getLogger("surety.webhooks")
@@ -79,7 +79,8 @@ def webhook_receive(request, connector):
     try:
         with transaction.atomic():
             stored = WebhookEvent.objects.create(
-                connector=connector, event_id=event_id, event_type=event_type, payload=event
+                connector=connector, event_id=event_id, event_type=event_type, payload=event,
+                operation_key=named_operation_key(data)[:255],
             )
             # Cut to the column: an outcome names the operation key, itself up to 255 characters.
             stored.outcome = _settle(connector, event_type, data, event_id)[:255]
@@ -92,9 +93,8 @@ def webhook_receive(request, connector):
 def _settle(connector, event_type, data, event_id):
     if event_type not in SETTLING or not isinstance(data, dict):
         return "ignored"
-    metadata = data.get("metadata")
-    key = metadata.get("operation_key") if isinstance(metadata, dict) else None
-    if not isinstance(key, str) or not key:
+    key = named_operation_key(data)
+    if not key:
         return "nothing to settle"
     action = Action.objects.select_for_update().filter(operation_key=key).first()
     if action is not None and action.status == ActionStatus.SUCCEEDED and not SETTLING[event_type]:

@@ -2,9 +2,12 @@
 
 import json
 import time
+from importlib import import_module
 
 import pytest
+from django.apps import apps as django_apps
 
+from ledger.evidence import _webhooks as evidence_webhooks
 from ledger.models import Action, ActionStatus, AuditEvent, WebhookEvent
 from sandbox.webhooks import sign_webhook
 from tests.factories import audit_events, make_action, make_agent
@@ -229,3 +232,26 @@ def test_a_signed_event_whose_id_or_type_does_not_fit_is_refused(client, db, fie
     response = deliver(client, {**event(), field: value})
     assert response.status_code == 400
     assert not WebhookEvent.objects.exists()
+
+
+def test_an_event_is_stored_with_the_key_it_names_and_the_evidence_finds_it_by_that_column(client, unknown_action):
+    long_key = "k" * 300
+    assert deliver(client, event()).status_code == 200
+    assert deliver(client, event(event_id="evt_2", key=long_key)).status_code == 200
+    assert deliver(client, event(event_id="evt_3", key=None)).status_code == 200
+    keys = dict(WebhookEvent.objects.values_list("event_id", "operation_key"))
+    assert keys == {"evt_1": KEY, "evt_2": long_key[:255], "evt_3": ""}
+    # The evidence reads the column: a row whose column names the key is found, whatever its payload says.
+    WebhookEvent.objects.filter(event_id="evt_3").update(operation_key=KEY)
+    WebhookEvent.objects.filter(event_id="evt_1").update(operation_key="")
+    assert [e["event_id"] for e in evidence_webhooks(unknown_action)] == ["evt_3"]
+
+
+def test_the_migration_gives_events_stored_before_it_the_key_their_payload_names(db):
+    backfill = import_module("ledger.migrations.0022_webhook_event_operation_key").backfill
+    WebhookEvent.objects.create(connector="sandbox", event_id="evt_old", event_type="refund.succeeded",
+                                payload=event(event_id="evt_old"))
+    WebhookEvent.objects.create(connector="sandbox", event_id="evt_other", event_type="refund.succeeded",
+                                payload={"id": "evt_other", "type": "refund.succeeded", "data": {"metadata": {}}})
+    backfill(django_apps, None)
+    assert dict(WebhookEvent.objects.values_list("event_id", "operation_key")) == {"evt_old": KEY, "evt_other": ""}
