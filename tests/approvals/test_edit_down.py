@@ -203,12 +203,17 @@ def test_the_database_refuses_to_commit_a_superseded_action_without_its_version(
     assert Action.objects.get(pk=action.pk).status == ActionStatus.AWAITING_APPROVAL
 
 
-def test_the_edit_page_refuses_a_field_not_declared_editable_by_name(people, client):
+def on_the_edit_page(people, client):
+    """An over-limit refund, and alice (an approver on the dashboard) logged in to decide it."""
     users, agent = people
-    action, item = over_limit(agent)
     users["alice"].is_staff = users["alice"].is_superuser = True
     users["alice"].save(update_fields=["is_staff", "is_superuser"])
     client.force_login(users["alice"])
+    return over_limit(agent)
+
+
+def test_the_edit_page_refuses_a_field_not_declared_editable_by_name(people, client):
+    action, item = on_the_edit_page(people, client)
     page = client.post(f"/review/{item.pk}/edit", {"param_amount": "400.00", "param_currency": "USD",
                                                    "reason": "cheaper", "fingerprint": action.params_fingerprint()},
                        follow=True)
@@ -227,11 +232,7 @@ def test_the_edit_page_refuses_a_field_not_declared_editable_by_name(people, cli
 @pytest.mark.parametrize("fingerprint, said", [("", "the page did not say which parameters you saw"),
                                                ("z" * 64, "print of the parameters you saw is not one: reload it")])
 def test_the_edit_page_refuses_an_edit_without_the_print_of_the_params_seen(people, client, fingerprint, said):
-    users, agent = people
-    action, item = over_limit(agent)
-    users["alice"].is_staff = users["alice"].is_superuser = True
-    users["alice"].save(update_fields=["is_staff", "is_superuser"])
-    client.force_login(users["alice"])
+    action, item = on_the_edit_page(people, client)
     page = client.post(f"/review/{item.pk}/edit", {"param_amount": "400.00", "reason": "cheaper",
                                                    "fingerprint": fingerprint}, follow=True)
     assert "Not done: " in page.content.decode() and said in page.content.decode()
