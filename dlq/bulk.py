@@ -6,7 +6,9 @@
    nothing else changes.
 2. Start (`bulk_start`): the selection is taken again. If it differs from the dry run's
    (entries appeared, disappeared, or would now do something else) the run is refused with
-   the difference. Otherwise it runs, at a rate the person sets and never above the
+   the difference. It is refused too while another run calling any of the same connectors is
+   running or stopping (`RunInTheWay`): each run keeps to the limit only within itself, and two
+   at once would add up. Otherwise it runs, at a rate the person sets and never above the
    strictest redrive rate of the connectors it calls (`redrive_ceiling`).
 3. The job (`bulk_redrive_work`, on an RQ worker) redrives the entries one by one at that
    pace, each through `deadletter_redrive` (one audited redrive, as on the entry's page).
@@ -21,12 +23,13 @@
 
 import time
 import uuid
+from collections import defaultdict
 from dataclasses import dataclass
 from datetime import timedelta
 from decimal import Decimal
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Max, Q
 from django.utils import timezone
 
@@ -46,6 +49,8 @@ INLINE_SLICE_SECONDS = 1
 LEASE_SECONDS = SLICE_SECONDS + 30
 POLL_SECONDS = 0.25
 SYSTEM = "system:bulk-redrive"
+# What two starts take turns on (the project's advisory lock class; 1 is the audit seal's).
+START_LOCK = (361478, 2)
 JOB = "dlq.bulk.bulk_redrive_work"
 
 # After a redrive, what says the provider failed the redriven work again: the executor's
@@ -54,6 +59,17 @@ JOB = "dlq.bulk.bulk_redrive_work"
 ACTION_FAILED_AGAIN = Q(verb__in=("failed", "outcome_unknown")) | Q(verb="requeued", before__status="pending")
 # A task's run failing again, whichever step it was (a look-up at the provider, or its effect).
 TASK_FAILED_AGAIN = Q(verb__in=("retry_scheduled", "failed", "dead_lettered"))
+
+
+class RunInTheWay(Exception):
+    """Another run calling some of the same connectors is running or stopping: the two together
+    would redrive at up to twice those connectors' limit, so this one is not started."""
+
+    def __init__(self, run, connectors):
+        self.run, self.connectors = run, sorted(connectors)
+        called = ", ".join(self.connectors)
+        super().__init__(f"{run} is {run.status} and calls the same connector{'s' if len(connectors) > 1 else ''} "
+                         f"({called}): stop it or wait until it ends")
 
 
 class SelectionChanged(Exception):
@@ -114,16 +130,23 @@ def _selected(filters):
     return list(entries.prefetch_related("task__steps").order_by("id")[:RUN_MAX])
 
 
+def _action_type(entry):
+    return entry.action.action_type if entry.action_id else None  # None: a task's entry
+
+
+def connectors_called(action_types):
+    """The connectors (named by action type) that redriving entries of these action types calls,
+    a task's entry being None: a task's workflow chooses its effects as it runs, so it may call any."""
+    every = set(settings.CONNECTOR_REDRIVE_RATES)
+    return set().union(*(every if action_type is None else {action_type} for action_type in action_types))
+
+
 def redrive_ceiling(entries):
     """Entries per minute: the strictest CONNECTOR_<TYPE>_REDRIVE_RATE of the connectors these
-    entries call. A task's workflow chooses its effects as it runs, so a task is held to the
-    strictest of all."""
+    entries call (of all, for no entries)."""
     rates = settings.CONNECTOR_REDRIVE_RATES
-    types = {entry.action.action_type if entry.action_id else None for entry in entries}
-    if None in types or not types:
-        strictest = min(rates.values())
-    else:
-        strictest = min(rates.get(action_type, min(rates.values())) for action_type in types)
+    called = connectors_called(map(_action_type, entries))
+    strictest = min(rates.get(action_type, min(rates.values())) for action_type in called or rates)
     return Decimal(str(strictest)).quantize(Decimal("0.01"))
 
 
@@ -173,6 +196,7 @@ def bulk_start(run, *, user, reason, rate):
         redrivable = [item.entry for item in run.items.exclude(plan=Plan.SKIP).select_related("entry__action")]
         if not redrivable:
             raise InvalidTransition("nothing in this dry run can be redriven")
+        _refuse_if_run_in_the_way(redrivable)
         # The connectors' limits as they are now: a setting lowered since the dry run holds.
         ceiling = redrive_ceiling(redrivable)
         if rate > ceiling:
@@ -183,6 +207,31 @@ def bulk_start(run, *, user, reason, rate):
             item.settle(Outcome.SKIPPED, item.plan_detail)
         _hand_over(run)
     return run
+
+
+def _refuse_if_run_in_the_way(entries):
+    """Raise RunInTheWay for a running or stopping run that calls any connector these entries
+    call: each run keeps to the limit only within itself (`_next_slot`).
+
+    Two starts at once would each find the other not started yet (neither has committed), so
+    starts take turns on START_LOCK first (SQLite's IMMEDIATE transactions take turns anyway).
+    The active runs are locked: one whose job is ending it meanwhile is seen ended, not in the way."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", START_LOCK)
+    active = {run.pk: run for run in BulkRedrive.objects.select_for_update().filter(status__in=ACTIVE_STATUSES)
+              .order_by("pk")}
+    if not active:
+        return
+    theirs = defaultdict(set)
+    items = BulkRedriveItem.objects.filter(run__in=list(active)).exclude(plan=Plan.SKIP).order_by()
+    for run_id, action_type in items.values_list("run", "entry__action__action_type").distinct():
+        theirs[run_id].add(action_type)
+    ours = connectors_called(map(_action_type, entries))
+    for run_id, run in active.items():
+        shared = ours & connectors_called(theirs[run_id])
+        if shared:
+            raise RunInTheWay(run, shared)
 
 
 def bulk_stop(run, *, user, reason):

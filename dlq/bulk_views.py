@@ -12,7 +12,7 @@ from django_htmx.http import HttpResponseClientRefresh
 from ledger.dashboard import render_partial, staff_required
 from ledger.statemachine import InvalidTransition
 
-from .bulk import SelectionChanged, bulk_start, bulk_stop, may_redrive_any
+from .bulk import RunInTheWay, SelectionChanged, bulk_start, bulk_stop, may_redrive_any
 from .redrive_runs import ACTIVE_STATUSES, BulkRedrive, Plan
 
 ITEMS_PER_PAGE = 50
@@ -55,7 +55,7 @@ def bulk_redrive_list(request):
 
 
 @staff_required
-def bulk_redrive_detail(request, pk, *, form=None, difference=None, status=200):
+def bulk_redrive_detail(request, pk, *, form=None, difference=None, in_the_way=None, status=200):
     run = get_object_or_404(BulkRedrive.objects.select_related("started_by"), pk=pk)
     if request.htmx and run.status not in ACTIVE_STATUSES:
         return HttpResponseClientRefresh()  # the run ended while watched: show its whole report
@@ -64,7 +64,7 @@ def bulk_redrive_detail(request, pk, *, form=None, difference=None, status=200):
     context = {
         "run": run, "page": page, "counts": run.counts(),
         "active": run.status in ACTIVE_STATUSES, "may_work": may_redrive_any(request.user),
-        "form": form or StartForm(ceiling=run.ceiling), "difference": difference,
+        "form": form or StartForm(ceiling=run.ceiling), "difference": difference, "in_the_way": in_the_way,
         "to_redrive": run.items.exclude(plan=Plan.SKIP).count(),
         "spike_failures": settings.REDRIVE_SPIKE_FAILURES, "spike_window": settings.REDRIVE_SPIKE_WINDOW,
     }
@@ -95,6 +95,9 @@ def bulk_redrive_start(request, pk):
         messages.error(request, "Not started: the entries these filters select changed since the dry run. "
                                 "Do a new dry run to see them as they are.")
         return bulk_redrive_detail(request, pk, form=form, difference=exc.difference, status=409)
+    except RunInTheWay as exc:
+        messages.error(request, f"Not started: {exc}.")
+        return bulk_redrive_detail(request, pk, form=form, in_the_way=exc, status=409)
     except (InvalidTransition, ValueError) as exc:
         messages.error(request, f"Not started: {exc}.")
     else:
