@@ -4,9 +4,15 @@ events stored before are given theirs from their payloads."""
 
 from django.db import migrations, models
 
-from ledger.models import named_operation_key
-
 BATCH = 1000
+
+
+def named_operation_key(data):
+    """As ledger.models.named_operation_key read events when this migration was written (a
+    migration keeps the rule it ran with)."""
+    metadata = data.get("metadata") if isinstance(data, dict) else None
+    key = metadata.get("operation_key") if isinstance(metadata, dict) else None
+    return key if isinstance(key, str) else ""
 
 
 def backfill(apps, schema_editor):
