@@ -7,6 +7,7 @@ and no tracebacks for a 403 (Linux: the processes' environments are read from /p
 The whole local stack is started once here (a database of its own, dropped at the end)."""
 
 import os
+import random
 import re
 import signal
 import socket
@@ -16,7 +17,7 @@ import time
 import httpx
 import psycopg
 
-from tests.conftest import REDIS_URL, ROOT, free_port
+from tests.conftest import REDIS_URL, ROOT
 
 BASE = "postgres://postgres@127.0.0.1:5432"
 RUN_DATABASE = "surety_run_local_test"
@@ -29,6 +30,22 @@ README_PROMOTE = [".venv/bin/python", "manage.py", "grant_promote", "my-bot", "r
 def local_env(port, **extra):
     env = {k: v for k, v in os.environ.items() if k not in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "PORT")}
     return {**env, "PORT": str(port), "REDIS_URL": REDIS_URL, **extra}
+
+
+def listening_port():
+    """A free port below the kernel's ephemeral range: the suite's outgoing connections take
+    their local ports from that range, and one took the port a run was given between this
+    choice and the script's own check of it."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as ports:
+        lowest_ephemeral = int(ports.read().split()[0])
+    for port in random.sample(range(lowest_ephemeral - 10_000, lowest_ephemeral), 100):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 def drop_database():
@@ -95,7 +112,7 @@ def login(client, username, password="demo"):
 
 def test_make_run_on_another_port_works_end_to_end_and_keeps_its_output_quiet(tmp_path):
     drop_database()
-    port = free_port()
+    port = listening_port()
     database_url = f"{BASE}/{RUN_DATABASE}"
     log = tmp_path / "run.log"
     env = local_env(port, DATABASE_URL=database_url, EMAIL_FILE_PATH=str(tmp_path / "mail"))
