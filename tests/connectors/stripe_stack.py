@@ -44,7 +44,7 @@ def stripe_server(server):
     env = {**server.env, **stripe_env(url), "SANDBOX_BASE_URL": f"{url}/sandbox/v1", "SITE_URL": url}
     process = start_gunicorn(env, port)
     try:
-        yield Stack(url, env)
+        yield Stack(url, env, server.content_types)  # on the same database: the same ids
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(10)
