@@ -24,6 +24,7 @@ import statistics
 import sys
 import time
 from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -60,7 +61,6 @@ def setup_django(database):
 
 
 def client_logged_in():
-    from decimal import Decimal
 
     from django.contrib.auth import get_user_model
     from django.test import Client
