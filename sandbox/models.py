@@ -82,6 +82,8 @@ class SandboxOrder(models.Model):
 class SandboxEffect(models.Model):
     """What every refund, message and booking carries besides its own fields."""
 
+    ID_FIELD = ""  # the field holding the id the provider shows ("re_…"), named by each kind
+
     operation_key = models.CharField(max_length=255, blank=True, default="", db_index=True)
     # Not unique: with the sandbox's idempotency off, a repeated key makes a second row.
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)
@@ -95,8 +97,13 @@ class SandboxEffect(models.Model):
         # without it (~68 ms against ~18 ms a page at 100k effects).
         indexes = [models.Index(fields=["created_at", "id"], name="%(class)s_created_idx")]
 
+    @property
+    def public_id(self):
+        return getattr(self, self.ID_FIELD)
+
 
 class SandboxRefund(SandboxEffect):
+    ID_FIELD = "refund_id"
     refund_id = models.CharField(max_length=40, unique=True, default=new_refund_id)
     order_id = models.CharField(max_length=255, db_index=True)
     # Three places: a KWD amount has three minor digits (see ledger.money).
@@ -113,6 +120,8 @@ class SandboxMessage(SandboxEffect):
         SMS = "sms", "SMS"
         WHATSAPP = "whatsapp", "WhatsApp"
 
+    ID_FIELD = "message_id"
+
     message_id = models.CharField(max_length=40, unique=True, default=new_message_id)
     recipient = models.CharField(max_length=255, db_index=True)
     channel = models.CharField(max_length=20, choices=Channel.choices)
@@ -124,6 +133,7 @@ class SandboxMessage(SandboxEffect):
 
 
 class SandboxBooking(SandboxEffect):
+    ID_FIELD = "booking_id"
     booking_id = models.CharField(max_length=40, unique=True, default=new_booking_id)
     resource = models.CharField(max_length=255, db_index=True)
     customer = models.CharField(max_length=255)
@@ -155,14 +165,16 @@ class SandboxBooking(SandboxEffect):
 
 
 class SandboxIdempotencyKey(models.Model):
-    """An Idempotency-Key claimed by the request that created `effect_pk`.
+    """An Idempotency-Key claimed by the request that created the effect `effect_id`.
 
     Its unique constraint is what makes concurrent requests with one key create one effect.
     """
 
     scope = models.CharField(max_length=50)
     key = models.CharField(max_length=255)
-    effect_pk = models.BigIntegerField(null=True)
+    # The id the provider shows ("re_…"), known before the effect is saved: the claim is made
+    # complete in its one INSERT. Blank for a key that made nothing (see stripe_api).
+    effect_id = models.CharField(max_length=40, blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -181,25 +193,22 @@ def effect_save(effect, *, idempotency, check=None):
        request holds it, PostgreSQL holds this insert until that request's transaction ends; its
        failure then means the effect is committed, and that effect is returned instead.
     2. Run `check`, which may raise to roll back the claim along with everything else.
-    3. Save the effect and point the claim at it, in the transaction that made the claim.
+    3. Save the effect, in the transaction that made the claim (which names it by its id).
     """
-    claim = None
     # No savepoint of its own inside the caller's transaction: a failure rolls back that one.
     with transaction.atomic(savepoint=False):
         if effect.idempotency_key and idempotency:
             scope = effect._meta.model_name
             try:
                 with transaction.atomic():
-                    claim = SandboxIdempotencyKey.objects.create(scope=scope, key=effect.idempotency_key)
+                    SandboxIdempotencyKey.objects.create(scope=scope, key=effect.idempotency_key,
+                                                         effect_id=effect.public_id)
             except IntegrityError:
                 claim = SandboxIdempotencyKey.objects.get(scope=scope, key=effect.idempotency_key)
-                return type(effect).objects.get(pk=claim.effect_pk), False
+                return type(effect).objects.get(**{effect.ID_FIELD: claim.effect_id}), False
         if check is not None:
             check()
         effect.save(force_insert=True)
-        if claim is not None:
-            claim.effect_pk = effect.pk
-            claim.save(update_fields=["effect_pk"])
     return effect, True
 
 

@@ -156,9 +156,9 @@ def _replay_conflict(key, refund):
     if not _idempotent(key):
         return False
     claim = SandboxIdempotencyKey.objects.filter(scope="sandboxrefund", key=key).first()
-    if claim is None or claim.effect_pk is None:
+    if claim is None:
         return False
-    first = SandboxRefund.objects.get(pk=claim.effect_pk)
+    first = SandboxRefund.objects.get(refund_id=claim.effect_id)
     return (first.order_id, first.amount, first.metadata) != (refund.order_id, refund.amount, refund.metadata)
 
 

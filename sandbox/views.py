@@ -130,7 +130,7 @@ def _moment(request, name):
     raise InvalidInput({name: ["Must be an ISO 8601 time with its offset, e.g. 2026-09-10T03:14:02Z."]})
 
 
-def _effect_list(request, model, body, *names, id_field):
+def _effect_list(request, model, body, *names):
     """The effects matching the filters `names`, oldest first.
 
     Asked with `since` (inclusive) or `until` (exclusive) on the creation time, `limit` or
@@ -155,7 +155,7 @@ def _effect_list(request, model, body, *names, id_field):
     limit = int(limit)
     after = _filters(request, "starting_after").get("starting_after")
     if after is not None:
-        last = model.objects.filter(**{id_field: after}).values("created_at", "pk").first()
+        last = model.objects.filter(**{model.ID_FIELD: after}).values("created_at", "pk").first()
         if last is None:
             raise InvalidInput({"starting_after": [f"No {model._meta.verbose_name} has this id."]})
         effects = effects.filter(Q(created_at__gt=last["created_at"]) | Q(created_at=last["created_at"], pk__gt=last["pk"]))
@@ -229,7 +229,7 @@ def refund_create(request):
 
 
 def refund_list(request):
-    return _effect_list(request, SandboxRefund, _refund_body, "order_id", "operation_key", id_field="refund_id")
+    return _effect_list(request, SandboxRefund, _refund_body, "order_id", "operation_key")
 
 
 # --- Messages ---------------------------------------------------------------------------------
@@ -255,7 +255,7 @@ def message_create(request):
 
 
 def message_list(request):
-    return _effect_list(request, SandboxMessage, _message_body, "recipient", "operation_key", id_field="message_id")
+    return _effect_list(request, SandboxMessage, _message_body, "recipient", "operation_key")
 
 
 # --- Bookings ---------------------------------------------------------------------------------
@@ -283,7 +283,7 @@ def booking_create(request):
 
 
 def booking_list(request):
-    return _effect_list(request, SandboxBooking, _booking_body, "resource", "operation_key", id_field="booking_id")
+    return _effect_list(request, SandboxBooking, _booking_body, "resource", "operation_key")
 
 
 # --- Orders -----------------------------------------------------------------------------------

@@ -68,7 +68,7 @@ def test_an_effect_is_committed_at_the_sandbox_under_its_operation_key(agent, ac
     assert action.status == "succeeded" and action.external_ref == getattr(effect, ref)
     assert action.result["id"] == action.external_ref
     # The sandbox's own idempotency saw the operation key, as the sandbox connector sends it.
-    assert SandboxIdempotencyKey.objects.filter(key=action.operation_key, effect_pk=effect.pk).exists()
+    assert SandboxIdempotencyKey.objects.filter(key=action.operation_key, effect_id=action.external_ref).exists()
 
 
 def test_a_decline_fails_the_action_for_good(agent):
