@@ -227,12 +227,14 @@ def booking_follow_action(action, previous, actor):
 # (A superseded action is not among them: its new version, in flight on the same subjects,
 # holds what it held.)
 SETTLED = {S.SUCCEEDED, S.FAILED, S.REJECTED, S.CANCELLED, S.EXPIRED}
-# Every settle asks these (compiled once, see compiled.py; bench (d)):
-# SELECT id, ... FROM ledger_action WHERE target = %s AND status = 'held'   (and by customer)
-_held_on_target = Compiled(lambda target: Action.objects.filter(target=target, status=S.HELD).only("id"),
-                           name="ledger.actions: held on a target")
-_held_on_customer = Compiled(lambda customer: Action.objects.filter(customer=customer, status=S.HELD).only("id"),
-                             name="ledger.actions: held on a customer")
+# Every settle asks this, in one statement for both subjects (compiled once, see compiled.py;
+# bench (d): two statements cost a worker about 1 ms more per action, the database 0.7 ms):
+# SELECT id FROM ledger_action WHERE (target = %s OR (customer = %s AND NOT customer = ''))
+#   AND status = 'held' ORDER BY id
+_held_on_subjects = Compiled(
+    lambda target, customer: Action.objects.filter(Q(target=target) | Q(customer=customer) & ~Q(customer=""),
+                                                   status=S.HELD).only("id").order_by("pk"),
+    name="ledger.actions: held on a target or customer")
 
 
 def held_release_when_settled(action, previous, actor):
@@ -254,11 +256,9 @@ def held_release_when_settled(action, previous, actor):
     database either way, by this action while it is in flight or by the one released."""
     if action.status not in SETTLED or action.is_retryable_failure or previous == S.HELD:
         return
-    held_ones = sorted({a.pk: a for a in [*_held_on_target.all(action.target),
-                                          *(_held_on_customer.all(action.customer) if action.customer else [])]
-                        if a.pk != action.pk}.values(), key=lambda a: a.pk)
+    held_ones = [a for a in _held_on_subjects.all(action.target, action.customer) if a.pk != action.pk]
     if not held_ones:
-        return  # the common case: one indexed look per subject
+        return  # the common case: one indexed look at both subjects
     from_a_group = AuditEvent.objects.history(action).filter(verb="released").exists()
     for held in held_ones:
         try:

@@ -66,6 +66,32 @@ def test_the_next_one_stays_held_with_the_new_reason(agent):
 
 
 @pytest.mark.django_db
+def test_a_held_one_on_the_same_customer_is_released_when_the_holder_settles(agent):
+    first = running(refund(agent, "r1", order="ORD-1", customer="CUST-1"))
+    second = refund(agent, "r2", order="ORD-2", customer="CUST-1")
+    assert status(second) == S.HELD
+
+    first.mark_succeeded(actor="system:executor", external_ref="re_1", claim=first.fence)
+
+    assert status(second) == S.QUEUED
+
+
+@pytest.mark.django_db
+def test_actions_without_a_customer_do_not_hold_each_other_by_it(agent):
+    holder = running(refund(agent, "r1", order="ORD-1"))
+    held = refund(agent, "r2", order="ORD-1")
+    other = running(refund(agent, "r3", order="ORD-2"))
+    assert (status(held), status(other)) == (S.HELD, S.PENDING)
+
+    other.mark_succeeded(actor="system:executor", external_ref="re_3", claim=other.fence)
+
+    # Settling an action on another order and no customer does not even look at it again.
+    assert status(held) == S.HELD and not audit_events(held, "still_held")
+    holder.mark_succeeded(actor="system:executor", external_ref="re_1", claim=holder.fence)
+    assert status(held) == S.QUEUED
+
+
+@pytest.mark.django_db
 def test_a_failure_that_may_be_retried_keeps_what_it_held(agent):
     first = running(refund(agent, "r1"))
     second = refund(agent, "r2")
