@@ -9,7 +9,8 @@ the load spreads over the gunicorn processes), fixed durations after a warm-up:
       one reading a row by unique key (bench/baseline/), served with the same settings;
   (b) POST /api/v1/actions with new keys (row + audit event + doorbell), no holds;
   (c) the same POSTs replayed (existing keys);
-  (d) actions completed end to end per second by 2 RQ workers against the sandbox;
+  (d) actions completed end to end per second by 2 RQ workers against the sandbox, which runs as
+      a provider of its own (its own gunicorn and database, bench/stack.py), as a real one would;
   (e) the time per step of `noop` tasks (10 local steps) on 1 worker with 1 lane, next to two commits
       plus one enqueue measured here in Python on the same database and Redis;
   (f) SIGKILL of a worker mid-task -> the task running again on a fresh worker.
@@ -38,7 +39,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from .cpu import CpuMonitor
-from .stack import ROOT, STACK_ENV, Stack, flush_redis, reset_database, wait_for_connection_slots
+from .stack import PROVIDER_DB_NAME, ROOT, STACK_ENV, Stack, flush_redis, reset_database, wait_for_connection_slots
 
 TARGETS = {  # ratio name -> (numerator, denominator, at least)
     "b/a_insert": ("b_action_new", "a_insert", 0.6),
@@ -265,11 +266,15 @@ def figure_d(stack, token, args, results, monitor):
     done = statuses.get("succeeded", 0)
     busy = (last_done - first_claim).total_seconds() if first_claim and last_done else None
     rate = round(done / busy, 1) if busy else 0.0
-    # CPU per action (workers + the sandbox's gunicorn + PostgreSQL), whoever else shares the machine.
+    # CPU per action, whoever else shares the machine. Surety's own (`total`, what the CPU-bound
+    # estimate of (d)/(a) divides by) is its workers, its gunicorn and its database's backends; the
+    # provider's (its gunicorn and its database's backends) is counted apart, as it would run
+    # elsewhere in production.
     in_window = max(done - done_before, 1)
     cpu_ms = {part: round(cpu.get(part, 0.0) * cpu["seconds"] / in_window * 1000, 3)
-              for part in ("workers", "gunicorn", "postgres")}
-    cpu_ms["total"] = round(sum(cpu_ms.values()), 3)
+              for part in ("workers", "gunicorn", "postgres", "provider", "provider_postgres")}
+    cpu_ms["total"] = round(cpu_ms["workers"] + cpu_ms["gunicorn"] + cpu_ms["postgres"], 3)
+    cpu_ms["provider_total"] = round(cpu_ms["provider"] + cpu_ms["provider_postgres"], 3)
     results["d_end_to_end"] = {
         "actions": n, "succeeded": done, "statuses": statuses, "finished": bool(finished),
         "seconds_first_claim_to_last_success": busy and round(busy, 3),
@@ -281,8 +286,9 @@ def figure_d(stack, token, args, results, monitor):
         say(f"   ! not all actions succeeded within 180 s: {statuses}")
     say(f"   {'(d) actions succeeded per second (2 workers)':<44} {rate:>8.1f} actions/s   "
         f"({done} in {busy and round(busy, 2)} s from first claim; {round(done / wall, 1)}/s counting worker start)")
-    say(f"   CPU per action: workers {cpu_ms['workers']} ms, sandbox (gunicorn) {cpu_ms['gunicorn']} ms, "
-        f"postgres {cpu_ms['postgres']} ms; {others_note(cpu)}")
+    say(f"   CPU per action: Surety {cpu_ms['total']} ms (workers {cpu_ms['workers']}, gunicorn {cpu_ms['gunicorn']}, "
+        f"postgres {cpu_ms['postgres']}); the provider {cpu_ms['provider_total']} ms (gunicorn {cpu_ms['provider']}, "
+        f"postgres {cpu_ms['provider_postgres']}); {others_note(cpu)}")
 
 
 def two_commits_and_enqueue(seconds=2.0):
@@ -397,18 +403,23 @@ def figure_f(stack, token, args, results):
     from django.conf import settings
 
     from ledger.models import AuditEvent, Task
-    from sandbox.models import SandboxMessage, SandboxRefund
 
     lease = float(settings.LEASE_SECONDS)
     say(f"\n(f) SIGKILL of a worker mid-task -> task running again (LEASE_SECONDS={lease:g}, sweeper every 0.5 s)")
     park_leftovers()
     order = "ORD-KILL-1"
     client = httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
-    client.post("/sandbox/v1/orders", json={"order_id": order, "customer": "CUST-KILL", "amount": "25.00",
+    provider = httpx.Client(base_url=f"{stack.provider_url}/sandbox/v1", timeout=30,
+                            headers={"Authorization": f"Bearer {settings.SANDBOX_API_KEY}"})
+
+    def at_provider(kind, **filters):
+        return len(provider.get(f"/{kind}", params=filters).raise_for_status().json()["data"])
+
+    provider.post("/orders", json={"order_id": order, "customer": "CUST-KILL", "amount": "25.00",
                                             "currency": "EUR"}).raise_for_status()
     # The refund commits at the sandbox, then the answer stalls (SANDBOX_TIMEOUT_SLEEP) longer
     # than the worker waits (CONNECTOR_TIMEOUT): the worker is killed inside that wait.
-    client.post("/sandbox/v1/faults", json={"target": order, "fault": "timeout_after_commit", "times": 1}
+    provider.post("/faults", json={"target": order, "fault": "timeout_after_commit", "times": 1}
                 ).raise_for_status()
     stack.start_sweeper(0.5)
     victim = stack.start_worker("worker-f1")
@@ -417,7 +428,7 @@ def figure_f(stack, token, args, results):
                                         "customer": "CUST-KILL"}})
     posted.raise_for_status()
     task = Task.objects.get(task_id="kill-refund-1")
-    if not wait_for(lambda: SandboxRefund.objects.filter(order_id=order).exists(), timeout=60, interval=0.02):
+    if not wait_for(lambda: at_provider("refunds", order_id=order), timeout=60, interval=0.02):
         raise RuntimeError("the refund never reached the sandbox; see the worker-f1 log")
     time.sleep(0.5)  # well inside the stall: the worker is waiting for the provider's answer
     task.refresh_from_db()
@@ -444,11 +455,12 @@ def figure_f(stack, token, args, results):
                         .exists(), timeout=60, interval=0.1)
     settled_after = time.monotonic() - killed if finished else None
     task.refresh_from_db()
-    refunds = SandboxRefund.objects.filter(order_id=order).count()
-    messages = SandboxMessage.objects.filter(operation_key="kill-refund-1:notify_customer:v1").count()
+    refunds = at_provider("refunds", order_id=order)
+    messages = at_provider("messages", operation_key="kill-refund-1:notify_customer:v1")
     stack.stop("worker-f2")
     stack.stop("sweeper")
     client.close()
+    provider.close()
     target = lease + 2
     seconds = since_kill(claimed) if claimed else resumed_after
     results["f_kill_to_resume"] = {
@@ -494,6 +506,12 @@ def summary(results):
                 ratios[ratio]["cpu_bound_estimate"] = round(den_ms / num_ms, 3)
                 say(f"        {'':<34} {den_ms / num_ms:>9.3f}   (CPU-bound estimate: CPU ms per request "
                     f"{den_ms} / {num_ms}; unaffected by others' load)")
+                provider_ms = results[num]["cpu_ms_per_request"].get("provider_total")
+                if provider_ms:  # (d): the same with the provider's CPU counted as Surety's
+                    with_provider = round(den_ms / (num_ms + provider_ms), 3)
+                    ratios[ratio]["cpu_bound_estimate_with_provider"] = with_provider
+                    say(f"        {'':<34} {with_provider:>9.3f}   (the same, counting the provider's "
+                        f"{provider_ms} ms too, as if it ran on this machine)")
     others = [fig["cpu"].get("others", 0) for fig in results.values() if isinstance(fig, dict) and "cpu" in fig]
     if others and max(others) > 0.2:
         say(f"  ! other processes used up to {max(others):.2f} of {os.cpu_count()} CPUs during these measurements: "
@@ -554,22 +572,27 @@ def main(argv=None):
         f"--threads {args.gunicorn_threads}, load generator: bench/load.py (asyncio, separate process); "
         f"logs in {logs}/")
     lanes = int(os.environ.get("DRAIN_LANES", 4))
-    needed = args.gunicorn_workers * args.gunicorn_threads + 2 * (lanes + 1) + 4  # + workers, sweeper, this process
+    # Two gunicorns (Surety's, the provider's) + workers, sweeper, this process.
+    needed = 2 * args.gunicorn_workers * args.gunicorn_threads + 2 * (lanes + 1) + 4
     free, limit = wait_for_connection_slots(needed)
     if free < needed:
         say(f"   ! only {free} of {limit} PostgreSQL connections are free (others' test runs hold the rest); "
             f"this run needs about {needed} and may fail with 'too many clients'")
     flush_redis()
     reset_database()
-    stack = Stack(logs, gunicorn_workers=args.gunicorn_workers, gunicorn_threads=args.gunicorn_threads)
+    reset_database(PROVIDER_DB_NAME)
+    stack = Stack(logs, gunicorn_workers=args.gunicorn_workers, gunicorn_threads=args.gunicorn_threads,
+                  provider_database=PROVIDER_DB_NAME)
     results = {}
     try:
         stack.migrate()
         token = stack.create_agent("bench", GRANTS)
         setup_django()
         stack.start_server()
-        say(f"   ready after {time.monotonic() - began:.1f} s (migrated, agent created, server up at {stack.url})")
-        monitor = CpuMonitor(stack.named_pids)
+        stack.start_provider()
+        say(f"   ready after {time.monotonic() - began:.1f} s (migrated, agent created, server up at {stack.url}, "
+            f"the provider at {stack.provider_url})")
+        monitor = CpuMonitor(stack.named_pids, databases={PROVIDER_DB_NAME: "provider_postgres"})
         figure_a_b_c(stack, token, args, results, logs, monitor)
         seal_cost(results)
         from . import probe

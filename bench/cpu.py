@@ -4,7 +4,8 @@ On a small shared machine a test suite running next to the benchmark changes its
 this makes that visible instead of silently skewing a ratio. Reads /proc only (Linux):
 the machine's busy time from /proc/stat, and per process utime+stime, attributed to
 - the benchmark's children by name (gunicorn, load generator, workers, sweeper),
-- PostgreSQL backends serving the `surety_bench` database (their process title names it),
+- PostgreSQL backends by the database they serve (their process title names it): `surety_bench`
+  as "postgres", and any other database the run names (the provider's),
 - this process itself; everything else is "others".
 """
 
@@ -59,9 +60,9 @@ class CpuMonitor:
     """Samples every `interval` seconds between start() and stop(); stop() returns CPUs used
     (1.0 = one core busy for the whole window) per category."""
 
-    def __init__(self, named_pids, database="surety_bench", interval=0.25):
+    def __init__(self, named_pids, database="surety_bench", interval=0.25, databases=None):
         self.named_pids = named_pids  # callable: {pid: name} of the benchmark's direct children
-        self.database = database
+        self.databases = {database: "postgres", **(databases or {})}  # database -> category
         self.interval = interval
         self.me = os.getpid()
 
@@ -95,7 +96,8 @@ class CpuMonitor:
         if pid == self.me:
             return "bench"
         if comm == "postgres":
-            return "postgres" if f" {self.database} " in _cmdline(pid) else None
+            title = _cmdline(pid)
+            return next((category for name, category in self.databases.items() if f" {name} " in title), None)
         seen, current = 0, pid
         while current in procs and seen < 50:  # climb to a direct child of this process
             parent = procs[current][0]

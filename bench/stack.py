@@ -4,6 +4,10 @@ A fresh `surety_bench` database (dropped and created each run, then migrated), R
 (flushed), one gunicorn (gthread) serving the API, the sandbox provider and the baseline views,
 and RQ workers / the sweeper as separate processes. Each child runs in its own session, so it
 and its children are stopped by its own process-group id and nothing else.
+
+With `provider_database`, the sandbox provider the workers call is a service of its own, as a
+real provider is: a second gunicorn on its own port and its own fresh database, so that its
+CPU time (its processes, its PostgreSQL backends) is told apart from Surety's.
 """
 
 import json
@@ -22,6 +26,7 @@ PYTHON = sys.executable
 DB_NAME = "surety_bench"
 ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 DATABASE_URL = f"postgres://postgres@127.0.0.1:5432/{DB_NAME}"
+PROVIDER_DB_NAME = "surety_bench_provider"
 REDIS_URL = "redis://127.0.0.1:6379/15"
 
 # What the server, the workers, the sweeper and this process agree on. LEASE_SECONDS is the
@@ -49,14 +54,18 @@ def free_port():
         return s.getsockname()[1]
 
 
-def reset_database():
-    """Drop and create `surety_bench` (connections left by an earlier run are terminated)."""
+def database_url(name):
+    return f"postgres://postgres@127.0.0.1:5432/{name}"
+
+
+def reset_database(name=DB_NAME):
+    """Drop and create database `name` (connections left by an earlier run are terminated)."""
     import psycopg
     from psycopg import sql
 
     with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(DB_NAME)))
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DB_NAME)))
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
 
 
 def connection_slots():
@@ -87,11 +96,14 @@ def flush_redis():
 
 
 class Stack:
-    def __init__(self, logs, *, gunicorn_workers, gunicorn_threads):
+    def __init__(self, logs, *, gunicorn_workers, gunicorn_threads, provider_database=None):
         self.logs = Path(logs)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.env = {**os.environ, **STACK_ENV, "SANDBOX_BASE_URL": f"{self.url}/sandbox/v1", "SITE_URL": self.url}
+        self.provider_database = provider_database
+        self.provider_url = f"http://127.0.0.1:{free_port()}" if provider_database else self.url
+        self.env = {**os.environ, **STACK_ENV, "SANDBOX_BASE_URL": f"{self.provider_url}/sandbox/v1",
+                    "SITE_URL": self.url}
         self.gunicorn_workers, self.gunicorn_threads = gunicorn_workers, gunicorn_threads
         self.processes = {}  # name -> Popen
         self.load_pid = None
@@ -99,14 +111,17 @@ class Stack:
 
     # --- one-shot commands -------------------------------------------------------------------
 
-    def manage(self, *args):
-        done = subprocess.run([PYTHON, "manage.py", *args], cwd=ROOT, env=self.env, capture_output=True, text=True)
+    def manage(self, *args, **env):
+        done = subprocess.run([PYTHON, "manage.py", *args], cwd=ROOT, env={**self.env, **env}, capture_output=True,
+                              text=True)
         if done.returncode != 0:
             raise RuntimeError(f"manage.py {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
         return done.stdout
 
     def migrate(self):
         self.manage("migrate", "--noinput", "-v", "0")
+        if self.provider_database:
+            self.manage("migrate", "--noinput", "-v", "0", DATABASE_URL=database_url(self.provider_database))
 
     def create_agent(self, name, grants):
         """An agent whose grants are live. A new grant is shadow until a person promotes it after
@@ -138,22 +153,31 @@ class Stack:
         return process
 
     def start_server(self):
-        self._start("gunicorn", [
-            PYTHON, "-m", "gunicorn", "config.wsgi", "-b", f"127.0.0.1:{self.port}", "-k", "gthread",
+        self._serve("gunicorn", self.url, "/bench/baseline/rows/-", 404)
+
+    def start_provider(self):
+        """The sandbox provider on its own port and database (see the module's docstring)."""
+        self._serve("provider", self.provider_url, "/sandbox/v1/faults", 401,
+                    DATABASE_URL=database_url(self.provider_database))
+
+    def _serve(self, name, url, probe, status, **env):
+        """A gunicorn with the run's workers and threads, up once `probe` answers `status`."""
+        self._start(name, [
+            PYTHON, "-m", "gunicorn", "config.wsgi", "-b", url.removeprefix("http://"), "-k", "gthread",
             "-w", str(self.gunicorn_workers), "--threads", str(self.gunicorn_threads),
             "--timeout", "60", "--log-level", "warning",
-        ])
+        ], **env)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
-                if httpx.get(f"{self.url}/bench/baseline/rows/-", timeout=2).status_code == 404:
+                if httpx.get(f"{url}{probe}", timeout=2).status_code == status:
                     return
             except httpx.HTTPError:
                 pass
-            if self.processes["gunicorn"].poll() is not None:
+            if self.processes[name].poll() is not None:
                 break
             time.sleep(0.1)
-        raise RuntimeError(f"gunicorn did not come up; see {self.logs}")
+        raise RuntimeError(f"{name} did not come up; see {self.logs}")
 
     def start_worker(self, name, **env):
         return self._start(name, [
