@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import OuterRef, Q, Subquery
 from django.utils import timezone
 
 from . import hooks
@@ -30,7 +30,7 @@ from .connectors.base import write_permit
 from .connectors.test_mode import connector_for_action, is_replay_action
 from .grants import grant_lapsed
 from .jobs import drain
-from .models import Action, ActionStatus, InvalidTransition, StaleClaim, TaskState
+from .models import Action, ActionStatus, Agent, InvalidTransition, StaleClaim, TaskState
 from .retry import backoff_until
 
 logger = logging.getLogger("surety.executor")
@@ -54,11 +54,15 @@ def _due(now):
 
 
 def _claimable(now):
-    # of=self: the joins to the task and the agent must not lock those rows as well. The
-    # agent's grants_version comes along, so that the claim re-checks the grant without a
-    # statement of its own (ledger.grants.grant_lapsed).
+    # of=self: the join to the task must not lock its row as well. The agent's grants_version
+    # comes along, so that the claim re-checks the grant without a statement of its own
+    # (ledger.grants.grant_lapsed). As scalar subqueries, PostgreSQL evaluates them for the row
+    # the LIMIT keeps; a join looked up the agent of every due row before the sort, so each
+    # claim cost more the longer the queue (bench (d): 0.75 against 0.43 ms per claim, 360 rows).
+    agent = Agent.objects.filter(pk=OuterRef("agent_id")).order_by()
     return Action.objects.select_for_update(skip_locked=True, of=("self",)).filter(_due(now)).annotate(
-        agent_user_id=F("agent__user_id"), agent_grants_version=F("agent__grants_version"),
+        agent_user_id=Subquery(agent.values("user_id")),
+        agent_grants_version=Subquery(agent.values("grants_version")),
     ).order_by("next_attempt_at", "id")
 
 
