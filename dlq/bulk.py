@@ -29,12 +29,13 @@ from datetime import timedelta
 from decimal import Decimal
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import Max, Q
 from django.utils import timezone
 
 from ledger.access import WORK_DLQ, decidable_names, user_may
 from ledger.jobs import enqueue
+from ledger.locks import BULK_REDRIVE_START, take_turns
 from ledger.models import Action, ActionStatus, ActionType, AuditEvent, Capability, StepStatus, TaskState
 from ledger.statemachine import InvalidTransition
 
@@ -49,8 +50,6 @@ INLINE_SLICE_SECONDS = 1
 LEASE_SECONDS = SLICE_SECONDS + 30
 POLL_SECONDS = 0.25
 SYSTEM = "system:bulk-redrive"
-# What two starts take turns on (the project's advisory lock class; 1 is the audit seal's).
-START_LOCK = (361478, 2)
 JOB = "dlq.bulk.bulk_redrive_work"
 
 # After a redrive, what says the provider failed the redriven work again: the executor's
@@ -214,11 +213,9 @@ def _refuse_if_run_in_the_way(entries):
     call: each run keeps to the limit only within itself (`_next_slot`).
 
     Two starts at once would each find the other not started yet (neither has committed), so
-    starts take turns on START_LOCK first (SQLite's IMMEDIATE transactions take turns anyway).
+    starts take turns first (ledger.locks.BULK_REDRIVE_START).
     The active runs are locked: one whose job is ending it meanwhile is seen ended, not in the way."""
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", START_LOCK)
+    take_turns(BULK_REDRIVE_START)
     active = {run.pk: run for run in BulkRedrive.objects.select_for_update().filter(status__in=ACTIVE_STATUSES)
               .order_by("pk")}
     if not active:

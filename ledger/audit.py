@@ -19,6 +19,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from .compiled import insert
+from .locks import AUDIT_SEAL, take_turns
 from .middleware import current_request_id
 
 
@@ -89,9 +90,7 @@ class AuditEventManager(models.Manager):
         sealed = 0
         while True:
             with transaction.atomic():
-                if connection.vendor == "postgresql":
-                    with connection.cursor() as cursor:
-                        cursor.execute("SELECT pg_advisory_xact_lock(361478, 1)")
+                take_turns(AUDIT_SEAL)
                 pending = list(self.filter(seq__isnull=True).order_by("id").only("content_hash")[:batch])
                 if not pending:
                     return sealed
