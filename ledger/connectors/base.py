@@ -72,9 +72,22 @@ class Connector:
     """A provider for one or more action types, built by the registry with its options."""
 
     name = ""
+    # The option that says where the provider is called (an HTTP base URL), or "" if none.
+    base_option = ""
 
     def __init__(self, **options):
         self.options = options
+
+    @property
+    def base_url(self):
+        """Where this connector calls its provider now ("" if not over HTTP)."""
+        return self.options.get(self.base_option, "") if self.base_option else ""
+
+    def through(self, base_url):
+        """A copy of this connector whose provider calls go to `base_url` (a fault proxy's)."""
+        if not self.base_option:
+            raise TypeError(f"the {self.name} connector does not call its provider over HTTP")
+        return type(self)(**{**self.options, self.base_option: base_url})
 
     def check(self):
         """What stops this connector from working (missing credentials, a bad URL), as messages."""

@@ -1,4 +1,5 @@
-"""The sandbox provider's connector: refunds, messages and bookings over real HTTP."""
+"""The sandbox provider's connector: refunds, messages and bookings over real HTTP, at
+`base_url` (SANDBOX_BASE_URL unless a replay run points it at its fault proxy)."""
 
 from decimal import Decimal
 
@@ -21,9 +22,18 @@ RECORDS_PAGE = 1000
 
 class SandboxConnector(Connector):
     name = "sandbox"
+    base_option = "base_url"
+
+    def __init__(self, *, base_url=""):
+        super().__init__(base_url=base_url)
+
+    @property
+    def base_url(self):
+        # Read when called, not when built: SANDBOX_BASE_URL is the default, the option wins.
+        return self.options["base_url"] or settings.SANDBOX_BASE_URL
 
     def _url(self, path):
-        return f"{settings.SANDBOX_BASE_URL.rstrip('/')}/{path}"
+        return f"{self.base_url.rstrip('/')}/{path}"
 
     def _headers(self, **extra):
         return {"Authorization": f"Bearer {settings.SANDBOX_API_KEY}", **extra}

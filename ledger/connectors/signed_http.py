@@ -21,6 +21,7 @@ _EVIDENCE_CHARS = 500
 
 class SignedHttpConnector(Connector):
     name = "http"
+    base_option = "url"
 
     def __init__(self, *, url="", secret=""):
         super().__init__(url=url, secret=secret)

@@ -40,6 +40,7 @@ _FAILED = {"failed", "canceled"}
 
 class StripeConnector(Connector):
     name = "stripe"
+    base_option = "api_base"
 
     def __init__(self, *, api_key="", api_base=stripe.DEFAULT_API_BASE, webhook_secret="", **options):
         super().__init__(api_key=api_key, api_base=api_base or stripe.DEFAULT_API_BASE,
