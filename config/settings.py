@@ -196,13 +196,17 @@ for _action_type in ACTION_TYPES:
             SURETY_CONNECTORS[_action_type]["test_mode"] = {"options": {
                 "url": env_str(f"CONNECTOR_{_action_type.upper()}_TEST_URL")}}
         # And Stripe in its test mode: a test key, by default against the sandbox's Stripe wire
-        # format, which shares the sandbox's faults (the timeout case needs them).
+        # format (Stripe's own without the sandbox), and the test-mode endpoint's webhook secret
+        # (Stripe signs test and live events with different ones). The replay run stages its
+        # faults itself, whatever the base.
         if _name == "stripe" and env_str("STRIPE_TEST_API_KEY"):
             _sandbox_stripe = f"{SANDBOX_BASE_URL.rstrip('/').removesuffix('/v1')}/stripe"
-            _test_base = env_str("STRIPE_TEST_API_BASE", _sandbox_stripe if SANDBOX_ENABLED else "")
-            SURETY_CONNECTORS[_action_type]["test_mode"] = {
-                "options": {"api_key": env_str("STRIPE_TEST_API_KEY"), "api_base": _test_base},
-                "faults_url": f"{SANDBOX_BASE_URL.rstrip('/')}/faults" if _test_base == _sandbox_stripe else ""}
+            SURETY_CONNECTORS[_action_type]["test_mode"] = {"options": {
+                "api_key": env_str("STRIPE_TEST_API_KEY"),
+                "api_base": env_str("STRIPE_TEST_API_BASE", _sandbox_stripe if SANDBOX_ENABLED else ""),
+                **({"webhook_secret": env_str("STRIPE_TEST_WEBHOOK_SECRET")} if env_str("STRIPE_TEST_WEBHOOK_SECRET")
+                   else {}),
+            }}
 # A bulk redrive from the dead-letter queue (dlq/bulk.py) never goes faster than the connectors
 # it calls allow: CONNECTOR_<ACTION_TYPE>_REDRIVE_RATE, entries per minute. It stops when
 # REDRIVE_SPIKE_FAILURES of the last REDRIVE_SPIKE_WINDOW entries it redrove failed again at the provider.
@@ -235,6 +239,8 @@ if ALERT_WEBHOOK_URL and not ALERT_WEBHOOK_SECRET:
     # A public development secret would let anyone forge alerts to the receiver.
     raise RuntimeError("ALERT_WEBHOOK_SECRET must be set with ALERT_WEBHOOK_URL in production")
 ALERT_EMAILS = env_list("ALERT_EMAILS", "operations@surety.example")
+# This deployment's public address: alerts link to it, and the replay set's webhook case posts
+# its events there, once a signed probe (ledger.site_url) shows it reaches this deployment.
 SITE_URL = env_str("SITE_URL", "http://127.0.0.1:8000")
 # Monitoring (ledger.metrics). /metrics opens to a bearer METRICS_TOKEN or a client address in
 # METRICS_ALLOWED_IPS (addresses or networks); with neither it is open on loopback outside

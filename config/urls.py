@@ -12,6 +12,7 @@ from dlq import views as dlq
 from ledger import evidence_views as evidence
 from ledger import metrics as monitoring
 from ledger import readiness_views as readiness
+from ledger import site_url
 from ledger import views as ledger
 from ledger.api.problems import api_not_found
 from ledger.webhooks import webhook_receive
@@ -22,6 +23,8 @@ urlpatterns = [
     # Monitoring: Prometheus scrapes /metrics (token or allow-list); load balancers ask /healthz.
     path("metrics", monitoring.metrics_view, name="metrics"),
     path("healthz", monitoring.healthz_view, name="healthz"),
+    # Answers a signed probe only this deployment can: SITE_URL is checked against it (ledger.site_url).
+    path("site-probe", site_url.site_probe, name="site-probe"),
     path("admin/", admin.site.urls),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),

@@ -7,20 +7,31 @@ be live (ledger.grants):
 2. retry_same_request: the same key and request again returns the stored action; nothing runs.
 3. timeout_after_commit: the provider commits and does not answer in time; the executor
    verifies instead of calling again, and finds the one effect.
-4. webhook_twice: the same signed event delivered twice is acted on once.
+4. webhook_twice: the same signed event, posted to SITE_URL once a signed probe showed that
+   it reaches this deployment (ledger.site_url), is acted on once.
 5. same_key_other_params: the same key asking for something else is refused; nothing changes.
 6. two_actions_same_object: two actions for one object requested together make at most one
-   effect (the ledger holds them for a person).
+   effect, as the action type means it: two refunds of one order or two messages to one
+   recipient are held for a person (no effect); a second booking of a booked slot is refused
+   at intake (`SlotTaken`) and the first is made (exactly one).
+
+The faults are staged by the run itself: it starts a fault proxy in front of the test mode's
+base URL (ledger.connectors.fault_proxy) and points its connector at it, so the same run
+passes against the sandbox, a team's signed-HTTP test URL and Stripe's test mode, none of
+which needs a faults endpoint (a test mode that names its own `faults_url` has it used
+instead). A test mode that cannot be reached ends the run before any case, with its answer.
 
 The actions are the replay agent's, under keys `replay:<run id>:<case>`, so runs never collide
 with real work, and the executor sends them to the test mode whichever worker runs them
-(ledger.connectors.test_mode). They are run here, in this process, through the executor's own
-functions. Each case ends `passed` or `failed` with its evidence; an exception is a failed
-case, never a crash of the run. The run passes only when every case did, and is written as
-passed once, at the end: a run that stops midway has passed = null, which the gate does
-not take. Nothing here promotes a grant.
+(ledger.connectors.test_mode); in this process, where they are run through the executor's
+own functions, to the run's connector behind its proxy. Each case ends `passed` or `failed`
+with its evidence, which keeps what the proxy staged and what the provider holds afterwards;
+an exception is a failed case, never a crash of the run. The run passes only when every case
+did, and is written as passed once, at the end: a run that stops midway has passed = null,
+which the gate does not take. Nothing here promotes a grant.
 """
 
+import contextlib
 import json
 import time
 from datetime import timedelta
@@ -30,17 +41,20 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
 
-from .actions import KeyReused, action_by_key, action_request
+from .actions import KeyReused, SlotTaken, action_by_key, action_request
 from .agents import agent_create
 from .audit import actor_label
 from .connectors import NoConnector, http
+from .connectors.fault_proxy import FaultProxy
 from .connectors.test_mode import (
-    REPLAY_AGENT, REPLAY_KEY_PREFIX, NoTestMode, connector_description, connector_version, test_connector_for,
+    REPLAY_AGENT, REPLAY_KEY_PREFIX, NoTestMode, connector_description, connector_version, replay_connector,
+    test_connector_for,
 )
 from .executor import action_claim_next, action_run_claimed
 from .jobs import worker_name
 from .models import Action, ActionStatus, ActionType, Agent, ReplayRun
 from .signing import sign_webhook
+from .site_url import site_url_problem
 
 S = ActionStatus
 REPLAY_AGENT_OWNER = "replay-set-owner"
@@ -63,7 +77,7 @@ def _stripe_event(connector, key):
 
 # A connector's test event about an operation key, signed as its webhook view checks it: (body, headers).
 _WEBHOOK_EVENTS = {"sandbox": _sandbox_event, "stripe": _stripe_event}
-# How a fault is armed where a connector's test mode takes them: the sandbox's own key (the
+# How a fault is armed where a test mode names its own faults endpoint: the sandbox's key (the
 # sandbox, and Stripe's wire format, which shares its faults), or a team's test service's signature.
 _FAULT_HEADERS = {"http": lambda connector, body: connector.signed(body)}
 
@@ -80,6 +94,10 @@ class CaseFailed(Exception):
     def __init__(self, message, **evidence):
         super().__init__(message)
         self.evidence = evidence
+
+
+def _key(run, case):
+    return f"{REPLAY_KEY_PREFIX}{run.pk}:{case}"
 
 
 def replay_agent():
@@ -106,33 +124,69 @@ def replay_start(action_type, *, actor):
 
 
 def replay_run(run):
-    """Run the six cases of `run` in order, store each outcome as it ends, then the verdict."""
+    """Run the six cases of `run` in order, store each outcome as it ends, then the verdict.
+
+    1. Build the test mode's connector; a problem with it, or a test mode that cannot be
+       reached, is the run's one failed case, with the answer.
+    2. Start the fault proxy in front of its base URL, and have this process's replay
+       actions go to the connector pointed at it.
+    3. Run the cases; each keeps what the proxy staged while it ran.
+    """
     try:
-        connector, faults_url = test_connector_for(run.action_type)
-        problems = connector.check()
+        provider, faults_url = test_connector_for(run.action_type)
+        problems = provider.check()
         if problems:
             raise NoTestMode("; ".join(problems))
-    except (NoConnector, NoTestMode, ImportError, TypeError, ValueError) as exc:
+        _reach(provider)
+    except NoTestMode as exc:
+        run.cases = [{"case": "test_mode", "outcome": "failed", "evidence": {"error": str(exc), **exc.evidence}}]
+        return _finish(run)
+    except (NoConnector, ImportError, TypeError, ValueError) as exc:
         run.cases = [{"case": "test_mode", "outcome": "failed", "evidence": {"error": str(exc)}}]
         return _finish(run)
-    case = _Cases(run, replay_agent(), connector, faults_url)
-    for name, step in case.steps():
-        started = time.monotonic()
-        try:
-            outcome, evidence = "passed", step()
-        except NotApplicable as exc:
-            outcome, evidence = "not_applicable", {"reason": str(exc)}
-        except CaseFailed as exc:
-            outcome, evidence = "failed", {"error": str(exc), **exc.evidence}
-        except http.ProviderError as exc:  # what the provider answered (its status, its code) is the evidence
-            outcome, evidence = "failed", {"error": f"{type(exc).__name__}: {exc}", "answer": exc.evidence()}
-        except Exception as exc:  # noqa: BLE001 (any failure of a case is its evidence, the run goes on)
-            outcome, evidence = "failed", {"error": f"{type(exc).__name__}: {exc}"}
-        run.cases = [*run.cases, {"case": name, "outcome": outcome, "seconds": round(time.monotonic() - started, 2),
-                                  "evidence": json.loads(json.dumps(evidence, default=str))}]
-        ReplayRun.objects.filter(pk=run.pk).update(cases=run.cases)
-    case.cancel_leftovers()
+    with contextlib.ExitStack() as running:
+        proxy = running.enter_context(FaultProxy(provider.base_url)) if provider.base_url else None
+        connector = provider.through(proxy.url) if proxy else provider
+        running.enter_context(replay_connector(run.action_type, _key(run, ""), connector))
+        case = _Cases(run, replay_agent(), connector, provider, proxy, faults_url)
+        for name, step in case.steps():
+            _run_case(run, case, name, step)
+        case.cancel_leftovers()
     return _finish(run)
+
+
+def _reach(connector):
+    """Raise NoTestMode, with the answer, if the test mode's base URL cannot be reached at all.
+    Any answer will do: whether it answers as the provider does is for the cases to show."""
+    if not connector.base_url:  # not over HTTP
+        return
+    try:
+        http.call("GET", connector.base_url)
+    except http.NotSent as exc:
+        raise NoTestMode(f"the {connector.name} test mode at {connector.base_url} cannot be reached",
+                         answer=exc.evidence()) from exc
+    except http.ProviderError:
+        pass
+
+
+def _run_case(run, case, name, step):
+    started, staged_before = time.monotonic(), len(case.proxy.staged) if case.proxy else 0
+    try:
+        outcome, evidence = "passed", step()
+    except NotApplicable as exc:
+        outcome, evidence = "not_applicable", {"reason": str(exc)}
+    except CaseFailed as exc:
+        outcome, evidence = "failed", {"error": str(exc), **exc.evidence}
+    except http.ProviderError as exc:  # what the provider answered (its status, its code) is the evidence
+        outcome, evidence = "failed", {"error": f"{type(exc).__name__}: {exc}", "answer": exc.evidence()}
+    except Exception as exc:  # noqa: BLE001 (any failure of a case is its evidence, the run goes on)
+        outcome, evidence = "failed", {"error": f"{type(exc).__name__}: {exc}"}
+    if case.proxy:  # a fault no write took must not hit the next case's
+        left = case.proxy.disarm()
+        evidence = {**evidence, "staged": case.proxy.staged[staged_before:], **({"not_staged": left} if left else {})}
+    run.cases = [*run.cases, {"case": name, "outcome": outcome, "seconds": round(time.monotonic() - started, 2),
+                              "evidence": json.loads(json.dumps(evidence, default=str))}]
+    ReplayRun.objects.filter(pk=run.pk).update(cases=run.cases)
 
 
 def replay_check(action_type, *, actor):
@@ -157,10 +211,16 @@ def last_runs():
 
 
 class _Cases:
-    def __init__(self, run, agent, connector, faults_url):
-        self.run, self.agent, self.connector, self.faults_url = run, agent, connector, faults_url
+    """The cases of one run. `connector` is what the executor calls (behind `proxy`, where
+    there is one); `provider`, the same test mode called directly, is asked what it holds."""
+
+    def __init__(self, run, agent, connector, provider, proxy, faults_url):
+        self.run, self.agent, self.connector, self.provider = run, agent, connector, provider
+        self.proxy, self.faults_url = proxy, faults_url
         self.owner = f"replay:{worker_name()}"
         self.targets = {}
+        # Bookings start from one instant per run: the same request asked again is the same request.
+        self.first_start = (timezone.now() + timedelta(days=30)).replace(second=0, microsecond=0)
 
     def steps(self):
         return [("clean_first_call", self.clean_first_call), ("retry_same_request", self.retry_same_request),
@@ -171,7 +231,7 @@ class _Cases:
     # -- what each case asks for ----------------------------------------------------------------
 
     def key(self, case):
-        return f"{REPLAY_KEY_PREFIX}{self.run.pk}:{case}"
+        return _key(self.run, case)
 
     def request(self, case, *, n=0, other=False):
         """The request of a case for this action type: a target of its own (n), or changed params."""
@@ -184,7 +244,7 @@ class _Cases:
             target, params = f"{target}@example.test", {"channel": "email", "message_type": "replay",
                                                         "body": "replay set (again)" if other else "replay set"}
         else:
-            start = (timezone.now() + timedelta(days=30 + n)).replace(microsecond=0)
+            start = self.first_start + timedelta(days=n)
             customer = "replay"
             params = {"service": "other" if other else "replay", "start": start.isoformat(),
                       "end": (start + timedelta(hours=1)).isoformat()}
@@ -195,7 +255,7 @@ class _Cases:
         """What the case's refunds are for: an order of its own, or at a provider that refunds
         only what was paid (Stripe), a payment the test mode makes for it (`replay_target`)."""
         if n not in self.targets:
-            make = getattr(self.connector, "replay_target", None)
+            make = getattr(self.provider, "replay_target", None)
             self.targets[n] = make("10.00", "EUR") if make else f"REPLAY-{self.run.pk}-{n}"
         return self.targets[n]
 
@@ -236,7 +296,7 @@ class _Cases:
             raise CaseFailed(f"the action is {action.status}, not succeeded", action=shown)
         if action.attempts != attempts:
             raise CaseFailed(f"{action.attempts} attempts, not {attempts}", action=shown)
-        lookup = self.connector.find_effect(action)
+        lookup = self.provider.find_effect(action)
         if lookup.found is not True or lookup.external_ref != action.external_ref:
             raise CaseFailed("the provider does not show the action's effect", action=shown, lookup=lookup.evidence)
         return {"action": shown, "lookup": lookup.evidence}
@@ -258,20 +318,30 @@ class _Cases:
             raise CaseFailed("the same request made or ran a new action", action=_shown(again))
         return {"replayed": _shown(again), **self.expect_succeeded(again)}
 
+    def stage(self, fault, target):
+        """Arm `fault` for the next write: at the test mode's own faults endpoint where it names
+        one, else at the run's fault proxy. Returns what was asked of the provider, if anything."""
+        if self.faults_url:
+            body = json.dumps({"target": target, "fault": fault, "times": 1}).encode()
+            headers = _FAULT_HEADERS.get(self.connector.name, _sandbox_fault_headers)(self.connector, body)
+            return {"faults_url": self.faults_url, "armed": http.call("POST", self.faults_url, content=body,
+                                                                      headers=headers)}
+        if self.proxy is None:
+            raise CaseFailed(f"the {self.connector.name} connector does not call its provider over HTTP: "
+                             f"a {fault} cannot be staged")
+        self.proxy.arm(fault)
+        return {}
+
     def timeout_after_commit(self):
         request = self.request("timeout", n=3)
-        if not self.faults_url:
-            raise CaseFailed("this test mode names no faults URL: a timeout after commit cannot be staged")
-        body = json.dumps({"target": request["target"], "fault": "timeout_after_commit", "times": 1}).encode()
-        headers = _FAULT_HEADERS.get(self.connector.name, _sandbox_fault_headers)(self.connector, body)
-        http.call("POST", self.faults_url, content=body, headers=headers)
+        armed = self.stage("timeout_after_commit", request["target"])
         action, _, claimed = self.record_and_claim(**request)
         if claimed is None:
             raise CaseFailed(f"the action was recorded {action.status}, not queued", action=_shown(action))
         action = self.run_until_settled(action, claimed, self.seconds())
         if not any(e.get("code") == "timeout" for e in action.evidence):
             raise CaseFailed("the provider answered in time: the fault did not take", action=_shown(action))
-        return self.expect_succeeded(action)
+        return {**armed, **self.expect_succeeded(action)}
 
     def webhook_twice(self):
         if not hasattr(self.connector, "read_webhook") and self.connector.name not in _WEBHOOK_EVENTS:
@@ -279,13 +349,16 @@ class _Cases:
         event = _WEBHOOK_EVENTS.get(self.connector.name)
         if event is None:
             raise CaseFailed(f"no test event can be signed for the {self.connector.name} connector yet")
+        problem = site_url_problem(settings.SITE_URL)  # before any event is sent there
+        if problem:
+            raise CaseFailed(problem, site_url=settings.SITE_URL)
         body, signature = event(self.connector, self.key("webhook"))
         url = f"{settings.SITE_URL.rstrip('/')}/webhooks/{self.connector.name}/"
         answers = [http.call("POST", url, content=body, headers={"Content-Type": "application/json", **signature})
                    for _ in range(2)]
         if answers[0].get("duplicate") or answers[1] != {"duplicate": True}:
             raise CaseFailed("the second delivery was not recognised as a duplicate", answers=answers)
-        return {"answers": answers}
+        return {"site_url": settings.SITE_URL, "answers": answers}
 
     def same_key_other_params(self):
         before = Action.objects.values().get(operation_key=self.key("clean"))
@@ -295,19 +368,36 @@ class _Cases:
             after = Action.objects.values().get(operation_key=self.key("clean"))
             if after != before:
                 raise CaseFailed("the refused request changed the action", before=before, after=after) from None
-            return {"refused": "idempotency_key_reused", "unchanged": self.key("clean")}
+            lookup = self.provider.find_effect(action_by_key(self.key("clean")))
+            if lookup.found is not True or lookup.external_ref != after["external_ref"]:
+                raise CaseFailed("the provider does not show the first request's one effect", lookup=lookup.evidence)
+            return {"refused": "idempotency_key_reused", "unchanged": self.key("clean"), "lookup": lookup.evidence}
         raise CaseFailed("the same key with other params was accepted")
 
     def two_actions_same_object(self):
+        """Two actions for one object, requested together (neither seen, or run, before the other
+        is recorded): refunds of one order or messages to one recipient are both held, no effect;
+        the second booking of a slot is refused at intake and the first is made, one effect."""
         requests = [self.request(case, n=6) for case in ("same_object_1", "same_object_2")]
-        with transaction.atomic():  # together: neither is seen (or run) before the other is recorded
-            actions = [action_request(**r)[0] for r in requests]
+        actions, refused = [], []
+        with transaction.atomic():
+            for request in requests:
+                try:
+                    actions.append(action_request(**request)[0])
+                except SlotTaken as exc:
+                    refused.append({"operation_key": request["operation_key"], "refused": "booking_conflict",
+                                    "reason": str(exc)})
         settled = [self.run_until_settled(a, action_claim_next(self.owner, only=a.pk), self.seconds())
                    for a in actions]
-        effects = [self.connector.find_effect(a) for a in settled]
-        shown = {"actions": [_shown(a) for a in settled], "lookups": [e.evidence for e in effects]}
-        if sum(bool(e.found) for e in effects) > 1:
+        effects = [self.provider.find_effect(a) for a in settled]
+        shown = {"actions": [_shown(a) for a in settled], "refused": refused, "lookups": [e.evidence for e in effects]}
+        made = sum(e.found is True for e in effects)
+        if any(e.found is None for e in effects):
+            raise CaseFailed("the provider cannot say what it holds for these actions", **shown)
+        if made > 1:
             raise CaseFailed("both actions reached the provider", **shown)
+        if self.run.action_type == ActionType.CREATE_BOOKING and (made, len(refused)) != (1, 1):
+            raise CaseFailed(f"{made} bookings made and {len(refused)} refused at intake, not one of each", **shown)
         return shown
 
     def cancel_leftovers(self):

@@ -79,6 +79,12 @@ class FaultProxy:
         with self._lock:
             self._armed.extend([fault] * times)
 
+    def disarm(self):
+        """Forget the faults no write has taken yet; return them."""
+        with self._lock:
+            left, self._armed = list(self._armed), deque()
+        return left
+
     def _fault_for(self, method):
         with self._lock:
             return self._armed.popleft() if method not in _READS and self._armed else None

@@ -2,17 +2,23 @@
 
 The sandbox connector's provider is the sandbox itself, so its test mode is the connector as
 configured. Any other connector has one only if its `SURETY_CONNECTORS` entry says how:
-`"test_mode": {"options": {...}, "faults_url": "..."}` — the options that replace the live
-ones (a team's test URL for signed HTTP; the sandbox's Stripe wire mode as Stripe's
-`api_base` with a test key), and optionally where the sandbox's fault protocol is spoken
-(`POST {"target", "fault", "times"}`), without which the timeout case cannot be staged. A
-connector may name its own (`faults_url`: signed HTTP's test service takes them at `<url>/faults`).
+`"test_mode": {"options": {...}}`, the options that replace the live ones (a team's test URL
+for signed HTTP; Stripe's `api_base`, test key and test-mode webhook secret). The replay run
+stages its faults itself, through a fault proxy in front of the test mode's base URL
+(ledger.connectors.fault_proxy), so no provider needs a faults endpoint; one that has its own
+may still be named (`"faults_url"`: it takes `POST {"target", "fault", "times"}`, the sandbox's
+protocol), and the run then uses it instead.
 
 The replay agent's actions under keys starting with REPLAY_KEY_PREFIX belong to a replay
 run: the executor sends them here, never to the live provider, whichever worker runs them.
 Both must hold: any agent may choose such a key, and its action must reach the live provider.
+In the process running the replay run, its actions go to the run's own connector (the one
+pointed at its fault proxy, `replay_connector`); a worker elsewhere that takes a verification
+over builds the test mode from the settings and asks the provider directly.
 """
 
+import contextlib
+import contextvars
 import hashlib
 import inspect
 import json
@@ -26,10 +32,16 @@ from . import NoConnector, connector_for
 REPLAY_KEY_PREFIX = "replay:"
 REPLAY_AGENT = "replay-set"
 _SECRET_WORDS = ("secret", "key", "token", "password")
+# Per action type, the replay run in this process: (its keys' prefix, its connector).
+_running = contextvars.ContextVar("replay_connectors", default={})
 
 
 class NoTestMode(LookupError):
-    """The connector of an action type has no test mode to replay against."""
+    """The connector of an action type has no test mode to replay against (`evidence`: what it answered)."""
+
+    def __init__(self, message, **evidence):
+        super().__init__(message)
+        self.evidence = evidence
 
 
 def _entry(action_type):
@@ -40,18 +52,19 @@ def _entry(action_type):
 
 
 def test_connector_for(action_type):
-    """The connector to replay against, and the URL of its provider's faults (or "")."""
+    """The connector to replay against, and the URL of its provider's own faults endpoint where
+    one is configured ("" otherwise: the replay run stages faults through its proxy)."""
     entry = _entry(action_type)
     live = connector_for(action_type)
     if live.name == "sandbox":
-        return live, f"{settings.SANDBOX_BASE_URL.rstrip('/')}/faults"
+        return live, ""
     test_mode = entry.get("test_mode")
     if not test_mode:
         raise NoTestMode(f"the {live.name} connector for {action_type} has no test mode: "
                          f"set SURETY_CONNECTORS['{action_type}']['test_mode']")
     options = {**entry.get("options", {}), **test_mode.get("options", {})}
     connector = import_string(entry["class"])(**options)
-    return connector, test_mode.get("faults_url") or getattr(connector, "faults_url", "")
+    return connector, test_mode.get("faults_url", "")
 
 
 def is_replay_action(action):
@@ -60,9 +73,24 @@ def is_replay_action(action):
         pk=action.agent_id, name=REPLAY_AGENT).exists()
 
 
+@contextlib.contextmanager
+def replay_connector(action_type, key_prefix, connector):
+    """Within: this process's actions of `action_type` under `key_prefix` (one replay run's)
+    go to `connector`, the run's test connector pointed at its fault proxy."""
+    token = _running.set({**_running.get(), action_type: (key_prefix, connector)})
+    try:
+        yield connector
+    finally:
+        _running.reset(token)
+
+
 def connector_for_action(action):
-    """The connector that may act for this action: a replay run's goes to the test mode."""
+    """The connector that may act for this action: a replay run's goes to the test mode (the
+    run's own connector in the run's process)."""
     if is_replay_action(action):
+        prefix, connector = _running.get().get(action.action_type, (None, None))
+        if connector is not None and action.operation_key.startswith(prefix):
+            return connector
         return test_connector_for(action.action_type)[0]
     return connector_for(action.action_type)
 

@@ -2,9 +2,8 @@
 is sent): each fault does what its name says, to the provider and to the caller."""
 
 import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
@@ -13,6 +12,7 @@ from ledger.connectors.fault_proxy import FaultProxy
 from ledger.connectors.sandbox import SandboxConnector
 from ledger.connectors.signed_http import SignedHttpConnector
 from ledger.connectors.stripe import StripeConnector
+from tests.conftest import thread_server
 
 
 class _Provider(BaseHTTPRequestHandler):
@@ -42,12 +42,9 @@ class _Provider(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def provider():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Provider)
-    server.committed = []
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server
-    server.shutdown()
-    server.server_close()
+    with thread_server(_Provider) as server:
+        server.committed = []
+        yield server
 
 
 @pytest.fixture
@@ -113,10 +110,9 @@ def test_it_spares_reads_and_faults_only_as_many_writes_as_armed(proxy, provider
     assert len(proxy.staged) == 2
 
 
-def test_it_answers_502_with_the_reason_when_the_provider_cannot_be_reached(provider):
-    port = provider.server_port
-    provider.shutdown()
-    provider.server_close()
+def test_it_answers_502_with_the_reason_when_the_provider_cannot_be_reached():
+    with thread_server(_Provider) as gone:
+        port = gone.server_port
     with FaultProxy(f"http://127.0.0.1:{port}") as proxy, pytest.raises(http.OutcomeUnknown) as raised:
         _post(proxy)
     assert raised.value.status == 502

@@ -1,6 +1,9 @@
 """`manage.py replay_check <action type>`: the replay set run against the connector's test mode,
-every run and case kept; a connector that is down ends the run failed with the evidence and
-promotes nothing."""
+every run and case kept, passing for every action type against the sandbox on a fresh database;
+a test mode that is down or answers garbage, or a SITE_URL that is another server, ends the run
+failed with the evidence and promotes nothing."""
+
+from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -11,7 +14,7 @@ from ledger.connectors.test_mode import connector_for_action, connector_version
 from ledger.grants import GrantRefused, capability, grant_promote, grant_state
 from ledger.models import Action, ActionStatus, Capability, GrantState, ReplayRun, WebhookEvent
 from ledger.replay import replay_agent
-from tests.conftest import free_port
+from tests.conftest import free_port, thread_server
 from tests.factories import api_client, make_agent, sandbox_list
 
 CASES = ["clean_first_call", "retry_same_request", "timeout_after_commit", "webhook_twice", "same_key_other_params",
@@ -38,6 +41,52 @@ def test_replay_check_refund_against_the_sandbox_passes_and_keeps_six_cases(stac
     assert WebhookEvent.objects.filter(connector="sandbox").count() == 1
     # Nothing of the run is left waiting for a person or a worker.
     assert not Action.objects.filter(status__in=[ActionStatus.QUEUED, ActionStatus.HELD]).exists()
+    # The timeout was staged in front of the sandbox, not by the sandbox's own faults.
+    timeout = next(c for c in run.cases if c["case"] == "timeout_after_commit")["evidence"]
+    assert [(s["fault"], s["method"], s["upstream_status"]) for s in timeout["staged"]] == [
+        ("timeout_after_commit", "POST", 201)]
+    assert timeout["lookup"]["matches"] == [timeout["action"]["external_ref"]]
+
+
+@pytest.mark.parametrize("action_type", ["send_message", "create_booking"])
+def test_replay_check_passes_for_every_action_type_against_the_sandbox(stack, settings, action_type):
+    settings.SITE_URL = stack.url
+    call_command("replay_check", action_type)
+
+    run = ReplayRun.objects.get()
+    assert [c["outcome"] for c in run.cases] == ["passed"] * 6, run.cases
+    assert run.passed is True
+    same_object = next(c for c in run.cases if c["case"] == "two_actions_same_object")["evidence"]
+    if action_type == "create_booking":  # the slot's second booking refused at intake, the first made
+        assert [a["status"] for a in same_object["actions"]] == ["succeeded"]
+        assert [r["refused"] for r in same_object["refused"]] == ["booking_conflict"]
+    else:  # two messages to one recipient: both held for a person, then cancelled with the run
+        assert [a["status"] for a in same_object["actions"]] == ["held", "held"] and not same_object["refused"]
+    resource = {"send_message": "messages", "create_booking": "bookings"}[action_type]
+    client = api_client(stack.url, settings.SANDBOX_API_KEY)
+    for case in ("clean", "timeout"):
+        assert len(sandbox_list(client, resource, operation_key=f"replay:{run.pk}:{case}")) == 1
+
+
+class _NotSurety(SimpleHTTPRequestHandler):
+    """Another app where SITE_URL points: it serves files, and knows nothing of the probe."""
+
+    def log_message(self, format, *args):  # noqa: A002
+        pass
+
+
+def test_a_site_url_that_is_another_server_fails_the_webhook_case_before_any_event_is_sent(stack, settings):
+    with thread_server(_NotSurety) as other:
+        settings.SITE_URL = other.url
+        with pytest.raises(CommandError, match="failed"):
+            call_command("replay_check", "refund")
+
+    run = ReplayRun.objects.get()
+    webhook = next(c for c in run.cases if c["case"] == "webhook_twice")
+    assert webhook["outcome"] == "failed" and run.passed is False
+    assert webhook["evidence"]["error"].startswith(f"SITE_URL {other.url} does not reach this deployment")
+    assert not WebhookEvent.objects.exists()
+    assert {c["outcome"] for c in run.cases if c["case"] != "webhook_twice"} == {"passed"}
 
 
 @pytest.fixture
@@ -51,20 +100,56 @@ def refunds_to_nowhere(settings):
     return url
 
 
-def test_a_replay_run_against_a_connector_that_is_down_ends_failed_with_the_evidence(db, refunds_to_nowhere):
+def test_a_replay_run_against_a_test_mode_that_is_down_ends_failed_with_the_answer(db, refunds_to_nowhere):
     with pytest.raises(CommandError, match="failed"):
         call_command("replay_check", "refund")
 
     run = ReplayRun.objects.get()
     assert run.passed is False and run.finished_at is not None
     assert (run.connector, run.connector_options["options"]) == ("http", {"url": refunds_to_nowhere, "secret": "•••"})
+    [case] = run.cases  # before any case: nothing was recorded
+    assert case["case"] == "test_mode" and refunds_to_nowhere in case["evidence"]["error"]
+    assert (case["evidence"]["answer"]["error"], case["evidence"]["answer"]["code"]) == ("NotSent", "connect_failed")
+    assert not Action.objects.exists()
+
+
+class _Garbage(BaseHTTPRequestHandler):
+    """A test URL that answers every request 200 with an HTML page."""
+
+    def _page(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        body = b"<html><body>It works!</body></html>"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _page  # noqa: N815 (http.server's names)
+
+    def log_message(self, format, *args):  # noqa: A002
+        pass
+
+
+def test_a_replay_run_against_a_test_mode_that_answers_garbage_fails_every_case_with_the_answer(db, settings):
+    settings.CONNECTOR_TIMEOUT = 1
+    with thread_server(_Garbage) as garbage:
+        settings.SURETY_CONNECTORS = {**settings.SURETY_CONNECTORS, "refund": {
+            "class": "ledger.connectors.signed_http.SignedHttpConnector",
+            "options": {"url": "https://refunds.example.test/live", "secret": "s3cret"},
+            "test_mode": {"options": {"url": garbage.url}},
+        }}
+        with pytest.raises(CommandError, match="failed"):
+            call_command("replay_check", "refund")
+
+    run = ReplayRun.objects.get()
     outcomes = {c["case"]: c["outcome"] for c in run.cases}
-    assert outcomes["clean_first_call"] == "failed"
-    clean = next(c for c in run.cases if c["case"] == "clean_first_call")
-    assert clean["evidence"]["action"]["evidence"][-1]["error"] == "NotSent"  # never reached the service
-    assert outcomes["webhook_twice"] == "not_applicable"
-    # The run's actions are not left to be tried again later.
-    assert not Action.objects.filter(status__in=[ActionStatus.QUEUED, ActionStatus.HELD]).exists()
+    assert run.passed is False and outcomes["clean_first_call"] == "failed"
+    assert {outcome for case, outcome in outcomes.items() if case != "webhook_twice"} == {"failed"}
+    clean = next(c for c in run.cases if c["case"] == "clean_first_call")["evidence"]
+    assert clean["action"]["status"] == "needs_review"  # never taken for a success
+    assert "It works!" in clean["action"]["evidence"][0]["message"]
+    assert not Action.objects.filter(status=ActionStatus.SUCCEEDED).exists()
 
 
 def test_a_failed_run_promotes_nothing_and_the_gate_stays_shut(db, refunds_to_nowhere):

@@ -1,7 +1,7 @@
-"""The replay set passes against each kind of connector in its test mode: a team's signed-HTTP
-service (the example receiver in test mode, which arms the timeout-after-commit fault) and Stripe
-(the sandbox's Stripe wire format: a charge made for the run, its webhook signed as Stripe signs);
-a test service that cannot stage a fault fails the run with the evidence, and nothing is promoted."""
+"""The replay set passes against each kind of connector in its test mode, its faults staged by the
+run's own fault proxy: a team's signed-HTTP service (the example receiver without its faults
+endpoint, and with it where the test mode names it) and Stripe (the sandbox's Stripe wire format:
+a charge made for the run, its webhook signed as Stripe signs)."""
 
 import json
 import os
@@ -32,15 +32,16 @@ def receiver(tmp_path, settings):
     """The example receiver, serving its test mode, as the refund connector's test URL."""
     settings.CONNECTOR_TIMEOUT = 1
 
-    def start(test_mode=True):
+    def start(faults=False):
+        """Started with its faults endpoint (`faults`, named as the test mode's) or without one."""
         database = str(tmp_path / "effects.sqlite3")
-        server = serve(make_app(SECRET, database, test_mode=test_mode, stall_seconds=2))
+        server = serve(make_app(SECRET, database, test_mode=faults, stall_seconds=2))
         threading.Thread(target=server.serve_forever, daemon=True).start()
         url = f"http://127.0.0.1:{server.server_port}{PATH}"
         settings.SURETY_CONNECTORS = {**settings.SURETY_CONNECTORS, "refund": {
             "class": "ledger.connectors.signed_http.SignedHttpConnector",
             "options": {"url": "https://refunds.example.test/live", "secret": SECRET},
-            "test_mode": {"options": {"url": url}},
+            "test_mode": {"options": {"url": url}, **({"faults_url": f"{url}/faults"} if faults else {})},
         }}
         started.append(server)
         return database
@@ -56,8 +57,12 @@ def effects(database):
         return [key for (key,) in db.execute("SELECT operation_key FROM effects")]
 
 
-def test_replay_check_passes_against_a_teams_signed_http_test_service(db, receiver):
-    database = receiver()
+def timeout_case(run):
+    return next(c for c in run.cases if c["case"] == "timeout_after_commit")["evidence"]
+
+
+def test_replay_check_passes_against_the_example_receiver_without_its_faults_endpoint(db, receiver):
+    database = receiver()  # POST <url>/faults answers 404 here: the run must not need it
     call_command("replay_check", "refund")
 
     run = ReplayRun.objects.get()
@@ -66,23 +71,24 @@ def test_replay_check_passes_against_a_teams_signed_http_test_service(db, receiv
     assert run.passed is True and run.connector == "http"
     timeout = Action.objects.get(operation_key=f"replay:{run.pk}:timeout")
     assert timeout.attempts == 1 and any(e.get("code") == "timeout" for e in timeout.evidence)
+    staged = timeout_case(run)["staged"]
+    assert [(s["fault"], s["method"], s["upstream_status"]) for s in staged] == [("timeout_after_commit", "POST", 201)]
+    assert "faults_url" not in timeout_case(run)
     # Each effect once at the test service, the live URL never called (it does not resolve).
     made = effects(database)
     assert sorted(made) == sorted(set(made))
     assert {f"replay:{run.pk}:clean", f"replay:{run.pk}:timeout"} <= set(made)
 
 
-def test_a_test_service_that_cannot_stage_the_fault_fails_the_run_with_the_evidence(db, receiver):
-    receiver(test_mode=False)  # answers POST <url>/faults with 404: no test mode there
-    with pytest.raises(CommandError, match="failed"):
-        call_command("replay_check", "refund")
+def test_a_test_service_that_names_its_own_faults_endpoint_has_the_timeout_staged_there(db, receiver):
+    database = receiver(faults=True)
+    call_command("replay_check", "refund")
 
     run = ReplayRun.objects.get()
-    assert run.passed is False and outcomes(run)["timeout_after_commit"] == "failed"
-    timeout = next(c for c in run.cases if c["case"] == "timeout_after_commit")
-    assert "/faults" in timeout["evidence"]["error"]
-    assert (timeout["evidence"]["answer"]["status"], timeout["evidence"]["answer"]["code"]) == (404, "no_such_route")
-    assert outcomes(run)["clean_first_call"] == "passed"
+    assert run.passed is True, run.cases
+    evidence = timeout_case(run)
+    assert evidence["faults_url"].endswith("/faults") and evidence["staged"] == []  # the proxy staged nothing
+    assert effects(database).count(f"replay:{run.pk}:timeout") == 1
 
 
 def test_replay_check_passes_against_stripe_in_the_sandboxs_stripe_wire_format(stripe_stack, settings):
@@ -91,7 +97,7 @@ def test_replay_check_passes_against_stripe_in_the_sandboxs_stripe_wire_format(s
     settings.SURETY_CONNECTORS = {**settings.SURETY_CONNECTORS, "refund": {
         "class": "ledger.connectors.stripe.StripeConnector",
         "options": {"api_key": API_KEY, "api_base": f"{url}/sandbox/stripe", "webhook_secret": WEBHOOK_SECRET},
-        "test_mode": {"options": {}, "faults_url": f"{url}/sandbox/v1/faults"},
+        "test_mode": {"options": {}},  # no faults URL: the run's proxy stages them
     }}
     call_command("replay_check", "refund")
 
@@ -104,12 +110,14 @@ def test_replay_check_passes_against_stripe_in_the_sandboxs_stripe_wire_format(s
     assert [r.metadata["operation_key"] for r in refunds] == [clean.operation_key]
     provider = api_client(url, settings.SANDBOX_API_KEY)
     assert len(sandbox_list(provider, "refunds", operation_key=f"replay:{run.pk}:timeout")) == 1
+    assert [s["path"] for s in timeout_case(run)["staged"]] == ["/sandbox/stripe/v1/refunds"]
     assert WebhookEvent.objects.filter(connector="stripe").count() == 1
 
 
 def test_stripes_test_mode_is_configured_from_the_environment():
     """STRIPE_TEST_API_KEY gives the Stripe connector a test mode: the sandbox's Stripe wire format
-    and its faults while the sandbox is enabled; Stripe's own (no faults to stage) otherwise."""
+    while the sandbox is enabled, Stripe's own otherwise, never a faults URL (the run stages its
+    faults itself); STRIPE_TEST_WEBHOOK_SECRET is its webhook secret."""
     def test_mode(**env):
         shown = subprocess.run(
             [PYTHON, "-c", "import json, django; django.setup(); from django.conf import settings; "
@@ -122,7 +130,6 @@ def test_stripes_test_mode_is_configured_from_the_environment():
 
     assert test_mode() is None
     assert test_mode(STRIPE_TEST_API_KEY="sk_test_y") == {
-        "options": {"api_key": "sk_test_y", "api_base": "http://surety.test/sandbox/stripe"},
-        "faults_url": "http://surety.test/sandbox/v1/faults"}
-    assert test_mode(STRIPE_TEST_API_KEY="sk_test_y", SANDBOX_ENABLED="false") == {
-        "options": {"api_key": "sk_test_y", "api_base": ""}, "faults_url": ""}
+        "options": {"api_key": "sk_test_y", "api_base": "http://surety.test/sandbox/stripe"}}
+    assert test_mode(STRIPE_TEST_API_KEY="sk_test_y", SANDBOX_ENABLED="false", STRIPE_TEST_WEBHOOK_SECRET="whsec_t") == {
+        "options": {"api_key": "sk_test_y", "api_base": "", "webhook_secret": "whsec_t"}}
