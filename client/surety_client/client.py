@@ -193,12 +193,14 @@ class SuretyClient:
         return Action.from_api(response.json(), replayed=_replayed(response))
 
     def refund(self, *, order: str, amount: str | Decimal, currency: str, decision_id: str,
-               customer: str | None = None, reason: str | None = None) -> Action:
-        """Refund `amount` of `order`, keyed `refund:{order}:{amount}{currency}:{decision_id}`."""
+               customer: str | None = None, reason: str | None = None, scope: str | None = None) -> Action:
+        """Refund `amount` of `order`, keyed `refund:{order}:{decision_id}` (with a `scope`,
+        `refund:{order}:{scope}:{decision_id}`). The amount is never part of the key: the same
+        decision with the amount spelt otherwise is the same refund, another amount is refused."""
         params: dict[str, Any] = {"amount": amount, "currency": currency}
         if reason is not None:
             params["reason"] = reason
-        return self.post_action(keys.refund_key(order, amount, currency, decision_id), action_type="refund",
+        return self.post_action(keys.refund_key(order, decision_id, scope=scope), action_type="refund",
                                 target=order, customer=customer, decision_id=decision_id, params=params)
 
     def send_message(self, *, recipient: str, channel: str, message_type: str, body: str, decision_id: str,
@@ -212,9 +214,11 @@ class SuretyClient:
 
     def create_booking(self, *, resource: str, customer: str, service: str, start: str, end: str,
                        decision_id: str) -> Action:
-        """Book `resource` for `customer` from `start` to `end` (ISO 8601), keyed by all of them."""
+        """Book `resource` for `customer` from `start` to `end` (ISO 8601), keyed
+        `create_booking:{resource}:{customer}:{decision_id}`: the service and times are what is
+        asked, not the key, so the decision written again with other times is refused, not booked twice."""
         return self.post_action(
-            keys.booking_key(resource, customer, service, start, end, decision_id), action_type="create_booking",
+            keys.booking_key(resource, customer, decision_id), action_type="create_booking",
             target=resource, customer=customer, decision_id=decision_id,
             params={"service": service, "start": start, "end": end},
         )
@@ -242,13 +246,14 @@ class SuretyClient:
         return Checkpoint.from_api(response.json(), replayed=_replayed(response))
 
     def start_refund_task(self, *, order: str, amount: str | Decimal, currency: str, customer: str,
-                          decision_id: str, reason: str | None = None, notify: str | None = None) -> Checkpoint:
+                          decision_id: str, reason: str | None = None, notify: str | None = None,
+                          scope: str | None = None) -> Checkpoint:
         """The `refund` workflow (look up the order, refund, confirm, notify), with the task id
-        `task:refund:{order}:{amount}{currency}:{decision_id}`."""
+        `task:refund:{order}:{decision_id}` (with a `scope`, `task:refund:{order}:{scope}:{decision_id}`)."""
         given = {"reason": reason, "notify": notify}
         task_input = {"order_id": order, "amount": amount, "currency": currency, "customer": customer,
                       **{name: value for name, value in given.items() if value is not None}}
-        return self.start_task(keys.refund_task_id(order, amount, currency, decision_id), workflow="refund",
+        return self.start_task(keys.refund_task_id(order, decision_id, scope=scope), workflow="refund",
                                input=task_input)
 
     def get_task(self, task_id: str, *, wait: float = 0) -> Checkpoint:

@@ -29,7 +29,7 @@ def test_a_failed_request_is_retried_with_the_same_key_and_records_one_action(st
     finally:
         proxy.close()
     assert proxy.connections == 2  # the first failed; the retry got through
-    assert action.replayed in replayed and action.operation_key == "refund:ORD-R1:25.00EUR:dec-r1"
+    assert action.replayed in replayed and action.operation_key == "refund:ORD-R1:dec-r1"
     assert Action.objects.filter(target="ORD-R1").count() == 1
 
 
@@ -37,5 +37,5 @@ def test_a_refused_connection_is_retried_a_bounded_number_of_times_then_raised(s
     nobody = f"http://127.0.0.1:{free_port()}"
     with SuretyClient(nobody, token, retries=2, backoff=0.01) as client, pytest.raises(SuretyUnreachable) as raised:
         client.refund(order="ORD-R2", amount="25.00", currency="EUR", decision_id="dec-r2")
-    assert raised.value.attempts == 3 and raised.value.operation_key == "refund:ORD-R2:25.00EUR:dec-r2"
+    assert raised.value.attempts == 3 and raised.value.operation_key == "refund:ORD-R2:dec-r2"
     assert "ConnectError" in str(raised.value)
