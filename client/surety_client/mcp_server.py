@@ -2,17 +2,26 @@
 
     SURETY_URL=https://surety.example SURETY_TOKEN=... python -m surety_client.mcp_server
 
-It speaks MCP over stdio. Every action tool takes the decision id, from which the operation
-key derives (`surety_client.keys`), so the agent calling again - after a crash, a timeout or
-the same decision reached twice - finds the action already recorded instead of a second
-effect. An action that needs a person answers at once with the dashboard link and the tool
-that waits for the decision; a rejected one answers the reviewer's reason, an expired one says
-it expired (not rejected), an edited one names the version that runs instead. Arguments outside
-a tool's schema answer the API's problem (code `invalid`, `errors` by argument).
+It speaks MCP over stdio. Every action tool takes the decision id, from which with the
+business object (the order, recipient, resource) the operation key derives, never from the
+amount or text the model wrote (`surety_client.keys`): the agent calling again - after a
+crash, a timeout, the same decision reached twice, the amount spelt or written otherwise -
+finds the action already recorded, or is refused, instead of making a second effect.
+
+Every answer is structured content - the API's resource or problem, plus `guidance` (what
+happened and what to do, in words), `retry` (whether the same call made again unchanged may
+answer otherwise) and `next_tool` (the call to make next, with its arguments, or null) - and,
+as the specification asks, a text block that is its serialized JSON: a host that hands the
+model only one of them (pydantic-ai hands it the structured content) hands it the guidance.
+An action that needs a person answers at once with the dashboard link and wait_for_action; a
+rejected one the reviewer's reason, an expired one that it expired (not rejected), an edited
+one the version that runs instead. Arguments outside a tool's schema answer the API's problem
+(code `invalid`, `errors` by argument).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Callable
@@ -35,9 +44,10 @@ PROBLEM_TYPE = "https://surety.dev/problems/"
 
 DECISION = {
     "type": "string", "minLength": 1, "maxLength": 255,
-    "description": "The id of the decision this call carries out. The operation key derives from it: calling "
-                   "again with the same decision (after a timeout, a restart) never doubles the effect; a new "
-                   "decision is a new action.",
+    "description": "The id of the decision this call carries out. The operation key derives from it and the "
+                   "order (recipient, resource), never from the amount or text: calling again with the same "
+                   "decision (after a timeout, a restart) never doubles the effect, and other arguments for it are "
+                   "refused; a new decision is a new action.",
 }
 AMOUNT = {"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)?$",
           "description": 'A decimal string such as "25.00", never a number.'}
@@ -168,16 +178,47 @@ def _as_arguments(tool: Tool, errors: dict[str, list[str]]) -> dict[str, list[st
     return named
 
 
+# What a model is told for each problem code: what to do, and whether the same call made again
+# unchanged may answer otherwise (it never doubles the effect either way).
+ADVICE: dict[str, tuple[str, bool]] = {
+    "invalid": ("Correct the arguments named in errors and call again; nothing was recorded.", False),
+    "idempotency_key_reused": ("This decision is already recorded with other arguments, and that action "
+                               "stands; nothing was changed. Do not retry this decision, with these arguments "
+                               "or others: a different effect is a new decision with a decision_id of its own.",
+                               False),
+    "refund_already_recorded": ("Another agent's refund of this order for this decision is recorded; nothing was "
+                                "done. Do not retry this decision.", False),
+    "message_already_sent": ("Another agent's message to this recipient for this decision is recorded; nothing "
+                             "was sent. Do not retry this decision.", False),
+    "booking_conflict": ("Nothing was booked: the resource is taken at an overlapping time. Offer the customer "
+                         "another time or resource.", False),
+    "forbidden": ("This agent is not allowed this action: a person must grant it. Do not retry.", False),
+    "unauthenticated": ("The agent's token is refused: a person must give the MCP server a valid "
+                        "SURETY_TOKEN. Do not retry.", False),
+    "not_found": ("There is no such action, task or tool for this agent. Do not retry it unchanged.", False),
+    "throttled": ("Over this agent's rate limit: wait a little, then make the same call again (it can never "
+                  "double the effect).", True),
+    "unreachable": ("Make the same call again, with the same decision_id, in a little while: it can never "
+                    "double the effect.", True),
+}
+
+
 def _failed(body: dict[str, Any]) -> types.CallToolResult:
-    lines = [f"{body['code']}: {body.get('detail') or body.get('title')}"]
-    lines += [f"  {field}: {' '.join(messages)}" for field, messages in (body.get("errors") or {}).items()]
-    return types.CallToolResult(content=[types.TextContent(type="text", text="\n".join(lines))],
-                                structured_content=body, is_error=True)
+    """A problem as a tool error: the API's problem, and what to do about it."""
+    advice, retry = ADVICE.get(body.get("code", ""), ("Do not retry it unchanged.", False))
+    said = body.get("detail") or body.get("title")
+    return _result({**body, "guidance": f"Refused ({body.get('code')}): {said} {advice}", "retry": retry,
+                    "next_tool": None}, is_error=True)
 
 
-def describe_action(action: Action) -> str:
-    """What the agent should know and do next, in words."""
+def _next(tool: str, **arguments: str) -> dict[str, Any]:
+    return {"name": tool, "arguments": arguments}
+
+
+def action_guidance(action: Action) -> tuple[str, dict[str, Any] | None]:
+    """What the model should know, in words, and the call to make next (None: nothing to wait for)."""
     key = action.operation_key
+    wait_for = _next("wait_for_action", operation_key=key)
     wait_hint = f"Call wait_for_action with operation_key={key!r} to wait for the decision."
     said = {
         "succeeded": f"Done: {action.action_type} succeeded (provider reference {action.external_ref}).",
@@ -191,6 +232,7 @@ def describe_action(action: Action) -> str:
                   f"(retryable: {(action.error or {}).get('retryable')}).",
     }
     version = action.superseded_by
+    next_tool = None
     if action.status in ("rejected", "cancelled") and action.review:
         text = (f"{action.status.capitalize()} by {action.review.by}: {action.review.reason}. "
                 "Do not retry this decision.")
@@ -201,35 +243,52 @@ def describe_action(action: Action) -> str:
         text = (f"Superseded: {version.by} edited it into a new version instead of rejecting it ({version.reason}). "
                 f"The version {version.operation_key!r} with params {version.params} is {version.status} and runs "
                 f"in its place. Call wait_for_action with operation_key={version.operation_key!r} for its outcome.")
+        next_tool = _next("wait_for_action", operation_key=version.operation_key)
     else:
         text = said.get(action.status, f"Still working (status {action.status}). Call wait_for_action with "
                                        f"operation_key={key!r} to wait for the outcome.")
+        next_tool = None if action.status in ("succeeded", "failed") else wait_for
     if action.review and action.needs_person:
         text += f" Dashboard: {action.review.url}"
     if action.replayed:
         text = "Already recorded for this decision; nothing was done again. " + text
-    return f"{text}\noperation_key: {key}\nstatus: {action.status}"
+    return text, next_tool
 
 
-def describe_task(task: Checkpoint) -> str:
+def task_guidance(task: Checkpoint) -> tuple[str, dict[str, Any] | None]:
     text = f"Task {task.task_id} ({task.workflow}): {task.state}, attempt {task.attempts} of {task.max_attempts}."
+    next_tool = None
     if task.state == "waiting":
         open_keys = [step.idempotency_key for step in task.steps.values() if step.status != "done"
                      and step.idempotency_key]
-        text += (" A step's action waits for a person; get_action with operation_key="
-                 f"{open_keys[0]!r} gives the dashboard link." if open_keys else " A step waits for a person.")
+        if open_keys:
+            text += (" A step's action waits for a person; get_action with operation_key="
+                     f"{open_keys[0]!r} gives the dashboard link.")
+            next_tool = _next("get_action", operation_key=open_keys[0])
+        else:
+            text += " A step waits for a person."
     elif not task.settled:
         text += f" Call wait_for_task with task_id={task.task_id!r} to wait for it."
+        next_tool = _next("wait_for_task", task_id=task.task_id)
     if task.replayed:
         text = "Already started for this decision; nothing was started again. " + text
     steps = ", ".join(f"{name}: {step.status}" for name, step in task.steps.items())
-    return f"{text}\nsteps: {steps}"
+    return f"{text} Steps: {steps}.", next_tool
 
 
 def _answer(result: Action | Checkpoint) -> types.CallToolResult:
-    text = describe_action(result) if isinstance(result, Action) else describe_task(result)
-    return types.CallToolResult(content=[types.TextContent(type="text", text=text)],
-                                structured_content={**result.raw, "replayed": result.replayed})
+    """The API's resource with what the model should do next: calling again with the same
+    decision only answers the same action, so `retry` is false."""
+    guidance, next_tool = action_guidance(result) if isinstance(result, Action) else task_guidance(result)
+    return _result({**result.raw, "replayed": result.replayed, "guidance": guidance, "retry": False,
+                    "next_tool": next_tool})
+
+
+def _result(structured: dict[str, Any], *, is_error: bool = False) -> types.CallToolResult:
+    """The specification's shape: the structured content, and as text its serialized JSON, so a
+    host that hands the model either one hands it the guidance."""
+    return types.CallToolResult(content=[types.TextContent(type="text", text=json.dumps(structured))],
+                                structured_content=structured, is_error=is_error)
 
 
 def call(client: SuretyClient, name: str, arguments: dict[str, Any] | None) -> types.CallToolResult:
@@ -271,7 +330,9 @@ INSTRUCTIONS = (
     "An action above its limit waits for a person: the answer gives the dashboard link, and wait_for_action "
     "waits for the decision. A rejected action answers the reviewer's reason: do not retry it. An expired one "
     "was not rejected (nobody decided in time): ask again under a new decision_id if it still stands. A "
-    "superseded one was edited by a person into a version that runs instead: wait for that version."
+    "superseded one was edited by a person into a version that runs instead: wait for that version. Every "
+    "answer carries guidance (what happened, what to do), retry (whether the same call again may answer "
+    "otherwise) and next_tool (the call to make next, or null)."
 )
 
 

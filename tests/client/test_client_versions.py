@@ -13,7 +13,7 @@ from approvals.models import Limit, ReviewItem
 from approvals.reviews import approval_expire_due
 from ledger.models import Action
 from surety_client import ActionRejected, ApprovalExpired, SuretyClient
-from tests.client.test_mcp_server import over_mcp, text_of
+from tests.client.test_mcp_server import guidance_of, over_mcp
 from tests.factories import api_client, make_agent, sandbox_list
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -92,8 +92,8 @@ def test_the_mcp_tools_say_expired_not_rejected_and_name_the_version_that_runs(s
     expire(key)
     (expired,) = over_mcp(stack.url, token, ("get_action", {"operation_key": key}))
     assert not expired.is_error and expired.structured_content["status"] == "expired"
-    assert text_of(expired).startswith("Expired: nobody approved or rejected it")
-    assert "not a rejection" in text_of(expired) and "Rejected" not in text_of(expired)
+    assert guidance_of(expired).startswith("Expired: nobody approved or rejected it")
+    assert "not a rejection" in guidance_of(expired) and "Rejected" not in guidance_of(expired)
 
     arguments = {**arguments, "order": "ORD-M10", "decision_id": "dec-m10"}
     (waiting,) = over_mcp(stack.url, token, ("refund", arguments))
@@ -101,5 +101,5 @@ def test_the_mcp_tools_say_expired_not_rejected_and_name_the_version_that_runs(s
     (superseded,) = over_mcp(stack.url, token, ("get_action", {"operation_key": waiting.structured_content[
         "operation_key"]}))
     assert superseded.structured_content["superseded_by"]["operation_key"] == version.operation_key
-    assert text_of(superseded).startswith("Superseded: user:rita edited it into a new version")
-    assert f"operation_key={version.operation_key!r}" in text_of(superseded)
+    assert guidance_of(superseded).startswith("Superseded: user:rita edited it into a new version")
+    assert f"operation_key={version.operation_key!r}" in guidance_of(superseded)

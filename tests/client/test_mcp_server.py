@@ -1,5 +1,6 @@
 """The MCP server over stdio, driven by the MCP SDK's own client, against the live server."""
 
+import json
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
@@ -39,8 +40,12 @@ def over_mcp(url, token, *calls):
         return thread.submit(anyio.run, session).result()
 
 
-def text_of(result):
-    return result.content[0].text
+def guidance_of(result):
+    """The answer's guidance, after checking the answer has the specification's shape: its one
+    text block is the structured content serialized, so a host passing either passes the guidance."""
+    assert [block.type for block in result.content] == ["text"]
+    assert json.loads(result.content[0].text) == result.structured_content
+    return result.structured_content["guidance"]
 
 
 def test_it_lists_a_tool_per_action_type_and_workflow_with_the_apis_input_rules(stack, token):
@@ -57,9 +62,11 @@ def test_a_refund_call_becomes_one_keyed_action_and_answers_its_outcome(stack, t
     stack.start_worker()
     arguments = {"order": "ORD-M1", "amount": "25.00", "currency": "EUR", "decision_id": "dec-m1", "wait": 20}
     first, again = over_mcp(stack.url, token, ("refund", arguments), ("refund", arguments))
-    assert not first.is_error and first.structured_content["status"] == "succeeded", text_of(first)
-    assert text_of(first).startswith("Done: refund succeeded")
-    assert again.structured_content["replayed"] is True and "nothing was done again" in text_of(again)
+    assert not first.is_error and first.structured_content["status"] == "succeeded", guidance_of(first)
+    assert first.structured_content["operation_key"] == "refund:ORD-M1:dec-m1"
+    assert guidance_of(first).startswith("Done: refund succeeded")
+    assert (first.structured_content["retry"], first.structured_content["next_tool"]) == (False, None)
+    assert again.structured_content["replayed"] is True and "nothing was done again" in guidance_of(again)
     assert Action.objects.filter(target="ORD-M1").count() == 1
 
 
@@ -70,15 +77,18 @@ def test_an_over_limit_refund_answers_awaiting_approval_with_a_link_and_then_the
     (waiting,) = over_mcp(stack.url, token, ("refund", arguments))
     action = Action.objects.get(target="ORD-M2")
     assert not waiting.is_error and waiting.structured_content["status"] == "awaiting_approval"
-    assert text_of(waiting).startswith("Awaiting approval")
-    assert f"Dashboard: {stack.url}/actions/{action.pk}/" in text_of(waiting)
-    assert f"wait_for_action with operation_key='{action.operation_key}'" in text_of(waiting)
+    assert guidance_of(waiting).startswith("Awaiting approval")
+    assert f"Dashboard: {stack.url}/actions/{action.pk}/" in guidance_of(waiting)
+    assert f"wait_for_action with operation_key='{action.operation_key}'" in guidance_of(waiting)
+    assert waiting.structured_content["next_tool"] == {"name": "wait_for_action",
+                                                       "arguments": {"operation_key": action.operation_key}}
 
     reviewer = get_user_model().objects.create_user("rita", password="x")
     review_decide(ReviewItem.objects.get(action=action), user=reviewer, decision="reject", reason="refunded by phone")
     (decided,) = over_mcp(stack.url, token, ("wait_for_action", {"operation_key": action.operation_key}))
     assert decided.structured_content["status"] == "rejected"
-    assert text_of(decided).startswith("Rejected by user:rita: refunded by phone.")
+    assert guidance_of(decided) == "Rejected by user:rita: refunded by phone. Do not retry this decision."
+    assert decided.structured_content["next_tool"] is None
 
 
 def test_arguments_outside_the_schema_answer_the_apis_problem_code(stack, token):
@@ -89,10 +99,12 @@ def test_arguments_outside_the_schema_answer_the_apis_problem_code(stack, token)
     )
     assert outside.is_error and outside.structured_content["code"] == "invalid"
     assert set(outside.structured_content["errors"]) == {"amount", "decision_id", "surprise"}
+    assert guidance_of(outside).startswith("Refused (invalid): The arguments did not pass validation. Correct")
+    assert outside.structured_content["retry"] is False
     # Well-formed for the schema, refused by the API: its problem, named by the tool's arguments.
     assert past_the_schema.is_error and past_the_schema.structured_content["code"] == "invalid"
     assert set(past_the_schema.structured_content["errors"]) == {"currency"}
-    assert text_of(past_the_schema).startswith("invalid:")
+    assert guidance_of(past_the_schema).startswith("Refused (invalid):")
     assert not Action.objects.filter(target="ORD-M3").exists()
 
 
@@ -103,12 +115,13 @@ def test_a_refund_task_tool_starts_the_workflow_and_answers_its_checkpoint(stack
     arguments = {"order": "ORD-M4", "amount": "25.00", "currency": "EUR", "customer": "CUST-M4",
                  "decision_id": "dec-m4", "wait": 0}
     (started,) = over_mcp(stack.url, token, ("start_refund_task", arguments))
-    task_id = "task:refund:ORD-M4:25.00EUR:dec-m4"
-    assert not started.is_error and started.structured_content["task_id"] == task_id, text_of(started)
-    assert text_of(started).startswith(f"Task {task_id} (refund): queued")
+    task_id = "task:refund:ORD-M4:dec-m4"
+    assert not started.is_error and started.structured_content["task_id"] == task_id, guidance_of(started)
+    assert guidance_of(started).startswith(f"Task {task_id} (refund): queued")
+    assert started.structured_content["next_tool"] == {"name": "wait_for_task", "arguments": {"task_id": task_id}}
     settled(Task.objects.get(task_id=task_id), seconds=60)  # sweeping, as the sweeper would
     (done,) = over_mcp(stack.url, token, ("wait_for_task", {"task_id": task_id}))
-    assert done.structured_content["state"] == "succeeded", text_of(done)
+    assert done.structured_content["state"] == "succeeded", guidance_of(done)
     assert done.structured_content["steps"]["notify_customer"]["status"] == "done"
 
 
@@ -121,8 +134,9 @@ def test_the_apis_other_problem_codes_come_through_and_an_unknown_tool_is_not_fo
         ("create_booking", {**booking, "customer": "CUST-M6", "decision_id": "dec-m6"}),
         ("cancel_everything", {}),
     )
-    assert not booked.is_error and booked.structured_content["status"] == "queued", text_of(booked)
+    assert not booked.is_error and booked.structured_content["status"] == "queued", guidance_of(booked)
     assert clash.is_error and (clash.structured_content["status"], clash.structured_content["code"]) == (
         409, "booking_conflict")
+    assert "Nothing was booked" in guidance_of(clash) and clash.structured_content["retry"] is False
     assert unknown.is_error and unknown.structured_content["code"] == "not_found"
     assert Action.objects.filter(target="ROOM-1").count() == 1
