@@ -6,7 +6,7 @@ import os
 import signal
 
 from tests.conftest import STACK_ENV, Stack, free_port
-from tests.connectors.stripe_stack import make_order, start_gunicorn, stripe_env
+from tests.connectors.stripe_stack import make_order, sandbox_stripe, start_gunicorn, stripe_env
 from tests.connectors.test_stripe import settled, stripe_refunds
 from tests.factories import api_client, make_agent, post_action, refund_body
 
@@ -16,7 +16,7 @@ def production_env(stack):
     PRODUCTION), hardened; refunds to Stripe at the test server's sandbox."""
     keep = {k: v for k, v in os.environ.items() if not k.startswith(("CONNECTOR_", "STRIPE_", "SANDBOX_"))}
     return {
-        **keep, **STACK_ENV, **stripe_env(stack.url),
+        **keep, **STACK_ENV, **stripe_env(sandbox_stripe(stack.url)),
         "DJANGO_SETTINGS_MODULE": "config.settings", "PRODUCTION": "true", "DEBUG": "false",
         "SECRET_KEY": "p" * 60, "ALLOWED_HOSTS": "127.0.0.1", "SECURE_SSL_REDIRECT": "false",
         "DATABASE_URL": stack.env["DATABASE_URL"], "REDIS_URL": stack.env["REDIS_URL"],

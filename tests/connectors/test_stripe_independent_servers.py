@@ -1,0 +1,214 @@
+"""Refunds through Surety's API to Stripe-compatible servers written by others
+(stripe-stateful-mock and localstripe, tests/connectors/stripe_servers.py), driven by the
+official `stripe` SDK: real gunicorn, RQ workers, PostgreSQL and Redis. Faults are staged by
+the FaultProxy between the workers and the server; each server's gaps are said where a test
+leaves it out."""
+
+import json
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from ledger.connectors.fault_proxy import FaultProxy
+from ledger.models import Action, GrantState, ReplayRun
+from tests.conftest import free_port, thread_server
+from tests.connectors.stripe_servers import (  # noqa: F401 (fixtures)
+    configured_refund_connector, provider_app, provider_stack, stripe_provider, uses)
+from tests.connectors.test_stripe import settled
+from tests.factories import api_client, make_agent, post_action, refund_body, send_together
+from tests.ledger.test_grant_promote_command import person, state
+from tests.ledger.test_replay_check import _Garbage
+
+REPLAY_CASES = ["clean_first_call", "retry_same_request", "timeout_after_commit", "webhook_twice",
+                "same_key_other_params", "two_actions_same_object"]
+
+
+@pytest.fixture
+def agent(provider_stack):
+    """The billing agent's API client on the app calling the server; its token is `agent.token`."""
+    _, token = make_agent("billing")
+    client = api_client(provider_stack.url, token)
+    client.token = token
+    return client
+
+
+def evidence_codes(key):
+    return [(entry.get("code"), entry.get("found")) for entry in Action.objects.get(operation_key=key).evidence]
+
+
+def test_a_refund_is_made_once_with_the_operation_key_in_its_metadata(provider_stack, stripe_provider, agent):
+    charge = stripe_provider.charge(10000, "eur")
+    provider_stack.start_worker()
+    key = f"refund:{charge}:full:dec-1"
+    assert post_action(agent, key, refund_body(charge, reason="late")).status_code == 201
+    action = settled(agent, key)
+    assert (action["status"], action["attempts"]) == ("succeeded", 1), action
+    [refund] = stripe_provider.refunds(charge)
+    assert (refund["id"], refund["amount"], refund["currency"]) == (action["external_ref"], 2500, "eur")
+    assert refund["metadata"] == {"operation_key": key, "reason": "late"}
+
+
+def test_the_same_key_again_is_replayed_and_the_server_still_holds_one_refund(provider_stack, stripe_provider,
+                                                                             agent):
+    charge = stripe_provider.charge(10000, "eur")
+    provider_stack.start_worker()
+    key = f"refund:{charge}:full:dec-2"
+    post_action(agent, key, refund_body(charge))
+    done = settled(agent, key)
+    again = post_action(agent, key, refund_body(charge))
+    assert (again.status_code, again.headers.get("Idempotent-Replayed")) == (200, "true")
+    assert again.json()["external_ref"] == done["external_ref"]
+    assert [r["id"] for r in stripe_provider.refunds(charge)] == [done["external_ref"]]
+
+
+def test_twenty_identical_posts_at_once_make_one_action_and_one_refund(provider_stack, stripe_provider, agent):
+    charge = stripe_provider.charge(10000, "eur")
+    provider_stack.start_worker()  # running while the copies still arrive
+    key = f"refund:{charge}:full:dec-3"
+    answers = send_together(provider_stack.url, agent.token,
+                            [lambda client: post_action(client, key, refund_body(charge))] * 20)
+    statuses = sorted(answer.status_code for answer in answers)
+    assert statuses == [200] * 19 + [201], [a.text for a in answers if a.status_code not in (200, 201)][:3]
+    assert all(a.headers.get("Idempotent-Replayed") == "true" for a in answers if a.status_code == 200)
+    action = settled(agent, key)
+    assert action["status"] == "succeeded" and Action.objects.filter(target=charge).count() == 1
+    assert [r["id"] for r in stripe_provider.refunds(charge)] == [action["external_ref"]]
+
+
+@pytest.mark.parametrize(("fault", "attempts", "verified"), [
+    ("error_500_after_commit", 1, [True]),  # the refund is there: found, never sent again
+    ("error_500_before_commit", 2, [False]),  # nothing there: verified absent, sent again
+])
+def test_a_500_after_or_before_the_server_committed_ends_with_one_refund(provider_stack, stripe_provider, agent,
+                                                                         fault, attempts, verified):
+    charge = stripe_provider.charge(10000, "eur")
+    key = f"refund:{charge}:full:dec-4"
+    with FaultProxy(stripe_provider.url) as proxy:
+        proxy.arm(fault)
+        provider_stack.start_worker(STRIPE_API_BASE=proxy.url)
+        post_action(agent, key, refund_body(charge))
+        action = settled(agent, key)
+    assert (action["status"], action["attempts"]) == ("succeeded", attempts), action
+    codes = evidence_codes(key)
+    assert codes[0] == ("http_500", None) and [found for code, found in codes if found is not None] == verified
+    assert [(s["fault"], s["method"]) for s in proxy.staged] == [(fault, "POST")]
+    assert [r["id"] for r in stripe_provider.refunds(charge)] == [action["external_ref"]]
+
+
+@pytest.mark.parametrize(("fault", "status", "refunds"), [
+    # The first write made the refund: verification finds it, and nothing is written again.
+    ("error_500_after_commit", "succeeded", 1),
+    # No write ever arrives: each attempt is verified absent before the next, until the
+    # executor's attempts run out; the action fails for a person (its dead letter) to decide.
+    ("error_500_before_commit", "failed", 0),
+])
+def test_every_write_under_the_key_answering_500_never_makes_a_second_refund(provider_stack, stripe_provider, agent,
+                                                                             settings, fault, status, refunds):
+    charge = stripe_provider.charge(10000, "eur")
+    key = f"refund:{charge}:full:dec-5"
+    with FaultProxy(stripe_provider.url) as proxy:
+        proxy.arm(fault, times=10)
+        provider_stack.start_worker(STRIPE_API_BASE=proxy.url)
+        post_action(agent, key, refund_body(charge))
+        action = settled(agent, key, seconds=60)
+    assert action["status"] == status, action
+    assert len(stripe_provider.refunds(charge)) == refunds
+    writes = len(proxy.staged)
+    assert writes == (1 if refunds else settings.MAX_ATTEMPTS) and action["attempts"] == writes
+    if status == "failed":
+        assert action["error"]["code"] == "attempts_exhausted"
+        assert [found for _, found in evidence_codes(key) if found is not None] == [False] * writes
+
+
+# Only localstripe ignores Idempotency-Key; stripe-stateful-mock would replay the first answer.
+@uses("localstripe")
+def test_a_server_that_ignores_the_idempotency_key_still_gets_one_refund_per_key(provider_stack, stripe_provider,
+                                                                                agent):
+    charge = stripe_provider.charge(10000, "eur")
+    sdk = stripe_provider.client()
+    params = {"charge": charge, "amount": 100}
+    first, second = (sdk.v1.refunds.create(params=params, options={"idempotency_key": "k"}) for _ in range(2))
+    assert first.id != second.id  # the server makes a refund per request whatever the key
+    key = f"refund:{charge}:full:dec-6"
+    with FaultProxy(stripe_provider.url) as proxy:
+        proxy.arm("error_500_after_commit", times=5)  # a blind retry would refund again
+        provider_stack.start_worker(STRIPE_API_BASE=proxy.url)
+        post_action(agent, key, refund_body(charge))
+        action = settled(agent, key)
+        assert post_action(agent, key, refund_body(charge)).status_code == 200
+    assert action["status"] == "succeeded" and len(proxy.staged) == 1
+    ours = [r for r in stripe_provider.refunds(charge) if r["metadata"].get("operation_key") == key]
+    assert [r["id"] for r in ours] == [action["external_ref"]]
+
+
+@pytest.mark.parametrize(("currency", "amount", "charged", "refunded"), [
+    ("HUF", "5000", 1000000, 500000),  # two decimals at Stripe, whatever CLDR says
+    ("ISK", "5000", 1000000, 500000),
+    ("JPY", "1500", 3000, 1500),
+    ("KWD", "1.250", 5000, 1250),  # three decimals
+])
+def test_amounts_reach_the_server_in_stripes_units(provider_stack, stripe_provider, agent, currency, amount, charged,
+                                                   refunded):
+    if currency.lower() in stripe_provider.currencies_missing:
+        pytest.skip(f"{stripe_provider.name} knows no {currency} (localstripe covers it)")
+    charge = stripe_provider.charge(charged, currency.lower())
+    provider_stack.start_worker()
+    key = f"refund:{charge}:partial:dec-7"
+    post_action(agent, key, refund_body(charge, amount=amount, currency=currency))
+    action = settled(agent, key)
+    assert action["status"] == "succeeded", action
+    [refund] = stripe_provider.refunds(charge)
+    assert (refund["amount"], refund["currency"]) == (refunded, currency.lower())
+
+
+def test_the_replay_set_passes_with_the_server_as_stripes_test_mode_and_a_grant_is_promoted(
+        provider_stack, stripe_provider, settings):
+    settings.SITE_URL = provider_stack.url  # the webhook case posts there: it knows the webhook secret
+    settings.SURETY_CONNECTORS = {**settings.SURETY_CONNECTORS, "refund": configured_refund_connector(
+        STRIPE_TEST_API_KEY="sk_test_replay", STRIPE_TEST_API_BASE=stripe_provider.url)}
+    scout = make_agent("scout", grants=("refund",), owner=person("olga"), live=False)[0]
+    person("ada")
+
+    call_command("replay_check", "refund")
+    run = ReplayRun.objects.get()
+    assert {c["case"]: c["outcome"] for c in run.cases} == dict.fromkeys(REPLAY_CASES, "passed"), run.cases
+    for case in ("clean", "timeout"):
+        action = Action.objects.get(operation_key=f"replay:{run.pk}:{case}")
+        assert [(r["id"], r["metadata"]["operation_key"]) for r in stripe_provider.refunds(action.target)] == [
+            (action.external_ref, action.operation_key)]
+
+    call_command("grant_promote", "scout", "refund", "--by", "ada", "--reason", f"replay run {run.pk} passed")
+    assert state(scout) == GrantState.LIVE
+
+
+@pytest.fixture(params=["down", "garbage"])
+def broken_test_mode(request):
+    """A test-mode base URL where nothing listens, or where a server that is no Stripe answers
+    every request with an HTML page; and what its evidence must show."""
+    if request.param == "down":
+        yield f"http://127.0.0.1:{free_port()}", "Connection refused"
+    else:
+        with thread_server(_Garbage) as garbage:
+            yield garbage.url, "It works!"
+
+
+def test_a_test_mode_server_that_is_down_or_answers_garbage_fails_the_run_with_the_answer_and_nothing_is_promoted(
+        db, settings, broken_test_mode):
+    base, answer = broken_test_mode
+    settings.SITE_URL = base  # never another server's
+    settings.SURETY_CONNECTORS = {**settings.SURETY_CONNECTORS, "refund": configured_refund_connector(
+        STRIPE_TEST_API_KEY="sk_test_replay", STRIPE_TEST_API_BASE=base)}
+    scout = make_agent("scout", grants=("refund",), owner=person("olga"), live=False)[0]
+    person("ada")
+
+    with pytest.raises(CommandError, match="failed"):
+        call_command("replay_check", "refund")
+    run = ReplayRun.objects.get()
+    failed = [case for case in run.cases if case["outcome"] == "failed"]
+    assert run.passed is False and failed
+    assert answer in json.dumps([case["evidence"] for case in failed]), failed
+    assert not Action.objects.filter(status="succeeded").exists()
+
+    with pytest.raises(CommandError, match="no replay run passed"):
+        call_command("grant_promote", "scout", "refund", "--by", "ada", "--reason", "try anyway")
+    assert state(scout) == GrantState.SHADOW
