@@ -28,6 +28,15 @@ class KeyReused(Exception):
         self.existing = existing
 
 
+class DecisionTaken(Exception):
+    """Another agent's action is recorded for the same decision's effect (its refund of the
+    order, its message to the recipient): nothing is recorded, nothing of it is shown."""
+
+    def __init__(self, existing):
+        super().__init__(str(existing))
+        self.existing = existing
+
+
 class SlotTaken(Exception):
     """A booking overlaps a pending or confirmed booking of the same resource."""
 
@@ -143,16 +152,33 @@ def action_request(*, agent, operation_key, action_type, target, params, custome
     except IntegrityError:
         # The same key, inserted meanwhile (or before: the API's lookup missed it).
         existing = action_by_key(operation_key)
-        if existing is None and action_type == ActionType.SEND_MESSAGE:
-            # The same message for the same decision, under another key: the first one stands.
-            existing = Action.objects.filter(action_type=action_type, target=target, decision_id=decision_id,
-                                             params__message_type=params.get("message_type")).first()
-            if existing is not None:
-                return existing, False
         if existing is None:
-            raise
+            # The same effect for the same decision, under another key: the first one stands.
+            existing = same_decision(action_type, target, decision_id, params)
+            if existing is None:
+                raise
+            if existing.agent_id != agent.pk:
+                raise DecisionTaken(existing)
         return _replay(existing, print_, customer)
     return action, True
+
+
+def same_decision(action_type, target, decision_id, params):
+    """The action already recorded for this decision's effect, whatever its key: a refund of
+    the order, a message of this type to the recipient (the ledger's unique rules on them)."""
+    if not decision_id or action_type not in SAME_DECISION:
+        return None
+    return Action.objects.filter(action_type=action_type, target=target, decision_id=decision_id,
+                                 **SAME_DECISION[action_type](params)).exclude(status=S.SUPERSEDED).first()
+
+
+# What besides the target and decision makes an effect the same one, per action type that has
+# the rule (models.Action's constraints action_refund_once_per_decision and
+# action_message_once_per_decision): a task's refund is keyed by its task instead.
+SAME_DECISION = {
+    ActionType.REFUND: lambda params: {"task__isnull": True},
+    ActionType.SEND_MESSAGE: lambda params: {"params__message_type": params.get("message_type")},
+}
 
 
 def action_retry(action, *, actor, reason):

@@ -287,6 +287,15 @@ class Action(LeasedWork):
                 condition=Q(action_type=ActionType.SEND_MESSAGE) & ~Q(decision_id=""),
                 name="action_message_once_per_decision",
             ),
+            # A refund is made once per order and decision, whatever key asks for it. A person's
+            # edit-down supersedes the original before its version is inserted, so the version
+            # takes its place; a task's refund is keyed by its task (its decision is the task id).
+            models.UniqueConstraint(
+                "target", "decision_id",
+                condition=Q(action_type=ActionType.REFUND, task__isnull=True) & ~Q(decision_id="")
+                & ~Q(status=S.SUPERSEDED),
+                name="action_refund_once_per_decision",
+            ),
         ]
 
     def __str__(self):

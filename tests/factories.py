@@ -154,8 +154,10 @@ def another_transaction(hold, *, commit_when_waited_on=False):
         raise other.error
 
 
-def refund_body(order="ORD-8841", amount="25.00", currency="EUR", customer="CUST-17", **extra):
-    return {"action_type": "refund", "target": order, "customer": customer, "decision_id": "dec-77",
+def refund_body(order="ORD-8841", amount="25.00", currency="EUR", customer="CUST-17", decision="dec-77", **extra):
+    """A refund request. Two refunds of one order need two decisions: the ledger makes one
+    refund per order and decision, whatever the key."""
+    return {"action_type": "refund", "target": order, "customer": customer, "decision_id": decision,
             "params": {"amount": amount, "currency": currency, **extra}}
 
 

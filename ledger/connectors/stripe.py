@@ -118,10 +118,15 @@ class StripeConnector(Connector):
 
     def replay_target(self, amount, currency):
         """Test mode only (the replay set, ledger.replay): a new charge to refund, paid with
-        Stripe's test card; at the sandbox's Stripe wire format, a new order."""
-        charge = self._client().v1.charges.create(params={
-            "amount": money.to_minor_units(amount, currency), "currency": currency.lower(), "source": "tok_visa"})
-        return charge.id
+        Stripe's test card token; at a Stripe-compatible test server that takes only Stripe's
+        test payment methods (localstripe answers `tok_visa` 400), with the same card's
+        `pm_card_visa`; at the sandbox's Stripe wire format, a new order."""
+        params = {
+            "amount": money.to_minor_units(amount, currency), "currency": currency.lower(), "source": "tok_visa"}
+        try:
+            return self._client().v1.charges.create(params=params).id
+        except stripe.InvalidRequestError:
+            return self._client().v1.charges.create(params={**params, "source": "pm_card_visa"}).id
 
     def find_effect(self, action):
         kind = _kind(action.target)

@@ -126,9 +126,9 @@ def test_reject_all_rejects_all_and_a_reason_is_required(agent, approver):
 def test_two_requests_for_one_order_close_together_end_with_exactly_one_effect(stack, client):
     """The replay case: both held, one decision on the page, exactly one refund at the provider."""
     api = agent_api(stack.url, "billing")
-    for key in ("refund:ORD-77:a", "refund:ORD-77:b"):
+    for key, decision in (("refund:ORD-77:a", "dec-a"), ("refund:ORD-77:b", "dec-b")):
         assert api.post("/api/v1/actions", headers={"Idempotency-Key": key},
-                        json=refund_body("ORD-77", customer="")).status_code == 201
+                        json=refund_body("ORD-77", customer="", decision=decision)).status_code == 201
     first, second = Action.objects.order_by("id")
     assert {status(first), status(second)} == {S.HELD}
     approver = get_user_model().objects.create_superuser("alice", password=None)

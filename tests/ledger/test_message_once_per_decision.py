@@ -1,6 +1,6 @@
 """A message goes once to a recipient per message type and decision, whatever key the agent
 sends: the database refuses a second row (a unique constraint), and the API answers with the
-first message's row."""
+first message's row for the same params, and refuses other params (a rewritten body)."""
 
 import pytest
 from django.db import IntegrityError, transaction
@@ -31,11 +31,21 @@ def agent(client, db, jobs_to_test_redis):
 
 def test_a_second_key_for_the_same_message_gets_the_first_messages_row(client, agent):
     first = post_action_in_process(client, "msg:ada:dec-77:a", message())
-    again = post_action_in_process(client, "msg:ada:dec-77:b", message(body="Your refund is on its way!"))
+    again = post_action_in_process(client, "msg:ada:dec-77:b", message())
 
     assert first.status_code == 201
     assert again.status_code == 200 and again.headers["Idempotent-Replayed"] == "true"
     assert again.json()["operation_key"] == "msg:ada:dec-77:a"
+    assert Action.objects.filter(action_type="send_message").count() == 1
+
+
+def test_a_second_key_with_a_rewritten_body_is_refused_and_sends_nothing(client, agent):
+    post_action_in_process(client, "msg:ada:dec-77:a", message())
+
+    again = post_action_in_process(client, "msg:ada:dec-77:b", message(body="Your refund is on its way!"))
+
+    assert again.status_code == 422 and again.json()["code"] == "idempotency_key_reused"
+    assert "msg:ada:dec-77:a" in again.json()["detail"]
     assert Action.objects.filter(action_type="send_message").count() == 1
 
 

@@ -22,18 +22,24 @@ def events_for(key, verb):
     return audit_events(Action.objects.get(operation_key=key), verb)
 
 
+def post_refund(billing, key, order, **fields):
+    """A refund of `order` under `key`, for the decision the key ends with (one refund per
+    order and decision: two refunds of one order are two decisions)."""
+    return post_action(billing, key, refund_body(order, decision=key.rsplit(":", 1)[1], **fields))
+
+
 def a_full_and_a_partial_refund(billing, order):
     """Both refunds for one order, held (the first test): returns (full, partial)."""
     keys = f"refund:{order}:full:dec-1", f"refund:{order}:partial:dec-2"
-    post_action(billing, keys[0], refund_body(order))
-    post_action(billing, keys[1], refund_body(order, amount="5.00"))
+    post_refund(billing, keys[0], order)
+    post_refund(billing, keys[1], order, amount="5.00")
     return tuple(Action.objects.get(operation_key=key, status=S.HELD) for key in keys)
 
 
 def test_a_second_refund_for_an_order_with_a_queued_one_holds_both(billing):
-    assert post_action(billing, "refund:ORD-H1:full:dec-1", refund_body("ORD-H1")).status_code == 201
+    assert post_refund(billing, "refund:ORD-H1:full:dec-1", "ORD-H1").status_code == 201
 
-    second = post_action(billing, "refund:ORD-H1:partial:dec-2", refund_body("ORD-H1", amount="5.00"))
+    second = post_refund(billing, "refund:ORD-H1:partial:dec-2", "ORD-H1", amount="5.00")
 
     assert second.status_code == 201
     assert second.json()["status"] == "held"
@@ -45,38 +51,38 @@ def test_a_second_refund_for_an_order_with_a_queued_one_holds_both(billing):
 
 
 def test_a_second_refund_while_the_first_is_pending_holds_only_the_new_one(billing):
-    post_action(billing, "refund:ORD-H2:full:dec-1", refund_body("ORD-H2"))
+    post_refund(billing, "refund:ORD-H2:full:dec-1", "ORD-H2")
     Action.objects.get(operation_key="refund:ORD-H2:full:dec-1").claim(owner="host:tests")
 
-    second = post_action(billing, "refund:ORD-H2:partial:dec-2", refund_body("ORD-H2", amount="5.00"))
+    second = post_refund(billing, "refund:ORD-H2:partial:dec-2", "ORD-H2", amount="5.00")
 
     assert second.json()["status"] == "held"
     assert status_of("refund:ORD-H2:full:dec-1") == S.PENDING  # started: not ours to stop
 
 
 def test_a_second_refund_after_the_first_succeeded_is_not_held(billing):
-    post_action(billing, "refund:ORD-H3:full:dec-1", refund_body("ORD-H3"))
+    post_refund(billing, "refund:ORD-H3:full:dec-1", "ORD-H3")
     first = Action.objects.get(operation_key="refund:ORD-H3:full:dec-1").claim(owner="host:tests")
     first.mark_succeeded(actor="system:tests", external_ref="re_1", claim=first.fence)
 
-    second = post_action(billing, "refund:ORD-H3:partial:dec-2", refund_body("ORD-H3", amount="5.00"))
+    second = post_refund(billing, "refund:ORD-H3:partial:dec-2", "ORD-H3", amount="5.00")
 
     assert second.json()["status"] == "queued"  # nothing is in flight any more
     assert status_of("refund:ORD-H3:full:dec-1") == S.SUCCEEDED
 
 
 def test_refunds_for_one_customer_on_different_orders_are_held_too(billing):
-    post_action(billing, "refund:ORD-H4:full:dec-1", refund_body("ORD-H4", customer="CUST-H"))
+    post_refund(billing, "refund:ORD-H4:full:dec-1", "ORD-H4", customer="CUST-H")
 
-    second = post_action(billing, "refund:ORD-H5:full:dec-2", refund_body("ORD-H5", customer="CUST-H"))
+    second = post_refund(billing, "refund:ORD-H5:full:dec-2", "ORD-H5", customer="CUST-H")
 
     assert second.json()["status"] == "held"
     assert status_of("refund:ORD-H4:full:dec-1") == S.HELD
 
 
 def test_refunds_for_different_orders_and_customers_are_not_held(billing):
-    post_action(billing, "refund:ORD-H6:full:dec-1", refund_body("ORD-H6", customer="CUST-H6"))
-    second = post_action(billing, "refund:ORD-H7:full:dec-2", refund_body("ORD-H7", customer="CUST-H7"))
+    post_refund(billing, "refund:ORD-H6:full:dec-1", "ORD-H6", customer="CUST-H6")
+    second = post_refund(billing, "refund:ORD-H7:full:dec-2", "ORD-H7", customer="CUST-H7")
     assert second.json()["status"] == "queued"
     assert status_of("refund:ORD-H6:full:dec-1") == S.QUEUED
 
