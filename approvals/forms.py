@@ -2,6 +2,7 @@ import pycountry
 from django import forms
 from django.core.validators import RegexValidator, validate_email
 
+from ledger import currencies
 from ledger.versions import EDITABLE_PARAMS
 
 from .decisions import BINDING
@@ -83,6 +84,9 @@ class LimitForm(forms.ModelForm):
         code = self.cleaned_data["currency"].strip().upper()
         if len(code) != 3 or not code.isalpha() or pycountry.currencies.get(alpha_3=code) is None:
             raise forms.ValidationError("Not an ISO 4217 currency code.")
+        # Nor a code the API refuses (XXX, a metal, a fund): no action could ever be in it.
+        if not currencies.is_payable(code):
+            raise forms.ValidationError(f"{code} is not a currency one may pay in: no action is ever in it.")
         return code
 
     def clean_review_deadline_hours(self):

@@ -8,14 +8,13 @@ API stricter than it says.
 
 import copy
 
-import pycountry
 from drf_spectacular.extensions import OpenApiSerializerExtension, OpenApiSerializerFieldExtension
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.plumbing import get_doc
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, PolymorphicProxySerializer, extend_schema_field
 from rest_framework import serializers
 
-from ledger import money
+from ledger import currencies, money
 from ledger.models import ActionType, StepStatus, TaskState
 from ledger.validation import MAX_AMOUNT, StrictSerializer
 from ledger.workflows import WORKFLOWS
@@ -128,13 +127,9 @@ def intake_responses(resource):
             "`idempotency_key_missing`, or `invalid` with `errors` (a bad body, key or params; a body over 64 KiB)."),
         **COMMON_PROBLEMS,
         (403, PROBLEM_JSON): problem("`forbidden`: this agent is not granted the action type or workflow."),
-        (409, PROBLEM_JSON): problem("`booking_conflict` (the slot is taken), `message_already_sent` "
-                                     "(another agent's message to this recipient, type and decision) or "
-                                     "`refund_already_recorded` (another agent's refund of this order for this "
-                                     "decision)."),
-        (422, PROBLEM_JSON): problem("`idempotency_key_reused`: the key names a different request, or the "
-                                     "decision's refund or message is recorded under another key with other "
-                                     "params."),
+        (409, PROBLEM_JSON): problem("`booking_conflict` (the slot is taken) or `message_already_sent` "
+                                     "(another agent's message to this recipient, type and decision)."),
+        (422, PROBLEM_JSON): problem("`idempotency_key_reused`: the key names a different request."),
         (503, PROBLEM_JSON): problem("`busy`: the database stayed deadlocked on the same target or customer; "
                                      "nothing was recorded, send the same request again (see Retry-After)."),
     }
@@ -244,8 +239,9 @@ def _amount_pattern(digits):
 
 
 def _currencies_by_digits():
+    """The currencies the API takes (ledger.validation.CurrencyField), by minor digits."""
     groups = {}
-    for code in sorted(currency.alpha_3 for currency in pycountry.currencies):
+    for code in currencies.payable():
         groups.setdefault(money.minor_digits(code), []).append(code)
     return groups
 

@@ -53,6 +53,10 @@ CASES = [
     ("amount too large", KEY, refund_body(amount="1000000000.00"), "invalid", "params.amount"),
     ("currency EURO", KEY, refund_body(currency="EURO"), "invalid", "params.currency"),
     ("currency XXZ", KEY, refund_body(currency="XXZ"), "invalid", "params.currency"),
+    # ISO 4217 codes that are no currency one pays in: none, tests, metals, SDR, bond units, funds, historic.
+    *[(f"currency {code}", KEY, refund_body(amount="9000.00", currency=code), "invalid", "params.currency")
+      for code in ("XXX", "xxx", "XTS", "XAU", "XAG", "XPT", "XPD", "XDR", "XBA", "XBB", "XBC", "XBD", "XSU", "XUA",
+                   "BOV", "USN", "DEM", "HRK")],
     ("missing currency", KEY, with_params(amount="25.00"), "invalid", "params.currency"),
     ("unknown action type", KEY, {**refund_body(), "action_type": "teleport"}, "invalid", "action_type"),
     ("params a list", KEY, {**refund_body(), "params": ["25.00", "EUR"]}, "invalid", "params"),
@@ -111,6 +115,9 @@ def test_it_accepts_the_same_bodies_when_they_are_valid(agent_client):
     valid = [
         ("refund:ORD-1:full:dec-1", refund_body("ORD-1", customer="CUST-1", amount="25.01")),
         ("refund:ORD-2:full:dec-1", refund_body("ORD-2", customer="CUST-2", currency="eur")),
+        # Real currencies whose codes start with X, as ISO's non-payment codes do.
+        ("refund:ORD-3:full:dec-1", refund_body("ORD-3", customer="CUST-3", currency="XCD")),
+        ("refund:ORD-4:full:dec-1", refund_body("ORD-4", customer="CUST-4", amount="2500", currency="XOF")),
         ("msg:ada@example.com:receipt:dec-1", message_body()),
         ("msg:+4930123456:receipt:dec-1", message_body(target="+4930123456", channel="sms")),
         ("booking:ROOM-1:CUST-17:dec-1", booking_body()),
