@@ -8,11 +8,11 @@ from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ledger.actions import KeyReused, SlotTaken, action_by_pk, action_request
+from ledger.actions import DecisionTaken, KeyReused, SlotTaken, action_by_pk, action_request
 from ledger.evidence import evidence_actions, evidence_export
 from ledger.grants import grant_state
 from ledger.metrics import API_KEY_REUSED, API_REPLAYS
-from ledger.models import Action, ActionStatus, Capability, GrantState, Task, TaskState
+from ledger.models import Action, ActionStatus, ActionType, Capability, GrantState, Task, TaskState
 from ledger.tasks import task_request
 
 from .auth import well_formed_key
@@ -40,8 +40,13 @@ def idempotency_key(request):
     return key
 
 
-def key_reused(request, key):
+def key_reused(request, key, existing=None):
     API_KEY_REUSED.labels(request.auth.name).inc()
+    if existing is not None and getattr(existing, "operation_key", key) != key:
+        return Problem(422, "idempotency_key_reused", "Decision already recorded",
+                       f"This decision's {existing.action_type} is recorded under the key "
+                       f"{existing.operation_key!r} with other params; nothing was changed. Do not retry it "
+                       "with other params.")
     return Problem(422, "idempotency_key_reused", "Idempotency-Key reused",
                    f"The key {key!r} was already used for a different request; nothing was changed.")
 
@@ -102,20 +107,28 @@ def intake_through_transient_failures(intake):
     raise busy
 
 
+# Another agent's action holds the decision's effect (ledger.actions.same_decision).
+DECISION_TAKEN = {
+    ActionType.SEND_MESSAGE: ("message_already_sent", "Message already sent",
+                              "Another agent's message to this recipient, of this type, for this decision is "
+                              "recorded; nothing was recorded."),
+    ActionType.REFUND: ("refund_already_recorded", "Refund already recorded",
+                        "Another agent's refund of this order for this decision is recorded; nothing was recorded."),
+}
+
+
 def recorded(request, key, intake, represent):
     """The shared answer of both intakes: 201 new; 200 replayed; 422 for a key that names
     another request or belongs to another agent (whose objects are never shown); 409 for a
     booking whose slot is taken; 503 when the database stays deadlocked."""
     try:
         obj, created = intake_through_transient_failures(intake)
-    except KeyReused:
-        raise key_reused(request, key) from None
+    except KeyReused as exc:
+        raise key_reused(request, key, exc.existing) from None
     except SlotTaken as exc:
         raise Problem(409, "booking_conflict", "Slot taken", f"{exc}; nothing was recorded.") from None
-    if obj.agent_id != request.auth.pk and getattr(obj, "operation_key", key) != key:
-        raise Problem(409, "message_already_sent", "Message already sent",
-                      "Another agent's message to this recipient, of this type, for this decision is recorded; "
-                      "nothing was recorded.")
+    except DecisionTaken as exc:
+        raise Problem(409, *DECISION_TAKEN[exc.existing.action_type]) from None
     if obj.agent_id != request.auth.pk:
         raise key_reused(request, key)
     return Response(represent(obj), status=201) if created else replayed(request, represent(obj))

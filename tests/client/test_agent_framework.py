@@ -1,0 +1,116 @@
+"""A real agent framework's tool loop through Surety's MCP server: pydantic-ai's MCP client
+with a scripted model (agent_script.py), its process SIGKILLed mid-call, on the answer and
+just after the call, and started again from its first message each time, against the live
+stack. The last run completes with one refund at the provider; restarts whose model writes
+the amount as "25" or as 24.99 make none."""
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ledger.models import Action
+from tests.conftest import PYTHON, wait_until
+from tests.factories import api_client, make_agent, sandbox, sandbox_list
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SCRIPT = Path(__file__).with_name("agent_script.py")
+ORDER, DECISION = "ORD-A1", "dec-1"
+
+
+class AgentProcess:
+    """One run of the agent from its first message; its transcript is a file of its own."""
+
+    def __init__(self, stack, token, folder, amount):
+        self.transcript = folder / f"run-{len(list(folder.glob('run-*.jsonl'))) + 1}.jsonl"
+        self.transcript.touch()
+        self.stderr = self.transcript.with_suffix(".stderr")
+        with open(self.stderr, "w") as stderr:
+            self.process = subprocess.Popen(
+                [PYTHON, str(SCRIPT), str(self.transcript), "--order", ORDER, "--amount", amount,
+                 "--decision", DECISION],
+                env={**os.environ, "SURETY_URL": stack.url, "SURETY_TOKEN": token},
+                stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True,
+            )
+
+    def events(self, kind=None):
+        # Only whole lines: the agent may be writing the last one.
+        lines = self.transcript.read_text().split("\n")[:-1]
+        return [event for event in map(json.loads, lines) if kind in (None, event["event"])]
+
+    def calls(self):
+        return [event["tool"] for event in self.events("call")]
+
+    def kill_when(self, reached, what):
+        """SIGKILL the agent (and the MCP server it started) once `reached(self)` holds; it must
+        still be running then."""
+        wait_until(lambda: reached(self) or self.process.poll() is not None, seconds=30, message=what)
+        assert self.process.poll() is None, f"the agent ended before {what}: {self.stderr.read_text()}"
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+    def complete(self):
+        assert self.process.wait(40) == 0, self.stderr.read_text()
+        return self.events("reply")[-1]["text"]
+
+    def answers_seen(self):
+        """The tool answers in the messages the model was last handed, as pydantic-ai gave them."""
+        seen = self.events("turn")[-1]["seen"]
+        return [part["content"] for message in seen for part in message["parts"]
+                if part["part_kind"] in ("tool-return", "retry-prompt")]
+
+
+def test_a_pydantic_ai_agent_killed_three_times_and_restarted_makes_one_refund(stack, tmp_path):
+    token = make_agent("agent-bot")[1]
+    with api_client(stack.url, token) as provider:
+        def run(amount="25.00"):
+            return AgentProcess(stack, token, tmp_path, amount)
+
+        def refunds():
+            return [refund["amount"] for refund in sandbox_list(provider, "refunds", order_id=ORDER)]
+
+        # No worker yet, so each kill finds the refund still in the works (a slow provider,
+        # as far as the agent can tell).
+        first = run()
+        first.kill_when(lambda agent: agent.calls() == ["refund"] and Action.objects.filter(target=ORDER).exists(),
+                        "the refund call to reach Surety")
+        assert first.calls() == ["refund"] and len(first.events("turn")) == 1  # killed mid-call
+        second = run()
+        second.kill_when(lambda agent: len(agent.events("turn")) == 2, "the refund's answer to reach the model")
+        assert second.calls() == ["refund"]  # killed on the answer, before the model acted on it
+        third = run()
+        third.kill_when(lambda agent: agent.calls() == ["refund", "wait_for_action"], "the model to act on the answer")
+        assert Action.objects.filter(target=ORDER).count() == 1 and refunds() == []
+
+        # The worker starts while the last run's model waits, as the answer told it to. The
+        # provider commits the refund and its answer is lost: the ledger proves it by lookup.
+        sandbox(provider, "POST", "faults", json={"target": ORDER, "fault": "timeout_after_commit", "times": 1})
+        last = run()
+        wait_until(lambda: len(last.events("turn")) == 2, seconds=30, message="the refund's answer")
+        stack.start_worker()
+        assert last.complete().startswith("Done: refund succeeded")
+        (refund_answer, waited) = last.answers_seen()
+        assert refund_answer["replayed"] is True and refund_answer["guidance"].startswith(
+            "Already recorded for this decision; nothing was done again.")
+        assert refund_answer["next_tool"]["name"] == "wait_for_action"
+        assert waited["status"] == "succeeded" and waited["guidance"].startswith("Done: refund succeeded")
+        assert refunds() == ["25.00"]
+
+        # Two more restarts at once, whose model writes the amount otherwise.
+        respelt, rewritten = run("25"), run("24.99")
+        assert respelt.complete().startswith("Already recorded for this decision; nothing was done again. Done")
+        assert respelt.calls() == ["refund"]
+        refusal = rewritten.complete()
+        assert rewritten.calls() == ["refund"]  # the model read that it must not retry
+        assert "idempotency_key_reused" in refusal and "Do not retry this decision" in refusal
+        (answer,) = rewritten.answers_seen()  # a tool error: pydantic-ai's retry prompt, the structured content
+        answer = json.loads(answer)
+        assert answer["code"] == "idempotency_key_reused" and answer["retry"] is False
+        assert "Do not retry this decision" in answer["guidance"]
+
+        assert refunds() == ["25.00"]
+        assert list(Action.objects.filter(target=ORDER).values_list("params__amount", flat=True)) == ["25.00"]
