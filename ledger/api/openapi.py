@@ -127,9 +127,13 @@ def intake_responses(resource):
             "`idempotency_key_missing`, or `invalid` with `errors` (a bad body, key or params; a body over 64 KiB)."),
         **COMMON_PROBLEMS,
         (403, PROBLEM_JSON): problem("`forbidden`: this agent is not granted the action type or workflow."),
-        (409, PROBLEM_JSON): problem("`booking_conflict` (the slot is taken) or `message_already_sent` "
-                                     "(another agent's message to this recipient, type and decision)."),
-        (422, PROBLEM_JSON): problem("`idempotency_key_reused`: the key names a different request."),
+        (409, PROBLEM_JSON): problem("`booking_conflict` (the slot is taken), `message_already_sent` "
+                                     "(another agent's message to this recipient, type and decision) or "
+                                     "`refund_already_recorded` (another agent's refund of this order for this "
+                                     "decision)."),
+        (422, PROBLEM_JSON): problem("`idempotency_key_reused`: the key names a different request, or the "
+                                     "decision's refund or message is recorded under another key with other "
+                                     "params."),
         (503, PROBLEM_JSON): problem("`busy`: the database stayed deadlocked on the same target or customer; "
                                      "nothing was recorded, send the same request again (see Retry-After)."),
     }
