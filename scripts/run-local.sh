@@ -100,6 +100,11 @@ urllib.request.urlopen(sys.argv[1], timeout=1)' "$SITE_URL/accounts/login/" >/de
   for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null || { say "a process exited before the web app answered"; exit 1; }; done
   sleep 0.2
 done
+# SITE_URL must reach this web app, not another on its port: the replay set's webhook case
+# posts there, and alerts link to it. A signed probe only this deployment answers tells.
+if ! "$PY" manage.py check_site_url > >(sed -u "s/^/site | /") 2>&1; then
+  say "SITE_URL=$SITE_URL does not reach this web app: set SITE_URL to its address (the replay set's webhook case fails)"
+fi
 # The replay set against the refund connector, then the demo agent's refund grant made live by
 # a demo person (audited), so that refunds execute for real rather than in shadow.
 if "$PY" manage.py replay_check refund > >(sed -u "s/^/replay | /") 2>&1; then

@@ -3,7 +3,7 @@ every run and case kept, passing for every action type against the sandbox on a 
 a test mode that is down or answers garbage, or a SITE_URL that is another server, ends the run
 failed with the evidence and promotes nothing."""
 
-from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -16,6 +16,7 @@ from ledger.models import Action, ActionStatus, Capability, GrantState, ReplayRu
 from ledger.replay import replay_agent
 from tests.conftest import free_port, thread_server
 from tests.factories import api_client, make_agent, sandbox_list
+from tests.ledger.test_site_url import NotSurety
 
 CASES = ["clean_first_call", "retry_same_request", "timeout_after_commit", "webhook_twice", "same_key_other_params",
          "two_actions_same_object"]
@@ -68,15 +69,8 @@ def test_replay_check_passes_for_every_action_type_against_the_sandbox(stack, se
         assert len(sandbox_list(client, resource, operation_key=f"replay:{run.pk}:{case}")) == 1
 
 
-class _NotSurety(SimpleHTTPRequestHandler):
-    """Another app where SITE_URL points: it serves files, and knows nothing of the probe."""
-
-    def log_message(self, format, *args):  # noqa: A002
-        pass
-
-
 def test_a_site_url_that_is_another_server_fails_the_webhook_case_before_any_event_is_sent(stack, settings):
-    with thread_server(_NotSurety) as other:
+    with thread_server(NotSurety) as other:
         settings.SITE_URL = other.url
         with pytest.raises(CommandError, match="failed"):
             call_command("replay_check", "refund")

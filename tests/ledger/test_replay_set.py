@@ -70,8 +70,8 @@ def test_the_same_key_with_different_params_is_refused_and_changes_nothing(stack
 
 def test_two_requests_for_the_same_order_close_together_make_at_most_one_effect(stack):
     client = agent_api(stack.url)
-    first = post_action(client, "refund:ORD-4:full:dec-4", refund_body("ORD-4"))
-    second = post_action(client, "refund:ORD-4:full:dec-5", refund_body("ORD-4"))
+    first = post_action(client, "refund:ORD-4:full:dec-4", refund_body("ORD-4", decision="dec-4"))
+    second = post_action(client, "refund:ORD-4:full:dec-5", refund_body("ORD-4", decision="dec-5"))
     assert first.status_code == second.status_code == 201
     stack.start_worker()
     sweep_once()
