@@ -18,6 +18,7 @@ from .errors import (
     NotAcceptable,
     NotFound,
     Problem,
+    RefundAlreadyRecorded,
     SuretyError,
     SuretyUnreachable,
     Throttled,
@@ -29,7 +30,7 @@ from .keys import booking_key, message_key, operation_key, refund_key, refund_ta
 __all__ = [
     "Action", "Checkpoint", "Review", "Step", "SuretyClient", "Version",
     "PROBLEMS", "ActionNotDone", "ActionRejected", "ApprovalExpired", "BookingConflict", "Forbidden", "IdempotencyKeyMissing", "IdempotencyKeyReused", "Invalid",
-    "MessageAlreadySent", "MethodNotAllowed", "NotAcceptable", "NotFound", "Problem", "SuretyError",
+    "MessageAlreadySent", "MethodNotAllowed", "NotAcceptable", "NotFound", "Problem", "RefundAlreadyRecorded", "SuretyError",
     "SuretyUnreachable", "Throttled", "Unauthenticated", "UnsupportedMediaType",
     "booking_key", "message_key", "operation_key", "refund_key", "refund_task_id",
 ]

@@ -99,7 +99,8 @@ class IdempotencyKeyMissing(Problem):
 
 
 class IdempotencyKeyReused(Problem):
-    """The key was already used for a different request; nothing was changed."""
+    """The key was already used for a different request, or the decision's effect is recorded
+    with other params (another amount for the same refund); nothing was changed."""
 
     code = "idempotency_key_reused"
 
@@ -114,11 +115,18 @@ class MessageAlreadySent(Problem):
     code = "message_already_sent"
 
 
+class RefundAlreadyRecorded(Problem):
+    """Another agent's refund of this order for this decision is recorded; nothing was recorded."""
+
+    code = "refund_already_recorded"
+
+
 PROBLEMS: dict[str, type[Problem]] = {
     cls.code: cls
     for cls in (
         Unauthenticated, Forbidden, NotFound, MethodNotAllowed, NotAcceptable, UnsupportedMediaType, Throttled,
         Invalid, IdempotencyKeyMissing, IdempotencyKeyReused, BookingConflict, MessageAlreadySent,
+        RefundAlreadyRecorded,
     )
 }
 

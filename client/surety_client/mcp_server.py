@@ -182,8 +182,8 @@ def _as_arguments(tool: Tool, errors: dict[str, list[str]]) -> dict[str, list[st
 # unchanged may answer otherwise (it never doubles the effect either way).
 ADVICE: dict[str, tuple[str, bool]] = {
     "invalid": ("Correct the arguments named in errors and call again; nothing was recorded.", False),
-    "idempotency_key_reused": ("This decision is already recorded with other arguments, and that action "
-                               "stands; nothing was changed. Do not retry this decision, with these arguments "
+    "idempotency_key_reused": ("This decision is already recorded (with other arguments, or by another agent), "
+                               "and that action stands; nothing was changed. Do not retry this decision, with these arguments "
                                "or others: a different effect is a new decision with a decision_id of its own.",
                                False),
     "refund_already_recorded": ("Another agent's refund of this order for this decision is recorded; nothing was "

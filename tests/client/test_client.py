@@ -13,6 +13,7 @@ from surety_client import (
     IdempotencyKeyReused,
     Invalid,
     NotFound,
+    RefundAlreadyRecorded,
     SuretyClient,
     Unauthenticated,
     refund_key,
@@ -95,6 +96,15 @@ def test_the_same_key_for_another_request_raises_idempotency_key_reused(stack, a
                                  params={"amount": "11.00", "currency": "EUR"})
     assert (raised.value.status, raised.value.code) == (422, "idempotency_key_reused")
     assert Action.objects.get(operation_key="refund:ORD-C6:manual").params["amount"] == "10.00"
+
+
+def test_another_agents_refund_for_the_same_decision_raises_refund_already_recorded(stack, agent_client):
+    agent_client.refund(order="ORD-C10", amount="25.00", currency="EUR", decision_id="dec-c10")
+    _, other = make_agent("other-bot")
+    with SuretyClient(stack.url, other, retries=0) as another, pytest.raises(RefundAlreadyRecorded) as raised:
+        another.post_action("refund:ORD-C10:other-bot", action_type="refund", target="ORD-C10", decision_id="dec-c10",
+                            params={"amount": "25.00", "currency": "EUR"})
+    assert raised.value.status == 409 and Action.objects.filter(target="ORD-C10").count() == 1
 
 
 def test_bad_params_raise_invalid_with_the_fields_errors(stack, agent_client):
