@@ -7,7 +7,10 @@ skipped, and the report says so):
    the two are joined in memory by key: nothing is asked per action;
 3. a record whose key has no ledger row is an orphan effect; a key with more than one record
    in the window, or a record other than the one its succeeded ledger row names, a double
-   effect; a record whose amount or currency differs from its ledger row, an amount mismatch;
+   effect; a record whose amount or currency differs from its ledger row, an amount mismatch.
+   Amounts are compared in the provider's own units where it counts in integers: the ledger's
+   amount converted by the connector's rule (Stripe's 500000 for 5000 HUF), so that an effect
+   a hundredth or a hundred times the ledger's is found, whatever the currency's CLDR digits;
 4. each finding opens its incident, with an alert, unless it already has one: running the
    same window again opens nothing new.
 
@@ -96,6 +99,8 @@ class Finding:
 def _effect(record, *, raw=False):
     effect = {"external_ref": record.external_ref, "amount": None if record.amount is None else str(record.amount),
               "currency": record.currency, "created_at": record.created_at.isoformat()}
+    if record.units is not None:
+        effect["units"] = record.units
     return {**effect, "raw": record.raw} if raw else effect
 
 
@@ -104,10 +109,17 @@ def _ledger(row):
             "amount": None if row["amount"] is None else str(row["amount"]), "currency": row["currency"]}
 
 
-def _differs(record, row):
+def _differs(connector, record, row):
     if row["amount"] is None:
         return False  # an effect without an amount (a message): nothing to compare
-    return record.amount is None or record.amount != row["amount"] or record.currency != row["currency"]
+    if record.amount is None or record.currency != row["currency"]:
+        return True
+    if record.units is None:  # a provider that counts in decimals
+        return record.amount != row["amount"]
+    try:
+        return record.units != connector.to_provider_units(row["amount"], row["currency"])
+    except ValueError:  # an amount the provider cannot take: whatever it made, not the ledger's
+        return True
 
 
 def _chunks(records, size):
@@ -134,7 +146,7 @@ def findings_in(connector, records):
                 orphans.setdefault(subject, Finding(IncidentKind.ORPHAN_EFFECT, name, record.action_type, key,
                                                     subject)).effects.append(_effect(record, raw=True))
                 continue
-            if _differs(record, row):
+            if _differs(connector, record, row):
                 mismatches.setdefault(key, Finding(IncidentKind.AMOUNT_MISMATCH, name, row["action_type"], key, key,
                                                    ledger=_ledger(row))).effects.append(_effect(record, raw=True))
             first = first_seen.get(key)

@@ -1,7 +1,10 @@
 """Amounts and their currencies' minor units: JPY has none, EUR two, KWD three.
 
-The number of minor digits comes from CLDR's currency data (via babel), the source
-payment providers follow; the ledger's amount column keeps at most three decimals.
+The number of minor digits comes from CLDR's currency data (via babel): how amounts are
+written and shown, and how many decimals an amount may have. A provider may count in other
+units (Stripe takes HUF and ISK in hundredths, which CLDR has none of): each connector
+converts with its provider's own rules (`Connector.to_provider_units`); the functions here
+are the default. The ledger's amount column keeps at most three decimals.
 """
 
 from decimal import Decimal

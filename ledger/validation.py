@@ -10,8 +10,9 @@ import pycountry
 from django.utils.functional import cached_property
 from rest_framework import serializers
 
-from ledger import currencies, money
+from ledger import money
 from ledger.compiled import register_cache
+from ledger.connectors import NoConnector, connector_for
 from ledger.models import ActionType
 
 MAX_AMOUNT = Decimal("1000000000")
@@ -51,17 +52,10 @@ class AmountField(serializers.Field):
 
 
 class CurrencyField(serializers.CharField):
-    """An ISO 4217 code of a currency one may pay in (ledger.currencies): not XXX, XTS, a
-    metal, a fund or a code no longer in use, which no limit in real currencies covers."""
-
     def to_internal_value(self, data):
         code = super().to_internal_value(data)
         if len(code) != 3 or not code.isalpha() or pycountry.currencies.get(alpha_3=code.upper()) is None:
             raise serializers.ValidationError("Not an ISO 4217 currency code.")
-        if not currencies.is_payable(code.upper()):
-            raise serializers.ValidationError(
-                f"{code.upper()} is not a currency one may pay in: no country takes it as legal tender today "
-                "(ISO 4217 also lists codes for no currency, tests, metals, funds and units of account).")
         return code.upper()
 
 
@@ -98,17 +92,38 @@ class StrictSerializer(serializers.Serializer):
         return super().to_internal_value(data)
 
 
-class RefundParams(StrictSerializer):
+def amount_problem(action_type, amount, currency):
+    """Why `amount` in `currency` cannot be paid by an action of `action_type`, or None:
+    more decimals than the currency has (0.5 JPY), or an amount the type's connector's provider
+    cannot take in its own units (1.255 KWD at Stripe, which takes a three-decimal currency's
+    amounts in multiples of 0.010)."""
+    digits = money.minor_digits(currency)
+    if money.places(Decimal(amount)) > digits:
+        return f"At most {digits} decimal places in {currency}."
+    try:
+        connector = connector_for(action_type)
+    except NoConnector:  # no start gets this far without one (manage.py check, surety.E001)
+        return None
+    return connector.amount_problem(amount, currency)
+
+
+class PayableAmount:
+    """The `validate` of a serializer with an `amount` and its `currency` (a refund's params, a
+    refund workflow's input): refused, with the reason, unless the refund's connector can pay it."""
+
+    action_type = ActionType.REFUND
+
+    def validate(self, data):
+        problem = amount_problem(self.action_type, data["amount"], data["currency"])
+        if problem:
+            raise serializers.ValidationError({"amount": [problem]})
+        return data
+
+
+class RefundParams(PayableAmount, StrictSerializer):
     amount = AmountField()
     currency = CurrencyField()
     reason = serializers.CharField(max_length=500, required=False, allow_blank=True)
-
-    def validate(self, data):
-        # A provider takes the amount in the currency's minor units: 0.5 JPY cannot be paid.
-        digits = money.minor_digits(data["currency"])
-        if money.places(Decimal(data["amount"])) > digits:
-            raise serializers.ValidationError({"amount": [f"At most {digits} decimal places in {data['currency']}."]})
-        return data
 
 
 class MessageParams(StrictSerializer):

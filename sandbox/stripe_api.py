@@ -2,15 +2,15 @@
 
 The official `stripe` SDK reaches it when its API base is `<site>/sandbox/stripe`:
 
-- `POST /v1/refunds`, form-encoded: `charge` or `payment_intent`, `amount` in the currency's
-  minor units, `metadata[...]`. An `Idempotency-Key` is replayed as Stripe does: the same key
+- `POST /v1/refunds`, form-encoded: `charge` or `payment_intent`, `amount` in Stripe's units of
+  the currency (ledger.connectors.stripe_amounts: 500000 for 5000 HUF), `metadata[...]`. An `Idempotency-Key` is replayed as Stripe does: the same key
   with the same parameters answers the first refund again with `Idempotent-Replayed: true`;
   with other parameters it is a 400 `idempotency_error`.
 - `GET /v1/refunds?charge=…|payment_intent=…&created[gte]=…&created[lt]=…&limit=…&starting_after=…`:
   newest first, in Stripe's list envelope.
 - `GET /v1/charges/{id}`, `GET /v1/payment_intents/{id}`: the sandbox's orders as Stripe shows
   a payment (an order id starting `pi_` is a payment intent, any other a charge).
-- `POST /v1/charges`, form-encoded: `amount` (minor units), `currency`, a test `source` such as
+- `POST /v1/charges`, form-encoded: `amount` (Stripe's units), `currency`, a test `source` such as
   `tok_visa`: a new order whose id is the charge's `ch_…`, as Stripe's test mode makes one (the
   replay set's refunds need a charge to refund).
 
@@ -24,13 +24,14 @@ replays its answer (Stripe answers 409).
 
 import secrets
 from datetime import UTC, datetime
+from decimal import Decimal
 
 from django.db import transaction
 from django.db.models import Sum
 from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from ledger import money
+from ledger.connectors import stripe_amounts
 
 from . import views
 from .models import SandboxIdempotencyKey, SandboxOrder, SandboxRefund, SandboxSettings
@@ -110,14 +111,20 @@ def _order(order_id, param):
     return order
 
 
+def _units(amount, currency):
+    """A stored amount in Stripe's units of its currency. One made through the sandbox's own API
+    that Stripe could not hold (1.2345 of a currency it has two decimals of) is shown cut to them."""
+    return int(Decimal(amount).scaleb(stripe_amounts.digits(currency)))
+
+
 def _payment(order):
     refunded = SandboxRefund.objects.filter(order_id=order.order_id).aggregate(total=Sum("amount"))["total"]
     is_intent = order.order_id.startswith("pi_")
     return {
         "id": order.order_id,
         "object": "payment_intent" if is_intent else "charge",
-        "amount": money.to_minor_units(order.amount, order.currency),
-        "amount_refunded": money.to_minor_units(refunded or 0, order.currency),
+        "amount": _units(order.amount, order.currency),
+        "amount_refunded": _units(refunded or 0, order.currency),
         "currency": order.currency.lower(),
         "created": int(order.created_at.timestamp()),
         "metadata": {"customer": order.customer},
@@ -130,7 +137,7 @@ def _refund(refund):
     return {
         "id": refund.refund_id,
         "object": "refund",
-        "amount": money.to_minor_units(refund.amount, refund.currency),
+        "amount": _units(refund.amount, refund.currency),
         "balance_transaction": None,
         "charge": None if is_intent else refund.order_id,
         "created": int(refund.created_at.timestamp()),
@@ -178,7 +185,7 @@ def refund_create(request):
     refund = SandboxRefund(
         order_id=order.order_id, currency=order.currency, metadata=metadata,
         operation_key=metadata.get("operation_key", ""), idempotency_key=key,
-        amount=order.amount if amount is None else money.from_minor_units(amount, order.currency),
+        amount=order.amount if amount is None else stripe_amounts.from_units(amount, order.currency),
     )
     if _replay_conflict(key, refund):
         raise StripeError(400, None, "Keys for idempotent requests can only be used with the same parameters "
@@ -245,7 +252,7 @@ def charge_create(request):
     if not (len(currency) == 3 and currency.isascii() and currency.isalpha()):
         raise StripeError(400, "parameter_invalid_string", "currency must be a three-letter ISO code.",
                           param="currency")
-    amount = money.from_minor_units(amount, currency.upper())
+    amount = stripe_amounts.from_units(amount, currency.upper())
     if amount >= MAX_CHARGE:
         raise StripeError(400, "amount_too_large", f"Amount must be below {MAX_CHARGE} {currency.upper()}.",
                           param="amount")

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 
+from .. import money
 from ..metrics import connector_call_observed
 from . import http
 
@@ -46,8 +47,10 @@ class Record:
 
     `operation_key` is what the effect carries of ours ("" if nothing); `amount` is in the
     currency's major unit, as the ledger keeps it (25.00, not 2500 cents), None where the
-    effect has none (a message); `action_type` is the ledger's type the effect is of; `raw`,
-    the provider's own answer, is kept as an incident's evidence, so it must be JSON.
+    effect has none (a message); `units`, the amount as the provider counts it where it
+    counts in integers (Stripe: 2500), which reconciliation compares; `action_type` is the
+    ledger's type the effect is of; `raw`, the provider's own answer, is kept as an
+    incident's evidence, so it must be JSON.
     """
 
     operation_key: str
@@ -57,6 +60,7 @@ class Record:
     created_at: datetime
     action_type: str = ""
     raw: dict = field(default_factory=dict, compare=False)
+    units: int | None = None
 
 
 @contextlib.contextmanager
@@ -92,6 +96,26 @@ class Connector:
     def check(self):
         """What stops this connector from working (missing credentials, a bad URL), as messages."""
         return []
+
+    # Amounts in the provider's own units. The default is the currency's minor units as CLDR
+    # counts them (ledger.money); a provider that counts otherwise (Stripe) says so in its own.
+    def to_provider_units(self, amount, currency) -> int:
+        """The integer the provider takes for `amount` in `currency`; ValueError, saying why,
+        for an amount it cannot take."""
+        return money.to_minor_units(amount, currency)
+
+    def from_provider_units(self, units, currency) -> Decimal:
+        """The amount an integer of the provider's units stands for."""
+        return money.from_minor_units(units, currency)
+
+    def amount_problem(self, amount, currency) -> str | None:
+        """Why the provider cannot take `amount` in `currency`, for the agent; None if it can.
+        Asked at intake, before anything is written (ledger.validation)."""
+        try:
+            self.to_provider_units(amount, currency)
+        except ValueError as exc:
+            return str(exc)
+        return None
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

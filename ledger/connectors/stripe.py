@@ -4,7 +4,9 @@
    It is read first: Stripe refunds in the payment's currency and refuses a `currency`
    parameter, so an action in another currency is refused before anything is written.
 2. The refund is created with the operation key as Stripe's own `Idempotency-Key` and in
-   `metadata[operation_key]`, and the amount in the currency's minor units (ledger.money).
+   `metadata[operation_key]`, and the amount in Stripe's units of the currency, by Stripe's
+   own rules (ledger.connectors.stripe_amounts: HUF 5000 is 500000, not CLDR's 5000); an
+   amount Stripe cannot take (1.255 KWD) is refused at intake already (`amount_problem`).
    A refund Stripe answers `pending` counts as made; one `failed` or `canceled`, as refused.
 3. Verification lists the target's refunds and looks for the operation key in their metadata:
    Stripe lists refunds by charge or payment intent only, and its search API neither covers
@@ -22,10 +24,9 @@ import httpx
 import stripe
 from django.conf import settings
 
-from .. import money
 from ..json_input import loads_storable
 from ..models import ActionType
-from . import http
+from . import http, stripe_amounts
 from .base import Connector, Effect, Lookup, Record
 from .events import WebhookRefused
 
@@ -58,6 +59,12 @@ class StripeConnector(Connector):
             problems.append(f"STRIPE_API_BASE {base!r} is not an http(s) address")
         return problems
 
+    def to_provider_units(self, amount, currency):
+        return stripe_amounts.to_units(amount, currency)
+
+    def from_provider_units(self, units, currency):
+        return stripe_amounts.from_units(units, currency)
+
     def _client(self):
         # One per process: a worker may be forked after the registry built the connector, and
         # must not share its parent's connections.
@@ -81,8 +88,8 @@ class StripeConnector(Connector):
                                 code="unsupported_action_type")
         params = action.params
         try:
-            amount = money.to_minor_units(params["amount"], params["currency"])
-        except ValueError as exc:  # the API refuses such an amount; a workflow's input may not
+            amount = self.to_provider_units(params["amount"], params["currency"])
+        except ValueError as exc:  # refused at intake; an action recorded before the rule was not
             raise http.Rejected(str(exc), code="amount_not_in_minor_units") from exc
         try:
             currency = self._payment(action.target).get("currency")
@@ -122,7 +129,7 @@ class StripeConnector(Connector):
         test payment methods (localstripe answers `tok_visa` 400), with the same card's
         `pm_card_visa`; at the sandbox's Stripe wire format, a new order."""
         params = {
-            "amount": money.to_minor_units(amount, currency), "currency": currency.lower(), "source": "tok_visa"}
+            "amount": self.to_provider_units(amount, currency), "currency": currency.lower(), "source": "tok_visa"}
         try:
             return self._client().v1.charges.create(params=params).id
         except stripe.InvalidRequestError:
@@ -154,7 +161,7 @@ class StripeConnector(Connector):
                 refund = item.to_dict(for_json=True)
                 yield Record(
                     operation_key=(refund.get("metadata") or {}).get("operation_key", ""), external_ref=refund["id"],
-                    amount=money.from_minor_units(refund["amount"], refund["currency"]),
+                    amount=self.from_provider_units(refund["amount"], refund["currency"]), units=int(refund["amount"]),
                     currency=refund["currency"].upper(), created_at=datetime.fromtimestamp(refund["created"], UTC),
                     action_type=ActionType.REFUND, raw=refund,
                 )

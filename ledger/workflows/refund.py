@@ -3,14 +3,16 @@
 from django.conf import settings
 from rest_framework import serializers
 
-from ledger.validation import AmountField, CurrencyField, StrictSerializer
+from ledger.validation import AmountField, CurrencyField, PayableAmount, StrictSerializer
 from ledger.connectors import http
 from ledger.models import ActionType, Confirmation
 
 from . import ActionSpec, StepFailed, Workflow, effect, local, read
 
 
-class RefundInput(StrictSerializer):
+class RefundInput(PayableAmount, StrictSerializer):
+    """Checked as a refund's params are: an amount the refund's connector can pay."""
+
     order_id = serializers.CharField(max_length=255)
     amount = AmountField()
     currency = CurrencyField()

@@ -10,8 +10,10 @@ from decimal import Decimal
 import pytest
 import stripe
 
+from dlq.reconcile import findings_in
 from ledger.connectors.stripe import StripeConnector
 from ledger.models import Action, WebhookEvent
+from sandbox.models import SandboxRefund
 from ledger.webhooks import sign_webhook
 from tests.conftest import wait_until
 from tests.connectors.stripe_stack import (  # noqa: F401 (fixtures)
@@ -141,23 +143,32 @@ def test_a_refund_in_another_currency_than_the_charge_is_refused_before_anything
     assert stripe_refunds(billing, "ch_6") == []
 
 
-def test_amounts_go_to_stripe_in_the_minor_units_of_their_currency(stripe_stack, billing):
-    make_order(billing, "ch_jpy", amount="5000", currency="JPY")
-    make_order(billing, "ch_kwd", amount="10.000", currency="KWD")
+def test_amounts_go_to_stripe_in_stripes_units_and_reconciliation_compares_in_them(stripe_stack, billing):
+    """Stripe's units, not CLDR's digits: HUF has none in CLDR, two at Stripe. Reconciliation
+    reads them back by the same rule, and flags a refund a hundredth of the ledger's (what a
+    connector counting HUF in CLDR's digits made)."""
+    orders = {"ch_jpy": ("5000", "JPY", "500"), "ch_kwd": ("10.000", "KWD", "1.230"), "ch_huf": ("9000", "HUF", "5000")}
+    for n, (order, (paid, currency, refund)) in enumerate(orders.items()):
+        make_order(billing, order, amount=paid, currency=currency, customer=f"CUST-{n}")
+        post_action(billing, f"refund:{order}", refund_body(order, amount=refund, currency=currency,
+                                                            customer=f"CUST-{n}"))
     stripe_stack.start_worker()
-    post_action(billing, "refund:ch_jpy", refund_body("ch_jpy", amount="500", currency="JPY"))
-    post_action(billing, "refund:ch_kwd", refund_body("ch_kwd", amount="1.234", currency="KWD", customer="CUST-18"))
-    assert settled(billing, "refund:ch_jpy")["status"] == "succeeded"
-    assert settled(billing, "refund:ch_kwd")["status"] == "succeeded"
-    assert [(r["amount"], r["currency"]) for r in stripe_refunds(billing, "ch_jpy")] == [(500, "jpy")]
-    assert [(r["amount"], r["currency"]) for r in stripe_refunds(billing, "ch_kwd")] == [(1234, "kwd")]
-    assert sandbox_list(billing, "refunds", order_id="ch_kwd")[0]["amount"] == "1.234"
-    # Reconciliation reads them back in major units.
+    assert [settled(billing, f"refund:{order}")["status"] for order in orders] == ["succeeded"] * 3
+    assert [(r["amount"], r["currency"]) for order in orders for r in stripe_refunds(billing, order)] == [
+        (500, "jpy"), (1230, "kwd"), (500000, "huf")]
+    assert sandbox_list(billing, "refunds", order_id="ch_huf")[0]["amount"] == "5000"
     connector = StripeConnector(api_key=API_KEY, api_base=f"{stripe_stack.url}/sandbox/stripe")
     now = datetime.now(UTC)
-    records = connector.records(now - timedelta(minutes=5), now + timedelta(minutes=1))
-    assert sorted((r.operation_key, r.amount, r.currency) for r in records) == [
-        ("refund:ch_jpy", Decimal("500"), "JPY"), ("refund:ch_kwd", Decimal("1.234"), "KWD")]
+    window = now - timedelta(minutes=5), now + timedelta(minutes=1)
+    assert sorted((r.operation_key, r.amount, r.units, r.currency) for r in connector.records(*window)) == [
+        ("refund:ch_huf", Decimal("5000"), 500000, "HUF"), ("refund:ch_jpy", Decimal("500"), 500, "JPY"),
+        ("refund:ch_kwd", Decimal("1.230"), 1230, "KWD")]
+    assert findings_in(connector, connector.records(*window)) == (3, [])
+
+    SandboxRefund.objects.filter(operation_key="refund:ch_huf").update(amount=Decimal("50"))  # 5000 at Stripe
+    _, [mismatch] = findings_in(connector, connector.records(*window))
+    assert (mismatch.kind, mismatch.operation_key) == ("amount_mismatch", "refund:ch_huf")
+    assert (mismatch.effects[0]["units"], mismatch.ledger["amount"]) == (5000, "5000.000")
 
 
 def stripe_event(event_type, refund, *, event_id="evt_1"):

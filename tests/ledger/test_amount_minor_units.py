@@ -1,5 +1,7 @@
 """An amount has at most its currency's minor digits: none for JPY, two for EUR, three for KWD,
-at the agents' API and at the sandbox alike (ledger.money), and no more than the ledger keeps."""
+at the agents' API and at the sandbox alike (ledger.money), and no more than the ledger keeps.
+A provider counts in units of its own (Stripe: HUF 5000 is 500000), and refuses what it cannot
+take (1.255 KWD) at intake."""
 
 import json
 from decimal import Decimal
@@ -10,7 +12,10 @@ from django.contrib.auth import get_user_model
 from approvals.models import Limit, ReviewItem
 from ledger import money
 from ledger.actions import action_request
-from ledger.models import Action
+from ledger.connectors import connector_for
+from ledger.connectors.sandbox import SandboxConnector
+from ledger.connectors.stripe import StripeConnector
+from ledger.models import Action, AuditEvent, Task
 from tests.factories import make_agent, refund_body
 
 CASES = [  # amount, currency, accepted
@@ -83,3 +88,93 @@ def test_the_dashboard_shows_an_amount_with_its_currencys_decimals(client, db):
     assert "150.125" in review and "100.000" in review  # the amount and its limit, in fils
     assert "5000 JPY" in client.get(f"/actions/{jpy.pk}/").content.decode()
     assert "150.125 KWD" in client.get("/ledger/").content.decode()
+
+
+# --- Provider units: Stripe counts by rules of its own (ledger.connectors.stripe_amounts) -------
+
+STRIPE_UNITS = [  # amount, currency, what Stripe takes
+    ("1500", "JPY", 1500),  # zero-decimal
+    ("5000", "UGX", 5000),  # zero-decimal for refunds (its special case is for payouts)
+    ("1.250", "KWD", 1250),  # three-decimal, last digit 0
+    ("5000", "HUF", 500000),  # none in CLDR, two at Stripe
+    ("5000", "ISK", 500000),  # whole krónur, two decimals in Stripe's API
+    ("10.50", "TWD", 1050),  # two decimals for refunds (zero for payouts only)
+    ("25", "EUR", 2500),
+]
+def post_refund(client, key, amount, currency="EUR"):
+    return client.post("/api/v1/actions", json.dumps(refund_body(amount=amount, currency=currency)),
+                       content_type="application/json", headers={"Idempotency-Key": key})
+
+
+def post_refund_task(client, task_id, amount, currency="EUR"):
+    body = {"workflow": "refund", "input": {"order_id": "ORD-1", "amount": amount, "currency": currency,
+                                            "customer": "CUST-1"}}
+    return client.post("/api/v1/tasks", json.dumps(body), content_type="application/json",
+                       headers={"Idempotency-Key": task_id})
+
+
+STRIPE = {"class": "ledger.connectors.stripe.StripeConnector", "options": {"api_key": "sk_test_surety"}}
+
+
+@pytest.fixture
+def stripe_refunds(settings):
+    """Refunds served by the Stripe connector (nothing is sent: these tests only record)."""
+    settings.SURETY_CONNECTORS = {**settings.SURETY_CONNECTORS, "refund": STRIPE}
+    return connector_for("refund")
+
+
+@pytest.mark.parametrize(("amount", "currency", "units"), STRIPE_UNITS)
+def test_the_stripe_connector_converts_with_stripes_own_rules_both_ways(amount, currency, units):
+    stripe = StripeConnector(api_key="sk_test_surety")
+    assert stripe.to_provider_units(amount, currency) == units
+    assert stripe.from_provider_units(units, currency) == Decimal(amount)
+    assert stripe.amount_problem(amount, currency) is None
+
+
+def test_stripe_reads_back_what_cldr_cannot_write_without_rounding_it():
+    stripe = StripeConnector(api_key="sk_test_surety")
+    assert str(stripe.from_provider_units(500000, "HUF")) == "5000"
+    assert str(stripe.from_provider_units(500050, "HUF")) == "5000.50"  # never rounded into 5001
+    assert str(stripe.from_provider_units(1250, "kwd")) == "1.250"
+
+
+@pytest.mark.parametrize(("amount", "currency", "reason"), [
+    ("1.255", "KWD", "Stripe takes KWD in multiples of 0.010: 1.255 KWD is not one."),
+    ("0.125", "BHD", "Stripe takes BHD in multiples of 0.010: 0.125 BHD is not one."),
+    ("5.50", "ISK", "Stripe takes ISK in multiples of 1.00: 5.50 ISK is not one."),
+    ("1.234", "LYD", "Stripe takes LYD in multiples of 0.01: 1.234 LYD is not one."),  # three in CLDR, two at Stripe
+])
+def test_stripe_refuses_an_amount_it_cannot_take_with_the_reason(amount, currency, reason):
+    stripe = StripeConnector(api_key="sk_test_surety")
+    assert stripe.amount_problem(amount, currency) == reason
+    with pytest.raises(ValueError, match="Stripe takes"):
+        stripe.to_provider_units(amount, currency)
+
+
+def test_a_connector_that_says_nothing_of_its_own_counts_in_cldrs_minor_units():
+    sandbox = SandboxConnector()
+    assert [sandbox.to_provider_units(a, c) for a, c in [("5000", "HUF"), ("1.255", "KWD"), ("25", "EUR")]] == [
+        5000, 1255, 2500]
+    assert sandbox.amount_problem("0.5", "JPY") == "0.5 has more decimals than JPY allows"
+
+
+def test_a_refund_stripe_cannot_take_is_refused_at_intake_with_the_reason_and_nothing_is_written(
+        agent_client, stripe_refunds):
+    audited = AuditEvent.objects.count()
+    response = post_refund(agent_client, "refund:kwd:dec-77", "1.255", "KWD")
+    assert response.status_code == 400, response.content
+    assert response["Content-Type"] == "application/problem+json"
+    assert response.json()["code"] == "invalid"
+    assert response.json()["errors"]["params.amount"] == ["Stripe takes KWD in multiples of 0.010: 1.255 KWD is not one."]
+    response = post_refund_task(agent_client, "task-kwd", "1.255", "KWD")
+    assert response.status_code == 400, response.content
+    assert "multiples of 0.010" in response.json()["errors"]["input.amount"][0]
+    assert not Action.objects.exists() and not Task.objects.exists() and AuditEvent.objects.count() == audited
+
+    response = post_refund(agent_client, "refund:kwd:dec-77", "1.250", "KWD")
+    assert response.status_code == 201, response.content
+
+
+def test_the_same_amount_is_accepted_where_the_refunds_connector_can_pay_it(agent_client):
+    response = post_refund(agent_client, "refund:kwd:dec-77", "1.255", "KWD")
+    assert response.status_code == 201, response.content  # the sandbox takes decimal strings
