@@ -10,7 +10,7 @@ import pycountry
 from django.utils.functional import cached_property
 from rest_framework import serializers
 
-from ledger import money
+from ledger import currencies, money
 from ledger.compiled import register_cache
 from ledger.connectors import NoConnector, connector_for
 from ledger.models import ActionType
@@ -52,10 +52,17 @@ class AmountField(serializers.Field):
 
 
 class CurrencyField(serializers.CharField):
+    """An ISO 4217 code of a currency one may pay in (ledger.currencies): not XXX, XTS, a
+    metal, a fund or a code no longer in use, which no limit in real currencies covers."""
+
     def to_internal_value(self, data):
         code = super().to_internal_value(data)
         if len(code) != 3 or not code.isalpha() or pycountry.currencies.get(alpha_3=code.upper()) is None:
             raise serializers.ValidationError("Not an ISO 4217 currency code.")
+        if not currencies.is_payable(code.upper()):
+            raise serializers.ValidationError(
+                f"{code.upper()} is not a currency one may pay in: no country takes it as legal tender today "
+                "(ISO 4217 also lists codes for no currency, tests, metals, funds and units of account).")
         return code.upper()
 
 
