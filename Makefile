@@ -15,10 +15,11 @@ SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 export DEBIAN_FRONTEND := noninteractive
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help install services static test run bench chaos check
+.PHONY: help install services static test run incident bench chaos check
 
 help:
 	@echo "make run       web app at http://127.0.0.1:8000 (PORT=... to change), two RQ workers and the sweeper, with demo data"
+	@echo "make incident  seed 000's incident on the running stack: an agent killed and restarted 3 times, refunding with and without Surety"
 	@echo "make test      the test suite on PostgreSQL and Redis, then in-process tests on SQLite (PYTEST_ARGS=... narrows it to PostgreSQL)"
 	@echo "make install   virtualenv + Python deps, npm packages, Chromium for browser tests"
 	@echo "make services  make sure PostgreSQL and Redis are running"
@@ -80,6 +81,15 @@ chaos: install services static
 # Only what the app needs: Chromium is for the browser tests. PORT=8001 moves the whole run.
 run: $(VENV)/.installed node_modules/.installed services
 	@bash scripts/run-local.sh
+
+# The seed's incident on the stack `make run` started (the same PORT and DATABASE_URL; the
+# command's SANDBOX_BASE_URL must be the stack's for its agent's refund grant to be promoted).
+incident: $(VENV)/.installed
+	@export PORT="$${PORT:-8000}" DJANGO_SETTINGS_MODULE="$${DJANGO_SETTINGS_MODULE:-config.local}" \
+	  DATABASE_URL="$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/surety}"; \
+	export SITE_URL="$${SITE_URL:-http://127.0.0.1:$$PORT}"; \
+	export SANDBOX_BASE_URL="$${SANDBOX_BASE_URL:-$$SITE_URL/sandbox/v1}"; \
+	$(PY) manage.py incident --url "$$SITE_URL"
 
 bench: install services
 	$(PY) -m bench $(BENCH_ARGS)

@@ -1,0 +1,67 @@
+"""`manage.py incident` (`make incident`) on the live test stack: gunicorn with its sandbox and a
+real RQ worker, the command run as its own process as `make incident` runs it, and the agent's
+runs as processes of their own, SIGKILLed after their call. The sandbox's own listing of the
+order's refunds is the check, not the command's word."""
+
+import re
+import subprocess
+
+import pytest
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
+
+from ledger.connectors.test_mode import connector_version
+from ledger.models import Action, ActionStatus, Agent, ReplayRun
+from tests.conftest import PYTHON, ROOT
+from tests.factories import api_client, sandbox_list
+
+
+def incident(stack):
+    """The command as `make incident` runs it, with the stack's own settings and the test database."""
+    return subprocess.run([PYTHON, "manage.py", "incident", "--url", stack.url], cwd=ROOT, env=stack.env,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def demo_people(stack):
+    """The demo's owner (olga) and a person who may promote grants (ada), as `make run` seeds them."""
+    get_user_model().objects.create_user("olga")
+    ada = get_user_model().objects.create_user("ada")
+    ada.user_permissions.add(Permission.objects.get(content_type__app_label="ledger", codename="change_agent"))
+
+
+def sandbox_refunds(stack, order):
+    with api_client(stack.url, settings.SANDBOX_API_KEY) as sandbox:
+        return sandbox_list(sandbox, "refunds", order_id=order)
+
+
+def test_it_refunds_three_times_without_a_ledger_and_once_through_surety(stack, demo_people):
+    stack.start_worker()
+    ReplayRun.objects.create(action_type="refund", connector="sandbox", ran_by="system:tests", passed=True,
+                             connector_version=connector_version("refund"))
+
+    ran = incident(stack)
+
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "One decision: 3 refunds without a ledger, 1 refund through Surety." in ran.stdout
+    per_run = re.findall(r"after run \d\s+(\d)  re_\w+\s+(\d)  re_\w+ \((recorded now|already recorded)\)", ran.stdout)
+    assert per_run == [("1", "1", "recorded now"), ("2", "1", "already recorded"), ("3", "1", "already recorded")]
+    order = re.search(r"on (ORD-INC-\w+);", ran.stdout)[1]
+    action = Action.objects.get(target=order)
+    refunds = sandbox_refunds(stack, order)
+    assert sorted(r["operation_key"] for r in refunds) == ["", "", "", action.operation_key]
+    assert (action.status, action.attempts) == (ActionStatus.SUCCEEDED, 1)
+    assert action.external_ref == next(r["id"] for r in refunds if r["operation_key"])
+    assert f"status succeeded, attempts 1, external_ref {action.external_ref}" in ran.stdout
+    assert re.search(r"UTC  requested +agent:incident-bot\n.*UTC  claimed .*\n.*UTC  succeeded ", ran.stdout)
+    assert f"dashboard: {stack.url}/actions/{action.pk}/" in ran.stdout
+
+
+def test_it_refuses_with_the_reason_when_the_refund_grant_cannot_go_live(stack, demo_people):
+    ran = incident(stack)  # no replay run passed: the grant stays shadow, nothing is asked of the stack
+
+    assert ran.returncode == 1
+    assert "incident-bot's refund grant is shadow and cannot go live: no replay run passed" in ran.stderr
+    assert not Agent.objects.filter(name="incident-bot").exists()  # refused whole, as the transaction was
+    assert not Action.objects.exists()
