@@ -17,7 +17,7 @@ from django.db.models import Q
 from django.db.models.fields.json import KeyTextTransform
 from django.utils import timezone
 
-from . import hooks
+from . import hooks, money
 from .audit import AuditEvent, ChainCheck  # noqa: F401 (models of this app, defined beside their manager)
 from .authority import Grant, GrantState, ReplayRun  # noqa: F401 (models of this app, see authority.py)
 from .compiled import Compiled, update
@@ -191,8 +191,11 @@ APPROVAL_EXPIRED = "approval_expired"  # the error code of an expired action (st
 
 
 def fingerprint(kind, target, params):
-    """What a key asks for, hashed from its canonical form: the same request, the same print."""
-    canonical = json.dumps([kind, target, params], sort_keys=True, separators=(",", ":"), default=str)
+    """What a key asks for, hashed from its canonical form: the same request, the same print.
+    An amount is the same amount whatever its spelling ("25" and "25.00" EUR: money.canonical);
+    migration 0025 gave the rows recorded before this rule their print under it."""
+    canonical = json.dumps([kind, target, money.canonical(params)], sort_keys=True, separators=(",", ":"),
+                           default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 

@@ -7,7 +7,7 @@ converts with its provider's own rules (`Connector.to_provider_units`); the func
 are the default. The ledger's amount column keeps at most three decimals.
 """
 
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 
 from babel.numbers import get_currency_precision
 
@@ -40,3 +40,20 @@ def to_minor_units(amount, currency):
 def from_minor_units(units, currency):
     """The amount an integer of minor units stands for, written with the currency's decimals."""
     return quantized(Decimal(int(units)).scaleb(-minor_digits(currency)), currency)
+
+
+def canonical(params):
+    """`params` with the amount in its canonical form, the one a fingerprint is taken over: written
+    with exactly its currency's decimals, the currency upper-cased ("25" EUR and "25.00" eur
+    are the same amount, "25.00" EUR). `params` as they are where they have no amount and
+    currency, or an amount the currency cannot hold (never rounded into another one)."""
+    amount, currency = params.get("amount"), params.get("currency")
+    if not isinstance(amount, str | Decimal | int) or isinstance(amount, bool) or not isinstance(currency, str):
+        return params
+    try:
+        written = quantized(amount, currency)
+        if written != Decimal(amount):
+            return params
+    except (InvalidOperation, ValueError):
+        return params
+    return {**params, "amount": str(written), "currency": currency.upper()}

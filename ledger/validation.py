@@ -116,7 +116,9 @@ def amount_problem(action_type, amount, currency):
 
 class PayableAmount:
     """The `validate` of a serializer with an `amount` and its `currency` (a refund's params, a
-    refund workflow's input): refused, with the reason, unless the refund's connector can pay it."""
+    refund workflow's input): refused, with the reason, unless the refund's connector can pay
+    it; the amount kept in its canonical form, with exactly the currency's decimals ("25" EUR
+    is kept as "25.00"), as its fingerprint is taken (ledger.money.canonical)."""
 
     action_type = ActionType.REFUND
 
@@ -124,7 +126,7 @@ class PayableAmount:
         problem = amount_problem(self.action_type, data["amount"], data["currency"])
         if problem:
             raise serializers.ValidationError({"amount": [problem]})
-        return data
+        return {**data, "amount": str(money.quantized(data["amount"], data["currency"]))}
 
 
 class RefundParams(PayableAmount, StrictSerializer):

@@ -11,7 +11,7 @@ from . import ActionSpec, StepFailed, Workflow, effect, local, read
 
 
 class RefundInput(PayableAmount, StrictSerializer):
-    """Checked as a refund's params are: an amount the refund's connector can pay."""
+    """Checked as a refund's params are: an amount the refund's connector can pay, in canonical form."""
 
     order_id = serializers.CharField(max_length=255)
     amount = AmountField()

@@ -1,12 +1,14 @@
 """An amount has at most its currency's minor digits: none for JPY, two for EUR, three for KWD,
 at the agents' API and at the sandbox alike (ledger.money), and no more than the ledger keeps.
 A provider counts in units of its own (Stripe: HUF 5000 is 500000), and refuses what it cannot
-take (1.255 KWD) at intake."""
+take (1.255 KWD) at intake. An amount is the same whatever its spelling ("25" = "25.00")."""
 
+import importlib
 import json
 from decimal import Decimal
 
 import pytest
+from django.apps import apps as django_apps
 from django.contrib.auth import get_user_model
 
 from approvals.models import Limit, ReviewItem
@@ -171,10 +173,64 @@ def test_a_refund_stripe_cannot_take_is_refused_at_intake_with_the_reason_and_no
     assert "multiples of 0.010" in response.json()["errors"]["input.amount"][0]
     assert not Action.objects.exists() and not Task.objects.exists() and AuditEvent.objects.count() == audited
 
-    response = post_refund(agent_client, "refund:kwd:dec-77", "1.250", "KWD")
+    response = post_refund(agent_client, "refund:kwd:dec-77", "1.25", "KWD")
     assert response.status_code == 201, response.content
+    assert Action.objects.get().params["amount"] == "1.250"
 
 
 def test_the_same_amount_is_accepted_where_the_refunds_connector_can_pay_it(agent_client):
     response = post_refund(agent_client, "refund:kwd:dec-77", "1.255", "KWD")
     assert response.status_code == 201, response.content  # the sandbox takes decimal strings
+
+
+# --- One amount, whatever its spelling: fingerprints over canonical params ----------------------
+
+
+def test_an_amount_respelt_under_the_same_key_is_a_replay_and_another_amount_is_refused(agent_client):
+    key = "refund:ORD-8841:dec-77"
+    first = post_refund(agent_client, key, "25")
+    assert first.status_code == 201, first.content
+    assert Action.objects.get().params["amount"] == "25.00"  # stored canonical
+    for spelling in ("25.00", "25", "25.0", "025.000"):
+        again = post_refund(agent_client, key, spelling, currency="eur")
+        assert (again.status_code, again["Idempotent-Replayed"]) == (200, "true"), (spelling, again.content)
+        assert again.json() == first.json()
+    other = post_refund(agent_client, key, "24.99")
+    assert other.status_code == 422, other.content
+    assert other.json()["code"] == "idempotency_key_reused"
+    assert Action.objects.count() == 1
+
+
+def test_a_tasks_amount_respelt_is_a_replay_of_the_same_task(agent_client):
+    assert post_refund_task(agent_client, "task-77", "25").status_code == 201
+    assert Task.objects.get().input["amount"] == "25.00"
+    assert post_refund_task(agent_client, "task-77", "25.00").status_code == 200
+    assert post_refund_task(agent_client, "task-77", "24.99").json()["code"] == "idempotency_key_reused"
+    assert Task.objects.count() == 1
+
+
+def test_the_migration_gives_a_refund_recorded_before_the_rule_its_canonical_print(agent_client):
+    """A row as the intake wrote it before: its params as spelt ("25"), its print and its
+    approval's over them. After the migration "25" and "25.00" replay it, and the executor's
+    check of the approval still holds."""
+    reprint = importlib.import_module("ledger.migrations.0025_fingerprints_over_canonical_amounts")
+    key = "refund:ORD-8841:dec-77"
+    assert post_refund(agent_client, key, "25").status_code == 201
+    params = {"amount": "25", "currency": "EUR"}
+    before = reprint.hashed("refund", "ORD-8841", params)
+    Action.objects.update(params=params, fingerprint=before, approved_fingerprint=before)
+    assert post_refund_task(agent_client, "task-77", "25").status_code == 201
+    spelt = {**Task.objects.get().input, "amount": "25"}
+    Task.objects.update(input=spelt, fingerprint=reprint.hashed("workflow:refund", "task-77", spelt))
+    assert post_refund(agent_client, key, "25.00").status_code == 422  # the old print: only "25" matches
+
+    reprint.forwards(django_apps, None)
+
+    for spelling in ("25", "25.00"):
+        assert post_refund(agent_client, key, spelling).status_code == 200
+    action = Action.objects.get()
+    assert action.params == params  # what was recorded stays as it was
+    assert action.approved_fingerprint == action.params_fingerprint() == action.fingerprint != before
+    assert post_refund_task(agent_client, "task-77", "25.00").status_code == 200
+    reprint.backwards(django_apps, None)
+    assert Action.objects.get().fingerprint == before
