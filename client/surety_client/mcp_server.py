@@ -320,7 +320,7 @@ def build_server(client: SuretyClient) -> Server[Any]:
         # The client blocks (it waits on the API); a thread keeps the server answering meanwhile.
         return await anyio.to_thread.run_sync(call, client, params.name, params.arguments)
 
-    return Server("surety", version="0.1.0", instructions=INSTRUCTIONS, on_list_tools=list_tools,
+    return Server("surety", version="0.2.0", instructions=INSTRUCTIONS, on_list_tools=list_tools,
                   on_call_tool=call_tool)
 
 
