@@ -14,7 +14,7 @@ from django.contrib.auth.models import Permission
 from ledger.connectors.test_mode import connector_version
 from ledger.models import Action, ActionStatus, Agent, ReplayRun
 from tests.conftest import PYTHON, ROOT
-from tests.factories import api_client, sandbox_list
+from tests.factories import api_client, audit_events, make_agent, sandbox_list
 
 
 def incident(stack):
@@ -56,6 +56,20 @@ def test_it_refunds_three_times_without_a_ledger_and_once_through_surety(stack, 
     assert f"status succeeded, attempts 1, external_ref {action.external_ref}" in ran.stdout
     assert re.search(r"UTC  requested +agent:incident-bot\n.*UTC  claimed .*\n.*UTC  succeeded ", ran.stdout)
     assert f"dashboard: {stack.url}/actions/{action.pk}/" in ran.stdout
+
+
+def test_it_reuses_its_agent_with_a_new_token(stack, demo_people):
+    stack.start_worker()
+    agent, old_token = make_agent("incident-bot", grants=("refund",))  # live: no replay run is needed
+
+    ran = incident(stack)
+
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "One decision: 3 refunds without a ledger, 1 refund through Surety." in ran.stdout
+    assert Action.objects.get().agent == agent
+    assert audit_events(agent, "token_rotated").count() == 1
+    with api_client(stack.url, old_token) as api:
+        assert api.get("/api/v1/actions/any").status_code == 401
 
 
 def test_it_refuses_with_the_reason_when_the_refund_grant_cannot_go_live(stack, demo_people):
