@@ -13,7 +13,8 @@ for:
 - `error_500_before_commit`: answered 500, never forwarded.
 
 `staged` lists what was done, as a replay case's evidence. A provider that cannot be reached
-is answered 502 with the reason (a connection refused is no answer a provider gave).
+is answered 502 with the reason (a connection refused is no answer a provider gave). Request
+bodies are read by their Content-Length, as the connectors' HTTP clients send them.
 """
 
 import contextlib

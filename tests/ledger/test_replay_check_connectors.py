@@ -10,7 +10,7 @@ import subprocess
 import threading
 
 import pytest
-from django.core.management import CommandError, call_command
+from django.core.management import call_command
 
 from examples.receiver.receiver import PATH, make_app, serve
 from ledger.models import Action, ReplayRun, WebhookEvent
