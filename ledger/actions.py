@@ -41,6 +41,15 @@ class SlotTaken(Exception):
     """A booking overlaps a pending or confirmed booking of the same resource."""
 
 
+class Refused(Exception):
+    """The limits refuse the request at intake (their verdict's `refused` code; the message
+    says why): nothing is recorded."""
+
+    def __init__(self, verdict):
+        super().__init__(verdict.reason)
+        self.code = verdict.refused
+
+
 def _replay(action, print_, customer):
     # The customer is outside the fingerprint (only a booking's is part of what is asked), but
     # it decides what is in flight and the customer's daily total: another one is another request.
@@ -154,30 +163,39 @@ def action_request(*, agent, operation_key, action_type, target, params, custome
         existing = action_by_key(operation_key)
         if existing is None:
             # The same effect for the same decision, under another key: the first one stands.
-            existing = same_decision(action_type, target, decision_id, params)
+            existing = same_decision(action_type, target, decision_id, params, customer)
             if existing is None:
                 raise
             if existing.agent_id != agent.pk:
                 raise DecisionTaken(existing)
         return _replay(existing, print_, customer)
+    except SlotTaken:
+        # The slot is this agent's booking for the same customer and decision, recorded under
+        # another key (a client's older key form named the times): the same booking.
+        existing = same_decision(action_type, target, decision_id, params, customer)
+        if existing is None or existing.agent_id != agent.pk:
+            raise
+        return _replay(existing, print_, customer)
     return action, True
 
 
-def same_decision(action_type, target, decision_id, params):
+def same_decision(action_type, target, decision_id, params, customer):
     """The action already recorded for this decision's effect, whatever its key: a refund of
-    the order, a message of this type to the recipient (the ledger's unique rules on them)."""
+    the order, a message of this type to the recipient (the ledger's unique rules on them), a
+    booking of the resource for the customer (its slot's rule)."""
     if not decision_id or action_type not in SAME_DECISION:
         return None
     return Action.objects.filter(action_type=action_type, target=target, decision_id=decision_id,
-                                 **SAME_DECISION[action_type](params)).exclude(status=S.SUPERSEDED).first()
+                                 **SAME_DECISION[action_type](params, customer)).exclude(status=S.SUPERSEDED).first()
 
 
-# What besides the target and decision makes an effect the same one, per action type that has
-# the rule (models.Action's constraints action_refund_once_per_decision and
-# action_message_once_per_decision): a task's refund is keyed by its task instead.
+# What besides the target and decision makes an effect the same one, per action type
+# (models.Action's constraints action_refund_once_per_decision and action_message_once_per_decision,
+# a booking's slot): a task's refund is keyed by its task instead.
 SAME_DECISION = {
-    ActionType.REFUND: lambda params: {"task__isnull": True},
-    ActionType.SEND_MESSAGE: lambda params: {"params__message_type": params.get("message_type")},
+    ActionType.REFUND: lambda params, customer: {"task__isnull": True},
+    ActionType.SEND_MESSAGE: lambda params, customer: {"params__message_type": params.get("message_type")},
+    ActionType.CREATE_BOOKING: lambda params, customer: {"customer": customer},
 }
 
 

@@ -47,3 +47,24 @@ def test_the_database_itself_refuses_an_overlapping_live_booking(post):
         Booking.objects.create(action=other, resource="ROOM-1", customer="CUST-9",
                                start=datetime(2026, 12, 1, 10, 15, tzinfo=timezone.utc),
                                end=datetime(2026, 12, 1, 10, 45, tzinfo=timezone.utc))
+
+
+def test_the_same_booking_under_another_key_is_the_first_booking(post):
+    """A client's older keys named the times: a restarted agent's new key finds its booking."""
+    first = post("create_booking:ROOM-1:2026-12-01T10:00:dec-1", booking_body("2026-12-01T10:00:00Z",
+                                                                              "2026-12-01T11:00:00Z"))
+    again = post("create_booking:ROOM-1:CUST-17:dec-1", booking_body("2026-12-01T10:00:00Z", "2026-12-01T11:00:00Z"))
+
+    assert first.status_code == 201
+    assert again.status_code == 200 and again["Idempotent-Replayed"] == "true"
+    assert again.json()["operation_key"] == "create_booking:ROOM-1:2026-12-01T10:00:dec-1"
+    assert Action.objects.count() == 1 and Booking.objects.count() == 1
+
+
+def test_the_same_decision_moved_onto_its_own_slot_is_refused(post):
+    post("b-1", booking_body("2026-12-01T10:00:00Z", "2026-12-01T11:00:00Z"))
+
+    moved = post("b-2", booking_body("2026-12-01T10:30:00Z", "2026-12-01T11:30:00Z"))
+
+    assert moved.status_code == 422 and moved.json()["code"] == "idempotency_key_reused"
+    assert list(Action.objects.values_list("operation_key", flat=True)) == ["b-1"]
