@@ -6,6 +6,7 @@ This module is the ledger's policy (`ledger.hooks.set_policy`, in ApprovalsConfi
 
 from decimal import Decimal
 
+from django.conf import settings
 from django.db.models import Subquery, Sum
 from django.utils import timezone
 
@@ -14,7 +15,7 @@ from ledger.hooks import Verdict
 from ledger.models import Action, ActionStatus, money_in_params
 
 from .models import Limit, LimitsVersion
-from .policies import RUN, money, verdict_for
+from .policies import RUN, Uncovered, money, verdict_for
 
 
 # The intake's question for a request without a known version (a workflow step's action):
@@ -35,21 +36,57 @@ register_cache("approvals.intake._copy", holds="every limit, as of a limits vers
                stale_when="the limits' version differs from the one the request read (every change bumps it)")
 
 
-def limit_for(action_type, currency, version=None):
-    """The limit of this action type and currency, or None. With the limits' `version` as a
-    request read it (see ledger.models.Agent.for_token), from this process's copy while it
-    is of that version: the limits are few, and change far less often than requests come."""
+def _limits(version):
+    """{(action_type, currency): limit}, from this process's copy while it is of `version`."""
     global _copy
-    if not currency:
-        return None
-    if version is None:
-        return _limit.first(action_type, currency)
     seen, limits = _copy  # one read: another thread may replace the pair meanwhile
     if seen != version:
         # Read after the version: at least as new as it, so never older than the copy claims.
         limits = {(limit.action_type, limit.currency): limit for limit in Limit.objects.all()}
         _copy = (version, limits)
-    return limits.get((action_type, currency))
+    return limits
+
+
+def limit_for(action_type, currency, version=None):
+    """The limit of this action type and currency, or None. With the limits' `version` as a
+    request read it (see ledger.models.Agent.for_token), from this process's copy while it
+    is of that version: the limits are few, and change far less often than requests come."""
+    if not currency:
+        return None
+    if version is None:
+        return _limit.first(action_type, currency)
+    return _limits(version).get((action_type, currency))
+
+
+def uncovered_refused():
+    """LIMITS_UNCOVERED_CURRENCY: "refuse" refuses a new request no limit of its type covers."""
+    return settings.LIMITS_UNCOVERED_CURRENCY == "refuse"
+
+
+def rule_for(action_type, currency, version=None, *, at_intake=True):
+    """What the policy applies to an amount of this type and currency: its limit; where the
+    type has limits in other currencies only, `Uncovered` (it fails closed: a person
+    approves, or at intake the request is refused when the setting says so); None where
+    the type has no limit at all (unlimited by design). The one place that decides it, for
+    the intake, the what-if and every later look at a recorded action (`at_intake` False:
+    never refused, it waits for a person)."""
+    limit = limit_for(action_type, currency, version)
+    if limit is not None or not currency:
+        return limit
+    limits = Limit.objects.filter(action_type=action_type) if version is None else _limits(version).values()
+    covered = covered_currencies(limits).get(action_type)
+    if not covered:
+        return None
+    return Uncovered(action_type, currency, covered, refuse=at_intake and uncovered_refused())
+
+
+def covered_currencies(limits):
+    """{action_type: its limits' currencies, sorted} over `limits`: a type that is not in it
+    has no limit at all and runs unlimited; the others' other currencies are Uncovered."""
+    covered = {}
+    for limit in limits:
+        covered.setdefault(limit.action_type, set()).add(limit.currency)
+    return {action_type: tuple(sorted(codes)) for action_type, codes in covered.items()}
 
 
 def verdict_for_request(*, action_type, amount, currency, customer, recorded=None, limits_version=None,
@@ -57,11 +94,11 @@ def verdict_for_request(*, action_type, amount, currency, customer, recorded=Non
     """The limits' verdict on a request; `recorded`: the action itself when it is already in
     the ledger (a held action being released), whose own amount is not yet part of the total;
     `lock_subjects`: called before the customer's daily total is summed."""
-    limit = limit_for(action_type, currency, limits_version)
+    limit = rule_for(action_type, currency, limits_version, at_intake=recorded is None)
     if limit is None or amount is None:
         return RUN
     total_today = Decimal(0)
-    if customer and limit.daily_customer_total is not None:
+    if customer and getattr(limit, "daily_customer_total", None) is not None:
         if lock_subjects:
             lock_subjects()
         total_today = customer_total_today(action_type, currency, customer, excluding=recorded)
@@ -104,9 +141,14 @@ def verdict_for_action(action):
 
 
 def needs_person_after_verification(action):
-    """Over its limit, an unknown outcome goes to a person even when the provider was sure."""
-    limit = limit_for(action.action_type, action.currency)
-    if limit is None or action.amount is None or action.amount <= limit.max_amount:
+    """Over its limit, or with no limit covering its currency, an unknown outcome goes to a
+    person even when the provider was sure."""
+    limit = rule_for(action.action_type, action.currency, at_intake=False)
+    if limit is None or action.amount is None:
+        return ""
+    if isinstance(limit, Uncovered):
+        return f"verified, but {limit.why()}"
+    if action.amount <= limit.max_amount:
         return ""
     return f"verified, but {money(action.amount)} {action.currency} is above the limit of {money(limit.max_amount)}"
 

@@ -1,5 +1,6 @@
 """Pure policy: a limit and an action's amount in, a verdict out. No database here."""
 
+from dataclasses import dataclass
 from decimal import Decimal
 
 from ledger.hooks import RUN, Verdict  # approvals_needed 0: run it; 1: one approver; 2: two different approvers
@@ -12,9 +13,37 @@ def money(amount):
     return f"{amount.quantize(CENTS) if amount == amount.quantize(CENTS) else amount:f}"
 
 
+# The code of a request refused because no limit of its type covers its currency.
+NOT_COVERED = "currency_not_covered"
+
+
+@dataclass(frozen=True)
+class Uncovered:
+    """Where an action type has limits, but not in this currency: the limit's place is not
+    empty (which would let any amount in any other currency run unchecked) but this, so
+    the policy fails closed. `covered`: the currencies that have a limit of the type;
+    `refuse`: a new request is refused at intake rather than waiting for a person
+    (LIMITS_UNCOVERED_CURRENCY)."""
+
+    action_type: str
+    currency: str
+    covered: tuple[str, ...]
+    refuse: bool = False
+
+    def why(self):
+        return f"no {self.action_type} limit covers {self.currency} (limits are set in {', '.join(self.covered)})"
+
+
 def verdict_for(limit, amount: Decimal | None, customer_total_today: Decimal = Decimal(0)) -> Verdict:
+    """`limit`: a Limit (or the what-if's proposal), an Uncovered, or None: no limit of the
+    type at all, so it runs."""
     if limit is None or amount is None:
         return RUN
+    if isinstance(limit, Uncovered):
+        # A refusal still names an approver: whatever reads only approvals_needed waits.
+        if limit.refuse:
+            return Verdict(1, f"{limit.why()}: refused at intake", refused=NOT_COVERED)
+        return Verdict(1, f"{limit.why()}: a person approves")
     if limit.dual_approval_above is not None and amount > limit.dual_approval_above:
         return Verdict(2, f"{money(amount)} {limit.currency} is above {money(limit.dual_approval_above)}: two approvers")
     if amount > limit.max_amount:

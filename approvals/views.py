@@ -14,7 +14,7 @@ from ledger.models import IN_FLIGHT_STATUSES, Action, ActionStatus, ActionType, 
 from .access import PERM_FOR_KIND, get_review_item_for_user, user_may
 from .decisions import AlreadyDecided, DecisionRefused, held_group, held_group_decide, review_decide, review_edit
 from .forms import DecisionForm, EditForm, LimitForm, fingerprint_seen
-from .intake import customer_total_today
+from .intake import covered_currencies, customer_total_today, uncovered_refused
 from .overview import approved_by
 from .models import Limit, ReviewItem, ReviewKind, ReviewStatus
 from .whatif import DEFAULT_DAYS, MAX_DAYS, Proposal, preview_for_audit
@@ -279,8 +279,11 @@ def policies(request):
 
 def policies_page(request, form, **extra):
     """The policies page: the limits, and the form to set one (with a what-if preview in `extra`)."""
-    limits = Limit.objects.select_related("updated_by")
+    limits = list(Limit.objects.select_related("updated_by"))
+    covered = covered_currencies(limits)
+    coverage = [{"action_type": value, "currencies": covered.get(value, ())} for value in ActionType.values]
     return render(request, "approvals/policies.html", {"limits": limits, "form": form, "days": DEFAULT_DAYS,
+                                                       "coverage": coverage, "refuse_uncovered": uncovered_refused(),
                                                        "max_days": MAX_DAYS,
                                                        "may_edit": request.user.has_perm("approvals.change_limit"),
                                                        **extra})

@@ -10,7 +10,9 @@ limit and under the proposed one, and counts them in one statement:
    (`NOT_IN_DAILY_TOTAL`); 0 for an action without a customer. Only summed when one of
    the two limits has a daily customer total (the one costly part: a sort of the window);
 2. the verdict, asked in verdict_for's order: above the two-approver threshold, above the
-   maximum, above the daily customer total, else it runs;
+   maximum, above the daily customer total, else it runs. Where the type has limits but the
+   currency has none today (`approvals.intake.rule_for`'s `Uncovered`), every request of
+   the current rule waits for a person, or is refused when the intake refuses them;
 3. conditional counts of both verdicts, of the changes between them, and of the actions that
    actually opened an approval item.
 
@@ -35,20 +37,25 @@ from django.utils import timezone
 
 from ledger.models import Action, ActionStatus
 
-from .intake import NOT_IN_DAILY_TOTAL
-from .models import Limit, ReviewItem, ReviewKind
-from .policies import money, verdict_for
+from .intake import NOT_IN_DAILY_TOTAL, rule_for
+from .models import ReviewItem, ReviewKind
+from .policies import Uncovered, money, verdict_for
 
 DEFAULT_DAYS = 30
 MAX_DAYS = 90
 EXAMPLES = 10
 
-# The verdict's kinds: 0 runs; the others wait for a person, each for verdict_for's reason.
-RUNS, ABOVE_MAX, TWO_APPROVERS, DAILY_TOTAL = 0, 1, 2, 3
-# The preview's rows: what the counts of each limit are of.
+# The verdict's kinds: 0 runs; the others wait for a person, each for verdict_for's reason,
+# but REFUSED, refused at intake.
+RUNS, ABOVE_MAX, TWO_APPROVERS, DAILY_TOTAL, UNCOVERED, REFUSED = 0, 1, 2, 3, 4, 5
+WAITS = (ABOVE_MAX, TWO_APPROVERS, DAILY_TOTAL, UNCOVERED)
+# The preview's rows: what the counts of each limit are of (the last two only when not 0).
 ROWS = (("waiting", "waited for a person"), ("two_approvers", "needed two approvers"),
         ("above_max", "needed one approver (above the maximum)"),
-        ("daily_total", "been stopped by the customer's daily total"))
+        ("daily_total", "been stopped by the customer's daily total"),
+        ("uncovered", "needed one approver (no limit in the currency)"),
+        ("refused", "been refused at intake (no limit in the currency)"))
+ONLY_WHEN_SOME = {"uncovered", "refused"}
 VALUES = ("max_amount", "dual_approval_above", "daily_customer_total")
 SIGNING_SALT = "approvals.whatif"
 
@@ -88,10 +95,12 @@ REQUESTED = Q(supersedes__isnull=True)
 
 
 def _verdict(limit, total_before):
-    """verdict_for's order as SQL (see the module's docstring): the kind of verdict, 0 to 3."""
+    """verdict_for's order as SQL (see the module's docstring): the kind of verdict."""
     if limit is None:
         return Value(RUNS)
     whens = [When(~REQUESTED, then=Value(RUNS))]
+    if isinstance(limit, Uncovered):
+        return Case(*whens, default=Value(REFUSED if limit.refuse else UNCOVERED), output_field=IntegerField())
     if limit.dual_approval_above is not None:
         whens.append(When(amount__gt=Value(limit.dual_approval_above), then=Value(TWO_APPROVERS)))
     whens.append(When(amount__gt=Value(limit.max_amount), then=Value(ABOVE_MAX)))
@@ -112,13 +121,12 @@ def _daily_total_before():
 
 def replayed(proposal, current, since):
     """The window's actions, each annotated with `current` and `proposed`: the kind of verdict
-    under each limit (`current` may be None: no limit, everything runs), and `total_before`
-    when a daily customer total is in play."""
+    under each limit (`current` may be None: no limit, everything runs; or Uncovered), and
+    `total_before` when a daily customer total is in play."""
     actions = Action.objects.filter(action_type=proposal.action_type, currency=proposal.currency,
                                     created_at__gte=since).exclude(status=ActionStatus.SHADOW).order_by()
-    limits = [limit for limit in (current, proposal) if limit is not None]
     total_before = Value(Decimal(0))
-    if any(limit.daily_customer_total is not None for limit in limits):
+    if any(getattr(limit, "daily_customer_total", None) is not None for limit in (current, proposal)):
         actions = actions.annotate(total_before=_daily_total_before())
         total_before = F("total_before")
     return actions.annotate(current=_verdict(current, total_before), proposed=_verdict(proposal, total_before))
@@ -126,20 +134,22 @@ def replayed(proposal, current, since):
 
 def _counts(kind):
     """How many wait for a person, and why, under one of the two limits."""
-    return {f"{kind}_waiting": Count("id", filter=Q(**{f"{kind}__gt": RUNS})),
+    return {f"{kind}_waiting": Count("id", filter=Q(**{f"{kind}__in": WAITS})),
             f"{kind}_above_max": Count("id", filter=Q(**{kind: ABOVE_MAX})),
             f"{kind}_two_approvers": Count("id", filter=Q(**{kind: TWO_APPROVERS})),
-            f"{kind}_daily_total": Count("id", filter=Q(**{kind: DAILY_TOTAL}))}
+            f"{kind}_daily_total": Count("id", filter=Q(**{kind: DAILY_TOTAL})),
+            f"{kind}_uncovered": Count("id", filter=Q(**{kind: UNCOVERED})),
+            f"{kind}_refused": Count("id", filter=Q(**{kind: REFUSED}))}
 
 
 def whatif(proposal, *, days=DEFAULT_DAYS, now=None):
     """The preview of `proposal` over the last `days` days: a dict of counts (see `_counts`;
     `actions` in the window, `changed`: a different verdict, `newly_waiting` and
-    `no_longer_waiting` between the two limits, `asked_for_approval`: those that actually
+    `no_longer_waiting` between the two limits (a refusal does not wait), `asked_for_approval`: those that actually
     opened an approval item) and `examples`, the newest actions whose verdict would change,
     with verdict_for's reasons."""
     since = window_start(days, now)
-    current = Limit.objects.filter(action_type=proposal.action_type, currency=proposal.currency).first()
+    current = rule_for(proposal.action_type, proposal.currency)
     with transaction.atomic():
         _one_large_read()
         opened = replayed(proposal, current, since).annotate(
@@ -147,13 +157,15 @@ def whatif(proposal, *, days=DEFAULT_DAYS, now=None):
         counts = opened.aggregate(
             actions=Count("id", filter=REQUESTED), **_counts("current"), **_counts("proposed"),
             changed=Count("id", filter=~Q(current=F("proposed"))),
-            newly_waiting=Count("id", filter=Q(current=RUNS) & ~Q(proposed=RUNS)),
-            no_longer_waiting=Count("id", filter=~Q(current=RUNS) & Q(proposed=RUNS)),
+            newly_waiting=Count("id", filter=~Q(current__in=WAITS) & Q(proposed__in=WAITS)),
+            no_longer_waiting=Count("id", filter=Q(current__in=WAITS) & ~Q(proposed__in=WAITS)),
             asked_for_approval=Count("id", filter=Q(asked=True) & REQUESTED),
         )
         examples = _changed_newest(proposal, current, since, now, counts["changed"])
     rows = []
     for key, label in ROWS:
+        if key in ONLY_WHEN_SOME and not counts[f"proposed_{key}"] and not counts[f"current_{key}"]:
+            continue
         change = counts[f"proposed_{key}"] - counts[f"current_{key}"]
         rows.append({"key": key, "label": label, "current": counts[f"current_{key}"],
                      "proposed": counts[f"proposed_{key}"], "change": f"{change:+,}" if change else "±0"})

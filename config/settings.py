@@ -253,6 +253,12 @@ METRICS_STALE_SECONDS = env_float("METRICS_STALE_SECONDS", 300)
 # default: an idle worker beats every TTL - 15 s) and the sweeper's last pass must be.
 HEALTHZ_WORKER_SECONDS = env_float("HEALTHZ_WORKER_SECONDS", 480)
 HEALTHZ_SWEEPER_SECONDS = env_float("HEALTHZ_SWEEPER_SECONDS", max(60, 3 * SWEEP_INTERVAL_SECONDS))
+# An action type with limits in some currencies, asked for an amount in another (approvals.intake.rule_for):
+# "approve" makes it wait for a person, as above a limit; "refuse" refuses it at intake (422
+# currency_not_covered, nothing recorded). A type without any limit runs unlimited either way.
+LIMITS_UNCOVERED_CURRENCY = env_str("LIMITS_UNCOVERED_CURRENCY", "approve").strip().lower()
+if LIMITS_UNCOVERED_CURRENCY not in {"approve", "refuse"}:
+    raise RuntimeError("LIMITS_UNCOVERED_CURRENCY must be approve or refuse")
 
 # --- Auth -----------------------------------------------------------------------------------
 AUTHENTICATION_BACKENDS = [

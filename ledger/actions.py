@@ -107,7 +107,8 @@ def action_request(*, agent, operation_key, action_type, target, params, custome
     nothing else happens: no limits, no hold, no slot, no executor.
 
     1. Ask the limits (`limits_version`: as the request read it, see approvals/intake.py):
-       `queued`, or `awaiting_approval` above them.
+       `queued`, or `awaiting_approval` above them; a verdict that refuses raises Refused
+       before anything is written.
     2. Insert. The database takes the target's and customer's locks and stores the row
        `held` if another action is in flight on either (migration 0014); the unique key
        turns a key that exists into an IntegrityError: same fingerprint -> the stored
@@ -129,6 +130,8 @@ def action_request(*, agent, operation_key, action_type, target, params, custome
             verdict = None if shadow else hooks.policy().verdict_for_request(
                 action_type=action_type, amount=amount, currency=currency, customer=customer,
                 limits_version=limits_version, lock_subjects=lambda: _lock_subjects(target, customer))
+            if verdict is not None and verdict.refused:
+                raise Refused(verdict)
             status = S.SHADOW if shadow else S.AWAITING_APPROVAL if verdict.approvals_needed else S.QUEUED
             action = insert(Action(
                 operation_key=operation_key, fingerprint=print_, action_type=action_type, target=target,

@@ -25,10 +25,12 @@ from django.db.models import Q, Value
 
 @dataclass(frozen=True)
 class Verdict:
-    """What the limits say of a request: how many people must approve it (0: none), and why."""
+    """What the limits say of a request: how many people must approve it (0: none), and why;
+    `refused`, a code: the intake refuses the request instead, and records nothing."""
 
     approvals_needed: int = 0
     reason: str = ""
+    refused: str = ""
 
 
 RUN = Verdict()

@@ -21,7 +21,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from .actions import KeyReused, action_request, action_retry
+from .actions import KeyReused, Refused, action_request, action_retry
 from .compiled import update
 from .executor import action_claim_next, action_run_claimed
 from .grants import grant_state
@@ -116,6 +116,8 @@ def _drive(task, claim, row, spec):
         except KeyReused:
             raise StepFailed(f"{row.idempotency_key} was used for a different request", retryable=False,
                              code="idempotency_key_reused") from None
+        except Refused as exc:
+            raise StepFailed(f"{row.idempotency_key} was refused: {exc}", retryable=False, code=exc.code) from None
     if action.status == A.SHADOW:
         raise StepFailed(f"{row.idempotency_key} was recorded shadow, never executed: {task.agent}'s grant for "
                          f"{spec.action_type} is not live", retryable=False, code="shadow")

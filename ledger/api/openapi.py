@@ -133,7 +133,9 @@ def intake_responses(resource):
                                      "decision)."),
         (422, PROBLEM_JSON): problem("`idempotency_key_reused`: the key names a different request, or the "
                                      "decision's refund or message is recorded under another key with other "
-                                     "params."),
+                                     "params; `currency_not_covered`: the action type has limits, none in this "
+                                     "currency, and this deployment refuses such requests "
+                                     "(LIMITS_UNCOVERED_CURRENCY=refuse); nothing was recorded."),
         (503, PROBLEM_JSON): problem("`busy`: the database stayed deadlocked on the same target or customer; "
                                      "nothing was recorded, send the same request again (see Retry-After)."),
     }

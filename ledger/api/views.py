@@ -8,7 +8,7 @@ from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ledger.actions import DecisionTaken, KeyReused, SlotTaken, action_by_pk, action_request
+from ledger.actions import DecisionTaken, KeyReused, Refused, SlotTaken, action_by_pk, action_request
 from ledger.evidence import evidence_actions, evidence_export
 from ledger.grants import grant_state
 from ledger.metrics import API_KEY_REUSED, API_REPLAYS
@@ -120,13 +120,16 @@ DECISION_TAKEN = {
 def recorded(request, key, intake, represent):
     """The shared answer of both intakes: 201 new; 200 replayed; 422 for a key that names
     another request or belongs to another agent (whose objects are never shown); 409 for a
-    booking whose slot is taken; 503 when the database stays deadlocked."""
+    booking whose slot is taken; 422 for a request the limits refuse (LIMITS_UNCOVERED_CURRENCY);
+    503 when the database stays deadlocked."""
     try:
         obj, created = intake_through_transient_failures(intake)
     except KeyReused as exc:
         raise key_reused(request, key, exc.existing) from None
     except SlotTaken as exc:
         raise Problem(409, "booking_conflict", "Slot taken", f"{exc}; nothing was recorded.") from None
+    except Refused as exc:
+        raise Problem(422, exc.code, "Refused by the limits", f"{exc}; nothing was recorded.") from None
     except DecisionTaken as exc:
         raise Problem(409, *DECISION_TAKEN[exc.existing.action_type]) from None
     if obj.agent_id != request.auth.pk:

@@ -1,7 +1,8 @@
 """The what-if's SQL gives every action the verdict `verdict_for` gives it, on a varied data set:
 amounts on and around every threshold, customers with many actions a day (and none), ties in
 time, every status, days on both sides of midnight and of the window's start, other types and
-currencies around them."""
+currencies around them; and where the type's only limit is in another currency, the current
+rule is the intake's (`rule_for`): each request waits for a person, or is refused."""
 
 import random
 from datetime import UTC, datetime, timedelta
@@ -10,11 +11,11 @@ from decimal import Decimal
 import pytest
 from django.utils import timezone
 
-from approvals.intake import NOT_IN_DAILY_TOTAL, customer_total_today
+from approvals.intake import NOT_IN_DAILY_TOTAL, customer_total_today, rule_for
 from approvals.models import Limit
 from approvals.policies import verdict_for
-from approvals.whatif import ABOVE_MAX, DAILY_TOTAL, RUNS, TWO_APPROVERS, Proposal, replayed, \
-    window_start, whatif
+from approvals.whatif import ABOVE_MAX, DAILY_TOTAL, REFUSED, RUNS, TWO_APPROVERS, UNCOVERED, WAITS, Proposal, \
+    replayed, window_start, whatif
 from ledger.models import Action, ActionStatus
 from tests.factories import make_agent, new_action
 
@@ -40,6 +41,10 @@ LIMITS = [  # (a limit, the kinds of verdict it gives on the data set: each rule
 
 def kind_of(verdict):
     """The SQL's kind for a verdict of verdict_for's, told apart by its reason when one approver."""
+    if verdict.refused:
+        return REFUSED
+    if verdict.reason.startswith("no refund limit covers"):
+        return UNCOVERED
     if verdict.approvals_needed == 1:
         return DAILY_TOTAL if verdict.reason.startswith("the customer's total") else ABOVE_MAX
     return KIND[verdict.approvals_needed]
@@ -97,14 +102,20 @@ def totals_before(rows):
     return totals
 
 
+# The current rule: no limit; a limit in EUR; the type's only limit in USD (the intake lets a
+# person approve each EUR one, or refuses it).
+CURRENT = [None, ("EUR", LIMITS[3][0], "approve"), ("USD", LIMITS[0][0], "approve"), ("USD", LIMITS[0][0], "refuse")]
+
+
 @pytest.mark.parametrize(("proposed", "kinds"), LIMITS)
-@pytest.mark.parametrize("current", [None, LIMITS[3][0]])
-def test_each_actions_verdict_is_verdict_fors(data_set, now, proposed, kinds, current):
+@pytest.mark.parametrize("current", CURRENT)
+def test_each_actions_verdict_is_verdict_fors(data_set, now, proposed, kinds, current, settings):
     rows = save(data_set)
     if current is not None:
-        Limit.limit_set(actor="system:tests", reason="the current one", action_type="refund", currency="EUR",
-                        **current)
-    current_limit = Limit.objects.filter(action_type="refund", currency="EUR").first()
+        currency, values, settings.LIMITS_UNCOVERED_CURRENCY = current
+        Limit.limit_set(actor="system:tests", reason="the current one", action_type="refund", currency=currency,
+                        **values)
+    current_limit = rule_for("refund", "EUR")
     proposal = Proposal("refund", "EUR", **{"dual_approval_above": None, "daily_customer_total": None, **proposed})
     since = window_start(3, now)
     totals = totals_before(rows)
@@ -115,13 +126,17 @@ def test_each_actions_verdict_is_verdict_fors(data_set, now, proposed, kinds, cu
     got = {a.pk: (a.current, a.proposed) for a in replayed(proposal, current_limit, since)}
     assert got == expected
     assert {p for _, p in expected.values()} == kinds
+    if current is not None and current[0] == "USD":  # no EUR limit: each request waits, or is refused
+        assert {c for c, _ in expected.values()} == {UNCOVERED if current[2] == "approve" else REFUSED}
     preview = whatif(proposal, days=3, now=now)
     counts = preview["counts"]
     assert counts["actions"] == len(expected)
     assert counts["proposed_waiting"] == sum(p != RUNS for _, p in expected.values())
-    assert counts["current_waiting"] == sum(c != RUNS for c, _ in expected.values())
+    assert counts["current_waiting"] == sum(c in WAITS for c, _ in expected.values())
+    assert counts["current_uncovered"] == sum(c == UNCOVERED for c, _ in expected.values())
+    assert counts["current_refused"] == sum(c == REFUSED for c, _ in expected.values())
     assert counts["proposed_daily_total"] == sum(p == DAILY_TOTAL for _, p in expected.values())
-    assert counts["newly_waiting"] == sum(c == RUNS and p != RUNS for c, p in expected.values())
+    assert counts["newly_waiting"] == sum(c not in WAITS and p != RUNS for c, p in expected.values())
 
 
 def test_the_daily_total_is_the_one_the_intake_asks_for(data_set, now):
