@@ -190,6 +190,9 @@ ADVICE: dict[str, tuple[str, bool]] = {
                                 "done. Do not retry this decision.", False),
     "message_already_sent": ("Another agent's message to this recipient for this decision is recorded; nothing "
                              "was sent. Do not retry this decision.", False),
+    "currency_not_covered": ("Nothing was recorded: this deployment sets no limit for this action type in this "
+                             "currency and refuses such requests. Do not retry; a person must set a limit for "
+                             "the currency first.", False),
     "booking_conflict": ("Nothing was booked: the resource is taken at an overlapping time. Offer the customer "
                          "another time or resource.", False),
     "forbidden": ("This agent is not allowed this action: a person must grant it. Do not retry.", False),

@@ -140,3 +140,19 @@ def test_the_apis_other_problem_codes_come_through_and_an_unknown_tool_is_not_fo
     assert "Nothing was booked" in guidance_of(clash) and clash.structured_content["retry"] is False
     assert unknown.is_error and unknown.structured_content["code"] == "not_found"
     assert Action.objects.filter(target="ROOM-1").count() == 1
+
+
+def test_a_refund_the_limits_refuse_tells_the_model_nothing_was_recorded_and_not_to_retry(live_server, settings):
+    """The in-process live server, so that this test's setting holds there: no limit covers
+    JPY where refunds have limits, and the deployment refuses such requests."""
+    settings.LIMITS_UNCOVERED_CURRENCY = "refuse"
+    Limit.limit_set(actor="system:tests", reason="the tests' policy", action_type="refund", currency="EUR",
+                    max_amount=Decimal("500.00"))
+    (refused,) = over_mcp(live_server.url, make_agent("mcp-bot")[1], ("refund", {
+        "order": "ORD-M7", "amount": "900000", "currency": "JPY", "customer": "CUST-M7", "decision_id": "dec-m7",
+        "wait": 0}))
+    assert refused.is_error and (refused.structured_content["status"], refused.structured_content["code"]) == (
+        422, "currency_not_covered")
+    assert "no refund limit covers JPY" in guidance_of(refused)
+    assert "Do not retry; a person must set a limit for the currency first." in guidance_of(refused)
+    assert refused.structured_content["retry"] is False and not Action.objects.exists()
