@@ -1,4 +1,4 @@
-"""Settings, read from the environment variables of CONTRACT.md.
+"""Settings, read from the environment variables listed in docs/configuration.md.
 
 With no configuration at all the app runs on a SQLite file (IMMEDIATE transactions) and
 on Redis at localhost if it answers, else runs jobs in-process; `ledger.apps` announces

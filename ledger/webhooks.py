@@ -136,7 +136,7 @@ def _settle(connector, event_type, data, event_id, *, test_mode=False):
     evidence = {"at": timezone.now().isoformat(), "webhook": event_type, "event_id": event_id, "found": True,
                 "data": data}
     if SETTLING[event_type]:
-        # DESIGN.md: above its limit a person reviews an unknown outcome even when the answer
+        # docs/design.md: above its limit a person reviews an unknown outcome even when the answer
         # is conclusive, as the executor's verification does.
         over_limit = hooks.policy().needs_person_after_verification(action)
         if over_limit:

@@ -1,4 +1,4 @@
-"""Signed events from the sandbox provider, in the `Sandbox-Signature` format of CONTRACT.md.
+"""Signed events from the sandbox provider, in the `Sandbox-Signature` format of docs/contract.md.
 
 With an effect it commits (or when it declines one) the sandbox records an event to send, and
 an RQ job sends it after commit: never inside the request's transaction, never holding up its

@@ -23,7 +23,7 @@ from .serializers import PARAMS, PHONE, ActionRequestSerializer, TaskRequestSeri
 
 PROBLEM_JSON = "application/problem+json"
 
-# An operation key or task id (CONTRACT.md): 1-255 printable ASCII characters.
+# An operation key or task id (docs/contract.md): 1-255 printable ASCII characters.
 KEY_SCHEMA = {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[\\x20-\\x7e]+$"}
 
 KEY_HEADER = OpenApiParameter(
@@ -119,7 +119,7 @@ COMMON_PROBLEMS = {
 
 
 def intake_responses(resource):
-    """What both intakes answer (CONTRACT.md), each problem with its media type."""
+    """What both intakes answer (docs/contract.md), each problem with its media type."""
     return {
         201: OpenApiResponse(resource, description="Recorded."),
         200: OpenApiResponse(resource, description="The same key and request again: the record as it stands now."),

@@ -85,7 +85,7 @@ def problem_exception_handler(exc, context):
             errors = {"body": errors}
         body = problem_body(400, "invalid", "Invalid request", "The request did not pass validation.", errors)
     elif isinstance(exc, exceptions.ParseError):
-        # An unreadable body is a validation error of the body as a whole (CONTRACT.md: code
+        # An unreadable body is a validation error of the body as a whole (docs/contract.md: code
         # `invalid` comes with `errors`).
         body = problem_body(400, "invalid", "Invalid request", str(exc.detail), {"body": [str(exc.detail)]})
     else:

@@ -105,7 +105,7 @@ class VersionSerializer(serializers.Serializer):
 
 
 class ActionSerializer(serializers.ModelSerializer):
-    """The action resource of CONTRACT.md. The fields document the schema; the dict is
+    """The action resource of docs/contract.md. The fields document the schema; the dict is
     built directly because this runs on every request and replay."""
 
     task_id = serializers.CharField(allow_null=True)
@@ -224,7 +224,7 @@ def _step_view(step, first_open):
 
 
 def checkpoint(task):
-    """The checkpoint record of CONTRACT.md, steps in execution order."""
+    """The checkpoint record of docs/contract.md, steps in execution order."""
     steps = list(task.steps.all())
     running = task.state == "running"
     first_open = next((s.name for s in steps if s.status != "done"), None) if running else None

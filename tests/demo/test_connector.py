@@ -1,6 +1,6 @@
 """The demo's provider: the guarded executor drives `DemoConnector` as it drives any
 connector, effects land in the sandbox's tables through the sandbox's own save, and each
-scripted fault ends as the same fault at a real provider would (see DESIGN.md, the guarded
+scripted fault ends as the same fault at a real provider would (see docs/design.md, the guarded
 executor's branches). No mock: real PostgreSQL, the real executor."""
 
 from datetime import timedelta

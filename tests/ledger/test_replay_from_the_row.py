@@ -59,7 +59,7 @@ def test_a_new_key_costs_no_lookup_of_its_own_before_its_transaction(client, bil
 
 
 def test_the_contract_body_with_a_null_task_id_is_replayed_from_the_row(client, billing):
-    body = {**refund_body(), "task_id": None}  # as CONTRACT.md writes it
+    body = {**refund_body(), "task_id": None}  # as docs/contract.md writes it
     first = post_action_in_process(client, KEY, body)
     assert first.status_code == 201 and first.json()["task_id"] is None
 

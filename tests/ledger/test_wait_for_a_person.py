@@ -1,6 +1,6 @@
 """`GET /api/v1/actions/{key}?wait=N` holds only while the ledger is working on the action:
 one that waits for a person (awaiting approval, held, needs review) answers at once, since a
-decision can take hours. This is the documented behaviour (README, CONTRACT.md)."""
+decision can take hours. This is the documented behaviour (docs/api.md, docs/contract.md)."""
 
 import time
 from decimal import Decimal
