@@ -72,6 +72,7 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "ledger.middleware.RequestIdMiddleware",
+    "ledger.api.unavailable.DatabaseUnavailableMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -117,9 +118,32 @@ else:
     # the same few statements run on every request, and planning them each time cost
     # PostgreSQL more than running them.
     DATABASES["default"].setdefault("OPTIONS", {}).update(server_side_binding=True, prepare_threshold=2)
+    # A persistent connection the database dropped while it sat idle (a failover, a restarted
+    # pooler, an idle timeout) is found out by a request's first statement and replaced,
+    # instead of failing that request. `make bench` measured the check's cost: see
+    # docs/decisions/01-database-blips.md.
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = env_bool("DATABASE_HEALTH_CHECKS", True)
 if env_str("TEST_DATABASE_NAME"):
     DATABASES["default"]["TEST"] = {"NAME": env_str("TEST_DATABASE_NAME")}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+
+# --- Behind a connection pooler --------------------------------------------------------------
+def behind_transaction_pooler(database):
+    """Behind a transaction-pooling PgBouncer (DATABASE_POOLER=transaction) consecutive
+    transactions of one connection may reach different server connections: a statement
+    prepared on one is unknown to the next, and a holdable cursor (Django's .iterator()
+    outside a transaction) is gone. Values stay bound by the server, in unnamed statements,
+    which a pooler passes through."""
+    database["OPTIONS"] = {**database.get("OPTIONS", {}), "prepare_threshold": None}
+    database["DISABLE_SERVER_SIDE_CURSORS"] = True
+
+
+DATABASE_POOLER = env_str("DATABASE_POOLER", "")
+if DATABASE_POOLER not in ("", "session", "transaction"):
+    raise RuntimeError("DATABASE_POOLER must be empty, session or transaction")
+if DATABASE_POOLER == "transaction" and DATABASES["default"]["ENGINE"] != "django.db.backends.sqlite3":
+    behind_transaction_pooler(DATABASES["default"])
 
 # --- Redis and RQ ---------------------------------------------------------------------------
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -226,6 +250,11 @@ MAX_ATTEMPTS = env_int("MAX_ATTEMPTS", 3)
 BACKOFF_BASE_SECONDS = env_float("BACKOFF_BASE_SECONDS", 2)
 BACKOFF_MAX_SECONDS = env_float("BACKOFF_MAX_SECONDS", 300)
 SWEEP_INTERVAL_SECONDS = env_float("SWEEP_INTERVAL_SECONDS", 1)
+# Several sweepers (one per host) elect one leader per step (ledger.sweeper): a leader's lease
+# lasts this long after each run, so a dead leader's steps pass to another sweeper after it.
+SWEEP_LEASE_SECONDS = env_float("SWEEP_LEASE_SECONDS", max(5, 3 * SWEEP_INTERVAL_SECONDS))
+# A sweeper that cannot reach the database or Redis tries again after the interval, doubling, up to this.
+SWEEP_BACKOFF_MAX_SECONDS = env_float("SWEEP_BACKOFF_MAX_SECONDS", 5)
 # The overview warns when audit events wait longer than this for the sweeper to seal them.
 AUDIT_SEAL_ALERT_SECONDS = env_float("AUDIT_SEAL_ALERT_SECONDS", 60)
 # Threads per drain job on PostgreSQL (each with a connection): actions and tasks in flight per worker.

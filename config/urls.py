@@ -15,6 +15,7 @@ from ledger import readiness_views as readiness
 from ledger import site_url
 from ledger import views as ledger
 from ledger.api.problems import api_not_found
+from ledger.api.unavailable import server_error
 from ledger.webhooks import webhook_receive
 
 urlpatterns = [
@@ -68,6 +69,9 @@ if settings.SANDBOX_ENABLED:
     urlpatterns.append(path("sandbox/v1/", include("sandbox.urls")))
     # The same provider in Stripe's wire format: the Stripe connector's API base is /sandbox/stripe.
     urlpatterns.append(path("sandbox/stripe/v1/", include("sandbox.stripe_urls")))
+
+
+handler500 = server_error
 
 
 def handler404(request, exception=None):

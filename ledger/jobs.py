@@ -26,6 +26,7 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from .compiled import register_cache
+from .outages import UNREACHABLE, Outage
 
 logger = logging.getLogger("surety.jobs")
 DOORBELL_TTL_SECONDS = 15
@@ -148,7 +149,10 @@ def drain(kind, claim_next, run_claimed):
     threads: most of an action's time is spent waiting for the provider and the database,
     so one worker process keeps several in flight (each lane has its own connection)."""
     if settings.RQ_ASYNC:
-        redis_connection().delete(_doorbell(kind))
+        try:
+            redis_connection().delete(_doorbell(kind))
+        except redis.RedisError:  # the doorbell then expires by itself
+            logger.warning("could not clear the doorbell for %s", kind)
     deadline = time.monotonic() + DRAIN_SECONDS
     lanes = settings.DRAIN_LANES if settings.RQ_ASYNC and connection.vendor == "postgresql" else 1
     # One lane lingers (see DOORBELL_TRUST_SECONDS); in-process, every ring drains at once.
@@ -166,14 +170,25 @@ def drain(kind, claim_next, run_claimed):
 
 def _drain_lane(kind, claim_next, run_claimed, deadline, linger=0):
     """Claim and run until nothing is left; with `linger`, until a claim that began at
-    least `linger` seconds after the lane first found nothing still finds nothing."""
+    least `linger` seconds after the lane first found nothing still finds nothing.
+
+    While the database is unreachable the lane waits and tries again until the deadline
+    (`_OUTAGES` logs it once per outage): an action or task it had claimed keeps its claim
+    until the lease lapses, and the sweeper takes it back then; nothing is lost with the job."""
     close_old_connections()  # a lane's thread outlives jobs: drop a connection gone stale
+    outage = _OUTAGES[kind]
     owner = worker_name()
     handled = 0
     idle_until = None
     while time.monotonic() < deadline:
         began = time.monotonic()
-        claimed = claim_next(owner)
+        try:
+            claimed = claim_next(owner)
+        except UNREACHABLE as exc:
+            idle_until = None
+            time.sleep(outage.failed(exc))
+            continue
+        outage.answered()
         if claimed is None:
             if idle_until is None:
                 idle_until = began + linger
@@ -184,9 +199,17 @@ def _drain_lane(kind, claim_next, run_claimed, deadline, linger=0):
         idle_until = None
         if handled == 0 and settings.RQ_ASYNC:
             ring(kind)  # there is work: an idle worker may join in
-        run_claimed(claimed)
+        try:
+            run_claimed(claimed)
+        except UNREACHABLE as exc:
+            time.sleep(outage.failed(exc))
+            continue
         handled += 1
     return handled
+
+
+# One per kind and process, shared by its lanes: one line in the log per outage, not per lane.
+_OUTAGES = {kind: Outage(f"drain of {kind}", logger) for kind in ("actions", "tasks")}
 
 
 _pools = {}

@@ -28,6 +28,7 @@ from .grants import grant_state
 from .jobs import drain, worker_name
 from .models import (PERSON_STATUSES, Action, ActionStatus, AuditEvent, Capability, GrantState, StepStatus, Task,
                      TaskState)
+from .outages import UNREACHABLE
 from .retry import backoff_until
 from .statemachine import StaleClaim
 from .tasks import defer_until, task_claim_next
@@ -67,6 +68,8 @@ def task_run(task):
                 return _fail(task, claim, row, exc)
             except (Paused, StaleClaim):
                 raise
+            except UNREACHABLE:
+                raise  # the database, not the step, failed: no attempt spent; the drain lane waits
             except Exception as exc:  # a bug or an outage in a step: retry, then dead-letter
                 logger.exception("step %s of %s crashed", row.name, task)
                 return _fail(task, claim, row, StepFailed(f"{type(exc).__name__}: {exc}", retryable=True, code="crash"))

@@ -3,7 +3,7 @@
 import time
 
 from django.conf import settings
-from django.db import OperationalError
+from django.db import InterfaceError, OperationalError
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -13,6 +13,7 @@ from ledger.evidence import evidence_actions, evidence_export
 from ledger.grants import grant_state
 from ledger.metrics import API_KEY_REUSED, API_REPLAYS
 from ledger.models import Action, ActionStatus, ActionType, Capability, GrantState, Task, TaskState
+from ledger.outages import close_broken_connection, connection_lost
 from ledger.tasks import task_request
 
 from .auth import well_formed_key
@@ -92,13 +93,19 @@ INTAKE_ATTEMPTS = 2
 
 def intake_through_transient_failures(intake):
     """Run `intake`, again if the database rolled it back to break a deadlock (two
-    transactions on the same target or customer that took their locks in another order);
-    a 503 problem if it cannot get through: nothing was recorded, the same request may be
-    sent again."""
-    for _ in range(INTAKE_ATTEMPTS):
+    transactions on the same target or customer that took their locks in another order), or
+    on a fresh connection if the connection died under it (a failover, a restarted pooler):
+    the intake is idempotent by key, so a commit that went through before the connection
+    died is found again as a replay. A 503 problem if it cannot get through (`busy`, or
+    `database_unavailable` from ledger.api.unavailable): nothing was half-written, the same
+    request may be sent again."""
+    for attempt in range(INTAKE_ATTEMPTS):
         try:
             return intake()
-        except OperationalError as exc:
+        except (OperationalError, InterfaceError) as exc:
+            if connection_lost(exc) and attempt + 1 < INTAKE_ATTEMPTS:
+                close_broken_connection()
+                continue
             if getattr(exc.__cause__, "sqlstate", None) not in TRANSIENT_SQLSTATES:
                 raise
     busy = Problem(503, "busy", "Busy", "The ledger was busy with the same target or customer; nothing was "

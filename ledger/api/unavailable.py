@@ -1,0 +1,56 @@
+"""503, never 500, while the database is unreachable: for the API and the dashboard alike.
+
+A view that found the database unreachable (at connect, or its connection died midway)
+answers 503 with Retry-After: problem+json (code `database_unavailable`) for the API and any
+client that does not ask for HTML, a short page for the dashboard. Whatever the request was
+writing was rolled back with its transaction, so the same request may be sent again (an
+intake, with the same key, records its one action). Logged once per outage (ledger.outages),
+not a traceback per request. `server_error` (config.urls' handler500) answers the same for a
+middleware that hit the database after the view, and Django's 500 page for anything else.
+"""
+
+import logging
+import sys
+
+from django.http import HttpResponse, JsonResponse
+from django.template.loader import render_to_string
+from django.views.defaults import server_error as django_server_error
+
+from ledger import outages
+
+from .problems import problem_body
+
+_REQUESTS_OUTAGE = outages.Outage("requests", logging.getLogger("surety.requests"))
+
+
+class DatabaseUnavailableMiddleware:
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        return self.get_response(request)
+
+    def process_exception(self, request, exception):
+        if not outages.database_unreachable(exception):
+            return None
+        _REQUESTS_OUTAGE.failed(exception)
+        return database_unavailable(request)
+
+
+def database_unavailable(request):
+    if request.path.startswith("/api/") or "text/html" not in request.headers.get("Accept", ""):
+        response = JsonResponse(problem_body(
+            503, "database_unavailable", "Database unavailable",
+            "The ledger's database could not be reached; nothing was half-written. Send the same request again, "
+            "with the same Idempotency-Key, after Retry-After seconds: it is recorded once."),
+            status=503, content_type="application/problem+json")
+    else:
+        response = HttpResponse(render_to_string("503.html"), status=503)
+    response["Retry-After"] = str(outages.RETRY_AFTER_SECONDS)
+    return response
+
+
+def server_error(request):
+    if outages.database_unreachable(sys.exc_info()[1]):
+        return database_unavailable(request)
+    return django_server_error(request)

@@ -1,0 +1,106 @@
+"""When the database goes away for a moment: a failover, a restarted pooler, an idle timeout.
+
+Every connection dies at once, and for a few seconds new ones may be refused. What must
+hold meanwhile: nothing half-written (the database rolls back the transaction it lost, whole),
+no 500 (a request answers 503 with Retry-After, and the same request with the same key may
+be sent again: it is recorded once), and no long-running process dying of it (a drain lane
+closes its connection, waits and goes on; what it had claimed comes back when its lease
+lapses, through the sweeper).
+
+1. `database_unreachable(exc)`: an error that says the database could not be reached or
+   dropped the connection (as opposed to a bug in a statement, which stays a bug).
+2. `connection_lost(exc)`: of those, the ones where the connection itself is gone, so that a
+   fresh one may try the same thing again (an intake, which is idempotent by key).
+3. `Outage`: the failures of one loop while the database is away, logged once per outage
+   with what failed and once more when it answers again, instead of a traceback per row.
+4. `close_broken_connection()`: this thread's connection closed if it is unusable, so the
+   next statement opens a fresh one (with CONN_HEALTH_CHECKS, a request's first statement
+   checks a persistent connection the same way).
+"""
+
+import threading
+import time
+
+import psycopg
+from django.db import InterfaceError, OperationalError, close_old_connections
+
+UNREACHABLE = (OperationalError, InterfaceError, psycopg.OperationalError, psycopg.InterfaceError)
+# What Retry-After says while the database is away: a failover or a restart takes seconds.
+RETRY_AFTER_SECONDS = 2
+# SQLSTATEs of a connection the server ended: class 08 (connection exception), and
+# admin_shutdown (pg_terminate_backend, a fast shutdown), crash_shutdown, cannot_connect_now.
+_LOST_SQLSTATES = {"57P01", "57P02", "57P03"}
+BACKOFF_FIRST_SECONDS = 0.1
+BACKOFF_MAX_SECONDS = 2.0
+# Failures further apart than this belong to two outages, each logged.
+QUIET_SECONDS = 30.0
+
+
+def database_unreachable(exc):
+    return isinstance(exc, UNREACHABLE)
+
+
+def connection_lost(exc):
+    """The connection is gone (not a statement the server refused): psycopg raised without
+    a SQLSTATE (the socket closed, nothing answered), or the server said it ended it."""
+    if isinstance(exc, (InterfaceError, psycopg.InterfaceError)):
+        return True
+    if not isinstance(exc, (OperationalError, psycopg.OperationalError)):
+        return False
+    cause = exc if isinstance(exc, psycopg.Error) else exc.__cause__
+    sqlstate = getattr(cause, "sqlstate", None)
+    return sqlstate is None or sqlstate.startswith("08") or sqlstate in _LOST_SQLSTATES
+
+
+def close_broken_connection():
+    """Close this thread's connections that failed and no longer answer (a healthy one that
+    only saw a deadlock is kept). Never raises: closing a dead connection may fail too."""
+    try:
+        close_old_connections()
+    except UNREACHABLE:
+        pass
+
+
+def first_line(exc):
+    return (str(exc).strip().splitlines() or [""])[0]
+
+
+class Outage:
+    """One loop's view of the database being away (shared by the threads of a loop: its lock
+    keeps the log to one line per outage). `failed(exc)` counts a failure, closes the broken
+    connection and says how long to wait before the next try; `answered()` after a success
+    ends the outage, logging how long it lasted."""
+
+    def __init__(self, what, logger):
+        self.what, self.logger = what, logger
+        self.since = None  # time.monotonic() of the outage's first failure
+        self.last = None
+        self.failures = 0
+        self._lock = threading.Lock()
+
+    def failed(self, exc):
+        now = time.monotonic()
+        with self._lock:
+            if self.since is not None and now - self.last > QUIET_SECONDS:
+                self._end(self.last)
+            if self.since is None:
+                self.since, self.failures = now, 0
+                self.logger.warning("%s: the database is unreachable (%s: %s); retrying until it answers",
+                                    self.what, type(exc).__name__, first_line(exc))
+            self.failures += 1
+            self.last = now
+            wait = min(BACKOFF_FIRST_SECONDS * 2 ** min(self.failures - 1, 16), BACKOFF_MAX_SECONDS)
+        close_broken_connection()
+        return wait
+
+    def answered(self):
+        if self.since is None:  # the common case: no lock taken
+            return
+        with self._lock:
+            if self.since is not None:
+                self._end(time.monotonic())
+
+    def _end(self, until):
+        self.logger.warning("%s: the database answers again after %.1f s (%d failed attempts)",
+                            self.what, until - self.since, self.failures)
+        self.since = None
