@@ -78,21 +78,33 @@ def _database_url():
 class Stack:
     """Processes started for tests; all of them are killed at teardown."""
 
-    def __init__(self, base_url, env, content_types):
+    def __init__(self, base_url, env, content_types, gunicorn=None):
         self.url = base_url
         self.env = env
         self.content_types = content_types  # the ids the server caches (see `server`)
+        self.gunicorn = gunicorn  # the server's process
         self.workers = []
+        self.sweepers = []
 
     def start_worker(self, **env):
-        process = subprocess.Popen(
-            [PYTHON, "manage.py", "rqworker", "default", "--worker-class", "rq.worker.SimpleWorker",
-             "--burst" if env.pop("burst", False) else "--with-scheduler"],
+        process = self._spawn(
+            ["rqworker", "default", "--worker-class", "rq.worker.SimpleWorker",
+             "--burst" if env.pop("burst", False) else "--with-scheduler"], env)
+        self.workers.append(process)
+        return process
+
+    def start_sweeper(self, interval=0.5, **env):
+        """`manage.py sweep` as a process of its own, as a deployment runs it (stopped with the workers)."""
+        process = self._spawn(["sweep", "--interval", str(interval)], env)
+        self.sweepers.append(process)
+        return process
+
+    def _spawn(self, command, env):
+        return subprocess.Popen(
+            [PYTHON, "manage.py", *command],
             cwd=ROOT, env={**self.env, **{k: str(v) for k, v in env.items()}},
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )
-        self.workers.append(process)
-        return process
 
     def kill_worker(self, process):
         os.killpg(process.pid, signal.SIGKILL)
@@ -102,6 +114,10 @@ class Stack:
     def stop_workers(self):
         for process in list(self.workers):
             self.kill_worker(process)
+        for process in self.sweepers:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        self.sweepers.clear()
 
 
 def _wait_for_http(url, seconds=30):
@@ -121,9 +137,10 @@ def content_type_ids():
     return {(app_label, model): pk for pk, app_label, model in ContentType.objects.values_list("pk", "app_label", "model")}
 
 
-@pytest.fixture(scope="session")
-def server(django_db_setup, django_db_blocker):
-    """gunicorn serving the app (API, sandbox, dashboard) on the test database.
+@contextmanager
+def running_server(django_db_blocker, **env):
+    """gunicorn serving the app (API, sandbox, dashboard) on the test database, with `env`
+    over the stack's (DATABASE_URL: the test database, straight to PostgreSQL, unless given).
 
     The flush first gives content types the ids they get back after every later flush:
     `migrate` creates them in another order, and the server caches the ids it sees first
@@ -133,12 +150,28 @@ def server(django_db_setup, django_db_blocker):
         call_command("flush", interactive=False, reset_sequences=True, verbosity=0)
         database_url = _database_url()
         content_types = content_type_ids()
+    with serving(env.pop("DATABASE_URL", database_url), **env) as stack:
+        stack.content_types = content_types
+        yield stack
+
+
+@pytest.fixture(scope="session")
+def server(django_db_setup, django_db_blocker):
+    """gunicorn serving the app on the test database (see `running_server`)."""
+    with running_server(django_db_blocker) as stack:
+        yield stack
+
+
+@contextmanager
+def serving(database_url, **env):
+    """gunicorn serving the app on `database_url`, with `env` over the stack's, as a Stack
+    whose workers and sweepers the test starts (all stopped with the server)."""
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
     env = {
         **os.environ, **STACK_ENV,
         "DATABASE_URL": database_url, "REDIS_URL": REDIS_URL,
-        "SANDBOX_BASE_URL": f"{base_url}/sandbox/v1", "SITE_URL": base_url, "DEBUG": "false",
+        "SANDBOX_BASE_URL": f"{base_url}/sandbox/v1", "SITE_URL": base_url, "DEBUG": "false", **env,
     }
     process = subprocess.Popen(
         [PYTHON, "-m", "gunicorn", "config.wsgi", "--preload", "-b", f"127.0.0.1:{port}", "-k", "gthread",
@@ -148,10 +181,12 @@ def server(django_db_setup, django_db_blocker):
          "--keep-alive", "30"],
         cwd=ROOT, env=env, start_new_session=True,
     )
+    stack = Stack(base_url, env, None, gunicorn=process)
     try:
         _wait_for_http(f"{base_url}/api/v1/schema")
-        yield Stack(base_url, env, content_types)
+        yield stack
     finally:
+        stack.stop_workers()
         os.killpg(process.pid, signal.SIGTERM)
         try:
             process.wait(10)
