@@ -111,13 +111,16 @@ class Stack:
         process.wait()
         self.workers.remove(process)
 
+    def kill_sweeper(self, process):
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        self.sweepers.remove(process)
+
     def stop_workers(self):
         for process in list(self.workers):
             self.kill_worker(process)
-        for process in self.sweepers:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-        self.sweepers.clear()
+        for process in list(self.sweepers):
+            self.kill_sweeper(process)
 
 
 def _wait_for_http(url, seconds=30):
