@@ -1,9 +1,19 @@
-"""The transaction-scoped advisory locks that work takes turns on (PostgreSQL; SQLite's IMMEDIATE
-transactions serialise writers anyway). Each use has its own number under one class, so that no
-two uses share a key by accident. (The subjects' locks, taken by `ledger_lock_subjects` in
-ledger/dbrules.py, use the one-key form: a key space of their own.)"""
+"""Taking turns, and leading: the transaction-scoped advisory locks, and the leases of the
+sweeper's steps.
 
-from django.db import connection
+Advisory locks (PostgreSQL; SQLite's IMMEDIATE transactions serialise writers anyway): each use
+has its own number under one class, so that no two uses share a key by accident. (The
+subjects' locks, taken by `ledger_lock_subjects` in ledger/dbrules.py, use the one-key form: a
+key space of their own.)
+
+Leases (`StepLease`, one row per sweeper step): a lock that outlives a transaction, for work that
+spans many (see ledger.sweeper for why the steps need one). A sweeper leads a step while its row
+names it and has not expired; it renews the lease each time it runs the step, and another
+sweeper takes it once it lapses. Times are the database's clock, so hosts whose clocks differ
+agree on who leads.
+"""
+
+from django.db import connection, models
 
 CLASS = 361478
 AUDIT_SEAL = 1  # ledger.audit: one sealer at a time extends the hash chain
@@ -15,3 +25,43 @@ def take_turns(lock):
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [CLASS, lock])
+
+
+class StepLease(models.Model):
+    """Who leads a sweeper step, until when, and how often the step ran (`runs`, `ran_at`: the
+    last time its leader started it)."""
+
+    step = models.CharField(max_length=100, primary_key=True)
+    holder = models.CharField(max_length=200)
+    expires_at = models.DateTimeField()
+    ran_at = models.DateTimeField()
+    runs = models.BigIntegerField(default=0)
+
+    class Meta:
+        db_table = "ledger_step_lease"
+
+    def __str__(self):
+        return f"{self.step} led by {self.holder} until {self.expires_at:%H:%M:%S}"
+
+
+# One statement takes, renews or refuses the lease, so that two sweepers at once cannot both
+# take it: the conflicting insert locks the row and re-reads it before its condition.
+_LEAD = f"""
+INSERT INTO {StepLease._meta.db_table} AS lease (step, holder, expires_at, ran_at, runs)
+VALUES (%(step)s, %(holder)s, now() + make_interval(secs => %(seconds)s), now(), 1)
+ON CONFLICT (step) DO UPDATE
+   SET holder = excluded.holder, expires_at = excluded.expires_at, ran_at = excluded.ran_at, runs = lease.runs + 1
+ WHERE lease.holder = excluded.holder OR lease.expires_at < now()
+RETURNING runs
+"""
+
+
+def lead(step, holder, seconds):
+    """Whether `holder` leads `step` for the next `seconds` (taking or renewing its lease, and
+    counting a run); False while another holder's lease lasts. Outside PostgreSQL there is one
+    process and nothing to elect: always True."""
+    if connection.vendor != "postgresql":
+        return True
+    with connection.cursor() as cursor:
+        cursor.execute(_LEAD, {"step": step, "holder": holder, "seconds": seconds})
+        return cursor.fetchone() is not None

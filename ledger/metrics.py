@@ -147,16 +147,14 @@ SWEEPER_SEEN_KEY = "surety:sweeper:seen"
 
 
 def sweeper_seen():
-    """The sweeper's trace, left after each pass: a key that expires HEALTHZ_SWEEPER_SECONDS
-    later, so `/healthz` sees a sweeper that stopped or hangs. Without Redis there is no
-    shared place for it, and `/healthz` does not check the sweeper."""
-    if not settings.RQ_ASYNC:
-        return
-    try:
+    """The sweeper's trace, left after each pass that succeeded: a key that expires
+    HEALTHZ_SWEEPER_SECONDS later, so `/healthz` sees a sweeper that stopped, hangs or cannot
+    reach the database (any sweeper's trace will do: with several, one is enough). A Redis
+    error reaches the caller, whose loop counts it with the outage (ledger.sweeper). Without
+    Redis there is no shared place for it, and `/healthz` does not check the sweeper."""
+    if settings.RQ_ASYNC:
         redis_connection().set(SWEEPER_SEEN_KEY, timezone.now().isoformat(),
                                px=int(settings.HEALTHZ_SWEEPER_SECONDS * 1000))
-    except redis.RedisError:
-        logger.warning("could not leave the sweeper's trace in Redis", exc_info=True)
 
 
 def _database_answers():

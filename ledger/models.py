@@ -20,6 +20,7 @@ from django.utils import timezone
 from . import hooks, money
 from .audit import AuditEvent, ChainCheck  # noqa: F401 (models of this app, defined beside their manager)
 from .authority import Grant, GrantState, ReplayRun  # noqa: F401 (models of this app, see authority.py)
+from .locks import StepLease  # noqa: F401 (the sweeper steps' leases, defined beside their statement)
 from .compiled import Compiled, update
 from .statemachine import InvalidTransition, LeasedWork, StaleClaim, check_move  # noqa: F401 (re-exported)
 

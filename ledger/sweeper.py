@@ -1,39 +1,132 @@
 """The sweeper: what makes Redis a mere delivery mechanism.
 
-Each pass (any number may run at once: every step claims with SKIP LOCKED or a
-conditional update):
-1. pending actions whose lease lapsed (plus CONNECTOR_TIMEOUT) become `unknown`;
+Each pass:
+1. pending actions whose lease lapsed (plus CONNECTOR_TIMEOUT) become `unknown`; running
+   tasks whose lease lapsed go back to the queue;
 2. if any action is runnable (queued and due, or due for verification), ring its doorbell,
    which enqueues a drain job unless one is already waiting — a flushed Redis or a
-   SIGKILLed worker loses nothing;
-3. the same for tasks (expired leases, queued tasks, backoffs that have passed);
-4. the steps the apps registered (`ledger.hooks.on_sweep`): review items past their
+   SIGKILLed worker loses nothing; the same for tasks;
+3. the steps the apps registered (`ledger.hooks.on_sweep`): review items past their
    deadline raise an alert, once (approvals); alerts whose delivery job was lost are
-   enqueued again (dlq);
-5. audit events committed since the last pass are sealed into the chain, and the chain is
+   enqueued again (dlq); ...;
+4. audit events committed since the last pass are sealed into the chain, and the chain is
    verified: the newest stretch every pass, the whole of it once a day.
+
+Several sweepers (one per host) and one leader per step. Every step but the doorbell (steps 1,
+3 and 4) is elected: a sweeper runs it only while it holds the step's lease (ledger.locks), so
+that alerts, escalations, expiries, reconciliations, seals and the daily verify happen once per
+interval however many sweepers run, and a sweeper that dies (or loses the database) hands its
+steps over when its leases lapse, SWEEP_LEASE_SECONDS after its last run of them. The doorbell
+is rung by every sweeper: a ring is idempotent (it enqueues nothing while a drain job waits),
+and it is the one thing that must never wait for a handover. A leased row rather than
+`pg_try_advisory_xact_lock`: a step spans many transactions (a seal per batch of events, an
+alert or an expiry per row, a reconciliation's job enqueued after its run's commit), and
+holding one transaction around a whole step would keep its row locks, and people's decisions
+waiting on them, until the step ends; a session's advisory lock would not survive a
+transaction-pooling PgBouncer. A step that outlasts its lease may be started by another
+sweeper meanwhile: each one is written to be safe alongside itself (SKIP LOCKED claims,
+conditional updates, unique slots), so that costs work, never a second effect. On SQLite there
+is one process and no election. A pass run by hand (`sweep --once`, the tests' `sweep_once()`)
+runs every step.
+
+Faults (`sweep_forever`): a pass that fails because the database or Redis is unreachable is
+logged once per outage (what and why, without a traceback), then the broken connections are
+closed and the next pass waits SWEEP_INTERVAL_SECONDS, doubling up to SWEEP_BACKOFF_MAX_SECONDS.
+The first pass that succeeds logs how long the outage lasted and rings both doorbells whatever
+seems runnable: drain jobs that failed meanwhile left nothing announced. Any other error (a bug,
+a bad setting) ends the process with a non-zero status for its supervisor to restart it;
+meanwhile its trace in Redis expires and `/healthz` says the sweeper is down.
 """
 
 import logging
+import time
+import uuid
+
+import redis
+from django.conf import settings
+from django.db import close_old_connections
 
 from . import hooks
-from .executor import action_expire_leases, action_runnable_exists
-from .jobs import ring
 from .audit import audit_verify_due
+from .executor import action_expire_leases, action_runnable_exists
+from .jobs import redis_connection, ring, worker_name
+from .locks import lead
+from .metrics import sweeper_seen
 from .models import AuditEvent
+from .outages import UNREACHABLE, close_broken_connection, first_line
 from .tasks import task_expire_leases, task_runnable_exists
 
 logger = logging.getLogger("surety.sweeper")
+REDIS_UNREACHABLE = (redis.ConnectionError, redis.TimeoutError)
 
 
-def sweep_once():
-    counts = {"actions_expired": action_expire_leases(), "tasks_expired": task_expire_leases()}
-    if action_runnable_exists():
+def sweep_once(holder=None, ring_all=False):
+    """One pass; returns what each step it ran did, by name. With a `holder` (a sweeper
+    process's name) only the steps it leads run; `ring_all` rings both doorbells unasked."""
+    counts = _run([("actions_expired", action_expire_leases), ("tasks_expired", task_expire_leases)], holder)
+    _ring(ring_all)
+    return counts | _run([*hooks.sweep_steps(), ("audit_sealed", AuditEvent.objects.seal),
+                          ("audit_verified", audit_verify_due)], holder)
+
+
+def _run(steps, holder):
+    return {name: step() for name, step in steps
+            if holder is None or lead(name, holder, settings.SWEEP_LEASE_SECONDS)}
+
+
+def _ring(ring_all):
+    if settings.RQ_ASYNC:
+        redis_connection().ping()  # a Redis outage is the pass's, not a traceback per doorbell
+    if ring_all or action_runnable_exists():
         ring("actions")
-    if task_runnable_exists():
+    if ring_all or task_runnable_exists():
         ring("tasks")
-    for name, step in hooks.sweep_steps():
-        counts[name] = step()
-    counts["audit_sealed"] = AuditEvent.objects.seal()
-    counts["audit_verified"] = audit_verify_due()
-    return counts
+
+
+class Outage:
+    """The passes that failed since the database or Redis became unreachable."""
+
+    def __init__(self):
+        self.since = time.monotonic()
+        self.failed = 0
+        self.seen = set()  # what was unreachable ("the database", "Redis"): each is logged once
+
+    def failure(self, exc, interval):
+        """Log `exc` if it is news, drop the broken connections; how long to wait."""
+        what = "Redis" if isinstance(exc, REDIS_UNREACHABLE) else "the database"
+        if what not in self.seen:
+            self.seen.add(what)
+            logger.warning("sweeper: %s is unreachable (%s: %s); passes go on with backoff", what,
+                           type(exc).__name__, first_line(exc))
+        self.failed += 1
+        if what == "Redis":
+            redis_connection().connection_pool.disconnect()
+        else:
+            close_broken_connection()
+        return min(interval * 2 ** (self.failed - 1), max(interval, settings.SWEEP_BACKOFF_MAX_SECONDS))
+
+    def over(self):
+        logger.warning("sweeper: back after %.1f s without %s (%d passes failed); rang the doorbells",
+                       time.monotonic() - self.since, " and ".join(sorted(self.seen)), self.failed)
+
+
+def sweep_forever(interval):
+    """Pass after pass, every `interval` seconds, through outages (see the module's docstring)."""
+    holder = f"{worker_name()}:{uuid.uuid4().hex[:8]}"
+    logger.info("sweeper %s: a pass every %g s, leases of %g s", holder, interval, settings.SWEEP_LEASE_SECONDS)
+    outage = None
+    while True:
+        try:
+            counts = sweep_once(holder, ring_all=outage is not None)
+            sweeper_seen()
+        except UNREACHABLE + REDIS_UNREACHABLE as exc:
+            outage = outage or Outage()
+            time.sleep(outage.failure(exc, interval))
+            continue
+        if outage is not None:
+            outage.over()
+            outage = None
+        if any(counts.values()):
+            logger.info("swept: %s", counts)
+        close_old_connections()
+        time.sleep(interval)

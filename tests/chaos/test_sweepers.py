@@ -1,0 +1,237 @@
+"""Sweepers as a deployment runs them: `manage.py sweep` processes on the test database and this
+run's Redis, one per host, killed and cut off from the database and Redis mid-run.
+
+1. Three sweepers elect one leader per step: each step runs once per interval (counted by its
+   lease's `runs`), the leader SIGKILLed hands over within a few seconds, the audit chain holds.
+2. A sweeper whose Redis connections are killed and whose database connections are terminated
+   (and, for two seconds, refused, as in a failover) keeps running, logs the outage once, and
+   rings for the work posted meanwhile, whose drain jobs Redis lost: it all ends succeeded.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import httpx
+import pytest
+import redis
+from django.db import connection
+
+from ledger import hooks
+from ledger.audit import audit_verify
+from ledger.models import Action, ActionStatus, AuditEvent, StepLease
+from tests.conftest import PYTHON, REDIS_URL, ROOT, wait_until
+from tests.factories import agent_api, post_action, refund_body, sandbox_list
+
+pytestmark = pytest.mark.chaos
+
+INTERVAL, LEASE = 0.3, 1.5
+ELECTED = {"actions_expired", "tasks_expired", *(name for name, _ in hooks.sweep_steps()), "audit_sealed",
+           "audit_verified"}
+
+
+@pytest.fixture
+def sweepers(stack, tmp_path):
+    """`start(**env)` starts a sweeper process whose log (stdout and stderr) is `process.log`."""
+    started = []
+
+    def start(**env):
+        log = tmp_path / f"sweeper-{len(started)}.log"
+        with log.open("w") as out:
+            process = subprocess.Popen(
+                [PYTHON, "manage.py", "sweep", "--interval", str(INTERVAL)], cwd=ROOT,
+                env={**stack.env, "SWEEP_LEASE_SECONDS": str(LEASE), **env},
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        process.log = log
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def leases():
+    return {lease.step: lease for lease in StepLease.objects.all()}
+
+
+def leader_pid(lease):
+    return int(lease.holder.split(":")[1])  # "host:pid:nonce"
+
+
+def led_by(pids):
+    """Every elected step has a lease, held by one of `pids`."""
+    now = leases()
+    return set(now) >= ELECTED and all(leader_pid(now[step]) in pids for step in ELECTED)
+
+
+def runs_per_interval(seconds):
+    """For `seconds`, how many times each elected step ran per INTERVAL (one sweeper: at most 1)."""
+    before, started = {step: lease.runs for step, lease in leases().items()}, time.monotonic()
+    time.sleep(seconds)
+    after, elapsed = leases(), time.monotonic() - started
+    return {step: round((after[step].runs - before[step]) * INTERVAL / elapsed, 2) for step in ELECTED}
+
+
+def post_refunds(client, prefix, count):
+    keys = [f"refund:ORD-{prefix}{i}:full:dec-{prefix}{i}" for i in range(count)]
+    for i, key in enumerate(keys):  # one order and customer each: no action holds another
+        response = post_action(client, key, refund_body(f"ORD-{prefix}{i}", customer=f"CUST-{prefix}{i}",
+                                                        decision=f"dec-{prefix}{i}"))
+        assert response.status_code == 201, response.text
+    return keys
+
+
+def all_succeeded(keys):
+    return Action.objects.filter(operation_key__in=keys, status=ActionStatus.SUCCEEDED).count() == len(keys)
+
+
+def test_three_sweepers_run_each_step_once_per_interval_and_another_leads_soon_after_the_leader_is_killed(
+        stack, sweepers):
+    client = agent_api(stack.url, "sweepers", grants=("refund",))
+    stack.start_worker()
+    processes = {process.pid: process for process in (sweepers() for _ in range(3))}
+    wait_until(lambda: led_by(set(processes)), seconds=30, message="every step to be led")
+    keys = post_refunds(client, "L", 5)  # audit events for the leaders to seal
+
+    # 1. Three sweepers, each a pass every INTERVAL: each step still runs once per interval.
+    steady = runs_per_interval(3)
+    # 2. The leader (of every step, or of some) SIGKILLed: the next sweeper's pass takes its leases.
+    leaders = {leader_pid(lease) for step, lease in leases().items() if step in ELECTED}
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT now()")
+        killed_at = cursor.fetchone()[0]
+    kill_started = time.monotonic()
+    for pid in leaders:
+        os.killpg(pid, signal.SIGKILL)
+        processes.pop(pid).wait()
+    survivors = set(processes)
+
+    def handed_over():
+        now = leases()
+        return led_by(survivors) and all(now[step].ran_at > killed_at for step in ELECTED)
+
+    wait_until(handed_over, seconds=15, interval=0.05, message="the survivors to lead every step")
+    handover = time.monotonic() - kill_started
+    keys += post_refunds(client, "M", 5)
+    after = runs_per_interval(3)
+    wait_until(lambda: all_succeeded(keys), seconds=30, message="the refunds to succeed")
+    wait_until(lambda: not AuditEvent.objects.filter(seq__isnull=True).exists(), seconds=10,
+               message="the leaders to seal every event")
+    report = audit_verify(whole=True)
+
+    figures = {"sweepers": 3, "interval_s": INTERVAL, "lease_s": LEASE, "leaders_killed": len(leaders),
+               "handover_s": round(handover, 2), "runs_per_interval_before": steady,
+               "runs_per_interval_after": after, "chain": str(report)}
+    print(f"\nsweepers figures: {json.dumps(figures, indent=2)}")
+    # Without the election, three sweepers would run each step about 3 times per interval.
+    for step, rate in {**steady, **{f"{step} (after)": r for step, r in after.items()}}.items():
+        assert 0.3 <= rate <= 1.1, (step, rate)
+    assert handover <= LEASE + 3, handover
+    assert all(process.poll() is None for process in processes.values()), "a surviving sweeper exited"
+    assert report.broken_at is None and report.events == AuditEvent.objects.count(), report
+
+
+@pytest.fixture
+def sweeper_role():
+    """A database role of the sweeper's own (the test database's owner's rights), so that the
+    test can refuse its connections, and only its, for a while."""
+    role = f"{connection.settings_dict['NAME']}_sweeper"
+    with connection.cursor() as cursor:
+        cursor.execute(f'DROP ROLE IF EXISTS "{role}"')
+        cursor.execute(f'CREATE ROLE "{role}" LOGIN SUPERUSER')
+    yield role
+    with connection.cursor() as cursor:
+        cursor.execute(f'ALTER ROLE "{role}" NOLOGIN')
+        cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", [role])
+        wait_until(lambda: not _backends_of(role), seconds=10, message="the role's sessions to end")
+        cursor.execute(f'DROP ROLE "{role}"')
+
+
+def _backends_of(role):
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE usename = %s", [role])
+        return cursor.fetchone()[0]
+
+
+def cut_off(role):
+    """The role may no longer log in, and every session of it is terminated: its next
+    statement fails, and so does every reconnection, until `restore`."""
+    with connection.cursor() as cursor:
+        cursor.execute(f'ALTER ROLE "{role}" NOLOGIN')
+        cursor.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE usename = %s", [role])
+        return cursor.fetchone()[0]
+
+
+def restore(role):
+    with connection.cursor() as cursor:
+        cursor.execute(f'ALTER ROLE "{role}" LOGIN')
+
+
+def kill_redis_clients():
+    """CLIENT KILL every connection to this run's Redis database (the web app's, the workers',
+    the sweeper's) but this one; how many. Other databases' clients are left alone."""
+    client = redis.Redis.from_url(REDIS_URL)
+    me, db = client.client_id(), client.connection_pool.connection_kwargs["db"]
+    victims = [c["id"] for c in client.client_list() if int(c["db"]) == db and int(c["id"]) != me]
+    for victim in victims:
+        client.client_kill_filter(_id=victim)
+    return len(victims)
+
+
+def test_a_sweeper_whose_redis_and_database_connections_die_keeps_running_and_rings_for_the_work_posted_meanwhile(
+        stack, sweepers, sweeper_role):
+    client = agent_api(stack.url, "outage", grants=("refund",))
+    worker = stack.start_worker()
+    database_url = stack.env["DATABASE_URL"].replace("postgres://postgres@", f"postgres://{sweeper_role}@")
+    assert sweeper_role in database_url
+    sweeper = sweepers(DATABASE_URL=database_url)
+    wait_until(lambda: led_by({sweeper.pid}), seconds=30, message="the sweeper to lead")
+    figures = {"redis_clients_killed": kill_redis_clients()}  # while it works: it reconnects
+    keys = post_refunds(client, "A", 10)
+
+    # 1. Mid-run: Redis's clients killed, the sweeper's sessions terminated and refused, the
+    #    worker SIGKILLed, and Redis's data (the drain jobs, the doorbells) lost.
+    outage_started = time.monotonic()
+    figures["sweeper_sessions_terminated"] = cut_off(sweeper_role)
+    figures["redis_clients_killed"] += kill_redis_clients()
+    stack.kill_worker(worker)
+    redis.Redis.from_url(REDIS_URL).flushdb()
+    keys += post_refunds(client, "B", 10)  # rung by the web app, into a Redis about to lose them
+    redis.Redis.from_url(REDIS_URL).flushdb()
+    figures["redis_clients_killed"] += kill_redis_clients()
+    time.sleep(max(0.0, 2 - (time.monotonic() - outage_started)))
+    assert sweeper.poll() is None, sweeper.log.read_text()
+    figures["outage_s"] = round(time.monotonic() - outage_started, 1)
+
+    # 2. The database answers again and a worker starts: only the sweeper knows there is work.
+    restore(sweeper_role)
+    stack.start_worker()
+    back = time.monotonic()
+    wait_until(lambda: all_succeeded(keys), seconds=40, interval=0.2, message="every refund to succeed")
+    figures["all_succeeded_after_s"] = round(time.monotonic() - back, 1)
+    wait_until(lambda: httpx.get(f"{stack.url}/healthz", timeout=5).status_code == 200, seconds=10,
+               message="/healthz to be green")
+    figures["healthz_green_after_s"] = round(time.monotonic() - back, 1)
+
+    log = sweeper.log.read_text()
+    figures["log_lines_about_the_outage"] = [line.split(" ", 3)[3] for line in log.splitlines()
+                                             if "unreachable" in line or "back after" in line]
+    print(f"\nsweeper outage figures: {json.dumps(figures, indent=2)}")
+    assert sweeper.poll() is None, log
+    assert log.count("the database is unreachable") == 1, log
+    assert log.count("back after") == 1, log
+    assert "Traceback" not in log, log
+    refunds = sandbox_list(client, "refunds")
+    assert sorted(refund["operation_key"] for refund in refunds) == sorted(keys), "a refund lost or doubled"
+
+
+def test_a_sweeper_whose_lease_would_lapse_between_its_passes_exits_non_zero_at_once():
+    done = subprocess.run([PYTHON, "manage.py", "sweep", "--interval", "5"], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "SWEEP_LEASE_SECONDS": "2"}, timeout=60)
+    assert done.returncode == 1, done
+    assert "SWEEP_LEASE_SECONDS (2) must exceed the interval (5 s)" in done.stderr, done.stderr
