@@ -11,7 +11,8 @@ The ledger knows nothing of `approvals` or `dlq`: each app registers here, from 
 - the limits policy (`set_policy`, any object with NoLimits' three functions, such as a
   module): what the intake and the executor ask before running an action. Without one,
   nothing is over a limit.
-- sweeper steps (`on_sweep`): extra work for every sweeper pass, named for its counts.
+- sweeper steps (`on_sweep`): extra work for every pass of the sweeper that leads the step,
+  named for its counts and its lease (ledger.sweeper).
 - overview cards (`on_overview`): the queues a person works, shown on the overview.
 - evidence sections (`on_evidence`): an app's part of an action's evidence record
   (ledger.evidence), with the audit events that cover it.
@@ -93,7 +94,12 @@ def policy():
 
 
 def on_sweep(name, step):
-    """`step()` runs on every sweeper pass; what it returns is reported under `name`."""
+    """`step()` runs on every pass of the sweeper that leads `name` (one of several sweepers at
+    a time); what it returns is reported under `name`. It must stay safe alongside itself (a
+    conditional update or SKIP LOCKED per row): a run that outlasts its lease may meet the
+    next leader's."""
+    if any(taken == name for taken, _ in _sweeps):
+        raise ValueError(f"a sweeper step named {name!r} is registered already: the name is its lease")
     _sweeps.append((name, step))
 
 
