@@ -21,14 +21,14 @@ help:
 	@echo "make run       web app at http://127.0.0.1:8000 (PORT=... to change), two RQ workers and the sweeper, with demo data"
 	@echo "make incident  seed 000's incident on the running stack: an agent killed and restarted 3 times, refunding with and without Surety"
 	@echo "make test      the test suite on PostgreSQL and Redis, then in-process tests on SQLite (PYTEST_ARGS=... narrows it to PostgreSQL)"
-	@echo "make install   virtualenv + Python deps, npm packages, Chromium for browser tests"
+	@echo "make install   virtualenv + Python deps, npm packages, Chromium for browser tests, PgBouncer"
 	@echo "make services  make sure PostgreSQL and Redis are running"
 	@echo "make bench     the benchmarks (BENCH_ARGS=... passed on)"
 	@echo "make chaos     the chaos tests at full scale"
 	@echo "make check     Django's deployment checks under production settings"
 
 # --- install: each step re-runs only when its inputs change -----------------------------
-install: $(VENV)/.installed node_modules/.installed /usr/bin/chromium
+install: $(VENV)/.installed node_modules/.installed /usr/bin/chromium /usr/sbin/pgbouncer
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,12 @@ node_modules/.installed: package.json package-lock.json
 /usr/bin/chromium:
 	$(SUDO) apt-get update -q
 	$(SUDO) apt-get install -y -q -o DPkg::Lock::Timeout=300 chromium
+
+# The tests behind a transaction-pooling PgBouncer (tests/pooler/) and `make bench BENCH_ARGS=--pooler`
+# start Debian's pgbouncer themselves on a free port (a service the package may start, on 6432, is not used).
+/usr/sbin/pgbouncer:
+	$(SUDO) apt-get update -q
+	$(SUDO) apt-get install -y -q -o DPkg::Lock::Timeout=300 pgbouncer
 
 services:
 	@bash scripts/services.sh
