@@ -8,12 +8,8 @@ Scale from CHAOS_SCALE: "ci" (the default, part of every test run) or "full" (`m
 CHAOS_SEED replays a run's random choices (faults, which worker dies, when).
 """
 
-import json
-import os
-import random
 import time
 from collections import Counter
-from pathlib import Path
 
 import httpx
 import pytest
@@ -23,7 +19,8 @@ from approvals.models import ReviewItem
 from dlq.models import DeadLetter
 from ledger.models import Action, AuditEvent, Task
 from ledger.sweeper import sweep_once
-from tests.conftest import REDIS_URL, ROOT
+from tests.chaos.runs import chaos_scale, publish
+from tests.conftest import REDIS_URL
 from tests.factories import agent_api, sandbox, sandbox_list, sandbox_order, sandbox_without_idempotency
 
 pytestmark = pytest.mark.chaos
@@ -48,10 +45,7 @@ def pick_fault(rng):
 
 
 def test_killed_workers_and_a_flushed_redis_never_double_an_effect_or_lose_a_task(stack):
-    scale_name = os.environ.get("CHAOS_SCALE", "ci")
-    scale = SCALES[scale_name]
-    seed = int(os.environ.get("CHAOS_SEED") or time.time_ns() % 1_000_000)
-    rng = random.Random(seed)
+    scale_name, scale, seed, rng = chaos_scale(SCALES)
     n = scale["tasks"]
 
     client = agent_api(stack.url, "chaos", grants=("refund", "send_message"))
@@ -167,10 +161,7 @@ def test_killed_workers_and_a_flushed_redis_never_double_an_effect_or_lose_a_tas
         "tasks_taken_back_from_lost_workers": AuditEvent.objects.filter(verb="lease_expired").count(),
         "actions_found_unknown": AuditEvent.objects.filter(verb="outcome_unknown").count(),
     })
-    print(f"\nchaos figures: {json.dumps(figures, indent=2)}")
-    artifacts = Path(ROOT) / "artifacts"
-    artifacts.mkdir(exist_ok=True)
-    (artifacts / "chaos.json").write_text(json.dumps(figures, indent=2) + "\n")
+    publish(figures, "chaos")
 
     assert len(posted) == n and sorted(posted) == sorted(tasks), "a task was lost"
     assert len(tasks) == n

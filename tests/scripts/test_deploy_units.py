@@ -12,7 +12,6 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -169,3 +168,14 @@ def test_systemd_rates_the_units_exposure_low(installed_here, name):
     done = subprocess.run(["systemd-analyze", "security", "--offline=yes", "--threshold=20", str(installed_here / name)],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr
+
+
+def test_the_deployment_page_names_only_settings_and_metrics_that_exist():
+    page = (ROOT / "docs" / "deployment.md").read_text()
+    configuration = (ROOT / "docs" / "configuration.md").read_text()
+    gunicorns = {"PORT", "WEB_CONCURRENCY"}  # gunicorn's own variables, not Surety's
+    named = set(re.findall(r"`([A-Z][A-Z0-9_<>]+)[=`]", page))
+    assert named and {name for name in named - gunicorns if f"`{name}`" not in configuration} == set()
+    source = "\n".join(path.read_text() for app in ("ledger", "approvals", "dlq") for path in (ROOT / app).rglob("*.py"))
+    metrics = {re.sub(r"_(total|bucket|sum|count)$", "", name) for name in re.findall(r"`(surety_\w+)", page)}
+    assert metrics and {name for name in metrics if f'"{name}"' not in source} == set()
