@@ -158,7 +158,11 @@ def _redis_answers(url):
         return False
 
 
-RQ_ASYNC = env_bool("RQ_ASYNC", True) and _redis_answers(REDIS_URL)
+# In production Redis is part of the deployment, asked or not: a process that starts while it is
+# down (a host booting first, a Redis restart) must not run every job in-process for the rest of
+# its life, with /healthz calling Redis "not used"; its rings fail meanwhile, and the sweeper rings
+# again once Redis is back.
+RQ_ASYNC = env_bool("RQ_ASYNC", True) and (PRODUCTION or _redis_answers(REDIS_URL))
 RQ_QUEUES = {
     "default": {"URL": REDIS_URL, "DEFAULT_TIMEOUT": 600, "ASYNC": RQ_ASYNC},
 }

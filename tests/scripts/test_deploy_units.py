@@ -127,13 +127,18 @@ def example_settings():
     return dict(pairs)
 
 
+def run_with_example_settings(*args, **env):
+    """`manage.py ARGS` with the example settings file's environment, and `env` over it."""
+    settings = {k: v for k, v in example_settings().items() if k != "PROMETHEUS_MULTIPROC_DIR"}  # a host's directory
+    environment = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    return subprocess.run([PYTHON, "manage.py", *args], cwd=ROOT, env={**environment, **settings, **env},
+                          capture_output=True, text=True, timeout=120)
+
+
 def test_the_example_settings_pass_the_deployment_checks():
     # This run's own database and Redis stand in for the example's hosts, which do not exist here.
-    env = {**{k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}, **example_settings(),
-           "DATABASE_URL": os.environ.get("DATABASE_URL", "sqlite:///:memory:"), "REDIS_URL": REDIS_URL}
-    env.pop("PROMETHEUS_MULTIPROC_DIR")  # a directory of the host, made by tmpfiles.d
-    done = subprocess.run([PYTHON, "manage.py", "check", "--deploy"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)
+    done = run_with_example_settings("check", "--deploy", DATABASE_URL=os.environ.get("DATABASE_URL", "sqlite:///:memory:"),
+                                     REDIS_URL=REDIS_URL)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -179,3 +184,12 @@ def test_the_deployment_page_names_only_settings_and_metrics_that_exist():
     source = "\n".join(path.read_text() for app in ("ledger", "approvals", "dlq") for path in (ROOT / app).rglob("*.py"))
     metrics = {re.sub(r"_(total|bucket|sum|count)$", "", name) for name in re.findall(r"`(surety_\w+)", page)}
     assert metrics and {name for name in metrics if f'"{name}"' not in source} == set()
+
+
+def test_a_production_process_started_while_redis_is_down_still_sends_its_work_to_redis():
+    answers = {production: run_with_example_settings(
+        "shell", "--no-imports", "-c", "from django.conf import settings; print(settings.RQ_ASYNC)", PRODUCTION=production,
+        DATABASE_URL="sqlite:///:memory:", REDIS_URL="redis://127.0.0.1:1/0",  # nothing listens there
+    ).stdout.strip() for production in ("true", "false")}
+    # Outside production the zero-configuration default stands: no Redis, jobs in-process.
+    assert answers == {"true": "True", "false": "False"}, answers
