@@ -4,9 +4,10 @@ one Redis connection."""
 from datetime import datetime, timedelta
 from decimal import Decimal
 
+import psycopg
 import pytest
 import redis
-from django.db import connection, transaction
+from django.db import close_old_connections, connection, transaction
 from django.db.models import Subquery
 from django.db.transaction import TransactionManagementError
 
@@ -135,3 +136,29 @@ def test_ringing_reuses_one_redis_connection(jobs_to_test_redis, settings, monke
         ring("actions")
     assert connections_to_this_db() == before
     assert client.llen("rq:queue:default") == queued + 30
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_connection_the_database_dropped_is_replaced_and_its_statements_prepared_again():
+    agent, _ = make_agent("billing")
+    insert(an_action(agent, "k1"))
+    by_key = Compiled(lambda key: Action.objects.filter(operation_key=key))
+
+    def run_and_look():
+        """Run the lookup past psycopg's prepare threshold; this backend's pid and how many
+        statements of the lookup it holds prepared."""
+        assert [by_key.first("k1").operation_key for _ in range(3)] == ["k1"] * 3
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid(), count(*) FROM pg_prepared_statements WHERE statement LIKE %s",
+                           ["%ledger_action%operation_key%"])
+            return cursor.fetchone()
+
+    first_backend, prepared = run_and_look()
+    assert prepared == 1
+    s = connection.settings_dict
+    with psycopg.connect(host=s["HOST"], port=s["PORT"], user=s["USER"], dbname=s["NAME"], autocommit=True) as other:
+        assert other.execute("SELECT pg_terminate_backend(%s, 5000)", [first_backend]).fetchone() == (True,)
+    close_old_connections()  # as at the end of a request: the next one checks the connection first
+
+    second_backend, prepared = run_and_look()
+    assert second_backend != first_backend and prepared == 1

@@ -1,12 +1,17 @@
-"""ledger.outages: a database outage is one warning in the log, and one more when it ends."""
+"""ledger.outages: a database outage is one warning in the log, and one more when it ends;
+a request that meets it is answered 503 with Retry-After (ledger.api.unavailable)."""
 
 import logging
+from contextlib import contextmanager
 
 import psycopg
 import pytest
+from django.contrib.auth import get_user_model
+from django.db import connection
 
 from ledger import outages
 from tests.conftest import free_port
+from tests.factories import post_action_in_process, refund_body
 
 
 @pytest.fixture
@@ -39,3 +44,36 @@ def test_a_refused_connection_is_a_lost_one_and_a_statement_error_is_not(refused
     deadlock = psycopg.errors.DeadlockDetected("deadlock detected")
     assert outages.database_unreachable(deadlock) and not outages.connection_lost(deadlock)
     assert not outages.database_unreachable(psycopg.errors.UniqueViolation("duplicate key"))
+
+
+@contextmanager
+def database_away():
+    """The database does not answer: this process's connection closed and pointed at a port
+    where nothing listens, as if PostgreSQL had gone away (put back afterwards)."""
+    port = connection.settings_dict["PORT"]
+    connection.close()
+    connection.settings_dict["PORT"] = free_port()
+    try:
+        yield
+    finally:
+        connection.close()
+        connection.settings_dict["PORT"] = port
+
+
+def test_an_agent_meeting_a_database_that_is_away_is_told_503_with_retry_after(client, transactional_db):
+    with database_away():
+        response = post_action_in_process(client, "refund:ORD-1:full:dec-1", refund_body(),
+                                          headers={"Authorization": "Bearer checked-in-the-database"})
+
+    assert (response.status_code, response["Content-Type"], response["Retry-After"]) == (
+        503, "application/problem+json", str(outages.RETRY_AFTER_SECONDS))
+    assert response.json()["code"] == "database_unavailable"
+
+
+def test_a_person_on_the_dashboard_gets_a_page_that_says_the_ledger_is_out_of_reach(client, transactional_db):
+    client.force_login(get_user_model().objects.create_user("ada"))
+    with database_away():
+        response = client.get("/", headers={"Accept": "text/html"})
+
+    assert response.status_code == 503 and response["Retry-After"] == str(outages.RETRY_AFTER_SECONDS)
+    assert "The ledger is out of reach for a moment" in response.content.decode()
