@@ -9,7 +9,9 @@
    against 3.7 ms with the ORM, a replay 1.15 against 2.6): the API's authentication and
    replay, the intake's insert, a worker's claim and each move's locked read, and the
    runner's fenced checkpoint. `STATEMENTS` lists them; `python manage.py fastpath` prints
-   their SQL.
+   their SQL. Only the SQL text is kept here: the statements psycopg prepares belong to its
+   connection, so one that replaced a connection the database dropped (CONN_HEALTH_CHECKS,
+   ledger.outages) prepares them afresh and never names a statement of the dead one.
 2. Caches. Each is registered with `register_cache`: what it holds, what makes it stale,
    how it is emptied. `python manage.py fastpath` lists them; tests/ledger/test_compiled.py
    checks that no module keeps one unregistered.
