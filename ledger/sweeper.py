@@ -29,9 +29,10 @@ conditional updates, unique slots), so that costs work, never a second effect. O
 is one process and no election. A pass run by hand (`sweep --once`, the tests' `sweep_once()`)
 runs every step.
 
-Faults (`sweep_forever`): a pass that fails because the database or Redis is unreachable is
-logged once per outage (what and why, without a traceback), then the broken connections are
-closed and the next pass waits SWEEP_INTERVAL_SECONDS, doubling up to SWEEP_BACKOFF_MAX_SECONDS.
+Faults (`sweep_forever`): a pass begins by asking Redis (a PING). A pass that fails because the
+database or Redis is unreachable is logged once per outage (what and why, without a traceback),
+then the broken connections are closed and the next pass waits SWEEP_INTERVAL_SECONDS, doubling
+up to SWEEP_BACKOFF_MAX_SECONDS.
 The first pass that succeeds logs how long the outage lasted and rings both doorbells whatever
 seems runnable: drain jobs that failed meanwhile left nothing announced. Any other error (a bug,
 a bad setting) ends the process with a non-zero status for its supervisor to restart it;
@@ -75,8 +76,6 @@ def _run(steps, holder):
 
 
 def _ring(ring_all):
-    if settings.RQ_ASYNC:
-        redis_connection().ping()  # a Redis outage is the pass's, not a traceback per doorbell
     if ring_all or action_runnable_exists():
         ring("actions")
     if ring_all or task_runnable_exists():
@@ -117,6 +116,10 @@ def sweep_forever(interval):
     outage = None
     while True:
         try:
+            if settings.RQ_ASYNC:
+                # Before any step: without Redis a pass would log a traceback per doorbell its
+                # steps ring, and a leader that cannot ring lets its leases lapse to one that can.
+                redis_connection().ping()
             counts = sweep_once(holder, ring_all=outage is not None)
             sweeper_seen()
         except UNREACHABLE + REDIS_UNREACHABLE as exc:
