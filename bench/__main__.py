@@ -15,6 +15,10 @@ the load spreads over the gunicorn processes), fixed durations after a warm-up:
       plus one enqueue measured here in Python on the same database and Redis;
   (f) SIGKILL of a worker mid-task -> the task running again on a fresh worker.
 
+With `--pooler`, (b)-(d) are measured once more through a PgBouncer in transaction pooling mode
+(bench/pgbouncer.py; a second gunicorn and (d)'s workers with DATABASE_POOLER=transaction), and
+each is set beside its direct figure.
+
 Plus in-process probes: SQL statements and commits per request (CaptureQueriesContext) and
 in-process wall and CPU time per request.
 
@@ -39,7 +43,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from .cpu import CpuMonitor
-from .stack import PROVIDER_DB_NAME, ROOT, STACK_ENV, Stack, flush_redis, reset_database, wait_for_connection_slots
+from .stack import (DB_NAME, PROVIDER_DB_NAME, ROOT, STACK_ENV, Stack, flush_redis, reset_database,
+                    wait_for_connection_slots)
 
 TARGETS = {  # ratio name -> (numerator, denominator, at least)
     "b/a_insert": ("b_action_new", "a_insert", 0.6),
@@ -49,6 +54,7 @@ TARGETS = {  # ratio name -> (numerator, denominator, at least)
 EXPECTED_STATUS = {"baseline_insert": "201", "baseline_read": "200", "action_new": "201", "action_replay": "200",
                    "task_new": "201"}
 GRANTS = ["refund", "send_message", "create_booking", "noop"]
+POOL_SIZE = 20  # PgBouncer's default_pool_size, for `--pooler`
 
 
 def say(*parts):
@@ -69,6 +75,9 @@ def parse_args(argv):
     p.add_argument("--only", default="abcdefp",
                    help="the figures to measure, e.g. 'ab' (default all; p: the dashboard pages, bench/pages.py)")
     p.add_argument("--profile", action="store_true", help="also print a cProfile of the POST paths")
+    p.add_argument("--pooler", action="store_true",
+                   help="also measure (b)-(d) through PgBouncer in transaction pooling mode (bench/pgbouncer.py), "
+                        "and print each through the pooler / direct")
     p.add_argument("--out", default="artifacts/bench.json")
     return p.parse_args(argv)
 
@@ -137,7 +146,8 @@ def combine(name, label, segments):
             "rounds_ok_rps": [r["ok_rps"] for r in segments], "rounds": segments}
 
 
-def figure_a_b_c(stack, token, args, results, logs, monitor):
+def figure_a_b_c(stack, token, args, results, logs, monitor, tag=""):
+    """`tag` starts the keys, so that a second measurement (`--pooler`) makes new ones."""
     from django.db import connection
 
     per_round = args.duration / args.rounds
@@ -156,7 +166,7 @@ def figure_a_b_c(stack, token, args, results, logs, monitor):
             if mode == "baseline_insert":
                 extra["prefix"] = f"bi{round_no}"
             elif mode == "action_new":
-                extra.update(token=token, prefix=f"bnew{round_no}")
+                extra.update(token=token, prefix=f"{tag}bnew{round_no}")
             elif mode == "baseline_read":
                 if "baseline" not in keys_files:
                     with connection.cursor() as c:
@@ -166,9 +176,10 @@ def figure_a_b_c(stack, token, args, results, logs, monitor):
             elif mode == "action_replay":
                 if "actions" not in keys_files:
                     with connection.cursor() as c:
-                        c.execute("SELECT operation_key FROM ledger_action WHERE operation_key LIKE 'bnew%%' "
-                                  "ORDER BY id LIMIT 5000")
-                        keys_files["actions"] = write_keys(logs / "keys-actions.txt", [r[0] for r in c.fetchall()])
+                        c.execute("SELECT operation_key FROM ledger_action WHERE operation_key LIKE %s "
+                                  "ORDER BY id LIMIT 5000", [f"{tag}bnew%"])
+                        keys_files["actions"] = write_keys(logs / f"keys-{tag}actions.txt",
+                                                           [r[0] for r in c.fetchall()])
                 extra.update(token=token, keys_file=keys_files["actions"])
             monitor.start()
             report = stack.load(mode, concurrency=args.concurrency, duration=per_round, warmup=warmup, **extra)
@@ -229,7 +240,7 @@ def park_leftovers():
     flush_redis()
 
 
-def figure_d(stack, token, args, results, monitor):
+def figure_d(stack, token, args, results, monitor, tag=""):
     import django_rq
     from django.db.models import Count, Max, Min
     from rq import Worker
@@ -240,11 +251,11 @@ def figure_d(stack, token, args, results, monitor):
     say(f"\n(d) end to end: {n} actions recorded through the API, then 2 RQ workers (SimpleWorker) "
         "drain them against the sandbox")
     park_leftovers()
-    intake = stack.load("action_new", token=token, prefix="e2e", concurrency=args.concurrency, count=n)
+    intake = stack.load("action_new", token=token, prefix=f"{tag}e2e", concurrency=args.concurrency, count=n)
     check_statuses(intake, "(d) intake")
     say(f"   recorded {intake['statuses'].get('201', 0)} actions in {intake['seconds']} s "
         f"({intake['rps']} req/s, no workers running)")
-    mine = Action.objects.filter(operation_key__startswith="e2e-")
+    mine = Action.objects.filter(operation_key__startswith=f"{tag}e2e-")
     started_wall = datetime.now(UTC)
     started = time.monotonic()
     stack.start_worker("worker-d1")
@@ -484,7 +495,56 @@ def figure_f(stack, token, args, results):
 # --- the run ----------------------------------------------------------------------------------------
 
 
-def summary(results):
+POOLED_FIGURES = [("b_action_new", "(b) POST actions, new keys"), ("c_action_replay", "(c) POST actions, replayed keys"),
+                  ("d_end_to_end", "(d) actions end to end, 2 workers")]
+# The ways `--pooler` measures (b)-(d) again, beside the direct figures: without prepared statements
+# alone (what the setting costs), then through PgBouncer as well (what the pooler adds).
+POOLED_WAYS = {"unprepared": "direct, DATABASE_POOLER=transaction (nothing prepared)",
+               "through_pgbouncer": "through PgBouncer (pool_mode = transaction), DATABASE_POOLER=transaction"}
+
+
+def figures_through_the_pooler(stack, token, args, results, logs):
+    """(b)-(d) once more each way of POOLED_WAYS: a second gunicorn, and (d)'s workers, with
+    DATABASE_POOLER=transaction, straight to PostgreSQL and then with DATABASE_URL at PgBouncer,
+    on the same database and provider (this process still talks to PostgreSQL directly). Each
+    figure is then set beside its direct one: throughput, and CPU per request (PgBouncer's
+    counted as the server's)."""
+    from .pgbouncer import PgBouncer
+
+    ratios = {}
+    with PgBouncer(pool_size=POOL_SIZE) as bouncer:
+        envs = {"unprepared": {"DATABASE_POOLER": "transaction"},
+                "through_pgbouncer": {"DATABASE_URL": bouncer.url(DB_NAME), "DATABASE_POOLER": "transaction"}}
+        for way, label in POOLED_WAYS.items():
+            say(f"\n--pooler: (b)-(d) again, {label}" + (f", {POOL_SIZE} server connections" if "PgBouncer" in label
+                                                        else ""))
+            again = Stack(logs, gunicorn_workers=args.gunicorn_workers, gunicorn_threads=args.gunicorn_threads,
+                          provider_url=stack.provider_url, env=envs[way])
+            # The provider is counted as in the direct (d); PgBouncer, where it serves, as this server.
+            others = {pid: part for pid, part in stack.named_pids().items() if part == "provider"}
+            if way == "through_pgbouncer":
+                others[bouncer.process.pid] = "gunicorn"
+            monitor = CpuMonitor(lambda again=again, others=others: {**again.named_pids(), **others},
+                                 databases={PROVIDER_DB_NAME: "provider_postgres"})
+            results[way] = figures = {}
+            try:
+                again.start_server()
+                figure_a_b_c(again, token, argparse.Namespace(**{**vars(args), "only": "bc"}), figures, logs, monitor,
+                             tag=f"{way}-")
+                if "d" in args.only:
+                    figure_d(again, token, args, figures, monitor, tag=f"{way}-")
+            finally:
+                again.stop_all()
+            for name, _ in POOLED_FIGURES:
+                if name in figures and name in results and results[name]["ok_rps"]:
+                    direct_ms, again_ms = (r[name].get("cpu_ms_per_request", {}).get("total") for r in (results, figures))
+                    ratios.setdefault(way, {})[name] = {
+                        "throughput": round(figures[name]["ok_rps"] / results[name]["ok_rps"], 3),
+                        "cpu_per_request": round(again_ms / direct_ms, 3) if direct_ms and again_ms else None}
+    return ratios
+
+
+def summary(results, pooled=None):
     say("\n" + "=" * 78)
     say("SUMMARY")
     rows = [("(a) baseline insert (2 commits)", "a_insert", "req/s"), ("(a) baseline read", "a_read", "req/s"),
@@ -526,6 +586,12 @@ def summary(results):
         f = results["f_kill_to_resume"]
         say(f"  (f) SIGKILL -> task running again        {f['seconds']:>9.3f} s   target <= {f['target_at_most']:g} s "
             f"(lease + 2)   {'PASS' if f['pass'] else 'MISS'}")
+    for way, label in POOLED_WAYS.items():
+        for name, figure in (pooled or {}).get(way, {}).items():
+            direct, again, ratio = results[name], results[way][name], figure
+            say(f"  {dict(POOLED_FIGURES)[name]}, {label.split(' (')[0]} / direct: {ratio['throughput']:.3f} "
+                f"({again['ok_rps']} / {direct['ok_rps']}); CPU per request {ratio['cpu_per_request']}x "
+                f"({again['cpu_ms_per_request']['total']} / {direct['cpu_ms_per_request']['total']} ms)")
     return ratios
 
 
@@ -611,9 +677,12 @@ def main(argv=None):
             figure_e(stack, token, args, results, monitor)
         if "f" in args.only:
             figure_f(stack, token, args, results)
+        pooled = figures_through_the_pooler(stack, token, args, results, logs) if args.pooler else None
     finally:
         stack.stop_all()
-    ratios = summary(results)
+    ratios = summary(results, pooled)
+    if pooled:
+        ratios["over_direct"] = pooled
     document = {
         "when": datetime.now(UTC).isoformat(), "seconds": round(time.monotonic() - began, 1),
         "setup": {"gunicorn": f"-k gthread -w {args.gunicorn_workers} --threads {args.gunicorn_threads}",

@@ -44,7 +44,7 @@ def _version(binary):
 
 class PgBouncer:
     """`with PgBouncer() as bouncer:` a running PgBouncer; `bouncer.url(name)` reaches database
-    `name` through it. Its log is `bouncer.log` (kept in a temporary folder until it stops)."""
+    `name` through it. Its ini and log are in a temporary folder, removed when it stops."""
 
     def __init__(self, server_host="127.0.0.1", server_port=5432, pool_size=SERVER_CONNECTIONS):
         self.server_host, self.server_port, self.pool_size = server_host, server_port, pool_size
@@ -90,29 +90,30 @@ class PgBouncer:
             argv[1:1] = ["-u", "nobody"]
         self.process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                         start_new_session=True)
-        deadline = time.monotonic() + 10
+        deadline, failure = time.monotonic() + 10, None
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"pgbouncer exited: {self.process.stderr.read().decode()}")
-            try:
-                with psycopg.connect(self.url("postgres"), prepare_threshold=None, connect_timeout=2) as conn:
-                    conn.execute("SELECT 1")
+            try:  # its console answers without a server connection, whatever PostgreSQL's load
+                self._console("SHOW VERSION")
                 return self
-            except psycopg.OperationalError:
+            except psycopg.OperationalError as error:
+                failure = error
                 time.sleep(0.05)
         self.stop()
-        raise RuntimeError("pgbouncer did not answer within 10 s")
+        raise RuntimeError(f"pgbouncer did not answer within 10 s: {failure}")
+
+    def _console(self, command):
+        """Rows of one of PgBouncer's console commands, as dicts (it speaks the simple protocol only)."""
+        with psycopg.connect(self.url("pgbouncer"), autocommit=True, cursor_factory=psycopg.ClientCursor,
+                             connect_timeout=2) as console:
+            cursor = console.execute(command)
+            columns = [d.name for d in cursor.description]
+            return [dict(zip(columns, row)) for row in cursor]
 
     def server_pids(self, database):
         """The PostgreSQL backends of PgBouncer's server connections to `database` (its console)."""
-        with psycopg.connect(self.url("pgbouncer"), autocommit=True, cursor_factory=psycopg.ClientCursor) as console:
-            cursor = console.execute("SHOW SERVERS")
-            columns = [d.name for d in cursor.description]
-            return {row["remote_pid"] for row in (dict(zip(columns, r)) for r in cursor) if row["database"] == database}
-
-    @property
-    def log(self):
-        return (self.folder / "pgbouncer.log").read_text() if self.folder else ""
+        return {row["remote_pid"] for row in self._console("SHOW SERVERS") if row["database"] == database}
 
     def stop(self):
         if self.process is not None and self.process.poll() is None:

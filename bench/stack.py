@@ -96,14 +96,17 @@ def flush_redis():
 
 
 class Stack:
-    def __init__(self, logs, *, gunicorn_workers, gunicorn_threads, provider_database=None):
+    def __init__(self, logs, *, gunicorn_workers, gunicorn_threads, provider_database=None, provider_url=None,
+                 env=None):
+        """`provider_url`: the provider another Stack serves (this one starts none); `env` over
+        STACK_ENV (the second stack of `--pooler` reaches the database through PgBouncer)."""
         self.logs = Path(logs)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.provider_database = provider_database
-        self.provider_url = f"http://127.0.0.1:{free_port()}" if provider_database else self.url
+        self.provider_url = provider_url or (f"http://127.0.0.1:{free_port()}" if provider_database else self.url)
         self.env = {**os.environ, **STACK_ENV, "SANDBOX_BASE_URL": f"{self.provider_url}/sandbox/v1",
-                    "SITE_URL": self.url}
+                    "SITE_URL": self.url, **(env or {})}
         self.gunicorn_workers, self.gunicorn_threads = gunicorn_workers, gunicorn_threads
         self.processes = {}  # name -> Popen
         self.load_pid = None
