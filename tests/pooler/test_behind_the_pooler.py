@@ -5,12 +5,13 @@ server connections, and DATABASE_POOLER=transaction's setup does not; and nothin
 keeps a lock on a session, which a pooler hands to other clients between transactions."""
 
 import re
+import subprocess
 
 import psycopg
 import pytest
 from django.db import ProgrammingError, connection
 
-from tests.conftest import ROOT
+from tests.conftest import PYTHON, ROOT
 from tests.factories import agent_api, post_action, refund_body
 
 STATEMENT = "SELECT count(*) FROM ledger_action WHERE status = %s"
@@ -29,6 +30,22 @@ def test_the_stack_and_this_process_reach_the_test_database_only_through_pgbounc
                 "AND backend_type = 'client backend' AND pid <> pg_backend_pid()")}
     through = pgbouncer.server_pids(name)
     assert backends and backends <= through, f"connected straight to PostgreSQL: {backends - through}"
+
+
+def connection_setup(env, pooler):
+    """What a process started with `env` and DATABASE_POOLER=`pooler` connects with."""
+    return subprocess.run(
+        [PYTHON, "manage.py", "shell", "-v", "0", "-c", "from django.db import connection as c; "
+         "print(c.settings_dict['OPTIONS'].get('prepare_threshold'), c.settings_dict['DISABLE_SERVER_SIDE_CURSORS'])"],
+        cwd=ROOT, env={**env, "DATABASE_POOLER": pooler}, capture_output=True, text=True)
+
+
+def test_the_servers_and_workers_setting_turns_prepared_statements_and_server_side_cursors_off(server):
+    assert connection_setup(server.env, "transaction").stdout.split() == ["None", "True"]
+    assert connection_setup(server.env, "").stdout.split() == ["2", "False"]  # the default: prepared
+    assert connection_setup(server.env, "session").stdout.split() == ["2", "False"]
+    refused = connection_setup(server.env, "statement")
+    assert refused.returncode != 0 and "DATABASE_POOLER must be empty, session or transaction" in refused.stderr
 
 
 def run_around_another_client(options, pgbouncer):
