@@ -25,6 +25,9 @@ in-process wall and CPU time per request.
 And (p), after the stack is stopped: the dashboard's list and search pages, their server time
 at ~1,000 actions and at 1M (bench/pages.py; `python -m bench pages` runs it alone).
 
+`python -m bench health_checks`: (b) and (c) with persistent connections unchecked, health-checked
+and pooled, side by side, with their ratios (bench/health_checks.py).
+
 The machine may be shared (other sessions' test suites): the HTTP figures are measured in
 interleaved rounds (each API figure right after its baseline), and a CPU monitor (bench/cpu.py)
 reports what other processes used meanwhile, plus this stack's CPU time per request, from
@@ -621,6 +624,11 @@ def main(argv=None):
         from . import pages
 
         pages.main(argv[1:])
+        return
+    if argv[:1] == ["health_checks"]:  # (b) and (c) per way of keeping connections (bench/health_checks.py)
+        from . import health_checks
+
+        health_checks.main(argv[1:])
         return
     args = parse_args(argv)
     if set(args.only) <= {"p"}:
