@@ -73,12 +73,12 @@ def agent_grant_promote(request, pk):
         messages.error(request, "Choose an action type and a review date (YYYY-MM-DD).")
         return redirect("agent-list")
     try:
-        grant_promote(agent, capability(Capability.Kind.ACTION_TYPE, action_type), actor=request.user,
-                      reason=request.POST.get("reason", ""), review_by=review_by)
+        grant = grant_promote(agent, capability(Capability.Kind.ACTION_TYPE, action_type), actor=request.user,
+                              reason=request.POST.get("reason", ""), review_by=review_by)
     except GrantRefused as exc:
         messages.error(request, f"Not promoted: {exc}.")
         return redirect("agent-list")
-    messages.success(request, f"{agent.name} acts for real on {action_type} until {review_by:%Y-%m-%d}.")
+    messages.success(request, f"{agent.name} acts for real on {action_type} until {grant.live_until:%Y-%m-%d}.")
     return redirect("agent-list")
 
 

@@ -9,6 +9,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
+from ledger.connectors.test_mode import connector_version
+from ledger.grants import grant_state
+from ledger.models import GrantState, ReplayRun
 from tests.factories import make_agent
 
 
@@ -45,3 +48,34 @@ def test_the_grant_states_cost_the_same_statements_for_two_agents_as_for_six(adm
 def test_the_shadow_badge_has_a_style_of_its_own():
     with open("static/css/app.css") as css:
         assert ".badge--shadow {" in css.read()
+
+
+
+@pytest.fixture
+def shadow_scout(db):
+    """An agent with a shadow refund grant whose connector passed the replay set as it is now."""
+    ReplayRun.objects.create(action_type="refund", connector="sandbox", ran_by="system:tests", passed=True,
+                             connector_version=connector_version("refund"))
+    return make_agent("scout", grants=("refund",), live=False)[0]
+
+
+def promote(client, agent, review_by):
+    return client.post(reverse("agent-grant-promote", args=[agent.pk]), follow=True,
+                       data={"action_type": "refund", "review_by": review_by, "reason": "the replay set passed"})
+
+
+def test_a_promotion_with_an_empty_review_date_says_the_default_date_rather_than_a_500(admin_client, shadow_scout):
+    answer = promote(admin_client, shadow_scout, "")
+
+    assert answer.status_code == 200
+    grant = shadow_scout.grant_states.get(capability__kind="action_type", capability__name="refund")
+    assert f"scout acts for real on refund until {grant.live_until:%Y-%m-%d}." in answer.content.decode()
+    assert grant_state(shadow_scout, "action_type", "refund") == GrantState.LIVE
+
+
+def test_a_review_date_in_the_past_is_a_form_error_and_nothing_is_promoted(admin_client, shadow_scout):
+    answer = promote(admin_client, shadow_scout, "2001-01-01")
+
+    assert answer.status_code == 200
+    assert "Not promoted: the review date must be ahead" in answer.content.decode()
+    assert grant_state(shadow_scout, "action_type", "refund") == GrantState.SHADOW
