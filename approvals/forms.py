@@ -24,10 +24,19 @@ def fingerprint_seen(posted):
     return forms.CharField(**SEEN).clean(posted)
 
 
+def too_long(what):
+    """A max_length error in words, for a field whose errors reach the page as a sentence."""
+    return {"max_length": f"{what} is too long: at most %(limit_value)d characters (it has %(show_value)d)"}
+
+
 class DecisionForm(forms.Form):
+    # The fields whose own errors the page says (the others only miss on a hand-made post).
+    SAID = ("reason", "external_ref", "fingerprint")
+
     decision = forms.CharField(max_length=30)
-    reason = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}), max_length=2000)
-    external_ref = forms.CharField(required=False, max_length=255)
+    reason = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}), max_length=2000,
+                             error_messages=too_long("the reason"))
+    external_ref = forms.CharField(required=False, max_length=255, error_messages=too_long("the reference"))
     confirm_absent = forms.BooleanField(required=False)
     fingerprint = forms.CharField(**FINGERPRINT)
     # "queue": a decision taken from the queue's row goes back to the queue.
@@ -88,6 +97,13 @@ class LimitForm(forms.ModelForm):
         if not currencies.is_payable(code):
             raise forms.ValidationError(f"{code} is not a currency one may pay in: no action is ever in it.")
         return code
+
+    def clean_max_amount(self):
+        # The database refuses it too, but in the words of its constraint's name.
+        amount = self.cleaned_data["max_amount"]
+        if amount is not None and amount < 0:
+            raise forms.ValidationError("Must not be negative.")
+        return amount
 
     def clean_review_deadline_hours(self):
         # 0 made every review item overdue the moment it opened (the database refuses it too;

@@ -169,7 +169,8 @@ def review_decide_view(request, pk):
     item = get_review_item_for_user(request.user, pk, to_decide=True)
     form = DecisionForm(request.POST)
     if not form.is_valid():
-        return _refused(request, item, "; ".join([*form.non_field_errors(), *form.errors.get("fingerprint", [])])
+        said = [error for name in DecisionForm.SAID for error in form.errors.get(name, [])]
+        return _refused(request, item, "; ".join([*form.non_field_errors(), *said])
                         or "the decision form is incomplete", 400)
     decision = form.cleaned_data["decision"]
     try:

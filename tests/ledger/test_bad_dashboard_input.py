@@ -123,6 +123,21 @@ def test_policies_refuse_bad_limits(admin, change):
     assert not Limit.objects.exists()
 
 
+
+def test_a_negative_maximum_is_a_field_error_in_words_not_the_constraint_name(admin):
+    response = admin.post("/policies/", {**LIMIT, "max_amount": "-1"})
+    assert response.context["form"].errors == {"max_amount": ["Must not be negative."]}
+    assert "limit_max_nonnegative" not in response.content.decode()
+
+
+def test_a_reason_over_2000_characters_is_reported_as_too_long(admin, review_item):
+    response = admin.post(f"/review/{review_item.pk}/decide", {"decision": "reject", "reason": "r" * 2001},
+                          follow=True)
+    page = response.content.decode()
+    assert "the reason is too long: at most 2000 characters (it has 2001)" in page
+    assert "incomplete" not in page
+
+
 def test_policies_change_an_existing_limit_and_audit_it(admin):
     assert admin.post("/policies/", LIMIT).status_code == 302
     response = admin.post("/policies/", {**LIMIT, "max_amount": "250", "reason": "raised"})
