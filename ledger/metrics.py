@@ -37,6 +37,7 @@ from rq import Worker
 from .dashboard import HISTORY_EXACT_UP_TO, action_counts
 from .jobs import redis_connection
 from .models import Action, ActionStatus
+from .outages import Outage, database_unreachable
 
 logger = logging.getLogger("surety.metrics")
 
@@ -180,11 +181,18 @@ def _sweeper_seen():
     return bool(redis_connection().exists(SWEEPER_SEEN_KEY))
 
 
+# A load balancer polls every few seconds: an outage of the database is one line in the log.
+_DATABASE_OUTAGE = Outage("/healthz", logger)
+
+
 def _check(probe):
     try:
         return "ok" if probe() else "down"
-    except (DatabaseError, redis.RedisError, OSError):
-        logger.warning("health check %s failed", probe.__name__, exc_info=True)
+    except (DatabaseError, redis.RedisError, OSError) as exc:
+        if database_unreachable(exc):
+            _DATABASE_OUTAGE.failed(exc)
+        else:
+            logger.warning("health check %s failed", probe.__name__, exc_info=True)
         return "down"
 
 
@@ -194,6 +202,8 @@ def healthz_view(request):
     down. Only the names and "ok"/"down" (or "not used"/"not checked" when jobs run
     in-process without Redis): nothing else for anonymous callers."""
     report = {"database": _check(_database_answers)}
+    if report["database"] == "ok":
+        _DATABASE_OUTAGE.answered()
     if settings.RQ_ASYNC:
         report.update(redis=_check(_redis_answers), worker=_check(_worker_seen), sweeper=_check(_sweeper_seen))
     else:

@@ -18,7 +18,7 @@ from ledger.agents import agent_create
 from ledger.models import Action, ActionStatus, Agent, AuditEvent, Grant, StepStatus, Task, TaskStep
 from ledger.sweeper import sweep_once
 from ledger.tasks import task_request
-from tests.conftest import wait_until
+from tests.conftest import free_port, wait_until
 
 
 GRANTS = ("refund", "send_message", "create_booking")
@@ -305,3 +305,17 @@ def failed_task_entry(agent, task_id):
 def open_entry(task):
     """The task's open dead-letter entry (the dead-letter queue's reaction to its move)."""
     return task.dead_letters.get(status="open")
+
+
+@contextmanager
+def database_away():
+    """The database does not answer: this process's connection closed and pointed at a port
+    where nothing listens, as if PostgreSQL had gone away (put back afterwards)."""
+    port = connection.settings_dict["PORT"]
+    connection.close()
+    connection.settings_dict["PORT"] = free_port()
+    try:
+        yield
+    finally:
+        connection.close()
+        connection.settings_dict["PORT"] = port

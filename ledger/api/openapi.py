@@ -115,6 +115,8 @@ def links_to(operation_id, parameter):
 COMMON_PROBLEMS = {
     (401, PROBLEM_JSON): problem("`unauthenticated`: no token, or an unknown or revoked one."),
     (429, PROBLEM_JSON): problem("`throttled`: too many requests from this agent (see Retry-After)."),
+    (503, PROBLEM_JSON): problem("`database_unavailable`: the ledger's database could not be reached; nothing was "
+                                 "half-written, send the same request again (see Retry-After)."),
 }
 
 
@@ -137,7 +139,8 @@ def intake_responses(resource):
                                      "currency, and this deployment refuses such requests "
                                      "(LIMITS_UNCOVERED_CURRENCY=refuse); nothing was recorded."),
         (503, PROBLEM_JSON): problem("`busy`: the database stayed deadlocked on the same target or customer; "
-                                     "nothing was recorded, send the same request again (see Retry-After)."),
+                                     "`database_unavailable`: it could not be reached. Nothing was half-written: "
+                                     "send the same request again, with the same key (see Retry-After)."),
     }
 
 

@@ -9,6 +9,7 @@ from rq import Worker
 
 from ledger import jobs
 from tests.conftest import free_port, wait_until
+from tests.factories import database_away
 
 ALL_OK = {"database": "ok", "redis": "ok", "worker": "ok", "sweeper": "ok"}
 
@@ -85,3 +86,13 @@ def test_it_tells_anonymous_callers_nothing_but_the_checks(stack):
     assert response.headers["Content-Type"] == "application/json"
     assert "no-cache" in response.headers["Cache-Control"]
 
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_answers_503_naming_the_database_while_it_is_away_and_200_as_soon_as_it_answers(client, settings):
+    settings.RQ_ASYNC = False  # only the database is checked
+    with database_away():
+        response = client.get("/healthz")
+
+    assert response.status_code == 503 and response.json()["database"] == "down"
+    assert client.get("/healthz").status_code == 200

@@ -2,16 +2,14 @@
 a request that meets it is answered 503 with Retry-After (ledger.api.unavailable)."""
 
 import logging
-from contextlib import contextmanager
 
 import psycopg
 import pytest
 from django.contrib.auth import get_user_model
-from django.db import connection
 
 from ledger import outages
 from tests.conftest import free_port
-from tests.factories import post_action_in_process, refund_body
+from tests.factories import database_away, post_action_in_process, refund_body
 
 
 @pytest.fixture
@@ -44,20 +42,6 @@ def test_a_refused_connection_is_a_lost_one_and_a_statement_error_is_not(refused
     deadlock = psycopg.errors.DeadlockDetected("deadlock detected")
     assert outages.database_unreachable(deadlock) and not outages.connection_lost(deadlock)
     assert not outages.database_unreachable(psycopg.errors.UniqueViolation("duplicate key"))
-
-
-@contextmanager
-def database_away():
-    """The database does not answer: this process's connection closed and pointed at a port
-    where nothing listens, as if PostgreSQL had gone away (put back afterwards)."""
-    port = connection.settings_dict["PORT"]
-    connection.close()
-    connection.settings_dict["PORT"] = free_port()
-    try:
-        yield
-    finally:
-        connection.close()
-        connection.settings_dict["PORT"] = port
 
 
 def test_an_agent_meeting_a_database_that_is_away_is_told_503_with_retry_after(client, transactional_db):
