@@ -71,8 +71,12 @@ def sweep_once(holder=None, ring_all=False):
 
 
 def _run(steps, holder):
-    return {name: step() for name, step in steps
-            if holder is None or lead(name, holder, settings.SWEEP_LEASE_SECONDS)}
+    counts = {}
+    for name, step in steps:
+        if holder is None or lead(name, holder, settings.SWEEP_LEASE_SECONDS):
+            counts[name] = step()
+            logger.debug("ran %s: %s", name, counts[name])
+    return counts
 
 
 def _ring(ring_all):

@@ -1,8 +1,8 @@
 """Sweepers as a deployment runs them: `manage.py sweep` processes on the test database and this
 run's Redis, one per host, killed and cut off from the database and Redis mid-run.
 
-1. Three sweepers elect one leader per step: each step runs once per interval (counted by its
-   lease's `runs`), the leader SIGKILLed hands over within a few seconds, the audit chain holds.
+1. Three sweepers elect one leader per step: each step runs once per interval (counted in the
+   sweepers' logs, a line per step run), the leader SIGKILLed hands over within a few seconds, the audit chain holds.
 2. A sweeper whose Redis connections are killed and whose database connections are terminated
    (and refused for a while, as in a failover: the database's for 3 s, Redis's from the 2nd for
    longer than redis-py retries) keeps running, logs the outage once, and rings for the work posted
@@ -11,6 +11,8 @@ run's Redis, one per host, killed and cut off from the database and Redis mid-ru
 
 import json
 import os
+from collections import Counter
+from datetime import datetime
 import signal
 import socket
 import subprocess
@@ -75,12 +77,19 @@ def led_by(pids):
     return set(now) >= ELECTED and all(leader_pid(now[step]) in pids for step in ELECTED)
 
 
-def runs_per_interval(seconds):
-    """For `seconds`, how many times each elected step ran per INTERVAL (one sweeper: at most 1)."""
-    before, started = {step: lease.runs for step, lease in leases().items()}, time.monotonic()
+def runs_per_interval(seconds, sweepers):
+    """For `seconds`, how many times each elected step ran per INTERVAL, in all `sweepers` together
+    (their "ran STEP" lines): 1 at most, as one sweeper's passes would."""
+    started, began = datetime.now(), time.monotonic()
     time.sleep(seconds)
-    after, elapsed = leases(), time.monotonic() - started
-    return {step: round((after[step].runs - before[step]) * INTERVAL / elapsed, 2) for step in ELECTED}
+    ended, elapsed = datetime.now(), time.monotonic() - began
+    ran = Counter()
+    for process in sweepers:
+        for line in process.log.read_text().splitlines():
+            stamp, _, rest = line.partition(" DEBUG surety.sweeper ran ")
+            if rest and started <= datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f") <= ended:
+                ran[rest.partition(":")[0]] += 1
+    return {step: round(ran[step] * INTERVAL / elapsed, 2) for step in ELECTED}
 
 
 def post_refunds(client, prefix, count):
@@ -100,12 +109,13 @@ def test_three_sweepers_run_each_step_once_per_interval_and_another_leads_soon_a
         stack, sweepers):
     client = agent_api(stack.url, "sweepers", grants=("refund",))
     stack.start_worker()
-    processes = {process.pid: process for process in (sweepers() for _ in range(3))}
+    processes = {process.pid: process for process in (sweepers(LOG_LEVEL="DEBUG") for _ in range(3))}
+    started = list(processes.values())
     wait_until(lambda: led_by(set(processes)), seconds=30, message="every step to be led")
     keys = post_refunds(client, "L", 5)  # audit events for the leaders to seal
 
     # 1. Three sweepers, each a pass every INTERVAL: each step still runs once per interval.
-    steady = runs_per_interval(3)
+    steady = runs_per_interval(3, started)
     # 2. The leader (of every step, or of some) SIGKILLed: the next sweeper's pass takes its leases.
     leaders = {leader_pid(lease) for step, lease in leases().items() if step in ELECTED}
     with connection.cursor() as cursor:
@@ -124,7 +134,7 @@ def test_three_sweepers_run_each_step_once_per_interval_and_another_leads_soon_a
     wait_until(handed_over, seconds=15, interval=0.05, message="the survivors to lead every step")
     handover = time.monotonic() - kill_started
     keys += post_refunds(client, "M", 5)
-    after = runs_per_interval(3)
+    after = runs_per_interval(3, started)
     wait_until(lambda: all_succeeded(keys), seconds=30, message="the refunds to succeed")
     wait_until(lambda: not AuditEvent.objects.filter(seq__isnull=True).exists(), seconds=10,
                message="the leaders to seal every event")
