@@ -201,12 +201,15 @@ def held_group_decide_view(request, pk):
     item = get_review_item_for_user(request.user, pk, to_decide=True)
     for member in held_group(item):  # the same permission and four eyes for every one of them
         get_review_item_for_user(request.user, member.pk, to_decide=True)
-    # Empty means "reject them all"; anything else must name an action, or nothing is decided
-    # (a mistyped id must not turn into rejecting the one meant to be released).
+    # A person chooses: "none" rejects them all, anything else must name an action, and no
+    # choice decides nothing (a mistyped id or a missing choice must not turn into rejecting
+    # the one meant to be released).
     release = request.POST.get("release", "")
-    if release and not (release.isascii() and release.isdigit()):
+    if not release:
+        return _refused(request, item, "choose the one to release, or reject them all", 400)
+    if release != "none" and not (release.isascii() and release.isdigit()):
         return _refused(request, item, "the action to release is not one of this group", 400)
-    release = int(release) if release else None
+    release = None if release == "none" else int(release)
     try:
         # The one released goes on with the params the page showed for it, never with whatever they are by now.
         fingerprint = fingerprint_seen(request.POST.get(f"fingerprint_{release}", "")) if release else ""

@@ -173,3 +173,20 @@ def test_a_release_without_the_print_of_the_params_seen_decides_nothing(agent, a
     assert "Not done: " in answer.content.decode() and said in answer.content.decode()
     assert (status(first), status(second)) == (S.HELD, S.HELD)
     assert ReviewItem.objects.filter(kind=ReviewKind.HELD, status=ReviewStatus.OPEN).count() == 2
+
+
+@pytest.mark.django_db
+def test_the_group_form_chooses_nothing_for_the_person_and_a_post_without_a_choice_decides_nothing(
+        agent, approver, client):
+    first, second = refund(agent, "r1"), refund(agent, "r2")
+    item = ReviewItem.objects.get(action=first, status=ReviewStatus.OPEN)
+    client.force_login(approver)
+    page = client.get(f"/review/{item.pk}/").content.decode()
+    form = page[page.index('id="group-form"'):page.index("</form>", page.index('id="group-form"'))]
+    assert form.count('name="release"') == 3 and " checked" not in form and "required" in form
+
+    answer = client.post(f"/review/{item.pk}/group", {"reason": "no choice made"}, follow=True)
+    assert "Not done: choose the one to release, or reject them all" in answer.content.decode()
+    assert (status(first), status(second)) == (S.HELD, S.HELD)
+    client.post(f"/review/{item.pk}/group", {"release": "none", "reason": "duplicates"})
+    assert (status(first), status(second)) == (S.REJECTED, S.REJECTED)
