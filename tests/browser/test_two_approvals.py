@@ -3,6 +3,7 @@ they may not decide (they did not request it: their agent did)."""
 
 import pytest
 
+from approvals.decisions import review_decide
 from approvals.models import ReviewStatus
 from tests.browser.conftest import login, status_message
 from tests.browser.decisions import dual_limit, open_item, refund
@@ -71,3 +72,15 @@ def test_the_agents_owner_is_told_they_are_responsible_for_the_agent_not_that_th
     note = page.locator("#four-eyes").inner_text()
     assert "You requested this" not in note
     assert "responsible for billing-bot" in note
+
+
+def test_the_second_approver_is_asked_naming_who_approved_first_and_that_theirs_is_the_second(page, agent, people):
+    dual_limit()
+    item = open_item(refund(agent, 4, "1500.00"))
+    review_decide(item, user=people["alice"], decision="approve", reason="checked the order")
+    login(page, "bob")
+    page.goto(f"/review/{item.pk}/")
+
+    asked = page.locator("#approve-button").get_attribute("data-confirm")
+    assert "alice approved first" in asked and "a second, different person" in asked
+    assert "someone else must approve too" not in asked
