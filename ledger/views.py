@@ -59,9 +59,9 @@ def ledger_search(request):
     if q.get("key"):
         actions = actions.filter(operation_key__startswith=q["key"].strip())
     if q.get("target"):
-        actions = actions.filter(target=q["target"].strip())
+        actions = _matching(actions, "target", q["target"].strip())
     if q.get("customer"):
-        actions = _customer_matching(actions, q["customer"].strip())
+        actions = _matching(actions, "customer", q["customer"].strip())
     if q.get("agent"):
         # By the agent's id rather than a join on its name: with the id the planner knows from
         # agent_id's statistics how many actions the agent has and reads action_agent_idx in
@@ -86,12 +86,12 @@ def ledger_search(request):
     return render_partial(request, "ledger/search.html", "results" if request.htmx else None, context)
 
 
-def _customer_matching(actions, customer):
-    """The customer as written (action_customer_idx answers it), else any customer whose id
-    starts so in any case ("cust-17" finds CUST-17 and CUST-170): people type ids from
-    e-mails and tickets, not from the ledger."""
-    exact = actions.filter(customer=customer)
-    return exact if exact.exists() else actions.filter(customer__istartswith=customer)
+def _matching(actions, field, text):
+    """The target or customer as written (action_target_idx, action_customer_idx answer it),
+    else any whose id starts so in any case ("cust-17" finds CUST-17 and CUST-170): people
+    type ids from e-mails and tickets, not from the ledger."""
+    exact = actions.filter(**{field: text})
+    return exact if exact.exists() else actions.filter(**{f"{field}__istartswith": text})
 
 
 @staff_required

@@ -1,4 +1,4 @@
-"""The ledger search finds a customer as people write the id: any case, or its beginning."""
+"""The ledger search finds a customer or a target as people write the id: any case, or its beginning."""
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -26,8 +26,8 @@ def refund_for(agent, customer, n):
     return f"refund:ORD-S{n}:full:dec-s{n}"
 
 
-def keys_found(client, customer):
-    page = client.get("/ledger/", {"customer": customer}).content.decode()
+def keys_found(client, customer, field="customer"):
+    page = client.get("/ledger/", {field: customer}).content.decode()
     return {key for key in ("refund:ORD-S1:full:dec-s1", "refund:ORD-S2:full:dec-s2", "refund:ORD-S3:full:dec-s3")
             if key in page}
 
@@ -41,3 +41,12 @@ def test_a_customer_is_found_in_any_case_and_by_the_beginning_of_the_id(approver
     assert keys_found(approver_client, "cust-17") == {first, second}
     assert keys_found(approver_client, "Cust-1") == {first, second}
     assert keys_found(approver_client, "cust-9") == set()
+
+
+def test_a_target_is_found_in_any_case_and_by_the_beginning_of_the_id(approver_client):
+    agent, _ = make_agent("search-bot")
+    first, second, third = (refund_for(agent, f"CUST-{n}", n) for n in (1, 2, 3))  # targets ORD-S1 to ORD-S3
+    assert keys_found(approver_client, "ORD-S1", "target") == {first}  # as written
+    assert keys_found(approver_client, "ord-s1", "target") == {first}
+    assert keys_found(approver_client, "ord-s", "target") == {first, second, third}
+    assert keys_found(approver_client, "ord-x", "target") == set()
