@@ -6,9 +6,10 @@ Each pass:
 2. if any action is runnable (queued and due, or due for verification), ring its doorbell,
    which enqueues a drain job unless one is already waiting — a flushed Redis or a
    SIGKILLed worker loses nothing; the same for tasks;
-3. the steps the apps registered (`ledger.hooks.on_sweep`): review items past their
-   deadline raise an alert, once (approvals); alerts whose delivery job was lost are
-   enqueued again (dlq); ...;
+3. the steps the apps registered (`ledger.hooks.on_sweep`): approvals nobody decided in time
+   expire (approvals); review items past their deadline alert their tier, once, and escalate;
+   alerts whose delivery job was lost are enqueued again; reconciliation runs start on their
+   schedule, and bulk redrives whose job was lost resume (dlq); the sandbox's lost webhooks go out;
 4. audit events committed since the last pass are sealed into the chain, and the chain is
    verified: the newest stretch every pass, the whole of it once a day.
 
