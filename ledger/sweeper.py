@@ -26,7 +26,8 @@ holding one transaction around a whole step would keep its row locks, and people
 waiting on them, until the step ends; a session's advisory lock would not survive a
 transaction-pooling PgBouncer. A step that outlasts its lease may be started by another
 sweeper meanwhile: each one is written to be safe alongside itself (SKIP LOCKED claims,
-conditional updates, unique slots), so that costs work, never a second effect. On SQLite there
+conditional updates, unique slots), so that costs work, never a second effect; and a leader
+that hangs loses its steps as a dead one does (nothing renews a lease but a run). On SQLite there
 is one process and no election. A pass run by hand (`sweep --once`, the tests' `sweep_once()`)
 runs every step.
 
