@@ -79,3 +79,10 @@ def test_a_review_date_in_the_past_is_a_form_error_and_nothing_is_promoted(admin
     assert answer.status_code == 200
     assert "Not promoted: the review date must be ahead" in answer.content.decode()
     assert grant_state(shadow_scout, "action_type", "refund") == GrantState.SHADOW
+
+
+def test_a_workflow_grant_says_it_needs_no_review_date(admin_client):
+    make_agent("flow-bot", grants=("noop",), live=False)
+    _, html = statements_of_the_page(admin_client)
+    grants = html[html.index('id="grants-'):]
+    assert "noop" in grants and "live once given, no review date needed" in grants
