@@ -128,10 +128,13 @@ def deadletter_bulk(request):
             messages.warning(request, f"The queue changed: {count} entries match now. Confirm again.")
         elif request.POST.get("confirm_count") and not reason:
             messages.error(request, "A reason is required.")
+        # The person sees which entries go, oldest first, and confirms those: no other is touched.
+        listed = entries.select_related("task__agent", "action__agent").order_by("id")[:BULK_MAX]
         return render(request, "dlq/bulk_confirm.html", {"op": op, "count": min(count, BULK_MAX), "total": count,
-                                                         "filters": request.POST, "reason": reason})
+                                                         "entries": listed, "filters": request.POST, "reason": reason})
+    shown = [pk for pk in request.POST.getlist("entry") if pk.isascii() and pk.isdigit()]
     done = 0
-    for entry in entries.order_by("id")[:BULK_MAX]:
+    for entry in entries.filter(pk__in=shown).order_by("id")[:BULK_MAX]:
         try:
             deadletter_discard(entry, actor=request.user, reason=reason)
             done += 1

@@ -72,7 +72,7 @@ def test_a_bulk_redrive_lists_its_dry_run_then_runs_and_leaves_a_report(page, pe
     assert page.console_errors == []
 
 
-def test_a_bulk_discard_shows_the_count_and_needs_a_confirmation_and_a_reason(page, people, agent, shot):
+def test_a_bulk_discard_lists_the_entries_and_needs_a_confirmation_and_a_reason(page, people, agent, shot):
     entries = [dead_letter(agent, f"bulk-{n}") for n in range(3)]
     login(page, "olga")
     page.goto("/dlq/")
@@ -83,6 +83,8 @@ def test_a_bulk_discard_shows_the_count_and_needs_a_confirmation_and_a_reason(pa
     with page.expect_navigation():
         form.get_by_role("button", name="Preview").click()
     assert page.locator("#bulk-count").inner_text().strip() == "3"
+    listed = page.locator("#bulk-entries tbody tr").all_inner_texts()  # what goes, not only how many
+    assert [line.split()[0] for line in listed] == [f"#{entry.pk}" for entry in entries]
     assert DeadLetter.objects.filter(status=EntryStatus.OPEN).count() == 3  # a preview changes nothing
     shot(page, "bulk-confirm")
 

@@ -236,7 +236,7 @@ def test_a_bulk_discard_touches_the_action_entries_of_types_the_person_may_work_
     preview = client.post("/dlq/bulk", {"op": "discard", "status": "open", "code": "declined"})
     assert preview.context["total"] == 2
     client.post("/dlq/bulk", {"op": "discard", "status": "open", "code": "declined", "confirm_count": "2",
-                              "reason": "duplicates of refunds made by hand"})
+                              "entry": [entry.pk for entry in entries], "reason": "duplicates of refunds made by hand"})
     assert set(DeadLetter.objects.values_list("status", flat=True)) == {E.DISCARDED}
     for entry in entries:
         [event] = audit_events(entry, "discarded")

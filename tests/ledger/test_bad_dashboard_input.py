@@ -203,8 +203,12 @@ def test_dlq_bulk_does_nothing_until_the_count_shown_is_confirmed_with_a_reason(
         assert response.status_code == 200, (data, response.status_code)
         assert DeadLetter.objects.get(pk=entry.pk).status == "open", data
     assert AuditEvent.objects.count() == events
-    assert admin.post("/dlq/bulk", {"op": "discard", "confirm_count": "1", "reason": "x"}).status_code == 302
+    # Only the entries the confirmation listed: one that came after it stays open.
+    later = dead_letter(agent, "bulk-2")
+    assert admin.post("/dlq/bulk", {"op": "discard", "confirm_count": "2", "reason": "x",
+                                    "entry": [entry.pk]}).status_code == 302
     assert DeadLetter.objects.get(pk=entry.pk).status == "discarded"
+    assert DeadLetter.objects.get(pk=later.pk).status == "open"
 
 
 def test_run_now_on_a_settled_task_does_nothing(admin):
