@@ -173,8 +173,9 @@ def _drain_lane(kind, claim_next, run_claimed, deadline, linger=0):
     least `linger` seconds after the lane first found nothing still finds nothing.
 
     While the database is unreachable the lane waits and tries again until the deadline
-    (`_OUTAGES` logs it once per outage): an action or task it had claimed keeps its claim
-    until the lease lapses, and the sweeper takes it back then; nothing is lost with the job."""
+    (`_OUTAGES` logs it once per outage; in-process it ends at once): an action or task it had
+    claimed keeps its claim until the lease lapses, and the sweeper takes it back then; nothing
+    is lost with the job."""
     close_old_connections()  # a lane's thread outlives jobs: drop a connection gone stale
     outage = _OUTAGES[kind]
     owner = worker_name()
@@ -185,8 +186,9 @@ def _drain_lane(kind, claim_next, run_claimed, deadline, linger=0):
         try:
             claimed = claim_next(owner)
         except UNREACHABLE as exc:
+            if not _went_on(outage, exc):
+                break
             idle_until = None
-            time.sleep(outage.failed(exc))
             continue
         outage.answered()
         if claimed is None:
@@ -202,10 +204,22 @@ def _drain_lane(kind, claim_next, run_claimed, deadline, linger=0):
         try:
             run_claimed(claimed)
         except UNREACHABLE as exc:
-            time.sleep(outage.failed(exc))
+            if not _went_on(outage, exc):
+                break
             continue
         handled += 1
     return handled
+
+
+def _went_on(outage, exc):
+    """After a database error, whether the lane goes on: a worker's lane does, after a moment's
+    wait. In-process the drain runs inside a request, which must not wait: it ends, and the
+    sweeper's next pass rings again."""
+    wait = outage.failed(exc)
+    if not settings.RQ_ASYNC:
+        return False
+    time.sleep(wait)
+    return True
 
 
 # One per kind and process, shared by its lanes: one line in the log per outage, not per lane.
