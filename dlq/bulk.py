@@ -180,6 +180,9 @@ def selection_difference(run, *, user):
     )
 
 
+STALE = "this dry run is stale (over an hour old): do a new dry run to see the entries as they are now"
+
+
 def bulk_start(run, *, user, reason, rate):
     """Run the dry run as it was listed, or refuse (SelectionChanged) with the difference."""
     reason = reason.strip()
@@ -189,6 +192,8 @@ def bulk_start(run, *, user, reason, rate):
         run = BulkRedrive.objects.select_for_update().get(pk=run.pk)
         if run.status != RunStatus.PLANNED:
             raise InvalidTransition(f"{run} was already started by {run.started_by}")
+        if run.stale:
+            raise InvalidTransition(STALE)
         difference = selection_difference(run, user=user)
         if difference:
             raise SelectionChanged(difference)

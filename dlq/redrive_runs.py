@@ -35,6 +35,8 @@ RUN_TRANSITIONS = {
     R.STOPPED: set(),
 }
 ACTIVE_STATUSES = (R.RUNNING, R.STOPPING)
+# A dry run lists the queue as it was: past this age it is stale, and only a new one starts.
+DRY_RUN_FRESH_FOR = timedelta(hours=1)
 
 
 class Plan(models.TextChoices):
@@ -102,6 +104,11 @@ class BulkRedrive(StateMachine):
 
     def get_absolute_url(self):
         return f"/dlq/redrives/{self.pk}/"
+
+    @property
+    def stale(self):
+        """A dry run too old to start: the queue it listed has moved on since."""
+        return self.status == R.PLANNED and self.planned_at < timezone.now() - DRY_RUN_FRESH_FOR
 
     @property
     def seconds_apart(self):

@@ -8,6 +8,7 @@ entry redriven that fails again gets a new entry, the earlier one keeping its er
 
 import sys
 import time
+from datetime import timedelta
 from decimal import Decimal
 
 import pytest
@@ -264,6 +265,25 @@ def test_a_run_whose_selection_changed_is_refused_with_the_difference(agent, olg
     assert run.status == "planned" and run.started_by is None
     assert DeadLetter.objects.filter(status="open").count() == 3
     assert not audit_events(run).exists()
+
+
+
+def test_a_stale_dry_run_shows_stale_with_its_start_button_disabled_and_is_refused(agent, olga):
+    failed_refund_entry(agent, 1)
+    run = dry_run(olga)
+    BulkRedrive.objects.filter(pk=run.pk).update(planned_at=run.planned_at - timedelta(hours=2))
+
+    page = olga.get(f"/dlq/redrives/{run.pk}/").content.decode()
+    assert 'badge badge--stale" id="run-status"' in page and 'id="stale-help"' in page
+    button = page[page.index('id="start-run"'):page.index(">", page.index('id="start-run"'))]
+    assert "disabled" in button
+    assert 'badge badge--stale"' in olga.get("/dlq/redrives/").content.decode()
+
+    answer = olga.post(f"/dlq/redrives/{run.pk}/start", {"rate": "30", "reason": REASON}, follow=True)
+    assert "Not started: this dry run is stale" in answer.content.decode()
+    run.refresh_from_db()
+    assert run.status == "planned" and run.started_by is None
+    assert DeadLetter.objects.filter(status="open").count() == 1
 
 
 @pytest.mark.parametrize(("rate", "message"), [
