@@ -17,6 +17,7 @@ from . import hooks
 from .access import WORK_DLQ, user_may
 from .agents import agent_create, agent_rotate_token, capabilities_named
 from .connectors import connector_name
+from .connectors.test_mode import REPLAY_AGENT, REPLAY_KEY_PREFIX
 from .dashboard import (HISTORY_EXACT_UP_TO, action_counts, keyset_page, parse_moment, render_partial,
                         shown_estimate, staff_required)
 from .grants import GrantRefused, agent_grant, agent_revoke
@@ -45,11 +46,19 @@ def overview(request):
     context = {
         "counts": [(s, counts.get(s, 0)) for s in STATUS_ORDER],
         "cards": hooks.overview_cards(request.user, now),
-        "recent": AuditEvent.objects.order_by("-id")[:15],
+        "recent": _recent_activity()[:15],
         "audit_unsealed": AuditEvent.objects.unsealed_for(settings.AUDIT_SEAL_ALERT_SECONDS),
         "refreshed_at": now,
     }
     return render_partial(request, "ledger/overview.html", request.GET.get("partial"), context)
+
+
+def _recent_activity():
+    """The audit log newest first, without the replay set's internals: its agent's requests
+    and what became of its `replay:` actions are the connector's test, not anyone's activity
+    (the run itself, started and ended, stays)."""
+    replay_labels = Q(object_label__startswith=REPLAY_KEY_PREFIX) | Q(object_label__contains=f"({REPLAY_KEY_PREFIX}")
+    return AuditEvent.objects.exclude(actor=f"agent:{REPLAY_AGENT}").exclude(replay_labels).order_by("-id")
 
 
 @staff_required
