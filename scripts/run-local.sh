@@ -18,8 +18,11 @@ if ! [[ "$PORT" =~ ^[0-9]+$ ]] || [ "$PORT" -lt 1 ] || [ "$PORT" -gt 65535 ]; th
   say "PORT must be a number from 1 to 65535, not '$PORT'" >&2
   exit 2
 fi
+# SO_REUSEADDR, as gunicorn binds: the last run's connections in TIME_WAIT (a minute after
+# Ctrl-C) do not keep the port; a process listening on it does.
 if ! "$PY" -c 'import socket, sys
 s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind(("127.0.0.1", int(sys.argv[1])))' "$PORT" 2>/dev/null; then
   say "port $PORT on 127.0.0.1 is in use; choose another: make run PORT=8001" >&2
   exit 1

@@ -15,6 +15,7 @@ import subprocess
 import time
 
 import httpx
+import pytest
 import psycopg
 
 from tests.conftest import REDIS_URL, ROOT
@@ -73,6 +74,26 @@ def test_a_taken_port_is_refused_before_anything_is_prepared_or_announced():
     assert f"port {port} on 127.0.0.1 is in use" in stderr
     assert "web app at" not in stdout and "migrating" not in stdout
 
+
+
+def test_a_port_whose_last_connections_are_in_time_wait_is_not_refused():
+    """What Ctrl-C leaves: the server closed its connections first, so they wait out TIME_WAIT
+    on its port for a minute. The run goes on (to a database it cannot reach, so it stops there)."""
+    port = listening_port()
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", port))
+        server.listen()
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            accepted, _ = server.accept()
+            accepted.close()  # the server's side closes first: its end goes to TIME_WAIT
+            client.recv(1)
+    with socket.socket() as plain, pytest.raises(OSError):
+        plain.bind(("127.0.0.1", port))  # the port check as it was refused this port
+    run = subprocess.run(["bash", "scripts/run-local.sh"], cwd=ROOT, text=True, capture_output=True, timeout=60,
+                         env=local_env(port, DATABASE_URL="postgres://postgres@127.0.0.1:1/unreachable"))
+    assert "is in use" not in run.stderr
+    assert "ensuring database unreachable" in run.stdout
 
 def processes_of(session):
     """{(pid, command line): environment} of the web app, workers and sweeper the run started."""
