@@ -79,8 +79,8 @@ def parse_args(argv):
                    help="the figures to measure, e.g. 'ab' (default all; p: the dashboard pages, bench/pages.py)")
     p.add_argument("--profile", action="store_true", help="also print a cProfile of the POST paths")
     p.add_argument("--pooler", action="store_true",
-                   help="also measure (b)-(d) through PgBouncer in transaction pooling mode (bench/pgbouncer.py), "
-                        "and print each through the pooler / direct")
+                   help="also measure (b)-(d) with DATABASE_POOLER=transaction, straight to PostgreSQL and through "
+                        "PgBouncer in transaction pooling mode (bench/pgbouncer.py), each over its direct figure")
     p.add_argument("--out", default="artifacts/bench.json")
     return p.parse_args(argv)
 
