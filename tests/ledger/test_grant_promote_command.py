@@ -86,3 +86,12 @@ def test_an_unknown_agent_is_refused(db):
     person("ada")
     with pytest.raises(CommandError, match="no agent named 'ghost'"):
         call_command("grant_promote", "ghost", "refund", "--by", "ada", "--reason", "ok")
+
+
+def test_unless_live_promotes_once_and_writes_nothing_while_the_grant_is_live(scout, passed_run, capsys):
+    person("ada")
+    for _ in range(3):  # make run, started three times
+        promote("--by", "ada", "--reason", "the demo's grant, made live by make run", "--unless-live")
+    assert state(scout) == GrantState.LIVE
+    assert audit_events(scout, "promoted").count() == 1
+    assert "scout's refund grant is live already: nothing promoted." in capsys.readouterr().out

@@ -4,8 +4,8 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
-from ledger.grants import REVIEW_DAYS, GrantRefused, capability, grant_promote
-from ledger.models import ActionType, Agent, Capability
+from ledger.grants import REVIEW_DAYS, GrantRefused, capability, grant_promote, grant_state
+from ledger.models import ActionType, Agent, Capability, GrantState
 
 
 class Command(BaseCommand):
@@ -20,8 +20,11 @@ class Command(BaseCommand):
         parser.add_argument("--reason", required=True, help="why: recorded in the audit log")
         parser.add_argument("--review-days", type=int, default=REVIEW_DAYS, metavar="N",
                             help=f"days until the grant falls back to shadow unless renewed (default {REVIEW_DAYS})")
+        parser.add_argument("--unless-live", action="store_true",
+                            help="do nothing (and write nothing) while the grant is live: a script run at every "
+                                 "start promotes once, not once per start")
 
-    def handle(self, agent, action_type, by, reason, review_days, **options):
+    def handle(self, agent, action_type, by, reason, review_days, unless_live, **options):
         person = get_user_model().objects.filter(username=by, is_active=True).first()
         if person is None:
             raise CommandError(f"no active user named {by!r}")
@@ -30,6 +33,9 @@ class Command(BaseCommand):
         found = Agent.objects.filter(name=agent).first()
         if found is None:
             raise CommandError(f"no agent named {agent!r}")
+        if unless_live and grant_state(found, Capability.Kind.ACTION_TYPE, action_type) == GrantState.LIVE:
+            self.stdout.write(f"{found.name}'s {action_type} grant is live already: nothing promoted.")
+            return
         try:
             grant = grant_promote(found, capability(Capability.Kind.ACTION_TYPE, action_type), actor=person,
                                   reason=reason, review_by=timezone.now() + timedelta(days=review_days))
