@@ -22,7 +22,16 @@ def review_follow_move(action, previous, actor):
     """After every move of an action: an item opens when it comes to need a person, and
     closes when it no longer does."""
     if action.status in PERSON_STATUSES or previous in PERSON_STATUSES:
-        review_follow_action(action)
+        review_follow_action(action, _why_moved(action))
+
+
+def _why_moved(action):
+    """An unknown outcome waits for the reason its move gave (the provider cannot say; it
+    confirmed, but over the limit), recorded just before this runs; '' for the default."""
+    if action.status != ActionStatus.NEEDS_REVIEW:
+        return ""
+    move = AuditEvent.objects.history(action).last()
+    return move.reason if move is not None else ""
 
 
 def review_follow_action(action, why=""):
