@@ -28,7 +28,10 @@ class DatabaseUnavailableMiddleware:
         self.get_response = get_response
 
     def __call__(self, request):
-        return self.get_response(request)
+        response = self.get_response(request)
+        if response.status_code < 500:
+            _REQUESTS_OUTAGE.answered()  # an attribute read, unless an outage was logged
+        return response
 
     def process_exception(self, request, exception):
         if not outages.database_unreachable(exception):
