@@ -1,5 +1,7 @@
 """Pages where people decide: the approval and unknown-outcome queues, an item, the limits."""
 
+from urllib.parse import urlencode
+
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import Q
@@ -48,10 +50,31 @@ def _waiting_for(user):
         approved_by(user))
 
 
-def _next_item(item, user):
-    """The item after `item` in its queue's order (deadline, then id: equal deadlines are
-    not skipped) that this user can act on."""
-    kinds = QUEUES[_queue_of(item)][0]
+def came_from(request, item):
+    """The queue the person works, as the item's links and forms carry it (`?queue=`): the
+    approvals page as a whole ("approvals") or one kind of item, as the overview's cards and the
+    queue's kind filter open it. Without one (or one the item is not in), the item's own kind."""
+    queue = request.POST.get("queue") or request.GET.get("queue") or ""
+    if queue == "approvals" and item.kind in QUEUES["approvals"][0] or queue == item.kind:
+        return queue
+    return item.kind
+
+
+def _kinds_of(queue):
+    return QUEUES["approvals"][0] if queue == "approvals" else [queue]
+
+
+def _next_after(item, user, queue):
+    """The item after `item` in the queue's order, as a URL that stays in that queue; the
+    item's own page when it is the last."""
+    following = _next_item(item, user, queue) or item
+    return f"{reverse('review-detail', args=[following.pk])}?{urlencode({'queue': queue})}"
+
+
+def _next_item(item, user, queue):
+    """The item after `item` in the order of `queue` (deadline, then id: equal deadlines are
+    not skipped) that this user can act on: never one of another queue."""
+    kinds = _kinds_of(queue)
     after = Q(deadline__gt=item.deadline) | Q(deadline=item.deadline, pk__gt=item.pk)
     return _waiting_for(user).filter(after, kind__in=kinds).order_by("deadline", "id").first()
 
@@ -74,6 +97,8 @@ def review_queue(request, queue):
     filters.pop("after", None)
     context = {"items": items, "queue": queue, "title": title, "status": status, "statuses": ReviewStatus.values,
                "kinds": kinds if len(kinds) > 1 else [], "kind": kind, "queue_url": reverse(url_name),
+               # What its rows' pages go on to next: this list as filtered (approvals, held, ...).
+               "row_queue": kind or ("approvals" if queue == "approvals" else kinds[0]),
                "action_types": ActionType.values, "next_cursor": next_cursor, "query": filters.urlencode(),
                "may_reject": {t for t in ActionType.values if user_may(request.user, PERM_FOR_KIND[kinds[0]],
                                                                         Capability.Kind.ACTION_TYPE, t)}}
@@ -108,7 +133,8 @@ def review_detail(request, pk):
         # What the decision is taken on: the print of the params this page shows.
         "fingerprint": action.params_fingerprint(),
         "edit_form": EditForm(action=action) if item.kind == ReviewKind.APPROVAL else None,
-        "next_item": _next_item(item, request.user),
+        "queue": came_from(request, item),
+        "next_item": _next_item(item, request.user, came_from(request, item)),
     }
     return render_partial(request, "approvals/detail.html", "outcome" if request.htmx else None, context)
 
@@ -190,8 +216,7 @@ def review_decide_view(request, pk):
     if form.cleaned_data["return_to"] == "queue":
         return redirect(QUEUES[_queue_of(item)][2])
     # On to the next item in the queue's order; the last one stays on the page it was decided on.
-    following = _next_item(item, request.user)
-    return redirect("review-detail", pk=following.pk if following else item.pk)
+    return redirect(_next_after(item, request.user, came_from(request, item)))
 
 
 @staff_required
@@ -225,8 +250,7 @@ def held_group_decide_view(request, pk):
     released = [m.action.operation_key for m in group if m.action_id == release]
     messages.success(request, f"Group of {len(group)} decided: " + (f"{released[0]} released, the rest rejected."
                                                                    if released else "all rejected."))
-    following = _next_item(item, request.user)
-    return redirect("review-detail", pk=following.pk if following else item.pk)
+    return redirect(_next_after(item, request.user, came_from(request, item)))
 
 
 @staff_required
