@@ -52,23 +52,33 @@ def _waiting_for(user):
 
 def came_from(request, item):
     """The queue the person works, as the item's links and forms carry it (`?queue=`): the
-    approvals page as a whole ("approvals") or one kind of item, as the overview's cards and the
-    queue's kind filter open it. Without one (or one the item is not in), the item's own kind."""
+    approvals page as a whole ("approvals", the default for its items) or one kind of item,
+    as the overview's cards and the queue's kind filter open it. Without one (or one the item
+    is not in), the queue its breadcrumb names."""
     queue = request.POST.get("queue") or request.GET.get("queue") or ""
-    if queue == "approvals" and item.kind in QUEUES["approvals"][0] or queue == item.kind:
+    if queue == item.kind or queue == "approvals" and item.kind in QUEUES["approvals"][0]:
         return queue
-    return item.kind
+    return _default_queue(item)
+
+
+def _default_queue(item):
+    return "approvals" if item.kind in QUEUES["approvals"][0] else item.kind
 
 
 def _kinds_of(queue):
     return QUEUES["approvals"][0] if queue == "approvals" else [queue]
 
 
+def _queue_query(item, queue):
+    """What an item's URL carries to stay in `queue`: nothing for the default."""
+    return "" if queue == _default_queue(item) else f"?{urlencode({'queue': queue})}"
+
+
 def _next_after(item, user, queue):
     """The item after `item` in the queue's order, as a URL that stays in that queue; the
     item's own page when it is the last."""
     following = _next_item(item, user, queue) or item
-    return f"{reverse('review-detail', args=[following.pk])}?{urlencode({'queue': queue})}"
+    return reverse("review-detail", args=[following.pk]) + _queue_query(following, queue)
 
 
 def _next_item(item, user, queue):
@@ -97,8 +107,8 @@ def review_queue(request, queue):
     filters.pop("after", None)
     context = {"items": items, "queue": queue, "title": title, "status": status, "statuses": ReviewStatus.values,
                "kinds": kinds if len(kinds) > 1 else [], "kind": kind, "queue_url": reverse(url_name),
-               # What its rows' pages go on to next: this list as filtered (approvals, held, ...).
-               "row_queue": kind or ("approvals" if queue == "approvals" else kinds[0]),
+               # Its rows' pages go on to the next item of this list as filtered (held, ...).
+               "row_query": f"?{urlencode({'queue': kind})}" if kind else "",
                "action_types": ActionType.values, "next_cursor": next_cursor, "query": filters.urlencode(),
                "may_reject": {t for t in ActionType.values if user_may(request.user, PERM_FOR_KIND[kinds[0]],
                                                                         Capability.Kind.ACTION_TYPE, t)}}
@@ -134,6 +144,7 @@ def review_detail(request, pk):
         "fingerprint": action.params_fingerprint(),
         "edit_form": EditForm(action=action) if item.kind == ReviewKind.APPROVAL else None,
         "queue": came_from(request, item),
+        "queue_query": _queue_query(item, came_from(request, item)),
         "next_item": _next_item(item, request.user, came_from(request, item)),
     }
     return render_partial(request, "approvals/detail.html", "outcome" if request.htmx else None, context)
