@@ -263,6 +263,10 @@ SWEEP_LEASE_SECONDS = env_float("SWEEP_LEASE_SECONDS", max(5, 3 * SWEEP_INTERVAL
 SWEEP_BACKOFF_MAX_SECONDS = env_float("SWEEP_BACKOFF_MAX_SECONDS", 5)
 # The overview warns when audit events wait longer than this for the sweeper to seal them.
 AUDIT_SEAL_ALERT_SECONDS = env_float("AUDIT_SEAL_ALERT_SECONDS", 60)
+# The seal signs the chain's hash every this many events (a checkpoint the daily check starts
+# from), and the whole-chain check walks this many events per sweeper pass (ledger.audit).
+AUDIT_CHECKPOINT_EVERY = env_int("AUDIT_CHECKPOINT_EVERY", 10000)
+AUDIT_WALK_BATCH = env_int("AUDIT_WALK_BATCH", 5000)
 # Threads per drain job on PostgreSQL (each with a connection): actions and tasks in flight per worker.
 DRAIN_LANES = env_int("DRAIN_LANES", 4)
 WEBHOOK_TOLERANCE_SECONDS = 300

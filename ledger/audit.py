@@ -6,6 +6,13 @@ migrations 0002 and 0010). The sealer (`AuditEvent.objects.seal`, run by every s
 pass) then gives the events committed since its last pass their place in one chain:
 `hash = sha256(prev_hash + content_hash + seq)`. Sealing there rather than at each commit
 keeps the chain's one lock off the requests: writers never queue behind each other for it.
+
+Checkpoints bound the daily work. Every AUDIT_CHECKPOINT_EVERY-th seq, the seal that reaches it
+writes, in the same transaction, the chain's hash there, signed under this deployment's secret
+key (`ChainCheckpoint`). A checkpoint whose signature holds and whose seq still carries its
+hash vouches for every link before it, so the daily check walks from the last one, not from
+seq 1; the whole chain is walked by a background job, a stretch per sweeper pass, its progress
+in a row (`ChainWalk`) so that a crash costs one stretch, never the walk.
 """
 
 import hashlib
@@ -13,10 +20,13 @@ import json
 from dataclasses import dataclass
 from datetime import timedelta
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.core import signing
 from django.db import connection, models, transaction
 from django.db.models import Q
 from django.utils import timezone
+from django.utils.crypto import constant_time_compare
 
 from .compiled import insert
 from .locks import AUDIT_SEAL, take_turns
@@ -36,6 +46,16 @@ def actor_label(actor):
     raise ValueError(f"not an actor: {actor!r}")
 
 
+def ledger_signer(purpose):
+    """The one signer of what this ledger vouches for: an HMAC-SHA256 under SECRET_KEY, salted
+    by `purpose` (the evidence record, the chain's checkpoints)."""
+    return signing.Signer(salt=f"ledger.{purpose}", algorithm="sha256")
+
+
+def checkpoint_signature(seq, hash):
+    return ledger_signer("audit.checkpoint").signature(f"{seq}:{hash}")
+
+
 def content_hash(fields):
     canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()
@@ -51,6 +71,7 @@ class ChainReport:
     why: str
     through_seq: int  # the last seq that holds
     events: int  # how many were checked
+    last_hash: str = ""  # the hash at through_seq, where a walk resumes
 
     def __str__(self):
         if self.broken_at is None:
@@ -106,6 +127,10 @@ class AuditEventManager(models.Manager):
                 with connection.cursor() as cursor:
                     cursor.executemany(f"UPDATE {self.model._meta.db_table} SET seq = %s, prev_hash = %s, hash = %s "
                                        "WHERE id = %s", seals)
+                every = settings.AUDIT_CHECKPOINT_EVERY
+                ChainCheckpoint.objects.bulk_create([
+                    ChainCheckpoint(seq=seq, hash=hash, signature=checkpoint_signature(seq, hash))
+                    for seq, _, hash, _ in seals if seq % every == 0])
             sealed += len(pending)
 
     def unsealed_for(self, seconds):
@@ -121,16 +146,18 @@ class AuditEventManager(models.Manager):
         """Return the seq of the first sealed event that was altered or does not follow, or None."""
         return self.chain_report().broken_at
 
-    def chain_report(self, from_seq=1):
+    def chain_report(self, from_seq=1, through=None):
         """Walk the sealed chain from `from_seq` (trusting the link before it, which an earlier
-        walk checked): the first broken link and why, or how far it holds."""
+        walk checked) to its end or to `through`: the first broken link and why, or how far it
+        holds."""
         prev_hash, expected = "", max(from_seq, 1)
         if expected > 1:
             prev_hash = self.filter(seq=expected - 1).values_list("hash", flat=True).first()
             if prev_hash is None:
                 return ChainReport(expected - 1, f"event #{expected - 1} is missing", expected - 2, 0)
         events = 0
-        for event in self.filter(seq__gte=expected).order_by("seq").iterator(chunk_size=2000):
+        stretch = self.filter(seq__gte=expected) if through is None else self.filter(seq__range=(expected, through))
+        for event in stretch.order_by("seq").iterator(chunk_size=2000):
             why = ""
             if event.seq != expected:
                 why = f"events #{expected} to #{event.seq - 1} are missing"
@@ -141,9 +168,12 @@ class AuditEventManager(models.Manager):
             elif event.hash != chain_hash(prev_hash, event.content_hash, event.seq):
                 why = "its hash is not the chain's"
             if why:
-                return ChainReport(event.seq, why, expected - 1, events)
+                return ChainReport(event.seq, why, expected - 1, events, prev_hash)
             prev_hash, expected, events = event.hash, expected + 1, events + 1
-        return ChainReport(None, "", expected - 1, events)
+        if through is not None and expected <= through:
+            return ChainReport(expected, f"events #{expected} to #{through} are missing", expected - 1, events,
+                               prev_hash)
+        return ChainReport(None, "", expected - 1, events, prev_hash)
 
 
 class AuditEvent(models.Model):
@@ -201,12 +231,42 @@ class AuditEvent(models.Model):
         }
 
 
+class ChainCheckpoint(models.Model):
+    """The chain's hash at a seq, signed: written by the seal that reaches the seq (see the
+    module's docstring), never changed."""
+
+    seq = models.BigIntegerField(unique=True)
+    hash = models.CharField(max_length=64)
+    signature = models.CharField(max_length=100)
+    written_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-seq"]
+
+    def __str__(self):
+        return f"checkpoint at seq {self.seq}"
+
+    def problem(self):
+        """Why this checkpoint cannot vouch for the chain before it ("" if it can): a signature
+        that is not this ledger's, or a chain whose hash at its seq is no longer its own."""
+        if not constant_time_compare(self.signature, checkpoint_signature(self.seq, self.hash)):
+            return f"the checkpoint at seq {self.seq} is not signed by this ledger"
+        held = AuditEvent.objects.filter(seq=self.seq).values_list("hash", flat=True).first()
+        if held is None:
+            return f"event #{self.seq}, which the checkpoint vouches for, is missing"
+        if held != self.hash:
+            return f"the chain's hash at seq {self.seq} is not the checkpoint's"
+        return ""
+
+
 class ChainCheck(models.Model):
     """One verification of the audit chain (`audit_verify`, and the sweeper: the newest
-    stretch every pass, the whole chain daily), so the audit page shows a real result."""
+    stretch every pass, from the last checkpoint daily, the whole chain by `ChainWalk`), so the
+    audit page shows a real result."""
 
     class Scope(models.TextChoices):
         NEWEST = "newest"
+        CHECKPOINT = "checkpoint"  # from the last checkpoint, which was checked first
         WHOLE = "whole"
 
     scope = models.CharField(max_length=10, choices=Scope.choices)
@@ -224,29 +284,105 @@ class ChainCheck(models.Model):
         return str(ChainReport(self.broken_at, self.why, self.through_seq, self.events))
 
 
+class ChainWalk(models.Model):
+    """A whole-chain check in progress or done: walked a stretch at a time (`audit_walk`), up
+    to the chain's end when it started; `seq_reached` and `hash_reached` are where the next
+    stretch resumes. Done, it writes its `ChainCheck`."""
+
+    target_seq = models.BigIntegerField()
+    seq_reached = models.BigIntegerField(default=0)
+    hash_reached = models.CharField(max_length=64, blank=True, default="")
+    events = models.BigIntegerField(default=0)
+    broken_at = models.BigIntegerField(null=True, blank=True)
+    why = models.CharField(max_length=255, blank=True, default="")
+    started_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self):
+        return f"whole-chain check {self.outcome}: through seq {self.seq_reached} of {self.target_seq}"
+
+    @property
+    def outcome(self):
+        if self.finished_at is None:
+            return "running"
+        return "intact" if self.broken_at is None else "broken"
+
+    @property
+    def percent(self):
+        return 100 if not self.target_seq else int(100 * self.seq_reached / self.target_seq)
+
+
 WHOLE_CHAIN_EVERY = timedelta(days=1)
 
 
-def audit_verify(*, whole=False):
+def audit_verify(*, whole=False, since_checkpoint=False):
     """Verify the chain and record the result: from the end of the last intact check (the
-    newest stretch), or all of it. A chain shorter than a check once found it is broken
-    too: events at its end were removed."""
+    newest stretch), from the last checkpoint (`since_checkpoint`, or when nothing was checked
+    yet; its signature and hash first), or all of it. A chain shorter than a check once found
+    it is broken too: events at its end were removed."""
     last = ChainCheck.objects.filter(broken_at__isnull=True).order_by("-id").first()
-    from_seq = 1 if whole or last is None else last.through_seq + 1
+    daily = since_checkpoint or last is None
+    checkpoint = ChainCheckpoint.objects.first() if daily and not whole else None
+    if checkpoint is not None:
+        from_seq, scope = checkpoint.seq + 1, ChainCheck.Scope.CHECKPOINT
+    elif whole or daily:
+        from_seq, scope = 1, ChainCheck.Scope.WHOLE
+    else:
+        from_seq, scope = last.through_seq + 1, ChainCheck.Scope.NEWEST
     top = AuditEvent.objects.aggregate(top=models.Max("seq"))["top"] or 0
-    if last is not None and top < last.through_seq:
+    if checkpoint is not None and (why := checkpoint.problem()):
+        report = ChainReport(checkpoint.seq, why, 0, 0)  # it vouches for nothing: nothing is known to hold
+    elif last is not None and top < last.through_seq:
         report = ChainReport(top + 1, f"events #{top + 1} to #{last.through_seq} were removed", top, 0)
     else:
         report = AuditEvent.objects.chain_report(from_seq)
-    if report.events or report.broken_at is not None or from_seq == 1:  # a pass with nothing new leaves no row
-        ChainCheck.objects.create(scope=ChainCheck.Scope.WHOLE if from_seq == 1 else ChainCheck.Scope.NEWEST,
-                                  from_seq=from_seq, through_seq=report.through_seq, broken_at=report.broken_at,
-                                  why=report.why[:255], events=report.events)
+    if report.events or report.broken_at is not None or scope != ChainCheck.Scope.NEWEST:  # nothing new: no row
+        ChainCheck.objects.create(scope=scope, from_seq=from_seq, through_seq=report.through_seq,
+                                  broken_at=report.broken_at, why=report.why[:255], events=report.events)
     return report
 
 
 def audit_verify_due():
-    """The sweeper's step: the newest stretch on every pass, the whole chain once a day."""
-    last_whole = ChainCheck.objects.filter(scope=ChainCheck.Scope.WHOLE).order_by("-id").first()
-    whole = last_whole is None or last_whole.checked_at < timezone.now() - WHOLE_CHAIN_EVERY
-    return audit_verify(whole=whole).events
+    """The sweeper's step: the newest stretch on every pass, from the last checkpoint once a day."""
+    last_daily = ChainCheck.objects.exclude(scope=ChainCheck.Scope.NEWEST).order_by("-id").first()
+    daily = last_daily is None or last_daily.checked_at < timezone.now() - WHOLE_CHAIN_EVERY
+    return audit_verify(since_checkpoint=daily).events
+
+
+def audit_walk(batch=None, start=False):
+    """The whole-chain check's next stretch (a sweeper step); how many events it checked.
+
+    1. The walk in progress, or a new one up to the chain's end now if the last one finished
+       WHOLE_CHAIN_EVERY ago (or at once with `start`).
+    2. Its next `batch` (AUDIT_WALK_BATCH) events, from the seq it reached, after checking that
+       the chain's hash there is still the one it passed.
+    3. Its progress stored only if no other run stored some meanwhile (a sweeper whose lease
+       lapsed mid-stretch: the same stretch twice costs work, never a skipped one); at its
+       target or at a broken link, the walk is done and its result is a `ChainCheck`.
+    """
+    walk = ChainWalk.objects.filter(finished_at__isnull=True).order_by("-id").first()
+    if walk is None:
+        last = ChainWalk.objects.order_by("-id").first()
+        top = AuditEvent.objects.aggregate(top=models.Max("seq"))["top"] or 0
+        if not top or not (start or last is None or last.finished_at < timezone.now() - WHOLE_CHAIN_EVERY):
+            return 0
+        walk = ChainWalk.objects.create(target_seq=top)
+    through = min(walk.seq_reached + (batch or settings.AUDIT_WALK_BATCH), walk.target_seq)
+    held = walk.seq_reached and AuditEvent.objects.filter(seq=walk.seq_reached).values_list("hash", flat=True).first()
+    if walk.seq_reached and held != walk.hash_reached:
+        report = ChainReport(walk.seq_reached, "its hash changed after the walk passed it", walk.seq_reached - 1, 0)
+    else:
+        report = AuditEvent.objects.chain_report(walk.seq_reached + 1, through=through)
+    done = report.broken_at is not None or report.through_seq >= walk.target_seq
+    with transaction.atomic():
+        moved = ChainWalk.objects.filter(pk=walk.pk, seq_reached=walk.seq_reached, finished_at__isnull=True).update(
+            seq_reached=report.through_seq, hash_reached=report.last_hash, events=walk.events + report.events,
+            broken_at=report.broken_at, why=report.why[:255], finished_at=timezone.now() if done else None)
+        if moved and done:
+            ChainCheck.objects.create(scope=ChainCheck.Scope.WHOLE, from_seq=1, through_seq=report.through_seq,
+                                      broken_at=report.broken_at, why=report.why[:255],
+                                      events=walk.events + report.events)
+    return report.events

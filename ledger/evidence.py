@@ -5,7 +5,7 @@ which grant, what the provider answered (the evidence the executor kept, the out
 webhooks that named the action, its task's checkpoint, what the apps built on the ledger add
 (`ledger.hooks.on_evidence`: review items and the limit that applied, dead-letter entries and
 their alerts), and every audit event that covers any of it, each with its place in the hash
-chain (ledger/audit.py).
+chain (ledger/audit.py), and the chain's checkpoint that vouches for them all.
 
 Building it costs the same number of queries however long the action's history is: one per
 kind of row, never one per row.
@@ -16,8 +16,9 @@ The record is checked twice (`manage.py evidence_verify`, `record_problems`):
    event's hash from the hash before it, consecutive events must link, and the digest must
    be the record's. (Anyone can recompute a digest: it shows damage, not intent.)
 2. against the database: the signature, an HMAC of the digest under this deployment's
-   secret key, proves that this ledger wrote the record as it is; and every event's hashes
-   must be the ones the chain holds.
+   secret key, proves that this ledger wrote the record as it is; every event's hashes
+   must be the ones the chain holds; and the checkpoint named must be the database's, signed,
+   and still the chain's hash at its seq.
 """
 
 import hashlib
@@ -28,11 +29,11 @@ from django.db.models import Q
 from django.utils import timezone
 
 from . import hooks
-from .audit import chain_hash, content_hash
-from .models import Action, ActionStatus, AuditEvent, Capability, ChainCheck, Grant, WebhookEvent
+from .audit import chain_hash, content_hash, ledger_signer
+from .models import Action, ActionStatus, AuditEvent, Capability, ChainCheck, ChainCheckpoint, Grant, WebhookEvent
 
 FORMAT = "surety-evidence/1"
-SIGNER = signing.Signer(salt="ledger.evidence", algorithm="sha256")
+SIGNER = ledger_signer("evidence")
 GRANT_VERBS = ("granted", "promoted", "revoked")
 # What each entry of Action.evidence records, told by the key it carries (ledger/executor.py,
 # ledger/webhooks.py); an entry with none of them is a provider call that failed.
@@ -40,9 +41,10 @@ EVIDENCE_KINDS = (("verification", "verification"), ("webhook", "webhook"), ("le
 HOW_TO_CHECK = (
     "content_hash = sha256 of the JSON of {occurred_at, actor, verb, object_type, object_id, before, after, reason, "
     "request_id} with sorted keys and separators (',', ':'); hash = sha256 of prev_hash + content_hash + seq "
-    "(as text); an event's prev_hash is the hash of the event whose seq is one less. digest = sha256 of this "
-    "record's JSON without 'integrity', written the same way. `manage.py evidence_verify FILE` checks all of it "
-    "and, against the database, the signature and the chain."
+    "(as text); an event's prev_hash is the hash of the event whose seq is one less. audit.checkpoint (null: not "
+    "yet checkpointed) is the chain's hash at a seq at or after every event here, signed by this ledger. digest = "
+    "sha256 of this record's JSON without 'integrity', written the same way. `manage.py evidence_verify FILE` "
+    "checks all of it and, against the database, the signatures and the chain."
 )
 
 
@@ -176,11 +178,23 @@ def _audit(events):
     return {
         "events": [audit_event(e) for e in events],
         "unsealed": sum(1 for e in events if e.seq is None),
+        "checkpoint": _covering_checkpoint(events),
         "last_chain_check": None if latest is None else {
             "checked_at": _utc(latest.checked_at), "scope": latest.scope, "through_seq": latest.through_seq,
             "broken_at": latest.broken_at, "why": latest.why,
         },
     }
+
+
+def _covering_checkpoint(events):
+    """The first checkpoint at or after every event cited, which vouches for all of them; None
+    while one of them is unsealed or the chain has not reached the next checkpoint yet."""
+    if not events or any(e.seq is None for e in events):
+        return None
+    checkpoint = ChainCheckpoint.objects.filter(seq__gte=max(e.seq for e in events)).order_by("seq").first()
+    return None if checkpoint is None else {
+        "seq": checkpoint.seq, "hash": checkpoint.hash, "signature": checkpoint.signature,
+        "written_at": _utc(checkpoint.written_at)}
 
 
 def audit_event(event):
@@ -225,6 +239,7 @@ def record_problems(record, *, database=True):
         except signing.BadSignature:
             problems.append("the signature is not this ledger's for this digest")
         problems += _database_problems(events)
+        problems += _checkpoint_problems(record["audit"].get("checkpoint"))
     return problems
 
 
@@ -243,6 +258,18 @@ def _chain_problems(events):
                 problems.append(f"{name}: it does not follow event #{previous['seq']}")
             previous = event
     return problems
+
+
+def _checkpoint_problems(named):
+    """The checkpoint the record names: this ledger's, as the record has it, still vouching."""
+    if not isinstance(named, dict):
+        return []
+    checkpoint = ChainCheckpoint.objects.filter(seq=named.get("seq")).first()
+    if checkpoint is None:
+        return [f"checkpoint at seq {named.get('seq')}: not in the database"]
+    if (named.get("hash"), named.get("signature")) != (checkpoint.hash, checkpoint.signature):
+        return [f"checkpoint at seq {checkpoint.seq}: not the database's"]
+    return [why] if (why := checkpoint.problem()) else []
 
 
 def _database_problems(events):

@@ -18,7 +18,8 @@ from django.db.models.fields.json import KeyTextTransform
 from django.utils import timezone
 
 from . import hooks, money
-from .audit import AuditEvent, ChainCheck  # noqa: F401 (models of this app, defined beside their manager)
+from .audit import (  # noqa: F401 (models of this app, defined beside their manager)
+    AuditEvent, ChainCheck, ChainCheckpoint, ChainWalk)
 from .authority import Grant, GrantState, ReplayRun  # noqa: F401 (models of this app, see authority.py)
 from .locks import StepLease  # noqa: F401 (the sweeper steps' leases, defined beside their statement)
 from .compiled import Compiled, update

@@ -11,7 +11,8 @@ Each pass:
    alerts whose delivery job was lost are enqueued again; reconciliation runs start on their
    schedule, and bulk redrives whose job was lost resume (dlq); the sandbox's lost webhooks go out;
 4. audit events committed since the last pass are sealed into the chain, and the chain is
-   verified: the newest stretch every pass, the whole of it once a day.
+   verified: the newest stretch every pass, from its last checkpoint once a day, and the whole
+   of it, once a day too, a stretch per pass (ledger.audit).
 
 Several sweepers (one per host) and one leader per step. Every step but the doorbell (steps 1,
 3 and 4) is elected: a sweeper runs it only while it holds the step's lease (ledger.locks), so
@@ -50,7 +51,7 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from . import hooks
-from .audit import audit_verify_due
+from .audit import audit_verify_due, audit_walk
 from .executor import action_expire_leases, action_runnable_exists
 from .jobs import redis_connection, ring, worker_name
 from .locks import lead
@@ -69,7 +70,7 @@ def sweep_once(holder=None, ring_all=False):
     counts = _run([("actions_expired", action_expire_leases), ("tasks_expired", task_expire_leases)], holder)
     _ring(ring_all)
     return counts | _run([*hooks.sweep_steps(), ("audit_sealed", AuditEvent.objects.seal),
-                          ("audit_verified", audit_verify_due)], holder)
+                          ("audit_verified", audit_verify_due), ("audit_walked", audit_walk)], holder)
 
 
 def _run(steps, holder):

@@ -22,7 +22,7 @@ from .dashboard import (HISTORY_EXACT_UP_TO, action_counts, keyset_page, parse_m
                         shown_estimate, staff_required)
 from .grants import GrantRefused, agent_grant, agent_revoke
 from .models import (UNASSIGNED_OWNER, Action, ActionStatus, ActionType, Agent, AuditEvent,
-                     Capability, ChainCheck, Task)
+                     Capability, ChainCheck, ChainWalk, Task)
 from .readiness_views import with_grant_states
 from .tasks import task_run_now
 from .workflows import WORKFLOWS
@@ -222,7 +222,7 @@ def audit_log(request):
     filters = request.GET.copy()
     filters.pop("after", None)
     context = {"rows": rows, "next_cursor": next_cursor, "filters": filters, "query": filters.urlencode(),
-               "chain": ChainCheck.objects.first()}
+               "chain": ChainCheck.objects.first(), "walk": ChainWalk.objects.first()}
     return render_partial(request, "ledger/audit.html", "results" if request.htmx else None, context)
 
 

@@ -142,9 +142,19 @@ class EvidenceChainCheckSerializer(serializers.Serializer):
     why = serializers.CharField(allow_blank=True)
 
 
+class EvidenceCheckpointSerializer(serializers.Serializer):
+    """The chain's hash at a seq at or after every event cited, signed by this ledger."""
+
+    seq = serializers.IntegerField()
+    hash = serializers.CharField()
+    signature = serializers.CharField(help_text="HMAC of `seq:hash` under this deployment's secret key.")
+    written_at = serializers.DateTimeField()
+
+
 class EvidenceAuditSerializer(serializers.Serializer):
     events = EvidenceAuditEventSerializer(many=True)
     unsealed = serializers.IntegerField(min_value=0, help_text="Events not yet chained (the sweeper seals them).")
+    checkpoint = EvidenceCheckpointSerializer(allow_null=True, help_text="Null: not yet checkpointed.")
     last_chain_check = EvidenceChainCheckSerializer(allow_null=True)
 
 

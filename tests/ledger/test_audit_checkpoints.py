@@ -1,0 +1,110 @@
+"""Checkpoints of the audit chain: the seal signs the chain's hash every AUDIT_CHECKPOINT_EVERY
+events, the daily check starts from the last one, the whole chain is walked a stretch at a time
+from stored progress, and the evidence record names the checkpoint that covers its events."""
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from ledger.audit import audit_walk, checkpoint_signature
+from ledger.evidence import evidence_actions, evidence_export, record_problems
+from ledger.models import AuditEvent, ChainCheck, ChainCheckpoint, ChainWalk
+from tests.factories import make_agent
+from tests.ledger.test_audit_chain import held_action, tamper
+from tests.ledger.test_audit_verify import chain, verify  # noqa: F401 (chain: the nine sealed events' fixture)
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def every_four(settings):
+    """Checkpoints at seq 3 and 6 of the eight events of `chain`."""
+    settings.AUDIT_CHECKPOINT_EVERY = 3
+
+
+def alter(event):
+    tamper("UPDATE ledger_auditevent SET reason = 'a better story' WHERE id = %s", [event.pk])
+
+
+def test_it_writes_a_signed_checkpoint_of_the_chains_hash_at_each_boundary_the_seal_passes():
+    agent, _ = make_agent("billing")
+    for i in range(2):
+        held_action(agent, f"refund:ORD-K{i}:full:dec-1").reject(actor="user:ops", reason=f"reason {i}")
+
+    assert AuditEvent.objects.seal(batch=4) == 7  # seq 3 in the first batch, 6 in the second
+
+    hashes = dict(AuditEvent.objects.values_list("seq", "hash"))
+    assert [(c.seq, c.hash) for c in ChainCheckpoint.objects.all()] == [(6, hashes[6]), (3, hashes[3])]
+    assert all(c.signature == checkpoint_signature(c.seq, c.hash) and c.problem() == ""
+               for c in ChainCheckpoint.objects.all())
+
+
+def test_the_daily_check_starts_after_the_last_checkpoint_and_passes_over_a_change_before_it(chain):
+    assert list(ChainCheckpoint.objects.values_list("seq", flat=True)) == [6, 3]
+    alter(chain[1])
+
+    assert verify() == "chain intact through seq 8 (2 events checked)"
+    check = ChainCheck.objects.get()
+    assert (check.scope, check.from_seq, check.through_seq) == ("checkpoint", 7, 8)
+    assert verify("--whole") == ("ERROR whole-chain check broken: through seq 1 of 8: broken at seq 2: its content "
+                                 "was altered after it was written")
+    assert ChainCheck.objects.first().broken_at == 2
+
+
+def test_the_daily_check_finds_a_change_after_the_last_checkpoint(chain):
+    alter(chain[7])
+    assert verify() == ("ERROR chain broken at seq 8: its content was altered after it was written "
+                        "(intact through seq 7)")
+
+
+def test_a_checkpoint_not_signed_by_this_ledger_is_refused(chain):
+    top = chain[-1]
+    ChainCheckpoint.objects.create(seq=top.seq, hash=top.hash, signature="forged")
+    assert verify() == "ERROR chain broken at seq 8: the checkpoint at seq 8 is not signed by this ledger " \
+                       "(intact through seq 0)"
+
+
+def test_a_checkpoint_whose_seq_no_longer_carries_its_hash_is_refused(chain):
+    tamper("UPDATE ledger_auditevent SET hash = %s WHERE seq = 6", ["0" * 64])
+    assert verify().startswith("ERROR chain broken at seq 6: the chain's hash at seq 6 is not the checkpoint's")
+
+
+def test_the_whole_chain_walk_resumes_from_the_seq_it_reached_and_shows_its_progress(client, chain):
+    assert audit_walk(batch=3) == 3
+    walk = ChainWalk.objects.get()
+    assert (walk.outcome, walk.seq_reached, walk.target_seq, walk.hash_reached) == ("running", 3, 8, chain[2].hash)
+    admin = get_user_model().objects.create_superuser("root", password=None)
+    client.force_login(admin)
+    assert "through event #3 of #8 (37 %)" in client.get("/audit/").content.decode()
+
+    # The walk stops here (a sweeper killed, a step's lease lost). A change to what it already
+    # passed shows that the next run resumes from seq 4 rather than starting over.
+    alter(chain[1])
+    assert audit_walk(batch=3) == 3
+    assert audit_walk(batch=3) == 2
+    walk.refresh_from_db()
+    assert (walk.outcome, walk.seq_reached, walk.events) == ("intact", 8, 8)
+    check = ChainCheck.objects.get()
+    assert (check.scope, check.from_seq, check.through_seq, check.broken_at) == ("whole", 1, 8, None)
+    assert audit_walk(batch=3) == 0  # the next walk is due in a day
+    assert 'data-walk="intact"' in client.get("/audit/").content.decode()
+
+
+def test_the_walk_notices_that_the_link_it_stopped_at_changed(chain):
+    audit_walk(batch=3)
+    tamper("UPDATE ledger_auditevent SET hash = %s WHERE seq = 3", ["0" * 64])
+    audit_walk(batch=3)
+    assert (ChainWalk.objects.get().outcome, ChainCheck.objects.get().why) == (
+        "broken", "its hash changed after the walk passed it")
+
+
+def test_the_evidence_record_names_the_first_checkpoint_after_its_events_or_none_yet(chain):
+    first, last = (evidence_actions().get(operation_key=f"refund:ORD-V{i}:full:dec-1") for i in (0, 2))
+
+    record = evidence_export(first)
+    assert max(e["seq"] for e in record["audit"]["events"]) == 6
+    assert record["audit"]["checkpoint"]["seq"] == 6 and record_problems(record) == []
+    assert evidence_export(last)["audit"]["checkpoint"] is None  # seq 8: not yet checkpointed
+
+    ChainCheckpoint.objects.filter(seq=6).update(signature="forged")
+    record = evidence_export(first)
+    assert record_problems(record) == ["the checkpoint at seq 6 is not signed by this ledger"]
