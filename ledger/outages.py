@@ -11,8 +11,9 @@ lapses, through the sweeper).
    dropped the connection (as opposed to a bug in a statement, which stays a bug).
 2. `connection_lost(exc)`: of those, the ones where the connection itself is gone, so that a
    fresh one may try the same thing again (an intake, which is idempotent by key).
-3. `Outage`: the failures of one loop while the database is away, logged once per outage
-   with what failed and once more when it answers again, instead of a traceback per row.
+3. `Outage`: the failures of one loop while the database (or, for the sweeper, Redis) is
+   away, logged once per outage with what failed and once more when it answers again,
+   instead of a traceback per row or pass; with a capped backoff.
 4. `close_broken_connection()`: this thread's connection closed if it is unusable, so the
    next statement opens a fresh one (with CONN_HEALTH_CHECKS, a request's first statement
    checks a persistent connection the same way).
@@ -22,9 +23,11 @@ import threading
 import time
 
 import psycopg
+import redis
 from django.db import InterfaceError, OperationalError, close_old_connections
 
 UNREACHABLE = (OperationalError, InterfaceError, psycopg.OperationalError, psycopg.InterfaceError)
+REDIS_UNREACHABLE = (redis.ConnectionError, redis.TimeoutError)
 # What Retry-After says while the database is away: a failover or a restart takes seconds.
 RETRY_AFTER_SECONDS = 2
 # SQLSTATEs of a connection the server ended: class 08 (connection exception), and
@@ -66,41 +69,59 @@ def first_line(exc):
 
 
 class Outage:
-    """One loop's view of the database being away (shared by the threads of a loop: its lock
-    keeps the log to one line per outage). `failed(exc)` counts a failure, closes the broken
-    connection and says how long to wait before the next try; `answered()` after a success
-    ends the outage, logging how long it lasted."""
+    """One loop's view of the database (or Redis) being away, shared by the threads of a loop:
+    its lock keeps the log to one line per thing that went away and one more when the loop
+    works again. `failed(exc)` counts a failure, drops the broken connection (`reset_redis`
+    does that for Redis, where the loop uses it) and says how long to wait before the next
+    try, doubling from `first` up to `most`; `answered()` after a success ends the outage,
+    logging how long it lasted, and says whether one ended (the sweeper then rings every
+    doorbell, since what came due meanwhile was never rung)."""
 
-    def __init__(self, what, logger):
+    def __init__(self, what, logger, *, first=BACKOFF_FIRST_SECONDS, most=BACKOFF_MAX_SECONDS, reset_redis=None):
         self.what, self.logger = what, logger
+        self.first, self.most, self.reset_redis = first, most, reset_redis
         self.since = None  # time.monotonic() of the outage's first failure
         self.last = None
         self.failures = 0
+        self.away = []  # what went away ("the database", "Redis"), each logged once
         self._lock = threading.Lock()
 
+    @property
+    def ongoing(self):
+        return self.since is not None
+
     def failed(self, exc):
+        away = "Redis" if isinstance(exc, REDIS_UNREACHABLE) else "the database"
         now = time.monotonic()
         with self._lock:
             if self.since is not None and now - self.last > QUIET_SECONDS:
                 self._end(self.last)
             if self.since is None:
-                self.since, self.failures = now, 0
-                self.logger.warning("%s: the database is unreachable (%s: %s); retrying until it answers",
-                                    self.what, type(exc).__name__, first_line(exc))
+                self.since, self.failures, self.away = now, 0, []
+            if away not in self.away:
+                self.away.append(away)
+                self.logger.warning("%s: %s is unreachable (%s: %s); retrying until it answers",
+                                    self.what, away, type(exc).__name__, first_line(exc))
             self.failures += 1
             self.last = now
-            wait = min(BACKOFF_FIRST_SECONDS * 2 ** min(self.failures - 1, 16), BACKOFF_MAX_SECONDS)
-        close_broken_connection()
+            wait = min(self.first * 2 ** min(self.failures - 1, 16), self.most)
+        if away == "Redis":
+            if self.reset_redis is not None:
+                self.reset_redis()
+        else:
+            close_broken_connection()
         return wait
 
     def answered(self):
         if self.since is None:  # the common case: no lock taken
-            return
+            return False
         with self._lock:
-            if self.since is not None:
-                self._end(time.monotonic())
+            if self.since is None:
+                return False
+            self._end(time.monotonic())
+            return True
 
     def _end(self, until):
-        self.logger.warning("%s: the database answers again after %.1f s (%d failed attempts)",
-                            self.what, until - self.since, self.failures)
+        self.logger.warning("%s: back after %.1f s without %s (%d failed attempts)", self.what, until - self.since,
+                            " and ".join(sorted(self.away)), self.failures)
         self.since = None

@@ -33,7 +33,8 @@ is one process and no election. A pass run by hand (`sweep --once`, the tests' `
 runs every step.
 
 Faults (`sweep_forever`): a pass begins by asking Redis (a PING). A pass that fails because the
-database or Redis is unreachable is logged once per outage (what and why, without a traceback),
+database or Redis is unreachable is logged once per outage (what and why, without a traceback:
+ledger.outages.Outage, which the drain lanes and the web side share),
 then the broken connections are closed and the next pass waits SWEEP_INTERVAL_SECONDS, doubling
 up to SWEEP_BACKOFF_MAX_SECONDS.
 The first pass that succeeds logs how long the outage lasted and rings both doorbells whatever
@@ -46,7 +47,6 @@ import logging
 import time
 import uuid
 
-import redis
 from django.conf import settings
 from django.db import close_old_connections
 
@@ -57,11 +57,10 @@ from .jobs import redis_connection, ring, worker_name
 from .locks import lead
 from .metrics import sweeper_seen
 from .models import AuditEvent
-from .outages import UNREACHABLE, close_broken_connection, first_line
+from .outages import REDIS_UNREACHABLE, UNREACHABLE, Outage
 from .tasks import task_expire_leases, task_runnable_exists
 
 logger = logging.getLogger("surety.sweeper")
-REDIS_UNREACHABLE = (redis.ConnectionError, redis.TimeoutError)
 
 
 def sweep_once(holder=None, ring_all=False):
@@ -89,53 +88,24 @@ def _ring(ring_all):
         ring("tasks")
 
 
-class Outage:
-    """The passes that failed since the database or Redis became unreachable."""
-
-    def __init__(self):
-        self.since = time.monotonic()
-        self.failed = 0
-        self.seen = set()  # what was unreachable ("the database", "Redis"): each is logged once
-
-    def failure(self, exc, interval):
-        """Log `exc` if it is news, drop the broken connections; how long to wait."""
-        what = "Redis" if isinstance(exc, REDIS_UNREACHABLE) else "the database"
-        if what not in self.seen:
-            self.seen.add(what)
-            logger.warning("sweeper: %s is unreachable (%s: %s); passes go on with backoff", what,
-                           type(exc).__name__, first_line(exc))
-        self.failed += 1
-        if what == "Redis":
-            redis_connection().connection_pool.disconnect()
-        else:
-            close_broken_connection()
-        return min(interval * 2 ** (self.failed - 1), max(interval, settings.SWEEP_BACKOFF_MAX_SECONDS))
-
-    def over(self):
-        logger.warning("sweeper: back after %.1f s without %s (%d passes failed); rang the doorbells",
-                       time.monotonic() - self.since, " and ".join(sorted(self.seen)), self.failed)
-
-
 def sweep_forever(interval):
     """Pass after pass, every `interval` seconds, through outages (see the module's docstring)."""
     holder = f"{worker_name()}:{uuid.uuid4().hex[:8]}"
     logger.info("sweeper %s: a pass every %g s, leases of %g s", holder, interval, settings.SWEEP_LEASE_SECONDS)
-    outage = None
+    outage = Outage("sweeper", logger, first=interval, most=max(interval, settings.SWEEP_BACKOFF_MAX_SECONDS),
+                    reset_redis=lambda: redis_connection().connection_pool.disconnect())
     while True:
         try:
             if settings.RQ_ASYNC:
                 # Before any step: without Redis a pass would log a traceback per doorbell its
                 # steps ring, and a leader that cannot ring lets its leases lapse to one that can.
                 redis_connection().ping()
-            counts = sweep_once(holder, ring_all=outage is not None)
+            counts = sweep_once(holder, ring_all=outage.ongoing)
             sweeper_seen()
         except UNREACHABLE + REDIS_UNREACHABLE as exc:
-            outage = outage or Outage()
-            time.sleep(outage.failure(exc, interval))
+            time.sleep(outage.failed(exc))
             continue
-        if outage is not None:
-            outage.over()
-            outage = None
+        outage.answered()
         if any(counts.values()):
             logger.info("swept: %s", counts)
         close_old_connections()

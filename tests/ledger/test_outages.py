@@ -31,8 +31,8 @@ def test_an_outage_is_logged_once_however_often_it_fails_and_once_more_when_it_e
     messages = [record.getMessage() for record in caplog.records]
     assert len(messages) == 2, messages
     assert messages[0].startswith("drain of actions: the database is unreachable (OperationalError: connection failed")
-    assert messages[1].startswith("drain of actions: the database answers again after")
-    assert messages[1].endswith("(8 failed attempts)")
+    assert messages[1].startswith("drain of actions: back after")
+    assert messages[1].endswith("without the database (8 failed attempts)")
     assert waits == sorted(waits) and waits[0] == outages.BACKOFF_FIRST_SECONDS
     assert waits[-1] == outages.BACKOFF_MAX_SECONDS
 
