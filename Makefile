@@ -15,12 +15,13 @@ SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 export DEBIAN_FRONTEND := noninteractive
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help install services static test run incident bench chaos check
+.PHONY: help install services static test test-fast run incident bench chaos check
 
 help:
 	@echo "make run       web app at http://127.0.0.1:8000 (PORT=... to change), two RQ workers and the sweeper, with demo data"
 	@echo "make incident  seed 000's incident on the running stack: an agent killed and restarted 3 times, refunding with and without Surety"
 	@echo "make test      the test suite on PostgreSQL and Redis, then in-process tests on SQLite (PYTEST_ARGS=... narrows it to PostgreSQL)"
+	@echo "make test-fast the tests that need no live stack (no server, workers or browser), in under 2 minutes"
 	@echo "make install   virtualenv + Python deps, npm packages, Chromium for browser tests, PgBouncer"
 	@echo "make services  make sure PostgreSQL and Redis are running"
 	@echo "make bench     the benchmarks (BENCH_ARGS=... passed on)"
@@ -78,6 +79,16 @@ test: install services static
 	@if [ -z "$(PYTEST_ARGS)" ]; then \
 	  echo "DATABASE_URL=sqlite:///:memory: $(VENV)/bin/pytest -p no:cacheprovider $(SQLITE_TESTS)"; \
 	  DATABASE_URL=sqlite:///:memory: $(VENV)/bin/pytest -p no:cacheprovider -q $(SQLITE_TESTS); fi
+
+# The tests marked neither `stack` (tests/conftest.py marks every test that needs a live stack)
+# nor browser nor chaos, then the SQLite ones as `make test` runs them (none needs a stack).
+FAST_MARKERS := not stack and not browser and not chaos
+test-fast: install services static
+	$(VENV)/bin/lint-imports
+	@echo "DATABASE_URL=$(TEST_DATABASE_URL) $(VENV)/bin/pytest -n 2 -p no:cacheprovider -m \"$(FAST_MARKERS)\" $(PYTEST_ARGS)"
+	@DATABASE_URL=$(TEST_DATABASE_URL) $(VENV)/bin/pytest -n 2 -p no:cacheprovider -m "$(FAST_MARKERS)" $(PYTEST_ARGS)
+	@echo "DATABASE_URL=sqlite:///:memory: $(VENV)/bin/pytest -p no:cacheprovider $(SQLITE_TESTS)"
+	@DATABASE_URL=sqlite:///:memory: $(VENV)/bin/pytest -p no:cacheprovider -q $(SQLITE_TESTS)
 
 chaos: install services static
 	CHAOS_SCALE=full DATABASE_URL=$(TEST_DATABASE_URL) \

@@ -24,6 +24,9 @@ from django.core.management import call_command
 from django.db import connection
 from ledger import compiled, jobs
 
+# The named actors' fixtures (`agent`, `operator`, `auditor`) beside their factories.
+pytest_plugins = ["tests.factories"]
+
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 
@@ -248,3 +251,18 @@ def live_server(live_server):
     database connection, open until the run ends, and the test database could not be dropped."""
     yield live_server
     compiled.CACHES["ledger.connectors.http._clients"].clear()
+
+
+# The fixtures that start processes or serve over HTTP: a test that needs any of them, however
+# indirectly, needs the live stack (own_postgres: a cluster of its own, served by gunicorn). The
+# others run in `make test-fast`; a test that starts a stack itself is marked `stack` by hand.
+LIVE_STACK_FIXTURES = {"server", "stack", "live_server", "stripe_server", "stripe_stack", "pgbouncer", "browser",
+                       "own_postgres"}
+
+
+def pytest_collection_modifyitems(items):
+    """Marks `stack` every test whose fixture closure (pytest resolves it at collection, through
+    the fixtures' own requests) holds a live-stack fixture: `-m "not stack"` leaves them out."""
+    for item in items:
+        if LIVE_STACK_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.stack)

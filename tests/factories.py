@@ -1,4 +1,10 @@
-"""Named actors and small helpers shared by the tests."""
+"""Named actors and small helpers shared by the tests.
+
+The actors are fixtures too (tests/conftest.py loads this module as a plugin): `agent`, the
+billing agent; `operator`, olga, a person without rights; `auditor`, aldo, in the auditors'
+group. A test module that needs one of them otherwise defines its own under the same name,
+built with the same factories.
+"""
 
 import json
 import threading
@@ -9,7 +15,10 @@ from decimal import Decimal
 from types import SimpleNamespace
 
 import httpx
+import pytest
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+from django.core.management import call_command
 from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
@@ -33,6 +42,35 @@ def make_agent(name, grants=GRANTS, owner=None, live=True):
     if live:
         make_grants_live(agent)
     return agent, token
+
+
+def person(username, group=None):
+    """A person (no password) in `group` if one is named, the roles set up first."""
+    call_command("setup_roles", verbosity=0)
+    user = get_user_model().objects.create_user(username, password=None)
+    if group:
+        user.groups.add(Group.objects.get(name=group))
+    return user
+
+
+@pytest.fixture
+def agent(db):
+    """billing, an agent with the tests' usual grants, live; its API token as `agent.token`."""
+    agent, token = make_agent("billing")
+    agent.token = token
+    return agent
+
+
+@pytest.fixture
+def operator(db):
+    """olga, a person in no group and with no permission of her own."""
+    return get_user_model().objects.create_user(username="olga", password=None)
+
+
+@pytest.fixture
+def auditor(db):
+    """aldo, in the auditors' group."""
+    return person("aldo", "auditors")
 
 
 def make_grants_live(agent, until=None):

@@ -26,7 +26,6 @@ from ledger.models import ActionType
 from ledger.workflows import WORKFLOWS
 from ledger.workflows.refund import REFUND
 from sandbox.models import SandboxBooking, SandboxIdempotencyKey, SandboxMessage, SandboxRefund
-from tests.factories import make_agent
 
 pytestmark = pytest.mark.django_db
 
@@ -40,11 +39,6 @@ REQUESTS = {  # action type -> (target, customer, params, the sandbox's model, i
                                                      "end": (START + timedelta(hours=1)).isoformat()},
                                 SandboxBooking, "booking_id"),
 }
-
-
-@pytest.fixture
-def agent():
-    return make_agent("billing")[0]
 
 
 def request(agent, action_type=ActionType.REFUND, key="op-1"):

@@ -11,7 +11,6 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import django_rq
 import pytest
-from django.contrib.auth import get_user_model
 from django.core import mail
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -33,11 +32,6 @@ def agent(stack):
     agent, token = make_agent("billing", grants=("refund", "send_message"))
     agent.token = token
     return agent
-
-
-@pytest.fixture
-def operator(stack):
-    return get_user_model().objects.create_user(username="olga", password=None)
 
 
 def test_a_dead_lettered_task_has_an_open_entry_with_its_checkpoint_and_an_alert(stack, agent):

@@ -5,16 +5,13 @@ import json
 from urllib.parse import quote
 
 import pytest
-from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Group
-from django.core.management import call_command
 
 from bench.evidence_scenario import rich_agent
 from ledger.actions import action_request
 from ledger.evidence import evidence_actions, evidence_export, record_problems
 from ledger.grants import agent_grant, agent_revoke, capability
 from ledger.models import Action, AuditEvent, Capability
-from tests.factories import make_agent, make_agent_on
+from tests.factories import make_agent, make_agent_on, person
 
 pytestmark = pytest.mark.django_db
 
@@ -64,17 +61,9 @@ def test_without_a_token_it_is_401(client):
 # --- the dashboard -------------------------------------------------------------------------------
 
 
-def person(username, group=None):
-    call_command("setup_roles", verbosity=0)
-    user = get_user_model().objects.create_user(username, password=None)
-    if group:
-        user.groups.add(Group.objects.get(name=group))
-    return user
-
-
-def test_an_auditor_gets_the_printable_page_linked_from_the_action_and_the_json_file(client):
+def test_an_auditor_gets_the_printable_page_linked_from_the_action_and_the_json_file(client, auditor):
     action = recorded(make_agent("billing")[0])
-    client.force_login(person("aldo", "auditors"))
+    client.force_login(auditor)
     detail = client.get(f"/actions/{action.pk}/")
     assert f'href="/actions/{action.pk}/evidence"' in detail.content.decode()
 
@@ -102,8 +91,8 @@ def test_the_record_is_refused_to_people_outside_the_dashboards_groups(client):
     assert client.get(f"/actions/{Action.objects.count() + 10}/evidence").status_code == 302
 
 
-def test_an_unknown_action_is_404_on_the_dashboard(client):
-    client.force_login(person("aldo", "auditors"))
+def test_an_unknown_action_is_404_on_the_dashboard(client, auditor):
+    client.force_login(auditor)
     assert client.get("/actions/999999/evidence").status_code == 404
     assert client.get("/actions/999999/evidence.json").status_code == 404
 

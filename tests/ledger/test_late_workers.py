@@ -10,16 +10,10 @@ from ledger.executor import action_claim_next
 from ledger.models import Action, StaleClaim, Task, TaskStep
 from ledger.runner import _checkpoint
 from ledger.tasks import task_expire_leases, task_request
-from tests.factories import make_agent
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("jobs_to_test_redis")]
 
 INPUT = {"order_id": "ORD-1", "amount": "25.00", "currency": "EUR", "customer": "CUST-1"}
-
-
-@pytest.fixture
-def agent():
-    return make_agent("billing")[0]
 
 
 def test_a_worker_that_stalled_past_the_dead_letter_cannot_checkpoint(agent):

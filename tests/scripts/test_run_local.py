@@ -131,6 +131,7 @@ def login(client, username, password="demo"):
     assert answer.status_code == 302, answer.text[:300]
 
 
+@pytest.mark.stack  # run-local.sh starts gunicorn, the workers and the sweeper
 def test_make_run_on_another_port_works_end_to_end_and_keeps_its_output_quiet(tmp_path):
     drop_database()
     port = listening_port()
