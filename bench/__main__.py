@@ -25,6 +25,9 @@ in-process wall and CPU time per request.
 And (p), after the stack is stopped: the dashboard's list and search pages, their server time
 at ~1,000 actions and at 1M (bench/pages.py; `python -m bench pages` runs it alone).
 
+`python -m bench seal`: the audit sealer's throughput against the intake's at 10 and 100 writers,
+with the seal's lag (bench/seal.py).
+
 `python -m bench health_checks`: (b) and (c) with persistent connections unchecked, health-checked
 and pooled, side by side, with their ratios (bench/health_checks.py).
 
@@ -624,6 +627,11 @@ def main(argv=None):
         from . import pages
 
         pages.main(argv[1:])
+        return
+    if argv[:1] == ["seal"]:  # the sealer's throughput against the intake's (bench/seal.py)
+        from . import seal
+
+        seal.main(argv[1:])
         return
     if argv[:1] == ["health_checks"]:  # (b) and (c) per way of keeping connections (bench/health_checks.py)
         from . import health_checks
