@@ -184,7 +184,7 @@ class Stack:
 
     def start_worker(self, name, **env):
         return self._start(name, [
-            PYTHON, "manage.py", "rqworker", "default", "--worker-class", "rq.worker.SimpleWorker",
+            PYTHON, "manage.py", "rqworker", "default", "--worker-class", "ledger.worker.Worker",
         ], **env)
 
     def start_sweeper(self, interval=0.5):

@@ -168,7 +168,7 @@ RQ_ASYNC = env_bool("RQ_ASYNC", True) and (PRODUCTION or _redis_answers(REDIS_UR
 RQ_QUEUES = {
     "default": {"URL": REDIS_URL, "DEFAULT_TIMEOUT": 600, "ASYNC": RQ_ASYNC},
 }
-RQ = {"WORKER_CLASS": "rq.worker.SimpleWorker"}
+RQ = {"WORKER_CLASS": "ledger.worker.Worker"}
 
 # --- Surety ---------------------------------------------------------------------------------
 SANDBOX_ENABLED = env_bool("SANDBOX_ENABLED", not PRODUCTION)

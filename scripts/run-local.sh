@@ -92,8 +92,8 @@ trap 'stop; exit 143' TERM
 trap stop EXIT
 
 start web    "$PY" -m gunicorn config.wsgi -b "127.0.0.1:$PORT" -k gthread -w 2 --threads 16 --timeout 60 --graceful-timeout 5 --access-logfile -
-start worker1 "$PY" manage.py rqworker default --worker-class rq.worker.SimpleWorker --with-scheduler
-start worker2 "$PY" manage.py rqworker default --worker-class rq.worker.SimpleWorker --with-scheduler
+start worker1 "$PY" manage.py rqworker default --worker-class ledger.worker.Worker --with-scheduler
+start worker2 "$PY" manage.py rqworker default --worker-class ledger.worker.Worker --with-scheduler
 start sweeper "$PY" manage.py sweep
 
 # Announced once the web app answers: gunicorn can still fail to start (the port taken meanwhile).

@@ -91,7 +91,7 @@ class Stack:
 
     def start_worker(self, **env):
         process = self._spawn(
-            ["rqworker", "default", "--worker-class", "rq.worker.SimpleWorker",
+            ["rqworker", "default", "--worker-class", "ledger.worker.Worker",
              "--burst" if env.pop("burst", False) else "--with-scheduler"], env)
         self.workers.append(process)
         return process

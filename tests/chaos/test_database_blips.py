@@ -1,5 +1,7 @@
 """The database blinks while refunds are in flight: every connection to it terminated twice
-(what a failover, a restarted pooler or an idle timeout does), or PostgreSQL itself restarted.
+(what a failover, a restarted pooler or an idle timeout does), or PostgreSQL itself restarted;
+or Redis restarts, which (with persistence off, as Surety runs it) also loses every job and
+doorbell it held.
 
 Through it the API answers nothing worse than 503 with Retry-After, an agent that sends the
 same request again with the same key gets its one action, every action ends `succeeded`
@@ -24,7 +26,7 @@ import pytest
 import redis
 from django.db import connection
 
-from tests.conftest import PYTHON, REDIS_URL, ROOT, free_port, serving, wait_until
+from tests.conftest import PYTHON, REDIS_URL, ROOT, _database_url, free_port, serving, wait_until
 from tests.factories import agent_api, api_client, post_action, refund_body, sandbox, sandbox_list
 
 IN_FLIGHT, POSTED_DURING = 20, 10
@@ -49,6 +51,14 @@ def test_postgresql_restarted_mid_run_costs_only_503s_and_loses_or_doubles_nothi
     with serving(own_postgres.url) as stack, api_client(stack.url, agent_token(own_postgres.url, "restarts")) as client:
         refunds_through_blips(stack, client, own_postgres.restart, times=1)
     redis.Redis.from_url(REDIS_URL).flushdb()
+
+
+def test_redis_restarted_mid_run_costs_only_503s_and_loses_or_doubles_nothing(stack, own_redis):
+    """Web, workers and sweeper lose Redis together, and the Redis that comes back is empty:
+    the sweeper rings again for everything runnable (the database says what is)."""
+    with serving(_database_url(), REDIS_URL=own_redis.url) as own_stack, \
+            agent_api(own_stack.url, "redis-restarts", grants=("refund",)) as client:
+        refunds_through_blips(own_stack, client, own_redis.restart, times=1)
 
 
 def refunds_through_blips(stack, client, blip, times):
@@ -182,3 +192,44 @@ def own_postgres():
         yield cluster
     finally:
         cluster.stop()
+
+
+class OwnRedis:
+    """A Redis server of this test's own (a free port, nothing kept on disk, as Surety runs it),
+    so that restarting it touches nobody else's queues."""
+
+    def __init__(self):
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process = None
+
+    def start(self):
+        self.process = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+                                         "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)
+        wait_until(self._answers, seconds=10, interval=0.05, message="Redis to answer")
+
+    def _answers(self):
+        try:
+            return redis.Redis.from_url(self.url).ping()
+        except redis.ConnectionError:
+            return False
+
+    def restart(self):
+        """Killed (every connection dropped, every job lost), down for a second, started again."""
+        self.stop()
+        time.sleep(1)
+        self.start()
+
+    def stop(self):
+        self.process.kill()
+        self.process.wait()
+
+
+@pytest.fixture
+def own_redis():
+    server = OwnRedis()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
