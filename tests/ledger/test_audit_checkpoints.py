@@ -108,3 +108,12 @@ def test_the_evidence_record_names_the_first_checkpoint_after_its_events_or_none
     ChainCheckpoint.objects.filter(seq=6).update(signature="forged")
     record = evidence_export(first)
     assert record_problems(record) == ["the checkpoint at seq 6 is not signed by this ledger"]
+
+
+def test_the_command_walks_the_whole_chain_printing_its_progress_and_resumes_a_walk_in_progress(settings, chain):
+    settings.AUDIT_WALK_BATCH = 3
+    audit_walk()  # a walk a sweeper started, then stopped at seq 3
+    assert verify("--whole").splitlines() == ["whole-chain check running: through seq 3 of 8",
+                                              "whole-chain check running: through seq 6 of 8",
+                                              "whole-chain check intact: through seq 8 of 8 (8 events checked)"]
+    assert ChainWalk.objects.count() == 1

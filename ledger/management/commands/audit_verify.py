@@ -25,8 +25,10 @@ class Command(BaseCommand):
         self.stdout.write(str(report))
 
     def walk(self):
-        """Stretch after stretch (each one's progress stored) until the walk is done."""
-        audit_walk(start=True)
+        """Stretch after stretch (each one's progress stored) until the walk is done: the walk in
+        progress, from the seq it reached, or a new one."""
+        if not ChainWalk.objects.filter(finished_at__isnull=True).exists():
+            audit_walk(start=True)
         walk = ChainWalk.objects.first()
         while walk is not None and walk.finished_at is None:
             self.stdout.write(str(walk))
