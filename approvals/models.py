@@ -148,7 +148,7 @@ REVIEW_TRANSITIONS = {
     R.OPEN: {R.APPROVED, R.REJECTED, R.RESOLVED, R.CLOSED, R.EDITED, R.EXPIRED},
     R.APPROVED: set(),
     R.REJECTED: set(),
-    R.RESOLVED: set(),
+    R.RESOLVED: {R.OPEN},  # only an unknown outcome sent back to verify that came back unproven
     R.CLOSED: set(),
     R.EDITED: set(),
     R.EXPIRED: set(),
@@ -233,6 +233,25 @@ class ReviewItem(StateMachine):
         """Nobody decided in time (approvals.reviews.approval_expire_due)."""
         return self._move(R.EXPIRED, actor="system:approvals", verb="expired", reason=reason,
                           decided_at=timezone.now(), note=reason)
+
+    def reopen(self, *, reason, deadline):
+        """An unknown outcome a person sent back to verify, that came back still unproven:
+        the same item waits again (with a new deadline), rather than a new one each time."""
+        return self._move(R.OPEN, actor="system:reviews", verb="reopened", reason=reason, why=reason,
+                          deadline=deadline, decided_by=None, decided_by_label="", decided_at=None, note="",
+                          decided_fingerprint="", overdue_alerted_at=None, escalate_at=None, escalated_at=None)
+
+    def _refuse(self, to):
+        if self.status == R.RESOLVED and to == R.OPEN and not self.sent_back_to_verify:
+            return "only an unknown outcome sent back to verify opens again"
+        return ""
+
+    @property
+    def sent_back_to_verify(self):
+        """Resolved by a person's "verify again" (its last decision), not settled."""
+        last = AuditEvent.objects.history(self).filter(verb__in=["verify", "mark_succeeded", "mark_failed"]).last()
+        return (self.kind == ReviewKind.UNKNOWN_OUTCOME and self.status == R.RESOLVED and last is not None
+                and last.verb == "verify")
 
     def close(self, *, reason):
         """The action no longer waits for a person in this way (approvals.reviews)."""

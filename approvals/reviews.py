@@ -47,8 +47,11 @@ def review_follow_action(action, why=""):
     if kind is None or item is not None:
         return item
     limit = limit_for(action.action_type, action.currency)
-    verdict = verdict_for_action(action) if kind == ReviewKind.APPROVAL else None
     hours = limit.review_deadline_hours if limit else DEFAULT_DEADLINE_HOURS
+    verified = _sent_back_to_verify(action) if kind == ReviewKind.UNKNOWN_OUTCOME else None
+    if verified is not None:
+        return verified.reopen(reason=why or _why(action), deadline=timezone.now() + timedelta(hours=hours))
+    verdict = verdict_for_action(action) if kind == ReviewKind.APPROVAL else None
     expires = limit.approval_expires_after_hours if limit and kind == ReviewKind.APPROVAL else None
     now = timezone.now()
     with transaction.atomic():
@@ -63,6 +66,12 @@ def review_follow_action(action, why=""):
                                   after={"kind": kind, "deadline": item.deadline.isoformat(),
                                          "expires_at": item.expires_at and item.expires_at.isoformat()})
     return item
+
+
+def _sent_back_to_verify(action):
+    """The action's last item, if a person sent it back to verify (it waits again, the same item)."""
+    last = ReviewItem.objects.select_for_update().filter(action=action).order_by("-id").first()
+    return last if last is not None and last.sent_back_to_verify else None
 
 
 def approval_expire_due(now=None):

@@ -9,6 +9,7 @@ from django.http import HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
+from django_htmx.http import HttpResponseClientRefresh
 
 from ledger.dashboard import keyset_page, render_partial, staff_required
 from ledger.models import IN_FLIGHT_STATUSES, Action, ActionStatus, ActionType, AuditEvent, Capability
@@ -147,6 +148,10 @@ def review_detail(request, pk):
         "queue_query": _queue_query(item, came_from(request, item)),
         "next_item": _next_item(item, request.user, came_from(request, item)),
     }
+    if request.htmx and not (context["verifying"] and context["verifying"]["pending"]):
+        # The verification it polled for has ended: the whole page, its badges and the item's
+        # state with it (waiting again, or settled), not the note alone.
+        return HttpResponseClientRefresh()
     return render_partial(request, "approvals/detail.html", "outcome" if request.htmx else None, context)
 
 

@@ -34,7 +34,7 @@ STEP = {
 }
 BOOKING = {"pending": {"confirmed", "released"}, "confirmed": set(), "released": set()}
 REVIEW = {"open": {"approved", "rejected", "resolved", "closed", "edited", "expired"},
-          "approved": set(), "rejected": set(), "resolved": set(), "closed": set(), "edited": set(), "expired": set()}
+          "approved": set(), "rejected": set(), "resolved": {"open"}, "closed": set(), "edited": set(), "expired": set()}
 ENTRY = {"open": {"redriven", "resolved", "discarded"}, "redriven": set(), "resolved": set(), "discarded": set()}
 
 
@@ -117,8 +117,12 @@ def test_booking_moves(agent, source, target, allowed):
 
 @pytest.mark.parametrize(("source", "target", "allowed"), pairs(REVIEW))
 def test_review_item_moves(agent, source, target, allowed):
-    item = ReviewItem.objects.create(kind="held", action=action_for(agent), status=source,
-                                     deadline=timezone.now() + timedelta(hours=4))
+    # The one way back to open: an unknown outcome a person sent back to verify (ReviewItem._refuse).
+    back = (source, target) == ("resolved", "open")
+    item = ReviewItem.objects.create(kind="unknown_outcome" if back else "held", action=action_for(agent),
+                                     status=source, deadline=timezone.now() + timedelta(hours=4))
+    if back:
+        AuditEvent.objects.record(actor="user:tests", verb="verify", obj=item)
     moves_or_refuses(item, lambda: item._move(target, actor="system:tests", verb="test"), target, allowed, audits=True)
 
 
@@ -160,3 +164,12 @@ def test_nothing_outside_a_models_module_calls_move():
                       "dlq/incidents.py", "dlq/redrive_runs.py"}
     assert set(callers) <= models_modules, callers
     assert {"ledger/models.py", "approvals/models.py", "dlq/models.py"} <= set(callers)  # the scan sees them
+
+
+def test_only_an_item_sent_back_to_verify_opens_again(agent):
+    for kind in ("held", "unknown_outcome"):  # resolved otherwise (marked, released): it stays resolved
+        item = ReviewItem.objects.create(kind=kind, action=action_for(agent, f"refund:{kind}"), status="resolved",
+                                         deadline=timezone.now() + timedelta(hours=4))
+        AuditEvent.objects.record(actor="user:tests", verb="mark_failed", obj=item)
+        with pytest.raises(InvalidTransition, match="only an unknown outcome sent back to verify"):
+            item.reopen(reason="again", deadline=timezone.now())
