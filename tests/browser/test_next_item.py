@@ -22,6 +22,15 @@ def in_order(*items):
         ReviewItem.objects.filter(pk=item.pk).update(deadline=start + timedelta(minutes=n))
 
 
+def opened_from(page, queue_path, first, second):
+    """As alice, the queue's row of `first` opened; its Next item is `second`."""
+    login(page, "alice")
+    page.goto(queue_path)
+    with page.expect_navigation():
+        page.locator(f'.queue-row[data-id="{first.pk}"] .row-link').click()
+    assert page.locator("#next-item").get_attribute("href").startswith(f"/review/{second.pk}/")
+
+
 def decide(page, button):
     page.locator("#reason").fill("checked")
     with page.expect_navigation():
@@ -33,12 +42,7 @@ def test_a_held_items_next_item_is_held_not_an_approval_between_them(page, peopl
     approval = open_item(refund(agent, 50, "900.00"))
     _, second = held_behind(agent, 2)
     in_order(first, approval, second)
-    login(page, "alice")
-
-    page.goto("/approvals/?kind=held")
-    with page.expect_navigation():
-        page.locator(f'.queue-row[data-id="{first.pk}"] .row-link').click()
-    assert page.locator("#next-item").get_attribute("href").startswith(f"/review/{second.pk}/")
+    opened_from(page, "/approvals/?kind=held", first, second)
     decide(page, "#release-button")
     assert page.url.split("?")[0].endswith(f"/review/{second.pk}/")
     assert first.action.operation_key in status_message(page)
@@ -55,12 +59,7 @@ def test_an_unknown_outcomes_next_item_is_the_next_unknown_outcome(page, people,
     approval = open_item(refund(agent, 61, "900.00"))
     second = needs_review_not_found(refund(agent, 62, "40.00"))
     in_order(first, approval, second)
-    login(page, "alice")
-
-    page.goto("/unknown/")
-    with page.expect_navigation():
-        page.locator(f'.queue-row[data-id="{first.pk}"] .row-link').click()
-    assert page.locator("#next-item").get_attribute("href").startswith(f"/review/{second.pk}/")
+    opened_from(page, "/unknown/", first, second)
     page.locator("#mark-failed summary").click()
     page.locator("#confirm-absent").check()
     decide(page, "#mark-failed-button")
