@@ -323,7 +323,9 @@ def audit_verify(*, whole=False, since_checkpoint=False):
     newest stretch), from the last checkpoint (`since_checkpoint`, or when nothing was checked
     yet; its signature and hash first), or all of it. A chain shorter than a check once found
     it is broken too: events at its end were removed."""
-    last = ChainCheck.objects.filter(broken_at__isnull=True).order_by("-id").first()
+    # The intact check that reached furthest: a whole-chain walk ends after newer checks did,
+    # at the chain's end when it started.
+    last = ChainCheck.objects.filter(broken_at__isnull=True).order_by("-through_seq", "-id").first()
     daily = since_checkpoint or last is None
     checkpoint = ChainCheckpoint.objects.first() if daily and not whole else None
     if checkpoint is not None:

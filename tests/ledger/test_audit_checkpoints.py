@@ -117,3 +117,15 @@ def test_the_command_walks_the_whole_chain_printing_its_progress_and_resumes_a_w
                                               "whole-chain check running: through seq 6 of 8",
                                               "whole-chain check intact: through seq 8 of 8 (8 events checked)"]
     assert ChainWalk.objects.count() == 1
+
+
+def test_a_walk_that_ends_after_a_newer_check_does_not_hide_events_removed_from_the_end(chain):
+    audit_walk(batch=3)  # its target: seq 8, the chain's end now
+    agent, _ = make_agent("support")
+    held_action(agent, "refund:ORD-V9:full:dec-1").reject(actor="user:ops", reason="later")
+    AuditEvent.objects.seal()
+    top = AuditEvent.objects.order_by("-seq").first().seq
+    assert verify("--newest").startswith(f"chain intact through seq {top}")
+    audit_walk(batch=10)  # done through seq 8, after the check through the top
+    tamper("DELETE FROM ledger_auditevent WHERE seq = %s", [top])
+    assert verify("--newest").startswith(f"ERROR chain broken at seq {top}: events #{top} to #{top} were removed")
