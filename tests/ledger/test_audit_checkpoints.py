@@ -2,12 +2,18 @@
 events, the daily check starts from the last one, the whole chain is walked a stretch at a time
 from stored progress, and the evidence record names the checkpoint that covers its events."""
 
+import os
+import signal
+import subprocess
+
 import pytest
 from django.contrib.auth import get_user_model
+from django.db import transaction
 
 from ledger.audit import audit_walk, checkpoint_signature
 from ledger.evidence import evidence_actions, evidence_export, record_problems
 from ledger.models import AuditEvent, ChainCheck, ChainCheckpoint, ChainWalk
+from tests.conftest import PYTHON, REDIS_URL, ROOT, _database_url
 from tests.factories import make_agent
 from tests.ledger.test_audit_chain import held_action, tamper
 from tests.ledger.test_audit_verify import chain, verify  # noqa: F401 (chain: the nine sealed events' fixture)
@@ -129,3 +135,29 @@ def test_a_walk_that_ends_after_a_newer_check_does_not_hide_events_removed_from_
     audit_walk(batch=10)  # done through seq 8, after the check through the top
     tamper("DELETE FROM ledger_auditevent WHERE seq = %s", [top])
     assert verify("--newest").startswith(f"ERROR chain broken at seq {top}: events #{top} to #{top} were removed")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_walk_whose_process_is_killed_resumes_from_the_seq_it_reached():
+    """A real SIGKILL of `audit_verify --whole` mid-walk (one event a stretch): the next run
+    goes on from the stored progress, so every event is counted once."""
+    agent, _ = make_agent("billing")
+    with transaction.atomic():
+        for i in range(300):
+            AuditEvent.objects.record(actor="user:ops", verb="noted", obj=agent, reason=f"note {i}")
+    target = AuditEvent.objects.seal()
+    walker = subprocess.Popen(
+        [PYTHON, "manage.py", "audit_verify", "--whole"], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "DATABASE_URL": _database_url(), "REDIS_URL": REDIS_URL, "AUDIT_WALK_BATCH": "1",
+             "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+    try:
+        assert walker.stdout.readline().startswith("whole-chain check running: through seq ")
+    finally:
+        os.killpg(walker.pid, signal.SIGKILL)
+        walker.wait()
+    stopped = ChainWalk.objects.get()
+    assert stopped.outcome == "running" and 0 < stopped.seq_reached < target
+
+    assert audit_walk(batch=target) == target - stopped.seq_reached
+    walk = ChainWalk.objects.get()
+    assert (walk.outcome, walk.seq_reached, walk.events) == ("intact", target, target)
