@@ -64,6 +64,8 @@ urlpatterns = [
     path("connectors/<slug:action_type>/replay", readiness.replay_run_start, name="replay-run-start"),
     path("connectors/runs/<int:pk>/", readiness.replay_run_detail, name="replay-run"),
     path("audit/", ledger.audit_log, name="audit-log"),
+    path("audit/verify-chain", evidence.audit_chain_verify, name="audit-chain-verify"),
+    path("audit/verify-evidence", evidence.audit_evidence_verify, name="audit-evidence-verify"),
 ]
 if settings.SANDBOX_ENABLED:
     urlpatterns.append(path("sandbox/v1/", include("sandbox.urls")))

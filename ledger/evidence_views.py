@@ -1,15 +1,20 @@
 """An action's evidence record on the dashboard: a printable page and the JSON file, for
-the people who may read the audit log (the record carries the audit events)."""
+the people who may read the audit log (the record carries the audit events); and the audit
+page's checks, for an auditor without a shell: the chain verified now, an evidence file
+uploaded and verified."""
 
 import json
 
+from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.http import HttpResponse
-from django.shortcuts import get_object_or_404, render
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
 
 from . import hooks
+from .audit import audit_verify
 from .dashboard import staff_required
-from .evidence import evidence_actions, evidence_export
+from .evidence import evidence_actions, evidence_export, record_problems
 
 
 def _record(request, pk):
@@ -34,3 +39,53 @@ def action_evidence_json(request, pk):
     response = HttpResponse(json.dumps(record, indent=2, ensure_ascii=False), content_type="application/json")
     response["Content-Disposition"] = f'attachment; filename="evidence-action-{pk}.json"'
     return response
+
+
+# An evidence record of one action is some kilobytes; a file far larger is not one.
+EVIDENCE_FILE_MAX_BYTES = 10 * 1024 * 1024
+
+
+def _may_audit(request):
+    if not request.user.has_perm("ledger.view_auditevent"):
+        raise PermissionDenied("verifying the audit trail needs the view_auditevent permission")
+
+
+@staff_required
+@require_POST
+def audit_chain_verify(request):
+    """The audit page's "Verify the chain now": manage.py audit_verify, from the last checkpoint,
+    its result recorded for the page as the sweeper's is."""
+    _may_audit(request)
+    report = audit_verify(since_checkpoint=True)
+    if report.broken_at is not None:
+        messages.error(request, f"The hash chain is broken: {report}.")
+    else:
+        messages.success(request, f"Hash chain verified: {report}.")
+    return redirect("audit-log")
+
+
+@staff_required
+@require_POST
+def audit_evidence_verify(request):
+    """The audit page's evidence check: an uploaded evidence record checked as
+    manage.py evidence_verify checks it (its hashes, links, digest, signature, and every event
+    against the database's chain); the answer names every problem found."""
+    _may_audit(request)
+    upload = request.FILES.get("evidence")
+    if upload is None:
+        messages.error(request, "Not checked: choose an evidence file (the JSON an action's evidence page downloads).")
+        return redirect("audit-log")
+    try:
+        if upload.size > EVIDENCE_FILE_MAX_BYTES:
+            raise ValueError(f"{upload.size} bytes is far more than an evidence record")
+        record = json.loads(upload.read().decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        messages.error(request, f"{upload.name}: not checked: not a JSON evidence record ({exc}).")
+        return redirect("audit-log")
+    problems = record_problems(record) if isinstance(record, dict) else ["not an evidence record (not a JSON object)"]
+    if problems:
+        messages.error(request, f"{upload.name}: {len(problems)} problem(s): " + "; ".join(problems) + ".")
+    else:
+        messages.success(request, f"{upload.name}: intact: {len(record['audit']['events'])} audit events checked "
+                                  "against the database's audit chain, signature valid.")
+    return redirect("audit-log")

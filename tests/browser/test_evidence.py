@@ -8,7 +8,7 @@ import pytest
 from django.core.management import call_command
 
 from bench.evidence_scenario import rich_action
-from tests.browser.conftest import login
+from tests.browser.conftest import login, status_message
 
 pytestmark = pytest.mark.browser
 
@@ -46,3 +46,36 @@ def test_an_auditor_opens_the_printable_record_from_the_action_page(stack, page,
     saved.write_text(download.text())
     assert json.loads(download.text())["request"]["operation_key"] == action.operation_key
     call_command("evidence_verify", str(saved))
+
+
+def test_an_auditor_verifies_the_chain_and_an_uploaded_evidence_file_on_the_audit_page(stack, page, people, shot,
+                                                                                        tmp_path):
+    action = rich_action(stack.url)
+    login(page, "aldo")
+    saved, tampered = tmp_path / "evidence-action.json", tmp_path / "tampered.json"
+    record = page.request.get(f"/actions/{action.pk}/evidence.json").json()
+    saved.write_text(json.dumps(record))
+    record["audit"]["events"][0]["reason"] = "nothing happened"  # a reason rewritten after the fact
+    tampered.write_text(json.dumps(record))
+
+    page.goto("/audit/")
+    page.locator("#audit-verify > summary").click()
+    with page.expect_navigation():
+        page.locator("#chain-verify-button").click()
+    assert "Hash chain verified" in status_message(page)
+    assert page.locator("[data-chain=intact]").is_visible()
+
+    page.locator("#audit-verify > summary").click()
+    page.locator("#evidence-file").set_input_files(str(saved))
+    with page.expect_navigation():
+        page.locator("#evidence-verify-button").click()
+    assert f"{saved.name}: intact: {len(record['audit']['events'])} audit events checked" in status_message(page)
+
+    page.locator("#audit-verify > summary").click()
+    page.locator("#evidence-file").set_input_files(str(tampered))
+    with page.expect_navigation():
+        page.locator("#evidence-verify-button").click()
+    told = status_message(page)
+    assert "tampered.json:" in told and "problem(s)" in told and "intact" not in told
+    assert not page.console_errors, page.console_errors
+    shot(page, "audit-verified")
