@@ -68,7 +68,10 @@ def say(*parts):
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0],
+                                epilog="Sections of their own, each with its --help: python -m bench pages, "
+                                       "python -m bench health_checks, python -m bench seal (the audit sealer "
+                                       "against the intake at 10 and 100 writers).")
     p.add_argument("--duration", type=float, default=10.0, help="seconds measured per HTTP figure (default 10)")
     p.add_argument("--warmup", type=float, default=2.0, help="seconds of warm-up before each (default 2)")
     p.add_argument("--rounds", type=int, default=2,
