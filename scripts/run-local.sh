@@ -109,9 +109,10 @@ if ! "$PY" manage.py check_site_url > >(sed -u "s/^/site | /") 2>&1; then
   say "SITE_URL=$SITE_URL does not reach this web app: set SITE_URL to its address (the replay set's webhook case fails)"
 fi
 # The replay set against the refund connector, then the demo agent's refund grant made live, so
-# that refunds execute for real rather than in shadow: once, not at every start (a grant live
-# already is left alone), and in the audit log as what it is, make run acting in the demo
-# person's name (a grant is made live by a person, never by the system).
+# that refunds execute for real rather than in shadow. The seed wrote it live once, audited as
+# the seed's doing; this only promotes a grant that is not live (lapsed, or a database seeded
+# otherwise), never again at every start, and says in its reason that make run acted in the
+# demo person's name (a grant is made live by a person, never by the system).
 if "$PY" manage.py replay_check refund > >(sed -u "s/^/replay | /") 2>&1; then
   "$PY" manage.py grant_promote billing-bot refund --by ada --unless-live \
     --reason "the demo's grant, made live by make run in ada's name (the demo person) once the replay set passed" || true

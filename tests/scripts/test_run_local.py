@@ -197,5 +197,6 @@ def test_make_run_on_another_port_works_end_to_end_and_keeps_its_output_quiet(tm
     assert not re.search(r"^\S+ \| (Subject|Content-Type|MIME-Version):", output, re.M), "an e-mail was printed"
     assert "apt" not in output.split("run: ensuring database")[0]
     assert '"POST /agents/ HTTP/1.1" 403' in output  # the refusal is the access log's one line
-    assert "billing-bot acts for real on refund" in output  # the demo agent's grant, promoted by ada
+    # The seed wrote the demo agent's grant live, audited as the seed's doing: a start promotes nothing more.
+    assert "billing-bot's refund grant is live already: nothing promoted." in output
     assert f"site | SITE_URL {site} reaches this deployment" in output  # checked by its signed probe
