@@ -138,6 +138,7 @@ def test_ringing_reuses_one_redis_connection(jobs_to_test_redis, settings, monke
     assert client.llen("rq:queue:default") == queued + 30
 
 
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's prepared statements and backends")
 @pytest.mark.django_db(transaction=True)
 def test_a_connection_the_database_dropped_is_replaced_and_its_statements_prepared_again():
     agent, _ = make_agent("billing")
