@@ -191,8 +191,8 @@ CONNECTOR_TIMEOUT = env_float("CONNECTOR_TIMEOUT", 5)
 RECONCILE_INTERVAL_SECONDS = env_float("RECONCILE_INTERVAL_SECONDS", 300)
 RECONCILE_OVERLAP_SECONDS = env_float("RECONCILE_OVERLAP_SECONDS", 3600)
 RECONCILE_LOOKBACK_SECONDS = env_float("RECONCILE_LOOKBACK_SECONDS", 86400)
-# Which connector serves each action type: the registry `ledger.connectors` reads (see the
-# README, "Connectors"). An entry is {"class": dotted path, "options": {...}}; options come
+# Which connector serves each action type: the registry `ledger.connectors` reads (see
+# docs/connectors.md). An entry is {"class": dotted path, "options": {...}}; options come
 # from environment variables here. `CONNECTOR_<ACTION_TYPE>` names one of CONNECTOR_CLASSES;
 # by default every type goes to the sandbox while it is enabled, and to nothing otherwise
 # (a system check then refuses to start).

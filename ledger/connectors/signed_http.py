@@ -4,7 +4,7 @@ Configured per action type with a `url` and a `secret`. It POSTs the action as J
 url with the operation key as `Idempotency-Key` and a `Surety-Signature` header (the scheme
 of the outbound alerts: `t=<unix seconds>,v1=<HMAC-SHA256 of "<t>.<raw body>">`), and looks
 an effect up with `GET <url>/<percent-encoded operation key>`. What the service must answer
-is in the README; `examples/receiver/` is a service that does. The replay set (ledger.replay)
+is in docs/connectors.md; `examples/receiver/` is a service that does. The replay set (ledger.replay)
 stages its faults in front of the service's test URL; a service that arms faults itself (the
 receiver's test mode, at `<url>/faults`, signed the same way) may be named as the test mode's
 `faults_url`.
