@@ -19,17 +19,25 @@ STATEMENT = "SELECT count(*) FROM ledger_action WHERE status = %s"
 
 def test_the_stack_and_this_process_reach_the_test_database_only_through_pgbouncer(stack, pgbouncer,
                                                                                   django_db_blocker):
-    client = agent_api(stack.url)
-    assert post_action(client, "refund:ORD-P1:full:dec-1", refund_body("ORD-P1")).status_code == 201
     name = connection.settings_dict["NAME"]
-    with django_db_blocker.unblock():
+    with django_db_blocker.unblock(), psycopg.connect(f"postgresql://postgres@127.0.0.1:5432/{name}",
+                                                      autocommit=True) as direct:
+        # The suite's other server (session-wide, on the same test database) may hold direct
+        # connections from the tests before: they are not this stack's, so they are ended first.
+        stray = list(backends(direct) - pgbouncer.server_pids(name))
+        direct.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", [stray])
+        client = agent_api(stack.url)
+        assert post_action(client, "refund:ORD-P1:full:dec-1", refund_body("ORD-P1")).status_code == 201
         connection.ensure_connection()
-        with psycopg.connect(f"postgresql://postgres@127.0.0.1:5432/{name}", autocommit=True) as direct:
-            backends = {pid for (pid,) in direct.execute(
-                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-                "AND backend_type = 'client backend' AND pid <> pg_backend_pid()")}
+        found = backends(direct)
     through = pgbouncer.server_pids(name)
-    assert backends and backends <= through, f"connected straight to PostgreSQL: {backends - through}"
+    assert found and found <= through, f"connected straight to PostgreSQL: {found - through}"
+
+
+def backends(direct):
+    """The client backends of `direct`'s database, but its own."""
+    return {pid for (pid,) in direct.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                                             "AND backend_type = 'client backend' AND pid <> pg_backend_pid()")}
 
 
 def connection_setup(env, pooler):

@@ -130,7 +130,9 @@ def example_settings():
 def run_with_example_settings(*args, **env):
     """`manage.py ARGS` with the example settings file's environment, and `env` over it."""
     settings = {k: v for k, v in example_settings().items() if k != "PROMETHEUS_MULTIPROC_DIR"}  # a host's directory
-    environment = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    # Not the test run's own: its settings module, and the browser tests' async switch (which
+    # stays set for the rest of their xdist worker's session, and check --deploy refuses).
+    environment = {k: v for k, v in os.environ.items() if k not in ("DJANGO_SETTINGS_MODULE", "DJANGO_ALLOW_ASYNC_UNSAFE")}
     return subprocess.run([PYTHON, "manage.py", *args], cwd=ROOT, env={**environment, **settings, **env},
                           capture_output=True, text=True, timeout=120)
 
