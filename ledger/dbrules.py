@@ -165,8 +165,27 @@ AUDIT_NO_DELETE_SQLITE = SQLiteTrigger(
     "BEGIN SELECT RAISE(ABORT, 'audit events are append-only (DELETE refused)'); END",
 )
 
+# The chain's checkpoints are what the daily check trusts instead of the events before them:
+# written once, by the seal, never changed or removed (their signature is a second line).
+CHECKPOINT_APPEND_ONLY = Function("ledger_checkpoint_append_only() RETURNS trigger", """
+BEGIN
+    RAISE EXCEPTION USING MESSAGE = 'chain checkpoints are append-only: ' || TG_OP || ' refused',
+                          ERRCODE = 'insufficient_privilege';
+END """)
+CHECKPOINT_NO_UPDATE_SQLITE = SQLiteTrigger(
+    "ledger_checkpoint_no_update",
+    "CREATE TRIGGER ledger_checkpoint_no_update BEFORE UPDATE ON ledger_chaincheckpoint "
+    "BEGIN SELECT RAISE(ABORT, 'chain checkpoints are append-only (UPDATE refused)'); END",
+)
+CHECKPOINT_NO_DELETE_SQLITE = SQLiteTrigger(
+    "ledger_checkpoint_no_delete",
+    "CREATE TRIGGER ledger_checkpoint_no_delete BEFORE DELETE ON ledger_chaincheckpoint "
+    "BEGIN SELECT RAISE(ABORT, 'chain checkpoints are append-only (DELETE refused)'); END",
+)
+
 RULES = [LOCK_SUBJECTS, SAME_SUBJECT, REQUEUE_SAME_SUBJECT, AUDIT_APPEND_ONLY, SUPERSEDED_HAS_VERSION,
-         SAME_SUBJECT_SQLITE, REQUEUE_SAME_SUBJECT_SQLITE, AUDIT_NO_UPDATE_SQLITE, AUDIT_NO_DELETE_SQLITE]
+         CHECKPOINT_APPEND_ONLY, SAME_SUBJECT_SQLITE, REQUEUE_SAME_SUBJECT_SQLITE, AUDIT_NO_UPDATE_SQLITE,
+         AUDIT_NO_DELETE_SQLITE, CHECKPOINT_NO_UPDATE_SQLITE, CHECKPOINT_NO_DELETE_SQLITE]
 
 
 def installed(connection, rule):

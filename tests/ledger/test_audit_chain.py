@@ -180,12 +180,12 @@ def test_the_orm_cannot_update_or_delete_events_either():
     assert AuditEvent.objects.verify_chain() is None
 
 
-def tamper(sql, params):
+def tamper(sql, params, table="ledger_auditevent", trigger="ledger_audit_append_only"):
     """Write past the append-only trigger, as someone with the table owner's rights could."""
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("ALTER TABLE ledger_auditevent DISABLE TRIGGER ledger_audit_append_only")
+        cursor.execute(f"ALTER TABLE {table} DISABLE TRIGGER {trigger}")
         cursor.execute(sql, params)
-        cursor.execute("ALTER TABLE ledger_auditevent ENABLE TRIGGER ledger_audit_append_only")
+        cursor.execute(f"ALTER TABLE {table} ENABLE TRIGGER {trigger}")
 
 
 def the_middle_of_three_sealed_events():

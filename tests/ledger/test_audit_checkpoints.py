@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.db import transaction
+from django.db import DatabaseError, transaction
 
 from ledger.audit import audit_walk, checkpoint_signature
 from ledger.evidence import evidence_actions, evidence_export, record_problems
@@ -42,6 +42,14 @@ def test_it_writes_a_signed_checkpoint_of_the_chains_hash_at_each_boundary_the_s
     assert [(c.seq, c.hash) for c in ChainCheckpoint.objects.all()] == [(6, hashes[6]), (3, hashes[3])]
     assert all(c.signature == checkpoint_signature(c.seq, c.hash) and c.problem() == ""
                for c in ChainCheckpoint.objects.all())
+
+
+def test_the_database_refuses_to_change_or_remove_a_checkpoint(chain):
+    with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
+        ChainCheckpoint.objects.filter(seq=6).update(signature="forged")
+    with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
+        ChainCheckpoint.objects.filter(seq=6).delete()
+    assert list(ChainCheckpoint.objects.values_list("seq", flat=True)) == [6, 3]
 
 
 def test_the_daily_check_starts_after_the_last_checkpoint_and_passes_over_a_change_before_it(chain):
@@ -111,7 +119,8 @@ def test_the_evidence_record_names_the_first_checkpoint_after_its_events_or_none
     assert record["audit"]["checkpoint"]["seq"] == 6 and record_problems(record) == []
     assert evidence_export(last)["audit"]["checkpoint"] is None  # seq 8: not yet checkpointed
 
-    ChainCheckpoint.objects.filter(seq=6).update(signature="forged")
+    tamper("UPDATE ledger_chaincheckpoint SET signature = 'forged' WHERE seq = 6", [],
+           table="ledger_chaincheckpoint", trigger="ledger_checkpoint_append_only")
     record = evidence_export(first)
     assert record_problems(record) == ["the checkpoint at seq 6 is not signed by this ledger"]
 
