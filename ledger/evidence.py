@@ -262,9 +262,11 @@ def _chain_problems(events):
 
 def _checkpoint_problems(named):
     """The checkpoint the record names: this ledger's, as the record has it, still vouching."""
-    if not isinstance(named, dict):
+    if named is None:
         return []
-    checkpoint = ChainCheckpoint.objects.filter(seq=named.get("seq")).first()
+    if not isinstance(named, dict) or not isinstance(named.get("seq"), int):
+        return ["the checkpoint it names is not a checkpoint (no seq)"]
+    checkpoint = ChainCheckpoint.objects.filter(seq=named["seq"]).first()
     if checkpoint is None:
         return [f"checkpoint at seq {named.get('seq')}: not in the database"]
     if (named.get("hash"), named.get("signature")) != (checkpoint.hash, checkpoint.signature):

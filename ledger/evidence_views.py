@@ -15,6 +15,7 @@ from . import hooks
 from .audit import audit_verify
 from .dashboard import staff_required
 from .evidence import evidence_actions, evidence_export, record_problems
+from .json_input import loads_storable
 
 
 def _record(request, pk):
@@ -78,8 +79,8 @@ def audit_evidence_verify(request):
     try:
         if upload.size > EVIDENCE_FILE_MAX_BYTES:
             raise ValueError(f"{upload.size} bytes is far more than an evidence record")
-        record = json.loads(upload.read().decode("utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
+        record = loads_storable(upload.read())
+    except ValueError as exc:  # not JSON, not UTF-8, nested too deeply, a lone surrogate
         messages.error(request, f"{upload.name}: not checked: not a JSON evidence record ({exc}).")
         return redirect("audit-log")
     problems = record_problems(record) if isinstance(record, dict) else ["not an evidence record (not a JSON object)"]

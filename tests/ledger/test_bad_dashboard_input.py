@@ -11,6 +11,7 @@ from urllib.parse import quote
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.core.files.uploadedfile import SimpleUploadedFile
 
 from approvals.models import Limit, ReviewItem
 from dlq.models import DeadLetter
@@ -360,3 +361,20 @@ def test_create_agent_refuses_a_bad_or_taken_name_and_writes_nothing(name):
         call_command("create_agent", name, "--grant", "refund", "--owner", "olga")
     assert (Agent.objects.count(), get_user_model().objects.count(), AuditEvent.objects.count()) == (
         agents, users, events)
+
+
+BAD_EVIDENCE = [
+    b"not json", b"\xff\xfe", b"[]", b'{"audit": "x"}', b'{"audit": {"events": [1]}, "integrity": {}}',
+    b'{"audit": {"events": [], "checkpoint": {"seq": "abc"}}, "integrity": {}}',
+    b'{"audit": {"events": [], "checkpoint": [6]}, "integrity": {}}',
+    b'{"audit": {"events": [{"seq": 1, "prev_hash": "\\ud800"}]}, "integrity": {"digest": "\\ud800"}}',
+    b"[" * 100_000,
+]
+
+
+@pytest.mark.parametrize("content", BAD_EVIDENCE)
+def test_an_uploaded_evidence_file_that_is_not_one_is_reported_never_a_500(admin, content):
+    response = admin.post("/audit/verify-evidence", {"evidence": SimpleUploadedFile("evidence.json", content)},
+                          follow=True)
+    assert response.status_code == 200
+    assert "not checked" in response.content.decode() or "problem(s)" in response.content.decode()
