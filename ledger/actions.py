@@ -38,7 +38,12 @@ class DecisionTaken(Exception):
 
 
 class SlotTaken(Exception):
-    """A booking overlaps a pending or confirmed booking of the same resource."""
+    """A booking overlaps a pending or confirmed booking of the same resource (`holder`: that
+    booking's action id, where the intake's look found it)."""
+
+    def __init__(self, message, holder=None):
+        super().__init__(message)
+        self.holder = holder
 
 
 class Refused(Exception):
@@ -166,39 +171,38 @@ def action_request(*, agent, operation_key, action_type, target, params, custome
         existing = action_by_key(operation_key)
         if existing is None:
             # The same effect for the same decision, under another key: the first one stands.
-            existing = same_decision(action_type, target, decision_id, params, customer)
+            existing = same_decision(action_type, target, decision_id, params)
             if existing is None:
                 raise
             if existing.agent_id != agent.pk:
                 raise DecisionTaken(existing)
         return _replay(existing, print_, customer)
-    except SlotTaken:
-        # The slot is this agent's booking for the same customer and decision, recorded under
-        # another key (a client's older key form named the times): the same booking.
-        existing = same_decision(action_type, target, decision_id, params, customer)
-        if existing is None or existing.agent_id != agent.pk:
+    except SlotTaken as taken:
+        # The booking holding the slot is this agent's, for the same customer and decision,
+        # recorded under another key (a client's older key form named the times): the same booking.
+        existing = Action.objects.filter(pk=taken.holder, agent=agent, customer=customer, decision_id=decision_id,
+                                         ).first() if taken.holder and decision_id else None
+        if existing is None:
             raise
         return _replay(existing, print_, customer)
     return action, True
 
 
-def same_decision(action_type, target, decision_id, params, customer):
+def same_decision(action_type, target, decision_id, params):
     """The action already recorded for this decision's effect, whatever its key: a refund of
-    the order, a message of this type to the recipient (the ledger's unique rules on them), a
-    booking of the resource for the customer (its slot's rule)."""
+    the order, a message of this type to the recipient (the ledger's unique rules on them)."""
     if not decision_id or action_type not in SAME_DECISION:
         return None
     return Action.objects.filter(action_type=action_type, target=target, decision_id=decision_id,
-                                 **SAME_DECISION[action_type](params, customer)).exclude(status=S.SUPERSEDED).first()
+                                 **SAME_DECISION[action_type](params)).exclude(status=S.SUPERSEDED).first()
 
 
-# What besides the target and decision makes an effect the same one, per action type
-# (models.Action's constraints action_refund_once_per_decision and action_message_once_per_decision,
-# a booking's slot): a task's refund is keyed by its task instead.
+# What besides the target and decision makes an effect the same one, per action type that has
+# the rule (models.Action's constraints action_refund_once_per_decision and
+# action_message_once_per_decision): a task's refund is keyed by its task instead.
 SAME_DECISION = {
-    ActionType.REFUND: lambda params, customer: {"task__isnull": True},
-    ActionType.SEND_MESSAGE: lambda params, customer: {"params__message_type": params.get("message_type")},
-    ActionType.CREATE_BOOKING: lambda params, customer: {"customer": customer},
+    ActionType.REFUND: lambda params: {"task__isnull": True},
+    ActionType.SEND_MESSAGE: lambda params: {"params__message_type": params.get("message_type")},
 }
 
 
@@ -245,7 +249,8 @@ def _book(action):
     live = [Booking.Status.PENDING, Booking.Status.CONFIRMED]
     clash = Booking.objects.filter(resource=action.target, status__in=live, start__lt=end, end__gt=start).first()
     if clash is not None:
-        raise SlotTaken(f"{action.target} is booked from {clash.start:%Y-%m-%d %H:%M} to {clash.end:%H:%M} UTC")
+        raise SlotTaken(f"{action.target} is booked from {clash.start:%Y-%m-%d %H:%M} to {clash.end:%H:%M} UTC",
+                        holder=clash.action_id)
     try:
         with transaction.atomic():
             Booking.objects.create(action=action, resource=action.target, customer=action.customer, start=start, end=end)

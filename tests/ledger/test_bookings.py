@@ -68,3 +68,20 @@ def test_the_same_decision_moved_onto_its_own_slot_is_refused(post):
 
     assert moved.status_code == 422 and moved.json()["code"] == "idempotency_key_reused"
     assert list(Action.objects.values_list("operation_key", flat=True)) == ["b-1"]
+
+
+def test_a_booking_whose_slot_another_holds_now_is_refused_not_answered_with_its_old_one(client, post):
+    """The agent's first booking of the slot was cancelled and another agent booked it since:
+    asking again under a new key is a clash with that booking, not a replay of the cancelled one."""
+    post("b-1", booking_body("2026-12-01T10:00:00Z", "2026-12-01T11:00:00Z"))
+    Action.objects.get(operation_key="b-1").cancel(actor="system:tests", reason="customer called")
+    mine = client.defaults["HTTP_AUTHORIZATION"]
+    make_agent_on(client, "front-desk", grants=("create_booking",))
+    assert post("other-1", booking_body("2026-12-01T10:00:00Z", "2026-12-01T11:00:00Z",
+                                        customer="CUST-18")).status_code == 201
+    client.defaults["HTTP_AUTHORIZATION"] = mine
+
+    again = post("b-2", booking_body("2026-12-01T10:00:00Z", "2026-12-01T11:00:00Z"))
+
+    assert again.status_code == 409 and again.json()["code"] == "booking_conflict"
+    assert not Action.objects.filter(operation_key="b-2").exists()
