@@ -1,4 +1,3 @@
-import pycountry
 from django import forms
 from django.core.validators import RegexValidator, validate_email
 
@@ -90,12 +89,12 @@ class LimitForm(forms.ModelForm):
     def clean_currency(self):
         # Any three characters ("E1", "123") were saved as a currency; only
         # ISO 4217 codes, as the API takes them, can ever match an action.
+        # ISO 4217 codes one may pay in, as the API takes them (not XXX, a metal, a fund): no
+        # action could ever be in another.
         code = self.cleaned_data["currency"].strip().upper()
-        if len(code) != 3 or not code.isalpha() or pycountry.currencies.get(alpha_3=code) is None:
-            raise forms.ValidationError("Not an ISO 4217 currency code.")
-        # Nor a code the API refuses (XXX, a metal, a fund): no action could ever be in it.
-        if not currencies.is_payable(code):
-            raise forms.ValidationError(f"{code} is not a currency one may pay in: no action is ever in it.")
+        problem = currencies.currency_problem(code)
+        if problem:
+            raise forms.ValidationError(problem)
         return code
 
     def clean_max_amount(self):

@@ -42,3 +42,14 @@ def payable():
 def is_payable(code):
     """Whether `code` (upper case) is a currency one may pay in today."""
     return code in payable_on(timezone.now().date())
+
+
+def currency_problem(code):
+    """Why `code` (upper case) is refused as a currency, in words for a person or an agent, or
+    None: the one rule of the API's params and the limits form."""
+    if len(code) != 3 or not code.isalpha():
+        return "Not an ISO 4217 currency code."
+    if not is_payable(code):
+        return (f"{code} is not a currency one may pay in: no country takes it as legal tender today "
+                "(ISO 4217 also lists codes for no currency, tests, metals, funds and units of account).")
+    return None

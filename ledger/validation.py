@@ -6,7 +6,6 @@ import re
 import threading
 from decimal import Decimal, InvalidOperation
 
-import pycountry
 from django.utils.functional import cached_property
 from rest_framework import serializers
 
@@ -56,14 +55,11 @@ class CurrencyField(serializers.CharField):
     metal, a fund or a code no longer in use, which no limit in real currencies covers."""
 
     def to_internal_value(self, data):
-        code = super().to_internal_value(data)
-        if len(code) != 3 or not code.isalpha() or pycountry.currencies.get(alpha_3=code.upper()) is None:
-            raise serializers.ValidationError("Not an ISO 4217 currency code.")
-        if not currencies.is_payable(code.upper()):
-            raise serializers.ValidationError(
-                f"{code.upper()} is not a currency one may pay in: no country takes it as legal tender today "
-                "(ISO 4217 also lists codes for no currency, tests, metals, funds and units of account).")
-        return code.upper()
+        code = super().to_internal_value(data).upper()
+        problem = currencies.currency_problem(code)
+        if problem:
+            raise serializers.ValidationError(problem)
+        return code
 
 
 _field_sets = threading.local()
@@ -126,7 +122,7 @@ class PayableAmount:
         problem = amount_problem(self.action_type, data["amount"], data["currency"])
         if problem:
             raise serializers.ValidationError({"amount": [problem]})
-        return {**data, "amount": str(money.quantized(data["amount"], data["currency"]))}
+        return money.canonical(data)
 
 
 class RefundParams(PayableAmount, StrictSerializer):
