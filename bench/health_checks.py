@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from .cpu import CpuMonitor
-from .stack import ADMIN_URL, Stack, flush_redis, wait_for_connection_slots
+from .stack import Stack, flush_redis, reset_database, wait_for_connection_slots
 
 DB_NAME = "surety_bench_checks"
 DATABASE_URL = f"postgres://postgres@127.0.0.1:5432/{DB_NAME}"
@@ -41,15 +41,6 @@ FIGURES = {"b": ("action_new", "(b) POST actions, new keys"), "c": ("action_repl
 
 def say(*parts):
     print(*parts, flush=True)
-
-
-def reset_database():
-    import psycopg
-    from psycopg import sql
-
-    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(DB_NAME)))
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DB_NAME)))
 
 
 def wait_for_room(needed, seconds=120):
@@ -87,7 +78,7 @@ def main(argv=None):
     first = stacks["unchecked"]
     os.environ.update({key: value for key, value in first.env.items() if key in (
         "DJANGO_SETTINGS_MODULE", "DATABASE_URL", "REDIS_URL", "LOG_LEVEL")})
-    reset_database()
+    reset_database(DB_NAME)
     flush_redis()
     first.migrate()
     token = first.create_agent("bench-checks", ["refund"])

@@ -18,7 +18,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -26,13 +25,9 @@ from pathlib import Path
 
 import psycopg
 
+from .stack import free_port
+
 SERVER_CONNECTIONS = 10  # per database, by default: fewer than the test stack's client connections
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _version(binary):
@@ -48,7 +43,7 @@ class PgBouncer:
 
     def __init__(self, server_host="127.0.0.1", server_port=5432, pool_size=SERVER_CONNECTIONS):
         self.server_host, self.server_port, self.pool_size = server_host, server_port, pool_size
-        self.port = _free_port()
+        self.port = free_port()
         self.process = None
         self.folder = None
 

@@ -267,6 +267,8 @@ AUDIT_SEAL_ALERT_SECONDS = env_float("AUDIT_SEAL_ALERT_SECONDS", 60)
 # from), and the whole-chain check walks this many events per sweeper pass (ledger.audit).
 AUDIT_CHECKPOINT_EVERY = env_int("AUDIT_CHECKPOINT_EVERY", 10000)
 AUDIT_WALK_BATCH = env_int("AUDIT_WALK_BATCH", 5000)
+if AUDIT_CHECKPOINT_EVERY < 1 or AUDIT_WALK_BATCH < 1:  # a seal would divide by zero, a walk never advance
+    raise RuntimeError("AUDIT_CHECKPOINT_EVERY and AUDIT_WALK_BATCH must be at least 1")
 # Threads per drain job on PostgreSQL (each with a connection): actions and tasks in flight per worker.
 DRAIN_LANES = env_int("DRAIN_LANES", 4)
 WEBHOOK_TOLERANCE_SECONDS = 300

@@ -74,8 +74,8 @@ class Outage:
     works again. `failed(exc)` counts a failure, drops the broken connection (`reset_redis`
     does that for Redis, where the loop uses it) and says how long to wait before the next
     try, doubling from `first` up to `most`; `answered()` after a success ends the outage,
-    logging how long it lasted, and says whether one ended (the sweeper then rings every
-    doorbell, since what came due meanwhile was never rung)."""
+    logging how long it lasted. While one is `ongoing`, the sweeper's pass rings every doorbell:
+    what came due meanwhile was never rung."""
 
     def __init__(self, what, logger, *, first=BACKOFF_FIRST_SECONDS, most=BACKOFF_MAX_SECONDS, reset_redis=None):
         self.what, self.logger = what, logger
@@ -114,12 +114,10 @@ class Outage:
 
     def answered(self):
         if self.since is None:  # the common case: no lock taken
-            return False
+            return
         with self._lock:
-            if self.since is None:
-                return False
-            self._end(time.monotonic())
-            return True
+            if self.since is not None:
+                self._end(time.monotonic())
 
     def _end(self, until):
         self.logger.warning("%s: back after %.1f s without %s (%d failed attempts)", self.what, until - self.since,
