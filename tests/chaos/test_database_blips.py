@@ -85,11 +85,10 @@ def refunds_through_blips(stack, client, blip, times):
         for _ in range(times):
             blip()
             time.sleep(0.5)
-        last_blip = time.monotonic()
+        # Green again within HEALTHY_WITHIN_SECONDS of the last blip, whatever the agents do meanwhile.
+        wait_until(lambda: health(stack.url) == 200, seconds=HEALTHY_WITHIN_SECONDS, interval=0.2,
+                   message="/healthz to be green again")
         assert all(future.result().status_code in (200, 201) for future in later)
-    wait_until(lambda: health(stack.url) == 200, seconds=HEALTHY_WITHIN_SECONDS, interval=0.2,
-               message="/healthz to be green again")
-    healthy_after = time.monotonic() - last_blip
 
     def statuses():
         return Counter(read_status(client, key) for key in keys)
@@ -102,7 +101,6 @@ def refunds_through_blips(stack, client, blip, times):
                and r.headers["Content-Type"] == "application/problem+json" for r in failures), \
         [(r.status_code, r.request.url.path, r.text[:200]) for r in failures if r.status_code != 503]
     assert [p.args[2:4] for p in processes if p.poll() is not None] == []
-    assert healthy_after <= HEALTHY_WITHIN_SECONDS, healthy_after
 
 
 def post_until_recorded(client, key, body, seconds=30):

@@ -130,8 +130,8 @@ def test_two_web_servers_four_workers_and_two_sweepers_killed_at_random_make_eac
             victim = next((s for s in stack.sweepers if s.pid == pid), None)
             if victim is None:
                 return False  # its lease lapsed meanwhile: nobody leads now
-            handovers.append(timezone.now())
             stack.kill_sweeper(victim)
+            handovers.append((timezone.now(), victim.pid))  # after the kill: no pass of its own counts
             start_sweeper(stack)
             figures["leader_kills"] += 1
             return True
@@ -152,8 +152,9 @@ def test_two_web_servers_four_workers_and_two_sweepers_killed_at_random_make_eac
         def note_handover():
             """Once another sweeper ran the killed leader's step: the seconds since the kill."""
             lease = StepLease.objects.get(step=SEALING)
-            if handovers and lease.ran_at > handovers[0]:
-                figures["handover_seconds"].append(round((lease.ran_at - handovers.pop(0)).total_seconds(), 1))
+            if handovers and lease.ran_at > handovers[0][0] and int(lease.holder.split(":")[1]) != handovers[0][1]:
+                killed_at, _ = handovers.pop(0)
+                figures["handover_seconds"].append(round((lease.ran_at - killed_at).total_seconds(), 1))
 
         # 1. The load, from two agents' threads (one per web server), while this thread kills.
         wait_until(leader_pid, seconds=30, message="a sweeper to lead")

@@ -6,6 +6,7 @@ import pytest
 from django.db import IntegrityError, transaction
 
 from ledger.models import Action
+from ledger.versions import action_version_create, version_params
 from tests.factories import make_agent, make_agent_on, new_action, post_action_in_process
 
 
@@ -69,14 +70,18 @@ def test_the_database_refuses_a_second_refund_whatever_writes_it():
     assert Action.objects.count() == 1
 
 
-@pytest.mark.django_db
-def test_a_superseded_refund_leaves_its_place_to_its_version():
+@pytest.mark.django_db(transaction=True)
+def test_a_refund_edited_down_leaves_its_place_for_the_decision_to_its_version():
+    """The edit-down (ledger.versions) supersedes the original before it inserts the version:
+    the decision's one refund is then the version, and the database lets it in."""
     agent, _ = make_agent("billing")
-    original = new_action(agent, "awaiting_approval", key="refund:a", decision_id="dec-77")
+    original = new_action(agent, "awaiting_approval", key="refund:a", decision_id="dec-77", amount="750.00")
     original.save(force_insert=True)
-    version = new_action(agent, "awaiting_approval", key="refund:a~v2", decision_id="dec-77", amount="20.00",
-                         supersedes=original)
     with transaction.atomic():
-        Action.objects.filter(pk=original.pk).update(status="superseded")
-        version.save(force_insert=True)
+        locked = Action.objects.select_for_update().get(pk=original.pk)
+        version = action_version_create(locked, actor="user:ops", reason="the customer agreed to 500",
+                                        params=version_params(locked, {"amount": "500.00"}))
+
+    original.refresh_from_db()
+    assert (original.status, version.decision_id, version.params["amount"]) == ("superseded", "dec-77", "500.00")
     assert Action.objects.filter(decision_id="dec-77").count() == 2
