@@ -18,12 +18,12 @@ in a row (`ChainWalk`) so that a crash costs one stretch, never the walk.
 import hashlib
 import json
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core import signing
-from django.db import connection, models, transaction
+from django.db import IntegrityError, connection, models, transaction
 from django.db.models import Q
 from django.utils import timezone
 from django.utils.crypto import constant_time_compare
@@ -284,6 +284,9 @@ class ChainCheck(models.Model):
         return str(ChainReport(self.broken_at, self.why, self.through_seq, self.events))
 
 
+WALK_RUNNING = datetime(2000, 1, 1, tzinfo=UTC)  # what an unfinished walk's row indexes as its end
+
+
 class ChainWalk(models.Model):
     """A whole-chain check in progress or done: walked a stretch at a time (`audit_walk`), up
     to the chain's end when it started; `seq_reached` and `hash_reached` are where the next
@@ -300,6 +303,13 @@ class ChainWalk(models.Model):
 
     class Meta:
         ordering = ["-id"]
+        constraints = [
+            # One walk in progress at a time (two sweepers, or `audit_verify --whole` beside one,
+            # would otherwise each start one and walk the whole chain twice): every unfinished
+            # row indexes the same value.
+            models.UniqueConstraint(models.functions.Coalesce("finished_at", models.Value(WALK_RUNNING)),
+                                    condition=Q(finished_at__isnull=True), name="chain_walk_one_running"),
+        ]
 
     def __str__(self):
         return f"whole-chain check {self.outcome}: through seq {self.seq_reached} of {self.target_seq}"
@@ -371,7 +381,11 @@ def audit_walk(batch=None, start=False):
         top = AuditEvent.objects.aggregate(top=models.Max("seq"))["top"] or 0
         if not top or not (start or last is None or last.finished_at < timezone.now() - WHOLE_CHAIN_EVERY):
             return 0
-        walk = ChainWalk.objects.create(target_seq=top)
+        try:
+            with transaction.atomic():
+                walk = ChainWalk.objects.create(target_seq=top)
+        except IntegrityError:  # another sweeper (or the command) started one meanwhile: that one
+            walk = ChainWalk.objects.get(finished_at__isnull=True)
     through = min(walk.seq_reached + (batch or settings.AUDIT_WALK_BATCH), walk.target_seq)
     held = walk.seq_reached and AuditEvent.objects.filter(seq=walk.seq_reached).values_list("hash", flat=True).first()
     if walk.seq_reached and held != walk.hash_reached:

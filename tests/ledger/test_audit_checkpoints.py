@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, IntegrityError, transaction
 
 from ledger.audit import audit_walk, checkpoint_signature
 from ledger.evidence import evidence_actions, evidence_export, record_problems
@@ -170,3 +170,11 @@ def test_a_walk_whose_process_is_killed_resumes_from_the_seq_it_reached():
     assert audit_walk(batch=target) == target - stopped.seq_reached
     walk = ChainWalk.objects.get()
     assert (walk.outcome, walk.seq_reached, walk.events) == ("intact", target, target)
+
+
+def test_the_database_holds_one_walk_in_progress_at_a_time(chain):
+    audit_walk(batch=3)  # a walk in progress
+    with pytest.raises(IntegrityError), transaction.atomic():
+        ChainWalk.objects.create(target_seq=8)  # a second sweeper's, started meanwhile
+    audit_walk(batch=3)
+    assert ChainWalk.objects.count() == 1 and ChainWalk.objects.get().seq_reached == 6
