@@ -2,8 +2,11 @@
 refuses a second row (a unique constraint), and the API answers with the first refund when
 the params are the same, refuses other params, and refuses another agent's."""
 
+import importlib
+
 import pytest
-from django.db import IntegrityError, transaction
+from django.apps import apps as django_apps
+from django.db import IntegrityError, connection, transaction
 
 from ledger.models import Action
 from ledger.versions import action_version_create, version_params
@@ -85,3 +88,21 @@ def test_a_refund_edited_down_leaves_its_place_for_the_decision_to_its_version()
     original.refresh_from_db()
     assert (original.status, version.decision_id, version.params["amount"]) == ("superseded", "dec-77", "500.00")
     assert Action.objects.filter(decision_id="dec-77").count() == 2
+
+
+@pytest.mark.django_db
+def test_the_upgrade_stops_naming_refunds_already_recorded_twice_for_one_decision():
+    """Migration 0024's guard, run as it ran before its rule existed (the index dropped in this
+    test's transaction): two refunds of one order and decision under two keys stop it, named."""
+    guard = importlib.import_module("ledger.migrations.0024_refund_once_per_decision").refuse_refunds_made_twice
+    with connection.cursor() as cursor:
+        cursor.execute("DROP INDEX action_refund_once_per_decision")
+    agent, _ = make_agent("billing")
+    new_action(agent, "succeeded", key="refund:ORD-8841:25.00EUR:dec-77", target="ORD-8841",
+               decision_id="dec-77").save(force_insert=True)
+    guard(django_apps, None)  # one refund for the decision: nothing to stop
+
+    new_action(agent, "succeeded", key="refund:ORD-8841:25EUR:dec-77", target="ORD-8841",
+               decision_id="dec-77").save(force_insert=True)
+    with pytest.raises(RuntimeError, match=r"ORD-8841 / dec-77 \(2 refunds\)"):
+        guard(django_apps, None)
