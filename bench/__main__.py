@@ -71,7 +71,8 @@ def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0],
                                 epilog="Sections of their own, each with its --help: python -m bench pages, "
                                        "python -m bench health_checks, python -m bench seal (the audit sealer "
-                                       "against the intake at 10 and 100 writers).")
+                                       "against the intake at 10 and 100 writers), python -m bench mechanisms "
+                                       "(each speed mechanism against the plain code).")
     p.add_argument("--duration", type=float, default=10.0, help="seconds measured per HTTP figure (default 10)")
     p.add_argument("--warmup", type=float, default=2.0, help="seconds of warm-up before each (default 2)")
     p.add_argument("--rounds", type=int, default=2,
@@ -635,6 +636,11 @@ def main(argv=None):
         from . import seal
 
         seal.main(argv[1:])
+        return
+    if argv[:1] == ["mechanisms"]:  # each speed mechanism against the plain code (bench/mechanisms.py)
+        from . import mechanisms
+
+        mechanisms.main(argv[1:])
         return
     if argv[:1] == ["health_checks"]:  # (b) and (c) per way of keeping connections (bench/health_checks.py)
         from . import health_checks

@@ -6,3 +6,8 @@ class BaselineConfig(AppConfig):
     label = "bench_baseline"
     verbose_name = "Benchmark baselines"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self):
+        from bench.mechanisms import switch_off_for_process
+
+        switch_off_for_process()
