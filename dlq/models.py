@@ -116,8 +116,8 @@ class DeadLetter(StateMachine):
         ordering = ["-created_at", "-id"]
         indexes = [
             models.Index(fields=["status", "-created_at", "-id"], name="deadletter_queue_idx"),
-            # The queue filtered by error code (`?code=`, matched exactly), newest first: without
-            # it, a code with few open entries read the whole open queue (~60 ms at 70k open).
+            # The queue filtered by error code (`?code=`, matched exactly), newest first, without
+            # reading the whole open queue (decision 38).
             models.Index("status", KeyTransform("code", "last_error"), F("created_at").desc(), F("id").desc(),
                          name="deadletter_code_idx"),
         ]

@@ -1,14 +1,12 @@
 """The speed tricks, in one place: statements compiled once, and every cache a process keeps.
 
 1. Statements. Building and compiling a queryset costs several times what PostgreSQL needs
-   to answer a lookup by a unique key (about 0.4 ms of Python against 0.1 ms). A `Compiled`
-   lookup lets the ORM write the SQL once per thread, with markers where the values go; each
-   call only binds the values, runs the SQL and builds the model instances as the ORM would
-   (same converters, `Model.from_db`). `insert` and `update` do the same for writing one row.
-   They are used only on the measured hot paths (`make bench`: a new key 2.0 ms of CPU
-   against 3.7 ms with the ORM, a replay 1.15 against 2.6): the API's authentication and
-   replay, the intake's insert, a worker's claim and each move's locked read, and the
-   runner's fenced checkpoint. `STATEMENTS` lists them; `python manage.py fastpath` prints
+   to answer a lookup by a unique key (decision 06). A `Compiled` lookup lets the ORM write
+   the SQL once per thread, with markers where the values go; each call only binds the values,
+   runs the SQL and builds the model instances as the ORM would (same converters,
+   `Model.from_db`). `insert` and `update` do the same for writing one row. They are used only
+   on the hot paths `make bench` measures: the API's authentication and replay, the intake's
+   insert, a worker's claim and each move's locked read, and the runner's fenced checkpoint. `STATEMENTS` lists them; `python manage.py fastpath` prints
    their SQL. Only the SQL text is kept here: the statements psycopg prepares belong to its
    connection, so one that replaced a connection the database dropped (CONN_HEALTH_CHECKS,
    ledger.outages) prepares them afresh and never names a statement of the dead one.

@@ -103,8 +103,8 @@ def planner_estimates(model, column):
     """{value: rows} for the most common values of `column`, as PostgreSQL's planner estimates
     `column = value`: the row count of the table's last ANALYZE (pg_class.reltuples) scaled to
     the pages it has now, times the value's share in ANALYZE's sample (pg_stats). A catalog
-    lookup (~1 ms) instead of a scan; empty until the table has been analysed (autovacuum does
-    it as the table grows)."""
+    lookup instead of a scan (decision 38); empty until the table has been analysed
+    (autovacuum does it as the table grows)."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT v.value,"
@@ -152,8 +152,8 @@ HISTORY_EXACT_UP_TO = 1000
 def action_counts():
     """Actions per status, for the overview (polled every 3 s) and /metrics.
 
-    An exact `GROUP BY status` reads the whole table: ~200 ms at 1M actions, and it grows
-    with history. What an operator needs from these figures differs by status:
+    An exact `GROUP BY status` reads the whole table, and grows with history (decision 38).
+    What an operator needs from these figures differs by status:
 
     - work in flight or waiting for a person (IN_FLIGHT_STATUSES: queued, pending, unknown,
       awaiting approval, held, needs review) is counted exactly: it is what someone must act
