@@ -8,6 +8,7 @@ which on start.
 import ipaddress
 import os
 from pathlib import Path
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import dj_database_url
 
@@ -165,8 +166,24 @@ def _redis_answers(url):
 # its life, with /healthz calling Redis "not used"; its rings fail meanwhile, and the sweeper rings
 # again once Redis is back.
 RQ_ASYNC = env_bool("RQ_ASYNC", True) and (PRODUCTION or _redis_answers(REDIS_URL))
+# A Redis that stops answering without refusing (a hung host, a blackholed port) must cost a
+# request or a sweeper pass seconds, not forever: every client django-rq builds connects and reads
+# within these. They go in the URL, the one place django-rq passes on to redis-py next to a URL.
+# An RQ worker's own connection blocks reading for its next job (for its TTL less 15 s, RQ's
+# dequeue timeout): RQ raises that connection's read timeout above it itself.
+REDIS_CONNECT_TIMEOUT = env_float("REDIS_CONNECT_TIMEOUT", 2)
+REDIS_READ_TIMEOUT = env_float("REDIS_READ_TIMEOUT", 2)
+
+
+def _with_timeouts(url):
+    parts = urlsplit(url)
+    query = {**dict(parse_qsl(parts.query)), "socket_connect_timeout": REDIS_CONNECT_TIMEOUT,
+             "socket_timeout": REDIS_READ_TIMEOUT}
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
 RQ_QUEUES = {
-    "default": {"URL": REDIS_URL, "DEFAULT_TIMEOUT": 600, "ASYNC": RQ_ASYNC},
+    "default": {"URL": _with_timeouts(REDIS_URL), "DEFAULT_TIMEOUT": 600, "ASYNC": RQ_ASYNC},
 }
 RQ = {"WORKER_CLASS": "ledger.worker.Worker"}
 

@@ -15,6 +15,7 @@ import os
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from datetime import timedelta
 
 import django_rq
@@ -26,7 +27,7 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from .compiled import register_cache
-from .outages import UNREACHABLE, Outage
+from .outages import REDIS_UNREACHABLE, UNREACHABLE, Outage
 
 logger = logging.getLogger("surety.jobs")
 DOORBELL_TTL_SECONDS = 15
@@ -79,14 +80,32 @@ def enqueue(func, *args, at=None):
         return None
     queue = django_rq.get_queue("default", connection=redis_connection())
     options = {"job_timeout": DRAIN_SECONDS * 3, "result_ttl": 0, "failure_ttl": 3600}
-    try:
+    job = None
+    with _redis_call(f"enqueueing {func}"):
         if at is None:
-            return queue.enqueue(func, *args, **options)
-        # RQ's scheduler keeps whole seconds and may fire up to one early.
-        return queue.enqueue_at(at + timedelta(seconds=1), func, *args, **options)
+            job = queue.enqueue(func, *args, **options)
+        else:  # RQ's scheduler keeps whole seconds and may fire up to one early.
+            job = queue.enqueue_at(at + timedelta(seconds=1), func, *args, **options)
+        _REDIS_OUTAGE.answered()
+    return job
+
+
+# One per process, shared by its threads: while Redis does not answer, a line when it went
+# away and one with the count of failed calls when it answers again, not a traceback per request.
+_REDIS_OUTAGE = Outage("doorbell (the sweeper rings for what it misses)", logger)
+
+
+@contextmanager
+def _redis_call(what):
+    """Around calls to Redis that may fail (each block calls `_REDIS_OUTAGE.answered()` once
+    Redis did answer): the database is the truth, and the sweeper rings for whatever a failed
+    ring or enqueue left runnable."""
+    try:
+        yield
+    except REDIS_UNREACHABLE as exc:
+        _REDIS_OUTAGE.failed(exc)
     except redis.RedisError:
-        logger.exception("could not enqueue %s; the sweeper will", func)
-        return None
+        logger.exception("%s failed; the sweeper will ring", what)
 
 
 def ring(kind):
@@ -104,17 +123,17 @@ def ring(kind):
     asked_at = time.monotonic()
     if asked_at - _seen_waiting.get(kind, -DOORBELL_TRUST_SECONDS) < DOORBELL_TRUST_SECONDS:
         return
-    try:
+    with _redis_call(f"the doorbell for {kind}"):
         client = redis_connection()
-        if _announced_job_waits(client, kind):
+        waits = _announced_job_waits(client, kind)
+        _REDIS_OUTAGE.answered()
+        if waits:
             _seen_waiting[kind] = asked_at
             return
         job = enqueue(DRAINS[kind])
         if job is not None:
             client.set(_doorbell(kind), job.id, ex=DOORBELL_TTL_SECONDS)
             _seen_waiting[kind] = asked_at
-    except redis.RedisError:
-        logger.exception("doorbell for %s unreachable; the sweeper will ring", kind)
 
 
 # kind -> when (time.monotonic(), before asking) this process last knew a drain job waited.

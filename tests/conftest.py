@@ -169,9 +169,10 @@ def server(django_db_setup, django_db_blocker):
 
 
 @contextmanager
-def serving(database_url, **env):
+def serving(database_url, stderr=None, **env):
     """gunicorn serving the app on `database_url`, with `env` over the stack's, as a Stack
-    whose workers and sweepers the test starts (all stopped with the server)."""
+    whose workers and sweepers the test starts (all stopped with the server); its log goes to
+    `stderr` (a file) if given."""
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
     env = {
@@ -185,7 +186,7 @@ def serving(database_url, **env):
          # Idle connections stay open (gunicorn's default is 2 s): tests that connect many
          # clients first and then send at once must not find some of them closed meanwhile.
          "--keep-alive", "30"],
-        cwd=ROOT, env=env, start_new_session=True,
+        cwd=ROOT, env=env, stderr=stderr, start_new_session=True,
     )
     stack = Stack(base_url, env, None, gunicorn=process)
     try:

@@ -1,7 +1,7 @@
 """The database blinks while refunds are in flight: every connection to it terminated twice
 (what a failover, a restarted pooler or an idle timeout does), or PostgreSQL itself restarted;
 or Redis restarts, which (with persistence off, as Surety runs it) also loses every job and
-doorbell it held.
+doorbell it held; or Redis stops answering without refusing (a hung host, a blackholed port).
 
 Through it the API answers nothing worse than 503 with Retry-After, an agent that sends the
 same request again with the same key gets its one action, every action ends `succeeded`
@@ -13,6 +13,7 @@ same scenario runs against the test database and against a cluster the test star
 import glob
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -59,6 +60,43 @@ def test_redis_restarted_mid_run_costs_only_503s_and_loses_or_doubles_nothing(st
     with serving(_database_url(), REDIS_URL=own_redis.url) as own_stack, \
             agent_api(own_stack.url, "redis-restarts", grants=("refund",)) as client:
         refunds_through_blips(own_stack, client, own_redis.restart, times=1)
+
+
+def test_redis_that_stops_answering_costs_a_request_its_read_timeout_and_the_log_one_line(stack, own_redis,
+                                                                                          tmp_path):
+    """Redis stopped (SIGSTOP: its port still takes connections, nothing answers), as a hung host
+    looks: each POST waits for the doorbell REDIS_READ_TIMEOUT at most and its action is
+    recorded (PostgreSQL is the truth); each server process logs the outage once, not a traceback
+    per request; once Redis answers again the sweeper rings for what was recorded."""
+    read_timeout, posts = 1, 8
+    log = tmp_path / "server.log"
+    keys = [f"refund:ORD-S{i}:full:dec-{i}" for i in range(posts)]
+
+    def timed_post(i):
+        began = time.monotonic()
+        response = post_action(client, keys[i], refund_body(f"ORD-S{i}", customer=f"CUST-S{i}", decision=f"dec-{i}"))
+        return response.status_code, time.monotonic() - began
+
+    with log.open("w") as server_log, \
+            serving(_database_url(), stderr=server_log, REDIS_URL=own_redis.url, REDIS_READ_TIMEOUT=str(read_timeout),
+                    REDIS_CONNECT_TIMEOUT=str(read_timeout)) as own_stack, \
+            agent_api(own_stack.url, "redis-stalls", grants=("refund",)) as client:
+        own_redis.stall()
+        try:
+            with ThreadPoolExecutor(posts) as pool:
+                posted = list(pool.map(timed_post, range(posts)))
+        finally:
+            own_redis.resume()
+        assert [status for status, _ in posted] == [201] * posts
+        assert max(seconds for _, seconds in posted) < read_timeout + 2, posted
+        own_stack.start_worker()
+        own_stack.start_sweeper()
+        wait_until(lambda: {read_status(client, key) for key in keys} == {"succeeded"}, seconds=30, interval=0.5,
+                   message="the sweeper to ring for every recorded action")
+    text = log.read_text()
+    unreachable = [line for line in text.splitlines() if "Redis is unreachable" in line]
+    assert 1 <= len(unreachable) <= 2, text  # one per gunicorn worker process (-w 2) at most
+    assert "Traceback" not in text, text
 
 
 def refunds_through_blips(stack, client, blip, times):
@@ -217,6 +255,13 @@ class OwnRedis:
         self.stop()
         time.sleep(1)
         self.start()
+
+    def stall(self):
+        """Stopped, not killed: connections are still accepted (by the kernel), nothing answers."""
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self):
+        self.process.send_signal(signal.SIGCONT)
 
     def stop(self):
         self.process.kill()
