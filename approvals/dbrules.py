@@ -64,5 +64,39 @@ BEGIN
     SELECT RAISE(ABORT, 'four eyes: the owner of the agent that asked may not decide it, and two approvals come from two people');
 END""")
 
+# The what-if's daily summaries stay true (approvals.summaries): a change to an action of a day
+# that is over marks that day stale. The triggers call these only for such rows (their WHEN:
+# the row's day is before today's, UTC), so today's writes pay a comparison, not a call.
+BEFORE_TODAY = "{at} < date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'"
+SUMMARY_DAY_CHANGED = Function("approvals_summary_day_changed(p_at timestamptz) RETURNS void", f"""
+BEGIN
+    IF {BEFORE_TODAY.format(at="p_at")} THEN
+        INSERT INTO approvals_summaryday (day, stale, summarised_at)
+             VALUES ((p_at AT TIME ZONE 'UTC')::date, true, now())
+        ON CONFLICT (day) DO UPDATE SET stale = true;
+    END IF;
+END """)
+
+SUMMARY_STALE = Function("approvals_summary_stale() RETURNS trigger", """
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        PERFORM approvals_summary_day_changed(NEW.created_at);
+    ELSE
+        PERFORM approvals_summary_day_changed(OLD.created_at);
+    END IF;
+    RETURN NULL;
+END """)
+
+# An approval item opened (or deleted) for an action: its day's `asked` changes.
+SUMMARY_ASKED_STALE = Function("approvals_summary_asked_stale() RETURNS trigger", """
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        PERFORM approvals_summary_day_changed(a.created_at) FROM ledger_action a WHERE a.id = NEW.action_id;
+    ELSE
+        PERFORM approvals_summary_day_changed(a.created_at) FROM ledger_action a WHERE a.id = OLD.action_id;
+    END IF;
+    RETURN NULL;
+END """)
+
 RULES = [LIMITS_CHANGED, *LIMITS_CHANGED_SQLITE, FOUR_EYES_APPROVAL, FOUR_EYES_DECISION, FOUR_EYES_APPROVAL_SQLITE,
-         FOUR_EYES_DECISION_SQLITE]
+         FOUR_EYES_DECISION_SQLITE, SUMMARY_DAY_CHANGED, SUMMARY_STALE, SUMMARY_ASKED_STALE]

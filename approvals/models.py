@@ -273,3 +273,41 @@ class Approval(models.Model):
 
     def __str__(self):
         return f"{self.user} approved {self.item_id}"
+
+
+class SummaryDay(models.Model):
+    """A UTC day of actions summarised for the what-if (approvals.summaries); `stale`: an action
+    of that day changed since (the database marks it, approvals.dbrules.SUMMARY_STALE), so the
+    what-if reads that day's rows until the sweeper summarises it again."""
+
+    day = models.DateField(primary_key=True)
+    stale = models.BooleanField(default=False)
+    summarised_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self):
+        return f"{self.day}{' (stale)' if self.stale else ''}"
+
+
+class ActionSummary(models.Model):
+    """The requests of one day, type and currency with one amount and one customer's total that
+    day before them (`total_before`; 0 for a customer's first of the day): how many (`n`), and
+    how many opened an approval item (`asked`). Where `total_before` is 0, `n_upto` and
+    `asked_upto` count the same over the day's rows of total 0 up to this amount, so that a
+    threshold's count is one look per day (approvals.summaries)."""
+
+    day = models.ForeignKey(SummaryDay, on_delete=models.CASCADE, related_name="rows")
+    action_type = models.CharField(max_length=40)
+    currency = models.CharField(max_length=3)
+    amount = models.DecimalField(max_digits=18, decimal_places=3, null=True)
+    total_before = models.DecimalField(max_digits=18, decimal_places=3)
+    n = models.PositiveIntegerField()
+    asked = models.PositiveIntegerField()
+    n_upto = models.PositiveIntegerField(default=0)
+    asked_upto = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        indexes = [models.Index(fields=["action_type", "currency", "day", "total_before", "amount"],
+                                name="summary_lookup_idx")]
+
+    def __str__(self):
+        return f"{self.day_id} {self.action_type} {self.amount} {self.currency} after {self.total_before}: {self.n}"

@@ -20,6 +20,13 @@ The rule itself is verdict_for's: `tests/approvals/test_whatif_agrees.py` compar
 with verdict_for action by action on a varied data set. Statuses are as they are now: an
 action rejected later no longer counts in its customer's total, as it would not today.
 The examples' reasons are verdict_for's own words.
+
+A closed day is read from its summary when it has one that is not stale (PostgreSQL,
+approvals.summaries, decision 39): there each verdict depends only on whether the amount and
+the customer's total after it are above the thresholds, so the day's requests are counted by
+the cells the thresholds cut (`_summarised`), and each cell's verdict is `_kind` of it, the
+SQL's rule in Python. Today, and a day without a fresh summary, are counted from their rows
+as above, one day at a time; `tests/approvals/test_whatif_summaries.py` compares the two.
 """
 
 from dataclasses import dataclass
@@ -28,8 +35,8 @@ from decimal import Decimal
 
 from django.core import signing
 from django.db import connection, transaction
-from django.db.models import (Case, Count, DecimalField, Exists, F, IntegerField, OuterRef, Q, Sum, Value, When,
-                              Window)
+from django.db.models import (Case, Count, DecimalField, Exists, F, IntegerField, OuterRef, Q, Subquery, Sum, Value,
+                              When, Window)
 from django.db.models.functions import Coalesce, TruncDate
 from django.db.models.expressions import RowRange
 from django.db.models.lookups import GreaterThan
@@ -38,7 +45,7 @@ from django.utils import timezone
 from ledger.models import Action, ActionStatus
 
 from .intake import NOT_IN_DAILY_TOTAL, rule_for
-from .models import ReviewItem, ReviewKind
+from .models import ActionSummary, ReviewItem, ReviewKind, SummaryDay
 from .policies import Uncovered, money, verdict_for
 
 DEFAULT_DAYS = 30
@@ -110,24 +117,45 @@ def _verdict(limit, total_before):
     return Case(*whens, default=Value(RUNS), output_field=IntegerField())
 
 
-def _daily_total_before():
-    """The customer's total that day before the action: see the module's docstring, step 1."""
+def _kind(limit, amount, total_before):
+    """`_verdict`'s rule in Python, for a request (the summaries hold requests only)."""
+    if limit is None:
+        return RUNS
+    if isinstance(limit, Uncovered):
+        return REFUSED if limit.refuse else UNCOVERED
+    if amount is None:
+        return RUNS
+    if limit.dual_approval_above is not None and amount > limit.dual_approval_above:
+        return TWO_APPROVERS
+    if amount > limit.max_amount:
+        return ABOVE_MAX
+    if limit.daily_customer_total is not None and total_before + amount > limit.daily_customer_total:
+        return DAILY_TOTAL
+    return RUNS
+
+
+def daily_total_before(*by):
+    """The customer's total that day before the action: see the module's docstring, step 1
+    (`by`: more fields the totals are apart by, for a query over several types and currencies)."""
     counted = Case(When(~Q(status__in=NOT_IN_DAILY_TOTAL), then=F("amount")), output_field=DecimalField())
-    earlier = Window(Sum(counted), partition_by=[F("customer"), TruncDate("created_at", tzinfo=UTC)],
+    earlier = Window(Sum(counted), partition_by=[*map(F, by), F("customer"), TruncDate("created_at", tzinfo=UTC)],
                      order_by=[F("created_at").asc(), F("id").asc()], frame=RowRange(start=None, end=-1))
     return Case(When(customer="", then=Value(Decimal(0))), default=Coalesce(earlier, Value(Decimal(0))),
                 output_field=DecimalField())
 
 
-def replayed(proposal, current, since):
-    """The window's actions, each annotated with `current` and `proposed`: the kind of verdict
-    under each limit (`current` may be None: no limit, everything runs; or Uncovered), and
-    `total_before` when a daily customer total is in play."""
+def replayed(proposal, current, since, until=None):
+    """The actions from `since` (to `until`), each annotated with `current` and `proposed`: the
+    kind of verdict under each limit (`current` may be None: no limit, everything runs; or
+    Uncovered), and `total_before` when a daily customer total is in play. Whole days only, so
+    that each customer's total is complete."""
     actions = Action.objects.filter(action_type=proposal.action_type, currency=proposal.currency,
                                     created_at__gte=since).exclude(status=ActionStatus.SHADOW).order_by()
+    if until is not None:
+        actions = actions.filter(created_at__lt=until)
     total_before = Value(Decimal(0))
     if any(getattr(limit, "daily_customer_total", None) is not None for limit in (current, proposal)):
-        actions = actions.annotate(total_before=_daily_total_before())
+        actions = actions.annotate(total_before=daily_total_before())
         total_before = F("total_before")
     return actions.annotate(current=_verdict(current, total_before), proposed=_verdict(proposal, total_before))
 
@@ -150,18 +178,15 @@ def whatif(proposal, *, days=DEFAULT_DAYS, now=None):
     with verdict_for's reasons."""
     since = window_start(days, now)
     current = rule_for(proposal.action_type, proposal.currency)
+    day_starts = [since + timedelta(days=i) for i in range(days)]
     with transaction.atomic():
         _one_large_read()
-        opened = replayed(proposal, current, since).annotate(
-            asked=Exists(ReviewItem.objects.filter(action=OuterRef("pk"), kind=ReviewKind.APPROVAL)))
-        counts = opened.aggregate(
-            actions=Count("id", filter=REQUESTED), **_counts("current"), **_counts("proposed"),
-            changed=Count("id", filter=~Q(current=F("proposed"))),
-            newly_waiting=Count("id", filter=~Q(current__in=WAITS) & Q(proposed__in=WAITS)),
-            no_longer_waiting=Count("id", filter=Q(current__in=WAITS) & ~Q(proposed__in=WAITS)),
-            asked_for_approval=Count("id", filter=Q(asked=True) & REQUESTED),
-        )
-        examples = _changed_newest(proposal, current, since, now, counts["changed"])
+        by_day = _summarised(proposal, current, [start.date() for start in day_starts[:-1]])
+        for start in day_starts:
+            if start.date() not in by_day:
+                by_day[start.date()] = _from_rows(proposal, current, start)
+        counts = {key: sum(day[key] for day in by_day.values()) for key in _tally([])}
+        examples = _changed_newest(proposal, current, day_starts, by_day)
     rows = []
     for key, label in ROWS:
         if key in ONLY_WHEN_SOME and not counts[f"proposed_{key}"] and not counts[f"current_{key}"]:
@@ -171,6 +196,97 @@ def whatif(proposal, *, days=DEFAULT_DAYS, now=None):
                      "proposed": counts[f"proposed_{key}"], "change": f"{change:+,}" if change else "±0"})
     return {"days": days, "since": since, "proposal": proposal, "current": current, "counts": counts, "rows": rows,
             "examples": [_example(action, current, proposal) for action in examples]}
+
+
+def _from_rows(proposal, current, start):
+    """The counts of the day from `start`, from its actions."""
+    opened = replayed(proposal, current, start, start + timedelta(days=1)).annotate(
+        asked=Exists(ReviewItem.objects.filter(action=OuterRef("pk"), kind=ReviewKind.APPROVAL)))
+    return opened.aggregate(
+        actions=Count("id", filter=REQUESTED), **_counts("current"), **_counts("proposed"),
+        changed=Count("id", filter=~Q(current=F("proposed"))),
+        newly_waiting=Count("id", filter=~Q(current__in=WAITS) & Q(proposed__in=WAITS)),
+        no_longer_waiting=Count("id", filter=Q(current__in=WAITS) & ~Q(proposed__in=WAITS)),
+        asked_for_approval=Count("id", filter=Q(asked=True) & REQUESTED),
+    )
+
+
+def _tally(cells):
+    """`_from_rows`' counts from (current kind, proposed kind, requests, of them asked) cells."""
+    counts = {"actions": 0, "changed": 0, "newly_waiting": 0, "no_longer_waiting": 0, "asked_for_approval": 0}
+    for kind, limit_kind in (("current", 0), ("proposed", 1)):
+        for name, of in (("waiting", WAITS), ("above_max", {ABOVE_MAX}), ("two_approvers", {TWO_APPROVERS}),
+                         ("daily_total", {DAILY_TOTAL}), ("uncovered", {UNCOVERED}), ("refused", {REFUSED})):
+            counts[f"{kind}_{name}"] = sum(cell[2] for cell in cells if cell[limit_kind] in of)
+    for current, proposed, n, asked in cells:
+        counts["actions"] += n
+        counts["asked_for_approval"] += asked
+        counts["changed"] += n if current != proposed else 0
+        counts["newly_waiting"] += n if current not in WAITS and proposed in WAITS else 0
+        counts["no_longer_waiting"] += n if current in WAITS and proposed not in WAITS else 0
+    return counts
+
+
+def _cuts(limits, names):
+    return sorted({getattr(limit, name) for limit in limits for name in names} - {None})
+
+
+def _cell(cuts, value):
+    """A value in each cell the cuts make (`> cut` is true for the cuts below it): its top cut,
+    or above the last one."""
+    return cuts[value] if value < len(cuts) else (cuts[-1] if cuts else Decimal(0)) + 1
+
+
+def _cell_of(field, cuts):
+    """SQL: the number of the cell `field` is in (0: at most the first cut)."""
+    return Case(*(When(**{f"{field}__lte": cut}, then=Value(i)) for i, cut in enumerate(cuts)),
+                default=Value(len(cuts)), output_field=IntegerField())
+
+
+def _summarised(proposal, current, days):
+    """{day: counts} for those of `days` whose summary is fresh (PostgreSQL only)."""
+    if connection.vendor != "postgresql":
+        return {}
+    limits = [limit for limit in (current, proposal) if limit is not None and not isinstance(limit, Uncovered)]
+    by_amount = _cuts(limits, ("dual_approval_above", "max_amount"))
+    by_total = _cuts(limits, ("daily_customer_total",))
+    alone = sorted({*by_amount, *by_total})
+    of_limit = ActionSummary.objects.filter(action_type=proposal.action_type, currency=proposal.currency)
+
+    def upto(field, cut=None, **where):
+        rows = of_limit.filter(day=OuterRef("pk"), total_before=0, **where)
+        if cut is not None:
+            rows = rows.filter(amount__lte=cut)
+        return Coalesce(Subquery(rows.order_by("-amount").values(field)[:1]), 0)
+
+    # A customer's first request of the day (total 0: the total after it is its amount): per
+    # cut, the running counts of the day's amounts up to it, one look each.
+    looks = {}
+    for i, cut in enumerate([*alone, None]):
+        where = {} if cut is not None else {"amount__isnull": False}
+        looks[f"n{i}"], looks[f"asked{i}"] = upto("n_upto", cut, **where), upto("asked_upto", cut, **where)
+    looks["n_none"], looks["asked_none"] = upto("n", amount__isnull=True), upto("asked", amount__isnull=True)
+    fresh = SummaryDay.objects.filter(day__in=days, stale=False).annotate(**looks).values("day", *looks)
+    cells = {}
+    for row in fresh:
+        day = cells[row["day"]] = []
+        below = below_asked = 0
+        for i in range(len(alone) + 1):
+            amount = _cell(alone, i)
+            day.append((amount, Decimal(0), row[f"n{i}"] - below, row[f"asked{i}"] - below_asked))
+            below, below_asked = row[f"n{i}"], row[f"asked{i}"]
+        day.append((None, Decimal(0), row["n_none"], row["asked_none"]))
+    # The others (a total before them): counted by the cell of their amount and of their total after.
+    after = (of_limit.filter(day__in=list(cells), total_before__gt=0)
+             .annotate(after=F("total_before") + F("amount"))
+             .values("day", a=_cell_of("amount", by_amount), s=_cell_of("after", by_total))
+             .annotate(count=Sum("n"), of_them_asked=Sum("asked")))
+    for row in after:
+        amount = _cell(by_amount, row["a"])
+        cells[row["day"]].append((amount, _cell(by_total, row["s"]) - amount, row["count"], row["of_them_asked"]))
+    return {day: _tally([(_kind(current, amount, total), _kind(proposal, amount, total), n, asked)
+                         for amount, total, n, asked in day_cells])
+            for day, day_cells in cells.items()}
 
 
 def _one_large_read():
@@ -183,20 +299,18 @@ def _one_large_read():
             cursor.execute("SET LOCAL work_mem = '64MB'")
 
 
-def _changed_newest(proposal, current, since, now, changed):
-    """The EXAMPLES newest actions whose verdict changes. A customer's daily total needs only
-    its own day, so the last day alone, then the last week, give exact verdicts: most often
-    the examples are there, and the whole window is not sorted a second time."""
-    if not changed:
-        return []
+def _changed_newest(proposal, current, day_starts, by_day):
+    """The EXAMPLES newest actions whose verdict changes, read from the days that have some,
+    newest first, one day at a time: a customer's daily total needs only its own day."""
     found = []
-    for days in (1, 7, None):
-        start = max(since, window_start(days, now)) if days else since
-        found = list(replayed(proposal, current, start).exclude(current=F("proposed"))
-                     .order_by("-created_at", "-id")
-                     .only("operation_key", "customer", "amount", "currency", "status", "created_at")[:EXAMPLES])
-        if len(found) == min(EXAMPLES, changed) or start == since:
-            return found
+    for start in reversed(day_starts):
+        if len(found) == EXAMPLES:
+            break
+        if by_day[start.date()]["changed"]:
+            found += list(replayed(proposal, current, start, start + timedelta(days=1))
+                          .exclude(current=F("proposed")).order_by("-created_at", "-id")
+                          .only("operation_key", "customer", "amount", "currency", "status", "created_at")
+                          [:EXAMPLES - len(found)])
     return found
 
 
