@@ -40,7 +40,6 @@ Prints the figures, ratios and PASS/MISS per target, and writes them to artifact
 """
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -49,6 +48,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from .cpu import CpuMonitor
+from .results import write_results
 from .stack import (DB_NAME, PROVIDER_DB_NAME, ROOT, STACK_ENV, Stack, flush_redis, reset_database,
                     wait_for_connection_slots)
 
@@ -717,7 +717,7 @@ def main(argv=None):
                   "cpus": os.cpu_count(), "settings": "bench.settings", "env": STACK_ENV},
         "results": results, "ratios": ratios,
     }
-    out.write_text(json.dumps(document, indent=2, default=str) + "\n")
+    write_results(out, document)
     say(f"\nwritten to {out} in {document['seconds']} s")
     if "p" in args.only:
         # (p) the dashboard's list and search pages at 1,000 rows and at volume (bench/pages.py),

@@ -19,13 +19,13 @@ of `python -m bench` measured with each way of keeping connections, side by side
 """
 
 import argparse
-import json
 import os
 import tempfile
 import time
 from pathlib import Path
 
 from .cpu import CpuMonitor
+from .results import write_results
 from .stack import Stack, flush_redis, reset_database, wait_for_connection_slots
 
 DB_NAME = "surety_bench_checks"
@@ -132,10 +132,7 @@ def main(argv=None):
                 f"CPU {fig['cpu_ms_per_request']['total']} ms/request (postgres {fig['cpu_ms_per_request']['postgres']})"
                 f"  / unchecked: {rps_ratio:.3f} throughput, {cpu_ratio:.3f} by CPU   "
                 f"[rounds {', '.join(str(r) for r in fig['rounds_ok_rps'])}]")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "ways": WAYS,
-                               "ratios": ratios, "results": results}, indent=2, default=str) + "\n")
+    out = write_results(args.out, {"ways": WAYS, "ratios": ratios, "results": results})
     say(f"\nwritten to {out} (process logs: {logs})")
     return 0
 

@@ -22,12 +22,12 @@ in-process (bench/probe.py) with the switch on; writes artifacts/bench-mechanism
 
 import argparse
 import contextlib
-import json
 import os
 import statistics
-import time
 from pathlib import Path
 from unittest import mock
+
+from .results import write_results
 
 WAYS = ["as_is", "doorbell_windows", "limits_copy", "grant_cache"]
 FIGURES = [("b_action_new", "(b) POST actions, new keys"), ("c_action_replay", "(c) POST actions, replayed keys"),
@@ -150,9 +150,7 @@ def main(argv=None):
         for stack in stacks.values():
             stack.stop_all()
     results = summary(ways, rounds, statements, combine)
-    out.write_text(json.dumps({"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "args": vars(args),
-                               "statements_per_request": statements, "results": results}, indent=2, default=str)
-                   + "\n")
+    write_results(out, {"args": vars(args), "statements_per_request": statements, "results": results})
     say(f"\nwritten to {out} (process logs: {logs})")
     return 0
 

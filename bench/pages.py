@@ -40,6 +40,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from .results import write_results
+
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -482,7 +484,7 @@ def main(argv=None):
         "targets": {"ratio_at_most": RATIO_AT_MOST, "p95_volume_under_ms": P95_UNDER_MS},
         "sizes": sizes, "pages": results, "passed": passed, "total": len(results),
     }
-    out.write_text(json.dumps(document, indent=2, default=str) + "\n")
+    write_results(out, document)
     if explains:
         explain_path = out.with_name(out.stem + "-explain.txt")
         explain_path.write_text("\n".join(explains))

@@ -22,16 +22,14 @@ Prints one line per N and writes artifacts/bench-seal.json. About 35 s per N wit
 """
 
 import argparse
-import json
 import multiprocessing
 import os
 import statistics
 import sys
 import threading
 import time
-from datetime import UTC, datetime
-from pathlib import Path
 
+from .results import write_results
 from .stack import ROOT, STACK_ENV, connection_slots, database_url, reset_database
 
 DB_NAME = "surety_bench_seal"
@@ -204,8 +202,5 @@ def main(argv=None):
             f"{figure['capacity_sealed_per_s']}/s while the writers went on = {figure['capacity_over_written']}x "
             f"the intake, back under the steady backlog in {figure['drain_s']} s "
             f"[load average {figure['load_average_1m']} on {os.cpu_count()} CPUs]")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"when": datetime.now(UTC).isoformat(), "cpus": os.cpu_count(),
-                               "duration_s": args.duration, "results": results}, indent=2) + "\n")
+    out = write_results(args.out, {"cpus": os.cpu_count(), "duration_s": args.duration, "results": results})
     say(f"written to {out}")

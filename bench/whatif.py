@@ -18,7 +18,6 @@ Prints a table and writes artifacts/bench-whatif.json.
 """
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -29,6 +28,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from . import pages
+from .results import write_results
 
 CURRENT_LIMIT = {"max_amount": "500", "dual_approval_above": "5000", "daily_customer_total": "2000"}
 PROPOSED = {"action_type": "refund", "currency": "EUR", "max_amount": "250", "dual_approval_above": "2500",
@@ -139,7 +139,7 @@ def main(argv=None):
                 "timings": timings, "volume_db": args.volume_db, "sizes": sizes, "proposed": PROPOSED,
                 "current_limit": CURRENT_LIMIT, "client": "django.test.Client, in-process, force_login superuser",
                 "cpus": os.cpu_count(), "cases": results}
-    out.write_text(json.dumps(document, indent=2, default=str) + "\n")
+    write_results(out, document)
     pages.say(f"\nwritten to {out} in {document['seconds']} s")
     return document
 
