@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 
@@ -96,18 +96,21 @@ class Stack:
         self.workers.append(process)
         return process
 
-    def start_sweeper(self, interval=0.5, **env):
-        """`manage.py sweep` as a process of its own, as a deployment runs it (stopped with the workers)."""
-        process = self._spawn(["sweep", "--interval", str(interval)], env)
+    def start_sweeper(self, interval=0.5, log=None, **env):
+        """`manage.py sweep` as a process of its own, as a deployment runs it (stopped with the
+        workers); with `log` (a path), its output goes there, and is its `process.log`."""
+        process = self._spawn(["sweep", "--interval", str(interval)], env, log)
+        process.log = log
         self.sweepers.append(process)
         return process
 
-    def _spawn(self, command, env):
-        return subprocess.Popen(
-            [PYTHON, "manage.py", *command],
-            cwd=ROOT, env={**self.env, **{k: str(v) for k, v in env.items()}},
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        )
+    def _spawn(self, command, env, log=None):
+        with open(log, "w") if log else nullcontext(subprocess.DEVNULL) as out:
+            return subprocess.Popen(
+                [PYTHON, "manage.py", *command],
+                cwd=ROOT, env={**self.env, **{k: str(v) for k, v in env.items()}},
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            )
 
     def kill_worker(self, process):
         os.killpg(process.pid, signal.SIGKILL)

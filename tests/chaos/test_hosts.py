@@ -51,10 +51,6 @@ SEALING = "audit_sealed"  # the step whose leader is "the leading sweeper"
 HANDOVER_BOUND = 5  # seconds from the leader's kill to its step's next run by another
 
 
-def start_sweeper(stack):
-    return stack.start_sweeper(**SWEEPER)
-
-
 def leader_pid(step=SEALING):
     """The pid of the sweeper whose lease on `step` lasts (its holder is host:pid:nonce)."""
     lease = StepLease.objects.filter(step=step, expires_at__gt=timezone.now()).first()
@@ -109,7 +105,7 @@ def test_two_web_servers_four_workers_and_two_sweepers_killed_at_random_make_eac
         for _ in range(WORKERS):
             stack.start_worker(**WORKER)
         for _ in range(SWEEPERS):
-            start_sweeper(stack)
+            stack.start_sweeper(**SWEEPER)
         figures = {"scale": scale_name, "seed": seed, "refunds": n, "timeouts_after_commit": len(stalled),
                    "web_servers": len(webs), "workers": WORKERS, "sweepers": SWEEPERS, "worker_kills": 0,
                    "worker_kills_while_busy": 0, "leader_kills": 0, "handover_seconds": [],
@@ -119,7 +115,7 @@ def test_two_web_servers_four_workers_and_two_sweepers_killed_at_random_make_eac
         def restart_exited():
             """Start again a process that ended by itself (counted)."""
             for group, start, kind in ((stack.workers, lambda: stack.start_worker(**WORKER), "workers"),
-                                       (stack.sweepers, lambda: start_sweeper(stack), "sweepers")):
+                                       (stack.sweepers, lambda: stack.start_sweeper(**SWEEPER), "sweepers")):
                 for process in [p for p in group if p.poll() is not None]:
                     group.remove(process)
                     start()
@@ -132,7 +128,7 @@ def test_two_web_servers_four_workers_and_two_sweepers_killed_at_random_make_eac
                 return False  # its lease lapsed meanwhile: nobody leads now
             stack.kill_sweeper(victim)
             handovers.append((timezone.now(), victim.pid))  # after the kill: no pass of its own counts
-            start_sweeper(stack)
+            stack.start_sweeper(**SWEEPER)
             figures["leader_kills"] += 1
             return True
 
