@@ -328,19 +328,20 @@ class ChainWalk(models.Model):
 WHOLE_CHAIN_EVERY = timedelta(days=1)
 
 
-def audit_verify(*, whole=False, since_checkpoint=False):
+def audit_verify(*, since_checkpoint=False):
     """Verify the chain and record the result: from the end of the last intact check (the
-    newest stretch), from the last checkpoint (`since_checkpoint`, or when nothing was checked
-    yet; its signature and hash first), or all of it. A chain shorter than a check once found
-    it is broken too: events at its end were removed."""
+    newest stretch), or from the last checkpoint (`since_checkpoint`, or when nothing was
+    checked yet; its signature and hash first), from the first event while there is none. A
+    chain shorter than a check once found it is broken too: events at its end were removed.
+    The whole chain is walked by `audit_walk`, in stretches."""
     # The intact check that reached furthest: a whole-chain walk ends after newer checks did,
     # at the chain's end when it started.
     last = ChainCheck.objects.filter(broken_at__isnull=True).order_by("-through_seq", "-id").first()
     daily = since_checkpoint or last is None
-    checkpoint = ChainCheckpoint.objects.first() if daily and not whole else None
+    checkpoint = ChainCheckpoint.objects.first() if daily else None
     if checkpoint is not None:
         from_seq, scope = checkpoint.seq + 1, ChainCheck.Scope.CHECKPOINT
-    elif whole or daily:
+    elif daily:
         from_seq, scope = 1, ChainCheck.Scope.WHOLE
     else:
         from_seq, scope = last.through_seq + 1, ChainCheck.Scope.NEWEST
