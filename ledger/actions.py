@@ -15,6 +15,7 @@ from .compiled import Compiled, insert, update
 from .jobs import ring_after_commit
 from .models import (IN_FLIGHT_STATUSES, Action, ActionStatus, ActionType, AuditEvent, Booking,  # noqa: F401
                      InvalidTransition, fingerprint, money_in_params, request_fingerprint)  # (fingerprint: re-exported)
+from .retention import archived_key_expired, refused_as_archived
 
 S = ActionStatus
 logger = logging.getLogger("surety.actions")
@@ -166,7 +167,9 @@ def action_request(*, agent, operation_key, action_type, target, params, custome
                     sibling.hold(actor="system:intake", reason=f"{operation_key} arrived for the same target or customer")
             if action.status == S.QUEUED and task is None:  # a task's runner executes its own actions
                 ring_after_commit("actions")
-    except IntegrityError:
+    except IntegrityError as exc:
+        if refused_as_archived(exc):  # its action was archived past the key's lifetime
+            raise archived_key_expired(operation_key) from None
         # The same key, inserted meanwhile (or before: the API's lookup missed it).
         existing = action_by_key(operation_key)
         if existing is None:

@@ -11,6 +11,7 @@ rendering fails the tests instead of being silently missing from SQL.
 from dataclasses import dataclass
 
 from .models import IN_FLIGHT_STATUSES, ActionStatus
+from .retention import KEY_ARCHIVED
 
 
 @dataclass(frozen=True)
@@ -183,9 +184,27 @@ CHECKPOINT_NO_DELETE_SQLITE = SQLiteTrigger(
     "BEGIN SELECT RAISE(ABORT, 'chain checkpoints are append-only (DELETE refused)'); END",
 )
 
+# An archived key is never recorded again (ledger.retention): checked after the row is in the
+# unique index, so an insert that waited there for the archive's commit sees its ArchivedKey
+# (each statement of a PL/pgSQL function reads a fresh snapshot under READ COMMITTED).
+ARCHIVED_KEY_REFUSED = Function("ledger_action_key_archived() RETURNS trigger", f"""
+BEGIN
+    IF EXISTS (SELECT 1 FROM ledger_archivedkey k WHERE k.operation_key = NEW.operation_key) THEN
+        RAISE EXCEPTION USING MESSAGE = '{KEY_ARCHIVED}: ' || NEW.operation_key,
+                              ERRCODE = 'unique_violation';
+    END IF;
+    RETURN NULL;
+END """)
+ARCHIVED_KEY_REFUSED_SQLITE = SQLiteTrigger("ledger_action_key_archived", f"""CREATE TRIGGER ledger_action_key_archived BEFORE INSERT ON ledger_action
+WHEN EXISTS (SELECT 1 FROM ledger_archivedkey k WHERE k.operation_key = NEW.operation_key)
+BEGIN
+    SELECT RAISE(ABORT, '{KEY_ARCHIVED}');
+END""")
+
 RULES = [LOCK_SUBJECTS, SAME_SUBJECT, REQUEUE_SAME_SUBJECT, AUDIT_APPEND_ONLY, SUPERSEDED_HAS_VERSION,
          CHECKPOINT_APPEND_ONLY, SAME_SUBJECT_SQLITE, REQUEUE_SAME_SUBJECT_SQLITE, AUDIT_NO_UPDATE_SQLITE,
-         AUDIT_NO_DELETE_SQLITE, CHECKPOINT_NO_UPDATE_SQLITE, CHECKPOINT_NO_DELETE_SQLITE]
+         AUDIT_NO_DELETE_SQLITE, CHECKPOINT_NO_UPDATE_SQLITE, CHECKPOINT_NO_DELETE_SQLITE,
+         ARCHIVED_KEY_REFUSED, ARCHIVED_KEY_REFUSED_SQLITE]
 
 
 def installed(connection, rule):

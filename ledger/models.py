@@ -22,6 +22,7 @@ from .audit import (  # noqa: F401 (models of this app, defined beside their man
     AuditEvent, ChainCheck, ChainCheckpoint, ChainWalk)
 from .authority import Grant, GrantState, ReplayRun  # noqa: F401 (models of this app, see authority.py)
 from .locks import StepLease  # noqa: F401 (the sweeper steps' leases, defined beside their statement)
+from .retention import ArchivedKey  # noqa: F401 (the archived keys, defined beside their lifetime)
 from .compiled import Compiled, update
 from .statemachine import InvalidTransition, LeasedWork, StaleClaim, check_move  # noqa: F401 (re-exported)
 

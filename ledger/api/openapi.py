@@ -8,6 +8,7 @@ API stricter than it says.
 
 import copy
 
+from django.conf import settings
 from drf_spectacular.extensions import OpenApiSerializerExtension, OpenApiSerializerFieldExtension
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.plumbing import get_doc
@@ -16,6 +17,7 @@ from rest_framework import serializers
 
 from ledger import currencies, money
 from ledger.models import ActionType, StepStatus, TaskState
+from ledger.retention import KEY_EXPIRES_HEADER
 from ledger.validation import MAX_AMOUNT, StrictSerializer
 from ledger.workflows import WORKFLOWS
 
@@ -48,6 +50,25 @@ RETRY_AFTER = OpenApiParameter(
     "Retry-After", {"type": "string", "pattern": "^[0-9]+$"}, OpenApiParameter.HEADER, response=[429, 503],
     required=True, description="Seconds to wait before sending the request again.",
 )
+
+KEY_EXPIRES = OpenApiParameter(
+    KEY_EXPIRES_HEADER, {"type": "string", "format": "date-time"}, OpenApiParameter.HEADER, response=[200, 201],
+    required=True, description="When the key stops naming this action or task (RFC 3339, UTC): when it was "
+    "recorded plus the key's lifetime. Until then the same request is replayed; after it, any request under the "
+    "key is answered `410 operation_key_expired`.",
+)
+
+
+def intake_description(what):
+    """An intake's description, with the key's lifetime (ledger.retention) that it publishes."""
+    return (f"{what} The key names its request for {settings.OPERATION_KEY_LIFETIME_DAYS} days after it was "
+            f"first recorded (`{KEY_EXPIRES_HEADER}` on each answer says until when): within that lifetime the "
+            "same request is replayed; after it, any request under the key is answered `410 "
+            "operation_key_expired` and nothing is executed.")
+
+
+KEY_EXPIRED = ("`operation_key_expired`: the key's lifetime has ended (its action may have been archived); nothing "
+               "is executed or answered under it any more.")
 
 
 def path_key(name, description):
@@ -133,6 +154,7 @@ def intake_responses(resource):
                                      "(another agent's message to this recipient, type and decision) or "
                                      "`refund_already_recorded` (another agent's refund of this order for this "
                                      "decision)."),
+        (410, PROBLEM_JSON): problem(KEY_EXPIRED),
         (422, PROBLEM_JSON): problem("`idempotency_key_reused`: the key names a different request, or the "
                                      "decision's refund or message is recorded under another key with other "
                                      "params; `currency_not_covered`: the action type has limits, none in this "

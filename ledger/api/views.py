@@ -14,13 +14,15 @@ from ledger.grants import grant_state
 from ledger.metrics import API_KEY_REUSED, API_REPLAYS
 from ledger.models import Action, ActionStatus, ActionType, Capability, GrantState, Task, TaskState
 from ledger.outages import close_broken_connection, connection_lost
+from ledger.retention import KEY_EXPIRES_HEADER, ArchivedKey, KeyExpired, key_expired, key_expires_at, rfc3339
 from ledger.tasks import task_request
 
 from .auth import well_formed_key
 from .evidence_schema import EvidenceRecordSerializer
 from .openapi import (
-    ACTION_REQUEST, COMMON_PROBLEMS, KEY_HEADER, PROBLEM_JSON, REPLAYED, RETRY_AFTER, TASK_ID_HEADER, TASK_REQUEST,
-    WAIT, ApiSchema, CheckpointSerializer, intake_responses, links_to, path_key, problem, read_responses,
+    ACTION_REQUEST, COMMON_PROBLEMS, KEY_EXPIRED, KEY_EXPIRES, KEY_HEADER, PROBLEM_JSON, REPLAYED, RETRY_AFTER,
+    TASK_ID_HEADER, TASK_REQUEST, WAIT, ApiSchema, CheckpointSerializer, intake_description, intake_responses,
+    links_to, path_key, problem, read_responses,
 )
 from .problems import Problem
 from .serializers import (
@@ -50,6 +52,26 @@ def key_reused(request, key, existing=None):
                        "with other params.")
     return Problem(422, "idempotency_key_reused", "Idempotency-Key reused",
                    f"The key {key!r} was already used for a different request; nothing was changed.")
+
+
+def key_expired_problem(key, expires_at):
+    return Problem(410, "operation_key_expired", "Operation key expired",
+                   f"The key {key!r} named its request until {rfc3339(expires_at)} (a lifetime of "
+                   f"{settings.OPERATION_KEY_LIFETIME_DAYS} days): nothing is executed or answered under it any "
+                   "more. A new effect needs a new key.")
+
+
+def refuse_expired(key, obj):
+    """410 for a request under a key past its lifetime: `obj` is what the key names (an
+    action or a task) or something else the intake found (another key's action)."""
+    if key in (getattr(obj, "operation_key", None), getattr(obj, "task_id", None)) and key_expired(obj.created_at):
+        raise key_expired_problem(key, key_expires_at(obj.created_at))
+
+
+def answer(body, obj, status=200, headers=None):
+    """An answer about an action or task, with the time its key stops naming it."""
+    return Response(body, status=status,
+                    headers={**(headers or {}), KEY_EXPIRES_HEADER: rfc3339(key_expires_at(obj.created_at))})
 
 
 def wait_seconds(request):
@@ -125,13 +147,18 @@ DECISION_TAKEN = {
 
 
 def recorded(request, key, intake, represent):
-    """The shared answer of both intakes: 201 new; 200 replayed; 422 for a key that names
-    another request or belongs to another agent (whose objects are never shown); 409 for a
-    booking whose slot is taken; 422 for a request the limits refuse (LIMITS_UNCOVERED_CURRENCY);
-    503 when the database stays deadlocked."""
+    """The shared answer of both intakes: 201 new; 200 replayed; 410 for a key past its
+    lifetime (ledger.retention), archived or not; 422 for a key that names another request or
+    belongs to another agent (whose objects are never shown); 409 for a booking whose slot is
+    taken; 422 for a request the limits refuse (LIMITS_UNCOVERED_CURRENCY); 503 when the
+    database stays deadlocked."""
     try:
         obj, created = intake_through_transient_failures(intake)
+    except KeyExpired as exc:
+        raise key_expired_problem(exc.key, exc.expires_at) from None
     except KeyReused as exc:
+        if exc.existing.agent_id == request.auth.pk:
+            refuse_expired(key, exc.existing)
         raise key_reused(request, key, exc.existing) from None
     except SlotTaken as exc:
         raise Problem(409, "booking_conflict", "Slot taken", f"{exc}; nothing was recorded.") from None
@@ -141,19 +168,23 @@ def recorded(request, key, intake, represent):
         raise Problem(409, *DECISION_TAKEN[exc.existing.action_type]) from None
     if obj.agent_id != request.auth.pk:
         raise key_reused(request, key)
-    return Response(represent(obj), status=201) if created else replayed(request, represent(obj))
+    if created:
+        return answer(represent(obj), obj, status=201)
+    refuse_expired(key, obj)
+    return replayed(request, represent(obj), obj)
 
 
-def replayed(request, body):
+def replayed(request, body, obj):
     API_REPLAYS.labels(request.auth.name).inc()
-    return Response(body, headers={"Idempotent-Replayed": "true"})
+    return answer(body, obj, headers={"Idempotent-Replayed": "true"})
 
 
-def load_own(queryset, what):
+def load_own(queryset, what, gone=lambda: None):
+    """`gone`: the problem to answer instead of a 404 (an archived action's 410), or None."""
     def load():
         found = queryset.first()
         if found is None:
-            raise Problem(404, "not_found", "Not found", f"No such {what}.")
+            raise gone() or Problem(404, "not_found", "Not found", f"No such {what}.")
         return found
 
     return load
@@ -172,21 +203,25 @@ class ActionCreateView(APIView):
                      for status, link in links_to("actions_retrieve", "operation_key").items()}
 
     @extend_schema(
-        operation_id="actions_create", parameters=[KEY_HEADER, REPLAYED, RETRY_AFTER], request=ACTION_REQUEST,
+        operation_id="actions_create", parameters=[KEY_HEADER, REPLAYED, RETRY_AFTER, KEY_EXPIRES],
+        request=ACTION_REQUEST,
         responses=intake_responses(ActionSerializer),
-        description="Request one guarded effect. Same key and body again: 200 with "
-        "`Idempotent-Replayed: true`, nothing executed again. While the agent's grant for the action type is "
-        "shadow (not yet made live by a person after the replay set passed), the action is recorded with "
-        "status `shadow` and never executed.",
+        description=intake_description(
+            "Request one guarded effect. Same key and body again: 200 with `Idempotent-Replayed: true`, nothing "
+            "executed again. While the agent's grant for the action type is shadow (not yet made live by a "
+            "person after the replay set passed), the action is recorded with status `shadow` and never "
+            "executed."),
     )
     def post(self, request):
         key = idempotency_key(request)
         agent = request.auth
         stored = action_by_pk(agent.key_action_id) if agent.key_action_id else None
-        if stored is not None and stored.agent_id == agent.pk and asks_again(stored, request.data):
-            # The very request that was recorded (so valid as it was): answered from the row.
-            require_grant(agent, Capability.Kind.ACTION_TYPE, stored.action_type)
-            return replayed(request, ActionSerializer(stored).data)
+        if stored is not None and stored.agent_id == agent.pk:
+            refuse_expired(key, stored)
+            if asks_again(stored, request.data):
+                # The very request that was recorded (so valid as it was): answered from the row.
+                require_grant(agent, Capability.Kind.ACTION_TYPE, stored.action_type)
+                return replayed(request, ActionSerializer(stored).data, stored)
         incoming = ActionRequestSerializer(data=request.data)
         incoming.is_valid(raise_exception=True)
         data = incoming.validated_data
@@ -200,21 +235,28 @@ class ActionCreateView(APIView):
 
 class ActionDetailView(APIView):
     @extend_schema(
-        operation_id="actions_retrieve", responses=read_responses(ActionSerializer, "action"),
-        parameters=[path_key("operation_key", "The action's operation key."), WAIT, RETRY_AFTER],
+        operation_id="actions_retrieve",
+        responses={**read_responses(ActionSerializer, "action"), (410, PROBLEM_JSON): problem(KEY_EXPIRED)},
+        parameters=[path_key("operation_key", "The action's operation key."), WAIT, RETRY_AFTER, KEY_EXPIRES],
     )
     def get(self, request, operation_key):
         seconds = wait_seconds(request)
         load = own_action(request, operation_key, Action.objects.select_related("task"))
         action = poll(load, lambda a: a.status in UNSETTLED_ACTION, seconds)
-        return Response(ActionSerializer(action).data)
+        return answer(ActionSerializer(action).data, action)
 
 
 def own_action(request, operation_key, queryset):
     mine = queryset.filter(agent=request.auth, operation_key=operation_key)
     if "\x00" in operation_key:  # PostgreSQL text holds no NUL, so no key has one
         mine = mine.none()
-    return load_own(mine, "action")
+    return load_own(mine, "action", gone=lambda: archived(request.auth, operation_key))
+
+
+def archived(agent, operation_key):
+    """The 410 for a key of this agent's whose action was archived (ledger.retention), or None."""
+    found = ArchivedKey.objects.filter(agent=agent, operation_key=operation_key).first()
+    return None if found is None else key_expired_problem(operation_key, found.expires_at)
 
 
 def key_ends_in_evidence(request):
@@ -249,9 +291,10 @@ class TaskCreateView(APIView):
     openapi_links = links_to("tasks_retrieve", "task_id")
 
     @extend_schema(
-        operation_id="tasks_create", parameters=[TASK_ID_HEADER, REPLAYED, RETRY_AFTER], request=TASK_REQUEST,
-        responses=intake_responses(CheckpointSerializer),
-        description="Start a multi-step task; the Idempotency-Key is the task id. Returns the checkpoint.",
+        operation_id="tasks_create", parameters=[TASK_ID_HEADER, REPLAYED, RETRY_AFTER, KEY_EXPIRES],
+        request=TASK_REQUEST, responses=intake_responses(CheckpointSerializer),
+        description=intake_description("Start a multi-step task; the Idempotency-Key is the task id. Returns the "
+                                       "checkpoint."),
     )
     def post(self, request):
         task_id = idempotency_key(request)
@@ -271,7 +314,8 @@ class TaskCreateView(APIView):
 class TaskDetailView(APIView):
     @extend_schema(
         operation_id="tasks_retrieve", responses=read_responses(CheckpointSerializer, "task"),
-        parameters=[path_key("task_id", "The task's id (the key it was started with)."), WAIT, RETRY_AFTER],
+        parameters=[path_key("task_id", "The task's id (the key it was started with)."), WAIT, RETRY_AFTER,
+                    KEY_EXPIRES],
     )
     def get(self, request, task_id):
         seconds = wait_seconds(request)
@@ -279,4 +323,4 @@ class TaskDetailView(APIView):
         if "\x00" in task_id:  # PostgreSQL text holds no NUL, so no task id has one
             mine = mine.none()
         task = poll(load_own(mine, "task"), lambda t: t.state in UNSETTLED_TASK, seconds)
-        return Response(checkpoint(task))
+        return answer(checkpoint(task), task)

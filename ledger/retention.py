@@ -1,0 +1,70 @@
+"""How long an operation key names its action, and the keys whose actions were archived.
+
+A key names its action for OPERATION_KEY_LIFETIME_DAYS after the action was recorded (decision
+42): within that lifetime the API replays it; after it a request under the key is answered
+`410 operation_key_expired`, never executed. `archive_expired` then moves the settled action out
+of the ledger and leaves an `ArchivedKey` in its place, which the database checks on every
+insert into the ledger (ledger.dbrules.ARCHIVED_KEY_REFUSED): an archived key is never recorded again.
+"""
+
+from datetime import UTC, timedelta
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+KEY_EXPIRES_HEADER = "Idempotency-Key-Expires"
+# The message the database's rule raises (ledger.dbrules.ARCHIVED_KEY_REFUSED and its SQLite pair).
+KEY_ARCHIVED = "operation_key_archived"
+
+
+def key_lifetime():
+    return timedelta(days=settings.OPERATION_KEY_LIFETIME_DAYS)
+
+
+def key_expires_at(created_at):
+    return created_at + key_lifetime()
+
+
+def key_expired(created_at, now=None):
+    return key_expires_at(created_at) <= (now or timezone.now())
+
+
+def rfc3339(moment):
+    return moment.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+class KeyExpired(Exception):
+    """A request under a key past its lifetime (`expires_at`), or whose action was archived."""
+
+    def __init__(self, key, expires_at):
+        super().__init__(key)
+        self.key = key
+        self.expires_at = expires_at
+
+
+def archived_key_expired(key):
+    return KeyExpired(key, ArchivedKey.objects.get(operation_key=key).expires_at)
+
+
+def refused_as_archived(exc):
+    """Whether the database refused an insert because its key was archived."""
+    return KEY_ARCHIVED in str(exc)
+
+
+class ArchivedKey(models.Model):
+    """An operation key whose settled action `archive_expired` moved out of the ledger, and
+    the archive file (its SHA-256) that holds the action now."""
+
+    operation_key = models.CharField(max_length=255, unique=True)
+    agent = models.ForeignKey("ledger.Agent", on_delete=models.PROTECT, related_name="+", db_index=False)
+    created_at = models.DateTimeField()
+    archived_at = models.DateTimeField(default=timezone.now)
+    archive_sha256 = models.CharField(max_length=64)
+
+    def __str__(self):
+        return self.operation_key
+
+    @property
+    def expires_at(self):
+        return key_expires_at(self.created_at)

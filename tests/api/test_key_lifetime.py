@@ -1,0 +1,120 @@
+"""The key's lifetime, published and kept, through the HTTP API of a live server (gunicorn on
+the test database; no worker runs, so nothing is executed): every answer about an action or
+task says when its key expires; within the lifetime the replay holds; after it, and once the
+action is archived, any request under the key is `410 operation_key_expired` and nothing is
+recorded again."""
+
+from datetime import datetime, timedelta
+
+import httpx
+import pytest
+from django.conf import settings
+from django.db import IntegrityError, transaction
+
+from ledger.models import Action, ArchivedKey, AuditEvent, Task
+from tests.factories import agent_api, make_action, post_action, post_task, refund_body, refund_task_body
+
+KEY = "refund:ORD-8841:dec-77"
+HEADER = "Idempotency-Key-Expires"
+
+
+def expires(response):
+    return datetime.fromisoformat(response.headers[HEADER])
+
+
+def lifetime():
+    return timedelta(days=settings.OPERATION_KEY_LIFETIME_DAYS)
+
+
+def assert_expired(response):
+    assert response.status_code == 410, response.text
+    assert response.headers["Content-Type"] == "application/problem+json"
+    assert response.json()["code"] == "operation_key_expired"
+
+
+def age(model, days, **where):
+    model.objects.filter(**where).update(created_at=model.objects.get(**where).created_at - timedelta(days=days))
+
+
+@pytest.fixture
+def api(stack):
+    with agent_api(stack.url) as client:
+        yield client
+
+
+def test_every_answer_about_an_action_says_when_its_key_expires(api):
+    first = post_action(api, KEY, refund_body())
+    assert first.status_code == 201
+    action = Action.objects.get(operation_key=KEY)
+    expected = (action.created_at + lifetime()).replace(microsecond=0)
+    assert expires(first) == expected
+
+    again = post_action(api, KEY, refund_body())
+    read = api.get(f"/api/v1/actions/{KEY}")
+    assert (again.status_code, again.headers["Idempotent-Replayed"]) == (200, "true")
+    assert expires(again) == expires(read) == expected
+    assert read.headers[HEADER].endswith("Z")
+
+
+def test_after_the_lifetime_the_key_answers_410_and_nothing_is_recorded(api):
+    assert post_action(api, KEY, refund_body()).status_code == 201
+    age(Action, settings.OPERATION_KEY_LIFETIME_DAYS - 1, operation_key=KEY)
+    assert post_action(api, KEY, refund_body()).status_code == 200  # a day left: the replay holds
+    age(Action, 2, operation_key=KEY)
+    events = AuditEvent.objects.count()
+
+    assert_expired(post_action(api, KEY, refund_body()))
+    assert_expired(post_action(api, KEY, refund_body(amount="30.00")))  # not 422: the key names nothing now
+
+    assert Action.objects.count() == 1
+    assert AuditEvent.objects.count() == events
+    read = api.get(f"/api/v1/actions/{KEY}")  # still in the ledger until it is archived: readable
+    assert read.status_code == 200
+    assert expires(read) < datetime.now(tz=expires(read).tzinfo)
+
+
+def test_another_agents_expired_key_is_still_refused_as_theirs(api, stack):
+    assert post_action(api, KEY, refund_body()).status_code == 201
+    age(Action, settings.OPERATION_KEY_LIFETIME_DAYS + 1, operation_key=KEY)
+    with agent_api(stack.url, name="other") as other:
+        answer = post_action(other, KEY, refund_body())
+    assert (answer.status_code, answer.json()["code"]) == (422, "idempotency_key_reused")
+
+
+def test_a_tasks_key_has_the_same_lifetime(api):
+    first = post_task(api, "task-1", refund_task_body())
+    assert first.status_code == 201
+    task = Task.objects.get(task_id="task-1")
+    assert expires(first) == (task.created_at + lifetime()).replace(microsecond=0)
+    assert expires(api.get("/api/v1/tasks/task-1")) == expires(first)
+
+    age(Task, settings.OPERATION_KEY_LIFETIME_DAYS + 1, task_id="task-1")
+    assert_expired(post_task(api, "task-1", refund_task_body()))
+    assert Task.objects.count() == 1
+
+
+def test_an_archived_key_answers_410_and_is_never_recorded_again(api):
+    """What archive_expired leaves of an action: its ArchivedKey (made here by hand; the
+    command's own tests archive for real)."""
+    created = datetime.now().astimezone() - lifetime() - timedelta(days=3)
+    ArchivedKey.objects.create(operation_key=KEY, agent=api.agent, created_at=created, archive_sha256="0" * 64)
+
+    assert_expired(post_action(api, KEY, refund_body()))
+    assert_expired(api.get(f"/api/v1/actions/{KEY}"))
+    assert_expired(api.get(f"/api/v1/actions/{KEY}/evidence"))
+    assert not Action.objects.exists()
+    # The database holds the rule, whatever code inserts.
+    with pytest.raises(IntegrityError, match="operation_key_archived"), transaction.atomic():
+        make_action(api.agent, "queued", key=KEY)
+
+
+def test_the_document_publishes_the_lifetime_and_the_410(stack):
+    document = httpx.get(f"{stack.url}/api/v1/schema", params={"format": "json"}).json()
+    for path, read in (("/api/v1/actions", "/api/v1/actions/{operation_key}"), ("/api/v1/tasks", "/api/v1/tasks/{task_id}")):
+        create = document["paths"][path]["post"]
+        assert f"{settings.OPERATION_KEY_LIFETIME_DAYS} days" in create["description"]
+        for status in ("201", "200"):
+            assert HEADER in create["responses"][status]["headers"]
+        assert "operation_key_expired" in create["responses"]["410"]["description"]
+        assert HEADER in document["paths"][read]["get"]["responses"]["200"]["headers"]
+    assert "410" in document["paths"]["/api/v1/actions/{operation_key}"]["get"]["responses"]
