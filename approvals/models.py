@@ -306,8 +306,12 @@ class ActionSummary(models.Model):
     asked_upto = models.PositiveIntegerField(default=0)
 
     class Meta:
-        indexes = [models.Index(fields=["action_type", "currency", "day", "total_before", "amount"],
-                                name="summary_lookup_idx")]
+        # Read by index alone (decision 39): a cut's running counts, one look per day, and the
+        # rows with a total before them, a range per day.
+        indexes = [models.Index(fields=["action_type", "currency", "day", "amount"], name="summary_first_idx",
+                                include=["n_upto", "asked_upto", "n", "asked"], condition=Q(total_before=0)),
+                   models.Index(fields=["action_type", "currency", "day"], name="summary_after_idx",
+                                include=["amount", "total_before", "n", "asked"], condition=Q(total_before__gt=0))]
 
     def __str__(self):
         return f"{self.day_id} {self.action_type} {self.amount} {self.currency} after {self.total_before}: {self.n}"
