@@ -5,15 +5,20 @@ the FaultProxy between the workers and the server; each server's gaps are said w
 leaves it out."""
 
 import json
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 
 import pytest
 from django.core.management import CommandError, call_command
 
+from dlq.reconcile import findings_in
 from ledger.connectors.fault_proxy import FaultProxy
-from ledger.models import Action, GrantState, ReplayRun
+from ledger.connectors.stripe import StripeConnector
+from ledger.models import Action, GrantState, ReplayRun, WebhookEvent
 from tests.conftest import free_port, thread_server
 from tests.connectors.stripe_servers import (  # noqa: F401 (fixtures)
     configured_refund_connector, provider_app, provider_stack, stripe_provider, uses)
+from tests.connectors.stripe_stack import API_KEY
 from tests.connectors.test_stripe import settled
 from tests.factories import api_client, make_agent, post_action, refund_body, send_together
 from tests.ledger.test_grant_promote_command import person, state
@@ -161,6 +166,40 @@ def test_amounts_reach_the_server_in_stripes_units(provider_stack, stripe_provid
     assert (refund["amount"], refund["currency"]) == (refunded, currency.lower())
 
 
+# localstripe answers a refund list filtered by `created` with a 500: reconciliation cannot read it.
+@uses("stripe-stateful-mock")
+def test_reconciliation_reads_the_refunds_back_in_stripes_units_and_flags_one_a_hundredth_of_the_ledgers(
+        provider_stack, stripe_provider, agent):
+    """Stripe's units, not CLDR's digits: HUF has none in CLDR, two at Stripe. Reconciliation
+    reads the server's refunds back by the same rule, and flags a refund a hundredth of the
+    ledger's (what a connector counting HUF in CLDR's digits made of a ledger's 500,000 HUF)."""
+    orders = {"JPY": (5000, "500", 500), "HUF": (900000, "5000", 500000)}  # charged, refunded, in Stripe's units
+    charges = {stripe_provider.charge(charged, currency.lower()): currency
+               for currency, (charged, _, _) in orders.items()}
+    for n, (charge, currency) in enumerate(charges.items()):
+        post_action(agent, f"refund:{charge}", refund_body(charge, amount=orders[currency][1], currency=currency,
+                                                            customer=f"CUST-{n}"))
+    provider_stack.start_worker()
+    assert [settled(agent, f"refund:{charge}")["status"] for charge in charges] == ["succeeded"] * 2
+    connector = StripeConnector(api_key=API_KEY, api_base=stripe_provider.url)
+    now = datetime.now(UTC)
+
+    def ours():  # the session's server holds other tests' refunds too
+        return [r for r in connector.records(now - timedelta(minutes=5), now + timedelta(minutes=1))
+                if r.raw["charge"] in charges]
+
+    assert sorted((r.operation_key, r.amount, r.units, r.currency) for r in ours()) == sorted(
+        (f"refund:{charge}", Decimal(orders[currency][1]), orders[currency][2], currency)
+        for charge, currency in charges.items())
+    assert findings_in(connector, ours()) == (2, [])
+
+    huf = next(charge for charge, currency in charges.items() if currency == "HUF")
+    Action.objects.filter(operation_key=f"refund:{huf}").update(amount=Decimal("500000"))
+    _, [mismatch] = findings_in(connector, ours())
+    assert (mismatch.kind, mismatch.operation_key) == ("amount_mismatch", f"refund:{huf}")
+    assert (mismatch.effects[0]["units"], mismatch.ledger["amount"]) == (500000, "500000.000")
+
+
 def test_the_replay_set_passes_with_the_server_as_stripes_test_mode_and_a_grant_is_promoted(
         provider_stack, stripe_provider, settings):
     settings.SITE_URL = provider_stack.url  # the webhook case posts there: it knows the webhook secret
@@ -172,10 +211,15 @@ def test_the_replay_set_passes_with_the_server_as_stripes_test_mode_and_a_grant_
     call_command("replay_check", "refund")
     run = ReplayRun.objects.get()
     assert {c["case"]: c["outcome"] for c in run.cases} == dict.fromkeys(REPLAY_CASES, "passed"), run.cases
+    assert run.passed is True and run.connector == "stripe"
     for case in ("clean", "timeout"):
         action = Action.objects.get(operation_key=f"replay:{run.pk}:{case}")
+        assert action.target.startswith("ch_") and action.external_ref.startswith("re_")
         assert [(r["id"], r["metadata"]["operation_key"]) for r in stripe_provider.refunds(action.target)] == [
             (action.external_ref, action.operation_key)]
+    timeout = next(c for c in run.cases if c["case"] == "timeout_after_commit")["evidence"]
+    assert [s["path"] for s in timeout["staged"]] == ["/v1/refunds"]  # by the run's own proxy
+    assert WebhookEvent.objects.filter(connector="stripe").count() == 1  # the webhook sent twice, stored once
 
     call_command("grant_promote", "scout", "refund", "--by", "ada", "--reason", f"replay run {run.pk} passed")
     assert state(scout) == GrantState.LIVE
