@@ -286,6 +286,12 @@ AUDIT_CHECKPOINT_EVERY = env_int("AUDIT_CHECKPOINT_EVERY", 10000)
 AUDIT_WALK_BATCH = env_int("AUDIT_WALK_BATCH", 5000)
 if AUDIT_CHECKPOINT_EVERY < 1 or AUDIT_WALK_BATCH < 1:  # a seal would divide by zero, a walk never advance
     raise RuntimeError("AUDIT_CHECKPOINT_EVERY and AUDIT_WALK_BATCH must be at least 1")
+# An operation key names its action this long after the action was recorded (decision 42): the
+# API's replay holds within it, a request under the key answers 410 after it, and
+# `archive_expired` may then move the settled action out of the ledger.
+OPERATION_KEY_LIFETIME_DAYS = env_int("OPERATION_KEY_LIFETIME_DAYS", 400)
+if OPERATION_KEY_LIFETIME_DAYS < 31:  # shorter than a provider's own retry window (Adyen: 31 days)
+    raise RuntimeError("OPERATION_KEY_LIFETIME_DAYS must be at least 31")
 # Threads per drain job on PostgreSQL (each with a connection): actions and tasks in flight per worker.
 DRAIN_LANES = env_int("DRAIN_LANES", 4)
 WEBHOOK_TOLERANCE_SECONDS = 300
@@ -294,12 +300,6 @@ API_MAX_WAIT_SECONDS = 30
 ALERT_WEBHOOK_URL = env_str("ALERT_WEBHOOK_URL")
 ALERT_WEBHOOK_SECRET = env_str("ALERT_WEBHOOK_SECRET") or (None if PRODUCTION else "alert-dev-secret")
 if ALERT_WEBHOOK_URL and not ALERT_WEBHOOK_SECRET:
-# An operation key names its action this long after the action was recorded (decision 42): the
-# API's replay holds within it, a request under the key answers 410 after it, and
-# `archive_expired` may then move the settled action out of the ledger.
-OPERATION_KEY_LIFETIME_DAYS = env_int("OPERATION_KEY_LIFETIME_DAYS", 400)
-if OPERATION_KEY_LIFETIME_DAYS < 31:  # shorter than a provider's own retry window (Adyen: 31 days)
-    raise RuntimeError("OPERATION_KEY_LIFETIME_DAYS must be at least 31")
     # A public development secret would let anyone forge alerts to the receiver.
     raise RuntimeError("ALERT_WEBHOOK_SECRET must be set with ALERT_WEBHOOK_URL in production")
 ALERT_EMAILS = env_list("ALERT_EMAILS", "operations@surety.example")
