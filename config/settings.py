@@ -292,6 +292,14 @@ if AUDIT_CHECKPOINT_EVERY < 1 or AUDIT_WALK_BATCH < 1:  # a seal would divide by
 OPERATION_KEY_LIFETIME_DAYS = env_int("OPERATION_KEY_LIFETIME_DAYS", 400)
 if OPERATION_KEY_LIFETIME_DAYS < 31:  # shorter than a provider's own retry window (Adyen: 31 days)
     raise RuntimeError("OPERATION_KEY_LIFETIME_DAYS must be at least 31")
+# What `archive_expired` moves to its file besides settled actions past the key's lifetime: audit
+# events (up to a checkpoint), webhook events and closed dead letters older than these. An
+# action's evidence cites them, so none may go before the actions do.
+AUDIT_RETENTION_DAYS = env_int("AUDIT_RETENTION_DAYS", OPERATION_KEY_LIFETIME_DAYS)
+WEBHOOK_RETENTION_DAYS = env_int("WEBHOOK_RETENTION_DAYS", OPERATION_KEY_LIFETIME_DAYS)
+DEAD_LETTER_RETENTION_DAYS = env_int("DEAD_LETTER_RETENTION_DAYS", OPERATION_KEY_LIFETIME_DAYS)
+if min(AUDIT_RETENTION_DAYS, WEBHOOK_RETENTION_DAYS, DEAD_LETTER_RETENTION_DAYS) < OPERATION_KEY_LIFETIME_DAYS:
+    raise RuntimeError("AUDIT_, WEBHOOK_ and DEAD_LETTER_RETENTION_DAYS must be at least OPERATION_KEY_LIFETIME_DAYS")
 # Threads per drain job on PostgreSQL (each with a connection): actions and tasks in flight per worker.
 DRAIN_LANES = env_int("DRAIN_LANES", 4)
 WEBHOOK_TOLERANCE_SECONDS = 300

@@ -143,8 +143,12 @@ class AuditEventManager(models.Manager):
         return self.filter(object_type=obj._meta.label_lower, object_id=str(obj.pk)).order_by("id")
 
     def verify_chain(self):
-        """Return the seq of the first sealed event that was altered or does not follow, or None."""
-        return self.chain_report().broken_at
+        """Return the seq of the first sealed event that was altered or does not follow, or None:
+        from seq 1, or from the checkpoint an archive left, checked first (`chain_start`)."""
+        origin = chain_start()
+        if origin is not None and origin.problem():
+            return origin.seq
+        return self.chain_report(origin.seq + 1 if origin else 1).broken_at
 
     def chain_report(self, from_seq=1, through=None):
         """Walk the sealed chain from `from_seq` (trusting the link before it, which an earlier
@@ -328,6 +332,12 @@ class ChainWalk(models.Model):
 WHOLE_CHAIN_EVERY = timedelta(days=1)
 
 
+def chain_start():
+    """The checkpoint the chain starts from once an archive removed the events before it
+    (ledger.retention.Archive), or None: it starts at seq 1."""
+    return ChainCheckpoint.objects.filter(archive__isnull=False).order_by("-seq").first()
+
+
 def audit_verify(*, since_checkpoint=False):
     """Verify the chain and record the result: from the end of the last intact check (the
     newest stretch), or from the last checkpoint (`since_checkpoint`, or when nothing was
@@ -377,6 +387,7 @@ def audit_walk(batch=None, start=False):
        target or at a broken link, the walk is done and its result is a `ChainCheck`.
     """
     walk = ChainWalk.objects.filter(finished_at__isnull=True).order_by("-id").first()
+    origin = chain_start()
     if walk is None:
         last = ChainWalk.objects.order_by("-id").first()
         top = AuditEvent.objects.aggregate(top=models.Max("seq"))["top"] or 0
@@ -384,22 +395,30 @@ def audit_walk(batch=None, start=False):
             return 0
         try:
             with transaction.atomic():
-                walk = ChainWalk.objects.create(target_seq=top)
+                walk = ChainWalk.objects.create(target_seq=top, seq_reached=origin.seq if origin else 0,
+                                                hash_reached=origin.hash if origin else "")
         except IntegrityError:  # another sweeper (or the command) started one meanwhile: that one
             walk = ChainWalk.objects.get(finished_at__isnull=True)
-    through = min(walk.seq_reached + (batch or settings.AUDIT_WALK_BATCH), walk.target_seq)
-    held = walk.seq_reached and AuditEvent.objects.filter(seq=walk.seq_reached).values_list("hash", flat=True).first()
-    if walk.seq_reached and held != walk.hash_reached:
-        report = ChainReport(walk.seq_reached, "its hash changed after the walk passed it", walk.seq_reached - 1, 0)
+    # A walk starts at the archive's checkpoint, and one that an archive overtook moves on to it:
+    # the checkpoint's signature vouches for the links before it, which are in the archive's file.
+    reached, hash_reached = walk.seq_reached, walk.hash_reached
+    if origin is not None and reached <= origin.seq:
+        reached, hash_reached = origin.seq, origin.hash
+    through = min(reached + (batch or settings.AUDIT_WALK_BATCH), walk.target_seq)
+    held = reached and AuditEvent.objects.filter(seq=reached).values_list("hash", flat=True).first()
+    if origin is not None and reached == origin.seq and (why := origin.problem()):
+        report = ChainReport(origin.seq, why, origin.seq - 1, 0)
+    elif reached and held != hash_reached:
+        report = ChainReport(reached, "its hash changed after the walk passed it", reached - 1, 0)
     else:
-        report = AuditEvent.objects.chain_report(walk.seq_reached + 1, through=through)
+        report = AuditEvent.objects.chain_report(reached + 1, through=through)
     done = report.broken_at is not None or report.through_seq >= walk.target_seq
     with transaction.atomic():
         moved = ChainWalk.objects.filter(pk=walk.pk, seq_reached=walk.seq_reached, finished_at__isnull=True).update(
             seq_reached=report.through_seq, hash_reached=report.last_hash, events=walk.events + report.events,
             broken_at=report.broken_at, why=report.why[:255], finished_at=timezone.now() if done else None)
         if moved and done:
-            ChainCheck.objects.create(scope=ChainCheck.Scope.WHOLE, from_seq=1, through_seq=report.through_seq,
-                                      broken_at=report.broken_at, why=report.why[:255],
+            ChainCheck.objects.create(scope=ChainCheck.Scope.WHOLE, from_seq=origin.seq + 1 if origin else 1,
+                                      through_seq=report.through_seq, broken_at=report.broken_at, why=report.why[:255],
                                       events=walk.events + report.events)
     return report.events

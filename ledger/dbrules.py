@@ -128,8 +128,12 @@ BEGIN
 END """)
 
 # Audit events are append-only; the only update is the sealer's, and only with the next link
-# of the chain (hash = sha256(prev_hash || content_hash || seq), the formula of audit.py).
-AUDIT_APPEND_ONLY = Function("ledger_audit_append_only() RETURNS trigger", """
+# of the chain (hash = sha256(prev_hash || content_hash || seq), the formula of audit.py). The
+# only delete is the archive's (ledger.retention.Archive): sealed events before the checkpoint
+# its newest run names, which vouches for them and from which the chain is verified after it.
+ARCHIVED_BEFORE = ("(SELECT max(c.seq) FROM ledger_archive a "
+                   "JOIN ledger_chaincheckpoint c ON c.id = a.checkpoint_id)")
+AUDIT_APPEND_ONLY = Function("ledger_audit_append_only() RETURNS trigger", f"""
 DECLARE
     expected_prev text := '';
 BEGIN
@@ -145,6 +149,9 @@ BEGIN
                                   ERRCODE = 'insufficient_privilege';
         END IF;
         RETURN NEW;  -- the seal (AuditEventManager.seal)
+    END IF;
+    IF TG_OP = 'DELETE' AND OLD.seq < {ARCHIVED_BEFORE} THEN
+        RETURN OLD;  -- archived (dlq.archive)
     END IF;
     RAISE EXCEPTION USING MESSAGE = 'audit events are append-only: ' || TG_OP || ' refused',
                           ERRCODE = 'insufficient_privilege';
@@ -163,6 +170,7 @@ AUDIT_NO_UPDATE_SQLITE = SQLiteTrigger(
 AUDIT_NO_DELETE_SQLITE = SQLiteTrigger(
     "ledger_audit_no_delete",
     "CREATE TRIGGER ledger_audit_no_delete BEFORE DELETE ON ledger_auditevent "
+    f"WHEN OLD.seq IS NULL OR OLD.seq >= coalesce({ARCHIVED_BEFORE}, 0) "
     "BEGIN SELECT RAISE(ABORT, 'audit events are append-only (DELETE refused)'); END",
 )
 

@@ -52,6 +52,26 @@ def refused_as_archived(exc):
     return KEY_ARCHIVED in str(exc)
 
 
+class Archive(models.Model):
+    """One run of `archive_expired` (dlq.archive): the file it wrote, its SHA-256, how many rows
+    of each model it removed, and the checkpoint the audit chain starts from after it (null: it
+    removed no audit events). The database lets audit events go only before the newest such
+    checkpoint (ledger.dbrules.AUDIT_APPEND_ONLY), which vouches for every link before it."""
+
+    file = models.CharField(max_length=500)
+    sha256 = models.CharField(max_length=64)
+    removed = models.JSONField(default=dict)
+    checkpoint = models.OneToOneField("ledger.ChainCheckpoint", null=True, blank=True, on_delete=models.PROTECT,
+                                      related_name="archive")
+    archived_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self):
+        return f"archive {self.file}"
+
+
 class ArchivedKey(models.Model):
     """An operation key whose settled action `archive_expired` moved out of the ledger, and
     the archive file (its SHA-256) that holds the action now."""

@@ -1,0 +1,162 @@
+"""The archive: what has outlived its retention moves out of the database into a file.
+
+Here rather than in the ledger because it removes rows of every app (an action's review items
+and approvals, its dead letters and their alerts): this is the highest of the apps built on
+the ledger, the one that sees them all.
+
+One run (`archive_expired`) is one JSON-lines file and one transaction:
+
+1. It takes, locked: settled actions past their key's lifetime (OPERATION_KEY_LIFETIME_DAYS,
+   ledger.retention) that stand alone (no task, no version of an edit-down, nothing waiting for
+   a person: no open review item or dead letter, no failure that may still be retried) with
+   what hangs off them; closed dead letters older than DEAD_LETTER_RETENTION_DAYS; webhook
+   events older than WEBHOOK_RETENTION_DAYS; and the audit events before the newest checkpoint
+   whose event is older than AUDIT_RETENTION_DAYS.
+2. It writes them to the file, the checkpoint first (its seq, hash and signature vouch for the
+   file's events: the last one's hash is the prev_hash of the checkpoint's event), and syncs it.
+3. It removes them, leaves an `ArchivedKey` per action and an `Archive` naming the file, its
+   SHA-256, the counts and the checkpoint, and an audit event `archived` saying the same; then
+   commits.
+
+Killed before the commit, nothing is removed and the file is an orphan that no `Archive` names;
+run again, it writes a new file. Nothing that is unsettled or waits for a decision is taken.
+"""
+
+import hashlib
+import json
+import os
+import uuid
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+from django.conf import settings
+from django.core import serializers
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from approvals.models import Approval, ReviewItem, ReviewStatus
+from ledger.actions import SETTLED
+from ledger.audit import chain_start
+from ledger.models import Action, ActionStatus, AuditEvent, Booking, ChainCheckpoint, WebhookEvent
+from ledger.retention import Archive, ArchivedKey, key_lifetime
+
+from .models import Alert, AlertDelivery, DeadLetter, EntryStatus
+
+ACTOR = "system:archive"
+
+
+def expired_actions(now):
+    """Settled, standalone actions whose key's lifetime has ended, oldest first."""
+    return (Action.objects.filter(status__in=SETTLED, created_at__lte=now - key_lifetime(), task__isnull=True,
+                                  supersedes__isnull=True)
+            .exclude(status=ActionStatus.FAILED, error__retryable=True)
+            .exclude(review_items__status=ReviewStatus.OPEN)
+            .exclude(dead_letters__status=EntryStatus.OPEN)
+            .order_by("id"))
+
+
+def _days(name):
+    return timedelta(days=getattr(settings, name))
+
+
+def archive_checkpoint(now):
+    """The first checkpoint past the chain's start whose event is older than the audit
+    retention: the events before it go to the file (at most AUDIT_CHECKPOINT_EVERY of them
+    after the first run, so a run stays short). None: no audit event goes."""
+    origin = chain_start()
+    old_enough = AuditEvent.objects.filter(occurred_at__lte=now - _days("AUDIT_RETENTION_DAYS")).values("seq")
+    return (ChainCheckpoint.objects.filter(seq__in=old_enough, seq__gt=origin.seq if origin else 1)
+            .order_by("seq").first())
+
+
+@dataclass
+class Batch:
+    """What one run takes, model by model, in the order they are removed."""
+
+    checkpoint: ChainCheckpoint | None = None
+    rows: dict = field(default_factory=dict)
+
+    def counts(self):
+        return {model._meta.label_lower: len(rows) for model, rows in self.rows.items() if rows}
+
+
+def collect(now, limit):
+    """The rows one run takes (at most `limit` actions), locked: the caller's transaction."""
+    ids = list(expired_actions(now).values_list("id", flat=True)[:limit])
+    actions = list(Action.objects.select_for_update().filter(pk__in=ids).order_by("id"))
+    entries = list(DeadLetter.objects.select_for_update().filter(action__in=actions)) + list(
+        DeadLetter.objects.select_for_update().filter(task__isnull=False, created_at__lte=now - _days(
+            "DEAD_LETTER_RETENTION_DAYS")).exclude(status=EntryStatus.OPEN).order_by("id")[:limit])
+    items = list(ReviewItem.objects.select_for_update().filter(action__in=actions).order_by("id"))
+    alerts = list(Alert.objects.filter(Q(dead_letter__in=entries) | Q(review_item__in=items)).order_by("id"))
+    checkpoint = archive_checkpoint(now)
+    origin = chain_start()
+    events = AuditEvent.objects.filter(seq__lt=checkpoint.seq, seq__gte=origin.seq if origin else 1) \
+        if checkpoint else AuditEvent.objects.none()
+    return Batch(checkpoint, {
+        AlertDelivery: list(AlertDelivery.objects.filter(alert__in=alerts).order_by("id")),
+        Alert: alerts,
+        DeadLetter: entries,
+        Approval: list(Approval.objects.filter(item__in=items).order_by("id")),
+        ReviewItem: items,
+        Booking: list(Booking.objects.filter(action__in=actions).order_by("id")),
+        Action: actions,
+        WebhookEvent: list(WebhookEvent.objects.filter(received_at__lte=now - _days("WEBHOOK_RETENTION_DAYS"))
+                           .order_by("id")[:limit]),
+        AuditEvent: list(events.order_by("seq")),
+    })
+
+
+def _line(record):
+    return json.dumps(record, cls=DjangoJSONEncoder, sort_keys=True, separators=(",", ":")) + "\n"
+
+
+def write_file(path, batch, now):
+    """The file: a header naming the checkpoint and the counts, then one line per row
+    (`model`, `pk`, `fields`); synced before the rows are removed. Returns its SHA-256."""
+    digest = hashlib.sha256()
+    checkpoint = batch.checkpoint
+    header = {"archive": 1, "written_at": now, "counts": batch.counts(),
+              "checkpoint": checkpoint and {"seq": checkpoint.seq, "hash": checkpoint.hash,
+                                            "signature": checkpoint.signature}}
+    with open(path, "x", encoding="utf-8") as out:
+        for record in [header, *(record for rows in batch.rows.values() for record in serializers.serialize(
+                "python", rows))]:
+            line = _line(record)
+            digest.update(line.encode())
+            out.write(line)
+        out.flush()
+        os.fsync(out.fileno())
+    return digest.hexdigest()
+
+
+def _remove(batch, archive):
+    for model, rows in batch.rows.items():  # dependents first: each model's PROTECT holds
+        model.objects.filter(pk__in=[row.pk for row in rows]).delete()
+    ArchivedKey.objects.bulk_create([
+        ArchivedKey(operation_key=a.operation_key, agent_id=a.agent_id, created_at=a.created_at,
+                    archive_sha256=archive.sha256) for a in batch.rows[Action]])
+
+
+def archive_expired(directory, *, dry_run=False, limit=10000, now=None):
+    """One run, of at most `limit` actions, dead letters and webhook events each; returns the
+    Archive (None if there was nothing to take, or `dry_run`) and the counts it took."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        batch = collect(now, limit)
+        counts = batch.counts()
+        if dry_run or not counts:
+            transaction.set_rollback(True)  # nothing written; the locks go with the transaction
+            return None, counts
+        path = Path(directory) / f"surety-archive-{now:%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}.jsonl"
+        sha256 = write_file(path, batch, now)
+        # First: the audit trail lets its events go only before the checkpoint an Archive names.
+        archive = Archive.objects.create(file=path.name, sha256=sha256, removed=counts, checkpoint=batch.checkpoint)
+        _remove(batch, archive)
+        AuditEvent.objects.record(actor=ACTOR, verb="archived", obj=archive, after={
+            "file": path.name, "sha256": sha256, "removed": counts,
+            "checkpoint": batch.checkpoint and batch.checkpoint.seq})
+    return archive, counts
