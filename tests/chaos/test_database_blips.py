@@ -95,6 +95,8 @@ def test_redis_that_stops_answering_costs_a_request_its_read_timeout_and_the_log
                    message="the sweeper to ring for every recorded action")
     text = log.read_text()
     unreachable = [line for line in text.splitlines() if "Redis is unreachable" in line]
+    print(f"\nredis stall figures: {posts} POSTs at once, read timeout {read_timeout} s, seconds each "
+          f"{sorted(round(seconds, 2) for _, seconds in posted)}, log lines {len(unreachable)}")
     assert 1 <= len(unreachable) <= 2, text  # one per gunicorn worker process (-w 2) at most
     assert "Traceback" not in text, text
 
