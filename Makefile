@@ -15,7 +15,7 @@ SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 export DEBIAN_FRONTEND := noninteractive
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help install services static test test-fast run incident bench chaos check
+.PHONY: help install services static test test-fast run incident bench scale chaos check
 
 help:
 	@echo "make run       web app at http://127.0.0.1:8000 (PORT=... to change), two RQ workers and the sweeper, with demo data"
@@ -24,7 +24,7 @@ help:
 	@echo "make test-fast the tests that need no live stack (no server, workers or browser), in under 2 minutes"
 	@echo "make install   virtualenv + Python deps, npm packages, Chromium for browser tests, PgBouncer"
 	@echo "make services  make sure PostgreSQL and Redis are running"
-	@echo "make bench     the benchmarks (BENCH_ARGS=... passed on)"
+	@echo "make bench     the benchmarks (BENCH_ARGS=... passed on); make bench scale: at 1M and at 10M actions"
 	@echo "make chaos     the chaos tests at full scale"
 	@echo "make check     Django's deployment checks under production settings"
 
@@ -109,7 +109,11 @@ incident: $(VENV)/.installed
 	$(PY) manage.py incident --url "$$SITE_URL"
 
 bench: install services
-	$(PY) -m bench $(BENCH_ARGS)
+	$(PY) -m bench $(filter scale,$(MAKECMDGOALS)) $(BENCH_ARGS)
+
+# `make bench scale`: the figures at 1M and at 10M actions (bench/scale.py); `scale` is a word of bench's.
+scale:
+	@:
 
 check: $(VENV)/.installed
 	PRODUCTION=true DEBUG=false ALLOWED_HOSTS=example.com \

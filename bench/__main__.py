@@ -49,7 +49,7 @@ from pathlib import Path
 
 from .cpu import CpuMonitor
 from .results import write_results
-from .stack import (DB_NAME, PROVIDER_DB_NAME, ROOT, STACK_ENV, Stack, flush_redis, reset_database,
+from .stack import (DB_NAME, PROVIDER_DB_NAME, ROOT, STACK_ENV, Stack, database_url, flush_redis, reset_database,
                     wait_for_connection_slots)
 
 TARGETS = {  # ratio name -> (numerator, denominator, at least)
@@ -88,6 +88,8 @@ def parse_args(argv):
     p.add_argument("--pooler", action="store_true",
                    help="also measure (b)-(d) with DATABASE_POOLER=transaction, straight to PostgreSQL and through "
                         "PgBouncer in transaction pooling mode (bench/pgbouncer.py), each over its direct figure")
+    p.add_argument("--database", help="measure over this database as it is, migrated and kept (what the run writes "
+                                      "stays), e.g. bench scale's; default: a fresh surety_bench")
     p.add_argument("--out", default="artifacts/bench.json")
     return p.parse_args(argv)
 
@@ -246,6 +248,8 @@ def park_leftovers():
 
     with connection.cursor() as c:
         c.execute("UPDATE ledger_action SET status = 'cancelled', next_attempt_at = NULL WHERE status = 'queued'")
+        # A kept database's (--database) outcomes to verify wait past the run.
+        c.execute("UPDATE ledger_action SET next_attempt_at = 'infinity' WHERE status = 'unknown'")
         c.execute("UPDATE ledger_task SET state = 'cancelled', next_attempt_at = NULL WHERE state = 'queued'")
     flush_redis()
 
@@ -632,6 +636,11 @@ def main(argv=None):
 
         pages.main(argv[1:])
         return
+    if argv[:1] == ["scale"]:  # every figure at 1M and at 10M actions (bench/scale.py)
+        from . import scale
+
+        scale.main(argv[1:])
+        return
     if argv[:1] == ["seal"]:  # the sealer's throughput against the intake's (bench/seal.py)
         from . import seal
 
@@ -670,7 +679,10 @@ def main(argv=None):
         say(f"   ! only {free} of {limit} PostgreSQL connections are free (others' test runs hold the rest); "
             f"this run needs about {needed} and may fail with 'too many clients'")
     flush_redis()
-    reset_database()
+    if args.database:  # the server, the workers and this process all read STACK_ENV
+        STACK_ENV["DATABASE_URL"] = database_url(args.database)
+    else:
+        reset_database()
     reset_database(PROVIDER_DB_NAME)
     stack = Stack(logs, gunicorn_workers=args.gunicorn_workers, gunicorn_threads=args.gunicorn_threads,
                   provider_database=PROVIDER_DB_NAME)
@@ -683,7 +695,8 @@ def main(argv=None):
         stack.start_provider()
         say(f"   ready after {time.monotonic() - began:.1f} s (migrated, agent created, server up at {stack.url}, "
             f"the provider at {stack.provider_url})")
-        monitor = CpuMonitor(stack.named_pids, databases={PROVIDER_DB_NAME: "provider_postgres"})
+        monitor = CpuMonitor(stack.named_pids, database=args.database or DB_NAME,
+                             databases={PROVIDER_DB_NAME: "provider_postgres"})
         figure_a_b_c(stack, token, args, results, logs, monitor)
         seal_cost(results)
         from . import probe
