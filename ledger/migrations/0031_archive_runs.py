@@ -3,6 +3,8 @@ sealed events before the checkpoint the newest run names (ledger.dbrules.AUDIT_A
 ledger_audit_no_delete; SQL frozen as `manage.py dbrules ledger` printed it). A new, empty table
 and a replaced rule: safe on a populated ledger, and until an archive runs nothing may be deleted."""
 
+import importlib
+
 import django.db.models.deletion
 import django.utils.timezone
 from django.db import migrations, models
@@ -32,32 +34,12 @@ BEGIN
                           ERRCODE = 'insufficient_privilege';
 END $$;
 """
-BACKWARD = r"""
-CREATE OR REPLACE FUNCTION ledger_audit_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
-DECLARE
-    expected_prev text := '';
-BEGIN
-    IF TG_OP = 'UPDATE' AND OLD.seq IS NULL AND NEW.seq IS NOT NULL
-       AND (to_jsonb(NEW) - 'seq' - 'prev_hash' - 'hash') = (to_jsonb(OLD) - 'seq' - 'prev_hash' - 'hash') THEN
-        IF NEW.seq > 1 THEN
-            SELECT hash INTO expected_prev FROM ledger_auditevent WHERE seq = NEW.seq - 1;  -- NULL if none
-        END IF;
-        IF NEW.prev_hash IS DISTINCT FROM expected_prev
-           OR NEW.hash <> encode(sha256(convert_to(NEW.prev_hash || NEW.content_hash || NEW.seq::text, 'UTF8')), 'hex')
-        THEN
-            RAISE EXCEPTION USING MESSAGE = 'audit events are append-only: a seal must be the next link of the chain',
-                                  ERRCODE = 'insufficient_privilege';
-        END IF;
-        RETURN NEW;  -- the seal (AuditEventManager.seal)
-    END IF;
-    RAISE EXCEPTION USING MESSAGE = 'audit events are append-only: ' || TG_OP || ' refused',
-                          ERRCODE = 'insufficient_privilege';
-END $$;
-"""
+# Back to the rule of 0012 (and 0002's SQLite trigger), which allowed no delete.
+BACKWARD = importlib.import_module("ledger.migrations.0012_audit_seal_checked_by_the_database").PG_FORWARD
 SQLITE_FORWARD = ["DROP TRIGGER ledger_audit_no_delete",
                   "CREATE TRIGGER ledger_audit_no_delete BEFORE DELETE ON ledger_auditevent WHEN OLD.seq IS NULL OR OLD.seq >= coalesce((SELECT max(c.seq) FROM ledger_archive a JOIN ledger_chaincheckpoint c ON c.id = a.checkpoint_id), 0) BEGIN SELECT RAISE(ABORT, 'audit events are append-only (DELETE refused)'); END"]
 SQLITE_BACKWARD = ["DROP TRIGGER ledger_audit_no_delete",
-                   "CREATE TRIGGER ledger_audit_no_delete BEFORE DELETE ON ledger_auditevent BEGIN SELECT RAISE(ABORT, 'audit events are append-only (DELETE refused)'); END"]
+                   importlib.import_module("ledger.migrations.0002_audit_append_only").SQLITE_FORWARD[1]]
 
 
 def rules(*, postgresql, sqlite):
