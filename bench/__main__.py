@@ -176,7 +176,7 @@ def figure_a_b_c(stack, token, args, results, logs, monitor, tag=""):
                 continue
             extra = {}
             if mode == "baseline_insert":
-                extra["prefix"] = f"bi{round_no}"
+                extra["prefix"] = f"{tag}bi{round_no}"
             elif mode == "action_new":
                 extra.update(token=token, prefix=f"{tag}bnew{round_no}")
             elif mode == "baseline_read":
@@ -641,6 +641,11 @@ def main(argv=None):
 
         scale.main(argv[1:])
         return
+    if argv[:1] == ["archive"]:  # what archive_expired costs, and the space it gives back (bench/archive.py)
+        from . import archive
+
+        archive.main(argv[1:])
+        return
     if argv[:1] == ["seal"]:  # the sealer's throughput against the intake's (bench/seal.py)
         from . import seal
 
@@ -689,7 +694,9 @@ def main(argv=None):
     results = {}
     try:
         stack.migrate()
-        token = stack.create_agent("bench", GRANTS)
+        # A kept database (--database) holds earlier runs' agent and keys: this run's are its own.
+        tag = f"r{int(time.time())}-" if args.database else ""
+        token = stack.create_agent(f"bench{tag.rstrip('-')}", GRANTS)
         setup_django()
         stack.start_server()
         stack.start_provider()
@@ -697,7 +704,7 @@ def main(argv=None):
             f"the provider at {stack.provider_url})")
         monitor = CpuMonitor(stack.named_pids, database=args.database or DB_NAME,
                              databases={PROVIDER_DB_NAME: "provider_postgres"})
-        figure_a_b_c(stack, token, args, results, logs, monitor)
+        figure_a_b_c(stack, token, args, results, logs, monitor, tag)
         seal_cost(results)
         from . import probe
 
@@ -710,7 +717,7 @@ def main(argv=None):
             for name, text in probe.profile(token).items():
                 say(f"\ncProfile of {name} (in-process):\n{text}")
         if "d" in args.only:
-            figure_d(stack, token, args, results, monitor)
+            figure_d(stack, token, args, results, monitor, tag)
         if "e" in args.only:
             figure_e(stack, token, args, results, monitor)
         if "f" in args.only:
