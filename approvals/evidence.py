@@ -10,7 +10,7 @@ from django.db.models import CharField, Prefetch, Q, Subquery
 from django.db.models.functions import Cast
 from rest_framework import serializers
 
-from ledger.hooks import EvidencePart
+from ledger.evidence import EvidencePart
 from ledger.models import AuditEvent
 
 from .models import Approval, Limit, ReviewItem

@@ -68,7 +68,8 @@ def main(argv=None):
     from django.db import connection
     from django.test import Client
 
-    from ledger.evidence import evidence_actions, evidence_export, record_problems
+    from console.evidence import evidence_export
+    from ledger.evidence import evidence_actions, record_problems
 
     from .evidence_scenario import rich_action
 

@@ -66,6 +66,7 @@ INSTALLED_APPS = [
     "sandbox",
     "approvals",
     "dlq",
+    "console",
     "demo",
 ]
 

@@ -6,10 +6,10 @@ JavaScript, no inline style (the CSP allows neither), colours from the styleshee
 
 from django.shortcuts import render
 
-from ledger.dashboard import staff_required
+from approvals.analytics import decision_analytics as figures
+from approvals.models import ReviewKind
 
-from .analytics import decision_analytics as figures
-from .models import ReviewKind
+from .dashboard import staff_required
 
 TREND_WIDTH, TREND_HEIGHT = 600, 120
 BAR_WIDTH = 120  # the small bars in the tables' rows

@@ -1,11 +1,10 @@
 from django import forms
 from django.core.validators import RegexValidator, validate_email
 
+from approvals.decisions import BINDING
+from approvals.models import Limit, tier_addresses
 from ledger import currencies
 from ledger.versions import EDITABLE_PARAMS
-
-from .decisions import BINDING
-from .models import Limit, tier_addresses
 
 
 # The print of the params a page showed (a SHA-256, hex): a decision is taken on those.

@@ -11,16 +11,16 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseClientRefresh
 
-from ledger.dashboard import keyset_page, render_partial, staff_required
+from approvals.access import PERM_FOR_KIND, get_review_item_for_user, user_may
+from approvals.decisions import AlreadyDecided, DecisionRefused, held_group, held_group_decide, review_decide, review_edit
+from approvals.intake import covered_currencies, customer_total_today, uncovered_refused
+from approvals.models import Limit, ReviewItem, ReviewKind, ReviewStatus
+from approvals.whatif import DEFAULT_DAYS, MAX_DAYS, Proposal, preview_for_audit
 from ledger.models import IN_FLIGHT_STATUSES, Action, ActionStatus, ActionType, AuditEvent, Capability
 
-from .access import PERM_FOR_KIND, get_review_item_for_user, user_may
-from .decisions import AlreadyDecided, DecisionRefused, held_group, held_group_decide, review_decide, review_edit
-from .forms import DecisionForm, EditForm, LimitForm, fingerprint_seen
-from .intake import covered_currencies, customer_total_today, uncovered_refused
+from .approval_forms import DecisionForm, EditForm, LimitForm, fingerprint_seen
+from .dashboard import keyset_page, render_partial, staff_required
 from .overview import approved_by
-from .models import Limit, ReviewItem, ReviewKind, ReviewStatus
-from .whatif import DEFAULT_DAYS, MAX_DAYS, Proposal, preview_for_audit
 
 QUEUES = {
     "approvals": ([ReviewKind.APPROVAL, ReviewKind.HELD], "Approvals", "approvals"),

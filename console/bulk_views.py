@@ -9,11 +9,11 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseClientRefresh
 
-from ledger.dashboard import render_partial, staff_required
+from dlq.bulk import RunInTheWay, SelectionChanged, bulk_start, bulk_stop, may_redrive_any
+from dlq.redrive_runs import ACTIVE_STATUSES, BulkRedrive, Plan
 from ledger.statemachine import InvalidTransition
 
-from .bulk import RunInTheWay, SelectionChanged, bulk_start, bulk_stop, may_redrive_any
-from .redrive_runs import ACTIVE_STATUSES, BulkRedrive, Plan
+from .dashboard import render_partial, staff_required
 
 ITEMS_PER_PAGE = 50
 

@@ -8,15 +8,15 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
+from dlq.access import get_deadletter_for_user
+from dlq.bulk import bulk_plan
+from dlq.entries import deadletter_discard, deadletter_redrive, deadletter_resolve
+from dlq.models import DeadLetter, EntryStatus
 from ledger.access import WORK_DLQ, decidable_names
-from ledger.dashboard import count_up_to, keyset_page, render_partial, staff_required
 from ledger.models import AuditEvent, Capability
 from ledger.statemachine import InvalidTransition
 
-from .access import get_deadletter_for_user
-from .bulk import bulk_plan
-from .entries import deadletter_discard, deadletter_redrive, deadletter_resolve
-from .models import DeadLetter, EntryStatus
+from .dashboard import count_up_to, keyset_page, render_partial, staff_required
 
 # The open entries are counted exactly up to this many (open_deadletter_count).
 OPEN_EXACT_UP_TO = 10_000
@@ -25,7 +25,7 @@ BULK_MAX = 500
 
 
 def deadletter_card(user, now):
-    """The dead-letter queue's card on the overview (registered with ledger.hooks.on_overview)."""
+    """The dead-letter queue's card on the overview (console.overview)."""
     count = open_deadletter_count()
     return [{"kind": "dead_letters", "label": "Dead letters", "href": reverse("deadletter-queue"), "count": count,
              "count_id": "dlq-open", "mine": None, "overdue": count, "hint": "Redrive, resolve or discard each one"}]

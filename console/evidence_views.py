@@ -11,11 +11,12 @@ from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from . import hooks
-from .audit import audit_verify
+from ledger.audit import audit_verify
+from ledger.evidence import evidence_actions, record_problems
+from ledger.json_input import loads_storable
+
 from .dashboard import staff_required
-from .evidence import evidence_actions, evidence_export, record_problems
-from .json_input import loads_storable
+from .evidence import SECTIONS, evidence_export
 
 
 def _record(request, pk):
@@ -29,7 +30,7 @@ def _record(request, pk):
 def action_evidence(request, pk):
     """The record to read and print (the browser prints it to paper or PDF)."""
     action, record = _record(request, pk)
-    sections = [(section.template, record["sections"][section.name]) for section in hooks.evidence_sections()]
+    sections = [(section.template, record["sections"][section.name]) for section in SECTIONS]
     return render(request, "ledger/evidence.html", {"action": action, "record": record, "sections": sections})
 
 

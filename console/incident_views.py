@@ -8,12 +8,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from ledger.access import RESOLVE, decidable_names, user_may
-from ledger.dashboard import count_up_to, keyset_page, render_partial, staff_required
-from ledger.models import AuditEvent, Capability
-from ledger.statemachine import InvalidTransition
-
-from .incidents import (
+from dlq.incidents import (
     Incident,
     IncidentKind,
     IncidentStatus,
@@ -22,6 +17,11 @@ from .incidents import (
     incident_resolve,
     incident_take,
 )
+from ledger.access import RESOLVE, decidable_names, user_may
+from ledger.models import AuditEvent, Capability
+from ledger.statemachine import InvalidTransition
+
+from .dashboard import count_up_to, keyset_page, render_partial, staff_required
 
 DONE = {"take": "it is yours now", "note": "note added", "resolve": "resolved"}
 # The open incidents are counted exactly up to this many, as the dead-letter queue's entries.
@@ -54,7 +54,7 @@ def open_incident_count():
 
 
 def incident_card(user, now):
-    """The incidents' card on the overview (for `ledger.hooks.on_overview`): the open ones, how
+    """The incidents' card on the overview (console.overview): the open ones, how
     many of them this user may work, and the oldest."""
     open_incidents = Incident.objects.filter(status=IncidentStatus.OPEN)
     count = open_incident_count()

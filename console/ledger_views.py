@@ -13,19 +13,21 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from . import hooks
-from .access import WORK_DLQ, user_may
-from .agents import agent_create, agent_rotate_token, capabilities_named
-from .connectors import connector_name
-from .connectors.test_mode import REPLAY_AGENT, REPLAY_KEY_PREFIX
-from .dashboard import (HISTORY_EXACT_UP_TO, action_counts, keyset_page, parse_moment, render_partial,
-                        shown_estimate, staff_required)
-from .grants import GrantRefused, agent_grant, agent_revoke
-from .models import (UNASSIGNED_OWNER, Action, ActionStatus, ActionType, Agent, AuditEvent,
-                     Capability, ChainCheck, ChainWalk, Task)
+from ledger.access import WORK_DLQ, user_may
+from ledger.agents import agent_create, agent_rotate_token, capabilities_named
+from ledger.connectors import connector_name
+from ledger.connectors.test_mode import REPLAY_AGENT, REPLAY_KEY_PREFIX
+from ledger.counts import HISTORY_EXACT_UP_TO, action_counts
+from ledger.grants import GrantRefused, agent_grant, agent_revoke
+from ledger.models import (UNASSIGNED_OWNER, Action, ActionStatus, ActionType, Agent, AuditEvent,
+                           Capability, ChainCheck, ChainWalk, Task)
+from ledger.tasks import task_run_now
+from ledger.validation import parse_moment
+from ledger.workflows import WORKFLOWS
+
+from .dashboard import keyset_page, render_partial, shown_estimate, staff_required
+from .overview import overview_cards
 from .readiness_views import with_grant_states
-from .tasks import task_run_now
-from .workflows import WORKFLOWS
 
 STATUS_ORDER = list(ActionStatus.values)
 
@@ -33,7 +35,7 @@ STATUS_ORDER = list(ActionStatus.values)
 def _status_counts():
     """Actions per status for the overview, which every open dashboard polls every 3 s: exact
     where it matters, an estimate such as "≈930,000" where only the order of magnitude does
-    (see ledger.dashboard.action_counts). Returns {status: int, or str for an estimate}."""
+    (see ledger.counts.action_counts). Returns {status: int, or str for an estimate}."""
     counts, estimates = action_counts()
     return {status: shown_estimate(estimates[status], HISTORY_EXACT_UP_TO) if status in estimates else n
             for status, n in counts.items()}
@@ -45,7 +47,7 @@ def overview(request):
     counts = _status_counts()
     context = {
         "counts": [(s, counts.get(s, 0)) for s in STATUS_ORDER],
-        "cards": hooks.overview_cards(request.user, now),
+        "cards": overview_cards(request.user, now),
         "recent": _recent_activity()[:15],
         "audit_unsealed": AuditEvent.objects.unsealed_for(settings.AUDIT_SEAL_ALERT_SECONDS),
         "refreshed_at": now,
@@ -81,7 +83,7 @@ def ledger_search(request):
     if q.get("status") in STATUS_ORDER:
         actions = actions.filter(status=q["status"])
     # Parse_moment, not parse_datetime: impossible dates were a 500 and naive
-    # (datetime-local) ones a RuntimeWarning; see ledger.dashboard.parse_moment.
+    # (datetime-local) ones a RuntimeWarning; see ledger.validation.parse_moment.
     since, until = parse_moment(q.get("since")), parse_moment(q.get("until"))
     if since:
         actions = actions.filter(created_at__gte=since)

@@ -1,4 +1,5 @@
-"""The review queues' cards on the overview (registered with `ledger.hooks.on_overview`)."""
+"""The overview's cards: one per queue a person works, in the order the page shows them
+(QUEUES): the review queues' three, then the dead-letter queue's and the incidents'."""
 
 import functools
 import operator
@@ -6,10 +7,12 @@ import operator
 from django.db.models import Count, Exists, Min, OuterRef, Q, Value
 from django.urls import reverse
 
+from approvals.models import Approval, ReviewItem, ReviewKind, ReviewStatus
+
+from .dlq_views import deadletter_card
+from .incident_views import incident_card
 from ledger.access import APPROVE, RESOLVE, decidable_names
 from ledger.models import ActionType, Agent
-
-from .models import Approval, ReviewItem, ReviewKind, ReviewStatus
 
 # Each card opens its queue filtered to its own kind.
 CARDS = ((ReviewKind.APPROVAL, APPROVE, "approvals"), (ReviewKind.HELD, APPROVE, "approvals"),
@@ -55,3 +58,13 @@ def review_cards(user, now):
                       "deadline": row.get("deadline"), "overdue": row.get("overdue", 0),
                       "escalated": row.get("escalated", 0)})
     return cards
+
+
+# Each returns its cards, each a dict: `kind`, `label`, `count`, `href`, `mine` (how many this
+# user may decide, or None), `overdue`, `oldest`, `deadline`, `count_id` and `hint` (said when
+# nothing is oldest).
+QUEUES = (review_cards, deadletter_card, incident_card)
+
+
+def overview_cards(user, now):
+    return [card for cards in QUEUES for card in cards(user, now)]

@@ -14,13 +14,14 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from .connectors import NoConnector
-from .connectors.test_mode import connector_description, connector_version
+from ledger.connectors import NoConnector
+from ledger.connectors.test_mode import connector_description, connector_version
+from ledger.grants import GrantRefused, agents_grants, capability, grant_promote, passing_run
+from ledger.jobs import enqueue
+from ledger.models import ActionType, Agent, Capability, ReplayRun
+from ledger.replay import last_runs, replay_run_job, replay_start
+
 from .dashboard import staff_required
-from .grants import GrantRefused, agents_grants, capability, grant_promote, passing_run
-from .jobs import enqueue
-from .models import ActionType, Agent, Capability, ReplayRun
-from .replay import last_runs, replay_start
 
 
 def _may_manage(request):
@@ -51,7 +52,7 @@ def replay_run_start(request, action_type):
         return redirect("connectors")
     with transaction.atomic():
         run = replay_start(action_type, actor=request.user)
-        transaction.on_commit(lambda: enqueue("ledger.replay.replay_run_job", run.pk))
+        transaction.on_commit(lambda: enqueue(replay_run_job, run.pk))
     messages.success(request, f"Replay run {run.pk} of {action_type} started: its cases appear as they end.")
     return redirect("replay-run", pk=run.pk)
 

@@ -4,11 +4,11 @@ from django import forms
 from django.shortcuts import render
 from django.views.decorators.http import require_POST
 
-from ledger.dashboard import staff_required
+from approvals.whatif import DEFAULT_DAYS, MAX_DAYS, Proposal, preview_signed, whatif
 
-from .forms import LimitForm
-from .views import policies_page
-from .whatif import DEFAULT_DAYS, MAX_DAYS, Proposal, preview_signed, whatif
+from .approval_forms import LimitForm
+from .approval_views import policies_page
+from .dashboard import staff_required
 
 
 class WhatIfForm(LimitForm):

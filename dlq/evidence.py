@@ -10,7 +10,7 @@ from django.db.models import Prefetch, Q
 from rest_framework import serializers
 
 from approvals.models import ReviewItem
-from ledger.hooks import EvidencePart
+from ledger.evidence import EvidencePart
 
 from .incidents import Incident
 from .models import Alert, AlertDelivery, DeadLetter

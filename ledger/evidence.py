@@ -2,9 +2,9 @@
 
 The record holds what the agent asked (the request and its fingerprint), who asked and under
 which grant, what the provider answered (the evidence the executor kept, the outcome), the
-webhooks that named the action, its task's checkpoint, what the apps built on the ledger add
-(`ledger.hooks.on_evidence`: review items and the limit that applied, dead-letter entries and
-their alerts), and every audit event that covers any of it, each with its place in the hash
+webhooks that named the action, its task's checkpoint, the sections that the apps built on the
+ledger add (`EvidenceSection`, listed by console.evidence: review items and the limit that
+applied, dead-letter entries and their alerts), and every audit event that covers any of it, each with its place in the hash
 chain (ledger/audit.py), and the chain's checkpoint that vouches for them all.
 
 Building it costs the same number of queries however long the action's history is: one per
@@ -23,12 +23,12 @@ The record is checked twice (`manage.py evidence_verify`, `record_problems`):
 
 import hashlib
 import json
+from dataclasses import dataclass
 
 from django.core import signing
 from django.db.models import Q
 from django.utils import timezone
 
-from . import hooks
 from .audit import chain_hash, content_hash, ledger_signer
 from .models import Action, ActionStatus, AuditEvent, Capability, ChainCheck, ChainCheckpoint, Grant, WebhookEvent
 
@@ -48,14 +48,35 @@ HOW_TO_CHECK = (
 )
 
 
+@dataclass(frozen=True)
+class EvidencePart:
+    """An app's part of an action's evidence record: `data` (JSON-ready, as its schema says)
+    and `audit`, a Q naming the audit events that cover it (the record carries them with
+    their links in the hash chain)."""
+
+    data: object
+    audit: Q = Q(pk__in=[])
+
+
+@dataclass(frozen=True)
+class EvidenceSection:
+    """The section `name` of every action's record, which an app built on the ledger adds."""
+
+    name: str
+    build: object  # build(action) -> EvidencePart, in a number of queries that does not grow with the history
+    schema: type  # the DRF serializer describing `data`, for the OpenAPI document
+    template: str  # what the printable page includes, with `data`
+
+
 def evidence_actions():
     """The actions to build records from, with what every record reads of them."""
     return Action.objects.select_related("agent__owner", "task", "supersedes", "superseded_by")
 
 
-def evidence_export(action):
-    """The evidence record of `action` (one of `evidence_actions()`), JSON-ready and signed."""
-    parts = [(section.name, section.build(action)) for section in hooks.evidence_sections()]
+def evidence_record(action, sections):
+    """The evidence record of `action` (one of `evidence_actions()`), JSON-ready and signed,
+    with `sections` (EvidenceSections) under "sections", in their order."""
+    parts = [(section.name, section.build(action)) for section in sections]
     audit_q = _covering(action) | _grant_events(action)
     for _, part in parts:
         audit_q |= part.audit

@@ -1,11 +1,10 @@
-"""Monitoring: `/metrics` in Prometheus's text format and `/healthz` for load balancers.
+"""The ledger's figures for monitoring; `/metrics` (console.monitoring) shows `REGISTRY`.
 
-Two kinds of figures end up in one registry, `REGISTRY`:
+Two kinds of figures end up in that registry:
 
 1. Read from the database at scrape time by collectors: the ledger's own below (actions per
-   status, actions stuck pending or unknown); the apps built on the ledger add theirs with
-   `register_collector` from their `AppConfig.ready()`. Cheap queries only: a scrape comes
-   every 15-60 s from each Prometheus server.
+   status, actions stuck pending or unknown); console.monitoring lists it with the apps'
+   collectors. Cheap queries only: a scrape comes every 15-60 s from each Prometheus server.
 2. Counted where they happen: the API's replays and reused keys (web processes) and the
    connectors' calls (RQ workers). Each process counts its own, so with several processes the
    figures add up only in prometheus_client's multiprocess mode: `PROMETHEUS_MULTIPROC_DIR`
@@ -14,39 +13,22 @@ Two kinds of figures end up in one registry, `REGISTRY`:
    what it counted itself (fine for `runserver`, wrong behind gunicorn with several workers).
 """
 
-import hmac
-import ipaddress
-import logging
 import os
 import time
 from datetime import timedelta
 
-import redis
 from django.conf import settings
-from django.db import DatabaseError, connection
 from django.db.models import Count
-from django.http import HttpResponseForbidden, JsonResponse
 from django.utils import timezone
-from django.views.decorators.cache import never_cache
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.django import PrometheusDjangoView
 from prometheus_client.multiprocess import MultiProcessCollector
-from rq import Worker
 
-from .dashboard import HISTORY_EXACT_UP_TO, action_counts
+from .counts import HISTORY_EXACT_UP_TO, action_counts
 from .jobs import redis_connection
 from .models import Action, ActionStatus
-from .outages import Outage, database_unreachable
-
-logger = logging.getLogger("surety.metrics")
 
 REGISTRY = CollectorRegistry()
-
-
-def register_collector(collector):
-    """Add a collector (an object whose `collect()` yields metric families) to `/metrics`."""
-    REGISTRY.register(collector)
 
 
 # --- Counted where it happens ----------------------------------------------------------------
@@ -110,39 +92,8 @@ class LedgerCollector:
         yield stale
 
 
-register_collector(LedgerCollector())
 
-
-# --- The views -------------------------------------------------------------------------------
-
-
-def metrics_allowed(request):
-    """A bearer token (METRICS_TOKEN) or a client address in METRICS_ALLOWED_IPS opens
-    `/metrics`. With neither configured it is open on loopback outside production, and
-    closed in production. The address is the direct peer's: behind a proxy, use the token."""
-    token = settings.METRICS_TOKEN
-    sent = request.headers.get("Authorization", "")
-    if token and hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):
-        return True
-    try:
-        client = ipaddress.ip_address(request.META.get("REMOTE_ADDR", ""))
-    except ValueError:
-        return False
-    if any(client in ipaddress.ip_network(allowed) for allowed in settings.METRICS_ALLOWED_IPS):
-        return True
-    configured = token or settings.METRICS_ALLOWED_IPS
-    return not configured and not settings.PRODUCTION and client.is_loopback
-
-
-_exposition = PrometheusDjangoView.as_view(registry=REGISTRY)
-
-
-@never_cache
-def metrics_view(request):
-    if not metrics_allowed(request):
-        return HttpResponseForbidden("Metrics need the METRICS_TOKEN or an allowed address.\n")
-    return _exposition(request)
-
+# --- The sweeper's trace, which /healthz looks for ------------------------------------------
 
 SWEEPER_SEEN_KEY = "surety:sweeper:seen"
 
@@ -156,56 +107,3 @@ def sweeper_seen():
     if settings.RQ_ASYNC:
         redis_connection().set(SWEEPER_SEEN_KEY, timezone.now().isoformat(),
                                px=int(settings.HEALTHZ_SWEEPER_SECONDS * 1000))
-
-
-def _database_answers():
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT 1")
-        return cursor.fetchone() == (1,)
-
-
-def _redis_answers():
-    return redis_connection().ping()
-
-
-def _worker_seen():
-    """An RQ worker whose heartbeat is recent. RQ itself forgets a worker worker_ttl + 60 s
-    (480 s by default) after its last heartbeat, and an idle worker beats every worker_ttl -
-    15 s: run workers with a smaller --worker-ttl to notice a dead one sooner."""
-    since = timezone.now() - timedelta(seconds=settings.HEALTHZ_WORKER_SECONDS)
-    return any(worker.last_heartbeat and worker.last_heartbeat >= since
-               for worker in Worker.all(connection=redis_connection()))
-
-
-def _sweeper_seen():
-    return bool(redis_connection().exists(SWEEPER_SEEN_KEY))
-
-
-# A load balancer polls every few seconds: an outage of the database is one line in the log.
-_DATABASE_OUTAGE = Outage("/healthz", logger)
-
-
-def _check(probe):
-    try:
-        return "ok" if probe() else "down"
-    except (DatabaseError, redis.RedisError, OSError) as exc:
-        if database_unreachable(exc):
-            _DATABASE_OUTAGE.failed(exc)
-        else:
-            logger.warning("health check %s failed", probe.__name__, exc_info=True)
-        return "down"
-
-
-@never_cache
-def healthz_view(request):
-    """200 when the database, Redis, a worker and the sweeper were seen; 503 naming what is
-    down. Only the names and "ok"/"down" (or "not used"/"not checked" when jobs run
-    in-process without Redis): nothing else for anonymous callers."""
-    report = {"database": _check(_database_answers)}
-    if report["database"] == "ok":
-        _DATABASE_OUTAGE.answered()
-    if settings.RQ_ASYNC:
-        report.update(redis=_check(_redis_answers), worker=_check(_worker_seen), sweeper=_check(_sweeper_seen))
-    else:
-        report.update(redis="not used", worker="not used", sweeper="not checked")
-    return JsonResponse(report, status=503 if "down" in report.values() else 200)

@@ -6,10 +6,11 @@ Each pass:
 2. if any action is runnable (queued and due, or due for verification), ring its doorbell,
    which enqueues a drain job unless one is already waiting — a flushed Redis or a
    SIGKILLed worker loses nothing; the same for tasks;
-3. the steps the apps registered (`ledger.hooks.on_sweep`): approvals nobody decided in time
-   expire (approvals); review items past their deadline alert their tier, once, and escalate;
-   alerts whose delivery job was lost are enqueued again; reconciliation runs start on their
-   schedule, and bulk redrives whose job was lost resume (dlq); the sandbox's lost webhooks go out;
+3. the steps of the apps built on the ledger, in the order console.sweeper lists them: the
+   sandbox's lost webhooks go out; approvals nobody decided in time expire (approvals); review
+   items past their deadline alert their tier, once, and escalate; alerts whose delivery job
+   was lost are enqueued again; reconciliation runs start on their schedule, and bulk redrives
+   whose job was lost resume (dlq);
 4. audit events committed since the last pass are sealed into the chain, and the chain is
    verified: the newest stretch every pass, from its last checkpoint once a day, and the whole
    of it, once a day too, a stretch per pass (ledger.audit).
@@ -29,8 +30,8 @@ transaction-pooling PgBouncer. A step that outlasts its lease may be started by 
 sweeper meanwhile: each one is written to be safe alongside itself (SKIP LOCKED claims,
 conditional updates, unique slots), so that costs work, never a second effect; and a leader
 that hangs loses its steps as a dead one does (nothing renews a lease but a run). On SQLite there
-is one process and no election. A pass run by hand (`sweep --once`, the tests' `sweep_once()`)
-runs every step.
+is one process and no election. A pass run by hand (`sweep --once`, the tests'
+`console.sweeper.sweep_once()`) runs every step.
 
 Faults (`sweep_forever`): a pass begins by asking Redis (a PING). A pass that fails because the
 database or Redis is unreachable is logged once per outage (what and why, without a traceback:
@@ -50,7 +51,6 @@ import uuid
 from django.conf import settings
 from django.db import close_old_connections
 
-from . import hooks
 from .audit import audit_verify_due, audit_walk
 from .executor import action_expire_leases, action_runnable_exists
 from .jobs import redis_connection, ring, worker_name
@@ -63,12 +63,14 @@ from .tasks import task_expire_leases, task_runnable_exists
 logger = logging.getLogger("surety.sweeper")
 
 
-def sweep_once(holder=None, ring_all=False):
-    """One pass; returns what each step it ran did, by name. With a `holder` (a sweeper
-    process's name) only the steps it leads run; `ring_all` rings both doorbells unasked."""
+def sweep_once(steps, holder=None, ring_all=False):
+    """One pass, with the apps' `steps` ((name, step) pairs: a step's name is its lease, and
+    what `step()` returns is reported under it; see step 3 above); returns what each step it
+    ran did, by name. With a `holder` (a sweeper process's name) only the steps it leads run;
+    `ring_all` rings both doorbells unasked."""
     counts = _run([("actions_expired", action_expire_leases), ("tasks_expired", task_expire_leases)], holder)
     _ring(ring_all)
-    return counts | _run([*hooks.sweep_steps(), ("audit_sealed", AuditEvent.objects.seal),
+    return counts | _run([*steps, ("audit_sealed", AuditEvent.objects.seal),
                           ("audit_verified", audit_verify_due), ("audit_walked", audit_walk)], holder)
 
 
@@ -88,7 +90,7 @@ def _ring(ring_all):
         ring("tasks")
 
 
-def sweep_forever(interval):
+def sweep_forever(interval, steps):
     """Pass after pass, every `interval` seconds, through outages (see the module's docstring)."""
     holder = f"{worker_name()}:{uuid.uuid4().hex[:8]}"
     logger.info("sweeper %s: a pass every %g s, leases of %g s", holder, interval, settings.SWEEP_LEASE_SECONDS)
@@ -100,7 +102,7 @@ def sweep_forever(interval):
                 # Before any step: without Redis a pass would log a traceback per doorbell its
                 # steps ring, and a leader that cannot ring lets its leases lapse to one that can.
                 redis_connection().ping()
-            counts = sweep_once(holder, ring_all=outage.ongoing)
+            counts = sweep_once(steps, holder, ring_all=outage.ongoing)
             sweeper_seen()
         except UNREACHABLE + REDIS_UNREACHABLE as exc:
             time.sleep(outage.failed(exc))

@@ -1,11 +1,13 @@
-"""Validation shared by the agents' API, the workflows' inputs and the ledger's own edits
-(ledger.versions): amounts, currencies, each action type's params, and serializers that
-refuse what they do not know."""
+"""Validation shared by the agents' API, the workflows' inputs, the ledger's own edits
+(ledger.versions) and the pages' filters: amounts, currencies, each action type's params, moments,
+and serializers that refuse what they do not know."""
 
 import re
 import threading
 from decimal import Decimal, InvalidOperation
 
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 from django.utils.functional import cached_property
 from rest_framework import serializers
 
@@ -153,3 +155,22 @@ PARAMS = {
     ActionType.SEND_MESSAGE: MessageParams,
     ActionType.CREATE_BOOKING: BookingParams,
 }
+
+
+def parse_moment(value):
+    """A filter's date-time (ISO 8601, or a datetime-local input's naive one, taken in the
+    current time zone) as an aware datetime; None for a missing or malformed one.
+
+    `parse_datetime` raises ValueError for well-formed but impossible values
+    ("2026-13-45T99:99"), and an offset at the edge of the calendar
+    ("0001-01-01T00:00+01:00") overflows when converted."""
+    try:
+        moment = parse_datetime((value or "").strip())
+        if moment is None:
+            return None
+        if timezone.is_naive(moment):
+            moment = timezone.make_aware(moment)
+        moment.astimezone(timezone.get_current_timezone())  # raises OverflowError out of range
+        return moment
+    except (ValueError, OverflowError):
+        return None

@@ -23,9 +23,9 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from console.sweeper import sweep_once
 from ledger.agents import agent_create
 from ledger.models import Action, ActionStatus, Agent, AuditEvent, Grant, StepStatus, Task, TaskStep
-from ledger.sweeper import sweep_once
 from ledger.tasks import task_request
 from tests.conftest import free_port, wait_until
 

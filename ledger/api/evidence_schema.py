@@ -1,13 +1,12 @@
 """The evidence record (ledger.evidence) as the API's document describes it.
 
 The record is built as plain data (ledger/evidence.py); these serializers only describe it,
-field for field. The sections that the apps add are described by the serializers they
-register with `ledger.hooks.on_evidence`, read when the document is generated.
+field for field. The sections that the apps add are described by their own serializers
+(`EvidenceSection.schema`), given with the sections to `evidence_record_serializer`.
 """
 
 from rest_framework import serializers
 
-from ledger import hooks
 from ledger.models import ActionStatus, ActionType, StepStatus, TaskState
 
 from .openapi import ErrorSerializer
@@ -110,8 +109,10 @@ class EvidenceWebhookSerializer(serializers.Serializer):
 class EvidenceSectionsSerializer(serializers.Serializer):
     """What the apps built on the ledger add: one key per section."""
 
+    described = ()  # the EvidenceSections, set by evidence_record_serializer
+
     def get_fields(self):
-        return {section.name: section.schema() for section in hooks.evidence_sections()}
+        return {section.name: section.schema() for section in self.described}
 
 
 class EvidenceAuditEventSerializer(serializers.Serializer):
@@ -178,3 +179,12 @@ class EvidenceRecordSerializer(serializers.Serializer):
     sections = EvidenceSectionsSerializer()
     audit = EvidenceAuditSerializer()
     integrity = EvidenceIntegritySerializer()
+
+
+def evidence_record_serializer(sections):
+    """The record's serializer with `sections` (ledger.evidence.EvidenceSection) under
+    "sections": the document names it EvidenceRecord whatever the sections are."""
+    described = type(EvidenceSectionsSerializer.__name__, (EvidenceSectionsSerializer,), {
+        "__doc__": EvidenceSectionsSerializer.__doc__, "__module__": __name__, "described": tuple(sections)})
+    return type(EvidenceRecordSerializer.__name__, (EvidenceRecordSerializer,), {
+        "__doc__": EvidenceRecordSerializer.__doc__, "__module__": __name__, "sections": described()})

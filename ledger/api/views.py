@@ -9,7 +9,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from ledger.actions import DecisionTaken, KeyReused, Refused, SlotTaken, action_by_pk, action_request
-from ledger.evidence import evidence_actions, evidence_export
+from ledger.evidence import evidence_actions, evidence_record
 from ledger.grants import grant_state
 from ledger.metrics import API_KEY_REUSED, API_REPLAYS
 from ledger.models import Action, ActionStatus, ActionType, Capability, GrantState, Task, TaskState
@@ -18,7 +18,7 @@ from ledger.retention import KEY_EXPIRES_HEADER, ArchivedKey, KeyExpired, key_ex
 from ledger.tasks import task_request
 
 from .auth import well_formed_key
-from .evidence_schema import EvidenceRecordSerializer
+from .evidence_schema import evidence_record_serializer
 from .openapi import (
     ACTION_REQUEST, COMMON_PROBLEMS, KEY_EXPIRED, KEY_EXPIRES, KEY_HEADER, PROBLEM_JSON, REPLAYED, RETRY_AFTER,
     TASK_ID_HEADER, TASK_REQUEST, WAIT, ApiSchema, CheckpointSerializer, intake_description, intake_responses,
@@ -266,21 +266,30 @@ def key_ends_in_evidence(request):
     return request.META.get("RAW_URI", "").split("?", 1)[0].lower().endswith("%2fevidence")
 
 
-class ActionEvidenceView(APIView):
-    @extend_schema(
-        operation_id="actions_evidence_retrieve", parameters=[path_key("operation_key", "The action's operation key.")],
-        responses={200: OpenApiResponse(EvidenceRecordSerializer, description="The action's evidence record."),
-                   **COMMON_PROBLEMS,
-                   (404, PROBLEM_JSON): problem("`not_found`: no such action, or another agent's.")},
-        description="The action's evidence record: the request, the agent and its grant, the provider's evidence, "
-        "webhooks, review items and the limit in force, dead-letter entries and alerts, and every audit event "
-        "covering them with its place in the hash chain, digested and signed (`manage.py evidence_verify` checks "
-        "a saved record).",
-    )
-    def get(self, request, operation_key):
-        if key_ends_in_evidence(request):
-            return ActionDetailView().get(request, f"{operation_key}/evidence")
-        return Response(evidence_export(own_action(request, operation_key, evidence_actions())()))
+def evidence_view(sections):
+    """The evidence record's read, with `sections` (ledger.evidence.EvidenceSection) in the
+    record and in the document (the product's are composed in console.evidence)."""
+    record = evidence_record_serializer(sections)
+
+    class ActionEvidenceView(APIView):
+        @extend_schema(
+            operation_id="actions_evidence_retrieve",
+            parameters=[path_key("operation_key", "The action's operation key.")],
+            responses={200: OpenApiResponse(record, description="The action's evidence record."),
+                       **COMMON_PROBLEMS,
+                       (404, PROBLEM_JSON): problem("`not_found`: no such action, or another agent's."),
+                       (410, PROBLEM_JSON): problem(KEY_EXPIRED)},
+            description="The action's evidence record: the request, the agent and its grant, the provider's "
+            "evidence, webhooks, review items and the limit in force, dead-letter entries and alerts, and every "
+            "audit event covering them with its place in the hash chain, digested and signed "
+            "(`manage.py evidence_verify` checks a saved record).",
+        )
+        def get(self, request, operation_key):
+            if key_ends_in_evidence(request):
+                return ActionDetailView().get(request, f"{operation_key}/evidence")
+            return Response(evidence_record(own_action(request, operation_key, evidence_actions())(), sections))
+
+    return ActionEvidenceView.as_view()
 
 
 UNSETTLED_TASK = {TaskState.QUEUED, TaskState.RUNNING}

@@ -10,12 +10,12 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from approvals.decisions import review_decide
-from approvals.forms import LimitForm
 from approvals.models import Limit, ReviewItem
 from approvals.reviews import approval_expire_due
+from console.approval_forms import LimitForm
+from console.sweeper import sweep_once
 from ledger.actions import action_request
 from ledger.models import Action, ActionStatus
-from ledger.sweeper import sweep_once
 from tests.factories import audit_events, make_agent
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("jobs_to_test_redis")]

@@ -15,7 +15,7 @@ from django.core import mail
 from django.db import IntegrityError, connection, transaction
 
 from approvals.models import Limit, ReviewItem
-from approvals.overview import review_cards
+from console.overview import review_cards
 from dlq.alerts import alert_deliver
 from dlq.models import Alert
 from dlq.overdue import review_alert_overdue

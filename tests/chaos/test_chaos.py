@@ -16,9 +16,9 @@ import pytest
 import redis
 
 from approvals.models import ReviewItem
+from console.sweeper import sweep_once
 from dlq.models import DeadLetter
 from ledger.models import Action, AuditEvent, Task
-from ledger.sweeper import sweep_once
 from tests.chaos.runs import chaos_scale, publish
 from tests.conftest import REDIS_URL
 from tests.factories import agent_api, sandbox, sandbox_list, sandbox_order, sandbox_without_idempotency

@@ -26,7 +26,7 @@ import redis
 from django.core.management import call_command
 from django.db import connection
 
-from ledger import hooks
+from console.sweeper import STEPS
 from ledger.models import Action, ActionStatus, AuditEvent, ChainWalk, StepLease
 from tests.client.proxy import FlakyProxy, _close, _pump
 from tests.conftest import PYTHON, REDIS_URL, ROOT, wait_until
@@ -37,7 +37,7 @@ pytestmark = pytest.mark.chaos
 INTERVAL, LEASE = 0.3, 1.5
 # redis-py retries a failed command 3 times, up to 2, 4 and 8 s apart: a shorter outage may go unseen.
 REDIS_CUT_SECONDS = 15
-ELECTED = {"actions_expired", "tasks_expired", *(name for name, _ in hooks.sweep_steps()), "audit_sealed",
+ELECTED = {"actions_expired", "tasks_expired", *(name for name, _ in STEPS), "audit_sealed",
            "audit_verified", "audit_walked"}
 
 

@@ -11,11 +11,11 @@ import pytest
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult
 
+from console.sweeper import sweep_once
 from ledger.actions import action_request
 from ledger.connectors.email import EmailConnector
 from ledger.executor import action_claim_next, action_run_claimed
 from ledger.models import Action
-from ledger.sweeper import sweep_once
 from tests.conftest import free_port, wait_until
 from tests.factories import api_client, make_agent, post_action, send_together
 

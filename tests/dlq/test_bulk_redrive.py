@@ -16,14 +16,16 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core.management import call_command
 from django.test import Client
+from django.utils import timezone
 from guardian.shortcuts import assign_perm, remove_perm
 
-from dlq.bulk import LEASE_SECONDS, bulk_redrive_work, bulk_redrives_resume
+from console.sweeper import sweep_once
+from dlq.bulk import LEASE_SECONDS, bulk_redrive_work, bulk_redrives_resume, lease
 from dlq.entries import deadletter_resolve
 from dlq.models import BulkRedrive, BulkRedriveItem, DeadLetter, EntryStatus
 from ledger.access import WORK_DLQ
+from ledger.locks import StepLease, lead
 from ledger.models import Action, ActionStatus, AuditEvent, Capability
-from ledger.sweeper import sweep_once
 from tests.conftest import wait_until
 from tests.factories import (agent_api, audit_events, dead_letter, failed_task_entry, make_action, make_agent, sandbox,
                              sandbox_list)
@@ -78,6 +80,16 @@ def dry_run(client, **filters):
 
 def start(client, run, rate, reason=REASON):
     return client.post(f"/dlq/redrives/{run.pk}/start", {"rate": rate, "reason": reason})
+
+
+def lease_holder(run):
+    """The token of the job whose lease the run is under."""
+    return StepLease.objects.get(step=lease(run)).holder
+
+
+def lapse(run):
+    """The run's lease runs out (its job was lost, or stalled past it)."""
+    StepLease.objects.filter(step=lease(run)).update(expires_at=timezone.now() - timedelta(seconds=1))
 
 
 def ended(run, seconds=60):
@@ -341,13 +353,35 @@ def test_a_lost_job_is_taken_over_and_a_second_job_for_the_run_does_nothing(agen
     bulk_redrive_work(run.pk, "not-the-token")  # a stray job: the run is handed to another
     assert not run.items.filter(outcome="redriven").exists()
 
-    BulkRedrive.objects.filter(pk=run.pk).update(lease_expires_at=None)  # its job was lost
+    lapse(run)  # its job was lost
     assert bulk_redrives_resume() == 1
-    token = BulkRedrive.objects.get(pk=run.pk).lease_owner
+    token = lease_holder(run)
     bulk_redrive_work(run.pk, token)  # the sweeper's job, run here
     run.refresh_from_db()
     assert run.status == "finished", list(run.items.values_list("outcome", "outcome_detail"))
     assert {e.status for e in DeadLetter.objects.filter(pk__in=[e.pk for e in entries])} == {EntryStatus.REDRIVEN}
+
+
+def test_a_lapsed_lease_is_taken_over_and_the_job_that_held_it_redrives_no_more(agent, olga, jobs_to_test_redis):
+    entries = [failed_refund_entry(agent, n) for n in range(2)]
+    run = dry_run(olga)
+    assert start(olga, run, "60").status_code == 302
+    first = lease_holder(run)
+    assert bulk_redrives_resume() == 0  # its job holds the lease: nothing to take over
+    assert StepLease.objects.get(step=lease(run)).expires_at > timezone.now()
+
+    lapse(run)  # the job stalled past its lease
+    assert bulk_redrives_resume() == 1
+    second = lease_holder(run)
+    assert second != first
+    bulk_redrive_work(run.pk, first)  # the stalled job wakes up: the run is not its own any more
+    assert not run.items.filter(outcome="redriven").exists() and lease_holder(run) == second
+
+    bulk_redrive_work(run.pk, second)
+    run.refresh_from_db()
+    assert run.status == "finished" and run.counts()["redriven"] == 2
+    assert {e.status for e in DeadLetter.objects.filter(pk__in=[e.pk for e in entries])} == {EntryStatus.REDRIVEN}
+    assert not StepLease.objects.filter(step=lease(run)).exists()  # an ended run's lease goes with it
 
 
 @pytest.mark.django_db
@@ -405,7 +439,7 @@ def test_no_entry_is_redriven_after_a_stop_or_a_takeover_that_came_while_the_job
     entries = [failed_refund_entry(agent, n) for n in range(2)]
     run = dry_run(olga)
     assert start(olga, run, "60").status_code == 302
-    token = BulkRedrive.objects.get(pk=run.pk).lease_owner
+    token = lease_holder(run)
     sleep, asked = time.sleep, []
 
     def wait_for_the_slot(seconds):
@@ -413,8 +447,9 @@ def test_no_entry_is_redriven_after_a_stop_or_a_takeover_that_came_while_the_job
         if sys._getframe(1).f_code.co_name == "_redrive_one" and not asked:
             if meanwhile == "a person stops the run":
                 asked.append(olga.post(f"/dlq/redrives/{run.pk}/stop", {"reason": "the provider paged us"}))
-            else:  # the sweeper thought the job lost and handed the run to another
-                asked.append(BulkRedrive.objects.get(pk=run.pk).hand_lease(LEASE_SECONDS, owner="another-job"))
+            else:  # its lease lapsed (the job looked lost) and another job took the run
+                lapse(run)
+                asked.append(lead(lease(run), "another-job", LEASE_SECONDS))
         sleep(seconds)
 
     monkeypatch.setattr(time, "sleep", wait_for_the_slot)
@@ -428,7 +463,7 @@ def test_no_entry_is_redriven_after_a_stop_or_a_takeover_that_came_while_the_job
         assert run.status == "stopped" and run.stop_reason == "stopped by user:olga: the provider paged us"
         assert run.counts()["left_open"] == 2
     else:  # the run is the other job's to go on with, untouched
-        assert run.status == "running" and run.lease_owner == "another-job" and run.counts()["planned"] == 2
+        assert run.status == "running" and lease_holder(run) == "another-job" and run.counts()["planned"] == 2
 
 
 def test_an_entry_the_job_could_not_redrive_is_audited_with_why(agent, olga, jobs_to_test_redis):
@@ -441,7 +476,7 @@ def test_an_entry_the_job_could_not_redrive_is_audited_with_why(agent, olga, job
         remove_perm(f"ledger.{WORK_DLQ}", holder, refunds)
     deadletter_resolve(task, actor="user:alice", note="refunded by hand, ticket 8812")
 
-    bulk_redrive_work(run.pk, BulkRedrive.objects.get(pk=run.pk).lease_owner)
+    bulk_redrive_work(run.pk, lease_holder(run))
 
     failed, skipped = (BulkRedriveItem.objects.get(run=run, entry=entry) for entry in (refund, task))
     assert (failed.outcome, failed.outcome_detail) == ("failed", "olga may no longer work refund dead letters")

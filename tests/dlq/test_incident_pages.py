@@ -117,7 +117,7 @@ def test_an_unknown_operation_or_incident_is_a_404(operator, incident):
 
 
 def test_the_overview_card_counts_the_open_incidents_and_those_this_user_may_work(incident):
-    from dlq.incident_views import incident_card
+    from console.incident_views import incident_card
 
     [card] = incident_card(user_in("operators", "otto"), timezone.now())
     assert (card["count"], card["mine"], card["oldest"]) == (1, 1, incident.created_at)

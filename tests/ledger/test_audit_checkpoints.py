@@ -10,8 +10,9 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.db import DatabaseError, IntegrityError, transaction
 
+from console.evidence import evidence_export
 from ledger.audit import audit_walk, checkpoint_signature
-from ledger.evidence import evidence_actions, evidence_export, record_problems
+from ledger.evidence import evidence_actions, record_problems
 from ledger.models import AuditEvent, ChainCheck, ChainCheckpoint, ChainWalk
 from tests.conftest import PYTHON, REDIS_URL, ROOT, _database_url
 from tests.factories import make_agent

@@ -12,9 +12,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from bench.evidence_scenario import rich_action
+from console.evidence import evidence_export
 from ledger.actions import action_request
 from ledger.audit import chain_hash, content_hash
-from ledger.evidence import CONTENT_FIELDS, evidence_actions, evidence_export, record_digest, record_problems
+from ledger.evidence import CONTENT_FIELDS, evidence_actions, record_digest, record_problems
 from ledger.models import Action, AuditEvent
 from tests.factories import api_client, make_agent, post_action, refund_body
 

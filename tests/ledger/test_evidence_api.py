@@ -7,8 +7,9 @@ from urllib.parse import quote
 import pytest
 
 from bench.evidence_scenario import rich_agent
+from console.evidence import evidence_export
 from ledger.actions import action_request
-from ledger.evidence import evidence_actions, evidence_export, record_problems
+from ledger.evidence import evidence_actions, record_problems
 from ledger.grants import agent_grant, agent_revoke, capability
 from ledger.models import Action, AuditEvent, Capability
 from tests.factories import make_agent, make_agent_on, person

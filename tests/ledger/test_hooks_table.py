@@ -29,9 +29,6 @@ def registered():
     rows.append(("`on_record(reaction)`", cell((r, r.__name__) for r in hooks._on_record)))
     policy = hooks.policy()
     rows.append(("`set_policy(policy)`", cell([(policy, getattr(policy, "__name__", type(policy).__name__))])))
-    rows.append(("`on_sweep(name, step)`", cell((step, name) for name, step in hooks.sweep_steps())))
-    rows.append(("`on_overview(cards)`", cell((cards, cards.__name__) for cards in hooks._overview)))
-    rows.append(("`on_evidence(name, build, …)`", cell((s.build, s.name) for s in hooks.evidence_sections())))
     return rows
 
 

@@ -1,7 +1,7 @@
 """The embedded default: with no Redis, work runs in the process that made it runnable."""
 
+from console.sweeper import sweep_once
 from ledger.models import Action, ActionStatus
-from ledger.sweeper import sweep_once
 from tests.factories import make_action, make_agent, make_agent_on, post_action_in_process, refund_body
 
 

@@ -10,7 +10,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
-from ledger.dashboard import PAGE_SIZE
+from console.dashboard import PAGE_SIZE
 from tests.factories import make_action, make_agent
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("jobs_to_test_redis")]

@@ -5,8 +5,8 @@ import time
 import redis
 from rq import Worker
 
+from console.sweeper import sweep_once
 from ledger.models import Action, ActionStatus
-from ledger.sweeper import sweep_once
 from tests.conftest import REDIS_URL, wait_until
 from tests.factories import agent_api, post_action, refund_body, sandbox
 

@@ -3,9 +3,9 @@
 import json
 import time
 
+from console.sweeper import sweep_once
 from ledger.models import Action, WebhookEvent
 from sandbox.webhooks import sign_webhook
-from ledger.sweeper import sweep_once
 from tests.conftest import wait_until
 from tests.factories import agent_api, post_action, refund_body, sandbox, sandbox_list, sandbox_without_idempotency
 

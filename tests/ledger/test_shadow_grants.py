@@ -12,13 +12,13 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from approvals.models import Limit
+from console.sweeper import sweep_once
 from ledger.actions import action_request
 from ledger.connectors.test_mode import connector_version
 from ledger.executor import action_claim_next
 from ledger.grants import GrantRefused, agent_grant, agent_revoke, capability, grant_promote, grant_state
 from ledger.models import (Action, ActionStatus, Agent, AuditEvent, Capability, Grant, GrantState, InvalidTransition,
                            ReplayRun)
-from ledger.sweeper import sweep_once
 from tests.factories import (
     api_client, audit_events, make_agent, make_agent_on, make_grants_live, post_action, post_action_in_process, refund_body, sandbox_list,
 )

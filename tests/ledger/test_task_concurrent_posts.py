@@ -6,8 +6,8 @@ from collections import Counter
 
 import pytest
 
+from console.sweeper import sweep_once
 from ledger.models import Action, Task
-from ledger.sweeper import sweep_once
 from tests.conftest import wait_until
 from tests.factories import (agent_api, audit_events, post_task, refund_task_body, sandbox, sandbox_order,
                              sandbox_without_idempotency, send_together)

@@ -9,10 +9,10 @@ from datetime import datetime, timedelta
 import pytest
 from django.utils import timezone
 
+from console.sweeper import sweep_once
 from ledger import executor
 from ledger.models import Action, ActionStatus, StaleClaim
 from sandbox.models import SandboxRefund
-from ledger.sweeper import sweep_once
 from tests.conftest import wait_until
 from tests.factories import (agent_api, audit_events, make_action, make_agent, post_action, refund_body, sandbox,
                              sandbox_list, sandbox_without_idempotency)

@@ -18,8 +18,8 @@ import pytest
 from django.conf import settings
 from django.utils import timezone
 
+from console.sweeper import sweep_once
 from ledger.models import Action, ActionStatus, AuditEvent, WebhookEvent
-from ledger.sweeper import sweep_once
 from ledger.webhooks import sign_webhook, signature_valid
 from sandbox.models import SandboxWebhook
 from sandbox.webhooks import MAX_FAILURES, send_webhook, webhook_deliver

@@ -1,8 +1,8 @@
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from console.sweeper import sweep_forever, sweep_once
 from ledger.metrics import sweeper_seen
-from ledger.sweeper import sweep_forever, sweep_once
 
 
 class Command(BaseCommand):

@@ -4,7 +4,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
 from dlq.reconcile import run_finish, run_start
-from ledger.dashboard import parse_moment
+from ledger.validation import parse_moment
 
 
 class Command(BaseCommand):

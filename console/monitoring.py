@@ -1,0 +1,113 @@
+"""Monitoring: `/metrics` in Prometheus's text format and `/healthz` for load balancers.
+
+`/metrics` shows the ledger's registry (ledger.metrics): the figures counted where they
+happen, and those read from the database at scrape time by the collectors listed here."""
+
+import hmac
+import ipaddress
+import logging
+from datetime import timedelta
+
+import redis
+from django.conf import settings
+from django.db import DatabaseError, connection
+from django.http import HttpResponseForbidden, JsonResponse
+from django.utils import timezone
+from django.views.decorators.cache import never_cache
+from prometheus_client.django import PrometheusDjangoView
+from rq import Worker
+
+from approvals.metrics import DecisionCollector, ReviewCollector
+from dlq.metrics import DeadLetterCollector
+from ledger.jobs import redis_connection
+from ledger.metrics import REGISTRY, SWEEPER_SEEN_KEY, LedgerCollector
+from ledger.outages import Outage, database_unreachable
+
+logger = logging.getLogger("surety.metrics")
+
+# Read at every scrape, in this order: actions per status and stuck; the review queues'
+# backlog and their decisions; the open dead-letter entries.
+COLLECTORS = (LedgerCollector(), ReviewCollector(), DecisionCollector(), DeadLetterCollector())
+for collector in COLLECTORS:
+    REGISTRY.register(collector)
+
+
+def metrics_allowed(request):
+    """A bearer token (METRICS_TOKEN) or a client address in METRICS_ALLOWED_IPS opens
+    `/metrics`. With neither configured it is open on loopback outside production, and
+    closed in production. The address is the direct peer's: behind a proxy, use the token."""
+    token = settings.METRICS_TOKEN
+    sent = request.headers.get("Authorization", "")
+    if token and hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):
+        return True
+    try:
+        client = ipaddress.ip_address(request.META.get("REMOTE_ADDR", ""))
+    except ValueError:
+        return False
+    if any(client in ipaddress.ip_network(allowed) for allowed in settings.METRICS_ALLOWED_IPS):
+        return True
+    configured = token or settings.METRICS_ALLOWED_IPS
+    return not configured and not settings.PRODUCTION and client.is_loopback
+
+
+_exposition = PrometheusDjangoView.as_view(registry=REGISTRY)
+
+
+@never_cache
+def metrics_view(request):
+    if not metrics_allowed(request):
+        return HttpResponseForbidden("Metrics need the METRICS_TOKEN or an allowed address.\n")
+    return _exposition(request)
+
+
+def _database_answers():
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+        return cursor.fetchone() == (1,)
+
+
+def _redis_answers():
+    return redis_connection().ping()
+
+
+def _worker_seen():
+    """An RQ worker whose heartbeat is recent. RQ itself forgets a worker worker_ttl + 60 s
+    (480 s by default) after its last heartbeat, and an idle worker beats every worker_ttl -
+    15 s: run workers with a smaller --worker-ttl to notice a dead one sooner."""
+    since = timezone.now() - timedelta(seconds=settings.HEALTHZ_WORKER_SECONDS)
+    return any(worker.last_heartbeat and worker.last_heartbeat >= since
+               for worker in Worker.all(connection=redis_connection()))
+
+
+def _sweeper_seen():
+    return bool(redis_connection().exists(SWEEPER_SEEN_KEY))
+
+
+# A load balancer polls every few seconds: an outage of the database is one line in the log.
+_DATABASE_OUTAGE = Outage("/healthz", logger)
+
+
+def _check(probe):
+    try:
+        return "ok" if probe() else "down"
+    except (DatabaseError, redis.RedisError, OSError) as exc:
+        if database_unreachable(exc):
+            _DATABASE_OUTAGE.failed(exc)
+        else:
+            logger.warning("health check %s failed", probe.__name__, exc_info=True)
+        return "down"
+
+
+@never_cache
+def healthz_view(request):
+    """200 when the database, Redis, a worker and the sweeper were seen; 503 naming what is
+    down. Only the names and "ok"/"down" (or "not used"/"not checked" when jobs run
+    in-process without Redis): nothing else for anonymous callers."""
+    report = {"database": _check(_database_answers)}
+    if report["database"] == "ok":
+        _DATABASE_OUTAGE.answered()
+    if settings.RQ_ASYNC:
+        report.update(redis=_check(_redis_answers), worker=_check(_worker_seen), sweeper=_check(_sweeper_seen))
+    else:
+        report.update(redis="not used", worker="not used", sweeper="not checked")
+    return JsonResponse(report, status=503 if "down" in report.values() else 200)
