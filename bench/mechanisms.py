@@ -4,8 +4,6 @@ stands in for (the mechanism switched off), side by side in one run.
 Ways, each its own gunicorn and (d)'s workers, all with the same switch (`BENCH_SWITCHED_OFF`,
 applied by the baseline app as each process starts, `switched_off` below):
 - `as_is`: the product as it is;
-- `doorbell_windows`: no trust window and no linger (ledger/jobs.py): every commit asks Redis
-  whether a drain job waits, and a drain ends at its first empty claim;
 - `limits_copy`: no copy of the limits per process (approvals/intake.py): the statement that
   authenticates a request reads no limits' version, and each request reads its limit;
 - `grant_cache`: no grant cache (ledger/grants.py): each request and each claim reads the
@@ -32,7 +30,7 @@ from unittest import mock
 
 from .results import write_results
 
-WAYS = ["as_is", "doorbell_windows", "limits_copy", "grant_cache"]
+WAYS = ["as_is", "limits_copy", "grant_cache"]
 FIGURES = [("b_action_new", "(b) POST actions, new keys"), ("c_action_replay", "(c) POST actions, replayed keys"),
            ("d_end_to_end", "(d) actions end to end, 2 workers")]
 
@@ -51,7 +49,6 @@ def _no_limits_version():
 
 
 SWITCHES = {  # way -> (module, name, the plain code's value)
-    "doorbell_windows": [("ledger.jobs", "DOORBELL_TRUST_SECONDS", 0), ("ledger.jobs", "DRAIN_LINGER_SECONDS", 0)],
     "limits_copy": [("approvals.intake", "version_expression", _no_limits_version)],
     "grant_cache": [("ledger.grants", "_checked", _Forgets())],
 }

@@ -31,13 +31,6 @@ from .outages import REDIS_UNREACHABLE, UNREACHABLE, Outage
 
 logger = logging.getLogger("surety.jobs")
 DOORBELL_TTL_SECONDS = 15
-# A drain job that ran out of work goes on looking for DRAIN_LINGER_SECONDS before it ends,
-# so an announced job seen waiting will see whatever commits in the DOORBELL_TRUST_SECONDS
-# after that (the job starts after it was seen): a process rings Redis at most about ten
-# times a second per kind, not once per request. LINGER must exceed TRUST.
-DOORBELL_TRUST_SECONDS = 0.1
-DRAIN_LINGER_SECONDS = 0.25
-DRAIN_LINGER_POLL_SECONDS = 0.02
 _in_process = contextvars.ContextVar("surety_in_process_job", default=False)
 DRAIN_SECONDS = 60
 
@@ -112,34 +105,23 @@ def ring(kind):
     """Make sure a drain job for `kind` ("actions" or "tasks") is on its way.
 
     The doorbell names the drain job it announced; it is trusted only while that job still
-    waits in the queue. A job that a worker took and died with (before its first line
-    cleared the doorbell) must not silence every ring until the key expires. Once seen
-    waiting (or just enqueued), the job is trusted for DOORBELL_TRUST_SECONDS without asking
-    again: it starts later than that and lingers longer (see `_drain_lane`).
+    waits in the queue: it starts after this commit, so it sees what was committed. A job that
+    a worker took and died with (before its first line cleared the doorbell) must not silence
+    every ring until the key expires. Asked on every commit, one round trip: not asking again
+    for a moment saved nothing measurable (decision 10).
     """
     if not settings.RQ_ASYNC:
         enqueue(DRAINS[kind])
-        return
-    asked_at = time.monotonic()
-    if asked_at - _seen_waiting.get(kind, -DOORBELL_TRUST_SECONDS) < DOORBELL_TRUST_SECONDS:
         return
     with _redis_call(f"the doorbell for {kind}"):
         client = redis_connection()
         waits = _announced_job_waits(client, kind)
         _REDIS_OUTAGE.answered()
         if waits:
-            _seen_waiting[kind] = asked_at
             return
         job = enqueue(DRAINS[kind])
         if job is not None:
             client.set(_doorbell(kind), job.id, ex=DOORBELL_TTL_SECONDS)
-            _seen_waiting[kind] = asked_at
-
-
-# kind -> when (time.monotonic(), before asking) this process last knew a drain job waited.
-_seen_waiting = {}
-register_cache("ledger.jobs._seen_waiting", holds="when this process last saw a drain job waiting, per kind",
-               stale_when="after DOORBELL_TRUST_SECONDS (then Redis is asked again)", clear=_seen_waiting.clear)
 
 
 # The doorbell names the job it announced; that job still waiting in the queue (RQ keeps its
@@ -174,22 +156,18 @@ def drain(kind, claim_next, run_claimed):
             logger.warning("could not clear the doorbell for %s", kind)
     deadline = time.monotonic() + DRAIN_SECONDS
     lanes = settings.DRAIN_LANES if settings.RQ_ASYNC and connection.vendor == "postgresql" else 1
-    # One lane lingers (see DOORBELL_TRUST_SECONDS); in-process, every ring drains at once.
-    linger = DRAIN_LINGER_SECONDS if settings.RQ_ASYNC else 0
     if lanes == 1:
-        handled = _drain_lane(kind, claim_next, run_claimed, deadline, linger)
+        handled = _drain_lane(kind, claim_next, run_claimed, deadline)
     else:
-        handled = sum(_lane_pool(lanes).map(
-            lambda lane: _drain_lane(kind, claim_next, run_claimed, deadline, linger if lane == 0 else 0),
-            range(lanes)))
+        handled = sum(_lane_pool(lanes).map(lambda lane: _drain_lane(kind, claim_next, run_claimed, deadline),
+                                            range(lanes)))
     if settings.RQ_ASYNC and time.monotonic() >= deadline:
         ring(kind)
     return handled
 
 
-def _drain_lane(kind, claim_next, run_claimed, deadline, linger=0):
-    """Claim and run until nothing is left; with `linger`, until a claim that began at
-    least `linger` seconds after the lane first found nothing still finds nothing.
+def _drain_lane(kind, claim_next, run_claimed, deadline):
+    """Claim and run until nothing is left.
 
     While the database is unreachable the lane waits and tries again until the deadline
     (`_OUTAGES` logs it once per outage; in-process it ends at once): an action or task it had
@@ -199,25 +177,16 @@ def _drain_lane(kind, claim_next, run_claimed, deadline, linger=0):
     outage = _OUTAGES[kind]
     owner = worker_name()
     handled = 0
-    idle_until = None
     while time.monotonic() < deadline:
-        began = time.monotonic()
         try:
             claimed = claim_next(owner)
         except UNREACHABLE as exc:
             if not _went_on(outage, exc):
                 break
-            idle_until = None
             continue
         outage.answered()
         if claimed is None:
-            if idle_until is None:
-                idle_until = began + linger
-            if began >= idle_until:
-                break
-            time.sleep(DRAIN_LINGER_POLL_SECONDS)
-            continue
-        idle_until = None
+            break
         if handled == 0 and settings.RQ_ASYNC:
             ring(kind)  # there is work: an idle worker may join in
         try:

@@ -22,7 +22,7 @@ import redis
 from django.contrib.contenttypes.models import ContentType
 from django.core.management import call_command
 from django.db import connection
-from ledger import compiled, jobs
+from ledger import compiled
 
 # The named actors' fixtures (`agent`, `operator`, `auditor`) beside their factories.
 pytest_plugins = ["tests.factories"]
@@ -239,13 +239,11 @@ def wait_until(predicate, seconds=20, interval=0.1, message="condition"):
 
 
 @pytest.fixture
-def jobs_to_test_redis(settings, monkeypatch):
+def jobs_to_test_redis(settings):
     """For tests without workers: what the code enqueues lands in this run's own Redis
-    database, where no worker listens, rather than running in-process or elsewhere. This
-    process forgets the drain jobs it saw waiting in an earlier test's Redis."""
+    database, where no worker listens, rather than running in-process or elsewhere."""
     settings.RQ_ASYNC = True
     settings.RQ_QUEUES = {"default": {"URL": REDIS_URL, "DEFAULT_TIMEOUT": 600, "ASYNC": True}}
-    monkeypatch.setattr(jobs, "_seen_waiting", {})
 
 
 @pytest.fixture
