@@ -62,6 +62,11 @@ INSTALLED_APPS = [
     "django_htmx",
     "template_partials",
     "guardian",
+    "allauth",
+    "allauth.account",
+    "allauth.socialaccount",
+    "allauth.socialaccount.providers.openid_connect",
+    "allauth.mfa",
     "ledger",
     "sandbox",
     "approvals",
@@ -80,9 +85,11 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
+    "allauth.account.middleware.AccountMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "csp.middleware.CSPMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "console.signin.SecondFactorRequiredMiddleware",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -333,9 +340,9 @@ LIMITS_UNCOVERED_CURRENCY = env_str("LIMITS_UNCOVERED_CURRENCY", "approve").stri
 if LIMITS_UNCOVERED_CURRENCY not in {"approve", "refuse"}:
     raise RuntimeError("LIMITS_UNCOVERED_CURRENCY must be approve or refuse")
 
-# --- Auth -----------------------------------------------------------------------------------
+# --- Auth: sign-in, the second factor, step-up (docs/signin.md) ----------------------------
 AUTHENTICATION_BACKENDS = [
-    "django.contrib.auth.backends.ModelBackend",
+    "allauth.account.auth_backends.AuthenticationBackend",
     "guardian.backends.ObjectPermissionBackend",
 ]
 ANONYMOUS_USER_NAME = None
@@ -343,6 +350,53 @@ GUARDIAN_MONKEY_PATCH_USER = False
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "overview"
 LOGOUT_REDIRECT_URL = "login"
+# The company's OpenID Connect provider. A person signs in through it only if they already exist
+# here, found by the e-mail address the provider vouches for (console.signin): nobody is created.
+OIDC_ISSUER = env_str("OIDC_ISSUER", "")
+OIDC_CLIENT_ID = env_str("OIDC_CLIENT_ID", "")
+OIDC_CLIENT_SECRET = env_str("OIDC_CLIENT_SECRET", "")
+OIDC_NAME = env_str("OIDC_NAME", "your company's sign-in")
+if OIDC_ISSUER and not (OIDC_CLIENT_ID and OIDC_CLIENT_SECRET):
+    raise RuntimeError("OIDC_ISSUER needs OIDC_CLIENT_ID and OIDC_CLIENT_SECRET")
+SOCIALACCOUNT_PROVIDERS = {"openid_connect": {"OAUTH_PKCE_ENABLED": True, "APPS": [{
+    "provider_id": "company", "name": OIDC_NAME, "client_id": OIDC_CLIENT_ID, "secret": OIDC_CLIENT_SECRET,
+    "settings": {"server_url": OIDC_ISSUER},
+}] if OIDC_ISSUER else []}}
+# Local password accounts (the demo people's): off, the company's provider is the only way in.
+PASSWORD_SIGN_IN = env_bool("PASSWORD_SIGN_IN", True)
+SOCIALACCOUNT_ONLY = not PASSWORD_SIGN_IN
+if SOCIALACCOUNT_ONLY and not OIDC_ISSUER:
+    raise RuntimeError("PASSWORD_SIGN_IN=false needs OIDC_ISSUER: nobody could sign in")
+ACCOUNT_ADAPTER = "console.signin.AccountAdapter"
+SOCIALACCOUNT_ADAPTER = "console.signin.SocialAccountAdapter"
+ACCOUNT_LOGIN_METHODS = {"username"}
+ACCOUNT_SIGNUP_FIELDS = ["username*", "password1*"]
+ACCOUNT_EMAIL_VERIFICATION = "none"
+SOCIALACCOUNT_EMAIL_VERIFICATION = "none"
+ACCOUNT_SESSION_REMEMBER = False
+ACCOUNT_LOGOUT_REDIRECT_URL = LOGOUT_REDIRECT_URL
+# Failed sign-ins: per client address and per username (allauth's rate limits, kept in the cache).
+ACCOUNT_RATE_LIMITS = {"login_failed": env_str("SIGN_IN_FAILURE_LIMIT", "10/m/ip,5/5m/key")}
+# Every person who can decide money or authority (approvers, operators, admins) has a second
+# factor: without one, every page sends them to enrol one first.
+MFA_REQUIRED = env_bool("MFA_REQUIRED", not DEBUG)
+MFA_SUPPORTED_TYPES = ["totp", "webauthn", "recovery_codes"]
+MFA_TOTP_ISSUER = "Surety"
+# WebAuthn over plain HTTP (a browser allows it for localhost only): development and tests.
+MFA_WEBAUTHN_ALLOW_INSECURE_ORIGIN = DEBUG
+# A money decision needs a second factor given within this many seconds (0: no step-up).
+STEP_UP_SECONDS = env_float("STEP_UP_SECONDS", 0 if DEBUG else 300)
+ACCOUNT_REAUTHENTICATION_TIMEOUT = STEP_UP_SECONDS or 300
+# What confirms it is still the same person (a step-up, changing one's factors): the second
+# factor only, never the password it stands beside.
+ACCOUNT_REAUTHENTICATION_METHODS = ["mfa"]
+# A session lasts this long from sign-in, and ends when the browser closes.
+SESSION_COOKIE_AGE = env_int("SESSION_COOKIE_AGE", 8 * 3600)
+SESSION_EXPIRE_AT_BROWSER_CLOSE = True
+# The cache the sign-in rate limits count in: Redis when jobs go there, shared by every web process.
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL,
+                      "KEY_PREFIX": "surety"} if RQ_ASYNC else
+          {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
 # --- REST framework -------------------------------------------------------------------------
 REST_FRAMEWORK = {

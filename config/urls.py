@@ -1,6 +1,7 @@
 from django.conf import settings
 from django.contrib import admin
-from django.contrib.auth import views as auth_views
+from allauth.account import views as account_views
+from allauth.account.decorators import secure_admin_login
 from django.urls import include, path
 
 from console.evidence import SECTIONS as EVIDENCE_SECTIONS
@@ -16,8 +17,11 @@ urlpatterns = [
     # Answers a signed probe only this deployment can: SITE_URL is checked against it (ledger.site_url).
     path("site-probe", site_url.site_probe, name="site-probe"),
     path("admin/", admin.site.urls),
-    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
-    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    # Sign-in, the second factor and step-up are allauth's (docs/signin.md); `login` and `logout`
+    # are the names the pages and LOGIN_URL use for its views.
+    path("accounts/login/", account_views.login, name="login"),
+    path("accounts/logout/", account_views.logout, name="logout"),
+    path("accounts/", include("allauth.urls")),
     # Every page people work in, /metrics and /healthz.
     path("", include("console.urls")),
 ]
@@ -26,6 +30,9 @@ if settings.SANDBOX_ENABLED:
     # The same provider in Stripe's wire format: the Stripe connector's API base is /sandbox/stripe.
     urlpatterns.append(path("sandbox/stripe/v1/", include("sandbox.stripe_urls")))
 
+
+# The admin signs in through the same pages, second factor included.
+admin.site.login = secure_admin_login(admin.site.login)
 
 handler500 = server_error
 

@@ -21,6 +21,7 @@ from ledger.models import IN_FLIGHT_STATUSES, Action, ActionStatus, ActionType, 
 from .approval_forms import DecisionForm, EditForm, LimitForm, fingerprint_seen
 from .dashboard import keyset_page, render_partial, staff_required
 from .overview import approved_by
+from .stepup import step_up_required
 
 QUEUES = {
     "approvals": ([ReviewKind.APPROVAL, ReviewKind.HELD], "Approvals", "approvals"),
@@ -206,6 +207,7 @@ def _verification(item, action, history):
 
 
 @staff_required
+@step_up_required
 @require_POST
 def review_decide_view(request, pk):
     item = get_review_item_for_user(request.user, pk, to_decide=True)
@@ -236,6 +238,7 @@ def review_decide_view(request, pk):
 
 
 @staff_required
+@step_up_required
 @require_POST
 def held_group_decide_view(request, pk):
     """Release one action of a held group and reject the rest, or reject them all: one form."""
@@ -270,6 +273,7 @@ def held_group_decide_view(request, pk):
 
 
 @staff_required
+@step_up_required
 @require_POST
 def review_edit_view(request, pk):
     """Edit an over-limit action down instead of rejecting it: a new version, approved by
@@ -303,6 +307,7 @@ def _refused(request, item, why, status):
 
 
 @staff_required
+@step_up_required
 def policies(request):
     may_edit = request.user.has_perm("approvals.change_limit")
     form = LimitForm()

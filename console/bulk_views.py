@@ -14,6 +14,7 @@ from dlq.redrive_runs import ACTIVE_STATUSES, BulkRedrive, Plan
 from ledger.statemachine import InvalidTransition
 
 from .dashboard import render_partial, staff_required
+from .stepup import step_up_required
 
 ITEMS_PER_PAGE = 50
 
@@ -83,6 +84,7 @@ def _run_to_work(user, pk):
 
 
 @staff_required
+@step_up_required
 @require_POST
 def bulk_redrive_start(request, pk):
     run = _run_to_work(request.user, pk)

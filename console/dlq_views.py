@@ -17,6 +17,7 @@ from ledger.models import AuditEvent, Capability
 from ledger.statemachine import InvalidTransition
 
 from .dashboard import count_up_to, keyset_page, render_partial, staff_required
+from .stepup import step_up_required
 
 # The open entries are counted exactly up to this many (open_deadletter_count).
 OPEN_EXACT_UP_TO = 10_000
@@ -84,6 +85,7 @@ def _in_execution_order(entry):
 
 
 @staff_required
+@step_up_required
 @require_POST
 def deadletter_operate(request, pk, op):
     if op not in OPERATIONS:
@@ -103,6 +105,7 @@ def deadletter_operate(request, pk, op):
 
 
 @staff_required
+@step_up_required
 @require_POST
 def deadletter_bulk(request):
     """A bulk redrive starts with its dry run (dlq/bulk.py), on a page of its own. A bulk

@@ -22,6 +22,7 @@ from ledger.models import ActionType, Agent, Capability, ReplayRun
 from ledger.replay import last_runs, replay_run_job, replay_start
 
 from .dashboard import staff_required
+from .stepup import step_up_required
 
 
 def _may_manage(request):
@@ -63,6 +64,7 @@ def replay_run_detail(request, pk):
 
 
 @staff_required
+@step_up_required
 @require_POST
 def agent_grant_promote(request, pk):
     """Make an agent's grant for an action type live until the review date, or renew it."""

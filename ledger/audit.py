@@ -30,7 +30,7 @@ from django.utils.crypto import constant_time_compare
 
 from .compiled import insert
 from .locks import AUDIT_SEAL, take_turns
-from .middleware import current_request_id
+from .middleware import current_request_id, current_step_up
 
 
 def actor_label(actor):
@@ -81,9 +81,13 @@ class ChainReport:
 
 class AuditEventManager(models.Manager):
     def record(self, *, actor, verb, obj, before=None, after=None, reason=""):
-        """Append one event; must run inside the transaction whose change it describes."""
+        """Append one event; must run inside the transaction whose change it describes. A decision
+        taken after a step-up records the factor given in `after["step_up"]`."""
         if not transaction.get_connection().in_atomic_block:
             raise RuntimeError("audit events are written inside the transaction they describe")
+        step_up = current_step_up.get()
+        if step_up is not None and (after is None or isinstance(after, dict)):
+            after = {**(after or {}), "step_up": step_up}
         event = self.model(
             occurred_at=timezone.now(),
             actor=actor_label(actor),

@@ -1,9 +1,13 @@
-"""A request id for every request, carried into the audit events it writes."""
+"""A request id for every request, carried into the audit events it writes, with the second
+factor given for it (step-up)."""
 
 import contextvars
 import uuid
 
 current_request_id = contextvars.ContextVar("current_request_id", default="")
+# The second factor a person gave for the decision this request takes (console.stepup): its
+# method and when, recorded in each audit event the decision writes.
+current_step_up = contextvars.ContextVar("current_step_up", default=None)
 
 
 class RequestIdMiddleware:

@@ -17,3 +17,15 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 # Tests that plant a second effect at the sandbox on purpose must not find an incident opened
 # for it by a sweeper pass; the reconciliation tests switch the schedule on themselves.
 RECONCILE_INTERVAL_SECONDS = 0
+
+# The second factor and step-up are off unless a test asks for them (override_settings, or the
+# live server's environment): the rest of the suite signs in with a password alone.
+MFA_REQUIRED = env_bool("MFA_REQUIRED", False)  # noqa: F405
+STEP_UP_SECONDS = env_float("STEP_UP_SECONDS", 0)  # noqa: F405
+ACCOUNT_REAUTHENTICATION_TIMEOUT = STEP_UP_SECONDS or 300
+# Chromium's virtual authenticator serves http://localhost: a browser allows WebAuthn there.
+MFA_WEBAUTHN_ALLOW_INSECURE_ORIGIN = True
+# The test process counts sign-in failures by itself; the servers the tests start (REDIS_URL set
+# to the run's own Redis database) count in Redis, as a deployment does.
+if "REDIS_URL" not in os.environ:  # noqa: F405
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}

@@ -178,7 +178,7 @@ def request_refund(api, key, order, amount, customer):
 
 def login(page, username, password=PASSWORD):
     page.goto("/accounts/login/")
-    page.fill("#id_username", username)
+    page.fill("#id_login", username)
     page.fill("#id_password", password)
     with page.expect_navigation():
         page.locator("#id_password").press("Enter")

@@ -69,7 +69,7 @@ def test_a_screenshot_of_every_page_is_saved(page, people, agent, limit, shot):
         page.locator(ready).first.wait_for()
         visited.append(shot(page, name))
 
-    visit("/accounts/login/", "login", ready="#id_username")
+    visit("/accounts/login/", "login", ready="#id_login")
     login(page, "alice")
     visit("/", "overview", ready="#live-counts")
     visit("/approvals/", "approvals-queue", ready=".queue-row")

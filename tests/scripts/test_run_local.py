@@ -127,7 +127,7 @@ def login(client, username, password="demo"):
     client.get("/accounts/login/")
     token = client.cookies["csrftoken"]
     answer = client.post("/accounts/login/", headers={"Referer": str(client.base_url)},
-                         data={"username": username, "password": password, "csrfmiddlewaretoken": token})
+                         data={"login": username, "password": password, "csrfmiddlewaretoken": token})
     assert answer.status_code == 302, answer.text[:300]
 
 

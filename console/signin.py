@@ -1,0 +1,201 @@
+"""Who may sign in, the second factor the deciding roles must have, and the audit trail of both.
+
+Sign-in itself is django-allauth's (docs/signin.md): the company's OpenID Connect provider,
+local passwords while PASSWORD_SIGN_IN is on, TOTP, WebAuthn passkeys and recovery codes. This
+module adds the rules allauth leaves to a project:
+
+- The provider vouches for who someone is, not for who may work here: a person signs in through
+  it only if an active person with the e-mail address it vouches for (`email_verified`) already
+  exists. Nobody is created, so no role is ever given by the provider.
+- With MFA_REQUIRED, a person in a role that can decide money or authority who has no second
+  factor is sent to enrol one before any page.
+- Every sign-in, failure, refusal, sign-out, and second factor added, removed, used to step up or
+  failed is an audit event, written from allauth's and Django's signals.
+"""
+
+from allauth.account.adapter import DefaultAccountAdapter
+from allauth.account.authentication import get_authentication_records
+from allauth.core import context
+from allauth.core.exceptions import ImmediateHttpResponse
+from allauth.mfa import signals as mfa_signals
+from allauth.mfa.models import Authenticator
+from allauth.mfa.utils import is_mfa_enabled
+from allauth.socialaccount.adapter import DefaultSocialAccountAdapter
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.auth import signals as auth_signals
+from django.db import transaction
+from django.db.models.signals import post_delete, post_save
+from django.dispatch import receiver
+from django.shortcuts import render
+from django.urls import reverse
+from django.http import HttpResponseRedirect
+from django_htmx.http import HttpResponseClientRedirect
+
+from ledger.models import AuditEvent
+from ledger.roles import EXTRA_MODEL_PERMS, OBJECT_PERMS
+
+SIGN_IN_ACTOR = "system:sign-in"
+# The roles that decide something (ledger.roles): every group given a decision permission or a
+# change permission. Auditors only read.
+DECIDING_ROLES = sorted({role for per_kind in OBJECT_PERMS.values() for role in per_kind} | set(EXTRA_MODEL_PERMS))
+SECOND_FACTORS = [Authenticator.Type.TOTP, Authenticator.Type.WEBAUTHN]
+# What a person without a second factor can still reach: the sign-in and enrolment pages, and
+# what no session uses (the agents' API, the providers' webhooks, monitoring, static files).
+NEEDS_NO_FACTOR = ("/accounts/", "/api/", "/webhooks/", "/sandbox/", "/metrics", "/healthz", "/site-probe",
+                   f"/{settings.STATIC_URL.lstrip('/')}")
+
+
+def decides(user):
+    """Whether `user` holds a role that can decide money or authority."""
+    return user.is_superuser or user.is_staff or user.groups.filter(name__in=DECIDING_ROLES).exists()
+
+
+def has_second_factor(user):
+    return is_mfa_enabled(user, SECOND_FACTORS)
+
+
+def redirect(request, url):
+    """A redirect the page follows, an htmx request included (HX-Redirect: a whole page)."""
+    return HttpResponseClientRedirect(url) if getattr(request, "htmx", False) else HttpResponseRedirect(url)
+
+
+class SecondFactorRequiredMiddleware:
+    """With MFA_REQUIRED, a deciding person without a second factor is sent to enrol one."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        if (settings.MFA_REQUIRED and not request.path.startswith(NEEDS_NO_FACTOR)
+                and request.user.is_authenticated and not has_second_factor(request.user)
+                and decides(request.user)):
+            return redirect(request, reverse("mfa_index"))
+        return self.get_response(request)
+
+
+class AccountAdapter(DefaultAccountAdapter):
+    def is_open_for_signup(self, request):
+        return False  # people are made by an admin (manage.py, the admin site), with their role
+
+    def is_reauthentication_required(self, *, app, **kwargs):
+        # A person's first second factor is enrolled right after sign-in, with nothing stronger to
+        # ask for (someone signed in through the company's provider has no password here); adding
+        # or removing one once a factor exists asks for it again.
+        if app == "allauth.mfa" and not has_second_factor(context.request.user):
+            return False
+        return super().is_reauthentication_required(app=app, **kwargs)
+
+
+def known_person(sociallogin):
+    """The one active person with an e-mail address the provider vouches for, or None."""
+    emails = {address.email for address in sociallogin.email_addresses if address.verified and address.email}
+    people = [p for email in emails for p in get_user_model().objects.filter(email__iexact=email, is_active=True)]
+    return people[0] if len(people) == 1 else None
+
+
+class SocialAccountAdapter(DefaultSocialAccountAdapter):
+    def is_open_for_signup(self, request, sociallogin):
+        return False
+
+    def pre_social_login(self, request, sociallogin):
+        if sociallogin.is_existing:
+            return
+        person = known_person(sociallogin)
+        if person is None:
+            claims = sociallogin.account.extra_data
+            who = next((a.email for a in sociallogin.email_addresses), "") or sociallogin.account.uid
+            audit_sign_in_failure(request, who, "not_allowed", provider=sociallogin.account.provider,
+                                  email_verified=(claims.get("userinfo") or claims.get("id_token") or {}).get(
+                                      "email_verified"))
+            raise ImmediateHttpResponse(render(request, "account/not_allowed.html", {"who": who}, status=403))
+        sociallogin.connect(request, person)
+
+    def on_authentication_error(self, request, provider, error=None, exception=None, extra_context=None):
+        audit_sign_in_failure(request, "", str(error or "error"), provider=provider.sub_id,
+                              detail=str(exception or "")[:200])
+
+
+# --- the audit trail --------------------------------------------------------------------------
+
+def _client(request):
+    return {"ip": request.META.get("REMOTE_ADDR", "")} if request is not None else {}
+
+
+def _methods(request, user):
+    """How this session's person proved who they are: allauth's records, without their secrets."""
+    keep = ("method", "type", "provider", "reauthenticated")
+    return [{k: record[k] for k in keep if k in record} for record in get_authentication_records(request, user)]
+
+
+def audit_sign_in_failure(request, who, why, **details):
+    person = get_user_model().objects.filter(username=who).first() if who else None
+    with transaction.atomic():
+        # An attempt under a name nobody has is recorded against that name (an unsaved person).
+        AuditEvent.objects.record(actor=SIGN_IN_ACTOR, verb="sign_in_failed",
+                                  obj=person or get_user_model()(username=who[:150]),
+                                  after={"who": who, "why": why, **details, **_client(request)})
+
+
+@receiver(auth_signals.user_logged_in)
+def audit_signed_in(sender, request, user, **kwargs):
+    with transaction.atomic():
+        AuditEvent.objects.record(actor=user, verb="signed_in", obj=user,
+                                  after={"methods": _methods(request, user), **_client(request)})
+
+
+@receiver(auth_signals.user_logged_out)
+def audit_signed_out(sender, request, user, **kwargs):
+    if user is not None:
+        with transaction.atomic():
+            AuditEvent.objects.record(actor=user, verb="signed_out", obj=user, after=_client(request))
+
+
+@receiver(auth_signals.user_login_failed)
+def audit_password_failed(sender, credentials, request=None, **kwargs):
+    audit_sign_in_failure(request, str(credentials.get("username") or ""), "password")
+
+
+def _audit_factor(verb, request, user, authenticator, **after):
+    with transaction.atomic():
+        AuditEvent.objects.record(actor=user, verb=verb, obj=authenticator,
+                                  after={"type": authenticator.type, **after, **_client(request)})
+
+
+# A factor added or removed is recorded by the model's own signals, in the transaction that adds
+# or removes it: allauth's authenticator_added comes after that commit, and a crash between the
+# two would leave a factor nobody saw added. The person is the request's (an admin removing
+# someone's factor on the admin site is that admin), else the factor's owner.
+def _changed_by(authenticator):
+    user = getattr(context.request, "user", None)
+    return user if user is not None and user.is_authenticated else authenticator.user
+
+
+@receiver(post_save, sender=Authenticator)
+def audit_factor_added(sender, instance, created, **kwargs):
+    if created:
+        _audit_factor("second_factor_added", context.request, _changed_by(instance), instance)
+
+
+@receiver(post_delete, sender=Authenticator)
+def audit_factor_removed(sender, instance, **kwargs):
+    _audit_factor("second_factor_removed", context.request, _changed_by(instance), instance,
+                  of=instance.user.get_username())
+
+
+@receiver(mfa_signals.authenticator_reset)
+def audit_factor_reset(sender, request, user, authenticator, **kwargs):
+    _audit_factor("second_factor_reset", request, user, authenticator)
+
+
+@receiver(mfa_signals.authenticator_used)
+def audit_stepped_up(sender, request, user, authenticator, reauthenticated=False, **kwargs):
+    if reauthenticated:  # a sign-in's factor is in its signed_in event
+        _audit_factor("stepped_up", request, user, authenticator)
+
+
+@receiver(mfa_signals.authentication_failed)
+def audit_factor_failed(sender, request, user, authenticator=None, reauthentication=False, **kwargs):
+    with transaction.atomic():
+        AuditEvent.objects.record(actor=user, verb="second_factor_failed", obj=user, after={
+            "type": getattr(authenticator, "type", ""), "step_up": bool(reauthentication), **_client(request)})

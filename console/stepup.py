@@ -1,0 +1,68 @@
+"""Step-up: a money decision needs a second factor given within the last STEP_UP_SECONDS.
+
+`step_up_required` is the one check, on each view that approves, releases, marks succeeded,
+redrives, promotes a grant or changes a limit. Without a fresh factor the request is stashed
+(allauth's reauthentication flow keeps its method, path and form) and the person is asked for
+their factor on the spot; once given, allauth replays the stashed request, form and all, and the
+check finds the factor. The factor (its type and when it was given) goes into every audit event
+the decision writes (ledger.middleware.current_step_up). A person with no second factor is sent
+to enrol one. STEP_UP_SECONDS = 0 switches the check off.
+"""
+
+import copy
+import time
+from datetime import UTC, datetime
+from functools import wraps
+
+from allauth.account.adapter import get_adapter
+from allauth.account.authentication import get_authentication_records
+from allauth.account.internal.flows.reauthentication import suspend_request
+from django.conf import settings
+from django.contrib import messages
+from django.urls import reverse
+
+from ledger.middleware import current_step_up
+
+from .signin import redirect
+
+
+def fresh_factor(request):
+    """The latest second factor this session gave within STEP_UP_SECONDS, at sign-in or since:
+    {"method": "totp" | "webauthn" | "recovery_codes", "at": ISO time}, or None."""
+    given = [r for r in get_authentication_records(request, request.user) if r.get("method") == "mfa"]
+    if not given or time.time() - given[-1]["at"] >= settings.STEP_UP_SECONDS:
+        return None
+    return {"method": given[-1]["type"], "at": datetime.fromtimestamp(given[-1]["at"], UTC).isoformat()}
+
+
+def ask_for_factor(request):
+    """Stash the request and send the person to give their second factor (or to enrol one)."""
+    # A passkey first where the person has one: one touch, and nothing to phish.
+    asks = sorted(get_adapter().get_reauthentication_methods(request.user), key=lambda m: not m["id"].endswith("webauthn"))
+    if not asks:
+        messages.warning(request, "A money decision needs a second factor: add one, then decide again.")
+        return redirect(request, reverse("mfa_index"))
+    # The request replayed after the factor is a whole page's (the page left for the factor's):
+    # stashed without htmx's headers, the view answers it with a whole page.
+    stashed = copy.copy(request)
+    stashed.META = {name: value for name, value in request.META.items() if not name.startswith("HTTP_HX_")}
+    return redirect(request, suspend_request(stashed, asks[0]["url"]).url)
+
+
+def step_up_required(view):
+    """Checks a view's POSTs (its GETs only show) for a fresh second factor; see the module."""
+
+    @wraps(view)
+    def checked(request, *args, **kwargs):
+        if not settings.STEP_UP_SECONDS or request.method != "POST":
+            return view(request, *args, **kwargs)
+        factor = fresh_factor(request)
+        if factor is None:
+            return ask_for_factor(request)
+        token = current_step_up.set(factor)
+        try:
+            return view(request, *args, **kwargs)
+        finally:
+            current_step_up.reset(token)
+
+    return checked

@@ -1,0 +1,83 @@
+"""The second factor (TOTP with a code computed here, as an authenticator app computes it), the
+enrolment a deciding role is sent to, and failed sign-ins throttled; all of it in the audit log."""
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from ledger.models import AuditEvent
+from tests.signin.conftest import enrol_totp, sign_in, someone, totp
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def require_mfa(settings):
+    settings.MFA_REQUIRED = True
+    # One period either side, so a code is not refused as used when two steps of a test fall in
+    # the same 30 s (allauth refuses a code used once).
+    settings.MFA_TOTP_TOLERANCE = 1
+
+
+def test_a_deciding_role_enrols_totp_and_then_signs_in_with_it(client, require_mfa):
+    olga = someone("olga", "operators")
+    assert sign_in(client, "olga").status_code == 302
+    # Signed in with a password alone, she reaches no page before she has a second factor.
+    assert client.get("/")["Location"] == "/accounts/2fa/"
+    assert client.get("/dlq/", headers={"HX-Request": "true"})["HX-Redirect"] == "/accounts/2fa/"
+    secret = enrol_totp(client)
+    assert client.get("/").status_code == 200
+    added = AuditEvent.objects.filter(verb="second_factor_added", actor="user:olga")
+    assert sorted(e.after["type"] for e in added) == ["recovery_codes", "totp"]
+
+    client.post("/accounts/logout/")
+    answer = sign_in(client, "olga")
+    assert answer["Location"] == "/accounts/2fa/authenticate/"
+    assert client.get("/").status_code == 302  # not signed in until the code is given
+    assert client.post("/accounts/2fa/authenticate/", {"code": "000000" if totp(secret) != "000000" else "111111"}
+                       ).status_code == 200
+    assert AuditEvent.objects.get(verb="second_factor_failed").after["type"] == "totp"
+    assert client.post("/accounts/2fa/authenticate/", {"code": totp(secret)})["Location"] == "/"
+    assert client.session["_auth_user_id"] == str(olga.pk)
+    signed_in = AuditEvent.objects.filter(verb="signed_in").latest("id")
+    assert [m["method"] for m in signed_in.after["methods"]] == ["password", "mfa"]
+    assert signed_in.after["methods"][1]["type"] == "totp"
+
+
+def test_removing_the_factor_asks_for_it_and_is_audited(client, require_mfa):
+    someone("alice", "approvers")
+    sign_in(client, "alice")
+    secret = enrol_totp(client)
+    # Once she has a factor, taking it away needs it again.
+    answer = client.post("/accounts/2fa/totp/deactivate/")
+    assert answer.status_code == 302 and answer["Location"].startswith("/accounts/2fa/reauthenticate/")
+    client.post("/accounts/2fa/reauthenticate/", {"code": totp(secret, 1)})
+    assert client.post("/accounts/2fa/totp/deactivate/").status_code == 302
+    removed = AuditEvent.objects.filter(verb="second_factor_removed")
+    assert sorted(e.after["type"] for e in removed) == ["recovery_codes", "totp"]
+
+
+def test_an_auditor_needs_no_second_factor(client, require_mfa):
+    someone("aldo", "auditors")
+    sign_in(client, "aldo")
+    assert client.get("/").status_code == 200
+
+
+def test_failed_sign_ins_are_throttled_and_audited(client):
+    someone("alice", "approvers")
+    for _ in range(5):
+        answer = sign_in(client, "alice", "guess")
+        assert answer.status_code == 200 and b"not correct" in answer.content
+    # The sixth try, with the right password, is refused all the same: five failures a name in 5 minutes.
+    answer = sign_in(client, "alice")
+    assert answer.status_code == 200 and b"Too many failed login attempts" in answer.content
+    assert "_auth_user_id" not in client.session
+    failed = AuditEvent.objects.filter(verb="sign_in_failed")
+    assert failed.count() == 5 and {e.after["who"] for e in failed} == {"alice"}
+    assert failed.first().object_id == str(get_user_model().objects.get(username="alice").pk)
+
+
+def test_sessions_expire(client, settings):
+    someone("alice", "approvers")
+    sign_in(client, "alice")
+    assert client.session.get_expire_at_browser_close()
+    assert client.session.get_expiry_age() == settings.SESSION_COOKIE_AGE == 8 * 3600

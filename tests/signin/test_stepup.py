@@ -1,0 +1,124 @@
+"""Step-up: each money decision needs a second factor given within STEP_UP_SECONDS. Without one
+the decision is not taken and the person is asked for it, the form kept; with it, the decision is
+taken as submitted and its audit event says which factor was given, and when."""
+
+from datetime import datetime
+from decimal import Decimal
+from urllib.parse import urlencode
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+from django.core.management import call_command
+
+from approvals.models import Limit, ReviewItem, ReviewStatus
+from ledger.actions import action_request
+from ledger.models import AuditEvent
+from tests.factories import audit_events, make_agent
+from tests.signin.conftest import PASSWORD, enrol_totp, sign_in, totp
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("jobs_to_test_redis")]
+REAUTHENTICATE = "/accounts/2fa/reauthenticate/"
+
+
+@pytest.fixture
+def step_up(settings):
+    settings.STEP_UP_SECONDS = 300
+    settings.MFA_TOTP_TOLERANCE = 1  # two codes within one 30 s period: the second one the next period's
+
+
+@pytest.fixture
+def alice():
+    call_command("setup_roles", verbosity=0)
+    user = get_user_model().objects.create_user("alice", password=PASSWORD)
+    user.groups.add(Group.objects.get(name="approvers"))
+    Limit.limit_set(actor="system:tests", reason="the tests' policy", action_type="refund", currency="EUR",
+                    max_amount=Decimal("500.00"), dual_approval_above=None)
+    return user
+
+
+def approval(n):
+    agent = make_agent(f"bot-{n}")[0]
+    action, _ = action_request(agent=agent, operation_key=f"refund:ORD-S{n}:full:dec-{n}", action_type="refund",
+                               target=f"ORD-S{n}", params={"amount": "750.00", "currency": "EUR"})
+    return ReviewItem.objects.get(action=action, status=ReviewStatus.OPEN)
+
+
+def approve(client, item, **headers):
+    return client.post(f"/review/{item.pk}/decide", {"decision": "approve", "reason": "charged twice",
+                                                     "fingerprint": item.action.params_fingerprint()}, headers=headers)
+
+
+def test_a_decision_without_a_fresh_factor_is_refused_until_the_factor_is_given(client, step_up, alice):
+    item = approval(1)
+    sign_in(client, "alice")
+    secret = enrol_totp(client)  # enrolling is not giving it: her sign-in used the password alone
+    asked = approve(client, item)
+    assert asked.status_code == 302 and asked["Location"] == f"{REAUTHENTICATE}?{urlencode({'next': f'/review/{item.pk}/decide'})}"
+    # From an htmx form: the page as a whole goes to the same question.
+    assert approve(client, item, **{"HX-Request": "true"})["HX-Redirect"] == asked["Location"]
+    item.refresh_from_db()
+    assert item.status == ReviewStatus.OPEN and not audit_events(item, "approve").exists()
+
+    wrong = client.post(asked["Location"], {"code": "000000" if totp(secret) != "000000" else "111111"})
+    assert wrong.status_code == 200
+    item.refresh_from_db()
+    assert item.status == ReviewStatus.OPEN
+
+    # The right code: the stashed decision is taken as it was submitted, reason and all.
+    decided = client.post(asked["Location"], {"code": totp(secret)})
+    assert decided.status_code == 302 and not decided["Location"].startswith("/accounts/")
+    item.refresh_from_db()
+    assert item.status == ReviewStatus.APPROVED
+    event = audit_events(item, "approve").get()
+    assert event.reason == "charged twice" and event.actor == "user:alice"
+    assert event.after["step_up"]["method"] == "totp"
+    assert (datetime.now().astimezone() - datetime.fromisoformat(event.after["step_up"]["at"])).total_seconds() < 60
+    assert AuditEvent.objects.filter(verb="stepped_up", actor="user:alice").count() == 1
+
+    # While the factor is fresh, the next decision asks nothing more.
+    other = approval(2)
+    assert not approve(client, other)["Location"].startswith("/accounts/")
+    assert audit_events(other, "approve").get().after["step_up"] == event.after["step_up"]
+
+
+def test_a_factor_given_longer_ago_than_step_up_seconds_is_asked_for_again(client, step_up, alice, settings):
+    sign_in(client, "alice")
+    secret = enrol_totp(client)
+    client.post(REAUTHENTICATE, {"code": totp(secret)})
+    item = approval(3)
+    session = client.session
+    records = session["account_authentication_methods"]
+    for record in records:
+        record["at"] -= settings.STEP_UP_SECONDS
+    session["account_authentication_methods"] = records
+    session.save()
+    assert approve(client, item)["Location"].startswith(REAUTHENTICATE)
+    item.refresh_from_db()
+    assert item.status == ReviewStatus.OPEN
+
+
+def test_without_a_second_factor_a_decision_sends_the_person_to_enrol_one(client, step_up, alice):
+    item = approval(4)
+    sign_in(client, "alice")
+    assert approve(client, item)["Location"] == "/accounts/2fa/"
+    item.refresh_from_db()
+    assert item.status == ReviewStatus.OPEN
+
+
+@pytest.mark.parametrize("path", [
+    "/review/1/group",  # release one of a held group
+    "/review/1/edit",  # edit down and approve
+    "/dlq/1/redrive",
+    "/dlq/bulk",
+    "/dlq/redrives/1/start",
+    "/agents/1/grants/promote",
+    "/policies/",  # change a limit
+])
+def test_every_money_decision_asks_for_the_factor_first(client, step_up, alice, path):
+    sign_in(client, "alice")
+    enrol_totp(client)
+    events = AuditEvent.objects.count()
+    answer = client.post(path, {"reason": "go"})
+    assert answer.status_code == 302 and answer["Location"] == f"{REAUTHENTICATE}?{urlencode({'next': path})}"
+    assert AuditEvent.objects.count() == events
