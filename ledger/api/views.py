@@ -248,8 +248,8 @@ class ActionDetailView(APIView):
 
 def own_action(request, operation_key, queryset):
     mine = queryset.filter(agent=request.auth, operation_key=operation_key)
-    if "\x00" in operation_key:  # PostgreSQL text holds no NUL, so no key has one
-        mine = mine.none()
+    if "\x00" in operation_key:  # PostgreSQL text holds no NUL, so no key has one (nor any archived key)
+        return load_own(mine.none(), "action")
     return load_own(mine, "action", gone=lambda: archived(request.auth, operation_key))
 
 
