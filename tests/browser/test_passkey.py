@@ -67,7 +67,7 @@ def test_a_passkey_is_enrolled_asked_for_before_an_approval_and_signs_in(stack, 
     page.locator("#reason").fill("the customer was charged twice")
     with page.expect_navigation():
         page.locator("#decision-form button[name=decision][value=approve]").click()
-    assert "/accounts/2fa/reauthenticate/webauthn/" in page.url
+    assert "/accounts/2fa/webauthn/reauthenticate/" in page.url
     shot(page, "step-up")
     item.refresh_from_db()
     assert item.status == ReviewStatus.OPEN and not audit_events(item, "approve").exists()
