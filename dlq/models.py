@@ -6,10 +6,10 @@ from django.db.models import F, Q
 from django.db.models.fields.json import KeyTransform
 from django.utils import timezone
 
-from ledger.api.serializers import ActionSerializer, checkpoint
 from ledger.audit import actor_label
 from ledger.jobs import enqueue
 from ledger.models import Action, ActionStatus, AuditEvent, Capability, Task, TaskState
+from ledger.resources import action_resource, checkpoint
 from ledger.statemachine import StateMachine
 
 from .alert_text import entry_body, entry_subject
@@ -54,7 +54,7 @@ def deadletter_open_when_failed_for_good(action, previous, actor):
 
 def action_row(action):
     """An action entry's snapshot: the ledger row as the API shows it, with its agent and evidence."""
-    return {**ActionSerializer().to_representation(action), "agent": action.agent.name, "evidence": action.evidence}
+    return {**action_resource(action), "agent": action.agent.name, "evidence": action.evidence}
 
 
 class DeadLetterManager(models.Manager):

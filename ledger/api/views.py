@@ -14,6 +14,7 @@ from ledger.grants import grant_state
 from ledger.metrics import API_KEY_REUSED, API_REPLAYS
 from ledger.models import Action, ActionStatus, ActionType, Capability, GrantState, Task, TaskState
 from ledger.outages import close_broken_connection, connection_lost
+from ledger.resources import checkpoint
 from ledger.retention import KEY_EXPIRES_HEADER, ArchivedKey, KeyExpired, key_expired, key_expires_at, rfc3339
 from ledger.tasks import task_request
 
@@ -26,7 +27,7 @@ from .openapi import (
 )
 from .problems import Problem
 from .serializers import (
-    ActionRequestSerializer, ActionSerializer, TaskRequestSerializer, asks_again, checkpoint, task_id_room,
+    ActionRequestSerializer, ActionSerializer, TaskRequestSerializer, asks_again, task_id_room,
 )
 
 UNSETTLED_ACTION = {ActionStatus.QUEUED, ActionStatus.PENDING, ActionStatus.UNKNOWN}
