@@ -10,9 +10,8 @@ class ApprovalsConfig(AppConfig):
         from ledger.models import Action
 
         from . import intake
-        from .reviews import review_follow_action, review_follow_move
+        from .reviews import review_follow_move
 
         # The limits decide what waits for a person; a review item follows each action that does.
         hooks.set_policy(intake)
-        hooks.on_record(review_follow_action)
         hooks.on_move(Action, review_follow_move)

@@ -10,7 +10,6 @@ close items), so a decision racing a webhook never deadlocks.
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 
-from ledger.audit import actor_label
 from ledger.models import Action, AuditEvent
 from ledger.statemachine import InvalidTransition
 from ledger.versions import VersionRefused, action_version_create, version_params
@@ -105,24 +104,29 @@ def _second_approval(item, user, reason, fingerprint):
 
 
 def _decide(item, action, user, decision, reason, external_ref, fingerprint):
-    outcome = {"approve": ReviewStatus.APPROVED, "reject": ReviewStatus.REJECTED}.get(decision, ReviewStatus.RESOLVED)
-    item.decide(outcome, user=user, verb=decision, reason=reason, decided_by_label=actor_label(user),
-                fingerprint=fingerprint)
+    """The item's named move for `decision`, then the action's: both rows locked already."""
+    decided = {"user": user, "reason": reason, "fingerprint": fingerprint, "locked": True}
+    if decision in ("approve", "reject"):
+        getattr(item, decision)(**decided)
+    else:
+        item.resolve(verb=decision, **decided)
     try:
         if decision == "approve":
-            action.approve(actor=user, reason=reason, fingerprint=fingerprint)
+            action.approve(actor=user, reason=reason, fingerprint=fingerprint, locked=True)
         elif decision == "reject":
-            action.reject(actor=user, reason=reason)
+            action.reject(actor=user, reason=reason, locked=True)
         elif decision == "release":
             verdict = verdict_for_action(action)
-            action.release(actor=user, reason=reason, fingerprint=fingerprint,
+            action.release(actor=user, reason=reason, fingerprint=fingerprint, locked=True,
                            needs_approval=bool(verdict.approvals_needed))
         elif decision == "mark_succeeded":
-            action.mark_succeeded(actor=user, external_ref=external_ref, reason=reason or "confirmed by a person")
+            action.mark_succeeded(actor=user, external_ref=external_ref, reason=reason or "confirmed by a person",
+                                  locked=True)
         elif decision == "mark_failed":
-            action.mark_failed(actor=user, code="confirmed_absent", message=reason, retryable=True, reason=reason)
+            action.mark_failed(actor=user, code="confirmed_absent", message=reason, retryable=True, reason=reason,
+                               locked=True)
         else:
-            action.verify_again(actor=user, reason=reason or "verify again")
+            action.verify_again(actor=user, reason=reason or "verify again", locked=True)
     except InvalidTransition as exc:
         raise DecisionRefused(str(exc)) from exc
 
@@ -141,8 +145,7 @@ def review_edit(item, *, user, changes, reason, fingerprint=""):
         action, item, fingerprint = _open_for(item, user, fingerprint)
         try:
             params = version_params(action, changes)
-            item.decide(ReviewStatus.EDITED, user=user, verb="edit", reason=reason,
-                        decided_by_label=actor_label(user), fingerprint=fingerprint)
+            item.edited(user=user, reason=reason, fingerprint=fingerprint, locked=True)
             version = action_version_create(action, actor=user, reason=reason, params=params)
         except VersionRefused as exc:
             raise DecisionRefused(str(exc)) from None

@@ -3,6 +3,7 @@ from django.db import IntegrityError, models, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from ledger.audit import actor_label
 from ledger.models import ActionType, AuditEvent
 from ledger.statemachine import StateMachine
 
@@ -223,15 +224,31 @@ class ReviewItem(StateMachine):
             snap["decided_fingerprint"] = self.decided_fingerprint
         return snap
 
-    def decide(self, outcome, *, user, verb, reason, decided_by_label, fingerprint=""):
-        """A person's decision (approvals.decisions): approved, rejected, resolved or edited;
-        `fingerprint`: of the params they saw."""
-        return self._move(outcome, actor=user, verb=verb, reason=reason, decided_by_label=decided_by_label,
-                          decided_by=user, decided_at=timezone.now(), note=reason, decided_fingerprint=fingerprint)
+    # A person's decisions (approvals.decisions), each on the params they saw (`fingerprint`).
+    # `locked`: the caller has just locked the item (a decision locks each row once).
 
-    def expire(self, *, reason):
+    def approve(self, *, user, reason, fingerprint="", locked=False):
+        return self._decided(R.APPROVED, user, "approve", reason, fingerprint, locked)
+
+    def reject(self, *, user, reason, fingerprint="", locked=False):
+        return self._decided(R.REJECTED, user, "reject", reason, fingerprint, locked)
+
+    def resolve(self, *, user, verb, reason, fingerprint="", locked=False):
+        """Settled by the person's decision `verb` (released, marked, sent back to verify)."""
+        return self._decided(R.RESOLVED, user, verb, reason, fingerprint, locked)
+
+    def edited(self, *, user, reason, fingerprint="", locked=False):
+        """The person edited the action down: its new version has an item of its own."""
+        return self._decided(R.EDITED, user, "edit", reason, fingerprint, locked)
+
+    def _decided(self, outcome, user, verb, reason, fingerprint, locked):
+        return self._move(outcome, actor=user, verb=verb, reason=reason, locked=locked,
+                          decided_by_label=actor_label(user), decided_by=user, decided_at=timezone.now(),
+                          note=reason, decided_fingerprint=fingerprint)
+
+    def expire(self, *, reason, locked=False):
         """Nobody decided in time (approvals.reviews.approval_expire_due)."""
-        return self._move(R.EXPIRED, actor="system:approvals", verb="expired", reason=reason,
+        return self._move(R.EXPIRED, actor="system:approvals", verb="expired", reason=reason, locked=locked,
                           decided_at=timezone.now(), note=reason)
 
     def reopen(self, *, reason, deadline):

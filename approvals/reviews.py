@@ -18,25 +18,23 @@ KIND_FOR_STATUS = {
 DEFAULT_DEADLINE_HOURS = 4
 
 
-def review_follow_move(action, previous, actor):
-    """After every move of an action: an item opens when it comes to need a person, and
-    closes when it no longer does."""
+def review_follow_move(action, previous, actor, reason):
+    """After every move of an action, its recording among them (`previous` None): an item
+    opens when it comes to need a person, and closes when it no longer does. Its why is the
+    reason the action was recorded waiting, kept held, sent back for approval or left
+    unproven; a hold, and a release out of one, say why the action moved (another was in
+    flight, a person let it go), not why it waits: their item says its kind's own why."""
     if action.status in PERSON_STATUSES or previous in PERSON_STATUSES:
-        review_follow_action(action, _why_moved(action))
+        moved_by_hold = previous not in (None, action.status) and ActionStatus.HELD in (previous, action.status)
+        _review_follow_action(action, "" if moved_by_hold else reason)
 
 
-def _why_moved(action):
-    """An unknown outcome waits for the reason its move gave (the provider cannot say; it
-    confirmed, but over the limit), recorded just before this runs; '' for the default."""
-    if action.status != ActionStatus.NEEDS_REVIEW:
-        return ""
-    move = AuditEvent.objects.history(action).last()
-    return move.reason if move is not None else ""
+def _review_follow_action(action, why):
+    """In the action's transaction: nothing waits for a person without an item and a deadline.
 
-
-def review_follow_action(action, why=""):
-    """In the action's transaction: nothing waits for a person without an item and a deadline."""
-    item = ReviewItem.objects.select_for_update().filter(action=action, status=ReviewStatus.OPEN).first()
+    The open item is read without a lock of its own: whatever moves an item holds its
+    action's lock first (this runs under it), and the item's own move locks it."""
+    item = ReviewItem.objects.filter(action=action, status=ReviewStatus.OPEN).first()
     kind = KIND_FOR_STATUS.get(action.status)
     if item is not None and item.kind != kind:
         item.close(reason=f"the action is now {action.status}")
@@ -96,8 +94,8 @@ def approval_expire_due(now=None):
                 continue
             hours = round((item.expires_at - item.created_at).total_seconds() / 3600)
             reason = f"nobody approved or rejected it within {hours} h (the limit's approval window)"
-            item.expire(reason=reason)
-            action.expire(reason=reason)
+            item.expire(reason=reason, locked=True)
+            action.expire(reason=reason, locked=True)
             expired += 1
     return expired
 

@@ -15,8 +15,9 @@
    Before each one it looks at what became of those it redrove; when REDRIVE_SPIKE_FAILURES
    of the last REDRIVE_SPIKE_WINDOW failed again at the provider, it stops and leaves the rest
    open, saying why. A person may stop it too. It works for SLICE_SECONDS at a time and then
-   hands the run to a new job, so drain jobs get the worker in between.
-4. The sweeper starts a new job for a run whose job was lost (`bulk_redrives_resume`);
+   hands the run to a new job, so drain jobs get the worker in between. The job working a run
+   holds its lease (ledger.locks, named `bulk_redrive:<id>`), renewed as it goes on.
+4. The sweeper starts a new job for a run whose job was lost, its lease lapsed (`bulk_redrives_resume`);
    without workers (the embedded default) it works the run itself, INLINE_SLICE_SECONDS per
    pass, so its other steps (expiry, lease recovery, alerts) are not held up for a whole slice.
 """
@@ -35,7 +36,7 @@ from django.utils import timezone
 
 from ledger.access import WORK_DLQ, decidable_names, user_may
 from ledger.jobs import enqueue
-from ledger.locks import BULK_REDRIVE_START, take_turns
+from ledger.locks import BULK_REDRIVE_START, lead, let_go, take_turns
 from ledger.models import Action, ActionStatus, ActionType, AuditEvent, Capability, StepStatus, TaskState
 from ledger.statemachine import InvalidTransition
 
@@ -206,7 +207,7 @@ def bulk_start(run, *, user, reason, rate):
         if rate > ceiling:
             raise ValueError(f"at most {ceiling} entries per minute now: the redrive limit of the connectors "
                              "these entries call")
-        run.start(actor=user, reason=reason, rate=rate, ceiling=ceiling)
+        run.start(actor=user, reason=reason, rate=rate, ceiling=ceiling, locked=True)
         for item in run.items.filter(plan=Plan.SKIP):
             item.settle(Outcome.SKIPPED, item.plan_detail)
         _hand_over(run)
@@ -244,32 +245,40 @@ def bulk_stop(run, *, user, reason):
         run = BulkRedrive.objects.select_for_update().get(pk=run.pk)
         if run.status != RunStatus.RUNNING:
             raise InvalidTransition(f"{run} is {run.status}, not running")
-        return run.ask_to_stop(actor=user, reason=reason.strip())
+        return run.ask_to_stop(actor=user, reason=reason.strip(), locked=True)
 
 
-def _hand_over(run):
-    """The run's next job, after commit; the lease waits for that job alone (a spare the
-    sweeper starts meanwhile finds it taken), until it lapses. Without workers (the embedded
-    default) a job would run inside the request that started it, for a whole slice: the lease
-    lapses at once instead, and the sweeper's next pass works the run in its own process."""
+def lease(run):
+    """The name of the run's lease (ledger.locks): held by the job working it."""
+    return f"bulk_redrive:{run.pk}"
+
+
+def _hand_over(run, token=None):
+    """The run's next job, after commit, handed the lease by the job `token` (None: the run's
+    start); the lease waits for that job alone (a spare the sweeper starts meanwhile finds it
+    taken), until it lapses. A job whose lease was taken meanwhile hands nothing over. Without
+    workers (the embedded default) a job would run inside the request that started it, for a
+    whole slice: the lease is let go instead, and the sweeper's next pass takes it and works
+    the run in its own process."""
     if not settings.RQ_ASYNC:
-        run.hand_lease(0, owner="")
+        let_go(lease(run), holder=token)
         return
-    token = uuid.uuid4().hex
-    run.hand_lease(LEASE_SECONDS, owner=token)
-    transaction.on_commit(lambda: enqueue(JOB, run.pk, token), robust=True)
+    successor = uuid.uuid4().hex
+    if lead(lease(run), successor, LEASE_SECONDS, handed_by=token):
+        transaction.on_commit(lambda: enqueue(JOB, run.pk, successor), robust=True)
 
 
 def bulk_redrive_work(run_id, token="", seconds=SLICE_SECONDS):
-    """The RQ job: one slice of a run, `seconds` long (see the module's docstring, steps 3-4)."""
-    run = BulkRedrive.objects.filter(pk=run_id).first()
-    if run is None or not run.take_lease(LEASE_SECONDS, owner=token):
+    """The RQ job: one slice of a run, `seconds` long (see the module's docstring, steps 3-4),
+    while `token` holds the run's lease."""
+    run = BulkRedrive.objects.filter(pk=run_id, status__in=ACTIVE_STATUSES).first()
+    if run is None:
         return
     slice_ends = time.monotonic() + seconds
     while time.monotonic() < slice_ends:
+        if not lead(lease(run), token, LEASE_SECONDS):
+            return  # another job's (this one stalled past its lease, or is a stray)
         run.refresh_from_db()
-        if not run.keep_lease(LEASE_SECONDS, owner=token):
-            return  # stalled past its lease: the run went on in another job
         if run.status == RunStatus.STOPPING:
             return _end(run)
         _observe(run)
@@ -285,7 +294,7 @@ def bulk_redrive_work(run_id, token="", seconds=SLICE_SECONDS):
             continue
         _redrive_one(run, item, slot=slot, token=token)
     with transaction.atomic():
-        _hand_over(run)
+        _hand_over(run, token)
 
 
 def _next_slot(run):
@@ -331,9 +340,10 @@ def _redrive_one(run, item, *, slot, token):
 
 
 def _still_ours(run, token):
-    """Lock the run's row for the caller's transaction: is it still running under `token`'s lease?"""
-    return BulkRedrive.objects.select_for_update().filter(pk=run.pk, status=RunStatus.RUNNING,
-                                                          lease_owner=token).exists()
+    """Lock the run's row and its lease for the caller's transaction: is it still running, under
+    `token`'s lease? (Renewed so, a takeover waits for this transaction and then finds it held.)"""
+    running = BulkRedrive.objects.select_for_update().filter(pk=run.pk, status=RunStatus.RUNNING).exists()
+    return running and lead(lease(run), token, LEASE_SECONDS)
 
 
 def _observe(run):
@@ -382,23 +392,23 @@ def _end(run, *, stop_reason=""):
         if run.status not in ACTIVE_STATUSES:
             return run
         if stop_reason or run.status == RunStatus.STOPPING:
-            run.stop(actor=SYSTEM, stop_reason=stop_reason)
+            run.stop(actor=SYSTEM, stop_reason=stop_reason, locked=True)
         else:
-            run.finish(actor=SYSTEM)
+            run.finish(actor=SYSTEM, locked=True)
         for item in run.items.filter(outcome=Outcome.PLANNED):
             item.settle(Outcome.LEFT_OPEN, f"left open: the run stopped ({run.stop_reason})")
+        let_go(lease(run))
     return run
 
 
 def bulk_redrives_resume():
-    """The sweeper's pass: a running run whose job was lost (or, without workers, whose slice
-    is over) gets a new one."""
-    lapsed = BulkRedrive.objects.filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=timezone.now()),
-                                        status__in=ACTIVE_STATUSES)
+    """The sweeper's pass: a running run whose job was lost (its lease lapsed; without workers,
+    its slice is over) gets a new one, which takes the lease here."""
     resumed = 0
-    for run in lapsed:
+    for run in BulkRedrive.objects.filter(status__in=ACTIVE_STATUSES).order_by("pk"):
         token = uuid.uuid4().hex
-        run.hand_lease(LEASE_SECONDS, owner=token)
+        if not lead(lease(run), token, LEASE_SECONDS):
+            continue  # its job holds it
         if settings.RQ_ASYNC:
             enqueue(JOB, run.pk, token)
         else:

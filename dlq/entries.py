@@ -41,7 +41,7 @@ def deadletter_redrive(entry, *, actor, reason):
             action_retry(entry.action, actor=actor, reason=reason)
         else:
             action_retry_by_person(entry.action, actor=actor, reason=reason)
-        return entry.decide(EntryStatus.REDRIVEN, actor=actor, reason=reason)
+        return entry.redrive(actor=actor, reason=reason, locked=True)
 
 
 def deadletter_resolve(entry, *, actor, note):
@@ -50,7 +50,7 @@ def deadletter_resolve(entry, *, actor, note):
     if not note.strip():
         raise ValueError("say what was done by hand")
     with transaction.atomic():
-        return _open_entry(entry).decide(EntryStatus.RESOLVED, actor=actor, reason=note)
+        return _open_entry(entry).resolve(actor=actor, note=note, locked=True)
 
 
 def deadletter_discard(entry, *, actor, reason):
@@ -62,4 +62,4 @@ def deadletter_discard(entry, *, actor, reason):
         entry = _open_entry(entry)
         if entry.task_id and entry.task.state == TaskState.DEAD_LETTERED:
             entry.task.cancel(actor=actor, reason=reason)
-        return entry.decide(EntryStatus.DISCARDED, actor=actor, reason=reason)
+        return entry.discard(actor=actor, reason=reason, locked=True)

@@ -97,6 +97,11 @@ class Incident(StateMachine):
     def get_absolute_url(self):
         return f"/incidents/{self.pk}/"
 
+    def resolve(self, *, actor, reason, locked=False):
+        """Closed; the reason says what was found and done."""
+        return self._move(I.RESOLVED, actor=actor, verb="incident_resolved", reason=reason, locked=locked,
+                          resolved_by=actor_label(actor), resolved_at=timezone.now(), resolution=reason)
+
 
 def _open_incident(incident):
     incident = Incident.objects.select_for_update().get(pk=incident.pk)
@@ -110,9 +115,7 @@ def incident_resolve(incident, *, actor, reason):
     if not reason.strip():
         raise ValueError("a reason is required to resolve an incident")
     with transaction.atomic():
-        return _open_incident(incident)._move(I.RESOLVED, actor=actor, verb="incident_resolved", reason=reason,
-                                              locked=True, resolved_by=actor_label(actor),
-                                              resolved_at=timezone.now(), resolution=reason)
+        return _open_incident(incident).resolve(actor=actor, reason=reason, locked=True)
 
 
 def incident_take(incident, *, user):

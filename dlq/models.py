@@ -34,14 +34,14 @@ ENTRY_TRANSITIONS = {E.OPEN: {E.REDRIVEN, E.RESOLVED, E.DISCARDED}, E.REDRIVEN: 
 TASK_STATES_WITH_ENTRY = (TaskState.DEAD_LETTERED, TaskState.FAILED)
 
 
-def deadletter_open_when_task_gives_up(task, previous, actor):
+def deadletter_open_when_task_gives_up(task, previous, actor, reason):
     """After every move of a task: out of attempts, or failed for good, it gets its entry and
     alert at once."""
     if task.state in TASK_STATES_WITH_ENTRY:
         DeadLetter.objects.open_for(task, actor=actor)
 
 
-def deadletter_open_when_failed_for_good(action, previous, actor):
+def deadletter_open_when_failed_for_good(action, previous, actor, reason):
     """After every move of an action: a standalone action that failed and will not be tried
     again (not retryable, or out of attempts) gets its entry and alert at once. A task's own
     actions are covered by the task's entry; a retryable failure with attempts left never
@@ -163,8 +163,22 @@ class DeadLetter(StateMachine):
     def get_absolute_url(self):
         return f"/dlq/{self.pk}/"
 
-    def decide(self, to, *, actor, reason):
-        return self._move(to, actor=actor, verb=to, reason=reason, decided_by=actor_label(actor),
+    # A person's decisions (dlq.entries), each audited under its own name. `locked`: the
+    # caller has just locked the entry.
+
+    def redrive(self, *, actor, reason, locked=False):
+        """Its task or action went back to the queue."""
+        return self._decided(E.REDRIVEN, actor, reason, locked)
+
+    def resolve(self, *, actor, note, locked=False):
+        """Finished by hand; the note says what was done."""
+        return self._decided(E.RESOLVED, actor, note, locked)
+
+    def discard(self, *, actor, reason, locked=False):
+        return self._decided(E.DISCARDED, actor, reason, locked)
+
+    def _decided(self, to, actor, reason, locked):
+        return self._move(to, actor=actor, verb=to, reason=reason, locked=locked, decided_by=actor_label(actor),
                           decided_at=timezone.now(), note=reason)
 
 

@@ -14,8 +14,8 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from ledger.audit import AuditEvent, actor_label
-from ledger.statemachine import InvalidTransition, StateMachine, check_move
+from ledger.audit import actor_label
+from ledger.statemachine import CONDITIONAL, Machine, StateMachine
 
 
 class RunStatus(models.TextChoices):
@@ -83,13 +83,10 @@ class BulkRedrive(StateMachine):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     stop_reason = models.TextField(blank=True, default="")
-    # The job working the run holds it until then; the sweeper starts another once it lapses.
-    lease_expires_at = models.DateTimeField(null=True, blank=True)
-    lease_owner = models.CharField(max_length=40, blank=True, default="")
 
     class Meta:
         ordering = ["-planned_at", "-id"]
-        indexes = [models.Index(fields=["status", "lease_expires_at"], name="bulkredrive_active_idx")]
+        indexes = [models.Index(fields=["status"], name="bulkredrive_status_idx")]
         constraints = [
             models.CheckConstraint(condition=Q(status__in=RunStatus.values), name="bulkredrive_status_valid"),
             models.CheckConstraint(condition=Q(rate__isnull=True) | Q(rate__gt=0, rate__lte=models.F("ceiling")),
@@ -115,57 +112,40 @@ class BulkRedrive(StateMachine):
         """The spacing of two redrives at the run's rate."""
         return 60 / float(self.rate)
 
-    def start(self, *, actor, reason, rate, ceiling):
-        return self._move(R.RUNNING, actor=actor, verb="bulk_redrive_started", reason=reason, started_by=actor,
-                          rate=rate, ceiling=ceiling, started_at=timezone.now(), note=reason)
+    # `locked`: the caller has just locked the run (dlq.bulk looks at it under the lock first).
 
-    def ask_to_stop(self, *, actor, reason):
-        return self._move(R.STOPPING, actor=actor, verb="bulk_redrive_stop_asked", reason=reason,
+    def start(self, *, actor, reason, rate, ceiling, locked=False):
+        return self._move(R.RUNNING, actor=actor, verb="bulk_redrive_started", reason=reason, locked=locked,
+                          started_by=actor, rate=rate, ceiling=ceiling, started_at=timezone.now(), note=reason)
+
+    def ask_to_stop(self, *, actor, reason, locked=False):
+        return self._move(R.STOPPING, actor=actor, verb="bulk_redrive_stop_asked", reason=reason, locked=locked,
                           stop_reason=f"stopped by {actor_label(actor)}: {reason}")
 
-    def stop(self, *, actor, stop_reason=""):
+    def stop(self, *, actor, stop_reason="", locked=False):
         """Ended before every entry was reached: by a person (the reason they gave when they
         asked) or by the run itself (`stop_reason`, e.g. a provider error spike)."""
         stop_reason = stop_reason or self.stop_reason
-        return self._move(R.STOPPED, actor=actor, verb="bulk_redrive_stopped", reason=stop_reason,
-                          finished_at=timezone.now(), stop_reason=stop_reason, lease_expires_at=None)
+        return self._move(R.STOPPED, actor=actor, verb="bulk_redrive_stopped", reason=stop_reason, locked=locked,
+                          finished_at=timezone.now(), stop_reason=stop_reason)
 
-    def finish(self, *, actor):
-        return self._move(R.FINISHED, actor=actor, verb="bulk_redrive_finished", finished_at=timezone.now(),
-                          lease_expires_at=None)
-
-    def take_lease(self, seconds, *, owner):
-        """Claim the run for one job: the job it was handed to (`owner`), or any job once the
-        lease lapsed (a lost job). False if another holds it or the run has ended."""
-        now = timezone.now()
-        until = now + timedelta(seconds=seconds)
-        free = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now) | Q(lease_owner=owner)
-        taken = BulkRedrive.objects.filter(free, pk=self.pk, status__in=ACTIVE_STATUSES).update(
-            lease_expires_at=until, lease_owner=owner)
-        self.lease_expires_at, self.lease_owner = until, owner
-        return taken == 1
-
-    def keep_lease(self, seconds, *, owner):
-        """Renew the lease once half of it is gone; False if another job took the run over."""
-        if self.lease_owner != owner:
-            return False
-        if (self.lease_expires_at - timezone.now()).total_seconds() > seconds / 2:
-            return True
-        return self.take_lease(seconds, owner=owner)
-
-    def hand_lease(self, seconds, *, owner):
-        """Reserve the run for the job about to be enqueued under `owner`."""
-        until = timezone.now() + timedelta(seconds=seconds)
-        BulkRedrive.objects.filter(pk=self.pk).update(lease_expires_at=until, lease_owner=owner)
-        self.lease_expires_at, self.lease_owner = until, owner
+    def finish(self, *, actor, locked=False):
+        return self._move(R.FINISHED, actor=actor, verb="bulk_redrive_finished", locked=locked,
+                          finished_at=timezone.now())
 
     def counts(self):
         found = dict(self.items.values_list("outcome").annotate(n=models.Count("id")))
         return {outcome: found.get(outcome, 0) for outcome in Outcome.values}
 
 
-class BulkRedriveItem(models.Model):
+class BulkRedriveItem(Machine, models.Model):
     """One selected entry of a run: what the dry run said it would do, and what it did."""
+
+    STATUS_FIELD = "outcome"
+    TRANSITIONS = ITEM_TRANSITIONS
+    # A job that stalled with a stale copy must not overwrite what another wrote meanwhile.
+    LOCKING = CONDITIONAL
+    AUDITED = ()
 
     run = models.ForeignKey(BulkRedrive, on_delete=models.CASCADE, related_name="items")
     entry = models.ForeignKey("dlq.DeadLetter", on_delete=models.PROTECT, related_name="bulk_items")
@@ -199,21 +179,13 @@ class BulkRedriveItem(models.Model):
         Written only if the row still holds the outcome this copy was checked against: a job
         that stalled with a stale copy must not overwrite what another wrote meanwhile (a
         `redriven` turned `skipped`); it is refused instead, and nothing changes."""
-        check_move(ITEM_TRANSITIONS, self.outcome, to, self)
         detail = detail[:2000]
-        written = BulkRedriveItem.objects.filter(pk=self.pk, outcome=self.outcome).update(
-            outcome=to, outcome_detail=detail, **changes)
-        if not written:
-            now = BulkRedriveItem.objects.filter(pk=self.pk).values_list("outcome", flat=True).first()
-            raise InvalidTransition(f"{self}: {self.outcome} -> {to} refused, it is {now} now")
-        before = {"outcome": self.outcome}
-        self.outcome, self.outcome_detail = to, detail
-        for field, value in changes.items():
-            setattr(self, field, value)
-        if actor is not None:
-            AuditEvent.objects.record(actor=actor, verb=f"bulk_redrive_item_{to}", obj=self, before=before,
-                                      after={"outcome": to, "entry": self.entry_id}, reason=detail)
-        return self
+        return self._move(to, actor=actor, verb=f"bulk_redrive_item_{to}", reason=detail, outcome_detail=detail,
+                          **changes)
+
+    def _snapshot(self, changes=()):
+        snap = super()._snapshot(changes)
+        return {**snap, "entry": self.entry_id} if changes else snap  # what the move was about, in its event
 
     def note_failed_again(self, detail, at):
         """Observed after the redrive: appended once, never changed after."""

@@ -160,8 +160,10 @@ def action_request(*, agent, operation_key, action_type, target, params, custome
                 _book(action)
             AuditEvent.objects.record(actor=agent, verb="requested", obj=action, after={"status": action.status},
                                       reason=reason)
+            # A new action that waits for a person is a move from no status; a queued one's
+            # only follower is the executor, rung below (a task's is run by its own runner).
             if action.status not in (S.QUEUED, S.SHADOW):
-                hooks.recorded(action, reason)
+                hooks.moved(action, None, agent, reason)
             for sibling in siblings:
                 if sibling.status in (S.QUEUED, S.AWAITING_APPROVAL):  # not started: held with it
                     sibling.hold(actor="system:intake", reason=f"{operation_key} arrived for the same target or customer")
@@ -261,22 +263,22 @@ def _book(action):
         raise SlotTaken(f"{action.target} was booked for that time meanwhile") from None
 
 
-def action_ring_when_due(action, previous, actor):
+def action_ring_when_due(action, previous, actor, reason):
     """After every move of an action: work that became runnable gets a drain after commit."""
     if action.status in (S.QUEUED, S.UNKNOWN) and action.next_attempt_at:
         ring_after_commit("actions", at=action.next_attempt_at)
 
 
-def booking_follow_action(action, previous, actor):
+def booking_follow_action(action, previous, actor, reason):
     """A booking's slot follows its action: kept while the booking may still happen (a
     retryable failure may be tried again), confirmed when it did, freed when it won't."""
     if action.action_type != ActionType.CREATE_BOOKING:
         return
     if action.status == S.SUCCEEDED:
-        Booking.objects.select_for_update().get(action=action).confirm()
+        Booking.objects.get(action=action).confirm()
     elif action.status in (S.REJECTED, S.CANCELLED, S.EXPIRED) or (
             action.status == S.FAILED and not action.is_retryable_failure):
-        Booking.objects.select_for_update().get(action=action).release()
+        Booking.objects.get(action=action).release()
 
 
 # (A superseded action is not among them: its new version, in flight on the same subjects,
@@ -292,7 +294,7 @@ _held_on_subjects = Compiled(
     name="ledger.actions: held on a target or customer")
 
 
-def held_release_when_settled(action, previous, actor):
+def held_release_when_settled(action, previous, actor, reason):
     """After every move of an action: once it settles, the actions it held are looked at
     again in the same transaction, oldest first. One that nothing else holds (no action in
     flight on its target or customer that is not itself held) is released: queued, or
@@ -330,7 +332,7 @@ def held_release_when_settled(action, previous, actor):
                       f"{action.operation_key}, released from this held group by a person, is {action.status}: "
                       "the rest wait for a person's decision")
             AuditEvent.objects.record(actor="system:intake", verb="still_held", obj=held, reason=reason)
-            hooks.recorded(held, reason)
+            hooks.moved(held, S.HELD, "system:intake", reason)  # kept held, for a new reason
             continue
         verdict = hooks.policy().verdict_for_request(action_type=held.action_type, amount=held.amount,
                                                      currency=held.currency, customer=held.customer, recorded=held)

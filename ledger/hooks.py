@@ -7,9 +7,9 @@ console.) Its entries, each kept in a plain list or slot:
 
 - reactions to moves (`on_move`): run inside the transaction of every status change of a
   model, after its write and audit event, in registration order (INSTALLED_APPS order:
-  the ledger's own first). A reaction that raises rolls the move back.
-- reactions to a new action (`on_record`): the intake's counterpart of a move, with the
-  reason the action was held or must wait.
+  the ledger's own first). A reaction that raises rolls the move back. A new action that
+  waits for a person is a move from no status, and one kept waiting for a new reason a move
+  to the status it has: one path for the apps to follow a row, whichever way it came.
 - the limits policy (`set_policy`, any object with NoLimits' three functions, such as a
   module): what the intake and the executor ask before running an action. Without one,
   nothing is over a limit.
@@ -53,30 +53,19 @@ class NoLimits:
 
 
 _reactions = defaultdict(list)
-_on_record = []
 _policy = [NoLimits()]
 
 
 def on_move(model, reaction):
-    """`reaction(obj, previous, actor)` runs in the transaction of every move of a `model`
-    row: `previous` is the status it left, `actor` who moved it."""
+    """`reaction(obj, previous, actor, reason)` runs in the transaction of every move of a
+    `model` row: `previous` is the status it left (None: the row is new; its own status: it
+    stays, for a new reason), `actor` who moved it, `reason` what its audit event says."""
     _reactions[model].append(reaction)
 
 
-def moved(obj, previous, actor):
+def moved(obj, previous, actor, reason=""):
     for reaction in _reactions[type(obj)]:
-        reaction(obj, previous, actor)
-
-
-def on_record(reaction):
-    """`reaction(action, reason)` runs in the transaction that records a new action that is
-    not simply queued (held, or awaiting approval), or that keeps one held for a new reason."""
-    _on_record.append(reaction)
-
-
-def recorded(action, reason):
-    for reaction in _on_record:
-        reaction(action, reason)
+        reaction(obj, previous, actor, reason)
 
 
 def set_policy(policy):

@@ -23,8 +23,8 @@ from .audit import (  # noqa: F401 (models of this app, defined beside their man
 from .authority import Grant, GrantState, ReplayRun  # noqa: F401 (models of this app, see authority.py)
 from .locks import StepLease  # noqa: F401 (the sweeper steps' leases, defined beside their statement)
 from .retention import ArchivedKey  # noqa: F401 (the archived keys, defined beside their lifetime)
-from .compiled import Compiled, update
-from .statemachine import InvalidTransition, LeasedWork, StaleClaim, check_move  # noqa: F401 (re-exported)
+from .compiled import Compiled
+from .statemachine import CONDITIONAL, InvalidTransition, LeasedWork, Machine, StaleClaim  # noqa: F401 (re-exported)
 
 
 # --- Agents and what they may do --------------------------------------------------------------
@@ -344,18 +344,18 @@ class Action(LeasedWork):
         self.__dict__.update(lease)
         return self
 
-    def mark_succeeded(self, *, actor, external_ref, result=None, claim=None, reason="", evidence=None):
+    def mark_succeeded(self, *, actor, external_ref, result=None, claim=None, reason="", evidence=None, locked=False):
         changes = {"evidence": lambda row: [*row.evidence, evidence]} if evidence else {}
         return self._move(
-            S.SUCCEEDED, actor=actor, verb="succeeded", reason=reason, claim=claim,
+            S.SUCCEEDED, actor=actor, verb="succeeded", reason=reason, claim=claim, locked=locked,
             external_ref=external_ref, result=result, error=None, next_attempt_at=None, **_NO_LEASE, **changes,
         )
 
-    def mark_failed(self, *, actor, code, message, retryable, claim=None, reason="", evidence=None):
+    def mark_failed(self, *, actor, code, message, retryable, claim=None, reason="", evidence=None, locked=False):
         error = {"code": code, "message": message, "retryable": retryable}
         changes = {"evidence": lambda row: [*row.evidence, evidence]} if evidence else {}
         return self._move(
-            S.FAILED, actor=actor, verb="failed", reason=reason, claim=claim,
+            S.FAILED, actor=actor, verb="failed", reason=reason, claim=claim, locked=locked,
             error=error, next_attempt_at=None, **_NO_LEASE, **changes,
         )
 
@@ -381,47 +381,50 @@ class Action(LeasedWork):
             changes["evidence"] = lambda row: [*row.evidence, evidence]
         return self._move(S.QUEUED, actor=actor, verb="requeued", reason=reason, claim=claim, **changes)
 
-    def verify_again(self, *, actor, reason):
+    def verify_again(self, *, actor, reason, locked=False):
         """A person asks the executor to look at the provider once more."""
-        return self._move(S.UNKNOWN, actor=actor, verb="verify_again", reason=reason, next_attempt_at=timezone.now())
+        return self._move(S.UNKNOWN, actor=actor, verb="verify_again", reason=reason, locked=locked,
+                          next_attempt_at=timezone.now())
 
     def hold(self, *, actor, reason):
         return self._move(S.HELD, actor=actor, verb="held", reason=reason, next_attempt_at=None)
 
-    def release(self, *, actor, reason, needs_approval=False, fingerprint=""):
+    def release(self, *, actor, reason, needs_approval=False, fingerprint="", locked=False):
         """`fingerprint`: of the params the person releasing it saw (none when the system
         releases it): it binds the release as an approval binds."""
         bound = {"approved_fingerprint": fingerprint} if fingerprint else {}
         if needs_approval:
-            return self._move(S.AWAITING_APPROVAL, actor=actor, verb="released", reason=reason, **bound)
-        return self._move(S.QUEUED, actor=actor, verb="released", reason=reason, next_attempt_at=timezone.now(),
-                          **bound)
+            return self._move(S.AWAITING_APPROVAL, actor=actor, verb="released", reason=reason, locked=locked, **bound)
+        return self._move(S.QUEUED, actor=actor, verb="released", reason=reason, locked=locked,
+                          next_attempt_at=timezone.now(), **bound)
 
-    def approve(self, *, actor, reason="", fingerprint=""):
+    def approve(self, *, actor, reason="", fingerprint="", locked=False):
         """Bound to the params the approver saw (`fingerprint`; without one, the params as
         they are under the lock now): the executor runs it only with those."""
-        return self._move(S.QUEUED, actor=actor, verb="approved", reason=reason, next_attempt_at=timezone.now(),
+        return self._move(S.QUEUED, actor=actor, verb="approved", reason=reason, locked=locked,
+                          next_attempt_at=timezone.now(),
                           approved_fingerprint=lambda row: fingerprint or row.params_fingerprint())
 
     def approval_lapse(self, *, evidence, locked=False):
         """The executor's move for a queued action whose params are not the ones approved
         (changed behind the ledger's back): no call; a person must approve it again."""
         return self._move(S.AWAITING_APPROVAL, actor="system:executor", verb="approval_lapsed", locked=locked,
-                          reason="the parameters are not the ones a person approved: it needs a new approval",
+                          reason="the parameters are not the ones a person approved (they changed after it was "
+                                 "approved): a person must approve them again",
                           approved_fingerprint="", next_attempt_at=None,
                           evidence=lambda row: [*row.evidence, evidence])
 
-    def expire(self, *, reason):
+    def expire(self, *, reason, locked=False):
         """Nobody decided within the approval window: final, and said as such (not rejected)."""
-        return self._move(S.EXPIRED, actor="system:approvals", verb="expired", reason=reason,
+        return self._move(S.EXPIRED, actor="system:approvals", verb="expired", reason=reason, locked=locked,
                           error={"code": APPROVAL_EXPIRED, "message": reason, "retryable": False})
 
-    def supersede(self, *, actor, reason):
+    def supersede(self, *, actor, reason, locked=False):
         """A person edited it down: its new version (ledger.versions) runs in its place."""
-        return self._move(S.SUPERSEDED, actor=actor, verb="superseded", reason=reason)
+        return self._move(S.SUPERSEDED, actor=actor, verb="superseded", reason=reason, locked=locked)
 
-    def reject(self, *, actor, reason):
-        return self._move(S.REJECTED, actor=actor, verb="rejected", reason=reason)
+    def reject(self, *, actor, reason, locked=False):
+        return self._move(S.REJECTED, actor=actor, verb="rejected", reason=reason, locked=locked)
 
     def cancel(self, *, actor, reason):
         return self._move(S.CANCELLED, actor=actor, verb="cancelled", reason=reason)
@@ -609,8 +612,11 @@ STEP_TRANSITIONS = {
 }
 
 
-class TaskStep(models.Model):
+class TaskStep(Machine, models.Model):
+    # Written in its task's transactions, under the task's lock, and audited with the task.
     TRANSITIONS = STEP_TRANSITIONS
+    LOCKING = CONDITIONAL
+    AUDITED = ()
 
     task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="steps")
     position = models.PositiveSmallIntegerField()
@@ -639,13 +645,6 @@ class TaskStep(models.Model):
     def mark_failed(self, error):
         self._move(St.FAILED, error=error)
 
-    def _move(self, to, **changes):
-        check_move(STEP_TRANSITIONS, self.status, to, self)
-        self.status, self.updated_at = to, timezone.now()
-        for field, value in changes.items():
-            setattr(self, field, value)
-        update(self, ["status", "updated_at", *changes])
-
 
 # --- Webhooks -----------------------------------------------------------------------
 
@@ -665,7 +664,7 @@ class Confirmation(models.Model):
         return self.key
 
 
-class Booking(models.Model):
+class Booking(Machine, models.Model):
     """The slot a `create_booking` action asks for. On PostgreSQL the database refuses an
     overlapping pending or confirmed booking of the same resource (migration 0007)."""
 
@@ -677,6 +676,9 @@ class Booking(models.Model):
     # The slot follows its action (ledger.actions.booking_follow_action): confirmed when the
     # booking happened, released when it never will; both are final.
     TRANSITIONS = {Status.PENDING: {Status.CONFIRMED, Status.RELEASED}, Status.CONFIRMED: set(), Status.RELEASED: set()}
+    # Moved inside its action's move (under the action's lock), and audited with the action.
+    LOCKING = CONDITIONAL
+    AUDITED = ()
 
     action = models.OneToOneField(Action, on_delete=models.PROTECT, related_name="booking")
     resource = models.CharField(max_length=255)
@@ -703,11 +705,6 @@ class Booking(models.Model):
 
     def release(self):
         self._move(self.Status.RELEASED)
-
-    def _move(self, to):
-        check_move(self.TRANSITIONS, self.status, to, self)
-        self.status = to
-        self.save(update_fields=["status"])
 
 
 def named_operation_key(data):

@@ -1,4 +1,7 @@
-"""The one way a status changes, shared by actions, tasks, dead-letter entries and review items."""
+"""The one way a status changes, shared by every status field: actions, tasks and their steps,
+bookings, review items, dead-letter entries, incidents, bulk redrives and their items."""
+
+import copy
 
 from django.db import models, transaction
 from django.utils import timezone
@@ -22,22 +25,27 @@ def check_move(table, current, to, row):
         raise InvalidTransition(f"{row}: {current} -> {to} is not allowed")
 
 
-class StateMachine(models.Model):
-    """A row whose status moves only along `TRANSITIONS`, each move locked, checked and audited.
+# How a move makes sure that nobody moved the row since it was read (a model's LOCKING):
+LOCK = "lock"  # it reads the row FOR UPDATE first (unless the caller just did: `locked=True`)
+# it writes with UPDATE ... WHERE status = the status its copy was checked against, and is
+# refused if that no longer matches: for rows written inside another row's lock (a step in its
+# task's, a booking in its action's), or by a job that may have stalled with a stale copy
+CONDITIONAL = "conditional"
 
-    Subclasses name their status field, their transition table, the fields an audit event
-    shows, and may add a guard (`_refuse`). What other parts do when a row moves is
-    registered with `ledger.hooks.on_move` and runs inside the move's transaction.
+
+class Machine:
+    """A model whose status field moves only along `TRANSITIONS`, by the one `_move`.
+
+    Subclasses name their status field, their transition table, how a move locks
+    (`LOCKING`), the fields an audit event shows, and may add a guard (`_refuse`). What
+    other parts do when a row moves is registered with `ledger.hooks.on_move` and runs inside
+    the move's transaction. The models' named transitions call `_move`; nothing else does.
     """
 
     STATUS_FIELD = "status"
     TRANSITIONS: dict = {}
+    LOCKING = LOCK
     AUDITED = ("attempts",)
-
-    updated_at = models.DateTimeField(default=timezone.now)
-
-    class Meta:
-        abstract = True
 
     def _refuse(self, to):
         """Return why this row may not move to `to` beyond the table, or ""."""
@@ -49,37 +57,52 @@ class StateMachine(models.Model):
         snap.update({f: getattr(self, f) for f in ("external_ref", "error", "last_error") if f in changes})
         return snap
 
-    def _move(self, to, *, actor, verb, reason="", claim=None, locked=False, **changes):
-        """Lock, check the transition (and the caller's claim), write, audit; refreshes self.
+    def _move(self, to, *, actor=None, verb="", reason="", claim=None, locked=False, **changes):
+        """Lock (as LOCKING says), check the transition (and the caller's claim), write, audit
+        as `verb` by `actor` (no actor: not audited, as a step's move is audited with its
+        task's), react; refreshes self.
 
         `claim` is the fencing token a worker got with its lease: a write after a provider
         call passes it, so a worker whose lease was taken over cannot overwrite the newer
-        outcome. A change's value may be a function of the locked row. `locked`: the caller
-        has just read this very row FOR UPDATE in the current transaction.
+        outcome. A change's value may be a function of the row. `locked`: the caller has just
+        read this very row FOR UPDATE in the current transaction.
 
-        A caller that locked the row owns the transaction the move runs in: no savepoint is
-        taken for it (two round trips on every claim), so a refused move aborts that
-        transaction as a whole.
+        A move that does not read the row itself runs in the caller's transaction, without a
+        savepoint (two round trips on every claim): a refusal raises before anything is
+        written and leaves that transaction as it was; an error once it writes aborts it.
         """
-        with transaction.atomic(savepoint=not locked):
-            row = self if locked else _locked_row(type(self), self.pk)
-            current = getattr(row, self.STATUS_FIELD)
-            if claim is not None and row.fence != claim:
-                raise StaleClaim(f"{row}: claim {claim} superseded by {row.fence}")
-            check_move(self.TRANSITIONS, current, to, row)
-            refusal = row._refuse(to)
-            if refusal:
-                raise InvalidTransition(f"{row}: {refusal}")
-            before = row._snapshot()
-            setattr(row, self.STATUS_FIELD, to)
+        if self.LOCKING == CONDITIONAL or locked:
+            row = copy.copy(self) if self.LOCKING == CONDITIONAL else self
+            return self._moved(row, to, actor, verb, reason, claim, changes)
+        with transaction.atomic():
+            return self._moved(_locked_row(type(self), self.pk), to, actor, verb, reason, claim, changes)
+
+    def _moved(self, row, to, actor, verb, reason, claim, changes):
+        current = getattr(row, self.STATUS_FIELD)
+        if claim is not None and row.fence != claim:
+            raise StaleClaim(f"{row}: claim {claim} superseded by {row.fence}")
+        check_move(self.TRANSITIONS, current, to, row)
+        refusal = row._refuse(to)
+        if refusal:
+            raise InvalidTransition(f"{row}: {refusal}")
+        before = row._snapshot()
+        setattr(row, self.STATUS_FIELD, to)
+        stamped = hasattr(type(row), "updated_at")  # a booking and a bulk redrive's item keep no stamp
+        if stamped:
             row.updated_at = timezone.now()
-            for field, value in changes.items():
-                setattr(row, field, value(row) if callable(value) else value)
-            update(row, [self.STATUS_FIELD, "updated_at", *changes])
-            AuditEvent.objects.record(
-                actor=actor, verb=verb, obj=row, before=before, after=row._snapshot(changes), reason=reason
-            )
-            hooks.moved(row, current, actor)
+        for field, value in changes.items():
+            setattr(row, field, value(row) if callable(value) else value)
+        fields = [self.STATUS_FIELD, *(["updated_at"] if stamped else []), *changes]
+        with transaction.atomic(savepoint=False):
+            written = update(row, fields, **({self.STATUS_FIELD: current} if self.LOCKING == CONDITIONAL else {}))
+            if written:
+                if actor is not None:
+                    AuditEvent.objects.record(actor=actor, verb=verb, obj=row, before=before,
+                                              after=row._snapshot(changes), reason=reason)
+                hooks.moved(row, current, actor, reason)
+        if not written:  # CONDITIONAL: moved meanwhile, and nothing was written
+            now = type(row).objects.filter(pk=row.pk).values_list(self.STATUS_FIELD, flat=True).first()
+            raise InvalidTransition(f"{row}: {current} -> {to} refused, it is {now} now")
         self.__dict__.update({k: v for k, v in row.__dict__.items() if k != "_state"})
         return self
 
@@ -90,7 +113,7 @@ register_cache("ledger.statemachine._locking_reads", holds="each model's compile
 
 
 def _locked_row(model, pk):
-    """The row, read FOR UPDATE (every move starts so; compiled once per model):
+    """The row, read FOR UPDATE (every LOCK move starts so; compiled once per model):
     SELECT ... FROM <table> WHERE id = %s FOR UPDATE"""
     read = _locking_reads.get(model)
     if read is None:
@@ -100,6 +123,15 @@ def _locked_row(model, pk):
     if row is None:
         raise model.DoesNotExist(f"{model.__name__} {pk} does not exist")
     return row
+
+
+class StateMachine(Machine, models.Model):
+    """A machine whose row is stamped with the time of its last move (`updated_at`)."""
+
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        abstract = True
 
 
 class LeasedWork(StateMachine):

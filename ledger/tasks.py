@@ -52,13 +52,13 @@ def task_claim_next(owner, *, only=None):
         return task.claim(owner=owner, locked=True) if task else None
 
 
-def task_ring_when_queued(task, previous, actor):
+def task_ring_when_queued(task, previous, actor, reason):
     """After every move of a task: a task queued again gets a drain when it is due."""
     if task.state == T.QUEUED:
         ring_after_commit("tasks", at=task.next_attempt_at)
 
 
-def task_follow_action(action, previous, actor):
+def task_follow_action(action, previous, actor, reason):
     """In the transaction of an action's move: a task waiting on it wakes when a person
     (or verification) has decided, so its runner can go on or fail."""
     if action.task_id is None or action.status in PERSON_STATUSES:

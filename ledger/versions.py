@@ -12,9 +12,9 @@ can reach the provider, and only once a person has approved it.
 2. `action_version_create` (in the caller's transaction, with the original locked and waiting
    for approval): the original moves to `superseded` with the editor's reason, then the new
    version is inserted `awaiting_approval` (the database may hold it, as any insert, when
-   something else is in flight on its target or customer) and the apps are told
-   (`hooks.recorded`): the approvals app opens its review item, with as many approvers as the
-   limits ask for the new amount.
+   something else is in flight on its target or customer) and the apps are told, as of any
+   new action that waits (`hooks.moved` from no status): the approvals app opens its review
+   item, with as many approvers as the limits ask for the new amount.
 """
 
 import re
@@ -80,7 +80,7 @@ def action_version_create(original, *, actor, reason, params):
         raise VersionRefused("the operation key is too long for a version of its own: reject it instead")
     if original.status != ActionStatus.AWAITING_APPROVAL:
         raise VersionRefused(f"it is {original.status}, no longer awaiting approval")
-    original.supersede(actor=actor, reason=reason)
+    original.supersede(actor=actor, reason=reason, locked=True)
     amount, _ = money_in_params(params)
     try:
         with transaction.atomic():
@@ -97,7 +97,7 @@ def action_version_create(original, *, actor, reason, params):
     AuditEvent.objects.record(actor=actor, verb="requested", obj=version, reason=why,
                               after={"status": version.status, "supersedes": original.operation_key,
                                      "params": params})
-    hooks.recorded(version, why)
+    hooks.moved(version, None, actor, why)
     return version
 
 

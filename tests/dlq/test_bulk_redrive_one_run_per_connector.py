@@ -16,7 +16,8 @@ from dlq.bulk import RunInTheWay, bulk_redrive_work, bulk_start
 from dlq.models import BulkRedrive, DeadLetter
 from ledger.access import WORK_DLQ
 from ledger.models import ActionStatus, Capability
-from tests.dlq.test_bulk_redrive import REASON, agent, dry_run, failed_refund_entry, olga, start  # noqa: F401
+from tests.dlq.test_bulk_redrive import (REASON, agent, dry_run, failed_refund_entry, lease_holder, olga,  # noqa: F401
+                                         start)
 from tests.factories import audit_events, dead_letter, new_action
 
 pytestmark = pytest.mark.usefixtures("jobs_to_test_redis")
@@ -62,7 +63,7 @@ def test_a_double_submitted_run_is_refused_while_the_first_runs_or_stops_and_sta
     assert "is stopping over" in refused_for(start(olga, second, "6"), first)  # it may still be redriving one
     nothing_written(second)
 
-    bulk_redrive_work(first.pk, BulkRedrive.objects.get(pk=first.pk).lease_owner)  # its job sees the stop
+    bulk_redrive_work(first.pk, lease_holder(first))  # its job sees the stop
     assert BulkRedrive.objects.get(pk=first.pk).status == "stopped"
     assert start(olga, second, "6").status_code == 302
     second.refresh_from_db()
@@ -78,7 +79,7 @@ def test_a_run_over_other_entries_of_the_same_connector_waits_until_the_first_fi
     refused_for(start(olga, second, "60"), first)
     nothing_written(second)
 
-    bulk_redrive_work(first.pk, BulkRedrive.objects.get(pk=first.pk).lease_owner)
+    bulk_redrive_work(first.pk, lease_holder(first))
     assert BulkRedrive.objects.get(pk=first.pk).status == "finished"
     assert start(olga, second, "60").status_code == 302
     assert BulkRedrive.objects.get(pk=second.pk).status == "running"

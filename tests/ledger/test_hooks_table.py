@@ -26,7 +26,6 @@ def registered():
     """The hooks table's first two columns, from the registries."""
     rows = [(f"`on_move({model.__name__}, reaction)`", cell((r, r.__name__) for r in reactions))
             for model, reactions in hooks._reactions.items() if reactions]
-    rows.append(("`on_record(reaction)`", cell((r, r.__name__) for r in hooks._on_record)))
     policy = hooks.policy()
     rows.append(("`set_policy(policy)`", cell([(policy, getattr(policy, "__name__", type(policy).__name__))])))
     return rows

@@ -1,7 +1,7 @@
 """Every status field but the action's (test_action_status_machine.py) has one machine: a
 named table, written out here rather than read from the product, and every pair of statuses
 either moves (audited where the model audits its moves) or is refused and changes nothing.
-Nothing outside a model's own module calls its `_move`."""
+There is one `_move`, and every call of it is a model's own named transition (`self._move`)."""
 
 import ast
 import itertools
@@ -9,9 +9,11 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from approvals.models import REVIEW_TRANSITIONS, ReviewItem, ReviewStatus
+from dlq.incidents import Incident
 from dlq.models import ENTRY_TRANSITIONS, Alert, DeadLetter, EntryStatus
 from ledger.models import (STEP_TRANSITIONS, TASK_TRANSITIONS, Action, AuditEvent, Booking, InvalidTransition,
                            StepStatus, Task, TaskState, TaskStep)
@@ -130,7 +132,7 @@ def test_review_item_moves(agent, source, target, allowed):
 def test_dead_letter_entry_moves(agent, source, target, allowed):
     entry = DeadLetter.objects.create(task=task_in(agent, "dead_lettered"), status=source, snapshot={}, attempts=3)
     Alert.objects.raise_for(entry)  # the database refuses to commit an entry without one
-    moves_or_refuses(entry, lambda: entry.decide(target, actor="system:tests", reason="test"), target, allowed,
+    moves_or_refuses(entry, lambda: entry._move(target, actor="system:tests", verb="test"), target, allowed,
                      audits=True)
 
 
@@ -150,20 +152,43 @@ def test_the_named_step_and_booking_moves_follow_their_tables(agent):
     assert Booking.objects.get().status == "confirmed"
 
 
-def test_nothing_outside_a_models_module_calls_move():
-    """`_move` is the machine's own; others call its named transitions."""
-    callers = []
-    for package in ("ledger", "approvals", "dlq", "sandbox", "demo"):
+def product_modules():
+    for package in ("ledger", "approvals", "dlq", "console", "sandbox", "demo"):
         for path in (ROOT / package).rglob("*.py"):
-            if "migrations" in path.parts:
-                continue
-            for node in ast.walk(ast.parse(path.read_text())):
-                if isinstance(node, ast.Attribute) and node.attr == "_move":
-                    callers.append(path.relative_to(ROOT).as_posix())
-    models_modules = {"ledger/models.py", "ledger/statemachine.py", "approvals/models.py", "dlq/models.py",
-                      "dlq/incidents.py", "dlq/redrive_runs.py"}
-    assert set(callers) <= models_modules, callers
-    assert {"ledger/models.py", "approvals/models.py", "dlq/models.py"} <= set(callers)  # the scan sees them
+            if "migrations" not in path.parts:
+                yield path.relative_to(ROOT).as_posix(), ast.parse(path.read_text())
+
+
+def test_there_is_one_move_and_only_a_row_moves_itself():
+    """`_move` is the machine's own: others call its named transitions, never another row's `_move`."""
+    definitions, others, own = [], [], set()
+    for module, tree in product_modules():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and node.name == "_move":
+                definitions.append(module)
+            elif isinstance(node, ast.Attribute) and node.attr == "_move":
+                is_self = isinstance(node.value, ast.Name) and node.value.id == "self"
+                (own.add(module) if is_self else others.append(f"{module}:{node.lineno}"))
+    assert definitions == ["ledger/statemachine.py"]
+    assert others == []
+    assert {"ledger/models.py", "approvals/models.py", "dlq/models.py", "dlq/incidents.py"} <= own  # the scan sees them
+
+
+def test_a_named_move_refuses_a_transition_its_table_does_not_have(agent):
+    """Decided once, an entry, an incident or a review item refuses a second decision, and stays as it was."""
+    entry = DeadLetter.objects.create(task=task_in(agent, "dead_lettered"), snapshot={}, attempts=3)
+    Alert.objects.raise_for(entry)
+    entry.resolve(actor="user:olga", note="refunded by hand")
+    moves_or_refuses(entry, lambda: entry.discard(actor="user:alice", reason="late"), "discarded", False, audits=True)
+    incident = Incident.objects.create(kind="orphan_effect", connector="stripe", subject="re_1")
+    Alert.objects.raise_for(incident=incident, kind="incident", link=incident.get_absolute_url(), subject="found")
+    incident.resolve(actor="user:olga", reason="clawed back")
+    moves_or_refuses(incident, lambda: incident.resolve(actor="user:alice", reason="again"), "resolved", False,
+                     audits=True)
+    item = ReviewItem.objects.create(kind="approval", action=action_for(agent), deadline=timezone.now())
+    item.close(reason="the action moved on")
+    alice = get_user_model().objects.create_user("alice")
+    moves_or_refuses(item, lambda: item.approve(user=alice, reason="late"), "approved", False, audits=True)
 
 
 def test_only_an_item_sent_back_to_verify_opens_again(agent):
