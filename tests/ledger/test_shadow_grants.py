@@ -177,11 +177,11 @@ def test_a_grant_or_a_revoke_without_a_reason_is_refused_changes_nothing_and_the
         return (list(Grant.objects.filter(agent=agent).values_list("capability_id", "live_until")),
                 fresh(agent).grants_version, AuditEvent.objects.count())
 
+    client.force_login(root)  # before the look: the sign-in is an audit event of its own
     before = state()
     with pytest.raises(GrantRefused, match="a reason is required"):
         change(fresh(agent), capability(*REFUND), actor=root, reason="  ")
     op = change.__name__.removeprefix("agent_")
-    client.force_login(root)
     page = client.post(f"/agents/{agent.pk}/{op}", {"capability": "refund", "reason": " "}, follow=True)
     assert page.status_code == 200 and f"Not done: a reason is required to {op}" in page.content.decode()
     assert state() == before
