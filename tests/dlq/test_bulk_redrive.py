@@ -17,7 +17,6 @@ from django.contrib.auth.models import Group
 from django.core.management import call_command
 from django.test import Client
 from django.utils import timezone
-from django.utils import timezone
 from guardian.shortcuts import assign_perm, remove_perm
 
 from console.sweeper import sweep_once
@@ -25,7 +24,6 @@ from dlq.bulk import LEASE_SECONDS, bulk_redrive_work, bulk_redrives_resume, lea
 from dlq.entries import deadletter_resolve
 from dlq.models import BulkRedrive, BulkRedriveItem, DeadLetter, EntryStatus
 from ledger.access import WORK_DLQ
-from ledger.locks import StepLease, lead
 from ledger.locks import StepLease, lead
 from ledger.models import Action, ActionStatus, AuditEvent, Capability
 from tests.conftest import wait_until
@@ -82,16 +80,6 @@ def dry_run(client, **filters):
 
 def start(client, run, rate, reason=REASON):
     return client.post(f"/dlq/redrives/{run.pk}/start", {"rate": rate, "reason": reason})
-
-
-def lease_holder(run):
-    """The token of the job whose lease the run is under."""
-    return StepLease.objects.get(step=lease(run)).holder
-
-
-def lapse(run):
-    """The run's lease runs out (its job was lost, or stalled past it)."""
-    StepLease.objects.filter(step=lease(run)).update(expires_at=timezone.now() - timedelta(seconds=1))
 
 
 def lease_holder(run):
@@ -372,28 +360,6 @@ def test_a_lost_job_is_taken_over_and_a_second_job_for_the_run_does_nothing(agen
     run.refresh_from_db()
     assert run.status == "finished", list(run.items.values_list("outcome", "outcome_detail"))
     assert {e.status for e in DeadLetter.objects.filter(pk__in=[e.pk for e in entries])} == {EntryStatus.REDRIVEN}
-
-
-def test_a_lapsed_lease_is_taken_over_and_the_job_that_held_it_redrives_no_more(agent, olga, jobs_to_test_redis):
-    entries = [failed_refund_entry(agent, n) for n in range(2)]
-    run = dry_run(olga)
-    assert start(olga, run, "60").status_code == 302
-    first = lease_holder(run)
-    assert bulk_redrives_resume() == 0  # its job holds the lease: nothing to take over
-    assert StepLease.objects.get(step=lease(run)).expires_at > timezone.now()
-
-    lapse(run)  # the job stalled past its lease
-    assert bulk_redrives_resume() == 1
-    second = lease_holder(run)
-    assert second != first
-    bulk_redrive_work(run.pk, first)  # the stalled job wakes up: the run is not its own any more
-    assert not run.items.filter(outcome="redriven").exists() and lease_holder(run) == second
-
-    bulk_redrive_work(run.pk, second)
-    run.refresh_from_db()
-    assert run.status == "finished" and run.counts()["redriven"] == 2
-    assert {e.status for e in DeadLetter.objects.filter(pk__in=[e.pk for e in entries])} == {EntryStatus.REDRIVEN}
-    assert not StepLease.objects.filter(step=lease(run)).exists()  # an ended run's lease goes with it
 
 
 def test_a_lapsed_lease_is_taken_over_and_the_job_that_held_it_redrives_no_more(agent, olga, jobs_to_test_redis):
