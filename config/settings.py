@@ -393,10 +393,10 @@ ACCOUNT_REAUTHENTICATION_METHODS = ["mfa"]
 # A session lasts this long from sign-in, and ends when the browser closes.
 SESSION_COOKIE_AGE = env_int("SESSION_COOKIE_AGE", 8 * 3600)
 SESSION_EXPIRE_AT_BROWSER_CLOSE = True
-# The cache the sign-in rate limits count in: Redis when jobs go there, shared by every web process.
-CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL,
-                      "KEY_PREFIX": "surety"} if RQ_ASYNC else
-          {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+# The cache the sign-in rate limits count in: a table of the database (console migration 0001),
+# shared by every web process and host, so a Redis that is down or hung (Redis only delivers work)
+# neither stops people signing in nor lets the throttle be counted per process.
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.db.DatabaseCache", "LOCATION": "console_cache"}}
 
 # --- REST framework -------------------------------------------------------------------------
 REST_FRAMEWORK = {

@@ -25,7 +25,3 @@ STEP_UP_SECONDS = env_float("STEP_UP_SECONDS", 0)  # noqa: F405
 ACCOUNT_REAUTHENTICATION_TIMEOUT = STEP_UP_SECONDS or 300
 # Chromium's virtual authenticator serves http://localhost: a browser allows WebAuthn there.
 MFA_WEBAUTHN_ALLOW_INSECURE_ORIGIN = True
-# The test process counts sign-in failures by itself; the servers the tests start (REDIS_URL set
-# to the run's own Redis database) count in Redis, as a deployment does.
-if "REDIS_URL" not in os.environ:  # noqa: F405
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}

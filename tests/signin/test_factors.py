@@ -3,6 +3,7 @@ enrolment a deciding role is sent to, and failed sign-ins throttled; all of it i
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.db import connection
 
 from ledger.models import AuditEvent
 from tests.signin.conftest import enrol_totp, sign_in, someone, totp
@@ -73,6 +74,10 @@ def test_failed_sign_ins_are_throttled_and_audited(client):
     assert "_auth_user_id" not in client.session
     failed = AuditEvent.objects.filter(verb="sign_in_failed")
     assert failed.count() == 5 and {e.after["who"] for e in failed} == {"alice"}
+    # Counted in the database, where every web process and host sees them, and no Redis is needed.
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM console_cache")
+        assert cursor.fetchone()[0] >= 1
     assert failed.first().object_id == str(get_user_model().objects.get(username="alice").pk)
 
 

@@ -1,6 +1,6 @@
 """Failed sign-ins are counted for the whole deployment, not per web process: the live stack's
-gunicorn runs two processes, which share the counts in Redis (the cache the settings configure
-when jobs go to Redis). Counted per process, five failures spread over the two would let the
+gunicorn runs two processes, which share the counts in the database's cache table (the cache the
+settings configure). Counted per process, five failures spread over the two would let the
 sixth try in."""
 
 import httpx
