@@ -20,6 +20,7 @@ from ledger.models import IN_FLIGHT_STATUSES, Action, ActionStatus, ActionType, 
 
 from .approval_forms import DecisionForm, EditForm, LimitForm, fingerprint_seen
 from .dashboard import keyset_page, render_partial, staff_required
+from .filters import ReviewQueueFilters
 from .overview import approved_by
 from .stepup import step_up_required
 
@@ -95,23 +96,23 @@ def _next_item(item, user, queue):
 def review_queue(request, queue):
     kinds, title, url_name = QUEUES[queue]
     items = ReviewItem.objects.select_related("action", "action__agent").filter(kind__in=kinds)
-    status = request.GET.get("status", ReviewStatus.OPEN)
-    if status in ReviewStatus.values:
-        items = items.filter(status=status)
-    kind = request.GET.get("kind", "")
-    if kind in kinds:
+    form = ReviewQueueFilters(request.GET, kinds=kinds)
+    q = form.values()
+    if q["status"]:
+        items = items.filter(status=q["status"])
+    kind = q["kind"] or ""
+    if kind:
         items = items.filter(kind=kind)
-    if request.GET.get("action_type"):
-        items = items.filter(action__action_type=request.GET["action_type"])
+    if q["action_type"]:
+        items = items.filter(action__action_type=q["action_type"])
     # Earliest deadline first, a page at a time: what is due next is what a person works.
-    items, next_cursor = keyset_page(items, request.GET.get("after"), time_field="deadline", newest_first=False)
-    filters = request.GET.copy()
-    filters.pop("after", None)
-    context = {"items": items, "queue": queue, "title": title, "status": status, "statuses": ReviewStatus.values,
+    items, next_cursor = keyset_page(items, q["after"], time_field="deadline", newest_first=False)
+    context = {"items": items, "queue": queue, "title": title, "status": q["status"] or "all",
+               "statuses": ReviewStatus.values,
                "kinds": kinds if len(kinds) > 1 else [], "kind": kind, "queue_url": reverse(url_name),
                # Its rows' pages go on to the next item of this list as filtered (held, ...).
                "row_query": f"?{urlencode({'queue': kind})}" if kind else "",
-               "action_types": ActionType.values, "next_cursor": next_cursor, "query": filters.urlencode(),
+               "action_types": ActionType.values, "next_cursor": next_cursor, "query": form.echo().urlencode(),
                "may_reject": {t for t in ActionType.values if user_may(request.user, PERM_FOR_KIND[kinds[0]],
                                                                         Capability.Kind.ACTION_TYPE, t)}}
     return render_partial(request, "approvals/queue.html", "rows" if request.htmx else None, context)

@@ -14,6 +14,7 @@ from dlq.redrive_runs import ACTIVE_STATUSES, BulkRedrive, Plan
 from ledger.statemachine import InvalidTransition
 
 from .dashboard import render_partial, staff_required
+from .filters import PageFilters
 from .stepup import step_up_required
 
 ITEMS_PER_PAGE = 50
@@ -61,7 +62,7 @@ def bulk_redrive_detail(request, pk, *, form=None, difference=None, in_the_way=N
     if request.htmx and run.status not in ACTIVE_STATUSES:
         return HttpResponseClientRefresh()  # the run ended while watched: show its whole report
     items = run.items.select_related("entry", "entry__task", "entry__action").order_by("position")
-    page = Paginator(items, ITEMS_PER_PAGE).get_page(request.GET.get("page"))
+    page = Paginator(items, ITEMS_PER_PAGE).get_page(PageFilters(request.GET).values()["page"])
     context = {
         "run": run, "page": page, "counts": run.counts(),
         "active": run.status in ACTIVE_STATUSES, "may_work": may_redrive_any(request.user),

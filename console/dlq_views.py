@@ -17,6 +17,7 @@ from ledger.models import AuditEvent, Capability
 from ledger.statemachine import InvalidTransition
 
 from .dashboard import count_up_to, keyset_page, render_partial, staff_required
+from .filters import DeadLetterFilters
 from .stepup import step_up_required
 
 # The open entries are counted exactly up to this many (open_deadletter_count).
@@ -44,9 +45,10 @@ def open_deadletter_count():
 
 @staff_required
 def deadletter_queue(request):
-    rows, next_cursor = keyset_page(DeadLetter.objects.matching(request.GET), request.GET.get("after"))
-    filters = request.GET.copy()
-    filters.pop("after", None)
+    form = DeadLetterFilters(request.GET)
+    q = form.values()
+    rows, next_cursor = keyset_page(DeadLetter.objects.matching(q), q["after"])
+    filters = form.echo()
     context = {"rows": rows, "next_cursor": next_cursor, "filters": filters, "query": filters.urlencode(),
                "statuses": EntryStatus.values, "open_count": open_deadletter_count(),
                "may_work": bool(decidable_names(request.user, WORK_DLQ, Capability.Kind.WORKFLOW)

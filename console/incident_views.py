@@ -22,6 +22,7 @@ from ledger.models import AuditEvent, Capability
 from ledger.statemachine import InvalidTransition
 
 from .dashboard import count_up_to, keyset_page, render_partial, staff_required
+from .filters import IncidentFilters
 
 DONE = {"take": "it is yours now", "note": "note added", "resolve": "resolved"}
 # The open incidents are counted exactly up to this many, as the dead-letter queue's entries.
@@ -37,15 +38,11 @@ def get_incident_for_user(user, pk, *, to_work=False):
     return incident
 
 
-def _filtered(params):
+def _filtered(q):
     incidents = Incident.objects.select_related("owner")
-    status = params.get("status", IncidentStatus.OPEN)
-    if status in IncidentStatus.values:
-        incidents = incidents.filter(status=status)
-    if params.get("kind"):
-        incidents = incidents.filter(kind=params["kind"])
-    if params.get("connector"):
-        incidents = incidents.filter(connector=params["connector"])
+    for field in ("status", "kind", "connector"):
+        if q[field]:
+            incidents = incidents.filter(**{field: q[field]})
     return incidents
 
 
@@ -74,9 +71,10 @@ def _unread(run):
 
 @staff_required
 def incident_list(request):
-    rows, next_cursor = keyset_page(_filtered(request.GET), request.GET.get("after"))
-    filters = request.GET.copy()
-    filters.pop("after", None)
+    form = IncidentFilters(request.GET)
+    q = form.values()
+    rows, next_cursor = keyset_page(_filtered(q), q["after"])
+    filters = form.echo()
     last_run = ReconciliationRun.objects.first()
     context = {"rows": rows, "next_cursor": next_cursor, "filters": filters, "query": filters.urlencode(),
                "statuses": IncidentStatus.values, "kinds": IncidentKind.choices, "open_count": open_incident_count(),

@@ -22,10 +22,10 @@ from ledger.grants import GrantRefused, agent_grant, agent_revoke
 from ledger.models import (UNASSIGNED_OWNER, Action, ActionStatus, ActionType, Agent, AuditEvent,
                            Capability, ChainCheck, ChainWalk, Task)
 from ledger.tasks import task_run_now
-from ledger.validation import parse_moment
 from ledger.workflows import WORKFLOWS
 
 from .dashboard import keyset_page, render_partial, shown_estimate, staff_required
+from .filters import ActionSearchFilters, AuditFilters
 from .overview import overview_cards
 from .readiness_views import with_grant_states
 
@@ -65,33 +65,29 @@ def _recent_activity():
 
 @staff_required
 def ledger_search(request):
-    q = request.GET
+    form = ActionSearchFilters(request.GET)
+    q = form.values()
     actions = Action.objects.select_related("agent", "task")
-    if q.get("key"):
-        actions = actions.filter(operation_key__startswith=q["key"].strip())
-    if q.get("target"):
-        actions = _matching(actions, "target", q["target"].strip())
-    if q.get("customer"):
-        actions = _matching(actions, "customer", q["customer"].strip())
-    if q.get("agent"):
+    if q["key"]:
+        actions = actions.filter(operation_key__startswith=q["key"])
+    for field in ("target", "customer"):
+        if q[field]:
+            actions = _matching(actions, field, q[field])
+    if q["agent"]:
         # By the agent's id rather than a join on its name: with the id the planner knows from
         # agent_id's statistics how many actions the agent has and reads action_agent_idx in
         # order; with the join it has to guess, and for an agent with few or no actions it walked
         # the whole ledger newest first (~600 ms at 1M actions). An unknown name matches nothing.
-        agent_id = Agent.objects.filter(name=q["agent"].strip()).values_list("pk", flat=True).first()
+        agent_id = Agent.objects.filter(name=q["agent"]).values_list("pk", flat=True).first()
         actions = actions.filter(agent_id=agent_id) if agent_id is not None else actions.none()
-    if q.get("status") in STATUS_ORDER:
+    if q["status"]:
         actions = actions.filter(status=q["status"])
-    # Parse_moment, not parse_datetime: impossible dates were a 500 and naive
-    # (datetime-local) ones a RuntimeWarning; see ledger.validation.parse_moment.
-    since, until = parse_moment(q.get("since")), parse_moment(q.get("until"))
-    if since:
-        actions = actions.filter(created_at__gte=since)
-    if until:
-        actions = actions.filter(created_at__lt=until)
-    rows, next_cursor = keyset_page(actions, q.get("after"))
-    filters = q.copy()
-    filters.pop("after", None)
+    if q["since"]:
+        actions = actions.filter(created_at__gte=q["since"])
+    if q["until"]:
+        actions = actions.filter(created_at__lt=q["until"])
+    rows, next_cursor = keyset_page(actions, q["after"])
+    filters = form.echo()
     context = {"rows": rows, "next_cursor": next_cursor, "filters": filters, "statuses": STATUS_ORDER,
                "query": filters.urlencode(), "agents": Agent.objects.values_list("name", flat=True)}
     return render_partial(request, "ledger/search.html", "results" if request.htmx else None, context)
@@ -205,11 +201,10 @@ def agent_change(request, pk, op):
 def _audit_filtered(q):
     events = AuditEvent.objects.all()
     for field in ("actor", "verb", "object_type", "object_id"):
-        if q.get(field):
-            events = events.filter(**{field: q[field].strip()})
-    since = parse_moment(q.get("since"))
-    if since:
-        events = events.filter(occurred_at__gte=since)
+        if q[field]:
+            events = events.filter(**{field: q[field]})
+    if q["since"]:
+        events = events.filter(occurred_at__gte=q["since"])
     return events
 
 
@@ -217,12 +212,13 @@ def _audit_filtered(q):
 def audit_log(request):
     if not request.user.has_perm("ledger.view_auditevent"):
         raise PermissionDenied("reading the audit log needs the view_auditevent permission")
-    events = _audit_filtered(request.GET)
-    if request.GET.get("format") == "csv":
+    form = AuditFilters(request.GET)
+    q = form.values()
+    events = _audit_filtered(q)
+    if q["format"] == "csv":
         return _audit_csv(events)
-    rows, next_cursor = keyset_page(events, request.GET.get("after"), time_field="occurred_at")
-    filters = request.GET.copy()
-    filters.pop("after", None)
+    rows, next_cursor = keyset_page(events, q["after"], time_field="occurred_at")
+    filters = form.echo()
     context = {"rows": rows, "next_cursor": next_cursor, "filters": filters, "query": filters.urlencode(),
                "chain": ChainCheck.objects.first(), "walk": ChainWalk.objects.first()}
     return render_partial(request, "ledger/audit.html", "results" if request.htmx else None, context)
