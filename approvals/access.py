@@ -16,3 +16,10 @@ def get_review_item_for_user(user, pk, *, to_decide=False):
     if to_decide and not user_may(user, PERM_FOR_KIND[item.kind], Capability.Kind.ACTION_TYPE, item.action.action_type):
         raise PermissionDenied(f"you may not decide {item.action.action_type} items")
     return item
+
+
+def may_decide(user, item):
+    """`user` may decide `item`: the kind's permission for its action type, and not the owner
+    of the agent that asked for it (four eyes)."""
+    return (user_may(user, PERM_FOR_KIND[item.kind], Capability.Kind.ACTION_TYPE, item.action.action_type)
+            and item.action.agent.owner_id != user.pk)

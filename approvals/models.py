@@ -332,3 +332,25 @@ class ActionSummary(models.Model):
 
     def __str__(self):
         return f"{self.day_id} {self.action_type} {self.amount} {self.currency} after {self.total_before}: {self.n}"
+
+
+class DecisionLink(models.Model):
+    """A link in an alert's e-mail to one person, to decide one review item on the params they
+    were shown (approvals.links). Only the SHA-256 of its token is kept: a copy of this table
+    decides nothing. Used once (`used_at`, set by a conditional UPDATE in the decision's
+    transaction), by its person alone, before `expires_at`."""
+
+    digest = models.CharField(max_length=64, unique=True)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="decision_links")
+    item = models.ForeignKey(ReviewItem, on_delete=models.CASCADE, related_name="decision_links")
+    fingerprint = models.CharField(max_length=64)
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField()
+    used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.CheckConstraint(condition=Q(expires_at__gt=models.F("created_at")),
+                                              name="decisionlink_expires_after_creation")]
+
+    def __str__(self):
+        return f"link #{self.pk} for {self.user_id} on item {self.item_id}"

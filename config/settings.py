@@ -322,6 +322,9 @@ ALERT_EMAILS = env_list("ALERT_EMAILS", "operations@surety.example")
 # This deployment's public address: alerts link to it, and the replay set's webhook case posts
 # its events there, once a signed probe (ledger.site_url) shows it reaches this deployment.
 SITE_URL = env_str("SITE_URL", "http://127.0.0.1:8000")
+# An alert's e-mail to a person who may decide its review item carries a link of their own,
+# single-use, for this many seconds (approvals.links): 4 hours, a review's default deadline.
+DECISION_LINK_SECONDS = env_int("DECISION_LINK_SECONDS", 4 * 3600)
 # Monitoring (ledger.metrics). /metrics opens to a bearer METRICS_TOKEN or a client address in
 # METRICS_ALLOWED_IPS (addresses or networks); with neither it is open on loopback outside
 # production and closed in production. Entries are checked here, so a typo stops the start.

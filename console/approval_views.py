@@ -11,7 +11,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseClientRefresh
 
-from approvals.access import PERM_FOR_KIND, get_review_item_for_user, user_may
+from approvals.access import PERM_FOR_KIND, get_review_item_for_user, may_decide, user_may
 from approvals.decisions import AlreadyDecided, DecisionRefused, held_group, held_group_decide, review_decide, review_edit
 from approvals.intake import covered_currencies, customer_total_today, uncovered_refused
 from approvals.models import Limit, ReviewItem, ReviewKind, ReviewStatus
@@ -122,13 +122,23 @@ def review_queue(request, queue):
 def review_detail(request, pk):
     item = get_review_item_for_user(request.user, pk)
     action = item.action
+    context = detail_context(request, item)
+    if request.htmx and not (context["verifying"] and context["verifying"]["pending"]):
+        # The verification it polled for has ended: the whole page, its badges and the item's
+        # state with it (waiting again, or settled), not the note alone.
+        return HttpResponseClientRefresh()
+    return render_partial(request, "approvals/detail.html", "outcome" if request.htmx else None, context)
+
+
+def detail_context(request, item, decide_url=None):
+    """What an item's page shows; its decision form posts to `decide_url` (the item's own
+    decide URL unless given: an e-mail's decision link gives its own)."""
     approvals = list(item.approvals.select_related("user"))
     history = AuditEvent.objects.history(action)
-    context = {
+    return {
         "item": item,
         "action": action,
-        "may_decide": user_may(request.user, PERM_FOR_KIND[item.kind], Capability.Kind.ACTION_TYPE, action.action_type)
-        and action.agent.owner_id != request.user.pk,
+        "may_decide": may_decide(request.user, item),
         "is_owner": action.agent.owner_id == request.user.pk,
         "approved_by_me": any(a.user_id == request.user.pk for a in approvals),
         "approvals": approvals,
@@ -150,11 +160,7 @@ def review_detail(request, pk):
         "queue_query": _queue_query(item, came_from(request, item)),
         "next_item": _next_item(item, request.user, came_from(request, item)),
     }
-    if request.htmx and not (context["verifying"] and context["verifying"]["pending"]):
-        # The verification it polled for has ended: the whole page, its badges and the item's
-        # state with it (waiting again, or settled), not the note alone.
-        return HttpResponseClientRefresh()
-    return render_partial(request, "approvals/detail.html", "outcome" if request.htmx else None, context)
+        "decide_url": decide_url or reverse("review-decide", args=[item.pk]),
 
 
 def _why_now(item, history):
@@ -213,19 +219,31 @@ def _verification(item, action, history):
 def review_decide_view(request, pk):
     item = get_review_item_for_user(request.user, pk, to_decide=True)
     form = DecisionForm(request.POST)
+    try:
+        item, form = take_decision(request, item)
+    except AlreadyDecided as exc:
+        return refused(request, item, str(exc), 409)
+    except DecisionRefused as exc:
+        return refused(request, item, str(exc), 400)
+    return decided(request, item, form)
+
+
+def take_decision(request, item, fingerprint=None):
+    """Take the decision posted on `item`; returns the item afterwards and the form. It binds to
+    `fingerprint` when given (an e-mail link's), else to the form's. DecisionRefused (or
+    AlreadyDecided), in words, when it is not taken."""
     if not form.is_valid():
         said = [error for name in DecisionForm.SAID for error in form.errors.get(name, [])]
-        return _refused(request, item, "; ".join([*form.non_field_errors(), *said])
-                        or "the decision form is incomplete", 400)
+        raise DecisionRefused("; ".join([*form.non_field_errors(), *said]) or "the decision form is incomplete")
+    item = review_decide(item, user=request.user, decision=form.cleaned_data["decision"],
+                         reason=form.cleaned_data["reason"], external_ref=form.cleaned_data["external_ref"],
+                         fingerprint=fingerprint or form.cleaned_data["fingerprint"])
+    return item, form
+
+
+def decided(request, item, form):
+    """The answer to a decision taken: said, and on to where the person works next."""
     decision = form.cleaned_data["decision"]
-    try:
-        item = review_decide(item, user=request.user, decision=decision,
-                             reason=form.cleaned_data["reason"], external_ref=form.cleaned_data["external_ref"],
-                             fingerprint=form.cleaned_data["fingerprint"])
-    except AlreadyDecided as exc:
-        return _refused(request, item, str(exc), 409)
-    except DecisionRefused as exc:
-        return _refused(request, item, str(exc), 400)
     if item.status == ReviewStatus.OPEN:
         messages.info(request, "Your approval is recorded; a second approver is needed.")
     else:
@@ -251,22 +269,22 @@ def held_group_decide_view(request, pk):
     # the one meant to be released).
     release = request.POST.get("release", "")
     if not release:
-        return _refused(request, item, "choose the one to release, or reject them all", 400)
+        return refused(request, item, "choose the one to release, or reject them all", 400)
     if release != "none" and not (release.isascii() and release.isdigit()):
-        return _refused(request, item, "the action to release is not one of this group", 400)
+        return refused(request, item, "the action to release is not one of this group", 400)
     release = None if release == "none" else int(release)
     try:
         # The one released goes on with the params the page showed for it, never with whatever they are by now.
         fingerprint = fingerprint_seen(request.POST.get(f"fingerprint_{release}", "")) if release else ""
     except ValidationError as exc:
-        return _refused(request, item, " ".join(exc.messages), 400)
+        return refused(request, item, " ".join(exc.messages), 400)
     try:
         group = held_group_decide(item, user=request.user, release=release, reason=request.POST.get("reason", ""),
                                   fingerprint=fingerprint)
     except AlreadyDecided as exc:
-        return _refused(request, item, str(exc), 409)
+        return refused(request, item, str(exc), 409)
     except DecisionRefused as exc:
-        return _refused(request, item, str(exc), 400)
+        return refused(request, item, str(exc), 400)
     released = [m.action.operation_key for m in group if m.action_id == release]
     messages.success(request, f"Group of {len(group)} decided: " + (f"{released[0]} released, the rest rejected."
                                                                    if released else "all rejected."))
@@ -282,23 +300,23 @@ def review_edit_view(request, pk):
     item = get_review_item_for_user(request.user, pk, to_decide=True)
     form = EditForm(request.POST, action=item.action)
     if not form.is_valid():
-        return _refused(request, item, "; ".join(
+        return refused(request, item, "; ".join(
             " ".join(errors) if field == "fingerprint" else f"{field}: {' '.join(errors)}"
             for field, errors in form.errors.items()), 400)
     try:
         item, version = review_edit(item, user=request.user, changes=form.changes(),
                                     reason=form.cleaned_data["reason"], fingerprint=form.cleaned_data["fingerprint"])
     except AlreadyDecided as exc:
-        return _refused(request, item, str(exc), 409)
+        return refused(request, item, str(exc), 409)
     except DecisionRefused as exc:
-        return _refused(request, item, str(exc), 400)
+        return refused(request, item, str(exc), 400)
     said = {ActionStatus.AWAITING_APPROVAL: "approved by you; a second approver is needed",
             ActionStatus.HELD: "recorded, and held: another action is in flight on its target or customer"}
     messages.success(request, f"Edited into {version.operation_key}: {said.get(version.status, 'approved by you')}.")
     return redirect("review-detail", pk=item.pk)
 
 
-def _refused(request, item, why, status):
+def refused(request, item, why, status):
     messages.error(request, f"Not done: {why.rstrip('.')}.")  # some reasons end in a full stop of their own
     if request.htmx:
         return HttpResponse(status=status, headers={"HX-Redirect": item.get_absolute_url()})

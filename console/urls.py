@@ -9,6 +9,7 @@ from . import dlq_views as dlq
 from . import evidence_views as evidence
 from . import incident_views as incidents
 from . import ledger_views as ledger
+from . import link_views as links
 from . import monitoring
 from . import readiness_views as readiness
 from . import whatif_views as whatif
@@ -25,6 +26,8 @@ urlpatterns = [
     path("review/<int:pk>/decide", approvals.review_decide_view, name="review-decide"),
     path("review/<int:pk>/group", approvals.held_group_decide_view, name="held-group-decide"),
     path("review/<int:pk>/edit", approvals.review_edit_view, name="review-edit"),
+    # An alert e-mail's decision link: its token is the path (approvals.links).
+    path("decide/<slug:token>", links.decision_link, name="decision-link"),
     path("policies/", approvals.policies, name="policies"),
     path("policies/whatif", whatif.policy_whatif, name="policy-whatif"),
     path("analytics/", analytics.decision_analytics, name="decision-analytics"),

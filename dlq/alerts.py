@@ -1,6 +1,7 @@
 """Alert transports: e-mail to the operations group (or to the alert's own recipients, a
 review item's tier), an HMAC-signed webhook, and e-mail to the owner of an agent whose
-action or task failed for good.
+action or task failed for good. A review item's recipient who may decide it gets a mail of
+their own, with a decision link (approvals.links).
 
 Each attempt on each channel is recorded. A channel that failed is tried again by the job
 with backoff, and by the sweeper for alerts still undelivered; a channel that already
@@ -14,8 +15,11 @@ from datetime import timedelta
 from django.conf import settings
 from django.core.mail import send_mail
 from django.db import transaction
+from django.urls import reverse
 from django.utils import timezone
 
+from approvals.links import deciders, link_issue
+from approvals.models import ReviewStatus
 from ledger.connectors import http
 from ledger.jobs import enqueue
 from ledger.webhooks import sign_webhook
@@ -59,13 +63,30 @@ def _send(alert, channel):
     link = settings.SITE_URL.rstrip("/") + alert.link
     if channel in ("email", "owner"):
         to = group_emails(alert) if channel == "email" else [owner_email(alert)]
-        send_mail(f"[Surety] {alert.subject}", f"{alert.body}\n\n{link}\n", None, to)
-        return f"mailed to {', '.join(to)}"
+        subject = f"[Surety] {alert.subject}"
+        personal = _decision_links(alert, to)
+        for address, decide in personal.items():
+            send_mail(subject, f"{alert.body}\n\nDecide it here (this link is yours alone, works once and "
+                               f"expires):\n{decide}\n\nThe item on the dashboard: {link}\n", None, [address])
+        if others := [address for address in to if address not in personal]:
+            send_mail(subject, f"{alert.body}\n\n{link}\n", None, others)
+        return f"mailed to {', '.join(to)}" + (f" (a decision link to {', '.join(personal)})" if personal else "")
     body = json.dumps({"id": alert.pk, "kind": alert.kind, "subject": alert.subject, "body": alert.body,
                        "link": link, "created_at": alert.created_at.isoformat()})
     http.call("POST", settings.ALERT_WEBHOOK_URL, content=body.encode(), headers={
         "Content-Type": "application/json", "Surety-Signature": sign_webhook(body.encode(), settings.ALERT_WEBHOOK_SECRET)})
     return f"posted to {settings.ALERT_WEBHOOK_URL}"
+
+
+def _decision_links(alert, addresses):
+    """address -> a decision link of its own, for each address of a person who may decide the
+    alert's open review item (approvals.links); none for other alerts."""
+    item = alert.review_item
+    if item is None or item.status != ReviewStatus.OPEN:
+        return {}
+    site = settings.SITE_URL.rstrip("/")
+    return {address: site + reverse("decision-link", args=[link_issue(user, item)])
+            for address, user in deciders(item, addresses).items()}
 
 
 def alert_deliver(alert_id):

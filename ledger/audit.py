@@ -30,7 +30,7 @@ from django.utils.crypto import constant_time_compare
 
 from .compiled import insert
 from .locks import AUDIT_SEAL, take_turns
-from .middleware import current_request_id, current_step_up
+from .middleware import current_decision_link, current_request_id, current_step_up
 
 
 def actor_label(actor):
@@ -82,12 +82,14 @@ class ChainReport:
 class AuditEventManager(models.Manager):
     def record(self, *, actor, verb, obj, before=None, after=None, reason=""):
         """Append one event; must run inside the transaction whose change it describes. A decision
-        taken after a step-up records the factor given in `after["step_up"]`."""
+        taken after a step-up records the factor given in `after["step_up"]`, one taken through an
+        e-mail's decision link the link in `after["decision_link"]`."""
         if not transaction.get_connection().in_atomic_block:
             raise RuntimeError("audit events are written inside the transaction they describe")
-        step_up = current_step_up.get()
-        if step_up is not None and (after is None or isinstance(after, dict)):
-            after = {**(after or {}), "step_up": step_up}
+        how = {name: given for name, given in (("step_up", current_step_up.get()),
+                                               ("decision_link", current_decision_link.get())) if given is not None}
+        if how and (after is None or isinstance(after, dict)):
+            after = {**(after or {}), **how}
         event = self.model(
             occurred_at=timezone.now(),
             actor=actor_label(actor),

@@ -8,6 +8,8 @@ current_request_id = contextvars.ContextVar("current_request_id", default="")
 # The second factor a person gave for the decision this request takes (console.stepup): its
 # method and when, recorded in each audit event the decision writes.
 current_step_up = contextvars.ContextVar("current_step_up", default=None)
+# The decision link a decision is taken through (approvals.links): recorded the same way.
+current_decision_link = contextvars.ContextVar("current_decision_link", default=None)
 
 
 class RequestIdMiddleware:

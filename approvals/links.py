@@ -1,0 +1,110 @@
+"""Decision links: an alert's e-mail to a person who may decide a review item carries a link
+of their own, to decide it from the mail.
+
+A link is bound to one person, one item and the print of the params the mail was sent about,
+and lasts DECISION_LINK_SECONDS. Its token is in the mail alone: the table keeps its SHA-256.
+Opening it (a GET, as mail scanners and link previewers do) changes nothing; the decision is a
+POST by its person, signed in (and stepped up, as every money decision), that uses the link in
+the decision's own transaction (`link_use`: a conditional UPDATE, so two POSTs at once give one
+decision) and records the link in the decision's audit events.
+"""
+
+import hashlib
+import secrets
+from datetime import timedelta
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.utils import timezone
+
+from ledger.models import Action
+
+from .access import may_decide
+from .models import DecisionLink, ReviewItem, ReviewStatus
+
+
+class LinkRefused(Exception):
+    """The link cannot decide; `message` says why, for a person, `status` the HTTP answer,
+    `changes` what changed in the params (param, as sent, now) when that is why."""
+
+    def __init__(self, message, status, changes=()):
+        super().__init__(message)
+        self.status, self.changes = status, list(changes)
+
+
+def digest(token):
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def deciders(item, addresses):
+    """address -> the active person with that e-mail address who may decide `item`, for each
+    address that is such a person's (the others get the mail without a link)."""
+    found = {}
+    for user in get_user_model().objects.filter(is_active=True, email__in=[a for a in addresses if a]):
+        if may_decide(user, item):
+            found.setdefault(user.email, user)
+    return {address: found[address] for address in addresses if address in found}
+
+
+def link_issue(user, item):
+    """A new link for `user` to decide `item` on its params as they are now; returns the token
+    (the path's part: /decide/TOKEN)."""
+    token = secrets.token_urlsafe(32)
+    now = timezone.now()
+    DecisionLink.objects.create(digest=digest(token), user=user, item=item,
+                                fingerprint=item.action.params_fingerprint(), created_at=now,
+                                expires_at=now + timedelta(seconds=settings.DECISION_LINK_SECONDS))
+    return token
+
+
+def link_open(token, user):
+    """The link behind `token` if `user` may decide with it now; LinkRefused otherwise. Reads
+    only: a GET and the POST's first look."""
+    link = DecisionLink.objects.select_related("item", "item__action", "user").filter(digest=digest(token)).first()
+    if link is None:
+        raise LinkRefused("This link is not one of ours: open the item from the dashboard instead.", 404)
+    if link.user_id != user.pk:
+        raise LinkRefused(f"This link was sent to {link.user.get_username()}, not to you: it decides nothing "
+                          "for anyone else. Open the item from the dashboard to decide it yourself.", 403)
+    if link.used_at is not None:
+        raise LinkRefused(f"This link was used {link.used_at:%Y-%m-%d %H:%M} UTC and works once: "
+                          "open the item from the dashboard.", 410)
+    if link.expires_at <= timezone.now():
+        raise LinkRefused(f"This link expired {link.expires_at:%Y-%m-%d %H:%M} UTC: open the item from the "
+                          "dashboard.", 410)
+    _same_params(link)
+    return link
+
+
+def _same_params(link):
+    """Refused when the params are no longer those the mail was sent about: edited down into a
+    new version (the item then ends `edited`), or changed in place."""
+    action = link.item.action
+    now = action.params_fingerprint()
+    version = Action.objects.filter(supersedes=action).first() if link.item.status == ReviewStatus.EDITED else None
+    if version is None and now == link.fingerprint:
+        return
+    changes, where = [], ""
+    if version is not None:  # (changed in place, only the print tells: nothing to list)
+        sent, edited = action.params or {}, version.params or {}
+        changes = [(name, sent.get(name, "—"), edited.get(name, "—"))
+                   for name in sorted(set(sent) | set(edited)) if sent.get(name) != edited.get(name)]
+        where = f": edited into {version.operation_key}, which waits for its own decision"
+    raise LinkRefused(f"The parameters changed since this mail was sent{where}. This link decides nothing. "
+                      "Look at them again on the dashboard.", 409, changes)
+
+
+def link_use(link, user):
+    """Use the link, in the caller's transaction (the decision's): True for the one request
+    whose conditional UPDATE finds it unused and unexpired; a second one waits for the first's
+    commit and finds it used."""
+    return DecisionLink.objects.filter(pk=link.pk, user=user, used_at__isnull=True,
+                                       expires_at__gt=timezone.now()).update(used_at=timezone.now()) == 1
+
+
+def recent_reasons(user, n=3):
+    """The reasons `user` gave for their latest decisions, newest first, each once: offered on a
+    link's page, so that giving one again is one click."""
+    notes = (ReviewItem.objects.filter(decided_by=user).exclude(note="").order_by("-decided_at")
+             .values_list("note", flat=True)[:20])
+    return list(dict.fromkeys(notes))[:n]
