@@ -121,7 +121,6 @@ def review_queue(request, queue):
 @staff_required
 def review_detail(request, pk):
     item = get_review_item_for_user(request.user, pk)
-    action = item.action
     context = detail_context(request, item)
     if request.htmx and not (context["verifying"] and context["verifying"]["pending"]):
         # The verification it polled for has ended: the whole page, its badges and the item's
@@ -133,6 +132,7 @@ def review_detail(request, pk):
 def detail_context(request, item, decide_url=None):
     """What an item's page shows; its decision form posts to `decide_url` (the item's own
     decide URL unless given: an e-mail's decision link gives its own)."""
+    action = item.action
     approvals = list(item.approvals.select_related("user"))
     history = AuditEvent.objects.history(action)
     return {
@@ -159,8 +159,8 @@ def detail_context(request, item, decide_url=None):
         "queue": came_from(request, item),
         "queue_query": _queue_query(item, came_from(request, item)),
         "next_item": _next_item(item, request.user, came_from(request, item)),
-    }
         "decide_url": decide_url or reverse("review-decide", args=[item.pk]),
+    }
 
 
 def _why_now(item, history):
@@ -218,7 +218,6 @@ def _verification(item, action, history):
 @require_POST
 def review_decide_view(request, pk):
     item = get_review_item_for_user(request.user, pk, to_decide=True)
-    form = DecisionForm(request.POST)
     try:
         item, form = take_decision(request, item)
     except AlreadyDecided as exc:
@@ -232,6 +231,7 @@ def take_decision(request, item, fingerprint=None):
     """Take the decision posted on `item`; returns the item afterwards and the form. It binds to
     `fingerprint` when given (an e-mail link's), else to the form's. DecisionRefused (or
     AlreadyDecided), in words, when it is not taken."""
+    form = DecisionForm(request.POST)
     if not form.is_valid():
         said = [error for name in DecisionForm.SAID for error in form.errors.get(name, [])]
         raise DecisionRefused("; ".join([*form.non_field_errors(), *said]) or "the decision form is incomplete")

@@ -9,7 +9,6 @@ from decimal import Decimal
 import pytest
 from django.contrib.auth import get_user_model
 from django.db import connection
-from django.utils import timezone
 
 from approvals.decisions import review_decide, review_edit
 from approvals.models import Limit, ReviewItem, ReviewKind

@@ -6,7 +6,6 @@ fault makes its look-ups by operation key answer 500."""
 
 from decimal import Decimal
 
-import pytest
 from django.contrib.auth import get_user_model
 
 from approvals.decisions import review_decide
