@@ -3,23 +3,51 @@
 from django.core.exceptions import PermissionDenied
 from django.shortcuts import get_object_or_404
 
-from ledger.access import APPROVE, RESOLVE, user_may
+from ledger.access import APPROVE, RESOLVE, decidable_names, user_may
 from ledger.models import Capability
 
-from .models import ReviewItem, ReviewKind
+from .models import Delegation, ReviewItem, ReviewKind
 
 PERM_FOR_KIND = {ReviewKind.APPROVAL: APPROVE, ReviewKind.HELD: APPROVE, ReviewKind.UNKNOWN_OUTCOME: RESOLVE}
 
 
 def get_review_item_for_user(user, pk, *, to_decide=False):
     item = get_object_or_404(ReviewItem.objects.select_related("action", "action__agent", "action__task"), pk=pk)
-    if to_decide and not user_may(user, PERM_FOR_KIND[item.kind], Capability.Kind.ACTION_TYPE, item.action.action_type):
-        raise PermissionDenied(f"you may not decide {item.action.action_type} items")
+    if to_decide:
+        acting_for(user, item)
     return item
 
 
+def acting_for(user, item):
+    """Whose authority `user` decides `item` with: None for their own (the kind's permission
+    on its action type), else the person whose running delegation (approvals.delegation) gives
+    it to them. PermissionDenied when neither does."""
+    if _may_itself(user, item):
+        return None
+    for delegation in Delegation.objects.running().filter(delegate=user).select_related("person"):
+        if _may_itself(delegation.person, item):
+            return delegation.person
+    raise PermissionDenied(f"you may not decide {item.action.action_type} items")
+
+
+def _may_itself(user, item):
+    return user_may(user, PERM_FOR_KIND[item.kind], Capability.Kind.ACTION_TYPE, item.action.action_type)
+
+
 def may_decide(user, item):
-    """`user` may decide `item`: the kind's permission for its action type, and not the owner
-    of the agent that asked for it (four eyes)."""
-    return (user_may(user, PERM_FOR_KIND[item.kind], Capability.Kind.ACTION_TYPE, item.action.action_type)
-            and item.action.agent.owner_id != user.pk)
+    """`user` may decide `item`, as themselves or for a person who delegated to them, and
+    neither of them owns the agent that asked for it (four eyes)."""
+    try:
+        behalf = acting_for(user, item)
+    except PermissionDenied:
+        return False
+    return item.action.agent.owner_id not in (user.pk, behalf and behalf.pk)
+
+
+def decidable_for(user, perm):
+    """The action types `user` may take `perm` decisions on: their own, and those of each person
+    whose running delegation names them (for "waiting for me" and the queues' controls)."""
+    names = decidable_names(user, perm)
+    for delegation in Delegation.objects.running().filter(delegate=user).select_related("person"):
+        names |= decidable_names(delegation.person, perm)
+    return names

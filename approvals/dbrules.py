@@ -19,19 +19,28 @@ LIMITS_CHANGED_SQLITE = [
     for event in ("INSERT", "UPDATE", "DELETE")
 ]
 
-# Four eyes: the owner of the agent that asked never approves or decides its request, and an
-# item that needs two approvals is approved only with two, from two people (approvals_approval
-# is unique per item and user). approvals.decisions says so first, in words.
+# Four eyes: the owner of the agent that asked never approves or decides its request, nor does a
+# delegate for them (approvals.delegation), and an item that needs two approvals is approved only
+# with two, from two people, neither one a delegate acting for the other (approvals_approval is
+# unique per item and user). approvals.decisions says so first, in words.
 OWNED_BY = """SELECT 1 FROM ledger_action a JOIN ledger_agent g ON g.id = a.agent_id
-                WHERE a.id = {action} AND g.owner_id = {user}"""
+                WHERE a.id = {action} AND g.owner_id IN ({users})"""
+SAME_EYES = """SELECT 1 FROM approvals_approval p WHERE p.item_id = NEW.item_id
+                AND (p.user_id IN (NEW.user_id, NEW.on_behalf_of_id) OR p.on_behalf_of_id IN (NEW.user_id, NEW.on_behalf_of_id))"""
 TOO_FEW_APPROVALS = (f"NEW.status = '{ReviewStatus.APPROVED}' AND NEW.approvals_needed > 1 "
                      "AND (SELECT count(*) FROM approvals_approval WHERE item_id = NEW.id) < NEW.approvals_needed")
+APPROVAL_OWNED = OWNED_BY.format(action="(SELECT action_id FROM approvals_reviewitem WHERE id = NEW.item_id)",
+                                 users="NEW.user_id, NEW.on_behalf_of_id")
+DECISION_OWNED = OWNED_BY.format(action="NEW.action_id", users="NEW.decided_by_id, NEW.decided_for_id")
 
 FOUR_EYES_APPROVAL = Function("approvals_four_eyes_approval() RETURNS trigger", f"""
 BEGIN
-    IF EXISTS ({OWNED_BY.format(action="(SELECT action_id FROM approvals_reviewitem WHERE id = NEW.item_id)",
-                                user="NEW.user_id")}) THEN
+    IF EXISTS ({APPROVAL_OWNED}) THEN
         RAISE EXCEPTION USING MESSAGE = 'four eyes: the owner of the agent that asked may not approve it',
+                              ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    IF EXISTS ({SAME_EYES}) THEN
+        RAISE EXCEPTION USING MESSAGE = 'four eyes: a person and their delegate give one approval between them',
                               ERRCODE = 'integrity_constraint_violation';
     END IF;
     RETURN NEW;
@@ -39,7 +48,7 @@ END """)
 
 FOUR_EYES_DECISION = Function("approvals_four_eyes_decision() RETURNS trigger", f"""
 BEGIN
-    IF NEW.decided_by_id IS NOT NULL AND EXISTS ({OWNED_BY.format(action="NEW.action_id", user="NEW.decided_by_id")}) THEN
+    IF NEW.decided_by_id IS NOT NULL AND EXISTS ({DECISION_OWNED}) THEN
         RAISE EXCEPTION USING MESSAGE = 'four eyes: the owner of the agent that asked may not decide it',
                               ERRCODE = 'integrity_constraint_violation';
     END IF;
@@ -51,14 +60,13 @@ BEGIN
 END """)
 
 FOUR_EYES_APPROVAL_SQLITE = SQLiteTrigger("approvals_four_eyes_approval", f"""CREATE TRIGGER approvals_four_eyes_approval BEFORE INSERT ON approvals_approval
-WHEN EXISTS ({OWNED_BY.format(action="(SELECT action_id FROM approvals_reviewitem WHERE id = NEW.item_id)",
-                              user="NEW.user_id")})
+WHEN EXISTS ({APPROVAL_OWNED}) OR EXISTS ({SAME_EYES})
 BEGIN
-    SELECT RAISE(ABORT, 'four eyes: the owner of the agent that asked may not approve it');
+    SELECT RAISE(ABORT, 'four eyes: the owner of the agent that asked may not approve it, and a person and their delegate give one approval between them');
 END""")
 
 FOUR_EYES_DECISION_SQLITE = SQLiteTrigger("approvals_four_eyes_decision", f"""CREATE TRIGGER approvals_four_eyes_decision BEFORE UPDATE OF status ON approvals_reviewitem
-WHEN (NEW.decided_by_id IS NOT NULL AND EXISTS ({OWNED_BY.format(action="NEW.action_id", user="NEW.decided_by_id")}))
+WHEN (NEW.decided_by_id IS NOT NULL AND EXISTS ({DECISION_OWNED}))
     OR ({TOO_FEW_APPROVALS})
 BEGIN
     SELECT RAISE(ABORT, 'four eyes: the owner of the agent that asked may not decide it, and two approvals come from two people');

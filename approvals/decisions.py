@@ -7,6 +7,7 @@ Locks are taken action first, then item — the same order as an action's own mo
 close items), so a decision racing a webhook never deadlocks.
 """
 
+from django.core.exceptions import PermissionDenied
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 
@@ -14,6 +15,7 @@ from ledger.models import Action, AuditEvent
 from ledger.statemachine import InvalidTransition
 from ledger.versions import VersionRefused, action_version_create, version_params
 
+from .access import acting_for
 from .intake import verdict_for_action
 from .models import Approval, ReviewItem, ReviewKind, ReviewStatus
 
@@ -57,55 +59,67 @@ def review_decide(item, *, user, decision, reason="", external_ref="", fingerpri
     if decision == "mark_succeeded" and not external_ref.strip():
         raise DecisionRefused("the provider's reference is required to mark it succeeded")
     with transaction.atomic():
-        action, item, fingerprint = _open_for(item, user, fingerprint)
+        action, item, fingerprint, behalf = _open_for(item, user, fingerprint)
         # Read under the lock: a verification that lands meanwhile must still refuse this.
         if decision == "mark_failed" and any(e.get("found") is True for e in action.evidence or []):
             raise DecisionRefused("the provider reported the effect; mark it succeeded with its reference instead")
         if decision == "approve" and item.approvals_needed > 1 and not _second_approval(
-                item, user, reason, fingerprint):
+                item, user, behalf, reason, fingerprint):
             return item
-        _decide(item, action, user, decision, reason, external_ref.strip(), fingerprint)
+        _decide(item, action, user, behalf, decision, reason, external_ref.strip(), fingerprint)
     return item
 
 
 def _open_for(item, user, fingerprint):
     """The item's action and the item, locked in that order, still open and not the agent's
-    owner's to decide; and the print the decision is bound to: the one the person saw,
-    refused unless it is the params' print now (read under the action's lock)."""
+    owner's to decide; the print the decision is bound to: the one the person saw, refused
+    unless it is the params' print now (read under the action's lock); and the person `user`
+    decides for, when a delegation gives them the authority (approvals.access.acting_for)."""
     action = Action.objects.select_for_update().select_related("agent").get(pk=item.action_id)
     item = ReviewItem.objects.select_for_update().get(pk=item.pk)
     if item.status != ReviewStatus.OPEN:
         raise AlreadyDecided(f"already {item.status} by {item.decided_by_label or 'the system'}")
     if action.agent.owner_id == user.pk:
         raise DecisionRefused("four eyes: you are responsible for the agent that requested this")
+    try:
+        behalf = acting_for(user, item)
+    except PermissionDenied:  # (whether they may decide at all is the page's check, as for any view)
+        behalf = None
+    if behalf is not None and action.agent.owner_id == behalf.pk:
+        raise DecisionRefused(f"four eyes: {behalf.get_username()}, whose delegate you are, is responsible "
+                              "for the agent that requested this")
     now = action.params_fingerprint()
     if fingerprint and fingerprint != now:
         raise DecisionRefused(PARAMS_CHANGED)
-    return action, item, now
+    return action, item, now, behalf
 
 
-def _second_approval(item, user, reason, fingerprint):
-    """Record this approval; True if it is the second, by someone else, of the same params."""
+def _second_approval(item, user, behalf, reason, fingerprint):
+    """Record this approval; True if it is the second, by someone else, of the same params. A
+    delegate's approval is its person's too: one of two from each of them is all it can be."""
     earlier = list(item.approvals.all())
-    if any(a.user_id == user.pk for a in earlier):
-        raise DecisionRefused("four eyes: the second approval must come from someone else")
+    eyes = {user.pk, behalf and behalf.pk} - {None}
+    if any(eyes & {a.user_id, a.on_behalf_of_id} for a in earlier):
+        raise DecisionRefused("four eyes: the second approval must come from someone else"
+                              + (f" than you and {behalf.get_username()}" if behalf else ""))
     if any(a.fingerprint and a.fingerprint != fingerprint for a in earlier):
         raise DecisionRefused("the parameters changed after the first approval, which was for others: "
                               "reject it, or edit it into a new version")
     try:
         with transaction.atomic():
-            Approval.objects.create(item=item, user=user, reason=reason, fingerprint=fingerprint)
+            Approval.objects.create(item=item, user=user, on_behalf_of=behalf, reason=reason, fingerprint=fingerprint)
     except IntegrityError:
         raise DecisionRefused("you have already approved this") from None
     AuditEvent.objects.record(actor=user, verb="approval_recorded", obj=item, reason=reason,
                               after={"approvals": len(earlier) + 1, "needed": item.approvals_needed,
-                                     "fingerprint": fingerprint})
+                                     "fingerprint": fingerprint,
+                                     **({"on_behalf_of": behalf.get_username()} if behalf else {})})
     return len(earlier) + 1 >= item.approvals_needed
 
 
-def _decide(item, action, user, decision, reason, external_ref, fingerprint):
+def _decide(item, action, user, behalf, decision, reason, external_ref, fingerprint):
     """The item's named move for `decision`, then the action's: both rows locked already."""
-    decided = {"user": user, "reason": reason, "fingerprint": fingerprint, "locked": True}
+    decided = {"user": user, "reason": reason, "fingerprint": fingerprint, "locked": True, "on_behalf_of": behalf}
     if decision in ("approve", "reject"):
         getattr(item, decision)(**decided)
     else:
@@ -142,10 +156,10 @@ def review_edit(item, *, user, changes, reason, fingerprint=""):
     if not reason:
         raise DecisionRefused("a reason is required to edit")
     with transaction.atomic():
-        action, item, fingerprint = _open_for(item, user, fingerprint)
+        action, item, fingerprint, behalf = _open_for(item, user, fingerprint)
         try:
             params = version_params(action, changes)
-            item.edited(user=user, reason=reason, fingerprint=fingerprint, locked=True)
+            item.edited(user=user, reason=reason, fingerprint=fingerprint, locked=True, on_behalf_of=behalf)
             version = action_version_create(action, actor=user, reason=reason, params=params)
         except VersionRefused as exc:
             raise DecisionRefused(str(exc)) from None

@@ -175,6 +175,10 @@ class ReviewItem(StateMachine):
     # agent's owner, in the database too (approvals.dbrules).
     decided_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT,
                                    related_name="+")
+    # Whose authority the decider used when it was a delegate's (approvals.delegation): four eyes
+    # hold for that person too.
+    decided_for = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT,
+                                    related_name="+")
     decided_at = models.DateTimeField(null=True, blank=True)
     note = models.TextField(blank=True, default="")
     overdue_alerted_at = models.DateTimeField(null=True, blank=True)
@@ -222,29 +226,32 @@ class ReviewItem(StateMachine):
         snap = super()._snapshot(changes)
         if self.decided_fingerprint:  # what the decider saw, in the decision's audit event
             snap["decided_fingerprint"] = self.decided_fingerprint
+        if self.decided_for_id:
+            snap["on_behalf_of"] = actor_label(self.decided_for)
         return snap
 
-    # A person's decisions (approvals.decisions), each on the params they saw (`fingerprint`).
-    # `locked`: the caller has just locked the item (a decision locks each row once).
+    # A person's decisions (approvals.decisions), each on the params they saw (`fingerprint`);
+    # `on_behalf_of`: the person whose authority a delegate used. `locked`: the caller has just
+    # locked the item (a decision locks each row once).
 
-    def approve(self, *, user, reason, fingerprint="", locked=False):
-        return self._decided(R.APPROVED, user, "approve", reason, fingerprint, locked)
+    def approve(self, *, user, reason, fingerprint="", locked=False, on_behalf_of=None):
+        return self._decided(R.APPROVED, user, "approve", reason, fingerprint, locked, on_behalf_of)
 
-    def reject(self, *, user, reason, fingerprint="", locked=False):
-        return self._decided(R.REJECTED, user, "reject", reason, fingerprint, locked)
+    def reject(self, *, user, reason, fingerprint="", locked=False, on_behalf_of=None):
+        return self._decided(R.REJECTED, user, "reject", reason, fingerprint, locked, on_behalf_of)
 
-    def resolve(self, *, user, verb, reason, fingerprint="", locked=False):
+    def resolve(self, *, user, verb, reason, fingerprint="", locked=False, on_behalf_of=None):
         """Settled by the person's decision `verb` (released, marked, sent back to verify)."""
-        return self._decided(R.RESOLVED, user, verb, reason, fingerprint, locked)
+        return self._decided(R.RESOLVED, user, verb, reason, fingerprint, locked, on_behalf_of)
 
-    def edited(self, *, user, reason, fingerprint="", locked=False):
+    def edited(self, *, user, reason, fingerprint="", locked=False, on_behalf_of=None):
         """The person edited the action down: its new version has an item of its own."""
-        return self._decided(R.EDITED, user, "edit", reason, fingerprint, locked)
+        return self._decided(R.EDITED, user, "edit", reason, fingerprint, locked, on_behalf_of)
 
-    def _decided(self, outcome, user, verb, reason, fingerprint, locked):
+    def _decided(self, outcome, user, verb, reason, fingerprint, locked, on_behalf_of):
         return self._move(outcome, actor=user, verb=verb, reason=reason, locked=locked,
-                          decided_by_label=actor_label(user), decided_by=user, decided_at=timezone.now(),
-                          note=reason, decided_fingerprint=fingerprint)
+                          decided_by_label=actor_label(user), decided_by=user, decided_for=on_behalf_of,
+                          decided_at=timezone.now(), note=reason, decided_fingerprint=fingerprint)
 
     def expire(self, *, reason, locked=False):
         """Nobody decided in time (approvals.reviews.approval_expire_due)."""
@@ -255,7 +262,7 @@ class ReviewItem(StateMachine):
         """An unknown outcome a person sent back to verify, that came back still unproven:
         the same item waits again (with a new deadline), rather than a new one each time."""
         return self._move(R.OPEN, actor="system:reviews", verb="reopened", reason=reason, why=reason,
-                          deadline=deadline, decided_by=None, decided_by_label="", decided_at=None, note="",
+                          deadline=deadline, decided_by=None, decided_for=None, decided_by_label="", decided_at=None, note="",
                           decided_fingerprint="", overdue_alerted_at=None, escalate_at=None, escalated_at=None)
 
     def _refuse(self, to):
@@ -284,6 +291,9 @@ class Approval(models.Model):
     at = models.DateTimeField(default=timezone.now)
     # The fingerprint of the params this approver saw: two approvals count only for the same.
     fingerprint = models.CharField(max_length=64, blank=True, default="")
+    # Whose authority a delegate approved with: that person's eyes too (approvals.dbrules).
+    on_behalf_of = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT,
+                                     related_name="+")
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["item", "user"], name="approval_once_per_user")]
@@ -354,3 +364,41 @@ class DecisionLink(models.Model):
 
     def __str__(self):
         return f"link #{self.pk} for {self.user_id} on item {self.item_id}"
+
+
+class DelegationQuerySet(models.QuerySet):
+    def running(self, at=None):
+        """In force at `at` (now), between two active people."""
+        at = at or timezone.now()
+        return self.filter(starts_at__lte=at, ends_at__gt=at, revoked_at__isnull=True,
+                           person__is_active=True, delegate__is_active=True)
+
+
+class Delegation(models.Model):
+    """A person's review items offered to a delegate from `starts_at` to `ends_at`
+    (approvals.delegation): while it runs, the delegate is mailed the person's alerts and may
+    decide what the person may decide, on the person's behalf, with four eyes held for both.
+    Ended early by `revoked_at`."""
+
+    person = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="delegations_given")
+    delegate = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT,
+                                 related_name="delegations_taken")
+    starts_at = models.DateTimeField()
+    ends_at = models.DateTimeField()
+    reason = models.TextField()
+    created_at = models.DateTimeField(default=timezone.now)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    objects = DelegationQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-starts_at", "-id"]
+        indexes = [models.Index(fields=["delegate", "ends_at"], name="delegation_taken_idx"),
+                   models.Index(fields=["person", "ends_at"], name="delegation_given_idx")]
+        constraints = [
+            models.CheckConstraint(condition=Q(ends_at__gt=models.F("starts_at")), name="delegation_ends_after_start"),
+            models.CheckConstraint(condition=~Q(delegate=models.F("person")), name="delegation_not_to_oneself"),
+        ]
+
+    def __str__(self):
+        return f"{self.person} to {self.delegate}, {self.starts_at:%Y-%m-%d} to {self.ends_at:%Y-%m-%d}"

@@ -11,12 +11,12 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseClientRefresh
 
-from approvals.access import PERM_FOR_KIND, get_review_item_for_user, may_decide, user_may
+from approvals.access import PERM_FOR_KIND, decidable_for, get_review_item_for_user, may_decide
 from approvals.decisions import AlreadyDecided, DecisionRefused, held_group, held_group_decide, review_decide, review_edit
 from approvals.intake import covered_currencies, customer_total_today, uncovered_refused
 from approvals.models import Limit, ReviewItem, ReviewKind, ReviewStatus
 from approvals.whatif import DEFAULT_DAYS, MAX_DAYS, Proposal, preview_for_audit
-from ledger.models import IN_FLIGHT_STATUSES, Action, ActionStatus, ActionType, AuditEvent, Capability
+from ledger.models import IN_FLIGHT_STATUSES, Action, ActionStatus, ActionType, AuditEvent
 
 from .approval_forms import DecisionForm, EditForm, LimitForm, fingerprint_seen
 from .dashboard import keyset_page, render_partial, staff_required
@@ -113,8 +113,7 @@ def review_queue(request, queue):
                # Its rows' pages go on to the next item of this list as filtered (held, ...).
                "row_query": f"?{urlencode({'queue': kind})}" if kind else "",
                "action_types": ActionType.values, "next_cursor": next_cursor, "query": form.echo().urlencode(),
-               "may_reject": {t for t in ActionType.values if user_may(request.user, PERM_FOR_KIND[kinds[0]],
-                                                                        Capability.Kind.ACTION_TYPE, t)}}
+               "may_reject": decidable_for(request.user, PERM_FOR_KIND[kinds[0]])}
     return render_partial(request, "approvals/queue.html", "rows" if request.htmx else None, context)
 
 

@@ -7,11 +7,12 @@ import operator
 from django.db.models import Count, Exists, Min, OuterRef, Q, Value
 from django.urls import reverse
 
+from approvals.access import decidable_for
 from approvals.models import Approval, ReviewItem, ReviewKind, ReviewStatus
 
 from .dlq_views import deadletter_card
 from .incident_views import incident_card
-from ledger.access import APPROVE, RESOLVE, decidable_names
+from ledger.access import APPROVE, RESOLVE
 from ledger.models import ActionType, Agent
 
 # Each card opens its queue filtered to its own kind.
@@ -27,12 +28,13 @@ def approved_by(user):
 def review_cards(user, now):
     """The three queue cards in one query over the open items (it was four queries per card):
     per kind, how many, how many are overdue, how many escalated to the next tier, the oldest,
-    the next deadline, and how many wait for this user: an action type they may decide, not
+    the next deadline, and how many wait for this user: an action type they may decide (or a
+    person they stand in for may: approvals.delegation), not
     requested by an agent they own (four eyes), not already approved by them. The first two
     of those conditions need every open item joined to its action (decision 38), so each is
     left out when it cannot exclude anything: the user may decide every action type, or owns no
     agent."""
-    names = {perm: decidable_names(user, perm) for perm in (APPROVE, RESOLVE)}
+    names = {perm: decidable_for(user, perm) for perm in (APPROVE, RESOLVE)}
     decidable = [Q(kind=kind) if names[perm] >= set(ActionType.values)
                  else Q(kind=kind, action__action_type__in=names[perm]) for kind, perm, _ in CARDS if names[perm]]
     owned_agents = list(Agent.objects.filter(owner=user).values_list("pk", flat=True))

@@ -5,6 +5,7 @@ from django.urls import path
 from . import analytics_views as analytics
 from . import approval_views as approvals
 from . import bulk_views as redrives
+from . import delegation_views as delegation
 from . import dlq_views as dlq
 from . import evidence_views as evidence
 from . import incident_views as incidents
@@ -28,6 +29,9 @@ urlpatterns = [
     path("review/<int:pk>/edit", approvals.review_edit_view, name="review-edit"),
     # An alert e-mail's decision link: its token is the path (approvals.links).
     path("decide/<slug:token>", links.decision_link, name="decision-link"),
+    path("delegations/", delegation.delegations, name="delegations"),
+    path("delegations/new", delegation.delegation_create, name="delegation-create"),
+    path("delegations/<int:pk>/end", delegation.delegation_end, name="delegation-end"),
     path("policies/", approvals.policies, name="policies"),
     path("policies/whatif", whatif.policy_whatif, name="policy-whatif"),
     path("analytics/", analytics.decision_analytics, name="decision-analytics"),

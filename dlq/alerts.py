@@ -1,7 +1,8 @@
 """Alert transports: e-mail to the operations group (or to the alert's own recipients, a
 review item's tier), an HMAC-signed webhook, and e-mail to the owner of an agent whose
 action or task failed for good. A review item's recipient who may decide it gets a mail of
-their own, with a decision link (approvals.links).
+their own, with a decision link (approvals.links); a recipient away has their delegate mailed
+too (approvals.delegation).
 
 Each attempt on each channel is recorded. A channel that failed is tried again by the job
 with backoff, and by the sweeper for alerts still undelivered; a channel that already
@@ -18,6 +19,7 @@ from django.db import transaction
 from django.urls import reverse
 from django.utils import timezone
 
+from approvals.delegation import offered_to_delegates
 from approvals.links import deciders, link_issue
 from approvals.models import ReviewStatus
 from ledger.connectors import http
@@ -63,6 +65,8 @@ def _send(alert, channel):
     link = settings.SITE_URL.rstrip("/") + alert.link
     if channel in ("email", "owner"):
         to = group_emails(alert) if channel == "email" else [owner_email(alert)]
+        if alert.review_item is not None:  # a person away: their delegate is mailed too
+            to = offered_to_delegates(to, alert.review_item)
         subject = f"[Surety] {alert.subject}"
         personal = _decision_links(alert, to)
         for address, decide in personal.items():

@@ -67,3 +67,23 @@ def test_a_system_close_names_no_person_and_is_left_alone(people):
     item = item_for(owner=people[0])
     item.close(reason="the action moved on")
     assert ReviewItem.objects.get(pk=item.pk).status == ReviewStatus.CLOSED
+
+
+def test_a_delegate_may_not_decide_for_the_owner(people):
+    olga, alice, _ = people
+    item = item_for(owner=olga)
+    refused(lambda: item.approve(user=alice, reason="for olga", on_behalf_of=olga))
+    assert ReviewItem.objects.get(pk=item.pk).status == ReviewStatus.OPEN
+    refused(lambda: Approval.objects.create(item=item, user=alice, on_behalf_of=olga))
+    item.approve(user=alice, reason="as herself")
+
+
+@pytest.mark.parametrize("first, second", [({"user": "alice"}, {"user": "bob", "on_behalf_of": "alice"}),
+                                           ({"user": "bob", "on_behalf_of": "alice"}, {"user": "alice"})])
+def test_a_person_and_their_delegate_give_one_approval_between_them(people, first, second):
+    olga, alice, bob = people
+    by_name = {"alice": alice, "bob": bob}
+    item = item_for(owner=olga, approvals_needed=2)
+    Approval.objects.create(item=item, **{k: by_name[v] for k, v in first.items()})
+    refused(lambda: Approval.objects.create(item=item, **{k: by_name[v] for k, v in second.items()}))
+    assert item.approvals.count() == 1

@@ -83,6 +83,7 @@ def test_a_screenshot_of_every_page_is_saved(page, people, agent, limit, shot):
     visit(f"/actions/{demo['action'].pk}/", "action-detail", ready="#action-status")
     visit(f"/tasks/{demo['task'].pk}/", "task-detail", ready="#task-state")
     visit("/policies/", "policies")
+    visit("/delegations/", "delegations")
     visit("/agents/", "agents")
     visit("/audit/", "audit-log")
 

@@ -16,7 +16,7 @@ from tests.browser.test_queue_layout import PHONE, WIDE, at
 
 pytestmark = pytest.mark.browser
 
-PHONE_PAGES = ["/dlq/", "/dlq/{entry}/", "/incidents/", "/ledger/", "/policies/", "/agents/", "/audit/", "/"]
+PHONE_PAGES = ["/dlq/", "/dlq/{entry}/", "/incidents/", "/ledger/", "/policies/", "/delegations/", "/agents/", "/audit/", "/"]
 
 
 def cut(page):

@@ -1,0 +1,198 @@
+"""Delegation (approvals.delegation): a person away names a delegate for a period. While it
+runs, the delegate is mailed the person's alerts, with a decision link of their own, and may
+decide what the person may decide, on their behalf, recorded as such; four eyes hold for both
+of them. Named, ended and offered: each is audited."""
+
+import re
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from approvals.decisions import DecisionRefused, review_decide
+from approvals.delegation import delegation_name, delegation_revoke
+from approvals.models import Delegation, Limit, ReviewItem, ReviewStatus
+from dlq.alerts import alert_deliver
+from dlq.models import Alert
+from dlq.overdue import review_alert_overdue
+from ledger.actions import action_request
+from tests.factories import audit_events, make_agent, person
+
+pytestmark = pytest.mark.django_db
+
+LINK = re.compile(r"http://[^\s]+/decide/([A-Za-z0-9_-]+)")
+
+
+@pytest.fixture
+def people():
+    """alice and bob approve; olga, an operator, may not approve on her own."""
+    users = {name: person(name, group) for name, group in
+             (("alice", "approvers"), ("bob", "approvers"), ("olga", "operators"))}
+    for user in users.values():
+        user.email = f"{user.username}@surety.example"
+        user.save(update_fields=["email"])
+    return users
+
+
+@pytest.fixture
+def limit():
+    Limit.limit_set(actor="system:tests", reason="the tests' policy", action_type="refund", currency="EUR",
+                    max_amount=Decimal("500.00"), dual_approval_above=Decimal("5000.00"),
+                    first_tier="alice@surety.example")
+
+
+def over_limit(amount="750.00", owner=None, n=1):
+    agent = make_agent(f"billing-{n}", owner=owner)[0]
+    action, _ = action_request(agent=agent, operation_key=f"refund:ORD-{n}:dec-{n}", action_type="refund",
+                               target=f"ORD-{n}", customer="CUST-1", params={"amount": amount, "currency": "EUR"})
+    return ReviewItem.objects.get(action=action)
+
+
+def away(person, delegate, *, starts=-1, ends=24):
+    now = timezone.now()
+    return delegation_name(person=person, delegate=delegate, starts_at=now + timedelta(hours=starts),
+                           ends_at=now + timedelta(hours=ends), reason="on leave")
+
+
+def signed_in(user):
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def decide(client, item, decision="approve", reason="the order shows the damage"):
+    return client.post(f"/review/{item.pk}/decide", {"decision": decision, "reason": reason,
+                                                      "fingerprint": item.action.params_fingerprint()})
+
+
+def test_a_delegate_decides_on_the_persons_behalf_and_the_trail_says_so(people, limit):
+    item = over_limit()
+    olga = signed_in(people["olga"])
+    assert b'id="approve-button"' not in olga.get(f"/review/{item.pk}/").content
+    assert decide(olga, item).status_code == 403
+
+    away(people["alice"], people["olga"])
+    assert b'id="approve-button"' in olga.get(f"/review/{item.pk}/").content
+    assert decide(olga, item).status_code == 302
+
+    item.refresh_from_db()
+    assert (item.status, item.decided_by, item.decided_for) == (ReviewStatus.APPROVED, people["olga"], people["alice"])
+    [event] = audit_events(item, "approve")
+    assert event.actor == "user:olga" and event.after["on_behalf_of"] == "user:alice"
+
+
+@pytest.mark.parametrize("when", ["ended early", "not started", "over"])
+def test_outside_its_period_a_delegation_gives_nothing(people, limit, when):
+    item = over_limit()
+    if when == "ended early":
+        delegation_revoke(away(people["alice"], people["olga"]), user=people["alice"])
+    elif when == "not started":
+        away(people["alice"], people["olga"], starts=2)
+    else:
+        delegation = away(people["alice"], people["olga"])
+        Delegation.objects.filter(pk=delegation.pk).update(ends_at=timezone.now() - timedelta(minutes=1))
+
+    assert decide(signed_in(people["olga"]), item).status_code == 403
+    assert ReviewItem.objects.get(pk=item.pk).status == ReviewStatus.OPEN
+
+
+def test_a_delegate_never_decides_a_request_of_an_agent_the_person_owns(people, limit):
+    item = over_limit(owner=people["alice"])
+    away(people["alice"], people["olga"])
+
+    with pytest.raises(DecisionRefused, match="alice, whose delegate you are, is responsible"):
+        review_decide(item, user=people["olga"], decision="approve", reason="for alice")
+    assert b'id="approve-button"' not in signed_in(people["olga"]).get(f"/review/{item.pk}/").content
+    assert ReviewItem.objects.get(pk=item.pk).status == ReviewStatus.OPEN
+    review_decide(item, user=people["bob"], decision="approve", reason="four eyes")  # bob is someone else
+
+
+def test_a_person_and_their_delegate_give_one_approval_between_them(people, limit):
+    item = over_limit(amount="6000.00")
+    away(people["alice"], people["olga"])
+    review_decide(item, user=people["alice"], decision="approve", reason="first")
+
+    with pytest.raises(DecisionRefused, match="someone else than you and alice"):
+        review_decide(item, user=people["olga"], decision="approve", reason="second, for alice")
+    assert ReviewItem.objects.get(pk=item.pk).status == ReviewStatus.OPEN
+
+    review_decide(item, user=people["bob"], decision="approve", reason="second")
+    assert ReviewItem.objects.get(pk=item.pk).status == ReviewStatus.APPROVED
+
+
+def test_a_delegates_approval_first_counts_for_the_person_too(people, limit):
+    item = over_limit(amount="6000.00")
+    away(people["alice"], people["olga"])
+    review_decide(item, user=people["olga"], decision="approve", reason="first, for alice")
+    [recorded] = audit_events(item, "approval_recorded")
+    assert recorded.after["on_behalf_of"] == "alice"
+
+    with pytest.raises(DecisionRefused, match="someone else"):
+        review_decide(item, user=people["alice"], decision="approve", reason="second")
+
+
+def test_an_alert_to_a_person_away_reaches_their_delegate_with_a_link_of_their_own(people, limit, mailoutbox,
+                                                                                    settings):
+    settings.SITE_URL = "http://testserver"
+    item = over_limit()
+    away(people["alice"], people["olga"])
+
+    assert review_alert_overdue(now=item.deadline + timedelta(minutes=1)) == 1
+    alert_deliver(Alert.objects.get(review_item=item).pk)
+
+    mailed = {message.to[0]: message.body for message in mailoutbox}
+    assert sorted(mailed) == ["alice@surety.example", "olga@surety.example"]
+    token = LINK.search(mailed["olga@surety.example"]).group(1)
+    assert token != LINK.search(mailed["alice@surety.example"]).group(1)
+    [offered] = audit_events(item, "offered_to_delegate")
+    assert (offered.after["person"], offered.after["delegate"]) == ("alice", "olga")
+
+    olga = signed_in(people["olga"])
+    page = olga.get(f"/decide/{token}")
+    fingerprint = re.search(rb'name="fingerprint" value="([0-9a-f]{64})"', page.content).group(1).decode()
+    assert olga.post(f"/decide/{token}", {"decision": "approve", "reason": "for alice",
+                                          "fingerprint": fingerprint}).status_code == 302
+    item.refresh_from_db()
+    assert (item.status, item.decided_for) == (ReviewStatus.APPROVED, people["alice"])
+
+
+def test_a_person_names_a_delegate_on_the_page_and_ends_it(people):
+    alice = signed_in(people["alice"])
+    page = alice.get("/delegations/")
+    assert page.status_code == 200 and b'<option value="%d">olga' % people["olga"].pk in page.content
+    now = timezone.now()
+    named = alice.post("/delegations/new", {"delegate": people["olga"].pk, "reason": "on leave",
+                                            "starts_at": f"{now:%Y-%m-%dT%H:%M}",
+                                            "ends_at": f"{now + timedelta(days=7):%Y-%m-%dT%H:%M}"})
+    assert named.status_code == 302
+    delegation = Delegation.objects.get()
+    assert (delegation.person, delegation.delegate) == (people["alice"], people["olga"])
+    assert [e.actor for e in audit_events(delegation, "delegation_named")] == ["user:alice"]
+    assert b"Hand it back" in signed_in(people["olga"]).get("/delegations/").content
+
+    assert signed_in(people["bob"]).post(f"/delegations/{delegation.pk}/end").status_code == 404
+    assert alice.post(f"/delegations/{delegation.pk}/end").status_code == 302
+    delegation.refresh_from_db()
+    assert delegation.revoked_at is not None and audit_events(delegation, "delegation_revoked")
+
+
+@pytest.mark.parametrize("change, error", [
+    ({"ends_at": "2020-01-01T00:00"}, b"must end after it starts"),
+    ({"starts_at": "2020-01-01T00:00", "ends_at": "2020-01-02T00:00"}, b"would be over already"),
+    ({"ends_at": "2099-01-01T00:00"}, b"90 days at the most"),
+    ({"reason": ""}, b"This field is required"),
+    ({"delegate": "oneself"}, b"Select a valid choice"),
+    ({"starts_at": "soon"}, b"Enter a valid date/time"),
+])
+def test_a_delegation_that_cannot_be_is_refused_and_nothing_is_written(people, change, error):
+    alice = signed_in(people["alice"])
+    now = timezone.now()
+    form = {"delegate": people["olga"].pk, "reason": "on leave", "starts_at": f"{now:%Y-%m-%dT%H:%M}",
+            "ends_at": f"{now + timedelta(days=1):%Y-%m-%dT%H:%M}", **change}
+    if form["delegate"] == "oneself":
+        form["delegate"] = people["alice"].pk
+    refused = alice.post("/delegations/new", form)
+    assert refused.status_code == 400 and error in refused.content
+    assert not Delegation.objects.exists()
