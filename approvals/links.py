@@ -20,7 +20,7 @@ from django.utils import timezone
 from ledger.models import Action
 
 from .access import may_decide
-from .models import DecisionLink, ReviewItem, ReviewStatus
+from .models import DecisionLink, ReviewStatus
 
 
 class LinkRefused(Exception):
@@ -100,11 +100,3 @@ def link_use(link, user):
     commit and finds it used."""
     return DecisionLink.objects.filter(pk=link.pk, user=user, used_at__isnull=True,
                                        expires_at__gt=timezone.now()).update(used_at=timezone.now()) == 1
-
-
-def recent_reasons(user, n=3):
-    """The reasons `user` gave for their latest decisions, newest first, each once: offered on a
-    link's page, so that giving one again is one click."""
-    notes = (ReviewItem.objects.filter(decided_by=user).exclude(note="").order_by("-decided_at")
-             .values_list("note", flat=True)[:20])
-    return list(dict.fromkeys(notes))[:n]

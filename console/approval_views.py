@@ -19,7 +19,8 @@ from approvals.whatif import DEFAULT_DAYS, MAX_DAYS, Proposal, preview_for_audit
 from ledger.models import IN_FLIGHT_STATUSES, Action, ActionStatus, ActionType, AuditEvent
 
 from .approval_forms import DecisionForm, EditForm, LimitForm, fingerprint_seen
-from .dashboard import keyset_page, render_partial, staff_required
+from .dashboard import keyset_page, recent_reasons, render_partial, staff_required
+from .templatetags.amounts import in_currency
 from .filters import ReviewQueueFilters
 from .overview import approved_by
 from .stepup import step_up_required
@@ -113,7 +114,9 @@ def review_queue(request, queue):
                # Its rows' pages go on to the next item of this list as filtered (held, ...).
                "row_query": f"?{urlencode({'queue': kind})}" if kind else "",
                "action_types": ActionType.values, "next_cursor": next_cursor, "query": form.echo().urlencode(),
-               "may_reject": decidable_for(request.user, PERM_FOR_KIND[kinds[0]])}
+               "may_reject": decidable_for(request.user, PERM_FOR_KIND[kinds[0]]),
+               "reject_reasons": recent_reasons(ReviewItem.objects.filter(decided_by=request.user,
+                                                                          status=ReviewStatus.REJECTED))}
     return render_partial(request, "approvals/queue.html", "rows" if request.htmx else None, context)
 
 
@@ -159,7 +162,29 @@ def detail_context(request, item, decide_url=None):
         "queue_query": _queue_query(item, came_from(request, item)),
         "next_item": _next_item(item, request.user, came_from(request, item)),
         "decide_url": decide_url or reverse("review-decide", args=[item.pk]),
+        "reason_choices": _reason_choices(request.user, item),
     }
+
+
+# The decision a reason given before takes in one click, per kind, and the person's earlier
+# decisions of that kind it is taken from.
+CHOICES = {ReviewKind.APPROVAL: ("approve", {"status": ReviewStatus.APPROVED, "kind": ReviewKind.APPROVAL}),
+           ReviewKind.HELD: ("release", {"status": ReviewStatus.RESOLVED, "kind": ReviewKind.HELD})}
+
+
+def _reason_choices(user, item):
+    """The decision (approve, release) and the reasons `user` gave for their latest such ones."""
+    if item.kind not in CHOICES or item.status != ReviewStatus.OPEN:
+        return None
+    decision, earlier = CHOICES[item.kind]
+    reasons = recent_reasons(ReviewItem.objects.filter(decided_by=user, **earlier))
+    if not reasons:
+        return None
+    action = item.action
+    # As the Approve button asks, above the two-approver threshold.
+    confirm = (f"Approve {in_currency(action.amount, action.currency)} {action.currency}? It is above the two-approver "
+               "threshold." if decision == "approve" and item.approvals_needed > 1 else "")
+    return {"decision": decision, "reasons": reasons, "confirm": confirm}
 
 
 def _why_now(item, history):

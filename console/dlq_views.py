@@ -13,10 +13,11 @@ from dlq.bulk import bulk_plan
 from dlq.entries import deadletter_discard, deadletter_redrive, deadletter_resolve
 from dlq.models import DeadLetter, EntryStatus
 from ledger.access import WORK_DLQ, decidable_names
+from ledger.audit import actor_label
 from ledger.models import AuditEvent, Capability
 from ledger.statemachine import InvalidTransition
 
-from .dashboard import count_up_to, keyset_page, render_partial, staff_required
+from .dashboard import count_up_to, keyset_page, recent_reasons, render_partial, staff_required
 from .filters import DeadLetterFilters
 from .stepup import step_up_required
 
@@ -69,6 +70,8 @@ def deadletter_detail(request, pk):
         "history": AuditEvent.objects.history(entry.task or entry.action),
         "attempts": _every_entry_of_its_subject(entry),
         "may_work": name in decidable_names(request.user, WORK_DLQ, kind),
+        "redrive_reasons": recent_reasons(DeadLetter.objects.filter(decided_by=actor_label(request.user),
+                                                                    status=EntryStatus.REDRIVEN)),
     }
     return render(request, "dlq/detail.html", context)
 

@@ -7,7 +7,7 @@ from django.shortcuts import render
 from django.views.decorators.cache import never_cache
 
 from approvals.decisions import AlreadyDecided, DecisionRefused
-from approvals.links import LinkRefused, link_open, link_use, recent_reasons
+from approvals.links import LinkRefused, link_open, link_use
 from ledger.middleware import current_decision_link
 
 from .approval_views import decided, detail_context, refused, take_decision
@@ -15,16 +15,19 @@ from .dashboard import staff_required
 from .stepup import step_up_required
 
 
-@never_cache  # no-store: neither the page nor its token is kept by a browser or a proxy
+# no-store: neither the page nor its token is kept by a browser or a proxy. The site's
+# Referrer-Policy (same-origin) keeps the token from any other site the page links to; a
+# no-referrer policy here made the browser send `Origin: null` with the form, which the CSRF
+# check refuses (tests/browser/test_interactions.py).
+@never_cache
 @staff_required
 @step_up_required
 def decision_link(request, token):
     try:
         link = link_open(token, request.user)
         if request.method != "POST":
-            return _private(render(request, "approvals/detail.html", {
-                **detail_context(request, link.item, decide_url=request.path),
-                "link": link, "recent_reasons": recent_reasons(request.user)}))
+            return render(request, "approvals/detail.html", {
+                **detail_context(request, link.item, decide_url=request.path), "link": link})
         with transaction.atomic():  # a decision refused leaves the link unused
             if not link_use(link, request.user):
                 raise LinkRefused("This link was used a moment ago, and works once: open the item from the "
@@ -35,16 +38,11 @@ def decision_link(request, token):
             finally:
                 current_decision_link.reset(through)
     except LinkRefused as exc:
-        return _private(render(request, "approvals/link_refused.html", {"why": str(exc), "changes": exc.changes},
-                               status=exc.status))
+        return render(request, "approvals/link_refused.html", {"why": str(exc), "changes": exc.changes},
+                      status=exc.status)
     except AlreadyDecided as exc:
         return refused(request, link.item, str(exc), 409)
     except DecisionRefused as exc:
         return refused(request, link.item, str(exc), 400)
     return decided(request, item, form)
 
-
-def _private(response):
-    # The page's URL is the token: no page it links to learns it.
-    response["Referrer-Policy"] = "no-referrer"
-    return response

@@ -4,11 +4,15 @@
  * without it. Loaded with `defer` from static (the CSP allows no inline script).
  *
  * Queues (pages with .queue-row rows): j / k select the next / previous row, Enter opens it,
- * r opens the selected row's "Reject…" with its reason field focused.
+ * r opens the selected row's "Reject…" with its reason (or the first one given before) focused.
  * Review item: a approves (or releases) with the reason written, or asks for one, with the
  * button's data-confirm question where it has one (above the two-approver threshold); r
  * focuses the reason, and rejects when a reason is written. Escape leaves a text field so
  * the shortcuts work again.
+ * Reasons given before (.reason-choice buttons, each a whole decision): 1, 2, 3 press the
+ * first, second, third of the selected row's open "Reject…", else of the page's choices; a
+ * choice above the two-approver threshold asks its data-confirm question first. Opening a
+ * "Reject…" focuses its first such reason, else its reason field.
  */
 (function () {
   "use strict";
@@ -110,8 +114,14 @@
     var details = row && row.querySelector("details.row-reject");
     if (!details) return false;
     details.open = true;
-    details.querySelector("input[name=reason]").focus();
+    focusReason(details);
     return true;
+  }
+
+  // An opened "Reject…" waits on its first reason given before (1 or Enter takes it), else on
+  // its reason field.
+  function focusReason(details) {
+    (details.querySelector(".reason-choice") || details.querySelector("input[name=reason]")).focus();
   }
 
   function reject() {
@@ -126,6 +136,28 @@
     }
     return true;
   }
+
+  // --- reasons given before: 1 / 2 / 3 --------------------------------------------------------
+
+  function choose(n) {
+    var open = document.querySelector('.queue-row[aria-selected="true"] details.row-reject[open]');
+    var scope = open || document.getElementById("reason-choices");
+    var choice = scope && scope.querySelectorAll(".reason-choice")[n - 1];
+    if (!choice) return false;
+    choice.click();
+    return true;
+  }
+
+  document.addEventListener("click", function (event) {
+    var choice = event.target.closest && event.target.closest(".reason-choice[data-confirm]");
+    if (choice && !window.confirm(choice.getAttribute("data-confirm"))) event.preventDefault();
+  });
+
+  // A "Reject…" opened by a click waits for its reason as r opens it.
+  document.addEventListener("toggle", function (event) {
+    var details = event.target;
+    if (details.matches && details.matches("details.row-reject") && details.open) focusReason(details);
+  }, true);
 
   // --- the key handler -------------------------------------------------------------------------
 
@@ -145,6 +177,7 @@
         break;
       case "a": handled = approve(); break;
       case "r": handled = reject(); break;
+      case "1": case "2": case "3": handled = choose(Number(event.key)); break;
     }
     if (handled) event.preventDefault();
   });

@@ -120,7 +120,7 @@ def test_a_scanners_get_and_the_persons_own_get_change_nothing_and_the_link_stil
     assert "no-store" in scanner["Cache-Control"]
     shown = alice.get(f"/decide/{token}")
     assert shown.status_code == 200
-    assert shown["Referrer-Policy"] == "no-referrer" and "no-store" in shown["Cache-Control"]
+    assert shown["Referrer-Policy"] == "same-origin" and "no-store" in shown["Cache-Control"]
     assert f'action="/decide/{token}"'.encode() in shown.content and b'id="approve-button"' in shown.content
     assert state(item) == before
 
