@@ -114,6 +114,7 @@ def test_without_a_second_factor_a_decision_sends_the_person_to_enrol_one(client
     "/dlq/redrives/1/start",
     "/agents/1/grants/promote",
     "/policies/",  # change a limit
+    "/delegations/new",  # hand one's authority over money to a delegate
 ])
 def test_every_money_decision_asks_for_the_factor_first(client, step_up, alice, path):
     sign_in(client, "alice")
