@@ -121,7 +121,8 @@
   // An opened "Reject…" waits on its first reason given before (1 or Enter takes it), else on
   // its reason field.
   function focusReason(details) {
-    (details.querySelector(".reason-choice") || details.querySelector("input[name=reason]")).focus();
+    // Without scrolling: the table's own scroll would move the row being rejected out of sight.
+    (details.querySelector(".reason-choice") || details.querySelector("input[name=reason]")).focus({ preventScroll: true });
   }
 
   function reject() {

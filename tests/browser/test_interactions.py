@@ -135,12 +135,13 @@ def test_approve_with_a_reason_given_before_takes_3(page, people, agent, limit):
     assert person.count == 3
 
 
-def test_reject_with_a_reason_given_before_takes_3(page, people, agent, limit):
+def test_reject_with_a_reason_given_before_takes_3(page, people, agent, limit, shot):
     decided_before(people, "alice", "reject", open_item(refund(agent, 22, "600.00")), "duplicate of an earlier refund")
     item = open_item(refund(agent, 23, "700.00"))
     person = from_overview(page, "alice")
     person.navigating(person.click, '.queue-card[data-queue="approval"]')
     person.click(f'.queue-row[data-id="{item.pk}"] .row-reject > summary')
+    shot(page, "reject-with-a-reason-given-before")  # the choice above the queue's rows, not under them
     person.navigating(person.click, f'.queue-row[data-id="{item.pk}"] .reason-choice')
     item.refresh_from_db()
     assert item.status == ReviewStatus.REJECTED and item.note == "duplicate of an earlier refund"
