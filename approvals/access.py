@@ -24,9 +24,9 @@ def acting_for(user, item):
     it to them. PermissionDenied when neither does."""
     if _may_itself(user, item):
         return None
-    for delegation in Delegation.objects.running().filter(delegate=user).select_related("person"):
-        if _may_itself(delegation.person, item):
-            return delegation.person
+    for person in _standing_in_for(user):
+        if _may_itself(person, item):
+            return person
     raise PermissionDenied(f"you may not decide {item.action.action_type} items")
 
 
@@ -48,6 +48,12 @@ def decidable_for(user, perm):
     """The action types `user` may take `perm` decisions on: their own, and those of each person
     whose running delegation names them (for "waiting for me" and the queues' controls)."""
     names = decidable_names(user, perm)
-    for delegation in Delegation.objects.running().filter(delegate=user).select_related("person"):
-        names |= decidable_names(delegation.person, perm)
+    for person in _standing_in_for(user):
+        names |= decidable_names(person, perm)
     return names
+
+
+def _standing_in_for(user):
+    """The people whose running delegation names `user`."""
+    return [delegation.person for delegation in Delegation.objects.running().filter(delegate=user)
+            .select_related("person")]

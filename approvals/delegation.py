@@ -34,23 +34,20 @@ class DelegationRefused(Exception):
     pass
 
 
-def offered_to_delegates(addresses, item=None):
-    """`addresses` and, after them, the address of each delegate of a person among them whose
-    delegation runs now: an alert to someone away reaches who stands in for them. Each
-    offering of a review item (`item`) is audited."""
-    found = list(addresses)
-    for delegation in (Delegation.objects.running().filter(person__email__in=[a for a in addresses if a])
-                       .exclude(delegate__email="").select_related("person", "delegate")):
-        if delegation.delegate.email not in found:
-            found.append(delegation.delegate.email)
-        if item is not None:
-            AuditEvent.objects.record(actor="system:alerts", verb="offered_to_delegate", obj=item,
-                                      reason=f"{delegation.person.get_username()} is away until "
-                                             f"{delegation.ends_at:%Y-%m-%d %H:%M} UTC",
-                                      after={"person": delegation.person.get_username(),
-                                             "delegate": delegation.delegate.get_username(),
-                                             "delegation": delegation.pk})
-    return found
+def standing_in(addresses):
+    """The running delegations of the people with these addresses whose delegates have one:
+    an alert to someone away reaches who stands in for them."""
+    return list(Delegation.objects.running().filter(person__email__in=[a for a in addresses if a])
+                .exclude(delegate__email="").select_related("person", "delegate"))
+
+
+def offered(delegation, item):
+    """Audit that `item`'s alert reached `delegation`'s delegate (once it was mailed)."""
+    AuditEvent.objects.record(actor="system:alerts", verb="offered_to_delegate", obj=item,
+                              reason=f"{delegation.person.get_username()} is away until "
+                                     f"{delegation.ends_at:%Y-%m-%d %H:%M} UTC",
+                              after={"person": delegation.person.get_username(),
+                                     "delegate": delegation.delegate.get_username(), "delegation": delegation.pk})
 
 
 def delegation_name(*, person, delegate, starts_at, ends_at, reason):

@@ -19,7 +19,7 @@ from django.db import transaction
 from django.urls import reverse
 from django.utils import timezone
 
-from approvals.delegation import offered_to_delegates
+from approvals.delegation import offered, standing_in
 from approvals.links import deciders, link_issue
 from approvals.models import ReviewStatus
 from ledger.connectors import http
@@ -65,8 +65,9 @@ def _send(alert, channel):
     link = settings.SITE_URL.rstrip("/") + alert.link
     if channel in ("email", "owner"):
         to = group_emails(alert) if channel == "email" else [owner_email(alert)]
-        if alert.review_item is not None:  # a person away: their delegate is mailed too
-            to = offered_to_delegates(to, alert.review_item)
+        # A person away: their delegate is mailed too, and that is audited once the mail went.
+        standing = standing_in(to) if alert.review_item is not None else []
+        to = list(dict.fromkeys([*to, *(delegation.delegate.email for delegation in standing)]))
         subject = f"[Surety] {alert.subject}"
         personal = _decision_links(alert, to)
         for address, decide in personal.items():
@@ -74,6 +75,8 @@ def _send(alert, channel):
                                f"expires):\n{decide}\n\nThe item on the dashboard: {link}\n", None, [address])
         if others := [address for address in to if address not in personal]:
             send_mail(subject, f"{alert.body}\n\n{link}\n", None, others)
+        for delegation in standing:
+            offered(delegation, alert.review_item)
         return f"mailed to {', '.join(to)}" + (f" (a decision link to {', '.join(personal)})" if personal else "")
     body = json.dumps({"id": alert.pk, "kind": alert.kind, "subject": alert.subject, "body": alert.body,
                        "link": link, "created_at": alert.created_at.isoformat()})

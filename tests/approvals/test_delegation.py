@@ -18,6 +18,8 @@ from dlq.alerts import alert_deliver
 from dlq.models import Alert
 from dlq.overdue import review_alert_overdue
 from ledger.actions import action_request
+from tests.conftest import free_port
+from tests.connectors.test_email import SMTP_BACKEND
 from tests.factories import audit_events, make_agent, person
 
 pytestmark = pytest.mark.django_db
@@ -156,6 +158,23 @@ def test_an_alert_to_a_person_away_reaches_their_delegate_with_a_link_of_their_o
                                           "fingerprint": fingerprint}).status_code == 302
     item.refresh_from_db()
     assert (item.status, item.decided_for) == (ReviewStatus.APPROVED, people["alice"])
+
+
+def test_an_offering_is_audited_once_and_only_when_the_mail_went(people, limit, mailoutbox, settings):
+    item = over_limit()
+    away(people["alice"], people["olga"])
+    review_alert_overdue(now=item.deadline + timedelta(minutes=1))
+    alert = Alert.objects.get(review_item=item)
+
+    # Nothing listens on the SMTP port: the delivery fails, and nothing was offered.
+    settings.EMAIL_BACKEND, settings.EMAIL_HOST, settings.EMAIL_PORT = SMTP_BACKEND, "127.0.0.1", free_port()
+    alert_deliver(alert.pk)
+    assert alert.deliveries.get().ok is False and not audit_events(item, "offered_to_delegate").exists()
+
+    settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+    alert_deliver(alert.pk)
+    assert sorted(m.to[0] for m in mailoutbox) == ["alice@surety.example", "olga@surety.example"]
+    assert len(audit_events(item, "offered_to_delegate")) == 1
 
 
 def test_a_person_names_a_delegate_on_the_page_and_ends_it(people):
