@@ -22,6 +22,7 @@ import redis
 from django.contrib.contenttypes.models import ContentType
 from django.core.management import call_command
 from django.db import connection
+from django.db.backends.postgresql.operations import DatabaseOperations as PostgresOperations
 from ledger import compiled
 
 # The named actors' fixtures (`agent`, `operator`, `auditor`) beside their factories.
@@ -127,6 +128,23 @@ class Stack:
             self.kill_worker(process)
         for process in list(self.sweepers):
             self.kill_sweeper(process)
+
+
+def _delete_for_flush(self, style, tables, *, reset_sequences=False, allow_cascade=False):
+    """A transactional test's flush as DELETEs with triggers and foreign-key checks off for
+    the flush's own transaction (the append-only triggers would refuse them), then the
+    sequences reset where asked: on these 57 small tables one TRUNCATE takes 0.45 s (a new
+    file for each table), the DELETEs 0.02 s, and a full run flushes after some 700 tests.
+    The tables end empty either way. Needs a superuser, as the tests' database user is."""
+    if not tables:
+        return []
+    sequences = [s for s in self.connection.introspection.sequence_list() if s["table"] in tables]
+    return ["SET LOCAL session_replication_role = replica",
+            *(f"DELETE FROM {self.quote_name(table)}" for table in tables),
+            *(self.sequence_reset_by_name_sql(style, sequences) if reset_sequences else [])]
+
+
+PostgresOperations.sql_flush = _delete_for_flush
 
 
 def _wait_for_http(url, seconds=30):
