@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
+from django.conf import settings as django_settings
 from django.contrib.contenttypes.models import ContentType
 from django.core.management import call_command
 from django.db import connection
@@ -51,6 +52,24 @@ def _redis_db():
 
 
 REDIS_URL = f"redis://127.0.0.1:6379/{_redis_db()}"
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup, django_db_blocker):
+    """The test database, dropped only once the processes the tests started are gone from it:
+    PostgreSQL ends a killed client's session a moment after the client, and the drop refuses
+    a database another session still uses."""
+    yield
+    if connection.vendor != "postgresql":
+        return
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                           "AND pid <> pg_backend_pid()")
+            if not cursor.fetchone()[0]:
+                break
+            time.sleep(0.05)
 
 
 def free_port():
@@ -135,10 +154,14 @@ def _delete_for_flush(self, style, tables, *, reset_sequences=False, allow_casca
     the flush's own transaction (the append-only triggers would refuse them), then the
     sequences reset where asked: on these 57 small tables one TRUNCATE takes 0.45 s (a new
     file for each table), the DELETEs 0.02 s, and a full run flushes after some 700 tests.
-    The tables end empty either way. Needs a superuser, as the tests' database user is (decision 51)."""
+    The database cache's table is emptied too: the sign-in rate limits count there (per
+    address, so across every test of a worker: 30 sign-ins a minute from 127.0.0.1 refused
+    the next ones), and Django's flush leaves it alone as no model's. Needs a superuser, as
+    the tests' database user is (decision 51)."""
     if not tables:
         return []
-    deletes = ["SET LOCAL session_replication_role = replica", *(f"DELETE FROM {self.quote_name(t)}" for t in tables)]
+    emptied = [*tables, *(c["LOCATION"] for c in django_settings.CACHES.values() if c["BACKEND"].endswith("DatabaseCache"))]
+    deletes = ["SET LOCAL session_replication_role = replica", *(f"DELETE FROM {self.quote_name(t)}" for t in emptied)]
     if not reset_sequences:
         return deletes
     sequences = [s for s in self.connection.introspection.sequence_list() if s["table"] in tables]

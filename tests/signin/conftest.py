@@ -19,7 +19,6 @@ import httpx
 import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
-from django.core.cache import cache
 from django.core.management import call_command
 
 from tests.conftest import ROOT, free_port
@@ -59,17 +58,6 @@ class Provider:
             "provider_id": "company", "name": "Company SSO", "client_id": CLIENT_ID, "secret": CLIENT_SECRET,
             "settings": {"server_url": self.issuer},
         }]}}
-
-
-@pytest.fixture(autouse=True)
-def fresh_counts(django_db_blocker):
-    """Sign-in failures (and the TOTP codes used) are counted in the cache, a table of the database that
-    a live test's flush leaves alone: each test starts with none."""
-    with django_db_blocker.unblock():
-        cache.clear()
-    yield
-    with django_db_blocker.unblock():
-        cache.clear()
 
 
 @pytest.fixture(scope="session")
