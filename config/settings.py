@@ -380,6 +380,11 @@ ACCOUNT_SESSION_REMEMBER = False
 ACCOUNT_LOGOUT_REDIRECT_URL = LOGOUT_REDIRECT_URL
 # Failed sign-ins: per client address and per username (allauth's rate limits, kept in the cache).
 ACCOUNT_RATE_LIMITS = {"login_failed": env_str("SIGN_IN_FAILURE_LIMIT", "10/m/ip,5/5m/key")}
+# The client's address for those limits (and allauth's 30 sign-ins a minute per address): behind
+# the load balancer production assumes (SECURE_PROXY_SSL_HEADER), the last entry of
+# X-Forwarded-For that the trusted proxies added; else every person shares the balancer's
+# address, and ten wrong passwords a minute from anyone lock everyone out.
+ALLAUTH_TRUSTED_PROXY_COUNT = env_int("TRUSTED_PROXY_COUNT", 1 if PRODUCTION else 0)
 # Every person who can decide money or authority (approvers, operators, admins) has a second
 # factor: without one, every page sends them to enrol one first.
 MFA_REQUIRED = env_bool("MFA_REQUIRED", not DEBUG)
