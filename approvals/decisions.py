@@ -7,7 +7,6 @@ Locks are taken action first, then item — the same order as an action's own mo
 close items), so a decision racing a webhook never deadlocks.
 """
 
-from django.core.exceptions import PermissionDenied
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 
@@ -71,20 +70,19 @@ def review_decide(item, *, user, decision, reason="", external_ref="", fingerpri
 
 
 def _open_for(item, user, fingerprint):
-    """The item's action and the item, locked in that order, still open and not the agent's
-    owner's to decide; the print the decision is bound to: the one the person saw, refused
-    unless it is the params' print now (read under the action's lock); and the person `user`
-    decides for, when a delegation gives them the authority (approvals.access.acting_for)."""
+    """The item's action and the item, locked in that order, still open, and `user` with the
+    authority to decide it (the pages check it first; a caller without a page is held to it
+    here) and not the agent's owner; the print the decision is bound to: the one the person
+    saw, refused unless it is the params' print now (read under the action's lock); and the
+    person `user` decides for, when a delegation gives them the authority
+    (approvals.access.acting_for)."""
     action = Action.objects.select_for_update().select_related("agent").get(pk=item.action_id)
     item = ReviewItem.objects.select_for_update().get(pk=item.pk)
     if item.status != ReviewStatus.OPEN:
         raise AlreadyDecided(f"already {item.status} by {item.decided_by_label or 'the system'}")
     if action.agent.owner_id == user.pk:
         raise DecisionRefused("four eyes: you are responsible for the agent that requested this")
-    try:
-        behalf = acting_for(user, item)
-    except PermissionDenied:  # (whether they may decide at all is the page's check, as for any view)
-        behalf = None
+    behalf = acting_for(user, item)  # PermissionDenied without the authority, theirs or a delegator's
     if behalf is not None and action.agent.owner_id == behalf.pk:
         raise DecisionRefused(f"four eyes: {behalf.get_username()}, whose delegate you are, is responsible "
                               "for the agent that requested this")

@@ -25,6 +25,7 @@ from decimal import Decimal
 import httpx
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
 from django.utils import timezone
 
 from approvals.decisions import review_decide
@@ -38,13 +39,19 @@ from ledger.connectors.test_mode import connector_version
 from ledger.executor import action_claim_next, action_run_claimed
 from ledger.grants import capability, grant_promote
 from ledger.models import Action, Capability, ReplayRun
+from ledger.roles import roles_setup
 from ledger.signing import sign_webhook
 
 PEOPLE = ("evidence-owner", "evidence-alice", "evidence-bob", "evidence-admin")
+APPROVERS = {"evidence-alice", "evidence-bob"}
 
 
 def _person(username):
-    return get_user_model().objects.get_or_create(username=username)[0]
+    user = get_user_model().objects.get_or_create(username=username)[0]
+    if username in APPROVERS:  # a decision needs the authority to decide, as on the pages
+        roles_setup()
+        user.groups.add(Group.objects.get(name="approvers"))
+    return user
 
 
 def _sandbox(method, path, **kwargs):

@@ -5,7 +5,6 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -16,7 +15,7 @@ from console.approval_forms import LimitForm
 from console.sweeper import sweep_once
 from ledger.actions import action_request
 from ledger.models import Action, ActionStatus
-from tests.factories import audit_events, make_agent
+from tests.factories import audit_events, make_agent, person
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("jobs_to_test_redis")]
 
@@ -71,7 +70,7 @@ def test_a_decision_taken_before_the_sweeper_came_stands(agent):
     limit(hours=1)
     action = refund(agent, 3)
     item = ReviewItem.objects.get(action=action)
-    approver = get_user_model().objects.create_user("alice", password="x")
+    approver = person("alice", "approvers")
     review_decide(item, user=approver, decision="approve", reason="checked", fingerprint=action.params_fingerprint())
     assert approval_expire_due(now=item.expires_at + timedelta(hours=1)) == 0
     action.refresh_from_db()
@@ -84,7 +83,7 @@ def test_held_items_do_not_expire_and_an_expired_action_settles_what_it_held(age
     second = refund(agent, 5, amount="20.00", order="ORD-SAME")  # both held now, for a person
     assert Action.objects.get(pk=first.pk).status == second.status == ActionStatus.HELD
     assert all(item.expires_at is None for item in ReviewItem.objects.filter(status="open"))
-    alice = get_user_model().objects.create_user("alice", password="x")
+    alice = person("alice", "approvers")
     review_decide(ReviewItem.objects.get(action=first, status="open"), user=alice, decision="release",
                   reason="this one first", fingerprint=first.params_fingerprint())
     approval = ReviewItem.objects.get(action=first, status="open")

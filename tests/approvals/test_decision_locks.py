@@ -5,14 +5,13 @@ reads without a lock). Counted on the statements PostgreSQL receives."""
 from decimal import Decimal
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from approvals.decisions import review_decide
 from approvals.models import Limit, ReviewItem
 from ledger.actions import action_request
-from tests.factories import make_agent
+from tests.factories import make_agent, person
 
 pytestmark = pytest.mark.django_db
 
@@ -37,7 +36,7 @@ def locks_taken(decide):
 
 @pytest.mark.parametrize(("decision", "action_status"), [("approve", "queued"), ("reject", "rejected")])
 def test_a_decision_locks_the_action_and_its_item_once_each(item, decision, action_status):
-    alice = get_user_model().objects.create_user("alice")
+    alice = person("alice", "approvers")
 
     locked = locks_taken(lambda: review_decide(item, user=alice, decision=decision, reason="checked the order"))
 

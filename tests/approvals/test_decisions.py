@@ -5,6 +5,7 @@ from decimal import Decimal
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.core.exceptions import PermissionDenied
 from django.db import connection
 from django.utils import timezone
 
@@ -13,14 +14,14 @@ from approvals.models import Limit, ReviewItem, ReviewKind
 from approvals.policies import verdict_for
 from ledger.actions import _lock_subjects, action_request
 from ledger.models import ActionStatus, AuditEvent
-from tests.factories import another_transaction, make_action, make_agent
+from tests.factories import another_transaction, make_action, make_agent, person
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("jobs_to_test_redis")]
 
 
 @pytest.fixture
 def people():
-    users = {name: get_user_model().objects.create_user(name, password="x") for name in ("olga", "alice", "bob")}
+    users = {name: person(name, "approvers") for name in ("olga", "alice", "bob")}
     agent, _ = make_agent("billing-bot")
     agent.owner = users["olga"]
     agent.save(update_fields=["owner"])
@@ -63,6 +64,20 @@ def test_the_agents_owner_cannot_approve_four_eyes(people):
         review_decide(item, user=users["olga"], decision="approve", reason="mine")
     item.refresh_from_db()
     assert item.status == "open"
+
+
+@pytest.mark.parametrize("decision", ["approve", "reject"])
+def test_a_person_without_the_authority_is_refused_by_the_decision_itself(people, decision):
+    """Not only by the page: a caller without one (a command, a script) is held to it too."""
+    _, agent = people
+    item = ReviewItem.objects.get(action=refund(agent, "r1", "750.00", "ORD-1"))
+    nobody = get_user_model().objects.create_user("nobody", password="x")
+    events = AuditEvent.objects.count()
+    with pytest.raises(PermissionDenied, match="you may not decide refund items"):
+        review_decide(item, user=nobody, decision=decision, reason="looks fine")
+    item.refresh_from_db()
+    assert item.status == "open" and item.action.status == "awaiting_approval"
+    assert AuditEvent.objects.count() == events and not item.approvals.exists()
 
 
 def test_a_reject_needs_a_reason(people):

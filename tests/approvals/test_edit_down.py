@@ -6,7 +6,6 @@ changes nothing."""
 from decimal import Decimal
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 
 from approvals.decisions import AlreadyDecided, DecisionRefused, review_decide, review_edit
@@ -14,7 +13,7 @@ from approvals.intake import customer_total_today
 from approvals.models import Limit, ReviewItem, ReviewKind
 from ledger.actions import action_request
 from ledger.models import Action, ActionStatus, AuditEvent
-from tests.factories import audit_events, make_agent
+from tests.factories import audit_events, make_agent, person
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("jobs_to_test_redis")]
 KEY = "refund:ORD-E1:full:dec-1"
@@ -22,7 +21,7 @@ KEY = "refund:ORD-E1:full:dec-1"
 
 @pytest.fixture
 def people():
-    users = {name: get_user_model().objects.create_user(name, password="x") for name in ("olga", "alice", "bob")}
+    users = {name: person(name, "approvers") for name in ("olga", "alice", "bob")}
     agent, _ = make_agent("billing-bot", owner=users["olga"])
     Limit.limit_set(actor="system:tests", reason="the tests' policy", action_type="refund", currency="EUR",
                     max_amount=Decimal("500.00"), dual_approval_above=Decimal("1000.00"))

@@ -7,7 +7,6 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.db import connection
 
 from approvals.decisions import review_decide, review_edit
@@ -15,7 +14,7 @@ from approvals.models import Limit, ReviewItem, ReviewKind
 from approvals.reviews import approval_expire_due
 from ledger.models import Action, Task
 from tests.conftest import wait_until
-from tests.factories import (agent_api, audit_events, post_action, post_task, refund_body, refund_task_body,
+from tests.factories import (agent_api, audit_events, person, post_action, post_task, refund_body, refund_task_body,
                              sandbox_list, sandbox_order, settled)
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -23,7 +22,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture
 def alice(stack):
-    return get_user_model().objects.create_user("alice", password=None)
+    return person("alice", "approvers")
 
 
 def limit(**extra):

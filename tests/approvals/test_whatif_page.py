@@ -14,7 +14,7 @@ from approvals.models import Limit, ReviewItem
 from approvals.whatif import Proposal, whatif
 from ledger.actions import action_request
 from ledger.models import AuditEvent
-from tests.factories import make_action, make_agent
+from tests.factories import make_action, make_agent, person
 
 pytestmark = pytest.mark.django_db
 
@@ -157,7 +157,7 @@ def test_no_example_when_no_verdict_changes(actions):
 @pytest.fixture
 def edited(actions):
     """CUST-E asks 700.00, which alice edits down to 400.00 (its version), then 300.00 more."""
-    users = [get_user_model().objects.create_user(name, password="x") for name in ("olga", "alice")]
+    users = [person(name, "approvers") for name in ("olga", "alice")]
     agent, _ = make_agent("edited-bot", owner=users[0])
 
     def refund(key, amount):

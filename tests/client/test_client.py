@@ -3,7 +3,6 @@
 from decimal import Decimal
 
 import pytest
-from django.contrib.auth import get_user_model
 
 from approvals.decisions import review_decide
 from approvals.models import Limit, ReviewItem
@@ -18,7 +17,7 @@ from surety_client import (
     Unauthenticated,
     refund_key,
 )
-from tests.factories import api_client, make_agent, sandbox_list, sandbox_order, settled
+from tests.factories import api_client, make_agent, person, sandbox_list, sandbox_order, settled
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -80,7 +79,7 @@ def test_a_rejected_refund_comes_back_with_the_reviewers_reason(stack, agent_cli
     Limit.limit_set(actor="system:tests", reason="the tests' policy",
                     action_type="refund", currency="EUR", max_amount=Decimal("500.00"))
     posted = agent_client.refund(order="ORD-C5", amount="900.00", currency="EUR", decision_id="dec-c5")
-    reviewer = get_user_model().objects.create_user("rita", password="x")
+    reviewer = person("rita", "approvers")
     item = ReviewItem.objects.get(action__operation_key=posted.operation_key)
     review_decide(item, user=reviewer, decision="reject", reason="the order was already refunded by hand")
     rejected = agent_client.get_action(posted.operation_key)

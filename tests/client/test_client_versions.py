@@ -6,7 +6,6 @@ server."""
 from decimal import Decimal
 
 import pytest
-from django.contrib.auth import get_user_model
 
 from approvals.decisions import review_edit
 from approvals.models import Limit, ReviewItem
@@ -14,7 +13,7 @@ from approvals.reviews import approval_expire_due
 from ledger.models import Action
 from surety_client import ActionRejected, ApprovalExpired, SuretyClient
 from tests.client.test_mcp_server import guidance_of, over_mcp
-from tests.factories import api_client, make_agent, sandbox_list
+from tests.factories import api_client, make_agent, person, sandbox_list
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -34,7 +33,7 @@ def agent_client(stack, token):
 
 def edit_down(operation_key, amount, reason):
     original = Action.objects.get(operation_key=operation_key)
-    editor = get_user_model().objects.get_or_create(username="rita")[0]
+    editor = person("rita", "approvers")
     return review_edit(ReviewItem.objects.get(action=original, status="open"), user=editor,
                        changes={"amount": amount}, reason=reason, fingerprint=original.params_fingerprint())[1]
 

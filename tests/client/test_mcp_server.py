@@ -7,14 +7,13 @@ from decimal import Decimal
 
 import anyio
 import pytest
-from django.contrib.auth import get_user_model
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from approvals.decisions import review_decide
 from approvals.models import Limit, ReviewItem
 from ledger.models import Action, Task
-from tests.factories import api_client, make_agent, sandbox_order, settled
+from tests.factories import api_client, make_agent, person, sandbox_order, settled
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -83,7 +82,7 @@ def test_an_over_limit_refund_answers_awaiting_approval_with_a_link_and_then_the
     assert waiting.structured_content["next_tool"] == {"name": "wait_for_action",
                                                        "arguments": {"operation_key": action.operation_key}}
 
-    reviewer = get_user_model().objects.create_user("rita", password="x")
+    reviewer = person("rita", "approvers")
     review_decide(ReviewItem.objects.get(action=action), user=reviewer, decision="reject", reason="refunded by phone")
     (decided,) = over_mcp(stack.url, token, ("wait_for_action", {"operation_key": action.operation_key}))
     assert decided.structured_content["status"] == "rejected"

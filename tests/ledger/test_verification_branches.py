@@ -6,14 +6,13 @@ fault makes its look-ups by operation key answer 500."""
 
 from decimal import Decimal
 
-from django.contrib.auth import get_user_model
 
 from approvals.decisions import review_decide
 from approvals.models import Limit, ReviewItem, ReviewKind
 from ledger.models import Action
 from sandbox.models import SandboxFault
 from tests.conftest import wait_until
-from tests.factories import agent_api, audit_events, post_action, refund_body, sandbox, sandbox_list
+from tests.factories import agent_api, audit_events, person, post_action, refund_body, sandbox, sandbox_list
 
 
 def arm(client, target, fault, times=1):
@@ -74,7 +73,7 @@ def test_an_effect_verified_but_over_its_limit_needs_review_with_the_limits_reas
     assert post_action(client, key, refund_body("ORD-OL", amount="750.00")).status_code == 201
     action = Action.objects.get(operation_key=key)
     assert action.status == "awaiting_approval"
-    approver = get_user_model().objects.create_user("alice", password=None)
+    approver = person("alice", "approvers")
     review_decide(ReviewItem.objects.get(action=action, status="open"), user=approver, decision="approve",
                   reason="known customer")
     stack.start_worker()
