@@ -20,7 +20,6 @@ from datetime import timedelta
 
 import django_rq
 import redis
-from rq.job import Job
 from django.conf import settings
 from django.db import close_old_connections, connection, transaction
 from django.utils import timezone
@@ -124,17 +123,20 @@ def ring(kind):
             client.set(_doorbell(kind), job.id, ex=DOORBELL_TTL_SECONDS)
 
 
-# The doorbell names the job it announced; that job still waiting in the queue (RQ keeps its
-# status in the job's hash) makes another ring unnecessary. One round trip, by digest.
+# The doorbell names the job it announced; that job still in the queue's list makes another ring
+# unnecessary. The list, not the job's status: a worker killed between taking the job off the
+# list and marking it started leaves it "queued" in its hash, and that silenced every ring until
+# the doorbell expired. Searched from the tail, where a new job is; one round trip, by digest.
 _ANNOUNCED_JOB_WAITS = """
 local announced = redis.call('GET', KEYS[1])
-return announced and redis.call('HGET', ARGV[1] .. announced, 'status') == 'queued' and 1 or 0
+return announced and redis.call('LPOS', KEYS[2], announced, 'RANK', -1) and 1 or 0
 """
 
 
 def _announced_job_waits(client, kind):
     script = client.register_script(_ANNOUNCED_JOB_WAITS)
-    return script(keys=[_doorbell(kind)], args=[Job.redis_job_namespace_prefix])
+    queue = django_rq.get_queue("default", connection=client)
+    return script(keys=[_doorbell(kind), queue.key])
 
 
 def ring_after_commit(kind, at=None):

@@ -32,6 +32,21 @@ def test_a_drain_job_waiting_answers_for_a_ring_and_one_gone_is_enqueued_again(s
     assert client.llen("rq:queue:default") == 1
 
 
+def test_a_job_taken_off_the_queue_by_a_worker_killed_before_it_started_does_not_silence_the_doorbell(settings):
+    """SIGKILL between a worker's taking the job off the list and its marking it started leaves
+    the job's hash saying "queued": the doorbell asks the list, so the next ring enqueues at once
+    (asking the status, every ring was silenced until the doorbell expired, 15 s; a redrive in
+    the tests waited for its work for good, as no sweeper rang)."""
+    client = redis.Redis.from_url(settings.RQ_QUEUES["default"]["URL"])
+    client.flushdb()
+    jobs.ring("actions")
+    taken = client.lpop("rq:queue:default").decode()  # what the dying worker took
+    assert client.hget(f"rq:job:{taken}", "status") == b"queued"
+    jobs.ring("actions")
+    assert client.llen("rq:queue:default") == 1
+    assert client.get("surety:doorbell:actions").decode() != taken
+
+
 def lane_with_work_appearing_after(seconds):
     """Run a drain lane whose first claims find nothing; one item appears `seconds` after
     the lane started. Returns what the lane ran."""
