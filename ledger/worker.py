@@ -1,6 +1,6 @@
 """The RQ worker Surety runs: RQ's SimpleWorker (a job runs in the worker's own process, no
 fork per job: the drain jobs are long and few), which registers itself again after Redis
-restarted.
+restarted, and waits for a Redis that went away between jobs instead of quitting.
 
 Redis keeps nothing on disk here (it only delivers work), so a restarted Redis has forgotten
 every worker. RQ registers a worker once, when it starts; its heartbeats then go on writing to
@@ -8,15 +8,53 @@ a key no listing names, and `/healthz`, which finds workers through RQ's registr
 every host's workers down until each one was restarted. A heartbeat that finds its key without
 a birth date (the key the heartbeat itself just made on an empty Redis) registers the worker
 again first.
+
+RQ waits for Redis only while it waits for a job: a connection error in its other calls
+(the job's heartbeat as it ends, the worker's heartbeat after a job, the suspension check, the
+state it sets before it listens) ends the worker. A drain job runs for up to a minute, so a
+Redis restart while one runs was met as it ended, and the worker quit (a chaos test caught it). Redis gone at
+that moment (a restart caught a worker just done with a job) left the host one worker short
+until something restarted it.
 """
 
+import time
+from functools import partial
+
+import redis
 from rq.worker import SimpleWorker
+
+REDIS_WAIT_MAX_SECONDS = 30
 
 
 class Worker(SimpleWorker):
+    def check_for_suspension(self, burst):
+        return self._until_redis_answers(partial(super().check_for_suspension, burst))
+
+    def handle_execution_ended(self, job, queue, heartbeat_ttl):
+        return self._until_redis_answers(partial(super().handle_execution_ended, job, queue, heartbeat_ttl))
+
+    def set_state(self, state, pipeline=None):
+        if pipeline is not None:
+            return super().set_state(state, pipeline)
+        return self._until_redis_answers(partial(super().set_state, state))
+
     def heartbeat(self, timeout=None, pipeline=None):
-        # Within a pipeline (RQ's own, around a job) the check would read nothing yet.
-        if pipeline is None and not self.connection.hexists(self.key, "birth"):
+        if pipeline is not None:  # within RQ's own pipeline around a job: nothing is sent yet
+            return super().heartbeat(timeout, pipeline)
+        return self._until_redis_answers(partial(self._heartbeat_registered, timeout))
+
+    def _heartbeat_registered(self, timeout):
+        if not self.connection.hexists(self.key, "birth"):
             self.connection.delete(self.key)
             self.register_birth()
-        super().heartbeat(timeout, pipeline)
+        super().heartbeat(timeout)
+
+    def _until_redis_answers(self, call):
+        wait = 1
+        while True:
+            try:
+                return call()
+            except redis.ConnectionError as exc:
+                self.log.warning("Worker %s: Redis does not answer (%s); asking again in %d s", self.name, exc, wait)
+                time.sleep(wait)
+                wait = min(wait * 2, REDIS_WAIT_MAX_SECONDS)
