@@ -58,6 +58,11 @@ def worker_name():
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+def _queue(connection):
+    """The one queue every job goes to."""
+    return django_rq.get_queue("default", connection=connection)
+
+
 def enqueue(func, *args, at=None):
     """Hand work (a function, or its dotted path) to RQ. Without Redis (the embedded
     default) run it here and now; work due later is then left to the sweeper's next pass."""
@@ -70,7 +75,7 @@ def enqueue(func, *args, at=None):
             finally:
                 _in_process.reset(token)
         return None
-    queue = django_rq.get_queue("default", connection=redis_connection())
+    queue = _queue(redis_connection())
     options = {"job_timeout": DRAIN_SECONDS * 3, "result_ttl": 0, "failure_ttl": 3600}
     job = None
     with _redis_call(f"enqueueing {func}"):
@@ -135,8 +140,7 @@ return announced and redis.call('LPOS', KEYS[2], announced, 'RANK', -1) and 1 or
 
 def _announced_job_waits(client, kind):
     script = client.register_script(_ANNOUNCED_JOB_WAITS)
-    queue = django_rq.get_queue("default", connection=client)
-    return script(keys=[_doorbell(kind), queue.key])
+    return script(keys=[_doorbell(kind), _queue(client).key])
 
 
 def ring_after_commit(kind, at=None):

@@ -12,9 +12,9 @@ again first.
 RQ waits for Redis only while it waits for a job: a connection error in its other calls
 (the job's heartbeat as it ends, the worker's heartbeat after a job, the suspension check, the
 state it sets before it listens) ends the worker. A drain job runs for up to a minute, so a
-Redis restart while one runs was met as it ended, and the worker quit (a chaos test caught it). Redis gone at
-that moment (a restart caught a worker just done with a job) left the host one worker short
-until something restarted it.
+Redis restart while one ran was met as it ended, and the worker quit, leaving the host one
+worker short until something restarted it. These calls wait for Redis instead, unless the
+worker was asked to stop meanwhile (a deployment's stop must not wait for Redis).
 """
 
 import time
@@ -55,6 +55,8 @@ class Worker(SimpleWorker):
             try:
                 return call()
             except redis.ConnectionError as exc:
+                if self._stop_requested:
+                    raise
                 self.log.warning("Worker %s: Redis does not answer (%s); asking again in %d s", self.name, exc, wait)
                 time.sleep(wait)
                 wait = min(wait * 2, REDIS_WAIT_MAX_SECONDS)

@@ -63,13 +63,13 @@ def django_db_setup(django_db_setup, django_db_blocker):
     if connection.vendor != "postgresql":
         return
     with django_db_blocker.unblock(), connection.cursor() as cursor:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
+        def others():
             cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
                            "AND pid <> pg_backend_pid()")
-            if not cursor.fetchone()[0]:
-                break
-            time.sleep(0.05)
+            return cursor.fetchone()[0]
+
+        wait_until(lambda: not others(), seconds=10, interval=0.05,
+                   message="the started processes' sessions to leave the test database")
 
 
 def free_port():
@@ -158,8 +158,9 @@ def _delete_for_flush(self, style, tables, *, reset_sequences=False, allow_casca
     the tests' database user is (decision 51)."""
     if not tables:
         return []
-    emptied = [*tables, *(c["LOCATION"] for c in django_settings.CACHES.values() if c["BACKEND"].endswith("DatabaseCache"))]
-    deletes = ["SET LOCAL session_replication_role = replica", *(f"DELETE FROM {self.quote_name(t)}" for t in emptied)]
+    caches = [c["LOCATION"] for c in django_settings.CACHES.values() if c["BACKEND"].endswith("DatabaseCache")]
+    deletes = ["SET LOCAL session_replication_role = replica",
+               *(f"DELETE FROM {self.quote_name(table)}" for table in [*tables, *caches])]
     if not reset_sequences:
         return deletes
     sequences = [s for s in self.connection.introspection.sequence_list() if s["table"] in tables]
@@ -189,6 +190,54 @@ def _wait_for_http(url, seconds=30):
             pass
         time.sleep(0.1)
     raise RuntimeError(f"{url} did not come up")
+
+
+class OwnRedis:
+    """A Redis server of this test's own (a free port, nothing kept on disk, as Surety runs it),
+    so that restarting it touches nobody else's queues."""
+
+    def __init__(self):
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process = None
+
+    def start(self):
+        self.process = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+                                         "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)
+        wait_until(self._answers, seconds=10, interval=0.05, message="Redis to answer")
+
+    def _answers(self):
+        try:
+            return redis.Redis.from_url(self.url).ping()
+        except redis.ConnectionError:
+            return False
+
+    def restart(self):
+        """Killed (every connection dropped, every job lost), down for a second, started again."""
+        self.stop()
+        time.sleep(1)
+        self.start()
+
+    def stall(self):
+        """Stopped, not killed: connections are still accepted (by the kernel), nothing answers."""
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self):
+        self.process.send_signal(signal.SIGCONT)
+
+    def stop(self):
+        self.process.kill()
+        self.process.wait()
+
+
+@pytest.fixture
+def own_redis():
+    server = OwnRedis()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def content_type_ids():

@@ -13,7 +13,7 @@ from approvals.decisions import AlreadyDecided, DecisionRefused, review_decide
 from approvals.models import Limit, ReviewItem, ReviewKind
 from approvals.policies import verdict_for
 from ledger.actions import _lock_subjects, action_request
-from ledger.models import ActionStatus, AuditEvent
+from ledger.models import Action, ActionStatus, AuditEvent
 from tests.factories import another_transaction, make_action, make_agent, person
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("jobs_to_test_redis")]
@@ -76,7 +76,7 @@ def test_a_person_without_the_authority_is_refused_by_the_decision_itself(people
     with pytest.raises(PermissionDenied, match="you may not decide refund items"):
         review_decide(item, user=nobody, decision=decision, reason="looks fine")
     item.refresh_from_db()
-    assert item.status == "open" and item.action.status == "awaiting_approval"
+    assert item.status == "open" and Action.objects.get(pk=item.action_id).status == "awaiting_approval"
     assert AuditEvent.objects.count() == events and not item.approvals.exists()
 
 

@@ -13,7 +13,6 @@ same scenario runs against the test database and against a cluster the test star
 import glob
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -232,49 +231,3 @@ def own_postgres():
         cluster.stop()
 
 
-class OwnRedis:
-    """A Redis server of this test's own (a free port, nothing kept on disk, as Surety runs it),
-    so that restarting it touches nobody else's queues."""
-
-    def __init__(self):
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.process = None
-
-    def start(self):
-        self.process = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
-                                         "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)
-        wait_until(self._answers, seconds=10, interval=0.05, message="Redis to answer")
-
-    def _answers(self):
-        try:
-            return redis.Redis.from_url(self.url).ping()
-        except redis.ConnectionError:
-            return False
-
-    def restart(self):
-        """Killed (every connection dropped, every job lost), down for a second, started again."""
-        self.stop()
-        time.sleep(1)
-        self.start()
-
-    def stall(self):
-        """Stopped, not killed: connections are still accepted (by the kernel), nothing answers."""
-        self.process.send_signal(signal.SIGSTOP)
-
-    def resume(self):
-        self.process.send_signal(signal.SIGCONT)
-
-    def stop(self):
-        self.process.kill()
-        self.process.wait()
-
-
-@pytest.fixture
-def own_redis():
-    server = OwnRedis()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()

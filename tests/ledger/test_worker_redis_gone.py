@@ -1,7 +1,7 @@
 """A worker waits for a Redis that went away and goes on once it is back (RQ waits only while it
 waits for a job; elsewhere a connection error ended the worker: in the chaos tests, a drain job
-that ran while Redis restarted ended the worker as it ended). A Redis server of the test's own,
-stopped and started again on its port."""
+that ran while Redis restarted ended the worker as it ended), unless it was asked to stop. A
+Redis server of the test's own (`own_redis`), stopped and started again on its port."""
 
 import threading
 import time
@@ -11,38 +11,61 @@ import redis
 from rq import Queue
 
 from ledger.worker import Worker
-from tests.chaos.test_database_blips import OwnRedis
 
 
 @pytest.fixture
-def own_redis():
-    server = OwnRedis()
-    server.start()
-    yield server
-    server.stop()
-
-
-def test_a_worker_between_jobs_waits_for_redis_and_registers_itself_again(own_redis):
+def worker(own_redis):
     connection = redis.Redis.from_url(own_redis.url)
     worker = Worker(["default"], connection=connection)
     worker.register_birth()
-    queue = Queue("default", connection=connection)
-    job = queue.enqueue("builtins.print")
-    own_redis.stop()
-    went_on = []
+    worker.job = Queue("default", connection=connection).enqueue("builtins.print")
+    return worker
 
-    def between_jobs():
-        worker.handle_execution_ended(job, queue, 60)  # a job that ran while Redis was down ends
-        worker.heartbeat()  # after a job
-        worker.check_for_suspension(False)  # the loop's first step
-        worker.set_state("idle")  # before it listens
-        went_on.append(True)
 
-    thread = threading.Thread(target=between_jobs, daemon=True)
+# Each call RQ makes outside its wait for a job (in this order, one at a time, as the worker does).
+CALLS_BETWEEN_JOBS = {
+    "a job that ran while Redis was down ends": lambda worker: worker.handle_execution_ended(
+        worker.job, Queue("default", connection=worker.connection), 60),
+    "the worker's heartbeat after a job": lambda worker: worker.heartbeat(),
+    "the loop's suspension check": lambda worker: worker.check_for_suspension(False),
+    "the state it sets before it listens": lambda worker: worker.set_state("idle"),
+}
+
+
+def in_a_thread(call, worker):
+    """`call` in a thread; the thread and what became of the call ("done" or the error's type)."""
+    outcome = []
+
+    def run():
+        try:
+            call(worker)
+            outcome.append("done")
+        except Exception as exc:
+            outcome.append(type(exc).__name__)
+
+    thread = threading.Thread(target=run, daemon=True)
     thread.start()
+    return thread, outcome
+
+
+@pytest.mark.parametrize("call", CALLS_BETWEEN_JOBS.values(), ids=CALLS_BETWEEN_JOBS.keys())
+def test_a_call_between_jobs_waits_for_redis_and_the_worker_registers_itself_again(own_redis, worker, call):
+    own_redis.stop()
+    thread, outcome = in_a_thread(call, worker)
     time.sleep(1.5)
-    assert thread.is_alive() and not went_on  # waiting, not ended by the connection error
+    assert outcome == []  # waiting, not ended by the connection error
     own_redis.start()
     thread.join(15)
-    assert went_on == [True]
-    assert [w.name for w in Worker.all(connection=connection)] == [worker.name]  # the empty Redis knows it again
+    assert outcome == ["done"]
+    worker.heartbeat()
+    assert [w.name for w in Worker.all(connection=worker.connection)] == [worker.name]  # the empty Redis knows it
+
+
+@pytest.mark.parametrize("call", CALLS_BETWEEN_JOBS.values(), ids=CALLS_BETWEEN_JOBS.keys())
+def test_a_worker_asked_to_stop_does_not_wait_for_redis(own_redis, worker, call):
+    own_redis.stop()
+    worker._stop_requested = True  # what RQ's handler of the first SIGTERM sets
+    thread, outcome = in_a_thread(call, worker)
+    thread.join(0.5)
+    # Ended at once: by the connection error, or (the suspension check) without asking Redis at all.
+    assert outcome in (["ConnectionError"], ["done"])
