@@ -14,7 +14,8 @@ One run (`archive_expired`) is one JSON-lines file and one transaction:
    whose event is older than AUDIT_RETENTION_DAYS.
 2. It writes them to the file, the checkpoint first (its seq, hash and signature vouch for the
    file's events: the last one's hash is the prev_hash of the checkpoint's event), and syncs it.
-3. It removes them, leaves an `ArchivedKey` per action and an `Archive` naming the file, its
+3. It removes them (the audit trail's partitions that hold only archived events are dropped
+   whole: ledger.partitions), leaves an `ArchivedKey` per action and an `Archive` naming the file, its
    SHA-256, the counts and the checkpoint, and an audit event `archived` saying the same; then
    commits.
 
@@ -33,12 +34,13 @@ from pathlib import Path
 from django.conf import settings
 from django.core import serializers
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import transaction
+from django.db import OperationalError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from approvals.models import Approval, ReviewItem, ReviewStatus
 from ledger.actions import SETTLED
+from ledger import partitions
 from ledger.audit import chain_start
 from ledger.models import Action, ActionStatus, AuditEvent, Booking, ChainCheckpoint, WebhookEvent
 from ledger.retention import Archive, ArchivedKey, key_lifetime
@@ -135,10 +137,24 @@ def write_file(path, batch, now):
 
 def _remove(batch, archive):
     for model, rows in batch.rows.items():  # dependents first: each model's PROTECT holds
+        if model is AuditEvent and batch.checkpoint:
+            _drop_partitions(batch.checkpoint)
         model.objects.filter(pk__in=[row.pk for row in rows]).delete()
     ArchivedKey.objects.bulk_create([
         ArchivedKey(operation_key=a.operation_key, agent_id=a.agent_id, created_at=a.created_at,
                     archive_sha256=archive.sha256) for a in batch.rows[Action]])
+
+
+def _drop_partitions(checkpoint):
+    """The audit trail's partitions that hold only events before the checkpoint, all of them in
+    this file or an earlier one, go whole (ledger.partitions): the rows left to delete are the
+    rest. A partition still busy after the lock timeout is left to the row deletes."""
+    for partition in partitions.droppable(checkpoint.seq):
+        try:
+            with transaction.atomic():
+                partitions.drop(partition)
+        except OperationalError:
+            return
 
 
 def archive_expired(directory, *, dry_run=False, limit=10000, now=None):

@@ -3,6 +3,7 @@ import sys
 
 from django.apps import AppConfig
 from django.conf import settings
+from django.db.models.signals import post_migrate
 
 logger = logging.getLogger("surety")
 
@@ -26,9 +27,18 @@ class LedgerConfig(AppConfig):
         on_move(Action, task_follow_action)
         on_move(Action, held_release_when_settled)
         on_move(Task, task_ring_when_queued)
+        # The audit trail's next partitions exist as soon as the table does (the sweeper keeps
+        # them ahead from then on).
+        post_migrate.connect(_audit_partitions, sender=self)
         # Said once per process, so whoever starts the app knows where work will run.
         if not settings.RQ_ASYNC and "test" not in sys.argv[1:2]:
             logger.warning(
                 "Redis at %s does not answer: jobs run in-process (no background workers).",
                 settings.REDIS_URL,
             )
+
+
+def _audit_partitions(**kwargs):
+    from .partitions import audit_partitions_extend
+
+    audit_partitions_extend()

@@ -11,6 +11,7 @@ serialises writers, the rules are triggers as well: they cost nothing measurable
 
 from dataclasses import dataclass
 
+from . import locks
 from .models import IN_FLIGHT_STATUSES, ActionStatus
 from .retention import KEY_ARCHIVED
 
@@ -129,7 +130,8 @@ BEGIN
 END """)
 
 # Audit events are append-only; the only update is the sealer's, and only with the next link
-# of the chain (hash = sha256(prev_hash || content_hash || seq), the formula of audit.py). The
+# of the chain (hash = sha256(prev_hash || content_hash || seq), the formula of audit.py), at a
+# seq no event holds yet (a partitioned table has no unique index of its own on seq). The
 # only delete is the archive's (ledger.retention.Archive): sealed events before the checkpoint
 # its newest run names, which vouches for them and from which the chain is verified after it.
 ARCHIVED_BEFORE = ("(SELECT max(c.seq) FROM ledger_archive a "
@@ -140,11 +142,15 @@ DECLARE
 BEGIN
     IF TG_OP = 'UPDATE' AND OLD.seq IS NULL AND NEW.seq IS NOT NULL
        AND (to_jsonb(NEW) - 'seq' - 'prev_hash' - 'hash') = (to_jsonb(OLD) - 'seq' - 'prev_hash' - 'hash') THEN
+        -- The sealer's lock (ledger.locks.AUDIT_SEAL), already its own: seals take turns, so the
+        -- check below sees every seal committed before this one.
+        PERFORM pg_advisory_xact_lock({locks.CLASS}, {locks.AUDIT_SEAL});
         IF NEW.seq > 1 THEN
             SELECT hash INTO expected_prev FROM ledger_auditevent WHERE seq = NEW.seq - 1;  -- NULL if none
         END IF;
         IF NEW.prev_hash IS DISTINCT FROM expected_prev
            OR NEW.hash <> encode(sha256(convert_to(NEW.prev_hash || NEW.content_hash || NEW.seq::text, 'UTF8')), 'hex')
+           OR EXISTS (SELECT 1 FROM ledger_auditevent WHERE seq = NEW.seq)
         THEN
             RAISE EXCEPTION USING MESSAGE = 'audit events are append-only: a seal must be the next link of the chain',
                                   ERRCODE = 'insufficient_privilege';
@@ -166,6 +172,7 @@ AUDIT_NO_UPDATE_SQLITE = SQLiteTrigger(
     "CREATE TRIGGER ledger_audit_no_update BEFORE UPDATE ON ledger_auditevent "
     "WHEN OLD.seq IS NOT NULL OR NEW.seq IS NULL OR "
     + " OR ".join(f"NEW.{c} IS NOT OLD.{c}" for c in AUDIT_CONTENT_COLUMNS)
+    + " OR EXISTS (SELECT 1 FROM ledger_auditevent e WHERE e.seq = NEW.seq)"
     + " BEGIN SELECT RAISE(ABORT, 'audit events are append-only (UPDATE refused)'); END",
 )
 AUDIT_NO_DELETE_SQLITE = SQLiteTrigger(
