@@ -153,7 +153,9 @@ def _drop_partitions(checkpoint):
         try:
             with transaction.atomic():
                 partitions.drop(partition)
-        except OperationalError:
+        except OperationalError as exc:
+            if not partitions.busy(exc):
+                raise
             return
 
 

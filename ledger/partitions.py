@@ -12,11 +12,15 @@ no vacuum and no index bloat. SQLite keeps one table: there is nothing to do.
 """
 
 import bisect
+import logging
 import re
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
+from psycopg import errors
+
+logger = logging.getLogger("surety.sweeper")
 
 PARENT = "ledger_auditevent"
 DEFAULT = f"{PARENT}_default"
@@ -76,7 +80,16 @@ def audit_partitions_extend():
     next id. Returns how many it made (0 on SQLite)."""
     if not partitioned():
         return 0
-    size = settings.AUDIT_PARTITION_EVENTS
+    try:
+        return _extend(settings.AUDIT_PARTITION_EVENTS)
+    except OperationalError as exc:
+        if not busy(exc):
+            raise
+        logger.info("the audit trail stayed busy past %s: its next partition waits for the next pass", DDL_LOCK_TIMEOUT)
+        return 0
+
+
+def _extend(size):
     made = 0
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(f"SET LOCAL lock_timeout = '{DDL_LOCK_TIMEOUT}'")
@@ -112,10 +125,15 @@ def droppable(through_seq):
     return found
 
 
+def busy(exc):
+    """Whether an OperationalError is DDL_LOCK_TIMEOUT's: the parent stayed busy."""
+    return isinstance(exc.__cause__, errors.LockNotAvailable)
+
+
 def drop(partition):
     """Drop an archived partition, in the caller's transaction (the archive's), which should
-    commit soon: the drop holds the parent until then. Raises OperationalError if the parent
-    stays busy past DDL_LOCK_TIMEOUT."""
+    commit soon: the drop holds the parent until then. Raises OperationalError (`busy`) if the
+    parent stays busy past DDL_LOCK_TIMEOUT."""
     with connection.cursor() as cursor:
         cursor.execute(f"SET LOCAL lock_timeout = '{DDL_LOCK_TIMEOUT}'")
         cursor.execute(f"DROP TABLE {partition.name}")

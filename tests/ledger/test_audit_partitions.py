@@ -9,6 +9,7 @@ which PostgreSQL never rolls back, is put back by hand."""
 import importlib
 from datetime import timedelta
 
+import psycopg
 import pytest
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
@@ -94,6 +95,18 @@ def test_ids_the_default_partition_took_stay_there_and_the_next_range_starts_abo
     assert partition_of(AuditEvent.objects.get(pk=stray.pk)) == partitions.DEFAULT
     assert AuditEvent.objects.seal() == AuditEvent.objects.count()
     assert AuditEvent.objects.verify_chain() is None
+
+
+@postgresql_only
+def test_a_partition_waits_for_the_next_pass_while_a_reader_holds_the_trail(settings, sequence, caplog):
+    settings.AUDIT_PARTITION_EVENTS = 4
+    sequence(top() - 2)
+    params = connection.get_connection_params()
+    with psycopg.connect(**{**params, "autocommit": False}) as reader:
+        reader.execute("SELECT count(*) FROM ledger_auditevent")  # its lock is held until it ends
+        assert partitions.audit_partitions_extend() == 0
+        assert "stayed busy" in caplog.text
+    assert partitions.audit_partitions_extend() == 1
 
 
 def test_a_seal_at_a_seq_an_event_already_holds_is_refused():
