@@ -292,12 +292,12 @@ AUDIT_SEAL_ALERT_SECONDS = env_float("AUDIT_SEAL_ALERT_SECONDS", 60)
 # from), and the whole-chain check walks this many events per sweeper pass (ledger.audit).
 AUDIT_CHECKPOINT_EVERY = env_int("AUDIT_CHECKPOINT_EVERY", 10000)
 AUDIT_WALK_BATCH = env_int("AUDIT_WALK_BATCH", 5000)
-# PostgreSQL: the audit trail's partitions hold this many ids each (ledger.partitions); at a
-# busy team's few million events a week, one to a few weeks each.
-AUDIT_PARTITION_EVENTS = env_int("AUDIT_PARTITION_EVENTS", 10_000_000)
-if min(AUDIT_CHECKPOINT_EVERY, AUDIT_WALK_BATCH, AUDIT_PARTITION_EVENTS) < 1:
+# PostgreSQL: each partition of the audit trail and of the webhook events holds this many ids
+# (ledger.partitions); at a busy team's few million events a week, one to a few weeks each.
+PARTITION_EVENTS = env_int("PARTITION_EVENTS", 10_000_000)
+if min(AUDIT_CHECKPOINT_EVERY, AUDIT_WALK_BATCH, PARTITION_EVENTS) < 1:
     # a seal would divide by zero, a walk never advance, a partition hold nothing
-    raise RuntimeError("AUDIT_CHECKPOINT_EVERY, AUDIT_WALK_BATCH and AUDIT_PARTITION_EVENTS must be at least 1")
+    raise RuntimeError("AUDIT_CHECKPOINT_EVERY, AUDIT_WALK_BATCH and PARTITION_EVENTS must be at least 1")
 # An operation key names its action this long after the action was recorded (decision 42): the
 # API's replay holds within it, a request under the key answers 410 after it, and
 # `archive_expired` may then move the settled action out of the ledger.

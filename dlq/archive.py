@@ -14,8 +14,8 @@ One run (`archive_expired`) is one JSON-lines file and one transaction:
    whose event is older than AUDIT_RETENTION_DAYS.
 2. It writes them to the file, the checkpoint first (its seq, hash and signature vouch for the
    file's events: the last one's hash is the prev_hash of the checkpoint's event), and syncs it.
-3. It removes them (the audit trail's partitions that hold only archived events are dropped
-   whole: ledger.partitions), leaves an `ArchivedKey` per action and an `Archive` naming the file, its
+3. It removes them (a partition of the audit trail or of the webhook events that holds only
+   archived rows is dropped whole: ledger.partitions; a webhook event's claim goes with it), leaves an `ArchivedKey` per action and an `Archive` naming the file, its
    SHA-256, the counts and the checkpoint, and an audit event `archived` saying the same; then
    commits.
 
@@ -28,21 +28,23 @@ import json
 import os
 import uuid
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
+from itertools import groupby
+from operator import attrgetter
 from pathlib import Path
 
 from django.conf import settings
 from django.core import serializers
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import OperationalError, transaction
+from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from approvals.models import Approval, ReviewItem, ReviewStatus
 from ledger.actions import SETTLED
-from ledger import partitions
 from ledger.audit import chain_start
-from ledger.models import Action, ActionStatus, AuditEvent, Booking, ChainCheckpoint, WebhookEvent
+from ledger.models import Action, ActionStatus, AuditEvent, Booking, ChainCheckpoint, WebhookClaim, WebhookEvent
+from ledger.partitions import AUDIT, WEBHOOKS
 from ledger.retention import Archive, ArchivedKey, key_lifetime
 
 from .models import Alert, AlertDelivery, DeadLetter, EntryStatus
@@ -80,6 +82,7 @@ class Batch:
 
     checkpoint: ChainCheckpoint | None = None
     rows: dict = field(default_factory=dict)
+    webhooks_before: datetime | None = None  # the webhook events' retention: older ones go
 
     def counts(self):
         return {model._meta.label_lower: len(rows) for model, rows in self.rows.items() if rows}
@@ -98,7 +101,7 @@ def collect(now, limit):
     origin = chain_start()
     events = AuditEvent.objects.filter(seq__lt=checkpoint.seq, seq__gte=origin.seq if origin else 1) \
         if checkpoint else AuditEvent.objects.none()
-    return Batch(checkpoint, {
+    return Batch(checkpoint, webhooks_before=now - _days("WEBHOOK_RETENTION_DAYS"), rows={
         AlertDelivery: list(AlertDelivery.objects.filter(alert__in=alerts).order_by("id")),
         Alert: alerts,
         DeadLetter: entries,
@@ -137,26 +140,24 @@ def write_file(path, batch, now):
 
 def _remove(batch, archive):
     for model, rows in batch.rows.items():  # dependents first: each model's PROTECT holds
-        if model is AuditEvent and batch.checkpoint:
-            _drop_partitions(batch.checkpoint)
+        _drop_partitions(batch, model, rows)
         model.objects.filter(pk__in=[row.pk for row in rows]).delete()
+    for connector, events in groupby(batch.rows[WebhookEvent], key=attrgetter("connector")):
+        WebhookClaim.objects.filter(connector=connector, event_id__in=[e.event_id for e in events]).delete()
     ArchivedKey.objects.bulk_create([
         ArchivedKey(operation_key=a.operation_key, agent_id=a.agent_id, created_at=a.created_at,
                     archive_sha256=archive.sha256) for a in batch.rows[Action]])
 
 
-def _drop_partitions(checkpoint):
-    """The audit trail's partitions that hold only events before the checkpoint, all of them in
-    this file or an earlier one, go whole (ledger.partitions): the rows left to delete are the
-    rest. A partition still busy after the lock timeout is left to the row deletes."""
-    for partition in partitions.droppable(checkpoint.seq):
-        try:
-            with transaction.atomic():
-                partitions.drop(partition)
-        except OperationalError as exc:
-            if not partitions.busy(exc):
-                raise
-            return
+def _drop_partitions(batch, model, rows):
+    """The partitions whose every row is in this file or an earlier one go whole
+    (ledger.partitions), before the rows left are deleted: the audit trail's that hold only
+    events before the checkpoint, the webhook events' that hold only events past their retention
+    and none after the last one taken (a run takes at most `limit`, oldest first)."""
+    if model is AuditEvent and batch.checkpoint:
+        AUDIT.drop(AUDIT.droppable("seq IS NULL OR seq >= %s", [batch.checkpoint.seq]))
+    elif model is WebhookEvent and rows:
+        WEBHOOKS.drop(WEBHOOKS.droppable("received_at > %s OR id > %s", [batch.webhooks_before, rows[-1].pk]))
 
 
 def archive_expired(directory, *, dry_run=False, limit=10000, now=None):

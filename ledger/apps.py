@@ -27,9 +27,9 @@ class LedgerConfig(AppConfig):
         on_move(Action, task_follow_action)
         on_move(Action, held_release_when_settled)
         on_move(Task, task_ring_when_queued)
-        # The audit trail's next partitions exist as soon as the table does (the sweeper keeps
-        # them ahead from then on).
-        post_migrate.connect(_audit_partitions, sender=self)
+        # The partitioned tables' next partitions exist as soon as the tables do (the sweeper
+        # keeps them ahead from then on).
+        post_migrate.connect(_partitions, sender=self)
         # Said once per process, so whoever starts the app knows where work will run.
         if not settings.RQ_ASYNC and "test" not in sys.argv[1:2]:
             logger.warning(
@@ -38,7 +38,7 @@ class LedgerConfig(AppConfig):
             )
 
 
-def _audit_partitions(**kwargs):
-    from .partitions import audit_partitions_extend
+def _partitions(**kwargs):
+    from .partitions import partitions_extend
 
-    audit_partitions_extend()
+    partitions_extend()

@@ -32,7 +32,7 @@ from django.utils.crypto import constant_time_compare
 from .compiled import insert
 from .locks import AUDIT_SEAL, take_turns
 from .middleware import current_decision_link, current_request_id, current_step_up
-from .partitions import table_of
+from .partitions import AUDIT
 
 
 def actor_label(actor):
@@ -135,7 +135,7 @@ class AuditEventManager(models.Manager):
                 # goes to the partition that holds them (ledger.partitions), in seq order: through
                 # the parent, PostgreSQL planned every row's update over every partition, and a
                 # seal took twice as long (decision 52).
-                table = table_of()
+                table = AUDIT.table_of()
                 with connection.cursor() as cursor:
                     for name, rows in groupby(seals, key=lambda row: table(row[-1])):
                         cursor.executemany(f"UPDATE {name} SET seq = %s, prev_hash = %s, hash = %s WHERE id = %s",

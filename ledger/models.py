@@ -714,8 +714,27 @@ def named_operation_key(data):
     return key if isinstance(key, str) else ""
 
 
+class WebhookClaim(models.Model):
+    """An inbound event's id, claimed once per connector in the transaction that stores the event:
+    a redelivery finds the claim and does nothing. Apart from the event because webhook events are
+    partitioned by id (ledger.partitions), and a unique key of a partitioned table must hold the
+    partition key. It leaves with its event (dlq.archive)."""
+
+    connector = models.CharField(max_length=50)
+    event_id = models.CharField(max_length=255)
+    received_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["connector", "event_id"], name="webhookclaim_unique_event"),
+        ]
+
+    def __str__(self):
+        return f"{self.connector}:{self.event_id}"
+
+
 class WebhookEvent(models.Model):
-    """An inbound provider event, stored once by its id: a redelivery finds it and does nothing."""
+    """An inbound provider event, stored once by its id (its WebhookClaim)."""
 
     connector = models.CharField(max_length=50)
     event_id = models.CharField(max_length=255)
@@ -726,11 +745,6 @@ class WebhookEvent(models.Model):
     operation_key = models.CharField(max_length=255, blank=True, default="", db_index=True)
     received_at = models.DateTimeField(default=timezone.now)
     outcome = models.CharField(max_length=255, blank=True, default="")
-
-    class Meta:
-        constraints = [
-            models.UniqueConstraint(fields=["connector", "event_id"], name="webhookevent_unique_event"),
-        ]
 
     def __str__(self):
         return f"{self.connector}:{self.event_id}"

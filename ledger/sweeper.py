@@ -13,8 +13,8 @@ Each pass:
    whose job was lost resume (dlq);
 4. audit events committed since the last pass are sealed into the chain, and the chain is
    verified: the newest stretch every pass, from its last checkpoint once a day, and the whole
-   of it, once a day too, a stretch per pass (ledger.audit); the audit trail's next partition
-   is made ahead of its events (ledger.partitions).
+   of it, once a day too, a stretch per pass (ledger.audit); the next partitions of the audit
+   trail and of the webhook events are made ahead of their rows (ledger.partitions).
 
 Several sweepers (one per host) and one leader per step. Every step but the doorbell (steps 1,
 3 and 4) is elected: a sweeper runs it only while it holds the step's lease (ledger.locks), so
@@ -59,7 +59,7 @@ from .locks import lead
 from .metrics import sweeper_seen
 from .models import AuditEvent
 from .outages import REDIS_UNREACHABLE, UNREACHABLE, Outage
-from .partitions import audit_partitions_extend
+from .partitions import partitions_extend
 from .tasks import task_expire_leases, task_runnable_exists
 
 logger = logging.getLogger("surety.sweeper")
@@ -74,7 +74,7 @@ def sweep_once(steps, holder=None, ring_all=False):
     _ring(ring_all)
     return counts | _run([*steps, ("audit_sealed", AuditEvent.objects.seal),
                           ("audit_verified", audit_verify_due), ("audit_walked", audit_walk),
-                          ("audit_partitions_made", audit_partitions_extend)], holder)
+                          ("partitions_made", partitions_extend)], holder)
 
 
 def _run(steps, holder):

@@ -21,7 +21,7 @@ from .connectors import NoConnector, connector_for
 from .connectors.events import WebhookRefused
 from .connectors.test_mode import NoTestMode, is_replay_action, test_connector_for
 from .json_input import loads_storable
-from .models import Action, ActionStatus, WebhookEvent, named_operation_key
+from .models import Action, ActionStatus, WebhookClaim, WebhookEvent, named_operation_key
 from .signing import sign_webhook, signature_valid  # noqa: F401 (sign_webhook is imported from here too)
 
 logger = logging.getLogger("surety.webhooks")
@@ -104,6 +104,7 @@ def webhook_receive(request, connector):
         return _problem(400, "the body is not an event")  # would not fit its columns
     try:
         with transaction.atomic():
+            WebhookClaim.objects.create(connector=connector, event_id=event_id)  # a redelivery's ends here
             stored = WebhookEvent.objects.create(
                 connector=connector, event_id=event_id, event_type=event_type, payload=event,
                 operation_key=named_operation_key(data)[:255],

@@ -38,7 +38,7 @@ INTERVAL, LEASE = 0.3, 1.5
 # redis-py retries a failed command 3 times, up to 2, 4 and 8 s apart: a shorter outage may go unseen.
 REDIS_CUT_SECONDS = 15
 ELECTED = {"actions_expired", "tasks_expired", *(name for name, _ in STEPS), "audit_sealed",
-           "audit_verified", "audit_walked", "audit_partitions_made"}
+           "audit_verified", "audit_walked", "partitions_made"}
 
 
 def leases():

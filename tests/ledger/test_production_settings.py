@@ -29,8 +29,8 @@ def manage(*command, **env):
     ({"CONNECTOR_REFUND_REDRIVE_RATE": "1e7"}, "CONNECTOR_<TYPE>_REDRIVE_RATE must be from 0.01"),
     ({"CONNECTOR_REFUND_REDRIVE_RATE": "0.001"}, "CONNECTOR_<TYPE>_REDRIVE_RATE must be from 0.01"),
     # A seal would divide by zero on every pass; a walk would never advance; a partition hold nothing.
-    *(({name: "0"}, "AUDIT_CHECKPOINT_EVERY, AUDIT_WALK_BATCH and AUDIT_PARTITION_EVENTS must be at least 1")
-      for name in ("AUDIT_CHECKPOINT_EVERY", "AUDIT_WALK_BATCH", "AUDIT_PARTITION_EVENTS")),
+    *(({name: "0"}, "AUDIT_CHECKPOINT_EVERY, AUDIT_WALK_BATCH and PARTITION_EVENTS must be at least 1")
+      for name in ("AUDIT_CHECKPOINT_EVERY", "AUDIT_WALK_BATCH", "PARTITION_EVENTS")),
 ])
 def test_production_refuses_to_start_with_a_development_secret(env, refused):
     result = manage("check", **env)

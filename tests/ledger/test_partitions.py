@@ -1,7 +1,8 @@
-"""The audit trail's partitions (PostgreSQL): made ahead of the ids by the sweeper, never
-needed from the default partition while it runs, dropped whole by the archive once every event
-in them is archived; the conversion keeps a populated table's rows, ids, indexes and trigger;
-a partitioned trail still holds one event per seq (the seal's rule, on SQLite too).
+"""The partitions of the audit trail and of the webhook events (PostgreSQL): made ahead of the
+ids by the sweeper, never needed from the default partition while it runs, dropped whole by the
+archive once every row in them is archived; the conversion keeps a populated table's rows, ids,
+indexes and trigger; a partitioned trail still holds one event per seq (the seal's rule, on
+SQLite too), and a webhook event's id is still claimed once.
 
 Each test runs in one transaction that is rolled back, DDL included; only the id sequence,
 which PostgreSQL never rolls back, is put back by hand."""
@@ -16,10 +17,11 @@ from django.utils import timezone
 
 from console.sweeper import sweep_once
 from dlq.archive import archive_expired
-from ledger import partitions
 from ledger.audit import chain_hash
-from ledger.models import AuditEvent
+from ledger.models import AuditEvent, WebhookClaim, WebhookEvent
+from ledger.partitions import AUDIT, WEBHOOKS
 from tests.factories import make_agent
+from tests.ledger.test_webhooks import deliver, event, webhook_secret  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.django_db
 postgresql_only = pytest.mark.skipif(connection.vendor != "postgresql", reason="partitions are PostgreSQL's")
@@ -34,10 +36,18 @@ def query(sql, params=()):
 
 @pytest.fixture
 def sequence():
-    """Where the next id will be; put back afterwards (a sequence is not rolled back)."""
-    (last, called), = query("SELECT last_value, is_called FROM ledger_auditevent_id_seq")
-    yield lambda next_id: query("SELECT setval('ledger_auditevent_id_seq', %s, false)", [next_id])
-    query("SELECT setval('ledger_auditevent_id_seq', %s, %s)", [last, called])
+    """Where the next id of a table (the audit trail's unless told) will be; put back afterwards
+    (a sequence is not rolled back)."""
+    kept = {}
+
+    def move(next_id, table=AUDIT.table):
+        if table not in kept:
+            kept[table] = query(f"SELECT last_value, is_called FROM {table}_id_seq")[0]
+        query(f"SELECT setval('{table}_id_seq', %s, false)", [next_id])
+
+    yield move
+    for table, (last, called) in kept.items():
+        query(f"SELECT setval('{table}_id_seq', %s, %s)", [last, called])
 
 
 def noted(agent, n):
@@ -46,36 +56,36 @@ def noted(agent, n):
                 for i in range(n)]
 
 
-def partition_of(event):
-    return query("SELECT tableoid::regclass::text FROM ledger_auditevent WHERE id = %s", [event.pk])[0][0]
+def partition_of(row):
+    return query(f"SELECT tableoid::regclass::text FROM {row._meta.db_table} WHERE id = %s", [row.pk])[0][0]
 
 
-def top():
-    return partitions.ranges()[-1].high
+def top(table=AUDIT):
+    return table.ranges()[-1].high
 
 
 @postgresql_only
 def test_after_migrate_the_trail_is_partitioned_with_a_whole_partition_ahead_and_every_index(settings):
-    assert partitions.partitioned()
+    assert AUDIT.active()
     (next_id,), = query("SELECT nextval('ledger_auditevent_id_seq')")
-    assert top() - next_id >= settings.AUDIT_PARTITION_EVENTS
-    assert query(f"SELECT count(*) FROM {partitions.DEFAULT}") == [(0,)]
+    assert top() - next_id >= settings.PARTITION_EVENTS
+    assert query(f"SELECT count(*) FROM {AUDIT.default}") == [(0,)]
     indexes = {name for (name,) in query("SELECT indexname FROM pg_indexes WHERE tablename = %s",
-                                         [partitions.PARENT])}
+                                         [AUDIT.table])}
     assert indexes == {index.name for index in AuditEvent._meta.indexes} | {"ledger_auditevent_pkey"}
 
 
 @postgresql_only
 def test_the_sweeper_makes_the_next_partition_before_the_ids_reach_it(settings, sequence):
-    settings.AUDIT_PARTITION_EVENTS = 4
+    settings.PARTITION_EVENTS = 4
     agent, _ = make_agent("billing")
-    current, ahead = partitions.ranges()[-1].name, top()
+    current, ahead = AUDIT.ranges()[-1].name, top()
     sequence(ahead - 2)  # two ids left in the partitions made so far
-    assert sweep_once()["audit_partitions_made"] == 1
+    assert sweep_once()["partitions_made"] == 1
     events = noted(agent, 6)
-    assert [partition_of(event) for event in events] == [current] * 2 + [f"{partitions.PARENT}_{ahead}"] * 4
-    assert sweep_once()["audit_partitions_made"] == 2  # the one now written is full: two ahead again
-    assert sweep_once()["audit_partitions_made"] == 0
+    assert [partition_of(event) for event in events] == [current] * 2 + [f"{AUDIT.table}_{ahead}"] * 4
+    assert sweep_once()["partitions_made"] == 2  # the one now written is full: two ahead again
+    assert sweep_once()["partitions_made"] == 0
     # The seal updated each event in its own partition, in the chain's order.
     assert not AuditEvent.objects.filter(seq__isnull=True).exists()
     assert AuditEvent.objects.verify_chain() is None
@@ -83,30 +93,30 @@ def test_the_sweeper_makes_the_next_partition_before_the_ids_reach_it(settings, 
 
 @postgresql_only
 def test_ids_the_default_partition_took_stay_there_and_the_next_range_starts_above_them(settings, sequence):
-    settings.AUDIT_PARTITION_EVENTS = 4
+    settings.PARTITION_EVENTS = 4
     agent, _ = make_agent("billing")
     sequence(top() + 10)  # the sweeper was away while the ids passed every partition
     stray, = noted(agent, 1)
-    assert partition_of(stray) == partitions.DEFAULT
-    assert partitions.audit_partitions_extend() == 2
-    assert partitions.ranges()[-2].low == stray.pk + 1
+    assert partition_of(stray) == AUDIT.default
+    assert AUDIT.extend(settings.PARTITION_EVENTS) == 2
+    assert AUDIT.ranges()[-2].low == stray.pk + 1
     after, = noted(agent, 1)
-    assert partition_of(after) == f"{partitions.PARENT}_{stray.pk + 1}"
-    assert partition_of(AuditEvent.objects.get(pk=stray.pk)) == partitions.DEFAULT
+    assert partition_of(after) == f"{AUDIT.table}_{stray.pk + 1}"
+    assert partition_of(AuditEvent.objects.get(pk=stray.pk)) == AUDIT.default
     assert AuditEvent.objects.seal() == AuditEvent.objects.count()
     assert AuditEvent.objects.verify_chain() is None
 
 
 @postgresql_only
 def test_a_partition_waits_for_the_next_pass_while_a_reader_holds_the_trail(settings, sequence, caplog):
-    settings.AUDIT_PARTITION_EVENTS = 4
+    settings.PARTITION_EVENTS = 4
     sequence(top() - 2)
     params = connection.get_connection_params()
     with psycopg.connect(**{**params, "autocommit": False}) as reader:
         reader.execute("SELECT count(*) FROM ledger_auditevent")  # its lock is held until it ends
-        assert partitions.audit_partitions_extend() == 0
+        assert AUDIT.extend(settings.PARTITION_EVENTS) == 0
         assert "stayed busy" in caplog.text
-    assert partitions.audit_partitions_extend() == 1
+    assert AUDIT.extend(settings.PARTITION_EVENTS) == 1
 
 
 def test_a_seal_at_a_seq_an_event_already_holds_is_refused():
@@ -125,27 +135,27 @@ def test_a_seal_at_a_seq_an_event_already_holds_is_refused():
 
 @postgresql_only
 def test_the_archive_drops_a_partition_whose_events_it_has_all_archived(settings, sequence, tmp_path):
-    settings.AUDIT_PARTITION_EVENTS = 8
+    settings.PARTITION_EVENTS = 8
     agent, _ = make_agent("billing")
     AuditEvent.objects.seal()
     earlier = AuditEvent.objects.count()
     start = top()
     sequence(start)
-    partitions.audit_partitions_extend()  # [start, start + 8) and [start + 8, start + 16)
+    AUDIT.extend(settings.PARTITION_EVENTS)  # [start, start + 8) and [start + 8, start + 16)
     # The first checkpoint falls on the first event after the partition: the archive takes
     # every event before it.
     settings.AUDIT_CHECKPOINT_EVERY = earlier + 9
     events = noted(agent, 12)
     AuditEvent.objects.seal()
-    assert {partition_of(event) for event in events[:8]} == {f"{partitions.PARENT}_{start}"}
+    assert {partition_of(event) for event in events[:8]} == {f"{AUDIT.table}_{start}"}
 
     archive, counts = archive_expired(tmp_path, now=timezone.now() + timedelta(days=401))
 
     assert archive.checkpoint.seq == earlier + 9
     assert counts["ledger.auditevent"] == earlier + 8
-    names = {p.name for p in partitions.ranges()}
-    assert f"{partitions.PARENT}_{start}" not in names
-    assert f"{partitions.PARENT}_{start + 8}" in names  # it holds the checkpoint's event
+    names = {p.name for p in AUDIT.ranges()}
+    assert f"{AUDIT.table}_{start}" not in names
+    assert f"{AUDIT.table}_{start + 8}" in names  # it holds the checkpoint's event
     assert not AuditEvent.objects.filter(seq__lt=archive.checkpoint.seq).exists()
     assert sum(1 for line in (tmp_path / archive.file).read_text().splitlines()
                if '"model":"ledger.auditevent"' in line) == earlier + 8
@@ -176,3 +186,43 @@ def test_the_conversion_keeps_a_populated_tables_rows_ids_indexes_and_trigger():
         "scratch_pkey", "scratch_note_idx"}
     with pytest.raises(DatabaseError, match="refused"), transaction.atomic():
         query("DELETE FROM scratch WHERE id = 1")
+
+
+def webhook_event(event_id, received_at):
+    WebhookClaim.objects.create(connector="sandbox", event_id=event_id)
+    return WebhookEvent.objects.create(connector="sandbox", event_id=event_id, event_type="refund.succeeded",
+                                       payload={}, received_at=received_at)
+
+
+@postgresql_only
+def test_webhook_events_are_partitioned_and_a_redelivery_still_finds_its_claim(client, webhook_secret):
+    assert WEBHOOKS.active()
+    assert query(f"SELECT count(*) FROM {WEBHOOKS.default}") == [(0,)]
+    assert deliver(client, event()).json()["received"]
+    assert deliver(client, event()).json() == {"duplicate": True}
+    stored = WebhookEvent.objects.get()
+    assert partition_of(stored) == WEBHOOKS.table_of()(stored.pk) != WEBHOOKS.default
+    assert WebhookClaim.objects.filter(connector="sandbox", event_id="evt_1").count() == 1
+
+
+@postgresql_only
+def test_the_archive_drops_a_webhook_partition_past_retention_and_the_claims_go_with_its_events(
+        settings, sequence, tmp_path):
+    settings.PARTITION_EVENTS = 4
+    start = top(WEBHOOKS)
+    sequence(start, WEBHOOKS.table)
+    WEBHOOKS.extend(settings.PARTITION_EVENTS)  # [start, start + 4) and [start + 4, start + 8)
+    now = timezone.now()
+    later = now + timedelta(days=401)
+    old = [webhook_event(f"evt_old_{i}", now) for i in range(5)]
+    recent = webhook_event("evt_recent", later)  # within its retention at `later`: it stays
+    assert {partition_of(event) for event in old[:4]} == {f"{WEBHOOKS.table}_{start}"}
+
+    _, counts = archive_expired(tmp_path, now=later)
+
+    assert counts["ledger.webhookevent"] == 5
+    names = {p.name for p in WEBHOOKS.ranges()}
+    assert f"{WEBHOOKS.table}_{start}" not in names
+    assert f"{WEBHOOKS.table}_{start + 4}" in names  # it holds the recent event
+    assert list(WebhookEvent.objects.all()) == [recent]
+    assert list(WebhookClaim.objects.values_list("event_id", flat=True)) == ["evt_recent"]
