@@ -21,7 +21,7 @@ from ledger.audit import chain_hash
 from ledger.models import AuditEvent, WebhookClaim, WebhookEvent
 from ledger.partitions import AUDIT, WEBHOOKS
 from tests.factories import make_agent
-from tests.ledger.test_webhooks import deliver, event, webhook_secret  # noqa: F401 (a fixture)
+from tests.ledger.test_webhooks import SECRET, deliver, event
 
 pytestmark = pytest.mark.django_db
 postgresql_only = pytest.mark.skipif(connection.vendor != "postgresql", reason="partitions are PostgreSQL's")
@@ -195,7 +195,8 @@ def webhook_event(event_id, received_at):
 
 
 @postgresql_only
-def test_webhook_events_are_partitioned_and_a_redelivery_still_finds_its_claim(client, webhook_secret):
+def test_webhook_events_are_partitioned_and_a_redelivery_still_finds_its_claim(client, settings):
+    settings.SANDBOX_ENABLED, settings.SANDBOX_WEBHOOK_SECRET = True, SECRET
     assert WEBHOOKS.active()
     assert query(f"SELECT count(*) FROM {WEBHOOKS.default}") == [(0,)]
     assert deliver(client, event()).json()["received"]
