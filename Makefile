@@ -10,6 +10,10 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 TEST_DATABASE_URL := postgres://postgres@127.0.0.1:5432/postgres
+# Three pytest workers on two cores: much of the suite waits (on leases, backoffs, timeouts,
+# servers), so a third worker fills the idle CPU (decision 51). Each live stack holds about 18
+# PostgreSQL sessions; four workers would come near its 100.
+TEST_WORKERS := 3
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 
 export DEBIAN_FRONTEND := noninteractive
@@ -78,8 +82,8 @@ SQLITE_TESTS := tests/ledger/test_sqlite_default.py tests/ledger/test_compiled.p
   tests/ledger/test_partitions.py
 test: install services static
 	$(VENV)/bin/lint-imports
-	@echo "DATABASE_URL=$(TEST_DATABASE_URL) $(VENV)/bin/pytest -n 2 -p no:cacheprovider $(PYTEST_ARGS)"
-	@DATABASE_URL=$(TEST_DATABASE_URL) $(VENV)/bin/pytest -n 2 -p no:cacheprovider $(PYTEST_ARGS) || { \
+	@echo "DATABASE_URL=$(TEST_DATABASE_URL) $(VENV)/bin/pytest -n $(TEST_WORKERS) -p no:cacheprovider $(PYTEST_ARGS)"
+	@DATABASE_URL=$(TEST_DATABASE_URL) $(VENV)/bin/pytest -n $(TEST_WORKERS) -p no:cacheprovider $(PYTEST_ARGS) || { \
 	  rc=$$?; [ $$rc -ne 5 ] || echo "make test: pytest collected no tests" >&2; exit $$rc; }
 	@if [ -z "$(PYTEST_ARGS)" ]; then \
 	  echo "DATABASE_URL=sqlite:///:memory: $(VENV)/bin/pytest -n 2 -p no:cacheprovider $(SQLITE_TESTS)"; \
@@ -90,8 +94,8 @@ test: install services static
 FAST_MARKERS := not stack and not browser and not chaos
 test-fast: install services static
 	$(VENV)/bin/lint-imports
-	@echo "DATABASE_URL=$(TEST_DATABASE_URL) $(VENV)/bin/pytest -n 2 -p no:cacheprovider -m \"$(FAST_MARKERS)\" $(PYTEST_ARGS)"
-	@DATABASE_URL=$(TEST_DATABASE_URL) $(VENV)/bin/pytest -n 2 -p no:cacheprovider -m "$(FAST_MARKERS)" $(PYTEST_ARGS)
+	@echo "DATABASE_URL=$(TEST_DATABASE_URL) $(VENV)/bin/pytest -n $(TEST_WORKERS) -p no:cacheprovider -m \"$(FAST_MARKERS)\" $(PYTEST_ARGS)"
+	@DATABASE_URL=$(TEST_DATABASE_URL) $(VENV)/bin/pytest -n $(TEST_WORKERS) -p no:cacheprovider -m "$(FAST_MARKERS)" $(PYTEST_ARGS)
 	@echo "DATABASE_URL=sqlite:///:memory: $(VENV)/bin/pytest -n 2 -p no:cacheprovider $(SQLITE_TESTS)"
 	@DATABASE_URL=sqlite:///:memory: $(VENV)/bin/pytest -n 2 -p no:cacheprovider -q $(SQLITE_TESTS)
 
