@@ -1,8 +1,10 @@
 """The dashboard's groups and their permissions (`python manage.py setup_roles`)."""
 
 from django.contrib.auth.models import Group, Permission
+from django.contrib.contenttypes.models import ContentType
 from django.db import transaction
-from guardian.shortcuts import assign_perm, get_perms
+from guardian.models import GroupObjectPermission
+from guardian.shortcuts import assign_perm
 
 from .access import APPROVE, RESOLVE, ROLES, WORK_DLQ
 from .grants import capability
@@ -38,9 +40,8 @@ def roles_capabilities():
     ]
 
 
-def _model_perms(role):
-    perms = Permission.objects.filter(content_type__app_label__in=ROLE_APPS, codename__startswith="view_")
-    wanted = {(p.content_type.app_label, p.codename): p for p in perms.select_related("content_type")}
+def _model_perms(role, view_perms):
+    wanted = dict(view_perms)
     for label in EXTRA_MODEL_PERMS.get(role, ()):
         app_label, codename = label.split(".")
         wanted[(app_label, codename)] = Permission.objects.get(content_type__app_label=app_label, codename=codename)
@@ -49,32 +50,39 @@ def _model_perms(role):
 
 def roles_setup(actor=SETUP_ACTOR):
     """Create the four groups and their grants; adds what is missing, never removes. Returns
-    a list of what changed (empty on a second run). Each change is audited."""
+    a list of what changed (empty on a second run). Each change is audited.
+
+    What the groups hold is read in one query per kind of permission, and what is missing is
+    assigned in bulk: a second run is a handful of statements, not one per group and capability."""
     changes = []
     with transaction.atomic():
         capabilities = roles_capabilities()
+        view_perms = {(p.content_type.app_label, p.codename): p for p in Permission.objects.filter(
+            content_type__app_label__in=ROLE_APPS, codename__startswith="view_").select_related("content_type")}
+        held_objects = set(GroupObjectPermission.objects.filter(
+            group__name__in=ROLES, content_type=ContentType.objects.get_for_model(Capability),
+        ).values_list("group__name", "object_pk", "permission__codename"))
         for role in ROLES:
             group, created = Group.objects.get_or_create(name=role)
             if created:
                 AuditEvent.objects.record(actor=actor, verb="group_created", obj=group, after={"name": role})
                 changes.append(f"group {role} created")
             have = set(group.permissions.values_list("content_type__app_label", "codename"))
-            wanted = _model_perms(role)
+            wanted = _model_perms(role, view_perms)
             missing = sorted(key for key in wanted if key not in have)
             if missing:
                 group.permissions.add(*(wanted[key] for key in missing))
                 labels = [f"{app}.{codename}" for app, codename in missing]
                 AuditEvent.objects.record(actor=actor, verb="role_granted", obj=group, after={"permissions": labels})
                 changes.append(f"{role}: {len(labels)} model permissions")
-            for cap in capabilities:
-                held = set(get_perms(group, cap))
-                for codename in OBJECT_PERMS.get(cap.kind, {}).get(role, ()):
-                    if codename in held:
-                        continue
-                    assign_perm(f"ledger.{codename}", group, cap)
+            for codename in sorted({c for perms in OBJECT_PERMS.values() for c in perms.get(role, ())}):
+                lacking = [cap for cap in capabilities if codename in OBJECT_PERMS.get(cap.kind, {}).get(role, ())
+                           and (role, str(cap.pk), codename) not in held_objects]
+                if not lacking:
+                    continue
+                assign_perm(f"ledger.{codename}", group, lacking)
+                for cap in lacking:
                     AuditEvent.objects.record(actor=actor, verb="role_granted", obj=cap,
                                               after={"group": role, "permission": codename})
                     changes.append(f"{role}: {codename} on {cap}")
     return changes
-
-
