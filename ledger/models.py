@@ -220,6 +220,7 @@ class Action(LeasedWork):
     """One ledger entry per operation key, written before any call to a provider."""
 
     TRANSITIONS = ACTION_TRANSITIONS
+    FENCED = True  # a pending action's claim holder settles it by its fence (statemachine.Machine)
 
     operation_key = models.CharField(max_length=255, unique=True)
     fingerprint = models.CharField(max_length=64)

@@ -1,0 +1,55 @@
+"""A claimed action is settled by its fence: the settle writes with UPDATE ... WHERE fence =
+<claim> AND status = pending, without reading the row FOR UPDATE first, and a write that the
+row no longer matches is refused as before (decision 53)."""
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from ledger.actions import action_request
+from ledger.executor import action_claim_next, action_expire_leases
+from ledger.models import Action, AuditEvent, InvalidTransition, StaleClaim
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("jobs_to_test_redis")]
+
+
+def claimed(agent, key="k-1"):
+    action, _ = action_request(agent=agent, operation_key=key, action_type="refund", target=f"ORD-{key}",
+                               params={"amount": "5.00", "currency": "EUR"})
+    return action_claim_next("worker", only=action.pk)
+
+
+def test_a_settle_writes_once_by_its_fence_and_reads_nothing_locked(agent):
+    action = claimed(agent)
+    with CaptureQueriesContext(connection) as queries:
+        action.mark_succeeded(actor="system:executor", claim=action.fence, external_ref="re_1")
+    statements = [q["sql"] for q in queries]
+    assert not [sql for sql in statements if "FOR UPDATE" in sql], statements
+    writes = [sql for sql in statements if sql.startswith('UPDATE "ledger_action"')]
+    assert len(writes) == 1 and '"fence" = ' in writes[0].split("WHERE")[1], writes
+    row = Action.objects.get(pk=action.pk)
+    assert (row.status, row.external_ref, row.lease_owner) == ("succeeded", "re_1", "")
+    assert AuditEvent.objects.filter(object_id=str(action.pk), verb="succeeded").count() == 1
+
+
+def test_a_settle_under_a_claim_that_was_taken_over_is_refused_and_writes_nothing(agent):
+    action = claimed(agent)
+    stale = Action.objects.get(pk=action.pk)
+    Action.objects.filter(pk=action.pk).update(lease_expires_at="2000-01-01T00:00:00Z")
+    assert action_expire_leases() == 1  # unknown now, under a new fence
+    with pytest.raises(StaleClaim):
+        stale.mark_succeeded(actor="system:executor", claim=stale.fence, external_ref="re_late")
+    row = Action.objects.get(pk=action.pk)
+    assert (row.status, row.external_ref) == ("unknown", "")
+    assert stale.status == "pending"  # the worker's copy is left as it was
+    assert not AuditEvent.objects.filter(object_id=str(action.pk), verb="succeeded").exists()
+
+
+def test_a_settle_after_someone_settled_it_without_a_claim_is_refused_and_writes_nothing(agent):
+    action = claimed(agent)
+    # A webhook (or a person) settles it meanwhile: the status moves, the fence does not.
+    Action.objects.get(pk=action.pk).mark_succeeded(actor="system:webhooks", external_ref="re_hook")
+    with pytest.raises(InvalidTransition, match="it is succeeded now"):
+        action.mark_failed(actor="system:executor", claim=action.fence, code="timeout", message="t", retryable=True)
+    row = Action.objects.get(pk=action.pk)
+    assert (row.status, row.external_ref, row.error) == ("succeeded", "re_hook", None)
