@@ -48,7 +48,7 @@ class Machine:
     # A LOCK machine whose claimed rows only the claim's holder writes while its fence stands
     # (every other writer moves the status or the fence): a move that carries the claim writes
     # its own copy with UPDATE ... WHERE fence = <claim> AND status = <its status>, without
-    # reading the row FOR UPDATE first (one round trip of a settle's five, decision 53).
+    # reading the row FOR UPDATE first (a round trip fewer a settle, decision 53).
     FENCED = False
     AUDITED = ("attempts",)
 
