@@ -5,7 +5,8 @@ indexes and trigger; a partitioned trail still holds one event per seq (the seal
 SQLite too), and a webhook event's id is still claimed once.
 
 Each test runs in one transaction that is rolled back, DDL included; only the id sequence,
-which PostgreSQL never rolls back, is put back by hand."""
+which PostgreSQL never rolls back, is put back by hand. The test whose second session must see
+its partitions commits them, and drops them when it ends."""
 
 import importlib
 from datetime import timedelta
@@ -227,3 +228,32 @@ def test_the_archive_drops_a_webhook_partition_past_retention_and_the_claims_go_
     assert f"{WEBHOOKS.table}_{start + 4}" in names  # it holds the recent event
     assert list(WebhookEvent.objects.all()) == [recent]
     assert list(WebhookClaim.objects.values_list("event_id", flat=True)) == ["evt_recent"]
+
+
+@postgresql_only
+@pytest.mark.django_db(transaction=True)
+def test_a_partition_a_reader_holds_past_the_lock_timeout_is_emptied_row_by_row_instead(settings, sequence, tmp_path):
+    settings.PARTITION_EVENTS = 4
+    start = top(WEBHOOKS)
+    sequence(start, WEBHOOKS.table)
+    WEBHOOKS.extend(settings.PARTITION_EVENTS)  # [start, start + 4) and [start + 4, start + 8), committed
+    held = f"{WEBHOOKS.table}_{start}"
+    try:
+        now = timezone.now()
+        later = now + timedelta(days=401)
+        for i in range(4):
+            webhook_event(f"evt_old_{i}", now)
+        recent = webhook_event("evt_recent", later)
+        with psycopg.connect(**{**connection.get_connection_params(), "autocommit": False}) as reader:
+            reader.execute(f"SELECT count(*) FROM {held}")  # its lock is held until it ends
+            _, counts = archive_expired(tmp_path, now=later)
+
+        assert counts["ledger.webhookevent"] == 4
+        assert held in {p.name for p in WEBHOOKS.ranges()}  # not dropped: the reader held it past 2 s
+        assert query(f"SELECT count(*) FROM {held}") == [(0,)]  # its rows deleted instead
+        assert list(WebhookEvent.objects.all()) == [recent]
+        assert list(WebhookClaim.objects.values_list("event_id", flat=True)) == ["evt_recent"]
+    finally:
+        for partition in WEBHOOKS.ranges():
+            if partition.low >= start:
+                query(f"DROP TABLE {partition.name}")
