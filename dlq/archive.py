@@ -29,15 +29,15 @@ import os
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from itertools import groupby
+from itertools import chain, groupby
 from operator import attrgetter
 from pathlib import Path
 
 from django.conf import settings
 from django.core import serializers
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import transaction
-from django.db.models import Q
+from django.db import connection, transaction
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from approvals.models import Approval, ReviewItem, ReviewStatus
@@ -67,25 +67,56 @@ def _days(name):
 
 
 def archive_checkpoint(now):
-    """The first checkpoint past the chain's start whose event is older than the audit
-    retention: the events before it go to the file (at most AUDIT_CHECKPOINT_EVERY of them
-    after the first run, so a run stays short). None: no audit event goes."""
+    """The checkpoint the run's audit events end before, past the chain's start, whose event is
+    older than the audit retention. The first one past the last event of the trail's lowest
+    partition, if that one is old enough: the run takes the whole partition and drops it
+    (PARTITION_EVENTS events at most, and a checkpoint's stretch more) instead of deleting its
+    events a stretch a run. Else the first one (AUDIT_CHECKPOINT_EVERY events after the first
+    run). None: no audit event goes."""
     origin = chain_start()
     old_enough = AuditEvent.objects.filter(occurred_at__lte=now - _days("AUDIT_RETENTION_DAYS")).values("seq")
-    return (ChainCheckpoint.objects.filter(seq__in=old_enough, seq__gt=origin.seq if origin else 1)
-            .order_by("seq").first())
+    checkpoints = (ChainCheckpoint.objects.filter(seq__in=old_enough, seq__gt=origin.seq if origin else 1)
+                   .order_by("seq"))
+    through = _lowest_partition_last_seq()
+    return (through is not None and checkpoints.filter(seq__gt=through).first()) or checkpoints.first()
+
+
+def _lowest_partition_last_seq():
+    """The last seq of the audit trail's lowest ranged partition that holds events, if it is
+    whole (the ids past it are being written) and every event in it is sealed; else None."""
+    with connection.cursor() as cursor:
+        for partition in AUDIT.ranges() if AUDIT.active() else []:
+            cursor.execute(f"SELECT max(seq), EXISTS (SELECT 1 FROM {partition.name} WHERE seq IS NULL), "
+                           f"(SELECT last_value >= %s FROM {AUDIT.table}_id_seq) FROM {partition.name}",
+                           [partition.high])
+            last, unsealed, whole = cursor.fetchone()
+            if last is not None or unsealed:
+                return last if whole and not unsealed else None
+    return None
 
 
 @dataclass
 class Batch:
-    """What one run takes, model by model, in the order they are removed."""
+    """What one run takes, model by model, in the order they are removed, then the audit
+    events before the checkpoint (a query: a whole partition of them is too many to hold)."""
 
     checkpoint: ChainCheckpoint | None = None
     rows: dict = field(default_factory=dict)
+    events: QuerySet = field(default_factory=AuditEvent.objects.none)
     webhooks_before: datetime | None = None  # the webhook events' retention: older ones go
 
     def counts(self):
-        return {model._meta.label_lower: len(rows) for model, rows in self.rows.items() if rows}
+        counts = {model._meta.label_lower: len(rows) for model, rows in self.rows.items() if rows}
+        events = self.events.count()
+        return {**counts, AuditEvent._meta.label_lower: events} if events else counts
+
+    def event_chunks(self, size=2000):
+        """The audit events in chain order, `size` at a time."""
+        last = None
+        while rows := list((self.events if last is None else self.events.filter(seq__gt=last))
+                           .order_by("seq")[:size]):
+            yield rows
+            last = rows[-1].seq
 
 
 def collect(now, limit):
@@ -101,7 +132,7 @@ def collect(now, limit):
     origin = chain_start()
     events = AuditEvent.objects.filter(seq__lt=checkpoint.seq, seq__gte=origin.seq if origin else 1) \
         if checkpoint else AuditEvent.objects.none()
-    return Batch(checkpoint, webhooks_before=now - _days("WEBHOOK_RETENTION_DAYS"), rows={
+    return Batch(checkpoint, events=events, webhooks_before=now - _days("WEBHOOK_RETENTION_DAYS"), rows={
         AlertDelivery: list(AlertDelivery.objects.filter(alert__in=alerts).order_by("id")),
         Alert: alerts,
         DeadLetter: entries,
@@ -111,7 +142,6 @@ def collect(now, limit):
         Action: actions,
         WebhookEvent: list(WebhookEvent.objects.filter(received_at__lte=now - _days("WEBHOOK_RETENTION_DAYS"))
                            .order_by("id")[:limit]),
-        AuditEvent: list(events.order_by("seq")),
     })
 
 
@@ -128,8 +158,8 @@ def write_file(path, batch, now):
               "checkpoint": checkpoint and {"seq": checkpoint.seq, "hash": checkpoint.hash,
                                             "signature": checkpoint.signature}}
     with open(path, "x", encoding="utf-8") as out:
-        for record in [header, *(record for rows in batch.rows.values() for record in serializers.serialize(
-                "python", rows))]:
+        rows = chain(batch.rows.values(), batch.event_chunks())  # the events read a chunk at a time
+        for record in chain([header], chain.from_iterable(serializers.serialize("python", r) for r in rows)):
             line = _line(record)
             digest.update(line.encode())
             out.write(line)
@@ -139,25 +169,23 @@ def write_file(path, batch, now):
 
 
 def _remove(batch, archive):
-    for model, rows in batch.rows.items():  # dependents first: each model's PROTECT holds
-        _drop_partitions(batch, model, rows)
+    """The rows removed, dependents first (each model's PROTECT holds). The partitions whose
+    every row is in this file or an earlier one go whole before the rows left are deleted
+    (ledger.partitions): the webhook events' that hold only events past their retention and
+    none after the last one taken (a run takes at most `limit`, oldest first), the audit
+    trail's that hold only events before the checkpoint."""
+    for model, rows in batch.rows.items():
+        if model is WebhookEvent and rows:
+            WEBHOOKS.drop(WEBHOOKS.droppable("received_at > %s OR id > %s", [batch.webhooks_before, rows[-1].pk]))
         model.objects.filter(pk__in=[row.pk for row in rows]).delete()
+    if batch.checkpoint:
+        AUDIT.drop(AUDIT.droppable("seq IS NULL OR seq >= %s", [batch.checkpoint.seq]))
+        batch.events.delete()
     for connector, events in groupby(batch.rows[WebhookEvent], key=attrgetter("connector")):
         WebhookClaim.objects.filter(connector=connector, event_id__in=[e.event_id for e in events]).delete()
     ArchivedKey.objects.bulk_create([
         ArchivedKey(operation_key=a.operation_key, agent_id=a.agent_id, created_at=a.created_at,
                     archive_sha256=archive.sha256) for a in batch.rows[Action]])
-
-
-def _drop_partitions(batch, model, rows):
-    """The partitions whose every row is in this file or an earlier one go whole
-    (ledger.partitions), before the rows left are deleted: the audit trail's that hold only
-    events before the checkpoint, the webhook events' that hold only events past their retention
-    and none after the last one taken (a run takes at most `limit`, oldest first)."""
-    if model is AuditEvent and batch.checkpoint:
-        AUDIT.drop(AUDIT.droppable("seq IS NULL OR seq >= %s", [batch.checkpoint.seq]))
-    elif model is WebhookEvent and rows:
-        WEBHOOKS.drop(WEBHOOKS.droppable("received_at > %s OR id > %s", [batch.webhooks_before, rows[-1].pk]))
 
 
 def archive_expired(directory, *, dry_run=False, limit=10000, now=None):

@@ -189,6 +189,33 @@ def test_the_conversion_keeps_a_populated_tables_rows_ids_indexes_and_trigger():
         query("DELETE FROM scratch WHERE id = 1")
 
 
+@postgresql_only
+def test_a_run_takes_the_lowest_partition_whole_past_several_checkpoints_and_drops_it(settings, sequence, tmp_path):
+    settings.PARTITION_EVENTS = 8
+    agent, _ = make_agent("billing")
+    AuditEvent.objects.seal()
+    start = top()
+    sequence(start)
+    AUDIT.extend(settings.PARTITION_EVENTS)  # [start, start + 8) and [start + 8, start + 16)
+    settings.AUDIT_CHECKPOINT_EVERY = 3  # three checkpoints fall inside the partition
+    events = noted(agent, 12)
+    AuditEvent.objects.seal()
+    partition = f"{AUDIT.table}_{start}"
+    last_in_it = AuditEvent.objects.get(pk=events[7].pk).seq
+
+    found_by_each_run = []
+    while partition in {p.name for p in AUDIT.ranges()} and len(found_by_each_run) < 10:
+        found_by_each_run.append(query(f"SELECT count(*) FROM {partition}")[0][0])
+        archive, _ = archive_expired(tmp_path, now=timezone.now() + timedelta(days=401))
+
+    # The run that dropped it found all eight events there: no run before it deleted a stretch.
+    assert found_by_each_run[-1] == 8, found_by_each_run
+    assert archive.checkpoint.seq > last_in_it
+    assert not AuditEvent.objects.filter(seq__lt=archive.checkpoint.seq).exists()
+    AuditEvent.objects.seal()
+    assert AuditEvent.objects.verify_chain() is None
+
+
 def webhook_event(event_id, received_at):
     WebhookClaim.objects.create(connector="sandbox", event_id=event_id)
     return WebhookEvent.objects.create(connector="sandbox", event_id=event_id, event_type="refund.succeeded",
