@@ -106,10 +106,9 @@ def _database_url():
 class Stack:
     """Processes started for tests; all of them are killed at teardown."""
 
-    def __init__(self, base_url, env, content_types, gunicorn=None):
+    def __init__(self, base_url, env, gunicorn=None):
         self.url = base_url
         self.env = env
-        self.content_types = content_types  # the ids the server caches (see `server`)
         self.gunicorn = gunicorn  # the server's process
         self.workers = []
         self.sweepers = []
@@ -259,26 +258,18 @@ def own_redis():
         server.stop()
 
 
-def content_type_ids():
-    """{(app label, model): id} of the content types in the test database now."""
-    return {(app_label, model): pk for pk, app_label, model in ContentType.objects.values_list("pk", "app_label", "model")}
-
-
 @contextmanager
 def running_server(django_db_blocker, **env):
     """gunicorn serving the app (API, sandbox, dashboard) on the test database, with `env`
     over the stack's (DATABASE_URL: the test database, straight to PostgreSQL, unless given).
 
-    The flush first gives content types the ids they get back after every later flush:
-    `migrate` creates them in another order, and the server caches the ids it sees first
-    (django-guardian looks grants up by content type id).
+    The server caches content type ids (django-guardian looks grants up by them): they keep
+    the ids `migrate` gave them, as no flush deletes them (`_delete_for_flush`).
     """
     with django_db_blocker.unblock():
         call_command("flush", interactive=False, reset_sequences=True, verbosity=0)
         database_url = _database_url()
-        content_types = content_type_ids()
     with serving(env.pop("DATABASE_URL", database_url), **env) as stack:
-        stack.content_types = content_types
         yield stack
 
 
@@ -309,7 +300,7 @@ def serving(database_url, stderr=None, **env):
          "--keep-alive", "30"],
         cwd=ROOT, env=env, stderr=stderr, start_new_session=True,
     )
-    stack = Stack(base_url, env, None, gunicorn=process)
+    stack = Stack(base_url, env, gunicorn=process)
     try:
         _wait_for_http(f"{base_url}/api/v1/schema")
         yield stack
@@ -325,16 +316,7 @@ def serving(database_url, stderr=None, **env):
 
 @pytest.fixture
 def stack(server, django_db_reset_sequences, settings):
-    """The server plus this test's own workers (started by the test), on a clean Redis.
-
-    Sequences are reset with each flush so that content types come back with the ids the
-    server process has cached (django-guardian looks grants up by content type id).
-    """
-    if content_type_ids() != server.content_types:
-        # A test that flushed without resetting sequences first (transactional_db, live_server)
-        # left the content types under other ids than the server caches: the server would
-        # then find no grant at all. Flushing with the sequences reset gives them back theirs.
-        call_command("flush", interactive=False, reset_sequences=True, verbosity=0)
+    """The server plus this test's own workers (started by the test), on a clean Redis."""
     for name, value in STACK_ENV.items():
         setattr(settings, name, float(value) if "." in value or name != "MAX_ATTEMPTS" else int(value))
     settings.SANDBOX_BASE_URL = f"{server.url}/sandbox/v1"

@@ -53,7 +53,7 @@ def stripe_app(server, api_base=None):
            "SITE_URL": url}
     process = start_gunicorn(env, port)
     try:
-        yield Stack(url, env, server.content_types)  # on the same database: the same ids
+        yield Stack(url, env)  # on the same database
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(10)

@@ -30,7 +30,7 @@ def test_production_with_the_stripe_connector_carries_out_a_refund_end_to_end(st
     env = production_env(stack)
     port = free_port()
     process = start_gunicorn(env, port)
-    production = Stack(f"http://127.0.0.1:{port}", env, stack.content_types)
+    production = Stack(f"http://127.0.0.1:{port}", env)
     try:
         _, token = make_agent("billing")
         provider = api_client(stack.url, token)
