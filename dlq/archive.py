@@ -14,10 +14,11 @@ One run (`archive_expired`) is one JSON-lines file and one transaction:
    whose event is older than AUDIT_RETENTION_DAYS.
 2. It writes them to the file, the checkpoint first (its seq, hash and signature vouch for the
    file's events: the last one's hash is the prev_hash of the checkpoint's event), and syncs it.
-3. It removes them (a partition of the audit trail or of the webhook events that holds only
-   archived rows is dropped whole: ledger.partitions; a webhook event's claim goes with it), leaves an `ArchivedKey` per action and an `Archive` naming the file, its
-   SHA-256, the counts and the checkpoint, and an audit event `archived` saying the same; then
-   commits.
+3. It removes them (a webhook event's claim goes with it), leaves an `ArchivedKey` per action
+   and an `Archive` naming the file, its SHA-256, the counts and the checkpoint, and an audit
+   event `archived` saying the same. Last, it drops the partitions of the audit trail and of the
+   webhook events that hold only archived rows (ledger.partitions) instead of deleting their
+   rows: a drop holds the table's parent until the commit, which comes next.
 
 Killed before the commit, nothing is removed and the file is an orphan that no `Archive` names;
 run again, it writes a new file. Nothing that is unsettled or waits for a decision is taken.
@@ -169,23 +170,43 @@ def write_file(path, batch, now):
 
 
 def _remove(batch, archive):
-    """The rows removed, dependents first (each model's PROTECT holds). The partitions whose
-    every row is in this file or an earlier one go whole before the rows left are deleted
-    (ledger.partitions): the webhook events' that hold only events past their retention and
-    none after the last one taken (a run takes at most `limit`, oldest first), the audit
-    trail's that hold only events before the checkpoint."""
+    """The rows removed, dependents first (each model's PROTECT holds), but those of the
+    partitions whose every row is in this file or an earlier one (ledger.partitions): the webhook
+    events' that hold only events past their retention and none after the last one taken (a run
+    takes at most `limit`, oldest first), the audit trail's that hold only events before the
+    checkpoint. Returns those partitions, with the rows taken, for `_drop`."""
+    whole = []
     for model, rows in batch.rows.items():
+        taken = model.objects.filter(pk__in=[row.pk for row in rows])
         if model is WebhookEvent and rows:
-            WEBHOOKS.drop(WEBHOOKS.droppable("received_at > %s OR id > %s", [batch.webhooks_before, rows[-1].pk]))
-        model.objects.filter(pk__in=[row.pk for row in rows]).delete()
+            partitions = WEBHOOKS.droppable("received_at > %s OR id > %s", [batch.webhooks_before, rows[-1].pk])
+            whole.append((WEBHOOKS, partitions, taken))
+            taken = _above(taken, partitions)
+        taken.delete()
     if batch.checkpoint:
-        AUDIT.drop(AUDIT.droppable("seq IS NULL OR seq >= %s", [batch.checkpoint.seq]))
-        batch.events.delete()
+        partitions = AUDIT.droppable("seq IS NULL OR seq >= %s", [batch.checkpoint.seq])
+        whole.append((AUDIT, partitions, batch.events))
+        _above(batch.events, partitions).delete()
     for connector, events in groupby(batch.rows[WebhookEvent], key=attrgetter("connector")):
         WebhookClaim.objects.filter(connector=connector, event_id__in=[e.event_id for e in events]).delete()
     ArchivedKey.objects.bulk_create([
         ArchivedKey(operation_key=a.operation_key, agent_id=a.agent_id, created_at=a.created_at,
                     archive_sha256=archive.sha256) for a in batch.rows[Action]])
+    return whole
+
+
+def _above(taken, partitions):
+    """The rows taken above the partitions to drop (all of them if there are none)."""
+    return taken.filter(id__gte=partitions[-1].high) if partitions else taken
+
+
+def _drop(whole):
+    """The archived partitions dropped, last thing before the commit: a drop holds its table's
+    parent, and with it every insert, until then. The rows of one the parent was too busy for
+    (and of those above it) are deleted instead."""
+    for table, partitions, taken in whole:
+        if len(table.drop(partitions)) < len(partitions):
+            taken.filter(id__lt=partitions[-1].high).delete()
 
 
 def archive_expired(directory, *, dry_run=False, limit=10000, now=None):
@@ -202,8 +223,9 @@ def archive_expired(directory, *, dry_run=False, limit=10000, now=None):
         sha256 = write_file(path, batch, now)
         # First: the audit trail lets its events go only before the checkpoint an Archive names.
         archive = Archive.objects.create(file=path.name, sha256=sha256, removed=counts, checkpoint=batch.checkpoint)
-        _remove(batch, archive)
+        whole = _remove(batch, archive)
         AuditEvent.objects.record(actor=ACTOR, verb="archived", obj=archive, after={
             "file": path.name, "sha256": sha256, "removed": counts,
             "checkpoint": batch.checkpoint and batch.checkpoint.seq})
+        _drop(whole)
     return archive, counts

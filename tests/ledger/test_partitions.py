@@ -14,6 +14,7 @@ from datetime import timedelta
 import psycopg
 import pytest
 from django.db import DatabaseError, connection, transaction
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from console.sweeper import sweep_once
@@ -150,8 +151,14 @@ def test_the_archive_drops_a_partition_whose_events_it_has_all_archived(settings
     AuditEvent.objects.seal()
     assert {partition_of(event) for event in events[:8]} == {f"{AUDIT.table}_{start}"}
 
-    archive, counts = archive_expired(tmp_path, now=timezone.now() + timedelta(days=401))
+    with CaptureQueriesContext(connection) as queries:
+        archive, counts = archive_expired(tmp_path, now=timezone.now() + timedelta(days=401))
 
+    # The drop comes last: it holds the trail's parent, and every insert into it, until the commit.
+    statements = [q["sql"] for q in queries]
+    drops = [i for i, sql in enumerate(statements) if sql.startswith("DROP TABLE")]
+    writes = [i for i, sql in enumerate(statements) if sql.startswith(("DELETE", "INSERT"))]
+    assert drops and min(drops) > max(writes), statements
     assert archive.checkpoint.seq == earlier + 9
     assert counts["ledger.auditevent"] == earlier + 8
     names = {p.name for p in AUDIT.ranges()}
