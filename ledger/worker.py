@@ -10,11 +10,13 @@ a birth date (the key the heartbeat itself just made on an empty Redis) register
 again first.
 
 RQ waits for Redis only while it waits for a job: a connection error in its other calls
-(the job's heartbeat as it ends, the worker's heartbeat after a job, the suspension check, the
-state it sets before it listens) ends the worker. A drain job runs for up to a minute, so a
-Redis restart while one ran was met as it ended, and the worker quit, leaving the host one
-worker short until something restarted it. These calls wait for Redis instead, unless the
-worker was asked to stop meanwhile (a deployment's stop must not wait for Redis).
+(the bookkeeping as it takes a job and as a job succeeds, the job's heartbeat as it ends, the
+worker's heartbeat after a job, the suspension check, the state it sets before it listens) ends
+the worker. A drain job runs for up to a minute, so a Redis restart while one ran was met as it
+ended, and the worker quit, leaving the host one worker short until something restarted it.
+These calls wait for Redis instead, unless the worker was asked to stop meanwhile (a
+deployment's stop must not wait for Redis). Each is one pipeline, sent whole or not at all, so
+sending it again is safe. (A failed job's bookkeeping already goes on without Redis.)
 """
 
 import time
@@ -27,6 +29,15 @@ REDIS_WAIT_MAX_SECONDS = 30
 
 
 class Worker(SimpleWorker):
+    def prepare_execution(self, job):
+        return self._until_redis_answers(partial(super().prepare_execution, job))
+
+    def prepare_job_execution(self, job, *args, **kwargs):
+        return self._until_redis_answers(partial(super().prepare_job_execution, job, *args, **kwargs))
+
+    def handle_job_success(self, job, queue, started_job_registry):
+        return self._until_redis_answers(partial(super().handle_job_success, job, queue, started_job_registry))
+
     def check_for_suspension(self, burst):
         return self._until_redis_answers(partial(super().check_for_suspension, burst))
 

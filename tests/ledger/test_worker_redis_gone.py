@@ -9,21 +9,31 @@ import time
 import pytest
 import redis
 from rq import Queue
+from rq.registry import StartedJobRegistry
+from rq.utils import now
 
 from ledger.worker import Worker
 
 
 @pytest.fixture
 def worker(own_redis):
+    """A worker with a job it took and ran (`worker.job`), its bookkeeping done while Redis answered."""
     connection = redis.Redis.from_url(own_redis.url)
     worker = Worker(["default"], connection=connection)
     worker.register_birth()
     worker.job = Queue("default", connection=connection).enqueue("builtins.print")
+    worker.prepare_execution(worker.job)
+    worker.prepare_job_execution(worker.job)
+    worker.job.started_at = worker.job.ended_at = now()
     return worker
 
 
 # Each call RQ makes outside its wait for a job (in this order, one at a time, as the worker does).
 CALLS_BETWEEN_JOBS = {
+    "the bookkeeping as it takes a job": lambda worker: worker.prepare_execution(worker.job),
+    "the job's bookkeeping as it starts": lambda worker: worker.prepare_job_execution(worker.job),
+    "the bookkeeping of a job that succeeded": lambda worker: worker.handle_job_success(
+        worker.job, Queue("default", connection=worker.connection), StartedJobRegistry(connection=worker.connection)),
     "a job that ran while Redis was down ends": lambda worker: worker.handle_execution_ended(
         worker.job, Queue("default", connection=worker.connection), 60),
     "the worker's heartbeat after a job": lambda worker: worker.heartbeat(),
