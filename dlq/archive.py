@@ -69,17 +69,18 @@ def _days(name):
 
 def archive_checkpoint(now):
     """The checkpoint the run's audit events end before, past the chain's start, whose event is
-    older than the audit retention. The first one past the last event of the trail's lowest
-    partition, if that one is old enough: the run takes the whole partition and drops it
-    (PARTITION_EVENTS events at most, and a checkpoint's stretch more) instead of deleting its
-    events a stretch a run. Else the first one (AUDIT_CHECKPOINT_EVERY events after the first
-    run). None: no audit event goes."""
+    older than the audit retention. While the trail's lowest partition is whole and sealed, the
+    first one past its last event: the run takes the whole partition and drops it
+    (PARTITION_EVENTS events at most, and a checkpoint's stretch more), and until that one is old
+    enough it takes none, rather than delete the partition's events a stretch a run. Else (no
+    whole partition yet, or SQLite) the first one: AUDIT_CHECKPOINT_EVERY events after the first
+    run. None: no audit event goes."""
     origin = chain_start()
     old_enough = AuditEvent.objects.filter(occurred_at__lte=now - _days("AUDIT_RETENTION_DAYS")).values("seq")
     checkpoints = (ChainCheckpoint.objects.filter(seq__in=old_enough, seq__gt=origin.seq if origin else 1)
                    .order_by("seq"))
     through = _lowest_partition_last_seq()
-    return (through is not None and checkpoints.filter(seq__gt=through).first()) or checkpoints.first()
+    return checkpoints.first() if through is None else checkpoints.filter(seq__gt=through).first()
 
 
 def _lowest_partition_last_seq():

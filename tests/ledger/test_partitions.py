@@ -223,6 +223,34 @@ def test_a_run_takes_the_lowest_partition_whole_past_several_checkpoints_and_dro
     assert AuditEvent.objects.verify_chain() is None
 
 
+@postgresql_only
+def test_while_the_checkpoint_past_the_lowest_partition_is_too_young_no_audit_event_goes(
+        settings, sequence, tmp_path, monkeypatch):
+    settings.PARTITION_EVENTS = 8
+    settings.AUDIT_CHECKPOINT_EVERY = 3
+    assert not AuditEvent.objects.exists()
+    start = top()
+    sequence(start)
+    AUDIT.extend(settings.PARTITION_EVENTS)  # [start, start + 8) and [start + 8, start + 16)
+    now = timezone.now()
+    with monkeypatch.context() as past:
+        past.setattr(timezone, "now", lambda: now - timedelta(days=500))
+        agent, _ = make_agent("billing")
+        noted(agent, 3)  # the partition's first events, old enough soon
+    noted(agent, start + 12 - query(f"SELECT nextval('{AUDIT.table}_id_seq')")[0][0])  # the rest, today's
+    AuditEvent.objects.seal()
+    partition = f"{AUDIT.table}_{start}"
+    assert query(f"SELECT count(*), count(seq) FROM {partition}") == [(8, 8)]
+
+    # 100 days on: the partition's first checkpoints are old enough, the one past its last event is not.
+    assert archive_expired(tmp_path, now=now + timedelta(days=100)) == (None, {})
+    assert query(f"SELECT count(*) FROM {partition}") == [(8,)]  # no stretch of it deleted
+
+    archive, counts = archive_expired(tmp_path, now=now + timedelta(days=401))
+    assert partition not in {p.name for p in AUDIT.ranges()}
+    assert counts["ledger.auditevent"] == archive.checkpoint.seq - 1 >= 8
+
+
 def webhook_event(event_id, received_at):
     WebhookClaim.objects.create(connector="sandbox", event_id=event_id)
     return WebhookEvent.objects.create(connector="sandbox", event_id=event_id, event_type="refund.succeeded",
