@@ -39,13 +39,15 @@ def parse_args(argv):
 
 
 def sizes(connection):
+    """Each table's size on disk, indexes included; a partitioned one's is its partitions' (its own is 0)."""
     with connection.cursor() as cursor:
-        # A partitioned table's own size is 0: its partitions' are summed (a plain table has no tree).
-        size = "coalesce((SELECT sum(pg_total_relation_size(relid)) FROM pg_partition_tree({0})), pg_total_relation_size({0}))"
-        cursor.execute(f"SELECT {size.format('%s::regclass')}, {size.format('%s::regclass')}",
-                       ["ledger_action", "ledger_action", "ledger_auditevent", "ledger_auditevent"])
-        action, audit = cursor.fetchone()
-    return {"ledger_action_mb": round(action / 2**20, 1), "ledger_auditevent_mb": round(audit / 2**20, 1)}
+        def megabytes(table):
+            cursor.execute("SELECT coalesce((SELECT sum(pg_total_relation_size(relid)) "
+                           "FROM pg_partition_tree(%s::regclass)), pg_total_relation_size(%s::regclass))",
+                           [table, table])
+            return round(float(cursor.fetchone()[0]) / 2**20, 1)
+
+        return {f"{table}_mb": megabytes(table) for table in ("ledger_action", "ledger_auditevent")}
 
 
 def load(count):

@@ -84,16 +84,15 @@ def archive_checkpoint(now):
 
 
 def _lowest_partition_last_seq():
-    """The last seq of the audit trail's lowest ranged partition that holds events, if it is
-    whole (the ids past it are being written) and every event in it is sealed; else None."""
+    """The last seq of the audit trail's lowest passed partition that holds events (ledger.partitions),
+    if every event in it is sealed; else None."""
     with connection.cursor() as cursor:
-        for partition in AUDIT.ranges() if AUDIT.active() else []:
-            cursor.execute(f"SELECT max(seq), EXISTS (SELECT 1 FROM {partition.name} WHERE seq IS NULL), "
-                           f"(SELECT last_value >= %s FROM {AUDIT.table}_id_seq) FROM {partition.name}",
-                           [partition.high])
-            last, unsealed, whole = cursor.fetchone()
+        for partition in AUDIT.passed():
+            cursor.execute(f"SELECT max(seq), EXISTS (SELECT 1 FROM {partition.name} WHERE seq IS NULL) "
+                           f"FROM {partition.name}")
+            last, unsealed = cursor.fetchone()
             if last is not None or unsealed:
-                return last if whole and not unsealed else None
+                return None if unsealed else last
     return None
 
 
@@ -151,12 +150,12 @@ def _line(record):
     return json.dumps(record, cls=DjangoJSONEncoder, sort_keys=True, separators=(",", ":")) + "\n"
 
 
-def write_file(path, batch, now):
+def write_file(path, batch, now, counts):
     """The file: a header naming the checkpoint and the counts, then one line per row
     (`model`, `pk`, `fields`); synced before the rows are removed. Returns its SHA-256."""
     digest = hashlib.sha256()
     checkpoint = batch.checkpoint
-    header = {"archive": 1, "written_at": now, "counts": batch.counts(),
+    header = {"archive": 1, "written_at": now, "counts": counts,
               "checkpoint": checkpoint and {"seq": checkpoint.seq, "hash": checkpoint.hash,
                                             "signature": checkpoint.signature}}
     with open(path, "x", encoding="utf-8") as out:
@@ -221,7 +220,7 @@ def archive_expired(directory, *, dry_run=False, limit=10000, now=None):
             transaction.set_rollback(True)  # nothing written; the locks go with the transaction
             return None, counts
         path = Path(directory) / f"surety-archive-{now:%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}.jsonl"
-        sha256 = write_file(path, batch, now)
+        sha256 = write_file(path, batch, now, counts)
         # First: the audit trail lets its events go only before the checkpoint an Archive names.
         archive = Archive.objects.create(file=path.name, sha256=sha256, removed=counts, checkpoint=batch.checkpoint)
         whole = _remove(batch, archive)

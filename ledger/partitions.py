@@ -114,18 +114,22 @@ class Partitioned:
                 low, made = low + size, made + 1
         return made
 
-    def droppable(self, keep, params):
-        """The ranged partitions below the next id, lowest first, up to the first that holds a
-        row matching `keep` (SQL over the partition's columns, with `params`)."""
+    def passed(self):
+        """The ranged partitions the ids have gone past, lowest first: no row will be written
+        into them any more ([] if the table is not partitioned)."""
         if not self.active():
             return []
         with connection.cursor() as cursor:
             cursor.execute(f"SELECT last_value FROM {self.table}_id_seq")
             written = cursor.fetchone()[0]
-            found = []
-            for partition in self.ranges():
-                if partition.high > written:
-                    break
+        return [partition for partition in self.ranges() if partition.high <= written]
+
+    def droppable(self, keep, params):
+        """The passed partitions, lowest first, up to the first that holds a row matching `keep`
+        (SQL over the partition's columns, with `params`)."""
+        found = []
+        with connection.cursor() as cursor:
+            for partition in self.passed():
                 cursor.execute(f"SELECT EXISTS (SELECT 1 FROM {partition.name} WHERE {keep})", params)
                 if cursor.fetchone()[0]:
                     break

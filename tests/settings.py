@@ -25,8 +25,3 @@ STEP_UP_SECONDS = env_float("STEP_UP_SECONDS", 0)  # noqa: F405
 ACCOUNT_REAUTHENTICATION_TIMEOUT = STEP_UP_SECONDS or 300
 # Chromium's virtual authenticator serves http://localhost: a browser allows WebAuthn there.
 MFA_WEBAUTHN_ALLOW_INSECURE_ORIGIN = True
-
-# Django's test client loads the middleware anew for each test's client, and WhiteNoise reads
-# every static file's headers when it is loaded (a fifth of an in-process page test's CPU).
-# Looking a file up when it is asked for serves the same files with the same headers.
-WHITENOISE_AUTOREFRESH = True
