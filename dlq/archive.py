@@ -42,9 +42,9 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from approvals.models import Approval, ReviewItem, ReviewStatus
-from ledger.actions import SETTLED
 from ledger.audit import chain_start
-from ledger.models import Action, ActionStatus, AuditEvent, Booking, ChainCheckpoint, WebhookClaim, WebhookEvent
+from ledger.models import (SETTLED, Action, ActionStatus, AuditEvent, Booking, ChainCheckpoint, WebhookClaim,
+                           WebhookEvent)
 from ledger.partitions import AUDIT, WEBHOOKS
 from ledger.retention import Archive, ArchivedKey, key_lifetime
 

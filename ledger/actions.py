@@ -13,8 +13,8 @@ from django.utils import timezone
 from . import hooks
 from .compiled import Compiled, insert, update
 from .jobs import ring_after_commit
-from .models import (IN_FLIGHT_STATUSES, Action, ActionStatus, ActionType, AuditEvent, Booking,  # noqa: F401
-                     InvalidTransition, fingerprint, money_in_params, request_fingerprint)  # (fingerprint: re-exported)
+from .models import (IN_FLIGHT_STATUSES, SETTLED, Action, ActionStatus, ActionType, AuditEvent,  # noqa: F401
+                     Booking, InvalidTransition, fingerprint, money_in_params, request_fingerprint)  # (fingerprint: re-exported)
 from .retention import archived_key_expired, refused_as_archived
 
 S = ActionStatus
@@ -281,11 +281,9 @@ def booking_follow_action(action, previous, actor, reason):
         Booking.objects.get(action=action).release()
 
 
-# (A superseded action is not among them: its new version, in flight on the same subjects,
-# holds what it held.)
-SETTLED = {S.SUCCEEDED, S.FAILED, S.REJECTED, S.CANCELLED, S.EXPIRED}
-# Every settle asks this, in one statement for both subjects: half the CPU of one per subject
-# (decision 38; compiled once, see compiled.py).
+# A settle whose own statement saw an action held on its subjects (decision 54) asks this, in one
+# statement for both subjects: half the CPU of one per subject (decision 38; compiled once, see
+# compiled.py).
 # SELECT id FROM ledger_action WHERE (target = %s OR (customer = %s AND NOT customer = ''))
 #   AND status = 'held' ORDER BY id
 _held_on_subjects = Compiled(
@@ -313,9 +311,11 @@ def held_release_when_settled(action, previous, actor, reason):
     database either way, by this action while it is in flight or by the one released."""
     if action.status not in SETTLED or action.is_retryable_failure or previous == S.HELD:
         return
+    if not action.held_nearby:  # the settle's own statement saw none held on its subjects
+        return
     held_ones = [a for a in _held_on_subjects.all(action.target, action.customer) if a.pk != action.pk]
     if not held_ones:
-        return  # the common case: one indexed look at both subjects
+        return
     from_a_group = AuditEvent.objects.history(action).filter(verb="released").exists()
     for held in held_ones:
         try:

@@ -86,6 +86,11 @@ class AuditEventManager(models.Manager):
         """Append one event; must run inside the transaction whose change it describes. A decision
         taken after a step-up records the factor given in `after["step_up"]`, one taken through an
         e-mail's decision link the link in `after["decision_link"]`."""
+        return insert(self.event(actor=actor, verb=verb, obj=obj, before=before, after=after, reason=reason))
+
+    def event(self, *, actor, verb, obj, before=None, after=None, reason=""):
+        """The event `record` appends, not yet written: a move writes it in the statement of its
+        UPDATE (ledger.statemachine, compiled.update's `and_insert`)."""
         if not transaction.get_connection().in_atomic_block:
             raise RuntimeError("audit events are written inside the transaction they describe")
         how = {name: given for name, given in (("step_up", current_step_up.get()),
@@ -107,7 +112,7 @@ class AuditEventManager(models.Manager):
         # Through JSON and back, so the digest is of exactly what the database will hold.
         event.before, event.after = json.loads(json.dumps([before, after], default=str))
         event.content_hash = content_hash(event.content_fields())
-        return insert(event)
+        return event
 
     def seal(self, batch=1000):
         """Chain the events committed since the last seal, oldest id first; return how many.

@@ -56,6 +56,11 @@ class Machine:
         """Return why this row may not move to `to` beyond the table, or ""."""
         return ""
 
+    def _read_back(self, to):
+        """What the statement that moves this row to `to` reads back with it, as attributes of
+        the row the reactions get: {name: SQL over the row's table} (compiled.update)."""
+        return {}
+
     def _snapshot(self, changes=()):
         snap = {self.STATUS_FIELD: getattr(self, self.STATUS_FIELD)}
         snap.update({f: getattr(self, f) for f in self.AUDITED if hasattr(self, f)})
@@ -103,11 +108,11 @@ class Machine:
         if fenced:
             where["fence"] = claim
         with transaction.atomic(savepoint=False):
-            written = update(row, fields, **where)
+            # The audit event is written with the UPDATE, in its statement, only if it writes.
+            event = None if actor is None else AuditEvent.objects.event(
+                actor=actor, verb=verb, obj=row, before=before, after=row._snapshot(changes), reason=reason)
+            written = update(row, fields, and_insert=event, read_back=row._read_back(to), **where)
             if written:
-                if actor is not None:
-                    AuditEvent.objects.record(actor=actor, verb=verb, obj=row, before=before,
-                                              after=row._snapshot(changes), reason=reason)
                 hooks.moved(row, current, actor, reason)
         if not written:  # CONDITIONAL or FENCED: moved or claimed meanwhile, and nothing was written
             now = type(row).objects.filter(pk=row.pk).values(self.STATUS_FIELD, *(["fence"] if fenced else [])).first()

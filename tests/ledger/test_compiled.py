@@ -7,7 +7,7 @@ from decimal import Decimal
 import psycopg
 import pytest
 import redis
-from django.db import close_old_connections, connection, transaction
+from django.db import DataError, close_old_connections, connection, transaction
 from django.db.models import Subquery
 from django.db.transaction import TransactionManagementError
 
@@ -91,6 +91,37 @@ def test_update_writes_only_the_fields_named_and_only_while_the_condition_holds(
     assert update(action, ["status", "error"], fence=4) == 1
     stored = Action.objects.get(pk=action.pk)
     assert (stored.status, stored.error, stored.target) == ("failed", {"code": "x"}, "ORD-k1")
+
+
+def test_an_update_inserts_its_companion_only_if_it_writes_and_as_insert_would():
+    agent, _ = make_agent("billing")
+    action = insert(an_action(agent, "k1", fence=4))
+    action.status = "failed"
+    with transaction.atomic():
+        refused = AuditEvent.objects.event(actor=agent, verb="failed", obj=action, before=None, after={"a": [1]})
+        assert update(action, ["status"], and_insert=refused, fence=3) == 0
+        assert refused.pk is None
+        written = AuditEvent.objects.event(actor=agent, verb="failed", obj=action, before=None, after={"a": [1]})
+        assert update(action, ["status"], and_insert=written, fence=4) == 1
+    assert not written._state.adding
+    stored = AuditEvent.objects.get(verb="failed")
+    assert stored.pk == written.pk
+    assert {k: v for k, v in field_values(stored).items() if k != "id"} == {
+        k: v for k, v in field_values(written).items() if k != "id"}
+    assert (stored.before, stored.after) == (None, {"a": [1]})  # SQL NULL, and JSON
+    assert Action.objects.get(pk=action.pk).status == "failed"
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite keeps text of any length")
+def test_a_companion_value_too_long_for_its_column_is_refused_not_cut_short():
+    agent, _ = make_agent("billing")
+    action = insert(an_action(agent, "k1"))
+    action.status = "failed"
+    with pytest.raises(DataError), transaction.atomic():
+        event = AuditEvent.objects.event(actor=agent, verb="x" * 51, obj=action, after={})
+        update(action, ["status"], and_insert=event)
+    assert not AuditEvent.objects.history(action).exists()
+    assert Action.objects.get(pk=action.pk).status == "cancelled"
 
 
 def test_a_compiled_lookup_refuses_what_it_cannot_build():

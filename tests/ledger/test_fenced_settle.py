@@ -1,6 +1,7 @@
 """A claimed action is settled by its fence: the settle writes with UPDATE ... WHERE fence =
-<claim> AND status = pending, without reading the row FOR UPDATE first, and a write that the
-row no longer matches is refused as before (decision 53)."""
+<claim> AND status = pending, without reading the row FOR UPDATE first, and with its audit event
+in the same statement; a write that the row no longer matches is refused as before and writes no
+audit event (decisions 53, 54)."""
 
 import pytest
 from django.db import connection
@@ -25,8 +26,13 @@ def test_a_settle_writes_once_by_its_fence_and_reads_nothing_locked(agent):
         action.mark_succeeded(actor="system:executor", claim=action.fence, external_ref="re_1")
     statements = [q["sql"] for q in queries]
     assert not [sql for sql in statements if "FOR UPDATE" in sql], statements
-    writes = [sql for sql in statements if sql.startswith('UPDATE "ledger_action"')]
+    writes = [sql for sql in statements if 'UPDATE "ledger_action"' in sql]
     assert len(writes) == 1 and '"fence" = ' in writes[0].split("WHERE")[1], writes
+    if connection.vendor == "postgresql":
+        # Its audit event goes in the same statement, and with nothing held on its subjects
+        # there is no look for held actions either: the settle is that one statement (decision 54).
+        assert 'INSERT INTO "ledger_auditevent"' in writes[0]
+        assert [sql for sql in statements if sql not in ("BEGIN", "COMMIT")] == writes
     row = Action.objects.get(pk=action.pk)
     assert (row.status, row.external_ref, row.lease_owner) == ("succeeded", "re_1", "")
     assert AuditEvent.objects.filter(object_id=str(action.pk), verb="succeeded").count() == 1
@@ -53,3 +59,13 @@ def test_a_settle_after_someone_settled_it_without_a_claim_is_refused_and_writes
         action.mark_failed(actor="system:executor", claim=action.fence, code="timeout", message="t", retryable=True)
     row = Action.objects.get(pk=action.pk)
     assert (row.status, row.external_ref, row.error) == ("succeeded", "re_hook", None)
+
+
+def test_a_settle_with_an_action_held_on_its_target_says_so_and_releases_it(agent):
+    action = claimed(agent)
+    held, _ = action_request(agent=agent, operation_key="k-2", action_type="refund", target=action.target,
+                             params={"amount": "6.00", "currency": "EUR"})
+    assert held.status == "held"
+    settled = action.mark_succeeded(actor="system:executor", claim=action.fence, external_ref="re_1")
+    assert settled.held_nearby
+    assert Action.objects.get(pk=held.pk).status == "queued"
