@@ -74,14 +74,16 @@ END""")
 
 # The what-if's daily summaries stay true (approvals.summaries): a change to an action of a day
 # that is over marks that day stale. The triggers call these only for such rows (their WHEN:
-# the row's day is before today's, UTC), so today's writes pay a comparison, not a call.
+# the row's day is before today's, UTC), so today's writes pay a comparison, not a call. A day
+# already stale is left as it is: an archive run deletes thousands of one day's actions, and
+# rewriting the same row for each one left a version per delete for the next one to walk.
 BEFORE_TODAY = "{at} < date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'"
 SUMMARY_DAY_CHANGED = Function("approvals_summary_day_changed(p_at timestamptz) RETURNS void", f"""
 BEGIN
     IF {BEFORE_TODAY.format(at="p_at")} THEN
         INSERT INTO approvals_summaryday (day, stale, summarised_at)
              VALUES ((p_at AT TIME ZONE 'UTC')::date, true, now())
-        ON CONFLICT (day) DO UPDATE SET stale = true;
+        ON CONFLICT (day) DO UPDATE SET stale = true WHERE NOT approvals_summaryday.stale;
     END IF;
 END """)
 
