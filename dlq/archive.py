@@ -7,15 +7,17 @@ the ledger, the one that sees them all.
 One run (`archive_expired`) is one JSON-lines file and one transaction:
 
 1. It takes, locked: settled actions past their key's lifetime (OPERATION_KEY_LIFETIME_DAYS,
-   ledger.retention) that stand alone (no task, no version of an edit-down, nothing waiting for
-   a person: no open review item or dead letter, no failure that may still be retried) with
-   what hangs off them; closed dead letters older than DEAD_LETTER_RETENTION_DAYS; webhook
-   events older than WEBHOOK_RETENTION_DAYS; and the audit events before the newest checkpoint
-   whose event is older than AUDIT_RETENTION_DAYS.
+   ledger.retention) with nothing waiting for a person (no open review item or dead letter, no
+   failure that may still be retried), each with the actions it superseded (an edit-down's
+   originals) and what hangs off them; finished tasks past their id's lifetime whose every
+   action may go so, with their steps, confirmations, actions and dead letters; closed dead
+   letters older than DEAD_LETTER_RETENTION_DAYS; webhook events older than
+   WEBHOOK_RETENTION_DAYS; and the audit events before the newest checkpoint whose event is
+   older than AUDIT_RETENTION_DAYS.
 2. It writes them to the file, the checkpoint first (its seq, hash and signature vouch for the
    file's events: the last one's hash is the prev_hash of the checkpoint's event), and syncs it.
-3. It removes them (a webhook event's claim goes with it), leaves an `ArchivedKey` per action
-   and an `Archive` naming the file, its SHA-256, the counts and the checkpoint, and an audit
+3. It removes them (a webhook event's claim goes with it), leaves an `ArchivedKey` per action,
+   an `ArchivedTask` per task and an `Archive` naming the file, its SHA-256, the counts and the checkpoint, and an audit
    event `archived` saying the same. Last, it drops the partitions of the audit trail and of the
    webhook events that hold only archived rows (ledger.partitions) instead of deleting their
    rows: a drop holds the table's parent until the commit, which comes next.
@@ -38,29 +40,65 @@ from django.conf import settings
 from django.core import serializers
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection, transaction
-from django.db.models import Q, QuerySet
+from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from approvals.models import Approval, ReviewItem, ReviewStatus
 from ledger.audit import chain_start
-from ledger.models import (SETTLED, Action, ActionStatus, AuditEvent, Booking, ChainCheckpoint, WebhookClaim,
-                           WebhookEvent)
+from ledger.models import (SETTLED, Action, ActionStatus, AuditEvent, Booking, ChainCheckpoint, Confirmation, Task,
+                           TaskState, TaskStep, WebhookClaim, WebhookEvent)
 from ledger.partitions import AUDIT, WEBHOOKS
-from ledger.retention import Archive, ArchivedKey, key_lifetime
+from ledger.retention import Archive, ArchivedKey, ArchivedTask, key_lifetime
 
 from .models import Alert, AlertDelivery, DeadLetter, EntryStatus
 
 ACTOR = "system:archive"
+FINISHED = [TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED]  # final: nothing moves them again
+
+
+def _staying(now):
+    """An action that must stay: unsettled (a superseded one is its version's), in its key's
+    lifetime, a failure that may still be retried, or waiting for a person (an open review item
+    or dead letter)."""
+    return (~Q(status__in=[*SETTLED, ActionStatus.SUPERSEDED]) | Q(created_at__gt=now - key_lifetime())
+            | Q(status=ActionStatus.FAILED, error__retryable=True)
+            | Q(review_items__status=ReviewStatus.OPEN) | Q(dead_letters__status=EntryStatus.OPEN))
 
 
 def expired_actions(now):
-    """Settled, standalone actions whose key's lifetime has ended, oldest first."""
-    return (Action.objects.filter(status__in=SETTLED, created_at__lte=now - key_lifetime(), task__isnull=True,
-                                  supersedes__isnull=True)
-            .exclude(status=ActionStatus.FAILED, error__retryable=True)
-            .exclude(review_items__status=ReviewStatus.OPEN)
+    """Settled actions of no task that may go, oldest first. Each goes with the actions it
+    superseded, if none of them must stay (`collect`)."""
+    return Action.objects.filter(status__in=SETTLED, task__isnull=True).exclude(_staying(now)).order_by("id")
+
+
+def expired_tasks(now):
+    """Finished tasks past their id's lifetime with no open dead letter, none of whose actions
+    must stay, oldest first: each goes with its steps, confirmations and actions."""
+    return (Task.objects.filter(state__in=FINISHED, created_at__lte=now - key_lifetime())
+            .exclude(Exists(Action.objects.filter(_staying(now), task=OuterRef("pk"))))
             .exclude(dead_letters__status=EntryStatus.OPEN)
             .order_by("id"))
+
+
+def _with_originals(actions, now):
+    """The actions' ids with those of the actions they superseded (an edit-down's originals, in
+    turn), leaving out any action one of whose originals must stay."""
+    chains = {action.pk: [action.pk] for action in actions}
+    step = {action.pk: action.supersedes_id for action in actions if action.supersedes_id}
+    while step:
+        originals = dict(Action.objects.filter(pk__in=step.values()).exclude(_staying(now))
+                         .values_list("pk", "supersedes_id"))
+        for start, original in list(step.items()):
+            if original not in originals:  # it must stay, and so must what superseded it
+                chains.pop(start)
+                del step[start]
+                continue
+            chains[start].append(original)
+            if originals[original]:
+                step[start] = originals[original]
+            else:
+                del step[start]
+    return [pk for chain in chains.values() for pk in chain]
 
 
 def _days(name):
@@ -121,12 +159,17 @@ class Batch:
 
 
 def collect(now, limit):
-    """The rows one run takes (at most `limit` actions), locked: the caller's transaction."""
-    ids = list(expired_actions(now).values_list("id", flat=True)[:limit])
+    """The rows one run takes (at most `limit` actions of no task, and `limit` tasks with theirs),
+    locked: the caller's transaction."""
+    tasks = list(Task.objects.select_for_update().filter(pk__in=list(
+        expired_tasks(now).values_list("id", flat=True)[:limit])).order_by("id"))
+    alone = list(expired_actions(now).only("id", "supersedes_id")[:limit])
+    ids = _with_originals(alone + list(Action.objects.filter(task__in=tasks).only("id", "supersedes_id")), now)
     actions = list(Action.objects.select_for_update().filter(pk__in=ids).order_by("id"))
-    entries = list(DeadLetter.objects.select_for_update().filter(action__in=actions)) + list(
+    entries = list(DeadLetter.objects.select_for_update().filter(Q(action__in=actions) | Q(task__in=tasks))) + list(
         DeadLetter.objects.select_for_update().filter(task__isnull=False, created_at__lte=now - _days(
-            "DEAD_LETTER_RETENTION_DAYS")).exclude(status=EntryStatus.OPEN).order_by("id")[:limit])
+            "DEAD_LETTER_RETENTION_DAYS")).exclude(status=EntryStatus.OPEN).exclude(task__in=tasks)
+        .order_by("id")[:limit])
     items = list(ReviewItem.objects.select_for_update().filter(action__in=actions).order_by("id"))
     alerts = list(Alert.objects.filter(Q(dead_letter__in=entries) | Q(review_item__in=items)).order_by("id"))
     checkpoint = archive_checkpoint(now)
@@ -140,7 +183,10 @@ def collect(now, limit):
         Approval: list(Approval.objects.filter(item__in=items).order_by("id")),
         ReviewItem: items,
         Booking: list(Booking.objects.filter(action__in=actions).order_by("id")),
+        Confirmation: list(Confirmation.objects.filter(task__in=tasks).order_by("id")),
         Action: actions,
+        TaskStep: list(TaskStep.objects.filter(task__in=tasks).order_by("id")),
+        Task: tasks,
         WebhookEvent: list(WebhookEvent.objects.filter(received_at__lte=now - _days("WEBHOOK_RETENTION_DAYS"))
                            .order_by("id")[:limit]),
     })
@@ -182,7 +228,10 @@ def _remove(batch, archive):
             partitions = WEBHOOKS.droppable("received_at > %s OR id > %s", [batch.webhooks_before, rows[-1].pk])
             whole.append((WEBHOOKS, partitions, taken))
             taken = _above(taken, partitions)
-        taken.delete()
+        if model is Action:
+            _versions_first(rows)
+        else:
+            taken.delete()
     if batch.checkpoint:
         partitions = AUDIT.droppable("seq IS NULL OR seq >= %s", [batch.checkpoint.seq])
         whole.append((AUDIT, partitions, batch.events))
@@ -192,7 +241,21 @@ def _remove(batch, archive):
     ArchivedKey.objects.bulk_create([
         ArchivedKey(operation_key=a.operation_key, agent_id=a.agent_id, created_at=a.created_at,
                     archive_sha256=archive.sha256) for a in batch.rows[Action]])
+    ArchivedTask.objects.bulk_create([
+        ArchivedTask(task_id=t.task_id, agent_id=t.agent_id, created_at=t.created_at, archive_sha256=archive.sha256)
+        for t in batch.rows[Task]])
     return whole
+
+
+def _versions_first(actions):
+    """Delete the actions, each before the one it superseded (which it PROTECTs)."""
+    left = {action.pk: action.supersedes_id for action in actions}
+    while left:
+        superseded = set(left.values())
+        last = [pk for pk in left if pk not in superseded]
+        Action.objects.filter(pk__in=last).delete()
+        for pk in last:
+            del left[pk]
 
 
 def _above(taken, partitions):

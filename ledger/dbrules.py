@@ -217,10 +217,26 @@ BEGIN
     SELECT RAISE(ABORT, '{KEY_ARCHIVED}');
 END""")
 
+# The same for a task id whose task was archived with its steps and actions (same message:
+# the intake answers both as an expired key).
+ARCHIVED_TASK_REFUSED = Function("ledger_task_id_archived() RETURNS trigger", f"""
+BEGIN
+    IF EXISTS (SELECT 1 FROM ledger_archivedtask k WHERE k.task_id = NEW.task_id) THEN
+        RAISE EXCEPTION USING MESSAGE = '{KEY_ARCHIVED}: ' || NEW.task_id,
+                              ERRCODE = 'unique_violation';
+    END IF;
+    RETURN NULL;
+END """)
+ARCHIVED_TASK_REFUSED_SQLITE = SQLiteTrigger("ledger_task_id_archived", f"""CREATE TRIGGER ledger_task_id_archived BEFORE INSERT ON ledger_task
+WHEN EXISTS (SELECT 1 FROM ledger_archivedtask k WHERE k.task_id = NEW.task_id)
+BEGIN
+    SELECT RAISE(ABORT, '{KEY_ARCHIVED}');
+END""")
+
 RULES = [LOCK_SUBJECTS, SAME_SUBJECT, REQUEUE_SAME_SUBJECT, AUDIT_APPEND_ONLY, SUPERSEDED_HAS_VERSION,
          CHECKPOINT_APPEND_ONLY, SAME_SUBJECT_SQLITE, REQUEUE_SAME_SUBJECT_SQLITE, AUDIT_NO_UPDATE_SQLITE,
          AUDIT_NO_DELETE_SQLITE, CHECKPOINT_NO_UPDATE_SQLITE, CHECKPOINT_NO_DELETE_SQLITE,
-         ARCHIVED_KEY_REFUSED, ARCHIVED_KEY_REFUSED_SQLITE]
+         ARCHIVED_KEY_REFUSED, ARCHIVED_KEY_REFUSED_SQLITE, ARCHIVED_TASK_REFUSED, ARCHIVED_TASK_REFUSED_SQLITE]
 
 
 def installed(connection, rule):

@@ -22,7 +22,7 @@ from .audit import (  # noqa: F401 (models of this app, defined beside their man
     AuditEvent, ChainCheck, ChainCheckpoint, ChainWalk)
 from .authority import Grant, GrantState, ReplayRun  # noqa: F401 (models of this app, see authority.py)
 from .locks import StepLease  # noqa: F401 (the sweeper steps' leases, defined beside their statement)
-from .retention import ArchivedKey  # noqa: F401 (the archived keys, defined beside their lifetime)
+from .retention import ArchivedKey, ArchivedTask  # noqa: F401 (the archived keys, defined beside their lifetime)
 from .compiled import Compiled
 from .statemachine import CONDITIONAL, InvalidTransition, LeasedWork, Machine, StaleClaim  # noqa: F401 (re-exported)
 

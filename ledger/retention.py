@@ -3,8 +3,9 @@
 A key names its action for OPERATION_KEY_LIFETIME_DAYS after the action was recorded (decision
 42): within that lifetime the API replays it; after it a request under the key is answered
 `410 operation_key_expired`, never executed. `archive_expired` then moves the settled action out
-of the ledger and leaves an `ArchivedKey` in its place, which the database checks on every
-insert into the ledger (ledger.dbrules.ARCHIVED_KEY_REFUSED): an archived key is never recorded again.
+of the ledger and leaves an `ArchivedKey` in its place (a finished task: an `ArchivedTask`), which
+the database checks on every insert into the ledger (ledger.dbrules.ARCHIVED_KEY_REFUSED,
+ARCHIVED_TASK_REFUSED): an archived key is never recorded again.
 """
 
 from datetime import UTC, timedelta
@@ -47,6 +48,10 @@ def archived_key_expired(key):
     return KeyExpired(key, ArchivedKey.objects.get(operation_key=key).expires_at)
 
 
+def archived_task_expired(task_id):
+    return KeyExpired(task_id, ArchivedTask.objects.get(task_id=task_id).expires_at)
+
+
 def refused_as_archived(exc):
     """Whether the database refused an insert because its key was archived."""
     return KEY_ARCHIVED in str(exc)
@@ -72,19 +77,38 @@ class Archive(models.Model):
         return f"archive {self.file}"
 
 
-class ArchivedKey(models.Model):
-    """An operation key whose settled action `archive_expired` moved out of the ledger, and
-    the archive file (its SHA-256) that holds the action now."""
+class Archived(models.Model):
+    """What an archive run leaves of a key it took (its action's or its task's): whose it was,
+    when it was recorded (so when its lifetime ended), and the archive file (its SHA-256) that
+    holds the row now. The database refuses a row under it again (ledger.dbrules)."""
 
-    operation_key = models.CharField(max_length=255, unique=True)
     agent = models.ForeignKey("ledger.Agent", on_delete=models.PROTECT, related_name="+", db_index=False)
     created_at = models.DateTimeField()
     archived_at = models.DateTimeField(default=timezone.now)
     archive_sha256 = models.CharField(max_length=64)
 
-    def __str__(self):
-        return self.operation_key
+    class Meta:
+        abstract = True
 
     @property
     def expires_at(self):
         return key_expires_at(self.created_at)
+
+
+class ArchivedKey(Archived):
+    """An operation key whose settled action `archive_expired` moved out of the ledger."""
+
+    operation_key = models.CharField(max_length=255, unique=True)
+
+    def __str__(self):
+        return self.operation_key
+
+
+class ArchivedTask(Archived):
+    """A task id whose finished task `archive_expired` moved out of the ledger, with its steps
+    and its actions (whose keys are ArchivedKeys)."""
+
+    task_id = models.CharField(max_length=255, unique=True)
+
+    def __str__(self):
+        return self.task_id

@@ -12,6 +12,7 @@ from django.utils import timezone
 from .actions import KeyReused, fingerprint
 from .jobs import ring_after_commit
 from .models import PERSON_STATUSES, AuditEvent, Task, TaskState, TaskStep
+from .retention import archived_task_expired, refused_as_archived
 from .workflows import WORKFLOWS
 
 T = TaskState
@@ -35,7 +36,9 @@ def task_request(*, agent, task_id, workflow, input):
                 AuditEvent.objects.record(actor=agent, verb="requested", obj=task, after={"state": task.state})
                 ring_after_commit("tasks")
             return task, True
-        except IntegrityError:
+        except IntegrityError as exc:
+            if refused_as_archived(exc):  # its task was archived past the id's lifetime
+                raise archived_task_expired(task_id) from None
             existing = Task.objects.filter(task_id=task_id).first()
             if existing is None:
                 raise

@@ -15,7 +15,7 @@ from ledger.metrics import API_KEY_REUSED, API_REPLAYS
 from ledger.models import Action, ActionStatus, ActionType, Capability, GrantState, Task, TaskState
 from ledger.outages import close_broken_connection, connection_lost
 from ledger.resources import checkpoint
-from ledger.retention import KEY_EXPIRES_HEADER, ArchivedKey, KeyExpired, key_expired, key_expires_at, rfc3339
+from ledger.retention import KEY_EXPIRES_HEADER, ArchivedKey, ArchivedTask, KeyExpired, key_expired, key_expires_at, rfc3339
 from ledger.tasks import task_request
 
 from .auth import well_formed_key
@@ -251,13 +251,15 @@ def own_action(request, operation_key, queryset):
     mine = queryset.filter(agent=request.auth, operation_key=operation_key)
     if "\x00" in operation_key:  # PostgreSQL text holds no NUL, so no key has one (nor any archived key)
         return load_own(mine.none(), "action")
-    return load_own(mine, "action", gone=lambda: archived(request.auth, operation_key))
+    return load_own(mine, "action", gone=lambda: archived(
+        ArchivedKey.objects.filter(agent=request.auth, operation_key=operation_key), operation_key))
 
 
-def archived(agent, operation_key):
-    """The 410 for a key of this agent's whose action was archived (ledger.retention), or None."""
-    found = ArchivedKey.objects.filter(agent=agent, operation_key=operation_key).first()
-    return None if found is None else key_expired_problem(operation_key, found.expires_at)
+def archived(mine, key):
+    """The 410 for a key of this agent's (`mine`: its ArchivedKey or ArchivedTask) whose action or
+    task was archived (ledger.retention), or None."""
+    found = mine.first()
+    return None if found is None else key_expired_problem(key, found.expires_at)
 
 
 def key_ends_in_evidence(request):
@@ -323,14 +325,18 @@ class TaskCreateView(APIView):
 
 class TaskDetailView(APIView):
     @extend_schema(
-        operation_id="tasks_retrieve", responses=read_responses(CheckpointSerializer, "task"),
+        operation_id="tasks_retrieve",
+        responses={**read_responses(CheckpointSerializer, "task"), (410, PROBLEM_JSON): problem(KEY_EXPIRED)},
         parameters=[path_key("task_id", "The task's id (the key it was started with)."), WAIT, RETRY_AFTER,
                     KEY_EXPIRES],
     )
     def get(self, request, task_id):
         seconds = wait_seconds(request)
         mine = Task.objects.filter(agent=request.auth, task_id=task_id)
-        if "\x00" in task_id:  # PostgreSQL text holds no NUL, so no task id has one
-            mine = mine.none()
-        task = poll(load_own(mine, "task"), lambda t: t.state in UNSETTLED_TASK, seconds)
+        if "\x00" in task_id:  # PostgreSQL text holds no NUL, so no task id has one (nor any archived one)
+            load = load_own(mine.none(), "task")
+        else:
+            load = load_own(mine, "task", gone=lambda: archived(
+                ArchivedTask.objects.filter(agent=request.auth, task_id=task_id), task_id))
+        task = poll(load, lambda t: t.state in UNSETTLED_TASK, seconds)
         return answer(checkpoint(task), task)
