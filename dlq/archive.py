@@ -8,7 +8,7 @@ One run (`archive_expired`) is one JSON-lines file and one transaction:
 
 1. It takes, locked: settled actions past their key's lifetime (OPERATION_KEY_LIFETIME_DAYS,
    ledger.retention) with nothing waiting for a person (no open review item or dead letter, no
-   failure that may still be retried), each with the actions it superseded (an edit-down's
+   failure that may still be retried: one whose dead letter a person closed may not), each with the actions it superseded (an edit-down's
    originals) and what hangs off them; finished tasks past their id's lifetime whose every
    action may go so, with their steps, confirmations, actions and dead letters; closed dead
    letters older than DEAD_LETTER_RETENTION_DAYS; webhook events older than
@@ -56,26 +56,32 @@ ACTOR = "system:archive"
 FINISHED = [TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED]  # final: nothing moves them again
 
 
-def _staying(now):
+def _waiting(now):
     """An action that must stay: unsettled (a superseded one is its version's), in its key's
-    lifetime, a failure that may still be retried, or waiting for a person (an open review item
-    or dead letter)."""
+    lifetime, or waiting for a person (an open review item or dead letter)."""
     return (~Q(status__in=[*SETTLED, ActionStatus.SUPERSEDED]) | Q(created_at__gt=now - key_lifetime())
-            | Q(status=ActionStatus.FAILED, error__retryable=True)
             | Q(review_items__status=ReviewStatus.OPEN) | Q(dead_letters__status=EntryStatus.OPEN))
+
+
+# A failure that may still be retried stays too, until nobody will retry it: a person closed its
+# dead letter (resolved or discarded it), or its task is finished (a task's runner retries its
+# actions, and a finished task runs no more).
+RETRYABLE = (Q(status=ActionStatus.FAILED, error__retryable=True)
+             & ~Q(dead_letters__status__in=[EntryStatus.RESOLVED, EntryStatus.DISCARDED]))
 
 
 def expired_actions(now):
     """Settled actions of no task that may go, oldest first. Each goes with the actions it
     superseded, if none of them must stay (`collect`)."""
-    return Action.objects.filter(status__in=SETTLED, task__isnull=True).exclude(_staying(now)).order_by("id")
+    return (Action.objects.filter(status__in=SETTLED, task__isnull=True).exclude(_waiting(now)).exclude(RETRYABLE)
+            .order_by("id"))
 
 
 def expired_tasks(now):
     """Finished tasks past their id's lifetime with no open dead letter, none of whose actions
     must stay, oldest first: each goes with its steps, confirmations and actions."""
     return (Task.objects.filter(state__in=FINISHED, created_at__lte=now - key_lifetime())
-            .exclude(Exists(Action.objects.filter(_staying(now), task=OuterRef("pk"))))
+            .exclude(Exists(Action.objects.filter(_waiting(now), task=OuterRef("pk"))))
             .exclude(dead_letters__status=EntryStatus.OPEN)
             .order_by("id"))
 
@@ -86,7 +92,7 @@ def _with_originals(actions, now):
     chains = {action.pk: [action.pk] for action in actions}
     step = {action.pk: action.supersedes_id for action in actions if action.supersedes_id}
     while step:
-        originals = dict(Action.objects.filter(pk__in=step.values()).exclude(_staying(now))
+        originals = dict(Action.objects.filter(pk__in=step.values()).exclude(_waiting(now))
                          .values_list("pk", "supersedes_id"))
         for start, original in list(step.items()):
             if original not in originals:  # it must stay, and so must what superseded it

@@ -180,3 +180,16 @@ def test_an_archived_key_answers_410_and_is_never_recorded_again(tmp_path, ledge
                    client.get("/api/v1/actions/old-done")):
         assert (answer.status_code, answer.json()["code"]) == (410, "operation_key_expired")
     assert not Action.objects.filter(operation_key="old-done").exists()
+
+
+def test_a_failure_that_could_be_retried_goes_once_a_person_closed_its_dead_letter(tmp_path, ledger, agent):
+    with connection.cursor() as cursor:  # its alert is written after it, as in one commit
+        if connection.vendor == "postgresql":
+            cursor.execute("SET CONSTRAINTS ALL DEFERRED")
+        entry = DeadLetter.objects.open_for_action(ledger["retryable"], actor="system:executor")
+        entry.discard(actor="user:ops", reason="the customer was refunded by bank transfer")
+        if connection.vendor == "postgresql":
+            cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+    _, counts = run(tmp_path)
+    assert not Action.objects.filter(pk=ledger["retryable"].pk).exists()
+    assert counts["ledger.action"] == 3  # with the two settled ones

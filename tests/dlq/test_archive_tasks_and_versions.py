@@ -85,14 +85,23 @@ def test_a_finished_task_goes_with_its_steps_confirmations_actions_and_dead_lett
 
 
 def test_a_task_stays_while_one_of_its_actions_must(tmp_path, agent):
-    finished_task(agent, "t-retryable", action_status="failed", retryable=True)
+    finished_task(agent, "t-waiting", action_status="awaiting_approval")
     finished_task(agent, "t-recent", created_at=timezone.now() + LATER - timedelta(days=1))
     open_task = failed_task_entry(agent, "t-open").task  # its dead letter is still open
     immediate()
     _, counts = run(tmp_path)
     assert "ledger.task" not in counts
-    assert set(Task.objects.values_list("task_id", flat=True)) == {"t-retryable", "t-recent", open_task.task_id}
+    assert set(Task.objects.values_list("task_id", flat=True)) == {"t-waiting", "t-recent", open_task.task_id}
     assert Action.objects.count() == 2 and TaskStep.objects.filter(task__task_id="t-recent").exists()
+
+
+def test_a_finished_tasks_failure_that_could_be_retried_does_not_keep_it(tmp_path, agent):
+    """Its runner retries a task's actions, and a finished task runs no more."""
+    finished_task(agent, "t-retryable", action_status="failed", retryable=True)
+    immediate()
+    _, counts = run(tmp_path)
+    assert counts["ledger.task"] == counts["ledger.action"] == 1
+    assert not Task.objects.exists()
 
 
 def test_an_archived_task_id_answers_410_and_is_never_recorded_again(tmp_path, agent, billing, client):
