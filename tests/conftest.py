@@ -113,10 +113,13 @@ class Stack:
         self.workers = []
         self.sweepers = []
 
-    def start_worker(self, **env):
+    def start_worker(self, log=None, **env):
+        """An RQ worker as a process of its own; with `log` (a path), its output goes there, and
+        is its `process.log`."""
         process = self._spawn(
             ["rqworker", "default", "--worker-class", "ledger.worker.Worker",
-             "--burst" if env.pop("burst", False) else "--with-scheduler"], env)
+             "--burst" if env.pop("burst", False) else "--with-scheduler"], env, log)
+        process.log = log
         self.workers.append(process)
         return process
 

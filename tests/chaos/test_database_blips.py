@@ -112,7 +112,9 @@ def refunds_through_blips(stack, client, blip, times):
         armed = sandbox(client, "POST", "faults", json={"target": f"ORD-B{i}", "fault": "timeout_after_commit",
                                                           "times": 1})
         assert armed.status_code == 201, armed.text
-    processes = [stack.gunicorn, stack.start_worker(), stack.start_worker(), stack.start_sweeper()]
+    logs = Path(tempfile.mkdtemp(prefix="surety-blips-"))  # read only if one of them ends
+    processes = [stack.gunicorn, stack.start_worker(log=logs / "worker-1.log"),
+                 stack.start_worker(log=logs / "worker-2.log"), stack.start_sweeper(log=logs / "sweeper.log")]
     wait_until(lambda: health(stack.url) == 200, seconds=30, message="the stack to be healthy")
 
     with ThreadPoolExecutor(IN_FLIGHT) as pool:
@@ -139,7 +141,9 @@ def refunds_through_blips(stack, client, blip, times):
     assert all(r.status_code == 503 and r.headers.get("Retry-After", "").isdigit()
                and r.headers["Content-Type"] == "application/problem+json" for r in failures), \
         [(r.status_code, r.request.url.path, r.text[:200]) for r in failures if r.status_code != 503]
-    assert [p.args[2:4] for p in processes if p.poll() is not None] == []
+    ended = [p for p in processes if p.poll() is not None]
+    assert not ended, [(p.args[2:4], p.returncode, getattr(p, "log", None) and p.log.read_text()[-4000:])
+                       for p in ended]
 
 
 def post_until_recorded(client, key, body, seconds=30):
