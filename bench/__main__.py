@@ -31,6 +31,9 @@ with the seal's lag (bench/seal.py).
 `python -m bench health_checks`: (b) and (c) with persistent connections unchecked, health-checked
 and pooled, side by side, with their ratios (bench/health_checks.py).
 
+`python -m bench partitioned_writes`: a worker's UPDATE and the intake's INSERT on tables
+partitioned by ranges of id against unpartitioned ones, by pgbench (bench/partitioned_writes.py).
+
 The machine may be shared (other sessions' test suites): the HTTP figures are measured in
 interleaved rounds (each API figure right after its baseline), and a CPU monitor (bench/cpu.py)
 reports what other processes used meanwhile, plus this stack's CPU time per request, from
@@ -660,6 +663,11 @@ def main(argv=None):
         from . import health_checks
 
         health_checks.main(argv[1:])
+        return
+    if argv[:1] == ["partitioned_writes"]:  # the hot statements on a partitioned ledger (bench/partitioned_writes.py)
+        from . import partitioned_writes
+
+        partitioned_writes.main(argv[1:])
         return
     args = parse_args(argv)
     if set(args.only) <= {"p"}:
