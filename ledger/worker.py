@@ -16,7 +16,9 @@ the worker. A drain job runs for up to a minute, so a Redis restart while one ra
 ended, and the worker quit, leaving the host one worker short until something restarted it.
 These calls wait for Redis instead, unless the worker was asked to stop meanwhile (a
 deployment's stop must not wait for Redis). Each is one pipeline, sent whole or not at all, so
-sending it again is safe. (A failed job's bookkeeping already goes on without Redis.)
+sending it again is safe. (A failed job's bookkeeping already goes on without Redis.) The
+scheduler, a process of the worker's that a Redis restart ends, is started again at the
+loop's next turn rather than at RQ's next maintenance, up to ten minutes later.
 """
 
 import time
@@ -59,6 +61,15 @@ class Worker(SimpleWorker):
             self.connection.delete(self.key)
             self.register_birth()
         super().heartbeat(timeout)
+
+    @property
+    def should_run_maintenance_tasks(self):
+        """RQ's maintenance (every ten minutes) also restarts the scheduler, whose process a Redis
+        restart ends (its loop survives no connection error): until then the rings scheduled for
+        later (a retry's backoff) wait for the sweeper's. So it runs at the loop's next turn once
+        the scheduler this worker started has died."""
+        process = getattr(self.scheduler, "_process", None)  # None: another worker's scheduler runs
+        return super().should_run_maintenance_tasks or (process is not None and not process.is_alive())
 
     def _until_redis_answers(self, call):
         wait = 1

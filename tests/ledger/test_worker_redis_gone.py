@@ -3,6 +3,9 @@ waits for a job; elsewhere a connection error ended the worker: in the chaos tes
 that ran while Redis restarted ended the worker as it ended), unless it was asked to stop. A
 Redis server of the test's own (`own_redis`), stopped and started again on its port."""
 
+import os
+import signal
+import subprocess
 import threading
 import time
 
@@ -13,6 +16,7 @@ from rq.registry import StartedJobRegistry
 from rq.utils import now
 
 from ledger.worker import Worker
+from tests.conftest import PYTHON, ROOT, wait_until
 
 
 @pytest.fixture
@@ -79,3 +83,29 @@ def test_a_worker_asked_to_stop_does_not_wait_for_redis(own_redis, worker, call)
     thread.join(0.5)
     # Ended at once: by the connection error, or (the suspension check) without asking Redis at all.
     assert outcome in (["ConnectionError"], ["done"])
+
+
+def test_the_scheduler_a_redis_outage_ended_is_started_again_at_once(own_redis, tmp_path):
+    """RQ's scheduler, a process of the worker's, ends at its first connection error; RQ starts
+    it again at its maintenance, ten minutes apart. A worker of ours does at its loop's next turn."""
+    log = tmp_path / "worker.log"
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [PYTHON, "manage.py", "rqworker", "default", "--worker-class", "ledger.worker.Worker", "--with-scheduler"],
+            cwd=ROOT, env={**os.environ, "REDIS_URL": own_redis.url}, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True)
+    started = "Scheduler for default started with PID"
+    try:
+        wait_until(lambda: log.read_text().count(started) == 1, seconds=30, message="the scheduler to start")
+        own_redis.stop()
+        time.sleep(5)  # well past the scheduler's one-second turns, even on a busy machine: it meets the outage
+        own_redis.start()
+        wait_until(lambda: log.read_text().count(started) == 2, seconds=30, message="the scheduler to start again")
+        assert "Scheduler [PID" in log.read_text()  # the first one ended by the outage
+        connection = redis.Redis.from_url(own_redis.url)
+        wait_until(lambda: connection.exists("rq:scheduler-lock:default"), seconds=10,
+                   message="the new scheduler to hold the queue's lock")
+        assert process.poll() is None
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
