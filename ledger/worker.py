@@ -9,10 +9,10 @@ every host's workers down until each one was restarted. A heartbeat that finds i
 a birth date (the key the heartbeat itself just made on an empty Redis) registers the worker
 again first.
 
-RQ waits for Redis only while it waits for a job: a connection error in its other calls
-(the bookkeeping as it takes a job and as a job succeeds, the job's heartbeat as it ends, the
-worker's heartbeat after a job, the suspension check, the state it sets before it listens) ends
-the worker. A drain job runs for up to a minute, so a Redis restart while one ran was met as it
+RQ waits for Redis only while it waits for a job: a connection error or a timeout in its other
+calls (the bookkeeping as it takes a job and as a job succeeds, the job's heartbeat as it ends,
+the worker's heartbeat after a job, the suspension check, its maintenance, the state it sets
+before it listens) ends the worker. A drain job runs for up to a minute, so a Redis restart while one ran was met as it
 ended, and the worker quit, leaving the host one worker short until something restarted it.
 These calls wait for Redis instead, unless the worker was asked to stop meanwhile (a
 deployment's stop must not wait for Redis). Each is one pipeline, sent whole or not at all, so
@@ -71,12 +71,18 @@ class Worker(SimpleWorker):
         process = getattr(self.scheduler, "_process", None)  # None: another worker's scheduler runs
         return super().should_run_maintenance_tasks or (process is not None and not process.is_alive())
 
+    def run_maintenance_tasks(self):
+        # Between jobs RQ's loop ends the worker on any error here (it waits for Redis only
+        # inside its wait for a job); taking the scheduler's lock and cleaning the registries
+        # may both be done again.
+        return self._until_redis_answers(super().run_maintenance_tasks)
+
     def _until_redis_answers(self, call):
         wait = 1
         while True:
             try:
                 return call()
-            except redis.ConnectionError as exc:
+            except (redis.ConnectionError, redis.TimeoutError) as exc:  # RQ's loop quits on either
                 if self._stop_requested:
                     raise
                 self.log.warning("Worker %s: Redis does not answer (%s); asking again in %d s", self.name, exc, wait)

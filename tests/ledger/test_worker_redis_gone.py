@@ -43,6 +43,7 @@ CALLS_BETWEEN_JOBS = {
     "the worker's heartbeat after a job": lambda worker: worker.heartbeat(),
     "the loop's suspension check": lambda worker: worker.check_for_suspension(False),
     "the state it sets before it listens": lambda worker: worker.set_state("idle"),
+    "its maintenance (the registries, the scheduler's lock)": lambda worker: worker.run_maintenance_tasks(),
 }
 
 
@@ -83,6 +84,24 @@ def test_a_worker_asked_to_stop_does_not_wait_for_redis(own_redis, worker, call)
     thread.join(0.5)
     # Ended at once: by the connection error, or (the suspension check) without asking Redis at all.
     assert outcome in (["ConnectionError"], ["done"])
+
+
+def test_a_redis_that_stops_answering_is_waited_for_too(own_redis):
+    """A Redis that takes connections but does not answer (a hung host) times the worker's calls
+    out (RQ sets the socket's timeout to its wait for a job plus 10 s, 11 s at the least): RQ's
+    loop quits on a timeout as on a refused connection, so the worker waits for that one too."""
+    worker = Worker(["default"], connection=redis.Redis.from_url(own_redis.url), worker_ttl=16)
+    assert worker.connection.connection_pool.connection_kwargs["socket_timeout"] == 11
+    worker.register_birth()
+    own_redis.stall()
+    try:
+        thread, outcome = in_a_thread(lambda w: w.heartbeat(), worker)
+        time.sleep(13)
+        assert outcome == []  # waiting, not ended by the timeout
+    finally:
+        own_redis.resume()
+    thread.join(30)
+    assert outcome == ["done"]
 
 
 def test_the_scheduler_a_redis_outage_ended_is_started_again_at_once(own_redis, tmp_path):
