@@ -24,10 +24,7 @@ from django.utils import timezone
 from ledger.access import ROLES
 from ledger.models import AuditEvent
 
-from .models import Delegation
-
-# A delegation covers an absence, not a standing second role.
-MAX_DAYS = 90
+from .models import DELEGATION_MAX_DAYS, Delegation
 
 
 class DelegationRefused(Exception):
@@ -63,8 +60,8 @@ def delegation_name(*, person, delegate, starts_at, ends_at, reason):
         raise DelegationRefused("the delegation must end after it starts")
     if ends_at <= timezone.now():
         raise DelegationRefused("the delegation would be over already")
-    if ends_at - starts_at > timedelta(days=MAX_DAYS):
-        raise DelegationRefused(f"a delegation lasts {MAX_DAYS} days at the most")
+    if ends_at - starts_at > timedelta(days=DELEGATION_MAX_DAYS):  # the friendly answer; the database holds it
+        raise DelegationRefused(f"a delegation lasts {DELEGATION_MAX_DAYS} days at the most")
     with transaction.atomic():
         delegation = Delegation.objects.create(person=person, delegate=delegate, starts_at=starts_at,
                                                ends_at=ends_at, reason=reason)

@@ -1,3 +1,5 @@
+from datetime import timedelta
+
 from django.conf import settings
 from django.db import IntegrityError, models, transaction
 from django.db.models import Q
@@ -374,6 +376,10 @@ class DelegationQuerySet(models.QuerySet):
                            person__is_active=True, delegate__is_active=True)
 
 
+# A delegation covers an absence, not a standing second role (approvals.delegation).
+DELEGATION_MAX_DAYS = 90
+
+
 class Delegation(models.Model):
     """A person's review items offered to a delegate from `starts_at` to `ends_at`
     (approvals.delegation): while it runs, the delegate is mailed the person's alerts and may
@@ -398,6 +404,9 @@ class Delegation(models.Model):
         constraints = [
             models.CheckConstraint(condition=Q(ends_at__gt=models.F("starts_at")), name="delegation_ends_after_start"),
             models.CheckConstraint(condition=~Q(delegate=models.F("person")), name="delegation_not_to_oneself"),
+            models.CheckConstraint(
+                condition=Q(ends_at__lte=models.F("starts_at") + timedelta(days=DELEGATION_MAX_DAYS)),
+                name="delegation_at_most_max_days"),
         ]
 
     def __str__(self):

@@ -8,6 +8,7 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
+from django.db import IntegrityError, transaction
 from django.test import Client
 from django.utils import timezone
 
@@ -215,3 +216,12 @@ def test_a_delegation_that_cannot_be_is_refused_and_nothing_is_written(people, c
     refused = alice.post("/delegations/new", form)
     assert refused.status_code == 400 and error in refused.content
     assert not Delegation.objects.exists()
+
+
+def test_the_database_refuses_a_delegation_longer_than_the_cap(people):
+    """The 90 days are the database's rule too, not only the form's and delegation_name's."""
+    start = timezone.now()
+    fields = {"person": people["alice"], "delegate": people["olga"], "starts_at": start, "reason": "on leave"}
+    Delegation.objects.create(ends_at=start + timedelta(days=90), **fields)  # the longest there is
+    with pytest.raises(IntegrityError, match="delegation_at_most_max_days"), transaction.atomic():
+        Delegation.objects.create(ends_at=start + timedelta(days=90, seconds=1), **fields)
