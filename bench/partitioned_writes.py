@@ -12,6 +12,9 @@ two hot statements, measured by pgbench in one run (decision 55).
    - a worker's UPDATE of an action by id (a claim, a settle);
    - the intake's INSERT of an action under a new key.
 3. Prints the median latency of each and its ratio to the unpartitioned table.
+4. The longest INSERT while a partition's DDL (`DDL`: the archive's drop, the sweeper's new
+   partition, each as it was and as it is) waits for a reader that holds the table for 3 s: the
+   INSERTs queue behind DDL that waits for a lock they conflict with.
 """
 
 import argparse
@@ -120,3 +123,66 @@ def main(argv):
         median = statistics.median(seen[name])
         ratio = f"   {median / statistics.median(seen[baseline]):.2f}x {baseline}" if baseline else ""
         print(f"  {name:<36} {median:.3f} ms{ratio}")
+    print("\nThe longest INSERT while a partition's DDL waits for a reader that holds the table for 3 s:")
+    for name, (timeout, statements) in DDL.items():
+        stalls = [ddl_stall(url, timeout, statements) for _ in range(args.rounds)]
+        print(f"  {name}: " + ", ".join(f"{stall * 1000:.0f} ms" for stall in stalls))
+
+
+# The DDL the archive and the sweeper run on a partitioned table, as they ran it before decision 55
+# and as they run it now.
+DDL = {
+    "DROP TABLE of a partition (the archive), lock_timeout 2s (before)": ("2s", ["DROP TABLE stalled_old"]),
+    "DROP TABLE of a partition (the archive), lock_timeout 200ms": ("200ms", ["DROP TABLE stalled_old"]),
+    "CREATE TABLE ... PARTITION OF (the sweeper, before)": (
+        "2s", ["CREATE TABLE stalled_next PARTITION OF stalled FOR VALUES FROM (1000000) TO (2000000)"]),
+    "CREATE TABLE, then ATTACH PARTITION (the sweeper, now)": (
+        "200ms", ["CREATE TABLE stalled_next (LIKE stalled INCLUDING DEFAULTS INCLUDING CONSTRAINTS)",
+                  "ALTER TABLE stalled ATTACH PARTITION stalled_next FOR VALUES FROM (1000000) TO (2000000)"]),
+}
+
+
+def ddl_stall(url, lock_timeout, statements, hold=3.0):
+    """The longest INSERT into a partitioned table while `statements` (a partition's DDL) wait for
+    a reader that holds the table for `hold` seconds, given up after `lock_timeout`: PostgreSQL
+    queues the INSERTs behind DDL that waits for a lock they conflict with."""
+    import threading
+    import time
+
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as setup:
+        setup.execute("DROP TABLE IF EXISTS stalled, stalled_next")
+        setup.execute("CREATE TABLE stalled (id bigserial PRIMARY KEY, note text) PARTITION BY RANGE (id)")
+        setup.execute("CREATE TABLE stalled_old PARTITION OF stalled FOR VALUES FROM (MINVALUE) TO (0)")
+        setup.execute("CREATE TABLE stalled_now PARTITION OF stalled FOR VALUES FROM (0) TO (1000000)")
+        setup.execute("CREATE TABLE stalled_default PARTITION OF stalled DEFAULT")
+    latencies, stop = [], threading.Event()
+
+    def write():
+        with psycopg.connect(url, autocommit=True) as writer:
+            while not stop.is_set():
+                began = time.perf_counter()
+                writer.execute("INSERT INTO stalled (note) VALUES ('an audit event')")
+                latencies.append(time.perf_counter() - began)
+                time.sleep(0.005)
+
+    with psycopg.connect(url) as reader, psycopg.connect(url) as ddl:
+        writer = threading.Thread(target=write)
+        writer.start()
+        time.sleep(0.5)
+        reader.execute("SELECT count(*) FROM stalled")  # holds every partition until its transaction ends
+        release = threading.Timer(hold, reader.rollback)
+        release.start()
+        ddl.execute(f"SET lock_timeout = '{lock_timeout}'")
+        try:
+            for statement in statements:
+                ddl.execute(statement)
+            ddl.commit()
+        except psycopg.errors.LockNotAvailable:
+            ddl.rollback()
+        release.join()
+        time.sleep(0.5)
+        stop.set()
+        writer.join()
+    return max(latencies)

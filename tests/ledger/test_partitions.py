@@ -311,7 +311,7 @@ def test_a_partition_a_reader_holds_past_the_lock_timeout_is_emptied_row_by_row_
             _, counts = archive_expired(tmp_path, now=later)
 
         assert counts["ledger.webhookevent"] == 4
-        assert held in {p.name for p in WEBHOOKS.ranges()}  # not dropped: the reader held it past 2 s
+        assert held in {p.name for p in WEBHOOKS.ranges()}  # not dropped: the reader held it past the lock timeout
         assert query(f"SELECT count(*) FROM {held}") == [(0,)]  # its rows deleted instead
         assert list(WebhookEvent.objects.all()) == [recent]
         assert list(WebhookClaim.objects.values_list("event_id", flat=True)) == ["evt_recent"]
