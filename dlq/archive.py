@@ -58,9 +58,16 @@ FINISHED = [TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED]  # final
 
 def _waiting(now):
     """An action that must stay: unsettled (a superseded one is its version's), in its key's
-    lifetime, or waiting for a person (an open review item or dead letter)."""
+    lifetime, waiting for a person (an open review item or dead letter), or with a dead letter
+    that a bulk redrive's history names (`IN_A_BULK_REDRIVE`)."""
     return (~Q(status__in=[*SETTLED, ActionStatus.SUPERSEDED]) | Q(created_at__gt=now - key_lifetime())
-            | Q(review_items__status=ReviewStatus.OPEN) | Q(dead_letters__status=EntryStatus.OPEN))
+            | Q(review_items__status=ReviewStatus.OPEN) | Q(dead_letters__status=EntryStatus.OPEN)
+            | Q(dead_letters__bulk_items__isnull=False))
+
+
+# A dead letter that a bulk redrive took stays with its run's items (they PROTECT it, and the run's
+# counts are read from them), and so do its task or action: runs are not archived yet.
+IN_A_BULK_REDRIVE = Q(bulk_items__isnull=False)
 
 
 # A failure that may still be retried stays too, until nobody will retry it: a person closed its
@@ -82,7 +89,8 @@ def expired_tasks(now):
     must stay, oldest first: each goes with its steps, confirmations and actions."""
     return (Task.objects.filter(state__in=FINISHED, created_at__lte=now - key_lifetime())
             .exclude(Exists(Action.objects.filter(_waiting(now), task=OuterRef("pk"))))
-            .exclude(dead_letters__status=EntryStatus.OPEN)
+            .exclude(Exists(DeadLetter.objects.filter(Q(status=EntryStatus.OPEN) | IN_A_BULK_REDRIVE,
+                                                      task=OuterRef("pk"))))
             .order_by("id"))
 
 
@@ -174,8 +182,8 @@ def collect(now, limit):
     actions = list(Action.objects.select_for_update().filter(pk__in=ids).order_by("id"))
     entries = list(DeadLetter.objects.select_for_update().filter(Q(action__in=actions) | Q(task__in=tasks))) + list(
         DeadLetter.objects.select_for_update().filter(task__isnull=False, created_at__lte=now - _days(
-            "DEAD_LETTER_RETENTION_DAYS")).exclude(status=EntryStatus.OPEN).exclude(task__in=tasks)
-        .order_by("id")[:limit])
+            "DEAD_LETTER_RETENTION_DAYS")).exclude(status=EntryStatus.OPEN).exclude(IN_A_BULK_REDRIVE)
+        .exclude(task__in=tasks).order_by("id")[:limit])
     items = list(ReviewItem.objects.select_for_update().filter(action__in=actions).order_by("id"))
     alerts = list(Alert.objects.filter(Q(dead_letter__in=entries) | Q(review_item__in=items)).order_by("id"))
     checkpoint = archive_checkpoint(now)

@@ -10,7 +10,8 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from dlq.archive import archive_expired
-from dlq.models import DeadLetter
+from dlq.models import BulkRedrive, BulkRedriveItem, DeadLetter
+from dlq.redrive_runs import Plan
 from ledger.models import Action, ArchivedKey, ArchivedTask, Confirmation, Task, TaskStep
 from ledger.retention import KeyExpired
 from ledger.tasks import task_request
@@ -33,7 +34,7 @@ def agent(billing):
     return billing[0]
 
 
-def run(tmp_path):
+def run_archive(tmp_path):
     return archive_expired(tmp_path, now=timezone.now() + LATER)
 
 
@@ -72,7 +73,7 @@ def test_a_finished_task_goes_with_its_steps_confirmations_actions_and_dead_lett
     task = finished_task(agent, "t-old")
     immediate()
     steps = TaskStep.objects.filter(task=task).count()
-    archive, counts = run(tmp_path)
+    archive, counts = run_archive(tmp_path)
     assert archive is not None
     assert counts["ledger.task"] == 1 and counts["ledger.taskstep"] == steps > 0
     assert counts["ledger.action"] == counts["ledger.confirmation"] == counts["dlq.deadletter"] == 1
@@ -89,7 +90,7 @@ def test_a_task_stays_while_one_of_its_actions_must(tmp_path, agent):
     finished_task(agent, "t-recent", created_at=timezone.now() + LATER - timedelta(days=1))
     open_task = failed_task_entry(agent, "t-open").task  # its dead letter is still open
     immediate()
-    _, counts = run(tmp_path)
+    _, counts = run_archive(tmp_path)
     assert "ledger.task" not in counts
     assert set(Task.objects.values_list("task_id", flat=True)) == {"t-waiting", "t-recent", open_task.task_id}
     assert Action.objects.count() == 2 and TaskStep.objects.filter(task__task_id="t-recent").exists()
@@ -99,7 +100,7 @@ def test_a_finished_tasks_failure_that_could_be_retried_does_not_keep_it(tmp_pat
     """Its runner retries a task's actions, and a finished task runs no more."""
     finished_task(agent, "t-retryable", action_status="failed", retryable=True)
     immediate()
-    _, counts = run(tmp_path)
+    _, counts = run_archive(tmp_path)
     assert counts["ledger.task"] == counts["ledger.action"] == 1
     assert not Task.objects.exists()
 
@@ -107,7 +108,7 @@ def test_a_finished_tasks_failure_that_could_be_retried_does_not_keep_it(tmp_pat
 def test_an_archived_task_id_answers_410_and_is_never_recorded_again(tmp_path, agent, billing, client):
     finished_task(agent, "t-gone")
     immediate()
-    run(tmp_path)
+    run_archive(tmp_path)
     client.defaults["HTTP_AUTHORIZATION"] = f"Bearer {billing[1]}"
     started = client.post("/api/v1/tasks", refund_task_body(), content_type="application/json",
                           HTTP_IDEMPOTENCY_KEY="t-gone")
@@ -124,7 +125,7 @@ def test_an_archived_task_id_answers_410_and_is_never_recorded_again(tmp_path, a
 def test_an_edit_downs_version_goes_with_the_original_it_superseded(tmp_path, agent, billing, client):
     original, version = edited_down(agent, "refund:ORD-9:dec-1", version_status="rejected")
     immediate()
-    archive, counts = run(tmp_path)
+    archive, counts = run_archive(tmp_path)
     assert counts["ledger.action"] == 2
     assert not Action.objects.exists()
     assert set(ArchivedKey.objects.values_list("operation_key", flat=True)) == {original.operation_key,
@@ -138,6 +139,20 @@ def test_an_edit_downs_version_goes_with_the_original_it_superseded(tmp_path, ag
 def test_an_edit_down_stays_while_its_version_waits(tmp_path, agent):
     original, version = edited_down(agent, "refund:ORD-8:dec-1", version_status="awaiting_approval")
     immediate()
-    run(tmp_path)
+    run_archive(tmp_path)
     assert set(Action.objects.values_list("pk", flat=True)) == {original.pk, version.pk}
     assert not ArchivedKey.objects.exists()
+
+
+def test_a_task_whose_dead_letter_a_bulk_redrive_took_stays_and_the_run_goes_on(tmp_path, agent):
+    """The run's items protect the entry (and its counts are read from them): the task stays, and
+    the archive takes the rest instead of failing on it run after run."""
+    kept = finished_task(agent, "t-bulk")
+    run = BulkRedrive.objects.create(filters={}, planned_by="olga", ceiling=Decimal("60"))
+    BulkRedriveItem.objects.create(run=run, entry=kept.dead_letters.get(), position=1, plan=Plan.TASK_RESUME)
+    finished_task(agent, "t-plain")
+    immediate()
+    _, counts = run_archive(tmp_path)
+    assert counts["ledger.task"] == 1
+    assert list(Task.objects.values_list("task_id", flat=True)) == ["t-bulk"]
+    assert kept.dead_letters.exists() and run.items.exists()
