@@ -217,6 +217,16 @@ BEGIN
     SELECT RAISE(ABORT, '{KEY_ARCHIVED}');
 END""")
 
+# Whether another action is held on an action's target or customer: what the settle of an action
+# reads back with its UPDATE (ledger.models.HELD_NEARBY). A function of its own, VOLATILE (the
+# default), so that its query reads what is committed once the UPDATE has its row, not the
+# UPDATE's snapshot, which is older when the UPDATE waited for the row's lock.
+HELD_NEARBY = Function("ledger_held_nearby(p_id bigint, p_target text, p_customer text) RETURNS boolean", f"""
+BEGIN
+    RETURN EXISTS (SELECT 1 FROM ledger_action h WHERE h.status = '{ActionStatus.HELD}' AND h.id <> p_id
+                      AND (h.target = p_target OR (p_customer <> '' AND h.customer = p_customer)));
+END """)
+
 # The same for a task id whose task was archived with its steps and actions (same message:
 # the intake answers both as an expired key).
 ARCHIVED_TASK_REFUSED = Function("ledger_task_id_archived() RETURNS trigger", f"""
@@ -236,7 +246,8 @@ END""")
 RULES = [LOCK_SUBJECTS, SAME_SUBJECT, REQUEUE_SAME_SUBJECT, AUDIT_APPEND_ONLY, SUPERSEDED_HAS_VERSION,
          CHECKPOINT_APPEND_ONLY, SAME_SUBJECT_SQLITE, REQUEUE_SAME_SUBJECT_SQLITE, AUDIT_NO_UPDATE_SQLITE,
          AUDIT_NO_DELETE_SQLITE, CHECKPOINT_NO_UPDATE_SQLITE, CHECKPOINT_NO_DELETE_SQLITE,
-         ARCHIVED_KEY_REFUSED, ARCHIVED_KEY_REFUSED_SQLITE, ARCHIVED_TASK_REFUSED, ARCHIVED_TASK_REFUSED_SQLITE]
+         ARCHIVED_KEY_REFUSED, ARCHIVED_KEY_REFUSED_SQLITE, ARCHIVED_TASK_REFUSED, ARCHIVED_TASK_REFUSED_SQLITE,
+         HELD_NEARBY]
 
 
 def installed(connection, rule):

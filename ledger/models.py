@@ -12,7 +12,7 @@ from datetime import timedelta
 from decimal import Decimal
 
 from django.conf import settings
-from django.db import models
+from django.db import connections, models, router
 from django.db.models import Q
 from django.db.models.fields.json import KeyTextTransform
 from django.utils import timezone
@@ -184,12 +184,18 @@ IN_FLIGHT_STATUSES = {S.QUEUED, S.PENDING, S.UNKNOWN, S.AWAITING_APPROVAL, S.HEL
 # holds what it held.)
 SETTLED = {S.SUCCEEDED, S.FAILED, S.REJECTED, S.CANCELLED, S.EXPIRED}
 # Read back by the statement that settles an action (compiled.update's `read_back`): whether
-# another action is held on its target or customer, as the UPDATE's snapshot shows them. The
-# settle looks for the ones it may release only then (ledger.actions.held_release_when_settled):
-# a statement fewer on nearly every settle (decision 54).
-HELD_NEARBY = (f"EXISTS (SELECT 1 FROM ledger_action h WHERE h.status = '{S.HELD}' AND h.id <> ledger_action.id "
+# another action is held on its target or customer. The settle looks for the ones it may release
+# only then (ledger.actions.held_release_when_settled): a statement fewer on nearly every settle
+# (decision 54). On PostgreSQL it is asked through a function (ledger.dbrules.HELD_NEARBY), which
+# reads what is committed once the UPDATE has its row: the UPDATE's own snapshot is older when it
+# waited for the row's lock, and would miss an action held meanwhile by the one that held it.
+# SQLite serialises writers: there the UPDATE's own look sees every commit.
+HELD_NEARBY = {
+    "postgresql": "ledger_held_nearby(ledger_action.id, ledger_action.target, ledger_action.customer)",
+    "sqlite": (f"EXISTS (SELECT 1 FROM ledger_action h WHERE h.status = '{S.HELD}' AND h.id <> ledger_action.id "
                "AND (h.target = ledger_action.target OR (ledger_action.customer <> '' "
-               "AND h.customer = ledger_action.customer)))")
+               "AND h.customer = ledger_action.customer)))"),
+}
 # Waiting for a person: the task that owns the action waits too.
 PERSON_STATUSES = {S.AWAITING_APPROVAL, S.HELD, S.NEEDS_REVIEW}
 
@@ -327,7 +333,7 @@ class Action(LeasedWork):
         return ""
 
     def _read_back(self, to):
-        return {"held_nearby": HELD_NEARBY} if to in SETTLED else {}
+        return {"held_nearby": HELD_NEARBY[connections[router.db_for_write(Action)].vendor]} if to in SETTLED else {}
 
     def _snapshot(self, changes=()):
         snap = super()._snapshot(changes)

@@ -3,13 +3,17 @@
 in the same statement; a write that the row no longer matches is refused as before and writes no
 audit event (decisions 53, 54)."""
 
+import threading
+import time
+
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from ledger.actions import action_request
 from ledger.executor import action_claim_next, action_expire_leases
 from ledger.models import Action, AuditEvent, InvalidTransition, StaleClaim
+from tests.factories import make_action
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("jobs_to_test_redis")]
 
@@ -69,3 +73,41 @@ def test_a_settle_with_an_action_held_on_its_target_says_so_and_releases_it(agen
     settled = action.mark_succeeded(actor="system:executor", claim=action.fence, external_ref="re_1")
     assert settled.held_nearby
     assert Action.objects.get(pk=held.pk).status == "queued"
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite serialises writers")
+def test_a_settle_that_waited_for_its_row_sees_an_action_held_meanwhile_and_releases_it(agent):
+    """The intake locks the action in flight (its siblings) and stores a new one on its target
+    held; the worker's settle waits for that row lock meanwhile. What it reads back is read once
+    it has the row, so the action held while it waited is released, not left held for good."""
+    action = claimed(agent)
+    locked, go = threading.Event(), threading.Event()
+
+    def intake():
+        try:
+            with transaction.atomic():
+                Action.objects.select_for_update().get(pk=action.pk)
+                make_action(agent, "queued", key="k-2", target=action.target)  # stored held by the database
+                locked.set()
+                go.wait(10)
+        finally:
+            connection.close()
+
+    def settle():
+        try:
+            action.mark_succeeded(actor="system:executor", claim=action.fence, external_ref="re_1")
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=intake)]
+    threads[0].start()
+    assert locked.wait(10)
+    threads.append(threading.Thread(target=settle))
+    threads[1].start()
+    time.sleep(0.5)
+    assert threads[1].is_alive()  # waiting for the row the intake holds
+    go.set()
+    for thread in threads:
+        thread.join(10)
+    assert Action.objects.get(pk=action.pk).status == "succeeded"
+    assert Action.objects.get(operation_key="k-2").status == "queued"
