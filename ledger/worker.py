@@ -68,14 +68,22 @@ class Worker(SimpleWorker):
         restart ends (its loop survives no connection error): until then the rings scheduled for
         later (a retry's backoff) wait for the sweeper's. So it runs at the loop's next turn once
         the scheduler this worker started has died."""
-        process = getattr(self.scheduler, "_process", None)  # None: another worker's scheduler runs
+        if self._stop_requested:  # a stopping worker starts no scheduler (its teardown would kill it)
+            return False
+        process = getattr(self.scheduler, "_process", None)  # None: none started here, or another worker's runs
         return super().should_run_maintenance_tasks or (process is not None and not process.is_alive())
 
     def run_maintenance_tasks(self):
         # Between jobs RQ's loop ends the worker on any error here (it waits for Redis only
         # inside its wait for a job); taking the scheduler's lock and cleaning the registries
         # may both be done again.
-        return self._until_redis_answers(super().run_maintenance_tasks)
+        self._until_redis_answers(super().run_maintenance_tasks)
+        process = getattr(self.scheduler, "_process", None)
+        if process is not None and not process.is_alive():
+            # Another worker took the lock and runs the scheduler: forget the dead one, or every
+            # turn of the loop would run the maintenance again. RQ's own, every ten minutes,
+            # still takes the lock over if that scheduler dies too.
+            self.scheduler._process = None
 
     def _until_redis_answers(self, call):
         wait = 1

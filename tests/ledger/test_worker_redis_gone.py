@@ -3,6 +3,7 @@ waits for a job; elsewhere a connection error ended the worker: in the chaos tes
 that ran while Redis restarted ended the worker as it ended), unless it was asked to stop. A
 Redis server of the test's own (`own_redis`), stopped and started again on its port."""
 
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -13,6 +14,7 @@ import pytest
 import redis
 from rq import Queue
 from rq.registry import StartedJobRegistry
+from rq.scheduler import RQScheduler
 from rq.utils import now
 
 from ledger.worker import Worker
@@ -102,6 +104,31 @@ def test_a_redis_that_stops_answering_is_waited_for_too(own_redis):
         own_redis.resume()
     thread.join(30)
     assert outcome == ["done"]
+
+
+def a_dead_scheduler(worker):
+    """The scheduler this worker started, its process ended (as a Redis outage ends it)."""
+    worker.scheduler = RQScheduler(["default"], connection=worker.connection)
+    worker.scheduler._process = multiprocessing.get_context("fork").Process(target=int)
+    worker.scheduler._process.start()
+    worker.scheduler._process.join()
+    worker.last_cleaned_at = now()  # RQ's own maintenance is not due
+    return worker.scheduler
+
+
+def test_while_another_worker_runs_the_scheduler_a_dead_one_is_forgotten_not_asked_for_each_turn(worker):
+    scheduler = a_dead_scheduler(worker)
+    worker.connection.set(RQScheduler.get_locking_key("default"), "another worker's scheduler")
+    assert worker.should_run_maintenance_tasks
+    worker.run_maintenance_tasks()
+    assert scheduler._process is None  # its lock is another's: nothing was started here
+    assert not worker.should_run_maintenance_tasks
+
+
+def test_a_stopping_worker_starts_no_scheduler(worker):
+    a_dead_scheduler(worker)
+    worker._stop_requested = True
+    assert not worker.should_run_maintenance_tasks
 
 
 def test_the_scheduler_a_redis_outage_ended_is_started_again_at_once(own_redis, tmp_path):
