@@ -3,6 +3,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.db import IntegrityError, models, transaction
 from django.db.models import Q
+from django.db.models.lookups import LessThanOrEqual
 from django.utils import timezone
 
 from ledger.audit import actor_label
@@ -404,8 +405,13 @@ class Delegation(models.Model):
         constraints = [
             models.CheckConstraint(condition=Q(ends_at__gt=models.F("starts_at")), name="delegation_ends_after_start"),
             models.CheckConstraint(condition=~Q(delegate=models.F("person")), name="delegation_not_to_oneself"),
+            # As a length, not as `ends_at <= starts_at + 90 days`: adding days to a time depends on
+            # the session's time zone (a day across a clock change is 23 or 25 hours), a length does not.
             models.CheckConstraint(
-                condition=Q(ends_at__lte=models.F("starts_at") + timedelta(days=DELEGATION_MAX_DAYS)),
+                condition=LessThanOrEqual(
+                    models.ExpressionWrapper(models.F("ends_at") - models.F("starts_at"),
+                                             output_field=models.DurationField()),
+                    timedelta(days=DELEGATION_MAX_DAYS)),
                 name="delegation_at_most_max_days"),
         ]
 

@@ -1,9 +1,11 @@
 """A delegation lasts DELEGATION_MAX_DAYS (90) at the most, held by the database as well as by
-approvals.delegation (which gives the friendly answer). Every stored delegation was refused
-beyond it already, so the check holds on a populated table."""
+approvals.delegation (which gives the friendly answer), as a length, whatever the session's time
+zone. Every stored delegation was refused beyond it already, so the check holds on a populated
+table."""
 
 import datetime
 import django.db.models.expressions
+import django.db.models.lookups
 from django.conf import settings
 from django.db import migrations, models
 
@@ -18,6 +20,6 @@ class Migration(migrations.Migration):
     operations = [
         migrations.AddConstraint(
             model_name='delegation',
-            constraint=models.CheckConstraint(condition=models.Q(('ends_at__lte', django.db.models.expressions.CombinedExpression(models.F('starts_at'), '+', models.Value(datetime.timedelta(days=90))))), name='delegation_at_most_max_days'),
+            constraint=models.CheckConstraint(condition=django.db.models.lookups.LessThanOrEqual(models.ExpressionWrapper(django.db.models.expressions.CombinedExpression(models.F('ends_at'), '-', models.F('starts_at')), output_field=models.DurationField()), datetime.timedelta(days=90)), name='delegation_at_most_max_days'),
         ),
     ]

@@ -4,11 +4,11 @@ decide what the person may decide, on their behalf, recorded as such; four eyes 
 of them. Named, ended and offered: each is audited."""
 
 import re
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.test import Client
 from django.utils import timezone
 
@@ -225,3 +225,14 @@ def test_the_database_refuses_a_delegation_longer_than_the_cap(people):
     Delegation.objects.create(ends_at=start + timedelta(days=90), **fields)  # the longest there is
     with pytest.raises(IntegrityError, match="delegation_at_most_max_days"), transaction.atomic():
         Delegation.objects.create(ends_at=start + timedelta(days=90, seconds=1), **fields)
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="a session time zone is PostgreSQL's")
+def test_the_cap_is_a_length_whatever_the_sessions_time_zone(people):
+    """90 days across a clock change are 90 days: in Berlin, `starts_at + 90 days` across the
+    spring's change is an hour short of them (a restore may run in any time zone)."""
+    start = datetime(2027, 1, 15, 12, tzinfo=UTC)  # Berlin moves its clocks on 2027-03-28
+    fields = {"person": people["alice"], "delegate": people["olga"], "starts_at": start, "reason": "on leave"}
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL TIME ZONE 'Europe/Berlin'")
+        Delegation.objects.create(ends_at=start + timedelta(days=90), **fields)
