@@ -174,7 +174,7 @@ def ddl_stall(url, lock_timeout, statements, hold=3.0):
         reader.execute("SELECT count(*) FROM stalled")  # holds every partition until its transaction ends
         release = threading.Timer(hold, reader.rollback)
         release.start()
-        ddl.execute(f"SET lock_timeout = '{lock_timeout}'")
+        ddl.execute(f"SET LOCAL lock_timeout = '{lock_timeout}'")  # the transaction of the DDL below
         try:
             for statement in statements:
                 ddl.execute(statement)
