@@ -11,7 +11,8 @@ One run (`archive_expired`) is one JSON-lines file and one transaction:
    failure that may still be retried: one whose dead letter a person closed may not), each with the actions it superseded (an edit-down's
    originals) and what hangs off them; finished tasks past their id's lifetime whose every
    action may go so, with their steps, confirmations, actions and dead letters; closed dead
-   letters older than DEAD_LETTER_RETENTION_DAYS; webhook events older than
+   letters, and ended bulk redrive runs with their items, older than DEAD_LETTER_RETENTION_DAYS
+   (a dead letter a run names goes in a run after the run's); webhook events older than
    WEBHOOK_RETENTION_DAYS; and the audit events before the newest checkpoint whose event is
    older than AUDIT_RETENTION_DAYS.
 2. It writes them to the file, the checkpoint first (its seq, hash and signature vouch for the
@@ -50,7 +51,8 @@ from ledger.models import (SETTLED, Action, ActionStatus, AuditEvent, Booking, C
 from ledger.partitions import AUDIT, WEBHOOKS
 from ledger.retention import Archive, ArchivedKey, ArchivedTask, key_lifetime
 
-from .models import Alert, AlertDelivery, DeadLetter, EntryStatus
+from .models import Alert, AlertDelivery, BulkRedrive, BulkRedriveItem, DeadLetter, EntryStatus
+from .redrive_runs import RunStatus
 
 ACTOR = "system:archive"
 FINISHED = [TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED]  # final: nothing moves them again
@@ -66,8 +68,18 @@ def _waiting(now):
 
 
 # A dead letter that a bulk redrive took stays with its run's items (they PROTECT it, and the run's
-# counts are read from them), and so do its task or action: runs are not archived yet.
+# counts are read from them), and so do its task or action, until the run goes (`expired_bulk_redrives`).
 IN_A_BULK_REDRIVE = Q(bulk_items__isnull=False)
+
+
+def expired_bulk_redrives(now):
+    """Bulk redrive runs that ended (finished or stopped), or were planned and never started, longer
+    ago than DEAD_LETTER_RETENTION_DAYS, oldest first: each goes with its items, which frees the
+    dead letters they name for the next run."""
+    before = now - _days("DEAD_LETTER_RETENTION_DAYS")
+    return (BulkRedrive.objects.filter(Q(status__in=[RunStatus.FINISHED, RunStatus.STOPPED], finished_at__lte=before)
+                                       | Q(status=RunStatus.PLANNED, planned_at__lte=before))
+            .order_by("id"))
 
 
 # A failure that may still be retried stays too, until nobody will retry it: a person closed its
@@ -190,7 +202,11 @@ def collect(now, limit):
     origin = chain_start()
     events = AuditEvent.objects.filter(seq__lt=checkpoint.seq, seq__gte=origin.seq if origin else 1) \
         if checkpoint else AuditEvent.objects.none()
+    runs = list(BulkRedrive.objects.select_for_update().filter(pk__in=list(
+        expired_bulk_redrives(now).values_list("id", flat=True)[:limit])).order_by("id"))
     return Batch(checkpoint, events=events, webhooks_before=now - _days("WEBHOOK_RETENTION_DAYS"), rows={
+        BulkRedriveItem: list(BulkRedriveItem.objects.filter(run__in=runs).order_by("id")),
+        BulkRedrive: runs,
         AlertDelivery: list(AlertDelivery.objects.filter(alert__in=alerts).order_by("id")),
         Alert: alerts,
         DeadLetter: entries,

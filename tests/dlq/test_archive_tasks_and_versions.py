@@ -144,15 +144,22 @@ def test_an_edit_down_stays_while_its_version_waits(tmp_path, agent):
     assert not ArchivedKey.objects.exists()
 
 
-def test_a_task_whose_dead_letter_a_bulk_redrive_took_stays_and_the_run_goes_on(tmp_path, agent):
-    """The run's items protect the entry (and its counts are read from them): the task stays, and
-    the archive takes the rest instead of failing on it run after run."""
-    kept = finished_task(agent, "t-bulk")
-    run = BulkRedrive.objects.create(filters={}, planned_by="olga", ceiling=Decimal("60"))
-    BulkRedriveItem.objects.create(run=run, entry=kept.dead_letters.get(), position=1, plan=Plan.TASK_RESUME)
+def test_a_task_whose_dead_letter_a_bulk_redrive_took_goes_in_the_run_after_the_bulk_redrives(tmp_path, agent):
+    """The run's items protect the entry (and the run's counts are read from them): the archive
+    takes the rest, then the bulk redrive with its items once it is past the dead letters'
+    retention, then, in the next run, the task."""
+    taken = finished_task(agent, "t-bulk")
+    recent = finished_task(agent, "t-bulk-recent")
+    for entry, planned_at in ((taken.dead_letters.get(), timezone.now()),
+                              (recent.dead_letters.get(), timezone.now() + LATER - timedelta(days=1))):
+        run = BulkRedrive.objects.create(filters={}, planned_by="olga", ceiling=Decimal("60"), planned_at=planned_at)
+        BulkRedriveItem.objects.create(run=run, entry=entry, position=1, plan=Plan.TASK_RESUME)
     finished_task(agent, "t-plain")
     immediate()
     _, counts = run_archive(tmp_path)
-    assert counts["ledger.task"] == 1
-    assert list(Task.objects.values_list("task_id", flat=True)) == ["t-bulk"]
-    assert kept.dead_letters.exists() and run.items.exists()
+    assert counts["ledger.task"] == 1  # t-plain
+    assert counts["dlq.bulkredrive"] == counts["dlq.bulkredriveitem"] == 1
+    _, counts = run_archive(tmp_path)
+    assert counts["ledger.task"] == 1  # t-bulk, its run gone
+    assert list(Task.objects.values_list("task_id", flat=True)) == ["t-bulk-recent"]  # its run is recent
+    assert recent.dead_letters.get().bulk_items.exists()
