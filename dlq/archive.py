@@ -61,10 +61,17 @@ FINISHED = [TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED]  # final
 def _waiting(now):
     """An action that must stay: unsettled (a superseded one is its version's), in its key's
     lifetime, waiting for a person (an open review item or dead letter), or with a dead letter
-    that a bulk redrive's history names (`IN_A_BULK_REDRIVE`)."""
+    that must stay (`_entry_kept`)."""
     return (~Q(status__in=[*SETTLED, ActionStatus.SUPERSEDED]) | Q(created_at__gt=now - key_lifetime())
-            | Q(review_items__status=ReviewStatus.OPEN) | Q(dead_letters__status=EntryStatus.OPEN)
-            | Q(dead_letters__bulk_items__isnull=False))
+            | Q(review_items__status=ReviewStatus.OPEN) | Q(dead_letters__in=DeadLetter.objects.filter(_entry_kept(now))))
+
+
+def _entry_kept(now):
+    """A dead letter that must stay, and its task or action with it: open, within its own retention
+    (DEAD_LETTER_RETENTION_DAYS, which may be longer than the key's lifetime), or named by a bulk
+    redrive's history (`IN_A_BULK_REDRIVE`)."""
+    return (Q(status=EntryStatus.OPEN) | Q(created_at__gt=now - _days("DEAD_LETTER_RETENTION_DAYS"))
+            | IN_A_BULK_REDRIVE)
 
 
 # A dead letter that a bulk redrive took stays with its run's items (they PROTECT it, and the run's
@@ -97,12 +104,11 @@ def expired_actions(now):
 
 
 def expired_tasks(now):
-    """Finished tasks past their id's lifetime with no open dead letter, none of whose actions
-    must stay, oldest first: each goes with its steps, confirmations and actions."""
+    """Finished tasks past their id's lifetime, none of whose dead letters or actions must stay,
+    oldest first: each goes with its steps, confirmations, dead letters and actions."""
     return (Task.objects.filter(state__in=FINISHED, created_at__lte=now - key_lifetime())
             .exclude(Exists(Action.objects.filter(_waiting(now), task=OuterRef("pk"))))
-            .exclude(Exists(DeadLetter.objects.filter(Q(status=EntryStatus.OPEN) | IN_A_BULK_REDRIVE,
-                                                      task=OuterRef("pk"))))
+            .exclude(Exists(DeadLetter.objects.filter(_entry_kept(now), task=OuterRef("pk"))))
             .order_by("id"))
 
 

@@ -163,3 +163,17 @@ def test_a_task_whose_dead_letter_a_bulk_redrive_took_goes_in_the_run_after_the_
     assert counts["ledger.task"] == 1  # t-bulk, its run gone
     assert list(Task.objects.values_list("task_id", flat=True)) == ["t-bulk-recent"]  # its run is recent
     assert recent.dead_letters.get().bulk_items.exists()
+
+
+def test_a_dead_letter_kept_longer_than_the_keys_keeps_its_task_and_action(tmp_path, agent, settings):
+    """DEAD_LETTER_RETENTION_DAYS above the key's lifetime: the entry is kept that long, and what it
+    names with it."""
+    settings.DEAD_LETTER_RETENTION_DAYS = 800
+    finished_task(agent, "t-kept")
+    action = make_action(agent, "failed", key="refund:ORD-K:full:dec-1", target="ORD-K", retryable=False)
+    DeadLetter.objects.open_for_action(action, actor="system:executor").resolve(actor="user:ops", note="by hand")
+    immediate()
+    _, counts = run_archive(tmp_path)
+    assert "ledger.task" not in counts and "ledger.action" not in counts
+    _, counts = archive_expired(tmp_path, now=timezone.now() + timedelta(days=801))
+    assert counts["ledger.task"] == 1 and counts["ledger.action"] == 2
