@@ -12,7 +12,7 @@ serialises writers, the rules are triggers as well: they cost nothing measurable
 from dataclasses import dataclass
 
 from . import locks
-from .models import IN_FLIGHT_STATUSES, ActionStatus
+from .models import IN_FLIGHT_STATUSES, ActionStatus, held_nearby
 from .retention import KEY_ARCHIVED
 
 
@@ -200,48 +200,41 @@ CHECKPOINT_NO_DELETE_SQLITE = SQLiteTrigger(
     "BEGIN SELECT RAISE(ABORT, 'chain checkpoints are append-only (DELETE refused)'); END",
 )
 
-# An archived key is never recorded again (ledger.retention): checked after the row is in the
-# unique index, so an insert that waited there for the archive's commit sees its ArchivedKey
-# (each statement of a PL/pgSQL function reads a fresh snapshot under READ COMMITTED).
-ARCHIVED_KEY_REFUSED = Function("ledger_action_key_archived() RETURNS trigger", f"""
+def archived_refused(name, table, column, archived):
+    """The rule that a key an archive run took (a row of `archived`, ledger.retention) is never
+    recorded again in `table`'s `column`: a PostgreSQL function and its trigger's SQLite pair.
+    Checked after the row is in the unique index, so an insert that waited there for the
+    archive's commit sees the archived key (each statement of a PL/pgSQL function reads a fresh
+    snapshot under READ COMMITTED). Both raise KEY_ARCHIVED: the intake answers either as an
+    expired key."""
+    return Function(f"{name}() RETURNS trigger", f"""
 BEGIN
-    IF EXISTS (SELECT 1 FROM ledger_archivedkey k WHERE k.operation_key = NEW.operation_key) THEN
-        RAISE EXCEPTION USING MESSAGE = '{KEY_ARCHIVED}: ' || NEW.operation_key,
+    IF EXISTS (SELECT 1 FROM {archived} k WHERE k.{column} = NEW.{column}) THEN
+        RAISE EXCEPTION USING MESSAGE = '{KEY_ARCHIVED}: ' || NEW.{column},
                               ERRCODE = 'unique_violation';
     END IF;
     RETURN NULL;
-END """)
-ARCHIVED_KEY_REFUSED_SQLITE = SQLiteTrigger("ledger_action_key_archived", f"""CREATE TRIGGER ledger_action_key_archived BEFORE INSERT ON ledger_action
-WHEN EXISTS (SELECT 1 FROM ledger_archivedkey k WHERE k.operation_key = NEW.operation_key)
+END """), SQLiteTrigger(name, f"""CREATE TRIGGER {name} BEFORE INSERT ON {table}
+WHEN EXISTS (SELECT 1 FROM {archived} k WHERE k.{column} = NEW.{column})
 BEGIN
     SELECT RAISE(ABORT, '{KEY_ARCHIVED}');
 END""")
+
+
+ARCHIVED_KEY_REFUSED, ARCHIVED_KEY_REFUSED_SQLITE = archived_refused(
+    "ledger_action_key_archived", "ledger_action", "operation_key", "ledger_archivedkey")
+ARCHIVED_TASK_REFUSED, ARCHIVED_TASK_REFUSED_SQLITE = archived_refused(
+    "ledger_task_id_archived", "ledger_task", "task_id", "ledger_archivedtask")
 
 # Whether another action is held on an action's target or customer: what the settle of an action
-# reads back with its UPDATE (ledger.models.HELD_NEARBY). A function of its own, VOLATILE (the
-# default), so that its query reads what is committed once the UPDATE has its row, not the
-# UPDATE's snapshot, which is older when the UPDATE waited for the row's lock.
+# reads back with its UPDATE (ledger.models.HELD_NEARBY, whose SQLite side is the same look). A
+# function of its own, VOLATILE (the default), so that its query reads what is committed once the
+# UPDATE has its row, not the UPDATE's snapshot, which is older when the UPDATE waited for the
+# row's lock.
 HELD_NEARBY = Function("ledger_held_nearby(p_id bigint, p_target text, p_customer text) RETURNS boolean", f"""
 BEGIN
-    RETURN EXISTS (SELECT 1 FROM ledger_action h WHERE h.status = '{ActionStatus.HELD}' AND h.id <> p_id
-                      AND (h.target = p_target OR (p_customer <> '' AND h.customer = p_customer)));
+    RETURN {held_nearby("p_id", "p_target", "p_customer")};
 END """)
-
-# The same for a task id whose task was archived with its steps and actions (same message:
-# the intake answers both as an expired key).
-ARCHIVED_TASK_REFUSED = Function("ledger_task_id_archived() RETURNS trigger", f"""
-BEGIN
-    IF EXISTS (SELECT 1 FROM ledger_archivedtask k WHERE k.task_id = NEW.task_id) THEN
-        RAISE EXCEPTION USING MESSAGE = '{KEY_ARCHIVED}: ' || NEW.task_id,
-                              ERRCODE = 'unique_violation';
-    END IF;
-    RETURN NULL;
-END """)
-ARCHIVED_TASK_REFUSED_SQLITE = SQLiteTrigger("ledger_task_id_archived", f"""CREATE TRIGGER ledger_task_id_archived BEFORE INSERT ON ledger_task
-WHEN EXISTS (SELECT 1 FROM ledger_archivedtask k WHERE k.task_id = NEW.task_id)
-BEGIN
-    SELECT RAISE(ABORT, '{KEY_ARCHIVED}');
-END""")
 
 RULES = [LOCK_SUBJECTS, SAME_SUBJECT, REQUEUE_SAME_SUBJECT, AUDIT_APPEND_ONLY, SUPERSEDED_HAS_VERSION,
          CHECKPOINT_APPEND_ONLY, SAME_SUBJECT_SQLITE, REQUEUE_SAME_SUBJECT_SQLITE, AUDIT_NO_UPDATE_SQLITE,

@@ -183,6 +183,15 @@ IN_FLIGHT_STATUSES = {S.QUEUED, S.PENDING, S.UNKNOWN, S.AWAITING_APPROVAL, S.HEL
 # (A superseded action is not among them: its new version, in flight on the same subjects,
 # holds what it held.)
 SETTLED = {S.SUCCEEDED, S.FAILED, S.REJECTED, S.CANCELLED, S.EXPIRED}
+
+
+def held_nearby(action_id, target, customer):
+    """SQL: whether an action other than `action_id` is held on `target` or `customer` (SQL
+    expressions)."""
+    return (f"EXISTS (SELECT 1 FROM ledger_action h WHERE h.status = '{S.HELD}' AND h.id <> {action_id} "
+            f"AND (h.target = {target} OR ({customer} <> '' AND h.customer = {customer})))")
+
+
 # Read back by the statement that settles an action (compiled.update's `read_back`): whether
 # another action is held on its target or customer. The settle looks for the ones it may release
 # only then (ledger.actions.held_release_when_settled): a statement fewer on nearly every settle
@@ -192,9 +201,7 @@ SETTLED = {S.SUCCEEDED, S.FAILED, S.REJECTED, S.CANCELLED, S.EXPIRED}
 # SQLite serialises writers: there the UPDATE's own look sees every commit.
 HELD_NEARBY = {
     "postgresql": "ledger_held_nearby(ledger_action.id, ledger_action.target, ledger_action.customer)",
-    "sqlite": (f"EXISTS (SELECT 1 FROM ledger_action h WHERE h.status = '{S.HELD}' AND h.id <> ledger_action.id "
-               "AND (h.target = ledger_action.target OR (ledger_action.customer <> '' "
-               "AND h.customer = ledger_action.customer)))"),
+    "sqlite": held_nearby("ledger_action.id", "ledger_action.target", "ledger_action.customer"),
 }
 # Waiting for a person: the task that owns the action waits too.
 PERSON_STATUSES = {S.AWAITING_APPROVAL, S.HELD, S.NEEDS_REVIEW}

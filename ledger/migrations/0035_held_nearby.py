@@ -7,8 +7,7 @@ from django.db import migrations
 FORWARD = r"""
 CREATE OR REPLACE FUNCTION ledger_held_nearby(p_id bigint, p_target text, p_customer text) RETURNS boolean LANGUAGE plpgsql AS $$
 BEGIN
-    RETURN EXISTS (SELECT 1 FROM ledger_action h WHERE h.status = 'held' AND h.id <> p_id
-                      AND (h.target = p_target OR (p_customer <> '' AND h.customer = p_customer)));
+    RETURN EXISTS (SELECT 1 FROM ledger_action h WHERE h.status = 'held' AND h.id <> p_id AND (h.target = p_target OR (p_customer <> '' AND h.customer = p_customer)));
 END $$;
 """
 BACKWARD = "DROP FUNCTION ledger_held_nearby(bigint, text, text);"
