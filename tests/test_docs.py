@@ -17,7 +17,7 @@ SETTINGS = ROOT / "config" / "settings.py"
 CONFIGURATION = ROOT / "docs" / "configuration.md"
 ELSEWHERE = "## Read elsewhere"
 # Where a variable read elsewhere may be read: the product, its scripts, its client.
-SOURCES = ("Makefile", "config", "ledger", "approvals", "dlq", "sandbox", "demo", "client", "scripts")
+SOURCES = ("Makefile", "config", "ledger", "approvals", "dlq", "sandbox", "demo", "client", "scripts", "sharding")
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 # What a loop over the action types stands for in a variable's name (`CONNECTOR_<ACTION_TYPE>`).

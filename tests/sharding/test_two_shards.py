@@ -1,0 +1,220 @@
+"""The ledger on two databases split by customer (sharding/router.py, docs/scale.md).
+
+Two whole Surety deployments, each a gunicorn server on a PostgreSQL database of its own with a
+Redis server and RQ workers of its own, stand behind the router (gunicorn too) and its directory
+(a third database). The agent and its grants are the same on both, as the reference data of a
+sharded deployment is: the second database is a copy of the first made once the agent was made.
+Everything goes over real HTTP, and each assertion on placement reads the shards' own tables.
+"""
+
+import os
+import subprocess
+from collections import Counter
+from contextlib import ExitStack
+from types import SimpleNamespace
+
+import psycopg
+import pytest
+from django.db import connection
+from psycopg import sql
+
+from sharding.router import hashed_shard
+from tests.conftest import PYTHON, ROOT, OwnRedis, _database_url, _kill, _wait_for_http, free_port, serving, wait_until
+from tests.factories import api_client, post_action, post_task, refund_body, refund_task_body, sandbox_list, \
+    sandbox_order, send_together
+
+pytestmark = pytest.mark.stack
+
+MAKE_AGENT = """import django; django.setup()
+from tests.factories import make_agent
+print(make_agent("billing")[1])"""
+
+
+def customer_on(shard, name):
+    """A customer `name-N` whose hash places it on `shard` (of two)."""
+    return next(f"{name}-{i}" for i in range(100) if hashed_shard(f"customer:{name}-{i}", 2) == shard)
+
+
+@pytest.fixture(scope="module")
+def shards(django_db_setup, django_db_blocker):
+    with django_db_blocker.unblock():
+        base, test_database = connection.settings_dict["NAME"], _database_url()
+    server = test_database.rsplit("/", 1)[0]
+    names = [f"{base}_shard0", f"{base}_shard1", f"{base}_directory"]
+    urls = [f"{server}/{name}" for name in names]
+    with psycopg.connect(f"{server}/postgres", autocommit=True) as admin, ExitStack() as running:
+        def create(name, template=None):
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+            admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)) if template is None else
+                          sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(template)))
+            running.callback(admin.execute, sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+        create(names[0])
+        env = {"DATABASE_URL": urls[0], "DJANGO_SETTINGS_MODULE": "tests.settings"}
+        subprocess.run([PYTHON, "manage.py", "migrate", "-v0"], cwd=ROOT, env={**os.environ, **env}, check=True)
+        token = subprocess.run([PYTHON, "-c", MAKE_AGENT], cwd=ROOT, env={**os.environ, **env}, check=True,
+                               capture_output=True, text=True).stdout.split()[-1]
+        create(names[1], template=names[0])
+        create(names[2])
+
+        stacks = []
+        for url in urls[:2]:
+            redis_server = OwnRedis()
+            redis_server.start()
+            running.callback(redis_server.stop)
+            stacks.append(running.enter_context(serving(url, REDIS_URL=redis_server.url)))
+            stacks[-1].database_url = url
+        port = free_port()
+        router = subprocess.Popen(
+            [PYTHON, "-m", "gunicorn", "sharding.router:app", "-b", f"127.0.0.1:{port}", "-k", "gthread",
+             "--threads", "16", "--log-level", "warning"],
+            cwd=ROOT, env={**os.environ, "SHARD_URLS": ",".join(s.url for s in stacks), "SHARD_DIRECTORY_URL": urls[2]},
+            start_new_session=True)
+        running.callback(_kill, router)
+        router_url = f"http://127.0.0.1:{port}"
+        _wait_for_http(f"{router_url}/api/v1/schema")
+        yield SimpleNamespace(url=router_url, token=token, stacks=stacks, directory=urls[2],
+                              client=api_client(router_url, token))
+
+
+def keys_on(stack):
+    with psycopg.connect(stack.database_url) as conn:
+        return {key for (key,) in conn.execute("SELECT operation_key FROM ledger_action")}
+
+
+def placed(shards, name):
+    with psycopg.connect(shards.directory) as conn:
+        row = conn.execute("SELECT shard FROM shard_placement WHERE name = %s", [name]).fetchone()
+    return row and row[0]
+
+
+def succeeded(client, key):
+    return wait_until(lambda: (a := client.get(f"/api/v1/actions/{key}").json())["status"] == "succeeded" and a,
+                      message=f"{key} to succeed")
+
+
+def test_each_customers_actions_go_to_its_shard_run_there_once_and_are_read_back_through_the_router(shards):
+    client, (zero, one) = shards.client, shards.stacks
+    # Three customers: two actions of one customer at once would hold each other for a person.
+    ada, amy, bob = customer_on(0, "ADA"), customer_on(0, "AMY"), customer_on(1, "BOB")
+    posts = {"refund:ORD-A1:full:dec-1": refund_body("ORD-A1", customer=ada, decision="dec-1"),
+             "refund:ORD-A2:full:dec-1": refund_body("ORD-A2", customer=amy, decision="dec-1"),
+             "refund:ORD-B1:full:dec-1": refund_body("ORD-B1", customer=bob, decision="dec-1")}
+    for stack in shards.stacks:
+        stack.start_worker()
+
+    answers = {key: post_action(client, key, body) for key, body in posts.items()}
+
+    assert {key: (a.status_code, a.headers["Surety-Shard"]) for key, a in answers.items()} == {
+        "refund:ORD-A1:full:dec-1": (201, "0"), "refund:ORD-A2:full:dec-1": (201, "0"),
+        "refund:ORD-B1:full:dec-1": (201, "1")}
+    assert keys_on(zero) >= {"refund:ORD-A1:full:dec-1", "refund:ORD-A2:full:dec-1"}
+    assert "refund:ORD-B1:full:dec-1" not in keys_on(zero)
+    assert "refund:ORD-B1:full:dec-1" in keys_on(one)
+    assert not keys_on(one) & {"refund:ORD-A1:full:dec-1", "refund:ORD-A2:full:dec-1"}
+    for key, stack in (("refund:ORD-A1:full:dec-1", zero), ("refund:ORD-A2:full:dec-1", zero),
+                       ("refund:ORD-B1:full:dec-1", one)):
+        done = succeeded(client, key)
+        refunds = sandbox_list(api_client(stack.url, shards.token), "refunds", operation_key=key)
+        assert [r["id"] for r in refunds] == [done["external_ref"]]
+
+    replay = post_action(client, "refund:ORD-B1:full:dec-1", posts["refund:ORD-B1:full:dec-1"])
+    assert (replay.status_code, replay.headers["Idempotent-Replayed"], replay.headers["Surety-Shard"]) == (200, "true", "1")
+    assert replay.json()["status"] == "succeeded"
+
+
+def test_a_key_reused_with_another_customers_body_is_answered_on_the_keys_shard(shards):
+    client, (zero, one) = shards.client, shards.stacks
+    cleo, dan = customer_on(0, "CLEO"), customer_on(1, "DAN")
+    key = "refund:ORD-C1:full:dec-2"
+
+    first = post_action(client, key, refund_body("ORD-C1", customer=cleo, decision="dec-2"))
+    reused = post_action(client, key, refund_body("ORD-D1", customer=dan, decision="dec-2"))
+
+    assert first.status_code == 201
+    assert (reused.status_code, reused.json()["code"], reused.headers["Surety-Shard"]) == (
+        422, "idempotency_key_reused", "0")
+    assert key in keys_on(zero) and key not in keys_on(one)
+    # The reuse placed nothing: dan and his order are still unplaced, and go by their hash.
+    assert placed(shards, f"customer:{dan}") is None and placed(shards, "target:ORD-D1") is None
+
+
+def test_an_action_on_a_placed_target_goes_to_the_targets_shard_where_the_same_subject_hold_sees_it(shards):
+    """No worker runs: the first refund stays queued, in flight, so the second, on the same order
+    for a customer whose hash says the other shard, must be held, as on one database."""
+    client, (zero, one) = shards.client, shards.stacks
+    eve, fay = customer_on(0, "EVE"), customer_on(1, "FAY")
+
+    first = post_action(client, "refund:ORD-E1:full:dec-3", refund_body("ORD-E1", customer=eve, decision="dec-3"))
+    second = post_action(client, "refund:ORD-E1:part:dec-4", refund_body("ORD-E1", "5.00", customer=fay, decision="dec-4"))
+    later = post_action(client, "refund:ORD-F9:full:dec-3", refund_body("ORD-F9", customer=fay, decision="dec-3"))
+
+    assert (first.status_code, first.json()["status"], first.headers["Surety-Shard"]) == (201, "queued", "0")
+    assert (second.status_code, second.json()["status"], second.headers["Surety-Shard"]) == (201, "held", "0")
+    # fay was placed with the order: her next action goes where her held one is, not by her hash.
+    assert (later.status_code, later.json()["status"], later.headers["Surety-Shard"]) == (201, "held", "0")
+    assert not keys_on(one) & {"refund:ORD-E1:full:dec-3", "refund:ORD-E1:part:dec-4", "refund:ORD-F9:full:dec-3"}
+
+
+def test_a_request_whose_customer_and_target_are_on_two_shards_is_refused_and_records_nothing(shards):
+    client, (zero, one) = shards.client, shards.stacks
+    gus, hal = customer_on(0, "GUS"), customer_on(1, "HAL")
+    assert post_action(client, "refund:ORD-G1:full:dec-5", refund_body("ORD-G1", customer=gus, decision="dec-5")).status_code == 201
+    assert post_action(client, "refund:ORD-H1:full:dec-5", refund_body("ORD-H1", customer=hal, decision="dec-5")).status_code == 201
+
+    refused = post_action(client, "refund:ORD-G1:full:dec-6", refund_body("ORD-G1", customer=hal, decision="dec-6"))
+
+    assert refused.status_code == 409
+    assert refused.headers["Content-Type"] == "application/problem+json"
+    assert refused.json()["code"] == "shard_conflict"
+    assert "refund:ORD-G1:full:dec-6" not in keys_on(zero) | keys_on(one)
+    assert placed(shards, "action:refund:ORD-G1:full:dec-6") is None
+    # The same key with a body the ledger can keep together is then taken as a new one.
+    retried = post_action(client, "refund:ORD-G1:full:dec-6", refund_body("ORD-G1", customer=gus, decision="dec-6"))
+    assert (retried.status_code, retried.headers["Surety-Shard"]) == (201, "0")
+
+
+def test_many_requests_at_once_for_a_new_customer_place_it_once_and_one_key_makes_one_action(shards):
+    client = shards.client
+    ivy = customer_on(1, "IVY")
+    sends = [lambda c, i=i: post_action(c, f"refund:ORD-I{i}:full:dec-7", refund_body(f"ORD-I{i}", customer=ivy,
+                                                                                         decision="dec-7"))
+             for i in range(12)]
+    sends += [lambda c: post_action(c, "refund:ORD-I0:full:dec-7", refund_body("ORD-I0", customer=ivy, decision="dec-7"))] * 8
+
+    answers = send_together(shards.url, shards.token, sends)
+
+    assert {a.headers["Surety-Shard"] for a in answers} == {"1"}, [a.text for a in answers if a.status_code >= 400]
+    assert Counter(a.status_code for a in answers) == {201: 12, 200: 8}
+    assert {f"refund:ORD-I{i}:full:dec-7" for i in range(12)} <= keys_on(shards.stacks[1])
+
+
+def test_a_task_runs_on_its_customers_shard_and_is_read_back_through_the_router(shards):
+    client, (zero, one) = shards.client, shards.stacks
+    jo = customer_on(1, "JO")
+    sandbox_order(api_client(one.url, shards.token), "ORD-J1", jo)
+    one.start_worker()
+
+    started = post_task(client, "refund-J1", refund_task_body("ORD-J1", customer=jo))
+    done = wait_until(lambda: (t := client.get("/api/v1/tasks/refund-J1", params={"wait": 5}).json())["state"]
+                      == "succeeded" and t, seconds=30, message="the task to succeed")
+
+    assert (started.status_code, started.headers["Surety-Shard"]) == (201, "1")
+    assert done["task_id"] == "refund-J1"
+    assert [r["order_id"] for r in sandbox_list(api_client(one.url, shards.token), "refunds", order_id="ORD-J1")] == ["ORD-J1"]
+
+
+def test_a_key_never_placed_is_answered_by_shard_zero_as_one_surety_answers_it(shards):
+    missing = shards.client.get("/api/v1/actions/refund%3ANOPE%2Fslash")
+
+    assert (missing.status_code, missing.headers["Content-Type"], missing.headers["Surety-Shard"]) == (
+        404, "application/problem+json", "0")
+
+
+def test_a_names_shard_is_the_same_in_every_process_and_release():
+    """Not Python's hash(), salted per process: a name placed by one router process must be
+    found by every other (8 names: a salted hash agrees on all of them once in 256 runs)."""
+    here = [hashed_shard(f"customer:CUST-{i}", 2) for i in range(8)]
+    code = "from sharding.router import hashed_shard; print([hashed_shard(f'customer:CUST-{i}', 2) for i in range(8)])"
+    there = subprocess.run([PYTHON, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert there.strip() == str(here) and set(here) == {0, 1}
