@@ -31,6 +31,9 @@ with the seal's lag (bench/seal.py).
 `python -m bench health_checks`: (b) and (c) with persistent connections unchecked, health-checked
 and pooled, side by side, with their ratios (bench/health_checks.py).
 
+`python -m bench sharded`: (b) straight to one Surety, and through the shards' router in front of
+one and of two (bench/sharded.py).
+
 `python -m bench partitioned_writes`: a worker's UPDATE and the intake's INSERT on tables
 partitioned by ranges of id against unpartitioned ones, by pgbench (bench/partitioned_writes.py).
 
@@ -139,8 +142,9 @@ def others_note(cpu):
     return f"other processes on the machine used {cpu['others']:.2f} of {cpu['cpus']} CPUs"
 
 
-def combine(name, label, segments):
-    """One figure from its rounds: requests and seconds summed; the per-round figures kept."""
+def combine(name, label, segments, parts=("gunicorn", "postgres", "load_generator")):
+    """One figure from its rounds: requests and seconds summed; the per-round figures kept;
+    the CPU per request of each of `parts` (the CPU monitor's categories) and their total."""
     seconds = sum(r["seconds"] for r in segments)
     ok = sum(r["statuses"].get(EXPECTED_STATUS[r["mode"]], 0) for r in segments)
     lat = {p: round(statistics.median(r["latency_ms"][p] for r in segments if r["latency_ms"][p] is not None), 2)
@@ -151,7 +155,7 @@ def combine(name, label, segments):
     # monitor's window also covers the warm-up, so the warm-up's requests are counted too.
     served = sum(r["requests"] + r["warmup_requests"] for r in segments)
     cpu_ms = {}
-    for part in ("gunicorn", "postgres", "load_generator"):
+    for part in parts:
         spent = sum(r["cpu"].get(part, 0.0) * r["cpu"]["seconds"] for r in segments)
         cpu_ms[part] = round(spent / served * 1000, 3) if served else None
     cpu_ms["total"] = round(sum(v for v in cpu_ms.values() if v), 3)
@@ -663,6 +667,11 @@ def main(argv=None):
         from . import health_checks
 
         health_checks.main(argv[1:])
+        return
+    if argv[:1] == ["sharded"]:  # what the shards' router costs a request (bench/sharded.py)
+        from . import sharded
+
+        sharded.main(argv[1:])
         return
     if argv[:1] == ["partitioned_writes"]:  # the hot statements on a partitioned ledger (bench/partitioned_writes.py)
         from . import partitioned_writes

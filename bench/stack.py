@@ -163,10 +163,16 @@ class Stack:
         self._serve("provider", self.provider_url, "/sandbox/v1/faults", 401,
                     DATABASE_URL=database_url(self.provider_database))
 
-    def _serve(self, name, url, probe, status, **env):
-        """A gunicorn with the run's workers and threads, up once `probe` answers `status`."""
+    def start_router(self, shard_urls, directory):
+        """The shards' router (sharding/router.py) on this stack's port, in front of `shard_urls`,
+        its directory in database `directory`."""
+        self._serve("router", self.url, "/api/v1/schema", 200, app="sharding.router:app",
+                    SHARD_URLS=",".join(shard_urls), SHARD_DIRECTORY_URL=database_url(directory))
+
+    def _serve(self, name, url, probe, status, app="config.wsgi", **env):
+        """A gunicorn serving `app` with the run's workers and threads, up once `probe` answers `status`."""
         self._start(name, [
-            PYTHON, "-m", "gunicorn", "config.wsgi", "-b", url.removeprefix("http://"), "-k", "gthread",
+            PYTHON, "-m", "gunicorn", app, "-b", url.removeprefix("http://"), "-k", "gthread",
             "-w", str(self.gunicorn_workers), "--threads", str(self.gunicorn_threads),
             "--timeout", "60", "--log-level", "warning",
         ], **env)
