@@ -28,7 +28,7 @@ from decimal import Decimal
 from pathlib import Path
 
 from . import scale_load
-from .pages import PYTHON, ROOT, db_url, row_counts, say
+from .pages import DJANGO_ENV, PYTHON, ROOT, db_url, row_counts, say
 
 SECTIONS = ("summaries", "whatif", "rows", "analytics", "pages", "bcd")
 TAG = "@@bench-scale "
@@ -51,8 +51,7 @@ def parse_args(argv):
 
 def child(database, name, *args):
     """Run `name` (a function below) in a process of its own on `database`; its JSON answer."""
-    env = {**os.environ, "DATABASE_URL": db_url(database), "DJANGO_SETTINGS_MODULE": "config.settings",
-           "DEBUG": "false", "PRODUCTION": "false", "LOG_LEVEL": "WARNING"}
+    env = {**os.environ, "DATABASE_URL": db_url(database), **DJANGO_ENV}
     done = subprocess.run([PYTHON, "-m", "bench.scale", "--child", name, *args], cwd=ROOT, env=env,
                           capture_output=True, text=True)
     answers = [line[len(TAG):] for line in done.stdout.splitlines() if line.startswith(TAG)]

@@ -52,8 +52,7 @@ def parse_args(argv):
 
 
 def setup_django(database):
-    os.environ.update({"DATABASE_URL": pages.db_url(database), "DJANGO_SETTINGS_MODULE": "config.settings",
-                       "DEBUG": "false", "PRODUCTION": "false", "LOG_LEVEL": "WARNING"})
+    os.environ.update({"DATABASE_URL": pages.db_url(database), **pages.DJANGO_ENV})
     sys.path.insert(0, str(pages.ROOT))
     import django
 
