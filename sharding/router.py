@@ -2,24 +2,33 @@
 one primary that docs/scale.md chooses, built far enough to be tested on two databases.
 
 Each shard is a whole Surety (its own PostgreSQL, Redis, workers and sweeper) that holds some
-customers' actions and tasks; the reference data (agents, grants, limits, people) is the same on
-every shard. This WSGI app stands in front of them and sends each agent request to its shard,
-through a directory: one PostgreSQL table of the names placed so far and the shard each is on.
+customers' actions and tasks; the reference data (agents, grants, limits, people) must be the
+same on every shard. This WSGI app stands in front of the shards' agents' API (`/api/v1/`; people
+work each shard's pages, and each shard's connectors take their providers' webhooks at its own
+address) and sends each request to its shard, through a directory: one PostgreSQL table of the
+names placed so far and the shard each is on.
 
-- A request's **key** (`Idempotency-Key`) is placed with its first request. A later request under
-  the key goes to the key's shard whatever its body says, so a replay finds its action there and a
-  reuse with another body is answered there `422 idempotency_key_reused`, as on one database.
+- A request's **key** (`Idempotency-Key`) is placed with it. A later request under the key goes to
+  the key's shard, so a replay finds its action there and a reuse with another body is answered
+  there `422 idempotency_key_reused`, as on one database.
 - A new key goes to the shard of its **subjects**, its customer and its target: the same-subject
   hold and the one-effect rules look only at the shard they run on, so every action on a customer
   and every action on a target must be on one shard. Subjects not yet placed are placed there; a
-  request none of whose subjects is placed goes to its customer's hash (its target's without one).
-- A request whose customer and target are already placed on two different shards cannot keep
-  those rules: it is refused, `409 shard_conflict`, and nothing is placed or written anywhere.
-  (A room booked by customers of two shards is one: docs/scale.md says what bookings need.)
+  request none of whose names is placed goes to its customer's hash (its target's without one).
+- A request any of whose names is placed on another shard than the rest cannot keep those rules:
+  it is refused, `409 shard_conflict`, and nothing is placed or written anywhere. (A room booked by
+  customers of two shards is one: docs/scale.md says what bookings need.)
+- Placements are written in the transaction that forwards the request, and kept only if the shard
+  may have recorded it: a `4xx` records nothing (the contract's rule), so its placements are rolled
+  back, and an unauthenticated or refused request places nothing. Another request naming the same
+  names waits for that answer.
+- A request the router cannot read as the shard would (not JSON, a key or subject Surety refuses)
+  goes to shard 0 unplaced, which answers it `400`, as one Surety would.
 
-A name, once placed, never moves (no UPDATE here), so a placement read is true for good. Reads
-by key (`GET /api/v1/actions/{key}`, `/api/v1/tasks/{id}`) go to the key's shard; anything else,
-and a key never placed, goes to shard 0, which answers as one Surety would (`404` for the key).
+A name, once placed, never moves (no UPDATE here), so a placement read is true for good. Reads by
+key (`GET /api/v1/actions/{key}`, its `/evidence`, `/api/v1/tasks/{id}`) go to the key's shard; a
+key never placed here (a task's step, an edited version: their shard made them) is asked of each
+shard in turn. Anything else under `/api/v1/` goes to shard 0.
 
 Configuration: `SHARD_URLS`, the shards' base URLs in shard order, comma-separated (their order is
 the hash's, so it never changes once names are placed); `SHARD_DIRECTORY_URL`, the directory's
@@ -29,7 +38,8 @@ PostgreSQL database. Run it with `gunicorn sharding.router:app`.
 import hashlib
 import json
 import os
-from functools import cache
+import threading
+from decimal import Decimal
 from urllib.parse import unquote, urlsplit
 
 import httpx
@@ -37,18 +47,26 @@ import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 PROBLEM_TYPE = "https://surety.dev/problems/"
-ACTIONS, TASKS = "/api/v1/actions", "/api/v1/tasks"
-# Not passed on either way: they describe one connection, not the request.
-HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "upgrade", "te", "trailer"}
+API, ACTIONS, TASKS = "/api/v1/", "/api/v1/actions", "/api/v1/tasks"
+MAX_BODY = 64 * 1024  # the API's own limit (API_MAX_BODY_BYTES)
+# Not passed on either way: they describe one connection, not the request. (httpx asks for and
+# decodes compressed answers itself, so the shard's Content-Encoding no longer holds.)
+HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "upgrade", "te", "trailer",
+              "accept-encoding", "content-encoding"}
 TIMEOUT = httpx.Timeout(35.0, connect=2.0)  # above a GET's longest ?wait=30
 PLACEMENTS = """CREATE TABLE IF NOT EXISTS shard_placement (
     name text PRIMARY KEY,
     shard smallint NOT NULL CHECK (shard >= 0),
     placed_at timestamptz NOT NULL DEFAULT now())"""
+CREATING = 7_320_001  # an advisory lock: routers starting at once create the table in turn
 
 
 class Conflict(Exception):
-    """The request's subjects are placed on two shards."""
+    """The request's names are placed on two shards."""
+
+
+class Unreadable(Exception):
+    """Not a request the router can place: Surety refuses it as it stands."""
 
 
 def hashed_shard(name, shards):
@@ -56,41 +74,58 @@ def hashed_shard(name, shards):
     return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "big") % shards
 
 
+def well_formed_key(key):
+    return key is not None and 1 <= len(key) <= 255 and all(" " <= ch <= "~" for ch in key)
+
+
+def stored(value):
+    """A target or customer as the shard stores it (DRF's CharField, max 255: a whole number as
+    its digits, whitespace stripped); "" for none; Unreadable for what the shard refuses."""
+    if value is None:
+        return ""
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise Unreadable(value)
+    text = str(value).strip()
+    if len(text) > 255 or "\x00" in text:
+        raise Unreadable(value)
+    return text
+
+
 def names(kind, key, body):
     """The directory names of a POST: its key's, then its subjects' (the customer first, whose
-    hash places a request none of them is placed for). A body the router cannot read has none:
-    its key is placed on shard 0, which answers it (`400` if it is not one Surety reads either)."""
+    hash places a request none of them is placed for)."""
+    if not well_formed_key(key) or not isinstance(body, dict):
+        raise Unreadable(key)
     if kind == "task":
-        given = body.get("input") if isinstance(body, dict) else None
-        customer, target = (given.get("customer") if isinstance(given, dict) else None), None
+        given = body.get("input")
+        customer, target = (stored(given.get("customer")) if isinstance(given, dict) else ""), ""
     else:
-        customer, target = (body.get("customer"), body.get("target")) if isinstance(body, dict) else (None, None)
-    subjects = [f"{name}:{value}" for name, value in (("customer", customer), ("target", target))
-                if isinstance(value, str) and value]
+        customer, target = stored(body.get("customer")), stored(body.get("target"))
+    subjects = [f"{name}:{value}" for name, value in (("customer", customer), ("target", target)) if value]
     return f"{kind}:{key}", subjects
 
 
 def place(conn, key_name, subjects, shards):
-    """The shard for a POST, its key and subjects placed there, committed. The key's shard if it
-    is placed; else its subjects' (Conflict if they disagree), else the first subject's hash, else
-    shard 0. Inserts that lose to another request's placing a name meanwhile are read again and
-    decided anew."""
+    """The shard for a POST, its key and subjects placed there (in the caller's transaction): the
+    shard any of them is placed on (Conflict if two), else the first subject's hash, else shard 0.
+    Inserts that lose to another request's placing a name meanwhile are read again and decided
+    anew."""
+    wanted = [key_name, *subjects]
     while True:
         with conn.transaction():
             placed = dict(conn.execute("SELECT name, shard FROM shard_placement WHERE name = ANY(%s)",
-                                       [[key_name, *subjects]]).fetchall())
-            if key_name in placed:
-                return placed[key_name]
-            found = set(placed.values())
-            if len(found) > 1:
+                                       [wanted]).fetchall())
+            if len(set(placed.values())) > 1:
                 raise Conflict(placed)
-            shard = found.pop() if found else hashed_shard(subjects[0], shards) if subjects else 0
+            shard = next(iter(placed.values()), None)
+            if shard is None:
+                shard = hashed_shard(subjects[0], shards) if subjects else 0
             # In one order, so that two requests placing the same names wait rather than deadlock.
-            for name in sorted({key_name, *subjects} - placed.keys()):
+            for name in sorted(set(wanted) - placed.keys()):
                 conn.execute("INSERT INTO shard_placement (name, shard) VALUES (%s, %s) ON CONFLICT DO NOTHING",
                              [name, shard])
             now = dict(conn.execute("SELECT name, shard FROM shard_placement WHERE name = ANY(%s)",
-                                    [[key_name, *subjects]]).fetchall())
+                                    [wanted]).fetchall())
             if set(now.values()) == {shard}:
                 return shard
             # Another request placed one of these names elsewhere while this one looked: this
@@ -98,14 +133,13 @@ def place(conn, key_name, subjects, shards):
             raise psycopg.Rollback
 
 
-def placed_shard(conn, name):
-    row = conn.execute("SELECT shard FROM shard_placement WHERE name = %s", [name]).fetchone()
-    return row[0] if row else 0
-
-
 def problem(status, code, title, detail, headers=()):
     body = {"type": PROBLEM_TYPE + code, "title": title, "status": status, "detail": detail, "code": code}
     return status, [("Content-Type", "application/problem+json"), *headers], json.dumps(body).encode()
+
+
+def unavailable(title):
+    return problem(503, "shard_unavailable", title, "Retry with the same key.", [("Retry-After", "1")])
 
 
 class Router:
@@ -117,68 +151,127 @@ class Router:
         # in turn; bench/sharded.py has the figures under load).
         self.directory = ConnectionPool(directory_url, min_size=1, max_size=16, kwargs={"autocommit": True},
                                         check=ConnectionPool.check_connection, open=True)
-        with self.directory.connection() as conn:
-            conn.execute(PLACEMENTS)
+        try:
+            with self.directory.connection() as conn, conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", [CREATING])
+                conn.execute(PLACEMENTS)
+        except Exception:
+            self.directory.close()
+            raise
 
     def __call__(self, environ, start_response):
         status, headers, body = self.route(environ)
-        start_response(f"{status} {httpx.codes.get_reason_phrase(status)}", headers)
+        start_response(f"{status} {httpx.codes.get_reason_phrase(status)}",
+                       [*headers, ("Content-Length", str(len(body)))])
         return [body]
 
     def route(self, environ):
         # The path as sent, not WSGI's decoded PATH_INFO: a key's encoded "/" stays in the key.
         raw = environ.get("RAW_URI") or environ.get("REQUEST_URI") or environ["PATH_INFO"]
-        path, query = urlsplit(raw).path, environ.get("QUERY_STRING", "")
-        method = environ["REQUEST_METHOD"]
-        body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
-        try:
-            shard = self.shard_for(method, path, environ, body)
-        except Conflict as exc:
-            placed = ", ".join(f"{name} on shard {shard}" for name, shard in sorted(exc.args[0].items()))
-            return problem(409, "shard_conflict", "The request's customer and target are on two shards",
-                           f"This ledger is split by customer, and {placed}: no shard sees every action the "
-                           "same-subject hold must see. Nothing was recorded.")
-        except (psycopg.OperationalError, PoolTimeout):
-            return problem(503, "directory_unavailable", "The shards' directory does not answer",
-                           "Nothing was recorded; retry with the same key.", [("Retry-After", "1")])
-        return self.forward(shard, method, path, query, environ, body)
-
-    def shard_for(self, method, path, environ, body):
+        path, method = urlsplit(raw).path, environ["REQUEST_METHOD"]
+        if not path.startswith(API):
+            return problem(404, "not_found", "Not found", "The shards' router serves the agents' API only.")
+        if int(environ.get("CONTENT_LENGTH") or 0) > MAX_BODY:
+            return problem(400, "invalid", "Invalid request", f"The body is larger than {MAX_BODY // 1024} KiB.")
+        request = Request(environ, path, environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0)))
         kind = {ACTIONS: "action", TASKS: "task"}.get(path.rstrip("/"))
-        key = environ.get("HTTP_IDEMPOTENCY_KEY")
-        with self.directory.connection() as conn:
-            if method == "POST" and kind and key:
-                try:
-                    given = json.loads(body)
-                except ValueError:
-                    given = None
-                return place(conn, *names(kind, key, given), len(self.shards))
-            for prefix, kind in ((ACTIONS + "/", "action"), (TASKS + "/", "task")):
-                if method == "GET" and path.startswith(prefix) and len(path) > len(prefix):
-                    return placed_shard(conn, f"{kind}:{unquote(path.removeprefix(prefix))}")
-        return 0
-
-    def forward(self, shard, method, path, query, environ, body):
-        headers = {name[5:].replace("_", "-").title(): value for name, value in environ.items()
-                   if name.startswith("HTTP_") and name[5:].replace("_", "-").lower() not in HOP_BY_HOP}
-        if environ.get("CONTENT_TYPE"):
-            headers["Content-Type"] = environ["CONTENT_TYPE"]
-        url = self.shards[shard] + path + (f"?{query}" if query else "")
         try:
-            answer = self.http.request(method, url, headers=headers, content=body)
+            if method == "POST" and kind:
+                return self.post(kind, request)
+            if method == "GET" and (name := read_name(path)):
+                return self.read(name, request)
+        except (psycopg.OperationalError, PoolTimeout):
+            return unavailable("The shards' directory does not answer")
+        return self.forward(0, request)
+
+    def post(self, kind, request):
+        try:
+            wanted = names(kind, request.environ.get("HTTP_IDEMPOTENCY_KEY"),
+                           json.loads(request.body, parse_float=Decimal))
+        except (Unreadable, ValueError, RecursionError):
+            return self.forward(0, request)
+        with self.directory.connection() as conn, conn.transaction():
+            try:
+                shard = place(conn, *wanted, len(self.shards))
+            except Conflict as exc:
+                placed = ", ".join(f"{name} on shard {shard}" for name, shard in sorted(exc.args[0].items()))
+                return problem(409, "shard_conflict", "The request's names are on two shards",
+                               f"This ledger is split by customer, and {placed}: no shard sees every action "
+                               "the same-subject hold must see. Nothing was recorded.")
+            answer = self.forward(shard, request)
+            if 400 <= answer[0] < 500:
+                raise psycopg.Rollback  # the shard recorded nothing: neither does the directory
+        return answer
+
+    def read(self, name, request):
+        with self.directory.connection() as conn:
+            row = conn.execute("SELECT shard FROM shard_placement WHERE name = %s", [name]).fetchone()
+        if row:
+            return self.forward(row[0], request)
+        for shard in range(len(self.shards)):
+            answer = self.forward(shard, request)
+            if answer[0] != 404:
+                return answer
+        return answer
+
+    def forward(self, shard, request):
+        url = self.shards[shard] + request.raw
+        try:
+            answer = self.http.request(request.method, url, headers=request.headers(), content=request.body)
         except httpx.TransportError:
-            # The shard may have recorded it: a retry with the same key reaches the same shard,
-            # whose ledger answers it as any retry (the key's placement is committed).
-            return problem(503, "shard_unavailable", f"Shard {shard} does not answer",
-                           "Retry with the same key.", [("Retry-After", "1")])
+            # The shard may have recorded it: its placements are kept (the caller commits), and a
+            # retry with the same key reaches the same shard, whose ledger answers it as any retry.
+            return unavailable(f"Shard {shard} does not answer")
         kept = [(k, v) for k, v in answer.headers.multi_items() if k.lower() not in HOP_BY_HOP]
         return answer.status_code, [*kept, ("Surety-Shard", str(shard))], answer.content
 
 
-@cache
-def _router():
-    return Router([u.rstrip("/") for u in os.environ["SHARD_URLS"].split(",")], os.environ["SHARD_DIRECTORY_URL"])
+class Request:
+    """What is forwarded: the method, the path and query as sent, the end-to-end headers with the
+    client's address added to X-Forwarded-For, and the body."""
+
+    def __init__(self, environ, path, body):
+        self.environ, self.method, self.body = environ, environ["REQUEST_METHOD"], body
+        query = environ.get("QUERY_STRING", "")
+        self.raw = path + (f"?{query}" if query else "")
+
+    def headers(self):
+        headers = {name[5:].replace("_", "-").title(): value for name, value in self.environ.items()
+                   if name.startswith("HTTP_") and name[5:].replace("_", "-").lower() not in HOP_BY_HOP
+                   and name != "HTTP_X_FORWARDED_FOR"}
+        if self.environ.get("CONTENT_TYPE"):
+            headers["Content-Type"] = self.environ["CONTENT_TYPE"]
+        forwarded = [self.environ[k] for k in ("HTTP_X_FORWARDED_FOR", "REMOTE_ADDR") if self.environ.get(k)]
+        if forwarded:
+            headers["X-Forwarded-For"] = ", ".join(forwarded)
+        return headers
+
+
+def read_name(path):
+    """The directory name a GET reads by: an action's (its evidence's too) or a task's; None for
+    any other path."""
+    for prefix, kind in ((ACTIONS + "/", "action"), (TASKS + "/", "task")):
+        key = path.removeprefix(prefix)
+        if key != path and key:
+            # An encoded "/" is in the key; a literal one before "evidence" is the evidence's path.
+            return f"{kind}:{unquote(key.removesuffix('/evidence') if kind == 'action' else key)}"
+    return None
+
+
+_built = threading.Lock()
+_router = None
 
 
 def app(environ, start_response):
-    return _router()(environ, start_response)
+    global _router
+    if _router is None:
+        with _built:
+            if _router is None:
+                try:
+                    _router = Router([u.rstrip("/") for u in os.environ["SHARD_URLS"].split(",")],
+                                     os.environ["SHARD_DIRECTORY_URL"])
+                except (psycopg.OperationalError, PoolTimeout):
+                    status, headers, body = unavailable("The shards' directory does not answer")
+                    start_response(f"{status} Service Unavailable", headers)
+                    return [body]
+    return _router(environ, start_response)

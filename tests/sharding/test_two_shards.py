@@ -12,6 +12,7 @@ import subprocess
 from collections import Counter
 from contextlib import ExitStack
 from types import SimpleNamespace
+from urllib.parse import quote
 
 import psycopg
 import pytest
@@ -88,20 +89,29 @@ def placed(shards, name):
     return row and row[0]
 
 
+@pytest.fixture
+def workers(shards):
+    """A worker on each shard for this test only: the others keep what they post in flight."""
+    for stack in shards.stacks:
+        stack.start_worker()
+    yield
+    for stack in shards.stacks:
+        stack.stop_workers()
+
+
 def succeeded(client, key):
     return wait_until(lambda: (a := client.get(f"/api/v1/actions/{key}").json())["status"] == "succeeded" and a,
                       message=f"{key} to succeed")
 
 
-def test_each_customers_actions_go_to_its_shard_run_there_once_and_are_read_back_through_the_router(shards):
+def test_each_customers_actions_go_to_its_shard_run_there_once_and_are_read_back_through_the_router(
+        shards, workers):
     client, (zero, one) = shards.client, shards.stacks
     # Three customers: two actions of one customer at once would hold each other for a person.
     ada, amy, bob = customer_on(0, "ADA"), customer_on(0, "AMY"), customer_on(1, "BOB")
     posts = {"refund:ORD-A1:full:dec-1": refund_body("ORD-A1", customer=ada, decision="dec-1"),
              "refund:ORD-A2:full:dec-1": refund_body("ORD-A2", customer=amy, decision="dec-1"),
              "refund:ORD-B1:full:dec-1": refund_body("ORD-B1", customer=bob, decision="dec-1")}
-    for stack in shards.stacks:
-        stack.start_worker()
 
     answers = {key: post_action(client, key, body) for key, body in posts.items()}
 
@@ -121,22 +131,75 @@ def test_each_customers_actions_go_to_its_shard_run_there_once_and_are_read_back
     replay = post_action(client, "refund:ORD-B1:full:dec-1", posts["refund:ORD-B1:full:dec-1"])
     assert (replay.status_code, replay.headers["Idempotent-Replayed"], replay.headers["Surety-Shard"]) == (200, "true", "1")
     assert replay.json()["status"] == "succeeded"
+    evidence = client.get("/api/v1/actions/refund%3AORD-B1%3Afull%3Adec-1/evidence")
+    assert (evidence.status_code, evidence.headers["Surety-Shard"]) == (200, "1"), evidence.text
 
 
 def test_a_key_reused_with_another_customers_body_is_answered_on_the_keys_shard(shards):
     client, (zero, one) = shards.client, shards.stacks
-    cleo, dan = customer_on(0, "CLEO"), customer_on(1, "DAN")
+    cleo, dan, eli = customer_on(0, "CLEO"), customer_on(1, "DAN"), customer_on(1, "ELI")
+    assert post_action(client, "refund:ORD-L1:full:dec-2", refund_body("ORD-L1", customer=eli,
+                                                                       decision="dec-2")).status_code == 201
     key = "refund:ORD-C1:full:dec-2"
 
     first = post_action(client, key, refund_body("ORD-C1", customer=cleo, decision="dec-2"))
     reused = post_action(client, key, refund_body("ORD-D1", customer=dan, decision="dec-2"))
+    reused_by_a_placed_customer = post_action(client, key, refund_body("ORD-D2", customer=eli, decision="dec-2"))
 
     assert first.status_code == 201
     assert (reused.status_code, reused.json()["code"], reused.headers["Surety-Shard"]) == (
         422, "idempotency_key_reused", "0")
+    # eli's actions are on shard 1: the key's shard must not take one of them.
+    assert (reused_by_a_placed_customer.status_code, reused_by_a_placed_customer.json()["code"]) == (
+        409, "shard_conflict")
     assert key in keys_on(zero) and key not in keys_on(one)
-    # The reuse placed nothing: dan and his order are still unplaced, and go by their hash.
+    # The shard refused the reuse: nothing it named was placed. dan and his order go by their hash.
     assert placed(shards, f"customer:{dan}") is None and placed(shards, "target:ORD-D1") is None
+
+
+def test_what_a_shard_refuses_places_nothing_so_a_retry_goes_where_its_customer_is(shards):
+    client, (zero, one) = shards.client, shards.stacks
+    kay = customer_on(1, "KAY")
+    assert post_action(client, "refund:ORD-K1:full:dec-8", refund_body("ORD-K1", customer=kay,
+                                                                       decision="dec-8")).status_code == 201
+    key, body = "refund:ORD-K2:full:dec-8", refund_body("ORD-K2", customer=kay, decision="dec-8")
+
+    unauthenticated = api_client(shards.url, "sur_not-a-token").post(
+        "/api/v1/actions", json=refund_body("ORD-M1", customer=customer_on(0, "MIA")),
+        headers={"Idempotency-Key": "refund:ORD-M1:full:dec-8"})
+    not_json = client.post("/api/v1/actions", content=b"{not json", headers={
+        "Idempotency-Key": key, "Content-Type": "application/json"})
+    invalid = post_action(client, key, refund_body("ORD-K2", "-5.00", customer=kay, decision="dec-8"))
+    retried = post_action(client, key, body)
+
+    assert unauthenticated.status_code == 401
+    assert placed(shards, "action:refund:ORD-M1:full:dec-8") is None and placed(shards, "target:ORD-M1") is None
+    assert (not_json.status_code, not_json.headers["Surety-Shard"]) == (400, "0")
+    assert (invalid.status_code, invalid.headers["Surety-Shard"]) == (400, "1")
+    # Neither pinned the key: the retry goes to kay's shard, where her first refund holds it.
+    assert (retried.status_code, retried.headers["Surety-Shard"], retried.json()["status"]) == (201, "1", "held")
+    assert key in keys_on(one) and key not in keys_on(zero)
+
+
+def test_subjects_are_placed_as_the_shard_stores_them(shards):
+    """The shard's serializer strips whitespace and takes a whole number as its digits: the same
+    order or customer written so must reach the same shard."""
+    client = shards.client
+    nia = customer_on(0, "NIA")
+    number = next(n for n in range(100, 200) if hashed_shard(f"customer:{n}", 2) == 1)
+    assert post_action(client, "refund:ORD-Q1:full:dec-9", refund_body("ORD-Q1", customer=nia,
+                                                                       decision="dec-9")).status_code == 201
+
+    padded = post_action(client, "refund:ORD-Q1:full:dec-10", refund_body(" ORD-Q1 ", "5.00", customer=f" {nia}",
+                                                                          decision="dec-10"))
+    as_number = post_action(client, "refund:ORD-R1:full:dec-9", refund_body("ORD-R1", customer=number,
+                                                                            decision="dec-9"))
+    as_text = post_action(client, "refund:ORD-R2:full:dec-9", refund_body("ORD-R2", customer=f"{number} ",
+                                                                          decision="dec-9"))
+
+    assert (padded.status_code, padded.headers["Surety-Shard"], padded.json()["status"]) == (201, "0", "held")
+    assert (as_number.status_code, as_number.headers["Surety-Shard"]) == (201, "1")
+    assert (as_text.status_code, as_text.headers["Surety-Shard"], as_text.json()["status"]) == (201, "1", "held")
 
 
 def test_an_action_on_a_placed_target_goes_to_the_targets_shard_where_the_same_subject_hold_sees_it(shards):
@@ -175,7 +238,6 @@ def test_a_request_whose_customer_and_target_are_on_two_shards_is_refused_and_re
 
 
 def test_many_requests_at_once_for_a_new_customer_place_it_once_and_one_key_makes_one_action(shards):
-    client = shards.client
     ivy = customer_on(1, "IVY")
     sends = [lambda c, i=i: post_action(c, f"refund:ORD-I{i}:full:dec-7", refund_body(f"ORD-I{i}", customer=ivy,
                                                                                          decision="dec-7"))
@@ -189,26 +251,70 @@ def test_many_requests_at_once_for_a_new_customer_place_it_once_and_one_key_make
     assert {f"refund:ORD-I{i}:full:dec-7" for i in range(12)} <= keys_on(shards.stacks[1])
 
 
-def test_a_task_runs_on_its_customers_shard_and_is_read_back_through_the_router(shards):
+def test_a_customer_contested_between_two_shards_at_once_ends_on_one(shards):
+    """Half the requests name an order placed on shard 0 with a new customer whose hash says 1;
+    the other half name that customer with new orders. Whichever places the customer first, every
+    request the router lets through reaches that shard, and the rest are refused."""
+    client = shards.client
+    assert post_action(client, "refund:ORD-P0:full:dec-11", refund_body(
+        "ORD-P0", customer=customer_on(0, "PAM"), decision="dec-11")).status_code == 201
+    for round_no in range(3):
+        new = customer_on(1, f"PIA{round_no}")
+        sends = [lambda c, i=i: post_action(c, f"refund:ORD-P0:{new}:{i}", refund_body(
+                     "ORD-P0", "1.00", customer=new, decision=f"dec-{new}-{i}")) for i in range(6)]
+        sends += [lambda c, i=i: post_action(c, f"refund:ORD-P{round_no}{i}:full:{new}", refund_body(
+                      f"ORD-P{round_no}{i}", customer=new, decision="dec-11")) for i in range(1, 7)]
+
+        answers = send_together(shards.url, shards.token, sends)
+
+        through = {a.headers["Surety-Shard"] for a in answers if a.status_code != 409}
+        assert set(Counter(a.status_code for a in answers)) <= {201, 409}, [a.text for a in answers]
+        assert len(through) == 1 and through == {str(placed(shards, f"customer:{new}"))}, through
+
+
+def test_a_task_runs_on_its_customers_shard_and_is_read_back_through_the_router(shards, workers):
     client, (zero, one) = shards.client, shards.stacks
     jo = customer_on(1, "JO")
     sandbox_order(api_client(one.url, shards.token), "ORD-J1", jo)
-    one.start_worker()
 
     started = post_task(client, "refund-J1", refund_task_body("ORD-J1", customer=jo))
     done = wait_until(lambda: (t := client.get("/api/v1/tasks/refund-J1", params={"wait": 5}).json())["state"]
                       == "succeeded" and t, seconds=30, message="the task to succeed")
 
     assert (started.status_code, started.headers["Surety-Shard"]) == (201, "1")
-    assert done["task_id"] == "refund-J1"
     assert [r["order_id"] for r in sandbox_list(api_client(one.url, shards.token), "refunds", order_id="ORD-J1")] == ["ORD-J1"]
+    # The step's action was made by shard 1's worker under a key the router never placed.
+    step_key = done["steps"]["call_refund_api"]["idempotency_key"]
+    step = client.get(f"/api/v1/actions/{quote(step_key, safe='')}")
+    assert (step.status_code, step.headers["Surety-Shard"], step.json()["status"]) == (200, "1", "succeeded")
 
 
-def test_a_key_never_placed_is_answered_by_shard_zero_as_one_surety_answers_it(shards):
+def test_what_surety_refuses_the_router_passes_to_shard_zero_unplaced_and_it_answers_as_one_surety(shards):
+    client = shards.client
+    nested = b'{"target": ' + b"[" * 20_000 + b"]" * 20_000 + b"}"
+
+    answers = [
+        post_action(client, "refund:ORD-N1:full:dec-1", refund_body("ORD-N1", customer="NUL\x00")),
+        post_action(client, "refund:ORD-N2:full:dec-1", refund_body("ORD-N2", customer="C" * 256)),
+        post_action(client, "k" * 256, refund_body("ORD-N3", customer="CUST-N3")),
+        client.post("/api/v1/actions", content=nested, headers={"Idempotency-Key": "refund:ORD-N4",
+                                                                "Content-Type": "application/json"}),
+    ]
+
+    assert [(a.status_code, a.headers["Content-Type"], a.headers["Surety-Shard"]) for a in answers] == [
+        (400, "application/problem+json", "0")] * 4, [a.text[:200] for a in answers]
+    with psycopg.connect(shards.directory) as conn:
+        assert conn.execute("SELECT name FROM shard_placement WHERE name LIKE '%%ORD-N%%' "
+                            "OR name LIKE 'customer:C%%' AND length(name) > 200").fetchall() == []
+
+
+def test_a_key_never_placed_is_answered_404_by_every_shard_and_other_paths_are_not_routed(shards):
     missing = shards.client.get("/api/v1/actions/refund%3ANOPE%2Fslash")
+    console = shards.client.get("/metrics")
 
-    assert (missing.status_code, missing.headers["Content-Type"], missing.headers["Surety-Shard"]) == (
-        404, "application/problem+json", "0")
+    assert (missing.status_code, missing.headers["Content-Type"]) == (404, "application/problem+json")
+    assert (console.status_code, console.json()["code"]) == (404, "not_found")
+    assert "Surety-Shard" not in console.headers
 
 
 def test_a_names_shard_is_the_same_in_every_process_and_release():
