@@ -290,10 +290,11 @@ def server(django_db_setup, django_db_blocker):
 
 
 @contextmanager
-def serving(database_url, stderr=None, **env):
-    """gunicorn serving the app on `database_url`, with `env` over the stack's, as a Stack
-    whose workers and sweepers the test starts (all stopped with the server); its log goes to
-    `stderr` (a file) if given."""
+def serving(database_url, stderr=None, workers=2, threads=12, **env):
+    """gunicorn serving the app on `database_url` (`workers` processes of `threads` threads, each
+    thread a database connection), with `env` over the stack's, as a Stack whose workers and
+    sweepers the test starts (all stopped with the server); its log goes to `stderr` (a file) if
+    given."""
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
     env = {
@@ -303,7 +304,7 @@ def serving(database_url, stderr=None, **env):
     }
     process = subprocess.Popen(
         [PYTHON, "-m", "gunicorn", "config.wsgi", "--preload", "-b", f"127.0.0.1:{port}", "-k", "gthread",
-         "-w", "2", "--threads", "12", "--timeout", "60", "--log-level", "warning",
+         "-w", str(workers), "--threads", str(threads), "--timeout", "60", "--log-level", "warning",
          # Idle connections stay open (gunicorn's default is 2 s): tests that connect many
          # clients first and then send at once must not find some of them closed meanwhile.
          "--keep-alive", "30"],

@@ -63,12 +63,14 @@ def shards(django_db_setup, django_db_blocker):
             redis_server = OwnRedis()
             redis_server.start()
             running.callback(redis_server.stop)
-            stacks.append(running.enter_context(serving(url, REDIS_URL=redis_server.url)))
+            # Few threads: the suite's other workers run stacks of their own on the same server,
+            # and each thread holds a connection (max_connections is 100).
+            stacks.append(running.enter_context(serving(url, workers=1, threads=6, REDIS_URL=redis_server.url)))
             stacks[-1].database_url = url
         port = free_port()
         router = subprocess.Popen(
             [PYTHON, "-m", "gunicorn", "sharding.router:app", "-b", f"127.0.0.1:{port}", "-k", "gthread",
-             "--threads", "16", "--log-level", "warning"],
+             "--threads", "6", "--log-level", "warning"],
             cwd=ROOT, env={**os.environ, "SHARD_URLS": ",".join(s.url for s in stacks), "SHARD_DIRECTORY_URL": urls[2]},
             start_new_session=True)
         running.callback(_kill, router)
