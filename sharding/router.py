@@ -18,10 +18,11 @@ names placed so far and the shard each is on.
 - A request any of whose names is placed on another shard than the rest cannot keep those rules:
   it is refused, `409 shard_conflict`, and nothing is placed or written anywhere. (A room booked by
   customers of two shards is one: docs/scale.md says what bookings need.)
-- Placements are written in the transaction that forwards the request, and kept only if the shard
-  may have recorded it: a `4xx` records nothing (the contract's rule), so its placements are rolled
-  back, and an unauthenticated or refused request places nothing. Another request naming the same
-  names waits for that answer.
+- Placements are committed before the request is forwarded, so that whatever the shard records is
+  placed whatever happens to the router or its directory afterwards. A `4xx` records nothing (the
+  contract's rule), so the request then takes back the placements it made, unless another request
+  has leaned on them meanwhile (`used`, set in that request's own placing): an unauthenticated or
+  refused request pins nothing another request did not take up.
 - A request the router cannot read as the shard would (not JSON, a key or subject Surety refuses)
   goes to shard 0 unplaced, which answers it `400`, as one Surety would.
 
@@ -39,6 +40,7 @@ import hashlib
 import json
 import os
 import threading
+import uuid
 from decimal import Decimal
 from urllib.parse import unquote, urlsplit
 
@@ -54,9 +56,13 @@ MAX_BODY = 64 * 1024  # the API's own limit (API_MAX_BODY_BYTES)
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "upgrade", "te", "trailer",
               "accept-encoding", "content-encoding"}
 TIMEOUT = httpx.Timeout(35.0, connect=2.0)  # above a GET's longest ?wait=30
+# `owner`: the request that placed the name; `used`: another request was routed by it, so the owner
+# may no longer take it back.
 PLACEMENTS = """CREATE TABLE IF NOT EXISTS shard_placement (
     name text PRIMARY KEY,
     shard smallint NOT NULL CHECK (shard >= 0),
+    owner uuid NOT NULL,
+    used boolean NOT NULL DEFAULT false,
     placed_at timestamptz NOT NULL DEFAULT now())"""
 CREATING = 7_320_001  # an advisory lock: routers starting at once create the table in turn
 
@@ -86,7 +92,7 @@ def stored(value):
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise Unreadable(value)
     text = str(value).strip()
-    if len(text) > 255 or "\x00" in text:
+    if len(text) > 255 or "\x00" in text or any("\ud800" <= ch <= "\udfff" for ch in text):
         raise Unreadable(value)
     return text
 
@@ -105,11 +111,11 @@ def names(kind, key, body):
     return f"{kind}:{key}", subjects
 
 
-def place(conn, key_name, subjects, shards):
-    """The shard for a POST, its key and subjects placed there (in the caller's transaction): the
-    shard any of them is placed on (Conflict if two), else the first subject's hash, else shard 0.
-    Inserts that lose to another request's placing a name meanwhile are read again and decided
-    anew."""
+def place(conn, key_name, subjects, shards, owner):
+    """The shard for a POST, its key and subjects placed there by `owner`, committed: the shard any
+    of them is placed on (Conflict if two), else the first subject's hash, else shard 0. Names
+    others placed are marked used, so their owners cannot take them back. Inserts that lose to
+    another request's placing a name meanwhile, or names taken back meanwhile, are decided anew."""
     wanted = [key_name, *subjects]
     while True:
         with conn.transaction():
@@ -120,17 +126,25 @@ def place(conn, key_name, subjects, shards):
             shard = next(iter(placed.values()), None)
             if shard is None:
                 shard = hashed_shard(subjects[0], shards) if subjects else 0
+            # Locks them until this commits: an owner's taking back waits, then finds them used.
+            conn.execute("UPDATE shard_placement SET used = true WHERE name = ANY(%s) AND owner <> %s AND NOT used",
+                         [list(placed), owner])
             # In one order, so that two requests placing the same names wait rather than deadlock.
             for name in sorted(set(wanted) - placed.keys()):
-                conn.execute("INSERT INTO shard_placement (name, shard) VALUES (%s, %s) ON CONFLICT DO NOTHING",
-                             [name, shard])
+                conn.execute("INSERT INTO shard_placement (name, shard, owner) VALUES (%s, %s, %s) "
+                             "ON CONFLICT DO NOTHING", [name, shard, owner])
             now = dict(conn.execute("SELECT name, shard FROM shard_placement WHERE name = ANY(%s)",
                                     [wanted]).fetchall())
-            if set(now.values()) == {shard}:
+            if now.keys() == set(wanted) and set(now.values()) == {shard}:
                 return shard
-            # Another request placed one of these names elsewhere while this one looked: this
-            # one's placements are rolled back, and it decides again from what is placed now.
+            # Another request placed one of these names elsewhere, or took one back, while this
+            # one looked: this one's marks and placements are rolled back, and it decides again.
             raise psycopg.Rollback
+
+
+def take_back(conn, owner):
+    """A refused request's placements, unless another request was routed by them meanwhile."""
+    conn.execute("DELETE FROM shard_placement WHERE owner = %s AND NOT used", [owner])
 
 
 def problem(status, code, title, detail, headers=()):
@@ -169,8 +183,9 @@ class Router:
         # The path as sent, not WSGI's decoded PATH_INFO: a key's encoded "/" stays in the key.
         raw = environ.get("RAW_URI") or environ.get("REQUEST_URI") or environ["PATH_INFO"]
         path, method = urlsplit(raw).path, environ["REQUEST_METHOD"]
-        if not path.startswith(API):
-            return problem(404, "not_found", "Not found", "The shards' router serves the agents' API only.")
+        if not path.startswith(API) or not canonical(path):
+            return problem(404, "not_found", "Not found", "The shards' router serves the agents' API only, "
+                           "at paths written as Django routes them.")
         if int(environ.get("CONTENT_LENGTH") or 0) > MAX_BODY:
             return problem(400, "invalid", "Invalid request", f"The body is larger than {MAX_BODY // 1024} KiB.")
         request = Request(environ, path, environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0)))
@@ -187,20 +202,25 @@ class Router:
     def post(self, kind, request):
         try:
             wanted = names(kind, request.environ.get("HTTP_IDEMPOTENCY_KEY"),
-                           json.loads(request.body, parse_float=Decimal))
+                           json.loads(request.body.decode(), parse_float=Decimal, parse_constant=refuse))
         except (Unreadable, ValueError, RecursionError):
             return self.forward(0, request)
-        with self.directory.connection() as conn, conn.transaction():
+        owner = uuid.uuid4()
+        try:
+            with self.directory.connection() as conn:
+                shard = place(conn, *wanted, len(self.shards), owner)
+        except Conflict as exc:
+            placed = ", ".join(f"{name} on shard {shard}" for name, shard in sorted(exc.args[0].items()))
+            return problem(409, "shard_conflict", "The request's names are on two shards",
+                           f"This ledger is split by customer, and {placed}: no shard sees every action "
+                           "the same-subject hold must see. Nothing was recorded.")
+        answer = self.forward(shard, request)
+        if 400 <= answer[0] < 500:  # the shard recorded nothing: the request's placements go too
             try:
-                shard = place(conn, *wanted, len(self.shards))
-            except Conflict as exc:
-                placed = ", ".join(f"{name} on shard {shard}" for name, shard in sorted(exc.args[0].items()))
-                return problem(409, "shard_conflict", "The request's names are on two shards",
-                               f"This ledger is split by customer, and {placed}: no shard sees every action "
-                               "the same-subject hold must see. Nothing was recorded.")
-            answer = self.forward(shard, request)
-            if 400 <= answer[0] < 500:
-                raise psycopg.Rollback  # the shard recorded nothing: neither does the directory
+                with self.directory.connection() as conn:
+                    take_back(conn, owner)
+            except (psycopg.OperationalError, PoolTimeout):
+                pass  # left placed: pinned where nothing is recorded, which loses no effect
         return answer
 
     def read(self, name, request):
@@ -208,16 +228,25 @@ class Router:
             row = conn.execute("SELECT shard FROM shard_placement WHERE name = %s", [name]).fetchone()
         if row:
             return self.forward(row[0], request)
+        # Asked of each shard: the first that has it answers; a shard that fails leaves the
+        # answer unknown (its 5xx) rather than "not found".
+        missing = failed = None
         for shard in range(len(self.shards)):
             answer = self.forward(shard, request)
-            if answer[0] != 404:
+            if answer[0] >= 500:
+                failed = failed or answer
+            elif answer[0] == 404:
+                missing = missing or answer
+            else:
                 return answer
-        return answer
+        return failed or missing
 
     def forward(self, shard, request):
         url = self.shards[shard] + request.raw
         try:
-            answer = self.http.request(request.method, url, headers=request.headers(), content=request.body)
+            # The target exactly as sent: httpx would otherwise normalise the path it is given.
+            answer = self.http.request(request.method, url, headers=request.headers(), content=request.body,
+                                       extensions={"target": request.raw.encode()})
         except httpx.TransportError:
             # The shard may have recorded it: its placements are kept (the caller commits), and a
             # retry with the same key reaches the same shard, whose ledger answers it as any retry.
@@ -236,7 +265,8 @@ class Request:
         self.raw = path + (f"?{query}" if query else "")
 
     def headers(self):
-        headers = {name[5:].replace("_", "-").title(): value for name, value in self.environ.items()
+        # Values as the client's bytes (WSGI hands them over as latin-1 text).
+        headers = {name[5:].replace("_", "-").title(): value.encode("latin-1") for name, value in self.environ.items()
                    if name.startswith("HTTP_") and name[5:].replace("_", "-").lower() not in HOP_BY_HOP
                    and name != "HTTP_X_FORWARDED_FOR"}
         if self.environ.get("CONTENT_TYPE"):
@@ -245,6 +275,19 @@ class Request:
         if forwarded:
             headers["X-Forwarded-For"] = ", ".join(forwarded)
         return headers
+
+
+def canonical(path):
+    """Whether Django routes `path` as the router reads it: no dot segments, and nothing
+    percent-encoded outside a key (an encoded "actions" would reach the intake unplaced)."""
+    if {".", ".."} & set(path.split("/")):
+        return False
+    head = next((prefix for prefix in (ACTIONS + "/", TASKS + "/") if path.startswith(prefix)), path)
+    return "%" not in head
+
+
+def refuse(constant):
+    raise ValueError(f"{constant} is not JSON")
 
 
 def read_name(path):

@@ -7,8 +7,11 @@ sharded deployment is: the second database is a copy of the first made once the 
 Everything goes over real HTTP, and each assertion on placement reads the shards' own tables.
 """
 
+import io
+import json
 import os
 import subprocess
+import uuid
 from collections import Counter
 from contextlib import ExitStack
 from types import SimpleNamespace
@@ -19,7 +22,7 @@ import pytest
 from django.db import connection
 from psycopg import sql
 
-from sharding.router import hashed_shard
+from sharding.router import Router, hashed_shard, place, take_back
 from tests.conftest import PYTHON, ROOT, OwnRedis, _database_url, _kill, _wait_for_http, free_port, serving, wait_until
 from tests.factories import api_client, post_action, post_task, refund_body, refund_task_body, sandbox_list, \
     sandbox_order, send_together
@@ -187,12 +190,14 @@ def test_subjects_are_placed_as_the_shard_stores_them(shards):
     """The shard's serializer strips whitespace and takes a whole number as its digits: the same
     order or customer written so must reach the same shard."""
     client = shards.client
-    nia = customer_on(0, "NIA")
+    # A customer on shard 0 whose name as written, padded, would hash to shard 1.
+    nia = next(f"NIA-{i}" for i in range(200) if hashed_shard(f"customer:NIA-{i}", 2) == 0
+               and hashed_shard(f"customer: NIA-{i}", 2) == 1)
     number = next(n for n in range(100, 200) if hashed_shard(f"customer:{n}", 2) == 1)
     assert post_action(client, "refund:ORD-Q1:full:dec-9", refund_body("ORD-Q1", customer=nia,
                                                                        decision="dec-9")).status_code == 201
 
-    padded = post_action(client, "refund:ORD-Q1:full:dec-10", refund_body(" ORD-Q1 ", "5.00", customer=f" {nia}",
+    padded = post_action(client, "refund:ORD-Q2:full:dec-10", refund_body(" ORD-Q2 ", customer=f" {nia}",
                                                                           decision="dec-10"))
     as_number = post_action(client, "refund:ORD-R1:full:dec-9", refund_body("ORD-R1", customer=number,
                                                                             decision="dec-9"))
@@ -313,10 +318,73 @@ def test_what_surety_refuses_the_router_passes_to_shard_zero_unplaced_and_it_ans
 def test_a_key_never_placed_is_answered_404_by_every_shard_and_other_paths_are_not_routed(shards):
     missing = shards.client.get("/api/v1/actions/refund%3ANOPE%2Fslash")
     console = shards.client.get("/metrics")
+    # Paths Django would route to the intake, written so that the router would not see it.
+    # (Sent as written: httpx would otherwise resolve the dots itself.)
+    disguised = [shards.client.post("/api/v1/actions", json=refund_body("ORD-S1", customer="SAM"), headers={
+        "Idempotency-Key": f"refund:ORD-S1:{i}"}, extensions={"target": path}) for i, path in enumerate(
+            [b"/api/v1/%61ctions", b"/api/v1/x/../actions", b"/api/v1/./actions"])]
 
     assert (missing.status_code, missing.headers["Content-Type"]) == (404, "application/problem+json")
     assert (console.status_code, console.json()["code"]) == (404, "not_found")
     assert "Surety-Shard" not in console.headers
+    assert [(a.status_code, a.json()["code"]) for a in disguised] == [(404, "not_found")] * 3
+    assert not {k for k in keys_on(shards.stacks[0]) | keys_on(shards.stacks[1]) if k.startswith("refund:ORD-S1")}
+
+
+def test_headers_pass_as_their_bytes_and_a_lone_surrogate_is_refused_as_one_surety_refuses_it(shards):
+    client = shards.client
+    odd_agent = client.post("/api/v1/actions", json=refund_body("ORD-U1", customer=customer_on(0, "UMA")),
+                            headers={"Idempotency-Key": "refund:ORD-U1:full:dec-1", "User-Agent": b"caf\xc3\xa9"})
+    odd_key = client.post("/api/v1/actions", json=refund_body("ORD-U2", customer="UMA-X"),
+                          headers={"Idempotency-Key": b"refund:ORD-\xe9"})
+    surrogate = client.post("/api/v1/actions", content=json.dumps(refund_body("ORD-U3", customer="\ud800")),
+                            headers={"Idempotency-Key": "refund:ORD-U3:full:dec-1", "Content-Type": "application/json"})
+
+    assert (odd_agent.status_code, odd_agent.headers["Surety-Shard"]) == (201, "0")
+    assert (odd_key.status_code, odd_key.json()["code"], odd_key.headers["Surety-Shard"]) == (400, "invalid", "0")
+    assert (surrogate.status_code, surrogate.headers["Content-Type"], surrogate.headers["Surety-Shard"]) == (
+        400, "application/problem+json", "0")
+
+
+def test_a_refused_request_takes_back_only_the_placements_no_other_request_leaned_on(shards):
+    """The directory's own protocol, on its database: A places a key and a customer; B, for the
+    same customer, is routed by A's placement; A is then refused by its shard."""
+    a, b = uuid.uuid4(), uuid.uuid4()
+    with psycopg.connect(shards.directory, autocommit=True) as conn:
+        first = place(conn, "action:k-zoe-1", ["customer:ZOE"], 2, a)
+        second = place(conn, "action:k-zoe-2", ["customer:ZOE", "target:ORD-Z2"], 2, b)
+        take_back(conn, a)
+        left = dict(conn.execute("SELECT name, shard FROM shard_placement WHERE name LIKE %s OR name LIKE %s",
+                                 ["%zoe%", "%ZOE%"]).fetchall())
+
+    assert first == second == hashed_shard("customer:ZOE", 2)
+    assert left == {"customer:ZOE": first, "action:k-zoe-2": first}
+
+
+def test_a_key_is_read_from_the_shard_that_has_it_while_another_shard_does_not_answer(shards):
+    """A router whose shard 0 is an address nothing listens on: a key it never placed (an edited
+    version's, a step's) is still found on shard 1."""
+    client, one = shards.client, shards.stacks[1]
+    key = "refund:ORD-V1:full:dec-1"
+    assert post_action(client, key, refund_body("ORD-V1", customer=customer_on(1, "VAL"))).status_code == 201
+    router = Router([f"http://127.0.0.1:{free_port()}", one.url], shards.directory)
+
+    def get(key):
+        path = f"/api/v1/actions/{quote(key, safe='')}"
+        return router.route({"REQUEST_METHOD": "GET", "RAW_URI": path, "PATH_INFO": path, "QUERY_STRING": "",
+                             "HTTP_AUTHORIZATION": f"Bearer {shards.token}", "REMOTE_ADDR": "127.0.0.1",
+                             "wsgi.input": io.BytesIO()})
+
+    with psycopg.connect(shards.directory, autocommit=True) as conn:  # as if never placed here
+        conn.execute("DELETE FROM shard_placement WHERE name = %s", [f"action:{key}"])
+    try:
+        found, unknown = get(key), get(key + "~v9")
+    finally:
+        router.directory.close()
+
+    assert (found[0], dict(found[1])["Surety-Shard"]) == (200, "1")
+    # Not on shard 1, and shard 0 did not answer: not known, so not "not found".
+    assert unknown[0] == 503
 
 
 def test_a_names_shard_is_the_same_in_every_process_and_release():
