@@ -80,6 +80,11 @@ class Worker(SimpleWorker):
         self._until_redis_answers(super().run_maintenance_tasks)
         process = getattr(self.scheduler, "_process", None)
         if process is not None and not process.is_alive():
+            # RQ looks at the scheduler only once its first maintenance has cleaned the
+            # registries (it has just started one): a scheduler that an outage during that first
+            # maintenance ended would wait ten minutes. So it is looked at here too.
+            self._until_redis_answers(partial(self.scheduler.acquire_locks, auto_start=True))
+        if process is not None and not self.scheduler._process.is_alive():
             # Another worker took the lock and runs the scheduler: forget the dead one, or every
             # turn of the loop would run the maintenance again. RQ's own, every ten minutes,
             # still takes the lock over if that scheduler dies too.

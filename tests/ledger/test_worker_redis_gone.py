@@ -125,6 +125,28 @@ def test_while_another_worker_runs_the_scheduler_a_dead_one_is_forgotten_not_ask
     assert not worker.should_run_maintenance_tasks
 
 
+def test_a_scheduler_ended_during_the_first_maintenance_is_started_again_once_redis_answers(own_redis, worker):
+    """RQ looks at the scheduler only at a maintenance after the first: an outage that ended the
+    scheduler and failed the first maintenance left it dead for ten minutes (seen in a run of
+    the real worker below, when the test stopped Redis while the worker's first maintenance ran)."""
+    scheduler = a_dead_scheduler(worker)
+    worker.last_cleaned_at = None  # the first maintenance: it failed, so nothing is cleaned yet
+    own_redis.stop()
+    thread, outcome = in_a_thread(lambda w: w.run_maintenance_tasks(), worker)
+    time.sleep(1.5)
+    own_redis.start()
+    thread.join(15)
+    try:
+        assert outcome == ["done"]
+        assert scheduler._process is not None and scheduler._process.is_alive()
+        assert worker.connection.get(RQScheduler.get_locking_key("default")) == scheduler.name.encode()
+        assert not worker.should_run_maintenance_tasks
+    finally:
+        if scheduler._process is not None:
+            scheduler._process.kill()
+            scheduler._process.join()
+
+
 def test_a_stopping_worker_starts_no_scheduler(worker):
     a_dead_scheduler(worker)
     worker._stop_requested = True
