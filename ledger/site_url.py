@@ -15,7 +15,7 @@ from django.views.decorators.cache import never_cache
 from django.utils.crypto import constant_time_compare, salted_hmac
 from django.views.decorators.http import require_GET
 
-from .api.problems import problem_body
+from .api.wire import problem_body
 from .connectors import http
 
 _SALT = "surety.site_url.probe"

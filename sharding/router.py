@@ -26,10 +26,10 @@ names placed so far and the shard each is on.
 - A request the router cannot read as the shard would (not JSON, a key or subject Surety refuses)
   goes to shard 0 unplaced, which answers it `400`, as one Surety would.
 
-A name, once placed, never moves (no UPDATE here), so a placement read is true for good. Reads by
-key (`GET /api/v1/actions/{key}`, its `/evidence`, `/api/v1/tasks/{id}`) go to the key's shard; a
-key never placed here (a task's step, an edited version: their shard made them) is asked of each
-shard in turn. Anything else under `/api/v1/` goes to shard 0.
+A name, once placed, never moves (the directory's trigger refuses it), so a placement read is true
+for good. Reads by key (`GET /api/v1/actions/{key}`, its `/evidence`, `/api/v1/tasks/{id}`) go to
+the key's shard; a key never placed here (a task's step, an edited version: their shard made them)
+is asked of each shard in turn. Anything else under `/api/v1/` goes to shard 0.
 
 Configuration: `SHARD_URLS`, the shards' base URLs in shard order, comma-separated (their order is
 the hash's, so it never changes once names are placed); `SHARD_DIRECTORY_URL`, the directory's
@@ -48,7 +48,8 @@ import httpx
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-PROBLEM_TYPE = "https://surety.dev/problems/"
+from ledger.api.wire import problem_body, well_formed_key
+
 API, ACTIONS, TASKS = "/api/v1/", "/api/v1/actions", "/api/v1/tasks"
 MAX_BODY = 64 * 1024  # the API's own limit (API_MAX_BODY_BYTES)
 # Not passed on either way: they describe one connection, not the request. (httpx asks for and
@@ -57,13 +58,29 @@ HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length",
               "accept-encoding", "content-encoding"}
 TIMEOUT = httpx.Timeout(35.0, connect=2.0)  # above a GET's longest ?wait=30
 # `owner`: the request that placed the name; `used`: another request was routed by it, so the owner
-# may no longer take it back.
+# may no longer take it back. The database holds both rules: a row's only change is being marked
+# used, and only a row not used may be deleted (its owner's taking back).
 PLACEMENTS = """CREATE TABLE IF NOT EXISTS shard_placement (
     name text PRIMARY KEY,
     shard smallint NOT NULL CHECK (shard >= 0),
     owner uuid NOT NULL,
     used boolean NOT NULL DEFAULT false,
-    placed_at timestamptz NOT NULL DEFAULT now())"""
+    placed_at timestamptz NOT NULL DEFAULT now());
+CREATE OR REPLACE FUNCTION shard_placement_kept() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'UPDATE' AND NEW.used AND (NEW.name, NEW.shard, NEW.owner, NEW.placed_at)
+                                         = (OLD.name, OLD.shard, OLD.owner, OLD.placed_at) THEN
+        RETURN NEW;
+    END IF;
+    IF TG_OP = 'DELETE' AND NOT OLD.used THEN
+        RETURN OLD;
+    END IF;
+    RAISE EXCEPTION USING MESSAGE = 'a placement never moves, and one a request was routed by stays: '
+                                    || TG_OP || ' of ' || OLD.name || ' refused',
+                          ERRCODE = 'insufficient_privilege';
+END $$;
+CREATE OR REPLACE TRIGGER shard_placement_kept BEFORE UPDATE OR DELETE ON shard_placement
+    FOR EACH ROW EXECUTE FUNCTION shard_placement_kept()"""
 CREATING = 7_320_001  # an advisory lock: routers starting at once create the table in turn
 
 
@@ -78,10 +95,6 @@ class Unreadable(Exception):
 def hashed_shard(name, shards):
     """A name's shard by hash: stable across processes and releases (not Python's hash())."""
     return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "big") % shards
-
-
-def well_formed_key(key):
-    return key is not None and 1 <= len(key) <= 255 and all(" " <= ch <= "~" for ch in key)
 
 
 def stored(value):
@@ -148,7 +161,7 @@ def take_back(conn, owner):
 
 
 def problem(status, code, title, detail, headers=()):
-    body = {"type": PROBLEM_TYPE + code, "title": title, "status": status, "detail": detail, "code": code}
+    body = problem_body(status, code, title, detail)
     return status, [("Content-Type", "application/problem+json"), *headers], json.dumps(body).encode()
 
 
@@ -297,7 +310,10 @@ def read_name(path):
         key = path.removeprefix(prefix)
         if key != path and key:
             # An encoded "/" is in the key; a literal one before "evidence" is the evidence's path.
-            return f"{kind}:{unquote(key.removesuffix('/evidence') if kind == 'action' else key)}"
+            key = unquote(key.removesuffix("/evidence") if kind == "action" else key)
+            # A key Surety refuses (a NUL, which PostgreSQL's text cannot hold) is never placed:
+            # shard 0 answers it.
+            return f"{kind}:{key}" if well_formed_key(key) else None
     return None
 
 

@@ -9,10 +9,7 @@ from rest_framework.throttling import BaseThrottle
 from ledger.compiled import register_cache
 from ledger.models import Agent
 
-
-def well_formed_key(key):
-    """An operation key (Idempotency-Key): 1 to 255 printable ASCII characters."""
-    return key is not None and 1 <= len(key) <= 255 and all(" " <= ch <= "~" for ch in key)
+from .wire import well_formed_key
 
 
 class AgentTokenAuthentication(authentication.BaseAuthentication):

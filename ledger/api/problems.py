@@ -11,7 +11,7 @@ from rest_framework import exceptions, status
 from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 
-PROBLEM_TYPE = "https://surety.dev/problems/"
+from .wire import problem_body
 
 # DRF's exception classes -> the stable `code` of the contract.
 _CODES = {
@@ -37,13 +37,6 @@ class Problem(exceptions.APIException):
         self.problem_code = code
         self.title = title
         self.errors = errors
-
-
-def problem_body(status_code, code, title, detail, errors=None):
-    body = {"type": PROBLEM_TYPE + code, "title": title, "status": status_code, "detail": detail, "code": code}
-    if errors:
-        body["errors"] = errors
-    return body
 
 
 def _messages(detail):

@@ -18,7 +18,7 @@ from django.views.defaults import server_error as django_server_error
 
 from ledger import outages
 
-from .problems import problem_body
+from .wire import problem_body
 
 _REQUESTS_OUTAGE = outages.Outage("requests", logging.getLogger("surety.requests"))
 

@@ -18,7 +18,7 @@ from ledger.resources import checkpoint
 from ledger.retention import KEY_EXPIRES_HEADER, ArchivedKey, ArchivedTask, KeyExpired, key_expired, key_expires_at, rfc3339
 from ledger.tasks import task_request
 
-from .auth import well_formed_key
+from .wire import well_formed_key
 from .evidence_schema import evidence_record_serializer
 from .openapi import (
     ACTION_REQUEST, COMMON_PROBLEMS, KEY_EXPIRED, KEY_EXPIRES, KEY_HEADER, PROBLEM_JSON, REPLAYED, RETRY_AFTER,

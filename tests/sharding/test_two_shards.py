@@ -317,6 +317,7 @@ def test_what_surety_refuses_the_router_passes_to_shard_zero_unplaced_and_it_ans
 
 def test_a_key_never_placed_is_answered_404_by_every_shard_and_other_paths_are_not_routed(shards):
     missing = shards.client.get("/api/v1/actions/refund%3ANOPE%2Fslash")
+    malformed = [shards.client.get(f"/api/v1/{path}") for path in ("actions/%00", "tasks/caf%C3%A9")]
     console = shards.client.get("/metrics")
     # Paths Django would route to the intake, written so that the router would not see it.
     # (Sent as written: httpx would otherwise resolve the dots itself.)
@@ -325,6 +326,8 @@ def test_a_key_never_placed_is_answered_404_by_every_shard_and_other_paths_are_n
             [b"/api/v1/%61ctions", b"/api/v1/x/../actions", b"/api/v1/./actions"])]
 
     assert (missing.status_code, missing.headers["Content-Type"]) == (404, "application/problem+json")
+    # Keys Surety refuses are not looked up (PostgreSQL's text holds no NUL): shard 0 answers them.
+    assert [(a.status_code, a.headers["Surety-Shard"]) for a in malformed] == [(404, "0")] * 2
     assert (console.status_code, console.json()["code"]) == (404, "not_found")
     assert "Surety-Shard" not in console.headers
     assert [(a.status_code, a.json()["code"]) for a in disguised] == [(404, "not_found")] * 3
@@ -359,6 +362,13 @@ def test_a_refused_request_takes_back_only_the_placements_no_other_request_leane
 
     assert first == second == hashed_shard("customer:ZOE", 2)
     assert left == {"customer:ZOE": first, "action:k-zoe-2": first}
+    # The database holds both rules, whoever writes.
+    with psycopg.connect(shards.directory, autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="never moves"):
+            conn.execute("UPDATE shard_placement SET shard = 1 - shard WHERE name = 'customer:ZOE'")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="customer:ZOE"):
+            conn.execute("DELETE FROM shard_placement WHERE name = 'customer:ZOE'")
+        assert conn.execute("DELETE FROM shard_placement WHERE name = 'action:k-zoe-2'").rowcount == 1  # not used
 
 
 def test_a_key_is_read_from_the_shard_that_has_it_while_another_shard_does_not_answer(shards):
