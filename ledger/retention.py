@@ -36,25 +36,31 @@ def rfc3339(moment):
 
 
 class KeyExpired(Exception):
-    """A request under a key past its lifetime (`expires_at`), or whose action was archived."""
+    """A request under a key whose action (or task) was archived: `expires_at`, and `agent_id`,
+    the agent whose key it was (to any other, the key stays another agent's: 422, decision 42)."""
 
-    def __init__(self, key, expires_at):
+    def __init__(self, key, expires_at, agent_id):
         super().__init__(key)
         self.key = key
         self.expires_at = expires_at
+        self.agent_id = agent_id
 
 
 def archived_key_expired(key):
-    return KeyExpired(key, ArchivedKey.objects.get(operation_key=key).expires_at)
+    archived = ArchivedKey.objects.get(operation_key=key)
+    return KeyExpired(key, archived.expires_at, archived.agent_id)
 
 
 def archived_task_expired(task_id):
-    return KeyExpired(task_id, ArchivedTask.objects.get(task_id=task_id).expires_at)
+    archived = ArchivedTask.objects.get(task_id=task_id)
+    return KeyExpired(task_id, archived.expires_at, archived.agent_id)
 
 
 def refused_as_archived(exc):
-    """Whether the database refused an insert because its key was archived."""
-    return KEY_ARCHIVED in str(exc)
+    """Whether the database refused an insert because its key was archived: the rule's message
+    starts with KEY_ARCHIVED. Not "contains": a unique violation quotes the value it refused,
+    and a key or decision may hold those very words."""
+    return str(exc).startswith(KEY_ARCHIVED)
 
 
 class Archive(models.Model):

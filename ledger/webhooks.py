@@ -1,7 +1,7 @@
 """Inbound provider events: verified first, stored once by event id, then acted on.
 
 A redelivered event finds its id taken and does nothing. An event that names an operation
-key settles that action if its outcome is still open (`unknown` or `needs_review`), the
+key settles that action, if the connector it came to serves it, and if its outcome is still open (`unknown` or `needs_review`), the
 event kept in its evidence; above its limit, an `unknown` one goes to a person instead. A
 connector's reader refuses an event type it does not know (the sandbox's: one not in
 SETTLING), and every refusal is logged.
@@ -19,7 +19,7 @@ from django.views.decorators.http import require_POST
 from . import hooks
 from .connectors import NoConnector, connector_for
 from .connectors.events import WebhookRefused
-from .connectors.test_mode import NoTestMode, is_replay_action, test_connector_for
+from .connectors.test_mode import NoTestMode, connector_for_action, is_replay_action, test_connector_for
 from .json_input import loads_storable
 from .models import Action, ActionStatus, WebhookClaim, WebhookEvent, named_operation_key
 from .signing import sign_webhook, signature_valid  # noqa: F401 (sign_webhook is imported from here too)
@@ -117,6 +117,15 @@ def webhook_receive(request, connector):
     return JsonResponse({"received": True, "outcome": stored.outcome})
 
 
+def _serves(connector, action):
+    """Whether `connector`, whose reader verified the event, serves `action`: one connector's
+    secret (the sandbox's has a development default) must never settle another's effects."""
+    try:
+        return connector_for_action(action).name == connector
+    except (NoConnector, NoTestMode, ImportError, TypeError, ValueError):
+        return False
+
+
 def _settle(connector, event_type, data, event_id, *, test_mode=False):
     if event_type not in SETTLING or not isinstance(data, dict):
         return "ignored"
@@ -124,6 +133,9 @@ def _settle(connector, event_type, data, event_id, *, test_mode=False):
     if not key:
         return "nothing to settle"
     action = Action.objects.select_for_update().filter(operation_key=key).first()
+    if action is not None and not _serves(connector, action):
+        logger.warning("a %s event names %s, which another connector serves: not applied", connector, key)
+        return f"not applied: {key} is not served by {connector}"
     if test_mode and action is not None and not is_replay_action(action):
         return f"a test-mode event: not applied to {key}, which is not a replay run's"
     if action is not None and action.status == ActionStatus.SUCCEEDED and not SETTLING[event_type]:

@@ -11,8 +11,10 @@ import pytest
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
-from ledger.models import Action, ArchivedKey, AuditEvent, Task
-from tests.factories import agent_api, make_action, post_action, post_task, refund_body, refund_task_body
+from ledger.models import Action, ArchivedKey, ArchivedTask, AuditEvent, Task
+from ledger.retention import rfc3339
+from tests.factories import (agent_api, make_action, make_agent_on, message_body, post_action, post_action_in_process,
+                             post_task, refund_body, refund_task_body)
 
 KEY = "refund:ORD-8841:dec-77"
 HEADER = "Idempotency-Key-Expires"
@@ -118,3 +120,51 @@ def test_the_document_publishes_the_lifetime_and_the_410(stack):
         assert "operation_key_expired" in create["responses"]["410"]["description"]
         assert HEADER in document["paths"][read]["get"]["responses"]["200"]["headers"]
     assert "410" in document["paths"]["/api/v1/actions/{operation_key}"]["get"]["responses"]
+
+
+def test_an_archived_key_answers_410_whatever_the_body(stack):
+    """Refused before the intake (its body, its grant) or not, a request under an archived key
+    is told the key is spent: a retry with a mangled body must not read as a request to fix."""
+    created = datetime.now().astimezone() - lifetime() - timedelta(days=3)
+    with agent_api(stack.url, name="refunds-only", grants=("refund",)) as api:
+        ArchivedKey.objects.create(operation_key=KEY, agent=api.agent, created_at=created, archive_sha256="0" * 64)
+        ArchivedTask.objects.create(task_id="task-1", agent=api.agent, created_at=created, archive_sha256="0" * 64)
+
+        assert_expired(post_action(api, KEY, {"action_type": "refund"}))  # invalid: no target, no params
+        assert_expired(post_action(api, KEY, message_body()))  # not granted: 403 under a new key
+        assert post_action(api, "message:ada:dec-1", message_body()).status_code == 403
+        assert_expired(post_task(api, "task-1", {"workflow": "refund"}))  # invalid: no input
+        assert post_task(api, "task-2", {"workflow": "refund"}).status_code == 400
+    assert not Action.objects.exists() and not Task.objects.exists()
+
+
+def test_another_agents_archived_key_tells_nothing_of_it(api, stack):
+    """Decision 42: another agent's key is `422`, expired or not, archived or not; the `410`
+    would say that the key was used, and until when."""
+    created = datetime.now().astimezone() - lifetime() - timedelta(days=3)
+    ArchivedKey.objects.create(operation_key=KEY, agent=api.agent, created_at=created, archive_sha256="0" * 64)
+    ArchivedTask.objects.create(task_id="task-1", agent=api.agent, created_at=created, archive_sha256="0" * 64)
+    with agent_api(stack.url, name="other") as other:
+        for answer in (post_action(other, KEY, refund_body()), post_task(other, "task-1", refund_task_body()),
+                       post_action(other, KEY, {"action_type": "refund"})):
+            assert (answer.status_code, answer.json()["code"]) in {(422, "idempotency_key_reused"), (400, "invalid")}
+            assert rfc3339(created + lifetime()) not in answer.text
+        assert other.get(f"/api/v1/actions/{KEY}").status_code == 404
+    assert not Action.objects.exists() and not Task.objects.exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("key, first, again, status", [
+    ("refund:operation_key_archived:dec-1", refund_body(), refund_body(amount="30.00"), 422),
+    ("refund:operation_key_archived:dec-2", refund_body(), refund_body(amount="25"), 200),
+])
+def test_a_key_that_reads_like_the_archive_rule_is_a_key_like_any_other(client, key, first, again, status):
+    """The database's rule for archived keys raises a message of its own; a unique violation
+    quotes the key it refused, and a key may hold the same words: a 500 once."""
+    make_agent_on(client)
+    assert post_action_in_process(client, key, first).status_code == 201
+    assert post_action_in_process(client, key, again).status_code == status
+    body = refund_body(decision="operation_key_archived")
+    assert post_action_in_process(client, "refund:A:1", body).status_code == 201
+    assert post_action_in_process(client, "refund:A:2", body).status_code == 200  # the same refund, its first key
+    assert Action.objects.count() == 2

@@ -255,3 +255,17 @@ def test_the_migration_gives_events_stored_before_it_the_key_their_payload_names
                                 payload={"id": "evt_other", "type": "refund.succeeded", "data": {"metadata": {}}})
     backfill(django_apps, None)
     assert dict(WebhookEvent.objects.values_list("event_id", "operation_key")) == {"evt_old": KEY, "evt_other": ""}
+
+
+def test_an_event_settles_only_an_action_its_connector_serves(client, agent, settings):
+    """The sandbox's secret has a development default: an event it signs must not settle a
+    refund that Stripe serves (a forged success would close an outcome nobody proved)."""
+    settings.SURETY_CONNECTORS = {**settings.SURETY_CONNECTORS, "refund": {
+        "class": "ledger.connectors.stripe.StripeConnector",
+        "options": {"api_key": "sk_test_x", "api_base": "http://127.0.0.1:9", "webhook_secret": "whsec_live"}}}
+    action = make_action(agent, S.UNKNOWN, key=KEY)
+    answer = deliver(client, event(refund_id="re_forged"))
+    assert answer.status_code == 200 and answer.json()["outcome"].startswith("not applied")
+    action.refresh_from_db()
+    assert (action.status, action.external_ref) == (S.UNKNOWN, "")
+    assert WebhookEvent.objects.get(event_id="evt_1").outcome == answer.json()["outcome"]
