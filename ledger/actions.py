@@ -73,6 +73,16 @@ def _lock_subjects(target, customer):
             cursor.execute("SELECT ledger_lock_subjects(%s, %s)", [target, customer])
 
 
+def _try_lock_subjects(target, customer):
+    """The same locks, only if they are free now (ledger.dbrules.TRY_LOCK_SUBJECTS): for a
+    transaction that holds rows an intake may be waiting for. SQLite serialises writers."""
+    if connection.vendor != "postgresql":
+        return True
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT ledger_try_lock_subjects(%s, %s)", [target, customer])
+        return cursor.fetchone()[0]
+
+
 def _subjects(action):
     return [Q(target=action.target)] + ([Q(customer=action.customer)] if action.customer else [])
 
@@ -304,11 +314,13 @@ def held_release_when_settled(action, previous, actor, reason):
     one order close together must not both run because one of them was let through. A failure
     that may still be retried keeps what it held: it may run again.
 
-    This runs holding the settled row's lock, while the intake takes the subjects' locks first
-    and the rows after: waiting here for either could deadlock with it. So the held rows are
-    taken with NOWAIT, and one that is busy stays held for a person (its page says that nothing
-    holds it any more). No subject lock is needed: a request inserted meanwhile is held by the
-    database either way, by this action while it is in flight or by the one released."""
+    Whether anything else holds it is asked under its subjects' locks, as the intake asks: two
+    settles at once, each releasing an action held on one customer, would otherwise each see
+    the other's still held and let both run. This runs holding the settled row's lock, while
+    the intake takes the subjects' locks first and the rows after: waiting here for either
+    could deadlock with it. So the held row is taken with NOWAIT and its subjects' locks only
+    if free; one that is busy stays held, for what is in flight on its subjects to release when
+    it settles, or for a person (its page says when nothing holds it any more)."""
     if action.status not in SETTLED or action.is_retryable_failure or previous == S.HELD:
         return
     if not action.held_nearby:  # the settle's own statement saw none held on its subjects
@@ -323,6 +335,13 @@ def held_release_when_settled(action, previous, actor, reason):
                 held = Action.objects.select_for_update(nowait=True).get(pk=held.pk, status=S.HELD)
         except (DatabaseError, Action.DoesNotExist):
             logger.info("%s is busy or moved on: left held for a person", held.operation_key)
+            continue
+        if not _try_lock_subjects(held.target, held.customer):
+            # Another transaction works on its subjects now: a settle releasing another action
+            # held on them (two settles, each seeing the other's released action still held,
+            # would let both run on one customer) or an intake. What it leaves in flight holds
+            # this one, and releases it when it settles.
+            logger.info("%s: its target or customer is busy: left held", held.operation_key)
             continue
         holders = [a for subject in _subjects(held)
                    for a in Action.objects.filter(subject, status__in=IN_FLIGHT_STATUSES).exclude(pk=held.pk)

@@ -64,6 +64,20 @@ BEGIN
          ORDER BY 1) AS keys;
 END """)
 
+# The same locks, taken only if free at once (true), or none of them kept waiting (false): for
+# a transaction that already holds rows the intake may wait for (a settle releasing the actions
+# it held, ledger.actions.held_release_when_settled), where waiting could deadlock. A lock taken
+# before another is found busy stays until the transaction ends: harmless, it is held briefly.
+TRY_LOCK_SUBJECTS = Function("ledger_try_lock_subjects(p_target text, p_customer text) RETURNS boolean", """
+BEGIN
+    RETURN (SELECT bool_and(pg_try_advisory_xact_lock(k)) FROM (
+        SELECT DISTINCT hashtextextended(s, 0) AS k
+          FROM unnest(ARRAY['target:' || p_target,
+                            CASE WHEN p_customer <> '' THEN 'customer:' || p_customer END]) AS s
+         WHERE s IS NOT NULL
+         ORDER BY 1) AS keys);
+END """)
+
 # The same-object rule on insert: a not-yet-started action is stored `held` while another
 # action on its target or customer is in flight (ledger.actions.action_request reads back
 # the status it was stored with).
@@ -236,7 +250,7 @@ BEGIN
     RETURN {held_nearby("p_id", "p_target", "p_customer")};
 END """)
 
-RULES = [LOCK_SUBJECTS, SAME_SUBJECT, REQUEUE_SAME_SUBJECT, AUDIT_APPEND_ONLY, SUPERSEDED_HAS_VERSION,
+RULES = [LOCK_SUBJECTS, TRY_LOCK_SUBJECTS, SAME_SUBJECT, REQUEUE_SAME_SUBJECT, AUDIT_APPEND_ONLY, SUPERSEDED_HAS_VERSION,
          CHECKPOINT_APPEND_ONLY, SAME_SUBJECT_SQLITE, REQUEUE_SAME_SUBJECT_SQLITE, AUDIT_NO_UPDATE_SQLITE,
          AUDIT_NO_DELETE_SQLITE, CHECKPOINT_NO_UPDATE_SQLITE, CHECKPOINT_NO_DELETE_SQLITE,
          ARCHIVED_KEY_REFUSED, ARCHIVED_KEY_REFUSED_SQLITE, ARCHIVED_TASK_REFUSED, ARCHIVED_TASK_REFUSED_SQLITE,

@@ -2,8 +2,12 @@
 transaction (released, or kept held with the new reason); a person decides a whole group in
 one interaction; two requests for one order close together end with exactly one effect."""
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 from django.contrib.auth import get_user_model
+from django.db import connection, transaction
 
 from approvals.decisions import DecisionRefused, held_group, held_group_decide
 from approvals.models import ReviewItem, ReviewKind, ReviewStatus
@@ -77,6 +81,39 @@ def test_a_held_one_on_the_same_customer_is_released_when_the_holder_settles(age
 
 
 @pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
+def test_two_settles_at_once_release_one_action_of_a_customer_not_two(agent):
+    """H2 waits for A (its order), H4 for B (its order); both are for customer D. A and B settle
+    at the same moment: each settle, on its own, would see the other's held action still held
+    (which holds nothing) and release its own, and two actions for D would run at once. The
+    release is decided under the held action's subjects' locks: one goes, the other stays held
+    behind it."""
+    a, b = running(refund(agent, "a", "ORD-T", "CUST-X")), running(refund(agent, "b", "ORD-F", "CUST-Y"))
+    h2, h4 = refund(agent, "h2", "ORD-T", "CUST-D"), refund(agent, "h4", "ORD-F", "CUST-D")
+    assert (status(h2), status(h4)) == (S.HELD, S.HELD)
+    both_settled = threading.Barrier(2, timeout=20)
+
+    def settle(action):
+        try:
+            with transaction.atomic():  # both hold what they did until both have done it
+                action.mark_succeeded(actor="system:executor", external_ref=f"re_{action.pk}", claim=action.fence)
+                both_settled.wait()
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(settle, (a, b)))
+    assert {status(h2), status(h4)} == {S.QUEUED, S.HELD}
+    released, left = (h2, h4) if status(h2) == S.QUEUED else (h4, h2)
+    released = running(released)
+    released.mark_succeeded(actor="system:executor", external_ref="re_released", claim=released.fence)
+    # Once the one let through has settled, the one left is looked at again: a group's rest
+    # waits for a person then (see the held group tests below), with an open item saying so.
+    [still] = audit_events(left, "still_held")
+    assert status(left) == S.HELD and still.reason.startswith(f"{released.operation_key}, released")
+    assert ReviewItem.objects.filter(action=left, status=ReviewStatus.OPEN).exists()
+
+
 def test_actions_without_a_customer_do_not_hold_each_other_by_it(agent):
     holder = running(refund(agent, "r1", order="ORD-1"))
     held = refund(agent, "r2", order="ORD-1")
