@@ -30,6 +30,7 @@ from .connectors.base import write_permit
 from .connectors.test_mode import connector_for_action, is_replay_action
 from .grants import grant_lapsed
 from .jobs import drain
+from .json_input import storable
 from .models import Action, ActionStatus, Agent, InvalidTransition, StaleClaim, TaskState
 from .retry import backoff_until
 
@@ -209,6 +210,12 @@ def action_runnable_exists():
 
 
 def _settle(transition, **kwargs):
+    # What the provider answered (the result, the reference, its messages in the evidence) is
+    # made storable first: an answer PostgreSQL refuses (a NUL) would fail the settle after the
+    # effect, and every verification after it the same way, and the action would never settle.
+    kwargs = {name: storable(value) for name, value in kwargs.items()}
+    if "external_ref" in kwargs:
+        kwargs["external_ref"] = kwargs["external_ref"][:255]  # the column's size; a reference is far shorter
     try:
         return transition(**kwargs)
     except StaleClaim:

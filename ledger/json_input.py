@@ -1,4 +1,4 @@
-"""JSON from outside, parsed into what PostgreSQL can store.
+"""JSON from outside, parsed into what PostgreSQL can store (or refused), or mended to fit.
 
 `json.loads` accepts NaN, Infinity, 1e400 (a float infinity), "\\u0000" and a lone surrogate
 ("\\ud800"); jsonb and text columns refuse them, and a lone surrogate cannot even be encoded to
@@ -31,3 +31,25 @@ def loads_storable(raw):
         elif isinstance(value, list):
             pending.extend(value)
     return data
+
+
+SURROGATES = range(0xD800, 0xE000)
+
+
+def storable(value):
+    """`value`, parsed from a provider's answer, with what PostgreSQL cannot store replaced: a
+    NUL or a lone surrogate in a string (or a key) by U+FFFD, a number that is not finite by its
+    text. Not refused, as a request is: the answer tells of an effect that may already be made,
+    and it must be recorded, as near to what came as the columns allow."""
+    if isinstance(value, str):
+        value = value.replace("\x00", "\ufffd")
+        if not value.isascii() and any(ord(c) in SURROGATES for c in value):
+            value = "".join("\ufffd" if ord(c) in SURROGATES else c for c in value)
+        return value
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {storable(k): storable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [storable(v) for v in value]
+    return value

@@ -237,6 +237,20 @@ def test_an_answer_that_cannot_be_read_leaves_the_outcome_unknown_with_the_evide
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("jobs_to_test_redis")
+def test_an_answer_postgresql_cannot_store_is_recorded_mended_once_the_effect_is_made(http_refunds):
+    """A NUL, a lone surrogate and an infinity in the service's 2xx: the effect is made, so it
+    is recorded, mended to what the columns take. Stored as it came, the settle failed after the
+    effect, and every verification after it the same way: the action never settled."""
+    http_refunds.script.append(("garble", ("200 OK", '{"id": "eff_\\u0000", "note": "a\\ud800b", "n": 1e400}')))
+    action = run_once(request_refund("refund:ORD-32:full:dec-32", "ORD-32"))
+
+    assert action.status == "succeeded"
+    assert (action.external_ref, action.result) == ("eff_\ufffd", {"id": "eff_\ufffd", "note": "a\ufffdb", "n": "inf"})
+    assert http_refunds.effects() == [action.operation_key]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("jobs_to_test_redis")
 def test_a_wrong_secret_fails_the_action_for_good_and_the_service_stores_nothing(http_refunds, settings):
     settings.SURETY_CONNECTORS = {**settings.SURETY_CONNECTORS, "refund": {
         "class": "ledger.connectors.signed_http.SignedHttpConnector", "options": http_refunds.options("wrong")}}
