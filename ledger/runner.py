@@ -121,6 +121,12 @@ def _drive(task, claim, row, spec):
                              code="idempotency_key_reused") from None
         except Refused as exc:
             raise StepFailed(f"{row.idempotency_key} was refused: {exc}", retryable=False, code=exc.code) from None
+        if action.task_id != task.pk:
+            # Recorded under the step's key outside this task (by another agent, who guessed the
+            # task's id): not this step's effect, whatever its params. Adopting it would finish
+            # the task on someone else's grant, approvals and provider reference.
+            raise StepFailed(f"{row.idempotency_key} names an action recorded outside this task", retryable=False,
+                             code="idempotency_key_reused")
     if action.status == A.SHADOW:
         raise StepFailed(f"{row.idempotency_key} was recorded shadow, never executed: {task.agent}'s grant for "
                          f"{spec.action_type} is not live", retryable=False, code="shadow")

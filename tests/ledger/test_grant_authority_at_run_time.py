@@ -70,6 +70,23 @@ def test_a_workflow_grant_gives_no_authority_over_its_steps_action_types(db, set
     assert not Action.objects.filter(task=task).exists()
 
 
+def test_a_step_never_takes_an_action_recorded_outside_its_task(db, settings):
+    """Task ids are often guessable (`task:refund:<order>:<decision>`), and so its steps' keys:
+    another agent that records the step's key first, with the very params, must not have its
+    action taken for the task's (its grant, its approvals, its reference)."""
+    settings.SANDBOX_BASE_URL = "http://127.0.0.1:9/sandbox/v1"  # never reached: the look-up is done below
+    agent, other = make_agent("billing", grants=("refund",))[0], make_agent("squatter", grants=("refund",))[0]
+    task, _ = task_request(agent=agent, task_id="refund-q1", workflow="refund", input=refund_input("ORD-Q1", "C-Q1"))
+    task.steps.filter(name="lookup_order").update(status="done", result={"order_id": "ORD-Q1"})
+    squatted, _ = action_request(agent=other, operation_key="refund-q1:call_refund_api:v1", action_type="refund",
+                                 target="ORD-Q1", customer="C-Q1", params={"amount": "25.00", "currency": "EUR"})
+
+    task = task_run(task_claim_next("tests:1", only=task.pk))
+    assert (task.state, task.last_error["code"]) == (TaskState.FAILED, "idempotency_key_reused")
+    assert "outside this task" in task.last_error["message"]
+    assert Action.objects.get(pk=squatted.pk).task_id is None and not Action.objects.filter(task=task).exists()
+
+
 def test_a_step_whose_action_succeeded_before_a_revoke_goes_on_from_it(db, settings, jobs_to_test_redis):
     settings.SANDBOX_BASE_URL = "http://127.0.0.1:9/sandbox/v1"  # the refund is settled below, by hand
     agent, _ = make_agent("billing", grants=("refund", "send_message"))
