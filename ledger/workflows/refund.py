@@ -1,5 +1,7 @@
 """The refund workflow: look the order up, refund it, record it, tell the customer."""
 
+from urllib.parse import quote
+
 from django.conf import settings
 from rest_framework import serializers
 
@@ -10,19 +12,27 @@ from ledger.models import ActionType, Confirmation
 from . import ActionSpec, StepFailed, Workflow, effect, local, read
 
 
-class RefundInput(PayableAmount, StrictSerializer):
-    """Checked as a refund's params are: an amount the refund's connector can pay, in canonical form."""
+# Where the confirmation goes without `notify`: the customer at this domain.
+CUSTOMERS_AT = "@customers.surety.example"
+TARGET_LENGTH = 255  # an action's target (the recipient, the order) and customer columns
 
-    order_id = serializers.CharField(max_length=255)
+
+class RefundInput(PayableAmount, StrictSerializer):
+    """Checked as a refund's params are: an amount the refund's connector can pay, in canonical form.
+    Every field fits the actions the steps record from it, so that no step fails on it after the
+    refund was made (a customer is also the recipient's name, before CUSTOMERS_AT)."""
+
+    order_id = serializers.CharField(max_length=TARGET_LENGTH)
     amount = AmountField()
     currency = CurrencyField()
-    customer = serializers.CharField(max_length=255)
+    customer = serializers.CharField(max_length=TARGET_LENGTH - len(CUSTOMERS_AT))
     reason = serializers.CharField(max_length=500, required=False, allow_blank=True)
-    notify = serializers.EmailField(required=False, help_text="where to send the confirmation")
+    notify = serializers.EmailField(required=False, max_length=TARGET_LENGTH, help_text="where to send the confirmation")
 
 
 def lookup_order(ctx):
-    url = f"{settings.SANDBOX_BASE_URL.rstrip('/')}/orders/{ctx.input['order_id']}"
+    # Quoted whole: an id with "#" or "/" in it would look up another order than the one refunded.
+    url = f"{settings.SANDBOX_BASE_URL.rstrip('/')}/orders/{quote(ctx.input['order_id'], safe='')}"
     try:
         order = http.call("GET", url, headers={"Authorization": f"Bearer {settings.SANDBOX_API_KEY}"})
     except http.Rejected as exc:
@@ -52,7 +62,7 @@ def write_confirmation(ctx, key):
 
 
 def notify_customer(ctx):
-    recipient = ctx.input.get("notify") or f"{ctx.input['customer'].lower()}@customers.surety.example"
+    recipient = ctx.input.get("notify") or f"{ctx.input['customer'].lower()}{CUSTOMERS_AT}"
     body = (f"We refunded {ctx.input['amount']} {ctx.input['currency']} for order {ctx.input['order_id']} "
             f"(reference {ctx.results['call_refund_api']['external_ref']}).")
     return ActionSpec(ActionType.SEND_MESSAGE, recipient,

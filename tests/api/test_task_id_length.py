@@ -37,3 +37,15 @@ def test_it_takes_the_longest_task_id_that_leaves_room(client):
     task_id = "t" * task_id_room("refund")
     assert post_task(client, task_id).status_code == 201
     assert max(len(step.idempotency_key) for step in TaskStep.objects.filter(task__task_id=task_id)) == 255
+
+
+@pytest.mark.parametrize("customer, status", [("c" * 230, 201), ("c" * 231, 400)])
+def test_a_customer_whose_confirmation_would_not_fit_is_refused_before_anything_runs(client, customer, status):
+    """The confirmation goes to <customer>@customers.surety.example, an action's target of at most
+    255 characters: a longer customer failed its last step, after the refund, on every retry."""
+    make_agent_on(client)
+    body = {**refund_task_body(), "input": {**refund_task_body()["input"], "customer": customer}}
+    response = client.post("/api/v1/tasks", data=json.dumps(body), content_type="application/json",
+                           headers={"Idempotency-Key": "task-long-customer"})
+    assert response.status_code == status, response.content
+    assert Task.objects.exists() == (status == 201)

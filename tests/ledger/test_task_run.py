@@ -43,6 +43,17 @@ def test_an_unknown_order_fails_at_once_without_retrying(stack, client):
     assert task["last_error"]["code"] == "unknown_order"
 
 
+def test_an_order_id_is_looked_up_as_the_order_refunded(stack, client):
+    """ORD-8841 exists, "ORD-8841#x" does not: sent as it was written, the look-up asked for the
+    first (a URL's fragment is not sent) and the refund went to the second."""
+    sandbox_order(client, "ORD-8841", "CUST-17")
+    post_task(client, "refund-hash", refund_task_body(order="ORD-8841#x"))
+    stack.start_worker()
+    task = settled_task(client, "refund-hash")
+    assert (task["state"], task["last_error"]["code"]) == ("failed", "unknown_order")
+    assert sandbox(client, "GET", "refunds", params={"order_id": "ORD-8841#x"}).json()["data"] == []
+
+
 def test_a_declined_refund_fails_the_task_without_retrying(stack, client):
     sandbox_order(client, "ORD-9", "CUST-17")
     sandbox(client, "POST", "faults", json={"target": "ORD-9", "fault": "decline", "times": 1})
