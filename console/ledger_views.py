@@ -28,6 +28,7 @@ from .dashboard import keyset_page, render_partial, shown_estimate, staff_requir
 from .filters import ActionSearchFilters, AuditFilters
 from .overview import overview_cards
 from .readiness_views import with_grant_states
+from .stepup import step_up_required
 
 STATUS_ORDER = list(ActionStatus.values)
 
@@ -139,7 +140,10 @@ def _agents_admin(request):
         raise PermissionDenied("managing agents needs the change_agent permission")
 
 
+# Creating an agent or rotating its token shows a working token, which moves money at once
+# under the agent's live grants: a fresh second factor first, as for every money decision.
 @staff_required
+@step_up_required
 def agent_list(request):
     if request.method == "POST":
         _agents_admin(request)
@@ -169,6 +173,7 @@ def _people():
 
 @staff_required
 @require_POST
+@step_up_required
 def agent_change(request, pk, op):
     _agents_admin(request)
     agent = get_object_or_404(Agent, pk=pk)

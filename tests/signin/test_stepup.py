@@ -113,6 +113,9 @@ def test_without_a_second_factor_a_decision_sends_the_person_to_enrol_one(client
     "/dlq/bulk",
     "/dlq/redrives/1/start",
     "/agents/1/grants/promote",
+    "/agents/",  # a new agent: its token is shown
+    "/agents/1/rotate",  # a new token for an agent with live grants
+    "/agents/1/grant",
     "/policies/",  # change a limit
     "/delegations/new",  # hand one's authority over money to a delegate
 ])
