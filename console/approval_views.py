@@ -19,7 +19,7 @@ from approvals.whatif import DEFAULT_DAYS, MAX_DAYS, Proposal, preview_for_audit
 from ledger.models import IN_FLIGHT_STATUSES, Action, ActionStatus, ActionType, AuditEvent
 
 from .approval_forms import DecisionForm, EditForm, LimitForm, fingerprint_seen
-from .dashboard import keyset_page, recent_reasons, render_partial, staff_required
+from .dashboard import keyset_page, posted_pk, recent_reasons, render_partial, staff_required
 from .templatetags.amounts import in_currency
 from .filters import ReviewQueueFilters
 from .overview import approved_by
@@ -294,9 +294,9 @@ def held_group_decide_view(request, pk):
     release = request.POST.get("release", "")
     if not release:
         return refused(request, item, "choose the one to release, or reject them all", 400)
-    if release != "none" and not (release.isascii() and release.isdigit()):
+    if release != "none" and posted_pk(release) is None:
         return refused(request, item, "the action to release is not one of this group", 400)
-    release = None if release == "none" else int(release)
+    release = None if release == "none" else posted_pk(release)
     try:
         # The one released goes on with the params the page showed for it, never with whatever they are by now.
         fingerprint = fingerprint_seen(request.POST.get(f"fingerprint_{release}", "")) if release else ""

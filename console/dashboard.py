@@ -50,6 +50,17 @@ def _all_values(params):
 MAX_PK = 2**63 - 1
 
 
+BIGINT_MAX = 2**63 - 1
+
+
+def posted_pk(text):
+    """A row's id as a form posted it, or None: digits within a bigint. (Python's int() refuses
+    more than 4,300 digits, PostgreSQL a parameter past a bigint: a 500 either way.)"""
+    if text.isascii() and text.isdigit() and len(text) <= len(str(BIGINT_MAX)) and int(text) <= BIGINT_MAX:
+        return int(text)
+    return None
+
+
 def keyset_page(queryset, cursor, *, time_field="created_at", size=PAGE_SIZE, newest_first=True):
     """Ordered by (time, id), newest first unless told otherwise; `cursor` names the last
     row seen. Cost does not grow with the page number, unlike OFFSET.

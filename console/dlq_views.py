@@ -17,7 +17,7 @@ from ledger.audit import actor_label
 from ledger.models import AuditEvent, Capability
 from ledger.statemachine import InvalidTransition
 
-from .dashboard import count_up_to, keyset_page, recent_reasons, render_partial, staff_required
+from .dashboard import count_up_to, keyset_page, posted_pk, recent_reasons, render_partial, staff_required
 from .filters import DeadLetterFilters
 from .stepup import step_up_required
 
@@ -140,7 +140,7 @@ def deadletter_bulk(request):
         listed = entries.select_related("task__agent", "action__agent").order_by("id")[:BULK_MAX]
         return render(request, "dlq/bulk_confirm.html", {"op": op, "count": min(count, BULK_MAX), "total": count,
                                                          "entries": listed, "filters": request.POST, "reason": reason})
-    shown = [pk for pk in request.POST.getlist("entry") if pk.isascii() and pk.isdigit()]
+    shown = [pk for pk in map(posted_pk, request.POST.getlist("entry")) if pk is not None]
     done = 0
     for entry in entries.filter(pk__in=shown).order_by("id")[:BULK_MAX]:
         try:
