@@ -23,6 +23,7 @@ from .errors import (
     SuretyUnreachable,
     Throttled,
     Unauthenticated,
+    Unsendable,
     UnsupportedMediaType,
 )
 from .keys import booking_key, message_key, operation_key, refund_key, refund_task_id
@@ -31,6 +32,6 @@ __all__ = [
     "Action", "Checkpoint", "Review", "Step", "SuretyClient", "Version",
     "PROBLEMS", "ActionNotDone", "ActionRejected", "ApprovalExpired", "BookingConflict", "Forbidden", "IdempotencyKeyMissing", "IdempotencyKeyReused", "Invalid",
     "MessageAlreadySent", "MethodNotAllowed", "NotAcceptable", "NotFound", "Problem", "RefundAlreadyRecorded", "SuretyError",
-    "SuretyUnreachable", "Throttled", "Unauthenticated", "UnsupportedMediaType",
+    "SuretyUnreachable", "Throttled", "Unauthenticated", "Unsendable", "UnsupportedMediaType",
     "booking_key", "message_key", "operation_key", "refund_key", "refund_task_id",
 ]

@@ -13,7 +13,7 @@ from urllib.parse import quote
 import httpx
 
 from . import keys
-from .errors import ActionRejected, ApprovalExpired, SuretyUnreachable, problem_from
+from .errors import ActionRejected, ApprovalExpired, SuretyUnreachable, Unsendable, problem_from
 
 # What the API answers for an action or a task the ledger is still working on; anything else
 # is settled, or waits for a person.
@@ -21,6 +21,9 @@ WORKING_STATUSES = frozenset({"queued", "pending", "unknown"})
 PERSON_STATUSES = frozenset({"awaiting_approval", "held", "needs_review"})
 WORKING_STATES = frozenset({"queued", "running"})
 MAX_WAIT = 30  # seconds the API holds a GET ?wait=N at most
+# Seconds between reads while a person must decide: the API's wait answers at once then, and a
+# person takes minutes, so a read every few seconds is soon enough and costs the API little.
+PERSON_INTERVAL = 5.0
 RETRY_STATUSES = frozenset({500, 502, 503, 504})
 
 
@@ -240,6 +243,19 @@ class SuretyClient:
             action = _wait(lambda seconds: self.get_action(key, wait=seconds), max(0.0, deadline - time.monotonic()))
         return action
 
+    def wait_for_outcome(self, operation_key: str, timeout: float = 60.0, *,
+                         interval: float = PERSON_INTERVAL) -> Action:
+        """The action once nobody needs to act on it any more, or as it stands when `timeout`
+        seconds have passed: as `wait_for`, and while a person must decide (`needs_person`) read
+        again every `interval` seconds, as the API's wait does not hold for a person."""
+        deadline = time.monotonic() + timeout
+        while True:
+            action = self.wait_for(operation_key, timeout=max(0.0, deadline - time.monotonic()))
+            left = deadline - time.monotonic()
+            if not action.needs_person or left <= 0:
+                return action
+            time.sleep(min(interval, left))
+
     # --- tasks ---------------------------------------------------------------------------
     def start_task(self, task_id: str, *, workflow: str, input: dict[str, Any]) -> Checkpoint:
         response = self._send("POST", "tasks", key=task_id, json={"workflow": workflow, "input": _json_ready(input)})
@@ -279,6 +295,9 @@ class SuretyClient:
             try:
                 response = self._http.request(method, path, headers=headers, params=params, json=json,
                                               timeout=timeout)
+            except httpx.LocalProtocolError as exc:
+                # h11 refused the request as written, before it went out: a retry would be refused alike.
+                raise Unsendable(f"{method} {path} cannot be sent as written: {exc}", operation_key=key) from exc
             except httpx.TransportError as exc:
                 failure = f"{type(exc).__name__}: {exc}"
                 continue

@@ -20,6 +20,16 @@ class SuretyUnreachable(SuretyError):
         self.attempts = attempts
 
 
+class Unsendable(SuretyError):
+    """The request could not be sent as written (httpx's `LocalProtocolError`: a header value HTTP
+    forbids, such as a key of your own ending in a space, or a token with a newline). It never left
+    this process, so nothing was recorded, and sending it again unchanged would fail alike."""
+
+    def __init__(self, message: str, *, operation_key: str | None = None) -> None:
+        super().__init__(message)
+        self.operation_key = operation_key
+
+
 class ActionNotDone(SuretyError):
     """An action ended without its effect by a decision, not by a failure (`Action.raise_for_outcome`);
     `action` is the action as the API answered it."""

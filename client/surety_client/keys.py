@@ -13,6 +13,12 @@ summarises the conversation, sends the same key. The ledger then answers the act
 recorded (the same parameters, whatever their spelling) or refuses the other parameters
 (`idempotency_key_reused`); it never executes them as new work. A new decision is a new key.
 
+Each part is taken as the API stores it, stripped of surrounding whitespace (" dec-7 " is the
+decision "dec-7"), and within it '%' is written %25 and ':' %3A, so that no two effects share a
+key: `refund:gid%3A//shop/Order/1:dec-7` is the order "gid://shop/Order/1", never the order "gid"
+and the decision "//shop/Order/1:dec-7". A part without ':', '%' or surrounding whitespace is
+written as it is, so keys made of such parts are what they were before this rule.
+
 Keys are 1-255 printable ASCII characters (the API's rule), and a task id at most 200, as the
 keys of its steps (`{task_id}:call_refund_api:v1`) must fit in 255 too: a key that would be
 longer, or holds other characters, is `{kind}:sha256:{hex digest of the long form}` instead.
@@ -27,10 +33,17 @@ MAX_TASK_ID = 200
 
 
 def operation_key(kind: str, *parts: object, limit: int = MAX_KEY) -> str:
-    key = ":".join([kind, *(str(part) for part in parts)])
+    key = ":".join([kind, *(_part(part) for part in parts)])
     if len(key) <= limit and key.isascii() and key.isprintable():
         return key
     return f"{kind}:sha256:{hashlib.sha256(key.encode()).hexdigest()}"
+
+
+def _part(part: object) -> str:
+    """One part of a key: stripped, as the API strips the target, customer and decision it stores
+    (it records the decision "dec-7 " as "dec-7"; and a trailing space is no valid header value),
+    then '%' and ':' percent-encoded, '%' first so that an escape in the part stays its own."""
+    return str(part).strip().replace("%", "%25").replace(":", "%3A")
 
 
 def _scoped(scope: str | None) -> tuple[str, ...]:

@@ -13,9 +13,11 @@ happened and what to do, in words), `retry` (whether the same call made again un
 answer otherwise) and `next_tool` (the call to make next, with its arguments, or null) - and,
 as the specification asks, a text block that is its serialized JSON: a host that hands the
 model only one of them (pydantic-ai hands it the structured content) hands it the guidance.
-An action that needs a person answers at once with the dashboard link and wait_for_action; a
-rejected one the reviewer's reason, an expired one that it expired (not rejected), an edited
-one the version that runs instead. Arguments outside a tool's schema answer the API's problem
+An action that needs a person answers at once with the dashboard link and wait_for_action,
+which waits through the person's decision (reading every few seconds, as the API's wait does
+not hold for a person); a shadow one that it was recorded and never executed; a rejected one
+the reviewer's reason, an expired one that it expired (not rejected), an edited one the
+version that runs instead. Arguments outside a tool's schema answer the API's problem
 (code `invalid`, `errors` by argument).
 """
 
@@ -38,16 +40,18 @@ from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
 from .client import Action, Checkpoint, SuretyClient
-from .errors import Problem, SuretyUnreachable
+from .errors import Problem, SuretyUnreachable, Unsendable
 
 PROBLEM_TYPE = "https://surety.dev/problems/"
 
 DECISION = {
-    "type": "string", "minLength": 1, "maxLength": 255,
+    # Something besides whitespace: the API stores a decision stripped, and a blank one names no decision.
+    "type": "string", "minLength": 1, "maxLength": 255, "pattern": r"\S",
     "description": "The id of the decision this call carries out. The operation key derives from it and the "
                    "order (recipient, resource), never from the amount or text: calling again with the same "
                    "decision (after a timeout, a restart) never doubles the effect, and other arguments for it are "
-                   "refused; a new decision is a new action.",
+                   "refused; a new decision is a new action. Surrounding whitespace is ignored, as the API "
+                   "ignores it.",
 }
 AMOUNT = {"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)?$",
           "description": 'A decimal string such as "25.00", never a number.'}
@@ -127,9 +131,10 @@ TOOLS = {tool.name: tool for tool in (
     Tool("get_action", "Read an action by its operation key, as it stands now.",
          _schema(["operation_key"], operation_key=TEXT),
          lambda client, args: client.get_action(args["operation_key"]), {}),
-    Tool("wait_for_action", "Wait until an action has an outcome or a person's decision, up to `seconds`.",
+    Tool("wait_for_action", "Wait until an action has an outcome, up to `seconds`: while Surety works on it, "
+         "and while it waits for a person to approve, release or review it.",
          _schema(["operation_key"], operation_key=TEXT, seconds=SECONDS),
-         lambda client, args: client.wait_for(args["operation_key"], timeout=args.get("seconds", 30)), {}),
+         lambda client, args: client.wait_for_outcome(args["operation_key"], timeout=args.get("seconds", 30)), {}),
     Tool("get_task", "Read a task's checkpoint by its task id.",
          _schema(["task_id"], task_id=TEXT),
          lambda client, args: client.get_task(args["task_id"]), {}),
@@ -203,6 +208,8 @@ ADVICE: dict[str, tuple[str, bool]] = {
                   "double the effect).", True),
     "unreachable": ("Make the same call again, with the same decision_id, in a little while: it can never "
                     "double the effect.", True),
+    "unsendable": ("Nothing was sent or recorded, and the same call again would fail alike. Do not retry it "
+                   "unchanged: tell the user, a person must correct it (or the MCP server's configuration).", False),
 }
 
 
@@ -218,11 +225,18 @@ def _next(tool: str, **arguments: str) -> dict[str, Any]:
     return {"name": tool, "arguments": arguments}
 
 
-def action_guidance(action: Action) -> tuple[str, dict[str, Any] | None]:
-    """What the model should know, in words, and the call to make next (None: nothing to wait for)."""
+def action_guidance(action: Action, waited: float | None = None) -> tuple[str, dict[str, Any] | None]:
+    """What the model should know, in words, and the call to make next (None: nothing to wait for).
+    `waited`: the seconds wait_for_action waited, which it does while a person must decide, so
+    the action still needing one means nobody decided in that time."""
     key = action.operation_key
     wait_for = _next("wait_for_action", operation_key=key)
-    wait_hint = f"Call wait_for_action with operation_key={key!r} to wait for the decision."
+    if waited is None:
+        wait_hint = f"Call wait_for_action with operation_key={key!r} to wait for the decision."
+    else:
+        wait_hint = (f"Still waiting for a person: nobody decided in the {waited:g} s this call waited. Call "
+                     f"wait_for_action with operation_key={key!r} again to wait longer (each call waits up to its "
+                     "seconds, at most 600), or tell the user a person must decide first.")
     said = {
         "succeeded": f"Done: {action.action_type} succeeded (provider reference {action.external_ref}).",
         "awaiting_approval": f"Awaiting approval: above the limit, a person must approve this {action.action_type} "
@@ -233,6 +247,10 @@ def action_guidance(action: Action) -> tuple[str, dict[str, Any] | None]:
                         f"decides. {wait_hint}",
         "failed": f"Failed: {(action.error or {}).get('code')}: {(action.error or {}).get('message')} "
                   f"(retryable: {(action.error or {}).get('retryable')}).",
+        "shadow": f"Shadow: recorded, not executed. This agent's grant for {action.action_type} is in shadow: "
+                  "Surety records its actions and never carries them out (only those asked for after a person "
+                  "makes the grant live run). Nothing was done and nothing will be for this one: do not retry it or "
+                  "wait for it; tell the user it was not carried out.",
     }
     version = action.superseded_by
     next_tool = None
@@ -250,7 +268,7 @@ def action_guidance(action: Action) -> tuple[str, dict[str, Any] | None]:
     else:
         text = said.get(action.status, f"Still working (status {action.status}). Call wait_for_action with "
                                        f"operation_key={key!r} to wait for the outcome.")
-        next_tool = None if action.status in ("succeeded", "failed") else wait_for
+        next_tool = None if action.status in ("succeeded", "failed", "shadow") else wait_for
     if action.review and action.needs_person:
         text += f" Dashboard: {action.review.url}"
     if action.replayed:
@@ -279,10 +297,10 @@ def task_guidance(task: Checkpoint) -> tuple[str, dict[str, Any] | None]:
     return f"{text} Steps: {steps}.", next_tool
 
 
-def _answer(result: Action | Checkpoint) -> types.CallToolResult:
+def _answer(result: Action | Checkpoint, waited: float | None = None) -> types.CallToolResult:
     """The API's resource with what the model should do next: calling again with the same
     decision only answers the same action, so `retry` is false."""
-    guidance, next_tool = action_guidance(result) if isinstance(result, Action) else task_guidance(result)
+    guidance, next_tool = action_guidance(result, waited) if isinstance(result, Action) else task_guidance(result)
     return _result({**result.raw, "replayed": result.replayed, "guidance": guidance, "retry": False,
                     "next_tool": next_tool})
 
@@ -304,14 +322,18 @@ def call(client: SuretyClient, name: str, arguments: dict[str, Any] | None) -> t
     if errors:
         return _failed(_problem_body(400, "invalid", "Invalid request", "The arguments did not pass validation.",
                                      errors))
+    # wait_for_action waits through a person's decision: its guidance says how long nobody decided.
+    waited = args.get("seconds", SECONDS["default"]) if name == "wait_for_action" else None
     try:
-        return _answer(tool.run(client, args))
+        return _answer(tool.run(client, args), waited)
     except Problem as problem:
         return _failed({**problem.body, "errors": _as_arguments(tool, problem.errors)} if problem.errors
                        else problem.body)
     except SuretyUnreachable as exc:
         return _failed(_problem_body(503, "unreachable", "Surety unreachable",
                                      f"{exc} Call again with the same decision_id: it can never double the effect."))
+    except Unsendable as exc:
+        return _failed(_problem_body(400, "unsendable", "Request not sendable", str(exc)))
 
 
 def build_server(client: SuretyClient) -> Server[Any]:
@@ -331,11 +353,13 @@ INSTRUCTIONS = (
     "Surety records each real-world action (refund, message, booking) once per decision before anything is "
     "called. Pass the id of your decision as decision_id; calling again with the same decision is always safe. "
     "An action above its limit waits for a person: the answer gives the dashboard link, and wait_for_action "
-    "waits for the decision. A rejected action answers the reviewer's reason: do not retry it. An expired one "
-    "was not rejected (nobody decided in time): ask again under a new decision_id if it still stands. A "
-    "superseded one was edited by a person into a version that runs instead: wait for that version. Every "
-    "answer carries guidance (what happened, what to do), retry (whether the same call again may answer "
-    "otherwise) and next_tool (the call to make next, or null)."
+    "waits for the decision (up to its seconds; call it again if nobody decided yet). A shadow action was "
+    "recorded and never executed (the agent's grant is not live yet): do not retry or wait for it, tell the "
+    "user. A rejected action answers the reviewer's reason: do not retry it. An expired one was not rejected "
+    "(nobody decided in time): ask again under a new decision_id if it still stands. A superseded one was "
+    "edited by a person into a version that runs instead: wait for that version. Every answer carries "
+    "guidance (what happened, what to do), retry (whether the same call again may answer otherwise) and "
+    "next_tool (the call to make next, or null)."
 )
 
 

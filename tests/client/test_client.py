@@ -1,5 +1,7 @@
 """The Python client against the live server (gunicorn, PostgreSQL, Redis, an RQ worker)."""
 
+import time
+from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 
 import pytest
@@ -85,6 +87,28 @@ def test_a_rejected_refund_comes_back_with_the_reviewers_reason(stack, agent_cli
     rejected = agent_client.get_action(posted.operation_key)
     assert rejected.status == "rejected" and not rejected.needs_person
     assert (rejected.review.by, rejected.review.reason) == ("user:rita", "the order was already refunded by hand")
+
+
+def test_wait_for_outcome_goes_on_reading_while_a_person_decides(stack, agent_client):
+    Limit.limit_set(actor="system:tests", reason="the tests' policy",
+                    action_type="refund", currency="EUR", max_amount=Decimal("500.00"))
+    posted = agent_client.refund(order="ORD-C10", amount="900.00", currency="EUR", decision_id="dec-c10")
+    with ThreadPoolExecutor(1) as thread:
+        waiting = thread.submit(agent_client.wait_for_outcome, posted.operation_key, timeout=30, interval=0.2)
+        time.sleep(1)  # it reads on meanwhile: the API's wait answers awaiting_approval at once
+        assert not waiting.done()
+        review_decide(ReviewItem.objects.get(action__operation_key=posted.operation_key),
+                      user=person("rita", "approvers"), decision="reject", reason="refunded by phone")
+        assert waiting.result(timeout=10).status == "rejected"
+
+
+def test_a_colon_in_the_order_and_a_padded_decision_make_a_key_the_api_takes_and_answers(stack, agent_client):
+    posted = agent_client.refund(order="gid://shop/Order/1", amount="25.00", currency="EUR", decision_id="dec-c9 ")
+    assert posted.operation_key == "refund:gid%3A//shop/Order/1:dec-c9" and posted.decision_id == "dec-c9"
+    assert agent_client.get_action(posted.operation_key).target == "gid://shop/Order/1"
+    other = agent_client.refund(order="gid", amount="25.00", currency="EUR", decision_id="//shop/Order/1:dec-c9")
+    assert other.operation_key == "refund:gid://shop/Order/1%3Adec-c9" and not other.replayed
+    assert Action.objects.filter(target__startswith="gid").count() == 2
 
 
 def test_the_same_key_for_another_request_raises_idempotency_key_reused(stack, agent_client):
