@@ -189,6 +189,11 @@ def held_group_decide(item, *, user, release, reason, fingerprint=""):
         group = held_group(item)
         if release is not None and release not in {member.action_id for member in group}:
             raise DecisionRefused("the action to release is not held in this group any more")
+        # Every member's action, then every item, in id order, before any is decided: two people
+        # deciding one group at once took them in two orders (each the one released first) and
+        # deadlocked. So the second waits for the first, then finds the group decided.
+        list(Action.objects.select_for_update().filter(pk__in=[m.action_id for m in group]).order_by("pk"))
+        list(ReviewItem.objects.select_for_update().filter(pk__in=[m.pk for m in group]).order_by("pk"))
         for member in sorted(group, key=lambda member: member.action_id != release):
             released = member.action_id == release
             review_decide(member, user=user, decision="release" if released else "reject", reason=reason,

@@ -2,6 +2,7 @@
 transaction (released, or kept held with the new reason); a person decides a whole group in
 one interaction; two requests for one order close together end with exactly one effect."""
 
+import contextlib
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -9,6 +10,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.db import connection, transaction
 
+from approvals import decisions
 from approvals.decisions import DecisionRefused, held_group, held_group_decide
 from approvals.models import ReviewItem, ReviewKind, ReviewStatus
 from ledger.actions import action_request
@@ -148,6 +150,42 @@ def test_one_decision_releases_one_and_rejects_the_rest(agent, approver):
 
     assert (status(first), status(second), status(third)) == (S.REJECTED, S.REJECTED, S.QUEUED)
     assert not ReviewItem.objects.filter(kind=ReviewKind.HELD, status=ReviewStatus.OPEN).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_people_deciding_one_group_at_once_make_one_decision_without_a_deadlock(agent, monkeypatch):
+    """Alice releases r2 (decided first), Bob rejects them all (r1 first). Each took its first
+    member's locks before the other's: a deadlock, which the loser's page called a database
+    outage. The group's rows are now locked in one order before anything is decided."""
+    first, second = refund(agent, "r1"), refund(agent, "r2")
+    item = ReviewItem.objects.get(action=first, status=ReviewStatus.OPEN)
+    alice, bob = (get_user_model().objects.create_superuser(name, password=None) for name in ("alice", "bob"))
+    both_decided_one = threading.Barrier(2, timeout=3)  # reached by both only while they can deadlock
+    decide, paced = decisions.review_decide, threading.local()
+
+    def decide_then_wait(*args, **kwargs):
+        decided = decide(*args, **kwargs)
+        if not getattr(paced, "waited", False):
+            paced.waited = True
+            with contextlib.suppress(threading.BrokenBarrierError):
+                both_decided_one.wait()
+        return decided
+
+    monkeypatch.setattr(decisions, "review_decide", decide_then_wait)
+
+    def group_decide(user, release):
+        try:
+            return held_group_decide(item, user=user, release=release, reason="duplicates")
+        except DecisionRefused as refused:
+            return refused
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(group_decide, (alice, bob), (second.pk, None)))
+    assert sorted(type(a).__name__ for a in answers) == ["AlreadyDecided", "list"]
+    assert not ReviewItem.objects.filter(kind=ReviewKind.HELD, status=ReviewStatus.OPEN).exists()
+    assert {status(first), status(second)} in ({S.REJECTED}, {S.REJECTED, S.QUEUED})
 
 
 @pytest.mark.django_db
