@@ -151,10 +151,14 @@ def ring_after_commit(kind, at=None):
         transaction.on_commit(lambda: ring(kind), robust=True)
 
 
-def drain(kind, claim_next, run_claimed):
+def drain(kind, claim_next, run_claimed, give_back=None):
     """Claim and run until nothing is left or DRAIN_SECONDS have passed, in DRAIN_LANES
     threads: most of an action's time is spent waiting for the provider and the database,
-    so one worker process keeps several in flight (each lane has its own connection)."""
+    so one worker process keeps several in flight (each lane has its own connection).
+
+    `give_back(claimed)`: for a run the database interrupted (unreachable midway), called once
+    it answers again, so that the run is handed back at once and spends nothing; without it
+    (or if the lane ends first) the claim waits for its lease to lapse and the sweeper."""
     if settings.RQ_ASYNC:
         try:
             redis_connection().delete(_doorbell(kind))
@@ -163,28 +167,33 @@ def drain(kind, claim_next, run_claimed):
     deadline = time.monotonic() + DRAIN_SECONDS
     lanes = settings.DRAIN_LANES if settings.RQ_ASYNC and connection.vendor == "postgresql" else 1
     if lanes == 1:
-        handled = _drain_lane(kind, claim_next, run_claimed, deadline)
+        handled = _drain_lane(kind, claim_next, run_claimed, give_back, deadline)
     else:
-        handled = sum(_lane_pool(lanes).map(lambda lane: _drain_lane(kind, claim_next, run_claimed, deadline),
-                                            range(lanes)))
+        handled = sum(_lane_pool(lanes).map(
+            lambda lane: _drain_lane(kind, claim_next, run_claimed, give_back, deadline), range(lanes)))
     if settings.RQ_ASYNC and time.monotonic() >= deadline:
         ring(kind)
     return handled
 
 
-def _drain_lane(kind, claim_next, run_claimed, deadline):
+def _drain_lane(kind, claim_next, run_claimed, give_back, deadline):
     """Claim and run until nothing is left.
 
     While the database is unreachable the lane waits and tries again until the deadline
-    (`_OUTAGES` logs it once per outage; in-process it ends at once): an action or task it had
-    claimed keeps its claim until the lease lapses, and the sweeper takes it back then; nothing
-    is lost with the job."""
+    (`_OUTAGES` logs it once per outage; in-process it ends at once). A run it interrupted is
+    given back (`give_back`) as soon as the database answers again; one it could not give back
+    before the lane ended keeps its claim until the lease lapses, and the sweeper takes it back
+    then: nothing is lost with the job."""
     close_old_connections()  # a lane's thread outlives jobs: drop a connection gone stale
     outage = _OUTAGES[kind]
     owner = worker_name()
     handled = 0
+    interrupted = []
     while time.monotonic() < deadline:
         try:
+            while interrupted:
+                give_back(interrupted[-1])
+                interrupted.pop()
             claimed = claim_next(owner)
         except UNREACHABLE as exc:
             if not _went_on(outage, exc):
@@ -198,6 +207,8 @@ def _drain_lane(kind, claim_next, run_claimed, deadline):
         try:
             run_claimed(claimed)
         except UNREACHABLE as exc:
+            if give_back is not None:
+                interrupted.append(claimed)
             if not _went_on(outage, exc):
                 break
             continue

@@ -30,7 +30,7 @@ from .models import (PERSON_STATUSES, Action, ActionStatus, AuditEvent, Capabili
                      TaskState)
 from .outages import UNREACHABLE
 from .retry import backoff_until
-from .statemachine import StaleClaim
+from .statemachine import InvalidTransition, StaleClaim
 from .tasks import defer_until, task_claim_next
 from .versions import latest_version
 from .workflows import WORKFLOWS, StepFailed
@@ -69,7 +69,7 @@ def task_run(task):
             except (Paused, StaleClaim):
                 raise
             except UNREACHABLE:
-                raise  # the database, not the step, failed: no attempt spent; the drain lane waits
+                raise  # the database, not the step, failed: the drain lane gives the run back (task_give_back)
             except Exception as exc:  # a bug or an outage in a step: retry, then dead-letter
                 logger.exception("step %s of %s crashed", row.name, task)
                 return _fail(task, claim, row, StepFailed(f"{type(exc).__name__}: {exc}", retryable=True, code="crash"))
@@ -190,6 +190,16 @@ def _fail(task, claim, row, exc):
         return task.retry_later(claim=claim, error=error, until=backoff_until(task.attempts))
 
 
+def task_give_back(task):
+    """A run the database interrupted, handed back once it answers again (ledger.jobs.drain):
+    no attempt spent, as for a run that waits. Three short outages used to spend a task's three
+    attempts, and the last one dead-lettered it as `worker_lost`."""
+    try:
+        task.defer(claim=task.fence, until=timezone.now(), reason="the database was unreachable during the run")
+    except (StaleClaim, InvalidTransition):
+        logger.info("%s moved on meanwhile (taken back by the sweeper, or settled): not given back", task)
+
+
 def drain_tasks():
     """The RQ job a doorbell rings for (see jobs.py): run tasks until none is ready."""
-    return drain("tasks", task_claim_next, task_run)
+    return drain("tasks", task_claim_next, task_run, give_back=task_give_back)

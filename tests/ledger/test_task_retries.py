@@ -9,15 +9,20 @@ listens on, so `lookup_order` cannot connect (NotSent, retryable) on every attem
 from datetime import datetime, timedelta
 
 import django_rq
+import psycopg
 import pytest
 import redis
+from django.db import connection
 from django.utils import timezone
 
 from dlq.models import DeadLetter
-from ledger.models import Task
+from ledger.connectors import http
+from ledger.models import Task, TaskState
+from ledger.runner import drain_tasks
 from ledger.tasks import task_expire_leases, task_request, task_run_now
-from tests.conftest import REDIS_URL, free_port, wait_until
-from tests.factories import agent_api, audit_events, sandbox, sandbox_order, settled, start_refund_task
+from tests.conftest import REDIS_URL, _database_url, free_port, wait_until
+from tests.factories import (agent_api, audit_events, make_agent, refund_input, sandbox, sandbox_order, settled,
+                             start_refund_task)
 
 # BASE as in the stack (tests/conftest.py STACK_ENV); the cap is set lower where it shows.
 BASE, CAP = 0.2, 0.8
@@ -142,3 +147,35 @@ def test_run_now_leaves_a_task_that_is_not_queued_alone(stack, client):
     row = settled(task)
     assert task_run_now(row, actor="system:tests").state == "failed"
     assert not audit_events(row, "run_now").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("jobs_to_test_redis")
+def test_a_run_the_database_cut_short_is_given_back_without_spending_an_attempt(settings, monkeypatch):
+    """The database drops the worker's connection mid-run (terminated for real, as a failover
+    does) on the task's last attempt. The lane waits, and once the database answers gives the
+    run back, its attempt with it: before, the task sat `running` until its lease lapsed, and
+    the sweeper dead-lettered it `worker_lost`. (The order look-up's answer is staged here: the
+    provider is not what this is about.)"""
+    settings.DRAIN_LANES = 1  # the lane runs in this thread, on this connection
+    agent = make_agent("billing", grants=("refund", "send_message"))[0]
+    task, _ = task_request(agent=agent, task_id="refund-blip", workflow="refund", input=refund_input("ORD-B", "C-B"))
+    Task.objects.filter(pk=task.pk).update(attempts=task.max_attempts - 1)
+    cut = []
+
+    def provider_while_the_database_drops_us(method, url, **kwargs):
+        if method == "POST":  # the refund, then the customer's message
+            return {"id": f"eff_{kwargs['headers']['Idempotency-Key']}"}
+        if not cut:  # the first look-up of the order
+            cut.append(connection.connection.info.backend_pid)
+            with psycopg.connect(_database_url(), autocommit=True) as other:
+                other.execute("SELECT pg_terminate_backend(%s)", cut)
+        return {"order_id": "ORD-B", "customer": "C-B", "amount": "100.00"}
+
+    monkeypatch.setattr(http, "call", provider_while_the_database_drops_us)
+    drain_tasks()
+
+    task.refresh_from_db()
+    assert cut and (task.state, task.attempts) == (TaskState.SUCCEEDED, task.max_attempts), task.last_error
+    [given_back] = audit_events(task, "deferred")
+    assert given_back.reason == "the database was unreachable during the run"
