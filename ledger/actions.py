@@ -186,7 +186,7 @@ def action_request(*, agent, operation_key, action_type, target, params, custome
         existing = action_by_key(operation_key)
         if existing is None:
             # The same effect for the same decision, under another key: the first one stands.
-            existing = same_decision(action_type, target, decision_id, params)
+            existing = same_decision(action_type, target, decision_id, params, customer)
             if existing is None:
                 raise
             if existing.agent_id != agent.pk:
@@ -203,21 +203,24 @@ def action_request(*, agent, operation_key, action_type, target, params, custome
     return action, True
 
 
-def same_decision(action_type, target, decision_id, params):
+def same_decision(action_type, target, decision_id, params, customer):
     """The action already recorded for this decision's effect, whatever its key: a refund of
-    the order, a message of this type to the recipient (the ledger's unique rules on them)."""
+    the order, a message of this type to the recipient, a booking of the resource for the
+    customer (the ledger's unique rules on them)."""
     if not decision_id or action_type not in SAME_DECISION:
         return None
     return Action.objects.filter(action_type=action_type, target=target, decision_id=decision_id,
-                                 **SAME_DECISION[action_type](params)).exclude(status=S.SUPERSEDED).first()
+                                 **SAME_DECISION[action_type](params, customer)).exclude(status=S.SUPERSEDED).first()
 
 
 # What besides the target and decision makes an effect the same one, per action type that has
-# the rule (models.Action's constraints action_refund_once_per_decision and
-# action_message_once_per_decision): a task's refund is keyed by its task instead.
+# the rule (models.Action's constraints action_refund_once_per_decision,
+# action_message_once_per_decision and action_booking_once_per_decision): a task's refund is
+# keyed by its task instead.
 SAME_DECISION = {
-    ActionType.REFUND: lambda params: {"task__isnull": True},
-    ActionType.SEND_MESSAGE: lambda params: {"params__message_type": params.get("message_type")},
+    ActionType.REFUND: lambda params, customer: {"task__isnull": True},
+    ActionType.SEND_MESSAGE: lambda params, customer: {"params__message_type": params.get("message_type")},
+    ActionType.CREATE_BOOKING: lambda params, customer: {"customer": customer},
 }
 
 

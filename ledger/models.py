@@ -325,6 +325,13 @@ class Action(LeasedWork):
                 & ~Q(status=S.SUPERSEDED),
                 name="action_refund_once_per_decision",
             ),
+            # A booking is made once per resource, customer and decision, whatever key asks for
+            # it (its times are params: moved, they are the same decision asked otherwise).
+            models.UniqueConstraint(
+                "target", "customer", "decision_id",
+                condition=Q(action_type=ActionType.CREATE_BOOKING) & ~Q(decision_id="") & ~Q(status=S.SUPERSEDED),
+                name="action_booking_once_per_decision",
+            ),
         ]
 
     def __str__(self):

@@ -204,9 +204,9 @@ def message_body(target="ada@example.com", **params):
             "params": {"channel": "email", "message_type": "receipt", "body": "Thanks!", **params}}
 
 
-def booking_body(start="2026-09-10T10:00:00Z", end="2026-09-10T11:00:00Z", customer="CUST-17"):
+def booking_body(start="2026-09-10T10:00:00Z", end="2026-09-10T11:00:00Z", customer="CUST-17", decision="dec-1"):
     """A booking of ROOM-1; a `customer` of None leaves the field out."""
-    body = {"action_type": "create_booking", "target": "ROOM-1", "decision_id": "dec-1",
+    body = {"action_type": "create_booking", "target": "ROOM-1", "decision_id": decision,
             "params": {"service": "massage", "start": start, "end": end}}
     if customer is not None:
         body["customer"] = customer

@@ -146,6 +146,9 @@ DECISION_TAKEN = {
                               "recorded; nothing was recorded."),
     ActionType.REFUND: ("refund_already_recorded", "Refund already recorded",
                         "Another agent's refund of this order for this decision is recorded; nothing was recorded."),
+    ActionType.CREATE_BOOKING: ("booking_conflict", "Booking already recorded",
+                                "Another agent's booking of this resource for this customer and decision is "
+                                "recorded; nothing was recorded."),
 }
 
 
