@@ -46,6 +46,9 @@ _DEV_SECRET = "dev-only-secret-key-never-used-in-production-0123456789abcdef"
 SECRET_KEY = env_str("SECRET_KEY") or (_DEV_SECRET if DEBUG or not PRODUCTION else None)
 if not SECRET_KEY:
     raise RuntimeError("SECRET_KEY must be set when DEBUG is off in production")
+# Earlier keys, after a rotation (docs/operations.md): what they signed still verifies (sessions,
+# the audit chain's checkpoints, evidence records); everything new is signed with SECRET_KEY.
+SECRET_KEY_FALLBACKS = env_list("SECRET_KEY_FALLBACKS")
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "" if PRODUCTION else "localhost,127.0.0.1,[::1],testserver")
 
 INSTALLED_APPS = [

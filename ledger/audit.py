@@ -35,8 +35,18 @@ from .middleware import current_decision_link, current_request_id, current_step_
 from .partitions import AUDIT
 
 
+ACTOR_MAX = 150  # AuditEvent.actor; ReviewItem.decided_by_label and DeadLetter.decided_by hold the same labels
+ACTOR_HASH_CHARS = 16
+
+
 def actor_label(actor):
-    """`agent:NAME`, `user:USERNAME` or `system:WHAT` — one vocabulary for every event."""
+    """`agent:NAME`, `user:USERNAME` or `system:WHAT` — one vocabulary for every event, and for
+    every column that names who decided (a review item's `decided_by_label`, a dead letter's
+    `decided_by`, ...). Every label fits ACTOR_MAX (`fitted`)."""
+    return fitted(_label(actor))
+
+
+def _label(actor):
     label = getattr(actor, "audit_actor", None)  # an agent
     if label:
         return label
@@ -48,14 +58,42 @@ def actor_label(actor):
     raise ValueError(f"not an actor: {actor!r}")
 
 
+def fitted(label):
+    """`label` itself if it fits ACTOR_MAX characters (every label of a name that fits is what it
+    always was); otherwise its start, `~` and the first ACTOR_HASH_CHARS hex digits of the SHA-256
+    of the whole label, ACTOR_MAX in all. Django allows 150-character usernames, and `user:` plus
+    one does not fit the columns: every audited move of that person failed, signing in included.
+    Deterministic, so a person's events share one label; two long names that start alike still
+    differ in the hash. Idempotent: a fitted label fits."""
+    if len(label) <= ACTOR_MAX:
+        return label
+    digest = hashlib.sha256(label.encode()).hexdigest()[:ACTOR_HASH_CHARS]
+    return f"{label[:ACTOR_MAX - ACTOR_HASH_CHARS - 1]}~{digest}"
+
+
 def ledger_signer(purpose):
     """The one signer of what this ledger vouches for: an HMAC-SHA256 under SECRET_KEY, salted
-    by `purpose` (the evidence record, the chain's checkpoints)."""
+    by `purpose` (the evidence record, the chain's checkpoints). Made at each use, so it signs
+    with the key the settings hold now."""
     return signing.Signer(salt=f"ledger.{purpose}", algorithm="sha256")
+
+
+def ledger_signed(purpose, value, signature):
+    """Whether `signature` is this ledger's for `value`: made under SECRET_KEY or under one of
+    SECRET_KEY_FALLBACKS, as Django's own `Signer.unsign` checks. What the ledger signed is kept
+    for good (checkpoints are append-only, evidence records leave the building), so a rotated
+    key must still vouch for it while it is a fallback; new signatures use SECRET_KEY alone."""
+    signer = ledger_signer(purpose)
+    return any(constant_time_compare(signature if isinstance(signature, str) else "", signer.signature(value, key))
+               for key in [signer.key, *signer.fallback_keys])
 
 
 def checkpoint_signature(seq, hash):
     return ledger_signer("audit.checkpoint").signature(f"{seq}:{hash}")
+
+
+def checkpoint_signed(seq, hash, signature):
+    return ledger_signed("audit.checkpoint", f"{seq}:{hash}", signature)
 
 
 def content_hash(fields):
@@ -206,7 +244,7 @@ class AuditEvent(models.Model):
 
     seq = models.BigIntegerField(null=True, blank=True)
     occurred_at = models.DateTimeField()
-    actor = models.CharField(max_length=150)
+    actor = models.CharField(max_length=ACTOR_MAX)
     verb = models.CharField(max_length=50)
     object_type = models.CharField(max_length=100)
     object_id = models.CharField(max_length=255)
@@ -270,8 +308,9 @@ class ChainCheckpoint(models.Model):
 
     def problem(self):
         """Why this checkpoint cannot vouch for the chain before it ("" if it can): a signature
-        that is not this ledger's, or a chain whose hash at its seq is no longer its own."""
-        if not constant_time_compare(self.signature, checkpoint_signature(self.seq, self.hash)):
+        that is not this ledger's (under SECRET_KEY or a fallback key: `ledger_signed`), or a chain
+        whose hash at its seq is no longer its own."""
+        if not checkpoint_signed(self.seq, self.hash, self.signature):
             return f"the checkpoint at seq {self.seq} is not signed by this ledger"
         held = AuditEvent.objects.filter(seq=self.seq).values_list("hash", flat=True).first()
         if held is None:

@@ -16,24 +16,23 @@ The record is checked twice (`manage.py evidence_verify`, `record_problems`):
    event's hash from the hash before it, consecutive events must link, and the digest must
    be the record's. (Anyone can recompute a digest: it shows damage, not intent.)
 2. against the database: the signature, an HMAC of the digest under this deployment's
-   secret key, proves that this ledger wrote the record as it is; every event's hashes
-   must be the ones the chain holds; and the checkpoint named must be the database's, signed,
-   and still the chain's hash at its seq.
+   secret key (or one of its SECRET_KEY_FALLBACKS, after a rotation), proves that this
+   ledger wrote the record as it is; every event's hashes must be the ones the chain holds;
+   and the checkpoint named must be the database's, signed, and still the chain's hash at
+   its seq.
 """
 
 import hashlib
 import json
 from dataclasses import dataclass
 
-from django.core import signing
 from django.db.models import Q
 from django.utils import timezone
 
-from .audit import chain_hash, content_hash, ledger_signer
+from .audit import chain_hash, content_hash, ledger_signed, ledger_signer
 from .models import Action, ActionStatus, AuditEvent, Capability, ChainCheck, ChainCheckpoint, Grant, WebhookEvent
 
 FORMAT = "surety-evidence/1"
-SIGNER = ledger_signer("evidence")
 GRANT_VERBS = ("granted", "promoted", "revoked")
 # What each entry of Action.evidence records, told by the key it carries (ledger/executor.py,
 # ledger/webhooks.py); an entry with none of them is a provider call that failed.
@@ -96,7 +95,8 @@ def evidence_record(action, sections):
     # Through JSON and back: the digest is of exactly what the file will hold.
     record = json.loads(json.dumps(record, default=str))
     digest = record_digest(record)
-    record["integrity"] = {"digest": digest, "signature": SIGNER.signature(digest), "how_to_check": HOW_TO_CHECK}
+    signature = ledger_signer("evidence").signature(digest)
+    record["integrity"] = {"digest": digest, "signature": signature, "how_to_check": HOW_TO_CHECK}
     return record
 
 
@@ -255,9 +255,7 @@ def record_problems(record, *, database=True):
         problems.append("the digest is not the record's: the record was changed after it was written")
     problems += _chain_problems(events)
     if database:
-        try:
-            SIGNER.unsign(f"{integrity.get('digest')}{SIGNER.sep}{integrity.get('signature')}")
-        except signing.BadSignature:
+        if not ledger_signed("evidence", str(integrity.get("digest")), integrity.get("signature")):
             problems.append("the signature is not this ledger's for this digest")
         problems += _database_problems(events)
         problems += _checkpoint_problems(record["audit"].get("checkpoint"))

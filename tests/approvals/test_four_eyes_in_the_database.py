@@ -10,6 +10,8 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from approvals.models import Approval, ReviewItem, ReviewStatus
+from ledger.audit import actor_label
+from ledger.models import AuditEvent
 from tests.factories import make_action, make_agent
 
 pytestmark = pytest.mark.django_db
@@ -87,3 +89,14 @@ def test_a_person_and_their_delegate_give_one_approval_between_them(people, firs
     Approval.objects.create(item=item, **{k: by_name[v] for k, v in first.items()})
     refused(lambda: Approval.objects.create(item=item, **{k: by_name[v] for k, v in second.items()}))
     assert item.approvals.count() == 1
+
+
+def test_a_person_with_a_150_character_name_decides_under_the_label_the_audit_trail_gives_them(people):
+    olga, _, _ = people
+    long_named = get_user_model().objects.create_user("n" * 150)
+    item = item_for(owner=olga)
+    item.approve(user=long_named, reason="four eyes, however long the name")
+    item = ReviewItem.objects.get(pk=item.pk)
+    assert (item.decided_by, item.decided_by_label) == (long_named, actor_label(long_named))
+    assert len(item.decided_by_label) == 150
+    assert AuditEvent.objects.filter(actor=item.decided_by_label, verb="approve").exists()

@@ -17,6 +17,7 @@ from dlq.alerts import alert_deliver, channels
 from dlq.entries import deadletter_discard, deadletter_redrive, deadletter_resolve
 from dlq.models import Alert, DeadLetter, EntryStatus
 from ledger.access import WORK_DLQ
+from ledger.audit import actor_label
 from ledger.executor import action_claim_next, action_run_claimed
 from ledger.models import Action, Agent, Capability, InvalidTransition, Task
 from tests.conftest import free_port, wait_until
@@ -348,3 +349,16 @@ def test_every_operation_on_an_entry_without_a_reason_is_refused_changes_nothing
     assert DeadLetter.objects.get(pk=entry.pk).status == E.OPEN
     assert Action.objects.get(pk=entry.action_id).status == "failed"
     assert len(audit_events(entry)) == events
+
+
+def test_a_person_with_a_150_character_name_resolves_an_entry_under_the_audit_trails_label(db):
+    long_named = User.objects.create_user(username="r" * 150, password=None)
+    agent, _ = make_agent("billing")
+    with transaction.atomic():
+        action = make_action(agent, "failed", key="refund:ORD-LONG:full:dec-1", retryable=False)
+        entry = DeadLetter.objects.open_for_action(action, actor="system:executor")
+        entry.resolve(actor=long_named, note="refunded by hand")
+    entry = DeadLetter.objects.get(pk=entry.pk)
+    assert entry.status == E.RESOLVED and entry.decided_by == actor_label(long_named)
+    assert len(entry.decided_by) == 150
+    assert [e.actor for e in audit_events(entry, "resolved")] == [entry.decided_by]

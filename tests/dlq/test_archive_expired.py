@@ -193,3 +193,21 @@ def test_a_failure_that_could_be_retried_goes_once_a_person_closed_its_dead_lett
     _, counts = run(tmp_path)
     assert not Action.objects.filter(pk=ledger["retryable"].pk).exists()
     assert counts["ledger.action"] == 3  # with the two settled ones
+
+
+def test_the_archives_checkpoint_still_vouches_after_the_secret_key_is_rotated(tmp_path, ledger, settings):
+    """The checkpoint an archive starts the chain from can never be signed again (append-only,
+    and the events before it are gone): the old key, kept as a fallback, goes on vouching."""
+    run(tmp_path)
+    old = settings.SECRET_KEY
+    settings.SECRET_KEY, settings.SECRET_KEY_FALLBACKS = "rotated-secret-key-" + "x" * 40, [old]
+    AuditEvent.objects.seal()
+    assert AuditEvent.objects.verify_chain() is None
+    audit_walk(start=True)
+    while audit_walk():
+        pass
+    whole = ChainCheck.objects.filter(scope=ChainCheck.Scope.WHOLE).latest("id")
+    assert (whole.broken_at, whole.from_seq) == (None, 6)
+
+    settings.SECRET_KEY_FALLBACKS = []  # the old key dropped: what it signed proves nothing any more
+    assert AuditEvent.objects.verify_chain() == 5

@@ -2,12 +2,14 @@
 events, the daily check starts from the last one, the whole chain is walked a stretch at a time
 from stored progress, and the evidence record names the checkpoint that covers its events."""
 
+import json
 import os
 import signal
 import subprocess
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.core.management import call_command
 from django.db import DatabaseError, IntegrityError, transaction
 
 from console.evidence import evidence_export
@@ -179,3 +181,48 @@ def test_the_database_holds_one_walk_in_progress_at_a_time(chain):
         ChainWalk.objects.create(target_seq=8)  # a second sweeper's, started meanwhile
     audit_walk(batch=3)
     assert ChainWalk.objects.count() == 1 and ChainWalk.objects.get().seq_reached == 6
+
+
+ROTATED = "rotated-secret-key-" + "x" * 40
+
+
+def test_a_rotated_secret_key_still_vouches_for_the_checkpoints_it_signed_as_a_fallback(settings, chain):
+    """Checkpoints are append-only: after a rotation the old key must go on vouching for what it
+    signed (SECRET_KEY_FALLBACKS, as Django's signing does), or the chain is broken for good."""
+    old = settings.SECRET_KEY
+    settings.SECRET_KEY, settings.SECRET_KEY_FALLBACKS = ROTATED, [old]
+    assert verify() == "chain intact through seq 8 (2 events checked)"
+    assert all(c.problem() == "" for c in ChainCheckpoint.objects.all())
+
+    # New checkpoints are signed with the new key alone.
+    agent, _ = make_agent("support")
+    held_action(agent, "refund:ORD-R1:full:dec-1").reject(actor="user:ops", reason="after the rotation")
+    AuditEvent.objects.seal()
+    new = ChainCheckpoint.objects.first()
+    assert new.seq > 8 and new.signature == checkpoint_signature(new.seq, new.hash)
+    assert verify("--newest").startswith("chain intact")
+    settings.SECRET_KEY, settings.SECRET_KEY_FALLBACKS = old, []
+    assert new.problem() == f"the checkpoint at seq {new.seq} is not signed by this ledger"
+
+
+def test_a_key_dropped_from_the_fallbacks_no_longer_vouches(settings, chain):
+    settings.SECRET_KEY, settings.SECRET_KEY_FALLBACKS = ROTATED, ["some other retired key"]
+    assert verify() == "ERROR chain broken at seq 6: the checkpoint at seq 6 is not signed by this ledger " \
+                       "(intact through seq 0)"
+
+
+def test_an_evidence_record_signed_before_a_rotation_still_verifies_against_the_database(settings, chain, tmp_path):
+    first = evidence_actions().get(operation_key="refund:ORD-V0:full:dec-1")
+    saved = tmp_path / "evidence.json"
+    saved.write_text(json.dumps(evidence_export(first)))
+    old = settings.SECRET_KEY
+    settings.SECRET_KEY, settings.SECRET_KEY_FALLBACKS = ROTATED, [old]
+
+    record = json.loads(saved.read_text())
+    assert record_problems(record) == []
+    call_command("evidence_verify", str(saved))
+    # A record made now is signed with the new key, which the old one alone does not accept.
+    fresh = evidence_export(first)
+    assert fresh["integrity"]["signature"] != record["integrity"]["signature"]
+    settings.SECRET_KEY, settings.SECRET_KEY_FALLBACKS = old, []
+    assert record_problems(fresh) == ["the signature is not this ledger's for this digest"]

@@ -7,7 +7,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 
-from ledger.audit import audit_verify, audit_verify_due
+from ledger.audit import actor_label, audit_verify, audit_verify_due
 from ledger.models import AuditEvent, ChainCheck
 from tests.factories import make_agent
 from tests.ledger.test_audit_chain import held_action, tamper
@@ -84,3 +84,31 @@ def test_the_audit_page_shows_the_last_result(client, chain):
     assert verify("--whole").startswith("ERROR")
     page = client.get("/audit/").content.decode()
     assert f"broken at event #{chain[2].seq}:" in page and "its content was altered" in page
+
+
+def test_every_actor_label_fits_its_columns_and_two_long_names_never_share_one():
+    """Django allows 150-character usernames; `user:` and such a name do not fit the 150 of
+    AuditEvent.actor (nor of a review item's or dead letter's `decided_by`)."""
+    users = get_user_model().objects
+    fits = users.create_user("f" * 145)  # user: + 145 = 150, the longest that fits as it is
+    assert actor_label(fits) == "user:" + "f" * 145
+    assert actor_label(users.create_user("ops")) == "user:ops"
+    assert actor_label("system:archive") == "system:archive"
+
+    same_start = [users.create_user("a" * 140 + tail) for tail in ("b" * 10, "c" * 10, "b" * 9 + "c")]
+    labels = [actor_label(user) for user in same_start]
+    assert all(len(label) == 150 and label.startswith("user:" + "a" * 128 + "~") for label in labels)
+    assert len(set(labels)) == 3
+    assert labels[0] == actor_label(users.get(pk=same_start[0].pk)) == actor_label("user:" + "a" * 140 + "b" * 10)
+    assert actor_label(labels[0]) == labels[0]  # a label already fitted stays as it is
+    assert len(actor_label(users.create_user("d" * 146))) == 150
+
+
+def test_an_audited_move_of_a_person_with_a_150_character_name_is_recorded():
+    person = get_user_model().objects.create_user("p" * 150)
+    agent, _ = make_agent("billing")
+    held_action(agent, "refund:ORD-L1:full:dec-1").reject(actor=person, reason="too long a name is no reason")
+    event = AuditEvent.objects.get(verb="rejected")
+    assert event.actor == actor_label(person) and len(event.actor) == 150
+    AuditEvent.objects.seal()
+    assert audit_verify(since_checkpoint=True).broken_at is None
