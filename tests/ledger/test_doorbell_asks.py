@@ -58,7 +58,7 @@ def lane_with_work_appearing_after(seconds):
         return items.pop() if items and time.monotonic() - started >= seconds else None
 
     lane = threading.Thread(target=lambda: ran.append(jobs._drain_lane(
-        "actions", claim_next, lambda item: None, deadline=started + 10)))
+        "actions", claim_next, lambda item: None, None, deadline=started + 10)))
     lane.start()
     lane.join(5)
     return ran, items
