@@ -215,10 +215,9 @@ def same_decision(action_type, target, decision_id, params, customer):
 
 # What besides the target and decision makes an effect the same one, per action type that has
 # the rule (models.Action's constraints action_refund_once_per_decision,
-# action_message_once_per_decision and action_booking_once_per_decision): a task's refund is
-# keyed by its task instead.
+# action_message_once_per_decision and action_booking_once_per_decision).
 SAME_DECISION = {
-    ActionType.REFUND: lambda params, customer: {"task__isnull": True},
+    ActionType.REFUND: lambda params, customer: {},
     ActionType.SEND_MESSAGE: lambda params, customer: {"params__message_type": params.get("message_type")},
     ActionType.CREATE_BOOKING: lambda params, customer: {"customer": customer},
 }

@@ -316,13 +316,13 @@ class Action(LeasedWork):
                 condition=Q(action_type=ActionType.SEND_MESSAGE) & ~Q(decision_id=""),
                 name="action_message_once_per_decision",
             ),
-            # A refund is made once per order and decision, whatever key asks for it. A person's
+            # A refund is made once per order and decision, whatever key or task asks for it (a
+            # task's refund carries the decision its input names, else its task's id). A person's
             # edit-down supersedes the original before its version is inserted, so the version
-            # takes its place; a task's refund is keyed by its task (its decision is the task id).
+            # takes its place.
             models.UniqueConstraint(
                 "target", "decision_id",
-                condition=Q(action_type=ActionType.REFUND, task__isnull=True) & ~Q(decision_id="")
-                & ~Q(status=S.SUPERSEDED),
+                condition=Q(action_type=ActionType.REFUND) & ~Q(decision_id="") & ~Q(status=S.SUPERSEDED),
                 name="action_refund_once_per_decision",
             ),
             # A booking is made once per resource, customer and decision, whatever key asks for

@@ -21,7 +21,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from .actions import KeyReused, Refused, action_request, action_retry
+from .actions import DecisionTaken, KeyReused, Refused, action_request, action_retry
 from .compiled import update
 from .executor import action_claim_next, action_run_claimed
 from .grants import grant_state
@@ -114,19 +114,22 @@ def _drive(task, claim, row, spec):
             action, _ = action_request(
                 agent=task.agent, operation_key=row.idempotency_key, action_type=spec.action_type,
                 target=spec.target, customer=spec.customer, params=spec.params,
-                task=task, decision_id=task.task_id, shadow=state == GrantState.SHADOW,
+                task=task, decision_id=spec.decision_id or task.task_id, shadow=state == GrantState.SHADOW,
             )
-        except KeyReused:
-            raise StepFailed(f"{row.idempotency_key} was used for a different request", retryable=False,
-                             code="idempotency_key_reused") from None
+        except KeyReused as exc:
+            raise StepFailed(f"{row.idempotency_key}: the effect is recorded under {exc.existing.operation_key} with "
+                             "other params", retryable=False, code="idempotency_key_reused") from None
+        except DecisionTaken as exc:
+            raise StepFailed(f"{row.idempotency_key}: another agent's {spec.action_type} for this decision is "
+                             "recorded; nothing was recorded", retryable=False, code="decision_taken") from None
         except Refused as exc:
             raise StepFailed(f"{row.idempotency_key} was refused: {exc}", retryable=False, code=exc.code) from None
         if action.task_id != task.pk:
-            # Recorded under the step's key outside this task (by another agent, who guessed the
-            # task's id): not this step's effect, whatever its params. Adopting it would finish
-            # the task on someone else's grant, approvals and provider reference.
-            raise StepFailed(f"{row.idempotency_key} names an action recorded outside this task", retryable=False,
-                             code="idempotency_key_reused")
+            # Recorded outside this task: under the step's key (by another agent, who guessed the
+            # task's id), or for the same decision (the agent's direct request, another task).
+            # Not this step's effect to go on from: the task stops, and the effect is not made twice.
+            raise StepFailed(f"{row.idempotency_key}: the effect is recorded outside this task, under "
+                             f"{action.operation_key}", retryable=False, code="idempotency_key_reused")
     if action.status == A.SHADOW:
         raise StepFailed(f"{row.idempotency_key} was recorded shadow, never executed: {task.agent}'s grant for "
                          f"{spec.action_type} is not live", retryable=False, code="shadow")

@@ -265,9 +265,12 @@ class SuretyClient:
                           decision_id: str, reason: str | None = None, notify: str | None = None,
                           scope: str | None = None) -> Checkpoint:
         """The `refund` workflow (look up the order, refund, confirm, notify), with the task id
-        `task:refund:{order}:{decision_id}` (with a `scope`, `task:refund:{order}:{scope}:{decision_id}`)."""
+        `task:refund:{order}:{decision_id}` (with a `scope`, `task:refund:{order}:{scope}:{decision_id}`).
+        The decision goes in the task's input too: the ledger holds one refund per order and decision,
+        so this task and a `refund` for the same decision (or a task under another scope) are one."""
         given = {"reason": reason, "notify": notify}
         task_input = {"order_id": order, "amount": amount, "currency": currency, "customer": customer,
+                      "decision_id": decision_id.strip(),
                       **{name: value for name, value in given.items() if value is not None}}
         return self.start_task(keys.refund_task_id(order, decision_id, scope=scope), workflow="refund",
                                input=task_input)

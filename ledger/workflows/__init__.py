@@ -23,6 +23,9 @@ class ActionSpec:
     target: str
     params: dict
     customer: str = ""
+    # The agent's decision the effect carries out, where the task's input names it: the ledger's
+    # once-per-decision rules then hold across tasks and direct requests. Else the task's id.
+    decision_id: str = ""
 
 
 @dataclass(frozen=True)

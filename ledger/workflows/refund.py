@@ -28,6 +28,10 @@ class RefundInput(PayableAmount, StrictSerializer):
     customer = serializers.CharField(max_length=TARGET_LENGTH - len(CUSTOMERS_AT))
     reason = serializers.CharField(max_length=500, required=False, allow_blank=True)
     notify = serializers.EmailField(required=False, max_length=TARGET_LENGTH, help_text="where to send the confirmation")
+    decision_id = serializers.CharField(
+        max_length=255, required=False, allow_blank=True,
+        help_text="the agent's decision this refund carries out: one refund per order and decision, whether asked "
+                  "by a task or directly (without it the task's id is its decision)")
 
 
 def lookup_order(ctx):
@@ -48,7 +52,8 @@ def call_refund_api(ctx):
     params = {"amount": ctx.input["amount"], "currency": ctx.input["currency"]}
     if ctx.input.get("reason"):
         params["reason"] = ctx.input["reason"]
-    return ActionSpec(ActionType.REFUND, ctx.input["order_id"], params, customer=ctx.input["customer"])
+    return ActionSpec(ActionType.REFUND, ctx.input["order_id"], params, customer=ctx.input["customer"],
+                      decision_id=ctx.input.get("decision_id", ""))
 
 
 def write_confirmation(ctx, key):

@@ -165,3 +165,6 @@ def test_a_refund_task_is_started_once_and_its_checkpoint_read_until_done(stack,
     assert all(step.status == "done" for step in done.steps.values())
     refund_step = agent_client.get_action(done.steps["call_refund_api"].idempotency_key)
     assert refund_step.status == "succeeded" and refund_step.task_id == started.task_id
+    # The task carried its decision: the same decision's refund asked directly is the task's refund.
+    direct = agent_client.refund(order="ORD-C9", amount="25", currency="EUR", customer="CUST-C9", decision_id="dec-c9")
+    assert direct.replayed and direct.operation_key == refund_step.operation_key

@@ -87,6 +87,35 @@ def test_a_step_never_takes_an_action_recorded_outside_its_task(db, settings):
     assert Action.objects.get(pk=squatted.pk).task_id is None and not Action.objects.filter(task=task).exists()
 
 
+@pytest.mark.parametrize("first", ["direct", "another task"])
+def test_one_refund_per_order_and_decision_holds_across_tasks_and_direct_requests(db, settings, first):
+    """A restarted model that asks for a decision's refund once directly and once as a task (or
+    as two tasks, under two scopes) refunded twice: a task's refund was keyed by its task alone.
+    Carrying the decision in its input, it is that decision's one refund."""
+    settings.SANDBOX_BASE_URL = "http://127.0.0.1:9/sandbox/v1"  # never reached: the look-up is done below
+    agent, _ = make_agent("billing", grants=("refund",))
+    refund = {**refund_input("ORD-D1", "C-D1"), "decision_id": "dec-1"}
+    if first == "direct":
+        action_request(agent=agent, operation_key="refund:ORD-D1:dec-1", action_type="refund", target="ORD-D1",
+                       customer="C-D1", decision_id="dec-1", params={"amount": "25.00", "currency": "EUR"})
+    else:
+        earlier, _ = task_request(agent=agent, task_id="task:refund:ORD-D1:full:dec-1", workflow="refund",
+                                  input=refund)
+        earlier.steps.filter(name="lookup_order").update(status="done", result={"order_id": "ORD-D1"})
+        task_run(task_claim_next("tests:1", only=earlier.pk))
+    task, _ = task_request(agent=agent, task_id="task:refund:ORD-D1:dec-1", workflow="refund", input=refund)
+    task.steps.filter(name="lookup_order").update(status="done", result={"order_id": "ORD-D1"})
+
+    task = task_run(task_claim_next("tests:1", only=task.pk))
+    assert (task.state, task.last_error["code"]) == (TaskState.FAILED, "idempotency_key_reused")
+    assert Action.objects.filter(action_type="refund", target="ORD-D1").count() == 1
+    # The other way round, a direct request for the decision is answered with the refund made.
+    again, created = action_request(agent=agent, operation_key="refund:ORD-D1:v2:dec-1", action_type="refund",
+                                    target="ORD-D1", customer="C-D1", decision_id="dec-1",
+                                    params={"amount": "25", "currency": "EUR"})
+    assert not created and again.operation_key != "refund:ORD-D1:v2:dec-1"
+
+
 def test_a_step_whose_action_succeeded_before_a_revoke_goes_on_from_it(db, settings, jobs_to_test_redis):
     settings.SANDBOX_BASE_URL = "http://127.0.0.1:9/sandbox/v1"  # the refund is settled below, by hand
     agent, _ = make_agent("billing", grants=("refund", "send_message"))
