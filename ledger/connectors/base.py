@@ -3,6 +3,13 @@
 Only the guarded executor may cause a provider-side effect. `Connector.perform` checks for a
 permit naming this very action and claim; `write_permit` is used in `ledger/executor.py`
 and nowhere else (tests/ledger/test_connector_guard.py checks the source tree for that).
+
+A connector's write (`perform`) and look-up (`find_effect`) are each held to one deadline,
+however many requests they make (Stripe's: the charge, then the refund): `CONNECTOR_TIMEOUT`
+from their start, and for a write never past its claim's lease. No byte of their requests is
+sent after it (ledger.connectors.http), so the sweeper, which verifies an expired claim only once
+the lease's end plus `CONNECTOR_TIMEOUT` has passed, leaves the provider at least that long to
+finish what it received.
 """
 
 import contextlib
@@ -13,6 +20,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
+
+from django.conf import settings
 
 from .. import money
 from ..metrics import connector_call_observed
@@ -127,8 +136,14 @@ class Connector:
         if _permit.get() != (action.pk, action.fence):
             raise UnguardedWrite(f"{self.name}: write for {action.operation_key} outside the guarded executor")
         started = time.perf_counter()
+        # The executor starts a write only with CONNECTOR_TIMEOUT and a margin of lease left; a
+        # worker that stalled after that look gets what is left of the lease, or nothing at all.
+        seconds = settings.CONNECTOR_TIMEOUT
+        if action.lease_expires_at is not None:
+            seconds = min(seconds, action.lease_left())
         try:
-            effect = self._send(action)
+            with http.deadline(seconds):
+                effect = self._send(action)
         except Exception as exc:
             _observe_failure(self.name, "perform", started, exc)
             raise
@@ -164,7 +179,8 @@ def _measured_lookup(find_effect):
     def measured(self, action):
         started = time.perf_counter()
         try:
-            lookup = find_effect(self, action)
+            with http.deadline():
+                lookup = find_effect(self, action)
         except Exception as exc:
             _observe_failure(self.name, "find_effect", started, exc)
             raise

@@ -5,18 +5,58 @@
   connection, 5xx). Never retried blindly: the effect must be looked up first.
 - `Rejected`: the provider answered with a definite no (4xx, a decline). Permanent.
 
-`CONNECTOR_TIMEOUT` is one deadline for the whole call. httpx's timeouts hold per phase
-(connect, write, each read), so a provider that answers a byte at a time could keep a call
-going far past it, and past the lease the executor checked before calling (DESIGN: a worker
-never starts a call it may not finish inside its lease). So the call runs on a thread of its
-own and the caller waits for it at most until the deadline: then it is `OutcomeUnknown`, and
-whatever arrives later is dropped.
+`CONNECTOR_TIMEOUT` is one deadline for the whole call, and no byte of a request leaves this
+process after it. httpx's timeouts hold per phase (connect, write, each read), and name
+resolution has none, so a provider that answers a byte at a time, or a slow resolver followed by
+a slow send, could keep a call going far past it, and past the lease the executor checked before
+calling (DESIGN: a worker never starts a call it may not finish inside its lease). So:
+
+- The call runs on a thread of its own and the caller waits for it at most until the deadline:
+  then it is `OutcomeUnknown` (or `NotSent` if not a byte of the request had been handed to a
+  socket yet), and whatever arrives later is dropped.
+- Every socket operation of the call goes through `_Backend`/`_Stream` (httpcore's own network
+  backend, wrapped), which refuse to connect, shake hands, write or read once the deadline has
+  passed or the call was cut off, and give each operation at most the time left.
+- At the deadline the caller cuts the call off: it shuts down the sockets the call is using, so
+  that a write blocked on one (a provider that takes the body slowly) or about to start on one
+  fails at once. Every connection is opened with SO_LINGER 0, so the close that follows on the
+  call's thread resets it (RST) and the kernel drops what it still held of the request, rather
+  than going on sending it. The caller waits for that close (at most `_CUT_OFF_GRACE`, which
+  the thread, woken by the shutdown, needs only a moment of) before it returns.
+
+The guarantee, precisely: no write of a request starts after its call's deadline; a write under
+way then is cut off as soon as the caller's thread runs at the deadline; and what the kernel had
+not yet sent is dropped by the reset, done before the call returns. Between the deadline and the
+reset (a moment of thread scheduling, `_CUT_OFF_GRACE` at most) the kernel may pass on some more
+of what it already held; nothing is added to it. So a request still on its way at the deadline
+is never completed later: its connection is reset under it (tests/connectors/test_http_deadline.py).
+What reached the provider before the deadline stays there, and a provider may still act on a
+request it received whole in time: that is why the executor looks for the effect only
+`CONNECTOR_TIMEOUT` after the call returned, and the sweeper only `CONNECTOR_TIMEOUT` after the
+lease's end, which the deadline of a connector's write never passes (ledger.connectors.base).
+A worker killed mid-call sends nothing more either: its kernel resets the connections it leaves
+(SO_LINGER 0). The resolver has no timeout, so a connection may be opened after the deadline;
+it carries nothing and is reset at once. Not covered: a process frozen whole (SIGSTOP, a paused
+VM) cannot cut its calls off, and its kernel may go on sending what it held; there, as with any
+lease, the provider's own idempotency key is what is left.
+
+`deadline()` makes several calls share one deadline: a connector's write and look-up are held to
+one (ledger.connectors.base), however many requests they make; the Stripe SDK's requests go
+through `exchange` too (ledger.connectors.stripe).
 """
 
+import contextlib
+import contextvars
 import os
+import socket
+import struct
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as DeadlinePassed
+from concurrent.futures import wait
 
+import httpcore
 import httpx
 from django.conf import settings
 
@@ -45,6 +85,164 @@ class Rejected(ProviderError):
     pass
 
 
+# A connection's close resets it (RST) and drops what the kernel had not sent yet, instead of
+# sending it on after the close; the kernel does the same for a worker that is killed.
+_RESET_ON_CLOSE = (socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+# How long a caller that cut its call off waits for the call's thread to close the connection.
+_CUT_OFF_GRACE = 0.2
+# The call the current thread is making, if any (set by `_run`, read by the network streams).
+_running = threading.local()
+# The deadline every call made inside `deadline()` shares (time.monotonic()), if any.
+_shared_deadline = contextvars.ContextVar("connector_deadline", default=None)
+
+
+@contextlib.contextmanager
+def deadline(seconds=None):
+    """Hold every call made inside to one deadline, `seconds` (CONNECTOR_TIMEOUT by default) from
+    now, or to the enclosing one if that is sooner."""
+    at = time.monotonic() + (settings.CONNECTOR_TIMEOUT if seconds is None else max(seconds, 0))
+    outer = _shared_deadline.get()
+    token = _shared_deadline.set(at if outer is None else min(at, outer))
+    try:
+        yield
+    finally:
+        _shared_deadline.reset(token)
+
+
+class _Over(Exception):
+    """The call's deadline passed, or its caller cut it off."""
+
+
+class _Call:
+    """One call's deadline, whether a byte of its request may have been handed to a socket, and
+    the connections it is using, so that its caller can cut it off."""
+
+    def __init__(self, at):
+        self.at = at
+        self.sent = False
+        self._over = False
+        self._streams = set()
+        self._lock = threading.Lock()
+
+    def left(self):
+        return self.at - time.monotonic()
+
+    def enter(self, stream, timeout, *, sending=False):
+        """Called before every operation on `stream`: refuses once the call is over, else returns
+        the operation's timeout, at most what is left. A stream entered here is cut off with the
+        call, so an operation that passed this check and starts after the cut-off fails."""
+        with self._lock:
+            left = self.left()
+            if self._over or left <= 0:
+                raise _Over
+            self._streams.add(stream)
+            if sending:
+                self.sent = True
+        return left if timeout is None else min(timeout, left)
+
+    def cut_off(self):
+        """At the deadline: nothing more of this call may start, and what runs fails now."""
+        with self._lock:
+            self._over = True
+            streams = list(self._streams)
+        for stream in streams:
+            stream.abort()
+        return bool(streams)
+
+
+class _Stream(httpcore.NetworkStream):
+    """httpcore's stream, held to the deadline of whichever call is using it (a pooled connection
+    serves many calls, one at a time)."""
+
+    def __init__(self, inner):
+        self._inner = inner
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def _timeout(self, timeout, timed_out, *, sending=False):
+        call = getattr(_running, "call", None)
+        if call is None:
+            return timeout
+        try:
+            return call.enter(self, timeout, sending=sending)
+        except _Over:
+            raise timed_out("the call's deadline has passed") from None
+
+    def read(self, max_bytes, timeout=None):
+        return self._inner.read(max_bytes, self._timeout(timeout, httpcore.ReadTimeout))
+
+    def write(self, buffer, timeout=None):
+        if buffer:
+            self._inner.write(buffer, self._timeout(timeout, httpcore.WriteTimeout, sending=True))
+
+    def start_tls(self, ssl_context, server_hostname=None, timeout=None):
+        timeout = self._timeout(timeout, httpcore.ConnectTimeout)
+        return _Stream(self._inner.start_tls(ssl_context, server_hostname, timeout))
+
+    def get_extra_info(self, info):
+        return self._inner.get_extra_info(info)
+
+    def close(self):
+        with self._lock:
+            self._closed = True
+            self._inner.close()
+
+    def abort(self):
+        """Shut the connection down from another thread: a write or read blocked on it, or about
+        to start, fails at once; the close that follows resets it (SO_LINGER 0)."""
+        with self._lock:
+            sock = None if self._closed else self._inner.get_extra_info("socket")
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    # socket.socket's own: an SSLSocket's shutdown would also drop its TLS state
+                    # under the thread still using it.
+                    socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
+
+class _Backend(httpcore.SyncBackend):
+    """httpcore's network backend, with every connection's streams held to their call's deadline."""
+
+    def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
+        call = getattr(_running, "call", None)
+        if call is not None:
+            left = call.left()
+            if left <= 0:
+                raise httpcore.ConnectTimeout("the call's deadline has passed")
+            timeout = left if timeout is None else min(timeout, left)
+        # The resolver has no timeout: it may answer after the deadline, and the TCP handshake
+        # (which carries nothing of the request) may then follow, but nothing more.
+        stream = _Stream(super().connect_tcp(host, port, timeout, local_address,
+                                             [*(socket_options or ()), _RESET_ON_CLOSE]))
+        if call is not None:
+            try:
+                call.enter(stream, None)
+            except _Over:
+                stream.close()
+                raise httpcore.ConnectTimeout("the call's deadline passed while connecting") from None
+        return stream
+
+
+_BACKEND = _Backend()
+
+
+class _Client(httpx.Client):
+    """httpx's own client, each of whose transports (the direct one, and one through a proxy the
+    environment names) connects through `_Backend`. httpx builds its transports here; httpcore's
+    pool takes its network backend from `_network_backend` (httpx <0.29, httpcore 1.x:
+    pyproject.toml; tests/connectors/test_http_deadline.py fails if either stops doing so)."""
+
+    def _init_transport(self, *args, **kwargs):
+        return _held(super()._init_transport(*args, **kwargs))
+
+    def _init_proxy_transport(self, *args, **kwargs):
+        return _held(super()._init_proxy_transport(*args, **kwargs))
+
+
+def _held(transport):
+    transport._pool._network_backend = _BACKEND
+    return transport
+
+
 _clients = {}
 
 
@@ -65,33 +263,58 @@ def _client():
     pid = os.getpid()
     if pid not in _clients:
         _clients.clear()
-        _clients[pid] = httpx.Client(timeout=settings.CONNECTOR_TIMEOUT, follow_redirects=False)
+        _clients[pid] = _Client(timeout=settings.CONNECTOR_TIMEOUT, follow_redirects=False)
     return _clients[pid]
 
 
 # Calls in flight at once per process: the drain lanes' and the web side's alerts, with room
-# for calls past their deadline that are still finishing in the background.
+# for calls past their deadline that are still finishing in the background (one that was cut off
+# ends at once; one still resolving a name ends when the resolver answers).
 _calls = ThreadPoolExecutor(max_workers=64, thread_name_prefix="provider-call")
+
+
+def _run(call, method, url, kwargs):
+    _running.call = call
+    try:
+        return _client().request(method, url, timeout=max(call.left(), 0.001), **kwargs)
+    finally:
+        _running.call = None
+
+
+def exchange(method, url, *, json=None, content=None, params=None, headers=None):
+    """Send one request and return httpx's response, whatever its status, or raise `NotSent` or
+    `OutcomeUnknown` if no whole answer came by the deadline (the shared one inside `deadline()`,
+    else CONNECTOR_TIMEOUT from now)."""
+    shared = _shared_deadline.get()
+    call = _Call(shared if shared is not None else time.monotonic() + settings.CONNECTOR_TIMEOUT)
+    if call.left() <= 0:
+        raise NotSent(f"{method} {url}: the deadline had passed before the call", code="deadline_passed")
+    request = _calls.submit(_run, call, method, url,
+                            {"json": json, "content": content, "params": params, "headers": headers})
+    try:
+        return request.result(timeout=max(call.left(), 0))
+    except DeadlinePassed:
+        if request.cancel():  # never started: every thread was busy
+            raise NotSent(f"{method} {url}: no thread free to call within the deadline", code="busy") from None
+        if call.cut_off():
+            wait([request], timeout=_CUT_OFF_GRACE)  # its thread closes (resets) the connection
+        if not call.sent:
+            raise NotSent(f"{method} {url}: no connection within the deadline; nothing was sent",
+                          code="connect_failed") from None
+        raise OutcomeUnknown(f"{method} {url}: no complete answer within the deadline", code="timeout") from None
+    except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+        raise NotSent(f"{method} {url}: {exc!r}", code="connect_failed") from exc
+    except httpx.TransportError as exc:
+        if not call.sent:
+            raise NotSent(f"{method} {url}: {exc!r}; nothing was sent", code="connect_failed") from exc
+        if isinstance(exc, httpx.TimeoutException):
+            raise OutcomeUnknown(f"{method} {url}: no answer within the deadline", code="timeout") from exc
+        raise OutcomeUnknown(f"{method} {url}: {exc!r}", code="connection_lost") from exc
 
 
 def call(method, url, *, json=None, content=None, params=None, headers=None):
     """Send one request; return the decoded JSON body of a 2xx answer or raise a ProviderError."""
-    request = _calls.submit(_client().request, method, url, json=json, content=content, params=params,
-                            headers=headers, timeout=settings.CONNECTOR_TIMEOUT)
-    try:
-        response = request.result(timeout=settings.CONNECTOR_TIMEOUT)
-    except DeadlinePassed:
-        if request.cancel():  # never started: every thread was busy
-            raise NotSent(f"{method} {url}: no thread free to call within {settings.CONNECTOR_TIMEOUT}s",
-                          code="busy") from None
-        raise OutcomeUnknown(f"{method} {url}: no complete answer within {settings.CONNECTOR_TIMEOUT}s",
-                             code="timeout") from None
-    except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
-        raise NotSent(f"{method} {url}: {exc!r}", code="connect_failed") from exc
-    except httpx.TimeoutException as exc:
-        raise OutcomeUnknown(f"{method} {url}: no answer within {settings.CONNECTOR_TIMEOUT}s", code="timeout") from exc
-    except httpx.TransportError as exc:
-        raise OutcomeUnknown(f"{method} {url}: {exc!r}", code="connection_lost") from exc
+    response = exchange(method, url, json=json, content=content, params=params, headers=headers)
     body = _json_or_text(response)
     if response.is_success:
         return body

@@ -13,16 +13,19 @@
    refunds nor sees a write at once.
 
 Stripe's errors become the ledger's three kinds (ledger.connectors.http), so the executor
-treats this connector like any other. The SDK retries nothing: the ledger owns retries.
+treats this connector like any other. The SDK retries nothing: the ledger owns retries. Its
+requests go through the SDK's own extension point, a custom `http_client` (`_LedgerHTTP`),
+to `http.exchange`: the write's two requests (the read and the refund) and a look-up's pages are
+held to one deadline (ledger.connectors.base), and no byte of them is sent after it. The SDK's
+own HTTP clients time out per connect, write and read, and kept a slow Stripe's call going far
+past CONNECTOR_TIMEOUT, and past the lease.
 Stripe's webhooks are read here too (`read_webhook`), verified by the SDK itself.
 """
 
 import os
 from datetime import UTC, datetime
 
-import httpx
 import stripe
-from django.conf import settings
 
 from ..json_input import loads_storable
 from ..models import ActionType
@@ -73,7 +76,7 @@ class StripeConnector(Connector):
             self._clients = {pid: stripe.StripeClient(
                 self.options["api_key"],
                 base_addresses={"api": self.options["api_base"]},
-                http_client=stripe.HTTPXClient(timeout=settings.CONNECTOR_TIMEOUT, allow_sync_methods=True),
+                http_client=_LedgerHTTP(),
                 max_network_retries=0,
             )}
         return self._clients[pid]
@@ -200,6 +203,29 @@ class StripeConnector(Connector):
         return {"id": event.get("id"), "type": settled_as, "data": data, "stripe_event": event}
 
 
+class _LedgerHTTP(stripe.HTTPClient):
+    """The SDK's HTTP client, as the SDK lets one be given: each request through `http.exchange`,
+    held to the deadline of the connector's write or look-up it is part of. A request that gets
+    no whole answer by then fails as the SDK's own clients fail (`APIConnectionError`), caused by
+    the ledger's `NotSent` or `OutcomeUnknown`, which `provider_error` passes on."""
+
+    name = "surety"
+
+    def request(self, method, url, headers, post_data=None):
+        try:
+            response = http.exchange(method.upper(), url, headers=headers, content=post_data)
+        except (http.NotSent, http.OutcomeUnknown) as exc:
+            raise stripe.APIConnectionError(str(exc), should_retry=False) from exc
+        return response.content, response.status_code, response.headers
+
+    def request_stream(self, method, url, headers, post_data=None):
+        content, status, response_headers = self.request(method, url, headers, post_data)
+        return iter((content,)), status, response_headers
+
+    def close(self):
+        pass  # the connections are http's, pooled per process
+
+
 def _kind(target):
     """What a target names at Stripe: a payment intent (`pi_…`) or a charge."""
     return "payment_intent" if target.startswith("pi_") else "charge"
@@ -210,12 +236,9 @@ def provider_error(exc, doing):
     status = exc.http_status
     message = f"Stripe, {doing}: {exc.user_message or exc}"
     if isinstance(exc, stripe.APIConnectionError):
-        cause = exc.__cause__
-        if isinstance(cause, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)):
-            return http.NotSent(message, code="connect_failed")
-        if isinstance(cause, httpx.TimeoutException):
-            return http.OutcomeUnknown(f"Stripe, {doing}: no answer within {settings.CONNECTOR_TIMEOUT}s",
-                                       code="timeout")
+        cause = exc.__cause__  # what http.exchange raised (`_LedgerHTTP`)
+        if isinstance(cause, http.ProviderError):
+            return type(cause)(f"Stripe, {doing}: {cause}", code=cause.code, status=cause.status)
         return http.OutcomeUnknown(message, code="connection_lost")
     if isinstance(exc, stripe.IdempotencyError) or status == 409:
         # Stripe ran nothing for this request: the key is in use by a request still running
