@@ -91,7 +91,7 @@ _RESET_ON_CLOSE = (socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 # How long a caller that cut its call off waits for the call's thread to close the connection.
 _CUT_OFF_GRACE = 0.2
 # The call the current thread is making, if any (set by `_run`, read by the network streams).
-_running = threading.local()
+_running = contextvars.ContextVar("connector_call", default=None)
 # The deadline every call made inside `deadline()` shares (time.monotonic()), if any.
 _shared_deadline = contextvars.ContextVar("connector_deadline", default=None)
 
@@ -160,7 +160,7 @@ class _Stream(httpcore.NetworkStream):
         self._closed = False
 
     def _timeout(self, timeout, timed_out, *, sending=False):
-        call = getattr(_running, "call", None)
+        call = _running.get()
         if call is None:
             return timeout
         try:
@@ -203,7 +203,7 @@ class _Backend(httpcore.SyncBackend):
     """httpcore's network backend, with every connection's streams held to their call's deadline."""
 
     def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
-        call = getattr(_running, "call", None)
+        call = _running.get()
         if call is not None:
             left = call.left()
             if left <= 0:
@@ -274,11 +274,11 @@ _calls = ThreadPoolExecutor(max_workers=64, thread_name_prefix="provider-call")
 
 
 def _run(call, method, url, kwargs):
-    _running.call = call
+    token = _running.set(call)
     try:
         return _client().request(method, url, timeout=max(call.left(), 0.001), **kwargs)
     finally:
-        _running.call = None
+        _running.reset(token)
 
 
 def exchange(method, url, *, json=None, content=None, params=None, headers=None):
