@@ -19,12 +19,13 @@ LIMITS_CHANGED_SQLITE = [
     for event in ("INSERT", "UPDATE", "DELETE")
 ]
 
-# Four eyes: the owner of the agent that asked never approves or decides its request, nor does a
-# delegate for them (approvals.delegation), and an item that needs two approvals is approved only
-# with two, from two people, neither one a delegate acting for the other (approvals_approval is
-# unique per item and user). approvals.decisions says so first, in words.
+# Four eyes: the owner of the agent that asked never approves or decides its request, nor does the
+# person its token was shown to (who can act as the agent), nor a delegate for either
+# (approvals.delegation), and an item that needs two approvals is approved only with two, from two
+# people, neither one a delegate acting for the other (approvals_approval is unique per item and
+# user). approvals.decisions says so first, in words.
 OWNED_BY = """SELECT 1 FROM ledger_action a JOIN ledger_agent g ON g.id = a.agent_id
-                WHERE a.id = {action} AND g.owner_id IN ({users})"""
+                WHERE a.id = {action} AND (g.owner_id IN ({users}) OR g.token_issued_by_id IN ({users}))"""
 SAME_EYES = """SELECT 1 FROM approvals_approval p WHERE p.item_id = NEW.item_id
                 AND (p.user_id IN (NEW.user_id, NEW.on_behalf_of_id) OR p.on_behalf_of_id IN (NEW.user_id, NEW.on_behalf_of_id))"""
 TOO_FEW_APPROVALS = (f"NEW.status = '{ReviewStatus.APPROVED}' AND NEW.approvals_needed > 1 "
@@ -36,7 +37,7 @@ DECISION_OWNED = OWNED_BY.format(action="NEW.action_id", users="NEW.decided_by_i
 FOUR_EYES_APPROVAL = Function("approvals_four_eyes_approval() RETURNS trigger", f"""
 BEGIN
     IF EXISTS ({APPROVAL_OWNED}) THEN
-        RAISE EXCEPTION USING MESSAGE = 'four eyes: the owner of the agent that asked may not approve it',
+        RAISE EXCEPTION USING MESSAGE = 'four eyes: the owner of the agent that asked, or who holds its token, may not approve it',
                               ERRCODE = 'integrity_constraint_violation';
     END IF;
     IF EXISTS ({SAME_EYES}) THEN
@@ -49,7 +50,7 @@ END """)
 FOUR_EYES_DECISION = Function("approvals_four_eyes_decision() RETURNS trigger", f"""
 BEGIN
     IF NEW.decided_by_id IS NOT NULL AND EXISTS ({DECISION_OWNED}) THEN
-        RAISE EXCEPTION USING MESSAGE = 'four eyes: the owner of the agent that asked may not decide it',
+        RAISE EXCEPTION USING MESSAGE = 'four eyes: the owner of the agent that asked, or who holds its token, may not decide it',
                               ERRCODE = 'integrity_constraint_violation';
     END IF;
     IF {TOO_FEW_APPROVALS} THEN
@@ -62,14 +63,14 @@ END """)
 FOUR_EYES_APPROVAL_SQLITE = SQLiteTrigger("approvals_four_eyes_approval", f"""CREATE TRIGGER approvals_four_eyes_approval BEFORE INSERT ON approvals_approval
 WHEN EXISTS ({APPROVAL_OWNED}) OR EXISTS ({SAME_EYES})
 BEGIN
-    SELECT RAISE(ABORT, 'four eyes: the owner of the agent that asked may not approve it, and a person and their delegate give one approval between them');
+    SELECT RAISE(ABORT, 'four eyes: the owner of the agent that asked, or who holds its token, may not approve it, and a person and their delegate give one approval between them');
 END""")
 
 FOUR_EYES_DECISION_SQLITE = SQLiteTrigger("approvals_four_eyes_decision", f"""CREATE TRIGGER approvals_four_eyes_decision BEFORE UPDATE OF status ON approvals_reviewitem
 WHEN (NEW.decided_by_id IS NOT NULL AND EXISTS ({DECISION_OWNED}))
     OR ({TOO_FEW_APPROVALS})
 BEGIN
-    SELECT RAISE(ABORT, 'four eyes: the owner of the agent that asked may not decide it, and two approvals come from two people');
+    SELECT RAISE(ABORT, 'four eyes: the owner of the agent that asked, or who holds its token, may not decide it, and two approvals come from two people');
 END""")
 
 # The what-if's daily summaries stay true (approvals.summaries): a change to an action of a day

@@ -82,10 +82,12 @@ def _open_for(item, user, fingerprint):
         raise AlreadyDecided(f"already {item.status} by {item.decided_by_label or 'the system'}")
     if action.agent.owner_id == user.pk:
         raise DecisionRefused("four eyes: you are responsible for the agent that requested this")
+    if action.agent.token_issued_by_id == user.pk:
+        raise DecisionRefused("four eyes: the agent that requested this acts with the token shown to you")
     behalf = acting_for(user, item)  # PermissionDenied without the authority, theirs or a delegator's
-    if behalf is not None and action.agent.owner_id == behalf.pk:
+    if behalf is not None and behalf.pk in (action.agent.owner_id, action.agent.token_issued_by_id):
         raise DecisionRefused(f"four eyes: {behalf.get_username()}, whose delegate you are, is responsible "
-                              "for the agent that requested this")
+                              "for the agent that requested this, or holds its token")
     now = action.params_fingerprint()
     if fingerprint and fingerprint != now:
         raise DecisionRefused(PARAMS_CHANGED)

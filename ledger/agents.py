@@ -50,7 +50,7 @@ def _agent_insert(name, *, actor, grants, owner):
         user = get_user_model().objects.create_user(username=f"agent-{name}", password=None)
         token = Agent.new_token()
         agent = Agent.objects.create(name=name, user=user, token_hash=Agent.hash_token(token), token_prefix=token[:12],
-                                     owner=owner)
+                                     owner=owner, token_issued_by=_person(actor))
         AuditEvent.objects.record(actor=actor, verb="agent_created", obj=agent,
                                   after={"name": name, "owner": owner.get_username()})
         for grant in grants:
@@ -60,10 +60,16 @@ def _agent_insert(name, *, actor, grants, owner):
     return agent, token
 
 
+def _person(actor):
+    """The person a new token is shown to (Agent.token_issued_by), or None for a command's."""
+    return actor if isinstance(actor, get_user_model()) else None
+
+
 def agent_rotate_token(agent, *, actor, reason=""):
     with transaction.atomic():
         token = Agent.new_token()
         agent.token_hash, agent.token_prefix = Agent.hash_token(token), token[:12]
-        agent.save(update_fields=["token_hash", "token_prefix"])
+        agent.token_issued_by = _person(actor)
+        agent.save(update_fields=["token_hash", "token_prefix", "token_issued_by"])
         AuditEvent.objects.record(actor=actor, verb="token_rotated", obj=agent, reason=reason)
     return token

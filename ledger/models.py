@@ -61,6 +61,11 @@ class Agent(models.Model):
     # by the database too: approvals.dbrules). Agents made before owners were required belong to
     # UNASSIGNED_OWNER until a person is named (the agents page says so).
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="owned_agents")
+    # The person its current token was shown to (who created the agent or last rotated its token;
+    # null: a command did). They can act as the agent, so four eyes forbid them to decide its
+    # requests too (approvals.dbrules), whoever owns it.
+    token_issued_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                        related_name="+")
     is_active = models.BooleanField(default=True)
     # Bumped by every grant and revoke: the key of each process's cache of grant checks.
     grants_version = models.PositiveIntegerField(default=0)

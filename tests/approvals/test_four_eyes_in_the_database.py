@@ -9,9 +9,11 @@ from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from approvals.decisions import DecisionRefused, review_decide
 from approvals.models import Approval, ReviewItem, ReviewStatus
+from ledger.agents import agent_rotate_token
 from ledger.audit import actor_label
-from ledger.models import AuditEvent
+from ledger.models import Agent, AuditEvent
 from tests.factories import make_action, make_agent
 
 pytestmark = pytest.mark.django_db
@@ -50,6 +52,27 @@ def test_the_owner_may_not_decide(people, decision):
     refused(lambda: getattr(item, decision)(user=olga, reason="mine"))
     assert ReviewItem.objects.get(pk=item.pk).status == ReviewStatus.OPEN
     getattr(item, decision)(user=alice, reason="four eyes")
+    assert ReviewItem.objects.get(pk=item.pk).decided_by == alice
+
+
+@pytest.mark.parametrize("how", ["created", "rotated"])
+def test_who_was_shown_the_agents_token_may_neither_approve_nor_decide_its_requests(people, how):
+    """They can act as the agent: approving its over-limit refund would be approving their own."""
+    olga, alice, bob = people
+    item = item_for(owner=olga, approvals_needed=2)
+    agent = item.action.agent
+    if how == "created":
+        Agent.objects.filter(pk=agent.pk).update(token_issued_by=alice)  # as agent_create records it
+    else:
+        agent_rotate_token(agent, actor=alice, reason="lost")
+    refused(lambda: Approval.objects.create(item=item, user=alice))
+    refused(lambda: item.reject(user=alice, reason="mine"))
+    alice.is_superuser = True  # the authority to decide refunds: four eyes alone refuse her
+    alice.save()
+    with pytest.raises(DecisionRefused, match="four eyes"):
+        review_decide(item, user=alice, decision="reject", reason="mine")
+    agent_rotate_token(agent, actor=bob, reason="alice left")  # shown to bob now: alice decides again
+    review_decide(item, user=alice, decision="reject", reason="not needed")
     assert ReviewItem.objects.get(pk=item.pk).decided_by == alice
 
 
