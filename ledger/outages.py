@@ -10,7 +10,9 @@ lapses, through the sweeper).
 1. `database_unreachable(exc)`: an error that says the database could not be reached or
    dropped the connection (as opposed to a bug in a statement, which stays a bug).
 2. `connection_lost(exc)`: of those, the ones where the connection itself is gone, so that a
-   fresh one may try the same thing again (an intake, which is idempotent by key).
+   fresh one may try the same thing again (an intake, which is idempotent by key); and
+   `rolled_back(exc)`: the ones where the database is there and rolled the transaction back to
+   break a deadlock or a serialization failure, which is no outage.
 3. `Outage`: the failures of one loop while the database (or, for the sweeper, Redis) is
    away, logged once per outage with what failed and once more when it answers again,
    instead of a traceback per row or pass; with a capped backoff.
@@ -33,6 +35,9 @@ RETRY_AFTER_SECONDS = 2
 # SQLSTATEs of a connection the server ended: class 08 (connection exception), and
 # admin_shutdown (pg_terminate_backend, a fast shutdown), crash_shutdown, cannot_connect_now.
 _LOST_SQLSTATES = {"57P01", "57P02", "57P03"}
+# deadlock_detected and serialization_failure: the database rolled the whole transaction back, and
+# running it again may well go through.
+ROLLED_BACK_SQLSTATES = {"40P01", "40001"}
 BACKOFF_FIRST_SECONDS = 0.1
 BACKOFF_MAX_SECONDS = 2.0
 # Failures further apart than this belong to two outages, each logged.
@@ -41,6 +46,13 @@ QUIET_SECONDS = 30.0
 
 def database_unreachable(exc):
     return isinstance(exc, UNREACHABLE)
+
+
+def rolled_back(exc):
+    """The database is there, and rolled the transaction back to break a deadlock (or a
+    serialization failure): nothing of it was written, and it is no outage."""
+    cause = exc if isinstance(exc, psycopg.Error) else exc.__cause__
+    return getattr(cause, "sqlstate", None) in ROLLED_BACK_SQLSTATES
 
 
 def connection_lost(exc):

@@ -7,6 +7,9 @@ writing was rolled back with its transaction, so the same request may be sent ag
 intake, with the same key, records its one action). Logged once per outage (ledger.outages),
 not a traceback per request. `server_error` (config.urls' handler500) answers the same for a
 middleware that hit the database after the view, and Django's 500 page for anything else.
+
+A transaction the database rolled back to break a deadlock is no outage: `503 busy` with
+Retry-After 1, not logged as the database being away.
 """
 
 import logging
@@ -34,10 +37,25 @@ class DatabaseUnavailableMiddleware:
         return response
 
     def process_exception(self, request, exception):
+        if outages.rolled_back(exception):  # the database is there: no outage to log
+            return database_busy(request)
         if not outages.database_unreachable(exception):
             return None
         _REQUESTS_OUTAGE.failed(exception)
         return database_unavailable(request)
+
+
+def database_busy(request):
+    """503 with Retry-After 1 for a request whose transaction the database rolled back to break a
+    deadlock: nothing of it was written, and sent again it may well go through."""
+    if request.path.startswith("/api/") or "text/html" not in request.headers.get("Accept", ""):
+        response = JsonResponse(problem_body(
+            503, "busy", "Busy", "Another request was changing the same rows at the same moment; nothing was "
+            "recorded. Send the same request again."), status=503, content_type="application/problem+json")
+    else:
+        response = HttpResponse(render_to_string("busy.html"), status=503)
+    response["Retry-After"] = "1"
+    return response
 
 
 def database_unavailable(request):

@@ -15,7 +15,7 @@ from ledger.evidence import evidence_actions, evidence_record
 from ledger.grants import grant_state
 from ledger.metrics import API_KEY_REUSED, API_REPLAYS
 from ledger.models import Action, ActionStatus, ActionType, Capability, GrantState, Task, TaskState
-from ledger.outages import close_broken_connection, connection_lost
+from ledger.outages import close_broken_connection, connection_lost, rolled_back
 from ledger.resources import checkpoint
 from ledger.retention import KEY_EXPIRES_HEADER, ArchivedKey, ArchivedTask, KeyExpired, key_expired, key_expires_at, rfc3339
 from ledger.tasks import task_request
@@ -110,9 +110,6 @@ def require_grant(agent, kind, name):
     return state
 
 
-# PostgreSQL's deadlock_detected and serialization_failure: the database rolled the whole
-# transaction back, so running it again records the request at most once (the key is unique).
-TRANSIENT_SQLSTATES = {"40P01", "40001"}
 INTAKE_ATTEMPTS = 2
 
 
@@ -131,7 +128,7 @@ def intake_through_transient_failures(intake):
             if connection_lost(exc) and attempt + 1 < INTAKE_ATTEMPTS:
                 close_broken_connection()
                 continue
-            if getattr(exc.__cause__, "sqlstate", None) not in TRANSIENT_SQLSTATES:
+            if not rolled_back(exc):  # running it again records the request at most once (the key is unique)
                 raise
     busy = Problem(503, "busy", "Busy", "The ledger was busy with the same target or customer; nothing was "
                    "recorded. Send the same request again.")

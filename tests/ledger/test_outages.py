@@ -2,13 +2,16 @@
 a request that meets it is answered 503 with Retry-After (ledger.api.unavailable)."""
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
 import pytest
 from django.contrib.auth import get_user_model
+from django.db import OperationalError
 
+from console import ledger_views
 from ledger import outages
-from tests.conftest import free_port
+from tests.conftest import _database_url, free_port
 from tests.factories import database_away, post_action_in_process, refund_body
 
 
@@ -63,3 +66,47 @@ def test_a_person_on_the_dashboard_gets_a_page_that_says_the_ledger_is_out_of_re
 
     assert response.status_code == 503 and response["Retry-After"] == str(outages.RETRY_AFTER_SECONDS)
     assert "The ledger is out of reach for a moment" in response.content.decode()
+
+
+@pytest.fixture
+def deadlock(django_db_blocker):
+    """A real one, as Django raises it: two sessions each wait for the lock the other holds, and
+    PostgreSQL rolls one of them back."""
+    url = _database_url()
+    with django_db_blocker.unblock(), psycopg.connect(url) as first, psycopg.connect(url) as second:
+        first.execute("SELECT pg_advisory_xact_lock(23001)")
+        second.execute("SELECT pg_advisory_xact_lock(23002)")
+
+        def wait_for(session, key):
+            try:
+                session.execute("SELECT pg_advisory_xact_lock(%s)", [key])
+            except psycopg.errors.DeadlockDetected as exc:
+                return exc
+            finally:
+                session.rollback()
+
+        with ThreadPoolExecutor(2) as both:
+            waits = [both.submit(wait_for, first, 23002), both.submit(wait_for, second, 23001)]
+            [broken] = [wait.result() for wait in waits if wait.result() is not None]
+    try:
+        raise OperationalError(*broken.args) from broken
+    except OperationalError as wrapped:
+        return wrapped
+
+
+@pytest.mark.parametrize("accept, says", [("text/html", "Someone else was changing the same thing"),
+                                          ("application/json", '"code":"busy"')])
+def test_a_deadlock_is_answered_busy_and_is_no_outage(client, db, deadlock, monkeypatch, caplog, accept, says):
+    """The database broke a deadlock by rolling a request's transaction back: it is there, so
+    the answer is `503 busy` (send it again), and the log says nothing of an outage. (The view
+    that meets it is patched in; the deadlock is PostgreSQL's own.)"""
+    client.force_login(get_user_model().objects.create_superuser("ada", password=None))
+    def meets_the_deadlock(*args, **kwargs):
+        raise deadlock
+
+    monkeypatch.setattr(ledger_views, "overview_cards", meets_the_deadlock)
+    with caplog.at_level(logging.WARNING):
+        response = client.get("/", headers={"Accept": accept})
+    assert (response.status_code, response["Retry-After"]) == (503, "1")
+    assert says in response.content.decode().replace(": ", ":")
+    assert not [r for r in caplog.records if "unreachable" in r.getMessage()]
