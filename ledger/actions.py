@@ -3,6 +3,7 @@
 `action_request` is the intake of the agents' API and of workflow steps alike.
 """
 
+import functools
 import logging
 from datetime import datetime
 
@@ -13,7 +14,7 @@ from django.utils import timezone
 from . import hooks
 from .compiled import Compiled, insert, update
 from .jobs import ring_after_commit
-from .models import (IN_FLIGHT_STATUSES, SETTLED, Action, ActionStatus, ActionType, AuditEvent,  # noqa: F401
+from .models import (BOOKING_HELD, IN_FLIGHT_STATUSES, SETTLED, Action, ActionStatus, ActionType, AuditEvent,  # noqa: F401
                      Booking, InvalidTransition, fingerprint, money_in_params, request_fingerprint)  # (fingerprint: re-exported)
 from .retention import archived_key_expired, refused_as_archived
 
@@ -209,17 +210,17 @@ def same_decision(action_type, target, decision_id, params, customer):
     customer (the ledger's unique rules on them)."""
     if not decision_id or action_type not in SAME_DECISION:
         return None
-    return Action.objects.filter(action_type=action_type, target=target, decision_id=decision_id,
-                                 **SAME_DECISION[action_type](params, customer)).exclude(status=S.SUPERSEDED).first()
+    return Action.objects.filter(SAME_DECISION[action_type](params, customer), action_type=action_type, target=target,
+                                 decision_id=decision_id).exclude(status=S.SUPERSEDED).first()
 
 
 # What besides the target and decision makes an effect the same one, per action type that has
 # the rule (models.Action's constraints action_refund_once_per_decision,
 # action_message_once_per_decision and action_booking_once_per_decision).
 SAME_DECISION = {
-    ActionType.REFUND: lambda params, customer: {},
-    ActionType.SEND_MESSAGE: lambda params, customer: {"params__message_type": params.get("message_type")},
-    ActionType.CREATE_BOOKING: lambda params, customer: {"customer": customer},
+    ActionType.REFUND: lambda params, customer: Q(),
+    ActionType.SEND_MESSAGE: lambda params, customer: Q(params__message_type=params.get("message_type")),
+    ActionType.CREATE_BOOKING: lambda params, customer: Q(customer=customer) & BOOKING_HELD,
 }
 
 
@@ -321,41 +322,62 @@ def held_release_when_settled(action, previous, actor, reason):
     the other's still held and let both run. This runs holding the settled row's lock, while
     the intake takes the subjects' locks first and the rows after: waiting here for either
     could deadlock with it. So the held row is taken with NOWAIT and its subjects' locks only
-    if free; one that is busy stays held, for what is in flight on its subjects to release when
-    it settles, or for a person (its page says when nothing holds it any more)."""
+    if free; one that is busy is looked at again once this transaction has committed, its locks
+    then taken as the intake takes them (`_look_again`)."""
     if action.status not in SETTLED or action.is_retryable_failure or previous == S.HELD:
         return
     if not action.held_nearby:  # the settle's own statement saw none held on its subjects
         return
     held_ones = [a for a in _held_on_subjects.all(action.target, action.customer) if a.pk != action.pk]
-    if not held_ones:
-        return
-    from_a_group = AuditEvent.objects.history(action).filter(verb="released").exists()
     for held in held_ones:
         try:
             with transaction.atomic():
                 held = Action.objects.select_for_update(nowait=True).get(pk=held.pk, status=S.HELD)
-        except (DatabaseError, Action.DoesNotExist):
-            logger.info("%s is busy or moved on: left held for a person", held.operation_key)
+        except Action.DoesNotExist:
+            continue  # moved on meanwhile
+        except DatabaseError:
+            busy = True
+        else:
+            busy = not _try_lock_subjects(held.target, held.customer)
+        if busy:
+            # Another transaction works on it or its subjects now: a settle releasing another
+            # action held on them, or an intake. Once both have committed, it is looked at again.
+            logger.info("%s or its target or customer is busy: looked at again after this commit", held.operation_key)
+            transaction.on_commit(functools.partial(_look_again, held.pk, action.pk), robust=True)
             continue
-        if not _try_lock_subjects(held.target, held.customer):
-            # Another transaction works on its subjects now: a settle releasing another action
-            # held on them (two settles, each seeing the other's released action still held,
-            # would let both run on one customer) or an intake. What it leaves in flight holds
-            # this one, and releases it when it settles.
-            logger.info("%s: its target or customer is busy: left held", held.operation_key)
-            continue
-        holders = [a for subject in _subjects(held)
-                   for a in Action.objects.filter(subject, status__in=IN_FLIGHT_STATUSES).exclude(pk=held.pk)
-                   if a.status != S.HELD]
-        if holders or from_a_group:
-            reason = (f"{holders[0].operation_key} is in flight for the same target or customer" if holders else
-                      f"{action.operation_key}, released from this held group by a person, is {action.status}: "
-                      "the rest wait for a person's decision")
-            AuditEvent.objects.record(actor="system:intake", verb="still_held", obj=held, reason=reason)
-            hooks.moved(held, S.HELD, "system:intake", reason)  # kept held, for a new reason
-            continue
-        verdict = hooks.policy().verdict_for_request(action_type=held.action_type, amount=held.amount,
-                                                     currency=held.currency, customer=held.customer, recorded=held)
-        held.release(actor="system:intake", needs_approval=bool(verdict.approvals_needed),
-                     reason=f"{action.operation_key} is {action.status}: nothing else holds it")
+        _release_if_nothing_holds(held, action)
+
+
+def _look_again(held_pk, settled_pk):
+    """After the settle's commit, a held action that was busy then: its subjects' locks first,
+    waiting as the intake waits (no row is held now), then its row, and the same look."""
+    with transaction.atomic():
+        held = Action.objects.filter(pk=held_pk, status=S.HELD).first()
+        if held is None:
+            return
+        _lock_subjects(held.target, held.customer)
+        held = Action.objects.select_for_update().filter(pk=held_pk, status=S.HELD).first()
+        if held is not None:
+            _release_if_nothing_holds(held, Action.objects.get(pk=settled_pk))
+
+
+def _release_if_nothing_holds(held, action):
+    """`held` (locked, under its subjects' locks) after `action` settled: released if nothing in
+    flight holds it and no person's release let `action` out of a held group; else kept held,
+    with the reason."""
+    holders = [a for subject in _subjects(held)
+               for a in Action.objects.filter(subject, status__in=IN_FLIGHT_STATUSES).exclude(pk=held.pk)
+               if a.status != S.HELD]
+    from_a_group = AuditEvent.objects.history(action).filter(verb="released").exclude(
+        actor__startswith="system:").exists()
+    if holders or from_a_group:
+        reason = (f"{holders[0].operation_key} is in flight for the same target or customer" if holders else
+                  f"{action.operation_key}, released from this held group by a person, is {action.status}: "
+                  "the rest wait for a person's decision")
+        AuditEvent.objects.record(actor="system:intake", verb="still_held", obj=held, reason=reason)
+        hooks.moved(held, S.HELD, "system:intake", reason)  # kept held, for a new reason
+        return
+    verdict = hooks.policy().verdict_for_request(action_type=held.action_type, amount=held.amount,
+                                                 currency=held.currency, customer=held.customer, recorded=held)
+    held.release(actor="system:intake", needs_approval=bool(verdict.approvals_needed),
+                 reason=f"{action.operation_key} is {action.status}: nothing else holds it")

@@ -188,6 +188,11 @@ IN_FLIGHT_STATUSES = {S.QUEUED, S.PENDING, S.UNKNOWN, S.AWAITING_APPROVAL, S.HEL
 # (A superseded action is not among them: its new version, in flight on the same subjects,
 # holds what it held.)
 SETTLED = {S.SUCCEEDED, S.FAILED, S.REJECTED, S.CANCELLED, S.EXPIRED}
+# A booking action whose slot is held (ledger.actions.booking_follow_action frees it otherwise):
+# neither ended without it (rejected, cancelled, expired, failed for good), nor never booked
+# (shadow), nor replaced by its version (superseded).
+BOOKING_HELD = ~Q(status__in=[S.SUPERSEDED, S.REJECTED, S.CANCELLED, S.EXPIRED, S.SHADOW]) & ~Q(
+    status=S.FAILED, error__retryable=False)
 
 
 def held_nearby(action_id, target, customer):
@@ -331,10 +336,12 @@ class Action(LeasedWork):
                 name="action_refund_once_per_decision",
             ),
             # A booking is made once per resource, customer and decision, whatever key asks for
-            # it (its times are params: moved, they are the same decision asked otherwise).
+            # it (its times are params: moved, they are the same decision asked otherwise), while
+            # it holds its slot (BOOKING_HELD): one rejected, cancelled or failed for good may be
+            # asked again, as it always could.
             models.UniqueConstraint(
                 "target", "customer", "decision_id",
-                condition=Q(action_type=ActionType.CREATE_BOOKING) & ~Q(decision_id="") & ~Q(status=S.SUPERSEDED),
+                condition=Q(action_type=ActionType.CREATE_BOOKING) & ~Q(decision_id="") & BOOKING_HELD,
                 name="action_booking_once_per_decision",
             ),
         ]
