@@ -26,7 +26,7 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from .compiled import register_cache
-from .outages import REDIS_UNREACHABLE, UNREACHABLE, Outage
+from .outages import REDIS_UNREACHABLE, UNREACHABLE, Outage, connection_lost
 
 logger = logging.getLogger("surety.jobs")
 DOORBELL_TTL_SECONDS = 15
@@ -156,8 +156,8 @@ def drain(kind, claim_next, run_claimed, give_back=None):
     threads: most of an action's time is spent waiting for the provider and the database,
     so one worker process keeps several in flight (each lane has its own connection).
 
-    `give_back(claimed)`: for a run the database interrupted (unreachable midway), called once
-    it answers again, so that the run is handed back at once and spends nothing; without it
+    `give_back(claimed)`: for a run the database interrupted (its connection lost midway), called
+    once it answers again, so that the run is handed back at once and spends nothing; without it
     (or if the lane ends first) the claim waits for its lease to lapse and the sweeper."""
     if settings.RQ_ASYNC:
         try:
@@ -207,7 +207,10 @@ def _drain_lane(kind, claim_next, run_claimed, give_back, deadline):
         try:
             run_claimed(claimed)
         except UNREACHABLE as exc:
-            if give_back is not None:
+            # Given back only when the connection itself was lost: an error the database
+            # answered (a statement timeout, a full disk) would fail the run the same way again,
+            # and given back each time it would never spend its attempts nor reach a person.
+            if give_back is not None and connection_lost(exc):
                 interrupted.append(claimed)
             if not _went_on(outage, exc):
                 break

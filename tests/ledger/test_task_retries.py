@@ -16,6 +16,7 @@ from django.db import connection
 from django.utils import timezone
 
 from dlq.models import DeadLetter
+from ledger import jobs
 from ledger.connectors import http
 from ledger.models import Task, TaskState
 from ledger.runner import drain_tasks
@@ -179,3 +180,31 @@ def test_a_run_the_database_cut_short_is_given_back_without_spending_an_attempt(
     assert cut and (task.state, task.attempts) == (TaskState.SUCCEEDED, task.max_attempts), task.last_error
     [given_back] = audit_events(task, "deferred")
     assert given_back.reason == "the database was unreachable during the run"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("jobs_to_test_redis")
+def test_a_run_the_database_refused_is_not_given_back(settings, monkeypatch):
+    """A statement the database refuses (here a real statement timeout) fails every run alike:
+    given back each time with its attempt, the task looped for good instead of spending its
+    attempts and reaching a person. Only a lost connection gives a run back."""
+    settings.DRAIN_LANES = 1
+    monkeypatch.setattr(jobs, "DRAIN_SECONDS", 2)
+    agent = make_agent("billing", grants=("refund", "send_message"))[0]
+    task, _ = task_request(agent=agent, task_id="refund-refused", workflow="refund",
+                           input=refund_input("ORD-T", "C-T"))
+
+    def look_up_past_the_statement_timeout(method, url, **kwargs):
+        with connection.cursor() as cursor:
+            cursor.execute("SET statement_timeout = '10ms'")
+            try:
+                cursor.execute("SELECT pg_sleep(0.2)")
+            finally:
+                cursor.execute("SET statement_timeout = 0")
+
+    monkeypatch.setattr(http, "call", look_up_past_the_statement_timeout)
+    drain_tasks()
+
+    task.refresh_from_db()
+    assert (task.state, task.attempts) == (TaskState.RUNNING, 1)  # left to its lease and the sweeper
+    assert not audit_events(task, "deferred").exists()
