@@ -215,7 +215,7 @@ def _settle(transition, **kwargs):
     # effect, and every verification after it the same way, and the action would never settle.
     kwargs = {name: storable(value) for name, value in kwargs.items()}
     if "external_ref" in kwargs:
-        kwargs["external_ref"] = kwargs["external_ref"][:255]  # the column's size; a reference is far shorter
+        kwargs["external_ref"] = str(kwargs["external_ref"])[:255]  # the column's size; a reference is far shorter
     try:
         return transition(**kwargs)
     except StaleClaim:

@@ -26,10 +26,12 @@ calling (DESIGN: a worker never starts a call it may not finish inside its lease
 
 The guarantee, precisely: no write of a request starts after its call's deadline; a write under
 way then is cut off as soon as the caller's thread runs at the deadline; and what the kernel had
-not yet sent is dropped by the reset, done before the call returns. Between the deadline and the
-reset (a moment of thread scheduling, `_CUT_OFF_GRACE` at most) the kernel may pass on some more
-of what it already held; nothing is added to it. So a request still on its way at the deadline
-is never completed later: its connection is reset under it (tests/connectors/test_http_deadline.py).
+not yet sent is dropped by the reset, which the call's thread does as soon as the shutdown wakes
+it, and the caller waits for (`_CUT_OFF_GRACE` at most). Until the reset the kernel may pass on
+some more of what it already held (a shutdown alone sends it, then a FIN); nothing is added to
+it. So a request still on its way at the deadline is not completed later, unless the call's
+thread gets no CPU for longer than the grace, and the provider reads the rest within it
+(tests/connectors/test_http_deadline.py).
 What reached the provider before the deadline stays there, and a provider may still act on a
 request it received whole in time: that is why the executor looks for the effect only
 `CONNECTOR_TIMEOUT` after the call returned, and the sweeper only `CONNECTOR_TIMEOUT` after the
@@ -139,6 +141,13 @@ class _Call:
             if sending:
                 self.sent = True
         return left if timeout is None else min(timeout, left)
+
+    def finish(self):
+        """The call's thread is done with it: its connections went back to the pool, where another
+        call may take them, so a cut-off from now on must not touch them."""
+        with self._lock:
+            self._over = True
+            self._streams.clear()
 
     def cut_off(self):
         """At the deadline: nothing more of this call may start, and what runs fails now."""
@@ -279,6 +288,7 @@ def _run(call, method, url, kwargs):
         return _client().request(method, url, timeout=max(call.left(), 0.001), **kwargs)
     finally:
         _running.reset(token)
+        call.finish()
 
 
 def exchange(method, url, *, json=None, content=None, params=None, headers=None):
