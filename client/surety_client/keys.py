@@ -13,9 +13,9 @@ summarises the conversation, sends the same key. The ledger then answers the act
 recorded (the same parameters, whatever their spelling) or refuses the other parameters
 (`idempotency_key_reused`); it never executes them as new work. A new decision is a new key.
 
-Each part is taken as the API stores it, stripped of surrounding whitespace (" dec-7 " is the
-decision "dec-7"), and within it '%' is written %25 and ':' %3A, so that no two effects share a
-key: `refund:gid%3A//shop/Order/1:dec-7` is the order "gid://shop/Order/1", never the order "gid"
+Each part of an action's key is taken as the API stores it, stripped of surrounding whitespace
+(" dec-7 " is the decision "dec-7"), and within it '%' is written %25 and ':' %3A, so that no two
+effects share a key (a refund task's id keeps its parts as written: `refund_task_id`): `refund:gid%3A//shop/Order/1:dec-7` is the order "gid://shop/Order/1", never the order "gid"
 and the decision "//shop/Order/1:dec-7". A part without ':', '%' or surrounding whitespace is
 written as it is, so keys made of such parts are what they were before this rule.
 
@@ -33,7 +33,11 @@ MAX_TASK_ID = 200
 
 
 def operation_key(kind: str, *parts: object, limit: int = MAX_KEY) -> str:
-    key = ":".join([kind, *(_part(part) for part in parts)])
+    return _joined(kind, [_part(part) for part in parts], limit)
+
+
+def _joined(kind: str, parts: list[str], limit: int) -> str:
+    key = ":".join([kind, *parts])
     if len(key) <= limit and key.isascii() and key.isprintable():
         return key
     return f"{kind}:sha256:{hashlib.sha256(key.encode()).hexdigest()}"
@@ -65,4 +69,9 @@ def booking_key(resource: str, customer: str, decision_id: str) -> str:
 
 
 def refund_task_id(order: str, decision_id: str, *, scope: str | None = None) -> str:
-    return operation_key("task:refund", order, *_scoped(scope), decision_id, limit=MAX_TASK_ID)
+    """A refund task's id, its parts as written: the escaping and stripping above are not applied.
+    The ledger knows a task by its id alone, so a task an earlier client started, asked again in a
+    new form after an upgrade, would be a second task and a second refund. What a shared id costs
+    is safe: the second order's task is refused (`idempotency_key_reused`), never run; and the
+    refund inside is held to one per order and decision by the decision the task's input carries."""
+    return _joined("task:refund", [str(part) for part in (order, *_scoped(scope), decision_id)], MAX_TASK_ID)
