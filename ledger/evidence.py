@@ -19,18 +19,23 @@ The record is checked twice (`manage.py evidence_verify`, `record_problems`):
    secret key (or one of its SECRET_KEY_FALLBACKS, after a rotation), proves that this
    ledger wrote the record as it is; every event's hashes must be the ones the chain holds;
    and the checkpoint named must be the database's, signed, and still the chain's hash at
-   its seq.
+   its seq. An event an archive run took out of the database since (dlq.archive) is checked
+   in the archive's file instead, given the directory of the archives (`archives`): a file
+   whose SHA-256 is the one the database keeps for it, whose events link, holding the event
+   with the same hashes.
 """
 
 import hashlib
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 from django.db.models import Q
 from django.utils import timezone
 
 from .audit import chain_hash, content_hash, ledger_signed, ledger_signer
 from .models import Action, ActionStatus, AuditEvent, Capability, ChainCheck, ChainCheckpoint, Grant, WebhookEvent
+from .retention import Archive
 
 FORMAT = "surety-evidence/1"
 GRANT_VERBS = ("granted", "promoted", "revoked")
@@ -240,9 +245,10 @@ def record_digest(record):
 CONTENT_FIELDS = ("occurred_at", "actor", "verb", "object_type", "object_id", "before", "after", "reason", "request_id")
 
 
-def record_problems(record, *, database=True):
+def record_problems(record, *, database=True, archives=None):
     """Everything wrong with a record (an empty list: it holds). From the file alone, or also
-    against the database (`database`): see the module's docstring."""
+    against the database (`database`), and the archive files in `archives` (a directory) for
+    the events the database no longer holds: see the module's docstring."""
     try:
         events = record["audit"]["events"]
         integrity = record["integrity"]
@@ -257,9 +263,39 @@ def record_problems(record, *, database=True):
     if database:
         if not ledger_signed("evidence", str(integrity.get("digest")), integrity.get("signature")):
             problems.append("the signature is not this ledger's for this digest")
-        problems += _database_problems(events)
-        problems += _checkpoint_problems(record["audit"].get("checkpoint"))
+        archived, problems_of_files = archived_events(archives) if archives else ({}, [])
+        problems += problems_of_files
+        problems += _database_problems(events, archived)
+        problems += _checkpoint_problems(record["audit"].get("checkpoint"), archived)
     return problems
+
+
+def archived_events(directory):
+    """({seq: (id, content_hash, prev_hash, hash)} of the audit events in the archive files in
+    `directory`, [problems]). Only a file whose SHA-256 is the one its Archive row keeps counts
+    (the database vouches for it as for its own rows), and only if its events link one to the
+    next, each hash recomputed from the one before; a file missing from the directory is passed
+    over (the record's events it held are then "not in the database")."""
+    found, problems = {}, []
+    for archive in Archive.objects.filter(checkpoint__isnull=False).order_by("id"):
+        path = Path(directory) / Path(archive.file).name
+        try:
+            raw = path.read_bytes()
+        except OSError:
+            continue
+        if hashlib.sha256(raw).hexdigest() != archive.sha256:
+            problems.append(f"archive {path.name}: not the file the ledger wrote (its SHA-256 differs)")
+            continue
+        rows = [json.loads(line) for line in raw.decode().splitlines()[1:]]
+        events = sorted(((row["pk"], row["fields"]) for row in rows if row.get("model") == "ledger.auditevent"),
+                        key=lambda event: event[1]["seq"])
+        for (pk, event), following in zip(events, events[1:] + [None]):
+            if chain_hash(event["prev_hash"], event["content_hash"], event["seq"]) != event["hash"] or (
+                    following is not None and following[1]["prev_hash"] != event["hash"]):
+                problems.append(f"archive {path.name}: its chain breaks at seq {event['seq']}")
+                break
+            found[event["seq"]] = (pk, event["content_hash"], event["prev_hash"], event["hash"])
+    return found, problems
 
 
 def _chain_problems(events):
@@ -279,8 +315,9 @@ def _chain_problems(events):
     return problems
 
 
-def _checkpoint_problems(named):
-    """The checkpoint the record names: this ledger's, as the record has it, still vouching."""
+def _checkpoint_problems(named, archived):
+    """The checkpoint the record names: this ledger's, as the record has it, still vouching (its
+    own event in the database, or in an archive file: `archived`, by seq)."""
     if named is None:
         return []
     if not isinstance(named, dict) or not isinstance(named.get("seq"), int):
@@ -290,19 +327,27 @@ def _checkpoint_problems(named):
         return [f"checkpoint at seq {named.get('seq')}: not in the database"]
     if (named.get("hash"), named.get("signature")) != (checkpoint.hash, checkpoint.signature):
         return [f"checkpoint at seq {checkpoint.seq}: not the database's"]
+    if checkpoint.seq in archived and archived[checkpoint.seq][3] == checkpoint.hash:
+        return []
     return [why] if (why := checkpoint.problem()) else []
 
 
-def _database_problems(events):
+def _database_problems(events, archived):
     """Each event against the database's row with the same id: the same content hash, and
-    once sealed the same seq and hashes (an event the export saw unsealed may be sealed now)."""
+    once sealed the same seq and hashes (an event the export saw unsealed may be sealed now);
+    one the database no longer holds, against its archive file's (`archived`, by seq)."""
     rows = AuditEvent.objects.in_bulk([e.get("id") for e in events if isinstance(e.get("id"), int)])
     problems = []
     for event in events:
         row = rows.get(event.get("id"))
         name = f"event #{event.get('seq') or event.get('id')}"
-        if row is None:
-            problems.append(f"{name}: not in the database's audit trail")
+        if row is None and event.get("seq") in archived:
+            if archived[event["seq"]] != (event.get("id"), event.get("content_hash"), event.get("prev_hash"),
+                                          event.get("hash")):
+                problems.append(f"{name}: not as its archive file holds it")
+        elif row is None:
+            problems.append(f"{name}: not in the database's audit trail" + (", nor in an archive given" if archived
+                                                                                else ""))
         elif row.content_hash != content_hash(row.content_fields()):
             problems.append(f"{name}: the database's row was altered after it was written")
         elif event.get("content_hash") != row.content_hash:

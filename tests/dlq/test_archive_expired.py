@@ -17,6 +17,7 @@ from dlq import archive as archiving
 from dlq.archive import archive_expired
 from dlq.models import Alert, DeadLetter
 from ledger.audit import audit_verify, audit_walk
+from ledger.evidence import evidence_actions, evidence_record, record_problems
 from ledger.models import Action, ArchivedKey, AuditEvent, ChainCheck, ChainCheckpoint, WebhookEvent
 from ledger.retention import Archive
 from tests.factories import make_action, make_agent, post_action_in_process, refund_body
@@ -211,3 +212,26 @@ def test_the_archives_checkpoint_still_vouches_after_the_secret_key_is_rotated(t
 
     settings.SECRET_KEY_FALLBACKS = []  # the old key dropped: what it signed proves nothing any more
     assert AuditEvent.objects.verify_chain() == 5
+
+
+def test_an_evidence_record_exported_before_a_run_still_verifies_against_the_runs_files(tmp_path, ledger):
+    """An action kept past its lifetime (its dead letter is open) cites events a run takes out
+    of the database (its agent's grants, its own): they are checked in the archives' files,
+    which the database vouches for by their SHA-256. A changed file vouches for nothing."""
+    exported = evidence_record(evidence_actions().get(pk=ledger["open"].pk), [])
+    saved = tmp_path / "evidence.json"
+    saved.write_text(json.dumps(exported))
+    archives = tmp_path / "archives"
+    archives.mkdir()
+    while archive_expired(archives, now=timezone.now() + LATER)[0] is not None:
+        pass
+
+    cited = {e["id"] for e in exported["audit"]["events"]}
+    assert cited - set(AuditEvent.objects.filter(pk__in=cited).values_list("id", flat=True))  # some are gone
+    assert any("not in the database's audit trail" in p for p in record_problems(exported))
+    assert record_problems(exported, archives=archives) == []
+    call_command("evidence_verify", str(saved), "--archives", str(archives))
+
+    first = sorted(archives.iterdir())[0]
+    first.write_text(first.read_text().replace('"verb":"', '"verb":"x', 1))
+    assert any("not the file the ledger wrote" in p for p in record_problems(exported, archives=archives))

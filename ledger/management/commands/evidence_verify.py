@@ -17,14 +17,17 @@ class Command(BaseCommand):
         parser.add_argument("--offline", action="store_true", help="check the file alone, without the database")
         parser.add_argument("--chain", action="store_true",
                             help="also verify the database's chain from the record's first sealed event on")
+        parser.add_argument("--archives", metavar="DIRECTORY",
+                            help="the directory of archive_expired's files: an event an archive run took out of the "
+                                 "database is checked in its file (whose SHA-256 the database keeps)")
 
-    def handle(self, file, offline, chain, **options):
+    def handle(self, file, offline, chain, archives, **options):
         try:
             with open(file, encoding="utf-8") as f:
                 record = json.load(f)
         except (OSError, ValueError) as exc:
             raise CommandError(f"cannot read {file}: {exc}") from None
-        problems = record_problems(record, database=not offline)
+        problems = record_problems(record, database=not offline, archives=archives)
         if chain and not offline and not problems:
             sealed = [e["seq"] for e in record["audit"]["events"] if isinstance(e.get("seq"), int)]
             report = AuditEvent.objects.chain_report(from_seq=min(sealed)) if sealed else None
