@@ -36,12 +36,12 @@ def _may_itself(user, item):
 
 def may_decide(user, item):
     """`user` may decide `item`, as themselves or for a person who delegated to them, and
-    neither of them owns the agent that asked for it (four eyes)."""
+    neither of them owns the agent that asked for it or was shown its token (four eyes)."""
     try:
         behalf = acting_for(user, item)
     except PermissionDenied:
         return False
-    return item.action.agent.owner_id not in (user.pk, behalf and behalf.pk)
+    return not item.action.agent.answers_for(user, behalf)
 
 
 def decidable_for(user, perm):

@@ -80,12 +80,11 @@ def _open_for(item, user, fingerprint):
     item = ReviewItem.objects.select_for_update().get(pk=item.pk)
     if item.status != ReviewStatus.OPEN:
         raise AlreadyDecided(f"already {item.status} by {item.decided_by_label or 'the system'}")
-    if action.agent.owner_id == user.pk:
-        raise DecisionRefused("four eyes: you are responsible for the agent that requested this")
-    if action.agent.token_issued_by_id == user.pk:
-        raise DecisionRefused("four eyes: the agent that requested this acts with the token shown to you")
+    if action.agent.answers_for(user):
+        raise DecisionRefused("four eyes: you are responsible for the agent that requested this, or were shown "
+                              "its token")
     behalf = acting_for(user, item)  # PermissionDenied without the authority, theirs or a delegator's
-    if behalf is not None and behalf.pk in (action.agent.owner_id, action.agent.token_issued_by_id):
+    if action.agent.answers_for(behalf):
         raise DecisionRefused(f"four eyes: {behalf.get_username()}, whose delegate you are, is responsible "
                               "for the agent that requested this, or holds its token")
     now = action.params_fingerprint()

@@ -16,7 +16,7 @@ from approvals.decisions import AlreadyDecided, DecisionRefused, held_group, hel
 from approvals.intake import covered_currencies, customer_total_today, uncovered_refused
 from approvals.models import Limit, ReviewItem, ReviewKind, ReviewStatus
 from approvals.whatif import DEFAULT_DAYS, MAX_DAYS, Proposal, preview_for_audit
-from ledger.models import IN_FLIGHT_STATUSES, Action, ActionStatus, ActionType, AuditEvent
+from ledger.models import IN_FLIGHT_STATUSES, Action, ActionStatus, ActionType, Agent, AuditEvent
 
 from .approval_forms import DecisionForm, EditForm, LimitForm, fingerprint_seen
 from .dashboard import keyset_page, posted_pk, recent_reasons, render_partial, staff_required
@@ -48,10 +48,11 @@ def _queue_of(item):
 
 
 def _waiting_for(user):
-    """Open items this user can still act on: not requested by an agent they own (four eyes)
-    and not already approved by them (the second approval must be someone else's)."""
-    return ReviewItem.objects.filter(status=ReviewStatus.OPEN).exclude(action__agent__owner=user).exclude(
-        approved_by(user))
+    """Open items this user can still act on: not requested by an agent they own or were shown
+    the token of (four eyes) and not already approved by them (the second approval must be
+    someone else's)."""
+    return ReviewItem.objects.filter(status=ReviewStatus.OPEN).exclude(
+        action__agent__in=Agent.objects.filter(Agent.answering_for(user))).exclude(approved_by(user))
 
 
 def came_from(request, item):
@@ -141,7 +142,7 @@ def detail_context(request, item, decide_url=None):
         "item": item,
         "action": action,
         "may_decide": may_decide(request.user, item),
-        "is_owner": action.agent.owner_id == request.user.pk,
+        "is_owner": action.agent.answers_for(request.user),
         "approved_by_me": any(a.user_id == request.user.pk for a in approvals),
         "approvals": approvals,
         "why": _why_now(item, history),

@@ -156,8 +156,8 @@ def grant_promote(agent, cap, *, actor, reason, review_by=None):
     review_by = review_by or now + timedelta(days=REVIEW_DAYS)
     if not isinstance(actor, get_user_model()):
         raise GrantRefused("only a person may make a grant live")
-    if actor.pk == agent.owner_id:
-        raise GrantRefused("the agent's owner may not make its grant live (four eyes)")
+    if agent.answers_for(actor):
+        raise GrantRefused("the agent's owner, or who was shown its token, may not make its grant live (four eyes)")
     reason = _reason_required(reason, "make a grant live")
     if cap.kind != Capability.Kind.ACTION_TYPE:
         raise GrantRefused("only a grant for an action type is promoted; a workflow's is live once given")

@@ -83,6 +83,17 @@ class Agent(models.Model):
     def audit_actor(self):
         return f"agent:{self.name}"
 
+    def answers_for(self, *people):
+        """Whether one of `people` (users, or None) owns the agent or was shown its token: four eyes
+        keep them from deciding its requests and making its grants live (the database holds the
+        first too: approvals.dbrules)."""
+        return bool({person.pk for person in people if person is not None} & {self.owner_id, self.token_issued_by_id})
+
+    @staticmethod
+    def answering_for(user):
+        """The agents `user` owns or was shown the token of, as a condition on agents."""
+        return Q(owner=user) | Q(token_issued_by=user)
+
     @staticmethod
     def hash_token(token):
         # Tokens are 256 random bits, so a plain digest is enough: nothing to brute-force.

@@ -11,7 +11,8 @@ from django.utils import timezone
 
 from approvals.decisions import DecisionRefused, review_decide
 from approvals.models import Approval, ReviewItem, ReviewStatus
-from ledger.agents import agent_rotate_token
+from approvals.access import may_decide
+from ledger.agents import agent_create, agent_rotate_token
 from ledger.audit import actor_label
 from ledger.models import Agent, AuditEvent
 from tests.factories import make_action, make_agent
@@ -59,19 +60,25 @@ def test_the_owner_may_not_decide(people, decision):
 def test_who_was_shown_the_agents_token_may_neither_approve_nor_decide_its_requests(people, how):
     """They can act as the agent: approving its over-limit refund would be approving their own."""
     olga, alice, bob = people
-    item = item_for(owner=olga, approvals_needed=2)
-    agent = item.action.agent
     if how == "created":
-        Agent.objects.filter(pk=agent.pk).update(token_issued_by=alice)  # as agent_create records it
+        agent, _ = agent_create("made-by-alice", actor=alice, owner=olga, grants=("refund",))
+        item = ReviewItem.objects.create(kind="approval", action=make_action(agent, "awaiting_approval"),
+                                         approvals_needed=2, deadline=timezone.now() + timedelta(hours=4))
     else:
+        item = item_for(owner=olga, approvals_needed=2)
+        agent = item.action.agent
         agent_rotate_token(agent, actor=alice, reason="lost")
+    assert Agent.objects.get(pk=agent.pk).token_issued_by == alice
+    assert Agent.objects.filter(Agent.answering_for(alice)).get() == agent
     refused(lambda: Approval.objects.create(item=item, user=alice))
     refused(lambda: item.reject(user=alice, reason="mine"))
     alice.is_superuser = True  # the authority to decide refunds: four eyes alone refuse her
     alice.save()
+    assert not may_decide(alice, item)  # the page offers her no decision
     with pytest.raises(DecisionRefused, match="four eyes"):
         review_decide(item, user=alice, decision="reject", reason="mine")
     agent_rotate_token(agent, actor=bob, reason="alice left")  # shown to bob now: alice decides again
+    assert may_decide(alice, ReviewItem.objects.get(pk=item.pk))
     review_decide(item, user=alice, decision="reject", reason="not needed")
     assert ReviewItem.objects.get(pk=item.pk).decided_by == alice
 

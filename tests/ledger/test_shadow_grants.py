@@ -14,6 +14,7 @@ from django.utils import timezone
 from approvals.models import Limit
 from console.sweeper import sweep_once
 from ledger.actions import action_request
+from ledger.agents import agent_rotate_token
 from ledger.connectors.test_mode import connector_version
 from ledger.executor import action_claim_next
 from ledger.grants import GrantRefused, agent_grant, agent_revoke, capability, grant_promote, grant_state
@@ -91,6 +92,15 @@ def test_promotion_by_the_agents_owner_is_refused(scout, olga):
         grant_promote(scout, capability(*REFUND), actor=olga, reason="looks fine")
     assert grant_state(fresh(scout), *REFUND) == GrantState.SHADOW
     assert not audit_events(scout, "promoted").exists()
+
+
+def test_promotion_by_who_was_shown_the_agents_token_is_refused(scout, ada):
+    """They can act as the agent: making its grant live would be letting themselves move money."""
+    passed_run()
+    agent_rotate_token(scout, actor=ada, reason="lost")
+    with pytest.raises(GrantRefused, match="four eyes"):
+        grant_promote(fresh(scout), capability(*REFUND), actor=ada, reason="ready")
+    assert grant_state(fresh(scout), *REFUND) == GrantState.SHADOW
 
 
 def test_promotion_without_a_passing_replay_run_for_the_connector_as_it_is_now_is_refused(scout, ada):
