@@ -3,7 +3,6 @@
 `action_request` is the intake of the agents' API and of workflow steps alike.
 """
 
-import functools
 import logging
 from datetime import datetime
 
@@ -343,7 +342,8 @@ def held_release_when_settled(action, previous, actor, reason):
             # Another transaction works on it or its subjects now: a settle releasing another
             # action held on them, or an intake. Once both have committed, it is looked at again.
             logger.info("%s or its target or customer is busy: looked at again after this commit", held.operation_key)
-            transaction.on_commit(functools.partial(_look_again, held.pk, action.pk), robust=True)
+            transaction.on_commit(lambda held_pk=held.pk, settled_pk=action.pk: _look_again(held_pk, settled_pk),
+                                  robust=True)  # a failure is logged; the held one then waits for a person
             continue
         _release_if_nothing_holds(held, action)
 

@@ -12,6 +12,7 @@ from django.contrib.auth import get_user_model
 from django.db import connection, transaction
 
 from approvals import decisions
+from ledger import actions
 from approvals.decisions import DecisionRefused, held_group, held_group_decide
 from approvals.models import ReviewItem, ReviewKind, ReviewStatus
 from ledger.actions import action_request
@@ -140,6 +141,27 @@ def test_a_held_action_whose_customer_was_busy_at_the_settle_is_looked_at_again_
         first.mark_succeeded(actor="system:executor", external_ref="re_1", claim=first.fence)
         shadow.result()
     assert (status(second), Action.objects.get(operation_key="r3").status) == (S.QUEUED, S.SHADOW)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_look_again_that_fails_fails_neither_the_settle_nor_what_follows_its_commit(agent, monkeypatch, caplog):
+    """It runs after the settle committed: a failure there (the database gone meanwhile) is
+    logged, the held one waits for a person, and the settle's caller (a worker's lane, a
+    person's decision) is not failed by it."""
+    first = running(refund(agent, "r1", order="ORD-1", customer="CUST-1"))
+    second = refund(agent, "r2", order="ORD-2", customer="CUST-1")
+
+    def gone(held_pk, settled_pk):
+        raise RuntimeError("the database went away")
+
+    monkeypatch.setattr(actions, "_try_lock_subjects", lambda target, customer: False)  # as if busy
+    monkeypatch.setattr(actions, "_look_again", gone)
+    rang = []
+    with transaction.atomic():
+        first.mark_succeeded(actor="system:executor", external_ref="re_1", claim=first.fence)
+        transaction.on_commit(lambda: rang.append(True))  # what else waits for this commit
+    assert (status(first), status(second), rang) == (S.SUCCEEDED, S.HELD, [True])
+    assert "the database went away" in caplog.text
 
 
 @pytest.mark.django_db
