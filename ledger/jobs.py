@@ -26,7 +26,7 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from .compiled import register_cache
-from .outages import REDIS_UNREACHABLE, UNREACHABLE, Outage, connection_lost
+from .outages import REDIS_UNREACHABLE, UNREACHABLE, Outage, connection_lost, rolled_back
 
 logger = logging.getLogger("surety.jobs")
 DOORBELL_TTL_SECONDS = 15
@@ -207,11 +207,14 @@ def _drain_lane(kind, claim_next, run_claimed, give_back, deadline):
         try:
             run_claimed(claimed)
         except UNREACHABLE as exc:
-            # Given back only when the connection itself was lost: an error the database
-            # answered (a statement timeout, a full disk) would fail the run the same way again,
-            # and given back each time it would never spend its attempts nor reach a person.
-            if give_back is not None and connection_lost(exc):
+            # Given back only when the connection itself was lost, or the database rolled the run's
+            # transaction back to break a deadlock: an error the database answered otherwise (a
+            # statement timeout, a full disk) would fail the run the same way again, and given
+            # back each time it would never spend its attempts nor reach a person.
+            if give_back is not None and (connection_lost(exc) or rolled_back(exc)):
                 interrupted.append(claimed)
+            if rolled_back(exc):  # a deadlock the database broke: it is there, no outage
+                continue
             if not _went_on(outage, exc):
                 break
             continue

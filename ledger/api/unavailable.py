@@ -50,8 +50,8 @@ def database_busy(request):
     deadlock: nothing of it was written, and sent again it may well go through."""
     if request.path.startswith("/api/") or "text/html" not in request.headers.get("Accept", ""):
         response = JsonResponse(problem_body(
-            503, "busy", "Busy", "Another request was changing the same rows at the same moment; nothing was "
-            "recorded. Send the same request again."), status=503, content_type="application/problem+json")
+            503, "busy", "Busy", "Another request was changing the same rows at the same moment, and the database "
+            "rolled this one's transaction back. Send the same request again."), status=503, content_type="application/problem+json")
     else:
         response = HttpResponse(render_to_string("busy.html"), status=503)
     response["Retry-After"] = "1"
@@ -72,6 +72,8 @@ def database_unavailable(request):
 
 
 def server_error(request):
+    if outages.rolled_back(sys.exc_info()[1]):
+        return database_busy(request)
     if outages.database_unreachable(sys.exc_info()[1]):
         return database_unavailable(request)
     return django_server_error(request)
