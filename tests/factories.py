@@ -9,17 +9,19 @@ built with the same factories.
 import json
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import timedelta
 from decimal import Decimal
 from types import SimpleNamespace
 
 import httpx
+import psycopg
 import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core.management import call_command
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -27,7 +29,7 @@ from console.sweeper import sweep_once
 from ledger.agents import agent_create
 from ledger.models import Action, ActionStatus, Agent, AuditEvent, Grant, StepStatus, Task, TaskStep
 from ledger.tasks import task_request
-from tests.conftest import free_port, wait_until
+from tests.conftest import _database_url, free_port, wait_until
 
 
 GRANTS = ("refund", "send_message", "create_booking")
@@ -343,6 +345,31 @@ def failed_task_entry(agent, task_id):
 def open_entry(task):
     """The task's open dead-letter entry (the dead-letter queue's reaction to its move)."""
     return task.dead_letters.get(status="open")
+
+
+def a_real_deadlock():
+    """A deadlock PostgreSQL broke, as Django raises it: two sessions each wait for the lock the
+    other holds, and the database rolls one of them back."""
+    url = _database_url()
+    with psycopg.connect(url) as first, psycopg.connect(url) as second:
+        first.execute("SELECT pg_advisory_xact_lock(23001)")
+        second.execute("SELECT pg_advisory_xact_lock(23002)")
+
+        def wait_for(session, key):
+            try:
+                session.execute("SELECT pg_advisory_xact_lock(%s)", [key])
+            except psycopg.errors.DeadlockDetected as exc:
+                return exc
+            finally:
+                session.rollback()
+
+        with ThreadPoolExecutor(2) as both:
+            waits = [both.submit(wait_for, first, 23002), both.submit(wait_for, second, 23001)]
+            [broken] = [wait.result() for wait in waits if wait.result() is not None]
+    try:
+        raise OperationalError(*broken.args) from broken
+    except OperationalError as wrapped:
+        return wrapped
 
 
 @contextmanager

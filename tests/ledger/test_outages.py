@@ -2,17 +2,15 @@
 a request that meets it is answered 503 with Retry-After (ledger.api.unavailable)."""
 
 import logging
-from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
 import pytest
 from django.contrib.auth import get_user_model
-from django.db import OperationalError
 
 from console import ledger_views
 from ledger import outages
-from tests.conftest import _database_url, free_port
-from tests.factories import database_away, post_action_in_process, refund_body
+from tests.conftest import free_port
+from tests.factories import a_real_deadlock, database_away, post_action_in_process, refund_body
 
 
 @pytest.fixture
@@ -70,28 +68,8 @@ def test_a_person_on_the_dashboard_gets_a_page_that_says_the_ledger_is_out_of_re
 
 @pytest.fixture
 def deadlock(django_db_blocker):
-    """A real one, as Django raises it: two sessions each wait for the lock the other holds, and
-    PostgreSQL rolls one of them back."""
-    url = _database_url()
-    with django_db_blocker.unblock(), psycopg.connect(url) as first, psycopg.connect(url) as second:
-        first.execute("SELECT pg_advisory_xact_lock(23001)")
-        second.execute("SELECT pg_advisory_xact_lock(23002)")
-
-        def wait_for(session, key):
-            try:
-                session.execute("SELECT pg_advisory_xact_lock(%s)", [key])
-            except psycopg.errors.DeadlockDetected as exc:
-                return exc
-            finally:
-                session.rollback()
-
-        with ThreadPoolExecutor(2) as both:
-            waits = [both.submit(wait_for, first, 23002), both.submit(wait_for, second, 23001)]
-            [broken] = [wait.result() for wait in waits if wait.result() is not None]
-    try:
-        raise OperationalError(*broken.args) from broken
-    except OperationalError as wrapped:
-        return wrapped
+    with django_db_blocker.unblock():
+        return a_real_deadlock()
 
 
 @pytest.mark.parametrize("accept, says", [("text/html", "Someone else was changing the same thing"),

@@ -22,7 +22,7 @@ from ledger.models import Task, TaskState
 from ledger.runner import drain_tasks
 from ledger.tasks import task_expire_leases, task_request, task_run_now
 from tests.conftest import REDIS_URL, _database_url, free_port, wait_until
-from tests.factories import (agent_api, audit_events, make_agent, refund_input, sandbox, sandbox_order, settled,
+from tests.factories import (a_real_deadlock, agent_api, audit_events, make_agent, refund_input, sandbox, sandbox_order, settled,
                              start_refund_task)
 
 # BASE as in the stack (tests/conftest.py STACK_ENV); the cap is set lower where it shows.
@@ -208,3 +208,31 @@ def test_a_run_the_database_refused_is_not_given_back(settings, monkeypatch):
     task.refresh_from_db()
     assert (task.state, task.attempts) == (TaskState.RUNNING, 1)  # left to its lease and the sweeper
     assert not audit_events(task, "deferred").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("jobs_to_test_redis")
+def test_a_run_the_database_rolled_back_for_a_deadlock_is_given_back_and_is_no_outage(settings, monkeypatch, caplog):
+    """A deadlock is the database there, breaking a tie: the run is given back with its attempt
+    (on its last one here), and the log says nothing of the database being away. (The look-up
+    that meets it is staged; the deadlock is PostgreSQL's own.)"""
+    settings.DRAIN_LANES = 1
+    agent = make_agent("billing", grants=("refund", "send_message"))[0]
+    task, _ = task_request(agent=agent, task_id="refund-tie", workflow="refund", input=refund_input("ORD-D", "C-D"))
+    Task.objects.filter(pk=task.pk).update(attempts=task.max_attempts - 1)
+    deadlock, met = a_real_deadlock(), []
+
+    def provider_once_deadlocked(method, url, **kwargs):
+        if method == "POST":
+            return {"id": f"eff_{kwargs['headers']['Idempotency-Key']}"}
+        if not met:
+            met.append(True)
+            raise deadlock
+        return {"order_id": "ORD-D", "customer": "C-D", "amount": "100.00"}
+
+    monkeypatch.setattr(http, "call", provider_once_deadlocked)
+    drain_tasks()
+
+    task.refresh_from_db()
+    assert (task.state, task.attempts) == (TaskState.SUCCEEDED, task.max_attempts), task.last_error
+    assert "unreachable" not in caplog.text
