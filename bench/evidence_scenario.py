@@ -82,9 +82,10 @@ def _open_item(action):
 
 
 def rich_agent(name="evidence-bot"):
-    """The agent, granted refunds (shadow) and promoted live by a person after a replay run."""
+    """The agent, made by its owner (who holds its token), granted refunds (shadow) and promoted
+    live by another person after a replay run (four eyes: not the owner, nor who holds the token)."""
     owner, _, _, admin = (_person(username) for username in PEOPLE)
-    agent, token = agent_create(name, actor=admin, grants=["refund"], owner=owner)
+    agent, token = agent_create(name, actor=owner, grants=["refund"], owner=owner)
     ReplayRun.objects.get_or_create(action_type="refund", connector_version=connector_version("refund"),
                                     defaults={"passed": True, "ran_by": "bench:evidence", "finished_at": timezone.now()})
     grant_promote(agent, capability(Capability.Kind.ACTION_TYPE, "refund"), actor=admin,
