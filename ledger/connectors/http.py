@@ -138,6 +138,7 @@ class _Call:
             if self._over or left <= 0:
                 raise _Over
             self._streams.add(stream)
+            stream.owner = self
             if sending:
                 self.sent = True
         return left if timeout is None else min(timeout, left)
@@ -155,7 +156,8 @@ class _Call:
             self._over = True
             streams = list(self._streams)
         for stream in streams:
-            stream.abort()
+            if stream.owner is self:  # not one the pool has given another call since
+                stream.abort()
         return bool(streams)
 
 
@@ -167,6 +169,7 @@ class _Stream(httpcore.NetworkStream):
         self._inner = inner
         self._lock = threading.Lock()
         self._closed = False
+        self.owner = None  # the call that last used it
 
     def _timeout(self, timeout, timed_out, *, sending=False):
         call = _running.get()
