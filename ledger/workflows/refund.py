@@ -20,18 +20,25 @@ TARGET_LENGTH = 255  # an action's target (the recipient, the order) and custome
 class RefundInput(PayableAmount, StrictSerializer):
     """Checked as a refund's params are: an amount the refund's connector can pay, in canonical form.
     Every field fits the actions the steps record from it, so that no step fails on it after the
-    refund was made (a customer is also the recipient's name, before CUSTOMERS_AT)."""
+    refund was made (without `notify`, a customer is also the recipient's name, before CUSTOMERS_AT)."""
 
     order_id = serializers.CharField(max_length=TARGET_LENGTH)
     amount = AmountField()
     currency = CurrencyField()
-    customer = serializers.CharField(max_length=TARGET_LENGTH - len(CUSTOMERS_AT))
+    customer = serializers.CharField(max_length=TARGET_LENGTH)
     reason = serializers.CharField(max_length=500, required=False, allow_blank=True)
     notify = serializers.EmailField(required=False, max_length=TARGET_LENGTH, help_text="where to send the confirmation")
     decision_id = serializers.CharField(
         max_length=255, required=False, allow_blank=True,
         help_text="the agent's decision this refund carries out: one refund per order and decision, whether asked "
                   "by a task or directly (without it the task's id is its decision)")
+
+    def validate(self, data):
+        if not data.get("notify") and len(data["customer"]) + len(CUSTOMERS_AT) > TARGET_LENGTH:
+            raise serializers.ValidationError({"customer": [
+                f"At most {TARGET_LENGTH - len(CUSTOMERS_AT)} characters without notify: the confirmation goes to "
+                f"<customer>{CUSTOMERS_AT}."]})
+        return super().validate(data)
 
 
 def lookup_order(ctx):

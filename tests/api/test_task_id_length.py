@@ -39,12 +39,15 @@ def test_it_takes_the_longest_task_id_that_leaves_room(client):
     assert max(len(step.idempotency_key) for step in TaskStep.objects.filter(task__task_id=task_id)) == 255
 
 
-@pytest.mark.parametrize("customer, status", [("c" * 230, 201), ("c" * 231, 400)])
-def test_a_customer_whose_confirmation_would_not_fit_is_refused_before_anything_runs(client, customer, status):
-    """The confirmation goes to <customer>@customers.surety.example, an action's target of at most
-    255 characters: a longer customer failed its last step, after the refund, on every retry."""
+@pytest.mark.parametrize("customer, notify, status", [("c" * 230, None, 201), ("c" * 231, None, 400),
+                                                      ("c" * 255, "ops@example.com", 201)])
+def test_a_customer_whose_confirmation_would_not_fit_is_refused_before_anything_runs(client, customer, notify, status):
+    """Without `notify` the confirmation goes to <customer>@customers.surety.example, an action's
+    target of at most 255 characters: a longer customer failed its last step, after the refund,
+    on every retry. With `notify`, a customer may be as long as a refund's."""
     make_agent_on(client)
-    body = {**refund_task_body(), "input": {**refund_task_body()["input"], "customer": customer}}
+    given = {"customer": customer, **({"notify": notify} if notify else {})}
+    body = {**refund_task_body(), "input": {**refund_task_body()["input"], **given}}
     response = client.post("/api/v1/tasks", data=json.dumps(body), content_type="application/json",
                            headers={"Idempotency-Key": "task-long-customer"})
     assert response.status_code == status, response.content
