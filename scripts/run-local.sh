@@ -4,7 +4,8 @@
 # Expects `make install services` to have run (`make run` does both).
 #
 # PORT (default 8000) is where the web app listens on 127.0.0.1; the sandbox connector's
-# SANDBOX_BASE_URL and the alerts' SITE_URL follow it unless set. Every process runs with
+# SANDBOX_BASE_URL and the alerts' SITE_URL follow it unless set. WEB_THREADS (default 16) is
+# each of the web app's two processes' threads, each holding a database connection. Every process runs with
 # config.local: alert e-mails are written to artifacts/mail/, refused requests are one line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -91,7 +92,7 @@ trap 'stop; exit 130' INT
 trap 'stop; exit 143' TERM
 trap stop EXIT
 
-start web    "$PY" -m gunicorn config.wsgi -b "127.0.0.1:$PORT" -k gthread -w 2 --threads 16 --timeout 60 --graceful-timeout 5 --access-logfile -
+start web    "$PY" -m gunicorn config.wsgi -b "127.0.0.1:$PORT" -k gthread -w 2 --threads "${WEB_THREADS:-16}" --timeout 60 --graceful-timeout 5 --access-logfile -
 start worker1 "$PY" manage.py rqworker default --worker-class ledger.worker.Worker --with-scheduler
 start worker2 "$PY" manage.py rqworker default --worker-class ledger.worker.Worker --with-scheduler
 start sweeper "$PY" manage.py sweep

@@ -29,8 +29,11 @@ README_PROMOTE = [".venv/bin/python", "manage.py", "grant_promote", "my-bot", "r
 
 
 def local_env(port, **extra):
+    """The run's environment: with few threads and lanes, as each holds a PostgreSQL connection
+    and the suite's own stacks run beside it (its 100 connections ran out twice, `make run`'s
+    defaults holding up to 44)."""
     env = {k: v for k, v in os.environ.items() if k not in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "PORT")}
-    return {**env, "PORT": str(port), "REDIS_URL": REDIS_URL, **extra}
+    return {**env, "PORT": str(port), "REDIS_URL": REDIS_URL, "WEB_THREADS": "4", "DRAIN_LANES": "2", **extra}
 
 
 def listening_port():
