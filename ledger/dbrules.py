@@ -53,29 +53,29 @@ def in_enum_order(enum, members):
 IN_FLIGHT = sql_list(in_enum_order(ActionStatus, IN_FLIGHT_STATUSES))
 NOT_STARTED = sql_list([ActionStatus.QUEUED, ActionStatus.AWAITING_APPROVAL])
 
-LOCK_SUBJECTS = Function("ledger_lock_subjects(p_target text, p_customer text) RETURNS void", """
-BEGIN
-    -- In one order, so that two transactions never wait on each other's second lock.
-    PERFORM pg_advisory_xact_lock(k) FROM (
-        SELECT DISTINCT hashtextextended(s, 0) AS k
+# A target's and a customer's advisory-lock keys, in one order, so that two transactions never
+# wait on each other's second lock (the body of both functions below).
+SUBJECT_KEYS = """SELECT DISTINCT hashtextextended(s, 0) AS k
           FROM unnest(ARRAY['target:' || p_target,
                             CASE WHEN p_customer <> '' THEN 'customer:' || p_customer END]) AS s
          WHERE s IS NOT NULL
-         ORDER BY 1) AS keys;
+         ORDER BY 1"""
+
+LOCK_SUBJECTS = Function("ledger_lock_subjects(p_target text, p_customer text) RETURNS void", f"""
+BEGIN
+    -- In one order, so that two transactions never wait on each other's second lock.
+    PERFORM pg_advisory_xact_lock(k) FROM (
+        {SUBJECT_KEYS}) AS keys;
 END """)
 
 # The same locks, taken only if free at once (true), or none of them kept waiting (false): for
 # a transaction that already holds rows the intake may wait for (a settle releasing the actions
 # it held, ledger.actions.held_release_when_settled), where waiting could deadlock. A lock taken
 # before another is found busy stays until the transaction ends: harmless, it is held briefly.
-TRY_LOCK_SUBJECTS = Function("ledger_try_lock_subjects(p_target text, p_customer text) RETURNS boolean", """
+TRY_LOCK_SUBJECTS = Function("ledger_try_lock_subjects(p_target text, p_customer text) RETURNS boolean", f"""
 BEGIN
     RETURN (SELECT bool_and(pg_try_advisory_xact_lock(k)) FROM (
-        SELECT DISTINCT hashtextextended(s, 0) AS k
-          FROM unnest(ARRAY['target:' || p_target,
-                            CASE WHEN p_customer <> '' THEN 'customer:' || p_customer END]) AS s
-         WHERE s IS NOT NULL
-         ORDER BY 1) AS keys);
+        {SUBJECT_KEYS}) AS keys);
 END """)
 
 # The same-object rule on insert: a not-yet-started action is stored `held` while another
