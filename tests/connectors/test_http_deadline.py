@@ -79,13 +79,13 @@ class SlowReader:
         self.listener.close()
 
 
-class Recorder:
-    """A provider that keeps every byte each connection brings, and answers nothing."""
+class Listener:
+    """A raw TCP server on a free port: each connection is handed to `handle` on a thread of its own."""
 
     def __init__(self):
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
-        self.received = []
+        self.url = f"http://127.0.0.1:{self.port}"
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self):
@@ -94,9 +94,20 @@ class Recorder:
                 conn, _ = self.listener.accept()
             except OSError:
                 return
-            threading.Thread(target=self._keep, args=(conn,), daemon=True).start()
+            threading.Thread(target=self.handle, args=(conn,), daemon=True).start()
 
-    def _keep(self, conn):
+    def close(self):
+        self.listener.close()
+
+
+class Recorder(Listener):
+    """A provider that keeps every byte each connection brings, and answers nothing."""
+
+    def __init__(self):
+        self.received = []
+        super().__init__()
+
+    def handle(self, conn):
         conn.settimeout(5)
         with conn:
             while True:
@@ -108,30 +119,17 @@ class Recorder:
                     return
                 self.received.append(data)
 
-    def close(self):
-        self.listener.close()
 
-
-class Holder:
+class Holder(Listener):
     """A provider that answers every request 200, `hold` seconds after it came; `requests`
     counts those that came whole."""
 
     def __init__(self, hold):
         self.hold = hold
         self.requests = 0
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
-        threading.Thread(target=self._serve, daemon=True).start()
+        super().__init__()
 
-    def _serve(self):
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
-
-    def _answer(self, conn):
+    def handle(self, conn):
         with conn:
             try:
                 while True:
@@ -147,9 +145,6 @@ class Holder:
                                  b'{"id": "x1"}')
             except OSError:
                 return
-
-    def close(self):
-        self.listener.close()
 
 
 @pytest.fixture
