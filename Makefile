@@ -10,10 +10,11 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 TEST_DATABASE_URL := postgres://postgres@127.0.0.1:5432/postgres
-# Three pytest workers on two cores: much of the suite waits (on leases, backoffs, timeouts,
-# servers), so a third worker fills the idle CPU (decision 51). Each live stack holds about 18
-# PostgreSQL sessions; four workers would come near its 100.
-TEST_WORKERS := 3
+# Two pytest workers on two cores. A third filled the idle CPU while the suite waits (decision
+# 51), but each live stack holds about 18 PostgreSQL sessions and the tests that start servers of
+# their own (make run, the shards, the pooler) many more: with three, runs met PostgreSQL's 100
+# connections ("too many clients") in three of the last eight.
+TEST_WORKERS := 2
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 
 export DEBIAN_FRONTEND := noninteractive
