@@ -87,6 +87,8 @@ def parse_args(argv):
     p.add_argument("--gunicorn-workers", type=int, default=2)
     p.add_argument("--gunicorn-threads", type=int, default=8)
     p.add_argument("--actions", type=int, default=1000, help="N actions for (d) (default 1000)")
+    p.add_argument("--d-rounds", type=int, default=3,
+                   help="rounds of (d), each right after a segment of (a)'s insert view it is set against (default 3)")
     p.add_argument("--noop-tasks", type=int, default=100, help="noop tasks for (e), 10 steps each (default 100)")
     p.add_argument("--only", default="abcdefp",
                    help="the figures to measure, e.g. 'ab' (default all; p: the dashboard pages, bench/pages.py)")
@@ -321,6 +323,43 @@ def figure_d(stack, token, args, results, monitor, tag=""):
     say(f"   CPU per action: Surety {cpu_ms['total']} ms (workers {cpu_ms['workers']}, gunicorn {cpu_ms['gunicorn']}, "
         f"postgres {cpu_ms['postgres']}); the provider {cpu_ms['provider_total']} ms (gunicorn {cpu_ms['provider']}, "
         f"postgres {cpu_ms['provider_postgres']}); {others_note(cpu)}")
+
+
+def figure_d_paired(stack, token, args, results, monitor, tag=""):
+    """(d) in `--d-rounds` rounds, each set against a segment of the bare insert view measured
+    right before it, as (a) measures it, and the median of the rounds' CPU-bound ratios.
+
+    The machine's speed drifts from one minute to the next: on a quiet machine the provider,
+    whose code and fresh database are the same in every run, took 6.2 to 7.5 ms of CPU per
+    action in three runs of (d) a minute apart, and Surety's moved with it. (a) is measured a
+    minute or more before (d), so a ratio of the two carried that drift; a round's two figures,
+    seconds apart, share the machine's speed."""
+    rounds = []
+    for round_no in range(args.d_rounds):
+        monitor.start()
+        segment = stack.load("baseline_insert", concurrency=args.concurrency, duration=args.duration / args.rounds,
+                             warmup=args.warmup / args.rounds, prefix=f"{tag}dbi{round_no}")
+        segment["cpu"] = monitor.stop()
+        segment["ok_rps"] = ok_rps(segment)
+        check_statuses(segment, f"(a) insert before (d) round {round_no + 1}")
+        baseline_ms = combine("a_insert", "", [segment])["cpu_ms_per_request"]["total"]
+        figure_d(stack, token, args, one := {}, monitor, tag=f"{tag}d{round_no}")
+        d = one["d_end_to_end"]
+        d_ms = d["cpu_ms_per_request"]["total"]
+        d["paired"] = {"baseline_insert_ms": baseline_ms, "cpu_bound_ratio": round(baseline_ms / d_ms, 3),
+                       "surety_over_provider": round(d_ms / d["cpu_ms_per_request"]["provider_total"], 3)}
+        say(f"   round {round_no + 1}: the insert view {baseline_ms} ms of CPU per request just before; "
+            f"CPU-bound ratio {d['paired']['cpu_bound_ratio']}; Surety's CPU {d['paired']['surety_over_provider']}x "
+            "the provider's")
+        rounds.append(d)
+    median = {part: round(statistics.median(r["cpu_ms_per_request"][part] for r in rounds), 3)
+              for part in rounds[0]["cpu_ms_per_request"]}
+    results["d_end_to_end"] = {
+        "actions": sum(r["actions"] for r in rounds), "succeeded": sum(r["succeeded"] for r in rounds),
+        "ok_rps": round(statistics.median(r["ok_rps"] for r in rounds), 1), "cpu_ms_per_request": median,
+        "paired_cpu_bound_ratio_median": statistics.median(r["paired"]["cpu_bound_ratio"] for r in rounds),
+        "rounds": rounds,
+    }
 
 
 def two_commits_and_enqueue(seconds=2.0):
@@ -588,6 +627,12 @@ def summary(results, pooled=None):
                 say(f"        {'':<34} {den_ms / num_ms:>9.3f}   (CPU-bound estimate: CPU ms per request "
                     f"{den_ms} / {num_ms}; unaffected by others' load)")
                 provider_ms = results[num]["cpu_ms_per_request"].get("provider_total")
+                paired = results[num].get("paired_cpu_bound_ratio_median")
+                if paired:  # (d): each round against the insert view measured right before it
+                    ratios[ratio]["cpu_bound_paired_median"] = paired
+                    each = ", ".join(str(r["paired"]["cpu_bound_ratio"]) for r in results[num]["rounds"])
+                    say(f"        {'':<34} {paired:>9.3f}   (the same per round, against the insert view measured "
+                        f"just before it: median of {each})")
                 if provider_ms:  # (d): the same with the provider's CPU counted as Surety's
                     with_provider = round(den_ms / (num_ms + provider_ms), 3)
                     ratios[ratio]["cpu_bound_estimate_with_provider"] = with_provider
@@ -734,7 +779,7 @@ def main(argv=None):
             for name, text in probe.profile(token).items():
                 say(f"\ncProfile of {name} (in-process):\n{text}")
         if "d" in args.only:
-            figure_d(stack, token, args, results, monitor, tag)
+            figure_d_paired(stack, token, args, results, monitor, tag)
         if "e" in args.only:
             figure_e(stack, token, args, results, monitor)
         if "f" in args.only:
