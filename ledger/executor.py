@@ -24,6 +24,7 @@ from django.db.models import OuterRef, Q, Subquery
 from django.utils import timezone
 
 from . import hooks
+from . import clock
 from .compiled import Compiled
 from .connectors import http
 from .connectors.base import write_permit
@@ -82,7 +83,7 @@ def action_claim_next(owner, *, only=None):
     stops what is queued, not only what is asked after it. (A verification, a read, goes on.)"""
     while True:
         with transaction.atomic():
-            now = timezone.now()
+            now = clock.now()
             action = _next_due.first(now) if only is None else _this_if_due.first(now, only)
             if action is None:
                 return None
@@ -145,7 +146,7 @@ def action_run_claimed(action):
         # it could have answered.
         return _settle(
             action.mark_unknown, actor=EXECUTOR, claim=claim, evidence=_evidence(action, exc.evidence()),
-            verify_at=timezone.now() + timedelta(seconds=settings.CONNECTOR_TIMEOUT),
+            verify_at=clock.now() + timedelta(seconds=settings.CONNECTOR_TIMEOUT),
         )
     return _settle(
         action.mark_succeeded, actor=EXECUTOR, claim=claim, external_ref=effect.external_ref, result=effect.result
@@ -180,7 +181,7 @@ def action_expire_leases(now=None):
     Only once the lease's end plus CONNECTOR_TIMEOUT has passed: by then no call made under
     the old claim can still be in flight, so what verification sees is final.
     """
-    cutoff = (now or timezone.now()) - timedelta(seconds=settings.CONNECTOR_TIMEOUT)
+    cutoff = (now or clock.now()) - timedelta(seconds=settings.CONNECTOR_TIMEOUT)
     expired = 0
     while True:
         with transaction.atomic():
@@ -192,7 +193,7 @@ def action_expire_leases(now=None):
             if action is None:
                 return expired
             action.mark_unknown(
-                actor="system:sweeper", claim=action.fence, verify_at=timezone.now(),
+                actor="system:sweeper", claim=action.fence, verify_at=clock.now(),
                 evidence={"at": timezone.now().isoformat(), "lease_expired": action.lease_expires_at.isoformat(),
                           "owner": action.lease_owner, "attempt": action.attempts},
                 reason="the worker's lease expired while the call may have been in flight",
@@ -206,7 +207,7 @@ def drain_actions():
 
 
 def action_runnable_exists():
-    return Action.objects.filter(_due(timezone.now())).exists()
+    return Action.objects.filter(_due(clock.now())).exists()
 
 
 def _settle(transition, **kwargs):

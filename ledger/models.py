@@ -17,7 +17,7 @@ from django.db.models import Q
 from django.db.models.fields.json import KeyTextTransform
 from django.utils import timezone
 
-from . import hooks, money
+from . import clock, hooks, money
 from .audit import (  # noqa: F401 (models of this app, defined beside their manager)
     AuditEvent, ChainCheck, ChainCheckpoint, ChainWalk)
 from .authority import Grant, GrantState, ReplayRun  # noqa: F401 (models of this app, see authority.py)
@@ -488,7 +488,7 @@ class Action(LeasedWork):
 
 
 def _lease(owner):
-    return {"lease_owner": owner, "lease_expires_at": timezone.now() + timedelta(seconds=settings.LEASE_SECONDS)}
+    return {"lease_owner": owner, "lease_expires_at": clock.now() + timedelta(seconds=settings.LEASE_SECONDS)}
 
 
 _NO_LEASE = {"lease_owner": "", "lease_expires_at": None}
@@ -648,7 +648,7 @@ class Task(LeasedWork):
 
     def heartbeat(self):
         """Extend the lease; False if the claim was lost (the runner must stop at once)."""
-        until = timezone.now() + timedelta(seconds=settings.LEASE_SECONDS)
+        until = clock.now() + timedelta(seconds=settings.LEASE_SECONDS)
         kept = Task.objects.filter(pk=self.pk, fence=self.fence, state=T.RUNNING).update(lease_expires_at=until)
         if kept:
             self.lease_expires_at = until

@@ -21,6 +21,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from . import clock
 from .actions import DecisionTaken, KeyReused, Refused, action_request, action_retry
 from .compiled import update
 from .executor import action_claim_next, action_run_claimed
@@ -173,7 +174,7 @@ def _checkpoint(task, claim, row, produce):
         # Fenced and locking in one statement: the row stays locked to commit, and a run
         # whose claim was taken over writes nothing. It renews the lease too: a run that
         # makes progress keeps its claim.
-        now = timezone.now()
+        now = clock.now()
         task.updated_at, task.lease_expires_at = now, now + timedelta(seconds=settings.LEASE_SECONDS)
         if not update(task, ["updated_at", "lease_expires_at"], fence=claim, state=TaskState.RUNNING):
             raise StaleClaim(f"{task}: claim {claim} superseded")

@@ -7,6 +7,7 @@ from django.db import models, transaction
 from django.utils import timezone
 
 from . import hooks
+from . import clock
 from .audit import AuditEvent
 from .compiled import Compiled, register_cache, update
 
@@ -165,4 +166,4 @@ class LeasedWork(StateMachine):
 
     def lease_left(self):
         """Seconds until the claim lapses (0 without one)."""
-        return (self.lease_expires_at - timezone.now()).total_seconds() if self.lease_expires_at else 0
+        return (self.lease_expires_at - clock.now()).total_seconds() if self.lease_expires_at else 0

@@ -9,6 +9,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from . import clock
 from .actions import KeyReused, fingerprint
 from .jobs import ring_after_commit
 from .models import PERSON_STATUSES, AuditEvent, Task, TaskState, TaskStep
@@ -79,7 +80,7 @@ def task_expire_leases():
         with transaction.atomic():
             task = (
                 Task.objects.select_for_update(skip_locked=True)
-                .filter(state=T.RUNNING, lease_expires_at__lt=timezone.now())
+                .filter(state=T.RUNNING, lease_expires_at__lt=clock.now())
                 .first()
             )
             if task is None:

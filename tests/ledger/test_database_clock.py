@@ -1,0 +1,87 @@
+"""Leases and verification times are told by the database's clock, whatever a host's says.
+
+The hosts here share one clock, so a host whose clock is off is this process with Django's
+`timezone.now` moved (the only stand-in in these tests: the host clock itself cannot be set
+from a test). Each test also shows that the host's clock alone would have decided otherwise.
+"""
+
+from datetime import timedelta
+
+import pytest
+from django.conf import settings
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from ledger import clock
+from ledger.actions import action_request
+from ledger.executor import action_claim_next, action_expire_leases
+from ledger.models import Action
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("jobs_to_test_redis")]
+
+REAL_NOW = timezone.now
+
+
+@pytest.fixture(autouse=True)
+def _read_the_clock_afresh():
+    clock.forget()
+    yield
+    clock.forget()
+
+
+def database_now():
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT clock_timestamp()")
+        return cursor.fetchone()[0]
+
+
+def host_clock_off_by(monkeypatch, seconds):
+    monkeypatch.setattr(timezone, "now", lambda: REAL_NOW() + timedelta(seconds=seconds))
+    clock.forget()
+
+
+def refund(agent, key="clock-1"):
+    action, _ = action_request(agent=agent, operation_key=key, action_type="refund", target="ORD-1",
+                               params={"amount": "5.00", "currency": "EUR"})
+    return action
+
+
+def test_a_sweeper_whose_clock_runs_ahead_leaves_a_live_lease_alone(agent, monkeypatch):
+    refund(agent)
+    action = action_claim_next("worker-on-time")
+    assert action.status == "pending"
+    host_clock_off_by(monkeypatch, 60)  # the sweeper's host
+    # On its own clock the lease ended long ago, CONNECTOR_TIMEOUT included:
+    assert timezone.now() - timedelta(seconds=settings.CONNECTOR_TIMEOUT) > action.lease_expires_at
+    assert action_expire_leases() == 0
+    assert Action.objects.get(pk=action.pk).status == "pending"
+
+
+def test_a_verifier_whose_clock_runs_ahead_does_not_look_before_the_provider_could_answer(agent, monkeypatch):
+    refund(agent)
+    action = action_claim_next("worker")
+    action.mark_unknown(actor="system:tests", claim=action.fence,
+                        verify_at=clock.now() + timedelta(seconds=settings.CONNECTOR_TIMEOUT), evidence={})
+    host_clock_off_by(monkeypatch, 60)  # the verifier's host
+    assert Action.objects.get(pk=action.pk).next_attempt_at < timezone.now()  # due, on its own clock
+    assert action_claim_next("verifier") is None
+
+
+def test_a_worker_whose_clock_runs_behind_still_holds_its_lease_for_the_whole_lease(agent, monkeypatch):
+    refund(agent)
+    host_clock_off_by(monkeypatch, -60)  # the worker's host
+    action = action_claim_next("worker-behind")
+    left = (action.lease_expires_at - database_now()).total_seconds()
+    assert settings.LEASE_SECONDS - 2 < left <= settings.LEASE_SECONDS
+    assert abs(action.lease_left() - left) < 2
+
+
+def test_the_database_clock_is_read_once_a_minute(monkeypatch):
+    with CaptureQueriesContext(connection) as reads:
+        first, second = clock.now(), clock.now()
+    assert len(reads) == 1 and abs((second - first).total_seconds()) < 1
+    monkeypatch.setattr(clock, "_read_at", clock._read_at - clock.REFRESH_SECONDS - 1)
+    with CaptureQueriesContext(connection) as reads:
+        clock.now()
+    assert len(reads) == 1
