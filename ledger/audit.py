@@ -312,11 +312,16 @@ class ChainCheckpoint(models.Model):
         whose hash at its seq is no longer its own."""
         if not checkpoint_signed(self.seq, self.hash, self.signature):
             return f"the checkpoint at seq {self.seq} is not signed by this ledger"
-        held = AuditEvent.objects.filter(seq=self.seq).values_list("hash", flat=True).first()
-        if held is None:
+        event = AuditEvent.objects.filter(seq=self.seq).first()
+        if event is None:
             return f"event #{self.seq}, which the checkpoint vouches for, is missing"
-        if held != self.hash:
+        if event.hash != self.hash:
             return f"the chain's hash at seq {self.seq} is not the checkpoint's"
+        # The walks after it start at the next event and check this one's hash alone: its
+        # content is checked here, against the hash the checkpoint signed.
+        if event.content_hash != content_hash(event.content_fields()) or event.hash != chain_hash(
+                event.prev_hash, event.content_hash, event.seq):
+            return f"event #{self.seq}, which the checkpoint vouches for, was altered after it was sealed"
         return ""
 
 
@@ -391,8 +396,13 @@ WHOLE_CHAIN_EVERY = timedelta(days=1)
 
 def chain_start():
     """The checkpoint the chain starts from once an archive removed the events before it
-    (ledger.retention.Archive), or None: it starts at seq 1."""
-    return ChainCheckpoint.objects.filter(archive__isnull=False).order_by("-seq").first()
+    (ledger.retention.Archive), or None: it starts at seq 1. Only an archive this ledger signed
+    counts: from one written behind its back, the walk starts earlier and finds the events it
+    let go missing."""
+    for checkpoint in ChainCheckpoint.objects.filter(archive__isnull=False).select_related("archive").order_by("-seq"):
+        if checkpoint.archive.vouched():
+            return checkpoint
+    return None
 
 
 def audit_verify(*, since_checkpoint=False):

@@ -196,23 +196,33 @@ AUDIT_NO_DELETE_SQLITE = SQLiteTrigger(
     "BEGIN SELECT RAISE(ABORT, 'audit events are append-only (DELETE refused)'); END",
 )
 
-# The chain's checkpoints are what the daily check trusts instead of the events before them:
-# written once, by the seal, never changed or removed (their signature is a second line).
-CHECKPOINT_APPEND_ONLY = Function("ledger_checkpoint_append_only() RETURNS trigger", """
+def append_only(name, table, what):
+    """The rules of a table whose rows are written once and never changed or removed: the
+    PostgreSQL function (its trigger, BEFORE UPDATE OR DELETE, is made by the migration) and
+    SQLite's two triggers."""
+    prefix = name.removesuffix("_append_only")
+    function = Function(f"{name}() RETURNS trigger", f"""
 BEGIN
-    RAISE EXCEPTION USING MESSAGE = 'chain checkpoints are append-only: ' || TG_OP || ' refused',
+    RAISE EXCEPTION USING MESSAGE = '{what} are append-only: ' || TG_OP || ' refused',
                           ERRCODE = 'insufficient_privilege';
 END """)
-CHECKPOINT_NO_UPDATE_SQLITE = SQLiteTrigger(
-    "ledger_checkpoint_no_update",
-    "CREATE TRIGGER ledger_checkpoint_no_update BEFORE UPDATE ON ledger_chaincheckpoint "
-    "BEGIN SELECT RAISE(ABORT, 'chain checkpoints are append-only (UPDATE refused)'); END",
-)
-CHECKPOINT_NO_DELETE_SQLITE = SQLiteTrigger(
-    "ledger_checkpoint_no_delete",
-    "CREATE TRIGGER ledger_checkpoint_no_delete BEFORE DELETE ON ledger_chaincheckpoint "
-    "BEGIN SELECT RAISE(ABORT, 'chain checkpoints are append-only (DELETE refused)'); END",
-)
+    return function, *(SQLiteTrigger(
+        f"{prefix}_no_{op.lower()}",
+        f"CREATE TRIGGER {prefix}_no_{op.lower()} BEFORE {op} ON {table} "
+        f"BEGIN SELECT RAISE(ABORT, '{what} are append-only ({op} refused)'); END",
+    ) for op in ("UPDATE", "DELETE"))
+
+
+# The chain's checkpoints are what the daily check trusts instead of the events before them:
+# written once, by the seal, never changed or removed (their signature is a second line).
+CHECKPOINT_APPEND_ONLY, CHECKPOINT_NO_UPDATE_SQLITE, CHECKPOINT_NO_DELETE_SQLITE = append_only(
+    "ledger_checkpoint_append_only", "ledger_chaincheckpoint", "chain checkpoints")
+# An archive run's row names the checkpoint the chain starts from after it, and the file (its
+# SHA-256) that holds what it took: written once, by the run, never changed or removed (their
+# signature is a second line: ledger.retention.Archive).
+ARCHIVE_APPEND_ONLY, ARCHIVE_NO_UPDATE_SQLITE, ARCHIVE_NO_DELETE_SQLITE = append_only(
+    "ledger_archive_append_only", "ledger_archive", "archive runs")
+
 
 def archived_refused(name, table, column, archived):
     """The rule that a key an archive run took (a row of `archived`, ledger.retention) is never
@@ -252,7 +262,8 @@ END """)
 
 RULES = [LOCK_SUBJECTS, TRY_LOCK_SUBJECTS, SAME_SUBJECT, REQUEUE_SAME_SUBJECT, AUDIT_APPEND_ONLY, SUPERSEDED_HAS_VERSION,
          CHECKPOINT_APPEND_ONLY, SAME_SUBJECT_SQLITE, REQUEUE_SAME_SUBJECT_SQLITE, AUDIT_NO_UPDATE_SQLITE,
-         AUDIT_NO_DELETE_SQLITE, CHECKPOINT_NO_UPDATE_SQLITE, CHECKPOINT_NO_DELETE_SQLITE,
+         AUDIT_NO_DELETE_SQLITE, CHECKPOINT_NO_UPDATE_SQLITE, CHECKPOINT_NO_DELETE_SQLITE, ARCHIVE_APPEND_ONLY,
+         ARCHIVE_NO_UPDATE_SQLITE, ARCHIVE_NO_DELETE_SQLITE,
          ARCHIVED_KEY_REFUSED, ARCHIVED_KEY_REFUSED_SQLITE, ARCHIVED_TASK_REFUSED, ARCHIVED_TASK_REFUSED_SQLITE,
          HELD_NEARBY]
 

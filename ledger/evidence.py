@@ -273,11 +273,14 @@ def record_problems(record, *, database=True, archives=None):
 def archived_events(directory):
     """({seq: (id, content_hash, prev_hash, hash)} of the audit events in the archive files in
     `directory`, [problems]). Only a file whose SHA-256 is the one its Archive row keeps counts
-    (the database vouches for it as for its own rows), and only if its events link one to the
-    next, each hash recomputed from the one before; a file missing from the directory is passed
-    over (the record's events it held are then "not in the database")."""
+    (a row this ledger signed), and only if its events link one to the next, each hash
+    recomputed from the one before; a file missing from the directory is passed over (the
+    record's events it held are then "not in the database")."""
     found, problems = {}, []
-    for archive in Archive.objects.filter(checkpoint__isnull=False).order_by("id"):
+    for archive in Archive.objects.filter(checkpoint__isnull=False).select_related("checkpoint").order_by("id"):
+        if not archive.vouched():
+            problems.append(f"archive {Path(archive.file).name}: its row is not the one this ledger signed")
+            continue
         path = Path(directory) / Path(archive.file).name
         try:
             raw = path.read_bytes()

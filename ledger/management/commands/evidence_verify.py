@@ -2,7 +2,7 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ledger.audit import AuditEvent
+from ledger.audit import AuditEvent, chain_start
 from ledger.evidence import record_problems
 
 
@@ -29,11 +29,24 @@ class Command(BaseCommand):
             raise CommandError(f"cannot read {file}: {exc}") from None
         problems = record_problems(record, database=not offline, archives=archives)
         if chain and not offline and not problems:
-            sealed = [e["seq"] for e in record["audit"]["events"] if isinstance(e.get("seq"), int)]
-            report = AuditEvent.objects.chain_report(from_seq=min(sealed)) if sealed else None
-            if report is not None and report.broken_at is not None:
-                problems.append(f"the database's chain: {report}")
+            problems += chain_problems(record)
         if problems:
             raise CommandError(f"{file}: {len(problems)} problem(s):\n" + "\n".join(f"- {p}" for p in problems))
         where = "the file alone" if offline else "the database's audit chain"
         self.stdout.write(f"{file}: intact: {len(record['audit']['events'])} audit events checked against {where}")
+
+
+def chain_problems(record):
+    """The database's chain from the record's first sealed event to its end; from the checkpoint
+    an archive left, checked first, where the archive took the events before it (the record's
+    own events in the archive's file are checked with --archives)."""
+    sealed = [e["seq"] for e in record["audit"]["events"] if isinstance(e.get("seq"), int)]
+    if not sealed:
+        return []
+    origin, from_seq = chain_start(), min(sealed)
+    if origin is not None and from_seq <= origin.seq:
+        if why := origin.problem():
+            return [f"the database's chain: {why}"]
+        from_seq = origin.seq + 1
+    report = AuditEvent.objects.chain_report(from_seq=from_seq)
+    return [] if report.broken_at is None else [f"the database's chain: {report}"]
