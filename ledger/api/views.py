@@ -268,18 +268,21 @@ def archived(mine, key):
 
 
 @contextmanager
-def gone_whatever_the_body(mine, key):
+def gone_whatever_the_body(mine, key, live=None):
     """A request refused before the intake (its body, its grant) under a key of this agent's
-    whose action or task was archived (`mine`: its ArchivedKey or ArchivedTask) is answered
-    `410` all the same: the contract's "whatever the body". Looked up only then, so that a
-    request that gets through costs no statement for it (the intake's insert finds an archived
-    key by itself, ledger.dbrules)."""
+    whose action or task was archived (`mine`: its ArchivedKey or ArchivedTask), or is past its
+    lifetime still unarchived (`live`: the agent's row under the key, where the view has not
+    looked already), is answered `410` all the same: the contract's "whatever the body". Looked
+    up only then, so that a request that gets through costs no statement for it (the intake's
+    insert finds an archived key by itself, ledger.dbrules)."""
     try:
         yield
     except APIException:
         gone = archived(mine, key)
         if gone is not None:
             raise gone from None
+        if live is not None and (found := live.first()) is not None:
+            refuse_expired(key, found)
         raise
 
 
@@ -298,7 +301,7 @@ def evidence_view(sections):
     class ActionEvidenceView(APIView):
         @extend_schema(
             operation_id="actions_evidence_retrieve",
-            parameters=[path_key("operation_key", "The action's operation key.")],
+            parameters=[path_key("operation_key", "The action's operation key."), KEY_EXPIRES],
             responses={200: OpenApiResponse(record, description="The action's evidence record."),
                        **COMMON_PROBLEMS,
                        (404, PROBLEM_JSON): problem("`not_found`: no such action, or another agent's."),
@@ -311,7 +314,8 @@ def evidence_view(sections):
         def get(self, request, operation_key):
             if key_ends_in_evidence(request):
                 return ActionDetailView().get(request, f"{operation_key}/evidence")
-            return Response(evidence_record(own_action(request, operation_key, evidence_actions())(), sections))
+            action = own_action(request, operation_key, evidence_actions())()
+            return answer(evidence_record(action, sections), action)
 
     return ActionEvidenceView.as_view()
 
@@ -331,7 +335,8 @@ class TaskCreateView(APIView):
     )
     def post(self, request):
         task_id = idempotency_key(request)
-        with gone_whatever_the_body(ArchivedTask.objects.filter(agent=request.auth, task_id=task_id), task_id):
+        with gone_whatever_the_body(ArchivedTask.objects.filter(agent=request.auth, task_id=task_id), task_id,
+                                    live=Task.objects.filter(agent=request.auth, task_id=task_id)):
             incoming = TaskRequestSerializer(data=request.data)
             incoming.is_valid(raise_exception=True)
             data = incoming.validated_data

@@ -53,8 +53,10 @@ def test_every_answer_about_an_action_says_when_its_key_expires(api):
 
     again = post_action(api, KEY, refund_body())
     read = api.get(f"/api/v1/actions/{KEY}")
+    evidence = api.get(f"/api/v1/actions/{KEY}/evidence")
     assert (again.status_code, again.headers["Idempotent-Replayed"]) == (200, "true")
-    assert expires(again) == expires(read) == expected
+    assert evidence.status_code == 200
+    assert expires(again) == expires(read) == expires(evidence) == expected
     assert read.headers[HEADER].endswith("Z")
 
 
@@ -92,6 +94,9 @@ def test_a_tasks_key_has_the_same_lifetime(api):
 
     age(Task, settings.OPERATION_KEY_LIFETIME_DAYS + 1, task_id="task-1")
     assert_expired(post_task(api, "task-1", refund_task_body()))
+    # Whatever the body, archived or not (a body the intake would refuse as it stands):
+    assert_expired(post_task(api, "task-1", {"workflow": "refund"}))
+    assert_expired(post_task(api, "task-1", {"workflow": "no-such-workflow", "input": {}}))
     assert Task.objects.count() == 1
 
 
@@ -119,6 +124,7 @@ def test_the_document_publishes_the_lifetime_and_the_410(stack):
             assert HEADER in create["responses"][status]["headers"]
         assert "operation_key_expired" in create["responses"]["410"]["description"]
         assert HEADER in document["paths"][read]["get"]["responses"]["200"]["headers"]
+    assert HEADER in document["paths"]["/api/v1/actions/{operation_key}/evidence"]["get"]["responses"]["200"]["headers"]
     assert "410" in document["paths"]["/api/v1/actions/{operation_key}"]["get"]["responses"]
 
 
