@@ -38,14 +38,16 @@ def summarise_due(now=None):
     newest first, are summarised; the days before that window are forgotten. Returns how many."""
     if connection.vendor != "postgresql":
         return 0
-    today = window_start(1, now)
-    oldest = window_start(MAX_DAYS, now).date()
-    SummaryDay.objects.filter(day__lt=oldest).delete()
     with connection.cursor() as cursor:
-        # The day before the oldest transaction still open is the last one that is over.
-        cursor.execute("SELECT min(xact_start) FROM pg_stat_activity "
+        # The day before the oldest transaction still open is the last one that is over. Today
+        # is the database's: the rule that marks a past day stale reads its clock, and a day
+        # summarised while a writer's clock still has it as today would miss that writer's change.
+        cursor.execute("SELECT min(xact_start), statement_timestamp() FROM pg_stat_activity "
                        "WHERE datname = current_database() AND pid <> pg_backend_pid()")
-        oldest_open = cursor.fetchone()[0]
+        oldest_open, database_now = cursor.fetchone()
+    today = window_start(1, now or database_now)
+    oldest = window_start(MAX_DAYS, now or database_now).date()
+    SummaryDay.objects.filter(day__lt=oldest).delete()
     closed_before = min(today, oldest_open or today).astimezone(UTC).date()
     fresh = set(SummaryDay.objects.filter(day__gte=oldest, stale=False).values_list("day", flat=True))
     due = [day for day in (closed_before - timedelta(days=i + 1) for i in range((closed_before - oldest).days))

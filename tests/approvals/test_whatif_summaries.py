@@ -17,7 +17,7 @@ from approvals.models import Limit, ReviewItem, ReviewKind, ReviewStatus, Summar
 from approvals.summaries import summarise, summarise_due
 from approvals.whatif import Proposal, _summarised, whatif, window_start
 from ledger.models import Action, ActionStatus
-from tests.factories import make_agent, new_action
+from tests.factories import make_action, make_agent, new_action
 
 pytestmark = [
     pytest.mark.django_db,
@@ -176,3 +176,16 @@ def test_a_day_already_stale_is_not_written_again(actions, now):
     stale = version()
     Action.objects.filter(pk=of_the_day[1].pk).update(status=ActionStatus.CANCELLED)
     assert version() == stale
+
+
+def test_a_sweeper_whose_clock_runs_ahead_does_not_summarise_the_databases_today(monkeypatch):
+    """Its host's clock is this process's `timezone.now`, moved a day ahead (the host clock
+    itself cannot be set from a test): today, by the database's clock that the rule marking a
+    past day stale reads, is still open, and is not summarised."""
+    agent = make_agent("summaries-clock")[0]
+    make_action(agent, "succeeded", amount="5.00")
+    real_now = timezone.now
+    monkeypatch.setattr(timezone, "now", lambda: real_now() + timedelta(days=1))
+    summarise_due()
+    database_today = real_now().astimezone(UTC).date()
+    assert not SummaryDay.objects.filter(day=database_today).exists()
