@@ -6,17 +6,20 @@ the ledger, the one that sees them all.
 
 One run (`archive_expired`) is one JSON-lines file and one transaction:
 
-1. It takes, locked: settled actions past their key's lifetime (OPERATION_KEY_LIFETIME_DAYS,
+1. It takes its turn (two runs at once would both take the webhook and audit events, which no
+   row lock holds), then, locked: settled actions past their key's lifetime (OPERATION_KEY_LIFETIME_DAYS,
    ledger.retention) with nothing waiting for a person (no open review item or dead letter, no
    failure that may still be retried: one whose dead letter a person closed may not), each with the actions it superseded (an edit-down's
    originals) and what hangs off them; finished tasks past their id's lifetime whose every
    action may go so, with their steps, confirmations, actions and dead letters; closed dead
    letters, and ended bulk redrive runs with their items, older than DEAD_LETTER_RETENTION_DAYS
    (a dead letter a run names goes in a run after the run's); webhook events older than
-   WEBHOOK_RETENTION_DAYS; and the audit events before the newest checkpoint whose event is
-   older than AUDIT_RETENTION_DAYS.
+   WEBHOOK_RETENTION_DAYS; and the audit events before a checkpoint whose event is older than
+   AUDIT_RETENTION_DAYS (`archive_checkpoint`). A review item goes with its approvals and its
+   decision links, which the database would otherwise delete with it, unwritten.
 2. It writes them to the file, the checkpoint first (its seq, hash and signature vouch for the
-   file's events: the last one's hash is the prev_hash of the checkpoint's event), and syncs it.
+   file's events: the last one's hash is the prev_hash of the checkpoint's event), and syncs it
+   and its directory (which holds the file's name).
 3. It removes them (a webhook event's claim goes with it), leaves an `ArchivedKey` per action,
    an `ArchivedTask` per task and an `Archive` naming the file, its SHA-256, the counts and the checkpoint, and an audit
    event `archived` saying the same. Last, it drops the partitions of the audit trail and of the
@@ -44,8 +47,9 @@ from django.db import connection, transaction
 from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
-from approvals.models import Approval, ReviewItem, ReviewStatus
+from approvals.models import Approval, DecisionLink, ReviewItem, ReviewStatus
 from ledger.audit import chain_start
+from ledger.locks import ARCHIVE_RUN, take_turns
 from ledger.models import (SETTLED, Action, ActionStatus, AuditEvent, Booking, ChainCheckpoint, Confirmation, Task,
                            TaskState, TaskStep, WebhookClaim, WebhookEvent)
 from ledger.partitions import AUDIT, WEBHOOKS
@@ -139,30 +143,34 @@ def _days(name):
 
 def archive_checkpoint(now):
     """The checkpoint the run's audit events end before, past the chain's start, whose event is
-    older than the audit retention. While the trail's lowest partition is whole and sealed, the
-    first one past its last event: the run takes the whole partition and drops it
-    (PARTITION_EVENTS events at most, and a checkpoint's stretch more), and until that one is old
-    enough it takes none, rather than delete the partition's events a stretch a run. Else (no
-    whole partition yet, or SQLite) the first one: AUDIT_CHECKPOINT_EVERY events after the first
-    run. None: no audit event goes."""
+    older than the audit retention. While the trail's lowest partition is whole and sealed and the
+    chain holds at most PARTITION_EVENTS events up to its last, the first one past that event: the
+    run takes the rest of the partition, a checkpoint's stretch more at most, and drops it; until
+    that checkpoint is old enough it takes none, rather than delete the partition's events a
+    stretch a run. Else (no whole partition yet, a larger one, or SQLite) the first one: one
+    stretch (AUDIT_CHECKPOINT_EVERY events after the first run), so a larger partition, such as
+    the first one after an upgrade with the history before it (migration 0032), goes a stretch a
+    run until the rest fits. None: no audit event goes."""
     origin = chain_start()
+    start = origin.seq if origin else 1
     old_enough = AuditEvent.objects.filter(occurred_at__lte=now - _days("AUDIT_RETENTION_DAYS")).values("seq")
-    checkpoints = (ChainCheckpoint.objects.filter(seq__in=old_enough, seq__gt=origin.seq if origin else 1)
-                   .order_by("seq"))
-    through = _lowest_partition_last_seq()
+    checkpoints = ChainCheckpoint.objects.filter(seq__in=old_enough, seq__gt=start).order_by("seq")
+    through = _whole_partition_last_seq(start)
     return checkpoints.first() if through is None else checkpoints.filter(seq__gt=through).first()
 
 
-def _lowest_partition_last_seq():
+def _whole_partition_last_seq(start):
     """The last seq of the audit trail's lowest passed partition that holds events (ledger.partitions),
-    if every event in it is sealed; else None."""
+    if every event in it is sealed and the chain from `start` to it holds at most PARTITION_EVENTS:
+    a run holds them all in one transaction, and deletes them row by row if the drop misses its
+    lock (`_drop`). Else None."""
     with connection.cursor() as cursor:
         for partition in AUDIT.passed():
             cursor.execute(f"SELECT max(seq), EXISTS (SELECT 1 FROM {partition.name} WHERE seq IS NULL) "
                            f"FROM {partition.name}")
             last, unsealed = cursor.fetchone()
             if last is not None or unsealed:
-                return None if unsealed else last
+                return None if unsealed or last - start + 1 > settings.PARTITION_EVENTS else last
     return None
 
 
@@ -217,6 +225,7 @@ def collect(now, limit):
         Alert: alerts,
         DeadLetter: entries,
         Approval: list(Approval.objects.filter(item__in=items).order_by("id")),
+        DecisionLink: list(DecisionLink.objects.filter(item__in=items).order_by("id")),  # else CASCADE, unwritten
         ReviewItem: items,
         Booking: list(Booking.objects.filter(action__in=actions).order_by("id")),
         Confirmation: list(Confirmation.objects.filter(task__in=tasks).order_by("id")),
@@ -248,7 +257,18 @@ def write_file(path, batch, now, counts):
             out.write(line)
         out.flush()
         os.fsync(out.fileno())
+    _sync(path.parent)
     return digest.hexdigest()
+
+
+def _sync(directory):
+    """Sync a directory: a file's fsync makes its contents durable, not its name, which a power
+    loss after the commit could lose, leaving an Archive that names no file."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _remove(batch, archive):
@@ -263,7 +283,7 @@ def _remove(batch, archive):
         if model is WebhookEvent and rows:
             partitions = WEBHOOKS.droppable("received_at > %s OR id > %s", [batch.webhooks_before, rows[-1].pk])
             whole.append((WEBHOOKS, partitions, taken))
-            taken = _above(taken, partitions)
+            taken = taken.exclude(_held_by(partitions))
         if model is Action:
             _versions_first(rows)
         else:
@@ -271,7 +291,7 @@ def _remove(batch, archive):
     if batch.checkpoint:
         partitions = AUDIT.droppable("seq IS NULL OR seq >= %s", [batch.checkpoint.seq])
         whole.append((AUDIT, partitions, batch.events))
-        _above(batch.events, partitions).delete()
+        batch.events.exclude(_held_by(partitions)).delete()
     for connector, events in groupby(batch.rows[WebhookEvent], key=attrgetter("connector")):
         WebhookClaim.objects.filter(connector=connector, event_id__in=[e.event_id for e in events]).delete()
     ArchivedKey.objects.bulk_create([
@@ -294,18 +314,26 @@ def _versions_first(actions):
             del left[pk]
 
 
-def _above(taken, partitions):
-    """The rows taken above the partitions to drop (all of them if there are none)."""
-    return taken.filter(id__gte=partitions[-1].high) if partitions else taken
+def _held_by(partitions):
+    """The rows inside the partitions' ranges (none if there are none). Not every row below the
+    last one: the default partition holds the ids it took while the sweeper was away, and the
+    ranges made after start above them (decision 52)."""
+    inside = Q()
+    for partition in partitions:
+        above = Q() if partition.low is None else Q(id__gte=partition.low)  # None: from MINVALUE
+        inside |= above & Q(id__lt=partition.high)
+    return inside
 
 
 def _drop(whole):
     """The archived partitions dropped, last thing before the commit: a drop holds its table's
     parent, and with it every insert, until then. The rows of one the parent was too busy for
-    (and of those above it) are deleted instead."""
+    (and of those above it) are deleted instead: at most a run's take (`limit` webhook events;
+    PARTITION_EVENTS audit events and a checkpoint's stretch, `archive_checkpoint`)."""
     for table, partitions, taken in whole:
-        if len(table.drop(partitions)) < len(partitions):
-            taken.filter(id__lt=partitions[-1].high).delete()
+        dropped = table.drop(partitions)
+        if len(dropped) < len(partitions):
+            taken.filter(_held_by(partitions[len(dropped):])).delete()
 
 
 def archive_expired(directory, *, dry_run=False, limit=10000, now=None):
@@ -313,6 +341,7 @@ def archive_expired(directory, *, dry_run=False, limit=10000, now=None):
     Archive (None if there was nothing to take, or `dry_run`) and the counts it took."""
     now = now or timezone.now()
     with transaction.atomic():
+        take_turns(ARCHIVE_RUN)  # first: a second run waits here, then finds what this one took gone
         batch = collect(now, limit)
         counts = batch.counts()
         if dry_run or not counts:

@@ -1,28 +1,36 @@
 """`archive_expired`: what outlived its retention goes to a JSON-lines file and out of the
 database, one run (file, transaction, audit event) at a time; nothing unsettled or undecided
 goes; the audit chain stays verifiable from the checkpoint the archive names; a run killed
-before its commit removes nothing; a dry run changes nothing. "Later" is a `now` past the
-lifetime: audit events cannot be back-dated (they are append-only)."""
+before its commit removes nothing; a dry run changes nothing; everything a run removes is in its
+file, a partition's rows included, and runs take turns. "Later" is a `now` past the lifetime:
+audit events cannot be back-dated (they are append-only)."""
 
 import hashlib
 import json
+import os
 from datetime import timedelta
 
+import psycopg
 import pytest
 from django.core.management import call_command
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, OperationalError, connection, transaction
 from django.utils import timezone
 
+from approvals.models import DecisionLink, ReviewItem
 from dlq import archive as archiving
 from dlq.archive import archive_expired
 from dlq.models import Alert, DeadLetter
+from ledger import locks
 from ledger.audit import audit_verify, audit_walk
 from ledger.evidence import evidence_actions, evidence_record, record_problems
-from ledger.models import Action, ArchivedKey, AuditEvent, ChainCheck, ChainCheckpoint, WebhookEvent
+from ledger.models import Action, ArchivedKey, AuditEvent, ChainCheck, ChainCheckpoint, WebhookClaim, WebhookEvent
+from ledger.partitions import AUDIT, WEBHOOKS
 from ledger.retention import Archive
 from tests.factories import make_action, make_agent, post_action_in_process, refund_body
+from tests.ledger.test_partitions import noted, partition_of, query, sequence, top, webhook_event  # noqa: F401
 
 pytestmark = pytest.mark.django_db
+postgresql_only = pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's partitions and locks")
 
 LATER = timedelta(days=401)  # past the default 400-day lifetime and retentions
 
@@ -235,3 +243,136 @@ def test_an_evidence_record_exported_before_a_run_still_verifies_against_the_run
     first = sorted(archives.iterdir())[0]
     first.write_text(first.read_text().replace('"verb":"', '"verb":"x', 1))
     assert any("not the file the ledger wrote" in p for p in record_problems(exported, archives=archives))
+
+
+def archived_models(archive, tmp_path):
+    return [row["model"] for row in lines(tmp_path / archive.file)[1:]]
+
+
+def test_a_review_items_decision_links_go_into_the_file_with_it(tmp_path, ledger, agent):
+    """The database deletes an item's links with it (CASCADE): the run takes them first, so
+    nothing leaves that its file does not hold."""
+    now = timezone.now()
+    item = ReviewItem.objects.create(kind="unknown_outcome", action=ledger["done"], status="closed", deadline=now,
+                                     decided_at=now, decided_by_label="system:test")
+    DecisionLink.objects.create(digest="a" * 64, user=agent.owner, item=item, fingerprint="f",
+                                expires_at=now + timedelta(hours=1))
+    archive, counts = run(tmp_path)
+    assert counts["approvals.reviewitem"] == counts["approvals.decisionlink"] == 1
+    assert archived_models(archive, tmp_path).count("approvals.decisionlink") == 1
+    assert not DecisionLink.objects.exists()
+
+
+def test_the_files_directory_is_synced_before_an_archive_names_the_file(tmp_path, ledger, monkeypatch):
+    """The file's own fsync does not make its name durable: a power loss after the commit could
+    leave an Archive naming a file its directory lost."""
+    synced = []
+    fsync = os.fsync
+
+    def recorded(fd):
+        if os.path.samestat(os.fstat(fd), os.stat(tmp_path)):
+            synced.append(Archive.objects.exists())
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recorded)
+    run(tmp_path)
+    assert synced == [False]
+
+
+@postgresql_only
+def test_a_run_waits_for_the_run_already_going(tmp_path, ledger):
+    """Webhook and audit events are taken without a row lock: two runs at once would both write
+    them. Another session holds the runs' turn; this run waits for it (here, until the lock
+    timeout) and takes nothing meanwhile."""
+    with psycopg.connect(**{**connection.get_connection_params(), "autocommit": False}) as other:
+        other.execute("SELECT pg_advisory_xact_lock(%s, %s)", [locks.CLASS, locks.ARCHIVE_RUN])
+        query("SET LOCAL lock_timeout = '200ms'")
+        with pytest.raises(OperationalError, match="lock timeout"):
+            run(tmp_path)
+        query("RESET lock_timeout")
+    assert not Archive.objects.exists() and not list(tmp_path.iterdir())
+    assert run(tmp_path)[1]["ledger.action"] == 2  # its turn came
+
+
+@postgresql_only
+def test_audit_events_the_default_partition_took_leave_with_the_rest(settings, sequence, tmp_path, agent):
+    """The sweeper was away: the default partition took ids past every range, and the ranges
+    made after start above them (decision 52). Those events are below the partitions the run
+    drops, and are deleted, not left behind in the database and in the file."""
+    settings.PARTITION_EVENTS = 4
+    earlier = AuditEvent.objects.count()
+    settings.AUDIT_CHECKPOINT_EVERY = earlier + 11  # one checkpoint, on the last event below: the rest goes
+    start = top()
+    sequence(start)
+    AUDIT.extend(4)  # [start, start + 4) and [start + 4, start + 8)
+    noted(agent, 4)
+    sequence(start + 8)  # past every range
+    strays = noted(agent, 2)
+    assert {partition_of(event) for event in strays} == {AUDIT.default}
+    AUDIT.extend(4)  # [start + 10, start + 14) and [start + 14, start + 18)
+    noted(agent, 5)
+    AuditEvent.objects.seal()
+
+    archive, counts = run(tmp_path)
+
+    assert archive.checkpoint.seq == earlier + 11
+    assert not AuditEvent.objects.filter(pk__in=[event.pk for event in strays]).exists()
+    assert not AuditEvent.objects.filter(seq__lt=archive.checkpoint.seq).exists()
+    assert archived_models(archive, tmp_path).count("ledger.auditevent") == counts["ledger.auditevent"] == earlier + 10
+    AuditEvent.objects.seal()
+    assert AuditEvent.objects.verify_chain() is None
+
+
+@postgresql_only
+def test_webhook_events_the_default_partition_took_leave_with_their_claims(settings, sequence, tmp_path):
+    """Left behind, such an event would have lost its claim (a redelivery stored again) and be
+    taken again by the next run."""
+    settings.PARTITION_EVENTS = 4
+    start = top(WEBHOOKS)
+    sequence(start, WEBHOOKS.table)
+    WEBHOOKS.extend(4)
+    now = timezone.now()
+    for i in range(4):
+        webhook_event(f"evt_ranged_{i}", now)
+    sequence(start + 8, WEBHOOKS.table)  # past every range
+    strays = [webhook_event(f"evt_stray_{i}", now) for i in range(2)]
+    assert {partition_of(event) for event in strays} == {WEBHOOKS.default}
+    WEBHOOKS.extend(4)
+    for i in range(4):
+        webhook_event(f"evt_later_{i}", now)
+    recent = webhook_event("evt_recent", now + LATER)
+
+    _, counts = run(tmp_path)
+
+    assert counts["ledger.webhookevent"] == 10
+    assert list(WebhookEvent.objects.all()) == [recent]
+    assert list(WebhookClaim.objects.values_list("event_id", flat=True)) == ["evt_recent"]
+    assert "ledger.webhookevent" not in archive_expired(tmp_path, now=timezone.now() + LATER + timedelta(days=1))[1]
+
+
+@postgresql_only
+def test_a_partition_larger_than_partition_events_goes_a_checkpoints_stretch_a_run(settings, sequence, tmp_path):
+    """After the upgrade the first partition holds the trail's whole history (migration 0032).
+    Taken whole, it would be one transaction and one file, and deleted row by row if the drop
+    missed its lock. A run takes at most PARTITION_EVENTS events (and a checkpoint's stretch),
+    so it goes a stretch a run until what is left of it fits, then is dropped."""
+    settings.AUDIT_CHECKPOINT_EVERY = 3
+    assert not AuditEvent.objects.exists()
+    start = top()
+    sequence(start)
+    AUDIT.extend(16)  # [start, start + 16) and [start + 16, start + 32)
+    settings.PARTITION_EVENTS = 4
+    agent, _ = make_agent("billing")
+    noted(agent, 20)
+    AuditEvent.objects.seal()
+    partition = f"{AUDIT.table}_{start}"
+    assert query(f"SELECT count(*) FROM {partition}") == [(16,)]
+
+    taken_by_each_run = []
+    while partition in {p.name for p in AUDIT.ranges()} and len(taken_by_each_run) < 10:
+        taken_by_each_run.append(run(tmp_path)[1]["ledger.auditevent"])
+
+    assert partition not in {p.name for p in AUDIT.ranges()}
+    assert max(taken_by_each_run) <= settings.PARTITION_EVENTS, taken_by_each_run
+    AuditEvent.objects.seal()
+    assert AuditEvent.objects.verify_chain() is None
