@@ -17,19 +17,25 @@ names placed so far and the shard each is on.
   request none of whose names is placed goes to its customer's hash (its target's without one).
 - A request any of whose names is placed on another shard than the rest cannot keep those rules:
   it is refused, `409 shard_conflict`, and nothing is placed or written anywhere. (A room booked by
-  customers of two shards is one: docs/scale.md says what bookings need.)
+  customers of two shards is one: docs/scale.md says what bookings need.) Unless its key's shard
+  holds the key's action or task: nothing new can be recorded under the key there, so that shard
+  answers it as one database would (422, or 410 past the key's lifetime).
 - Placements are committed before the request is forwarded, so that whatever the shard records is
   placed whatever happens to the router or its directory afterwards. A `4xx` records nothing (the
   contract's rule), so the request then takes back the placements it made, unless another request
-  has leaned on them meanwhile (`used`, set in that request's own placing): an unauthenticated or
-  refused request pins nothing another request did not take up.
+  has leaned on them meanwhile (`used`, set in that request's own placing, over every name it
+  wants): an unauthenticated or refused request pins nothing another request did not take up.
 - A request the router cannot read as the shard would (not JSON, a key or subject Surety refuses)
-  goes to shard 0 unplaced, which answers it `400`, as one Surety would.
+  goes unplaced to its key's shard if the key is placed, else to shard 0: either answers it `400`
+  as one Surety would, or `410` under a key past its lifetime.
+- A ledger that ran alone is placed on shard 0 by `python -m sharding.fill` before the router
+  serves in front of it.
 
 A name, once placed, never moves (the directory's trigger refuses it), so a placement read is true
 for good. Reads by key (`GET /api/v1/actions/{key}`, its `/evidence`, `/api/v1/tasks/{id}`) go to
 the key's shard; a key never placed here (a task's step, an edited version: their shard made them)
-is asked of each shard in turn. Anything else under `/api/v1/` goes to shard 0.
+is asked of each shard in turn; if none has it and one failed, the answer is that shard's 5xx (503
+if it did not answer), not 404. Anything else under `/api/v1/` goes to shard 0.
 
 Configuration: `SHARD_URLS`, the shards' base URLs in shard order, comma-separated (their order is
 the hash's, so it never changes once names are placed); `SHARD_DIRECTORY_URL`, the directory's
@@ -42,7 +48,7 @@ import os
 import threading
 import uuid
 from decimal import Decimal
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 import httpx
 import psycopg
@@ -81,6 +87,9 @@ BEGIN
 END $$;
 CREATE OR REPLACE TRIGGER shard_placement_kept BEFORE UPDATE OR DELETE ON shard_placement
     FOR EACH ROW EXECUTE FUNCTION shard_placement_kept()"""
+# The input field naming the target of a workflow's effect (ledger/workflows/refund.py: the refund
+# step acts on the order), so that the task and a direct action on that target share a shard.
+TASK_TARGETS = {"refund": "order_id"}
 CREATING = 7_320_001  # an advisory lock: routers starting at once create the table in turn
 
 
@@ -116,8 +125,10 @@ def names(kind, key, body):
     if not well_formed_key(key) or not isinstance(body, dict):
         raise Unreadable(key)
     if kind == "task":
-        given = body.get("input")
-        customer, target = (stored(given.get("customer")) if isinstance(given, dict) else ""), ""
+        given = body.get("input") if isinstance(body.get("input"), dict) else {}
+        workflow = body.get("workflow")
+        field = TASK_TARGETS.get(workflow) if isinstance(workflow, str) else None
+        customer, target = stored(given.get("customer")), (stored(given.get(field)) if field else "")
     else:
         customer, target = stored(body.get("customer")), stored(body.get("target"))
     subjects = [f"{name}:{value}" for name, value in (("customer", customer), ("target", target)) if value]
@@ -139,13 +150,15 @@ def place(conn, key_name, subjects, shards, owner):
             shard = next(iter(placed.values()), None)
             if shard is None:
                 shard = hashed_shard(subjects[0], shards) if subjects else 0
-            # Locks them until this commits: an owner's taking back waits, then finds them used.
-            conn.execute("UPDATE shard_placement SET used = true WHERE name = ANY(%s) AND owner <> %s AND NOT used",
-                         [list(placed), owner])
             # In one order, so that two requests placing the same names wait rather than deadlock.
             for name in sorted(set(wanted) - placed.keys()):
                 conn.execute("INSERT INTO shard_placement (name, shard, owner) VALUES (%s, %s, %s) "
                              "ON CONFLICT DO NOTHING", [name, shard, owner])
+            # After the inserts, over every name: one another request placed since the first read
+            # (this insert then did nothing) is leaned on too. Locks them until this commits: an
+            # owner's taking back waits, then finds them used.
+            conn.execute("UPDATE shard_placement SET used = true WHERE name = ANY(%s) AND owner <> %s AND NOT used",
+                         [wanted, owner])
             now = dict(conn.execute("SELECT name, shard FROM shard_placement WHERE name = ANY(%s)",
                                     [wanted]).fetchall())
             if now.keys() == set(wanted) and set(now.values()) == {shard}:
@@ -153,6 +166,13 @@ def place(conn, key_name, subjects, shards, owner):
             # Another request placed one of these names elsewhere, or took one back, while this
             # one looked: this one's marks and placements are rolled back, and it decides again.
             raise psycopg.Rollback
+
+
+def create_directory(conn):
+    """The directory's table and its trigger, made once: routers starting at once make them in turn."""
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", [CREATING])
+        conn.execute(PLACEMENTS)
 
 
 def take_back(conn, owner):
@@ -179,9 +199,8 @@ class Router:
         self.directory = ConnectionPool(directory_url, min_size=1, max_size=16, kwargs={"autocommit": True},
                                         check=ConnectionPool.check_connection, open=True)
         try:
-            with self.directory.connection() as conn, conn.transaction():
-                conn.execute("SELECT pg_advisory_xact_lock(%s)", [CREATING])
-                conn.execute(PLACEMENTS)
+            with self.directory.connection() as conn:
+                create_directory(conn)
         except Exception:
             self.directory.close()
             raise
@@ -213,20 +232,19 @@ class Router:
         return self.forward(0, request)
 
     def post(self, kind, request):
+        key = request.environ.get("HTTP_IDEMPOTENCY_KEY")
         try:
-            wanted = names(kind, request.environ.get("HTTP_IDEMPOTENCY_KEY"),
-                           json.loads(request.body.decode(), parse_float=Decimal, parse_constant=refuse))
+            wanted = names(kind, key, json.loads(request.body.decode(), parse_float=Decimal, parse_constant=refuse))
         except (Unreadable, ValueError, RecursionError):
-            return self.forward(0, request)
+            # Refused as written, by the key's shard if it has one: there a key past its lifetime
+            # is answered 410 whatever the body, as by one Surety (docs/contract.md); else shard 0.
+            return self.forward(self.key_shard(kind, key), request)
         owner = uuid.uuid4()
         try:
             with self.directory.connection() as conn:
                 shard = place(conn, *wanted, len(self.shards), owner)
         except Conflict as exc:
-            placed = ", ".join(f"{name} on shard {shard}" for name, shard in sorted(exc.args[0].items()))
-            return problem(409, "shard_conflict", "The request's names are on two shards",
-                           f"This ledger is split by customer, and {placed}: no shard sees every action "
-                           "the same-subject hold must see. Nothing was recorded.")
+            return self.conflict(wanted[0], exc.args[0], request)
         answer = self.forward(shard, request)
         if 400 <= answer[0] < 500:  # the shard recorded nothing: the request's placements go too
             try:
@@ -235,6 +253,39 @@ class Router:
             except (psycopg.OperationalError, PoolTimeout):
                 pass  # left placed: pinned where nothing is recorded, which loses no effect
         return answer
+
+    def key_shard(self, kind, key):
+        """The shard a well-formed key is placed on, else shard 0."""
+        if not well_formed_key(key):
+            return 0
+        with self.directory.connection() as conn:
+            row = conn.execute("SELECT shard FROM shard_placement WHERE name = %s", [f"{kind}:{key}"]).fetchone()
+        return row[0] if row else 0
+
+    def conflict(self, key_name, placed, request):
+        """A request whose names are on two shards. If one is its key's, and that shard holds what
+        the key names, it can record nothing new under the key: it answers the reuse (or the key's
+        expiry) as one Surety would. Else nothing could keep the request's subjects together: 409."""
+        shard = placed.get(key_name)
+        if shard is not None and self.holds(shard, key_name, request):
+            return self.forward(shard, request)
+        names_placed = ", ".join(f"{name} on shard {on}" for name, on in sorted(placed.items()))
+        return problem(409, "shard_conflict", "The request's names are on two shards",
+                       f"This ledger is split by customer, and {names_placed}: no shard sees every action "
+                       "the same-subject hold must see. Nothing was recorded.")
+
+    def holds(self, shard, key_name, request):
+        """Whether `shard` has this agent's action or task under the key, or its archived key (a
+        read of it answers 200 or 410). A key placed but never recorded (its request's router died
+        mid-forward) would otherwise let the shard record the request under it there."""
+        kind, _, key = key_name.partition(":")
+        path = f"{ACTIONS if kind == 'action' else TASKS}/{quote(key, safe='')}"
+        headers = {k: v for k, v in request.headers().items() if k != "Content-Type"}
+        try:
+            answer = self.http.get(self.shards[shard] + path, headers=headers, extensions={"target": path.encode()})
+        except httpx.TransportError:
+            return False
+        return answer.status_code in (200, 410)
 
     def read(self, name, request):
         with self.directory.connection() as conn:

@@ -88,6 +88,14 @@ def keys_on(stack):
         return {key for (key,) in conn.execute("SELECT operation_key FROM ledger_action")}
 
 
+def archive(stack, key):
+    """`key` as an archive run leaves it on `stack`: its action moved out, an ArchivedKey in its place."""
+    with psycopg.connect(stack.database_url) as conn:
+        conn.execute("INSERT INTO ledger_archivedkey (agent_id, created_at, archived_at, archive_sha256, "
+                     "operation_key) SELECT id, now() - interval '400 days', now(), repeat('0', 64), %s "
+                     "FROM ledger_agent WHERE name = 'billing'", [key])
+
+
 def placed(shards, name):
     with psycopg.connect(shards.directory) as conn:
         row = conn.execute("SELECT shard FROM shard_placement WHERE name = %s", [name]).fetchone()
@@ -154,9 +162,10 @@ def test_a_key_reused_with_another_customers_body_is_answered_on_the_keys_shard(
     assert first.status_code == 201
     assert (reused.status_code, reused.json()["code"], reused.headers["Surety-Shard"]) == (
         422, "idempotency_key_reused", "0")
-    # eli's actions are on shard 1: the key's shard must not take one of them.
-    assert (reused_by_a_placed_customer.status_code, reused_by_a_placed_customer.json()["code"]) == (
-        409, "shard_conflict")
+    # eli's actions are on shard 1, but the key's action is on shard 0: that shard answers the reuse,
+    # and can record nothing under the key.
+    assert (reused_by_a_placed_customer.status_code, reused_by_a_placed_customer.json()["code"],
+            reused_by_a_placed_customer.headers["Surety-Shard"]) == (422, "idempotency_key_reused", "0")
     assert key in keys_on(zero) and key not in keys_on(one)
     # The shard refused the reuse: nothing it named was placed. dan and his order go by their hash.
     assert placed(shards, f"customer:{dan}") is None and placed(shards, "target:ORD-D1") is None
@@ -371,6 +380,40 @@ def test_a_refused_request_takes_back_only_the_placements_no_other_request_leane
         assert conn.execute("DELETE FROM shard_placement WHERE name = 'action:k-zoe-2'").rowcount == 1  # not used
 
 
+class After:
+    """A request's directory connection that runs `step` (another request's) right after its own
+    first statement: between place()'s first read and its inserts."""
+
+    def __init__(self, conn, step):
+        self.conn, self.step = conn, step
+
+    def transaction(self):
+        return self.conn.transaction()
+
+    def execute(self, *args):
+        cursor = self.conn.execute(*args)
+        step, self.step = self.step, None
+        if step:
+            step()
+        return cursor
+
+
+def test_a_name_another_request_placed_while_this_one_looked_stays_when_that_request_is_refused(shards):
+    """B reads the directory: YAN is not placed. A, for YAN too, places her and is forwarded. B's
+    insert of YAN then does nothing, and B is forwarded by A's placement, so B's action is recorded
+    on YAN's shard. A's shard then refuses A: its taking back must leave YAN placed."""
+    a, b = uuid.uuid4(), uuid.uuid4()
+    with psycopg.connect(shards.directory, autocommit=True) as conn_b, \
+            psycopg.connect(shards.directory, autocommit=True) as conn_a:
+        placing_a = lambda: place(conn_a, "action:k-yan-1", ["customer:YAN", "target:ORD-Y1"], 2, a)  # noqa: E731
+        shard_b = place(After(conn_b, placing_a), "action:k-yan-2", ["customer:YAN", "target:ORD-Y2"], 2, b)
+        take_back(conn_a, a)
+        left = dict(conn_b.execute("SELECT name, shard FROM shard_placement WHERE name = ANY(%s)", [[
+            "customer:YAN", "action:k-yan-1", "target:ORD-Y1", "action:k-yan-2", "target:ORD-Y2"]]).fetchall())
+
+    assert left == {"customer:YAN": shard_b, "action:k-yan-2": shard_b, "target:ORD-Y2": shard_b}
+
+
 def test_a_key_is_read_from_the_shard_that_has_it_while_another_shard_does_not_answer(shards):
     """A router whose shard 0 is an address nothing listens on: a key it never placed (an edited
     version's, a step's) is still found on shard 1."""
@@ -404,3 +447,63 @@ def test_a_names_shard_is_the_same_in_every_process_and_release():
     code = "from sharding.router import hashed_shard; print([hashed_shard(f'customer:CUST-{i}', 2) for i in range(8)])"
     there = subprocess.run([PYTHON, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     assert there.strip() == str(here) and set(here) == {0, 1}
+
+
+def test_a_refund_task_places_its_order_so_a_direct_refund_of_it_goes_to_the_tasks_shard(shards):
+    """The task's refund step acts on its input's order: a direct refund of that order must meet
+    it on one shard (the one-effect rule and the same-subject hold), whatever its customer's hash."""
+    client = shards.client
+    ted, tom = customer_on(1, "TED"), customer_on(0, "TOM")
+
+    task = post_task(client, "refund-T1", refund_task_body("ORD-T1", customer=ted))
+    direct = post_action(client, "refund:ORD-T1:full:dec-1", refund_body("ORD-T1", customer=tom, decision="dec-1"))
+
+    assert (task.status_code, task.headers["Surety-Shard"]) == (201, "1")
+    assert placed(shards, "target:ORD-T1") == 1
+    assert (direct.status_code, direct.headers["Surety-Shard"]) == (201, "1")
+
+
+def test_a_placed_keys_shard_answers_under_it_whatever_the_body_so_an_archived_key_is_gone(shards):
+    """One Surety answers any request under a key whose action was archived 410, whatever the body
+    (docs/contract.md): the key's shard must be asked, even with a body the router cannot read or
+    one whose customer is placed on the other shard."""
+    client, one = shards.client, shards.stacks[1]
+    key, wes = "refund:ORD-W1:full:dec-1", customer_on(0, "WES")
+    archive(one, key)
+    with psycopg.connect(shards.directory, autocommit=True) as conn:  # as its first request placed it
+        conn.execute("INSERT INTO shard_placement (name, shard, owner, used) VALUES (%s, 1, %s, true)",
+                     [f"action:{key}", uuid.uuid4()])
+    assert post_action(client, "refund:ORD-W2:full:dec-1", refund_body("ORD-W2", customer=wes)).status_code == 201
+
+    not_json = client.post("/api/v1/actions", content=b"{not json", headers={
+        "Idempotency-Key": key, "Content-Type": "application/json"})
+    elsewhere = post_action(client, key, refund_body("ORD-W1", customer=wes))
+
+    assert [(a.status_code, a.json()["code"], a.headers["Surety-Shard"]) for a in (not_json, elsewhere)] == [
+        (410, "operation_key_expired", "1")] * 2
+    assert placed(shards, "target:ORD-W1") is None
+
+
+def test_the_fill_places_a_ledger_recorded_before_the_router_on_shard_zero(shards):
+    """The router switched on in front of a Surety that ran alone (shard 0): what it recorded, under
+    names whose hash says shard 1, must be placed on shard 0 before the router serves, or a retry
+    of an old key is recorded and executed again on shard 1."""
+    zero, alone = shards.stacks[0], api_client(shards.stacks[0].url, shards.token)
+    ola, olga = customer_on(1, "OLA"), customer_on(1, "OLGA")
+    key, body = "refund:ORD-O1:full:dec-1", refund_body("ORD-O1", customer=ola, decision="dec-1")
+    assert post_action(alone, key, body).status_code == 201
+    assert post_task(alone, "refund-O2", refund_task_body("ORD-O2", customer=olga)).status_code == 201
+    archive(zero, "refund:ORD-O3:full:dec-1")
+
+    for _ in range(2):  # run again, it changes nothing
+        subprocess.run([PYTHON, "-m", "sharding.fill"], cwd=ROOT, check=True, env={
+            **os.environ, "DATABASE_URL": zero.database_url, "SHARD_DIRECTORY_URL": shards.directory})
+    retried = post_action(shards.client, key, body)
+    gone = post_action(shards.client, "refund:ORD-O3:full:dec-1", refund_body("ORD-O3", customer=ola))
+
+    assert (retried.status_code, retried.headers["Idempotent-Replayed"], retried.headers["Surety-Shard"]) == (
+        200, "true", "0")
+    assert (gone.status_code, gone.headers["Surety-Shard"]) == (410, "0")
+    names = [f"action:{key}", f"customer:{ola}", "target:ORD-O1", "task:refund-O2", f"customer:{olga}",
+             "target:ORD-O2", "action:refund:ORD-O3:full:dec-1"]
+    assert {name: placed(shards, name) for name in names} == dict.fromkeys(names, 0)
