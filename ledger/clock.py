@@ -10,50 +10,64 @@ a provider that ignores the idempotency key acts twice. Told by PostgreSQL's clo
 reads the same time, whatever its host's.
 
 Reading the database's clock for every lease would cost a statement each: a process reads it
-once a minute (`clock_timestamp()`), keeps its host's offset from it, and adds that offset to its
-own clock. Hosts' clocks drift apart by milliseconds a minute, not seconds. On SQLite, which
-has no server of its own, the host's clock is the database's.
+once a minute (`clock_timestamp()`, taken as read at the middle of the round trip, so at most
+half a round trip off) and counts on from it by its monotonic clock, which a step of the host's
+clock (NTP correcting it) does not move; when the two disagree about the time since the reading
+(a step, or a pause the monotonic clock did not count), it reads again at once. The monotonic
+clock drifts from the database's by the host's oscillator, parts per million: milliseconds a
+minute. On
+SQLite, which has no server of its own, the host's clock is the database's.
 """
 
 import threading
 import time
+from datetime import timedelta
 
 from django.db import connection
 from django.utils import timezone
 
 # How often a process reads the database's clock again (seconds of its monotonic clock).
 REFRESH_SECONDS = 60.0
+# How far the host's wall clock and its monotonic clock may disagree about the time since the
+# reading before it is taken again.
+DISAGREEMENT_SECONDS = 0.5
 
 _lock = threading.Lock()
-_offset = None  # the database's clock minus this host's, as last read
-_read_at = None  # time.monotonic() of that reading
+_reading = None  # (the database's time, time.monotonic(), time.time()) at the last reading
 
 
 def now():
     """The database's time now."""
     if connection.vendor != "postgresql":
         return timezone.now()
-    return timezone.now() + offset()
+    theirs, at, _ = reading()
+    return theirs + timedelta(seconds=time.monotonic() - at)
 
 
-def offset():
-    """The database's clock minus this host's (a timedelta), read again once a minute."""
-    global _offset, _read_at
+def reading():
+    """The database's time at a moment of this process's monotonic clock (and its wall clock's
+    then), read again once a minute, and at once if the two clocks disagree since."""
+    global _reading
     with _lock:
-        if _offset is None or time.monotonic() - _read_at > REFRESH_SECONDS:
+        if _reading is None or _stale(_reading):
             with connection.cursor() as cursor:
-                before = timezone.now()
+                before, wall = time.monotonic(), time.time()
                 cursor.execute("SELECT clock_timestamp()")
                 theirs = cursor.fetchone()[0]
-                after = timezone.now()
-            # The database read its clock somewhere in the round trip: its middle, at most half
-            # a round trip off.
-            _offset, _read_at = theirs - (before + (after - before) / 2), time.monotonic()
-        return _offset
+                after = time.monotonic()
+            _reading = (theirs, (before + after) / 2, wall + (after - before) / 2)
+        return _reading
+
+
+def _stale(taken):
+    since = time.monotonic() - taken[1]
+    # A wall clock stepped since, or a pause the monotonic clock did not count (a VM resumed):
+    # one of the two is wrong about the time since, and the database says which.
+    return since > REFRESH_SECONDS or abs((time.time() - taken[2]) - since) > DISAGREEMENT_SECONDS
 
 
 def forget():
     """Read the database's clock again at the next `now()` (a test that moves the host's)."""
-    global _offset
+    global _reading
     with _lock:
-        _offset = None
+        _reading = None

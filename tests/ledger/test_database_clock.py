@@ -5,6 +5,7 @@ The hosts here share one clock, so a host whose clock is off is this process wit
 from a test). Each test also shows that the host's clock alone would have decided otherwise.
 """
 
+import time
 from datetime import timedelta
 
 import pytest
@@ -81,7 +82,20 @@ def test_the_database_clock_is_read_once_a_minute(monkeypatch):
     with CaptureQueriesContext(connection) as reads:
         first, second = clock.now(), clock.now()
     assert len(reads) == 1 and abs((second - first).total_seconds()) < 1
-    monkeypatch.setattr(clock, "_read_at", clock._read_at - clock.REFRESH_SECONDS - 1)
+    theirs, at, wall = clock._reading
+    monkeypatch.setattr(clock, "_reading", (theirs, at - clock.REFRESH_SECONDS - 1, wall - clock.REFRESH_SECONDS - 1))
     with CaptureQueriesContext(connection) as reads:
         clock.now()
     assert len(reads) == 1
+
+
+def test_a_step_of_the_host_clock_after_the_reading_does_not_move_the_ledgers(monkeypatch):
+    """NTP stepping a clock that was a minute off, after the process read the database's."""
+    clock.now()
+    real_time, real_now = time.time, timezone.now
+    monkeypatch.setattr(time, "time", lambda: real_time() + 60)
+    monkeypatch.setattr(timezone, "now", lambda: real_now() + timedelta(seconds=60))
+    with CaptureQueriesContext(connection) as reads:
+        told = clock.now()
+    assert abs((told - database_now()).total_seconds()) < 1
+    assert len(reads) == 1  # the wall clock and the monotonic one disagree: it was read again
