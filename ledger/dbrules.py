@@ -222,6 +222,13 @@ CHECKPOINT_APPEND_ONLY, CHECKPOINT_NO_UPDATE_SQLITE, CHECKPOINT_NO_DELETE_SQLITE
 # signature is a second line: ledger.retention.Archive).
 ARCHIVE_APPEND_ONLY, ARCHIVE_NO_UPDATE_SQLITE, ARCHIVE_NO_DELETE_SQLITE = append_only(
     "ledger_archive_append_only", "ledger_archive", "archive runs")
+# And written signed: a run of code from before the signature, against a migrated database,
+# is refused (PostgreSQL: the CHECK ledger_archive_signed, migration 0040).
+ARCHIVE_SIGNED_SQLITE = SQLiteTrigger(
+    "ledger_archive_signed",
+    "CREATE TRIGGER ledger_archive_signed BEFORE INSERT ON ledger_archive WHEN NEW.signature IS NULL "
+    "BEGIN SELECT RAISE(ABORT, 'an archive run is signed (an unsigned row refused)'); END",
+)
 
 
 def archived_refused(name, table, column, archived):
@@ -263,7 +270,7 @@ END """)
 RULES = [LOCK_SUBJECTS, TRY_LOCK_SUBJECTS, SAME_SUBJECT, REQUEUE_SAME_SUBJECT, AUDIT_APPEND_ONLY, SUPERSEDED_HAS_VERSION,
          CHECKPOINT_APPEND_ONLY, SAME_SUBJECT_SQLITE, REQUEUE_SAME_SUBJECT_SQLITE, AUDIT_NO_UPDATE_SQLITE,
          AUDIT_NO_DELETE_SQLITE, CHECKPOINT_NO_UPDATE_SQLITE, CHECKPOINT_NO_DELETE_SQLITE, ARCHIVE_APPEND_ONLY,
-         ARCHIVE_NO_UPDATE_SQLITE, ARCHIVE_NO_DELETE_SQLITE,
+         ARCHIVE_NO_UPDATE_SQLITE, ARCHIVE_NO_DELETE_SQLITE, ARCHIVE_SIGNED_SQLITE,
          ARCHIVED_KEY_REFUSED, ARCHIVED_KEY_REFUSED_SQLITE, ARCHIVED_TASK_REFUSED, ARCHIVED_TASK_REFUSED_SQLITE,
          HELD_NEARBY]
 

@@ -49,6 +49,15 @@ def test_an_archive_row_written_behind_the_ledgers_back_does_not_hide_the_events
     assert whole_walk().broken_at is not None
 
 
+def test_an_archive_row_without_a_signature_is_refused(ledger):
+    """As a run of the code from before the signature would write it, against a migrated database."""
+    checkpoint = ChainCheckpoint.objects.order_by("-seq").first()
+    with pytest.raises(DatabaseError), transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("INSERT INTO ledger_archive (file, sha256, removed, checkpoint_id, archived_at) "
+                       "VALUES ('old.jsonl', %s, '{}', %s, %s)", ["0" * 64, checkpoint.pk, timezone.now()])
+    assert not Archive.objects.exists()
+
+
 def test_an_archive_row_is_never_changed_or_removed(tmp_path, ledger):
     archive, _ = run(tmp_path)
     assert archive.vouched() and chain_start() == archive.checkpoint
