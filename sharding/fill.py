@@ -5,11 +5,12 @@ python -m sharding.fill`.
 An empty directory would send every name that Surety recorded by its hash, so a retry of a key
 recorded before the switch could be recorded and executed again on another shard, and a
 customer's new actions would miss the same-subject hold of its old ones. So every name the router
-would place for what the database holds (each action's key, customer and target, each task's id
-and subjects, each archived key and task id) is placed on shard 0, marked used (something is
+would place for what the database holds (each direct action's key, customer and target, each
+task's id and subjects, each archived key and task id) is placed on shard 0, marked used (something is
 recorded under it, so no request takes it back). It reads in batches and can be run again: a name
 already placed is left as it is. A name found placed on another shard means the router served
-before the fill: those are listed, and it exits 1.
+before the fill: those are listed, and it exits 1. Run it with the ledger taking no requests
+but through the router: a key recorded straight into it after the fill is never placed.
 """
 
 import os
@@ -23,7 +24,11 @@ from sharding.router import Unreadable, create_directory, names
 BATCH = 5000
 # Each row as the router reads a POST: the kind, the key and the body's fields that name subjects.
 SOURCES = (
-    ("action", "SELECT operation_key, jsonb_build_object('customer', customer, 'target', target) FROM ledger_action"),
+    # Not a task step's action: the router never places those (a step's key is asked of each
+    # shard), and its subjects (a notice's recipient) placed here would refuse a direct action
+    # on them by another shard's customer.
+    ("action", "SELECT operation_key, jsonb_build_object('customer', customer, 'target', target) FROM ledger_action "
+               "WHERE task_id IS NULL"),
     ("task", "SELECT task_id, jsonb_build_object('workflow', workflow, 'input', input) FROM ledger_task"),
     # An archived key has no subjects left, but a request under it must reach its 410.
     ("action", "SELECT operation_key, '{}'::jsonb FROM ledger_archivedkey"),

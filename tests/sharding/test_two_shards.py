@@ -494,6 +494,7 @@ def test_the_fill_places_a_ledger_recorded_before_the_router_on_shard_zero(shard
     assert post_action(alone, key, body).status_code == 201
     assert post_task(alone, "refund-O2", refund_task_body("ORD-O2", customer=olga)).status_code == 201
     archive(zero, "refund:ORD-O3:full:dec-1")
+    step_action_of(zero, "refund-O2", key="refund-O2:notify_customer:v1", target="ada@example.com", like=key)
 
     for _ in range(2):  # run again, it changes nothing
         subprocess.run([PYTHON, "-m", "sharding.fill"], cwd=ROOT, check=True, env={
@@ -503,7 +504,24 @@ def test_the_fill_places_a_ledger_recorded_before_the_router_on_shard_zero(shard
 
     assert (retried.status_code, retried.headers["Idempotent-Replayed"], retried.headers["Surety-Shard"]) == (
         200, "true", "0")
-    assert (gone.status_code, gone.headers["Surety-Shard"]) == (410, "0")
+    assert (gone.status_code, gone.headers["Surety-Shard"]) == (410, "0"), gone.text
     names = [f"action:{key}", f"customer:{ola}", "target:ORD-O1", "task:refund-O2", f"customer:{olga}",
              "target:ORD-O2", "action:refund:ORD-O3:full:dec-1"]
     assert {name: placed(shards, name) for name in names} == dict.fromkeys(names, 0)
+    # A step's action is not placed (the router never places one): nor is its subject.
+    assert placed(shards, "action:refund-O2:notify_customer:v1") is None
+    assert placed(shards, "target:ada@example.com") is None
+
+
+def step_action_of(stack, task_id, *, key, target, like):
+    """An action of the task's step in the stack's database, made from the action under `like`
+    (a runner would make it; no worker runs here)."""
+    with psycopg.connect(stack.database_url) as conn:
+        conn.execute("""
+            INSERT INTO ledger_action
+            SELECT (jsonb_populate_record(a, jsonb_build_object(
+                'id', nextval(pg_get_serial_sequence('ledger_action', 'id')), 'operation_key', %s::text,
+                'target', %s::text,
+                'task_id', t.id, 'decision_id', '', 'status', 'cancelled', 'next_attempt_at', null))).*
+              FROM ledger_action a, ledger_task t WHERE a.operation_key = %s AND t.task_id = %s""",
+                     [key, target, like, task_id])
