@@ -128,10 +128,9 @@ def action_run_claimed(action):
     if left < settings.CONNECTOR_TIMEOUT + settings.LEASE_MARGIN_SECONDS:
         logger.warning("%s: lease too short to call (%.1fs left); leaving it to the sweeper", action, left)
         return action
-    connector = connector_for_action(action)
     try:
         with write_permit(action):
-            effect = connector.perform(action)
+            effect = connector_for_action(action).perform(action)
     except http.Rejected as exc:
         return _settle(action.mark_failed, actor=EXECUTOR, claim=claim, code=exc.code, message=str(exc), retryable=False)
     except http.NotSent as exc:
@@ -148,6 +147,15 @@ def action_run_claimed(action):
             action.mark_unknown, actor=EXECUTOR, claim=claim, evidence=_evidence(action, exc.evidence()),
             verify_at=clock.now() + timedelta(seconds=settings.CONNECTOR_TIMEOUT),
         )
+    except Exception as exc:
+        # An answer of a shape the connector did not expect, or a bug in it: the provider may
+        # have acted all the same, so the outcome is unknown and verified, as a timeout's is.
+        logger.exception("%s: the call failed unexpectedly; its outcome will be verified", action)
+        return _settle(
+            action.mark_unknown, actor=EXECUTOR, claim=claim, evidence=_evidence(action, _unexpected(exc)),
+            verify_at=clock.now() + timedelta(seconds=settings.CONNECTOR_TIMEOUT),
+            reason=f"the call failed unexpectedly ({type(exc).__name__})",
+        )
     return _settle(
         action.mark_succeeded, actor=EXECUTOR, claim=claim, external_ref=effect.external_ref, result=effect.result
     )
@@ -156,7 +164,15 @@ def action_run_claimed(action):
 def action_verify(action):
     """Branch 3: the outcome is unknown; the provider's answer decides, never a blind retry."""
     claim = action.fence
-    lookup = connector_for_action(action).find_effect(action)
+    try:
+        lookup = connector_for_action(action).find_effect(action)
+    except Exception as exc:
+        # Not an answer a look-up can read (a bug, an answer of an unexpected shape): retried,
+        # it would fail the same way after every lease, and never settle. A person decides.
+        logger.exception("%s: the verification failed unexpectedly; a person decides", action)
+        return _settle(action.mark_needs_review, actor=EXECUTOR, claim=claim,
+                       evidence=_evidence(action, {"verification": _unexpected(exc), "found": None}),
+                       reason=f"the look-up at the provider failed unexpectedly ({type(exc).__name__})")
     evidence = _evidence(action, {"verification": lookup.evidence, "found": lookup.found})
     if lookup.found is None:
         return _settle(action.mark_needs_review, actor=EXECUTOR, claim=claim, evidence=evidence,
@@ -232,3 +248,8 @@ def _settle(transition, **kwargs):
 
 def _evidence(action, details):
     return {"at": timezone.now().isoformat(), "attempt": action.attempts, **details}
+
+
+def _unexpected(exc):
+    """An error that is no provider's answer, as evidence (the shape of a ProviderError's)."""
+    return {"error": type(exc).__name__, "message": str(exc)}

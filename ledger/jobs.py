@@ -218,6 +218,11 @@ def _drain_lane(kind, claim_next, run_claimed, give_back, deadline):
             if not _went_on(outage, exc):
                 break
             continue
+        except Exception:
+            # A bug met by one run must not end the lane (and with several lanes, fail the job and
+            # skip its re-ring): the run settled what it claimed, or its claim stands until the
+            # lease lapses, so the next claim is another's, never the same one again at once.
+            logger.exception("drain of %s: the run of %s failed; going on with the next", kind, claimed)
         handled += 1
     return handled
 

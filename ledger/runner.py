@@ -31,7 +31,7 @@ from .models import (PERSON_STATUSES, Action, ActionStatus, AuditEvent, Capabili
                      TaskState)
 from .outages import UNREACHABLE
 from .retry import backoff_until
-from .statemachine import InvalidTransition, StaleClaim
+from .statemachine import StaleClaim
 from .tasks import defer_until, task_claim_next
 from .versions import latest_version
 from .workflows import WORKFLOWS, StepFailed
@@ -197,11 +197,16 @@ def _fail(task, claim, row, exc):
 def task_give_back(task):
     """A run the database interrupted, handed back once it answers again (ledger.jobs.drain):
     no attempt spent, as for a run that waits. Three short outages used to spend a task's three
-    attempts, and the last one dead-lettered it as `worker_lost`."""
-    try:
+    attempts, and the last one dead-lettered it as `worker_lost`.
+
+    Only a run still under way is given back: the connection may have dropped at the COMMIT of
+    the run's own last move (waiting for a person, say) after the database made it. Given back
+    then, a waiting task would be queued behind the person's back, its attempt returned twice."""
+    with transaction.atomic():
+        if not Task.objects.select_for_update().filter(pk=task.pk, fence=task.fence, state=TaskState.RUNNING).exists():
+            logger.info("%s moved on meanwhile (its run's last move, the sweeper, or settled): not given back", task)
+            return
         task.defer(claim=task.fence, until=timezone.now(), reason="the database was unreachable during the run")
-    except (StaleClaim, InvalidTransition):
-        logger.info("%s moved on meanwhile (taken back by the sweeper, or settled): not given back", task)
 
 
 def drain_tasks():

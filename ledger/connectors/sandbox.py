@@ -1,6 +1,7 @@
 """The sandbox provider's connector: refunds, messages and bookings over real HTTP, at
 `base_url` (SANDBOX_BASE_URL unless a replay run points it at its fault proxy)."""
 
+import json
 from decimal import Decimal
 
 from django.conf import settings
@@ -18,6 +19,8 @@ _RESOURCES = {
 
 # Effects per listing request: the sandbox's largest page.
 RECORDS_PAGE = 1000
+# How much of an answer that cannot be read is kept as evidence.
+_EVIDENCE_CHARS = 500
 
 
 class SandboxConnector(Connector):
@@ -63,8 +66,13 @@ class SandboxConnector(Connector):
             )
         except http.ProviderError as exc:
             return Lookup(found=None, evidence={"lookup": exc.evidence()})
-        found = answer.get("data", [])
-        evidence = {"lookup": "by operation key", "matches": [item.get("id") for item in found]}
+        found = _listing(answer)
+        if found is None:
+            # A 2xx without the listing (a proxy's maintenance page, JSON of another shape) says
+            # nothing of the effect: read as "none", it would send the effect a second time.
+            return Lookup(found=None, evidence={"lookup": "by operation key",
+                                                "unreadable_answer": json.dumps(answer)[:_EVIDENCE_CHARS]})
+        evidence = {"lookup": "by operation key", "matches": [item["id"] for item in found]}
         if not found:
             return Lookup(found=False, evidence=evidence)
         return Lookup(found=True, external_ref=found[0]["id"], result=found[0], evidence=evidence)
@@ -86,3 +94,11 @@ class SandboxConnector(Connector):
                 if not answer.get("has_more") or not answer["data"]:
                     break
                 params["starting_after"] = answer["data"][-1]["id"]
+
+
+def _listing(answer):
+    """The effects a listing answered (`{"data": [{"id": ...}, ...]}`), or None if it is no listing."""
+    items = answer.get("data") if isinstance(answer, dict) else None
+    if not isinstance(items, list) or not all(isinstance(item, dict) and "id" in item for item in items):
+        return None
+    return items

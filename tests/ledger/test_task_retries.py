@@ -12,11 +12,11 @@ import django_rq
 import psycopg
 import pytest
 import redis
-from django.db import connection
+from django.db import OperationalError, connection
 from django.utils import timezone
 
 from dlq.models import DeadLetter
-from ledger import jobs
+from ledger import jobs, runner
 from ledger.connectors import http
 from ledger.models import Task, TaskState
 from ledger.runner import drain_tasks
@@ -236,3 +236,27 @@ def test_a_run_the_database_rolled_back_for_a_deadlock_is_given_back_and_is_no_o
     task.refresh_from_db()
     assert (task.state, task.attempts) == (TaskState.SUCCEEDED, task.max_attempts), task.last_error
     assert "unreachable" not in caplog.text
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("jobs_to_test_redis")
+def test_a_run_whose_connection_dropped_after_its_wait_was_committed_is_not_given_back(settings, monkeypatch):
+    """The run's last move (the task waits for a person) was committed, but the connection
+    dropped before its COMMIT was answered. Given back, the waiting task was queued behind the
+    person's back and its attempt returned a second time: on its first attempt, a CHECK refused
+    the negative count, and the error ended the drain."""
+    settings.DRAIN_LANES = 1
+    agent = make_agent("billing", grants=("refund", "send_message"))[0]
+    task, _ = task_request(agent=agent, task_id="refund-commit-lost", workflow="refund",
+                           input=refund_input("ORD-C", "C-C"))
+
+    def run_losing_the_answer_to_its_commit(task):
+        task.wait_for_person(claim=task.fence, reason="refund-commit-lost:call_refund_api:v1 is needs_review")
+        raise OperationalError("server closed the connection unexpectedly")  # no SQLSTATE: the connection is lost
+
+    monkeypatch.setattr(runner, "task_run", run_losing_the_answer_to_its_commit)
+    drain_tasks()
+
+    task.refresh_from_db()
+    assert (task.state, task.attempts) == (TaskState.WAITING, 0)
+    assert not audit_events(task, "deferred").exists()

@@ -4,14 +4,20 @@ leaves the action to a person with the evidence, and an effect the provider conf
 is over its limit goes to a person too, with the limit's reason. The sandbox's `lookup_error`
 fault makes its look-ups by operation key answer 500."""
 
+from datetime import timedelta
 from decimal import Decimal
+from http.server import BaseHTTPRequestHandler
 
+import pytest
 
 from approvals.decisions import review_decide
 from approvals.models import Limit, ReviewItem, ReviewKind
+from ledger import clock
+from ledger.actions import action_request
+from ledger.executor import action_claim_next, action_run_claimed
 from ledger.models import Action
 from sandbox.models import SandboxFault
-from tests.conftest import wait_until
+from tests.conftest import thread_server, wait_until
 from tests.factories import agent_api, audit_events, person, post_action, refund_body, sandbox, sandbox_list
 
 
@@ -86,3 +92,40 @@ def test_an_effect_verified_but_over_its_limit_needs_review_with_the_limits_reas
     assert event.reason == "verified, but 750.00 EUR is above the limit of 500.00"
     assert ReviewItem.objects.get(action=action, status="open").kind == ReviewKind.UNKNOWN_OUTCOME
     assert action.attempts == 1
+
+
+class MaintenancePage(BaseHTTPRequestHandler):
+    """A proxy in front of the provider, answering 200 with a page of its own."""
+
+    def do_GET(self):
+        body = b"<html>Down for maintenance</html>"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("jobs_to_test_redis")
+def test_a_lookup_answered_200_without_the_listing_needs_review_and_is_never_sent_again(agent, settings):
+    """Read as "no effect", the page requeued the action, and the refund the provider may have
+    made was sent a second time."""
+    action, _ = action_request(agent=agent, operation_key="refund:ORD-MP:full:dec-1", action_type="refund",
+                               target="ORD-MP", params={"amount": "5.00", "currency": "EUR"})
+    action = action_claim_next("tests:1", only=action.pk)
+    action.mark_unknown(actor="system:tests", claim=action.fence, evidence={"call": "timeout"},
+                        verify_at=clock.now() - timedelta(seconds=1))
+    with thread_server(MaintenancePage) as proxy:
+        settings.SANDBOX_BASE_URL = proxy.url
+        action_run_claimed(action_claim_next("tests:2", only=action.pk))
+
+    action = Action.objects.get(pk=action.pk)
+    assert action.status == "needs_review"
+    verification = action.evidence[-1]
+    assert verification["found"] is None and "Down for maintenance" in verification["verification"]["unreadable_answer"]
+    [event] = audit_events(action, "needs_review")
+    assert event.reason == "the provider cannot say whether the effect happened"
