@@ -177,6 +177,11 @@ def action_request(*, agent, operation_key, action_type, target, params, custome
             for sibling in siblings:
                 if sibling.status in (S.QUEUED, S.AWAITING_APPROVAL):  # not started: held with it
                     sibling.hold(actor="system:intake", reason=f"{operation_key} arrived for the same target or customer")
+            if action.status == S.HELD and not siblings:
+                # What held it at the insert settled before the look: its settle, which could not
+                # see this row yet, released nothing, and nothing holds it now.
+                action.release(actor="system:intake", reason="what held it as it was recorded has settled",
+                               needs_approval=bool(verdict and verdict.approvals_needed), locked=True)
             if action.status == S.QUEUED and task is None:  # a task's runner executes its own actions
                 ring_after_commit("actions")
     except IntegrityError as exc:
@@ -228,7 +233,9 @@ def action_retry(action, *, actor, reason):
     while another action on its target or customer is in flight, it is held for a person."""
     with transaction.atomic():
         _lock_subjects(action.target, action.customer)
-        busy = _siblings(action)
+        # A held one is not in flight: it may be held behind this very action (a failure that may
+        # be retried keeps what it held), and would hold it in turn, both waiting for good.
+        busy = [sibling for sibling in _siblings(action) if sibling.status != S.HELD]
         if busy:
             return action.hold(actor=actor, reason=f"{busy[0].operation_key} is in flight for the same target or customer")
         return action.requeue(actor=actor, reason=reason)
