@@ -24,7 +24,8 @@ from .authority import Grant, GrantState, ReplayRun  # noqa: F401 (models of thi
 from .locks import StepLease  # noqa: F401 (the sweeper steps' leases, defined beside their statement)
 from .retention import ArchivedKey, ArchivedTask  # noqa: F401 (the archived keys, defined beside their lifetime)
 from .compiled import Compiled
-from .statemachine import CONDITIONAL, InvalidTransition, LeasedWork, Machine, StaleClaim  # noqa: F401 (re-exported)
+from .statemachine import (CONDITIONAL, InvalidTransition, LeasedWork, Machine, StaleClaim,  # noqa: F401 (re-exported)
+                           next_fence)
 
 
 # --- Agents and what they may do --------------------------------------------------------------
@@ -387,7 +388,7 @@ class Action(LeasedWork):
         return self._move(
             S.PENDING, actor="system:executor", verb="claimed", claim=self.fence, locked=locked,
             attempts=lambda row: row.attempts + 1, next_attempt_at=None,
-            **_lease(owner), fence=_next_fence,
+            **_lease(owner), fence=next_fence,
         )
 
     def claim_for_verification(self, *, owner):
@@ -422,7 +423,7 @@ class Action(LeasedWork):
         return self._move(
             S.UNKNOWN, actor=actor, verb="outcome_unknown", reason=reason, claim=claim,
             evidence=lambda row: [*row.evidence, evidence], next_attempt_at=verify_at,
-            fence=_next_fence, **_NO_LEASE,
+            fence=next_fence, **_NO_LEASE,
         )
 
     def mark_needs_review(self, *, actor, evidence, claim=None, reason=""):
@@ -492,11 +493,6 @@ def _lease(owner):
 
 
 _NO_LEASE = {"lease_owner": "", "lease_expires_at": None}
-
-
-def _next_fence(row):
-    """Ends every claim on the row: a late worker's fenced writes find nothing to change."""
-    return row.fence + 1
 
 
 # --- Tasks and checkpoints --------------------------------------------------------------------
@@ -588,7 +584,7 @@ class Task(LeasedWork):
         return self._move(
             T.RUNNING, actor="system:runner", verb="claimed", claim=self.fence, locked=locked,
             attempts=lambda row: row.attempts + 1, next_attempt_at=None,
-            **_lease(owner), fence=_next_fence,
+            **_lease(owner), fence=next_fence,
         )
 
     def defer(self, *, claim, until, reason):
@@ -619,32 +615,32 @@ class Task(LeasedWork):
     def mark_failed(self, *, actor, error, claim=None):
         return self._move(
             T.FAILED, actor=actor, verb="failed", reason=error["message"], claim=claim, last_error=error,
-            next_attempt_at=None, fence=_next_fence, **_NO_LEASE,
+            next_attempt_at=None, fence=next_fence, **_NO_LEASE,
         )
 
     def mark_dead_lettered(self, *, actor, error, claim=None):
         """Out of attempts. The dead-letter queue reacts to this move (dlq: its entry and alert)."""
         return self._move(
             T.DEAD_LETTERED, actor=actor, verb="dead_lettered", reason=error["message"], claim=claim,
-            last_error=error, next_attempt_at=None, fence=_next_fence, **_NO_LEASE,
+            last_error=error, next_attempt_at=None, fence=next_fence, **_NO_LEASE,
         )
 
     def take_back(self, *, reason):
         """The sweeper's move when a worker vanished mid-run (its lease expired)."""
         return self._move(
             T.QUEUED, actor="system:sweeper", verb="lease_expired", reason=reason, claim=self.fence,
-            next_attempt_at=timezone.now(), fence=_next_fence, **_NO_LEASE,
+            next_attempt_at=timezone.now(), fence=next_fence, **_NO_LEASE,
         )
 
     def redrive(self, *, actor, reason):
         """From the dead-letter queue: a fresh budget of attempts, resuming at the checkpoint."""
         return self._move(
             T.QUEUED, actor=actor, verb="redriven", reason=reason, attempts=0, next_attempt_at=timezone.now(),
-            fence=_next_fence,
+            fence=next_fence,
         )
 
     def cancel(self, *, actor, reason):
-        return self._move(T.CANCELLED, actor=actor, verb="cancelled", reason=reason, fence=_next_fence, **_NO_LEASE)
+        return self._move(T.CANCELLED, actor=actor, verb="cancelled", reason=reason, fence=next_fence, **_NO_LEASE)
 
     def heartbeat(self):
         """Extend the lease; False if the claim was lost (the runner must stop at once)."""

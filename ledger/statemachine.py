@@ -6,8 +6,7 @@ import copy
 from django.db import models, transaction
 from django.utils import timezone
 
-from . import hooks
-from . import clock
+from . import clock, hooks
 from .audit import AuditEvent
 from .compiled import Compiled, register_cache, update
 
@@ -47,9 +46,10 @@ class Machine:
     TRANSITIONS: dict = {}
     LOCKING = LOCK
     # A LOCK machine whose claimed rows only the claim's holder writes while its fence stands
-    # (every other writer moves the status or the fence): a move that carries the claim writes
-    # its own copy with UPDATE ... WHERE fence = <claim> AND status = <its status>, without
-    # reading the row FOR UPDATE first (a round trip fewer a settle, decision 53).
+    # (every other writer moves the fence: a claim takes a new one, and so does any move made
+    # without a claim): a move that carries the claim writes its own copy with UPDATE ... WHERE
+    # fence = <claim> AND status = <its status>, without reading the row FOR UPDATE first (a
+    # round trip fewer a settle, decision 53).
     FENCED = False
     AUDITED = ("attempts",)
 
@@ -82,6 +82,11 @@ class Machine:
         savepoint (two round trips on every claim): a refusal raises before anything is
         written and leaves that transaction as it was; an error once it writes aborts it.
         """
+        if self.FENCED and claim is None:
+            # A move no claim made (a webhook's, a person's) ends every claim on the row: a worker
+            # that claimed before it must not write, even once the row is back in the status it
+            # claimed (unknown -> needs_review -> unknown: a verifier's look from before would land).
+            changes.setdefault("fence", next_fence)
         fenced = self.FENCED and claim is not None and not locked
         if self.LOCKING == CONDITIONAL or locked or fenced:
             row = copy.copy(self) if self.LOCKING == CONDITIONAL or fenced else self
@@ -122,6 +127,11 @@ class Machine:
             raise InvalidTransition(f"{row}: {current} -> {to} refused, it is {now and now[self.STATUS_FIELD]} now")
         self.__dict__.update({k: v for k, v in row.__dict__.items() if k != "_state"})
         return self
+
+
+def next_fence(row):
+    """Ends every claim on the row: a late worker's fenced writes find nothing to change."""
+    return row.fence + 1
 
 
 _locking_reads = {}

@@ -5,14 +5,16 @@ audit event (decisions 53, 54)."""
 
 import threading
 import time
+from datetime import timedelta
 
 import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
+from ledger import clock
 from ledger.actions import action_request
 from ledger.executor import action_claim_next, action_expire_leases
-from ledger.models import Action, AuditEvent, InvalidTransition, StaleClaim
+from ledger.models import Action, AuditEvent, StaleClaim
 from tests.factories import make_action
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("jobs_to_test_redis")]
@@ -57,12 +59,32 @@ def test_a_settle_under_a_claim_that_was_taken_over_is_refused_and_writes_nothin
 
 def test_a_settle_after_someone_settled_it_without_a_claim_is_refused_and_writes_nothing(agent):
     action = claimed(agent)
-    # A webhook (or a person) settles it meanwhile: the status moves, the fence does not.
+    # A webhook (or a person) settles it meanwhile: the status moves, and the fence with it.
     Action.objects.get(pk=action.pk).mark_succeeded(actor="system:webhooks", external_ref="re_hook")
-    with pytest.raises(InvalidTransition, match="it is succeeded now"):
+    with pytest.raises(StaleClaim):
         action.mark_failed(actor="system:executor", claim=action.fence, code="timeout", message="t", retryable=True)
     row = Action.objects.get(pk=action.pk)
     assert (row.status, row.external_ref, row.error) == ("succeeded", "re_hook", None)
+
+
+def test_a_verifiers_look_from_before_a_webhook_does_not_land_once_the_row_is_back_where_it_claimed_it(agent):
+    """unknown -> (a webhook: an over-limit success) needs_review -> (a failure event) unknown: the
+    status is the one the verifier claimed again, and its look, taken before the webhook, said
+    absent. Written, it would send again an effect the provider just reported."""
+    action = claimed(agent)
+    action.mark_unknown(actor="system:executor", claim=action.fence, evidence={"call": "timeout"},
+                        verify_at=clock.now() - timedelta(seconds=1))
+    verifier = action_claim_next("verifier", only=action.pk)
+    assert verifier.status == "unknown"
+    Action.objects.get(pk=action.pk).mark_needs_review(actor="system:webhook:sandbox", reason="over the limit",
+                                                       evidence={"webhook": "refund.succeeded"})
+    Action.objects.get(pk=action.pk).verify_again(actor="system:webhook:sandbox", reason="refund.failed received")
+    assert Action.objects.get(pk=action.pk).status == "unknown"
+    with pytest.raises(StaleClaim):
+        verifier.requeue(actor="system:executor", claim=verifier.fence, reason="absent at the provider",
+                         evidence={"found": False})
+    row = Action.objects.get(pk=action.pk)
+    assert row.status == "unknown" and {"webhook": "refund.succeeded"} in row.evidence
 
 
 def test_a_settle_with_an_action_held_on_its_target_says_so_and_releases_it(agent):
