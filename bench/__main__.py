@@ -348,6 +348,7 @@ def figure_d_paired(stack, token, args, results, monitor, tag=""):
         d_ms = d["cpu_ms_per_request"]["total"]
         d["paired"] = {"baseline_insert_ms": baseline_ms, "cpu_bound_ratio": round(baseline_ms / d_ms, 3),
                        "surety_over_provider": round(d_ms / d["cpu_ms_per_request"]["provider_total"], 3)}
+        d["paired"]["others_during_baseline"] = segment["cpu"].get("others", 0.0)
         say(f"   round {round_no + 1}: the insert view {baseline_ms} ms of CPU per request just before; "
             f"CPU-bound ratio {d['paired']['cpu_bound_ratio']}; Surety's CPU {d['paired']['surety_over_provider']}x "
             "the provider's")
@@ -357,6 +358,9 @@ def figure_d_paired(stack, token, args, results, monitor, tag=""):
     results["d_end_to_end"] = {
         "actions": sum(r["actions"] for r in rounds), "succeeded": sum(r["succeeded"] for r in rounds),
         "ok_rps": round(statistics.median(r["ok_rps"] for r in rounds), 1), "cpu_ms_per_request": median,
+        "finished": all(r["finished"] for r in rounds),
+        # What others used at the most, in a round or in the insert view's segment before it (the summary warns).
+        "cpu": {"others": max(max(r["cpu"].get("others", 0.0), r["paired"]["others_during_baseline"]) for r in rounds)},
         "paired_cpu_bound_ratio_median": statistics.median(r["paired"]["cpu_bound_ratio"] for r in rounds),
         "rounds": rounds,
     }
