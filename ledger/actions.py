@@ -233,9 +233,7 @@ def action_retry(action, *, actor, reason):
     while another action on its target or customer is in flight, it is held for a person."""
     with transaction.atomic():
         _lock_subjects(action.target, action.customer)
-        # A held one is not in flight: it may be held behind this very action (a failure that may
-        # be retried keeps what it held), and would hold it in turn, both waiting for good.
-        busy = [sibling for sibling in _siblings(action) if sibling.status != S.HELD]
+        busy = _siblings(action)
         if busy:
             return action.hold(actor=actor, reason=f"{busy[0].operation_key} is in flight for the same target or customer")
         return action.requeue(actor=actor, reason=reason)

@@ -51,9 +51,6 @@ def in_enum_order(enum, members):
 
 
 IN_FLIGHT = sql_list(in_enum_order(ActionStatus, IN_FLIGHT_STATUSES))
-# In flight, a held action aside: what a retried failure must wait for. A held one may be held
-# behind that very failure (which keeps what it held), and would hold it in turn for good.
-RUNNING_OR_WAITING = sql_list(in_enum_order(ActionStatus, IN_FLIGHT_STATUSES - {ActionStatus.HELD}))
 NOT_STARTED = sql_list([ActionStatus.QUEUED, ActionStatus.AWAITING_APPROVAL])
 
 # A target's and a customer's advisory-lock keys, in one order, so that two transactions never
@@ -108,14 +105,13 @@ BEGIN
 END""")
 
 # The same rule on a new attempt: a failed action goes back to `queued` only while nothing
-# else is in flight on its target or customer, held actions aside (ledger.actions.action_retry
-# holds it instead).
+# else is in flight on its target or customer (ledger.actions.action_retry holds it instead).
 REQUEUE_SAME_SUBJECT = Function("ledger_action_requeue_same_subject() RETURNS trigger", f"""
 BEGIN
     PERFORM ledger_lock_subjects(NEW.target, NEW.customer);
-    IF EXISTS (SELECT 1 FROM ledger_action a WHERE a.id <> NEW.id AND a.target = NEW.target AND a.status IN {RUNNING_OR_WAITING})
+    IF EXISTS (SELECT 1 FROM ledger_action a WHERE a.id <> NEW.id AND a.target = NEW.target AND a.status IN {IN_FLIGHT})
        OR (NEW.customer <> '' AND EXISTS (
-           SELECT 1 FROM ledger_action a WHERE a.id <> NEW.id AND a.customer = NEW.customer AND a.status IN {RUNNING_OR_WAITING}))
+           SELECT 1 FROM ledger_action a WHERE a.id <> NEW.id AND a.customer = NEW.customer AND a.status IN {IN_FLIGHT}))
     THEN
         RAISE EXCEPTION USING MESSAGE = 'another action is in flight for the same target or customer: '
                                         || NEW.operation_key || ' must be held, not queued',
@@ -126,9 +122,9 @@ END """)
 
 REQUEUE_SAME_SUBJECT_SQLITE = SQLiteTrigger("ledger_action_requeue_same_subject", f"""CREATE TRIGGER ledger_action_requeue_same_subject BEFORE UPDATE OF status ON ledger_action
 WHEN OLD.status = '{ActionStatus.FAILED}' AND NEW.status = '{ActionStatus.QUEUED}' AND (
-    EXISTS (SELECT 1 FROM ledger_action a WHERE a.id <> NEW.id AND a.target = NEW.target AND a.status IN {RUNNING_OR_WAITING})
+    EXISTS (SELECT 1 FROM ledger_action a WHERE a.id <> NEW.id AND a.target = NEW.target AND a.status IN {IN_FLIGHT})
     OR (NEW.customer <> '' AND EXISTS (
-        SELECT 1 FROM ledger_action a WHERE a.id <> NEW.id AND a.customer = NEW.customer AND a.status IN {RUNNING_OR_WAITING})))
+        SELECT 1 FROM ledger_action a WHERE a.id <> NEW.id AND a.customer = NEW.customer AND a.status IN {IN_FLIGHT})))
 BEGIN
     SELECT RAISE(ABORT, 'another action is in flight for the same target or customer: it must be held, not queued');
 END""")

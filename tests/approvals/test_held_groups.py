@@ -187,16 +187,6 @@ def test_a_failure_that_may_be_retried_keeps_what_it_held(agent):
     assert status(second) == S.HELD
 
 
-def test_retrying_a_failure_that_held_another_runs_it_and_keeps_the_other_held_behind_it(agent):
-    """What it held is no action in flight: were it counted as one, the retry would be held behind
-    the action held behind it, and both would wait for a person for good."""
-    first = running(refund(agent, "r1"))
-    second = refund(agent, "r2")
-    first.mark_failed(actor="system:executor", code="x", message="x", retryable=True, claim=first.fence)
-    retried = actions.action_retry(Action.objects.get(pk=first.pk), actor="user:ops", reason="the provider is back")
-    assert (retried.status, status(second)) == (S.QUEUED, S.HELD)
-
-
 @pytest.mark.django_db(transaction=True)
 def test_an_action_held_at_its_insert_whose_holder_settles_before_the_intake_looks_is_released(agent, monkeypatch):
     """The intake's insert holds r2 (r1 is in flight), and r1 settles before the intake looks for

@@ -62,7 +62,7 @@ def test_an_insert_waits_for_the_locks_python_takes_on_the_same_subjects():
     assert holder.waited is True
 
 
-# --- a new attempt (migrations 0015, 0041): failed -> queued ------------------------------------------
+# --- a new attempt (migration 0015): failed -> queued ------------------------------------------
 
 def failed(agent, key, target="ORD-1", customer=""):
     return stored(agent, key, S.FAILED, target=target, customer=customer)  # a retryable failure
@@ -74,7 +74,7 @@ def test_the_database_refuses_a_new_attempt_while_another_action_is_in_flight(ot
     retry = failed(agent, "retry", customer="CUST-1")
     stored(agent, "other", other, target="ORD-2", customer="CUST-1")
 
-    if other in IN_FLIGHT_STATUSES - {S.HELD}:  # a held one may be held behind the retry itself (migration 0041)
+    if other in IN_FLIGHT_STATUSES:
         with pytest.raises(IntegrityError), transaction.atomic():
             retry.requeue(actor="system:tests", reason="bypassing action_retry")
         assert Action.objects.get(pk=retry.pk).status == S.FAILED
