@@ -19,7 +19,7 @@ import logging
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.db.models import OuterRef, Q, Subquery
 from django.utils import timezone
 
@@ -128,9 +128,10 @@ def action_run_claimed(action):
     if left < settings.CONNECTOR_TIMEOUT + settings.LEASE_MARGIN_SECONDS:
         logger.warning("%s: lease too short to call (%.1fs left); leaving it to the sweeper", action, left)
         return action
+    connector = connector_for_action(action)  # one that cannot be built sent nothing: not settled as unknown
     try:
         with write_permit(action):
-            effect = connector_for_action(action).perform(action)
+            effect = connector.perform(action)
     except http.Rejected as exc:
         return _settle(action.mark_failed, actor=EXECUTOR, claim=claim, code=exc.code, message=str(exc), retryable=False)
     except http.NotSent as exc:
@@ -147,6 +148,8 @@ def action_run_claimed(action):
             action.mark_unknown, actor=EXECUTOR, claim=claim, evidence=_evidence(action, exc.evidence()),
             verify_at=clock.now() + timedelta(seconds=settings.CONNECTOR_TIMEOUT),
         )
+    except DatabaseError:
+        raise  # the database's, not the provider's: the drain hands the run back (ledger.jobs)
     except Exception as exc:
         # An answer of a shape the connector did not expect, or a bug in it: the provider may
         # have acted all the same, so the outcome is unknown and verified, as a timeout's is.
@@ -166,6 +169,8 @@ def action_verify(action):
     claim = action.fence
     try:
         lookup = connector_for_action(action).find_effect(action)
+    except DatabaseError:
+        raise
     except Exception as exc:
         # Not an answer a look-up can read (a bug, an answer of an unexpected shape): retried,
         # it would fail the same way after every lease, and never settle. A person decides.
@@ -240,8 +245,8 @@ def _settle(transition, **kwargs):
         logger.warning("late write refused: %s", kwargs)
         return None
     except InvalidTransition:
-        # Settled meanwhile without a claim (a webhook, a person resolving it): the fence did
-        # not move, but the row did. Their outcome stands too; the drain must go on.
+        # The row moved while its fence stood (a move without a claim now takes a new fence, so
+        # this is StaleClaim's case in practice). Their outcome stands too; the drain must go on.
         logger.warning("late write refused, the action was settled meanwhile: %s", kwargs)
         return None
 

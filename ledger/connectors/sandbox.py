@@ -73,6 +73,13 @@ class SandboxConnector(Connector):
             return Lookup(found=None, evidence={"lookup": "by operation key",
                                                 "unreadable_answer": json.dumps(answer)[:_EVIDENCE_CHARS]})
         evidence = {"lookup": "by operation key", "matches": [item["id"] for item in found]}
+        mine = [item for item in found if item.get("operation_key") == action.operation_key]
+        if found and not mine:
+            # Effects, none under this key: the filter was not applied (a proxy that drops the
+            # query), so the answer says nothing of this one; read as found, another effect's id
+            # would be recorded as this one's.
+            return Lookup(found=None, evidence={**evidence, "none_under_this_key": True})
+        found = mine
         if not found:
             return Lookup(found=False, evidence=evidence)
         return Lookup(found=True, external_ref=found[0]["id"], result=found[0], evidence=evidence)

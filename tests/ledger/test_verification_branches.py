@@ -4,6 +4,7 @@ leaves the action to a person with the evidence, and an effect the provider conf
 is over its limit goes to a person too, with the limit's reason. The sandbox's `lookup_error`
 fault makes its look-ups by operation key answer 500."""
 
+import json
 from datetime import timedelta
 from decimal import Decimal
 from http.server import BaseHTTPRequestHandler
@@ -109,9 +110,22 @@ class MaintenancePage(BaseHTTPRequestHandler):
         pass
 
 
+class UnfilteredListing(MaintenancePage):
+    """A proxy that drops the query: every effect the provider holds, none under the key asked."""
+
+    def do_GET(self):
+        body = json.dumps({"data": [{"id": "re_other", "operation_key": "someone-else"}], "has_more": False}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("jobs_to_test_redis")
-def test_a_lookup_answered_200_without_the_listing_needs_review_and_is_never_sent_again(agent, settings):
+@pytest.mark.parametrize("proxy", [MaintenancePage, UnfilteredListing], ids=["a page", "other keys' effects"])
+def test_a_lookup_answered_200_without_the_listing_needs_review_and_is_never_sent_again(agent, settings, proxy):
     """Read as "no effect", the page requeued the action, and the refund the provider may have
     made was sent a second time."""
     action, _ = action_request(agent=agent, operation_key="refund:ORD-MP:full:dec-1", action_type="refund",
@@ -119,13 +133,17 @@ def test_a_lookup_answered_200_without_the_listing_needs_review_and_is_never_sen
     action = action_claim_next("tests:1", only=action.pk)
     action.mark_unknown(actor="system:tests", claim=action.fence, evidence={"call": "timeout"},
                         verify_at=clock.now() - timedelta(seconds=1))
-    with thread_server(MaintenancePage) as proxy:
-        settings.SANDBOX_BASE_URL = proxy.url
+    with thread_server(proxy) as server:
+        settings.SANDBOX_BASE_URL = server.url
         action_run_claimed(action_claim_next("tests:2", only=action.pk))
 
     action = Action.objects.get(pk=action.pk)
-    assert action.status == "needs_review"
+    assert (action.status, action.external_ref) == ("needs_review", "")
     verification = action.evidence[-1]
-    assert verification["found"] is None and "Down for maintenance" in verification["verification"]["unreadable_answer"]
+    assert verification["found"] is None
+    if proxy is MaintenancePage:
+        assert "Down for maintenance" in verification["verification"]["unreadable_answer"]
+    else:  # read as found, re_other would have been recorded as this refund, which was never made
+        assert verification["verification"]["none_under_this_key"]
     [event] = audit_events(action, "needs_review")
     assert event.reason == "the provider cannot say whether the effect happened"
