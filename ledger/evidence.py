@@ -33,7 +33,7 @@ from pathlib import Path
 from django.db.models import Q
 from django.utils import timezone
 
-from .audit import chain_hash, content_hash, ledger_signed, ledger_signer
+from .audit import chain_hash, chain_start, content_hash, ledger_signed, ledger_signer
 from .models import Action, ActionStatus, AuditEvent, Capability, ChainCheck, ChainCheckpoint, Grant, WebhookEvent
 from .retention import Archive
 
@@ -95,7 +95,7 @@ def evidence_record(action, sections):
         "provider_evidence": [{"kind": _kind(entry), "entry": entry} for entry in action.evidence or []],
         "webhooks": _webhooks(action),
         "sections": {name: part.data for name, part in parts},
-        "audit": _audit(events),
+        "audit": {**_audit(events), "archived": _archived_before(action)},
     }
     # Through JSON and back: the digest is of exactly what the file will hold.
     record = json.loads(json.dumps(record, default=str))
@@ -210,6 +210,21 @@ def _audit(events):
             "broken_at": latest.broken_at, "why": latest.why,
         },
     }
+
+
+def _archived_before(action):
+    """Where the action's events before the chain's start went, if an archive run took some: the
+    checkpoint's seq the chain starts from, and the files (and their SHA-256) that hold the events
+    before it. None while the action was recorded after that checkpoint's event: none went."""
+    origin = chain_start()
+    if origin is None:
+        return None
+    start = AuditEvent.objects.filter(seq=origin.seq).values_list("occurred_at", flat=True).first()
+    if start is None or action.created_at > start:
+        return None
+    archives = Archive.objects.filter(checkpoint__seq__lte=origin.seq).select_related("checkpoint").order_by("id")
+    return {"before_seq": origin.seq,
+            "files": [{"file": Path(a.file).name, "sha256": a.sha256} for a in archives if a.vouched()]}
 
 
 def _covering_checkpoint(events):

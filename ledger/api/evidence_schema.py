@@ -152,11 +152,27 @@ class EvidenceCheckpointSerializer(serializers.Serializer):
     written_at = serializers.DateTimeField()
 
 
+class EvidenceArchiveFileSerializer(serializers.Serializer):
+    file = serializers.CharField()
+    sha256 = serializers.CharField()
+
+
+class EvidenceArchivedSerializer(serializers.Serializer):
+    """The action's events an archive run took out of the database may be in these files."""
+
+    before_seq = serializers.IntegerField(
+        help_text="The chain starts after this seq: the events before it were archived.")
+    files = EvidenceArchiveFileSerializer(many=True, help_text="`archive_expired`'s files, as this ledger signed them.")
+
+
 class EvidenceAuditSerializer(serializers.Serializer):
     events = EvidenceAuditEventSerializer(many=True)
     unsealed = serializers.IntegerField(min_value=0, help_text="Events not yet chained (the sweeper seals them).")
     checkpoint = EvidenceCheckpointSerializer(allow_null=True, help_text="Null: not yet checkpointed.")
     last_chain_check = EvidenceChainCheckSerializer(allow_null=True)
+    archived = EvidenceArchivedSerializer(allow_null=True, help_text=(
+        "Null: none of the action's events was archived. Else the action was recorded before the chain's start, "
+        "and its events before it are not in `events`: they are in these files (`evidence_verify --archives`)."))
 
 
 class EvidenceIntegritySerializer(serializers.Serializer):

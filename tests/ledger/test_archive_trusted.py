@@ -96,3 +96,19 @@ def test_evidence_verify_walks_the_chain_from_an_archives_checkpoint(tmp_path, l
                             [AuditEvent.objects.order_by("-seq").values_list("seq", flat=True).first()])
     with pytest.raises(CommandError, match="the database's chain"):
         call_command("evidence_verify", str(saved), "--archives", str(archives), "--chain")
+
+
+def test_a_record_of_an_action_recorded_before_the_chains_start_names_where_its_earlier_events_went(tmp_path, ledger):
+    def record(action):
+        return evidence_record(evidence_actions().get(pk=action.pk), [])["audit"]
+
+    assert record(ledger["open"])["archived"] is None
+    cited = [event["seq"] for event in record(ledger["open"])["events"]]
+    while run(tmp_path)[0] is not None:  # until every old event is archived, the open action's first ones too
+        pass
+    start = chain_start()
+    assert min(cited) < start.seq  # some of the events its record cited are gone from the database
+    files = [{"file": a.file, "sha256": a.sha256} for a in Archive.objects.filter(checkpoint__isnull=False).order_by("id")]
+    assert len(files) > 1
+    assert record(ledger["open"])["archived"] == {"before_seq": start.seq, "files": files}
+    assert record(ledger["recent"])["archived"] is None  # recorded after the chain's start: none of its events went
