@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from contextlib import contextmanager, nullcontext
-from http.server import ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -81,6 +81,27 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def answering(body, content_type="text/html", status=200):
+    """A handler for `thread_server` that answers every GET and POST alike (its body read and
+    dropped): a page where a provider's answer was expected, a proxy of one's own making."""
+
+    class Answer(BaseHTTPRequestHandler):
+        def _answer(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = _answer  # noqa: N815 (http.server's names)
+
+        def log_message(self, format, *args):  # noqa: A002
+            pass
+
+    return Answer
 
 
 @contextmanager

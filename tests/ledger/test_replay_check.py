@@ -3,7 +3,6 @@ every run and case kept, passing for every action type against the sandbox on a 
 a test mode that is down or answers garbage, or a SITE_URL that is another server, ends the run
 failed with the evidence and promotes nothing."""
 
-from http.server import BaseHTTPRequestHandler
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -14,7 +13,7 @@ from ledger.connectors.test_mode import connector_for_action, connector_version
 from ledger.grants import GrantRefused, capability, grant_promote, grant_state
 from ledger.models import Action, ActionStatus, Capability, GrantState, ReplayRun, WebhookEvent
 from ledger.replay import replay_agent
-from tests.conftest import free_port, thread_server
+from tests.conftest import answering, free_port, thread_server
 from tests.factories import api_client, make_agent, sandbox_list
 from tests.ledger.test_site_url import NotSurety
 
@@ -107,27 +106,13 @@ def test_a_replay_run_against_a_test_mode_that_is_down_ends_failed_with_the_answ
     assert not Action.objects.exists()
 
 
-class _Garbage(BaseHTTPRequestHandler):
-    """A test URL that answers every request 200 with an HTML page."""
-
-    def _page(self):
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        body = b"<html><body>It works!</body></html>"
-        self.send_response(200)
-        self.send_header("Content-Type", "text/html")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    do_GET = do_POST = _page  # noqa: N815 (http.server's names)
-
-    def log_message(self, format, *args):  # noqa: A002
-        pass
+# A test URL that answers every request 200 with an HTML page.
+GARBAGE = answering(b"<html><body>It works!</body></html>")
 
 
 def test_a_replay_run_against_a_test_mode_that_answers_garbage_fails_every_case_with_the_answer(db, settings):
     settings.CONNECTOR_TIMEOUT = 1
-    with thread_server(_Garbage) as garbage:
+    with thread_server(GARBAGE) as garbage:
         settings.SURETY_CONNECTORS = {**settings.SURETY_CONNECTORS, "refund": {
             "class": "ledger.connectors.signed_http.SignedHttpConnector",
             "options": {"url": "https://refunds.example.test/live", "secret": "s3cret"},

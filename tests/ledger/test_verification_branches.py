@@ -7,7 +7,6 @@ fault makes its look-ups by operation key answer 500."""
 import json
 from datetime import timedelta
 from decimal import Decimal
-from http.server import BaseHTTPRequestHandler
 
 import pytest
 
@@ -18,7 +17,7 @@ from ledger.actions import action_request
 from ledger.executor import action_claim_next, action_run_claimed
 from ledger.models import Action
 from sandbox.models import SandboxFault
-from tests.conftest import thread_server, wait_until
+from tests.conftest import answering, thread_server, wait_until
 from tests.factories import agent_api, audit_events, person, post_action, refund_body, sandbox, sandbox_list
 
 
@@ -95,37 +94,20 @@ def test_an_effect_verified_but_over_its_limit_needs_review_with_the_limits_reas
     assert action.attempts == 1
 
 
-class MaintenancePage(BaseHTTPRequestHandler):
-    """A proxy in front of the provider, answering 200 with a page of its own."""
-
-    def do_GET(self):
-        body = b"<html>Down for maintenance</html>"
-        self.send_response(200)
-        self.send_header("Content-Type", "text/html")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
-class UnfilteredListing(MaintenancePage):
-    """A proxy that drops the query: every effect the provider holds, none under the key asked."""
-
-    def do_GET(self):
-        body = json.dumps({"data": [{"id": "re_other", "operation_key": "someone-else"}], "has_more": False}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+# A proxy in front of the provider answering 200 with a page of its own; one that drops the query,
+# answering every effect the provider holds, none under the key asked.
+MAINTENANCE_PAGE = b"<html>Down for maintenance</html>"
+UNFILTERED_LISTING = json.dumps({"data": [{"id": "re_other", "operation_key": "someone-else"}], "has_more": False})
 
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("jobs_to_test_redis")
-@pytest.mark.parametrize("proxy", [MaintenancePage, UnfilteredListing], ids=["a page", "other keys' effects"])
-def test_a_lookup_answered_200_without_the_listing_needs_review_and_is_never_sent_again(agent, settings, proxy):
+@pytest.mark.parametrize("proxy, said", [
+    (answering(MAINTENANCE_PAGE), "unreadable_answer"),
+    # read as found, re_other would have been recorded as this refund, which was never made
+    (answering(UNFILTERED_LISTING.encode(), "application/json"), "none_under_this_key"),
+], ids=["a page", "other keys' effects"])
+def test_a_lookup_answered_200_without_the_listing_needs_review_and_is_never_sent_again(agent, settings, proxy, said):
     """Read as "no effect", the page requeued the action, and the refund the provider may have
     made was sent a second time."""
     action, _ = action_request(agent=agent, operation_key="refund:ORD-MP:full:dec-1", action_type="refund",
@@ -141,9 +123,6 @@ def test_a_lookup_answered_200_without_the_listing_needs_review_and_is_never_sen
     assert (action.status, action.external_ref) == ("needs_review", "")
     verification = action.evidence[-1]
     assert verification["found"] is None
-    if proxy is MaintenancePage:
-        assert "Down for maintenance" in verification["verification"]["unreadable_answer"]
-    else:  # read as found, re_other would have been recorded as this refund, which was never made
-        assert verification["verification"]["none_under_this_key"]
+    assert verification["verification"][said]
     [event] = audit_events(action, "needs_review")
     assert event.reason == "the provider cannot say whether the effect happened"
