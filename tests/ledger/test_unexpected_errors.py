@@ -8,6 +8,7 @@ import time
 from datetime import timedelta
 
 import pytest
+from django.db import OperationalError
 
 from ledger import clock, executor, jobs
 from ledger.actions import action_request
@@ -90,6 +91,32 @@ def test_a_call_that_fails_unexpectedly_is_unknown_and_verified_once_no_call_can
     [event] = audit_events(row, "outcome_unknown")
     assert event.reason == "the call failed unexpectedly (KeyError)"
     assert "Traceback" in caplog.text and "KeyError: 'id'" in caplog.text
+
+
+class DatabaseGone(Unexpected):
+    """A connector whose call meets the database's error (one that reads it, a replay's check)."""
+
+    def perform(self, action):
+        raise OperationalError("server closed the connection unexpectedly")
+
+
+def unbuildable(action):
+    raise TypeError("SandboxConnector.__init__() got an unexpected keyword argument 'region'")
+
+
+@pytest.mark.parametrize("connector, raised",
+                         [(unbuildable, TypeError), (lambda action: DatabaseGone(), OperationalError)], ids=["no connector: nothing sent", "the database's error: handed back"])
+def test_a_call_that_never_reached_the_provider_is_not_settled_as_unknown(agent, monkeypatch, connector, raised):
+    """Neither is the provider's doing: a connector that cannot be built sent nothing, and the
+    database's error is the drain's to hand back (ledger.jobs). The claim stands until its lease
+    lapses; settling either as unknown would send a person an outcome nobody is unsure of."""
+    action = action_claim_next("tests:1", only=requested(agent, "refund:ORD-U5:full:dec-1", "ORD-U5").pk)
+    monkeypatch.setattr(executor, "connector_for_action", connector)
+    with pytest.raises(raised):
+        action_run_claimed(action)
+    row = Action.objects.get(pk=action.pk)
+    assert (row.status, row.fence, len(row.evidence or [])) == ("pending", action.fence, 0)
+    assert not audit_events(row, "outcome_unknown").exists()
 
 
 class Provider:
