@@ -22,7 +22,7 @@ from tests.connectors.stripe_stack import API_KEY
 from tests.connectors.test_stripe import settled
 from tests.factories import api_client, make_agent, post_action, refund_body, send_together
 from tests.ledger.test_grant_promote_command import person, state
-from tests.ledger.test_replay_check import _Garbage
+from tests.ledger.test_replay_check import GARBAGE
 
 REPLAY_CASES = ["clean_first_call", "retry_same_request", "timeout_after_commit", "webhook_twice",
                 "same_key_other_params", "two_actions_same_object"]
@@ -232,7 +232,7 @@ def broken_test_mode(request):
     if request.param == "down":
         yield f"http://127.0.0.1:{free_port()}", "Connection refused"
     else:
-        with thread_server(_Garbage) as garbage:
+        with thread_server(GARBAGE) as garbage:
             yield garbage.url, "It works!"
 
 
