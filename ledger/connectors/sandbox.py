@@ -91,16 +91,32 @@ class SandboxConnector(Connector):
             params = {"since": since.isoformat(), "until": until.isoformat(), "limit": RECORDS_PAGE}
             while True:
                 answer = http.call("GET", self._url(resource), params=params, headers=self._headers())
-                for item in answer["data"]:
-                    yield Record(
-                        operation_key=item.get("operation_key") or "", external_ref=item["id"],
-                        amount=Decimal(item["amount"]) if "amount" in item else None,
-                        currency=item.get("currency", ""), created_at=parse_datetime(item["created"]),
-                        action_type=action_type, raw=item,
-                    )
-                if not answer.get("has_more") or not answer["data"]:
+                items = _listing(answer)
+                if items is None:
+                    raise _unreadable(resource, answer)
+                yield from (_record(item, action_type, resource) for item in items)
+                if not answer.get("has_more") or not items:
                     break
-                params["starting_after"] = answer["data"][-1]["id"]
+                params["starting_after"] = items[-1]["id"]
+
+
+def _record(item, action_type, resource):
+    """One listed effect. One that cannot be read fails the whole listing: read wrong (no
+    amount, no time), it would be a finding that is not one, or hide one that is."""
+    try:
+        created = parse_datetime(item["created"])
+        if created is None:
+            raise ValueError("not a time")
+        amount = Decimal(item["amount"]) if "amount" in item else None
+    except (KeyError, TypeError, ValueError, ArithmeticError) as exc:
+        raise _unreadable(resource, item) from exc
+    return Record(operation_key=item.get("operation_key") or "", external_ref=item["id"], amount=amount,
+                  currency=item.get("currency", ""), created_at=created, action_type=action_type, raw=item)
+
+
+def _unreadable(resource, answer):
+    return http.ProviderError(f"the sandbox's {resource} listing cannot be read: "
+                              f"{json.dumps(answer, default=str)[:_EVIDENCE_CHARS]}", code="unreadable_answer")
 
 
 def _listing(answer):

@@ -17,7 +17,7 @@ from dlq.reconcile import Window, reconcile, reconcile_schedule, run_finish
 from ledger.connectors.base import Connector, Record
 from ledger.models import Action, AuditEvent
 from sandbox.models import SandboxRefund
-from tests.conftest import wait_until
+from tests.conftest import answering, thread_server, wait_until
 from tests.factories import api_client, make_agent, post_action, refund_body
 
 K = IncidentKind
@@ -170,3 +170,19 @@ def test_a_provider_key_longer_than_any_in_the_ledger_is_an_orphan_filed_under_i
     assert reconcile(last_hour())["long-keys"]["opened"] == 0
     incident = Incident.objects.get()
     assert incident.subject == incident.operation_key == "k" * 255 and incident.external_refs == ["ext_1"]
+
+
+@pytest.mark.parametrize(("answer", "shown"), [
+    (b'{"status": "maintenance"}', '{"status": "maintenance"}'),  # a proxy's page in JSON: no listing
+    (b'{"data": [{"amount": "5.00"}], "has_more": false}', '{"data": [{"amount": "5.00"}]'),  # no ids
+    (b'{"data": [{"id": "re_1", "created": "yesterday"}]}', '{"id": "re_1", "created": "yesterday"}'),  # no time
+    (b'{"data": [{"id": "re_2", "created": "2026-12-01T10:00:00Z", "amount": "lots"}]}', '"amount": "lots"'),
+])
+def test_a_listing_that_cannot_be_read_fails_the_connectors_part_of_the_run_with_the_answer(
+        db, settings, answer, shown):
+    with thread_server(answering(answer, "application/json")) as proxy:
+        settings.SANDBOX_BASE_URL = proxy.url
+        report = reconcile(last_hour())
+    assert report["sandbox"]["failed"].startswith("the sandbox's refunds listing cannot be read: ")
+    assert shown in report["sandbox"]["failed"]
+    assert not Incident.objects.exists()
