@@ -9,6 +9,7 @@ from .errors import (
     ActionRejected,
     ApprovalExpired,
     BookingConflict,
+    CurrencyNotCovered,
     Forbidden,
     IdempotencyKeyMissing,
     IdempotencyKeyReused,
@@ -17,6 +18,7 @@ from .errors import (
     MethodNotAllowed,
     NotAcceptable,
     NotFound,
+    OperationKeyExpired,
     Problem,
     RefundAlreadyRecorded,
     SuretyError,
@@ -30,8 +32,8 @@ from .keys import booking_key, message_key, operation_key, refund_key, refund_ta
 
 __all__ = [
     "Action", "Checkpoint", "Review", "Step", "SuretyClient", "Version",
-    "PROBLEMS", "ActionNotDone", "ActionRejected", "ApprovalExpired", "BookingConflict", "Forbidden", "IdempotencyKeyMissing", "IdempotencyKeyReused", "Invalid",
-    "MessageAlreadySent", "MethodNotAllowed", "NotAcceptable", "NotFound", "Problem", "RefundAlreadyRecorded", "SuretyError",
+    "PROBLEMS", "ActionNotDone", "ActionRejected", "ApprovalExpired", "BookingConflict", "CurrencyNotCovered", "Forbidden", "IdempotencyKeyMissing", "IdempotencyKeyReused", "Invalid",
+    "MessageAlreadySent", "MethodNotAllowed", "NotAcceptable", "NotFound", "OperationKeyExpired", "Problem", "RefundAlreadyRecorded", "SuretyError",
     "SuretyUnreachable", "Throttled", "Unauthenticated", "Unsendable", "UnsupportedMediaType",
     "booking_key", "message_key", "operation_key", "refund_key", "refund_task_id",
 ]

@@ -292,23 +292,32 @@ class SuretyClient:
         # A held GET answers after up to `wait` seconds: the read timeout must outlast it.
         timeout = httpx.Timeout(self.timeout, read=self.timeout + wait)
         failure = ""
+        retry_after = 0.0
         for attempt in range(self.retries + 1):
             if attempt:
-                time.sleep(random.uniform(0, min(self.max_backoff, self.backoff * 2 ** (attempt - 1))))
+                jitter = random.uniform(0, min(self.max_backoff, self.backoff * 2 ** (attempt - 1)))
+                time.sleep(max(jitter, min(self.max_backoff, retry_after)))
             try:
                 response = self._http.request(method, path, headers=headers, params=params, json=json,
                                               timeout=timeout)
-            except httpx.LocalProtocolError as exc:
-                # h11 refused the request as written, before it went out: a retry would be refused alike.
+            except (httpx.LocalProtocolError, httpx.UnsupportedProtocol) as exc:
+                # Refused as written before it went out (by h11, or a URL without http:// or https://):
+                # a retry would be refused alike.
                 raise Unsendable(f"{method} {path} cannot be sent as written: {exc}", operation_key=key) from exc
             except httpx.TransportError as exc:
-                failure = f"{type(exc).__name__}: {exc}"
+                failure, retry_after = f"{type(exc).__name__}: {exc}", 0.0
                 continue
             if response.status_code in RETRY_STATUSES:
-                failure = f"HTTP {response.status_code}"
+                # A 503's Retry-After (a failover, a deadlock broken) says when sooner is pointless.
+                failure, retry_after = f"HTTP {response.status_code}", _retry_after(response) or 0.0
                 continue
+            if response.is_redirect:
+                # Moved before the API saw it (SECURE_SSL_REDIRECT: http:// to https://): not its answer,
+                # nothing was recorded, and the same URL is moved alike.
+                raise Unsendable(f"{method} {path} was redirected to {response.headers.get('Location')}: the "
+                                 "client's URL must be where the API answers", operation_key=key)
             if response.status_code >= 400:
-                raise problem_from(response.status_code, _body(response))
+                raise problem_from(response.status_code, _body(response), _retry_after(response))
             return response
         raise SuretyUnreachable(f"{method} {path} failed {self.retries + 1} times, last: {failure}",
                                 operation_key=key, attempts=self.retries + 1)
@@ -339,6 +348,12 @@ def _seconds(wait: float) -> str:
 def _replayed(response: httpx.Response) -> bool:
     header: str | None = response.headers.get("Idempotent-Replayed")
     return header == "true"
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    """The seconds of a `Retry-After` header (the API writes whole seconds), or None."""
+    value: str = response.headers.get("Retry-After", "")
+    return float(value) if value.isascii() and value.isdigit() else None
 
 
 def _body(response: httpx.Response) -> Any:

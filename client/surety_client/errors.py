@@ -22,8 +22,9 @@ class SuretyUnreachable(SuretyError):
 
 class Unsendable(SuretyError):
     """The request could not be sent as written (httpx's `LocalProtocolError`: a header value HTTP
-    forbids, such as a key of your own ending in a space, or a token with a newline). It never left
-    this process, so nothing was recorded, and sending it again unchanged would fail alike."""
+    forbids, such as a key of your own ending in a space, or a token with a newline; a URL without
+    `http://` or `https://`), or was redirected elsewhere (`http://` to `https://`) before the API
+    saw it. Nothing was recorded, and sending it again unchanged would fail alike."""
 
     def __init__(self, message: str, *, operation_key: str | None = None) -> None:
         super().__init__(message)
@@ -59,13 +60,17 @@ class ActionRejected(ActionNotDone):
 
 class Problem(SuretyError):
     """A 4xx answer of the API. `code` is the contract's stable code; `errors` maps fields to
-    messages for validation errors."""
+    messages for validation errors; `retry_after` the seconds its `Retry-After` asks to wait
+    before sending it again (a 429), else None."""
 
     code = "error"
 
-    def __init__(self, body: dict[str, Any], status: int) -> None:
+    def __init__(self, body: dict[str, Any], status: int, retry_after: float | None = None) -> None:
         self.body = body
         self.status = status
+        # The answer's own code: a code this client has no class for yet is still told apart.
+        self.code = body.get("code", self.code)
+        self.retry_after = retry_after
         self.title: str = body.get("title", "")
         self.detail: str = body.get("detail", "")
         self.errors: dict[str, list[str]] = body.get("errors") or {}
@@ -108,6 +113,20 @@ class IdempotencyKeyMissing(Problem):
     code = "idempotency_key_missing"
 
 
+class OperationKeyExpired(Problem):
+    """The key is past its lifetime (410): nothing was executed or recorded under it now. What
+    it named may well have been done back then: a new key for the same intent would do it again."""
+
+    code = "operation_key_expired"
+
+
+class CurrencyNotCovered(Problem):
+    """No limit of the action type covers the currency and the deployment refuses such requests
+    (422); nothing was recorded."""
+
+    code = "currency_not_covered"
+
+
 class IdempotencyKeyReused(Problem):
     """The key was already used for a different request, or the decision's effect is recorded
     with other params (another amount for the same refund); nothing was changed."""
@@ -135,14 +154,14 @@ PROBLEMS: dict[str, type[Problem]] = {
     cls.code: cls
     for cls in (
         Unauthenticated, Forbidden, NotFound, MethodNotAllowed, NotAcceptable, UnsupportedMediaType, Throttled,
-        Invalid, IdempotencyKeyMissing, IdempotencyKeyReused, BookingConflict, MessageAlreadySent,
-        RefundAlreadyRecorded,
+        Invalid, IdempotencyKeyMissing, IdempotencyKeyReused, OperationKeyExpired, CurrencyNotCovered,
+        BookingConflict, MessageAlreadySent, RefundAlreadyRecorded,
     )
 }
 
 
-def problem_from(status: int, body: Any) -> Problem:
+def problem_from(status: int, body: Any, retry_after: float | None = None) -> Problem:
     """The typed error for a 4xx answer; a body that is not a problem still gives a Problem."""
     if not isinstance(body, dict) or "code" not in body:
         body = {"code": "error", "status": status, "title": "Error", "detail": str(body)[:500]}
-    return PROBLEMS.get(body["code"], Problem)(body, status)
+    return PROBLEMS.get(body["code"], Problem)(body, status, retry_after)

@@ -74,4 +74,10 @@ def refund_task_id(order: str, decision_id: str, *, scope: str | None = None) ->
     new form after an upgrade, would be a second task and a second refund. What a shared id costs
     is safe: the second order's task is refused (`idempotency_key_reused`), never run; and the
     refund inside is held to one per order and decision by the decision the task's input carries."""
-    return _joined("task:refund", [str(part) for part in (order, *_scoped(scope), decision_id)], MAX_TASK_ID)
+    parts = [str(part) for part in (order, *_scoped(scope), decision_id)]
+    task_id = _joined("task:refund", parts, MAX_TASK_ID)
+    if task_id.endswith(" "):
+        # No valid header value, so no client ever started a task under it: the decision is taken
+        # without its trailing spaces, as the API stores it ("dec-7 " is "dec-7"), not refused.
+        task_id = _joined("task:refund", [*parts[:-1], parts[-1].rstrip(" ")], MAX_TASK_ID)
+    return task_id

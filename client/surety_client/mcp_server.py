@@ -191,6 +191,8 @@ ADVICE: dict[str, tuple[str, bool]] = {
                                "and that action stands; nothing was changed. Do not retry this decision, with these arguments "
                                "or others: a different effect is a new decision with a decision_id of its own.",
                                False),
+    "decision_taken": ("Another agent's action for this decision is recorded; nothing was done. Do not retry this "
+                       "decision.", False),
     "refund_already_recorded": ("Another agent's refund of this order for this decision is recorded; nothing was "
                                 "done. Do not retry this decision.", False),
     "message_already_sent": ("Another agent's message to this recipient for this decision is recorded; nothing "
@@ -198,12 +200,19 @@ ADVICE: dict[str, tuple[str, bool]] = {
     "currency_not_covered": ("Nothing was recorded: this deployment sets no limit for this action type in this "
                              "currency and refuses such requests. Do not retry; a person must set a limit for "
                              "the currency first.", False),
-    "booking_conflict": ("Nothing was booked: the resource is taken at an overlapping time. Offer the customer "
-                         "another time or resource.", False),
+    # The API answers both cases with this code; its detail says which.
+    "booking_conflict": ("Nothing was booked. If the resource is taken at an overlapping time, offer the customer "
+                         "another time or resource. If its booking for this customer and decision is recorded by "
+                         "another agent, that booking stands: do not book it again, under this decision or another.",
+                         False),
     "forbidden": ("This agent is not allowed this action: a person must grant it. Do not retry.", False),
     "unauthenticated": ("The agent's token is refused: a person must give the MCP server a valid "
                         "SURETY_TOKEN. Do not retry.", False),
     "not_found": ("There is no such action, task or tool for this agent. Do not retry it unchanged.", False),
+    # The API's detail ends "A new effect needs a new key": what the key named may well have been done.
+    "operation_key_expired": ("Nothing was done now: this key is past its lifetime, and what it named (done or not) "
+                              "is no longer answered here. Do not ask again under a new decision_id to repeat it: "
+                              "that would be a second effect. Tell the user; a person can look it up.", False),
     "throttled": ("Over this agent's rate limit: wait a little, then make the same call again (it can never "
                   "double the effect).", True),
     "unreachable": ("Make the same call again, with the same decision_id, in a little while: it can never "
@@ -213,9 +222,12 @@ ADVICE: dict[str, tuple[str, bool]] = {
 }
 
 
-def _failed(body: dict[str, Any]) -> types.CallToolResult:
-    """A problem as a tool error: the API's problem, and what to do about it."""
+def _failed(body: dict[str, Any], retry_after: float | None = None) -> types.CallToolResult:
+    """A problem as a tool error: the API's problem, and what to do about it (with how long to
+    wait first, when the API said so: a model has no other way to know)."""
     advice, retry = ADVICE.get(body.get("code", ""), ("Do not retry it unchanged.", False))
+    if retry and retry_after:
+        advice += f" Wait {retry_after:g} s first (Retry-After)."
     said = body.get("detail") or body.get("title")
     return _result({**body, "guidance": f"Refused ({body.get('code')}): {said} {advice}", "retry": retry,
                     "next_tool": None}, is_error=True)
@@ -288,6 +300,14 @@ def task_guidance(task: Checkpoint) -> tuple[str, dict[str, Any] | None]:
             next_tool = _next("get_action", operation_key=open_keys[0])
         else:
             text += " A step waits for a person."
+    elif task.state in ("failed", "dead_lettered") and task.last_error:
+        # Why it stopped, with what to do: a step refused as the decision's effect recorded elsewhere
+        # (another task, a direct request) was done there, and a new decision would do it twice.
+        error = task.last_error
+        code = error.get("code")
+        text += f" It stopped at {error.get('step')}: {code}: {error.get('message')}."
+        if code in ADVICE:
+            text += f" {ADVICE[code][0]}"
     elif not task.settled:
         text += f" Call wait_for_task with task_id={task.task_id!r} to wait for it."
         next_tool = _next("wait_for_task", task_id=task.task_id)
@@ -328,7 +348,7 @@ def call(client: SuretyClient, name: str, arguments: dict[str, Any] | None) -> t
         return _answer(tool.run(client, args), waited)
     except Problem as problem:
         return _failed({**problem.body, "errors": _as_arguments(tool, problem.errors)} if problem.errors
-                       else problem.body)
+                       else problem.body, problem.retry_after)
     except SuretyUnreachable as exc:
         return _failed(_problem_body(503, "unreachable", "Surety unreachable",
                                      f"{exc} Call again with the same decision_id: it can never double the effect."))

@@ -6,6 +6,7 @@ import socket
 import httpx
 import pytest
 
+import surety_client
 from surety_client import SuretyClient, Unsendable
 from surety_client import client as client_module
 from surety_client import mcp_server
@@ -106,3 +107,114 @@ def test_a_request_that_cannot_be_sent_as_written_is_not_retried(clock):
     assert answer.structured_content["retry"] is False and "Do not retry it unchanged" in answer.structured_content[
         "guidance"]
     assert clock.pauses == []  # no backoff: nothing was tried twice
+
+
+def scripted_api(*answers):
+    """A client whose API gives each answer in turn ((status, headers, body)), and the requests it got."""
+    requests = []
+
+    def handler(request):
+        requests.append(request)
+        status, headers, body = answers[len(requests) - 1]
+        return httpx.Response(status, headers=headers, json=body)
+
+    client = SuretyClient("http://surety.test", "tok")
+    client._http = httpx.Client(base_url="http://surety.test/api/v1/", transport=httpx.MockTransport(handler))
+    return client, requests
+
+
+def _problem(status, code, detail="…"):
+    return {"type": f"https://surety.dev/problems/{code}", "title": code, "status": status, "detail": detail,
+            "code": code}
+
+
+def test_a_503_is_retried_no_sooner_than_its_retry_after_says(clock):
+    """A failover answers 503 database_unavailable, Retry-After 2: a retry sooner than that finds
+    the database still away, and the client's retries would run out before the failover ends."""
+    unavailable = (503, {"Retry-After": "2"}, _problem(503, "database_unavailable"))
+    client, requests = scripted_api(unavailable, unavailable, (201, {}, _action("queued")))
+    action = client.refund(order="ORD-1", amount="900.00", currency="EUR", decision_id="dec-1")
+    assert action.status == "queued" and len(requests) == 3
+    assert {request.headers["Idempotency-Key"] for request in requests} == {KEY}
+    assert len(clock.pauses) == 2 and all(pause >= 2 for pause in clock.pauses)
+
+
+def test_a_throttled_answer_says_when_to_call_again(clock):
+    client, requests = scripted_api((429, {"Retry-After": "37"}, _problem(429, "throttled")))
+    answer = mcp_server.call(client, "get_action", {"operation_key": KEY}).structured_content
+    assert answer["code"] == "throttled" and answer["retry"] is True
+    assert "37 s" in answer["guidance"] and len(requests) == 1
+
+
+@pytest.mark.parametrize("status, code, cls", [(410, "operation_key_expired", "OperationKeyExpired"),
+                                               (422, "currency_not_covered", "CurrencyNotCovered"),
+                                               (409, "a_code_added_later", "Problem")])
+def test_every_problem_code_of_the_contract_raises_its_own_class_with_its_code(clock, status, code, cls):
+    client, _ = scripted_api((status, {}, _problem(status, code)))
+    with pytest.raises(surety_client.Problem) as raised:
+        client.get_action(KEY)
+    assert type(raised.value).__name__ == cls and (raised.value.status, raised.value.code) == (status, code)
+
+
+def test_an_expired_key_tells_the_model_not_to_make_the_effect_again_under_a_new_decision(clock):
+    """The API's detail ends "A new effect needs a new key": the model must not read that as
+    "ask again under a new decision_id", which would repeat an effect that may well have happened."""
+    client, _ = scripted_api((410, {}, _problem(410, "operation_key_expired", "… A new effect needs a new key.")))
+    answer = mcp_server.call(client, "refund", {"order": "ORD-1", "amount": "900.00", "currency": "EUR",
+                                                "decision_id": "dec-1"}).structured_content
+    assert answer["code"] == "operation_key_expired" and answer["retry"] is False
+    assert "Do not ask again under a new decision_id" in answer["guidance"]
+
+
+@pytest.mark.parametrize("url", ["surety.example", "localhost:8000"])
+def test_a_url_without_http_is_unsendable_not_unreachable(clock, url):
+    """A SURETY_URL without its scheme fails the same way every time: "call again in a little
+    while" would have the model retry for ever."""
+    with SuretyClient(url, "tok", retries=4) as client:
+        answer = mcp_server.call(client, "get_action", {"operation_key": KEY}).structured_content
+    assert answer["code"] == "unsendable" and answer["retry"] is False
+    assert clock.pauses == []
+
+
+def test_a_redirect_is_not_taken_for_the_apis_answer(clock):
+    """SECURE_SSL_REDIRECT (on in production) moves an http:// request to https:// before the
+    API sees it: nothing was recorded, and a 301's empty body is no action."""
+    client, requests = scripted_api((301, {"Location": "https://surety.test/api/v1/actions"}, None))
+    result = mcp_server.call(client, "refund", {"order": "ORD-1", "amount": "900.00", "currency": "EUR",
+                                                "decision_id": "dec-1"})
+    assert result.is_error and result.structured_content["code"] == "unsendable"
+    assert "https://surety.test/api/v1/actions" in result.structured_content["detail"]
+    assert len(requests) == 1 and clock.pauses == []
+
+
+def test_a_task_that_stopped_because_its_decision_is_recorded_elsewhere_says_not_to_start_it_again(clock):
+    """A restarted model that writes the order or decision otherwise starts a second task: its
+    refund step finds the first task's refund and stops. Told only "failed", the model would take
+    the refund as not done and ask again under a new decision: a second refund."""
+    refund_key = "task:refund:ORD-1:dec-1:call_refund_api:v1"
+    checkpoint = {"task_id": "task:refund:ORD-1 :dec-1", "workflow": "refund", "state": "failed",
+                  "attempts": 1, "max_attempts": 3, "updated_at": "2026-12-01T00:00:00Z",
+                  "url": "/api/v1/tasks/task%3Arefund%3AORD-1%20%3Adec-1",
+                  "steps": {"lookup_order": {"status": "done"}, "call_refund_api": {"status": "failed"}},
+                  "last_error": {"code": "idempotency_key_reused", "step": "call_refund_api", "retryable": False,
+                                 "message": f"…: the effect is recorded outside this task, under {refund_key}"}}
+    client, _ = scripted_api((201, {}, checkpoint))
+    answer = mcp_server.call(client, "start_refund_task", {
+        "order": "ORD-1 ", "amount": "25.00", "currency": "EUR", "customer": "CUST-1", "decision_id": "dec-1",
+        "wait": 0}).structured_content
+    stopped = f"It stopped at call_refund_api: idempotency_key_reused: …: the effect is recorded outside this task"
+    assert f"{stopped}, under {refund_key}." in answer["guidance"]
+    assert "Do not retry this decision" in answer["guidance"] and answer["next_tool"] is None
+
+
+def test_a_booking_another_agent_holds_for_the_decision_is_not_to_be_made_again_at_another_time(clock):
+    """booking_conflict also answers another agent's booking of the resource for this customer and
+    decision: "offer another time" would have the model book the customer a second time."""
+    detail = ("Another agent's booking of this resource for this customer and decision is recorded; nothing was "
+              "recorded.")
+    client, _ = scripted_api((409, {}, _problem(409, "booking_conflict", detail)))
+    answer = mcp_server.call(client, "create_booking", {
+        "resource": "ROOM-1", "customer": "CUST-1", "service": "massage", "start": "2026-12-01T10:00:00Z",
+        "end": "2026-12-01T11:00:00Z", "decision_id": "dec-1"}).structured_content
+    assert ("If its booking for this customer and decision is recorded by another agent, that booking stands: "
+            "do not book it again") in answer["guidance"]
