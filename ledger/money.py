@@ -7,7 +7,7 @@ converts with its provider's own rules (`Connector.to_provider_units`); the func
 are the default. The ledger's amount column keeps at most three decimals.
 """
 
-from decimal import Decimal, InvalidOperation
+from decimal import Context, Decimal, InvalidOperation
 
 from babel.numbers import get_currency_precision
 
@@ -20,8 +20,10 @@ def minor_digits(currency):
 
 
 def places(amount):
-    """Decimals `amount` (a Decimal) needs: "25.50" needs one, "500.00" none."""
-    return max(-amount.normalize().as_tuple().exponent, 0)
+    """Decimals `amount` (a Decimal) needs: "25.50" needs one, "500.00" none. Normalised with as
+    many digits as it has: the default context's 28 would round "25.0000000000000000000000000001"
+    to 25 first, and find it needs none."""
+    return max(-amount.normalize(Context(prec=max(len(amount.as_tuple().digits), 1))).as_tuple().exponent, 0)
 
 
 def quantized(amount, currency):

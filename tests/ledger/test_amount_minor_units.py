@@ -30,6 +30,8 @@ CASES = [  # amount, currency, accepted
     ("1.2345", "KWD", False),
     ("0.125", "BHD", True),
     ("1.0001", "CLF", False),  # CLF has four, the ledger keeps three
+    # More digits than Decimal's default 28 of precision: counted as written, not rounded away first.
+    ("25.0000000000000000000000000001", "EUR", False),
 ]
 
 
