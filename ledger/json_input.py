@@ -33,6 +33,23 @@ def loads_storable(raw):
     return data
 
 
+def lone_surrogate(data):
+    """Whether a string or a key in parsed JSON `data` holds a lone surrogate ("\\ud800"): JSON's
+    escapes can name one, no UTF-8 text can carry it, so an answer that names it back (an
+    unknown field, a choice that is none) could not be encoded."""
+    pending = [data]
+    while pending:  # a loop, as in loads_storable
+        value = pending.pop()
+        if isinstance(value, str) and not value.isascii() and any(ord(c) in SURROGATES for c in value):
+            return True
+        if isinstance(value, dict):
+            pending.extend(value)
+            pending.extend(value.values())
+        elif isinstance(value, list):
+            pending.extend(value)
+    return False
+
+
 SURROGATES = range(0xD800, 0xE000)
 
 

@@ -54,7 +54,7 @@ import httpx
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from ledger.api.wire import problem_body, well_formed_key
+from ledger.api.wire import email_recipient, problem_body, well_formed_key
 
 API, ACTIONS, TASKS = "/api/v1/", "/api/v1/actions", "/api/v1/tasks"
 MAX_BODY = 64 * 1024  # the API's own limit (API_MAX_BODY_BYTES)
@@ -131,6 +131,9 @@ def names(kind, key, body):
         customer, target = stored(given.get("customer")), (stored(given.get(field)) if field else "")
     else:
         customer, target = stored(body.get("customer")), stored(body.get("target"))
+        params = body.get("params") if isinstance(body.get("params"), dict) else {}
+        if body.get("action_type") == "send_message" and params.get("channel") == "email":
+            target = email_recipient(target)  # as the API stores it: one spelling, one shard
     subjects = [f"{name}:{value}" for name, value in (("customer", customer), ("target", target)) if value]
     return f"{kind}:{key}", subjects
 

@@ -368,7 +368,7 @@ class MessageRequestSchema(OpenApiSerializerExtension):
         schema = StrictSerializerSchema(self.target).map_serializer(auto_schema, direction)
         params = schema["properties"]["params"]
         phones = [c for c in PARAMS[ActionType.SEND_MESSAGE]().fields["channel"].choices if c != "email"]
-        recipients = [  # as ActionRequestSerializer._check_recipient tells them apart
+        recipients = [  # as ActionRequestSerializer._recipient tells them apart
             (["email"], {"type": "string", "format": "email", "maxLength": 255, "description": "An e-mail address."}),
             (phones, {"type": "string", "pattern": f"^{PHONE.pattern}$",
                       "description": "A phone number in E.164 form (+4930123456)."}),

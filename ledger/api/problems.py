@@ -11,6 +11,8 @@ from rest_framework import exceptions, status
 from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 
+from ledger.json_input import lone_surrogate
+
 from .wire import problem_body
 
 # DRF's exception classes -> the stable `code` of the contract.
@@ -120,11 +122,17 @@ class BoundedJSONParser(JSONParser):
         if not raw:
             raise exceptions.ParseError("The body is empty; a JSON object is expected.")
         try:
-            return json.loads(raw.decode("utf-8"), parse_float=Decimal, parse_constant=_no_constants)
+            data = json.loads(raw.decode("utf-8"), parse_float=Decimal, parse_constant=_no_constants)
         except (ValueError, UnicodeDecodeError) as exc:
             raise exceptions.ParseError(f"The body is not valid JSON: {exc}") from exc
         except RecursionError:
             raise exceptions.ParseError("The body is nested too deeply.") from None
+        # Only a \u escape makes one (the UTF-8 decoding refuses an encoded surrogate), so a body
+        # without any is not walked.
+        if b"\\u" in raw and lone_surrogate(data):
+            raise exceptions.ParseError("The body is not valid JSON: a \\u escape names a lone surrogate, which is "
+                                        "no character.")
+        return data
 
 
 def api_not_found(request, exception=None):

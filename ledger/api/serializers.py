@@ -13,13 +13,16 @@ from ledger.resources import action_resource
 from ledger.validation import PARAMS, StrictSerializer
 from ledger.workflows import WORKFLOWS
 
+from .wire import email_recipient
+
 # ASCII digits only: `\d` also matches digits such as ٢ or ２, which no provider can dial.
 PHONE = re.compile(r"\+[1-9][0-9]{6,14}")
+TARGET_LENGTH = 255  # the action's column
 
 
 class ActionRequestSerializer(StrictSerializer):
     action_type = serializers.ChoiceField(choices=ActionType.choices)
-    target = serializers.CharField(max_length=255)
+    target = serializers.CharField(max_length=TARGET_LENGTH)
     customer = serializers.CharField(max_length=255, required=False, allow_blank=True, allow_null=True, default="")
     decision_id = serializers.CharField(max_length=255, required=False, allow_blank=True, allow_null=True, default="")
     # Only a workflow's steps add actions to a task (the runner executes them while the task
@@ -44,20 +47,28 @@ class ActionRequestSerializer(StrictSerializer):
         data["customer"] = data.get("customer") or ""
         data["decision_id"] = data.get("decision_id") or ""
         if data["action_type"] == ActionType.SEND_MESSAGE:
-            self._check_recipient(data["target"], clean["channel"])
+            data["target"] = self._recipient(data["target"], clean["channel"])
         if data["action_type"] == ActionType.CREATE_BOOKING and not data["customer"]:
             raise serializers.ValidationError({"customer": ["A booking needs the customer."]})
         return data
 
     @staticmethod
-    def _check_recipient(target, channel):
+    def _recipient(target, channel):
+        """The recipient, checked, as one message per recipient is held (an e-mail address's domain
+        in one spelling: wire.email_recipient), so that the same address written otherwise is not
+        a second recipient."""
         if channel == "email":
             try:
                 validate_email(target)
             except DjangoValidationError:
                 raise serializers.ValidationError({"target": ["Not an e-mail address."]}) from None
-        elif not PHONE.fullmatch(target):
+            recipient = email_recipient(target)
+            if len(recipient) > TARGET_LENGTH:  # lower case may be longer ("İ" is "i̇")
+                raise serializers.ValidationError({"target": [f"At most {TARGET_LENGTH} characters in lower case."]})
+            return recipient
+        if not PHONE.fullmatch(target):
             raise serializers.ValidationError({"target": ["Not a phone number in E.164 form (+4930123456)."]})
+        return target
 
 
 def asks_again(action, data):

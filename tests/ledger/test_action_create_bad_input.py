@@ -72,6 +72,8 @@ CASES = [
     ("send_message by sms to an e-mail", KEY, message_body(channel="sms"), "invalid", "target"),
     ("send_message by sms with non-ASCII digits", KEY,
      message_body(target="+4930١٢٣٤٥٦٧", channel="sms"), "invalid", "target"),
+    ("send_message to an address longer than a target once its domain is in lower case", KEY,
+     message_body(target="a@" + ".".join(["\u0130" * 50] * 4) + ".com"), "invalid", "target"),
     ("send_message on an unknown channel", KEY, message_body(channel="pigeon"), "invalid", "params.channel"),
     ("booking end before start", KEY,
      booking_body(start="2026-09-10T11:00:00Z", end="2026-09-10T10:00:00Z"), "invalid", "params.end"),
@@ -80,6 +82,14 @@ CASES = [
     ("booking start not a time", KEY, booking_body(start="tomorrow"), "invalid", "params.start"),
     ("booking without customer", KEY, booking_body(customer=None), "invalid", "customer"),
     ("JSON nested 5,000 levels deep", KEY, raw_json("[" * 5000 + "]" * 5000), "invalid", "body"),
+    # A lone surrogate is no character: an answer naming it (an unknown field, a choice) could
+    # not be encoded, so the body is refused whole.
+    ("unknown field named by a lone surrogate", KEY, raw_json('{"action_type": "refund", "\\ud800": 1}'), "invalid",
+     "body"),
+    ("unknown param named by a lone surrogate", KEY,
+     raw_json(json.dumps(refund_body())[:-2] + ', "\\udc00x": 1}}'), "invalid", "body"),
+    ("action type a lone surrogate", KEY, raw_json(json.dumps({**refund_body(), "action_type": "\ud800"})),
+     "invalid", "body"),
     ("booking with an empty customer", KEY, booking_body(customer=""), "invalid", "customer"),
 ]
 
@@ -120,6 +130,8 @@ def test_it_accepts_the_same_bodies_when_they_are_valid(agent_client):
         ("refund:ORD-4:full:dec-1", refund_body("ORD-4", customer="CUST-4", amount="2500", currency="XOF")),
         ("msg:ada@example.com:receipt:dec-1", message_body()),
         ("msg:+4930123456:receipt:dec-1", message_body(target="+4930123456", channel="sms")),
+        # Sent as JSON escapes a surrogate pair ("\\ud83d\\ude00"), which is one character.
+        ("msg:ada@example.com:thanks:dec-1", message_body(message_type="thanks", body="Thanks \U0001f600")),
         ("booking:ROOM-1:CUST-17:dec-1", booking_body()),
     ]
     for key, body in valid:

@@ -99,6 +99,21 @@ def test_another_decision_target_or_type_is_another_action(client, agent, action
     assert post_action_in_process(client, "second-key", body(**second)).status_code == 201
 
 
+@pytest.mark.parametrize(("first", "second"), [
+    pytest.param("ada@customers.example", "ada@Customers.EXAMPLE", id="case"),
+    pytest.param("ada@caf\u00e9.example", "ada@cafe\u0301.example", id="unicode normal form"),
+])
+def test_a_recipients_domain_spelled_otherwise_is_the_same_recipient(client, agent, first, second):
+    """A domain is the same whatever its case (RFC 5321) or its Unicode normal form: the message
+    asked again with it spelled otherwise, under another key, is the first one, not a second."""
+    assert post_action_in_process(client, "first-key", message(to=first)).status_code == 201
+
+    again = post_action_in_process(client, "second-key", message(to=second))
+
+    assert again.status_code == 200 and again.json()["operation_key"] == "first-key"
+    assert Action.objects.count() == 1
+
+
 def test_another_agents_action_is_not_shown_and_nothing_is_recorded(client, agent, kind):
     other, _ = make_agent("support-bot")
     kind.row(other, "key-of-support").save(force_insert=True)

@@ -24,7 +24,7 @@ from psycopg import sql
 
 from sharding.router import Router, hashed_shard, place, take_back
 from tests.conftest import PYTHON, ROOT, OwnRedis, _database_url, _kill, _wait_for_http, free_port, serving, wait_until
-from tests.factories import api_client, post_action, post_task, refund_body, refund_task_body, sandbox_list, \
+from tests.factories import api_client, message_body, post_action, post_task, refund_body, refund_task_body, sandbox_list, \
     sandbox_order, send_together
 
 pytestmark = pytest.mark.stack
@@ -216,6 +216,22 @@ def test_subjects_are_placed_as_the_shard_stores_them(shards):
     assert (padded.status_code, padded.headers["Surety-Shard"], padded.json()["status"]) == (201, "0", "held")
     assert (as_number.status_code, as_number.headers["Surety-Shard"]) == (201, "1")
     assert (as_text.status_code, as_text.headers["Surety-Shard"], as_text.json()["status"]) == (201, "1", "held")
+
+
+def test_an_email_recipients_domain_spelled_otherwise_is_placed_as_one_recipient(shards):
+    """The API stores an e-mail address with its domain in lower case: the same recipient with
+    its domain written otherwise, whose hash as written says the other shard, reaches the first
+    message's shard, where the one message per recipient and decision answers it as that one."""
+    client, one = shards.client, shards.stacks[1]
+    name = next(f"ivy{i}" for i in range(200) if hashed_shard(f"target:ivy{i}@mail.example", 2) == 0
+                and hashed_shard(f"target:ivy{i}@Mail.EXAMPLE", 2) == 1)
+    first = post_action(client, f"message:{name}:receipt:dec-1", message_body(f"{name}@mail.example"))
+    again = post_action(client, f"message:{name}:receipt:dec-1:again", message_body(f"{name}@Mail.EXAMPLE"))
+
+    assert (first.status_code, first.headers["Surety-Shard"]) == (201, "0")
+    assert (again.status_code, again.headers["Surety-Shard"], again.json()["operation_key"]) == (
+        200, "0", f"message:{name}:receipt:dec-1")
+    assert not keys_on(one) & {f"message:{name}:receipt:dec-1", f"message:{name}:receipt:dec-1:again"}
 
 
 def test_an_action_on_a_placed_target_goes_to_the_targets_shard_where_the_same_subject_hold_sees_it(shards):
