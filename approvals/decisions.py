@@ -62,6 +62,8 @@ def review_decide(item, *, user, decision, reason="", external_ref="", fingerpri
         # Read under the lock: a verification that lands meanwhile must still refuse this.
         if decision == "mark_failed" and any(e.get("found") is True for e in action.evidence or []):
             raise DecisionRefused("the provider reported the effect; mark it succeeded with its reference instead")
+        if decision == "approve":
+            _approvals_for_params_now(item, action)
         if decision == "approve" and item.approvals_needed > 1 and not _second_approval(
                 item, user, behalf, reason, fingerprint):
             return item
@@ -91,6 +93,25 @@ def _open_for(item, user, fingerprint):
     if fingerprint and fingerprint != now:
         raise DecisionRefused(PARAMS_CHANGED)
     return action, item, now, behalf
+
+
+def _approvals_for_params_now(item, action):
+    """An item counts the approvals its action's params ask for when they are no longer the ones
+    recorded (changed behind the ledger's back: a raw UPDATE, a bug): opened for 750.00 and
+    approved on 7500.00, one person would otherwise let go alone what needs two. The verdict is
+    the executor's on params changed after an approval (intake.verdict_for_action). Only ever
+    raised, and only for such params: a limit changed since applies to new actions."""
+    if action.params_fingerprint() == action.fingerprint:
+        return
+    verdict = verdict_for_action(action)
+    if verdict.approvals_needed <= item.approvals_needed:
+        return
+    before = item.approvals_needed
+    item.approvals_needed = verdict.approvals_needed
+    item.save(update_fields=["approvals_needed"])
+    AuditEvent.objects.record(actor="system:approvals", verb="approvals_needed_raised", obj=item,
+                              reason=f"its params are not the ones recorded: {verdict.reason}",
+                              before={"approvals_needed": before}, after={"approvals_needed": item.approvals_needed})
 
 
 def _second_approval(item, user, behalf, reason, fingerprint):

@@ -133,3 +133,23 @@ def test_params_changed_to_a_currency_without_a_limit_need_two_approvers(people)
     Action.objects.filter(pk=action.pk).update(params={"amount": "7500.00", "currency": "USD"})
     assert action_claim_next("tests:worker", only=action.pk) is None
     assert ReviewItem.objects.get(action=action, status="open").approvals_needed == 2
+
+
+def test_params_changed_above_the_second_threshold_before_any_approval_need_two_approvers(people):
+    """Opened for 750.00 (one approver), changed behind the ledger's back to 7500.00 before anyone
+    decided: an approval on the params as they are now is one of two, as the executor's look asks
+    of params changed after an approval, never one person's alone."""
+    users, agent = people
+    action, item = refund(agent, 9, "750.00")
+    assert item.approvals_needed == 1
+    change_params(action, "7500.00")
+    seen = Action.objects.get(pk=action.pk).params_fingerprint()
+    review_decide(item, user=users["alice"], decision="approve", reason="seen", fingerprint=seen)
+    assert Action.objects.get(pk=action.pk).status == ActionStatus.AWAITING_APPROVAL
+    item.refresh_from_db()
+    assert (item.status, item.approvals_needed, item.approvals.count()) == ("open", 2, 1)
+    assert audit_events(item, "approvals_needed_raised").get().after == {"approvals_needed": 2}
+    with pytest.raises(DecisionRefused, match="someone else"):
+        review_decide(item, user=users["alice"], decision="approve", reason="again", fingerprint=seen)
+    review_decide(item, user=users["bob"], decision="approve", reason="seen too", fingerprint=seen)
+    assert Action.objects.get(pk=action.pk).status == ActionStatus.QUEUED
