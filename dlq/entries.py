@@ -7,7 +7,7 @@ An entry is about a task or a standalone action; each function says what it does
 from django.db import transaction
 
 from ledger.actions import action_retry, action_retry_by_person
-from ledger.models import TaskState
+from ledger.models import Booking, TaskState
 from ledger.statemachine import InvalidTransition
 
 from .models import DeadLetter, EntryStatus
@@ -55,11 +55,19 @@ def deadletter_resolve(entry, *, actor, note):
 
 def deadletter_discard(entry, *, actor, reason):
     """Give up: a dead-lettered task is cancelled; a failed task stays `failed` (final); an
-    action stays `failed`, which nothing runs again unless a person retries it."""
+    action stays `failed`, which nothing runs again (its entry was the way to retry it), and
+    a booking lets go of its slot."""
     if not reason.strip():
         raise ValueError("a reason is required to discard")
     with transaction.atomic():
         entry = _open_entry(entry)
         if entry.task_id and entry.task.state == TaskState.DEAD_LETTERED:
             entry.task.cancel(actor=actor, reason=reason)
+        elif entry.action_id:
+            # A booking whose failure may be retried keeps its slot for the retry
+            # (ledger.actions.booking_follow_action); given up, none comes, and a slot kept for
+            # nobody would refuse every other booking of that time.
+            booking = Booking.objects.filter(action=entry.action_id, status=Booking.Status.PENDING).first()
+            if booking is not None:
+                booking.release()
         return entry.discard(actor=actor, reason=reason, locked=True)

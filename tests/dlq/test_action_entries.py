@@ -17,9 +17,10 @@ from dlq.alerts import alert_deliver, channels
 from dlq.entries import deadletter_discard, deadletter_redrive, deadletter_resolve
 from dlq.models import Alert, DeadLetter, EntryStatus
 from ledger.access import WORK_DLQ
+from ledger.actions import action_request
 from ledger.audit import actor_label
 from ledger.executor import action_claim_next, action_run_claimed
-from ledger.models import Action, Agent, Capability, InvalidTransition, Task
+from ledger.models import Action, Agent, Booking, Capability, InvalidTransition, Task
 from tests.conftest import free_port, wait_until
 from tests.factories import (api_client, audit_events, dead_letter, make_action, make_agent, post_action, refund_body,
                              sandbox, sandbox_list)
@@ -362,3 +363,28 @@ def test_a_person_with_a_150_character_name_resolves_an_entry_under_the_audit_tr
     assert entry.status == E.RESOLVED and entry.decided_by == actor_label(long_named)
     assert len(entry.decided_by) == 150
     assert [e.actor for e in audit_events(entry, "resolved")] == [entry.decided_by]
+
+
+@pytest.mark.django_db
+def test_a_booking_given_up_in_the_queue_lets_go_of_its_slot(settings):
+    """Out of attempts, a booking's failure may still be retried and keeps its slot for the retry;
+    discarded, no retry comes, and a slot nobody will use must not refuse every other booking of it."""
+    settings.MAX_ATTEMPTS = 1
+    agent, _ = make_agent("booker", grants=())
+    slot = {"service": "massage", "start": "2026-09-10T10:00:00Z", "end": "2026-09-10T11:00:00Z"}
+    booking, _ = action_request(agent=agent, operation_key="create_booking:ROOM-9:CUST-1:dec-1",
+                                action_type="create_booking", target="ROOM-9", customer="CUST-1", decision_id="dec-1",
+                                params=slot)
+    booking.claim(owner="tests:1")
+    booking.mark_failed(actor="system:executor", code="connect_failed", message="never reached the provider",
+                        retryable=True, claim=booking.fence)
+    entry = DeadLetter.objects.get(action=booking)
+    assert Booking.objects.get(action=booking).status == "pending"
+
+    deadletter_discard(entry, actor=User.objects.create_user(username="olga", password=None),
+                       reason="the customer booked by phone for another day")
+    assert Booking.objects.get(action=booking).status == "released"
+    other, created = action_request(agent=agent, operation_key="create_booking:ROOM-9:CUST-2:dec-7",
+                                    action_type="create_booking", target="ROOM-9", customer="CUST-2",
+                                    decision_id="dec-7", params=slot)
+    assert created and other.status == "queued"
