@@ -15,8 +15,10 @@ skipped, and the report says so):
    same window again opens nothing new.
 
 Memory grows by one record, without the provider's raw answer, per operation key seen in the
-window (a double's first record may be many pages before its second); the raw answer is kept
-only for the records that are findings when they are read (orphans and mismatches).
+window (a double's first record may be many pages before its second), and by one reference per
+record (a listing names each effect once: one named again is paging that does not advance, which
+would list for ever, and fails the connector's part); the raw answer is kept only for the records
+that are findings when they are read (orphans and mismatches).
 
 The schedule (`reconcile_schedule`, a sweeper step) starts a run every RECONCILE_INTERVAL_SECONDS
 over the time since the last complete run, less RECONCILE_OVERLAP_SECONDS (a provider's record
@@ -29,7 +31,7 @@ from datetime import datetime, timedelta
 from itertools import islice
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, transaction
 from django.db.models import Max
 from django.utils import timezone
 
@@ -133,6 +135,7 @@ def findings_in(connector, records):
     name = connector.name
     orphans, mismatches, doubles = {}, {}, {}
     first_seen = {}  # operation key -> its first record in the window
+    listed = set()  # (action type, reference) of every record read
     read = 0
     for chunk in _chunks(records, CHUNK):
         read += len(chunk)
@@ -140,6 +143,12 @@ def findings_in(connector, records):
         rows = {row["operation_key"]: row
                 for row in Action.objects.filter(operation_key__in=keys).order_by().values(*LEDGER_FIELDS)}
         for record in chunk:
+            if (record.action_type, record.external_ref) in listed:
+                # The same effect listed again is no second effect: the provider's paging did not
+                # advance (a proxy that drops the cursor answers one page, "more", for ever).
+                raise http.ProviderError(f"the listing named {record.external_ref} twice: its paging does not "
+                                         "advance", code="listing_repeats")
+            listed.add((record.action_type, record.external_ref))
             key, row = record.operation_key, rows.get(record.operation_key)
             if row is None:
                 subject = key or record.external_ref
@@ -201,6 +210,15 @@ def reconcile(window):
         except http.ProviderError as exc:
             logger.warning("reconciliation of %s failed: %s", name, exc)
             report[name] = {"failed": str(exc)}
+            continue
+        except DatabaseError:
+            raise  # the ledger's, not the provider's
+        except Exception as exc:
+            # A 2xx answer of a shape the connector did not expect (Stripe's SDK reads one that is
+            # no list with Python's own errors), or a bug in it: its part fails, as a provider's
+            # error does, and the other connectors are still read.
+            logger.exception("reconciliation of %s failed unexpectedly", name)
+            report[name] = {"failed": f"its listing could not be read ({type(exc).__name__}: {exc})"}
             continue
         report[name] = {"records": read, "findings": len(findings), "opened": _open(findings)}
     return report

@@ -3,6 +3,7 @@ a double effect, an orphan effect and an amount mismatch planted directly in the
 tables each open one incident and raise one alert; a second run over the same window opens
 nothing; a connector that cannot list its records is skipped and the report says so."""
 
+import json
 from datetime import timedelta
 from decimal import Decimal
 from io import StringIO
@@ -18,7 +19,7 @@ from ledger.connectors.base import Connector, Record
 from ledger.models import Action, AuditEvent
 from sandbox.models import SandboxRefund
 from tests.conftest import answering, thread_server, wait_until
-from tests.factories import api_client, make_agent, post_action, refund_body
+from tests.factories import api_client, make_action, make_agent, post_action, refund_body
 
 K = IncidentKind
 
@@ -27,6 +28,17 @@ class UnlistedConnector(Connector):
     """A connector that cannot list its records (the base class's answer)."""
 
     name = "unlisted"
+
+
+class RepeatingConnector(Connector):
+    """A provider whose paging does not advance (a proxy that drops the cursor): its page,
+    one refund the ledger recorded, listed twice; listed from memory, to end."""
+
+    name = "repeating"
+
+    def records(self, since, until):
+        page = [Record("refund:ORD-R:full:dec-1", "re_existing", Decimal("25.00"), "EUR", since, "refund")]
+        return [*page, *page]
 
 
 class LongKeyConnector(Connector):
@@ -185,4 +197,43 @@ def test_a_listing_that_cannot_be_read_fails_the_connectors_part_of_the_run_with
         report = reconcile(last_hour())
     assert report["sandbox"]["failed"].startswith("the sandbox's refunds listing cannot be read: ")
     assert shown in report["sandbox"]["failed"]
+    assert not Incident.objects.exists()
+
+
+@pytest.mark.parametrize("answer", [
+    b'{"status": "maintenance"}',  # a proxy's page in JSON, answered 200: no listing at all
+    b'[]',  # JSON, but no object
+])
+def test_a_2xx_answer_the_connector_cannot_read_fails_its_part_and_the_others_are_still_read(db, settings, answer):
+    """Stripe's SDK reads an answer that is no list with errors of Python's own (no StripeError)."""
+    with thread_server(answering(answer, "application/json")) as proxy:
+        settings.SURETY_CONNECTORS = {
+            **settings.SURETY_CONNECTORS,
+            "refund": {"class": "ledger.connectors.stripe.StripeConnector",
+                       "options": {"api_key": "sk_test_surety", "api_base": proxy.url}},
+            "send_message": {"class": f"{__name__}.LongKeyConnector", "options": {}}}
+        report = reconcile(last_hour())
+    assert "failed" in report["stripe"], report
+    assert report["long-keys"] == {"records": 1, "findings": 1, "opened": 1}
+    assert Incident.objects.get().connector == "long-keys"
+
+
+def test_paging_that_does_not_advance_fails_the_connectors_part_instead_of_listing_for_ever(db, settings):
+    """A proxy that drops `starting_after` answers the first page again, `has_more` for ever."""
+    page = json.dumps({"data": [{"id": "re_loop", "created": timezone.now().isoformat(), "amount": "5.00",
+                                 "currency": "EUR"}], "has_more": True}).encode()
+    with thread_server(answering(page, "application/json")) as proxy:
+        settings.SANDBOX_BASE_URL = proxy.url
+        report = reconcile(last_hour())
+    assert "re_loop" in report["sandbox"]["failed"]
+    assert not Incident.objects.exists()
+
+
+def test_a_record_listed_twice_is_no_double_effect(db, settings):
+    agent, _ = make_agent("billing")
+    make_action(agent, "succeeded", key="refund:ORD-R:full:dec-1", target="ORD-R")
+    settings.SURETY_CONNECTORS = {**settings.SURETY_CONNECTORS,
+                                  "refund": {"class": f"{__name__}.RepeatingConnector", "options": {}}}
+    report = reconcile(last_hour())
+    assert "re_existing" in report["repeating"]["failed"]
     assert not Incident.objects.exists()
