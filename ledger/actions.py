@@ -10,7 +10,7 @@ from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from . import hooks
+from . import clock, hooks
 from .compiled import Compiled, insert, update
 from .jobs import ring_after_commit
 from .models import (BOOKING_HELD, IN_FLIGHT_STATUSES, SETTLED, Action, ActionStatus, ActionType, AuditEvent,  # noqa: F401
@@ -153,7 +153,7 @@ def action_request(*, agent, operation_key, action_type, target, params, custome
                 operation_key=operation_key, fingerprint=print_, action_type=action_type, target=target,
                 customer=customer, params=params, amount=amount, currency=currency, decision_id=decision_id,
                 task=task, agent=agent, status=status,
-                next_attempt_at=timezone.now() if status == S.QUEUED else None,
+                next_attempt_at=clock.now() if status == S.QUEUED else None,
             ), stored=("status", "next_attempt_at"))
             siblings = _siblings(action) if action.status == S.HELD else []
             if siblings:

@@ -1,4 +1,4 @@
-"""The clock leases and verification times are told by: the database's, not the host's.
+"""The clock leases, verification and due times are told by: the database's, not the host's.
 
 A lease is written by the worker that claims (its end), and read by others: the sweeper, which
 takes an action whose lease lapsed for verification, and the worker that claims a verification
@@ -7,7 +7,8 @@ clock runs ahead of a worker's by more than CONNECTOR_TIMEOUT + LEASE_MARGIN_SEC
 an action whose call is still in flight, and a verifier whose clock runs ahead would look for an
 effect before the provider could have recorded it; finding none, the action is tried again, and
 a provider that ignores the idempotency key acts twice. Told by PostgreSQL's clock, every process
-reads the same time, whatever its host's.
+reads the same time, whatever its host's. When work is due is written on it too: the claim reads
+it, and what a host ahead recorded as due now would not be due yet for the drain its commit rang.
 
 Reading the database's clock for every lease would cost a statement each: a process reads it
 once a minute (`clock_timestamp()`, taken as read at the middle of the round trip, so at most

@@ -22,9 +22,9 @@ import django_rq
 import redis
 from django.conf import settings
 from django.db import close_old_connections, connection, transaction
-from django.utils import timezone
 from django.utils.module_loading import import_string
 
+from . import clock
 from .compiled import register_cache
 from .outages import REDIS_UNREACHABLE, UNREACHABLE, Outage, connection_lost, rolled_back
 
@@ -145,7 +145,7 @@ def _announced_job_waits(client, kind):
 
 def ring_after_commit(kind, at=None):
     # robust: a Redis hiccup after commit must not turn a recorded request into an error.
-    if at is not None and at > timezone.now():
+    if at is not None and at > clock.now():
         transaction.on_commit(lambda: enqueue(DRAINS[kind], at=at), robust=True)
     else:
         transaction.on_commit(lambda: ring(kind), robust=True)

@@ -434,7 +434,7 @@ class Action(LeasedWork):
 
     def requeue(self, *, actor, reason, claim=None, not_before=None, evidence=None):
         """A new attempt under the same key: only when the effect provably did not happen."""
-        changes = {"next_attempt_at": not_before or timezone.now(), **_NO_LEASE}
+        changes = {"next_attempt_at": not_before or clock.now(), **_NO_LEASE}
         if evidence:
             changes["evidence"] = lambda row: [*row.evidence, evidence]
         return self._move(S.QUEUED, actor=actor, verb="requeued", reason=reason, claim=claim, **changes)
@@ -442,7 +442,7 @@ class Action(LeasedWork):
     def verify_again(self, *, actor, reason, locked=False):
         """A person asks the executor to look at the provider once more."""
         return self._move(S.UNKNOWN, actor=actor, verb="verify_again", reason=reason, locked=locked,
-                          next_attempt_at=timezone.now())
+                          next_attempt_at=clock.now())
 
     def hold(self, *, actor, reason):
         return self._move(S.HELD, actor=actor, verb="held", reason=reason, next_attempt_at=None)
@@ -454,13 +454,13 @@ class Action(LeasedWork):
         if needs_approval:
             return self._move(S.AWAITING_APPROVAL, actor=actor, verb="released", reason=reason, locked=locked, **bound)
         return self._move(S.QUEUED, actor=actor, verb="released", reason=reason, locked=locked,
-                          next_attempt_at=timezone.now(), **bound)
+                          next_attempt_at=clock.now(), **bound)
 
     def approve(self, *, actor, reason="", fingerprint="", locked=False):
         """Bound to the params the approver saw (`fingerprint`; without one, the params as
         they are under the lock now): the executor runs it only with those."""
         return self._move(S.QUEUED, actor=actor, verb="approved", reason=reason, locked=locked,
-                          next_attempt_at=timezone.now(),
+                          next_attempt_at=clock.now(),
                           approved_fingerprint=lambda row: fingerprint or row.params_fingerprint())
 
     def approval_lapse(self, *, evidence, locked=False):
@@ -601,7 +601,7 @@ class Task(LeasedWork):
         )
 
     def wake(self, *, actor, reason):
-        return self._move(T.QUEUED, actor=actor, verb="woken", reason=reason, next_attempt_at=timezone.now())
+        return self._move(T.QUEUED, actor=actor, verb="woken", reason=reason, next_attempt_at=clock.now())
 
     def retry_later(self, *, claim, error, until):
         return self._move(
@@ -629,13 +629,13 @@ class Task(LeasedWork):
         """The sweeper's move when a worker vanished mid-run (its lease expired)."""
         return self._move(
             T.QUEUED, actor="system:sweeper", verb="lease_expired", reason=reason, claim=self.fence,
-            next_attempt_at=timezone.now(), fence=next_fence, **_NO_LEASE,
+            next_attempt_at=clock.now(), fence=next_fence, **_NO_LEASE,
         )
 
     def redrive(self, *, actor, reason):
         """From the dead-letter queue: a fresh budget of attempts, resuming at the checkpoint."""
         return self._move(
-            T.QUEUED, actor=actor, verb="redriven", reason=reason, attempts=0, next_attempt_at=timezone.now(),
+            T.QUEUED, actor=actor, verb="redriven", reason=reason, attempts=0, next_attempt_at=clock.now(),
             fence=next_fence,
         )
 

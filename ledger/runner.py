@@ -19,7 +19,6 @@ from datetime import timedelta
 from django.conf import settings
 
 from django.db import transaction
-from django.utils import timezone
 
 from . import clock
 from .actions import DecisionTaken, KeyReused, Refused, action_request, action_retry
@@ -151,7 +150,7 @@ def _drive(task, claim, row, spec):
             if Action.objects.select_for_update().filter(pk=action.pk, status__in=PERSON_STATUSES).exists():
                 task.wait_for_person(claim=claim, reason=f"{action.operation_key} is {action.status}")
             else:
-                task.defer(claim=claim, until=timezone.now(), reason=f"{action.operation_key} was just decided")
+                task.defer(claim=claim, until=clock.now(), reason=f"{action.operation_key} was just decided")
         raise Paused
     if action.status == A.FAILED:
         error = action.error or {}
@@ -206,7 +205,7 @@ def task_give_back(task):
         if not Task.objects.select_for_update().filter(pk=task.pk, fence=task.fence, state=TaskState.RUNNING).exists():
             logger.info("%s moved on meanwhile (its run's last move, the sweeper, or settled): not given back", task)
             return
-        task.defer(claim=task.fence, until=timezone.now(), reason="the database was unreachable during the run")
+        task.defer(claim=task.fence, until=clock.now(), reason="the database was unreachable during the run")
 
 
 def drain_tasks():

@@ -7,7 +7,6 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.utils import timezone
 
 from . import clock
 from .actions import KeyReused, fingerprint
@@ -28,7 +27,7 @@ def task_request(*, agent, task_id, workflow, input):
             with transaction.atomic():
                 task = Task.objects.create(
                     task_id=task_id, fingerprint=print_, workflow=workflow, input=input, agent=agent,
-                    max_attempts=settings.MAX_ATTEMPTS, next_attempt_at=timezone.now(),
+                    max_attempts=settings.MAX_ATTEMPTS, next_attempt_at=clock.now(),
                 )
                 TaskStep.objects.bulk_create(
                     TaskStep(task=task, position=i, name=step.name, idempotency_key=step.key(task))
@@ -51,7 +50,7 @@ def task_request(*, agent, task_id, workflow, input):
 def task_claim_next(owner, *, only=None):
     """Claim the next due task (or the task `only`, if it is due), as a drain lane does."""
     with transaction.atomic():
-        due = Task.objects.select_for_update(skip_locked=True).filter(state=T.QUEUED, next_attempt_at__lte=timezone.now())
+        due = Task.objects.select_for_update(skip_locked=True).filter(state=T.QUEUED, next_attempt_at__lte=clock.now())
         task = (due if only is None else due.filter(pk=only)).order_by("next_attempt_at", "id").first()
         return task.claim(owner=owner, locked=True) if task else None
 
@@ -95,7 +94,7 @@ def task_expire_leases():
 
 
 def task_runnable_exists():
-    return Task.objects.filter(state=T.QUEUED, next_attempt_at__lte=timezone.now()).exists()
+    return Task.objects.filter(state=T.QUEUED, next_attempt_at__lte=clock.now()).exists()
 
 
 def task_run_now(task, *, actor, reason="run now"):
@@ -105,7 +104,7 @@ def task_run_now(task, *, actor, reason="run now"):
         if task.state != T.QUEUED:
             return task
         before = {"next_attempt_at": task.next_attempt_at and task.next_attempt_at.isoformat()}
-        task.next_attempt_at = timezone.now()
+        task.next_attempt_at = clock.now()
         task.save(update_fields=["next_attempt_at"])
         AuditEvent.objects.record(actor=actor, verb="run_now", obj=task, before=before,
                                   after={"next_attempt_at": task.next_attempt_at.isoformat()}, reason=reason)
@@ -115,5 +114,5 @@ def task_run_now(task, *, actor, reason="run now"):
 
 def defer_until(action):
     """When to look at an unsettled action again."""
-    soon = timezone.now() + timedelta(seconds=1)
+    soon = clock.now() + timedelta(seconds=1)
     return max(action.next_attempt_at or soon, soon)

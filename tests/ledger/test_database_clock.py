@@ -1,4 +1,4 @@
-"""Leases and verification times are told by the database's clock, whatever a host's says.
+"""Leases, verification and due times are told by the database's clock, whatever a host's says.
 
 The hosts here share one clock, so a host whose clock is off is this process with Django's
 `timezone.now` moved (the only stand-in in these tests: the host clock itself cannot be set
@@ -18,6 +18,9 @@ from ledger import clock
 from ledger.actions import action_request
 from ledger.executor import action_claim_next, action_expire_leases
 from ledger.models import Action
+from ledger.retry import backoff_until
+from ledger.tasks import task_claim_next, task_request
+from tests.factories import make_agent, refund_input
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("jobs_to_test_redis")]
 
@@ -76,6 +79,27 @@ def test_a_worker_whose_clock_runs_behind_still_holds_its_lease_for_the_whole_le
     left = (action.lease_expires_at - database_now()).total_seconds()
     assert settings.LEASE_SECONDS - 2 < left <= settings.LEASE_SECONDS
     assert abs(action.lease_left() - left) < 2
+
+
+@pytest.mark.parametrize("ahead", [60, 0.05], ids=["a minute", "a round trip"])
+def test_what_a_host_whose_clock_runs_ahead_records_is_due_at_once_on_every_other(agent, monkeypatch, ahead):
+    """Recorded on a host ahead (by a minute, or by no more than the half round trip the
+    database's clock is read within), an action or a task is due now for a worker on time: on
+    the recording host's own clock it waited that long, and a drain rung for it found nothing."""
+    host_clock_off_by(monkeypatch, ahead)  # the intake's host
+    action = refund(agent)
+    task, _ = task_request(agent=make_agent("tasks-bot", grants=("refund", "send_message"))[0], task_id="clock-t",
+                           workflow="refund", input=refund_input("ORD-2", "C-2"))
+    assert action.next_attempt_at < timezone.now() - timedelta(seconds=ahead) + timedelta(seconds=1)
+    host_clock_off_by(monkeypatch, 0)  # the worker's host
+    assert action_claim_next("worker-on-time").pk == action.pk
+    assert task_claim_next("worker-on-time").pk == task.pk
+
+
+def test_a_backoff_is_counted_on_the_database_clock(agent, monkeypatch):
+    host_clock_off_by(monkeypatch, 60)
+    until = backoff_until(1)
+    assert until - database_now() <= timedelta(seconds=settings.BACKOFF_BASE_SECONDS)
 
 
 def test_the_database_clock_is_read_once_a_minute(monkeypatch):
