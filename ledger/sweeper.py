@@ -34,7 +34,13 @@ that hangs loses its steps as a dead one does (nothing renews a lease but a run)
 is one process and no election. A pass run by hand (`sweep --once`, the tests'
 `console.sweeper.sweep_once()`) runs every step.
 
-Faults (`sweep_forever`): a pass begins by asking Redis (a PING). A pass that fails because the
+Faults: a step that fails does not keep the steps after it from running: the pass goes on with
+them, then fails with the first step's error (a bug or one bad row in one step would otherwise
+stop every pass at that step: with a seal or the partitions after it, for good). Only a lost
+connection to the database, or Redis unreachable, ends the pass at once: every step would meet
+it, each after its own timeout.
+
+`sweep_forever`: a pass begins by asking Redis (a PING). A pass that fails because the
 database or Redis is unreachable is logged once per outage (what and why, without a traceback:
 ledger.outages.Outage, which the drain lanes and the web side share),
 then the broken connections are closed and the next pass waits SWEEP_INTERVAL_SECONDS, doubling
@@ -58,7 +64,7 @@ from .jobs import redis_connection, ring, worker_name
 from .locks import lead
 from .metrics import sweeper_seen
 from .models import AuditEvent
-from .outages import REDIS_UNREACHABLE, UNREACHABLE, Outage
+from .outages import REDIS_UNREACHABLE, UNREACHABLE, Outage, connection_lost
 from .partitions import partitions_extend
 from .tasks import task_expire_leases, task_runnable_exists
 
@@ -69,20 +75,33 @@ def sweep_once(steps, holder=None, ring_all=False):
     """One pass, with the apps' `steps` ((name, step) pairs: a step's name is its lease, and
     what `step()` returns is reported under it; see step 3 above); returns what each step it
     ran did, by name. With a `holder` (a sweeper process's name) only the steps it leads run;
-    `ring_all` rings both doorbells unasked."""
-    counts = _run([("actions_expired", action_expire_leases), ("tasks_expired", task_expire_leases)], holder)
+    `ring_all` rings both doorbells unasked. A step's failure is raised once the others have run
+    (see "Faults" above)."""
+    failed = []
+    counts = _run([("actions_expired", action_expire_leases), ("tasks_expired", task_expire_leases)], holder, failed)
     _ring(ring_all)
-    return counts | _run([*steps, ("audit_sealed", AuditEvent.objects.seal),
-                          ("audit_verified", audit_verify_due), ("audit_walked", audit_walk),
-                          ("partitions_made", partitions_extend)], holder)
+    counts |= _run([*steps, ("audit_sealed", AuditEvent.objects.seal),
+                    ("audit_verified", audit_verify_due), ("audit_walked", audit_walk),
+                    ("partitions_made", partitions_extend)], holder, failed)
+    if failed:
+        for name, exc in failed[1:]:  # the first one is raised, with its traceback
+            logger.error("step %s failed too", name, exc_info=exc)
+        raise failed[0][1]
+    return counts
 
 
-def _run(steps, holder):
+def _run(steps, holder, failed):
+    """Run `steps`, adding each one's failure to `failed` as (name, error)."""
     counts = {}
     for name, step in steps:
-        if holder is None or lead(name, holder, settings.SWEEP_LEASE_SECONDS):
-            counts[name] = step()
-            logger.debug("ran %s: %s", name, counts[name])
+        try:
+            if holder is None or lead(name, holder, settings.SWEEP_LEASE_SECONDS):
+                counts[name] = step()
+                logger.debug("ran %s: %s", name, counts[name])
+        except Exception as exc:
+            if isinstance(exc, REDIS_UNREACHABLE) or connection_lost(exc):
+                raise
+            failed.append((name, exc))
     return counts
 
 

@@ -1,5 +1,6 @@
 """ledger.outages: a database outage is one warning in the log, and one more when it ends;
-a request that meets it is answered 503 with Retry-After (ledger.api.unavailable)."""
+a request that meets it is answered 503 with Retry-After (ledger.api.unavailable); a sweeper
+step that fails keeps none of the others from running unless the database itself is gone."""
 
 import logging
 
@@ -8,7 +9,7 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from console import ledger_views
-from ledger import outages
+from ledger import outages, sweeper
 from tests.conftest import free_port
 from tests.factories import a_real_deadlock, database_away, post_action_in_process, refund_body
 
@@ -45,6 +46,42 @@ def test_a_refused_connection_is_a_lost_one_and_a_statement_error_is_not(refused
     deadlock = psycopg.errors.DeadlockDetected("deadlock detected")
     assert outages.database_unreachable(deadlock) and not outages.connection_lost(deadlock)
     assert not outages.database_unreachable(psycopg.errors.UniqueViolation("duplicate key"))
+
+
+def staged_steps(error):
+    """A pass's steps, the second of which fails with `error`; and the names of those that ran."""
+    ran = []
+
+    def failing():
+        raise error
+
+    return [("before", lambda: ran.append("before")), ("failing", failing), ("after", lambda: ran.append("after"))], ran
+
+
+@pytest.mark.parametrize("error", [ValueError("one bad row"),
+                                   psycopg.errors.QueryCanceled("canceling statement due to statement timeout")])
+def test_a_sweeper_step_that_fails_keeps_none_of_the_others_from_running(error, settings, db, monkeypatch):
+    """A bug or one bad row in a step, or a statement the database refuses, failed the pass where
+    it met it, every pass: the apps' steps after it, the audit chain's seal and the next partitions
+    never ran. The pass now runs them all, then fails with it (sweep_forever: a bug ends the
+    process for its supervisor, a database error is waited out)."""
+    settings.RQ_ASYNC = False
+    steps, ran = staged_steps(error)
+    monkeypatch.setattr(sweeper, "partitions_extend", lambda: ran.append("partitions_made") or 0)  # the last step
+    with pytest.raises(type(error)) as raised:
+        sweeper.sweep_once(steps)
+    assert raised.value is error
+    assert ran == ["before", "after", "partitions_made"]
+
+
+def test_a_sweeper_step_that_lost_the_database_ends_the_pass_at_once(refused, settings, db):
+    """Every step after it would meet the outage too, each after its own timeout: the pass ends,
+    and sweep_forever waits the outage out."""
+    settings.RQ_ASYNC = False
+    steps, ran = staged_steps(refused)
+    with pytest.raises(psycopg.OperationalError):
+        sweeper.sweep_once(steps)
+    assert ran == ["before"]
 
 
 def test_an_agent_meeting_a_database_that_is_away_is_told_503_with_retry_after(client, transactional_db):
