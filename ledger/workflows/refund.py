@@ -7,7 +7,7 @@ from rest_framework import serializers
 
 from ledger.validation import AmountField, CurrencyField, PayableAmount, StrictSerializer
 from ledger.connectors import http
-from ledger.models import ActionType, Confirmation
+from ledger.models import Action, ActionType, Confirmation
 
 from . import ActionSpec, StepFailed, Workflow, effect, local, read
 
@@ -34,7 +34,8 @@ class RefundInput(PayableAmount, StrictSerializer):
                   "by a task or directly (without it the task's id is its decision)")
 
     def validate(self, data):
-        if not data.get("notify") and len(data["customer"]) + len(CUSTOMERS_AT) > TARGET_LENGTH:
+        # In lower case, as notify_customer writes it: "İ" is one character and its lower case two.
+        if not data.get("notify") and len(data["customer"].lower()) + len(CUSTOMERS_AT) > TARGET_LENGTH:
             raise serializers.ValidationError({"customer": [
                 f"At most {TARGET_LENGTH - len(CUSTOMERS_AT)} characters without notify: the confirmation goes to "
                 f"<customer>{CUSTOMERS_AT}."]})
@@ -63,19 +64,26 @@ def call_refund_api(ctx):
                       decision_id=ctx.input.get("decision_id", ""))
 
 
+def refunded(ctx):
+    """The amount the refund step refunded: a person may have edited it down (ledger.versions), and
+    the task went on with their version, whose key the step's checkpoint names."""
+    version = ctx.results["call_refund_api"].get("operation_key")
+    return Action.objects.get(operation_key=version).params["amount"] if version else ctx.input["amount"]
+
+
 def write_confirmation(ctx, key):
     refund = ctx.results["call_refund_api"]
     confirmation, _ = Confirmation.objects.get_or_create(
         key=key,
         defaults={"task": ctx.task, "order_id": ctx.input["order_id"], "external_ref": refund["external_ref"],
-                  "amount": ctx.input["amount"], "currency": ctx.input["currency"]},
+                  "amount": refunded(ctx), "currency": ctx.input["currency"]},
     )
     return {"confirmation": confirmation.key, "external_ref": confirmation.external_ref}
 
 
 def notify_customer(ctx):
     recipient = ctx.input.get("notify") or f"{ctx.input['customer'].lower()}{CUSTOMERS_AT}"
-    body = (f"We refunded {ctx.input['amount']} {ctx.input['currency']} for order {ctx.input['order_id']} "
+    body = (f"We refunded {refunded(ctx)} {ctx.input['currency']} for order {ctx.input['order_id']} "
             f"(reference {ctx.results['call_refund_api']['external_ref']}).")
     return ActionSpec(ActionType.SEND_MESSAGE, recipient,
                       {"channel": "email", "message_type": "refund_confirmation", "body": body})

@@ -1,11 +1,20 @@
 """Tasks run by real workers: resume from the checkpoint, capped retries, the dead-letter queue."""
 
+from decimal import Decimal
+
 import pytest
 
+from approvals.decisions import review_edit
+from approvals.models import Limit, ReviewItem
 from dlq.models import DeadLetter
-from ledger.models import Task
+from ledger.connectors import http
+from ledger.models import Action, ActionType, Confirmation, Task, TaskState
+from ledger.runner import drain_tasks
+from ledger.tasks import task_request
+from ledger.workflows.refund import CUSTOMERS_AT, TARGET_LENGTH, RefundInput
 from tests.conftest import wait_until
-from tests.factories import agent_api, audit_events, post_task, refund_task_body, sandbox, sandbox_order
+from tests.factories import (agent_api, audit_events, make_agent, person, post_task, refund_input, refund_task_body,
+                             sandbox, sandbox_order)
 
 
 def settled_task(client, task_id, seconds=30):
@@ -83,3 +92,52 @@ def test_three_failures_in_a_row_dead_letter_the_task_with_an_alert(stack, clien
     assert audit_events(entry, "dead_letter_opened").exists()
     retries = list(audit_events(Task.objects.get(), "retry_scheduled"))
     assert len(retries) == 2
+
+
+def test_a_customer_whose_lower_case_would_not_fit_the_confirmation_is_refused_before_anything_runs():
+    """Without `notify` the confirmation goes to <customer in lower case>@customers.surety.example:
+    "İ" is one character and its lower case two, so a customer of 230 of them passed the length
+    check and its message's target (485 characters) failed the last step, after the refund, on
+    every retry, until the task was dead-lettered."""
+    customer = "İ" * (TARGET_LENGTH - len(CUSTOMERS_AT))
+    refused = RefundInput(data=refund_input("ORD-1", customer))
+    assert not refused.is_valid()
+    assert "customer" in refused.errors
+    assert RefundInput(data=refund_input("ORD-1", "i" * (TARGET_LENGTH - len(CUSTOMERS_AT)))).is_valid()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("jobs_to_test_redis")
+def test_a_refund_edited_down_is_confirmed_and_told_to_the_customer_at_the_amount_refunded(settings, monkeypatch):
+    """A person edits the task's over-limit refund of 900.00 down to 400.00: the provider refunds
+    400.00, and the confirmation and the customer's message say 400.00, not the 900.00 the task
+    asked for. (The provider is staged: what it is sent is what this is about.)"""
+    settings.DRAIN_LANES = 1
+    Limit.limit_set(actor="system:tests", reason="the tests' policy", action_type="refund", currency="EUR",
+                    max_amount=Decimal("500.00"))
+    agent = make_agent("billing", grants=("refund", "send_message"))[0]
+    task, _ = task_request(agent=agent, task_id="refund-edited", workflow="refund",
+                           input=refund_input("ORD-E", "C-E", amount="900.00"))
+    sent = []
+
+    def provider(method, url, **kwargs):
+        if method == "POST":
+            sent.append(kwargs["json"])
+            return {"id": f"eff_{len(sent)}"}
+        return {"order_id": "ORD-E", "customer": "C-E", "amount": "1000.00"}
+
+    monkeypatch.setattr(http, "call", provider)
+    drain_tasks()
+    assert Task.objects.get(pk=task.pk).state == TaskState.WAITING
+    original = Action.objects.get(task=task)
+    review_edit(ReviewItem.objects.get(action=original, status="open"), user=person("alice", "approvers"),
+                changes={"amount": "400.00"}, reason="only the damaged item", fingerprint=original.params_fingerprint())
+    drain_tasks()
+
+    task.refresh_from_db()
+    assert task.state == TaskState.SUCCEEDED, task.last_error
+    refund, message = sent
+    assert refund["amount"] == "400.00"
+    assert Confirmation.objects.get(task=task).amount == Decimal("400.00")
+    assert "refunded 400.00 EUR" in message["body"], message["body"]
+    assert Action.objects.get(task=task, action_type=ActionType.SEND_MESSAGE).params["body"] == message["body"]
