@@ -7,8 +7,8 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count, Q
-from django.http import Http404, StreamingHttpResponse
+from django.db.models import IntegerField, OuterRef, Q, Subquery
+from django.http import Http404, HttpResponseBadRequest, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
@@ -31,6 +31,10 @@ from .readiness_views import with_grant_states
 from .stepup import step_up_required
 
 STATUS_ORDER = list(ActionStatus.values)
+# The fragments of the overview htmx may ask for by name (?partial=): its counts' poll. The
+# template's other partials are pieces of the page (`event` is a row of the activity list, and
+# rendered without one it failed: a 500).
+OVERVIEW_FRAGMENTS = ("counts",)
 
 
 def _status_counts():
@@ -44,6 +48,9 @@ def _status_counts():
 
 @staff_required
 def overview(request):
+    partial = request.GET.get("partial")
+    if request.htmx and partial and partial not in OVERVIEW_FRAGMENTS:
+        return HttpResponseBadRequest("no such fragment")
     now = timezone.now()
     counts = _status_counts()
     context = {
@@ -53,7 +60,7 @@ def overview(request):
         "audit_unsealed": AuditEvent.objects.unsealed_for(settings.AUDIT_SEAL_ALERT_SECONDS),
         "refreshed_at": now,
     }
-    return render_partial(request, "ledger/overview.html", request.GET.get("partial"), context)
+    return render_partial(request, "ledger/overview.html", partial, context)
 
 
 def _recent_activity():
@@ -157,13 +164,24 @@ def agent_list(request):
             messages.error(request, str(exc))
             return redirect("agent-list")
         return render(request, "ledger/agent_token.html", {"agent": agent, "token": token})
-    agents = with_grant_states(Agent.objects.select_related("owner").annotate(actions_count=Count("actions")))
+    # Each agent's actions counted up to HISTORY_EXACT_UP_TO, "1000+" past it: counting them all
+    # read the ledger's whole history on every visit (decision 38); the ledger search lists them.
+    firsts = Action.objects.filter(agent=OuterRef("pk")).order_by().values("pk")[:HISTORY_EXACT_UP_TO + 1]
+    agents = with_grant_states(Agent.objects.select_related("owner").annotate(actions_count=_CountOf(firsts)))
     grantable = sorted({*ActionType.values, *WORKFLOWS})
     connectors = [(action_type, connector_name(action_type) or "none configured") for action_type in ActionType.values]
     return render(request, "ledger/agents.html", {"agents": agents, "grantable": grantable, "people": _people(),
                                                    "connectors": connectors,
                                                    "unassigned": UNASSIGNED_OWNER,
+                                                   "counted_up_to": HISTORY_EXACT_UP_TO,
                                                    "may_manage": request.user.has_perm("ledger.change_agent")})
+
+
+class _CountOf(Subquery):
+    """How many rows a (sliced) subquery has: a count that stops at its LIMIT."""
+
+    template = "(SELECT count(*) FROM (%(subquery)s) AS counted)"
+    output_field = IntegerField()
 
 
 def _people():

@@ -1,0 +1,39 @@
+"""The ledger's own pages (console/ledger_views.py): a hand-edited or hostile query string is
+answered with the page or a 4xx, never a 500, and no page's statements grow with history."""
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from ledger.actions import action_request
+from tests.factories import make_agent
+
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("jobs_to_test_redis")]
+
+
+@pytest.fixture
+def admin(client):
+    client.force_login(get_user_model().objects.create_superuser("root", password="x"))
+    client.raise_request_exception = False
+    return client
+
+
+@pytest.mark.parametrize("partial", ["event", "nope"])
+def test_the_overview_answers_only_the_fragment_it_polls(admin, partial):
+    # `event` is a partial of the overview's template too, one row of its activity list: asked
+    # for by name, it rendered without its row and failed (a 500).
+    make_agent("billing")  # an audit event, for the activity list
+    assert admin.get("/", {"partial": "counts"}, headers={"HX-Request": "true"}).status_code == 200
+    assert admin.get("/", {"partial": partial}, headers={"HX-Request": "true"}).status_code == 400
+
+
+def test_the_agents_page_counts_each_agents_actions_only_up_to_a_cap(admin, monkeypatch):
+    # Counting every action of every agent read the ledger's whole history on each visit.
+    monkeypatch.setattr("console.ledger_views.HISTORY_EXACT_UP_TO", 2)
+    busy, _ = make_agent("busy")
+    quiet, _ = make_agent("quiet")
+    for agent, n in ((busy, 1), (busy, 2), (busy, 3), (quiet, 4)):
+        action_request(agent=agent, operation_key=f"refund:ORD-{n}:dec-{n}", action_type="refund", target=f"ORD-{n}",
+                       customer=f"CUST-{n}", params={"amount": "10.00", "currency": "EUR"})
+    page = admin.get("/agents/").content.decode()
+    assert '<td class="num">2+</td>' in page  # busy's 3
+    assert '<td class="num">1</td>' in page  # quiet's
