@@ -8,6 +8,8 @@
    own rules (ledger.connectors.stripe_amounts: HUF 5000 is 500000, not CLDR's 5000); an
    amount Stripe cannot take (1.255 KWD) is refused at intake already (`amount_problem`).
    A refund Stripe answers `pending` counts as made; one `failed` or `canceled`, as refused.
+   Stripe answers a key it has seen with its saved first answer: then the refund's status as
+   it is now decides (`_refund_now`), since it may have failed since.
 3. Verification lists the target's refunds and looks for the operation key in their metadata:
    Stripe lists refunds by charge or payment intent only, and its search API neither covers
    refunds nor sees a write at once.
@@ -120,11 +122,35 @@ class StripeConnector(Connector):
         if result.get("object") != "refund" or not isinstance(result.get("id"), str):
             raise http.OutcomeUnknown(f"creating the refund: the answer is not a refund: {str(result)[:2000]}",
                                       code="not_a_refund")
+        if refund.last_response is not None and refund.last_response.headers.get("Idempotent-Replayed") == "true":
+            result = self._refund_now(action, result)
         if result.get("status") in _FAILED:
             raise http.Rejected(f"Stripe refund {result['id']} {result['status']}: "
                                 f"{result.get('failure_reason') or 'no reason given'}",
                                 code=f"refund_{result['status']}", status=200)
         return Effect(external_ref=result["id"], result=result)
+
+    def _refund_now(self, action, saved):
+        """The refund Stripe's replayed answer names, as Stripe holds it now. Stripe answers a key
+        it has seen with its saved first answer, the refund as it was made (`pending`): one that
+        failed since, which verification found not made (so the action was tried again under its
+        key), would read as made. Unread, the outcome is unknown, and verification decides."""
+        try:
+            now = [refund for refund in self._refunds_under_key(action) if refund.get("id") == saved["id"]]
+        except stripe.StripeError as exc:
+            raise http.OutcomeUnknown(f"Stripe replayed refund {saved['id']}; reading it as it is now: "
+                                      f"{provider_error(exc, 'listing refunds')}",
+                                      code="replayed_refund_unread") from exc
+        if not now:
+            raise http.OutcomeUnknown(f"Stripe replayed refund {saved['id']}, which the target's refunds do not list",
+                                      code="replayed_refund_unread")
+        return now[0]
+
+    def _refunds_under_key(self, action):
+        """The refunds of the action's target that carry its operation key, as Stripe lists them now."""
+        refunds = self._client().v1.refunds.list(params={_kind(action.target): action.target, "limit": 100})
+        return [refund for refund in (item.to_dict(for_json=True) for item in refunds.auto_paging_iter())
+                if (refund.get("metadata") or {}).get("operation_key") == action.operation_key]
 
     def replay_target(self, amount, currency):
         """Test mode only (the replay set, ledger.replay): a new charge to refund, paid with
@@ -146,9 +172,7 @@ class StripeConnector(Connector):
     def find_effect(self, action):
         kind = _kind(action.target)
         try:
-            refunds = self._client().v1.refunds.list(params={kind: action.target, "limit": 100})
-            matches = [refund for refund in (item.to_dict(for_json=True) for item in refunds.auto_paging_iter())
-                       if (refund.get("metadata") or {}).get("operation_key") == action.operation_key]
+            matches = self._refunds_under_key(action)
         except stripe.StripeError as exc:
             return Lookup(found=None, evidence={"lookup": provider_error(exc, "listing refunds").evidence()})
         evidence = {"lookup": f"refunds of {kind} {action.target} by metadata.operation_key",

@@ -27,24 +27,27 @@ def stripe_error(status, error_type, message, **fields):
 
 
 class ScriptedStripe:
-    """Answers the charge read and the refunds list as Stripe would (a charge in EUR, no
-    refunds), and each refund POST with the next entry of `script`: ("answer", status, body)
-    or ("hang", seconds) before answering a refund."""
+    """Answers the charge read and the refunds list as Stripe would (a charge in EUR, the
+    refunds in `listed`), and each refund POST with the next entry of `script`: ("answer",
+    status, body[, headers]) or ("hang", seconds) before answering a refund."""
 
     def __init__(self):
         self.script = []
         self.posts = []
+        self.listed = []
         scripted = self
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args):
                 pass
 
-            def _send(self, status, body, content_type="application/json"):
+            def _send(self, status, body, content_type="application/json", headers=()):
                 raw = body.encode()
                 self.send_response(status)
                 self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(raw)))
+                for name, value in dict(headers).items():
+                    self.send_header(name, value)
                 self.end_headers()
                 self.wfile.write(raw)
 
@@ -54,7 +57,7 @@ class ScriptedStripe:
                     return self._send(200, json.dumps({"id": charge, "object": "charge", "currency": "eur",
                                                        "amount": 10000}))
                 return self._send(200, json.dumps({"object": "list", "url": "/v1/refunds", "has_more": False,
-                                                   "data": []}))
+                                                   "data": scripted.listed}))
 
             def do_POST(self):
                 scripted.posts.append(self.rfile.read(int(self.headers["Content-Length"])).decode())
@@ -62,8 +65,8 @@ class ScriptedStripe:
                 if what[0] == "hang":
                     time.sleep(what[1])
                     what = ("answer", 200, json.dumps({"id": "re_late", "object": "refund", "status": "succeeded"}))
-                _, status, body = what
-                self._send(status, body, "application/json" if body.startswith("{") else "text/html")
+                _, status, body, *headers = what
+                self._send(status, body, "application/json" if body.startswith("{") else "text/html", *headers)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_port}"
@@ -88,6 +91,11 @@ def scripted(settings):
 def run_once(key, order, amount="25.00", currency="EUR"):
     action = action_request(agent=make_agent(f"agent-{order}")[0], operation_key=key, action_type="refund",
                             target=order, params={"amount": amount, "currency": currency})[0]
+    return run_next(action)
+
+
+def run_next(action):
+    """The action's next run (an attempt or a verification) once it is due."""
     claimed = wait_until(lambda: action_claim_next("tests", only=action.pk), seconds=10, message="a claim")
     action_run_claimed(claimed)
     return Action.objects.get(pk=action.pk)
@@ -140,6 +148,29 @@ def test_stripes_errors_map_onto_not_sent_unknown_and_rejected(scripted, answer,
         assert (action.error["code"], action.error["retryable"]) == (code, False)
     else:
         assert action.evidence[-1]["code"] == code
+
+
+def test_a_refund_that_failed_since_is_not_read_as_made_from_stripes_saved_answer_to_its_key(scripted, settings):
+    """The refund's answer was lost (a timeout) and the refund failed since: verification finds
+    no refund made, and the action is tried again under its key. Stripe answers a key it has
+    seen with its saved first answer, the refund as it was made (`pending`): the refund as it is
+    now (`failed`) decides, as it would have on the first answer, and nothing is made again."""
+    settings.BACKOFF_BASE_SECONDS, settings.CONNECTOR_TIMEOUT = 0.01, 2
+    key = "refund:ch_r:full"
+    scripted.script.append(("hang", 3))
+    action = run_once(key, "ch_r")
+    assert (action.status, action.evidence[-1]["code"]) == ("unknown", "timeout")
+    made = {"id": "re_late", "object": "refund", "amount": 2500, "currency": "eur", "charge": "ch_r",
+            "status": "pending", "failure_reason": None, "metadata": {"operation_key": key}}
+    scripted.listed.append({**made, "status": "failed", "failure_reason": "expired_or_canceled_card"})
+    action = run_next(action)  # the verification: the one refund under the key failed
+    assert (action.status, action.evidence[-1]["found"]) == ("queued", False)
+
+    scripted.script.append(("answer", 200, json.dumps(made), {"Idempotent-Replayed": "true"}))
+    action = run_next(action)
+    assert (action.status, action.external_ref) == ("failed", "")
+    assert (action.error["code"], action.error["retryable"]) == ("refund_failed", False)
+    assert "expired_or_canceled_card" in action.error["message"]
 
 
 def test_a_provider_that_cannot_be_reached_is_not_sent_and_tried_again_later(settings):
