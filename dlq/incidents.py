@@ -21,6 +21,7 @@ class IncidentKind(models.TextChoices):
     ORPHAN_EFFECT = "orphan_effect", "effect without a ledger entry"
     DOUBLE_EFFECT = "double_effect", "more than one effect for an operation key"
     AMOUNT_MISMATCH = "amount_mismatch", "amount differs from the ledger"
+    DENIED_EFFECT = "denied_effect", "effect for a ledger entry that says none was made"
 
 
 class IncidentStatus(models.TextChoices):

@@ -11,6 +11,11 @@ skipped, and the report says so):
    Amounts are compared in the provider's own units where it counts in integers: the ledger's
    amount converted by the connector's rule (Stripe's 500000 for 5000 HUF), so that an effect
    a hundredth or a hundred times the ledger's is found, whatever the currency's CLDR digits;
+   a record whose ledger row says no effect was made (failed, rejected, cancelled, expired,
+   shadow, superseded), a denied effect: the ledger's word is what a person acts on (a failed
+   one in the dead-letter queue may be retried, which against a provider that has forgotten the
+   key makes the effect a second time). An effect the provider lists as not carried out (a
+   refund that failed at Stripe: `Record.made`) is none of these;
 4. each finding opens its incident, with an alert, unless it already has one: running the
    same window again opens nothing new.
 
@@ -46,6 +51,10 @@ ACTOR = "system:reconcile"
 # Records joined with the ledger per query: one IN list of this many keys.
 CHUNK = 1000
 LEDGER_FIELDS = ("pk", "operation_key", "action_type", "status", "amount", "currency", "external_ref")
+# The statuses in which the ledger says the action's effect was never made. (In flight, or a
+# person's to review, it may yet be found: not a finding.)
+NO_EFFECT = {ActionStatus.FAILED, ActionStatus.REJECTED, ActionStatus.CANCELLED, ActionStatus.EXPIRED,
+             ActionStatus.SHADOW, ActionStatus.SUPERSEDED}
 
 
 @dataclass(frozen=True)
@@ -88,9 +97,11 @@ class Finding:
     @property
     def summary(self):
         what = self.operation_key or f"{self.external_refs[0]} (no operation key)"
+        effects = "an effect" if len(self.effects) == 1 else f"{len(self.effects)} effects"
         if self.kind == IncidentKind.ORPHAN_EFFECT:
-            effects = "an effect" if len(self.effects) == 1 else f"{len(self.effects)} effects"
             return f"{what}: {effects} at {self.connector} and no ledger entry"
+        if self.kind == IncidentKind.DENIED_EFFECT:
+            return f"{what}: {effects} at {self.connector}, and the ledger says {self.ledger['status']}"
         if self.kind == IncidentKind.DOUBLE_EFFECT:
             refs = {*self.external_refs, self.ledger["external_ref"]} - {""}
             return f"{what}: {len(refs)} effects at {self.connector} for one ledger entry"
@@ -133,7 +144,7 @@ def _chunks(records, size):
 def findings_in(connector, records):
     """Steps 2-3 for one connector's records; returns (records read, findings)."""
     name = connector.name
-    orphans, mismatches, doubles = {}, {}, {}
+    orphans, mismatches, doubles, denied = {}, {}, {}, {}
     first_seen = {}  # operation key -> its first record in the window
     listed = set()  # (action type, reference) of every record read
     read = 0
@@ -149,11 +160,17 @@ def findings_in(connector, records):
                 raise http.ProviderError(f"the listing named {record.external_ref} twice: its paging does not "
                                          "advance", code="listing_repeats")
             listed.add((record.action_type, record.external_ref))
+            if not record.made:
+                continue
             key, row = record.operation_key, rows.get(record.operation_key)
             if row is None:
                 subject = key or record.external_ref
                 orphans.setdefault(subject, Finding(IncidentKind.ORPHAN_EFFECT, name, record.action_type, key,
                                                     subject)).effects.append(_effect(record, raw=True))
+                continue
+            if row["status"] in NO_EFFECT:
+                denied.setdefault(key, Finding(IncidentKind.DENIED_EFFECT, name, row["action_type"], key, key,
+                                               ledger=_ledger(row))).effects.append(_effect(record, raw=True))
                 continue
             if _differs(connector, record, row):
                 mismatches.setdefault(key, Finding(IncidentKind.AMOUNT_MISMATCH, name, row["action_type"], key, key,
@@ -168,7 +185,7 @@ def findings_in(connector, records):
                 for seen in (first, record):
                     if seen is not None and seen.external_ref not in double.external_refs:
                         double.effects.append(_effect(seen))
-    return read, [*orphans.values(), *doubles.values(), *mismatches.values()]
+    return read, [*orphans.values(), *doubles.values(), *mismatches.values(), *denied.values()]
 
 
 def _connectors():

@@ -59,7 +59,8 @@ class Record:
     effect has none (a message); `units`, the amount as the provider counts it where it
     counts in integers (Stripe: 2500), which reconciliation compares; `action_type` is the
     ledger's type the effect is of; `raw`, the provider's own answer, is kept as an
-    incident's evidence, so it must be JSON.
+    incident's evidence, so it must be JSON; `made` is False for one the provider lists but
+    did not carry out (a refund that failed or was canceled at Stripe: no money moved).
     """
 
     operation_key: str
@@ -70,6 +71,7 @@ class Record:
     action_type: str = ""
     raw: dict = field(default_factory=dict, compare=False)
     units: int | None = None
+    made: bool = True
 
 
 @contextlib.contextmanager

@@ -195,7 +195,7 @@ class StripeConnector(Connector):
                     operation_key=(refund.get("metadata") or {}).get("operation_key", ""), external_ref=refund["id"],
                     amount=self.from_provider_units(refund["amount"], refund["currency"]), units=int(refund["amount"]),
                     currency=refund["currency"].upper(), created_at=datetime.fromtimestamp(refund["created"], UTC),
-                    action_type=ActionType.REFUND, raw=refund,
+                    action_type=ActionType.REFUND, raw=refund, made=refund.get("status") not in _FAILED,
                 )
         except stripe.StripeError as exc:
             raise provider_error(exc, "listing refunds") from exc

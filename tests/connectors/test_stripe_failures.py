@@ -8,11 +8,14 @@ import os
 import subprocess
 import threading
 import time
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from dlq.reconcile import findings_in
 from ledger.actions import action_request
+from ledger.connectors import connector_for
 from ledger.connectors.events import WebhookRefused
 from ledger.connectors.stripe import StripeConnector
 from ledger.executor import action_claim_next, action_run_claimed
@@ -242,3 +245,28 @@ def test_refund_events_are_read_by_the_refunds_status_and_a_charges_own_event_se
     with pytest.raises(ValueError) as signed_but_no_event:  # the view's "not an event", not a refusal
         connector.read_webhook(*signed(["not", "an", "event"]))
     assert not isinstance(signed_but_no_event.value, WebhookRefused)
+
+
+def test_reconciliation_takes_a_refund_that_failed_at_stripe_for_no_effect(scripted):
+    """A refund Stripe lists as failed or canceled moved no money: under the key of an action the
+    ledger has as failed it is no finding; one that succeeded under a cancelled action's key is."""
+    agent = make_agent("reconciled")[0]
+    failed, cancelled = (action_request(agent=agent, operation_key=f"refund:ch_{n}:full", action_type="refund",
+                                        target=f"ch_{n}", params={"amount": "25.00", "currency": "EUR"})[0]
+                         for n in ("f", "c"))
+    claimed = action_claim_next("tests", only=failed.pk)
+    claimed.mark_failed(actor="system:tests", claim=claimed.fence, code="refund_failed", message="card", retryable=False)
+    cancelled.cancel(actor="system:tests", reason="not wanted")
+    now = datetime.now(UTC)
+    for ref, action, status in (("re_f", failed, "failed"), ("re_x", failed, "canceled"), ("re_c", cancelled,
+                                                                                            "succeeded")):
+        scripted.listed.append({"id": ref, "object": "refund", "amount": 2500, "currency": "eur",
+                                "status": status, "created": int(now.timestamp()),
+                                "metadata": {"operation_key": action.operation_key}})
+    connector = connector_for("refund")
+
+    read, findings = findings_in(connector, connector.records(now - timedelta(minutes=5), now + timedelta(minutes=1)))
+
+    assert read == 3
+    assert [(f.kind, f.operation_key, f.external_refs) for f in findings] == [
+        ("denied_effect", cancelled.operation_key, ["re_c"])]

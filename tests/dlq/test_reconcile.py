@@ -15,7 +15,9 @@ from django.utils import timezone
 from dlq.incidents import Incident, IncidentKind, ReconciliationRun
 from dlq.models import Alert
 from dlq.reconcile import Window, reconcile, reconcile_schedule, run_finish
+from ledger.actions import action_request
 from ledger.connectors.base import Connector, Record
+from ledger.executor import action_claim_next
 from ledger.models import Action, AuditEvent
 from sandbox.models import SandboxRefund
 from tests.conftest import answering, thread_server, wait_until
@@ -107,6 +109,34 @@ def test_it_opens_one_incident_and_one_alert_per_planted_finding_and_nothing_on_
 
     assert reconcile(last_hour())["sandbox"] == {"records": 5, "findings": 3, "opened": 0}
     assert Incident.objects.count() == 3 and Alert.objects.count() == 3
+
+
+def test_an_effect_under_the_key_of_an_action_the_ledger_says_never_ran_is_a_denied_effect(stack):
+    """A refund the ledger has as failed (its dead letter could be retried) or cancelled, made at
+    the provider all the same: reported as such, with the ledger's status, once; an action still
+    in flight is no finding (its effect may be on its way to being recorded)."""
+    agent, _ = make_agent("billing")
+    keys = {"failed": "refund:ORD-F:full:dec-1", "cancelled": "refund:ORD-C:full:dec-1",
+            "queued": "refund:ORD-Q:full:dec-1"}
+    actions = {status: action_request(agent=agent, operation_key=key, action_type="refund", target=f"ORD-{status}",
+                                      params={"amount": "25.00", "currency": "EUR"})[0] for status, key in keys.items()}
+    claimed = action_claim_next("tests:worker", only=actions["failed"].pk)
+    claimed.mark_failed(actor="system:tests", claim=claimed.fence, code="declined", message="no", retryable=True)
+    actions["cancelled"].cancel(actor="system:tests", reason="not wanted")
+    for status, key in keys.items():
+        SandboxRefund.objects.create(order_id=f"ORD-{status}", amount=Decimal("25.00"), currency="EUR",
+                                     operation_key=key)
+
+    assert reconcile(last_hour())["sandbox"] == {"records": 3, "findings": 2, "opened": 2}
+    found = {i.operation_key: i for i in Incident.objects.all()}
+    assert found.keys() == {keys["failed"], keys["cancelled"]}
+    assert {i.kind for i in found.values()} == {K.DENIED_EFFECT}
+    failed = found[keys["failed"]]
+    assert failed.evidence["ledger"]["status"] == "failed" and failed.external_refs
+    [opened] = AuditEvent.objects.history(failed)
+    assert opened.reason == f"{keys['failed']}: an effect at sandbox, and the ledger says failed"
+    assert Alert.objects.filter(incident__kind=K.DENIED_EFFECT).count() == 2
+    assert reconcile(last_hour())["sandbox"]["opened"] == 0
 
 
 def test_a_second_effect_outside_the_window_is_still_a_double(stack, refunded):
