@@ -271,6 +271,8 @@ def record_problems(record, *, database=True, archives=None):
         events = integrity = None
     if not isinstance(events, list) or not all(isinstance(e, dict) for e in events) or not isinstance(integrity, dict):
         return ["not an evidence record (no audit events or no integrity block)"]
+    if not all(_whole_or_none(e.get("id")) and _whole_or_none(e.get("seq")) for e in events):
+        return ["not an evidence record (an audit event's id or seq is no whole number)"]
     problems = []
     if record_digest(record) != integrity.get("digest"):
         problems.append("the digest is not the record's: the record was changed after it was written")
@@ -283,6 +285,10 @@ def record_problems(record, *, database=True, archives=None):
         problems += _database_problems(events, archived)
         problems += _checkpoint_problems(record["audit"].get("checkpoint"), archived)
     return problems
+
+
+def _whole_or_none(value):
+    return value is None or (isinstance(value, int) and not isinstance(value, bool))
 
 
 def archived_events(directory):

@@ -369,6 +369,7 @@ BAD_EVIDENCE = [
     b'{"audit": {"events": [], "checkpoint": [6]}, "integrity": {}}',
     b'{"audit": {"events": [{"seq": 1, "prev_hash": "\\ud800"}]}, "integrity": {"digest": "\\ud800"}}',
     b"[" * 100_000,
+    b'{"audit": {"events": [{"id": []}]}, "integrity": {}}', b'{"audit": {"events": [{"seq": [1]}]}, "integrity": {}}',
 ]
 
 
