@@ -94,6 +94,8 @@ def webhook_receive(request, connector):
         return _problem(404, "unknown connector")
     try:
         event = reader(request.body, request.headers)
+        if isinstance(event["id"], bool) or not isinstance(event["id"], str | int):
+            raise TypeError("an event's id is text")  # `null` would be stored as "None": one event, ever
         event_id, event_type, data = str(event["id"]), str(event["type"]), event.get("data") or {}
     except WebhookRefused as exc:
         return _problem(400, str(exc))
@@ -102,18 +104,21 @@ def webhook_receive(request, connector):
     effect_id = data.get("id") if isinstance(data, dict) else None
     if not event_id or len(event_id) > 255 or len(event_type) > 100 or len(str(effect_id or "")) > 255:
         return _problem(400, "the body is not an event")  # would not fit its columns
-    try:
-        with transaction.atomic():
-            WebhookClaim.objects.create(connector=connector, event_id=event_id)  # a redelivery's ends here
-            stored = WebhookEvent.objects.create(
-                connector=connector, event_id=event_id, event_type=event_type, payload=event,
-                operation_key=named_operation_key(data)[:255],
-            )
-            # Cut to the column: an outcome names the operation key, itself up to 255 characters.
-            stored.outcome = _settle(connector, event_type, data, event_id, test_mode=event.get("test_mode"))[:255]
-            stored.save(update_fields=["outcome"])
-    except IntegrityError:
-        return JsonResponse({"duplicate": True})
+    with transaction.atomic():
+        try:
+            # Only the claim's own conflict is a redelivery: an integrity error while settling must
+            # fail the delivery (the provider sends it again), not be answered "duplicate" and lost.
+            with transaction.atomic():
+                WebhookClaim.objects.create(connector=connector, event_id=event_id)
+        except IntegrityError:
+            return JsonResponse({"duplicate": True})
+        stored = WebhookEvent.objects.create(
+            connector=connector, event_id=event_id, event_type=event_type, payload=event,
+            operation_key=named_operation_key(data)[:255],
+        )
+        # Cut to the column: an outcome names the operation key, itself up to 255 characters.
+        stored.outcome = _settle(connector, event_type, data, event_id, test_mode=event.get("test_mode"))[:255]
+        stored.save(update_fields=["outcome"])
     return JsonResponse({"received": True, "outcome": stored.outcome})
 
 

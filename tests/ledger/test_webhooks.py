@@ -6,7 +6,9 @@ from importlib import import_module
 
 import pytest
 from django.apps import apps as django_apps
+from django.db import IntegrityError
 
+from ledger import webhooks
 from ledger.evidence import _webhooks as evidence_webhooks
 from ledger.models import Action, ActionStatus, AuditEvent, WebhookEvent
 from sandbox.webhooks import sign_webhook
@@ -227,7 +229,8 @@ def test_an_event_for_a_key_of_the_longest_allowed_length_is_stored(client, unkn
     assert Action.objects.get(pk=unknown_action.pk).status == S.SUCCEEDED
 
 
-@pytest.mark.parametrize(("field", "value"), [("id", "e" * 256), ("id", ""), ("type", "t" * 101)])
+@pytest.mark.parametrize(("field", "value"), [("id", "e" * 256), ("id", ""), ("type", "t" * 101), ("id", None),
+                                              ("id", ["evt_1"]), ("id", True)])
 def test_a_signed_event_whose_id_or_type_does_not_fit_is_refused(client, db, field, value):
     response = deliver(client, {**event(), field: value})
     assert response.status_code == 400
@@ -269,3 +272,21 @@ def test_an_event_settles_only_an_action_its_connector_serves(client, agent, set
     action.refresh_from_db()
     assert (action.status, action.external_ref) == (S.UNKNOWN, "")
     assert WebhookEvent.objects.get(event_id="evt_1").outcome == answer.json()["outcome"]
+
+
+def test_an_error_while_settling_is_no_duplicate_so_the_redelivery_settles(client, unknown_action, monkeypatch):
+    """Only the claim's own conflict makes a delivery a duplicate: an integrity error while the
+    event settles (staged here: none of the reactions raises one today) rolls the claim back and
+    fails the delivery, and the provider's redelivery is applied."""
+    def settle_fails(*args, **kwargs):
+        raise IntegrityError("staged: a reaction's insert conflicted")
+
+    monkeypatch.setattr(webhooks, "_settle", settle_fails)
+    client.raise_request_exception = False
+    first = deliver(client, event())
+    assert first.status_code == 500 and b"duplicate" not in first.content
+    assert not WebhookEvent.objects.exists()
+    monkeypatch.undo()
+    again = deliver(client, event())
+    assert again.json() == {"received": True, "outcome": again.json()["outcome"]}
+    assert Action.objects.get(pk=unknown_action.pk).status == S.SUCCEEDED
