@@ -26,6 +26,7 @@ from .compiled import update
 from .executor import action_claim_next, action_run_claimed
 from .grants import grant_state
 from .jobs import drain, worker_name
+from .json_input import storable
 from .models import (PERSON_STATUSES, Action, ActionStatus, AuditEvent, Capability, GrantState, StepStatus, Task,
                      TaskState)
 from .outages import UNREACHABLE
@@ -83,7 +84,7 @@ def task_run(task):
 
 def _run_step(task, claim, step, row, ctx):
     if step.kind == "read":
-        result = step.run(ctx)
+        result = storable(step.run(ctx))  # a provider's answer, as an effect's is kept (json_input)
         _checkpoint(task, claim, row, lambda: result)
     elif step.kind == "local":
         _checkpoint(task, claim, row, lambda: step.run(ctx, row.idempotency_key))

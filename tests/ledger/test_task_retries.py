@@ -260,3 +260,26 @@ def test_a_run_whose_connection_dropped_after_its_wait_was_committed_is_not_give
     task.refresh_from_db()
     assert (task.state, task.attempts) == (TaskState.WAITING, 0)
     assert not audit_events(task, "deferred").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("jobs_to_test_redis")
+def test_a_look_up_answer_postgresql_cannot_store_is_checkpointed_as_near_as_it_can(settings, monkeypatch):
+    """An order whose answer carries a NUL (staged: the sandbox's own database cannot hold one) is
+    checkpointed with it replaced, as an effect's answer is, instead of failing its checkpoint on
+    every attempt until the task is dead-lettered."""
+    settings.DRAIN_LANES = 1
+    agent = make_agent("billing", grants=("refund", "send_message"))[0]
+    task, _ = task_request(agent=agent, task_id="refund-nul", workflow="refund", input=refund_input("ORD-N", "C-N"))
+
+    def provider(method, url, **kwargs):
+        if method == "POST":
+            return {"id": f"eff_{kwargs['headers']['Idempotency-Key']}"}
+        return {"order_id": "ORD-N", "customer": "C-N\x00", "amount": "100.00"}
+
+    monkeypatch.setattr(http, "call", provider)
+    drain_tasks()
+
+    task.refresh_from_db()
+    assert task.state == TaskState.SUCCEEDED, task.last_error
+    assert task.steps.get(name="lookup_order").result["customer"] == "C-N\ufffd"
