@@ -19,6 +19,11 @@ from .base import Connector, Effect, Lookup
 
 # How much of an answer that cannot be read is kept as evidence.
 _EVIDENCE_CHARS = 500
+# Answers to a write that are not the service's "no": a redirect (a 303 says it was done, see
+# there), 408 (the service or a proxy gave up reading it, maybe after the body arrived) and 409
+# (the IETF Idempotency-Key draft's "the first request under this key is still being processed").
+# Read as refusals, the action would be failed for good while its effect may be made.
+_NOT_A_REFUSAL = {408, 409}
 
 
 class SignedHttpConnector(Connector):
@@ -48,8 +53,13 @@ class SignedHttpConnector(Connector):
             "operation_key": action.operation_key, "action_type": action.action_type, "target": action.target,
             "customer": action.customer, "params": action.params, "decision_id": action.decision_id,
         }).encode()
-        answer = http.call("POST", self.url, content=body,
-                           headers={**self.signed(body), "Idempotency-Key": action.operation_key})
+        try:
+            answer = http.call("POST", self.url, content=body,
+                               headers={**self.signed(body), "Idempotency-Key": action.operation_key})
+        except http.Rejected as exc:
+            if exc.status < 400 or exc.status in _NOT_A_REFUSAL:
+                raise http.OutcomeUnknown(str(exc), code=exc.code, status=exc.status) from exc
+            raise
         reference = _reference(answer)
         if reference is None:
             # A 2xx we cannot read (a proxy's HTML page, JSON cut short) may still mean the

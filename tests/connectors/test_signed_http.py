@@ -215,6 +215,11 @@ def request_refund(key, order):
     ("200 OK", "<html><body>502 Bad Gateway</body></html>", "unreadable_answer", "502 Bad Gateway"),
     ("200 OK", '{"id": "eff_1", "opera', "unreadable_answer", "eff_1"),  # JSON cut short
     ("502 Bad Gateway", "<html><body>502 Bad Gateway</body></html>", "http_502", "HTTP 502"),  # a proxy's page
+    # The IETF Idempotency-Key draft's answer while the first request under the key is being processed:
+    ("409 Conflict", '{"error": {"code": "in_progress", "message": "the key is in use"}}', "in_progress",
+     "the key is in use"),
+    ("408 Request Timeout", "<html><body>408</body></html>", "http_408", "HTTP 408"),  # a proxy gave up waiting
+    ("303 See Other", "", "http_303", "HTTP 303"),  # done, see there
 ])
 def test_an_answer_that_cannot_be_read_leaves_the_outcome_unknown_with_the_evidence(http_refunds, settings, status,
                                                                                     garbage, code, kept):
