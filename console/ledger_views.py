@@ -252,6 +252,16 @@ def _as_json(value):
     return "" if value is None else json.dumps(value, ensure_ascii=False, sort_keys=True)
 
 
+# A spreadsheet runs a cell that starts so as a formula: an agent names its own X-Request-ID, a
+# person types a reason, and opening the export must run neither (CSV injection). Such a cell is
+# written after an apostrophe, which spreadsheets show as text. The JSON columns start with { or ".
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _as_text(value):
+    return f"'{value}" if value.startswith(_FORMULA_START) else value
+
+
 class _Echo:
     def write(self, value):
         return value
@@ -265,8 +275,9 @@ def _audit_csv(events):
     def rows():
         yield writer.writerow(header)
         for e in events.order_by("id").iterator(chunk_size=2000):
-            yield writer.writerow([e.seq, e.occurred_at.isoformat(), e.actor, e.verb, e.object_type, e.object_id,
-                                   _as_json(e.before), _as_json(e.after), e.reason, e.request_id, e.hash])
+            names = map(_as_text, (e.actor, e.verb, e.object_type, e.object_id))
+            yield writer.writerow([e.seq, e.occurred_at.isoformat(), *names, _as_json(e.before), _as_json(e.after),
+                                   _as_text(e.reason), _as_text(e.request_id), e.hash])
 
     response = StreamingHttpResponse(rows(), content_type="text/csv")
     response["Content-Disposition"] = f'attachment; filename="audit-{timezone.now():%Y%m%d-%H%M}.csv"'

