@@ -16,7 +16,7 @@ from approvals.decisions import AlreadyDecided, DecisionRefused, held_group, hel
 from approvals.intake import covered_currencies, customer_total_today, uncovered_refused
 from approvals.models import Limit, ReviewItem, ReviewKind, ReviewStatus
 from approvals.whatif import DEFAULT_DAYS, MAX_DAYS, Proposal, preview_for_audit
-from ledger.models import IN_FLIGHT_STATUSES, Action, ActionStatus, ActionType, Agent, AuditEvent
+from ledger.models import IN_FLIGHT_STATUSES, Action, ActionStatus, ActionType, Agent, AuditEvent, money_in_params
 
 from .approval_forms import DecisionForm, EditForm, LimitForm, fingerprint_seen
 from .dashboard import keyset_page, posted_pk, recent_reasons, render_partial, staff_required
@@ -132,6 +132,18 @@ def review_detail(request, pk):
     return render_partial(request, "approvals/detail.html", "outcome" if request.htmx else None, context)
 
 
+def _asked_otherwise(action):
+    """(amount, currency) as the params ask for them now, where they are not the ones recorded with
+    the request (changed behind the ledger's back): the headline shows the recorded amount, and the
+    provider is sent the params."""
+    try:
+        amount, currency = money_in_params(action.params)
+    except (ArithmeticError, AttributeError, TypeError, ValueError):  # not an amount at all
+        return action.params.get("amount") if isinstance(action.params, dict) else action.params, ""
+    same = amount == action.amount and str(currency).upper() == action.currency
+    return None if same else (amount, currency)
+
+
 def detail_context(request, item, decide_url=None):
     """What an item's page shows; its decision form posts to `decide_url` (the item's own
     decide URL unless given: an e-mail's decision link gives its own)."""
@@ -147,6 +159,7 @@ def detail_context(request, item, decide_url=None):
         "approvals": approvals,
         "why": _why_now(item, history),
         "rationale": (action.params or {}).get("reason", ""),
+        "asked": _asked_otherwise(action),
         "customer_recent": Action.objects.filter(customer=action.customer).exclude(pk=action.pk).order_by("-id")[:10]
         if action.customer else [],
         "customer_today": _customer_total_today(action),

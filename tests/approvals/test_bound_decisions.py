@@ -153,3 +153,15 @@ def test_params_changed_above_the_second_threshold_before_any_approval_need_two_
         review_decide(item, user=users["alice"], decision="approve", reason="again", fingerprint=seen)
     review_decide(item, user=users["bob"], decision="approve", reason="seen too", fingerprint=seen)
     assert Action.objects.get(pk=action.pk).status == ActionStatus.QUEUED
+
+
+def test_the_page_says_when_the_params_ask_for_another_amount_than_the_one_recorded(people, client):
+    """The headline is the amount recorded with the request; params changed since are what the
+    provider would be sent, and the page says so beside it."""
+    users, agent = people
+    action, item = refund(agent, 9, "750.00")
+    client.force_login(users["alice"])
+    assert 'id="asked-otherwise"' not in client.get(f"/review/{item.pk}/").content.decode()
+    change_params(action, "7500.00")
+    page = client.get(f"/review/{item.pk}/").content.decode()
+    assert 'id="asked-otherwise"' in page and "<strong>7500.00 EUR</strong>" in page
