@@ -13,7 +13,7 @@ module adds the rules allauth leaves to a project:
   failed is an audit event, written from allauth's and Django's signals.
 """
 
-from allauth.account.adapter import DefaultAccountAdapter
+from allauth.account.adapter import DefaultAccountAdapter, get_adapter
 from allauth.account.authentication import get_authentication_records
 from allauth.core import context
 from allauth.core.exceptions import ImmediateHttpResponse
@@ -24,6 +24,7 @@ from allauth.socialaccount.adapter import DefaultSocialAccountAdapter
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth import signals as auth_signals
+from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
@@ -119,7 +120,14 @@ class SocialAccountAdapter(DefaultSocialAccountAdapter):
 # --- the audit trail --------------------------------------------------------------------------
 
 def _client(request):
-    return {"ip": request.META.get("REMOTE_ADDR", "")} if request is not None else {}
+    """The client's address as the sign-in limits count it: behind the load balancer, its entry in
+    X-Forwarded-For (TRUSTED_PROXY_COUNT); REMOTE_ADDR would name the balancer for everyone."""
+    if request is None:
+        return {}
+    try:
+        return {"ip": get_adapter(request).get_client_ip(request)}
+    except PermissionDenied:  # allauth's answer when no address is known at all
+        return {"ip": ""}
 
 
 def _methods(request, user):

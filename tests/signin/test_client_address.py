@@ -6,6 +6,7 @@ everyone's sign-in for that minute."""
 import pytest
 from django.test import Client
 
+from ledger.models import AuditEvent
 from tests.ledger.test_production_settings import manage
 from tests.signin.conftest import sign_in, someone
 
@@ -36,3 +37,15 @@ def test_production_counts_from_the_balancers_entry_unless_told_otherwise():
     read = "from django.conf import settings; print(settings.ALLAUTH_TRUSTED_PROXY_COUNT)"
     assert manage("shell", "-c", read).stdout.splitlines()[-1] == "1"
     assert manage("shell", "-c", read, TRUSTED_PROXY_COUNT="2").stdout.splitlines()[-1] == "2"
+
+
+def test_the_audit_trail_names_the_client_behind_the_balancer_not_the_balancer(settings):
+    settings.ALLAUTH_TRUSTED_PROXY_COUNT = 1
+    ann = someone("ann", "approvers")
+    client = from_address("203.0.113.7")  # the test client's own address, REMOTE_ADDR, is 127.0.0.1
+    sign_in(client, "ann", "guess")
+    sign_in(client, "ann")
+    client.post("/accounts/logout/")
+    events = AuditEvent.objects.filter(object_id=str(ann.pk), verb__in=["sign_in_failed", "signed_in", "signed_out"])
+    assert sorted((event.verb, event.after["ip"]) for event in events) == [
+        ("sign_in_failed", "203.0.113.7"), ("signed_in", "203.0.113.7"), ("signed_out", "203.0.113.7")]
