@@ -28,7 +28,7 @@ unexport PYTHONDONTWRITEBYTECODE
 
 help:
 	@echo "make run       web app at http://127.0.0.1:8000 (PORT=... to change), two RQ workers and the sweeper, with demo data"
-	@echo "make incident  seed 000's incident on the running stack: an agent killed and restarted 3 times, refunding with and without Surety"
+	@echo "make incident  stage the incident on the running stack: an agent killed and restarted 3 times, refunding with and without Surety"
 	@echo "make test      the test suite on PostgreSQL and Redis, then in-process tests on SQLite (PYTEST_ARGS=... narrows it to PostgreSQL)"
 	@echo "make test-fast the tests that need no live stack (no server, workers or browser): about a minute and a half on 2 cores"
 	@echo "make install   virtualenv + Python deps, npm packages, Chromium for browser tests, PgBouncer"

@@ -1,6 +1,7 @@
 """The docs stay a true map: docs/configuration.md lists exactly the environment variables
 config/settings.py reads, every relative link in README.md and docs/ names a file of the
-repository, and no file cites a document the repository does not have.
+repository, every `make` target they name is the Makefile's, and no file cites a document the repository
+does not have.
 
 Settings are read from the source, not from an imported module: a variable read only in a
 branch (production, one connector) counts as much as one read at every start."""
@@ -113,3 +114,15 @@ def test_no_file_cites_a_document_the_repository_does_not_have():
               for name in missing if name in path.read_text(errors="ignore")]
     citing += [f"README.md: {name}" for name in missing if name in (ROOT / "README.md").read_text()]
     assert citing == []
+
+
+def test_every_make_target_the_docs_name_is_one_of_the_makefile():
+    """`make run`, `make incident`, ... as the README and docs/ write them (inline or at the start of a
+    line in a shell block) are targets of the Makefile, and `make help` names all but `static`."""
+    makefile = (ROOT / "Makefile").read_text()
+    targets = set(re.findall(r"^([a-z][a-z-]*):(?!=)", makefile, re.MULTILINE))
+    named = {(page.relative_to(ROOT), target) for page in DOCS if "decisions" not in page.parts
+             for target in re.findall(r"(?:`|^)make ([a-z][a-z-]*)", page.read_text(), re.MULTILINE)}
+    assert {(str(page), target) for page, target in named if target not in targets} == set()
+    helped = set(re.findall(r"@echo \"make ([a-z][a-z-]*)", makefile))
+    assert targets - helped - {"help", "static", "scale"} == set(), "README.md: `make help` lists the targets"
