@@ -4,7 +4,8 @@ With an effect it commits (or when it declines one) the sandbox records an event
 an RQ job sends it after commit: never inside the request's transaction, never holding up its
 answer. As a real provider does, it retries a failed POST with backoff, and on purpose sends
 some events twice (SANDBOX_WEBHOOK_DUPLICATE_RATE) or late (SANDBOX_WEBHOOK_DELAY_SECONDS).
-A job lost with Redis is found again by the sweeper (`webhooks_redeliver_stale`).
+A job lost with Redis is found again by the sweeper (`webhooks_redeliver_stale`). When an event is
+due is told by the database's clock (ledger.clock), as its backoff (ledger.retry) is written.
 """
 
 import json
@@ -19,8 +20,8 @@ from django.core.exceptions import ValidationError
 from django.core.serializers.json import DjangoJSONEncoder
 from django.core.validators import URLValidator
 from django.db import transaction
-from django.utils import timezone
 
+from ledger import clock
 from ledger.jobs import enqueue
 from ledger.retry import backoff_until
 from ledger.webhooks import sign_webhook
@@ -109,7 +110,7 @@ def webhook_emit(effect, data, *, committed, switches):
         return None
     event_type = EVENT_TYPES[type(effect)][0 if committed else 1]
     copies = 2 if random.random() < knobs["webhook_duplicate_rate"] else 1
-    due = timezone.now() + timedelta(seconds=knobs["webhook_delay_seconds"])
+    due = clock.now() + timedelta(seconds=knobs["webhook_delay_seconds"])
     event = SandboxWebhook.objects.create(
         event_type=event_type, data=data, url=knobs["webhook_url"], copies=copies, next_attempt_at=due)
     transaction.on_commit(lambda: _enqueue(event), robust=True)
@@ -117,7 +118,7 @@ def webhook_emit(effect, data, *, committed, switches):
 
 
 def _enqueue(event):
-    enqueue(webhook_deliver, event.pk, at=event.next_attempt_at if event.next_attempt_at > timezone.now() else None)
+    enqueue(webhook_deliver, event.pk, at=event.next_attempt_at if event.next_attempt_at > clock.now() else None)
 
 
 def webhook_deliver(event_id):
@@ -130,7 +131,7 @@ def webhook_deliver(event_id):
     """
     with transaction.atomic():
         event = (SandboxWebhook.objects.select_for_update(skip_locked=True)
-                 .filter(pk=event_id, next_attempt_at__lte=timezone.now()).first())
+                 .filter(pk=event_id, next_attempt_at__lte=clock.now()).first())
         if event is None:
             return None
         while event.sent < event.copies:
@@ -159,7 +160,7 @@ def webhooks_redeliver_stale(older_than=timedelta(seconds=60)):
     """A sweeper step: events overdue by `older_than` lost their job (Redis flushed, a worker
     killed): enqueue them again. Marking them due now keeps the next pass from enqueuing
     them once more while a backed-up queue still holds this job."""
-    now = timezone.now()
+    now = clock.now()
     overdue = SandboxWebhook.objects.filter(next_attempt_at__lt=now - older_than)
     enqueued = 0
     for pk in overdue.values_list("pk", flat=True)[:100]:

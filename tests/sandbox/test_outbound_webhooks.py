@@ -337,3 +337,24 @@ def test_the_webhook_settings_are_shown_once_set_and_cleared_by_a_reset(stack, a
     assert "webhook_url" not in sandbox(api, "GET", "settings").json()
     sandbox(api, "POST", "reset", json={})
     assert sandbox(api, "GET", "settings").json() == {"idempotency": True}
+
+
+def test_a_failed_delivery_waits_its_backoff_on_a_host_whose_clock_runs_ahead(db, receiver, monkeypatch, settings):
+    """The backoff is written on the database's clock (ledger.retry.backoff_until): read as due
+    on the host's, a host a minute ahead sent the event again at once, and spent its every allowed
+    failure in one go instead of over the backoff."""
+    from ledger import clock
+
+    settings.BACKOFF_BASE_SECONDS = 5
+    real_now = timezone.now
+    monkeypatch.setattr(timezone, "now", lambda: real_now() + timedelta(seconds=60))
+    clock.forget()
+    receiver.failing = 100
+    event = SandboxWebhook.objects.create(event_type="refund.succeeded", data={}, url=receiver.url,
+                                          next_attempt_at=clock.now())  # due now, as webhook_emit writes it
+    try:
+        assert webhook_deliver(event.pk) == 0
+        assert webhook_deliver(event.pk) is None  # not due again before its backoff
+    finally:
+        clock.forget()
+    assert len(receiver.received) == 1
