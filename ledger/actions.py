@@ -15,6 +15,7 @@ from .compiled import Compiled, insert, update
 from .jobs import ring_after_commit
 from .models import (BOOKING_HELD, IN_FLIGHT_STATUSES, SETTLED, Action, ActionStatus, ActionType, AuditEvent,  # noqa: F401
                      Booking, InvalidTransition, fingerprint, money_in_params, request_fingerprint)  # (fingerprint: re-exported)
+from .recipients import email_recipient
 from .retention import archived_key_expired, refused_as_archived
 
 S = ActionStatus
@@ -62,6 +63,16 @@ def _replay(action, print_, customer):
     if action.fingerprint != print_ or action.customer != customer:
         raise KeyReused(action)
     return action, False
+
+
+def _as_recorded(existing, print_, action_type, target, params, customer):
+    """The print `existing` is compared with: that of the request, or for an e-mail recorded
+    before its recipient's domain was stored in one spelling (recipients.email_recipient), of the
+    request with the target as it was recorded then (docs/contract.md: still a replay)."""
+    if (action_type == ActionType.SEND_MESSAGE and params.get("channel") == "email"
+            and existing.target != target and email_recipient(existing.target) == target):
+        return request_fingerprint(action_type, existing.target, params, customer)
+    return print_
 
 
 def _lock_subjects(target, customer):
@@ -196,7 +207,7 @@ def action_request(*, agent, operation_key, action_type, target, params, custome
                 raise
             if existing.agent_id != agent.pk:
                 raise DecisionTaken(existing)
-        return _replay(existing, print_, customer)
+        return _replay(existing, _as_recorded(existing, print_, action_type, target, params, customer), customer)
     except SlotTaken as taken:
         # The booking holding the slot is this agent's, for the same customer and decision,
         # recorded under another key (a client's older key form named the times): the same booking.

@@ -54,7 +54,8 @@ import httpx
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from ledger.api.wire import email_recipient, problem_body, well_formed_key
+from ledger.api.wire import problem_body, well_formed_key
+from ledger.recipients import email_recipient
 
 API, ACTIONS, TASKS = "/api/v1/", "/api/v1/actions", "/api/v1/tasks"
 MAX_BODY = 64 * 1024  # the API's own limit (API_MAX_BODY_BYTES)

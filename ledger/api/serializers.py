@@ -11,9 +11,8 @@ from rest_framework import serializers
 from ledger.models import Action, ActionStatus, ActionType
 from ledger.resources import action_resource
 from ledger.validation import PARAMS, StrictSerializer
+from ledger.recipients import email_recipient
 from ledger.workflows import WORKFLOWS
-
-from .wire import email_recipient
 
 # ASCII digits only: `\d` also matches digits such as ٢ or ２, which no provider can dial.
 PHONE = re.compile(r"\+[1-9][0-9]{6,14}")
@@ -55,7 +54,7 @@ class ActionRequestSerializer(StrictSerializer):
     @staticmethod
     def _recipient(target, channel):
         """The recipient, checked, as one message per recipient is held (an e-mail address's domain
-        in one spelling: wire.email_recipient), so that the same address written otherwise is not
+        in one spelling: ledger.recipients), so that the same address written otherwise is not
         a second recipient."""
         if channel == "email":
             try:

@@ -2,22 +2,12 @@
 problem's body (RFC 9457). The API reads them here, and so does the shards' router
 (sharding/router.py), which runs without Django and must refuse and answer as the API does."""
 
-import unicodedata
-
 PROBLEM_TYPE = "https://surety.dev/problems/"
 
 
 def well_formed_key(key):
     """An operation key (Idempotency-Key): 1 to 255 printable ASCII characters."""
     return key is not None and 1 <= len(key) <= 255 and all(" " <= ch <= "~" for ch in key)
-
-
-def email_recipient(address):
-    """An e-mail address as one message per recipient is held: its domain in one spelling (its
-    case and Unicode normal form name no other domain); the part before the @ as written, which
-    the address's own server may tell apart by case."""
-    local, at, domain = address.rpartition("@")
-    return f"{local}{at}{unicodedata.normalize('NFC', domain).lower()}" if at else address
 
 
 def problem_body(status_code, code, title, detail, errors=None):

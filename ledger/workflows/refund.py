@@ -5,6 +5,7 @@ from urllib.parse import quote
 from django.conf import settings
 from rest_framework import serializers
 
+from ledger.recipients import email_recipient
 from ledger.validation import AmountField, CurrencyField, PayableAmount, StrictSerializer
 from ledger.connectors import http
 from ledger.models import Action, ActionType, Confirmation
@@ -39,6 +40,9 @@ class RefundInput(PayableAmount, StrictSerializer):
             raise serializers.ValidationError({"customer": [
                 f"At most {TARGET_LENGTH - len(CUSTOMERS_AT)} characters without notify: the confirmation goes to "
                 f"<customer>{CUSTOMERS_AT}."]})
+        if data.get("notify") and len(email_recipient(data["notify"])) > TARGET_LENGTH:  # as notify_customer records it
+            raise serializers.ValidationError({"notify": [f"At most {TARGET_LENGTH} characters with its domain in "
+                                                          "lower case."]})
         return super().validate(data)
 
 
@@ -82,7 +86,9 @@ def write_confirmation(ctx, key):
 
 
 def notify_customer(ctx):
-    recipient = ctx.input.get("notify") or f"{ctx.input['customer'].lower()}{CUSTOMERS_AT}"
+    # As the API records a recipient (its domain in one spelling): the agent's own message to it
+    # for the decision is then this one, not a second.
+    recipient = email_recipient(ctx.input.get("notify") or f"{ctx.input['customer'].lower()}{CUSTOMERS_AT}")
     body = (f"We refunded {refunded(ctx)} {ctx.input['currency']} for order {ctx.input['order_id']} "
             f"(reference {ctx.results['call_refund_api']['external_ref']}).")
     return ActionSpec(ActionType.SEND_MESSAGE, recipient,

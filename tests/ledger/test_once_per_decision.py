@@ -167,3 +167,22 @@ def test_the_upgrade_stops_naming_refunds_already_recorded_twice_for_one_decisio
                decision_id="dec-77").save(force_insert=True)
     with pytest.raises(RuntimeError, match=r"ORD-8841 / dec-77 \(2 refunds\)"):
         guard(django_apps, None)
+
+
+def test_a_message_recorded_before_the_domain_rule_is_replayed_under_its_key_as_it_was_sent(client, agent):
+    """docs/contract.md: a message recorded before its recipient's domain was stored in one
+    spelling keeps the spelling it was sent with, and a replay of it under its key with its target
+    as written then is still 200. The very request sent again (its body ending in a newline,
+    which the intake strips) is read in full, not answered from the row as it stands: its
+    target, now stored in lower case, made another fingerprint, and it was answered 422."""
+    from ledger.actions import action_request
+
+    sent = message(to="ada@Customers.EXAMPLE", body="Your refund is on its way.\n")
+    action_request(agent=agent, operation_key="old-key", action_type="send_message", target=sent["target"],
+                   decision_id=sent["decision_id"], params={**sent["params"], "body": "Your refund is on its way."})
+
+    again = post_action_in_process(client, "old-key", sent)
+
+    assert again.status_code == 200, again.json()
+    assert again.json()["target"] == "ada@Customers.EXAMPLE"
+    assert Action.objects.count() == 1

@@ -7,8 +7,10 @@ import pytest
 from approvals.decisions import review_edit
 from approvals.models import Limit, ReviewItem
 from dlq.models import DeadLetter
+from ledger.actions import action_request
 from ledger.connectors import http
 from ledger.models import Action, ActionType, Confirmation, Task, TaskState
+from ledger.recipients import email_recipient
 from ledger.runner import drain_tasks
 from ledger.tasks import task_request
 from ledger.workflows.refund import CUSTOMERS_AT, TARGET_LENGTH, RefundInput
@@ -141,3 +143,45 @@ def test_a_refund_edited_down_is_confirmed_and_told_to_the_customer_at_the_amoun
     assert Confirmation.objects.get(task=task).amount == Decimal("400.00")
     assert "refunded 400.00 EUR" in message["body"], message["body"]
     assert Action.objects.get(task=task, action_type=ActionType.SEND_MESSAGE).params["body"] == message["body"]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("jobs_to_test_redis")
+def test_the_confirmation_to_notify_is_recorded_with_its_domain_as_the_api_records_it(settings, monkeypatch):
+    """The notify step records its message as the API records a recipient (ledger.recipients
+    .email_recipient: the domain in lower case): recorded as written, the agent's own message of
+    the same type for the same decision to that address, through the API, was a second message."""
+    settings.DRAIN_LANES = 1
+    Limit.limit_set(actor="system:tests", reason="the tests' policy", action_type="refund", currency="EUR",
+                    max_amount=Decimal("500.00"))
+    agent = make_agent("billing", grants=("refund", "send_message"))[0]
+    task, _ = task_request(agent=agent, task_id="refund-notify", workflow="refund",
+                           input={**refund_input("ORD-N", "C-N"), "notify": "Ada@Customers.EXAMPLE"})
+    sent = []
+
+    def provider(method, url, **kwargs):
+        if method == "POST":
+            sent.append(kwargs["json"])
+            return {"id": f"eff_{len(sent)}"}
+        return {"order_id": "ORD-N", "customer": "C-N", "amount": "25.00"}
+
+    monkeypatch.setattr(http, "call", provider)
+    drain_tasks()
+    assert Task.objects.get(pk=task.pk).state == TaskState.SUCCEEDED
+    notified = Action.objects.get(task=task, action_type=ActionType.SEND_MESSAGE)
+
+    # The same message as the API would record it for the agent (its target normalised).
+    action_request(agent=agent, operation_key="direct-key", action_type="send_message",
+                   target=email_recipient("Ada@Customers.EXAMPLE"), decision_id=task.task_id,
+                   params=notified.params)
+
+    assert Action.objects.filter(action_type=ActionType.SEND_MESSAGE).count() == 1
+
+
+def test_a_notify_address_whose_domain_in_lower_case_would_not_fit_a_target_is_refused_before_anything_runs():
+    """notify_customer records the address with its domain in lower case, which may be longer
+    ("İ" is "i̇"): refused at intake, not on the last step after the refund."""
+    notify = "a@" + ".".join(["\u0130" * 50] * 4) + ".com"
+    refused = RefundInput(data={**refund_input("ORD-1", "C-1"), "notify": notify})
+    assert not refused.is_valid()
+    assert "notify" in refused.errors
