@@ -2,8 +2,9 @@
 
 A grant (django-guardian's permission to use an action type, ledger.grants) is `shadow` until
 a person promotes it: the agent's actions are then recorded and fingerprinted but never
-executed. A `Grant` row says whether and until when it is live; without one, or past its
-review date, it is shadow, so falling back needs no job. A `ReplayRun` is one run of the
+executed. A `Grant` row says whether and until when it is live; without one, past its review
+date, or once its connector is no longer the one it was promoted against, it is shadow, so
+falling back needs no job. A `ReplayRun` is one run of the
 replay set against an action type's connector in its test mode (ledger.replay), kept with
 every case's outcome and evidence.
 """
@@ -28,6 +29,10 @@ class Grant(models.Model):
     promoted_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT,
                                     related_name="+")
     promoted_at = models.DateTimeField(null=True, blank=True)
+    # The connector version it was promoted against (ledger.connectors.test_mode.connector_version):
+    # live only while the connector is still that one. "": bound to none (promoted before versions
+    # were kept, which its review date ends; or written straight to the table, as the demo seed does).
+    connector_version = models.CharField(max_length=64, blank=True, default="")
 
     class Meta:
         constraints = [
@@ -42,8 +47,12 @@ class Grant(models.Model):
     def __str__(self):
         return f"{self.agent_id}:{self.capability_id}"
 
-    def state(self, now=None):
-        return GrantState.LIVE if self.live_until and self.live_until > (now or timezone.now()) else GrantState.SHADOW
+    def state(self, version_now, now=None):
+        """Live until its review date, while its connector's version (`version_now`) is the one it
+        was promoted against: a changed connector passes the replay set again first."""
+        live = self.live_until and self.live_until > (now or timezone.now())
+        bound = not self.connector_version or self.connector_version == version_now
+        return GrantState.LIVE if live and bound else GrantState.SHADOW
 
 
 class ReplayRun(models.Model):

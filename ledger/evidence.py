@@ -34,6 +34,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from .audit import chain_hash, chain_start, content_hash, ledger_signed, ledger_signer
+from .connectors.test_mode import version_now
 from .models import Action, ActionStatus, AuditEvent, Capability, ChainCheck, ChainCheckpoint, Grant, WebhookEvent
 from .retention import Archive
 
@@ -157,7 +158,7 @@ def _agent(action, events):
             "state_at_request": None if requested is None else (
                 ActionStatus.SHADOW if (requested.after or {}).get("status") == ActionStatus.SHADOW else "live"),
             "promotion": _promotion_in_force([e for e in events if e.object_type == agent._meta.label_lower]),
-            "state_now": grant.state() if grant else None,
+            "state_now": grant.state(version_now(action.action_type)) if grant else None,
         },
     }
 

@@ -24,7 +24,7 @@ from guardian.shortcuts import assign_perm, remove_perm
 
 from .compiled import register_cache
 from .connectors import NoConnector
-from .connectors.test_mode import connector_version
+from .connectors.test_mode import connector_version, version_now
 from .models import Agent, AuditEvent, Capability, Grant, GrantState, ReplayRun
 
 USE = "ledger.use_capability"
@@ -56,18 +56,18 @@ def grant_state(agent, kind, name, now=None):
 
     Cached per process under the agent's `grants_version`, which every grant, promotion and
     revoke bumps: the agent row read for this very request says whether the cache is
-    current. The review date is compared with the clock at each call."""
+    current. The review date and the connector's version are compared at each call."""
     key = (agent.pk, agent.grants_version, kind, name)
     if key not in _checked:
         if len(_checked) >= _CHECKED_MAX:
             _checked.clear()
         _checked[key] = _agent_holds(agent, kind, name)
-    held, live_until = _checked[key]
+    held, grant = _checked[key]
     if not held:
         return None
-    if kind == Capability.Kind.WORKFLOW or (live_until and live_until > (now or timezone.now())):
+    if kind == Capability.Kind.WORKFLOW:
         return GrantState.LIVE
-    return GrantState.SHADOW
+    return grant.state(version_now(name), now) if grant else GrantState.SHADOW
 
 
 def agent_may(agent, kind, name):
@@ -91,8 +91,8 @@ def grant_lapsed(action, *, agent_user_id, agent_grants_version):
 
 
 def _agent_holds(agent, kind, name):
-    """(holds the permission, live until). Joined by natural keys rather than through the
-    process's content-type cache; agents hold no group grants."""
+    """(holds the permission, its Grant's live_until and connector_version, or None). Joined by
+    natural keys rather than through the process's content-type cache; agents hold no group grants."""
     held = UserObjectPermission.objects.filter(
         user_id=agent.user_id,
         permission__codename="use_capability",
@@ -100,9 +100,9 @@ def _agent_holds(agent, kind, name):
         permission__content_type__model="capability",
         object_pk__in=Capability.objects.filter(kind=kind, name=name).values(pk_text=Cast("pk", CharField())),
     ).exists()
-    live_until = Grant.objects.filter(agent_id=agent.pk, capability__kind=kind, capability__name=name).values_list(
-        "live_until", flat=True).first() if held else None
-    return held, live_until
+    grant = Grant.objects.filter(agent_id=agent.pk, capability__kind=kind, capability__name=name).only(
+        "live_until", "connector_version").first() if held else None
+    return held, grant
 
 
 def _bump(agent):
@@ -134,7 +134,7 @@ def agent_revoke(agent, cap, *, actor, reason):
         Grant.objects.filter(agent=agent, capability=cap).delete()
         _bump(agent)
         AuditEvent.objects.record(actor=actor, verb="revoked", obj=agent, reason=reason, before={
-            "capability": str(cap), "state": before.state() if before else GrantState.SHADOW})
+            "capability": str(cap), "state": before.state(version_now(cap.name)) if before else GrantState.SHADOW})
 
 
 def passing_run(action_type):
@@ -170,9 +170,11 @@ def grant_promote(agent, cap, *, actor, reason, review_by=None):
         if not agent_may(Agent.objects.get(pk=agent.pk), cap.kind, cap.name):
             raise GrantRefused(f"{agent} holds no grant for {cap}")
         grant, _ = Grant.objects.select_for_update().get_or_create(agent=agent, capability=cap)
-        before = {"capability": str(cap), "state": grant.state(now), "live_until": grant.live_until}
+        before = {"capability": str(cap), "state": grant.state(version_now(cap.name), now),
+                  "live_until": grant.live_until}
         grant.live_until, grant.promoted_by, grant.promoted_at = review_by, actor, now
-        grant.save(update_fields=["live_until", "promoted_by", "promoted_at"])
+        grant.connector_version = run.connector_version  # live while the connector is this one
+        grant.save(update_fields=["live_until", "promoted_by", "promoted_at", "connector_version"])
         _bump(agent)
         AuditEvent.objects.record(actor=actor, verb="promoted", obj=agent, before=before, reason=reason, after={
             "capability": str(cap), "state": GrantState.LIVE, "live_until": review_by, "replay_run": run.pk,
@@ -198,6 +200,7 @@ def agents_grants(agents, now=None):
         states = shown[agent.pk] = []
         for cap in (c for c in caps if c.pk in by_user.get(agent.user_id, ())):
             grant = rows.get((agent.pk, cap.pk))
-            live = cap.kind == Capability.Kind.WORKFLOW or (grant is not None and grant.state(now) == GrantState.LIVE)
+            live = cap.kind == Capability.Kind.WORKFLOW or (
+                grant is not None and grant.state(version_now(cap.name), now) == GrantState.LIVE)
             states.append((cap, GrantState.LIVE if live else GrantState.SHADOW, grant))
     return shown

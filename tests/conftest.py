@@ -345,6 +345,15 @@ def serving(database_url, stderr=None, workers=2, threads=12, **env):
             process.wait()
 
 
+@pytest.fixture(autouse=True)
+def _grants_read_afresh():
+    """The process's grant cache is keyed by agent id and grants_version: a test whose database
+    reset its sequences (the stack's) gives another test's agent the same pair."""
+    yield
+    if "ledger.grants._checked" in compiled.CACHES:  # registered once ledger.grants is imported
+        compiled.CACHES["ledger.grants._checked"].clear()
+
+
 @pytest.fixture
 def stack(server, django_db_reset_sequences, settings):
     """The server plus this test's own workers (started by the test), on a clean Redis."""

@@ -19,13 +19,17 @@ over builds the test mode from the settings and asks the provider directly.
 
 import contextlib
 import contextvars
+import functools
 import hashlib
 import inspect
 import json
 
 from django.conf import settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
+from ..compiled import register_cache
 from ..models import Agent
 from . import NoConnector, connector_for
 
@@ -125,3 +129,24 @@ def connector_version(action_type):
     canonical = json.dumps([entry["class"], entry.get("options", {}), entry.get("test_mode", {}), extra, source],
                            sort_keys=True, default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+@functools.cache
+def version_now(action_type):
+    """connector_version(action_type), or None where no connector serves it: computed once per
+    process, as a live grant's state asks for it at every claim (ledger.grants.grant_state)."""
+    try:
+        return connector_version(action_type)
+    except (NoConnector, ImportError):
+        return None
+
+
+register_cache("ledger.connectors.test_mode.version_now", holds="each action type's connector version",
+               stale_when="the connector's settings change (tests: the setting_changed signal empties it)",
+               clear=version_now.cache_clear)
+
+
+@receiver(setting_changed)
+def _forget_versions(setting, **kwargs):
+    if setting in ("SURETY_CONNECTORS", "SANDBOX_ENABLED", "SANDBOX_BASE_URL", "SANDBOX_API_KEY"):
+        version_now.cache_clear()

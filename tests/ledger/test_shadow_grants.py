@@ -138,6 +138,29 @@ def test_promotion_is_audited_and_makes_the_next_request_execute(client, scout, 
     assert (grant.promoted_by, grant.live_until) == (ada, review_by)
 
 
+def test_a_grant_is_shadow_again_once_its_connector_changes_until_promoted_against_the_new_one(scout, ada,
+                                                                                             settings):
+    """Promoted against the connector as it was; its options changed since (here the sandbox's key),
+    what was queued is never executed and the agents page says shadow, until the replay set passes
+    against the connector as it is now and a person promotes the grant again."""
+    passed_run()
+    grant_promote(scout, capability(*REFUND), actor=ada, reason="replay set passed")
+    queued, _ = action_request(agent=fresh(scout), operation_key="refund:ORD-V1", action_type="refund",
+                               target="ORD-V1", params={"amount": "5.00", "currency": "EUR"})
+    assert grant_state(fresh(scout), *REFUND) == GrantState.LIVE and queued.status == ActionStatus.QUEUED
+
+    settings.SANDBOX_API_KEY = "sk_sandbox_rotated"
+    assert grant_state(fresh(scout), *REFUND) == GrantState.SHADOW
+    assert action_claim_next("tests:worker", only=queued.pk) is None
+    assert Action.objects.get(pk=queued.pk).status == ActionStatus.CANCELLED
+    grant = Grant.objects.get(agent=scout, capability=capability(*REFUND))
+    assert grant.state(connector_version("refund")) == GrantState.SHADOW
+
+    passed_run()  # against the connector as it is now
+    grant_promote(fresh(scout), capability(*REFUND), actor=ada, reason="passed again after the key's rotation")
+    assert grant_state(fresh(scout), *REFUND) == GrantState.LIVE
+
+
 def test_past_its_review_date_a_grant_is_shadow_again(db, client):
     agent = make_agent_on(client, "scout", grants=("refund",))
     review_by = timezone.now() + timedelta(seconds=1)
