@@ -15,9 +15,7 @@ def loads_storable(raw):
         data = json.loads(raw)
     except RecursionError as exc:
         raise ValueError("nested too deeply") from exc
-    pending = [data]
-    while pending:  # a loop, not recursion: the nesting may be as deep as json.loads allows
-        value = pending.pop()
+    for value in _values(data):
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError("not a finite number")
         if isinstance(value, str):
@@ -25,11 +23,6 @@ def loads_storable(raw):
                 raise ValueError("NUL in a string")
             if not value.isascii():
                 value.encode()  # UnicodeEncodeError (a ValueError) for a lone surrogate
-        if isinstance(value, dict):
-            pending.extend(value)
-            pending.extend(value.values())
-        elif isinstance(value, list):
-            pending.extend(value)
     return data
 
 
@@ -37,17 +30,22 @@ def lone_surrogate(data):
     """Whether a string or a key in parsed JSON `data` holds a lone surrogate ("\\ud800"): JSON's
     escapes can name one, no UTF-8 text can carry it, so an answer that names it back (an
     unknown field, a choice that is none) could not be encoded."""
+    return any(isinstance(value, str) and not value.isascii() and any(ord(c) in SURROGATES for c in value)
+               for value in _values(data))
+
+
+def _values(data):
+    """Every value in parsed JSON `data`, the objects' keys included, containers before what they
+    hold: a loop, not recursion, as the nesting may be as deep as json.loads allows."""
     pending = [data]
-    while pending:  # a loop, as in loads_storable
+    while pending:
         value = pending.pop()
-        if isinstance(value, str) and not value.isascii() and any(ord(c) in SURROGATES for c in value):
-            return True
+        yield value
         if isinstance(value, dict):
             pending.extend(value)
             pending.extend(value.values())
         elif isinstance(value, list):
             pending.extend(value)
-    return False
 
 
 SURROGATES = range(0xD800, 0xE000)

@@ -108,6 +108,21 @@ def test_a_customer_whose_lower_case_would_not_fit_the_confirmation_is_refused_b
     assert RefundInput(data=refund_input("ORD-1", "i" * (TARGET_LENGTH - len(CUSTOMERS_AT)))).is_valid()
 
 
+def staged_provider(monkeypatch, order, customer, amount):
+    """The provider, staged in this process: each write answered with a new id (what it was sent
+    kept, in order, in the list returned), the order's look-up with `order`, `customer`, `amount`."""
+    sent = []
+
+    def provider(method, url, **kwargs):
+        if method == "POST":
+            sent.append(kwargs["json"])
+            return {"id": f"eff_{len(sent)}"}
+        return {"order_id": order, "customer": customer, "amount": amount}
+
+    monkeypatch.setattr(http, "call", provider)
+    return sent
+
+
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("jobs_to_test_redis")
 def test_a_refund_edited_down_is_confirmed_and_told_to_the_customer_at_the_amount_refunded(settings, monkeypatch):
@@ -120,15 +135,7 @@ def test_a_refund_edited_down_is_confirmed_and_told_to_the_customer_at_the_amoun
     agent = make_agent("billing", grants=("refund", "send_message"))[0]
     task, _ = task_request(agent=agent, task_id="refund-edited", workflow="refund",
                            input=refund_input("ORD-E", "C-E", amount="900.00"))
-    sent = []
-
-    def provider(method, url, **kwargs):
-        if method == "POST":
-            sent.append(kwargs["json"])
-            return {"id": f"eff_{len(sent)}"}
-        return {"order_id": "ORD-E", "customer": "C-E", "amount": "1000.00"}
-
-    monkeypatch.setattr(http, "call", provider)
+    sent = staged_provider(monkeypatch, "ORD-E", "C-E", "1000.00")
     drain_tasks()
     assert Task.objects.get(pk=task.pk).state == TaskState.WAITING
     original = Action.objects.get(task=task)
@@ -157,15 +164,7 @@ def test_the_confirmation_to_notify_is_recorded_with_its_domain_as_the_api_recor
     agent = make_agent("billing", grants=("refund", "send_message"))[0]
     task, _ = task_request(agent=agent, task_id="refund-notify", workflow="refund",
                            input={**refund_input("ORD-N", "C-N"), "notify": "Ada@Customers.EXAMPLE"})
-    sent = []
-
-    def provider(method, url, **kwargs):
-        if method == "POST":
-            sent.append(kwargs["json"])
-            return {"id": f"eff_{len(sent)}"}
-        return {"order_id": "ORD-N", "customer": "C-N", "amount": "25.00"}
-
-    monkeypatch.setattr(http, "call", provider)
+    sent = staged_provider(monkeypatch, "ORD-N", "C-N", "25.00")
     drain_tasks()
     assert Task.objects.get(pk=task.pk).state == TaskState.SUCCEEDED
     notified = Action.objects.get(task=task, action_type=ActionType.SEND_MESSAGE)
