@@ -146,11 +146,14 @@ class ReconciliationRun(models.Model):
 
     The sweeper's schedule starts one per `until` (a unique slot, so two sweepers cannot
     both start it) and the next window starts where the last finished one ended, less an
-    overlap; a run that never finished leaves its window to the next one.
+    overlap; a run that never finished leaves its window to the next one. A run by hand
+    (`manage.py reconcile`) is not the schedule's: whatever window it reads, the schedule's
+    windows go on from the schedule's own runs.
     """
 
     since = models.DateTimeField()
-    until = models.DateTimeField(unique=True)
+    until = models.DateTimeField()
+    scheduled = models.BooleanField(default=True)
     started_at = models.DateTimeField(default=timezone.now)
     finished_at = models.DateTimeField(null=True, blank=True)
     # Every connector that can list its records was read to the end: the next window may start here.
@@ -162,6 +165,7 @@ class ReconciliationRun(models.Model):
         ordering = ["-until"]
         constraints = [
             models.CheckConstraint(condition=Q(until__gt=models.F("since")), name="reconciliationrun_window"),
+            models.UniqueConstraint(fields=["until"], condition=Q(scheduled=True), name="reconciliationrun_one_per_slot"),
         ]
 
     def __str__(self):

@@ -254,7 +254,7 @@ def reconcile_schedule(now=None):
         return 0
     now = now or timezone.now()
     until = datetime.fromtimestamp(now.timestamp() // interval * interval, tz=now.tzinfo)
-    if ReconciliationRun.objects.filter(until__gte=until).exists():
+    if ReconciliationRun.objects.filter(scheduled=True, until__gte=until).exists():
         return 0
     try:
         with transaction.atomic():
@@ -266,14 +266,16 @@ def reconcile_schedule(now=None):
 
 
 def run_start(until, since=None):
-    """The run row for the window ending at `until`: from `since`, or from where the last
-    complete run ended, less the overlap, at most the lookback before `until`."""
-    if since is None:
-        earliest = until - timedelta(seconds=settings.RECONCILE_LOOKBACK_SECONDS)
-        last = ReconciliationRun.objects.filter(complete=True).aggregate(end=Max("until"))["end"]
-        overlap = timedelta(seconds=settings.RECONCILE_OVERLAP_SECONDS)
-        since = max(earliest, last - overlap) if last else earliest
-    window = Window(since, until)
+    """The run row for the window ending at `until`: from `since` (a run by hand), or the
+    schedule's, from where its last complete run ended, less the overlap, at most the lookback
+    before `until`."""
+    if since is not None:
+        window = Window(since, until)
+        return ReconciliationRun.objects.create(since=window.since, until=window.until, scheduled=False)
+    earliest = until - timedelta(seconds=settings.RECONCILE_LOOKBACK_SECONDS)
+    last = ReconciliationRun.objects.filter(scheduled=True, complete=True).aggregate(end=Max("until"))["end"]
+    overlap = timedelta(seconds=settings.RECONCILE_OVERLAP_SECONDS)
+    window = Window(max(earliest, last - overlap) if last else earliest, until)
     return ReconciliationRun.objects.create(since=window.since, until=window.until)
 
 

@@ -204,6 +204,26 @@ def test_the_command_reconciles_the_last_hours_and_prints_the_report(stack):
     assert ReconciliationRun.objects.count() == 1
 
 
+def test_a_run_by_hand_leaves_the_schedules_windows_alone(stack, settings):
+    """A person's `reconcile` over the last hour, after scheduled runs failed for hours (a provider
+    down), does not move where the schedule's next window starts: those hours are still read. A
+    run by hand ending in the future, or where another ended, neither stops the schedule nor fails."""
+    settings.RECONCILE_INTERVAL_SECONDS = 300
+    settings.RECONCILE_OVERLAP_SECONDS = 0
+    settings.RECONCILE_LOOKBACK_SECONDS = 86400
+    now = timezone.now()
+    done = ReconciliationRun.objects.create(since=now - timedelta(hours=9), until=now - timedelta(hours=6),
+                                            complete=True, finished_at=now)
+    ReconciliationRun.objects.create(since=done.until, until=now - timedelta(hours=3))  # failed: not complete
+    later = (now + timedelta(hours=2)).isoformat()
+    for window in (["--hours", "1"], ["--hours", "1", "--until", later], ["--hours", "2", "--until", later]):
+        call_command("reconcile", *window, stdout=StringIO())
+
+    assert reconcile_schedule(now) == 1
+    scheduled = ReconciliationRun.objects.filter(scheduled=True).latest("until")
+    assert scheduled.since == done.until and scheduled.until <= now
+
+
 def test_a_provider_key_longer_than_any_in_the_ledger_is_an_orphan_filed_under_its_first_255_characters(
         stack, settings):
     settings.SURETY_CONNECTORS = {**settings.SURETY_CONNECTORS,
