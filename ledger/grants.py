@@ -105,6 +105,13 @@ def _agent_holds(agent, kind, name):
     return held, grant
 
 
+def _locked(agent):
+    """The agent's row, locked: every change to its grants takes it first, so that they come one
+    after the other (a promotion checked before a revoke committed would write its grant live
+    after the revoke had deleted it, and a later grant would find that row live)."""
+    return Agent.objects.select_for_update().get(pk=agent.pk)
+
+
 def _bump(agent):
     Agent.objects.filter(pk=agent.pk).update(grants_version=F("grants_version") + 1)
 
@@ -120,6 +127,7 @@ def agent_grant(agent, cap, *, actor, reason):
     """Grant (or grant again) the use of `cap`, in shadow until a person promotes it."""
     reason = _reason_required(reason, "grant")
     with transaction.atomic():
+        _locked(agent)
         assign_perm(USE, agent.user, cap)
         Grant.objects.get_or_create(agent=agent, capability=cap)
         _bump(agent)
@@ -129,6 +137,7 @@ def agent_grant(agent, cap, *, actor, reason):
 def agent_revoke(agent, cap, *, actor, reason):
     reason = _reason_required(reason, "revoke")
     with transaction.atomic():
+        _locked(agent)
         before = Grant.objects.filter(agent=agent, capability=cap).first()
         remove_perm(USE, agent.user, cap)
         Grant.objects.filter(agent=agent, capability=cap).delete()
@@ -167,7 +176,7 @@ def grant_promote(agent, cap, *, actor, reason, review_by=None):
     if run is None:
         raise GrantRefused(f"no replay run passed against the {cap.name} connector as it is now: run the replay set")
     with transaction.atomic():
-        if not agent_may(Agent.objects.get(pk=agent.pk), cap.kind, cap.name):
+        if not agent_may(_locked(agent), cap.kind, cap.name):
             raise GrantRefused(f"{agent} holds no grant for {cap}")
         grant, _ = Grant.objects.select_for_update().get_or_create(agent=agent, capability=cap)
         before = {"capability": str(cap), "state": grant.state(version_now(cap.name), now),

@@ -21,7 +21,7 @@ from ledger.grants import GrantRefused, agent_grant, agent_revoke, capability, g
 from ledger.models import (Action, ActionStatus, Agent, AuditEvent, Capability, Grant, GrantState, InvalidTransition,
                            ReplayRun)
 from tests.factories import (
-    api_client, audit_events, make_agent, make_agent_on, make_grants_live, post_action, post_action_in_process, refund_body, sandbox_list,
+    another_transaction, api_client, audit_events, make_agent, make_agent_on, make_grants_live, post_action, post_action_in_process, refund_body, sandbox_list,
 )
 
 REFUND = Capability.Kind.ACTION_TYPE, "refund"
@@ -159,6 +159,24 @@ def test_a_grant_is_shadow_again_once_its_connector_changes_until_promoted_again
     passed_run()  # against the connector as it is now
     grant_promote(fresh(scout), capability(*REFUND), actor=ada, reason="passed again after the key's rotation")
     assert grant_state(fresh(scout), *REFUND) == GrantState.LIVE
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_promotion_that_waited_on_a_revoke_is_refused_and_leaves_no_live_grant(scout, ada):
+    """The revoke commits while the promotion waits for it: checked before, the promotion wrote its
+    grant live after the revoke had deleted it, and the agent's next grant found that row live."""
+    passed_run()
+
+    def revoke():
+        agent_revoke(fresh(scout), capability(*REFUND), actor="system:tests", reason="not this agent")
+
+    with another_transaction(revoke, commit_when_waited_on=True) as other:
+        with pytest.raises(GrantRefused, match="holds no grant"):
+            grant_promote(fresh(scout), capability(*REFUND), actor=ada, reason="ready")
+    assert other.waited
+    assert not Grant.objects.filter(agent=scout, capability=capability(*REFUND)).exists()
+    agent_grant(fresh(scout), capability(*REFUND), actor="system:tests", reason="again, in shadow")
+    assert grant_state(fresh(scout), *REFUND) == GrantState.SHADOW
 
 
 def test_past_its_review_date_a_grant_is_shadow_again(db, client):
