@@ -21,7 +21,7 @@ from .connectors import NoConnector, connector_for
 from .connectors.events import WebhookRefused
 from .connectors.test_mode import NoTestMode, connector_for_action, is_replay_action, test_connector_for
 from .json_input import loads_storable
-from .models import Action, ActionStatus, WebhookClaim, WebhookEvent, named_operation_key
+from .models import Action, ActionStatus, ActionType, WebhookClaim, WebhookEvent, named_operation_key
 from .signing import sign_webhook, signature_valid  # noqa: F401 (sign_webhook is imported from here too)
 
 logger = logging.getLogger("surety.webhooks")
@@ -30,6 +30,8 @@ SETTLING = {
     "refund.failed": False, "message.failed": False, "booking.failed": False,
 }
 OPEN = {ActionStatus.UNKNOWN, ActionStatus.NEEDS_REVIEW}
+# What each event's first word is about: an event settles only an action of that type.
+EVENT_OF = {"refund": ActionType.REFUND, "message": ActionType.SEND_MESSAGE, "booking": ActionType.CREATE_BOOKING}
 
 
 def _sandbox_event(raw, headers):
@@ -143,6 +145,10 @@ def _settle(connector, event_type, data, event_id, *, test_mode=False):
         return f"not applied: {key} is not served by {connector}"
     if test_mode and action is not None and not is_replay_action(action):
         return f"a test-mode event: not applied to {key}, which is not a replay run's"
+    if action is not None and EVENT_OF[event_type.split(".")[0]] != action.action_type:
+        # A message's delivery naming a refund's key says nothing of the refund.
+        logger.warning("a %s event names %s, a %s: not applied", event_type, key, action.action_type)
+        return f"not applied: {key} is a {action.action_type}, not what a {event_type} is about"
     if action is not None and action.status == ActionStatus.SUCCEEDED and not SETTLING[event_type]:
         # Providers deliver out of order: a failure of an earlier attempt may come after the
         # success. This stored event is its record; the success stands.

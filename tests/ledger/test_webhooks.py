@@ -290,3 +290,10 @@ def test_an_error_while_settling_is_no_duplicate_so_the_redelivery_settles(clien
     again = deliver(client, event())
     assert again.json() == {"received": True, "outcome": again.json()["outcome"]}
     assert Action.objects.get(pk=unknown_action.pk).status == S.SUCCEEDED
+
+
+def test_an_event_about_another_kind_of_effect_settles_nothing(client, unknown_action):
+    """A signed `message.sent` that names a refund's key says nothing of the refund."""
+    response = deliver(client, {**event(event_type="message.sent"), "id": "evt_other_kind"})
+    assert response.status_code == 200 and response.json()["outcome"].startswith("not applied")
+    assert Action.objects.get(pk=unknown_action.pk).status == S.UNKNOWN
