@@ -1,10 +1,13 @@
 """The Python client against the live server (gunicorn, PostgreSQL, Redis, an RQ worker)."""
 
 import time
+from datetime import timedelta
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 
 import pytest
+from django.conf import settings
+from django.utils import timezone
 
 from approvals.decisions import review_decide
 from approvals.models import Limit, ReviewItem
@@ -14,6 +17,7 @@ from surety_client import (
     IdempotencyKeyReused,
     Invalid,
     NotFound,
+    OperationKeyExpired,
     RefundAlreadyRecorded,
     SuretyClient,
     Unauthenticated,
@@ -147,6 +151,13 @@ def test_other_problems_raise_their_own_types(stack, agent_client):
                              decision_id="dec-c8")
     with SuretyClient(stack.url, "not-a-token", retries=0) as stranger, pytest.raises(Unauthenticated):
         stranger.get_action("refund:ORD-C1:dec-c1")
+    # The same call once its key's lifetime has passed (its recording moved back past it).
+    expired = agent_client.refund(order="ORD-C9", amount="5.00", currency="EUR", decision_id="dec-c9")
+    Action.objects.filter(operation_key=expired.operation_key).update(
+        created_at=timezone.now() - timedelta(days=settings.OPERATION_KEY_LIFETIME_DAYS + 1))
+    with pytest.raises(OperationKeyExpired) as raised:
+        agent_client.refund(order="ORD-C9", amount="5.00", currency="EUR", decision_id="dec-c9")
+    assert (raised.value.status, raised.value.code) == (410, "operation_key_expired")
 
 
 def test_a_refund_task_is_started_once_and_its_checkpoint_read_until_done(stack, agent_client, token):

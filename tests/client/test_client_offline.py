@@ -146,8 +146,9 @@ def test_a_throttled_answer_says_when_to_call_again(clock):
     assert "37 s" in answer["guidance"] and len(requests) == 1
 
 
-@pytest.mark.parametrize("status, code, cls", [(410, "operation_key_expired", "OperationKeyExpired"),
-                                               (422, "currency_not_covered", "CurrencyNotCovered"),
+# (410 operation_key_expired against the real API: tests/client/test_client.py. These two need a
+# deployment refusing uncovered currencies, and a code no release has yet.)
+@pytest.mark.parametrize("status, code, cls", [(422, "currency_not_covered", "CurrencyNotCovered"),
                                                (409, "a_code_added_later", "Problem")])
 def test_every_problem_code_of_the_contract_raises_its_own_class_with_its_code(clock, status, code, cls):
     client, _ = scripted_api((status, {}, _problem(status, code)))
