@@ -84,7 +84,9 @@ def sweep_once(steps, holder=None, ring_all=False):
                     ("audit_verified", audit_verify_due), ("audit_walked", audit_walk),
                     ("partitions_made", partitions_extend)], holder, failed)
     if failed:
-        for name, exc in failed[1:]:  # the first one is raised, with its traceback
+        # The first is raised (with its traceback, where the pass's caller logs it), and named here.
+        logger.error("step %s failed; the pass ran the others", failed[0][0])
+        for name, exc in failed[1:]:
             logger.error("step %s failed too", name, exc_info=exc)
         raise failed[0][1]
     return counts

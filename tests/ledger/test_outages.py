@@ -60,7 +60,7 @@ def staged_steps(error):
 
 @pytest.mark.parametrize("error", [ValueError("one bad row"),
                                    psycopg.errors.QueryCanceled("canceling statement due to statement timeout")])
-def test_a_sweeper_step_that_fails_keeps_none_of_the_others_from_running(error, settings, db, monkeypatch):
+def test_a_sweeper_step_that_fails_keeps_none_of_the_others_from_running(error, settings, db, monkeypatch, caplog):
     """A bug or one bad row in a step, or a statement the database refuses, failed the pass where
     it met it, every pass: the apps' steps after it, the audit chain's seal and the next partitions
     never ran. The pass now runs them all, then fails with it (sweep_forever: a bug ends the
@@ -72,6 +72,7 @@ def test_a_sweeper_step_that_fails_keeps_none_of_the_others_from_running(error, 
         sweeper.sweep_once(steps)
     assert raised.value is error
     assert ran == ["before", "after", "partitions_made"]
+    assert "step failing failed; the pass ran the others" in caplog.text  # the error raised, named
 
 
 def test_a_sweeper_step_that_lost_the_database_ends_the_pass_at_once(refused, settings, db):
