@@ -198,7 +198,8 @@ def test_the_command_reconciles_the_last_hours_and_prints_the_report(stack):
     assert "sandbox: records 1, findings 1, opened 1" in out.getvalue()
     run = ReconciliationRun.objects.get()
     assert run.complete and run.until - run.since == timedelta(hours=1)
-    for bad in (["--hours", "-1"], ["--since", "yesterday"], ["--hours", "1", "--since", "2026-09-10T00:00Z"]):
+    for bad in (["--hours", "-1"], ["--since", "yesterday"], ["--hours", "1", "--since", "2026-09-10T00:00Z"],
+                ["--hours", "1e300"], ["--hours", "nan"]):
         with pytest.raises(CommandError):
             call_command(*["reconcile", *bad], stdout=StringIO())
     assert ReconciliationRun.objects.count() == 1

@@ -20,9 +20,11 @@ class Command(BaseCommand):
         if hours is not None and since:
             raise CommandError("give --hours or --since, not both")
         end = self._moment(until, "--until") if until else timezone.now()
-        start = self._moment(since, "--since") if since else end - timedelta(hours=24 if hours is None else hours)
         try:
+            start = self._moment(since, "--since") if since else end - timedelta(hours=24 if hours is None else hours)
             run = run_start(end, since=start)
+        except OverflowError:
+            raise CommandError(f"--hours {hours}: further back than a date can go") from None
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
         run = run_finish(run.pk)
