@@ -73,6 +73,27 @@ BEGIN
     SELECT RAISE(ABORT, 'four eyes: the owner of the agent that asked, or who holds its token, may not decide it, and two approvals come from two people');
 END""")
 
+# An approval's window ends it (its limit's approval_expires_after_hours): approved or edited down
+# after `expires_at` it is not, even in the moment before the sweeper's pass expires it. The time is
+# the database's when the row is written (decision 57), not the transaction's start.
+DECIDED_IN_TIME = (f"OLD.status = '{ReviewStatus.OPEN}' AND NEW.status IN ('{ReviewStatus.APPROVED}', "
+                   f"'{ReviewStatus.EDITED}') AND NEW.expires_at IS NOT NULL")
+NOT_AFTER_EXPIRY = Function("approvals_not_after_expiry() RETURNS trigger", f"""
+BEGIN
+    IF {DECIDED_IN_TIME} AND NEW.expires_at <= clock_timestamp() THEN
+        RAISE EXCEPTION USING MESSAGE = 'an approval is not given after its window closed',
+                              ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    RETURN NEW;
+END """)
+
+# Django keeps SQLite's times as UTC text, 'YYYY-MM-DD HH:MM:SS.ffffff': compared as text.
+NOT_AFTER_EXPIRY_SQLITE = SQLiteTrigger("approvals_not_after_expiry", f"""CREATE TRIGGER approvals_not_after_expiry BEFORE UPDATE OF status ON approvals_reviewitem
+WHEN {DECIDED_IN_TIME} AND NEW.expires_at <= strftime('%Y-%m-%d %H:%M:%f', 'now')
+BEGIN
+    SELECT RAISE(ABORT, 'an approval is not given after its window closed');
+END""")
+
 # The what-if's daily summaries stay true (approvals.summaries): a change to an action of a day
 # that is over marks that day stale. The triggers call these only for such rows (their WHEN:
 # the row's day is before today's, UTC), so today's writes pay a comparison, not a call. A day
@@ -110,4 +131,4 @@ BEGIN
 END """)
 
 RULES = [LIMITS_CHANGED, *LIMITS_CHANGED_SQLITE, FOUR_EYES_APPROVAL, FOUR_EYES_DECISION, FOUR_EYES_APPROVAL_SQLITE,
-         FOUR_EYES_DECISION_SQLITE, SUMMARY_DAY_CHANGED, SUMMARY_STALE, SUMMARY_ASKED_STALE]
+         FOUR_EYES_DECISION_SQLITE, NOT_AFTER_EXPIRY, NOT_AFTER_EXPIRY_SQLITE, SUMMARY_DAY_CHANGED, SUMMARY_STALE, SUMMARY_ASKED_STALE]

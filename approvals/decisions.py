@@ -7,9 +7,12 @@ Locks are taken action first, then item — the same order as an action's own mo
 close items), so a decision racing a webhook never deadlocks.
 """
 
+from contextlib import contextmanager
+
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 
+from ledger import clock
 from ledger.models import Action, AuditEvent
 from ledger.statemachine import InvalidTransition
 from ledger.versions import VersionRefused, action_version_create, version_params
@@ -57,7 +60,7 @@ def review_decide(item, *, user, decision, reason="", external_ref="", fingerpri
         raise DecisionRefused(f"a reason is required to {decision.replace('_', ' ')}")
     if decision == "mark_succeeded" and not external_ref.strip():
         raise DecisionRefused("the provider's reference is required to mark it succeeded")
-    with transaction.atomic():
+    with _decision():
         action, item, fingerprint, behalf = _open_for(item, user, fingerprint)
         # Read under the lock: a verification that lands meanwhile must still refuse this.
         if decision == "mark_failed" and any(e.get("found") is True for e in action.evidence or []):
@@ -71,6 +74,17 @@ def review_decide(item, *, user, decision, reason="", external_ref="", fingerpri
     return item
 
 
+@contextmanager
+def _decision():
+    """A decision's transaction. A rule the database holds (four eyes, an approval's window) that
+    refuses what the checks in Python let through, in a race of a moment, refuses the decision."""
+    try:
+        with transaction.atomic():
+            yield
+    except IntegrityError as exc:
+        raise DecisionRefused(str(exc).splitlines()[0]) from exc
+
+
 def _open_for(item, user, fingerprint):
     """The item's action and the item, locked in that order, still open, and `user` with the
     authority to decide it (the pages check it first; a caller without a page is held to it
@@ -82,6 +96,11 @@ def _open_for(item, user, fingerprint):
     item = ReviewItem.objects.select_for_update().get(pk=item.pk)
     if item.status != ReviewStatus.OPEN:
         raise AlreadyDecided(f"already {item.status} by {item.decided_by_label or 'the system'}")
+    if item.expires_at is not None and item.expires_at <= clock.now():
+        # The sweeper's next pass expires it; until then nobody decides it either (the database
+        # refuses an approval after its window as well: approvals.dbrules).
+        raise AlreadyDecided(f"its approval window closed at {item.expires_at:%Y-%m-%d %H:%M} UTC: it expires "
+                             "undecided")
     if action.agent.answers_for(user):
         raise DecisionRefused("four eyes: you are responsible for the agent that requested this, or were shown "
                               "its token")
@@ -175,7 +194,7 @@ def review_edit(item, *, user, changes, reason, fingerprint=""):
         raise DecisionRefused("only an action awaiting approval can be edited")
     if not reason:
         raise DecisionRefused("a reason is required to edit")
-    with transaction.atomic():
+    with _decision():
         action, item, fingerprint, behalf = _open_for(item, user, fingerprint)
         try:
             params = version_params(action, changes)

@@ -8,7 +8,7 @@ import pytest
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from approvals.decisions import review_decide
+from approvals.decisions import AlreadyDecided, DecisionRefused, review_decide, review_edit
 from approvals.models import Limit, ReviewItem
 from approvals.reviews import approval_expire_due
 from console.approval_forms import LimitForm
@@ -75,6 +75,49 @@ def test_a_decision_taken_before_the_sweeper_came_stands(agent):
     assert approval_expire_due(now=item.expires_at + timedelta(hours=1)) == 0
     action.refresh_from_db()
     assert action.status == ActionStatus.QUEUED
+
+
+def _past_its_window(item):
+    """The window closed a second ago, and the sweeper has not come yet."""
+    ReviewItem.objects.filter(pk=item.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    item.refresh_from_db()
+    return item
+
+
+@pytest.mark.parametrize("decision", ["approve", "reject", "edit"])
+def test_after_its_window_closed_nobody_decides_it_even_before_the_sweeper_came(agent, decision):
+    limit(hours=1)
+    action = refund(agent, 10 + len(decision))
+    item = _past_its_window(ReviewItem.objects.get(action=action))
+    alice = person("alice", "approvers")
+    with pytest.raises(AlreadyDecided, match="its approval window closed at .* it expires undecided"):
+        if decision == "edit":
+            review_edit(item, user=alice, changes={"amount": "400.00"}, reason="less",
+                        fingerprint=action.params_fingerprint())
+        else:
+            review_decide(item, user=alice, decision=decision, reason="late", fingerprint=action.params_fingerprint())
+    action.refresh_from_db()
+    item.refresh_from_db()
+    assert action.status == ActionStatus.AWAITING_APPROVAL and item.status == "open"
+    assert not item.approvals.exists()
+    assert approval_expire_due() == 1  # the sweeper's pass ends it as the system's doing
+    action.refresh_from_db()
+    assert action.status == ActionStatus.EXPIRED
+
+
+def test_the_database_refuses_an_approval_after_its_window_as_a_decision_refused(agent, monkeypatch):
+    """The check in Python reads the database's clock from this process's estimate; were it a moment
+    behind, the database's own rule refuses the approval, and the person is told so (no 500)."""
+    limit(hours=1)
+    action = refund(agent, 20)
+    item = _past_its_window(ReviewItem.objects.get(action=action))
+    monkeypatch.setattr("approvals.decisions.clock.now", lambda: item.expires_at - timedelta(seconds=1))
+    with pytest.raises(DecisionRefused, match="an approval is not given after its window closed"):
+        review_decide(item, user=person("alice", "approvers"), decision="approve", reason="late",
+                      fingerprint=action.params_fingerprint())
+    action.refresh_from_db()
+    item.refresh_from_db()
+    assert action.status == ActionStatus.AWAITING_APPROVAL and item.status == "open"
 
 
 def test_held_items_do_not_expire_and_an_expired_action_settles_what_it_held(agent):

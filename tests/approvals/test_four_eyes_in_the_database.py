@@ -130,3 +130,25 @@ def test_a_person_with_a_150_character_name_decides_under_the_label_the_audit_tr
     assert (item.decided_by, item.decided_by_label) == (long_named, actor_label(long_named))
     assert len(item.decided_by_label) == 150
     assert AuditEvent.objects.filter(actor=item.decided_by_label, verb="approve").exists()
+
+
+@pytest.mark.parametrize("closed", [True, False])
+def test_an_approval_after_its_window_is_refused_by_the_database(people, closed):
+    """Not four eyes, but held the same way (approvals.dbrules.NOT_AFTER_EXPIRY): whatever code
+    writes it, an item whose approval window closed is neither approved nor edited down, on the
+    database's clock; it may still be rejected, or expired."""
+    olga, alice, _ = people
+    item = item_for(owner=olga)
+    ReviewItem.objects.filter(pk=item.pk).update(
+        expires_at=timezone.now() + (timedelta(seconds=-1) if closed else timedelta(hours=1)))
+    item.refresh_from_db()
+    for status in ("approved", "edited"):
+        if closed:
+            with pytest.raises(IntegrityError, match="after its window closed"), transaction.atomic():
+                ReviewItem.objects.filter(pk=item.pk).update(status=status)
+    if not closed:
+        item.approve(user=alice, reason="in time")
+        assert ReviewItem.objects.get(pk=item.pk).status == ReviewStatus.APPROVED
+        return
+    assert ReviewItem.objects.get(pk=item.pk).status == ReviewStatus.OPEN
+    ReviewItem.objects.filter(pk=item.pk).update(status="expired")
