@@ -22,6 +22,7 @@ import django_rq
 import redis
 from django.conf import settings
 from django.db import close_old_connections, connection, transaction
+from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from . import clock
@@ -144,9 +145,16 @@ def _announced_job_waits(client, kind):
 
 
 def ring_after_commit(kind, at=None):
+    """Ring for `kind` once this transaction commits, or at `at`, a time on the database's clock
+    (due times are: ledger.clock), for work due later."""
     # robust: a Redis hiccup after commit must not turn a recorded request into an error.
-    if at is not None and at > clock.now():
-        transaction.on_commit(lambda: enqueue(DRAINS[kind], at=at), robust=True)
+    now = clock.now()
+    if at is not None and at > now:
+        # RQ's scheduler fires by its host's clock: the same moment on this host's (the closest a
+        # process can tell it). A host ahead of the database fired early, and the drain found
+        # nothing due; the sweeper's next ring came later.
+        on_this_host = timezone.now() + (at - now)
+        transaction.on_commit(lambda: enqueue(DRAINS[kind], at=on_this_host), robust=True)
     else:
         transaction.on_commit(lambda: ring(kind), robust=True)
 

@@ -8,13 +8,15 @@ from a test). Each test also shows that the host's clock alone would have decide
 import time
 from datetime import timedelta
 
+import django_rq
 import pytest
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
+from rq.registry import ScheduledJobRegistry
 
-from ledger import clock
+from ledger import clock, jobs
 from ledger.actions import action_request
 from ledger.executor import action_claim_next, action_expire_leases
 from ledger.models import Action
@@ -123,3 +125,21 @@ def test_a_step_of_the_host_clock_after_the_reading_does_not_move_the_ledgers(mo
         told = clock.now()
     assert abs((told - database_now()).total_seconds()) < 1
     assert len(reads) == 1  # the wall clock and the monotonic one disagree: it was read again
+
+
+@pytest.mark.parametrize("ahead", [60, -60], ids=["ahead", "behind"])
+def test_a_drain_due_later_is_scheduled_for_that_moment_on_the_hosts_clock(monkeypatch, ahead):
+    """A due time is the database's; RQ's scheduler fires a job by its host's clock. On a host a
+    minute ahead, the drain for work due in 30 s was set to fire 30 s ago (the drain found nothing
+    due, and the work waited for the sweeper's ring); a minute behind, 90 s late."""
+    redis_client = jobs.redis_connection()
+    redis_client.flushdb()
+    host_clock_off_by(monkeypatch, ahead)
+    with transaction.atomic():
+        jobs.ring_after_commit("actions", at=clock.now() + timedelta(seconds=30))
+    registry = ScheduledJobRegistry(queue=django_rq.get_queue("default", connection=redis_client))
+    [job_id] = registry.get_job_ids()
+    fires = registry.get_scheduled_time(job_id)
+    # RQ keeps whole seconds, and jobs.enqueue adds one for its scheduler's early firing.
+    assert abs((fires - (timezone.now() + timedelta(seconds=31))).total_seconds()) < 2
+    redis_client.flushdb()
