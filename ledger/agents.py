@@ -5,6 +5,7 @@ import re
 from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 
+from .connectors.test_mode import REPLAY_AGENT
 from .grants import agent_grant, capability
 from .models import ActionType, Agent, AuditEvent, Capability
 from .workflows import WORKFLOWS
@@ -24,18 +25,21 @@ def capabilities_named(name):
     return found
 
 
-def agent_create(name, *, actor, owner, grants=()):
+def agent_create(name, *, actor, owner, grants=(), replay_set=False):
     """Returns (agent, token); the token is not stored and cannot be shown again. ValueError
     for a name that is not a new slug of at most 100 characters, or without an owner.
 
     `owner` is the person responsible for the agent; four eyes keep them from deciding its
-    requests."""
+    requests. The replay set's own agent (`replay_set`, ledger.replay) has a name nobody else may
+    take: its actions under replay keys skip the grant checks and go to the test connector."""
     if owner is None:
         raise ValueError("every agent has an owner: the person responsible for it")
     # The name is a SlugField of 100 and becomes the username "agent-<name>" (150, unique):
     # checked here, for the dashboard and create_agent alike, rather than failing at the INSERT.
     if len(name) > 100 or not AGENT_NAME.fullmatch(name):
         raise ValueError("a name is 1 to 100 letters, digits, '-' or '_'")
+    if (name == REPLAY_AGENT) != replay_set:
+        raise ValueError(f"{REPLAY_AGENT!r} is the name of the replay set's own agent, and only its")
     taken = ValueError(f"an agent named {name!r} exists, or its username agent-{name} is taken")
     if Agent.objects.filter(name=name).exists() or get_user_model().objects.filter(username=f"agent-{name}").exists():
         raise taken

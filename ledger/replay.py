@@ -103,12 +103,16 @@ def _key(run, case):
 def replay_agent():
     """The agent every replay action is recorded under (made on first use, owned by an
     inactive placeholder: nobody's requests, nobody's approvals)."""
-    agent = Agent.objects.filter(name=REPLAY_AGENT).first()
+    agent = Agent.objects.select_related("owner").filter(name=REPLAY_AGENT).first()
+    if agent is not None and agent.owner.get_username() != REPLAY_AGENT_OWNER:
+        # Made by a person before the name was reserved: its token may be in anyone's hands.
+        raise ValueError(f"an agent named {REPLAY_AGENT!r} exists that is not the replay set's (owned by "
+                         f"{agent.owner.get_username()}): rename it (in the database: the console renames no agent) before a replay run")
     if agent is not None:
         return agent
     owner, _ = get_user_model().objects.get_or_create(username=REPLAY_AGENT_OWNER,
                                                       defaults={"is_active": False, "password": "!"})
-    return agent_create(REPLAY_AGENT, actor=ACTOR, owner=owner)[0]
+    return agent_create(REPLAY_AGENT, actor=ACTOR, owner=owner, replay_set=True)[0]
 
 
 def replay_start(action_type, *, actor):
@@ -138,6 +142,7 @@ def replay_run(run):
         if problems:
             raise NoTestMode("; ".join(problems))
         _reach(provider)
+        agent = replay_agent()
     except NoTestMode as exc:
         run.cases = [{"case": "test_mode", "outcome": "failed", "evidence": {"error": str(exc), **exc.evidence}}]
         return _finish(run)
@@ -148,7 +153,7 @@ def replay_run(run):
         proxy = running.enter_context(FaultProxy(provider.base_url)) if provider.base_url else None
         connector = provider.through(proxy.url) if proxy else provider
         running.enter_context(replay_connector(run.action_type, _key(run, ""), connector))
-        case = _Cases(run, replay_agent(), connector, provider, proxy, faults_url)
+        case = _Cases(run, agent, connector, provider, proxy, faults_url)
         for name, step in case.steps():
             _run_case(run, case, name, step)
         case.cancel_leftovers()

@@ -9,9 +9,10 @@ from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 
 from ledger.actions import action_request
+from ledger.agents import agent_create
 from ledger.connectors.test_mode import connector_for_action, connector_version
 from ledger.grants import GrantRefused, capability, grant_promote, grant_state
-from ledger.models import Action, ActionStatus, Capability, GrantState, ReplayRun, WebhookEvent
+from ledger.models import Action, ActionStatus, Agent, Capability, GrantState, ReplayRun, WebhookEvent
 from ledger.replay import replay_agent
 from tests.conftest import answering, free_port, thread_server
 from tests.factories import api_client, make_agent, sandbox_list
@@ -150,6 +151,26 @@ def test_an_action_type_without_a_test_mode_ends_failed_and_says_why(db, setting
         call_command("replay_check", "refund")
     [case] = ReplayRun.objects.get().cases
     assert case["case"] == "test_mode" and "has no test mode" in case["evidence"]["error"]
+
+
+def test_nobody_else_may_take_the_replay_agents_name(db):
+    """Its actions under replay keys skip the grant checks at the claim and go to the test
+    connector: an agent of a person's under that name, with a token in their hands, would be
+    adopted by the next replay run."""
+    with pytest.raises(CommandError, match="the name of the replay set's own agent"):
+        call_command("create_agent", "replay-set", "--owner", get_user_model().objects.create_user("ada").username)
+    assert not Agent.objects.filter(name="replay-set").exists()
+    with pytest.raises(ValueError, match="only its"):
+        agent_create("billing", actor="system:tests", owner=get_user_model().objects.get(username="ada"),
+                     replay_set=True)
+    assert replay_agent().owner.get_username() == "replay-set-owner"
+
+
+def test_an_agent_a_person_made_under_the_name_before_it_was_reserved_is_not_adopted(db):
+    impostor, _ = make_agent("billing")
+    Agent.objects.filter(pk=impostor.pk).update(name="replay-set")
+    with pytest.raises(ValueError, match="exists that is not the replay set's"):
+        replay_agent()
 
 
 def test_only_the_replay_agents_actions_go_to_the_test_mode(db, settings):
