@@ -24,10 +24,13 @@ def acting_for(user, item):
     it to them. PermissionDenied when neither does."""
     if _may_itself(user, item):
         return None
-    for person in _standing_in_for(user):
-        if _may_itself(person, item):
-            return person
-    raise PermissionDenied(f"you may not decide {item.action.action_type} items")
+    able = [person for person in _standing_in_for(user) if _may_itself(person, item)]
+    if not able:
+        raise PermissionDenied(f"you may not decide {item.action.action_type} items")
+    # With two delegations to one person, the one whose four eyes allow this decision (a
+    # delegator who owns the agent that asked gives no authority over its requests), then the
+    # oldest: never the order a query happened to return them in.
+    return next((person for person in able if not item.action.agent.answers_for(person)), able[0])
 
 
 def _may_itself(user, item):
@@ -56,4 +59,4 @@ def decidable_for(user, perm):
 def _standing_in_for(user):
     """The people whose running delegation names `user`."""
     return [delegation.person for delegation in Delegation.objects.running().filter(delegate=user)
-            .select_related("person")]
+            .select_related("person").order_by("pk")]

@@ -112,6 +112,20 @@ def test_a_delegate_never_decides_a_request_of_an_agent_the_person_owns(people, 
     review_decide(item, user=people["bob"], decision="approve", reason="four eyes")  # bob is someone else
 
 
+@pytest.mark.parametrize("owner_first", [True, False], ids=["owner's delegation first", "owner's second"])
+def test_with_two_delegations_the_delegate_decides_for_the_one_four_eyes_allow(people, limit, owner_first):
+    """alice owns the agent that asked, bob does not; both are away and name olga. She decides for
+    bob, whichever delegation came first (the first one used to decide, and alice's was refused)."""
+    item = over_limit(owner=people["alice"])
+    for name in ("alice", "bob") if owner_first else ("bob", "alice"):
+        away(people[name], people["olga"])
+    olga = signed_in(people["olga"])
+    assert b'id="approve-button"' in olga.get(f"/review/{item.pk}/").content
+    review_decide(item, user=people["olga"], decision="approve", reason="for bob")
+    item.refresh_from_db()
+    assert (item.status, item.decided_by, item.decided_for) == (ReviewStatus.APPROVED, people["olga"], people["bob"])
+
+
 def test_a_person_and_their_delegate_give_one_approval_between_them(people, limit):
     item = over_limit(amount="6000.00")
     away(people["alice"], people["olga"])
