@@ -25,13 +25,15 @@ from .models import Action, ActionStatus, ActionType, WebhookClaim, WebhookEvent
 from .signing import sign_webhook, signature_valid  # noqa: F401 (sign_webhook is imported from here too)
 
 logger = logging.getLogger("surety.webhooks")
+# What each event is about, and says: the type of action it may settle (a message's delivery naming
+# a refund's key says nothing of the refund), and whether the effect was made.
 SETTLING = {
-    "refund.succeeded": True, "message.sent": True, "message.delivered": True, "booking.confirmed": True,
-    "refund.failed": False, "message.failed": False, "booking.failed": False,
+    "refund.succeeded": (ActionType.REFUND, True), "refund.failed": (ActionType.REFUND, False),
+    "message.sent": (ActionType.SEND_MESSAGE, True), "message.delivered": (ActionType.SEND_MESSAGE, True),
+    "message.failed": (ActionType.SEND_MESSAGE, False),
+    "booking.confirmed": (ActionType.CREATE_BOOKING, True), "booking.failed": (ActionType.CREATE_BOOKING, False),
 }
 OPEN = {ActionStatus.UNKNOWN, ActionStatus.NEEDS_REVIEW}
-# What each event's first word is about: an event settles only an action of that type.
-EVENT_OF = {"refund": ActionType.REFUND, "message": ActionType.SEND_MESSAGE, "booking": ActionType.CREATE_BOOKING}
 
 
 def _sandbox_event(raw, headers):
@@ -145,11 +147,11 @@ def _settle(connector, event_type, data, event_id, *, test_mode=False):
         return f"not applied: {key} is not served by {connector}"
     if test_mode and action is not None and not is_replay_action(action):
         return f"a test-mode event: not applied to {key}, which is not a replay run's"
-    if action is not None and EVENT_OF[event_type.split(".")[0]] != action.action_type:
-        # A message's delivery naming a refund's key says nothing of the refund.
+    about, made = SETTLING[event_type]
+    if action is not None and about != action.action_type:
         logger.warning("a %s event names %s, a %s: not applied", event_type, key, action.action_type)
         return f"not applied: {key} is a {action.action_type}, not what a {event_type} is about"
-    if action is not None and action.status == ActionStatus.SUCCEEDED and not SETTLING[event_type]:
+    if action is not None and action.status == ActionStatus.SUCCEEDED and not made:
         # Providers deliver out of order: a failure of an earlier attempt may come after the
         # success. This stored event is its record; the success stands.
         logger.warning("%s %s arrived after %s succeeded: not applied", connector, event_type, key)
@@ -159,7 +161,7 @@ def _settle(connector, event_type, data, event_id, *, test_mode=False):
     actor = f"system:webhook:{connector}"
     evidence = {"at": timezone.now().isoformat(), "webhook": event_type, "event_id": event_id, "found": True,
                 "data": data}
-    if SETTLING[event_type]:
+    if made:
         # docs/design.md: above its limit a person reviews an unknown outcome even when the answer
         # is conclusive, as the executor's verification does.
         over_limit = hooks.policy().needs_person_after_verification(action)
