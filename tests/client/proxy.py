@@ -1,4 +1,5 @@
-"""A TCP relay in front of the test server whose first connections fail, as real networks do."""
+"""TCP relays in front of the test server whose first connections fail, as real networks do, and in
+front of PostgreSQL, cut and restored as a failover looks to the servers behind it."""
 
 import socket
 import threading
@@ -54,6 +55,60 @@ class FlakyProxy:
             _pump(server, caller)
         _close(caller)
         _close(server)
+
+
+class SwitchableRelay:
+    """A TCP relay to `upstream_port` that can be cut and restored: cut, every connection through
+    it is closed at once and each new one closed as it comes, as the servers behind a database
+    see a failover (or a restarted pooler) from their side; the database itself is untouched."""
+
+    def __init__(self, upstream_port):
+        self.upstream_port = upstream_port
+        self.up = True
+        self.connections = 0  # accepted while up
+        self._open = set()
+        self._lock = threading.Lock()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def cut(self):
+        with self._lock:
+            self.up = False
+            ends, self._open = self._open, set()
+        for end in ends:
+            _close(end)
+
+    def restore(self):
+        with self._lock:
+            self.up = True
+
+    def close(self):
+        self.listener.close()
+        self.cut()
+
+    def _accept(self):
+        while True:
+            try:
+                caller, _ = self.listener.accept()
+            except OSError:
+                return
+            try:
+                server = socket.create_connection(("127.0.0.1", self.upstream_port))
+            except OSError:
+                _close(caller)
+                continue
+            with self._lock:
+                relayed = self.up
+                if relayed:
+                    self.connections += 1
+                    self._open |= {caller, server}
+            if not relayed:
+                _close(caller)
+                _close(server)
+                continue
+            threading.Thread(target=_pump, args=(caller, server), daemon=True).start()
+            threading.Thread(target=_pump, args=(server, caller), daemon=True).start()
 
 
 def _pump(source, sink):

@@ -4,6 +4,7 @@ import time
 from datetime import timedelta
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
+from urllib.parse import urlsplit
 
 import pytest
 from django.conf import settings
@@ -13,6 +14,7 @@ from approvals.decisions import review_decide
 from approvals.models import Limit, ReviewItem
 from ledger.models import Action, Task
 from surety_client import (
+    CurrencyNotCovered,
     Forbidden,
     IdempotencyKeyReused,
     Invalid,
@@ -21,8 +23,11 @@ from surety_client import (
     RefundAlreadyRecorded,
     SuretyClient,
     Unauthenticated,
+    Unsendable,
     refund_key,
 )
+from surety_client import mcp_server
+from tests.conftest import serving
 from tests.factories import api_client, make_agent, person, sandbox_list, sandbox_order, settled
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -158,6 +163,47 @@ def test_other_problems_raise_their_own_types(stack, agent_client):
     with pytest.raises(OperationKeyExpired) as raised:
         agent_client.refund(order="ORD-C9", amount="5.00", currency="EUR", decision_id="dec-c9")
     assert (raised.value.status, raised.value.code) == (410, "operation_key_expired")
+
+
+def test_a_currency_no_limit_covers_raises_currency_not_covered_where_the_deployment_refuses_it(stack, token):
+    """A server with LIMITS_UNCOVERED_CURRENCY=refuse answers a refund in a currency none of the
+    refund limits covers 422 currency_not_covered, and records nothing: the client raises its own
+    class for it, which an agent tells apart from a refusal of its params (Invalid)."""
+    Limit.limit_set(actor="system:tests", reason="the tests' policy",
+                    action_type="refund", currency="EUR", max_amount=Decimal("500.00"))
+    with serving(stack.env["DATABASE_URL"], workers=1, threads=4, LIMITS_UNCOVERED_CURRENCY="refuse") as refusing, \
+            SuretyClient(refusing.url, token, retries=0) as client, pytest.raises(CurrencyNotCovered) as raised:
+        client.refund(order="ORD-C11", amount="25.00", currency="JPY", decision_id="dec-c11")
+    assert (raised.value.status, raised.value.code) == (422, "currency_not_covered")
+    assert "JPY" in raised.value.detail, raised.value.body
+    assert not Action.objects.filter(target="ORD-C11").exists()
+
+
+# Production's own settings (tests.settings refuses PRODUCTION), as a deployment starts them.
+PRODUCTION = {"DJANGO_SETTINGS_MODULE": "config.settings", "PRODUCTION": "true", "SECRET_KEY": "p" * 60,
+              "ALLOWED_HOSTS": "127.0.0.1", "SECURE_SSL_REDIRECT": "true",
+              "CONNECTOR_REFUND": "sandbox", "CONNECTOR_SEND_MESSAGE": "sandbox", "CONNECTOR_CREATE_BOOKING": "sandbox"}
+
+
+def test_a_redirect_to_https_is_unsendable_not_the_apis_answer_and_records_nothing(stack, token):
+    """Production's SECURE_SSL_REDIRECT moves an http:// request to https:// before the API sees it:
+    the 301's empty body is no action, nothing was recorded, and the same URL is moved alike, so
+    the client says its URL is wrong (Unsendable, through the MCP server a tool error not to retry
+    unchanged) after one request, instead of following it or retrying it."""
+    answers = []
+    with serving(stack.env["DATABASE_URL"], workers=1, threads=4, **PRODUCTION) as production, \
+            SuretyClient(production.url, token, retries=4, backoff=0.05) as client:
+        client._http.event_hooks["response"].append(answers.append)
+        with pytest.raises(Unsendable) as raised:
+            client.refund(order="ORD-C12", amount="25.00", currency="EUR", decision_id="dec-c12")
+        result = mcp_server.call(client, "refund", {"order": "ORD-C12", "amount": "25.00", "currency": "EUR",
+                                                    "decision_id": "dec-c12"})
+    moved_to = f"https://127.0.0.1:{urlsplit(production.url).port}/api/v1/actions"
+    assert [(response.status_code, response.headers["Location"]) for response in answers] == [(301, moved_to)] * 2
+    assert raised.value.operation_key == "refund:ORD-C12:dec-c12" and moved_to in str(raised.value)
+    assert result.is_error and result.structured_content["code"] == "unsendable"
+    assert moved_to in result.structured_content["detail"] and result.structured_content["retry"] is False
+    assert not Action.objects.filter(target="ORD-C12").exists()
 
 
 def test_a_refund_task_is_started_once_and_its_checkpoint_read_until_done(stack, agent_client, token):

@@ -128,17 +128,6 @@ def _problem(status, code, detail="…"):
             "code": code}
 
 
-def test_a_503_is_retried_no_sooner_than_its_retry_after_says(clock):
-    """A failover answers 503 database_unavailable, Retry-After 2: a retry sooner than that finds
-    the database still away, and the client's retries would run out before the failover ends."""
-    unavailable = (503, {"Retry-After": "2"}, _problem(503, "database_unavailable"))
-    client, requests = scripted_api(unavailable, unavailable, (201, {}, _action("queued")))
-    action = client.refund(order="ORD-1", amount="900.00", currency="EUR", decision_id="dec-1")
-    assert action.status == "queued" and len(requests) == 3
-    assert {request.headers["Idempotency-Key"] for request in requests} == {KEY}
-    assert len(clock.pauses) == 2 and all(pause >= 2 for pause in clock.pauses)
-
-
 def test_a_throttled_answer_says_when_to_call_again(clock):
     client, requests = scripted_api((429, {"Retry-After": "37"}, _problem(429, "throttled")))
     answer = mcp_server.call(client, "get_action", {"operation_key": KEY}).structured_content
@@ -146,15 +135,18 @@ def test_a_throttled_answer_says_when_to_call_again(clock):
     assert "37 s" in answer["guidance"] and len(requests) == 1
 
 
-# (410 operation_key_expired against the real API: tests/client/test_client.py. These two need a
-# deployment refusing uncovered currencies, and a code no release has yet.)
-@pytest.mark.parametrize("status, code, cls", [(422, "currency_not_covered", "CurrencyNotCovered"),
-                                               (409, "a_code_added_later", "Problem")])
-def test_every_problem_code_of_the_contract_raises_its_own_class_with_its_code(clock, status, code, cls):
-    client, _ = scripted_api((status, {}, _problem(status, code)))
+def test_a_problem_code_this_client_has_no_class_for_raises_problem_with_its_code(clock):
+    """A code a later release of the API adds (what a client older than its server meets) is
+    still told apart by its code, not lost in a generic error. A fake API, because this release's
+    server cannot answer a code no release has yet. (The codes of the contract are raised as
+    their own classes against the real server in test_client.py, currency_not_covered included;
+    the 503's Retry-After is honoured against it in test_client_retries.py, a redirect refused in
+    test_client.py.)"""
+    client, _ = scripted_api((409, {}, _problem(409, "a_code_added_later")))
     with pytest.raises(surety_client.Problem) as raised:
         client.get_action(KEY)
-    assert type(raised.value).__name__ == cls and (raised.value.status, raised.value.code) == (status, code)
+    assert type(raised.value) is surety_client.Problem
+    assert (raised.value.status, raised.value.code) == (409, "a_code_added_later")
 
 
 def test_an_expired_key_tells_the_model_not_to_make_the_effect_again_under_a_new_decision(clock):
@@ -175,17 +167,6 @@ def test_a_url_without_http_is_unsendable_not_unreachable(clock, url):
         answer = mcp_server.call(client, "get_action", {"operation_key": KEY}).structured_content
     assert answer["code"] == "unsendable" and answer["retry"] is False
     assert clock.pauses == []
-
-
-def test_a_redirect_is_not_taken_for_the_apis_answer(clock):
-    """SECURE_SSL_REDIRECT (on in production) moves an http:// request to https:// before the
-    API sees it: nothing was recorded, and a 301's empty body is no action."""
-    client, requests = scripted_api((301, {"Location": "https://surety.test/api/v1/actions"}, None))
-    result = mcp_server.call(client, "refund", {"order": "ORD-1", "amount": "900.00", "currency": "EUR",
-                                                "decision_id": "dec-1"})
-    assert result.is_error and result.structured_content["code"] == "unsendable"
-    assert "https://surety.test/api/v1/actions" in result.structured_content["detail"]
-    assert len(requests) == 1 and clock.pauses == []
 
 
 def test_a_task_that_stopped_because_its_decision_is_recorded_elsewhere_says_not_to_start_it_again(clock):
