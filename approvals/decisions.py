@@ -1,19 +1,25 @@
 """What a person decides on a review item. One decision wins; the loser is told who won.
 
 Every decision is taken on the params the person saw (their fingerprint, carried by the
-page): changed since, it is refused; an approval or release is bound to them.
+page): changed since, it is refused; an approval or release is bound to them. A release is
+bound too to what the person saw in flight on the action's target or customer (its print,
+`in_flight_print`): released meanwhile, or retried, another action there refuses it.
 
 Locks are taken action first, then item — the same order as an action's own moves (which
-close items), so a decision racing a webhook never deadlocks.
+close items), so a decision racing a webhook never deadlocks; a release takes its action's
+subjects' locks before both, as the intake takes them before its rows.
 """
 
+import hashlib
+import json
 from contextlib import contextmanager
 
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 
 from ledger import clock
-from ledger.models import Action, AuditEvent
+from ledger.actions import action_lock_subjects
+from ledger.models import IN_FLIGHT_STATUSES, Action, AuditEvent
 from ledger.statemachine import InvalidTransition
 from ledger.versions import VersionRefused, action_version_create, version_params
 
@@ -42,15 +48,37 @@ REASON_REQUIRED = {"approve", "reject", "release", "mark_failed"}
 # Decisions that let the action go on: bound to the params the person saw.
 BINDING = {"approve", "release"}
 PARAMS_CHANGED = "the parameters changed since you opened this page: look at them again"
+IN_FLIGHT_CHANGED = ("what is in flight on its order or customer changed since you opened this page: "
+                     "look at it again")
 
 
-def review_decide(item, *, user, decision, reason="", external_ref="", fingerprint=""):
+def in_flight_near(action):
+    """The other actions in flight (held ones too) on the action's target or customer, oldest first."""
+    subjects = Q(target=action.target) | (Q(customer=action.customer) if action.customer else Q(pk__in=[]))
+    return Action.objects.filter(subjects, status__in=IN_FLIGHT_STATUSES).exclude(pk=action.pk).order_by("pk")
+
+
+def in_flight_print(action):
+    """The print of what is in flight near the action (`in_flight_near`: ids and statuses): the
+    held item's page carries it, and a release is taken only while it is still the same, as it
+    is taken only on the params the page showed. Two people releasing two of one group from
+    two pages, or a release and a retry of what held it, would otherwise both run."""
+    seen = [[pk, status] for pk, status in in_flight_near(action).values_list("pk", "status")]
+    return hashlib.sha256(json.dumps(seen, separators=(",", ":")).encode()).hexdigest()
+
+
+def review_decide(item, *, user, decision, reason="", external_ref="", fingerprint="", in_flight=""):
     """Take `decision` on `item` as `user`; returns the item as it stands afterwards.
 
     `fingerprint`: of the action's params as the person saw them (the page carries it). A
     decision whose print is not the params' print now is refused; an approval or release
     is bound to it, so the executor runs the action only with those params. Without one (a
-    caller with no page), the params as they are under the lock are what is decided."""
+    caller with no page), the params as they are under the lock are what is decided.
+
+    `in_flight`: for a release, the print of what was in flight near the action as the person
+    saw it (`in_flight_print`); refused unless it is the print now, read under the subjects'
+    locks (those the intake and a retry take), so two releases near each other take turns.
+    Without one, what is in flight under the locks is what is decided on."""
     reason = reason.strip()
     if decision not in DECISIONS[item.kind]:
         raise DecisionRefused(f"{decision} is not a decision for a {item.get_kind_display()}")
@@ -61,7 +89,11 @@ def review_decide(item, *, user, decision, reason="", external_ref="", fingerpri
     if decision == "mark_succeeded" and not external_ref.strip():
         raise DecisionRefused("the provider's reference is required to mark it succeeded")
     with _decision():
+        if decision == "release":  # before any row, in the intake's order: no deadlock with it
+            _lock_subjects_of(item)
         action, item, fingerprint, behalf = _open_for(item, user, fingerprint)
+        if decision == "release" and in_flight and in_flight != in_flight_print(action):
+            raise DecisionRefused(IN_FLIGHT_CHANGED)
         # Read under the lock: a verification that lands meanwhile must still refuse this.
         if decision == "mark_failed" and any(e.get("found") is True for e in action.evidence or []):
             raise DecisionRefused("the provider reported the effect; mark it succeeded with its reference instead")
@@ -83,6 +115,11 @@ def _decision():
             yield
     except IntegrityError as exc:
         raise DecisionRefused(str(exc).splitlines()[0]) from exc
+
+
+def _lock_subjects_of(item):
+    """The subjects' locks of the item's action (its target and customer never change)."""
+    action_lock_subjects(Action.objects.only("target", "customer").get(pk=item.action_id))
 
 
 def _open_for(item, user, fingerprint):
@@ -218,18 +255,22 @@ def held_group(item):
                 .select_related("action").order_by("action_id"))
 
 
-def held_group_decide(item, *, user, release, reason, fingerprint=""):
+def held_group_decide(item, *, user, release, reason, fingerprint="", in_flight=""):
     """One decision for a held group: release the action `release` (a pk in the group) and
     reject the rest, or reject them all (`release` None), with one reason for all. The one
     released goes first, so that no rejection lets the system release another meanwhile;
-    `fingerprint`: of its params as the person saw them."""
+    `fingerprint`: of its params as the person saw them, `in_flight`: the print of what was in
+    flight near it (review_decide)."""
     reason = reason.strip()
     if not reason:
         raise DecisionRefused("a reason is required")
     with transaction.atomic():
         group = held_group(item)
-        if release is not None and release not in {member.action_id for member in group}:
+        chosen = [member for member in group if member.action_id == release]
+        if release is not None and not chosen:
             raise DecisionRefused("the action to release is not held in this group any more")
+        if chosen:  # its subjects' locks before the rows, as review_decide takes them (no deadlock)
+            _lock_subjects_of(chosen[0])
         # Every member's action, then every item, in id order, before any is decided: two people
         # deciding one group at once took them in two orders (each the one released first) and
         # deadlocked. So the second waits for the first, then finds the group decided.
@@ -238,5 +279,5 @@ def held_group_decide(item, *, user, release, reason, fingerprint=""):
         for member in sorted(group, key=lambda member: member.action_id != release):
             released = member.action_id == release
             review_decide(member, user=user, decision="release" if released else "reject", reason=reason,
-                          fingerprint=fingerprint if released else "")
+                          fingerprint=fingerprint if released else "", in_flight=in_flight if released else "")
     return group

@@ -14,12 +14,24 @@ FINGERPRINT = {"required": False, "validators": [RegexValidator(
 # Where a decision lets the action go on with the params as edited or released, the print is
 # required: without it, the decision would bind to whatever the params are by then.
 SEEN = {**FINGERPRINT, "required": True, "error_messages": {"required": UNSEEN}}
+# The print of what a held item's page showed in flight on its order or customer
+# (approvals.decisions.in_flight_print): a release is taken on that, and required for it.
+UNSEEN_IN_FLIGHT = "the page did not say what you saw in flight on its order or customer: reload it and decide again"
+IN_FLIGHT = {"required": False, "validators": [RegexValidator(
+    r"\A[0-9a-f]{64}\Z", "the page's print of what is in flight on its order or customer is not one: reload it "
+    "and decide again")]}
+IN_FLIGHT_SEEN = {**IN_FLIGHT, "required": True, "error_messages": {"required": UNSEEN_IN_FLIGHT}}
 
 
 def fingerprint_seen(posted):
     """The print a page posted for one action (a held group's form names one per action),
     cleaned as a form's; forms.ValidationError, in words, when it is missing or not a print."""
     return forms.CharField(**SEEN).clean(posted)
+
+
+def in_flight_seen(posted):
+    """The same for the print of what was in flight near the action released from a group."""
+    return forms.CharField(**IN_FLIGHT_SEEN).clean(posted)
 
 
 def too_long(what):
@@ -29,7 +41,7 @@ def too_long(what):
 
 class DecisionForm(forms.Form):
     # The fields whose own errors the page says (the others only miss on a hand-made post).
-    SAID = ("reason", "external_ref", "fingerprint")
+    SAID = ("reason", "external_ref", "fingerprint", "in_flight")
 
     decision = forms.CharField(max_length=30)
     reason = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}), max_length=2000,
@@ -37,6 +49,7 @@ class DecisionForm(forms.Form):
     external_ref = forms.CharField(required=False, max_length=255, error_messages=too_long("the reference"))
     confirm_absent = forms.BooleanField(required=False)
     fingerprint = forms.CharField(**FINGERPRINT)
+    in_flight = forms.CharField(**IN_FLIGHT)
     # "queue": a decision taken from the queue's row goes back to the queue.
     return_to = forms.ChoiceField(choices=[("", "the next item"), ("queue", "the queue")], required=False)
 
@@ -48,6 +61,9 @@ class DecisionForm(forms.Form):
         # page, a hand-made post) approves nothing.
         if data.get("decision") in BINDING and not data.get("fingerprint") and "fingerprint" not in self.errors:
             raise forms.ValidationError(UNSEEN)
+        # So is a release to what the page showed in flight near it.
+        if data.get("decision") == "release" and not data.get("in_flight") and "in_flight" not in self.errors:
+            raise forms.ValidationError(UNSEEN_IN_FLIGHT)
         return data
 
 

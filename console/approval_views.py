@@ -12,13 +12,14 @@ from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseClientRefresh
 
 from approvals.access import PERM_FOR_KIND, decidable_for, get_review_item_for_user, may_decide
-from approvals.decisions import AlreadyDecided, DecisionRefused, held_group, held_group_decide, review_decide, review_edit
+from approvals.decisions import (AlreadyDecided, DecisionRefused, held_group, held_group_decide, in_flight_near,
+                                 in_flight_print, review_decide, review_edit)
 from approvals.intake import covered_currencies, customer_total_today, uncovered_refused
 from approvals.models import Limit, ReviewItem, ReviewKind, ReviewStatus
 from approvals.whatif import DEFAULT_DAYS, MAX_DAYS, Proposal, preview_for_audit
-from ledger.models import IN_FLIGHT_STATUSES, Action, ActionStatus, ActionType, Agent, AuditEvent, money_in_params
+from ledger.models import Action, ActionStatus, ActionType, Agent, AuditEvent, money_in_params
 
-from .approval_forms import DecisionForm, EditForm, LimitForm, fingerprint_seen
+from .approval_forms import DecisionForm, EditForm, LimitForm, fingerprint_seen, in_flight_seen
 from .dashboard import keyset_page, posted_pk, recent_reasons, render_partial, staff_required
 from .templatetags.amounts import in_currency
 from .filters import ReviewQueueFilters
@@ -165,12 +166,14 @@ def detail_context(request, item, decide_url=None):
         "customer_today": _customer_total_today(action),
         "siblings": Action.objects.filter(target=action.target).exclude(pk=action.pk).order_by("-id")[:10],
         "holding": _holding(action) if item.kind == ReviewKind.HELD else None,
-        "group": held_group(item) if item.kind == ReviewKind.HELD and item.status == ReviewStatus.OPEN else [],
+        "group": _group(item),
         "references": _references_found(action.evidence),
         "verifying": _verification(item, action, history),
         "form": DecisionForm(),
         # What the decision is taken on: the print of the params this page shows.
         "fingerprint": action.params_fingerprint(),
+        # And a release, on what it shows in flight on the held action's order or customer.
+        "in_flight": in_flight_print(action) if item.kind == ReviewKind.HELD else "",
         "edit_form": EditForm(action=action) if item.kind == ReviewKind.APPROVAL else None,
         "queue": came_from(request, item),
         "queue_query": _queue_query(item, came_from(request, item)),
@@ -215,9 +218,18 @@ def _holding(action):
     """What is in flight now on the held action's target or customer, read when the page is:
     the item's own `why` was written when it was held, and went on saying so after that
     action had settled."""
-    subjects = Q(target=action.target) | (Q(customer=action.customer) if action.customer else Q(pk__in=[]))
-    return list(Action.objects.filter(subjects, status__in=IN_FLIGHT_STATUSES).exclude(pk=action.pk)
-                .order_by("id")[:10])
+    return list(in_flight_near(action)[:10])
+
+
+def _group(item):
+    """An open held item's group, each member with the print of what is in flight near it
+    (`in_flight`): the group's form releases one on what the page showed."""
+    if item.kind != ReviewKind.HELD or item.status != ReviewStatus.OPEN:
+        return []
+    group = held_group(item)
+    for member in group:
+        member.in_flight = in_flight_print(member.action)
+    return group
 
 
 def _customer_total_today(action):
@@ -275,7 +287,8 @@ def take_decision(request, item, fingerprint=None):
         raise DecisionRefused("; ".join([*form.non_field_errors(), *said]) or "the decision form is incomplete")
     item = review_decide(item, user=request.user, decision=form.cleaned_data["decision"],
                          reason=form.cleaned_data["reason"], external_ref=form.cleaned_data["external_ref"],
-                         fingerprint=fingerprint or form.cleaned_data["fingerprint"])
+                         fingerprint=fingerprint or form.cleaned_data["fingerprint"],
+                         in_flight=form.cleaned_data["in_flight"])
     return item, form
 
 
@@ -314,11 +327,13 @@ def held_group_decide_view(request, pk):
     try:
         # The one released goes on with the params the page showed for it, never with whatever they are by now.
         fingerprint = fingerprint_seen(request.POST.get(f"fingerprint_{release}", "")) if release else ""
+        # And on what the page showed in flight near it, never on whatever is by now.
+        in_flight = in_flight_seen(request.POST.get(f"in_flight_{release}", "")) if release else ""
     except ValidationError as exc:
         return refused(request, item, " ".join(exc.messages), 400)
     try:
         group = held_group_decide(item, user=request.user, release=release, reason=request.POST.get("reason", ""),
-                                  fingerprint=fingerprint)
+                                  fingerprint=fingerprint, in_flight=in_flight)
     except AlreadyDecided as exc:
         return refused(request, item, str(exc), 409)
     except DecisionRefused as exc:

@@ -84,6 +84,12 @@ def _lock_subjects(target, customer):
             cursor.execute("SELECT ledger_lock_subjects(%s, %s)", [target, customer])
 
 
+def action_lock_subjects(action):
+    """Its target's and customer's locks, as the intake takes them: for a transaction that takes
+    the rows after (a person's release, approvals.decisions), in the intake's order."""
+    _lock_subjects(action.target, action.customer)
+
+
 def _try_lock_subjects(target, customer):
     """The same locks, only if they are free now (ledger.dbrules.TRY_LOCK_SUBJECTS): for a
     transaction that holds rows an intake may be waiting for. SQLite serialises writers."""

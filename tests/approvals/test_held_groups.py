@@ -3,6 +3,7 @@ transaction (released, or kept held with the new reason); a person decides a who
 one interaction; two requests for one order close together end with exactly one effect."""
 
 import contextlib
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -13,9 +14,9 @@ from django.db import connection, transaction
 
 from approvals import decisions
 from ledger import actions
-from approvals.decisions import DecisionRefused, held_group, held_group_decide
+from approvals.decisions import DecisionRefused, held_group, held_group_decide, in_flight_print, review_decide
 from approvals.models import ReviewItem, ReviewKind, ReviewStatus
-from ledger.actions import action_request
+from ledger.actions import action_request, action_retry
 from ledger.models import Action, ActionStatus
 from tests.conftest import wait_until
 from tests.factories import agent_api, audit_events, make_agent, refund_body, sandbox_list
@@ -44,6 +45,26 @@ def approver(db):
 
 def running(action):
     return Action.objects.get(pk=action.pk).claim(owner="host:tests")
+
+
+def seen_on(page, name):
+    """The value of the page's hidden field `name` (what the page carries back with its form)."""
+    return re.search(rf'name="{name}" value="([^"]*)"', page).group(1)
+
+
+def opened(client, item):
+    """The held item's page as it was when opened: its form's fields, as they will be posted."""
+    page = client.get(f"/review/{item.pk}/").content.decode()
+    return {"fingerprint": seen_on(page, "fingerprint"), "in_flight": seen_on(page, "in_flight"), "page": page}
+
+
+def release_from(client, item, form, reason="released"):
+    return client.post(f"/review/{item.pk}/decide", {"decision": "release", "reason": reason,
+                                                     "fingerprint": form["fingerprint"],
+                                                     "in_flight": form["in_flight"]}, follow=True)
+
+
+IN_FLIGHT_CHANGED = "what is in flight on its order or customer changed since you opened this page: look at it again"
 
 
 @pytest.mark.django_db
@@ -290,10 +311,12 @@ def test_two_requests_for_one_order_close_together_end_with_exactly_one_effect(s
     approver = get_user_model().objects.create_superuser("alice", password=None)
     client.force_login(approver)
     item = ReviewItem.objects.get(action=first, status=ReviewStatus.OPEN)
-    assert 'id="group-form"' in client.get(f"/review/{item.pk}/").content.decode()
+    page = client.get(f"/review/{item.pk}/").content.decode()
+    assert 'id="group-form"' in page
 
     client.post(f"/review/{item.pk}/group", {"release": first.pk, "reason": "one refund for this order",
-                                             f"fingerprint_{first.pk}": first.params_fingerprint()})
+                                             f"fingerprint_{first.pk}": seen_on(page, f"fingerprint_{first.pk}"),
+                                             f"in_flight_{first.pk}": seen_on(page, f"in_flight_{first.pk}")})
     stack.start_worker()
 
     wait_until(lambda: status(first) == S.SUCCEEDED, message="the released refund to succeed")
@@ -346,3 +369,155 @@ def test_the_group_form_chooses_nothing_for_the_person_and_a_post_without_a_choi
     assert (status(first), status(second)) == (S.HELD, S.HELD)
     client.post(f"/review/{item.pk}/group", {"release": "none", "reason": "duplicates"})
     assert (status(first), status(second)) == (S.REJECTED, S.REJECTED)
+
+
+@pytest.mark.django_db
+def test_two_single_releases_of_one_group_from_two_pages_let_one_go(agent, approver, client):
+    """Bob opens r2's page while r1 is held with it; Alice then releases r1 from its own page.
+    Bob's release of r2, from the page that showed r1 held, would put two refunds for one order
+    in flight, each let go by a person who did not see the other in flight: refused."""
+    first, second = refund(agent, "r1"), refund(agent, "r2")
+    one, two = (ReviewItem.objects.get(action=a, status=ReviewStatus.OPEN) for a in (first, second))
+    bob = get_user_model().objects.create_superuser("bob", password=None)
+    client.force_login(bob)
+    bobs = opened(client, two)
+    assert first.operation_key in bobs["page"]  # shown held with it
+
+    client.force_login(approver)
+    assert "released" in release_from(client, one, opened(client, one)).content.decode()
+    assert (status(first), status(second)) == (S.QUEUED, S.HELD)
+
+    client.force_login(bob)
+    answer = release_from(client, two, bobs)
+    assert f"Not done: {IN_FLIGHT_CHANGED}" in answer.content.decode()
+    assert (status(first), status(second)) == (S.QUEUED, S.HELD)
+    assert ReviewItem.objects.get(pk=two.pk).status == ReviewStatus.OPEN and not audit_events(second, "released")
+
+
+@pytest.mark.django_db
+def test_a_release_is_bound_to_what_was_in_flight_near_it_and_taken_on_the_print_now(agent, approver):
+    first, second = refund(agent, "r1"), refund(agent, "r2")
+    one, two = (ReviewItem.objects.get(action=a, status=ReviewStatus.OPEN) for a in (first, second))
+    seen = in_flight_print(second)
+    review_decide(one, user=approver, decision="release", reason="the first one", in_flight=in_flight_print(first))
+
+    with pytest.raises(DecisionRefused, match=IN_FLIGHT_CHANGED):
+        review_decide(two, user=approver, decision="release", reason="the second one", in_flight=seen)
+    assert status(second) == S.HELD
+    # Looked at again (r1 queued now, shown), it is the person's to let go.
+    review_decide(two, user=approver, decision="release", reason="both, knowingly", in_flight=in_flight_print(second))
+    assert (status(first), status(second)) == (S.QUEUED, S.QUEUED)
+
+
+@pytest.mark.django_db
+def test_a_release_from_a_page_that_still_shows_what_is_in_flight_goes(agent, approver, client):
+    holder = running(refund(agent, "r1"))
+    held = refund(agent, "r2")
+    item = ReviewItem.objects.get(action=held, status=ReviewStatus.OPEN)
+    client.force_login(approver)
+    form = opened(client, item)
+    assert form["in_flight"] == in_flight_print(held)
+
+    assert "released" in release_from(client, item, form).content.decode()
+    assert (status(holder), status(held)) == (S.PENDING, S.QUEUED)
+
+
+@pytest.mark.django_db
+def test_a_release_from_a_page_opened_before_what_held_it_was_retried_is_refused(agent, approver, client):
+    """A failure that may be retried keeps what it held. Its retry, after the page was opened,
+    is in flight again (held behind this one): the page's release would let them both go."""
+    failed = running(refund(agent, "r1"))
+    held = refund(agent, "r2")
+    failed.mark_failed(actor="system:executor", code="timeout", message="x", retryable=True, claim=failed.fence)
+    item = ReviewItem.objects.get(action=held, status=ReviewStatus.OPEN)
+    client.force_login(approver)
+    form = opened(client, item)  # nothing in flight on the order: r1 has failed
+
+    action_retry(Action.objects.get(pk=failed.pk), actor="system:runner", reason="the next attempt")
+    assert status(failed) == S.HELD
+    assert f"Not done: {IN_FLIGHT_CHANGED}" in release_from(client, item, form).content.decode()
+    assert status(held) == S.HELD
+
+
+@pytest.mark.django_db
+def test_the_group_form_with_a_stale_print_of_what_is_in_flight_decides_nothing(agent, approver, client):
+    """Alice opens r1's page (its group form); Bob releases r3 from r3's own page meanwhile.
+    The group form, releasing r2 and rejecting the rest on what it showed, decides nothing."""
+    first, second, third = refund(agent, "r1"), refund(agent, "r2"), refund(agent, "r3")
+    item, last = (ReviewItem.objects.get(action=a, status=ReviewStatus.OPEN) for a in (first, third))
+    client.force_login(approver)
+    page = client.get(f"/review/{item.pk}/").content.decode()
+    bob = get_user_model().objects.create_superuser("bob", password=None)
+    review_decide(last, user=bob, decision="release", reason="the newest", in_flight=in_flight_print(third))
+
+    answer = client.post(f"/review/{item.pk}/group", {
+        "release": second.pk, "reason": "the middle one", f"fingerprint_{second.pk}": second.params_fingerprint(),
+        f"in_flight_{second.pk}": seen_on(page, f"in_flight_{second.pk}")}, follow=True)
+    assert f"Not done: {IN_FLIGHT_CHANGED}" in answer.content.decode()
+    assert (status(first), status(second), status(third)) == (S.HELD, S.HELD, S.QUEUED)
+    assert ReviewItem.objects.filter(kind=ReviewKind.HELD, status=ReviewStatus.OPEN).count() == 2
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("posted, said", [
+    (None, "the page did not say what you saw in flight on its order or customer"),
+    ("abc", "print of what is in flight on its order or customer is not one: reload it"),
+    ("G" * 64, "print of what is in flight on its order or customer is not one: reload it"),
+    ("a" * 5000, "print of what is in flight on its order or customer is not one: reload it"),
+])
+@pytest.mark.parametrize("form", ["item", "group"])
+def test_a_release_without_a_print_of_what_was_in_flight_decides_nothing(agent, approver, client, form, posted,
+                                                                         said):
+    first, second = refund(agent, "r1"), refund(agent, "r2")
+    item = ReviewItem.objects.get(action=first, status=ReviewStatus.OPEN)
+    client.force_login(approver)
+    if form == "item":
+        url, data, field = f"/review/{item.pk}/decide", {"decision": "release"}, "in_flight"
+    else:
+        url, data, field = f"/review/{item.pk}/group", {"release": first.pk}, f"in_flight_{first.pk}"
+    data.update({"reason": "go", "fingerprint": first.params_fingerprint(),
+                 f"fingerprint_{first.pk}": first.params_fingerprint()})
+    if posted is not None:
+        data[field] = posted
+    answer = client.post(url, data)
+    assert answer.status_code == 303  # back to the item, with the refusal said there
+    said_there = client.get(answer["Location"]).content.decode()
+    assert "Not done: " in said_there and said in said_there
+    assert (status(first), status(second)) == (S.HELD, S.HELD)
+    assert ReviewItem.objects.filter(kind=ReviewKind.HELD, status=ReviewStatus.OPEN).count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_releases_of_one_group_at_once_take_turns_and_let_one_go(agent, monkeypatch):
+    """Alice releases r1 and Bob r2 at the same moment, each from a page that showed the other
+    held. Under their own rows' locks alone each would read the other still held and both would
+    go; under the order's locks, taken first, the second reads the first released and is refused.
+    (Two agents': a decision's lock of its action's row takes its agent's row too.)"""
+    first, second = refund(agent, "r1"), refund(make_agent("support")[0], "r2")
+    items = [ReviewItem.objects.get(action=a, status=ReviewStatus.OPEN) for a in (first, second)]
+    seen = [in_flight_print(first), in_flight_print(second)]
+    alice, bob = (get_user_model().objects.create_superuser(name, password=None) for name in ("alice", "bob"))
+    both_looked = threading.Barrier(2, timeout=3)  # reached by both only if neither waits for the other
+    look = decisions.in_flight_print
+
+    def look_then_wait(action):
+        print_ = look(action)
+        with contextlib.suppress(threading.BrokenBarrierError):
+            both_looked.wait()
+        return print_
+
+    monkeypatch.setattr(decisions, "in_flight_print", look_then_wait)
+
+    def release(user, item, print_):
+        try:
+            return review_decide(item, user=user, decision="release", reason="the one", in_flight=print_)
+        except DecisionRefused as refused:
+            return refused
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(release, (alice, bob), items, seen))
+    assert sorted(type(a).__name__ for a in answers) == ["DecisionRefused", "ReviewItem"]
+    assert IN_FLIGHT_CHANGED in str(next(a for a in answers if isinstance(a, DecisionRefused)))
+    assert sorted([status(first), status(second)]) == sorted([S.QUEUED, S.HELD])
