@@ -201,7 +201,11 @@ def agent_change(request, pk, op):
     if op not in ("grant", "revoke", "rotate"):
         raise Http404("unknown operation")
     if op == "rotate":
-        token = agent_rotate_token(agent, actor=request.user, reason=reason)
+        try:
+            token = agent_rotate_token(agent, actor=request.user, reason=reason)
+        except ValueError as exc:
+            messages.error(request, f"Not done: {exc}.")
+            return redirect("agent-list")
         return render(request, "ledger/agent_token.html", {"agent": agent, "token": token})
     try:
         capabilities = capabilities_named(request.POST.get("capability", ""))

@@ -5,7 +5,7 @@ import re
 from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 
-from .connectors.test_mode import REPLAY_AGENT
+from .connectors.test_mode import REPLAY_AGENT, is_replay_agent
 from .grants import agent_grant, capability
 from .models import ActionType, Agent, AuditEvent, Capability
 from .workflows import WORKFLOWS
@@ -70,6 +70,10 @@ def _person(actor):
 
 
 def agent_rotate_token(agent, *, actor, reason=""):
+    """A new token, shown once to `actor`. ValueError for the replay set's own agent: nobody holds
+    a token of it (its replay-keyed actions skip the grant check at the claim)."""
+    if Agent.objects.filter(is_replay_agent(), pk=agent.pk).exists():
+        raise ValueError("the replay set's agent has no token anyone holds, and is given none")
     with transaction.atomic():
         token = Agent.new_token()
         agent.token_hash, agent.token_prefix = Agent.hash_token(token), token[:12]

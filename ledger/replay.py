@@ -47,8 +47,8 @@ from .audit import actor_label
 from .connectors import NoConnector, http
 from .connectors.fault_proxy import FaultProxy
 from .connectors.test_mode import (
-    REPLAY_AGENT, REPLAY_KEY_PREFIX, NoTestMode, connector_description, connector_version, replay_connector,
-    test_connector_for,
+    REPLAY_AGENT, REPLAY_AGENT_OWNER, REPLAY_KEY_PREFIX, NoTestMode, connector_description, connector_version,
+    is_replay_agent, replay_connector, test_connector_for,
 )
 from .executor import action_claim_next, action_run_claimed
 from .jobs import worker_name
@@ -57,7 +57,6 @@ from .signing import sign_webhook
 from .site_url import site_url_problem
 
 S = ActionStatus
-REPLAY_AGENT_OWNER = "replay-set-owner"
 ACTOR = "system:replay"
 
 
@@ -103,13 +102,13 @@ def _key(run, case):
 def replay_agent():
     """The agent every replay action is recorded under (made on first use, owned by an
     inactive placeholder: nobody's requests, nobody's approvals)."""
-    agent = Agent.objects.select_related("owner").filter(name=REPLAY_AGENT).first()
-    if agent is not None and agent.owner.get_username() != REPLAY_AGENT_OWNER:
-        # Made by a person before the name was reserved: its token may be in anyone's hands.
-        raise ValueError(f"an agent named {REPLAY_AGENT!r} exists that is not the replay set's (owned by "
-                         f"{agent.owner.get_username()}): rename it (in the database: the console renames no agent) before a replay run")
+    agent = Agent.objects.filter(is_replay_agent()).first()
     if agent is not None:
         return agent
+    if Agent.objects.filter(name=REPLAY_AGENT).exists():
+        # Made by a person before the name was reserved: its token may be in anyone's hands.
+        raise ValueError(f"an agent named {REPLAY_AGENT!r} exists that is not the replay set's (a person's): "
+                         "rename it (in the database: the console renames no agent) before a replay run")
     owner, _ = get_user_model().objects.get_or_create(username=REPLAY_AGENT_OWNER,
                                                       defaults={"is_active": False, "password": "!"})
     return agent_create(REPLAY_AGENT, actor=ACTOR, owner=owner, replay_set=True)[0]

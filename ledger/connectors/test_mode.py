@@ -25,6 +25,7 @@ import inspect
 import json
 
 from django.conf import settings
+from django.db.models import Q
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 from django.utils.module_loading import import_string
@@ -35,6 +36,7 @@ from . import NoConnector, connector_for
 
 REPLAY_KEY_PREFIX = "replay:"
 REPLAY_AGENT = "replay-set"
+REPLAY_AGENT_OWNER = "replay-set-owner"  # an inactive placeholder: nobody's requests, nobody's approvals
 _SECRET_WORDS = ("secret", "key", "token", "password")
 # Per action type, the replay run in this process: (its keys' prefix, its connector).
 _running = contextvars.ContextVar("replay_connectors", default={})
@@ -74,7 +76,13 @@ def test_connector_for(action_type):
 def is_replay_action(action):
     """Whether the action belongs to a replay run (its key's prefix is looked at first: free)."""
     return action.operation_key.startswith(REPLAY_KEY_PREFIX) and Agent.objects.filter(
-        pk=action.agent_id, name=REPLAY_AGENT).exists()
+        is_replay_agent(), pk=action.agent_id).exists()
+
+
+def is_replay_agent():
+    """The replay set's own agent: its name, owned by its placeholder (an agent a person made
+    under the name before it was reserved is not it, and gets none of its ways)."""
+    return Q(name=REPLAY_AGENT, owner__username=REPLAY_AGENT_OWNER)
 
 
 @contextlib.contextmanager

@@ -9,8 +9,8 @@ from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 
 from ledger.actions import action_request
-from ledger.agents import agent_create
-from ledger.connectors.test_mode import connector_for_action, connector_version
+from ledger.agents import agent_create, agent_rotate_token
+from ledger.connectors.test_mode import connector_for_action, connector_version, is_replay_action
 from ledger.grants import GrantRefused, capability, grant_promote, grant_state
 from ledger.models import Action, ActionStatus, Agent, Capability, GrantState, ReplayRun, WebhookEvent
 from ledger.replay import replay_agent
@@ -166,11 +166,23 @@ def test_nobody_else_may_take_the_replay_agents_name(db):
     assert replay_agent().owner.get_username() == "replay-set-owner"
 
 
-def test_an_agent_a_person_made_under_the_name_before_it_was_reserved_is_not_adopted(db):
+def test_an_agent_a_person_made_under_the_name_before_it_was_reserved_is_not_adopted_nor_treated_as_it(db):
+    """Made before the name was reserved (a deployed database may hold one): no replay run adopts
+    it, and its replay-keyed actions are its own, checked at the claim as any agent's are."""
     impostor, _ = make_agent("billing")
     Agent.objects.filter(pk=impostor.pk).update(name="replay-set")
     with pytest.raises(ValueError, match="exists that is not the replay set's"):
         replay_agent()
+    action = action_request(agent=Agent.objects.get(pk=impostor.pk), operation_key="replay:9:clean",
+                            action_type="refund", target="ORD-9", params={"amount": "5.00", "currency": "EUR"})[0]
+    assert not is_replay_action(action)
+
+
+def test_nobody_is_given_a_token_of_the_replay_sets_agent(db):
+    agent = replay_agent()
+    with pytest.raises(ValueError, match="has no token anyone holds"):
+        agent_rotate_token(agent, actor=get_user_model().objects.create_user("ada"), reason="curious")
+    assert Agent.objects.get(pk=agent.pk).token_hash == agent.token_hash
 
 
 def test_only_the_replay_agents_actions_go_to_the_test_mode(db, settings):
