@@ -76,12 +76,15 @@ END""")
 # An approval's window ends it (its limit's approval_expires_after_hours): approved or edited down
 # after `expires_at` it is not, even in the moment before the sweeper's pass expires it. The time is
 # the database's when the row is written (decision 57), not the transaction's start.
+# How the database's refusals of a decision begin (approvals.decisions tells them from faults).
+FOUR_EYES_RULE = "four eyes:"
+WINDOW_CLOSED_RULE = "an approval is not given after its window closed"
 DECIDED_IN_TIME = (f"OLD.status = '{ReviewStatus.OPEN}' AND NEW.status IN ('{ReviewStatus.APPROVED}', "
                    f"'{ReviewStatus.EDITED}') AND NEW.expires_at IS NOT NULL")
 NOT_AFTER_EXPIRY = Function("approvals_not_after_expiry() RETURNS trigger", f"""
 BEGIN
     IF {DECIDED_IN_TIME} AND NEW.expires_at <= clock_timestamp() THEN
-        RAISE EXCEPTION USING MESSAGE = 'an approval is not given after its window closed',
+        RAISE EXCEPTION USING MESSAGE = '{WINDOW_CLOSED_RULE}',
                               ERRCODE = 'integrity_constraint_violation';
     END IF;
     RETURN NEW;
@@ -91,7 +94,7 @@ END """)
 NOT_AFTER_EXPIRY_SQLITE = SQLiteTrigger("approvals_not_after_expiry", f"""CREATE TRIGGER approvals_not_after_expiry BEFORE UPDATE OF status ON approvals_reviewitem
 WHEN {DECIDED_IN_TIME} AND NEW.expires_at <= strftime('%Y-%m-%d %H:%M:%f', 'now')
 BEGIN
-    SELECT RAISE(ABORT, 'an approval is not given after its window closed');
+    SELECT RAISE(ABORT, '{WINDOW_CLOSED_RULE}');
 END""")
 
 # The what-if's daily summaries stay true (approvals.summaries): a change to an action of a day

@@ -24,6 +24,7 @@ from ledger.statemachine import InvalidTransition
 from ledger.versions import VersionRefused, action_version_create, version_params
 
 from .access import acting_for
+from .dbrules import FOUR_EYES_RULE, WINDOW_CLOSED_RULE
 from .intake import verdict_for_action
 from .models import Approval, ReviewItem, ReviewKind, ReviewStatus
 
@@ -88,7 +89,7 @@ def review_decide(item, *, user, decision, reason="", external_ref="", fingerpri
         raise DecisionRefused(f"a reason is required to {decision.replace('_', ' ')}")
     if decision == "mark_succeeded" and not external_ref.strip():
         raise DecisionRefused("the provider's reference is required to mark it succeeded")
-    with _decision():
+    with _decision(item):
         if decision == "release":  # before any row, in the intake's order: no deadlock with it
             _lock_subjects_of(item)
         action, item, fingerprint, behalf = _open_for(item, user, fingerprint)
@@ -107,14 +108,25 @@ def review_decide(item, *, user, decision, reason="", external_ref="", fingerpri
 
 
 @contextmanager
-def _decision():
-    """A decision's transaction. A rule the database holds (four eyes, an approval's window) that
-    refuses what the checks in Python let through, in a race of a moment, refuses the decision."""
+def _decision(item):
+    """A decision's transaction. The rules the database holds on a decision (approvals.dbrules:
+    four eyes, an approval's window) refuse it as the checks in Python do, when a race of a moment
+    let it past them (this process's reading of the database's clock a moment behind); any other
+    integrity error is a fault, and raised as one."""
     try:
         with transaction.atomic():
             yield
     except IntegrityError as exc:
-        raise DecisionRefused(str(exc).splitlines()[0]) from exc
+        said = str(exc).splitlines()[0]
+        if WINDOW_CLOSED_RULE in said:
+            raise AlreadyDecided(window_closed(item)) from exc
+        if said.startswith(FOUR_EYES_RULE):
+            raise DecisionRefused(said) from exc
+        raise
+
+
+def window_closed(item):
+    return f"its approval window closed at {item.expires_at:%Y-%m-%d %H:%M} UTC: it expires undecided"
 
 
 def _lock_subjects_of(item):
@@ -136,8 +148,7 @@ def _open_for(item, user, fingerprint):
     if item.expires_at is not None and item.expires_at <= clock.now():
         # The sweeper's next pass expires it; until then nobody decides it either (the database
         # refuses an approval after its window as well: approvals.dbrules).
-        raise AlreadyDecided(f"its approval window closed at {item.expires_at:%Y-%m-%d %H:%M} UTC: it expires "
-                             "undecided")
+        raise AlreadyDecided(window_closed(item))
     if action.agent.answers_for(user):
         raise DecisionRefused("four eyes: you are responsible for the agent that requested this, or were shown "
                               "its token")
@@ -231,7 +242,7 @@ def review_edit(item, *, user, changes, reason, fingerprint=""):
         raise DecisionRefused("only an action awaiting approval can be edited")
     if not reason:
         raise DecisionRefused("a reason is required to edit")
-    with _decision():
+    with _decision(item):
         action, item, fingerprint, behalf = _open_for(item, user, fingerprint)
         try:
             params = version_params(action, changes)

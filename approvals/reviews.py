@@ -5,6 +5,7 @@ from datetime import timedelta
 from django.db import transaction
 from django.utils import timezone
 
+from ledger import clock
 from ledger.models import PERSON_STATUSES, Action, ActionStatus, AuditEvent
 
 from .intake import limit_for, verdict_for_action
@@ -76,8 +77,9 @@ def approval_expire_due(now=None):
     """A sweeper step: approvals nobody decided before they expired end `expired`, item and
     action, as the system's doing (never a person's rejection); the action's error says
     `approval_expired`. Locks the action first, then the item, as a person's decision does,
-    and looks again under them: a decision that won meanwhile stands."""
-    now = now or timezone.now()
+    and looks again under them: a decision that won meanwhile stands. Due on the database's clock,
+    as a decision is refused by it (approvals.decisions)."""
+    now = now or clock.now()
     expired = 0
     # Only items whose action still waits: a hundred that would be skipped (decided meanwhile,
     # or left open by a bug) must not stand in front of every pass and keep the rest waiting.
