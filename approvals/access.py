@@ -27,10 +27,13 @@ def acting_for(user, item):
     able = [person for person in _standing_in_for(user) if _may_itself(person, item)]
     if not able:
         raise PermissionDenied(f"you may not decide {item.action.action_type} items")
-    # With two delegations to one person, the one whose four eyes allow this decision (a
-    # delegator who owns the agent that asked gives no authority over its requests), then the
-    # oldest: never the order a query happened to return them in.
-    return next((person for person in able if not item.action.agent.answers_for(person)), able[0])
+    # With two delegations to one person, one whose four eyes allow this decision (a delegator
+    # who owns the agent that asked gives no authority over its requests, nor one whose approval,
+    # theirs or their delegate's, the item already counts), then the oldest: never the order a
+    # query happened to return them in.
+    given = {pk for approval in item.approvals.all() for pk in (approval.user_id, approval.on_behalf_of_id)}
+    return next((person for person in able if person.pk not in given and not item.action.agent.answers_for(person)),
+                able[0])
 
 
 def _may_itself(user, item):

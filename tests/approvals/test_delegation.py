@@ -126,6 +126,20 @@ def test_with_two_delegations_the_delegate_decides_for_the_one_four_eyes_allow(p
     assert (item.status, item.decided_by, item.decided_for) == (ReviewStatus.APPROVED, people["olga"], people["bob"])
 
 
+def test_with_two_delegations_the_second_approval_is_given_for_the_one_who_has_not_approved(people, limit):
+    """Two approvals needed; bob gave the first. olga stands in for bob (the older delegation) and
+    carol: her approval is carol's, the second, not bob's again (refused as four eyes)."""
+    carol = person("carol", "approvers")
+    item = over_limit(amount="6000.00")
+    assert item.approvals_needed == 2
+    review_decide(item, user=people["bob"], decision="approve", reason="first look")
+    away(people["bob"], people["olga"])
+    away(carol, people["olga"])
+    review_decide(item, user=people["olga"], decision="approve", reason="second look")
+    item.refresh_from_db()
+    assert (item.status, item.decided_by, item.decided_for) == (ReviewStatus.APPROVED, people["olga"], carol)
+
+
 def test_a_person_and_their_delegate_give_one_approval_between_them(people, limit):
     item = over_limit(amount="6000.00")
     away(people["alice"], people["olga"])
