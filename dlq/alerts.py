@@ -22,6 +22,7 @@ from django.utils import timezone
 from approvals.delegation import offered, standing_in
 from approvals.links import deciders, link_issue
 from approvals.models import ReviewStatus
+from ledger import clock
 from ledger.connectors import http
 from ledger.jobs import enqueue
 from ledger.webhooks import sign_webhook
@@ -33,7 +34,7 @@ MAX_DELIVERY_ATTEMPTS = 5
 
 
 def _enqueue(alert_id, delay=None):
-    enqueue(alert_deliver, alert_id, at=timezone.now() + delay if delay else None)
+    enqueue(alert_deliver, alert_id, at=clock.now() + delay if delay else None)
 
 
 def group_emails(alert):

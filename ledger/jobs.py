@@ -65,8 +65,9 @@ def _queue(connection):
 
 
 def enqueue(func, *args, at=None):
-    """Hand work (a function, or its dotted path) to RQ. Without Redis (the embedded
-    default) run it here and now; work due later is then left to the sweeper's next pass."""
+    """Hand work (a function, or its dotted path) to RQ, now or `at` a time on the database's clock
+    (ledger.clock). Without Redis (the embedded default) run it here and now; work due later is
+    then left to the sweeper's next pass."""
     if not settings.RQ_ASYNC:
         # In-process, a drain already running picks up what its own moves made runnable.
         if at is None and not _in_process.get():
@@ -82,8 +83,13 @@ def enqueue(func, *args, at=None):
     with _redis_call(f"enqueueing {func}"):
         if at is None:
             job = queue.enqueue(func, *args, **options)
-        else:  # RQ's scheduler keeps whole seconds and may fire up to one early.
-            job = queue.enqueue_at(at + timedelta(seconds=1), func, *args, **options)
+        else:
+            # `at` is on the database's clock, as every due time is (ledger.clock); RQ's scheduler
+            # fires by its host's: it is given the same moment on this host's, the closest a process
+            # can tell it (a host ahead fired the job early, and it found nothing due yet). RQ keeps
+            # whole seconds and may fire up to one early.
+            on_this_host = timezone.now() + (at - clock.now())
+            job = queue.enqueue_at(on_this_host + timedelta(seconds=1), func, *args, **options)
         _REDIS_OUTAGE.answered()
     return job
 
@@ -145,16 +151,11 @@ def _announced_job_waits(client, kind):
 
 
 def ring_after_commit(kind, at=None):
-    """Ring for `kind` once this transaction commits, or at `at`, a time on the database's clock
-    (due times are: ledger.clock), for work due later."""
+    """Ring for `kind` once this transaction commits, or at `at` (on the database's clock, as
+    `enqueue` takes it), for work due later."""
     # robust: a Redis hiccup after commit must not turn a recorded request into an error.
-    now = clock.now()
-    if at is not None and at > now:
-        # RQ's scheduler fires by its host's clock: the same moment on this host's (the closest a
-        # process can tell it). A host ahead of the database fired early, and the drain found
-        # nothing due; the sweeper's next ring came later.
-        on_this_host = timezone.now() + (at - now)
-        transaction.on_commit(lambda: enqueue(DRAINS[kind], at=on_this_host), robust=True)
+    if at is not None and at > clock.now():
+        transaction.on_commit(lambda: enqueue(DRAINS[kind], at=at), robust=True)
     else:
         transaction.on_commit(lambda: ring(kind), robust=True)
 
