@@ -58,12 +58,13 @@ class FlakyProxy:
 
 
 class SwitchableRelay:
-    """A TCP relay to `upstream_port` that can be cut and restored: cut, every connection through
-    it is closed at once and each new one closed as it comes, as the servers behind a database
-    see a failover (or a restarted pooler) from their side; the database itself is untouched."""
+    """A TCP relay to `upstream_host`:`upstream_port` that can be cut and restored: cut, every
+    connection through it is closed at once and each new one closed as it comes, as the servers
+    behind a database see a failover (or a restarted pooler) from their side; the database itself
+    is untouched."""
 
-    def __init__(self, upstream_port):
-        self.upstream_port = upstream_port
+    def __init__(self, upstream_host, upstream_port):
+        self.upstream = (upstream_host, upstream_port)
         self.up = True
         self.connections = 0  # accepted while up
         self._open = set()
@@ -94,7 +95,7 @@ class SwitchableRelay:
             except OSError:
                 return
             try:
-                server = socket.create_connection(("127.0.0.1", self.upstream_port))
+                server = socket.create_connection(self.upstream)
             except OSError:
                 _close(caller)
                 continue

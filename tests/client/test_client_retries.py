@@ -52,7 +52,7 @@ def test_a_503_of_a_database_outage_is_retried_no_sooner_than_its_retry_after_sa
     A retry sooner than that finds the database still away, and the client's retries would run
     out before the failover ends: each of its pauses is at least what Retry-After said, though
     its own backoff (0.05 s) is far shorter. The database back, the same key records one action."""
-    relay = SwitchableRelay(int(connection.settings_dict["PORT"] or 5432))
+    relay = SwitchableRelay(connection.settings_dict["HOST"] or "127.0.0.1", int(connection.settings_dict["PORT"] or 5432))
     direct = urlsplit(stack.env["DATABASE_URL"])
     database_url = direct._replace(netloc=f"{direct.username}@127.0.0.1:{relay.port}").geturl()
     answers, pauses = [], []
