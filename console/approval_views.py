@@ -17,6 +17,7 @@ from approvals.decisions import (AlreadyDecided, DecisionRefused, held_group, he
 from approvals.intake import covered_currencies, customer_total_today, uncovered_refused
 from approvals.models import Limit, ReviewItem, ReviewKind, ReviewStatus
 from approvals.whatif import DEFAULT_DAYS, MAX_DAYS, Proposal, preview_for_audit
+from ledger import clock
 from ledger.models import Action, ActionStatus, ActionType, Agent, AuditEvent, money_in_params
 
 from .approval_forms import DecisionForm, EditForm, LimitForm, fingerprint_seen, in_flight_seen
@@ -155,6 +156,8 @@ def detail_context(request, item, decide_url=None):
         "item": item,
         "action": action,
         "may_decide": may_decide(request.user, item),
+        # Past its window an approval is refused (approvals.decisions): the page offers none.
+        "window_closed": bool(item.status == ReviewStatus.OPEN and item.expires_at and item.expires_at <= clock.now()),
         "is_owner": action.agent.answers_for(request.user),
         "approved_by_me": any(a.user_id == request.user.pk for a in approvals),
         "approvals": approvals,

@@ -5,6 +5,7 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
+from django.test import Client
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -103,6 +104,18 @@ def test_after_its_window_closed_nobody_decides_it_even_before_the_sweeper_came(
     assert approval_expire_due() == 1  # the sweeper's pass ends it as the system's doing
     action.refresh_from_db()
     assert action.status == ActionStatus.EXPIRED
+
+
+def test_the_page_of_an_item_past_its_window_offers_no_decision_and_says_why(agent):
+    limit(hours=1)
+    item = ReviewItem.objects.get(action=refund(agent, 30))
+    client = Client()
+    client.force_login(person("alice", "approvers"))
+    assert b'id="approve-button"' in client.get(f"/review/{item.pk}/").content
+    _past_its_window(item)
+    page = client.get(f"/review/{item.pk}/").content.decode()
+    assert 'id="approve-button"' not in page and 'id="edit-form"' not in page
+    assert 'id="window-closed"' in page and "expires undecided" in page
 
 
 def test_the_database_refuses_an_approval_after_its_window_and_the_person_is_told_as_by_the_check(agent, monkeypatch):
