@@ -13,9 +13,7 @@ run's Redis, one per host, killed and cut off from the database and Redis mid-ru
 import io
 import json
 import os
-import socket
 import subprocess
-import threading
 import time
 from collections import Counter
 from datetime import datetime
@@ -28,7 +26,7 @@ from django.db import connection
 
 from console.sweeper import STEPS
 from ledger.models import Action, ActionStatus, AuditEvent, ChainWalk, StepLease
-from tests.client.proxy import FlakyProxy, _close, _pump
+from tests.client.proxy import SwitchableRelay
 from tests.conftest import PYTHON, REDIS_URL, ROOT, wait_until
 from tests.factories import agent_api, post_action, refund_body, sandbox_list
 
@@ -175,45 +173,13 @@ def restore(role):
         cursor.execute(f'ALTER ROLE "{role}" LOGIN')
 
 
-class RedisRelay(FlakyProxy):
-    """A TCP relay to this run's Redis for one process (its REDIS_URL is `url`): `cut()` closes
-    the relayed connections and refuses new ones (accepted and closed at once) until `mend()`,
-    so Redis is unreachable for that process alone."""
-
-    def __init__(self):
-        self.refusing, self.ends = False, []
-        upstream = redis.Redis.from_url(REDIS_URL).connection_pool.connection_kwargs
-        super().__init__(upstream["port"], times=0)
-        self.url = f"redis://127.0.0.1:{self.listener.getsockname()[1]}/{upstream['db']}"
-
-    def _relay(self, caller, failing):
-        if self.refusing:
-            _close(caller)
-            return
-        server = socket.create_connection(("127.0.0.1", self.upstream_port))
-        self.ends += [caller, server]
-        threading.Thread(target=_pump, args=(caller, server), daemon=True).start()
-        _pump(server, caller)
-        _close(caller)
-        _close(server)
-
-    def cut(self):
-        self.refusing = True
-        for end in self.ends:
-            _close(end)
-        self.ends.clear()
-
-    def mend(self):
-        self.refusing = False
-
-    def close(self):
-        super().close()
-        self.cut()
-
-
 @pytest.fixture
 def redis_relay():
-    relay = RedisRelay()
+    """A relay to this run's Redis for one process (its REDIS_URL is `url`): cut, Redis is
+    unreachable for that process alone, until it is restored."""
+    upstream = redis.Redis.from_url(REDIS_URL).connection_pool.connection_kwargs
+    relay = SwitchableRelay(upstream.get("host", "127.0.0.1"), upstream["port"])
+    relay.url = f"redis://127.0.0.1:{relay.port}/{upstream['db']}"
     yield relay
     relay.close()
 
@@ -264,7 +230,7 @@ def test_a_sweeper_whose_redis_and_database_connections_die_keeps_running_and_ri
     stack.start_worker()
     at(2 + REDIS_CUT_SECONDS)
     assert sweeper.poll() is None, sweeper.log.read_text()
-    redis_relay.mend()
+    redis_relay.restore()
     back = time.monotonic()
     figures["outage_s"] = round(back - outage_started, 1)
     wait_until(lambda: all_succeeded(keys), seconds=30, interval=0.2, message="every refund to succeed")
