@@ -335,9 +335,10 @@ class TaskCreateView(APIView):
     )
     def post(self, request):
         task_id = idempotency_key(request)
+        live = Task.objects.filter(agent=request.auth, task_id=task_id)
         with gone_whatever_the_body(ArchivedTask.objects.filter(agent=request.auth, task_id=task_id), task_id,
-                                    live=Task.objects.filter(agent=request.auth, task_id=task_id)):
-            incoming = TaskRequestSerializer(data=request.data)
+                                    live=live):
+            incoming = TaskRequestSerializer(data=request.data, context={"recorded": live.exists()})
             incoming.is_valid(raise_exception=True)
             data = incoming.validated_data
             room = task_id_room(data["workflow"])

@@ -3,6 +3,8 @@
 from urllib.parse import quote
 
 from django.conf import settings
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.core.validators import validate_email
 from rest_framework import serializers
 
 from ledger.recipients import email_recipient
@@ -40,6 +42,14 @@ class RefundInput(PayableAmount, StrictSerializer):
             raise serializers.ValidationError({"customer": [
                 f"At most {TARGET_LENGTH - len(CUSTOMERS_AT)} characters without notify: the confirmation goes to "
                 f"<customer>{CUSTOMERS_AT}."]})
+        # Only for a new task: one recorded before this rule is replayed under its id as it was.
+        if not data.get("notify") and not self.context.get("recorded"):
+            try:
+                validate_email(default_recipient(data["customer"]))
+            except DjangoValidationError:
+                raise serializers.ValidationError({"customer": [
+                    f"Without notify the confirmation goes to <customer>{CUSTOMERS_AT}, and "
+                    f"{default_recipient(data['customer'])!r} is not an e-mail address: give notify."]}) from None
         if data.get("notify") and len(email_recipient(data["notify"])) > TARGET_LENGTH:  # as notify_customer records it
             raise serializers.ValidationError({"notify": [f"At most {TARGET_LENGTH} characters with its domain in "
                                                           "lower case."]})
@@ -85,10 +95,15 @@ def write_confirmation(ctx, key):
     return {"confirmation": confirmation.key, "external_ref": confirmation.external_ref}
 
 
+def default_recipient(customer):
+    """Where the confirmation goes without `notify`."""
+    return f"{customer.lower()}{CUSTOMERS_AT}"
+
+
 def notify_customer(ctx):
     # As the API records a recipient (its domain in one spelling): the agent's own message to it
     # for the decision is then this one, not a second.
-    recipient = email_recipient(ctx.input.get("notify") or f"{ctx.input['customer'].lower()}{CUSTOMERS_AT}")
+    recipient = email_recipient(ctx.input.get("notify") or default_recipient(ctx.input["customer"]))
     body = (f"We refunded {refunded(ctx)} {ctx.input['currency']} for order {ctx.input['order_id']} "
             f"(reference {ctx.results['call_refund_api']['external_ref']}).")
     return ActionSpec(ActionType.SEND_MESSAGE, recipient,

@@ -1,4 +1,4 @@
-"""A task id leaves room for its steps' keys (`{task_id}:{step}:v{version}`, each at most an
+"""A task's input leaves room for what its steps record: its id for its steps' keys (`{task_id}:{step}:v{version}`, each at most an
 operation key's 255 characters): a longer one is refused with a problem and writes nothing.
 Found by the schema fuzzer: a 255-character task id was a 500."""
 
@@ -8,6 +8,7 @@ import pytest
 
 from ledger.api.serializers import task_id_room
 from ledger.models import AuditEvent, Task, TaskStep
+from ledger.tasks import task_request
 from tests.factories import make_agent_on, refund_task_body
 
 pytestmark = pytest.mark.django_db
@@ -52,3 +53,35 @@ def test_a_customer_whose_confirmation_would_not_fit_is_refused_before_anything_
                            headers={"Idempotency-Key": "task-long-customer"})
     assert response.status_code == status, response.content
     assert Task.objects.exists() == (status == 201)
+
+
+def _refund_task(client, customer, notify=None, task_id="task-customer-address"):
+    body = {**refund_task_body(), "input": {**refund_task_body()["input"], "customer": customer,
+                                             **({"notify": notify} if notify else {})}}
+    return client.post("/api/v1/tasks", data=json.dumps(body), content_type="application/json",
+                       headers={"Idempotency-Key": task_id}), body
+
+
+@pytest.mark.parametrize("customer, notify, status", [("ACME Corp", None, 400), ("a@b", None, 400),
+                                                      ("ACME Corp", "ops@example.com", 201), ("Cust-7", None, 201)])
+def test_a_customer_that_makes_no_address_needs_notify_before_anything_runs(client, customer, notify, status):
+    """Without `notify` the confirmation goes to <customer>@customers.surety.example: a customer
+    that makes no e-mail address of it failed the task's last step, after the refund was made."""
+    make_agent_on(client)
+    response, _ = _refund_task(client, customer, notify)
+    assert response.status_code == status, response.content
+    if status == 400:
+        [said] = response.json()["errors"]["input.customer"]
+        assert "is not an e-mail address: give notify" in said
+    assert Task.objects.exists() == (status == 201)
+
+
+def test_a_task_recorded_before_the_address_rule_is_replayed_under_its_id(client):
+    """A deployment's tasks from before the rule keep their promise: the same request under the same
+    id is their replay, not a 400."""
+    agent = make_agent_on(client)
+    _, body = _refund_task(client, "ACME Corp")
+    task, _ = task_request(agent=agent, task_id="task-customer-address", workflow="refund", input=body["input"])
+    response, _ = _refund_task(client, "ACME Corp")
+    assert response.status_code == 200, response.content
+    assert response.json()["task_id"] == task.task_id and Task.objects.count() == 1
