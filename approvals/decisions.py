@@ -18,8 +18,8 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 
 from ledger import clock
-from ledger.actions import action_lock_subjects
-from ledger.models import IN_FLIGHT_STATUSES, Action, AuditEvent
+from ledger.actions import action_lock_subjects, in_flight_near
+from ledger.models import Action, ActionStatus, AuditEvent
 from ledger.statemachine import InvalidTransition
 from ledger.versions import VersionRefused, action_version_create, version_params
 
@@ -53,18 +53,14 @@ IN_FLIGHT_CHANGED = ("what is in flight on its order or customer changed since y
                      "look at it again")
 
 
-def in_flight_near(action):
-    """The other actions in flight (held ones too) on the action's target or customer, oldest first."""
-    subjects = Q(target=action.target) | (Q(customer=action.customer) if action.customer else Q(pk__in=[]))
-    return Action.objects.filter(subjects, status__in=IN_FLIGHT_STATUSES).exclude(pk=action.pk).order_by("pk")
-
-
-def in_flight_print(action):
-    """The print of what is in flight near the action (`in_flight_near`: ids and statuses): the
-    held item's page carries it, and a release is taken only while it is still the same, as it
-    is taken only on the params the page showed. Two people releasing two of one group from
-    two pages, or a release and a retry of what held it, would otherwise both run."""
-    seen = [[pk, status] for pk, status in in_flight_near(action).values_list("pk", "status")]
+def in_flight_print(near):
+    """The print of what is in flight near an action (`near`: ledger.actions.in_flight_near):
+    which actions, and which of them are held. The held item's page carries it, and a release is
+    taken only while it is still the same, as it is taken only on the params the page showed: two
+    people releasing two of one group from two pages, or a release and a retry of what held it,
+    would otherwise both run. Whether held, not the status: a queued action claimed, or one whose
+    call timed out, is the same in flight, and must not send the person back to the page."""
+    seen = [[other.pk, other.status == ActionStatus.HELD] for other in near]
     return hashlib.sha256(json.dumps(seen, separators=(",", ":")).encode()).hexdigest()
 
 
@@ -93,7 +89,7 @@ def review_decide(item, *, user, decision, reason="", external_ref="", fingerpri
         if decision == "release":  # before any row, in the intake's order: no deadlock with it
             _lock_subjects_of(item)
         action, item, fingerprint, behalf = _open_for(item, user, fingerprint)
-        if decision == "release" and in_flight and in_flight != in_flight_print(action):
+        if decision == "release" and in_flight and in_flight != in_flight_print(in_flight_near(action)):
             raise DecisionRefused(IN_FLIGHT_CHANGED)
         # Read under the lock: a verification that lands meanwhile must still refuse this.
         if decision == "mark_failed" and any(e.get("found") is True for e in action.evidence or []):

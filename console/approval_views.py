@@ -12,12 +12,13 @@ from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseClientRefresh
 
 from approvals.access import PERM_FOR_KIND, decidable_for, get_review_item_for_user, may_decide
-from approvals.decisions import (AlreadyDecided, DecisionRefused, held_group, held_group_decide, in_flight_near,
-                                 in_flight_print, review_decide, review_edit)
+from approvals.decisions import (AlreadyDecided, DecisionRefused, held_group, held_group_decide, in_flight_print,
+                                 review_decide, review_edit)
 from approvals.intake import covered_currencies, customer_total_today, uncovered_refused
 from approvals.models import Limit, ReviewItem, ReviewKind, ReviewStatus
 from approvals.whatif import DEFAULT_DAYS, MAX_DAYS, Proposal, preview_for_audit
 from ledger import clock
+from ledger.actions import in_flight_near
 from ledger.models import Action, ActionStatus, ActionType, Agent, AuditEvent, money_in_params
 
 from .approval_forms import DecisionForm, EditForm, LimitForm, fingerprint_seen, in_flight_seen
@@ -152,6 +153,7 @@ def detail_context(request, item, decide_url=None):
     action = item.action
     approvals = list(item.approvals.select_related("user"))
     history = AuditEvent.objects.history(action)
+    near = in_flight_near(action) if item.kind == ReviewKind.HELD else None
     return {
         "item": item,
         "action": action,
@@ -168,7 +170,10 @@ def detail_context(request, item, decide_url=None):
         if action.customer else [],
         "customer_today": _customer_total_today(action),
         "siblings": Action.objects.filter(target=action.target).exclude(pk=action.pk).order_by("-id")[:10],
-        "holding": _holding(action) if item.kind == ReviewKind.HELD else None,
+        # What is in flight now on the held action's target or customer, read when the page is (the
+        # item's `why` was written when it was held), and the print a release is bound to, of the
+        # same reading: a retry landing between two readings would be in the print, not on the page.
+        "holding": near[:10] if near is not None else None,
         "group": _group(item),
         "references": _references_found(action.evidence),
         "verifying": _verification(item, action, history),
@@ -176,7 +181,7 @@ def detail_context(request, item, decide_url=None):
         # What the decision is taken on: the print of the params this page shows.
         "fingerprint": action.params_fingerprint(),
         # And a release, on what it shows in flight on the held action's order or customer.
-        "in_flight": in_flight_print(action) if item.kind == ReviewKind.HELD else "",
+        "in_flight": in_flight_print(near) if near is not None else "",
         "edit_form": EditForm(action=action) if item.kind == ReviewKind.APPROVAL else None,
         "queue": came_from(request, item),
         "queue_query": _queue_query(item, came_from(request, item)),
@@ -217,13 +222,6 @@ def _why_now(item, history):
     return item.why
 
 
-def _holding(action):
-    """What is in flight now on the held action's target or customer, read when the page is:
-    the item's own `why` was written when it was held, and went on saying so after that
-    action had settled."""
-    return list(in_flight_near(action)[:10])
-
-
 def _group(item):
     """An open held item's group, each member with the print of what is in flight near it
     (`in_flight`): the group's form releases one on what the page showed."""
@@ -231,7 +229,7 @@ def _group(item):
         return []
     group = held_group(item)
     for member in group:
-        member.in_flight = in_flight_print(member.action)
+        member.in_flight = in_flight_print(in_flight_near(member.action))
     return group
 
 

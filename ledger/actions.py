@@ -104,16 +104,19 @@ def _subjects(action):
     return [Q(target=action.target)] + ([Q(customer=action.customer)] if action.customer else [])
 
 
-def _siblings(action):
-    """The other actions in flight on its target or customer, locked, oldest first. One
-    index lookup per subject: an OR, planned once while the table was small, could stay a
-    sequential scan."""
-    subjects = _subjects(action)
+def in_flight_near(action, *, locked=False):
+    """The other actions in flight (held ones too) on its target or customer, oldest first;
+    `locked`: read FOR UPDATE. One index lookup per subject: an OR, planned once while the
+    table was small, could stay a sequential scan."""
     found = {}
-    for subject in subjects:
-        in_flight = Action.objects.select_for_update().filter(subject, status__in=IN_FLIGHT_STATUSES)
-        found.update((a.pk, a) for a in in_flight.exclude(pk=action.pk))
+    for subject in _subjects(action):
+        in_flight = Action.objects.filter(subject, status__in=IN_FLIGHT_STATUSES).exclude(pk=action.pk)
+        found.update((a.pk, a) for a in (in_flight.select_for_update() if locked else in_flight))
     return sorted(found.values(), key=lambda a: a.pk)
+
+
+def _siblings(action):
+    return in_flight_near(action, locked=True)
 
 
 # A replay's read (compiled once, see compiled.py): SELECT ... FROM ledger_action WHERE operation_key = %s

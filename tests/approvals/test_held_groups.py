@@ -16,7 +16,7 @@ from approvals import decisions
 from ledger import actions
 from approvals.decisions import DecisionRefused, held_group, held_group_decide, in_flight_print, review_decide
 from approvals.models import ReviewItem, ReviewKind, ReviewStatus
-from ledger.actions import action_request, action_retry
+from ledger.actions import action_request, action_retry, in_flight_near
 from ledger.models import Action, ActionStatus
 from tests.conftest import wait_until
 from tests.factories import agent_api, audit_events, make_agent, refund_body, sandbox_list
@@ -31,6 +31,11 @@ def refund(agent, key, order="ORD-1", customer=""):
 
 def status(action):
     return Action.objects.get(pk=action.pk).status
+
+
+def print_near(action):
+    """The print of what is in flight near `action` now, as its page carries it."""
+    return in_flight_print(in_flight_near(action))
 
 
 @pytest.fixture
@@ -398,14 +403,14 @@ def test_two_single_releases_of_one_group_from_two_pages_let_one_go(agent, appro
 def test_a_release_is_bound_to_what_was_in_flight_near_it_and_taken_on_the_print_now(agent, approver):
     first, second = refund(agent, "r1"), refund(agent, "r2")
     one, two = (ReviewItem.objects.get(action=a, status=ReviewStatus.OPEN) for a in (first, second))
-    seen = in_flight_print(second)
-    review_decide(one, user=approver, decision="release", reason="the first one", in_flight=in_flight_print(first))
+    seen = print_near(second)
+    review_decide(one, user=approver, decision="release", reason="the first one", in_flight=print_near(first))
 
     with pytest.raises(DecisionRefused, match=IN_FLIGHT_CHANGED):
         review_decide(two, user=approver, decision="release", reason="the second one", in_flight=seen)
     assert status(second) == S.HELD
     # Looked at again (r1 queued now, shown), it is the person's to let go.
-    review_decide(two, user=approver, decision="release", reason="both, knowingly", in_flight=in_flight_print(second))
+    review_decide(two, user=approver, decision="release", reason="both, knowingly", in_flight=print_near(second))
     assert (status(first), status(second)) == (S.QUEUED, S.QUEUED)
 
 
@@ -416,7 +421,7 @@ def test_a_release_from_a_page_that_still_shows_what_is_in_flight_goes(agent, ap
     item = ReviewItem.objects.get(action=held, status=ReviewStatus.OPEN)
     client.force_login(approver)
     form = opened(client, item)
-    assert form["in_flight"] == in_flight_print(held)
+    assert form["in_flight"] == print_near(held)
 
     assert "released" in release_from(client, item, form).content.decode()
     assert (status(holder), status(held)) == (S.PENDING, S.QUEUED)
@@ -448,7 +453,7 @@ def test_the_group_form_with_a_stale_print_of_what_is_in_flight_decides_nothing(
     client.force_login(approver)
     page = client.get(f"/review/{item.pk}/").content.decode()
     bob = get_user_model().objects.create_superuser("bob", password=None)
-    review_decide(last, user=bob, decision="release", reason="the newest", in_flight=in_flight_print(third))
+    review_decide(last, user=bob, decision="release", reason="the newest", in_flight=print_near(third))
 
     answer = client.post(f"/review/{item.pk}/group", {
         "release": second.pk, "reason": "the middle one", f"fingerprint_{second.pk}": second.params_fingerprint(),
@@ -495,13 +500,13 @@ def test_two_releases_of_one_group_at_once_take_turns_and_let_one_go(agent, monk
     (Two agents': a decision's lock of its action's row takes its agent's row too.)"""
     first, second = refund(agent, "r1"), refund(make_agent("support")[0], "r2")
     items = [ReviewItem.objects.get(action=a, status=ReviewStatus.OPEN) for a in (first, second)]
-    seen = [in_flight_print(first), in_flight_print(second)]
+    seen = [print_near(first), print_near(second)]
     alice, bob = (get_user_model().objects.create_superuser(name, password=None) for name in ("alice", "bob"))
     both_looked = threading.Barrier(2, timeout=3)  # reached by both only if neither waits for the other
     look = decisions.in_flight_print
 
-    def look_then_wait(action):
-        print_ = look(action)
+    def look_then_wait(near):
+        print_ = look(near)
         with contextlib.suppress(threading.BrokenBarrierError):
             both_looked.wait()
         return print_
@@ -521,3 +526,64 @@ def test_two_releases_of_one_group_at_once_take_turns_and_let_one_go(agent, monk
     assert sorted(type(a).__name__ for a in answers) == ["DecisionRefused", "ReviewItem"]
     assert IN_FLIGHT_CHANGED in str(next(a for a in answers if isinstance(a, DecisionRefused)))
     assert sorted([status(first), status(second)]) == sorted([S.QUEUED, S.HELD])
+
+
+@pytest.mark.django_db
+def test_a_release_stands_when_what_the_page_showed_in_flight_only_moved_on(agent, approver):
+    """The page showed r1 in flight (its call under way) when r2's was opened; the call timed out
+    since (r1 unknown, verified later): still in flight, as the person saw it, so their release of
+    r2 is taken. Only what is held, or in flight at all, binds the release; a status that moves on
+    by itself would send every person on a busy order back to the page."""
+    first = running(refund(agent, "r1"))
+    second = refund(agent, "r2")
+    item = ReviewItem.objects.get(action=second, status=ReviewStatus.OPEN)
+    on_the_page = print_near(second)
+    first.mark_unknown(actor="system:executor", claim=first.fence, evidence={"timeout": True},
+                       verify_at=first.lease_expires_at)
+    assert status(first) == S.UNKNOWN
+    review_decide(item, user=approver, decision="release", reason="knowingly", in_flight=on_the_page)
+    assert status(second) == S.QUEUED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_group_decision_and_a_request_on_its_order_at_once_take_turns_without_a_deadlock(agent, approver,
+                                                                                            monkeypatch):
+    """A group's decision locks its members' rows; a request for the same order comes at that
+    moment. The decision takes the order's locks before the rows, as the intake does: the request
+    waits for it, then finds the one it released. (Taken after the rows, the request held
+    the order's locks and waited for a member's row, the decision the reverse: a deadlock.)"""
+    first, second = refund(agent, "r1"), refund(agent, "r2")
+    item = ReviewItem.objects.get(action=second, status=ReviewStatus.OPEN)
+    on_the_page = print_near(second)
+    rows_locked = threading.Event()
+    decide = decisions.review_decide
+
+    def after_the_rows(*args, **kwargs):  # held_group_decide has locked every member's row
+        rows_locked.set()
+        time.sleep(1)  # the request comes now
+        return decide(*args, **kwargs)
+
+    monkeypatch.setattr(decisions, "review_decide", after_the_rows)
+
+    def group_decision():
+        try:
+            return held_group_decide(item, user=approver, release=second.pk, reason="the second",
+                                     in_flight=on_the_page)
+        finally:
+            connection.close()
+
+    def request():
+        try:
+            assert rows_locked.wait(20)
+            return refund(agent, "r3")
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(2) as pool:
+        decided, third = pool.submit(group_decision), pool.submit(request)
+        decided.result()
+        third = third.result()
+    # The request came after the decision: r2 released, then held with r3, as a request for an order
+    # holds what has not started on it (a person decides the two).
+    assert [verb for verb, in audit_events(second).values_list("verb")] == ["requested", "released", "held"]
+    assert (status(first), status(second), status(third)) == (S.REJECTED, S.HELD, S.HELD)
