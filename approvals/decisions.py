@@ -49,6 +49,7 @@ REASON_REQUIRED = {"approve", "reject", "release", "mark_failed"}
 # Decisions that let the action go on: bound to the params the person saw.
 BINDING = {"approve", "release"}
 PARAMS_CHANGED = "the parameters changed since you opened this page: look at them again"
+GROUP_CHANGED = "the held group changed since you opened this page: look at it again"
 IN_FLIGHT_CHANGED = ("what is in flight on its order or customer changed since you opened this page: "
                      "look at it again")
 
@@ -262,12 +263,14 @@ def held_group(item):
                 .select_related("action").order_by("action_id"))
 
 
-def held_group_decide(item, *, user, release, reason, fingerprint="", in_flight=""):
+def held_group_decide(item, *, user, release, reason, fingerprint="", in_flight="", members=None):
     """One decision for a held group: release the action `release` (a pk in the group) and
     reject the rest, or reject them all (`release` None), with one reason for all. The one
     released goes first, so that no rejection lets the system release another meanwhile;
     `fingerprint`: of its params as the person saw them, `in_flight`: the print of what was in
-    flight near it (review_decide)."""
+    flight near it (review_decide); `members`: the actions the person saw in the group (a page's
+    form says them), refused unless they are the group's now: a request held since would be
+    rejected unseen. Without them, the group as it is is decided."""
     reason = reason.strip()
     if not reason:
         raise DecisionRefused("a reason is required")
@@ -276,6 +279,8 @@ def held_group_decide(item, *, user, release, reason, fingerprint="", in_flight=
         chosen = [member for member in group if member.action_id == release]
         if release is not None and not chosen:
             raise DecisionRefused("the action to release is not held in this group any more")
+        if members is not None and sorted(members) != sorted(member.action_id for member in group):
+            raise DecisionRefused(GROUP_CHANGED)
         if chosen:  # its subjects' locks before the rows, as review_decide takes them (no deadlock)
             _lock_subjects_of(chosen[0])
         # Every member's action, then every item, in id order, before any is decided: two people

@@ -325,6 +325,12 @@ def held_group_decide_view(request, pk):
     if release != "none" and posted_pk(release) is None:
         return refused(request, item, "the action to release is not one of this group", 400)
     release = None if release == "none" else posted_pk(release)
+    # The members the page showed, all of whom the decision rejects but one: a group grown or shrunk
+    # since is decided on nothing the person saw.
+    shown = [posted_pk(pk) for pk in request.POST.get("members", "").split(",")]
+    if None in shown:
+        return refused(request, item, "the page did not say which actions the group held: reload it and decide again",
+                       400)
     try:
         # The one released goes on with the params the page showed for it, never with whatever they are by now.
         fingerprint = fingerprint_seen(request.POST.get(f"fingerprint_{release}", "")) if release else ""
@@ -334,7 +340,7 @@ def held_group_decide_view(request, pk):
         return refused(request, item, " ".join(exc.messages), 400)
     try:
         group = held_group_decide(item, user=request.user, release=release, reason=request.POST.get("reason", ""),
-                                  fingerprint=fingerprint, in_flight=in_flight)
+                                  fingerprint=fingerprint, in_flight=in_flight, members=shown)
     except AlreadyDecided as exc:
         return refused(request, item, str(exc), 409)
     except DecisionRefused as exc:

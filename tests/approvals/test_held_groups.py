@@ -70,6 +70,7 @@ def release_from(client, item, form, reason="released"):
 
 
 IN_FLIGHT_CHANGED = "what is in flight on its order or customer changed since you opened this page: look at it again"
+GROUP_CHANGED = "the held group changed since you opened this page: look at it again"
 
 
 @pytest.mark.django_db
@@ -320,6 +321,7 @@ def test_two_requests_for_one_order_close_together_end_with_exactly_one_effect(s
     assert 'id="group-form"' in page
 
     client.post(f"/review/{item.pk}/group", {"release": first.pk, "reason": "one refund for this order",
+                                             "members": seen_on(page, "members"),
                                              f"fingerprint_{first.pk}": seen_on(page, f"fingerprint_{first.pk}"),
                                              f"in_flight_{first.pk}": seen_on(page, f"in_flight_{first.pk}")})
     stack.start_worker()
@@ -350,7 +352,7 @@ def test_a_release_without_the_print_of_the_params_seen_decides_nothing(agent, a
     first, second = refund(agent, "r1"), refund(agent, "r2")
     item = ReviewItem.objects.get(action=first, status=ReviewStatus.OPEN)
     client.force_login(approver)
-    form = {"release": first.pk, "reason": "go"}
+    form = {"release": first.pk, "reason": "go", "members": f"{first.pk},{second.pk}"}
     if posted:
         form[f"fingerprint_{first.pk}"] = posted["fingerprint"]
     answer = client.post(f"/review/{item.pk}/group", form, follow=True)
@@ -372,7 +374,8 @@ def test_the_group_form_chooses_nothing_for_the_person_and_a_post_without_a_choi
     answer = client.post(f"/review/{item.pk}/group", {"reason": "no choice made"}, follow=True)
     assert "Not done: choose the one to release, or reject them all" in answer.content.decode()
     assert (status(first), status(second)) == (S.HELD, S.HELD)
-    client.post(f"/review/{item.pk}/group", {"release": "none", "reason": "duplicates"})
+    client.post(f"/review/{item.pk}/group", {"release": "none", "reason": "duplicates",
+                                             "members": seen_on(page, "members")})
     assert (status(first), status(second)) == (S.REJECTED, S.REJECTED)
 
 
@@ -447,7 +450,8 @@ def test_a_release_from_a_page_opened_before_what_held_it_was_retried_is_refused
 @pytest.mark.django_db
 def test_the_group_form_with_a_stale_print_of_what_is_in_flight_decides_nothing(agent, approver, client):
     """Alice opens r1's page (its group form); Bob releases r3 from r3's own page meanwhile.
-    The group form, releasing r2 and rejecting the rest on what it showed, decides nothing."""
+    The group form, releasing r2 and rejecting the rest on what it showed, decides nothing: the
+    group it showed is not the group now (r3 left it), and what is in flight near r2 changed."""
     first, second, third = refund(agent, "r1"), refund(agent, "r2"), refund(agent, "r3")
     item, last = (ReviewItem.objects.get(action=a, status=ReviewStatus.OPEN) for a in (first, third))
     client.force_login(approver)
@@ -457,6 +461,13 @@ def test_the_group_form_with_a_stale_print_of_what_is_in_flight_decides_nothing(
 
     answer = client.post(f"/review/{item.pk}/group", {
         "release": second.pk, "reason": "the middle one", f"fingerprint_{second.pk}": second.params_fingerprint(),
+        "members": seen_on(page, "members"),
+        f"in_flight_{second.pk}": seen_on(page, f"in_flight_{second.pk}")}, follow=True)
+    assert f"Not done: {GROUP_CHANGED}" in answer.content.decode()
+    # Posted with the group as it is now, the print still refuses it.
+    answer = client.post(f"/review/{item.pk}/group", {
+        "release": second.pk, "reason": "the middle one", f"fingerprint_{second.pk}": second.params_fingerprint(),
+        "members": f"{first.pk},{second.pk}",
         f"in_flight_{second.pk}": seen_on(page, f"in_flight_{second.pk}")}, follow=True)
     assert f"Not done: {IN_FLIGHT_CHANGED}" in answer.content.decode()
     assert (status(first), status(second), status(third)) == (S.HELD, S.HELD, S.QUEUED)
@@ -480,7 +491,7 @@ def test_a_release_without_a_print_of_what_was_in_flight_decides_nothing(agent, 
         url, data, field = f"/review/{item.pk}/decide", {"decision": "release"}, "in_flight"
     else:
         url, data, field = f"/review/{item.pk}/group", {"release": first.pk}, f"in_flight_{first.pk}"
-    data.update({"reason": "go", "fingerprint": first.params_fingerprint(),
+    data.update({"reason": "go", "fingerprint": first.params_fingerprint(), "members": f"{first.pk},{second.pk}",
                  f"fingerprint_{first.pk}": first.params_fingerprint()})
     if posted is not None:
         data[field] = posted
@@ -587,3 +598,34 @@ def test_a_group_decision_and_a_request_on_its_order_at_once_take_turns_without_
     # holds what has not started on it (a person decides the two).
     assert [verb for verb, in audit_events(second).values_list("verb")] == ["requested", "released", "held"]
     assert (status(first), status(second), status(third)) == (S.REJECTED, S.HELD, S.HELD)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("release", ["r1", "none"])
+def test_a_group_grown_since_its_page_was_opened_is_not_decided(agent, approver, client, release):
+    """The page showed r1 and r2; r3 arrived for the order since. "Release r1, reject the rest" (or
+    "reject all") would reject r3, which nobody saw: refused, and nothing is decided."""
+    first, second = refund(agent, "r1"), refund(agent, "r2")
+    item = ReviewItem.objects.get(action=first, status=ReviewStatus.OPEN)
+    client.force_login(approver)
+    page = client.get(f"/review/{item.pk}/").content.decode()
+    assert seen_on(page, "members") == f"{first.pk},{second.pk}"
+    third = refund(agent, "r3")
+    form = {"release": first.pk if release == "r1" else "none", "reason": "one of them",
+            "members": seen_on(page, "members"), f"fingerprint_{first.pk}": seen_on(page, f"fingerprint_{first.pk}"),
+            f"in_flight_{first.pk}": seen_on(page, f"in_flight_{first.pk}")}
+    answer = client.post(f"/review/{item.pk}/group", form, follow=True)
+    assert f"Not done: {GROUP_CHANGED}" in answer.content.decode()
+    assert {status(first), status(second), status(third)} == {S.HELD}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("members", [None, "", "1,x", "1" * 5000, ","])
+def test_a_group_decision_without_the_members_the_page_showed_decides_nothing(agent, approver, client, members):
+    first, second = refund(agent, "r1"), refund(agent, "r2")
+    item = ReviewItem.objects.get(action=first, status=ReviewStatus.OPEN)
+    client.force_login(approver)
+    form = {"release": "none", "reason": "duplicates", **({"members": members} if members is not None else {})}
+    answer = client.post(f"/review/{item.pk}/group", form, follow=True)
+    assert "Not done: the page did not say which actions the group held" in answer.content.decode()
+    assert (status(first), status(second)) == (S.HELD, S.HELD)
