@@ -433,7 +433,7 @@ def test_a_release_from_a_page_that_still_shows_what_is_in_flight_goes(agent, ap
 @pytest.mark.django_db
 def test_a_release_from_a_page_opened_before_what_held_it_was_retried_is_refused(agent, approver, client):
     """A failure that may be retried keeps what it held. Its retry, after the page was opened,
-    is in flight again (held behind this one): the page's release would let them both go."""
+    is in flight again (it goes before what it held): the page's release would let them both go."""
     failed = running(refund(agent, "r1"))
     held = refund(agent, "r2")
     failed.mark_failed(actor="system:executor", code="timeout", message="x", retryable=True, claim=failed.fence)
@@ -442,7 +442,7 @@ def test_a_release_from_a_page_opened_before_what_held_it_was_retried_is_refused
     form = opened(client, item)  # nothing in flight on the order: r1 has failed
 
     action_retry(Action.objects.get(pk=failed.pk), actor="system:runner", reason="the next attempt")
-    assert status(failed) == S.HELD
+    assert status(failed) == S.QUEUED
     assert f"Not done: {IN_FLIGHT_CHANGED}" in release_from(client, item, form).content.decode()
     assert status(held) == S.HELD
 
@@ -629,3 +629,19 @@ def test_a_group_decision_without_the_members_the_page_showed_decides_nothing(ag
     answer = client.post(f"/review/{item.pk}/group", form, follow=True)
     assert "Not done: the page did not say which actions the group held" in answer.content.decode()
     assert (status(first), status(second)) == (S.HELD, S.HELD)
+
+
+@pytest.mark.django_db
+def test_the_retry_of_a_failure_goes_before_what_it_held_which_runs_once_it_succeeds(agent):
+    """r2 waits behind r1; r1 fails, may be retried, and keeps r2 held. Its retry goes on (it
+    used to be held behind r2, and both waited for a person), r2 still waiting behind it; once
+    the retry succeeds, r2 is released as it would have been after a first attempt that did."""
+    first = running(refund(agent, "r1"))
+    second = refund(agent, "r2")
+    first.mark_failed(actor="system:executor", code="timeout", message="x", retryable=True, claim=first.fence)
+    assert status(second) == S.HELD
+    retried = action_retry(Action.objects.get(pk=first.pk), actor="system:runner", reason="the next attempt")
+    assert (retried.status, status(second)) == (S.QUEUED, S.HELD)
+    again = running(first)
+    again.mark_succeeded(actor="system:executor", external_ref="re_1", claim=again.fence)
+    assert status(second) == S.QUEUED
