@@ -125,7 +125,10 @@ TOOLS = {tool.name: tool for tool in (
          _schema(["order", "amount", "currency", "customer", "decision_id"], order=TEXT, amount=AMOUNT,
                  currency=CURRENCY, customer=TEXT, decision_id=DECISION,
                  reason={"type": "string", "maxLength": 500},
-                 notify={"type": "string", "maxLength": 254, "description": "E-mail address for the confirmation."},
+                 notify={"type": "string", "maxLength": 254,
+                         "description": "E-mail address for the confirmation. Without it the confirmation goes to "
+                                        "<customer>@customers.surety.example, so give it when the customer is a "
+                                        "name (with spaces, say) rather than an id."},
                  wait=WAIT),
          _started, {"order_id": "order"}),
     Tool("get_action", "Read an action by its operation key, as it stands now.",

@@ -161,8 +161,8 @@ class TaskRequestSerializer(StrictSerializer):
         workflow = WORKFLOWS.get(data["workflow"])
         if workflow is None:
             raise serializers.ValidationError({"workflow": [f"Unknown workflow {data['workflow']!r}."]})
-        # context["recorded"]: a task is recorded under this id already (the view says); its
-        # workflow may hold a new task to rules that came after it (ledger.workflows.refund).
+        # context["recorded"]: asks whether a task is recorded under this id already (the view's);
+        # a workflow may hold a new task to rules that came after it (ledger.workflows.refund).
         incoming = workflow.input_serializer(data=data["input"], context=self.context)
         if not incoming.is_valid():
             raise serializers.ValidationError({"input": incoming.errors})

@@ -338,7 +338,7 @@ class TaskCreateView(APIView):
         live = Task.objects.filter(agent=request.auth, task_id=task_id)
         with gone_whatever_the_body(ArchivedTask.objects.filter(agent=request.auth, task_id=task_id), task_id,
                                     live=live):
-            incoming = TaskRequestSerializer(data=request.data, context={"recorded": live.exists()})
+            incoming = TaskRequestSerializer(data=request.data, context={"recorded": live.exists})
             incoming.is_valid(raise_exception=True)
             data = incoming.validated_data
             room = task_id_room(data["workflow"])
