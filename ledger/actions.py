@@ -251,11 +251,12 @@ SAME_DECISION = {
 def action_retry(action, *, actor, reason):
     """A new attempt of a failed (retryable) action, under the same rule as a new request:
     while another action on its target or customer is in flight, it is held for a person. Held
-    ones apart: its failure kept what it held, and it goes on before them, as its first attempt
-    did (ledger.dbrules.REQUEUE_SAME_SUBJECT)."""
+    ones newer than it apart: its failure kept what it held, and it goes on before them, as its
+    first attempt did; one held before it was requested keeps its turn
+    (ledger.dbrules.REQUEUE_SAME_SUBJECT)."""
     with transaction.atomic():
         _lock_subjects(action.target, action.customer)
-        busy = [other for other in _siblings(action) if other.status != S.HELD]
+        busy = [other for other in _siblings(action) if other.status != S.HELD or other.pk < action.pk]
         if busy:
             return action.hold(actor=actor, reason=f"{busy[0].operation_key} is in flight for the same target or customer")
         return action.requeue(actor=actor, reason=reason)

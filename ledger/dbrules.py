@@ -52,6 +52,8 @@ def in_enum_order(enum, members):
 
 IN_FLIGHT = sql_list(in_enum_order(ActionStatus, IN_FLIGHT_STATUSES))
 RUNNING = sql_list(in_enum_order(ActionStatus, IN_FLIGHT_STATUSES - {ActionStatus.HELD}))  # in flight, not held
+# Ahead of a failed action's new attempt (NEW): running, or held since before it was requested.
+BEFORE_IT = f"(a.status IN {RUNNING} OR (a.status = '{ActionStatus.HELD}' AND a.id < NEW.id))"
 NOT_STARTED = sql_list([ActionStatus.QUEUED, ActionStatus.AWAITING_APPROVAL])
 
 # A target's and a customer's advisory-lock keys, in one order, so that two transactions never
@@ -107,15 +109,16 @@ END""")
 
 # The same rule on a new attempt: a failed action goes back to `queued` only while nothing
 # else is in flight on its target or customer (ledger.actions.action_retry holds it instead),
-# held actions apart: a failure that may be retried keeps what it held, and its retry goes on
-# before them, as its first attempt did (decision 18). A person's release of one of them is bound
-# to what its page showed in flight, so it is refused once the retry is (approvals.decisions).
+# held actions newer than it apart: a failure that may be retried keeps what it held, and its
+# retry goes on before them, as its first attempt did (decision 18); one held before it was
+# requested keeps its turn. A person's release of one of them is bound to what its page showed in
+# flight, so it is refused once the retry is (approvals.decisions).
 REQUEUE_SAME_SUBJECT = Function("ledger_action_requeue_same_subject() RETURNS trigger", f"""
 BEGIN
     PERFORM ledger_lock_subjects(NEW.target, NEW.customer);
-    IF EXISTS (SELECT 1 FROM ledger_action a WHERE a.id <> NEW.id AND a.target = NEW.target AND a.status IN {RUNNING})
+    IF EXISTS (SELECT 1 FROM ledger_action a WHERE a.id <> NEW.id AND a.target = NEW.target AND {BEFORE_IT})
        OR (NEW.customer <> '' AND EXISTS (
-           SELECT 1 FROM ledger_action a WHERE a.id <> NEW.id AND a.customer = NEW.customer AND a.status IN {RUNNING}))
+           SELECT 1 FROM ledger_action a WHERE a.id <> NEW.id AND a.customer = NEW.customer AND {BEFORE_IT}))
     THEN
         RAISE EXCEPTION USING MESSAGE = 'another action is in flight for the same target or customer: '
                                         || NEW.operation_key || ' must be held, not queued',
@@ -126,9 +129,9 @@ END """)
 
 REQUEUE_SAME_SUBJECT_SQLITE = SQLiteTrigger("ledger_action_requeue_same_subject", f"""CREATE TRIGGER ledger_action_requeue_same_subject BEFORE UPDATE OF status ON ledger_action
 WHEN OLD.status = '{ActionStatus.FAILED}' AND NEW.status = '{ActionStatus.QUEUED}' AND (
-    EXISTS (SELECT 1 FROM ledger_action a WHERE a.id <> NEW.id AND a.target = NEW.target AND a.status IN {RUNNING})
+    EXISTS (SELECT 1 FROM ledger_action a WHERE a.id <> NEW.id AND a.target = NEW.target AND {BEFORE_IT})
     OR (NEW.customer <> '' AND EXISTS (
-        SELECT 1 FROM ledger_action a WHERE a.id <> NEW.id AND a.customer = NEW.customer AND a.status IN {RUNNING})))
+        SELECT 1 FROM ledger_action a WHERE a.id <> NEW.id AND a.customer = NEW.customer AND {BEFORE_IT})))
 BEGIN
     SELECT RAISE(ABORT, 'another action is in flight for the same target or customer: it must be held, not queued');
 END""")

@@ -559,22 +559,23 @@ def test_a_release_stands_when_what_the_page_showed_in_flight_only_moved_on(agen
 @pytest.mark.django_db(transaction=True)
 def test_a_group_decision_and_a_request_on_its_order_at_once_take_turns_without_a_deadlock(agent, approver,
                                                                                             monkeypatch):
-    """A group's decision locks its members' rows; a request for the same order comes at that
-    moment. The decision takes the order's locks before the rows, as the intake does: the request
-    waits for it, then finds the one it released. (Taken after the rows, the request held
-    the order's locks and waited for a member's row, the decision the reverse: a deadlock.)"""
+    """A group's decision and a request for the same order at the same moment. The decision takes
+    the order's locks before its members' rows, as the intake does: the request, in between, goes
+    first, and the decision after it finds it. (Taken after the rows, the decision held a member's row and
+    waited for the order's locks, while the request held those and waited for the row: a deadlock.)"""
     first, second = refund(agent, "r1"), refund(agent, "r2")
     item = ReviewItem.objects.get(action=second, status=ReviewStatus.OPEN)
     on_the_page = print_near(second)
-    rows_locked = threading.Event()
-    decide = decisions.review_decide
+    about_to_lock, requested = threading.Event(), threading.Event()
+    lock = decisions._lock_subjects_of
 
-    def after_the_rows(*args, **kwargs):  # held_group_decide has locked every member's row
-        rows_locked.set()
-        time.sleep(1)  # the request comes now
-        return decide(*args, **kwargs)
+    def the_request_comes_now(member):
+        if not about_to_lock.is_set():
+            about_to_lock.set()
+            requested.wait(3)  # the request runs whole, unless it waits for this decision's locks
+        return lock(member)
 
-    monkeypatch.setattr(decisions, "review_decide", after_the_rows)
+    monkeypatch.setattr(decisions, "_lock_subjects_of", the_request_comes_now)
 
     def group_decision():
         try:
@@ -585,19 +586,20 @@ def test_a_group_decision_and_a_request_on_its_order_at_once_take_turns_without_
 
     def request():
         try:
-            assert rows_locked.wait(20)
+            assert about_to_lock.wait(20)
             return refund(agent, "r3")
         finally:
+            requested.set()
             connection.close()
 
     with ThreadPoolExecutor(2) as pool:
         decided, third = pool.submit(group_decision), pool.submit(request)
-        decided.result()
         third = third.result()
-    # The request came after the decision: r2 released, then held with r3, as a request for an order
-    # holds what has not started on it (a person decides the two).
-    assert [verb for verb, in audit_events(second).values_list("verb")] == ["requested", "released", "held"]
-    assert (status(first), status(second), status(third)) == (S.REJECTED, S.HELD, S.HELD)
+        # r3 came first, held with the group: what is in flight near r2 is not what the page
+        # showed, and the decision, after the request, is refused; nothing is decided unseen.
+        with pytest.raises(DecisionRefused, match=IN_FLIGHT_CHANGED):
+            decided.result()
+    assert (status(first), status(second), status(third)) == (S.HELD, S.HELD, S.HELD)
 
 
 @pytest.mark.django_db

@@ -74,13 +74,31 @@ def test_the_database_refuses_a_new_attempt_while_another_action_is_in_flight(ot
     retry = failed(agent, "retry", customer="CUST-1")
     stored(agent, "other", other, target="ORD-2", customer="CUST-1")
 
-    if other in IN_FLIGHT_STATUSES - {S.HELD}:  # a held one waits behind the failure it held
+    if other in IN_FLIGHT_STATUSES - {S.HELD}:  # a held one newer than the failure waits behind it
         with pytest.raises(IntegrityError), transaction.atomic():
             retry.requeue(actor="system:tests", reason="bypassing action_retry")
         assert Action.objects.get(pk=retry.pk).status == S.FAILED
     else:
         retry.requeue(actor="system:tests", reason="nothing in flight")
         assert Action.objects.get(pk=retry.pk).status == S.QUEUED
+
+
+@pytest.mark.parametrize("held_first", [True, False], ids=["held before it was requested", "held after"])
+def test_a_new_attempt_goes_before_the_held_actions_newer_than_it_not_older_ones(held_first):
+    """Its failure kept what it held (newer than it): its retry goes on before them. One held since
+    before it was requested was not its to hold, and keeps its turn: the attempt is refused."""
+    agent, _ = make_agent("billing")
+    if held_first:
+        stored(agent, "other", S.HELD, target="ORD-2", customer="CUST-1")
+    retry = failed(agent, "retry", customer="CUST-1")
+    if not held_first:
+        stored(agent, "other", S.HELD, target="ORD-2", customer="CUST-1")
+    if held_first:
+        with pytest.raises(IntegrityError), transaction.atomic():
+            retry.requeue(actor="system:tests", reason="bypassing action_retry")
+        assert action_retry(retry, actor="system:tests", reason="again").status == S.HELD
+    else:
+        assert action_retry(retry, actor="system:tests", reason="again").status == S.QUEUED
 
 
 def test_action_retry_holds_where_the_database_would_refuse():
