@@ -174,7 +174,7 @@ def detail_context(request, item, decide_url=None):
         # item's `why` was written when it was held), and the print a release is bound to, of the
         # same reading: a retry landing between two readings would be in the print, not on the page.
         "holding": near[:10] if near is not None else None,
-        "group": _group(item),
+        "group": _group(item, near),
         "references": _references_found(action.evidence),
         "verifying": _verification(item, action, history),
         "form": DecisionForm(),
@@ -222,14 +222,16 @@ def _why_now(item, history):
     return item.why
 
 
-def _group(item):
+def _group(item, near):
     """An open held item's group, each member with the print of what is in flight near it
-    (`in_flight`): the group's form releases one on what the page showed."""
+    (`in_flight`): the group's form releases one on what the page showed (the item's own, on
+    `near`, the reading the page shows)."""
     if item.kind != ReviewKind.HELD or item.status != ReviewStatus.OPEN:
         return []
     group = held_group(item)
     for member in group:
-        member.in_flight = in_flight_print(in_flight_near(member.action))
+        seen = near if member.action_id == item.action_id else in_flight_near(member.action)
+        member.in_flight = in_flight_print(seen)
     return group
 
 
