@@ -46,14 +46,11 @@ def deadletter_redrive(entry, *, actor, reason):
 
 def deadletter_resolve(entry, *, actor, note):
     """A person finished the job by hand; the note says what they did. The task or action
-    stays as it is; what an action's failure held is looked at again (no retry comes)."""
+    stays as it is."""
     if not note.strip():
         raise ValueError("say what was done by hand")
     with transaction.atomic():
-        entry = _open_entry(entry)
-        if entry.action_id:
-            action_release_what_it_held(entry.action)
-        return entry.resolve(actor=actor, note=note, locked=True)
+        return _open_entry(entry).resolve(actor=actor, note=note, locked=True)
 
 
 def deadletter_discard(entry, *, actor, reason):

@@ -17,7 +17,7 @@ from approvals import decisions
 from ledger import actions
 from approvals.decisions import DecisionRefused, held_group, held_group_decide, in_flight_print, review_decide
 from approvals.models import ReviewItem, ReviewKind, ReviewStatus
-from dlq.entries import deadletter_discard, deadletter_resolve
+from dlq.entries import deadletter_discard
 from dlq.models import DeadLetter
 from ledger.actions import action_request, action_retry, in_flight_near
 from ledger.models import Action, ActionStatus
@@ -653,11 +653,9 @@ def test_the_retry_of_a_failure_goes_before_what_it_held_which_runs_once_it_succ
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("given_up", [deadletter_discard, deadletter_resolve], ids=["discarded", "resolved"])
-def test_what_a_failure_held_is_released_when_its_dead_letter_is_discarded_or_resolved(agent, approver, given_up):
+def test_what_a_failure_held_is_released_when_its_dead_letter_is_discarded(agent, approver):
     """A failure that may be retried keeps what it held, for its retry. Its dead letter
-    discarded, or resolved by hand, no retry comes: what it held is looked at again, as after a
-    failure for good."""
+    discarded, no retry comes: what it held is looked at again, as after a failure for good."""
     first = running(refund(agent, "r1"))
     second = refund(agent, "r2")
     Action.objects.filter(pk=first.pk).update(attempts=settings.MAX_ATTEMPTS)  # its last attempt
@@ -665,11 +663,7 @@ def test_what_a_failure_held_is_released_when_its_dead_letter_is_discarded_or_re
     first.mark_failed(actor="system:executor", code="attempts_exhausted", message="x", retryable=True,
                       claim=first.fence)
     assert status(second) == S.HELD
-    entry = DeadLetter.objects.get(action=first)
-    if given_up is deadletter_discard:
-        deadletter_discard(entry, actor=approver, reason="the customer withdrew it")
-    else:
-        deadletter_resolve(entry, actor=approver, note="refunded by hand")
+    deadletter_discard(DeadLetter.objects.get(action=first), actor=approver, reason="refunded by hand")
     assert (status(first), status(second)) == (S.FAILED, S.QUEUED)
     [released] = audit_events(second, "released")
     assert released.actor == "system:intake" and released.reason.startswith("r1 is failed")
