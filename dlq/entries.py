@@ -6,7 +6,7 @@ An entry is about a task or a standalone action; each function says what it does
 
 from django.db import transaction
 
-from ledger.actions import action_release_what_it_held, action_retry, action_retry_by_person
+from ledger.actions import action_retry, action_retry_by_person
 from ledger.models import Booking, TaskState
 from ledger.statemachine import InvalidTransition
 
@@ -55,9 +55,8 @@ def deadletter_resolve(entry, *, actor, note):
 
 def deadletter_discard(entry, *, actor, reason):
     """Give up: a dead-lettered task is cancelled; a failed task stays `failed` (final); an
-    action stays `failed`, which nothing runs again (its entry was the way to retry it), a
-    booking lets go of its slot, and what its failure held is looked at again, as after a
-    failure for good (a failure that may be retried kept it for its retry, which now never comes)."""
+    action stays `failed`, which nothing runs again (its entry was the way to retry it), and
+    a booking lets go of its slot."""
     if not reason.strip():
         raise ValueError("a reason is required to discard")
     with transaction.atomic():
@@ -71,5 +70,4 @@ def deadletter_discard(entry, *, actor, reason):
             booking = Booking.objects.filter(action=entry.action_id, status=Booking.Status.PENDING).first()
             if booking is not None:
                 booking.release()
-            action_release_what_it_held(entry.action)
         return entry.discard(actor=actor, reason=reason, locked=True)

@@ -355,12 +355,6 @@ def held_release_when_settled(action, previous, actor, reason):
         return
     if not action.held_nearby:  # the settle's own statement saw none held on its subjects
         return
-    action_release_what_it_held(action)
-
-
-def action_release_what_it_held(action):
-    """The look `held_release_when_settled` takes once `action` has settled, for good: also
-    when a failure that may be retried will not be (its dead letter discarded)."""
     held_ones = [a for a in _held_on_subjects.all(action.target, action.customer) if a.pk != action.pk]
     for held in held_ones:
         try:

@@ -9,7 +9,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection, transaction
 
@@ -17,8 +16,6 @@ from approvals import decisions
 from ledger import actions
 from approvals.decisions import DecisionRefused, held_group, held_group_decide, in_flight_print, review_decide
 from approvals.models import ReviewItem, ReviewKind, ReviewStatus
-from dlq.entries import deadletter_discard
-from dlq.models import DeadLetter
 from ledger.actions import action_request, action_retry, in_flight_near
 from ledger.models import Action, ActionStatus
 from tests.conftest import wait_until
@@ -650,20 +647,3 @@ def test_the_retry_of_a_failure_goes_before_what_it_held_which_runs_once_it_succ
     again = running(first)
     again.mark_succeeded(actor="system:executor", external_ref="re_1", claim=again.fence)
     assert status(second) == S.QUEUED
-
-
-@pytest.mark.django_db
-def test_what_a_failure_held_is_released_when_its_dead_letter_is_discarded(agent, approver):
-    """A failure that may be retried keeps what it held, for its retry. Its dead letter
-    discarded, no retry comes: what it held is looked at again, as after a failure for good."""
-    first = running(refund(agent, "r1"))
-    second = refund(agent, "r2")
-    Action.objects.filter(pk=first.pk).update(attempts=settings.MAX_ATTEMPTS)  # its last attempt
-    first = Action.objects.get(pk=first.pk)
-    first.mark_failed(actor="system:executor", code="attempts_exhausted", message="x", retryable=True,
-                      claim=first.fence)
-    assert status(second) == S.HELD
-    deadletter_discard(DeadLetter.objects.get(action=first), actor=approver, reason="refunded by hand")
-    assert (status(first), status(second)) == (S.FAILED, S.QUEUED)
-    [released] = audit_events(second, "released")
-    assert released.actor == "system:intake" and released.reason.startswith("r1 is failed")
