@@ -24,20 +24,15 @@ class FlakyProxy:
         self.connections = 0
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
-        threading.Thread(target=self._accept, daemon=True).start()
+        threading.Thread(target=_serve, args=(self.listener, self._accepted), daemon=True).start()
 
     def close(self):
         self.listener.close()
 
-    def _accept(self):
-        while True:
-            try:
-                caller, _ = self.listener.accept()
-            except OSError:
-                return
-            self.connections += 1
-            failing = self.connections <= self.times
-            threading.Thread(target=self._relay, args=(caller, failing), daemon=True).start()
+    def _accepted(self, caller):
+        self.connections += 1
+        failing = self.connections <= self.times
+        threading.Thread(target=self._relay, args=(caller, failing), daemon=True).start()
 
     def _relay(self, caller, failing):
         if failing and self.failure == "503":
@@ -71,7 +66,7 @@ class SwitchableRelay:
         self._lock = threading.Lock()
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
+        threading.Thread(target=_serve, args=(self.listener, self._accepted), daemon=True).start()
 
     def cut(self):
         with self._lock:
@@ -88,28 +83,33 @@ class SwitchableRelay:
         self.listener.close()
         self.cut()
 
-    def _accept(self):
-        while True:
-            try:
-                caller, _ = self.listener.accept()
-            except OSError:
-                return
-            try:
-                server = socket.create_connection(self.upstream)
-            except OSError:
-                _close(caller)
-                continue
-            with self._lock:
-                relayed = self.up
-                if relayed:
-                    self.connections += 1
-                    self._open |= {caller, server}
-            if not relayed:
-                _close(caller)
-                _close(server)
-                continue
-            threading.Thread(target=_pump, args=(caller, server), daemon=True).start()
-            threading.Thread(target=_pump, args=(server, caller), daemon=True).start()
+    def _accepted(self, caller):
+        try:
+            server = socket.create_connection(self.upstream)
+        except OSError:
+            _close(caller)
+            return
+        with self._lock:
+            relayed = self.up
+            if relayed:
+                self.connections += 1
+                self._open |= {caller, server}
+        if not relayed:
+            _close(caller)
+            _close(server)
+            return
+        threading.Thread(target=_pump, args=(caller, server), daemon=True).start()
+        threading.Thread(target=_pump, args=(server, caller), daemon=True).start()
+
+
+def _serve(listener, accepted):
+    """Hand each connection `listener` accepts to `accepted`, until the listener is closed."""
+    while True:
+        try:
+            caller, _ = listener.accept()
+        except OSError:
+            return
+        accepted(caller)
 
 
 def _pump(source, sink):
