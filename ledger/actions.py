@@ -115,10 +115,6 @@ def in_flight_near(action, *, locked=False):
     return sorted(found.values(), key=lambda a: a.pk)
 
 
-def _siblings(action):
-    return in_flight_near(action, locked=True)
-
-
 # A replay's read (compiled once, see compiled.py): SELECT ... FROM ledger_action WHERE operation_key = %s
 _by_key = Compiled(lambda key: Action.objects.filter(operation_key=key).order_by(), name="ledger.actions: action by key")
 
@@ -175,7 +171,7 @@ def action_request(*, agent, operation_key, action_type, target, params, custome
                 task=task, agent=agent, status=status,
                 next_attempt_at=clock.now() if status == S.QUEUED else None,
             ), stored=("status", "next_attempt_at"))
-            siblings = _siblings(action) if action.status == S.HELD else []
+            siblings = in_flight_near(action, locked=True) if action.status == S.HELD else []
             if siblings:
                 reason = "another action is in flight for the same target or customer: " + ", ".join(
                     s.operation_key for s in siblings[:5]
@@ -256,7 +252,8 @@ def action_retry(action, *, actor, reason):
     (ledger.dbrules.REQUEUE_SAME_SUBJECT)."""
     with transaction.atomic():
         _lock_subjects(action.target, action.customer)
-        busy = [other for other in _siblings(action) if other.status != S.HELD or other.pk < action.pk]
+        busy = [other for other in in_flight_near(action, locked=True)
+                if other.status != S.HELD or other.pk < action.pk]
         if busy:
             return action.hold(actor=actor, reason=f"{busy[0].operation_key} is in flight for the same target or customer")
         return action.requeue(actor=actor, reason=reason)

@@ -221,14 +221,14 @@ def test_an_action_held_at_its_insert_whose_holder_settles_before_the_intake_loo
     nothing in flight, releases r2 itself."""
     first = running(refund(agent, "r1"))
     inserted, settled = threading.Event(), threading.Event()
-    look = actions._siblings
+    look = actions.in_flight_near
 
-    def after_the_settle(action):
+    def after_the_settle(action, **kwargs):
         inserted.set()  # r2's row is inserted, held by the rule, not yet committed
         assert settled.wait(20)
-        return look(action)
+        return look(action, **kwargs)
 
-    monkeypatch.setattr(actions, "_siblings", after_the_settle)
+    monkeypatch.setattr(actions, "in_flight_near", after_the_settle)
 
     def intake():
         try:
