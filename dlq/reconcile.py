@@ -42,7 +42,7 @@ from django.utils import timezone
 
 from ledger.connectors import connector_for, http
 from ledger.jobs import enqueue
-from ledger.models import Action, ActionStatus
+from ledger.models import SETTLED, Action, ActionStatus
 
 from .incidents import Incident, IncidentKind, ReconciliationRun
 
@@ -53,8 +53,7 @@ CHUNK = 1000
 LEDGER_FIELDS = ("pk", "operation_key", "action_type", "status", "amount", "currency", "external_ref")
 # The statuses in which the ledger says the action's effect was never made. (In flight, or a
 # person's to review, it may yet be found: not a finding.)
-NO_EFFECT = {ActionStatus.FAILED, ActionStatus.REJECTED, ActionStatus.CANCELLED, ActionStatus.EXPIRED,
-             ActionStatus.SHADOW, ActionStatus.SUPERSEDED}
+NO_EFFECT = (SETTLED - {ActionStatus.SUCCEEDED}) | {ActionStatus.SHADOW, ActionStatus.SUPERSEDED}
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ from rest_framework import serializers
 from ledger.recipients import email_recipient
 from ledger.validation import AmountField, CurrencyField, PayableAmount, StrictSerializer
 from ledger.connectors import http
-from ledger.models import Action, ActionType, Confirmation
+from ledger.actions import action_by_key
+from ledger.models import ActionType, Confirmation
 
 from . import ActionSpec, StepFailed, Workflow, effect, local, read
 
@@ -84,7 +85,7 @@ def refunded(ctx):
     """The amount the refund step refunded: a person may have edited it down (ledger.versions), and
     the task went on with their version, whose key the step's checkpoint names."""
     version = ctx.results["call_refund_api"].get("operation_key")
-    return Action.objects.get(operation_key=version).params["amount"] if version else ctx.input["amount"]
+    return action_by_key(version).params["amount"] if version else ctx.input["amount"]
 
 
 def write_confirmation(ctx, key):
