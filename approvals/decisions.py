@@ -88,7 +88,7 @@ def review_decide(item, *, user, decision, reason="", external_ref="", fingerpri
         raise DecisionRefused("the provider's reference is required to mark it succeeded")
     with _decision(item):
         if decision == "release":  # before any row, in the intake's order: no deadlock with it
-            _lock_subjects_of(item)
+            action_lock_subjects(item.action)  # its target and customer never change
         action, item, fingerprint, behalf = _open_for(item, user, fingerprint)
         if decision == "release" and in_flight and in_flight != in_flight_print(in_flight_near(action)):
             raise DecisionRefused(IN_FLIGHT_CHANGED)
@@ -124,11 +124,6 @@ def _decision(item):
 
 def window_closed(item):
     return f"its approval window closed at {item.expires_at:%Y-%m-%d %H:%M} UTC: it expires undecided"
-
-
-def _lock_subjects_of(item):
-    """The subjects' locks of the item's action (its target and customer never change)."""
-    action_lock_subjects(Action.objects.only("target", "customer").get(pk=item.action_id))
 
 
 def _open_for(item, user, fingerprint):
@@ -282,7 +277,7 @@ def held_group_decide(item, *, user, release, reason, fingerprint="", in_flight=
         if members is not None and sorted(members) != sorted(member.action_id for member in group):
             raise DecisionRefused(GROUP_CHANGED)
         if chosen:  # its subjects' locks before the rows, as review_decide takes them (no deadlock)
-            _lock_subjects_of(chosen[0])
+            action_lock_subjects(chosen[0].action)
         # Every member's action, then every item, in id order, before any is decided: two people
         # deciding one group at once took them in two orders (each the one released first) and
         # deadlocked. So the second waits for the first, then finds the group decided.

@@ -14,7 +14,8 @@ from django.db import connection, transaction
 
 from approvals import decisions
 from ledger import actions
-from approvals.decisions import DecisionRefused, held_group, held_group_decide, in_flight_print, review_decide
+from approvals.decisions import (GROUP_CHANGED, IN_FLIGHT_CHANGED, DecisionRefused, held_group, held_group_decide,
+                                 in_flight_print, review_decide)
 from approvals.models import ReviewItem, ReviewKind, ReviewStatus
 from ledger.actions import action_request, action_retry, in_flight_near
 from ledger.models import Action, ActionStatus
@@ -69,8 +70,6 @@ def release_from(client, item, form, reason="released"):
                                                      "in_flight": form["in_flight"]}, follow=True)
 
 
-IN_FLIGHT_CHANGED = "what is in flight on its order or customer changed since you opened this page: look at it again"
-GROUP_CHANGED = "the held group changed since you opened this page: look at it again"
 
 
 @pytest.mark.django_db
@@ -567,7 +566,7 @@ def test_a_group_decision_and_a_request_on_its_order_at_once_take_turns_without_
     item = ReviewItem.objects.get(action=second, status=ReviewStatus.OPEN)
     on_the_page = print_near(second)
     about_to_lock, requested = threading.Event(), threading.Event()
-    lock = decisions._lock_subjects_of
+    lock = decisions.action_lock_subjects
 
     def the_request_comes_now(member):
         if not about_to_lock.is_set():
@@ -575,7 +574,7 @@ def test_a_group_decision_and_a_request_on_its_order_at_once_take_turns_without_
             requested.wait(3)  # the request runs whole, unless it waits for this decision's locks
         return lock(member)
 
-    monkeypatch.setattr(decisions, "_lock_subjects_of", the_request_comes_now)
+    monkeypatch.setattr(decisions, "action_lock_subjects", the_request_comes_now)
 
     def group_decision():
         try:
