@@ -143,7 +143,7 @@ def _asked_otherwise(action):
         amount, currency = money_in_params(action.params)
     except (ArithmeticError, AttributeError, TypeError, ValueError):  # not an amount at all
         return action.params.get("amount") if isinstance(action.params, dict) else action.params, ""
-    same = amount == action.amount and str(currency).upper() == action.currency
+    same = amount == action.amount and currency == action.currency  # as the intake compares them
     return None if same else (amount, currency)
 
 

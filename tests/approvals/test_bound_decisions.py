@@ -165,3 +165,13 @@ def test_the_page_says_when_the_params_ask_for_another_amount_than_the_one_recor
     change_params(action, "7500.00")
     page = client.get(f"/review/{item.pk}/").content.decode()
     assert 'id="asked-otherwise"' in page and "<strong>7500.00 EUR</strong>" in page
+
+
+def test_the_page_says_when_the_params_ask_for_another_currency_spelling_as_the_review_counts_it(people, client):
+    """Params changed to "eur" are not the currency recorded, for the intake's verdict (two
+    approvers): the page says they ask otherwise, as the verdict reads them."""
+    users, agent = people
+    action, item = refund(agent, 10, "750.00")
+    Action.objects.filter(pk=action.pk).update(params={**action.params, "currency": "eur"})
+    client.force_login(users["alice"])
+    assert 'id="asked-otherwise"' in client.get(f"/review/{item.pk}/").content.decode()
