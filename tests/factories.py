@@ -384,3 +384,15 @@ def database_away():
     finally:
         connection.close()
         connection.settings_dict["PORT"] = port
+
+
+REAL_NOW = timezone.now
+
+
+def host_clock_off_by(monkeypatch, seconds):
+    """This process's host clock `seconds` ahead of the database's (behind if negative), read afresh:
+    the host clock itself cannot be set from a test, so Django's `timezone.now` is moved."""
+    from ledger import clock
+
+    monkeypatch.setattr(timezone, "now", lambda: REAL_NOW() + timedelta(seconds=seconds))
+    clock.forget()

@@ -56,8 +56,9 @@ def test_a_customer_whose_confirmation_would_not_fit_is_refused_before_anything_
 
 
 def _refund_task(client, customer, notify=None, task_id="task-customer-address"):
-    body = {**refund_task_body(), "input": {**refund_task_body()["input"], "customer": customer,
-                                             **({"notify": notify} if notify else {})}}
+    body = refund_task_body(customer=customer)
+    if notify:
+        body["input"]["notify"] = notify
     return client.post("/api/v1/tasks", data=json.dumps(body), content_type="application/json",
                        headers={"Idempotency-Key": task_id}), body
 

@@ -36,12 +36,15 @@ def test_the_agents_page_counts_each_agents_actions_only_up_to_a_cap(admin, monk
     monkeypatch.setattr("console.ledger_views.HISTORY_EXACT_UP_TO", 2)
     busy, _ = make_agent("busy")
     quiet, _ = make_agent("quiet")
-    for agent, n in ((busy, 1), (busy, 2), (busy, 3), (quiet, 4)):
+    for agent, n in ((busy, 1), (busy, 2), (busy, 3), (busy, 4), (busy, 5), (quiet, 6)):
         action_request(agent=agent, operation_key=f"refund:ORD-{n}:dec-{n}", action_type="refund", target=f"ORD-{n}",
                        customer=f"CUST-{n}", params={"amount": "10.00", "currency": "EUR"})
-    page = admin.get("/agents/").content.decode()
-    assert '<td class="num">2+</td>' in page  # busy's 3
+    response = admin.get("/agents/")
+    page = response.content.decode()
+    assert '<td class="num">2+</td>' in page  # busy's 5
     assert '<td class="num">1</td>' in page  # quiet's
+    # Counted no further than the cap and one: busy's five are not read.
+    assert {agent.name: agent.actions_count for agent in response.context["agents"]} == {"busy": 3, "quiet": 1}
 
 
 def test_the_audit_export_writes_no_cell_a_spreadsheet_would_run_as_a_formula(admin):

@@ -22,11 +22,9 @@ from ledger.executor import action_claim_next, action_expire_leases
 from ledger.models import Action
 from ledger.retry import backoff_until
 from ledger.tasks import task_claim_next, task_request
-from tests.factories import make_agent, refund_input
+from tests.factories import host_clock_off_by, make_agent, refund_input
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("jobs_to_test_redis")]
-
-REAL_NOW = timezone.now
 
 
 @pytest.fixture(autouse=True)
@@ -40,11 +38,6 @@ def database_now():
     with connection.cursor() as cursor:
         cursor.execute("SELECT clock_timestamp()")
         return cursor.fetchone()[0]
-
-
-def host_clock_off_by(monkeypatch, seconds):
-    monkeypatch.setattr(timezone, "now", lambda: REAL_NOW() + timedelta(seconds=seconds))
-    clock.forget()
 
 
 def refund(agent, key="clock-1"):

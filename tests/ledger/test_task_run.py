@@ -8,15 +8,14 @@ from approvals.decisions import review_edit
 from approvals.models import Limit, ReviewItem
 from dlq.models import DeadLetter
 from ledger.actions import action_request
-from ledger.connectors import http
 from ledger.models import Action, ActionType, Confirmation, Task, TaskState
 from ledger.recipients import email_recipient
 from ledger.runner import drain_tasks
 from ledger.tasks import task_request
 from ledger.workflows.refund import CUSTOMERS_AT, TARGET_LENGTH, RefundInput
 from tests.conftest import wait_until
-from tests.factories import (agent_api, audit_events, make_agent, person, post_task, refund_input, refund_task_body,
-                             sandbox, sandbox_order)
+from tests.factories import (agent_api, audit_events, person, post_task, refund_input, refund_task_body,
+                             sandbox, sandbox_list, sandbox_order)
 
 
 def settled_task(client, task_id, seconds=30):
@@ -108,34 +107,16 @@ def test_a_customer_whose_lower_case_would_not_fit_the_confirmation_is_refused_b
     assert RefundInput(data=refund_input("ORD-1", "i" * (TARGET_LENGTH - len(CUSTOMERS_AT)))).is_valid()
 
 
-def staged_provider(monkeypatch, order, customer, amount):
-    """The provider, staged in this process: each write answered with a new id (what it was sent
-    kept, in order, in the list returned), the order's look-up with `order`, `customer`, `amount`."""
-    sent = []
-
-    def provider(method, url, **kwargs):
-        if method == "POST":
-            sent.append(kwargs["json"])
-            return {"id": f"eff_{len(sent)}"}
-        return {"order_id": order, "customer": customer, "amount": amount}
-
-    monkeypatch.setattr(http, "call", provider)
-    return sent
-
-
-@pytest.mark.django_db(transaction=True)
-@pytest.mark.usefixtures("jobs_to_test_redis")
-def test_a_refund_edited_down_is_confirmed_and_told_to_the_customer_at_the_amount_refunded(settings, monkeypatch):
+def test_a_refund_edited_down_is_confirmed_and_told_to_the_customer_at_the_amount_refunded(stack, client, settings):
     """A person edits the task's over-limit refund of 900.00 down to 400.00: the provider refunds
     400.00, and the confirmation and the customer's message say 400.00, not the 900.00 the task
-    asked for. (The provider is staged: what it is sent is what this is about.)"""
+    asked for. (Drained here, against the sandbox provider the stack serves.)"""
     settings.DRAIN_LANES = 1
     Limit.limit_set(actor="system:tests", reason="the tests' policy", action_type="refund", currency="EUR",
                     max_amount=Decimal("500.00"))
-    agent = make_agent("billing", grants=("refund", "send_message"))[0]
-    task, _ = task_request(agent=agent, task_id="refund-edited", workflow="refund",
+    sandbox_order(client, "ORD-E", "C-E", amount="1000.00")
+    task, _ = task_request(agent=client.agent, task_id="refund-edited", workflow="refund",
                            input=refund_input("ORD-E", "C-E", amount="900.00"))
-    sent = staged_provider(monkeypatch, "ORD-E", "C-E", "1000.00")
     drain_tasks()
     assert Task.objects.get(pk=task.pk).state == TaskState.WAITING
     original = Action.objects.get(task=task)
@@ -145,32 +126,29 @@ def test_a_refund_edited_down_is_confirmed_and_told_to_the_customer_at_the_amoun
 
     task.refresh_from_db()
     assert task.state == TaskState.SUCCEEDED, task.last_error
-    refund, message = sent
-    assert refund["amount"] == "400.00"
+    [refund] = sandbox_list(client, "refunds", order_id="ORD-E")
+    assert Decimal(refund["amount"]) == Decimal("400.00")
     assert Confirmation.objects.get(task=task).amount == Decimal("400.00")
+    [message] = sandbox_list(client, "messages", operation_key="refund-edited:notify_customer:v1")
     assert "refunded 400.00 EUR" in message["body"], message["body"]
     assert Action.objects.get(task=task, action_type=ActionType.SEND_MESSAGE).params["body"] == message["body"]
 
 
-@pytest.mark.django_db(transaction=True)
-@pytest.mark.usefixtures("jobs_to_test_redis")
-def test_the_confirmation_to_notify_is_recorded_with_its_domain_as_the_api_records_it(settings, monkeypatch):
+def test_the_confirmation_to_notify_is_recorded_with_its_domain_as_the_api_records_it(stack, client, settings):
     """The notify step records its message as the API records a recipient (ledger.recipients
     .email_recipient: the domain in lower case): recorded as written, the agent's own message of
     the same type for the same decision to that address, through the API, was a second message."""
     settings.DRAIN_LANES = 1
-    Limit.limit_set(actor="system:tests", reason="the tests' policy", action_type="refund", currency="EUR",
-                    max_amount=Decimal("500.00"))
-    agent = make_agent("billing", grants=("refund", "send_message"))[0]
-    task, _ = task_request(agent=agent, task_id="refund-notify", workflow="refund",
+    sandbox_order(client, "ORD-N", "C-N")
+    task, _ = task_request(agent=client.agent, task_id="refund-notify", workflow="refund",
                            input={**refund_input("ORD-N", "C-N"), "notify": "Ada@Customers.EXAMPLE"})
-    sent = staged_provider(monkeypatch, "ORD-N", "C-N", "25.00")
     drain_tasks()
     assert Task.objects.get(pk=task.pk).state == TaskState.SUCCEEDED
     notified = Action.objects.get(task=task, action_type=ActionType.SEND_MESSAGE)
+    assert notified.target == "Ada@customers.example"
 
     # The same message as the API would record it for the agent (its target normalised).
-    action_request(agent=agent, operation_key="direct-key", action_type="send_message",
+    action_request(agent=client.agent, operation_key="direct-key", action_type="send_message",
                    target=email_recipient("Ada@Customers.EXAMPLE"), decision_id=task.task_id,
                    params=notified.params)
 

@@ -24,7 +24,7 @@ from ledger.webhooks import sign_webhook, signature_valid
 from sandbox.models import SandboxWebhook
 from sandbox.webhooks import MAX_FAILURES, send_webhook, webhook_deliver
 from tests.conftest import wait_until
-from tests.factories import api_client, make_agent, post_action, refund_body, sandbox, sandbox_list
+from tests.factories import api_client, host_clock_off_by, make_agent, post_action, refund_body, sandbox, sandbox_list
 
 S = ActionStatus
 RECIPIENT = "ana@customers.surety.example"
@@ -346,9 +346,7 @@ def test_a_failed_delivery_waits_its_backoff_on_a_host_whose_clock_runs_ahead(db
     from ledger import clock
 
     settings.BACKOFF_BASE_SECONDS = 5
-    real_now = timezone.now
-    monkeypatch.setattr(timezone, "now", lambda: real_now() + timedelta(seconds=60))
-    clock.forget()
+    host_clock_off_by(monkeypatch, 60)
     receiver.failing = 100
     event = SandboxWebhook.objects.create(event_type="refund.succeeded", data={}, url=receiver.url,
                                           next_attempt_at=clock.now())  # due now, as webhook_emit writes it
