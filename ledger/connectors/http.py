@@ -57,6 +57,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as DeadlinePassed
 from concurrent.futures import wait
+from http.cookiejar import CookieJar
 
 import httpcore
 import httpx
@@ -255,6 +256,18 @@ def _held(transport):
     return transport
 
 
+class _NoCookies(CookieJar):
+    """A jar that keeps nothing. One pooled client serves every agent's and connector's calls: a
+    cookie a provider sets in answer to one (a session, a load balancer's pin) must not ride along
+    on the next, which may carry another credential. httpx has no switch for it."""
+
+    def extract_cookies(self, response, request):
+        pass
+
+    def set_cookie(self, cookie):
+        pass
+
+
 _clients = {}
 
 
@@ -275,7 +288,7 @@ def _client():
     pid = os.getpid()
     if pid not in _clients:
         _clients.clear()
-        _clients[pid] = _Client(timeout=settings.CONNECTOR_TIMEOUT, follow_redirects=False)
+        _clients[pid] = _Client(timeout=settings.CONNECTOR_TIMEOUT, follow_redirects=False, cookies=_NoCookies())
     return _clients[pid]
 
 
