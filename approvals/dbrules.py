@@ -81,18 +81,38 @@ FOUR_EYES_RULE = "four eyes:"
 WINDOW_CLOSED_RULE = "an approval is not given after its window closed"
 DECIDED_IN_TIME = (f"OLD.status = '{ReviewStatus.OPEN}' AND NEW.status IN ('{ReviewStatus.APPROVED}', "
                    f"'{ReviewStatus.EDITED}') AND NEW.expires_at IS NOT NULL")
+# Django keeps SQLite's times as UTC text, 'YYYY-MM-DD HH:MM:SS.ffffff': compared as text.
+PG_NOW, SQLITE_NOW = "clock_timestamp()", "strftime('%Y-%m-%d %H:%M:%f', 'now')"
 NOT_AFTER_EXPIRY = Function("approvals_not_after_expiry() RETURNS trigger", f"""
 BEGIN
-    IF {DECIDED_IN_TIME} AND NEW.expires_at <= clock_timestamp() THEN
+    IF {DECIDED_IN_TIME} AND NEW.expires_at <= {PG_NOW} THEN
         RAISE EXCEPTION USING MESSAGE = '{WINDOW_CLOSED_RULE}',
                               ERRCODE = 'integrity_constraint_violation';
     END IF;
     RETURN NEW;
 END """)
 
-# Django keeps SQLite's times as UTC text, 'YYYY-MM-DD HH:MM:SS.ffffff': compared as text.
 NOT_AFTER_EXPIRY_SQLITE = SQLiteTrigger("approvals_not_after_expiry", f"""CREATE TRIGGER approvals_not_after_expiry BEFORE UPDATE OF status ON approvals_reviewitem
-WHEN {DECIDED_IN_TIME} AND NEW.expires_at <= strftime('%Y-%m-%d %H:%M:%f', 'now')
+WHEN {DECIDED_IN_TIME} AND NEW.expires_at <= {SQLITE_NOW}
+BEGIN
+    SELECT RAISE(ABORT, '{WINDOW_CLOSED_RULE}');
+END""")
+
+# Nor is an approval recorded then: the first of two would stand as a stray row, an approval given
+# after the window that the item's page and evidence would show.
+ITEM_CLOSED = ("EXISTS (SELECT 1 FROM approvals_reviewitem i WHERE i.id = NEW.item_id AND i.expires_at IS NOT NULL "
+               "AND i.expires_at <= {now})")
+APPROVAL_NOT_AFTER_EXPIRY = Function("approvals_approval_not_after_expiry() RETURNS trigger", f"""
+BEGIN
+    IF {ITEM_CLOSED.format(now=PG_NOW)} THEN
+        RAISE EXCEPTION USING MESSAGE = '{WINDOW_CLOSED_RULE}',
+                              ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    RETURN NEW;
+END """)
+
+APPROVAL_NOT_AFTER_EXPIRY_SQLITE = SQLiteTrigger("approvals_approval_not_after_expiry", f"""CREATE TRIGGER approvals_approval_not_after_expiry BEFORE INSERT ON approvals_approval
+WHEN {ITEM_CLOSED.format(now=SQLITE_NOW)}
 BEGIN
     SELECT RAISE(ABORT, '{WINDOW_CLOSED_RULE}');
 END""")
@@ -134,4 +154,5 @@ BEGIN
 END """)
 
 RULES = [LIMITS_CHANGED, *LIMITS_CHANGED_SQLITE, FOUR_EYES_APPROVAL, FOUR_EYES_DECISION, FOUR_EYES_APPROVAL_SQLITE,
-         FOUR_EYES_DECISION_SQLITE, NOT_AFTER_EXPIRY, NOT_AFTER_EXPIRY_SQLITE, SUMMARY_DAY_CHANGED, SUMMARY_STALE, SUMMARY_ASKED_STALE]
+         FOUR_EYES_DECISION_SQLITE, NOT_AFTER_EXPIRY, NOT_AFTER_EXPIRY_SQLITE, APPROVAL_NOT_AFTER_EXPIRY,
+         APPROVAL_NOT_AFTER_EXPIRY_SQLITE, SUMMARY_DAY_CHANGED, SUMMARY_STALE, SUMMARY_ASKED_STALE]

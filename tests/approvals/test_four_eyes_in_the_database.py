@@ -152,3 +152,20 @@ def test_an_approval_after_its_window_is_refused_by_the_database(people, closed)
         return
     assert ReviewItem.objects.get(pk=item.pk).status == ReviewStatus.OPEN
     ReviewItem.objects.filter(pk=item.pk).update(status="expired")
+
+
+@pytest.mark.parametrize("closed", [True, False])
+def test_no_approval_is_recorded_after_its_window_either(people, closed):
+    """The first of two approvals is a row of its own (approvals_approval), not a move of the item:
+    given after the window (approvals.dbrules.APPROVAL_NOT_AFTER_EXPIRY) it is refused too, and
+    no stray approval stands on an item nobody may approve any more."""
+    olga, alice, _ = people
+    item = item_for(owner=olga, approvals_needed=2)
+    ReviewItem.objects.filter(pk=item.pk).update(
+        expires_at=timezone.now() + (timedelta(seconds=-1) if closed else timedelta(hours=1)))
+    if closed:
+        with pytest.raises(IntegrityError, match="after its window closed"), transaction.atomic():
+            Approval.objects.create(item=item, user=alice)
+    else:
+        Approval.objects.create(item=item, user=alice)
+    assert item.approvals.count() == (0 if closed else 1)
