@@ -52,7 +52,7 @@ def _review_follow_action(action, why):
         return verified.reopen(reason=why or _why(action), deadline=timezone.now() + timedelta(hours=hours))
     verdict = verdict_for_action(action) if kind == ReviewKind.APPROVAL else None
     expires = limit.approval_expires_after_hours if limit and kind == ReviewKind.APPROVAL else None
-    now = timezone.now()
+    now = clock.now()  # the window is closed on the database's clock: opened on it too
     with transaction.atomic():
         item = ReviewItem.objects.create(
             kind=kind, action=action, created_at=now, deadline=now + timedelta(hours=hours),

@@ -16,7 +16,7 @@ from console.approval_forms import LimitForm
 from console.sweeper import sweep_once
 from ledger.actions import action_request
 from ledger.models import Action, ActionStatus
-from tests.factories import audit_events, make_agent, person
+from tests.factories import audit_events, host_clock_off_by, make_agent, person
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("jobs_to_test_redis")]
 
@@ -192,3 +192,14 @@ def test_a_hundred_items_that_would_be_skipped_do_not_keep_the_next_one_from_exp
     ReviewItem.objects.filter(action=waiting).update(expires_at=now - timedelta(hours=1))
     assert approval_expire_due(now=now) == 1
     assert Action.objects.get(pk=waiting.pk).status == ActionStatus.EXPIRED
+
+
+def test_the_window_is_stamped_on_the_database_clock_as_it_is_closed_by(agent, monkeypatch):
+    """Decisions and the sweeper close the window on the database's clock (decision 57); an item
+    opened on a host an hour ahead must not keep its window open an hour longer."""
+    from ledger import clock
+
+    limit(hours=6)
+    host_clock_off_by(monkeypatch, 3600)
+    item = ReviewItem.objects.get(action=refund(agent, 1))
+    assert abs((item.expires_at - (clock.now() + timedelta(hours=6))).total_seconds()) < 60
