@@ -188,7 +188,11 @@ def _second_approval(item, user, behalf, reason, fingerprint):
         with transaction.atomic():
             Approval.objects.create(item=item, user=user, on_behalf_of=behalf, reason=reason, fingerprint=fingerprint)
     except IntegrityError:
-        raise DecisionRefused("you have already approved this") from None
+        # Theirs, recorded meanwhile (a second tab); else a rule of the database's refused it (four
+        # eyes, the window), which the decision's transaction tells as the rule says (`_decision`).
+        if item.approvals.filter(user=user).exists():
+            raise DecisionRefused("you have already approved this") from None
+        raise
     AuditEvent.objects.record(actor=user, verb="approval_recorded", obj=item, reason=reason,
                               after={"approvals": len(earlier) + 1, "needed": item.approvals_needed,
                                      "fingerprint": fingerprint,

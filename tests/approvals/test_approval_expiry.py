@@ -203,3 +203,18 @@ def test_the_window_is_stamped_on_the_database_clock_as_it_is_closed_by(agent, m
     host_clock_off_by(monkeypatch, 3600)
     item = ReviewItem.objects.get(action=refund(agent, 1))
     assert abs((item.expires_at - (clock.now() + timedelta(hours=6))).total_seconds()) < 60
+
+
+def test_the_first_of_two_approvals_refused_after_its_window_is_told_as_by_the_check(agent, monkeypatch):
+    """The first of two approvals is a row of its own: refused by the database's rule in the same
+    moment's race, the person is told the window closed, not that they had approved it already."""
+    limit(hours=1)
+    action = refund(agent, 21)
+    item = _past_its_window(ReviewItem.objects.get(action=action))
+    ReviewItem.objects.filter(pk=item.pk).update(approvals_needed=2)
+    item.refresh_from_db()
+    monkeypatch.setattr("approvals.decisions.clock.now", lambda: item.expires_at - timedelta(seconds=1))
+    with pytest.raises(AlreadyDecided, match="its approval window closed at .* it expires undecided"):
+        review_decide(item, user=person("alice", "approvers"), decision="approve", reason="late",
+                      fingerprint=action.params_fingerprint())
+    assert not item.approvals.exists()
