@@ -91,7 +91,7 @@ def shown_estimate(estimate, exact_up_to):
     precise as it is), "≈930,000"; or "1,000+" (the cap) if there is no usable estimate yet."""
     estimate = round(estimate or 0)
     if estimate <= exact_up_to:
-        return f"{exact_up_to:,}+"
+        return past_cap(exact_up_to)
     return f"≈{round(estimate, 2 - len(str(estimate))):,}"
 
 
@@ -99,7 +99,12 @@ def count_up_to(queryset, cap):
     """The exact count of `queryset` if it is at most `cap` (a scan bounded by it), else
     "10,000+": true and current, where an estimate would lag until the next ANALYZE."""
     n = queryset.order_by().values("pk")[: cap + 1].count()
-    return n if n <= cap else f"{cap:,}+"
+    return n if n <= cap else past_cap(cap)
+
+
+def past_cap(cap):
+    """A count known only to be past `cap`, as every page writes it: "1,000+"."""
+    return f"{cap:,}+"
 
 
 def render_partial(request, template, partial, context):

@@ -24,7 +24,7 @@ from ledger.models import (UNASSIGNED_OWNER, Action, ActionStatus, ActionType, A
 from ledger.tasks import task_run_now
 from ledger.workflows import WORKFLOWS
 
-from .dashboard import keyset_page, render_partial, shown_estimate, staff_required
+from .dashboard import keyset_page, past_cap, render_partial, shown_estimate, staff_required
 from .filters import ActionSearchFilters, AuditFilters
 from .overview import overview_cards
 from .readiness_views import with_grant_states
@@ -164,7 +164,7 @@ def agent_list(request):
             messages.error(request, str(exc))
             return redirect("agent-list")
         return render(request, "ledger/agent_token.html", {"agent": agent, "token": token})
-    # Each agent's actions counted up to HISTORY_EXACT_UP_TO, "1000+" past it: counting them all
+    # Each agent's actions counted up to HISTORY_EXACT_UP_TO, "1,000+" past it: counting them all
     # read the ledger's whole history on every visit (decision 38); the ledger search lists them.
     firsts = Action.objects.filter(agent=OuterRef("pk")).order_by().values("pk")[:HISTORY_EXACT_UP_TO + 1]
     agents = with_grant_states(Agent.objects.select_related("owner").annotate(actions_count=_CountOf(firsts)))
@@ -174,6 +174,7 @@ def agent_list(request):
                                                    "connectors": connectors,
                                                    "unassigned": UNASSIGNED_OWNER,
                                                    "counted_up_to": HISTORY_EXACT_UP_TO,
+                                                   "counted_past": past_cap(HISTORY_EXACT_UP_TO),
                                                    "may_manage": request.user.has_perm("ledger.change_agent")})
 
 

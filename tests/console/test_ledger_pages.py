@@ -6,11 +6,14 @@ import io
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.urls import reverse
 
 from ledger.actions import action_request
+from ledger.counts import HISTORY_EXACT_UP_TO
 from ledger.middleware import current_request_id
-from ledger.models import AuditEvent
-from tests.factories import make_agent
+from ledger.models import Action, ActionStatus, Agent, AuditEvent
+from ledger.replay import replay_agent
+from tests.factories import make_agent, new_action, person
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("jobs_to_test_redis")]
 
@@ -45,6 +48,27 @@ def test_the_agents_page_counts_each_agents_actions_only_up_to_a_cap(admin, monk
     assert '<td class="num">1</td>' in page  # quiet's
     # Counted no further than the cap and one: busy's five are not read.
     assert {agent.name: agent.actions_count for agent in response.context["agents"]} == {"busy": 3, "quiet": 1}
+
+
+def test_the_agents_page_writes_a_capped_count_as_the_rest_of_the_console_does(admin):
+    # "1,000+", as the overview, the dead-letter queue and the incidents write theirs; not "1000+".
+    busy, _ = make_agent("busy")
+    Action.objects.bulk_create(new_action(busy, ActionStatus.SUCCEEDED, key=f"refund:ORD-{n}:dec-{n}")
+                               for n in range(HISTORY_EXACT_UP_TO + 1))
+    assert f'<td class="num">{HISTORY_EXACT_UP_TO:,}+</td>' in admin.get("/agents/").content.decode()
+
+
+def test_the_agents_page_refuses_to_rotate_the_replay_agents_token(client):
+    """Nobody holds a token of the replay set's agent (its replay-keyed actions skip the grant
+    check at the claim): the page says so, shows no token, and the agent's token is unchanged."""
+    client.force_login(person("ada", "admins"))
+    agent = replay_agent()
+    response = client.post(reverse("agent-change", args=[agent.pk, "rotate"]), {"reason": "curious"}, follow=True)
+    assert response.redirect_chain == [(reverse("agent-list"), 302)]
+    assert "Not done: the replay set&#x27;s agent has no token anyone holds" in response.content.decode()
+    after = Agent.objects.get(pk=agent.pk)
+    assert (after.token_hash, after.token_prefix) == (agent.token_hash, agent.token_prefix)
+    assert not AuditEvent.objects.filter(verb="token_rotated").exists()
 
 
 def test_the_audit_export_writes_no_cell_a_spreadsheet_would_run_as_a_formula(admin):
