@@ -62,8 +62,12 @@ def grant_state(agent, kind, name, now=None):
             _checked.clear()
         _checked[key] = _agent_holds(agent, kind, name)
     held, grant = _checked[key]
-    if not held:
-        return None
+    return _held_state(kind, name, grant, now) if held else None
+
+
+def _held_state(kind, name, grant, now=None):
+    """The state of a grant the agent holds, `grant` its Grant row or None: the one rule, for
+    the checks (grant_state) and the agents page (agents_grants) alike."""
     if kind == Capability.Kind.WORKFLOW:
         return GrantState.LIVE
     return grant.state(version_now(name), now) if grant else GrantState.SHADOW
@@ -207,7 +211,5 @@ def agents_grants(agents, now=None):
         states = shown[agent.pk] = []
         for cap in (c for c in caps if c.pk in by_user.get(agent.user_id, ())):
             grant = rows.get((agent.pk, cap.pk))
-            live = cap.kind == Capability.Kind.WORKFLOW or (
-                grant is not None and grant.state(version_now(cap.name), now) == GrantState.LIVE)
-            states.append((cap, GrantState.LIVE if live else GrantState.SHADOW, grant))
+            states.append((cap, _held_state(cap.kind, cap.name, grant, now), grant))
     return shown

@@ -1,6 +1,8 @@
 """The agents page shows every agent's grants with their live or shadow state in a fixed number
 of statements, however many agents there are; a shadow grant wears the shadow badge."""
 
+from datetime import timedelta
+
 import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
@@ -8,11 +10,12 @@ from django.core.management import call_command
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
+from django.utils import timezone
 
 from ledger.connectors.test_mode import connector_version
 from ledger.grants import grant_state
-from ledger.models import GrantState, ReplayRun
-from tests.factories import make_agent
+from ledger.models import Grant, GrantState, ReplayRun
+from tests.factories import make_agent, make_grants_live
 
 
 @pytest.fixture
@@ -43,6 +46,29 @@ def test_the_grant_states_cost_the_same_statements_for_two_agents_as_for_six(adm
     # Each agent's grants as on the first page: three agents with shadow grants now, one then.
     assert html.count('class="grant-states"') == 3 * html_two.count('class="grant-states"') > 0
     assert html.count(shadow) == 3 * html_two.count(shadow) > 0
+
+
+def test_the_page_shows_each_grant_in_the_state_the_checks_give_it(admin_client):
+    """The page reads every grant in one go, the checks one by one (ledger.grants): both by one
+    rule, so a grant the page shows live is one the executor acts on, and a shadow one is not."""
+    mixed = make_agent("mixed", grants=("refund", "send_message", "create_booking", "noop"), live=False)[0]
+    make_grants_live(mixed)
+    Grant.objects.filter(agent=mixed, capability__name="send_message").update(connector_version="an older one")
+    Grant.objects.filter(agent=mixed, capability__name="create_booking").update(
+        live_until=timezone.now() - timedelta(days=1))
+    rowless = make_agent("rowless", grants=("refund",))[0]
+    Grant.objects.filter(agent=rowless).delete()
+
+    shown = {agent.name: agent for agent in admin_client.get(reverse("agent-list")).context["agents"]}
+    for agent in shown.values():
+        assert [state for _, state, _ in agent.grants_shown] == [
+            grant_state(agent, cap.kind, cap.name) for cap, _, _ in agent.grants_shown], agent.name
+    # "refund" names an action type and a workflow: the agents hold both.
+    assert {(cap.kind, cap.name): state for cap, state, _ in shown["mixed"].grants_shown} == {
+        ("action_type", "refund"): "live", ("workflow", "refund"): "live", ("action_type", "send_message"): "shadow",
+        ("action_type", "create_booking"): "shadow", ("workflow", "noop"): "live"}
+    assert {(cap.kind, state) for cap, state, _ in shown["rowless"].grants_shown} == {
+        ("action_type", "shadow"), ("workflow", "live")}
 
 
 def test_the_shadow_badge_has_a_style_of_its_own():
