@@ -27,6 +27,8 @@ from urllib.parse import urlsplit
 import httpx
 from django.conf import settings
 
+from .http import NoCookies
+
 FAULTS = ("timeout_after_commit", "lost_before_provider", "error_500_after_commit", "error_500_before_commit")
 _READS = ("GET", "HEAD")
 # Not passed on: they describe one connection, not the request (RFC 9110, 7.6.1), or were
@@ -58,7 +60,7 @@ class FaultProxy:
         self._server = self._thread = self._client = None
 
     def __enter__(self):
-        self._client = httpx.Client(timeout=_UPSTREAM_TIMEOUT, follow_redirects=False)
+        self._client = httpx.Client(timeout=_UPSTREAM_TIMEOUT, follow_redirects=False, cookies=NoCookies())
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
         self._server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}{self._prefix}"

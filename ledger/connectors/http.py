@@ -256,10 +256,11 @@ def _held(transport):
     return transport
 
 
-class _NoCookies(CookieJar):
+class NoCookies(CookieJar):
     """A jar that keeps nothing. One pooled client serves every agent's and connector's calls: a
     cookie a provider sets in answer to one (a session, a load balancer's pin) must not ride along
-    on the next, which may carry another credential. httpx has no switch for it."""
+    on the next, which may carry another credential. httpx has no switch for it. (The replay's
+    fault proxy forwards with one too, so a replay run calls as production does.)"""
 
     def extract_cookies(self, response, request):
         pass
@@ -288,7 +289,7 @@ def _client():
     pid = os.getpid()
     if pid not in _clients:
         _clients.clear()
-        _clients[pid] = _Client(timeout=settings.CONNECTOR_TIMEOUT, follow_redirects=False, cookies=_NoCookies())
+        _clients[pid] = _Client(timeout=settings.CONNECTOR_TIMEOUT, follow_redirects=False, cookies=NoCookies())
     return _clients[pid]
 
 

@@ -1,14 +1,17 @@
 """The one pooled HTTP client (ledger.connectors.http) serves every agent's and every connector's
 calls, so it keeps no cookie: a session a provider set in answer to one call must not ride along
-on the next, which may carry another credential. A real HTTP server (the standard library's) sets
-cookies and records what each request brought."""
+on the next, which may carry another credential; nor does a replay run's fault proxy, so that the
+replay calls as production does. A real HTTP server (the standard library's) sets cookies and
+records what each request brought."""
 
+import contextlib
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from ledger.connectors import http
+from ledger.connectors.fault_proxy import FaultProxy
 
 
 class CookieSetter(BaseHTTPRequestHandler):
@@ -44,9 +47,12 @@ def provider():
     server.server_close()
 
 
-def test_a_cookie_a_provider_sets_is_never_sent_back(provider):
-    for key in ("refund-a", "refund-b", "refund-c"):
-        assert http.call("POST", f"{provider}/v1/refunds", json={"key": key}) == {"id": "re_1"}
+@pytest.mark.parametrize("through_the_fault_proxy", [False, True])
+def test_a_cookie_a_provider_sets_is_never_sent_back(provider, through_the_fault_proxy):
+    with FaultProxy(provider) if through_the_fault_proxy else contextlib.nullcontext() as proxy:
+        base = proxy.url if proxy else provider
+        for key in ("refund-a", "refund-b", "refund-c"):
+            assert http.call("POST", f"{base}/v1/refunds", json={"key": key}) == {"id": "re_1"}
 
     assert CookieSetter.seen == [None, None, None]
     assert not http._client().cookies  # nothing kept for a later call either
