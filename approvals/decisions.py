@@ -184,15 +184,10 @@ def _second_approval(item, user, behalf, reason, fingerprint):
     if any(a.fingerprint and a.fingerprint != fingerprint for a in earlier):
         raise DecisionRefused("the parameters changed after the first approval, which was for others: "
                               "reject it, or edit it into a new version")
-    try:
-        with transaction.atomic():
-            Approval.objects.create(item=item, user=user, on_behalf_of=behalf, reason=reason, fingerprint=fingerprint)
-    except IntegrityError:
-        # Theirs, recorded meanwhile (a second tab); else a rule of the database's refused it (four
-        # eyes, the window), which the decision's transaction tells as the rule says (`_decision`).
-        if item.approvals.filter(user=user).exists():
-            raise DecisionRefused("you have already approved this") from None
-        raise
+    # A rule of the database's that refuses it (four eyes, the window) is told as the rule says by
+    # the decision's transaction (`_decision`). A second tab's approval of the same person never
+    # gets here: it waits for the item's lock and finds the first in `earlier`.
+    Approval.objects.create(item=item, user=user, on_behalf_of=behalf, reason=reason, fingerprint=fingerprint)
     AuditEvent.objects.record(actor=user, verb="approval_recorded", obj=item, reason=reason,
                               after={"approvals": len(earlier) + 1, "needed": item.approvals_needed,
                                      "fingerprint": fingerprint,

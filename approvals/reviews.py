@@ -52,11 +52,12 @@ def _review_follow_action(action, why):
         return verified.reopen(reason=why or _why(action), deadline=timezone.now() + timedelta(hours=hours))
     verdict = verdict_for_action(action) if kind == ReviewKind.APPROVAL else None
     expires = limit.approval_expires_after_hours if limit and kind == ReviewKind.APPROVAL else None
-    now = clock.now()  # the window is closed on the database's clock: opened on it too
+    now = timezone.now()
     with transaction.atomic():
         item = ReviewItem.objects.create(
             kind=kind, action=action, created_at=now, deadline=now + timedelta(hours=hours),
-            expires_at=now + timedelta(hours=expires) if expires else None,
+            # The window is closed on the database's clock (decisions, the sweeper): opened on it too.
+            expires_at=clock.now() + timedelta(hours=expires) if expires else None,
             approvals_needed=max(verdict.approvals_needed, 1) if verdict else 1,
             why=why or (verdict.reason if verdict else "") or _why(action),
             limit_snapshot=limit.snapshot() if limit else None,
