@@ -98,13 +98,15 @@ def webhook_receive(request, connector):
         return _problem(404, "unknown connector")
     try:
         event = reader(request.body, request.headers)
-        if isinstance(event["id"], bool) or not isinstance(event["id"], str | int):
-            raise TypeError("an event's id is text")  # `null` would be stored as "None": one event, ever
-        event_id, event_type, data = str(event["id"]), str(event["type"]), event.get("data") or {}
+        given_id, event_type, data = event["id"], str(event["type"]), event.get("data") or {}
     except WebhookRefused as exc:
         return _problem(400, str(exc))
     except (ValueError, KeyError, TypeError):
         return _problem(400, "the body is not an event")
+    if isinstance(given_id, bool) or not isinstance(given_id, str | int):
+        # Only text or a whole number names an event: `null` would be stored as "None", one event, ever.
+        return _problem(400, "the body is not an event")
+    event_id = str(given_id)
     effect_id = data.get("id") if isinstance(data, dict) else None
     if not event_id or len(event_id) > 255 or len(event_type) > 100 or len(str(effect_id or "")) > 255:
         return _problem(400, "the body is not an event")  # would not fit its columns

@@ -10,7 +10,7 @@ from django.db import IntegrityError
 
 from ledger import webhooks
 from ledger.evidence import _webhooks as evidence_webhooks
-from ledger.models import Action, ActionStatus, AuditEvent, WebhookEvent
+from ledger.models import Action, ActionStatus, AuditEvent, WebhookClaim, WebhookEvent
 from sandbox.webhooks import sign_webhook
 from tests.factories import audit_events, make_action, make_agent
 
@@ -229,12 +229,30 @@ def test_an_event_for_a_key_of_the_longest_allowed_length_is_stored(client, unkn
     assert Action.objects.get(pk=unknown_action.pk).status == S.SUCCEEDED
 
 
-@pytest.mark.parametrize(("field", "value"), [("id", "e" * 256), ("id", ""), ("type", "t" * 101), ("id", None),
-                                              ("id", ["evt_1"]), ("id", True)])
+@pytest.mark.parametrize(("field", "value"), [("id", "e" * 256), ("id", ""), ("type", "t" * 101)])
 def test_a_signed_event_whose_id_or_type_does_not_fit_is_refused(client, db, field, value):
     response = deliver(client, {**event(), field: value})
     assert response.status_code == 400
     assert not WebhookEvent.objects.exists()
+
+
+@pytest.mark.parametrize("event_id", [None, 1.5, 1e3, True, ["evt_1"], {"id": "evt_1"}],
+                         ids=["null", "a fraction", "a whole number written as a float", "a boolean", "a list", "an object"])
+def test_a_signed_event_whose_id_is_not_text_or_a_whole_number_is_refused_and_nothing_stored(
+        client, unknown_action, event_id):
+    """Stored as Python spells it, `null` would be the event "None": every later event without an
+    id would be its duplicate, and never settle anything."""
+    response = deliver(client, event(event_id=event_id))
+    assert (response.status_code, response.json()) == (400, {"error": "the body is not an event"})
+    assert not WebhookClaim.objects.exists() and not WebhookEvent.objects.exists()
+    assert Action.objects.get(pk=unknown_action.pk).status == S.UNKNOWN
+
+
+def test_a_signed_event_whose_id_is_a_whole_number_is_stored_under_its_digits(client, unknown_action):
+    response = deliver(client, event(event_id=8841))
+    assert response.status_code == 200, response.content
+    assert WebhookEvent.objects.get().event_id == "8841"
+    assert deliver(client, event(event_id="8841")).json() == {"duplicate": True}
 
 
 def test_an_event_is_stored_with_the_key_it_names_and_the_evidence_finds_it_by_that_column(client, unknown_action):
