@@ -4,19 +4,16 @@ params with the serializers in ledger/validation.py, which the ledger's own edit
 import re
 from types import SimpleNamespace
 
-from django.core.exceptions import ValidationError as DjangoValidationError
-from django.core.validators import validate_email
 from rest_framework import serializers
 
 from ledger.models import Action, ActionStatus, ActionType
 from ledger.resources import action_resource
 from ledger.validation import PARAMS, StrictSerializer
-from ledger.recipients import email_recipient
+from ledger.recipients import TARGET_LENGTH, RecipientRefused, email_recipient_checked
 from ledger.workflows import WORKFLOWS
 
 # ASCII digits only: `\d` also matches digits such as ٢ or ２, which no provider can dial.
 PHONE = re.compile(r"\+[1-9][0-9]{6,14}")
-TARGET_LENGTH = 255  # the action's column
 
 
 class ActionRequestSerializer(StrictSerializer):
@@ -58,13 +55,11 @@ class ActionRequestSerializer(StrictSerializer):
         a second recipient."""
         if channel == "email":
             try:
-                validate_email(target)
-            except DjangoValidationError:
-                raise serializers.ValidationError({"target": ["Not an e-mail address."]}) from None
-            recipient = email_recipient(target)
-            if len(recipient) > TARGET_LENGTH:  # lower case may be longer ("İ" is "i̇")
-                raise serializers.ValidationError({"target": [f"At most {TARGET_LENGTH} characters in lower case."]})
-            return recipient
+                return email_recipient_checked(target)
+            except RecipientRefused as refused:
+                said = (f"At most {TARGET_LENGTH} characters in lower case." if refused.is_address
+                        else "Not an e-mail address.")
+                raise serializers.ValidationError({"target": [said]}) from None
         if not PHONE.fullmatch(target):
             raise serializers.ValidationError({"target": ["Not a phone number in E.164 form (+4930123456)."]})
         return target

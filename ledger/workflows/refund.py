@@ -3,11 +3,9 @@
 from urllib.parse import quote
 
 from django.conf import settings
-from django.core.exceptions import ValidationError as DjangoValidationError
-from django.core.validators import validate_email
 from rest_framework import serializers
 
-from ledger.recipients import email_recipient
+from ledger.recipients import TARGET_LENGTH, RecipientRefused, email_recipient, email_recipient_checked
 from ledger.validation import AmountField, CurrencyField, PayableAmount, StrictSerializer
 from ledger.connectors import http
 from ledger.actions import action_by_key
@@ -18,7 +16,6 @@ from . import ActionSpec, StepFailed, Workflow, effect, local, read
 
 # Where the confirmation goes without `notify`: the customer at this domain.
 CUSTOMERS_AT = "@customers.surety.example"
-TARGET_LENGTH = 255  # an action's target (the recipient, the order) and customer columns
 
 
 class RefundInput(PayableAmount, StrictSerializer):
@@ -29,7 +26,7 @@ class RefundInput(PayableAmount, StrictSerializer):
     order_id = serializers.CharField(max_length=TARGET_LENGTH)
     amount = AmountField()
     currency = CurrencyField()
-    customer = serializers.CharField(max_length=TARGET_LENGTH)
+    customer = serializers.CharField(max_length=255)  # its column
     reason = serializers.CharField(max_length=500, required=False, allow_blank=True)
     notify = serializers.EmailField(required=False, max_length=TARGET_LENGTH, help_text="where to send the confirmation")
     decision_id = serializers.CharField(
@@ -38,25 +35,28 @@ class RefundInput(PayableAmount, StrictSerializer):
                   "by a task or directly (without it the task's id is its decision)")
 
     def validate(self, data):
-        # In lower case, as notify_customer writes it: "İ" is one character and its lower case two.
-        if not data.get("notify") and len(data["customer"].lower()) + len(CUSTOMERS_AT) > TARGET_LENGTH:
+        notify = data.get("notify")
+        try:
+            # The recipient notify_customer records, held to the API's rule for one.
+            email_recipient_checked(notify or default_recipient(data["customer"]))
+        except RecipientRefused as refused:
+            self._refuse_recipient(refused, notify)
+        return super().validate(data)
+
+    def _refuse_recipient(self, refused, notify):
+        if notify:  # an e-mail address (its field's own check): held, it does not fit
+            raise serializers.ValidationError({"notify": [f"At most {TARGET_LENGTH} characters with its domain in "
+                                                          "lower case."]})
+        if not refused.fits:  # in lower case: "İ" is one character and its lower case two
             raise serializers.ValidationError({"customer": [
                 f"At most {TARGET_LENGTH - len(CUSTOMERS_AT)} characters without notify: the confirmation goes to "
                 f"<customer>{CUSTOMERS_AT}."]})
-        if not data.get("notify"):
-            try:
-                validate_email(default_recipient(data["customer"]))
-            except DjangoValidationError:
-                # Only a new task: one recorded before this rule is replayed under its id as it was
-                # (context["recorded"]: asked only now, a statement the other requests do not pay).
-                if not self.context.get("recorded", bool)():
-                    raise serializers.ValidationError({"customer": [
-                        f"Without notify the confirmation goes to <customer>{CUSTOMERS_AT}, and "
-                        f"{default_recipient(data['customer'])!r} is not an e-mail address: give notify."]}) from None
-        if data.get("notify") and len(email_recipient(data["notify"])) > TARGET_LENGTH:  # as notify_customer records it
-            raise serializers.ValidationError({"notify": [f"At most {TARGET_LENGTH} characters with its domain in "
-                                                          "lower case."]})
-        return super().validate(data)
+        # Only a new task: one recorded before this rule is replayed under its id as it was
+        # (context["recorded"]: asked only now, a statement the other requests do not pay).
+        if not self.context.get("recorded", bool)():
+            raise serializers.ValidationError({"customer": [
+                f"Without notify the confirmation goes to <customer>{CUSTOMERS_AT}, and {refused.address!r} is not "
+                "an e-mail address: give notify."]})
 
 
 def lookup_order(ctx):

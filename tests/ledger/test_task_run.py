@@ -8,14 +8,15 @@ from approvals.decisions import review_edit
 from approvals.models import Limit, ReviewItem
 from dlq.models import DeadLetter
 from ledger.actions import action_request
+from ledger.api.serializers import ActionRequestSerializer
 from ledger.models import Action, ActionType, Confirmation, Task, TaskState
-from ledger.recipients import email_recipient
+from ledger.recipients import TARGET_LENGTH, email_recipient
 from ledger.runner import drain_tasks
 from ledger.tasks import task_request
-from ledger.workflows.refund import CUSTOMERS_AT, TARGET_LENGTH, RefundInput
+from ledger.workflows.refund import CUSTOMERS_AT, RefundInput, default_recipient
 from tests.conftest import wait_until
-from tests.factories import (agent_api, audit_events, person, post_task, refund_input, refund_task_body,
-                             sandbox, sandbox_list, sandbox_order)
+from tests.factories import (agent_api, audit_events, message_body, person, post_task, refund_input,
+                             refund_task_body, sandbox, sandbox_list, sandbox_order)
 
 
 def settled_task(client, task_id, seconds=30):
@@ -162,3 +163,24 @@ def test_a_notify_address_whose_domain_in_lower_case_would_not_fit_a_target_is_r
     refused = RefundInput(data={**refund_input("ORD-1", "C-1"), "notify": notify})
     assert not refused.is_valid()
     assert "notify" in refused.errors
+
+
+# Taken, refused as not an address, refused as too long once its domain is in lower case (the
+# last one both).
+ADDRESSES = ["ada@example.com", "Ada@Customers.EXAMPLE", "a@localhost", "not-an-email", "a@b@example.com",
+             "a b@example.com", "a@" + ".".join(["\u0130" * 50] * 4) + ".com", "a b@" + "\u0130" * 200 + ".com"]
+
+
+@pytest.mark.parametrize("address", ADDRESSES)
+def test_notify_takes_the_addresses_the_api_takes_as_a_message_recipient(address):
+    """One rule for an e-mail recipient (ledger.recipients.email_recipient_checked): the refund's
+    intake repeated the API's in pieces of its own, free to drift from it."""
+    api = ActionRequestSerializer(data=message_body(target=address)).is_valid()
+    assert RefundInput(data={**refund_input("ORD-1", "C-1"), "notify": address}).is_valid() == api
+
+
+@pytest.mark.parametrize("customer", ["CUST-17", "ACME Corp", "a@b", "i" * (TARGET_LENGTH - len(CUSTOMERS_AT)),
+                                      "i" * (TARGET_LENGTH - len(CUSTOMERS_AT) + 1), "\u0130" * 200])
+def test_without_notify_a_customer_is_taken_when_the_api_takes_its_confirmations_recipient(customer):
+    api = ActionRequestSerializer(data=message_body(target=default_recipient(customer))).is_valid()
+    assert RefundInput(data=refund_input("ORD-1", customer)).is_valid() == api
