@@ -15,7 +15,7 @@ from django.views.decorators.cache import never_cache
 from django.utils.crypto import constant_time_compare, salted_hmac
 from django.views.decorators.http import require_GET
 
-from .api.wire import problem_body
+from .api.problems import problem_response
 from .connectors import http
 
 _SALT = "surety.site_url.probe"
@@ -31,8 +31,7 @@ def probe_answer(nonce):
 def site_probe(request):
     nonce = request.GET.get("nonce", "")
     if not (0 < len(nonce) <= _NONCE_CHARS and nonce.isascii() and nonce.isalnum()):
-        body = problem_body(400, "invalid", "Invalid request", f"nonce must be 1 to {_NONCE_CHARS} letters or digits")
-        return JsonResponse(body, status=400, content_type="application/problem+json")
+        return problem_response(400, "invalid", "Invalid request", f"nonce must be 1 to {_NONCE_CHARS} letters or digits")
     return JsonResponse({"answer": probe_answer(nonce)})
 
 

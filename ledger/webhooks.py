@@ -17,6 +17,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
 from . import hooks
+from .api.problems import problem_response
 from .connectors import NoConnector, connector_for
 from .connectors.events import WebhookRefused
 from .connectors.test_mode import NoTestMode, connector_for_action, is_replay_action, test_connector_for
@@ -85,9 +86,13 @@ def _with_test_mode(connector, action_type):
     return read
 
 
-def _problem(status, detail):
+def _problem(status, code, title, detail):
     logger.warning("webhook refused (%s): %s", status, detail)
-    return JsonResponse({"error": detail}, status=status)
+    return problem_response(status, code, title, detail)
+
+
+def _not_an_event():
+    return _problem(400, "invalid", "Not an event", "the body is not an event")
 
 
 @csrf_exempt
@@ -95,21 +100,21 @@ def _problem(status, detail):
 def webhook_receive(request, connector):
     reader = _readers().get(connector)
     if reader is None:
-        return _problem(404, "unknown connector")
+        return _problem(404, "not_found", "Not found", "unknown connector")
     try:
         event = reader(request.body, request.headers)
         given_id, event_type, data = event["id"], str(event["type"]), event.get("data") or {}
     except WebhookRefused as exc:
-        return _problem(400, str(exc))
+        return _problem(400, "webhook_refused", "Webhook refused", str(exc))
     except (ValueError, KeyError, TypeError):
-        return _problem(400, "the body is not an event")
+        return _not_an_event()
     if isinstance(given_id, bool) or not isinstance(given_id, str | int):
         # Only text or a whole number names an event: `null` would be stored as "None", one event, ever.
-        return _problem(400, "the body is not an event")
+        return _not_an_event()
     event_id = str(given_id)
     effect_id = data.get("id") if isinstance(data, dict) else None
     if not event_id or len(event_id) > 255 or len(event_type) > 100 or len(str(effect_id or "")) > 255:
-        return _problem(400, "the body is not an event")  # would not fit its columns
+        return _not_an_event()  # would not fit its columns
     with transaction.atomic():
         try:
             # Only the claim's own conflict is a redelivery: an integrity error while settling must

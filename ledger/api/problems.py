@@ -137,5 +137,10 @@ class BoundedJSONParser(JSONParser):
 
 def api_not_found(request, exception=None):
     """Unknown URLs under /api/ answer as problems too (config/urls.py's handler404)."""
-    body = problem_body(404, "not_found", "Not found", "No such resource.")
-    return JsonResponse(body, status=status.HTTP_404_NOT_FOUND, content_type="application/problem+json")
+    return problem_response(status.HTTP_404_NOT_FOUND, "not_found", "Not found", "No such resource.")
+
+
+def problem_response(status_code, code, title, detail):
+    """A problem answered outside DRF's views (unknown API URLs, the site probe, webhooks)."""
+    return JsonResponse(problem_body(status_code, code, title, detail), status=status_code,
+                        content_type="application/problem+json")

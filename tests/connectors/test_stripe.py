@@ -195,7 +195,7 @@ def test_a_stripe_webhook_settles_an_unknown_refund_and_bad_ones_settle_nothing(
         deliver(billing, stripe_event("customer.created", {"id": "cus_1", "object": "customer"})),
     ]
     assert [r.status_code for r in refused] == [400, 400, 400]
-    assert "Stripe-Signature" in refused[0].json()["error"] and "customer.created" in refused[2].json()["error"]
+    assert "Stripe-Signature" in refused[0].json()["detail"] and "customer.created" in refused[2].json()["detail"]
     assert WebhookEvent.objects.count() == 0
     assert Action.objects.get(operation_key="refund:ch_7:full:dec-7").status == "unknown"
 

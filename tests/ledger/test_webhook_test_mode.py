@@ -59,7 +59,7 @@ def test_an_event_signed_with_the_test_secret_never_settles_a_live_action(client
 def test_the_live_secret_settles_a_live_action_and_any_other_secret_is_refused(client, unknown_actions):
     live, _ = unknown_actions
     refused = deliver(client, live.operation_key, "whsec_someone_else", "evt_x")
-    assert refused.status_code == 400 and "Stripe-Signature" in refused.json()["error"]
+    assert refused.status_code == 400 and "Stripe-Signature" in refused.json()["detail"]
     assert deliver(client, live.operation_key, LIVE, "evt_l1").status_code == 200
     live.refresh_from_db()
     assert live.status == S.SUCCEEDED

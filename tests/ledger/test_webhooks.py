@@ -64,6 +64,8 @@ def test_it_refuses_a_bad_missing_or_stale_signature_and_stores_nothing(client, 
         kwargs = {**kwargs, "signature": kwargs["signature"].replace("<now>", str(int(time.time())))}
     response = deliver(client, event(), **kwargs)
     assert response.status_code == 400, (case, response.content)
+    assert response["Content-Type"] == "application/problem+json"
+    assert response.json()["code"] == "webhook_refused" and response.json()["detail"]
     assert not WebhookEvent.objects.exists()
     assert Action.objects.get(pk=unknown_action.pk).status == S.UNKNOWN
 
@@ -175,7 +177,8 @@ def test_an_unknown_connector_is_404(client, db):
     body = json.dumps(event()).encode()
     response = client.generic("POST", "/webhooks/stripe-ish/", body, content_type="application/json",
                               headers={"Sandbox-Signature": sign_webhook(body, SECRET)})
-    assert response.status_code == 404
+    assert (response.status_code, response["Content-Type"]) == (404, "application/problem+json")
+    assert response.json()["code"] == "not_found"
     assert not WebhookEvent.objects.exists()
 
 
@@ -243,7 +246,9 @@ def test_a_signed_event_whose_id_is_not_text_or_a_whole_number_is_refused_and_no
     """Stored as Python spells it, `null` would be the event "None": every later event without an
     id would be its duplicate, and never settle anything."""
     response = deliver(client, event(event_id=event_id))
-    assert (response.status_code, response.json()) == (400, {"error": "the body is not an event"})
+    assert (response.status_code, response["Content-Type"]) == (400, "application/problem+json")
+    assert {k: response.json()[k] for k in ("status", "code", "detail")} == {
+        "status": 400, "code": "invalid", "detail": "the body is not an event"}
     assert not WebhookClaim.objects.exists() and not WebhookEvent.objects.exists()
     assert Action.objects.get(pk=unknown_action.pk).status == S.UNKNOWN
 
