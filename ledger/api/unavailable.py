@@ -15,13 +15,13 @@ Retry-After 1, not logged as the database being away.
 import logging
 import sys
 
-from django.http import HttpResponse, JsonResponse
+from django.http import HttpResponse
 from django.template.loader import render_to_string
 from django.views.defaults import server_error as django_server_error
 
 from ledger import outages
 
-from .wire import problem_body
+from .problems import problem_response
 
 _REQUESTS_OUTAGE = outages.Outage("requests", logging.getLogger("surety.requests"))
 
@@ -49,9 +49,9 @@ def database_busy(request):
     """503 with Retry-After 1 for a request whose transaction the database rolled back to break a
     deadlock: nothing of it was written, and sent again it may well go through."""
     if request.path.startswith("/api/") or "text/html" not in request.headers.get("Accept", ""):
-        response = JsonResponse(problem_body(
+        response = problem_response(
             503, "busy", "Busy", "Another request was changing the same rows at the same moment, and the database "
-            "rolled this one's transaction back. Send the same request again."), status=503, content_type="application/problem+json")
+            "rolled this one's transaction back. Send the same request again.")
     else:
         response = HttpResponse(render_to_string("busy.html"), status=503)
     response["Retry-After"] = "1"
@@ -60,11 +60,10 @@ def database_busy(request):
 
 def database_unavailable(request):
     if request.path.startswith("/api/") or "text/html" not in request.headers.get("Accept", ""):
-        response = JsonResponse(problem_body(
+        response = problem_response(
             503, "database_unavailable", "Database unavailable",
             "The ledger's database could not be reached; nothing was half-written. Send the same request again, "
-            "with the same Idempotency-Key, after Retry-After seconds: it is recorded once."),
-            status=503, content_type="application/problem+json")
+            "with the same Idempotency-Key, after Retry-After seconds: it is recorded once.")
     else:
         response = HttpResponse(render_to_string("503.html"), status=503)
     response["Retry-After"] = str(outages.RETRY_AFTER_SECONDS)
