@@ -20,7 +20,6 @@ minute. On
 SQLite, which has no server of its own, the host's clock is the database's.
 """
 
-import threading
 import time
 from datetime import timedelta
 
@@ -33,7 +32,6 @@ REFRESH_SECONDS = 60.0
 # reading before it is taken again.
 DISAGREEMENT_SECONDS = 0.5
 
-_lock = threading.Lock()
 _reading = None  # (the database's time, time.monotonic(), time.time()) at the last reading
 
 
@@ -47,17 +45,21 @@ def now():
 
 def reading():
     """The database's time at a moment of this process's monotonic clock (and its wall clock's
-    then), read again once a minute, and at once if the two clocks disagree since."""
+    then), read again once a minute, and at once if the two clocks disagree since.
+
+    A thread that finds it stale reads it on its own connection, holding no lock: one whose round
+    trip hangs (a connection the network lost) keeps no other thread waiting. Threads that find it
+    stale at once each read it, and the last one's stays; the reading is one tuple, replaced whole."""
     global _reading
-    with _lock:
-        if _reading is None or _stale(_reading):
-            with connection.cursor() as cursor:
-                before, wall = time.monotonic(), time.time()
-                cursor.execute("SELECT clock_timestamp()")
-                theirs = cursor.fetchone()[0]
-                after = time.monotonic()
-            _reading = (theirs, (before + after) / 2, wall + (after - before) / 2)
-        return _reading
+    taken = _reading
+    if taken is None or _stale(taken):
+        with connection.cursor() as cursor:
+            before, wall = time.monotonic(), time.time()
+            cursor.execute("SELECT clock_timestamp()")
+            theirs = cursor.fetchone()[0]
+            after = time.monotonic()
+        taken = _reading = (theirs, (before + after) / 2, wall + (after - before) / 2)
+    return taken
 
 
 def _stale(taken):
@@ -70,5 +72,4 @@ def _stale(taken):
 def forget():
     """Read the database's clock again at the next `now()` (a test that moves the host's)."""
     global _reading
-    with _lock:
-        _reading = None
+    _reading = None

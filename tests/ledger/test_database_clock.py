@@ -5,6 +5,7 @@ The hosts here share one clock, so a host whose clock is off is this process wit
 from a test). Each test also shows that the host's clock alone would have decided otherwise.
 """
 
+import threading
 import time
 from datetime import timedelta
 
@@ -137,3 +138,35 @@ def test_a_drain_due_later_is_scheduled_for_that_moment_on_the_hosts_clock(monke
     # RQ keeps whole seconds, and jobs.enqueue adds one for its scheduler's early firing.
     assert abs((fires - (timezone.now() + timedelta(seconds=31))).total_seconds()) < 2
     redis_client.flushdb()
+
+
+def test_a_thread_whose_reading_is_slow_keeps_no_other_thread_waiting():
+    """Each thread reads on its own connection: one whose round trip hangs (a connection the network
+    lost, a database blip) must not hold every thread of the process that asks the time meanwhile."""
+    from django.db import connections
+
+    started, release = threading.Event(), threading.Event()
+
+    def slow(execute, sql, params, many, context):
+        started.set()
+        release.wait(5)
+        return execute(sql, params, many, context)
+
+    def slow_reader():
+        try:
+            with connection.execute_wrapper(slow):
+                clock.now()
+        finally:
+            connections.close_all()
+
+    reader = threading.Thread(target=slow_reader)
+    reader.start()
+    try:
+        assert started.wait(5)
+        began = time.monotonic()
+        told = clock.now()  # this thread's own reading, while the other's hangs
+        assert time.monotonic() - began < 1
+        assert abs((told - database_now()).total_seconds()) < 1
+    finally:
+        release.set()
+        reader.join(10)
