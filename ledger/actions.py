@@ -16,7 +16,7 @@ from .jobs import ring_after_commit
 from .models import (BOOKING_HELD, IN_FLIGHT_STATUSES, SETTLED, Action, ActionStatus, ActionType, AuditEvent,  # noqa: F401
                      Booking, InvalidTransition, fingerprint, money_in_params, request_fingerprint)  # (fingerprint: re-exported)
 from .recipients import email_recipient
-from .retention import archived_key_expired, refused_as_archived
+from .retention import archived_key_expired, key_archived, refused_as_archived
 
 S = ActionStatus
 logger = logging.getLogger("surety.actions")
@@ -200,19 +200,23 @@ def action_request(*, agent, operation_key, action_type, target, params, custome
                                needs_approval=bool(verdict and verdict.approvals_needed), locked=True)
             if action.status == S.QUEUED and task is None:  # a task's runner executes its own actions
                 ring_after_commit("actions")
+    except Refused:
+        # The limits are asked before the insert finds the key taken: they refuse only what is
+        # not recorded yet. One recorded before they changed, retried, is answered as recorded.
+        if key_archived(operation_key):
+            raise archived_key_expired(operation_key) from None
+        recorded = _recorded(agent, operation_key, print_, action_type, target, params, customer, decision_id)
+        if recorded is None:
+            raise
+        return recorded
     except IntegrityError as exc:
         if refused_as_archived(exc):  # its action was archived past the key's lifetime
             raise archived_key_expired(operation_key) from None
         # The same key, inserted meanwhile (or before: the API's lookup missed it).
-        existing = action_by_key(operation_key)
-        if existing is None:
-            # The same effect for the same decision, under another key: the first one stands.
-            existing = same_decision(action_type, target, decision_id, params, customer)
-            if existing is None:
-                raise
-            if existing.agent_id != agent.pk:
-                raise DecisionTaken(existing)
-        return _replay(existing, _as_recorded(existing, print_, action_type, target, params, customer), customer)
+        recorded = _recorded(agent, operation_key, print_, action_type, target, params, customer, decision_id)
+        if recorded is None:
+            raise
+        return recorded
     except SlotTaken as taken:
         # The booking holding the slot is this agent's, for the same customer and decision,
         # recorded under another key (a client's older key form named the times): the same booking.
@@ -222,6 +226,21 @@ def action_request(*, agent, operation_key, action_type, target, params, custome
             raise
         return _replay(existing, print_, customer)
     return action, True
+
+
+def _recorded(agent, operation_key, print_, action_type, target, params, customer, decision_id):
+    """`(action, False)` for a request the ledger holds already, under its key or, for the same
+    decision's effect, another key of this agent's; KeyReused or DecisionTaken when what it holds
+    is another request or another agent's; None when it holds nothing of it."""
+    existing = action_by_key(operation_key)
+    if existing is None:
+        # The same effect for the same decision, under another key: the first one stands.
+        existing = same_decision(action_type, target, decision_id, params, customer)
+        if existing is None:
+            return None
+        if existing.agent_id != agent.pk:
+            raise DecisionTaken(existing)
+    return _replay(existing, _as_recorded(existing, print_, action_type, target, params, customer), customer)
 
 
 def same_decision(action_type, target, decision_id, params, customer):

@@ -48,6 +48,10 @@ class KeyExpired(Exception):
         self.agent_id = agent_id
 
 
+def key_archived(key):
+    return ArchivedKey.objects.filter(operation_key=key).exists()
+
+
 def archived_key_expired(key):
     archived = ArchivedKey.objects.get(operation_key=key)
     return KeyExpired(key, archived.expires_at, archived.agent_id)
