@@ -5,6 +5,7 @@ from django.db import models, transaction
 from django.db.models import F, Q
 from django.db.models.fields.json import KeyTransform
 from django.utils import timezone
+from django.utils.functional import cached_property
 
 from ledger.audit import actor_label
 from ledger.jobs import enqueue
@@ -13,7 +14,7 @@ from ledger.resources import action_resource, checkpoint
 from ledger.statemachine import StateMachine
 
 from .alert_text import entry_body, entry_subject
-from .incidents import Incident  # noqa: F401 (the model lives there; this module registers it)
+from .incidents import Incident, IncidentKind  # the model lives there; this module registers it
 from .redrive_runs import BulkRedrive, BulkRedriveItem  # noqa: F401 (the same)
 
 
@@ -153,11 +154,19 @@ class DeadLetter(StateMachine):
         """A permanent failure is retried only on a person's word, and they say why."""
         return bool(self.action_id) and not self.last_error.get("retryable")
 
-    @property
+    @cached_property  # the page asks it three times
     def redrive_refusal(self):
-        """Why this entry cannot be redriven ("" when it can): a failed task is final."""
+        """Why this entry cannot be redriven ("" when it can): a failed task is final; and an action
+        whose effect reconciliation found at the provider (dlq.reconcile: a denied effect) was done
+        there, so a retry against a provider that has forgotten the key would do it again."""
         if self.task_id and self.task.state == TaskState.FAILED:
             return "a failed task is final (its error is one no retry will change): resolve or discard it"
+        if self.action_id:
+            found = Incident.objects.filter(kind=IncidentKind.DENIED_EFFECT, operation_key=self.action.operation_key,
+                                            ).order_by("pk").first()
+            if found is not None:
+                return (f"the provider holds an effect under its key (incident #{found.pk}, {found.status}): a retry "
+                        "could make it again; resolve it by hand")
         return ""
 
     def get_absolute_url(self):

@@ -13,8 +13,9 @@ skipped, and the report says so):
    a hundredth or a hundred times the ledger's is found, whatever the currency's CLDR digits;
    a record whose ledger row says no effect was made (failed, rejected, cancelled, expired,
    shadow, superseded), a denied effect: the ledger's word is what a person acts on (a failed
-   one in the dead-letter queue may be retried, which against a provider that has forgotten the
-   key makes the effect a second time). An effect the provider lists as not carried out (a
+   one in the dead-letter queue retried against a provider that has forgotten the key would make
+   the effect a second time, so its entry is not redriven once such an incident names its key:
+   dlq.models.DeadLetter.redrive_refusal). An effect the provider lists as not carried out (a
    refund that failed at Stripe: `Record.made`) is none of these;
 4. each finding opens its incident, with an alert, unless it already has one: running the
    same window again opens nothing new.
