@@ -1,6 +1,5 @@
 """Dead-letter entries, and the alerts that make sure a person hears of each one."""
 
-from django.conf import settings
 from django.db import models, transaction
 from django.db.models import F, Q
 from django.db.models.fields.json import KeyTransform
@@ -43,13 +42,12 @@ def deadletter_open_when_task_gives_up(task, previous, actor, reason):
 
 
 def deadletter_open_when_failed_for_good(action, previous, actor, reason):
-    """After every move of an action: a standalone action that failed and will not be tried
-    again (not retryable, or out of attempts) gets its entry and alert at once. A task's own
-    actions are covered by the task's entry; a retryable failure with attempts left never
-    reaches `failed` from the executor (it is requeued)."""
-    if action.status == ActionStatus.FAILED and action.task_id is None and (
-        not action.is_retryable_failure or action.attempts >= settings.MAX_ATTEMPTS
-    ):
+    """After every move of an action: a standalone action that failed gets its entry and alert
+    at once. Nothing runs a failed action again by itself (the executor requeues a failure it
+    may retry instead of failing it), so its entry is the way to retry it, whether the executor
+    gave up (not retryable, or out of attempts) or a person marked it failed (confirmed absent
+    at the provider, with attempts left). A task's own actions are covered by the task's entry."""
+    if action.status == ActionStatus.FAILED and action.task_id is None:
         DeadLetter.objects.open_for_action(action, actor=actor)
 
 

@@ -278,7 +278,9 @@ def failed_from(agent, status, *, key, retryable, attempts, task=None):
 
 
 @pytest.mark.django_db
-def test_only_a_standalone_failure_for_good_opens_an_entry(settings):
+def test_every_standalone_failure_opens_an_entry_and_a_tasks_own_does_not(settings):
+    """Nothing runs a failed action again by itself: one a person marked failed with attempts left
+    (from needs_review) needs its entry as much as one the executor gave up on."""
     settings.MAX_ATTEMPTS = 3
     agent, _ = make_agent("billing", grants=())
     task = Task.objects.create(task_id="refund-t", fingerprint="x", workflow="refund", input={}, agent=agent,
@@ -289,9 +291,10 @@ def test_only_a_standalone_failure_for_good_opens_an_entry(settings):
     attempts_left = failed_from(agent, "needs_review", key="k-left", retryable=True, attempts=2)
     in_a_task = failed_from(agent, "pending", key="k-task", retryable=False, attempts=1, task=task)
 
-    assert set(DeadLetter.objects.values_list("action__operation_key", flat=True)) == {"k-permanent", "k-exhausted"}
-    assert not attempts_left.dead_letters.exists() and not in_a_task.dead_letters.exists()
-    assert permanent.dead_letters.get().alerts.count() == exhausted.dead_letters.get().alerts.count() == 1
+    assert set(DeadLetter.objects.values_list("action__operation_key", flat=True)) == {
+        "k-permanent", "k-exhausted", "k-left"}
+    assert not in_a_task.dead_letters.exists()
+    assert [a.dead_letters.get().alerts.count() for a in (permanent, exhausted, attempts_left)] == [1, 1, 1]
 
 
 # --- The database's rules ------------------------------------------------------------------------
