@@ -9,6 +9,7 @@ from django.db import transaction
 from ledger.actions import action_retry, action_retry_by_person
 from ledger.models import Booking, TaskState
 from ledger.statemachine import InvalidTransition
+from ledger.tasks import task_actions_let_go
 
 from .models import DeadLetter, EntryStatus
 
@@ -46,23 +47,29 @@ def deadletter_redrive(entry, *, actor, reason):
 
 def deadletter_resolve(entry, *, actor, note):
     """A person finished the job by hand; the note says what they did. The task or action
-    stays as it is."""
+    stays as it is, but a task's actions not yet started are cancelled: nobody runs them now."""
     if not note.strip():
         raise ValueError("say what was done by hand")
     with transaction.atomic():
-        return _open_entry(entry).resolve(actor=actor, note=note, locked=True)
+        entry = _open_entry(entry)
+        if entry.task_id:
+            task_actions_let_go(entry.task, actor=actor, reason=note)
+        return entry.resolve(actor=actor, note=note, locked=True)
 
 
 def deadletter_discard(entry, *, actor, reason):
-    """Give up: a dead-lettered task is cancelled; a failed task stays `failed` (final); an
+    """Give up: a dead-lettered task is cancelled, with its actions not yet started; a failed task
+    stays `failed` (final), its actions not yet started cancelled too; an
     action stays `failed`, which nothing runs again (its entry was the way to retry it), and
     a booking lets go of its slot."""
     if not reason.strip():
         raise ValueError("a reason is required to discard")
     with transaction.atomic():
         entry = _open_entry(entry)
-        if entry.task_id and entry.task.state == TaskState.DEAD_LETTERED:
-            entry.task.cancel(actor=actor, reason=reason)
+        if entry.task_id:
+            if entry.task.state == TaskState.DEAD_LETTERED:
+                entry.task.cancel(actor=actor, reason=reason)
+            task_actions_let_go(entry.task, actor=actor, reason=reason)
         elif entry.action_id:
             # A booking whose failure may be retried keeps its slot for the retry
             # (ledger.actions.booking_follow_action); given up, none comes, and a slot kept for

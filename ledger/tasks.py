@@ -11,7 +11,7 @@ from django.db import IntegrityError, transaction
 from . import clock
 from .actions import KeyReused, fingerprint
 from .jobs import ring_after_commit
-from .models import PERSON_STATUSES, AuditEvent, Task, TaskState, TaskStep
+from .models import PERSON_STATUSES, ActionStatus, AuditEvent, Task, TaskState, TaskStep
 from .retention import archived_task_expired, refused_as_archived
 from .workflows import WORKFLOWS
 
@@ -69,6 +69,16 @@ def task_follow_action(action, previous, actor, reason):
     task = Task.objects.select_for_update().filter(pk=action.task_id, state=T.WAITING).first()
     if task is not None:
         task.wake(actor="system:runner", reason=f"{action.operation_key} is now {action.status}")
+
+
+def task_actions_let_go(task, *, actor, reason):
+    """Cancel the actions `task` had not started, as a person gives the task up (discarded) or
+    does its work by hand: it will not run again, and nothing else runs a task's action
+    (ledger.executor). Left queued or held, each would count as in flight on its order and
+    customer for good, holding every later action on them for a person."""
+    not_started = (ActionStatus.QUEUED, ActionStatus.HELD, ActionStatus.AWAITING_APPROVAL)
+    for action in task.actions.filter(status__in=not_started).order_by("pk"):
+        action.cancel(actor=actor, reason=f"its task {task.task_id} will not run again: {reason}")
 
 
 def task_expire_leases():

@@ -1,0 +1,52 @@
+"""A dead-lettered task given up in the queue (discarded) or done by hand (resolved) never runs
+again, and nothing else runs a task's action: the actions it had not started are cancelled with it.
+Left queued, one counted as in flight on its order and customer for good, and every later action
+on them was held for a person."""
+
+import pytest
+
+from dlq.entries import deadletter_discard, deadletter_resolve
+from ledger.actions import action_request
+from ledger.audit import actor_label
+from ledger.executor import action_claim_next
+from ledger.models import Action, ActionStatus
+from ledger.tasks import task_request
+from tests.factories import audit_events, open_entry, person, refund_input
+
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("jobs_to_test_redis")]
+
+
+def dead_lettered_with_its_call_verified_absent(agent):
+    """The worker was killed in the refund's call on the task's last attempt: the sweeper
+    dead-lettered the task, and verification found no refund, so the action is queued again."""
+    task, _ = task_request(agent=agent, task_id="t-1", workflow="refund", input=refund_input("ORD-9", "CUST-9"))
+    task.claim(owner="tests:1")
+    action, _ = action_request(agent=agent, operation_key="t-1:call_refund_api:v1", action_type="refund",
+                               target="ORD-9", customer="CUST-9", decision_id="t-1", task=task,
+                               params={"order_id": "ORD-9", "amount": "25.00", "currency": "EUR"})
+    action.claim(owner="tests:1")
+    task.refresh_from_db()
+    task.mark_dead_lettered(actor="system:sweeper", claim=task.fence,
+                            error={"code": "worker_lost", "message": "the lease lapsed", "retryable": True})
+    action.requeue(actor="system:executor", claim=action.fence, reason="verified absent at the provider")
+    return task, action
+
+
+@pytest.mark.parametrize("decide", ["discard", "resolve"])
+def test_a_task_given_up_cancels_what_it_had_not_started_and_holds_nothing(agent, decide):
+    task, action = dead_lettered_with_its_call_verified_absent(agent)
+    olga = person("olga", "operators")
+    if decide == "discard":
+        deadletter_discard(open_entry(task), actor=olga, reason="refunded by hand")
+    else:
+        deadletter_resolve(open_entry(task), actor=olga, note="refunded by hand, ticket 8812")
+
+    action.refresh_from_db()
+    assert action.status == ActionStatus.CANCELLED
+    [cancelled] = audit_events(action, "cancelled")
+    assert "t-1" in cancelled.reason and cancelled.actor == actor_label(olga)
+    later, _ = action_request(agent=agent, operation_key="refund:ORD-10:full:dec-1", action_type="refund",
+                              target="ORD-10", customer="CUST-9", decision_id="dec-1",
+                              params={"amount": "5.00", "currency": "EUR"})
+    assert later.status == ActionStatus.QUEUED
+    assert action_claim_next("tests:2").pk == later.pk
