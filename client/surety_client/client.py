@@ -364,6 +364,7 @@ def _body(response: httpx.Response) -> Any:
 
 
 def _json_ready(values: dict[str, Any]) -> dict[str, Any]:
-    """Decimals go as decimal strings, as the API wants amounts; everything else as given
-    (a float amount is sent as a number, and the API answers why it refuses it)."""
-    return {name: str(value) if isinstance(value, Decimal) else value for name, value in values.items()}
+    """Decimals go as plain decimal strings, as the API wants amounts ("100", never the "1E+2" that
+    str() gives a normalized Decimal); everything else as given (a float amount is sent as a
+    number, and the API answers why it refuses it)."""
+    return {name: format(value, "f") if isinstance(value, Decimal) else value for name, value in values.items()}

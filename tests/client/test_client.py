@@ -66,6 +66,13 @@ def test_the_same_call_twice_is_one_action(stack, agent_client):
     assert other_decision.operation_key != first.operation_key and not other_decision.replayed
 
 
+def test_a_decimal_in_exponent_form_is_sent_as_a_plain_decimal_string(stack, agent_client):
+    """Decimal("100.00").normalize() prints "1E+2", which the API refuses as no decimal number."""
+    posted = agent_client.refund(order="ORD-C5", amount=Decimal("100.00").normalize(), currency="EUR",
+                                 decision_id="dec-c5")
+    assert posted.params["amount"] in ("100", "100.00") and not posted.replayed
+
+
 def test_the_same_decision_with_its_amount_written_otherwise_is_one_refund_and_another_amount_is_refused(
         stack, agent_client):
     first = agent_client.refund(order="ORD-C3", amount="25.00", currency="EUR", decision_id="dec-c3")
