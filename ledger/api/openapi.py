@@ -85,11 +85,11 @@ class ErrorSerializer(serializers.Serializer):
 
 
 class ProblemSerializer(serializers.Serializer):
-    """An RFC 9457 problem: every 4xx of the API."""
+    """An RFC 9457 problem: every 4xx of the API, and its 503s (busy, database_unavailable)."""
 
     type = serializers.URLField()
     title = serializers.CharField()
-    status = serializers.IntegerField(min_value=400, max_value=499)
+    status = serializers.IntegerField(min_value=400, max_value=599)
     detail = serializers.CharField(allow_blank=True)
     code = serializers.CharField(help_text="Stable: see the contract for the values and their meaning.")
     errors = serializers.DictField(

@@ -301,7 +301,7 @@ def evidence_view(sections):
     class ActionEvidenceView(APIView):
         @extend_schema(
             operation_id="actions_evidence_retrieve",
-            parameters=[path_key("operation_key", "The action's operation key."), KEY_EXPIRES],
+            parameters=[path_key("operation_key", "The action's operation key."), RETRY_AFTER, KEY_EXPIRES],
             responses={200: OpenApiResponse(record, description="The action's evidence record."),
                        **COMMON_PROBLEMS,
                        (404, PROBLEM_JSON): problem("`not_found`: no such action, or another agent's."),

@@ -55,3 +55,13 @@ def test_every_problem_is_problem_json(document):
             assert {"401", "404"} & set(problems), operation["operationId"]  # every operation documents its refusals
             for status, response in problems.items():
                 assert list(response["content"]) == ["application/problem+json"], status
+
+
+def test_every_answer_to_try_later_names_retry_after_and_its_problem_admits_its_status(document):
+    """A 429 or 503 carries Retry-After, and its body is a problem whose status is 429 or 503."""
+    status = document["components"]["schemas"]["Problem"]["properties"]["status"]
+    assert status["minimum"] <= 429 and status["maximum"] >= 503
+    for path in document["paths"].values():
+        for operation in path.values():
+            for later in {"429", "503"} & set(operation["responses"]):
+                assert "Retry-After" in operation["responses"][later].get("headers", {}), (operation["operationId"], later)
