@@ -3,7 +3,7 @@ from django.core.validators import RegexValidator, validate_email
 
 from approvals.decisions import BINDING
 from approvals.models import Limit, tier_addresses
-from ledger import currencies
+from ledger import currencies, money
 from ledger.versions import EDITABLE_PARAMS
 
 
@@ -150,6 +150,13 @@ class LimitForm(forms.ModelForm):
             self.add_error("escalate_after_hours", "Say after how many hours the next tier is alerted.")
         if data.get("escalate_after_hours") is not None and not data.get("next_tier") and "next_tier" in data:
             self.add_error("next_tier", "Name who is alerted at the second deadline.")
+        # A limit's amounts in the currency's minor digits, as the API holds a request's: 500.015
+        # EUR would be shown as 500.02, while the intake compares 500.015.
+        for field in ("max_amount", "dual_approval_above", "daily_customer_total"):
+            problem = data.get("currency") and data.get(field) is not None and money.places_problem(
+                data[field], data["currency"])
+            if problem:
+                self.add_error(field, problem)
         dual, top = data.get("dual_approval_above"), data.get("max_amount")
         if dual is not None and top is not None and dual < top:
             self.add_error("dual_approval_above", "Must be at least the maximum amount.")

@@ -26,6 +26,13 @@ def places(amount):
     return max(-amount.normalize(Context(prec=max(len(amount.as_tuple().digits), 1))).as_tuple().exponent, 0)
 
 
+def places_problem(amount, currency):
+    """Why `amount` (a Decimal) is no amount of `currency`, or None: more decimals than it has
+    (0.5 JPY, 500.015 EUR)."""
+    digits = minor_digits(currency)
+    return f"At most {digits} decimal places in {currency}." if places(amount) > digits else None
+
+
 def quantized(amount, currency):
     """`amount` written with exactly the currency's decimals ("25.5" EUR -> "25.50")."""
     return Decimal(amount).quantize(Decimal(1).scaleb(-minor_digits(currency)))

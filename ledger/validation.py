@@ -102,9 +102,9 @@ def amount_problem(action_type, amount, currency):
     more decimals than the currency has (0.5 JPY), or an amount the type's connector's provider
     cannot take in its own units (1.255 KWD at Stripe, which takes a three-decimal currency's
     amounts in multiples of 0.010)."""
-    digits = money.minor_digits(currency)
-    if money.places(Decimal(amount)) > digits:
-        return f"At most {digits} decimal places in {currency}."
+    problem = money.places_problem(Decimal(amount), currency)
+    if problem:
+        return problem
     try:
         connector = connector_for(action_type)
     except NoConnector:  # no start gets this far without one (manage.py check, surety.E001)

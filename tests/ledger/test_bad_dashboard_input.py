@@ -125,6 +125,21 @@ def test_policies_refuse_bad_limits(admin, change):
 
 
 
+@pytest.mark.parametrize(("field", "currency", "amount"), [
+    ("max_amount", "EUR", "500.015"), ("dual_approval_above", "EUR", "900.001"),
+    ("daily_customer_total", "EUR", "1000.005"), ("max_amount", "JPY", "5000.5")])
+def test_a_limit_in_more_decimals_than_its_currency_has_is_refused_not_shown_rounded(admin, field, currency, amount):
+    """500.015 EUR was kept as it was typed and shown as 500.02, while the intake held a 500.02 EUR
+    refund for approval: the amounts a limit names are held to the currency's minor digits, as
+    the API holds a request's."""
+    response = admin.post("/policies/", {**LIMIT, "currency": currency, field: amount,
+                                         **({"max_amount": "100"} if field != "max_amount" else {})})
+    assert response.status_code == 200
+    assert response.context["form"].errors == {field: [f"At most {2 if currency == 'EUR' else 0} decimal places "
+                                                       f"in {currency}."]}
+    assert not Limit.objects.exists()
+
+
 def test_a_negative_maximum_is_a_field_error_in_words_not_the_constraint_name(admin):
     response = admin.post("/policies/", {**LIMIT, "max_amount": "-1"})
     assert response.context["form"].errors == {"max_amount": ["Must not be negative."]}
