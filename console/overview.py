@@ -29,19 +29,18 @@ def review_cards(user, now):
     """The three queue cards in one query over the open items (it was four queries per card):
     per kind, how many, how many are overdue, how many escalated to the next tier, the oldest,
     the next deadline, and how many wait for this user: an action type they may decide (or a
-    person they stand in for may: approvals.delegation), not
-    requested by an agent they own (four eyes), not already approved by them. The first two
-    of those conditions need every open item joined to its action (decision 38), so each is
-    left out when it cannot exclude anything: the user may decide every action type, or owns no
-    agent."""
+    person they stand in for may: approvals.delegation), not requested by an agent they own or
+    were shown the token of (four eyes), not already approved by them. The first two of those
+    conditions need every open item joined to its action (decision 38), so each is left out when
+    it cannot exclude anything: the user may decide every action type, or answers for no agent."""
     names = {perm: decidable_for(user, perm) for perm in (APPROVE, RESOLVE)}
     decidable = [Q(kind=kind) if names[perm] >= set(ActionType.values)
                  else Q(kind=kind, action__action_type__in=names[perm]) for kind, perm, _ in CARDS if names[perm]]
-    owned_agents = list(Agent.objects.filter(owner=user).values_list("pk", flat=True))
+    answered_for = list(Agent.objects.filter(Agent.answering_for(user)).values_list("pk", flat=True))
     if decidable:
         waiting_for_me = functools.reduce(operator.or_, decidable)
-        if owned_agents:
-            waiting_for_me &= ~Q(action__agent__in=owned_agents)
+        if answered_for:
+            waiting_for_me &= ~Q(action__agent__in=answered_for)
         waiting_for_me &= ~approved_by(user)
         mine = Count("id", filter=waiting_for_me)
     else:
