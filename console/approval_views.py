@@ -126,8 +126,12 @@ def review_queue(request, queue):
 
 @staff_required
 def review_detail(request, pk):
-    item = get_review_item_for_user(request.user, pk)
-    context = detail_context(request, item)
+    return detail_page(request, detail_context(request, get_review_item_for_user(request.user, pk)))
+
+
+def detail_page(request, context):
+    """An item's page (its own, or a decision link's); to htmx's poll of its verification note,
+    the note alone."""
     if request.htmx and not (context["verifying"] and context["verifying"]["pending"]):
         # The verification it polled for has ended: the whole page, its badges and the item's
         # state with it (waiting again, or settled), not the note alone.

@@ -10,7 +10,7 @@ from approvals.decisions import AlreadyDecided, DecisionRefused
 from approvals.links import LinkRefused, link_open, link_use
 from ledger.middleware import current_decision_link
 
-from .approval_views import decided, detail_context, refused, take_decision
+from .approval_views import decided, detail_context, detail_page, refused, take_decision
 from .dashboard import staff_required
 from .stepup import step_up_required
 
@@ -26,8 +26,7 @@ def decision_link(request, token):
     try:
         link = link_open(token, request.user)
         if request.method != "POST":
-            return render(request, "approvals/detail.html", {
-                **detail_context(request, link.item, decide_url=request.path), "link": link})
+            return detail_page(request, {**detail_context(request, link.item, decide_url=request.path), "link": link})
         with transaction.atomic():  # a decision refused leaves the link unused
             if not link_use(link, request.user):
                 raise LinkRefused("This link was used a moment ago, and works once: open the item from the "

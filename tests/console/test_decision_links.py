@@ -17,8 +17,8 @@ from django.core.management import call_command
 from django.db import connection
 from django.test import Client
 
-from approvals.decisions import review_edit
-from approvals.links import digest
+from approvals.decisions import review_decide, review_edit
+from approvals.links import digest, link_issue
 from approvals.models import DecisionLink, Limit, ReviewItem, ReviewStatus
 from dlq.alerts import alert_deliver
 from dlq.models import Alert
@@ -26,7 +26,8 @@ from dlq.overdue import review_alert_overdue
 from ledger.actions import action_request
 from ledger.models import AuditEvent
 from tests.connectors.test_email import SMTP_BACKEND, MailServer
-from tests.factories import audit_events, make_agent
+from tests.browser.decisions import refund, unknown
+from tests.factories import audit_events, make_agent, person
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("jobs_to_test_redis")]
 
@@ -215,3 +216,19 @@ def test_without_a_fresh_second_factor_the_link_asks_for_one_and_stays_unused(it
     assert asked.status_code == 302 and "/decide/" not in asked["Location"]
     assert DecisionLink.objects.get(user=people["alice"]).used_at is None
     assert ReviewItem.objects.get(pk=item.pk).status == ReviewStatus.OPEN
+
+
+def test_the_links_verification_note_polls_for_the_note_alone(client):
+    """The page a link opens polls its verification note, as the item's page does, at the link
+    itself: the link answers the poll with the note, not with a whole page htmx would swap into it
+    every two seconds (and once the verification ended, with a refresh of the page)."""
+    action = unknown(refund(make_agent("billing-bot")[0], 2, "40.00"))
+    action.mark_needs_review(actor="system:executor", reason="cannot say", evidence={"verification": {}})
+    item = ReviewItem.objects.get(action=action, status=ReviewStatus.OPEN)
+    alice = person("alice", "approvers")
+    token = link_issue(alice, item)
+    review_decide(item, user=person("root", "admins"), decision="verify")
+    client.force_login(alice)
+    assert f'hx-get="/decide/{token}"' in client.get(f"/decide/{token}").content.decode()
+    polled = client.get(f"/decide/{token}", headers={"HX-Request": "true"}).content.decode()
+    assert 'id="verification"' in polled and "<html" not in polled
