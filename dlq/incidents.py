@@ -36,7 +36,7 @@ INCIDENT_TRANSITIONS = {I.OPEN: {I.RESOLVED}, I.RESOLVED: set()}
 class IncidentManager(models.Manager):
     def open_for(self, finding, *, actor):
         """The incident for a reconciliation finding and its alert, in one transaction; None
-        if this finding already has an incident (opened by an earlier or a concurrent run)."""
+        if this finding already has an open incident (opened by an earlier or a concurrent run)."""
         # By name: dlq.models imports this module to register the model.
         Alert = apps.get_model("dlq", "Alert")
         try:
@@ -53,7 +53,8 @@ class IncidentManager(models.Manager):
                                         subject=f"Reconciliation: {finding.summary}",
                                         body=f"{incident.get_kind_display()} at {incident.connector}.")
         except IntegrityError:
-            if not self.filter(connector=finding.connector, kind=finding.kind, subject=finding.subject).exists():
+            if not self.filter(connector=finding.connector, kind=finding.kind, subject=finding.subject,
+                               status=IncidentStatus.OPEN).exists():
                 raise
             return None
         return incident
@@ -88,7 +89,10 @@ class Incident(StateMachine):
         constraints = [
             models.CheckConstraint(condition=Q(status__in=IncidentStatus.values), name="incident_status_valid"),
             models.CheckConstraint(condition=Q(kind__in=IncidentKind.values), name="incident_kind_valid"),
-            models.UniqueConstraint(fields=["connector", "kind", "subject"], name="incident_once_per_finding"),
+            # One open at a time per finding; one resolved does not answer for an effect made since
+            # (dlq.reconcile._open).
+            models.UniqueConstraint(fields=["connector", "kind", "subject"], condition=Q(status=I.OPEN),
+                                    name="incident_open_once_per_finding"),
             models.CheckConstraint(condition=Q(status=I.OPEN) | ~Q(resolution=""), name="incident_resolved_has_reason"),
         ]
 

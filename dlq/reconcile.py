@@ -18,7 +18,8 @@ skipped, and the report says so):
    dlq.models.DeadLetter.redrive_refusal). An effect the provider lists as not carried out (a
    refund that failed at Stripe: `Record.made`) is none of these;
 4. each finding opens its incident, with an alert, unless it already has one: running the
-   same window again opens nothing new.
+   same window again opens nothing new, and an effect made after its incident was resolved opens
+   one of its own.
 
 Memory grows by one record, without the provider's raw answer, per operation key seen in the
 window (a double's first record may be many pages before its second), and by one reference per
@@ -45,7 +46,7 @@ from ledger.connectors import connector_for, http
 from ledger.jobs import enqueue
 from ledger.models import SETTLED, Action, ActionStatus
 
-from .incidents import Incident, IncidentKind, ReconciliationRun
+from .incidents import Incident, IncidentKind, IncidentStatus, ReconciliationRun
 
 logger = logging.getLogger("surety.reconcile")
 ACTOR = "system:reconcile"
@@ -200,14 +201,23 @@ def _connectors():
 
 
 def _open(findings):
-    """Step 4: an incident per finding that has none (one query finds those that do)."""
+    """Step 4: an incident per finding that has none (one query finds those that do). A finding
+    has one while an incident of its kind about its subject is open, or when the incidents about
+    it, resolved, named every effect it names: a window read again opens nothing, but an effect
+    made since an incident was resolved (a third refund of one order) opens an incident of its own."""
     if not findings:
         return 0
-    existing = set(Incident.objects.filter(subject__in={f.subject for f in findings})
-                   .values_list("connector", "kind", "subject"))
+    named, still_open = {}, set()
+    for connector, kind, subject, status, refs in Incident.objects.filter(
+            subject__in={f.subject for f in findings}).values_list("connector", "kind", "subject", "status",
+                                                                   "external_refs"):
+        named.setdefault((connector, kind, subject), set()).update(refs)
+        if status == IncidentStatus.OPEN:
+            still_open.add((connector, kind, subject))
     opened = 0
     for finding in findings:
-        if (finding.connector, finding.kind, finding.subject) not in existing:
+        about = (finding.connector, finding.kind, finding.subject)
+        if about not in still_open and not set(finding.external_refs) <= named.get(about, set()):
             opened += Incident.objects.open_for(finding, actor=ACTOR) is not None
     return opened
 

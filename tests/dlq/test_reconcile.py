@@ -12,7 +12,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from dlq.incidents import Incident, IncidentKind, ReconciliationRun
+from dlq.incidents import Incident, IncidentKind, ReconciliationRun, incident_resolve
 from dlq.models import Alert
 from dlq.reconcile import Window, reconcile, reconcile_schedule, run_finish
 from ledger.actions import action_request
@@ -21,7 +21,7 @@ from ledger.executor import action_claim_next
 from ledger.models import Action, AuditEvent
 from sandbox.models import SandboxRefund
 from tests.conftest import answering, thread_server, wait_until
-from tests.factories import api_client, make_action, make_agent, post_action, refund_body
+from tests.factories import api_client, make_action, make_agent, person, post_action, refund_body
 
 K = IncidentKind
 
@@ -288,3 +288,40 @@ def test_a_record_listed_twice_is_no_double_effect(db, settings):
     report = reconcile(last_hour())
     assert "re_existing" in report["repeating"]["failed"]
     assert not Incident.objects.exists()
+
+
+class ScriptedListing(Connector):
+    """A provider whose listing the test sets (`LISTED`), read from memory: the sandbox cannot be
+    made to pay one refund a third time, a day after its double was found and resolved."""
+
+    name = "scripted"
+    LISTED = []
+
+    def records(self, since, until):
+        return [record for record in self.LISTED if since <= record.created_at < until]
+
+
+def test_a_new_effect_under_a_key_whose_incident_was_resolved_opens_an_incident_of_its_own(db, settings):
+    """Resolved, an incident still answers for the effects it named (a window read again opens
+    nothing), but not for one made since: a third refund of one order is found and reported."""
+    agent, _ = make_agent("billing")
+    key = "refund:ORD-R:full:dec-1"
+    make_action(agent, "succeeded", key=key, target="ORD-R", external_ref="re_existing")
+    settings.SURETY_CONNECTORS = {**settings.SURETY_CONNECTORS,
+                                  "refund": {"class": f"{__name__}.ScriptedListing", "options": {}}}
+    now = timezone.now()
+    ScriptedListing.LISTED = [Record(key, "re_existing", Decimal("25.00"), "EUR", now, "refund"),
+                              Record(key, "re_2", Decimal("25.00"), "EUR", now, "refund")]
+    window = Window(now - timedelta(hours=1), now + timedelta(minutes=1))
+    assert reconcile(window)["scripted"]["opened"] == 1
+    first = Incident.objects.get()
+    incident_resolve(first, actor=person("olga", "operators"), reason="re_2 clawed back")
+    assert reconcile(window)["scripted"]["opened"] == 0  # the same effects, read again
+
+    later = now + timedelta(days=1)
+    ScriptedListing.LISTED.append(Record(key, "re_3", Decimal("25.00"), "EUR", later, "refund"))
+    assert reconcile(Window(later - timedelta(hours=1), later + timedelta(minutes=1)))["scripted"]["opened"] == 1
+    second = Incident.objects.exclude(pk=first.pk).get()
+    assert (second.kind, second.status, second.external_refs) == (K.DOUBLE_EFFECT, "open", ["re_3"])
+    assert Alert.objects.filter(incident=second).exists()
+    assert reconcile(Window(now - timedelta(hours=1), later + timedelta(minutes=1)))["scripted"]["opened"] == 0
