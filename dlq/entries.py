@@ -6,8 +6,8 @@ An entry is about a task or a standalone action; each function says what it does
 
 from django.db import transaction
 
-from ledger.actions import action_retry, action_retry_by_person
-from ledger.models import Booking, TaskState
+from ledger.actions import action_give_up, action_retry, action_retry_by_person
+from ledger.models import TaskState
 from ledger.statemachine import InvalidTransition
 from ledger.tasks import task_actions_let_go
 
@@ -59,9 +59,9 @@ def deadletter_resolve(entry, *, actor, note):
 
 def deadletter_discard(entry, *, actor, reason):
     """Give up: a dead-lettered task is cancelled, with its actions not yet started; a failed task
-    stays `failed` (final), its actions not yet started cancelled too; an
-    action stays `failed`, which nothing runs again (its entry was the way to retry it), and
-    a booking lets go of its slot."""
+    stays `failed` (final), its actions not yet started cancelled too; an action stays `failed`,
+    for good now (its entry was the way to retry it): a booking lets go of its slot, and its
+    decision may be asked again."""
     if not reason.strip():
         raise ValueError("a reason is required to discard")
     with transaction.atomic():
@@ -71,10 +71,9 @@ def deadletter_discard(entry, *, actor, reason):
                 entry.task.cancel(actor=actor, reason=reason)
             task_actions_let_go(entry.task, actor=actor, reason=reason)
         elif entry.action_id:
-            # A booking whose failure may be retried keeps its slot for the retry
-            # (ledger.actions.booking_follow_action); given up, none comes, and a slot kept for
-            # nobody would refuse every other booking of that time.
-            booking = Booking.objects.filter(action=entry.action_id, status=Booking.Status.PENDING).first()
-            if booking is not None:
-                booking.release()
+            # Failed for good now: a booking whose failure may be retried kept its slot for the
+            # retry (ledger.actions.booking_follow_action); given up, none comes, and a slot kept
+            # for nobody would refuse every other booking of that time, its decision every other
+            # request for it.
+            action_give_up(entry.action, actor=actor, reason=reason)
         return entry.discard(actor=actor, reason=reason, locked=True)

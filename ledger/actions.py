@@ -303,6 +303,24 @@ def action_retry_by_person(action, *, actor, reason):
         return action_retry(row, actor=actor, reason=reason)
 
 
+def action_give_up(action, *, actor, reason):
+    """A failed action a person gave up on (its dead letter discarded) is failed for good: its error
+    says no retry will come (audited), and a booking lets go of its slot, so that its decision may
+    be asked again, as after any failure for good (BOOKING_HELD)."""
+    with transaction.atomic():
+        row = Action.objects.select_for_update().get(pk=action.pk)
+        if row.status != S.FAILED or not row.is_retryable_failure:
+            return row
+        before = {"status": row.status, "error": row.error}
+        row.error = {**row.error, "retryable": False}
+        row.updated_at = timezone.now()
+        update(row, ["error", "updated_at"])
+        AuditEvent.objects.record(actor=actor, verb="given_up", obj=row, before=before,
+                                  after={"status": row.status, "error": row.error}, reason=reason)
+        booking_follow_action(row, S.FAILED, actor, reason)
+        return row
+
+
 def _book(action):
     """Reserve the slot with the action. The check gives the friendly answer; the exclusion
     constraint (PostgreSQL) is what holds when two requests race past it."""

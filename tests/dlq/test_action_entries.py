@@ -391,3 +391,12 @@ def test_a_booking_given_up_in_the_queue_lets_go_of_its_slot(settings):
                                     action_type="create_booking", target="ROOM-9", customer="CUST-2",
                                     decision_id="dec-7", params=slot)
     assert created and other.status == "queued"
+    booking.refresh_from_db()
+    assert booking.error["retryable"] is False  # failed for good now: it tells the agent no retry comes
+    assert audit_events(booking, "given_up").get().reason == "the customer booked by phone for another day"
+    # Given up, its decision may be asked again, at another time, as after any failure for good.
+    again, created = action_request(agent=agent, operation_key="create_booking:ROOM-9:CUST-1:dec-1:again",
+                                    action_type="create_booking", target="ROOM-9", customer="CUST-1",
+                                    decision_id="dec-1",
+                                    params={**slot, "start": "2026-09-11T10:00:00Z", "end": "2026-09-11T11:00:00Z"})
+    assert created and again.status in ("queued", "held")
