@@ -2,11 +2,10 @@
 API answers them (ledger.api.serializers describes them for the OpenAPI document) and as a
 dead-letter entry keeps them in its snapshot."""
 
-from urllib.parse import quote
-
 from django.conf import settings
 from django.urls import reverse
 
+from .key_paths import key_segment
 from .models import PERSON_STATUSES, Action, ActionStatus, AuditEvent
 
 
@@ -40,7 +39,7 @@ DECIDED_NO = {ActionStatus.REJECTED, ActionStatus.CANCELLED, ActionStatus.EXPIRE
 
 
 def _url(action):
-    return f"/api/v1/actions/{quote(action.operation_key, safe='')}"
+    return f"/api/v1/actions/{key_segment(action.operation_key)}"
 
 
 def _version(action):
@@ -94,5 +93,5 @@ def checkpoint(task):
         "last_error": task.last_error,
         "steps": {s.name: _step_view(s, first_open) for s in steps},
         "updated_at": _utc(task.updated_at),
-        "url": f"/api/v1/tasks/{quote(task.task_id, safe='')}",
+        "url": f"/api/v1/tasks/{key_segment(task.task_id)}",
     }

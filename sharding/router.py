@@ -48,13 +48,14 @@ import os
 import threading
 import uuid
 from decimal import Decimal
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import unquote, urlsplit
 
 import httpx
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ledger.api.wire import problem_body, well_formed_key
+from ledger.key_paths import key_segment
 from ledger.recipients import email_recipient
 
 API, ACTIONS, TASKS = "/api/v1/", "/api/v1/actions", "/api/v1/tasks"
@@ -283,7 +284,7 @@ class Router:
         read of it answers 200 or 410). A key placed but never recorded (its request's router died
         mid-forward) would otherwise let the shard record the request under it there."""
         kind, _, key = key_name.partition(":")
-        path = f"{ACTIONS if kind == 'action' else TASKS}/{quote(key, safe='')}"
+        path = f"{ACTIONS if kind == 'action' else TASKS}/{key_segment(key)}"
         headers = {k: v for k, v in request.headers().items() if k != "Content-Type"}
         try:
             answer = self.http.get(self.shards[shard] + path, headers=headers, extensions={"target": path.encode()})

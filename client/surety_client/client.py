@@ -229,7 +229,7 @@ class SuretyClient:
     def get_action(self, operation_key: str, *, wait: float = 0) -> Action:
         """The action as it stands; with `wait` (at most 30 s) the API holds the answer until
         it settles or waits for a person."""
-        response = self._send("GET", f"actions/{quote(operation_key, safe='')}", wait=wait)
+        response = self._send("GET", f"actions/{_segment(operation_key)}", wait=wait)
         return Action.from_api(response.json())
 
     def wait_for(self, operation_key: str, timeout: float = 60.0, *, follow: bool = False) -> Action:
@@ -277,7 +277,7 @@ class SuretyClient:
 
     def get_task(self, task_id: str, *, wait: float = 0) -> Checkpoint:
         """A task's checkpoint; with `wait` (at most 30 s) held until it leaves queued/running."""
-        response = self._send("GET", f"tasks/{quote(task_id, safe='')}", wait=wait)
+        response = self._send("GET", f"tasks/{_segment(task_id)}", wait=wait)
         return Checkpoint.from_api(response.json())
 
     def wait_for_task(self, task_id: str, timeout: float = 60.0) -> Checkpoint:
@@ -361,6 +361,12 @@ def _body(response: httpx.Response) -> Any:
         return response.json()
     except ValueError:
         return response.text
+
+
+def _segment(key: str) -> str:
+    """A key as one segment of a URL path: percent-encoded, "/" included, and "." and ".." too,
+    which httpx would otherwise remove as dot segments ("actions/.." is the API's root)."""
+    return "%2E" * len(key) if key in (".", "..") else quote(key, safe="")
 
 
 def _json_ready(values: dict[str, Any]) -> dict[str, Any]:

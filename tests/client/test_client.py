@@ -127,6 +127,16 @@ def test_a_colon_in_the_order_and_a_padded_decision_make_a_key_the_api_takes_and
     assert Action.objects.filter(target__startswith="gid").count() == 2
 
 
+@pytest.mark.parametrize("key", [".", ".."])
+def test_a_key_of_dots_alone_is_read_back_under_itself(stack, agent_client, key):
+    """"." and ".." are keys like any other, but in a URL path they are dot segments, which HTTP
+    clients and proxies remove ("/actions/.." is "/api/v1"): encoded, they name the action."""
+    posted = agent_client.post_action(key, action_type="refund", target=f"ORD-DOTS{len(key)}",
+                                      params={"amount": "5.00", "currency": "EUR"}, decision_id=f"dec-dots{len(key)}")
+    assert posted.url.endswith("/api/v1/actions/" + "%2E" * len(key))
+    assert agent_client.get_action(key).operation_key == key
+
+
 def test_the_same_key_for_another_request_raises_idempotency_key_reused(stack, agent_client):
     agent_client.post_action("refund:ORD-C6:manual", action_type="refund", target="ORD-C6",
                              params={"amount": "10.00", "currency": "EUR"})
