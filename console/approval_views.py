@@ -158,6 +158,8 @@ def detail_context(request, item, decide_url=None):
     approvals = list(item.approvals.select_related("user"))
     history = AuditEvent.objects.history(action)
     near = in_flight_near(action) if item.kind == ReviewKind.HELD else None
+    typed = request.session.pop(TYPED, None) or {}
+    typed = typed if typed.get("item") == item.pk else {}
     return {
         "item": item,
         "action": action,
@@ -186,7 +188,9 @@ def detail_context(request, item, decide_url=None):
         "fingerprint": action.params_fingerprint(),
         # And a release, on what it shows in flight on the held action's order or customer.
         "in_flight": in_flight_print(near) if near is not None else "",
-        "edit_form": EditForm(action=action) if item.kind == ReviewKind.APPROVAL else None,
+        "edit_form": EditForm(action=action, initial=typed if typed.get("form") == "edit" else None)
+        if item.kind == ReviewKind.APPROVAL else None,
+        "typed": typed,
         "queue": came_from(request, item),
         "queue_query": _queue_query(item, came_from(request, item)),
         "next_item": _next_item(item, request.user, came_from(request, item)),
@@ -382,8 +386,18 @@ def review_edit_view(request, pk):
     return redirect("review-detail", pk=item.pk)
 
 
+# What a person typed into a form whose decision was refused, kept for the item's page they are
+# sent back to (a redirect alone emptied the form): which form, and its text.
+TYPED = "review_typed"
+FORM_OF_VIEW = {"review-edit": "edit", "held-group-decide": "group"}  # else the decision form
+
+
 def refused(request, item, why, status):
     messages.error(request, f"Not done: {why.rstrip('.')}.")  # some reasons end in a full stop of their own
+    request.session[TYPED] = {
+        "item": item.pk, "form": FORM_OF_VIEW.get(request.resolver_match.url_name, "decision"),
+        **{name: value[:2000] for name, value in request.POST.items()
+           if name in ("reason", "external_ref") or name.startswith("param_")}}
     if request.htmx:
         return HttpResponse(status=status, headers={"HX-Redirect": item.get_absolute_url()})
     response = redirect("review-detail", pk=item.pk)
