@@ -37,7 +37,7 @@ from django.utils import timezone
 from ledger.access import WORK_DLQ, decidable_names, user_may
 from ledger.jobs import enqueue
 from ledger.locks import BULK_REDRIVE_START, lead, let_go, take_turns
-from ledger.models import Action, ActionStatus, ActionType, AuditEvent, Capability, StepStatus, TaskState
+from ledger.models import Action, ActionStatus, AuditEvent, Capability, StepStatus, TaskState
 from ledger.statemachine import InvalidTransition
 
 from .entries import deadletter_redrive
@@ -119,8 +119,6 @@ def entry_plan(entry, workable):
     if action.is_retryable_failure:
         return Plan.ACTION_RETRY, "one more attempt under its operation key (held instead while another action " \
                                   "on its target or customer is in flight)"
-    if action.action_type == ActionType.CREATE_BOOKING:
-        return Plan.SKIP, "its slot was given up when it failed: request a new booking"
     code = action.error.get("code", "error")
     return Plan.ACTION_RETRY_BY_PERSON, f"its failure ({code}) was marked permanent: retried on your word and reason"
 

@@ -8,7 +8,7 @@ from django.utils.functional import cached_property
 
 from ledger.audit import actor_label
 from ledger.jobs import enqueue
-from ledger.models import Action, ActionStatus, AuditEvent, Capability, Task, TaskState
+from ledger.models import Action, ActionStatus, ActionType, AuditEvent, Capability, Task, TaskState
 from ledger.resources import action_resource, checkpoint
 from ledger.statemachine import StateMachine
 
@@ -154,11 +154,15 @@ class DeadLetter(StateMachine):
 
     @cached_property  # the page asks it three times
     def redrive_refusal(self):
-        """Why this entry cannot be redriven ("" when it can): a failed task is final; and an action
-        whose effect reconciliation found at the provider (dlq.reconcile: a denied effect) was done
-        there, so a retry against a provider that has forgotten the key would do it again."""
+        """Why this entry cannot be redriven ("" when it can): a failed task is final; a booking that
+        failed for good gave its slot up; and an action whose effect reconciliation found at the
+        provider (dlq.reconcile: a denied effect) was done there, so a retry against a provider that
+        has forgotten the key would do it again."""
         if self.task_id and self.task.state == TaskState.FAILED:
             return "a failed task is final (its error is one no retry will change): resolve or discard it"
+        if self.action_id and self.action.action_type == ActionType.CREATE_BOOKING and not self.last_error.get(
+                "retryable"):
+            return "its slot was given up when it failed: request a new booking"
         if self.action_id:
             found = Incident.objects.filter(kind=IncidentKind.DENIED_EFFECT, operation_key=self.action.operation_key,
                                             ).order_by("pk").first()

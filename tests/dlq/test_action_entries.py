@@ -400,3 +400,22 @@ def test_a_booking_given_up_in_the_queue_lets_go_of_its_slot(settings):
                                     decision_id="dec-1",
                                     params={**slot, "start": "2026-09-11T10:00:00Z", "end": "2026-09-11T11:00:00Z"})
     assert created and again.status in ("queued", "held")
+
+
+@pytest.mark.django_db
+def test_a_booking_failed_for_good_offers_no_redrive_and_says_why(client):
+    """Its slot was let go when it failed: a redrive is refused alone and in bulk, and its page
+    offers none (it offered one, which was then refused)."""
+    agent, _ = make_agent("booker", grants=())
+    booking = make_action(agent, "failed", key="create_booking:ROOM-9:CUST-1:dec-1", action_type="create_booking",
+                          target="ROOM-9", retryable=False)
+    entry = DeadLetter.objects.open_for_action(booking, actor="system:executor")
+    assert entry.redrive_refusal == "its slot was given up when it failed: request a new booking"
+    olga = User.objects.create_user(username="olga", password=None)
+    call_command("setup_roles", verbosity=0)
+    olga.groups.add(Group.objects.get(name="operators"))
+    with pytest.raises(InvalidTransition, match="its slot was given up"):
+        deadletter_redrive(entry, actor=olga, reason="try again")
+    client.force_login(olga)
+    page = client.get(f"/dlq/{entry.pk}/").content.decode()
+    assert 'id="no-redrive"' in page and 'id="redrive-form"' not in page
