@@ -14,7 +14,7 @@ from dlq.entries import deadletter_discard, deadletter_redrive, deadletter_resol
 from dlq.models import DeadLetter, EntryStatus
 from ledger.access import WORK_DLQ, decidable_names
 from ledger.audit import actor_label
-from ledger.models import AuditEvent, Capability
+from ledger.models import Action, ActionStatus, AuditEvent, Capability
 from ledger.statemachine import InvalidTransition
 
 from .dashboard import count_up_to, keyset_page, posted_pk, recent_reasons, render_partial, staff_required
@@ -105,8 +105,16 @@ def deadletter_operate(request, pk, op):
     except (InvalidTransition, ValueError) as exc:
         messages.error(request, f"Not done: {exc}.")
     else:
-        messages.success(request, f"Dead letter #{entry.pk}: {op} done.")
+        messages.success(request, f"Dead letter #{entry.pk}: {op} done{_held_after(entry) if op == 'redrive' else ''}.")
     return redirect("deadletter-detail", pk=pk)
+
+
+def _held_after(entry):
+    """A redriven action goes back to the queue, or is held behind another one in flight on its
+    target or customer: said, as it waits for that one first."""
+    if entry.action_id and Action.objects.filter(pk=entry.action_id, status=ActionStatus.HELD).exists():
+        return "; the action is held while another action on its target or customer is in flight"
+    return ""
 
 
 @staff_required

@@ -419,3 +419,17 @@ def test_a_booking_failed_for_good_offers_no_redrive_and_says_why(client):
     client.force_login(olga)
     page = client.get(f"/dlq/{entry.pk}/").content.decode()
     assert 'id="no-redrive"' in page and 'id="redrive-form"' not in page
+
+
+@pytest.mark.django_db
+def test_a_redrive_held_behind_another_action_says_so(client):
+    """Redriven while another action is in flight on its order, the action is held, not queued:
+    the page says so rather than only "redrive done"."""
+    agent, _ = make_agent("billing", grants=())
+    failed = make_action(agent, "failed", key="refund:ORD-H:full:dec-1", target="ORD-H", retryable=True)
+    entry = DeadLetter.objects.open_for_action(failed, actor="system:executor")
+    make_action(agent, "pending", key="refund:ORD-H:full:dec-2", target="ORD-H", decision_id="dec-2")
+    client.force_login(User.objects.create_superuser("root", password=None))
+    page = client.post(f"/dlq/{entry.pk}/redrive", {"reason": "the provider is back"}, follow=True).content.decode()
+    assert Action.objects.get(pk=failed.pk).status == "held"
+    assert "held while another action on its target or customer is in flight" in page
