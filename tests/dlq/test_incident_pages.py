@@ -139,3 +139,23 @@ def test_the_list_says_when_reconciliation_last_ran_and_what_it_could_not_read(o
     line = re.sub(r"\s+", " ", operator.get("/incidents/").content.decode().split('id="last-run">')[1].split("</p>")[0])
     assert "incomplete" in line and "sandbox: GET /sandbox/v1/refunds: HTTP 503" in line
     assert "unlisted: this connector cannot list its records" in line
+
+
+@pytest.mark.parametrize(("report", "hint"), [
+    (None, "Reconciliation has not run yet"),
+    ({"sandbox": {"records": 3, "findings": 0, "opened": 0}}, "Reconciliation found nothing wrong"),
+    ({"sandbox": {"failed": "GET /sandbox/v1/refunds: HTTP 503"}, "unlisted": {"skipped": "cannot list"}},
+     "The last reconciliation could not read sandbox"),
+])
+def test_the_overview_card_says_nothing_was_found_only_after_a_run_that_read_every_connector(db, report, hint):
+    """With no incident open, the card said "found nothing wrong" before any run, and after a run
+    that could not read a connector."""
+    from console.incident_views import incident_card
+
+    roles_setup()
+    if report is not None:
+        now = timezone.now()
+        ReconciliationRun.objects.create(since=now - timedelta(hours=1), until=now, finished_at=now,
+                                         complete="failed" not in str(report), report=report)
+    [card] = incident_card(user_in("operators", "otto"), timezone.now())
+    assert (card["count"], card["hint"]) == (0, hint)
