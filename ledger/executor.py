@@ -32,12 +32,13 @@ from .connectors.test_mode import connector_for_action, is_replay_action
 from .grants import grant_lapsed
 from .jobs import drain
 from .json_input import storable
-from .models import Action, ActionStatus, Agent, InvalidTransition, StaleClaim, TaskState
+from .models import Action, ActionStatus, Agent, InvalidTransition, StaleClaim, Task, TaskState
 from .retry import backoff_until
 
 logger = logging.getLogger("surety.executor")
 S = ActionStatus
 EXECUTOR = "system:executor"
+TASK_ENDED = (TaskState.CANCELLED, TaskState.FAILED, TaskState.SUCCEEDED)
 
 
 def _due(now):
@@ -188,12 +189,27 @@ def action_verify(action):
             return _settle(action.mark_needs_review, actor=EXECUTOR, claim=claim, evidence=evidence, reason=over_limit)
         return _settle(action.mark_succeeded, actor=EXECUTOR, claim=claim, external_ref=lookup.external_ref,
                        result=lookup.result, reason="verified at the provider", evidence=evidence)
+    ended = _task_ended(action)
+    if ended:
+        # Queued again, it would never run (a task's action is attempted only while its task runs)
+        # and would hold its order and customer for good: verified absent, it ends here.
+        return _settle(action.mark_failed, actor=EXECUTOR, claim=claim, code="task_ended", retryable=False,
+                       message=f"no effect at the provider, and its task is {ended}: nothing runs it again",
+                       evidence=evidence)
     if action.attempts >= settings.MAX_ATTEMPTS:
         # The last look at the provider is the evidence its dead-letter entry shows.
         return _settle(action.mark_failed, actor=EXECUTOR, claim=claim, code="attempts_exhausted",
                        message=f"no effect after {action.attempts} attempts", retryable=True, evidence=evidence)
     return _settle(action.requeue, actor=EXECUTOR, claim=claim, evidence=evidence,
                    reason="verified absent at the provider", not_before=backoff_until(action.attempts))
+
+
+def _task_ended(action):
+    """The state of the action's task if it will never run again (cancelled, failed, succeeded), or
+    None: a standalone action, or a task that may (a dead-lettered one may be redriven)."""
+    if action.task_id is None:
+        return None
+    return Task.objects.filter(pk=action.task_id, state__in=TASK_ENDED).values_list("state", flat=True).first()
 
 
 def action_expire_leases(now=None):

@@ -8,7 +8,8 @@ import pytest
 from dlq.entries import deadletter_discard, deadletter_resolve
 from ledger.actions import action_request
 from ledger.audit import actor_label
-from ledger.executor import action_claim_next
+from ledger import clock
+from ledger.executor import action_claim_next, action_verify
 from ledger.models import Action, ActionStatus
 from ledger.tasks import task_request
 from tests.factories import audit_events, open_entry, person, refund_input
@@ -50,3 +51,25 @@ def test_a_task_given_up_cancels_what_it_had_not_started_and_holds_nothing(agent
                               params={"amount": "5.00", "currency": "EUR"})
     assert later.status == ActionStatus.QUEUED
     assert action_claim_next("tests:2").pk == later.pk
+
+
+def test_an_action_of_a_task_given_up_verified_absent_afterwards_ends_failed_not_queued(stack, agent):
+    """The other order: the task is discarded while its call's outcome is still unknown, and only
+    then does verification find no refund. Queued again, the action would never run (its task
+    never will) and would hold its order and customer for good: it ends failed, nothing made."""
+    task, _ = task_request(agent=agent, task_id="t-2", workflow="refund", input=refund_input("ORD-8", "CUST-8"))
+    task.claim(owner="tests:1")
+    action, _ = action_request(agent=agent, operation_key="t-2:call_refund_api:v1", action_type="refund",
+                               target="ORD-8", customer="CUST-8", decision_id="t-2", task=task,
+                               params={"order_id": "ORD-8", "amount": "25.00", "currency": "EUR"})
+    action.claim(owner="tests:1")
+    action.mark_unknown(actor="system:sweeper", claim=action.fence, verify_at=clock.now(),
+                        evidence={"lease_expired": True})
+    task.refresh_from_db()
+    task.mark_dead_lettered(actor="system:sweeper", claim=task.fence,
+                            error={"code": "worker_lost", "message": "the lease lapsed", "retryable": True})
+    deadletter_discard(open_entry(task), actor=person("olga", "operators"), reason="refunded by hand")
+
+    action_verify(action_claim_next("tests:2", only=action.pk))  # the stack's sandbox holds no such refund
+    action.refresh_from_db()
+    assert (action.status, action.error["code"], action.error["retryable"]) == (ActionStatus.FAILED, "task_ended", False)
