@@ -38,7 +38,8 @@ from .retry import backoff_until
 logger = logging.getLogger("surety.executor")
 S = ActionStatus
 EXECUTOR = "system:executor"
-TASK_ENDED = (TaskState.CANCELLED, TaskState.FAILED, TaskState.SUCCEEDED)
+# A task in one of these runs no step until a person redrives it (dead-lettered), or ever again.
+TASK_STOPPED = (TaskState.DEAD_LETTERED, TaskState.CANCELLED, TaskState.FAILED, TaskState.SUCCEEDED)
 
 
 def _due(now):
@@ -137,10 +138,8 @@ def action_run_claimed(action):
         return _settle(action.mark_failed, actor=EXECUTOR, claim=claim, code=exc.code, message=str(exc), retryable=False)
     except http.NotSent as exc:
         if action.attempts < settings.MAX_ATTEMPTS:
-            return _settle(
-                action.requeue, actor=EXECUTOR, claim=claim, reason="the request never reached the provider",
-                not_before=backoff_until(action.attempts), evidence=_evidence(action, exc.evidence()),
-            )
+            return _again(action, claim, reason="the request never reached the provider",
+                          evidence=_evidence(action, exc.evidence()))
         return _settle(action.mark_failed, actor=EXECUTOR, claim=claim, code=exc.code, message=str(exc), retryable=True)
     except http.OutcomeUnknown as exc:
         # The provider may still be finishing the request we gave up on: look only after
@@ -189,27 +188,27 @@ def action_verify(action):
             return _settle(action.mark_needs_review, actor=EXECUTOR, claim=claim, evidence=evidence, reason=over_limit)
         return _settle(action.mark_succeeded, actor=EXECUTOR, claim=claim, external_ref=lookup.external_ref,
                        result=lookup.result, reason="verified at the provider", evidence=evidence)
-    ended = _task_ended(action)
-    if ended:
-        # Queued again, it would never run (a task's action is attempted only while its task runs)
-        # and would hold its order and customer for good: verified absent, it ends here.
-        return _settle(action.mark_failed, actor=EXECUTOR, claim=claim, code="task_ended", retryable=False,
-                       message=f"no effect at the provider, and its task is {ended}: nothing runs it again",
-                       evidence=evidence)
     if action.attempts >= settings.MAX_ATTEMPTS:
         # The last look at the provider is the evidence its dead-letter entry shows.
         return _settle(action.mark_failed, actor=EXECUTOR, claim=claim, code="attempts_exhausted",
                        message=f"no effect after {action.attempts} attempts", retryable=True, evidence=evidence)
-    return _settle(action.requeue, actor=EXECUTOR, claim=claim, evidence=evidence,
-                   reason="verified absent at the provider", not_before=backoff_until(action.attempts))
+    return _again(action, claim, reason="verified absent at the provider", evidence=evidence)
 
 
-def _task_ended(action):
-    """The state of the action's task if it will never run again (cancelled, failed, succeeded), or
-    None: a standalone action, or a task that may (a dead-lettered one may be redriven)."""
-    if action.task_id is None:
-        return None
-    return Task.objects.filter(pk=action.task_id, state__in=TASK_ENDED).values_list("state", flat=True).first()
+def _again(action, claim, *, reason, evidence):
+    """Back to the queue for another attempt after a backoff; or, for an action whose task has
+    stopped, failed, retryable. A task's action is attempted only while its task runs: queued
+    under a stopped task it would wait for ever (a task resolved by hand, discarded or ended), holding
+    its order and customer; failed, it holds nothing, and the task's runner retries it if the task
+    runs again (a dead-lettered one redriven)."""
+    stopped = action.task_id and Task.objects.filter(pk=action.task_id, state__in=TASK_STOPPED).values_list(
+        "state", flat=True).first()
+    if stopped:
+        return _settle(action.mark_failed, actor=EXECUTOR, claim=claim, code="task_not_running", retryable=True,
+                       message=f"{reason}; its task is {stopped}: nothing attempts it unless the task runs again",
+                       evidence=evidence)
+    return _settle(action.requeue, actor=EXECUTOR, claim=claim, reason=reason, not_before=backoff_until(action.attempts),
+                   evidence=evidence)
 
 
 def action_expire_leases(now=None):

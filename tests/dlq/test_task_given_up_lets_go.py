@@ -5,14 +5,16 @@ on them was held for a person."""
 
 import pytest
 
-from dlq.entries import deadletter_discard, deadletter_resolve
+from dlq.entries import deadletter_discard, deadletter_redrive, deadletter_resolve
 from ledger.actions import action_request
 from ledger.audit import actor_label
 from ledger import clock
 from ledger.executor import action_claim_next, action_verify
-from ledger.models import Action, ActionStatus
-from ledger.tasks import task_request
-from tests.factories import audit_events, open_entry, person, refund_input
+from ledger.models import Action, ActionStatus, Task
+from ledger.runner import task_run
+from ledger.tasks import task_claim_next, task_request
+from tests.factories import (api_client, audit_events, open_entry, person, refund_input, sandbox_list,
+                             sandbox_order)
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("jobs_to_test_redis")]
 
@@ -24,7 +26,7 @@ def dead_lettered_with_its_call_verified_absent(agent):
     task.claim(owner="tests:1")
     action, _ = action_request(agent=agent, operation_key="t-1:call_refund_api:v1", action_type="refund",
                                target="ORD-9", customer="CUST-9", decision_id="t-1", task=task,
-                               params={"order_id": "ORD-9", "amount": "25.00", "currency": "EUR"})
+                               params={"amount": "25.00", "currency": "EUR"})
     action.claim(owner="tests:1")
     task.refresh_from_db()
     task.mark_dead_lettered(actor="system:sweeper", claim=task.fence,
@@ -53,23 +55,61 @@ def test_a_task_given_up_cancels_what_it_had_not_started_and_holds_nothing(agent
     assert action_claim_next("tests:2").pk == later.pk
 
 
-def test_an_action_of_a_task_given_up_verified_absent_afterwards_ends_failed_not_queued(stack, agent):
-    """The other order: the task is discarded while its call's outcome is still unknown, and only
-    then does verification find no refund. Queued again, the action would never run (its task
-    never will) and would hold its order and customer for good: it ends failed, nothing made."""
+@pytest.mark.parametrize("decide", ["discard", "resolve"])
+def test_an_action_of_a_task_given_up_verified_absent_afterwards_fails_rather_than_waits_queued(stack, agent, decide):
+    """The other order: the task is given up while its call's outcome is still unknown, and only
+    then does verification find no refund. Queued again, the action would never run (a resolved
+    task stays dead-lettered, with no entry to redrive it; a discarded one is cancelled) and would
+    hold its order and customer for good: it fails instead, as one the task's runner may retry."""
     task, _ = task_request(agent=agent, task_id="t-2", workflow="refund", input=refund_input("ORD-8", "CUST-8"))
     task.claim(owner="tests:1")
     action, _ = action_request(agent=agent, operation_key="t-2:call_refund_api:v1", action_type="refund",
                                target="ORD-8", customer="CUST-8", decision_id="t-2", task=task,
-                               params={"order_id": "ORD-8", "amount": "25.00", "currency": "EUR"})
+                               params={"amount": "25.00", "currency": "EUR"})
     action.claim(owner="tests:1")
     action.mark_unknown(actor="system:sweeper", claim=action.fence, verify_at=clock.now(),
                         evidence={"lease_expired": True})
     task.refresh_from_db()
     task.mark_dead_lettered(actor="system:sweeper", claim=task.fence,
                             error={"code": "worker_lost", "message": "the lease lapsed", "retryable": True})
-    deadletter_discard(open_entry(task), actor=person("olga", "operators"), reason="refunded by hand")
+    olga = person("olga", "operators")
+    if decide == "discard":
+        deadletter_discard(open_entry(task), actor=olga, reason="refunded by hand")
+    else:
+        deadletter_resolve(open_entry(task), actor=olga, note="refunded by hand, ticket 8812")
 
     action_verify(action_claim_next("tests:2", only=action.pk))  # the stack's sandbox holds no such refund
     action.refresh_from_db()
-    assert (action.status, action.error["code"], action.error["retryable"]) == (ActionStatus.FAILED, "task_ended", False)
+    assert (action.status, action.error["code"], action.error["retryable"]) == (
+        ActionStatus.FAILED, "task_not_running", True)
+    later, _ = action_request(agent=agent, operation_key="refund:ORD-11:full:dec-1", action_type="refund",
+                              target="ORD-11", customer="CUST-8", decision_id="dec-1",
+                              params={"amount": "5.00", "currency": "EUR"})
+    assert later.status == ActionStatus.QUEUED
+
+
+def test_a_dead_lettered_tasks_action_that_failed_while_it_waited_is_retried_when_it_is_redriven(stack, agent):
+    """Verified absent while its task waited in the queue, the action failed as retryable rather
+    than queued: redriven, the task's runner tries it again, and the refund is made once."""
+    task, _ = task_request(agent=agent, task_id="t-3", workflow="refund", input=refund_input("ORD-7", "CUST-7"))
+    provider = api_client(stack.url, agent.token)
+    sandbox_order(provider, "ORD-7", "CUST-7")
+    task.claim(owner="tests:1")
+    action, _ = action_request(agent=agent, operation_key="t-3:call_refund_api:v1", action_type="refund",
+                               target="ORD-7", customer="CUST-7", decision_id="t-3", task=task,
+                               params={"amount": "25.00", "currency": "EUR"})
+    action.claim(owner="tests:1")
+    action.mark_unknown(actor="system:sweeper", claim=action.fence, verify_at=clock.now(), evidence={"lost": True})
+    task.refresh_from_db()
+    task.mark_dead_lettered(actor="system:sweeper", claim=task.fence,
+                            error={"code": "worker_lost", "message": "the lease lapsed", "retryable": True})
+    action_verify(action_claim_next("tests:2", only=action.pk))
+    action.refresh_from_db()
+    assert (action.status, action.error["code"]) == (ActionStatus.FAILED, "task_not_running")
+
+    deadletter_redrive(open_entry(task), actor=person("olga", "operators"), reason="the provider is back")
+    task_run(task_claim_next("tests:3", only=task.pk))
+    action.refresh_from_db()
+    assert action.status == ActionStatus.SUCCEEDED
+    assert Task.objects.get(pk=task.pk).state == "succeeded"
+    assert len(sandbox_list(provider, "refunds", order_id="ORD-7")) == 1
