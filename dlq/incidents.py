@@ -1,9 +1,10 @@
 """Incidents: what reconciliation found wrong between the ledger and a provider's records.
 
-An incident is opened once per finding (the database refuses a second: re-running
-reconciliation over the same window opens nothing new), raises the same alert as a
-dead-letter entry, and is worked on its page: someone takes it, adds notes, and resolves
-it with a reason. Every change is audited in its transaction.
+An incident is opened once per finding while it is open (the database refuses a second: re-running
+reconciliation over the same window opens nothing new; one resolved answers for the effects it
+named, not for one made since), raises the same alert as a dead-letter entry, and is worked on its
+page: someone takes it, adds notes, and resolves it with a reason. Every change is audited in its
+transaction.
 """
 
 from django.apps import apps
@@ -85,7 +86,9 @@ class Incident(StateMachine):
 
     class Meta:
         ordering = ["-created_at", "-id"]
-        indexes = [models.Index(fields=["status", "-created_at", "-id"], name="incident_queue_idx")]
+        indexes = [models.Index(fields=["status", "-created_at", "-id"], name="incident_queue_idx"),
+                   # A dead letter's redrive asks whether the provider holds its key's effect.
+                   models.Index(fields=["operation_key"], condition=Q(kind="denied_effect"), name="incident_denied_key_idx")]
         constraints = [
             models.CheckConstraint(condition=Q(status__in=IncidentStatus.values), name="incident_status_valid"),
             models.CheckConstraint(condition=Q(kind__in=IncidentKind.values), name="incident_kind_valid"),

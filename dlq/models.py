@@ -155,20 +155,21 @@ class DeadLetter(StateMachine):
     @cached_property  # the page asks it three times
     def redrive_refusal(self):
         """Why this entry cannot be redriven ("" when it can): a failed task is final; a booking that
-        failed for good gave its slot up; and an action whose effect reconciliation found at the
-        provider (dlq.reconcile: a denied effect) was done there, so a retry against a provider that
-        has forgotten the key would do it again."""
+        failed for good gave its slot up; and an action (or a task's) whose effect reconciliation found
+        at the provider (dlq.reconcile: a denied effect) was done there, so a retry against a provider
+        that has forgotten the key would do it again."""
         if self.task_id and self.task.state == TaskState.FAILED:
             return "a failed task is final (its error is one no retry will change): resolve or discard it"
         if self.action_id and self.action.action_type == ActionType.CREATE_BOOKING and not self.last_error.get(
                 "retryable"):
             return "its slot was given up when it failed: request a new booking"
-        if self.action_id:
-            found = Incident.objects.filter(kind=IncidentKind.DENIED_EFFECT, operation_key=self.action.operation_key,
-                                            ).order_by("pk").first()
-            if found is not None:
-                return (f"the provider holds an effect under its key (incident #{found.pk}, {found.status}): a retry "
-                        "could make it again; resolve it by hand")
+        # An action's own key, or a task's actions' keys (its runner retries a failed one).
+        keys = ([self.action.operation_key] if self.action_id else
+                Action.objects.filter(task_id=self.task_id).values("operation_key"))
+        found = Incident.objects.filter(kind=IncidentKind.DENIED_EFFECT, operation_key__in=keys).order_by("pk").first()
+        if found is not None:
+            return (f"the provider holds an effect under {found.operation_key} (incident #{found.pk}, {found.status}): "
+                    "a retry could make it again; resolve it by hand")
         return ""
 
     def get_absolute_url(self):

@@ -1,5 +1,9 @@
 """One open incident per finding, not one for ever: an incident resolved no longer answers for an
-effect made after it (a third refund of one order), which reconciliation then reports anew."""
+effect made after it (a third refund of one order), which reconciliation then reports anew. And an
+index on a denied effect's key, which a dead letter's redrive asks about.
+
+Not undone once used: back, the constraint of one incident per finding, whatever its status, is
+refused by a database that holds a resolved incident and a later one for the same finding."""
 
 from django.db import migrations, models
 
@@ -14,6 +18,10 @@ class Migration(migrations.Migration):
         migrations.RemoveConstraint(
             model_name='incident',
             name='incident_once_per_finding',
+        ),
+        migrations.AddIndex(
+            model_name='incident',
+            index=models.Index(condition=models.Q(('kind', 'denied_effect')), fields=['operation_key'], name='incident_denied_key_idx'),
         ),
         migrations.AddConstraint(
             model_name='incident',

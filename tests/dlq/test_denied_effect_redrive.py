@@ -11,10 +11,12 @@ from dlq.incidents import Incident, IncidentKind
 from dlq.models import DeadLetter
 from dlq.reconcile import Finding
 from dlq.redrive_runs import Plan
-from ledger.models import ActionStatus, InvalidTransition
+from ledger.models import ActionStatus, InvalidTransition, Task
 from tests.factories import make_action, person
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("jobs_to_test_redis")]
+
+HOLDS = "the provider holds an effect under refund:ORD-1:full:dec-1"
 
 
 @pytest.fixture
@@ -35,18 +37,18 @@ def denied(action, kind=IncidentKind.DENIED_EFFECT):
 def test_an_entry_whose_effect_the_provider_holds_is_not_redriven(failed_entry):
     denied(failed_entry.action)
     olga = person("olga", "operators")
-    assert "the provider holds an effect under its key" in failed_entry.redrive_refusal
-    with pytest.raises(InvalidTransition, match="the provider holds an effect under its key"):
+    assert HOLDS in failed_entry.redrive_refusal
+    with pytest.raises(InvalidTransition, match=HOLDS.replace(".", r"\.")):
         deadletter_redrive(failed_entry, actor=olga, reason="the card works again")
     failed_entry.action.refresh_from_db()
     assert failed_entry.action.status == ActionStatus.FAILED
     [item] = bulk_plan({}, user=olga).items.all()
-    assert item.plan == Plan.SKIP and "the provider holds an effect under its key" in item.plan_detail
+    assert item.plan == Plan.SKIP and HOLDS in item.plan_detail
 
     client = Client()
     client.force_login(olga)
     page = client.get(f"/dlq/{failed_entry.pk}/").content.decode()
-    assert 'id="no-redrive"' in page and "the provider holds an effect under its key" in page
+    assert 'id="no-redrive"' in page and HOLDS in page
 
 
 def test_another_finding_under_its_key_does_not_stop_a_redrive(failed_entry):
@@ -55,3 +57,15 @@ def test_another_finding_under_its_key_does_not_stop_a_redrive(failed_entry):
     deadletter_redrive(failed_entry, actor=person("olga", "operators"), reason="the card works again")
     failed_entry.action.refresh_from_db()
     assert failed_entry.action.status == ActionStatus.QUEUED
+
+
+def test_a_dead_lettered_task_whose_actions_effect_the_provider_holds_is_not_redriven(agent):
+    """Redriven, a task's runner retries its failed action under the same key: refused alike."""
+    task = Task.objects.create(task_id="t-1", fingerprint="x", workflow="refund", input={}, agent=agent,
+                               max_attempts=3, state="dead_lettered", attempts=3)
+    action = make_action(agent, ActionStatus.FAILED, retryable=True, task=task)
+    entry = DeadLetter.objects.open_for(task, actor="system:runner")
+    denied(action)
+    with pytest.raises(InvalidTransition, match=HOLDS.replace(".", r"\.")):
+        deadletter_redrive(entry, actor=person("olga", "operators"), reason="the provider is back")
+    assert Task.objects.get(pk=task.pk).state == "dead_lettered"
