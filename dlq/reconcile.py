@@ -217,7 +217,12 @@ def _open(findings):
     opened = 0
     for finding in findings:
         about = (finding.connector, finding.kind, finding.subject)
-        if about not in still_open and not set(finding.external_refs) <= named.get(about, set()):
+        found = set(finding.external_refs)
+        if finding.kind == IncidentKind.DOUBLE_EFFECT:
+            # The ledger's own effect is among a double's records when the window reaches back to it:
+            # no finding of its own, whether an earlier, narrower window named it or not.
+            found.discard(finding.ledger["external_ref"])
+        if about not in still_open and not found <= named.get(about, set()):
             opened += Incident.objects.open_for(finding, actor=ACTOR) is not None
     return opened
 

@@ -325,3 +325,19 @@ def test_a_new_effect_under_a_key_whose_incident_was_resolved_opens_an_incident_
     assert (second.kind, second.status, second.external_refs) == (K.DOUBLE_EFFECT, "open", ["re_3"])
     assert Alert.objects.filter(incident=second).exists()
     assert reconcile(Window(now - timedelta(hours=1), later + timedelta(minutes=1)))["scripted"]["opened"] == 0
+
+
+def test_a_resolved_double_read_again_by_a_wider_window_opens_nothing(db, settings):
+    """A window that reaches back to the ledger's own refund lists it beside the double the
+    incident named: nothing new happened at the provider, and nothing is opened."""
+    agent, _ = make_agent("billing")
+    key = "refund:ORD-W:full:dec-1"
+    make_action(agent, "succeeded", key=key, target="ORD-W", external_ref="re_1")
+    settings.SURETY_CONNECTORS = {**settings.SURETY_CONNECTORS,
+                                  "refund": {"class": f"{__name__}.ScriptedListing", "options": {}}}
+    now = timezone.now()
+    ScriptedListing.LISTED = [Record(key, "re_1", Decimal("25.00"), "EUR", now - timedelta(hours=2), "refund"),
+                              Record(key, "re_2", Decimal("25.00"), "EUR", now, "refund")]
+    assert reconcile(Window(now - timedelta(hours=1), now + timedelta(minutes=1)))["scripted"]["opened"] == 1
+    incident_resolve(Incident.objects.get(), actor=person("olga", "operators"), reason="re_2 clawed back")
+    assert reconcile(Window(now - timedelta(hours=3), now + timedelta(minutes=1)))["scripted"]["opened"] == 0
