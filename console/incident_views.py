@@ -59,17 +59,19 @@ def incident_card(user, now):
     return [{"kind": "incidents", "label": "Incidents", "href": reverse("incident-list"), "count": count,
              "count_id": "incidents-open", "mine": mine, "overdue": count,
              "oldest": open_incidents.aggregate(oldest=Min("created_at"))["oldest"] if count else None,
-             "deadline": None, "hint": _quiet(ReconciliationRun.objects.first())}]
+             "deadline": None,
+             "hint": _quiet(ReconciliationRun.objects.filter(finished_at__isnull=False).first())}]
 
 
 def _quiet(run):
-    """What the card says while no incident is open: only a run that read every connector it
-    could found nothing wrong (one that cannot list its records is skipped by every run)."""
+    """What the card says while no incident is open: only a finished run that read every connector
+    it could found nothing wrong (one that cannot list its records is skipped by every run)."""
     if run is None:
-        return "Reconciliation has not run yet"
+        return "Reconciliation has not finished a run yet"
     failed = [name for name, part in run.report.items() if "failed" in part]
-    return f"The last reconciliation could not read {', '.join(failed)}" if failed else \
-        "Reconciliation found nothing wrong"
+    if failed:
+        return f"The last reconciliation could not read {', '.join(failed)}"
+    return "Reconciliation found nothing wrong" if run.complete else "The last reconciliation did not read to the end"
 
 
 def _unread(run):

@@ -141,21 +141,24 @@ def test_the_list_says_when_reconciliation_last_ran_and_what_it_could_not_read(o
     assert "unlisted: this connector cannot list its records" in line
 
 
-@pytest.mark.parametrize(("report", "hint"), [
-    (None, "Reconciliation has not run yet"),
-    ({"sandbox": {"records": 3, "findings": 0, "opened": 0}}, "Reconciliation found nothing wrong"),
-    ({"sandbox": {"failed": "GET /sandbox/v1/refunds: HTTP 503"}, "unlisted": {"skipped": "cannot list"}},
+@pytest.mark.parametrize(("report", "finished", "hint"), [
+    (None, True, "Reconciliation has not finished a run yet"),
+    ({}, False, "Reconciliation has not finished a run yet"),  # one is running
+    ({"sandbox": {"records": 3, "findings": 0, "opened": 0}}, True, "Reconciliation found nothing wrong"),
+    ({"sandbox": {"failed": "GET /sandbox/v1/refunds: HTTP 503"}, "unlisted": {"skipped": "cannot list"}}, True,
      "The last reconciliation could not read sandbox"),
 ])
-def test_the_overview_card_says_nothing_was_found_only_after_a_run_that_read_every_connector(db, report, hint):
-    """With no incident open, the card said "found nothing wrong" before any run, and after a run
-    that could not read a connector."""
+def test_the_overview_card_says_nothing_was_found_only_after_a_run_that_read_every_connector(
+        db, report, finished, hint):
+    """With no incident open, the card said "found nothing wrong" before any run, while one ran,
+    and after a run that could not read a connector."""
     from console.incident_views import incident_card
 
     roles_setup()
     if report is not None:
         now = timezone.now()
-        ReconciliationRun.objects.create(since=now - timedelta(hours=1), until=now, finished_at=now,
-                                         complete="failed" not in str(report), report=report)
+        ReconciliationRun.objects.create(since=now - timedelta(hours=1), until=now,
+                                         finished_at=now if finished else None,
+                                         complete=finished and "failed" not in str(report), report=report)
     [card] = incident_card(user_in("operators", "otto"), timezone.now())
     assert (card["count"], card["hint"]) == (0, hint)
