@@ -4,6 +4,8 @@ its ledger row and evidence in the alert; the agent's owner hears of a refusal; 
 redriven through the guarded executor, resolved or discarded, each audited; the database
 refuses an entry about both a task and an action, or about neither."""
 
+import re
+
 import pytest
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -433,3 +435,16 @@ def test_a_redrive_held_behind_another_action_says_so(client):
     page = client.post(f"/dlq/{entry.pk}/redrive", {"reason": "the provider is back"}, follow=True).content.decode()
     assert Action.objects.get(pk=failed.pk).status == "held"
     assert "held while another action on its target or customer is in flight" in page
+
+
+@pytest.mark.django_db
+def test_a_bulk_discard_past_its_cap_says_how_many_it_discards(client, monkeypatch):
+    """Past BULK_MAX the button said "Discard 3 entries" and discarded the 2 it listed."""
+    monkeypatch.setattr("console.dlq_views.BULK_MAX", 2)
+    agent, _ = make_agent("billing", grants=("refund",))  # the refund capability, which a superuser may work
+    for n in range(3):
+        DeadLetter.objects.open_for_action(make_action(agent, "failed", key=f"refund:ORD-C{n}:full:dec-1",
+                                                       target=f"ORD-C{n}", retryable=False), actor="system:executor")
+    client.force_login(User.objects.create_superuser("root", password=None))
+    page = client.post("/dlq/bulk", {"op": "discard", "status": "open"}).content.decode()
+    assert re.search(r'id="bulk-confirm">Discard 2 entries</button>', page)
