@@ -296,8 +296,12 @@ class CurrencyFieldSchema(OpenApiSerializerFieldExtension):
                 "description": "An ISO 4217 currency code."}
 
 
-# DRF's CharField trims the text and then refuses it blank or with a NUL character.
-NOT_BLANK = {"minLength": 1, "pattern": "^[^\\u0000]*[^\\s\\u0000][^\\u0000]*$"}
+# DRF's CharField trims the text and then refuses it blank or with a NUL character. It trims what
+# Python's str.strip() strips, spelt out here: a pattern's \s is ECMAScript's, another set (it leaves
+# U+001C-U+001F and U+0085 out, and takes U+FEFF in).
+STRIPPED = ("\\t\\n\\u000b\\u000c\\r\\u001c-\\u0020\\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f"
+            "\\u205f\\u3000")
+NOT_BLANK = {"minLength": 1, "pattern": f"^[^\\u0000]*[^{STRIPPED}\\u0000][^\\u0000]*$"}
 NO_NUL = {"pattern": "^[^\\u0000]*$"}
 
 

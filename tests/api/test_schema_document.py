@@ -2,6 +2,7 @@
 schema per action type and per workflow, and links from each POST to its GET."""
 
 import json
+import re
 
 import pytest
 from django.core.management import call_command
@@ -65,3 +66,26 @@ def test_every_answer_to_try_later_names_retry_after_and_its_problem_admits_its_
         for operation in path.values():
             for later in {"429", "503"} & set(operation["responses"]):
                 assert "Retry-After" in operation["responses"][later].get("headers", {}), (operation["operationId"], later)
+
+
+def test_a_text_the_document_calls_not_blank_is_one_the_api_does_not_trim_to_blank(document):
+    """The API trims what Python's str.strip() strips, and refuses what is left blank; a pattern's
+    \\s is ECMAScript's, which leaves U+001C-U+001F and U+0085 out: the document spells the set out."""
+    from rest_framework import serializers
+
+    from ledger.api.openapi import NOT_BLANK
+
+    patterns = {prop.get("pattern") for schema in document["components"]["schemas"].values()
+                for prop in schema.get("properties", {}).values()}
+    assert NOT_BLANK["pattern"] in patterns
+    # No \s: its set is the engine's (Python's re, here, takes U+001C as space; ECMAScript's does not).
+    assert "\\s" not in NOT_BLANK["pattern"]
+    field = serializers.CharField()
+    for code in range(0x110000):
+        if chr(code).isspace():
+            text = f" {chr(code)} "
+            assert not re.search(NOT_BLANK["pattern"], text), hex(code)
+            with pytest.raises(serializers.ValidationError):
+                field.run_validation(text)
+    for kept in ("a", "\ufeff", " x "):
+        assert re.search(NOT_BLANK["pattern"], kept) and field.run_validation(kept)
