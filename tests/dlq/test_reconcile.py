@@ -290,54 +290,46 @@ def test_a_record_listed_twice_is_no_double_effect(db, settings):
     assert not Incident.objects.exists()
 
 
-class ScriptedListing(Connector):
-    """A provider whose listing the test sets (`LISTED`), read from memory: the sandbox cannot be
-    made to pay one refund a third time, a day after its double was found and resolved."""
 
-    name = "scripted"
-    LISTED = []
-
-    def records(self, since, until):
-        return [record for record in self.LISTED if since <= record.created_at < until]
+def planted(key, refund_id, at):
+    """A refund at the sandbox provider under `key`, made at `at`, behind the ledger's back."""
+    return SandboxRefund.objects.create(refund_id=refund_id, order_id=key.split(":")[1], amount=Decimal("25.00"),
+                                        currency="EUR", operation_key=key, created_at=at)
 
 
-def test_a_new_effect_under_a_key_whose_incident_was_resolved_opens_an_incident_of_its_own(db, settings):
+def test_a_new_effect_under_a_key_whose_incident_was_resolved_opens_an_incident_of_its_own(stack):
     """Resolved, an incident still answers for the effects it named (a window read again opens
     nothing), but not for one made since: a third refund of one order is found and reported."""
     agent, _ = make_agent("billing")
     key = "refund:ORD-R:full:dec-1"
     make_action(agent, "succeeded", key=key, target="ORD-R", external_ref="re_existing")
-    settings.SURETY_CONNECTORS = {**settings.SURETY_CONNECTORS,
-                                  "refund": {"class": f"{__name__}.ScriptedListing", "options": {}}}
     now = timezone.now()
-    ScriptedListing.LISTED = [Record(key, "re_existing", Decimal("25.00"), "EUR", now, "refund"),
-                              Record(key, "re_2", Decimal("25.00"), "EUR", now, "refund")]
+    planted(key, "re_existing", now)
+    planted(key, "re_2", now)
     window = Window(now - timedelta(hours=1), now + timedelta(minutes=1))
-    assert reconcile(window)["scripted"]["opened"] == 1
+    assert reconcile(window)["sandbox"]["opened"] == 1
     first = Incident.objects.get()
     incident_resolve(first, actor=person("olga", "operators"), reason="re_2 clawed back")
-    assert reconcile(window)["scripted"]["opened"] == 0  # the same effects, read again
+    assert reconcile(window)["sandbox"]["opened"] == 0  # the same effects, read again
 
     later = now + timedelta(days=1)
-    ScriptedListing.LISTED.append(Record(key, "re_3", Decimal("25.00"), "EUR", later, "refund"))
-    assert reconcile(Window(later - timedelta(hours=1), later + timedelta(minutes=1)))["scripted"]["opened"] == 1
+    planted(key, "re_3", later)
+    assert reconcile(Window(later - timedelta(hours=1), later + timedelta(minutes=1)))["sandbox"]["opened"] == 1
     second = Incident.objects.exclude(pk=first.pk).get()
     assert (second.kind, second.status, second.external_refs) == (K.DOUBLE_EFFECT, "open", ["re_3"])
     assert Alert.objects.filter(incident=second).exists()
-    assert reconcile(Window(now - timedelta(hours=1), later + timedelta(minutes=1)))["scripted"]["opened"] == 0
+    assert reconcile(Window(now - timedelta(hours=1), later + timedelta(minutes=1)))["sandbox"]["opened"] == 0
 
 
-def test_a_resolved_double_read_again_by_a_wider_window_opens_nothing(db, settings):
+def test_a_resolved_double_read_again_by_a_wider_window_opens_nothing(stack):
     """A window that reaches back to the ledger's own refund lists it beside the double the
     incident named: nothing new happened at the provider, and nothing is opened."""
     agent, _ = make_agent("billing")
     key = "refund:ORD-W:full:dec-1"
     make_action(agent, "succeeded", key=key, target="ORD-W", external_ref="re_1")
-    settings.SURETY_CONNECTORS = {**settings.SURETY_CONNECTORS,
-                                  "refund": {"class": f"{__name__}.ScriptedListing", "options": {}}}
     now = timezone.now()
-    ScriptedListing.LISTED = [Record(key, "re_1", Decimal("25.00"), "EUR", now - timedelta(hours=2), "refund"),
-                              Record(key, "re_2", Decimal("25.00"), "EUR", now, "refund")]
-    assert reconcile(Window(now - timedelta(hours=1), now + timedelta(minutes=1)))["scripted"]["opened"] == 1
+    planted(key, "re_1", now - timedelta(hours=2))
+    planted(key, "re_2", now)
+    assert reconcile(Window(now - timedelta(hours=1), now + timedelta(minutes=1)))["sandbox"]["opened"] == 1
     incident_resolve(Incident.objects.get(), actor=person("olga", "operators"), reason="re_2 clawed back")
-    assert reconcile(Window(now - timedelta(hours=3), now + timedelta(minutes=1)))["scripted"]["opened"] == 0
+    assert reconcile(Window(now - timedelta(hours=3), now + timedelta(minutes=1)))["sandbox"]["opened"] == 0
