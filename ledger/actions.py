@@ -294,13 +294,19 @@ def action_retry_by_person(action, *, actor, reason):
         if row.action_type == ActionType.CREATE_BOOKING and not row.is_retryable_failure:
             raise InvalidTransition(f"{row}: its slot was given up when it failed; request a new booking")
         if not row.is_retryable_failure:
-            before = {"status": row.status, "error": row.error}
-            row.error = {**row.error, "retryable": True}
-            row.updated_at = timezone.now()
-            update(row, ["error", "updated_at"])
-            AuditEvent.objects.record(actor=actor, verb="retry_allowed", obj=row, before=before,
-                                      after={"status": row.status, "error": row.error}, reason=reason)
+            _error_retryable(row, True, actor=actor, verb="retry_allowed", reason=reason)
         return action_retry(row, actor=actor, reason=reason)
+
+
+def _error_retryable(row, retryable, *, actor, verb, reason):
+    """A person's word on whether the locked, failed `row` may be tried again, written on its error
+    and audited as `verb`."""
+    before = {"status": row.status, "error": row.error}
+    row.error = {**row.error, "retryable": retryable}
+    row.updated_at = timezone.now()
+    update(row, ["error", "updated_at"])
+    AuditEvent.objects.record(actor=actor, verb=verb, obj=row, before=before,
+                              after={"status": row.status, "error": row.error}, reason=reason)
 
 
 def action_give_up(action, *, actor, reason):
@@ -311,12 +317,7 @@ def action_give_up(action, *, actor, reason):
         row = Action.objects.select_for_update().get(pk=action.pk)
         if row.status != S.FAILED or not row.is_retryable_failure:
             return row
-        before = {"status": row.status, "error": row.error}
-        row.error = {**row.error, "retryable": False}
-        row.updated_at = timezone.now()
-        update(row, ["error", "updated_at"])
-        AuditEvent.objects.record(actor=actor, verb="given_up", obj=row, before=before,
-                                  after={"status": row.status, "error": row.error}, reason=reason)
+        _error_retryable(row, False, actor=actor, verb="given_up", reason=reason)
         booking_follow_action(row, S.FAILED, actor, reason)
         return row
 
