@@ -6,7 +6,7 @@ An entry is about a task or a standalone action; each function says what it does
 
 from django.db import transaction
 
-from ledger.actions import action_give_up, action_retry, action_retry_by_person
+from ledger.actions import action_give_up, action_let_go, action_retry, action_retry_by_person
 from ledger.models import TaskState
 from ledger.statemachine import InvalidTransition
 from ledger.tasks import task_actions_let_go
@@ -54,6 +54,8 @@ def deadletter_resolve(entry, *, actor, note):
         entry = _open_entry(entry)
         if entry.task_id:
             task_actions_let_go(entry.task, actor=actor, reason=note)
+        elif entry.action_id:
+            action_let_go(entry.action)  # done by hand: no retry comes, what it held goes on
         return entry.resolve(actor=actor, note=note, locked=True)
 
 

@@ -319,6 +319,18 @@ def action_give_up(action, *, actor, reason):
             return row
         _error_retryable(row, False, actor=actor, verb="given_up", reason=reason)
         booking_follow_action(row, S.FAILED, actor, reason)
+        _release_what_it_held(row)
+        return row
+
+
+def action_let_go(action):
+    """A failed action nobody will retry, left as it is (its dead letter resolved: done by hand;
+    its task given up): what it held is looked at again, as after a failure for good. Kept held
+    for its retry, each would wait for a person for good."""
+    with transaction.atomic():
+        row = Action.objects.select_for_update().get(pk=action.pk)
+        if row.status == S.FAILED:
+            _release_what_it_held(row)
         return row
 
 
@@ -377,7 +389,9 @@ def held_release_when_settled(action, previous, actor, reason):
     nothing, and when one they released out of a held group settles, the rest of the group
     waits for their decision too (approvals.decisions.held_group_decide) — two requests for
     one order close together must not both run because one of them was let through. A failure
-    that may still be retried keeps what it held: it may run again.
+    that may still be retried keeps what it held: it may run again; once a person gives it up
+    (`action_give_up`) or closes its dead letter otherwise (`action_let_go`), what it held is
+    looked at then.
 
     Whether anything else holds it is asked under its subjects' locks, as the intake asks: two
     settles at once, each releasing an action held on one customer, would otherwise each see
@@ -390,6 +404,12 @@ def held_release_when_settled(action, previous, actor, reason):
         return
     if not action.held_nearby:  # the settle's own statement saw none held on its subjects
         return
+    _release_what_it_held(action)
+
+
+def _release_what_it_held(action):
+    """The actions held on the settled `action`'s subjects (its row locked), looked at again
+    oldest first (held_release_when_settled)."""
     held_ones = [a for a in _held_on_subjects.all(action.target, action.customer) if a.pk != action.pk]
     for held in held_ones:
         try:

@@ -9,7 +9,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from . import clock
-from .actions import KeyReused, fingerprint
+from .actions import KeyReused, action_let_go, fingerprint
 from .jobs import ring_after_commit
 from .models import PERSON_STATUSES, ActionStatus, AuditEvent, Task, TaskState, TaskStep
 from .retention import archived_task_expired, refused_as_archived
@@ -75,10 +75,13 @@ def task_actions_let_go(task, *, actor, reason):
     """Cancel the actions `task` had not started, as a person gives the task up (discarded) or
     does its work by hand: it will not run again, and nothing else runs a task's action
     (ledger.executor). Left queued or held, each would count as in flight on its order and
-    customer for good, holding every later action on them for a person."""
+    customer for good, holding every later action on them for a person. A failed one stays
+    failed, and lets go of what it held for its retry, which will not come."""
     not_started = (ActionStatus.QUEUED, ActionStatus.HELD, ActionStatus.AWAITING_APPROVAL)
     for action in task.actions.filter(status__in=not_started).order_by("pk"):
         action.cancel(actor=actor, reason=f"its task {task.task_id} will not run again: {reason}")
+    for action in task.actions.filter(status=ActionStatus.FAILED).order_by("pk"):
+        action_let_go(action)
 
 
 def task_expire_leases():

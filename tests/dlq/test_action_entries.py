@@ -448,3 +448,32 @@ def test_a_bulk_discard_past_its_cap_says_how_many_it_discards(client, monkeypat
     client.force_login(User.objects.create_superuser("root", password=None))
     page = client.post("/dlq/bulk", {"op": "discard", "status": "open"}).content.decode()
     assert re.search(r'id="bulk-confirm">Discard 2 entries</button>', page)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("close", ["discard", "resolve"])
+def test_a_failure_closed_in_the_queue_lets_go_of_what_it_held_for_its_retry(close, settings):
+    """Out of attempts, a failure that may be retried keeps what it held: its retry goes first. Its
+    entry discarded or resolved, no retry comes: what it held is looked at as after a failure for
+    good, and released when nothing else holds it (it waited for a person for good)."""
+    settings.MAX_ATTEMPTS = 1
+    agent, _ = make_agent("billing", grants=())
+    body = {"action_type": "refund", "target": "ORD-G", "customer": "CUST-G",
+            "params": {"amount": "25.00", "currency": "EUR"}}
+    first, _ = action_request(agent=agent, operation_key="refund:ORD-G:full:dec-1", decision_id="dec-1", **body)
+    first.claim(owner="tests:1")
+    second, _ = action_request(agent=agent, operation_key="refund:ORD-G:full:dec-2", decision_id="dec-2", **body)
+    first.mark_failed(actor="system:executor", code="connect_failed", message="never reached the provider",
+                      retryable=True, claim=first.fence)
+    assert Action.objects.get(pk=second.pk).status == "held"
+
+    olga = User.objects.create_user(username="olga", password=None)
+    entry = DeadLetter.objects.get(action=first)
+    if close == "discard":
+        deadletter_discard(entry, actor=olga, reason="refunded by bank transfer")
+    else:
+        deadletter_resolve(entry, actor=olga, note="refunded by bank transfer, ticket 81")
+
+    assert Action.objects.get(pk=second.pk).status == "queued"
+    assert audit_events(second, "released").get().reason == "refund:ORD-G:full:dec-1 is failed: nothing else holds it"
+    assert Action.objects.get(pk=first.pk).status == "failed"

@@ -113,3 +113,28 @@ def test_a_dead_lettered_tasks_action_that_failed_while_it_waited_is_retried_whe
     assert action.status == ActionStatus.SUCCEEDED
     assert Task.objects.get(pk=task.pk).state == "succeeded"
     assert len(sandbox_list(provider, "refunds", order_id="ORD-7")) == 1
+
+
+@pytest.mark.parametrize("decide", ["discard", "resolve"])
+def test_a_failed_action_of_a_task_given_up_lets_go_of_what_it_held(agent, decide):
+    """A task's action failed (its runner may retry it) and kept another agent's refund on the same
+    customer held for that retry. The task given up, no retry comes: the held one goes on."""
+    task, action = dead_lettered_with_its_call_verified_absent(agent)
+    action.claim(owner="tests:2")
+    other, _ = action_request(agent=agent, operation_key="refund:ORD-12:full:dec-1", action_type="refund",
+                              target="ORD-12", customer="CUST-9", decision_id="dec-1",
+                              params={"amount": "5.00", "currency": "EUR"})
+    assert other.status == ActionStatus.HELD
+    action.refresh_from_db()
+    action.mark_failed(actor="system:executor", code="connect_failed", message="never reached the provider",
+                       retryable=True, claim=action.fence)
+    assert Action.objects.get(pk=other.pk).status == ActionStatus.HELD
+
+    olga = person("olga", "operators")
+    if decide == "discard":
+        deadletter_discard(open_entry(task), actor=olga, reason="refunded by hand")
+    else:
+        deadletter_resolve(open_entry(task), actor=olga, note="refunded by hand, ticket 8812")
+
+    assert Action.objects.get(pk=other.pk).status == ActionStatus.QUEUED
+    assert Action.objects.get(pk=action.pk).status == ActionStatus.FAILED
