@@ -4,6 +4,7 @@ from allauth.account import views as account_views
 from allauth.account.decorators import secure_admin_login
 from django.urls import include, path
 
+from console import signin
 from console.evidence import SECTIONS as EVIDENCE_SECTIONS
 from ledger import site_url
 from ledger.api.problems import api_not_found
@@ -21,6 +22,7 @@ urlpatterns = [
     # are the names the pages and LOGIN_URL use for its views.
     path("accounts/login/", account_views.login, name="login"),
     path("accounts/logout/", account_views.logout, name="logout"),
+    path("accounts/email/", signin.addresses_set_by_an_admin, name="account_email"),
     path("accounts/", include("allauth.urls")),
     # Every page people work in, /metrics and /healthz.
     path("", include("console.urls")),

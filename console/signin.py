@@ -22,7 +22,7 @@ from allauth.mfa.models import Authenticator
 from allauth.mfa.utils import is_mfa_enabled
 from allauth.socialaccount.adapter import DefaultSocialAccountAdapter
 from django.conf import settings
-from django.contrib.auth import get_user_model
+from django.contrib.auth import get_user_model, logout
 from django.contrib.auth import signals as auth_signals
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
@@ -30,7 +30,8 @@ from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 from django.shortcuts import render
 from django.urls import reverse
-from django.http import HttpResponseRedirect
+from django.utils import timezone
+from django.http import Http404, HttpResponseRedirect
 from django_htmx.http import HttpResponseClientRedirect
 
 from ledger.models import AuditEvent
@@ -75,6 +76,22 @@ class SecondFactorRequiredMiddleware:
         return self.get_response(request)
 
 
+class SessionLifetimeMiddleware:
+    """A session ends SESSION_COOKIE_AGE after its sign-in, however often it was saved since.
+    Django's session store moves a session's end on every save, and a step-up saves it: a person
+    who stepped up every few hours stayed signed in for good."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        if request.user.is_authenticated:
+            records = get_authentication_records(request, request.user)
+            if records and timezone.now().timestamp() - records[0]["at"] >= settings.SESSION_COOKIE_AGE:
+                logout(request)
+        return self.get_response(request)
+
+
 class AccountAdapter(DefaultAccountAdapter):
     def is_open_for_signup(self, request):
         return False  # people are made by an admin (manage.py, the admin site), with their role
@@ -86,6 +103,13 @@ class AccountAdapter(DefaultAccountAdapter):
         if app == "allauth.mfa" and not has_second_factor(context.request.user):
             return False
         return super().is_reauthentication_required(app=app, **kwargs)
+
+
+def addresses_set_by_an_admin(request):
+    """allauth's page where a person adds and chooses their own e-mail addresses, closed: the
+    address is who the company's provider signs them in as (`known_person`) and where a password
+    reset goes, so it is set by an admin, never by the session itself."""
+    raise Http404("a person's e-mail address is set by an admin")
 
 
 def known_person(sociallogin):

@@ -1,0 +1,15 @@
+"""The admin site, where people, their roles and their second factors are kept: every change made
+there asks for a fresh second factor, as a money decision does (console.stepup). Without it, a
+session taken without its person's factor could remove that factor there, enrol one of its own,
+step up with it and decide; or make itself a superuser, while naming a delegate asks for a factor."""
+
+from django.contrib import admin
+
+from .stepup import step_up_required
+
+
+class AdminSite(admin.AdminSite):
+    def admin_view(self, view, cacheable=False):
+        if view != self.logout:  # signing out asks for nothing
+            view = step_up_required(view)
+        return super().admin_view(view, cacheable)

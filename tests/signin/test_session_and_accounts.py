@@ -1,0 +1,84 @@
+"""What a session alone cannot do: outlive its sign-in, change who it signs in as, or swap its
+person's second factor through the admin site and then decide."""
+
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from allauth.mfa.models import Authenticator
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.utils import timezone
+
+from approvals.models import Limit, ReviewItem, ReviewStatus
+from ledger.actions import action_request
+from tests.factories import make_agent
+from tests.signin.conftest import PASSWORD, enrol_totp, sign_in, someone, totp
+
+REAUTHENTICATE = "/accounts/2fa/reauthenticate/"
+
+
+@pytest.fixture
+def step_up(settings):
+    settings.STEP_UP_SECONDS = 300
+    settings.MFA_TOTP_TOLERANCE = 1  # two codes within one 30 s period: the second one the next period's
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("jobs_to_test_redis", "step_up")
+def test_a_session_without_its_factor_cannot_swap_it_through_the_admin_and_decide(client, settings):
+    """The admin site keeps people's factors: deleting one there asked for nothing, and a person
+    with no factor left enrols one without being asked for the old one. Every admin change now asks
+    for a fresh factor, as a decision does."""
+    settings.MFA_REQUIRED = True
+    call_command("setup_roles", verbosity=0)
+    root = get_user_model().objects.create_superuser("root", "root@surety.example", PASSWORD)
+    Limit.limit_set(actor="system:tests", reason="policy", action_type="refund", currency="EUR",
+                    max_amount=Decimal("500.00"), dual_approval_above=None)
+    action, _ = action_request(agent=make_agent("bot-x")[0], operation_key="refund:ORD-X:full:dec-x",
+                               action_type="refund", target="ORD-X", params={"amount": "750.00", "currency": "EUR"})
+    item = ReviewItem.objects.get(action=action, status=ReviewStatus.OPEN)
+    sign_in(client, "root")
+    enrol_totp(client)
+    own = Authenticator.objects.get(user=root, type=Authenticator.Type.TOTP)
+
+    deleted = client.post(f"/admin/mfa/authenticator/{own.pk}/delete/", {"post": "yes"})
+    assert deleted.status_code == 302 and deleted["Location"].startswith(REAUTHENTICATE)
+    assert Authenticator.objects.filter(pk=own.pk).exists()
+    decide = {"decision": "approve", "reason": "x", "fingerprint": action.params_fingerprint()}
+    assert client.post(f"/review/{item.pk}/decide", decide)["Location"].startswith(REAUTHENTICATE)
+    item.refresh_from_db()
+    assert item.status == ReviewStatus.OPEN
+    # Signing out of the admin asks for nothing.
+    assert client.post("/admin/logout/")["Location"].startswith("/accounts/login/")
+    assert client.get("/")["Location"].startswith("/accounts/login/")
+
+
+@pytest.mark.django_db
+def test_a_session_ends_eight_hours_after_sign_in_however_often_it_stepped_up(client, settings, monkeypatch):
+    """Django's session store moved the session's end 8 hours on at every save, and a step-up
+    saves it: stepping up every few hours kept a person signed in for good."""
+    settings.MFA_TOTP_TOLERANCE = 1
+    someone("alice", "approvers")
+    sign_in(client, "alice")
+    secret = enrol_totp(client)
+    real_now = timezone.now
+    monkeypatch.setattr(timezone, "now", lambda: real_now() + timedelta(hours=7))
+    assert client.post(REAUTHENTICATE, {"code": totp(secret, 1)}).status_code == 302
+    assert client.get("/").status_code == 200
+
+    monkeypatch.setattr(timezone, "now", lambda: real_now() + timedelta(hours=8, seconds=1))
+    answer = client.get("/")
+    assert answer.status_code == 302 and answer["Location"].startswith("/accounts/login/")
+
+
+@pytest.mark.django_db
+def test_a_person_cannot_change_the_address_they_sign_in_as(client):
+    """The address is who the company's provider signs a person in as, and where a password reset
+    goes: allauth's page for adding and choosing one's own addresses let a session set any."""
+    someone("aldo", "auditors")
+    sign_in(client, "aldo")
+    assert client.get("/accounts/email/").status_code == 404
+    client.post("/accounts/email/", {"email": "ada@company.example", "action_add": ""})
+    client.post("/accounts/email/", {"email": "ada@company.example", "action_primary": ""})
+    assert get_user_model().objects.get(username="aldo").email == "aldo@surety.example"
