@@ -29,7 +29,8 @@ def signature_valid(header, raw, secret, now=None):
         stamp = int(parts["t"])
     except (KeyError, ValueError):
         return False
-    if abs((now or time.time()) - stamp) > settings.WEBHOOK_TOLERANCE_SECONDS:
+    # In whole numbers: a stamp of hundreds of digits, subtracted from a float, overflows.
+    if abs(int(now or time.time()) - stamp) > settings.WEBHOOK_TOLERANCE_SECONDS:
         return False
     expected = _digest(secret, stamp, raw)
     # As bytes: compare_digest raises TypeError on a str with non-ASCII characters, which a

@@ -55,6 +55,7 @@ def unknown_action(db):
         ("non-ASCII signature", {"signature": "t=<now>,v1=\u00e9\u00e9"}),
         ("stale timestamp", {"age": 302}),
         ("timestamp from the future", {"age": -302}),
+        ("timestamp past a float's range", {"signature": "t=1" + "0" * 400 + ",v1=00"}),
         ("missing header", {"signature": False}),
     ],
     ids=lambda value: value if isinstance(value, str) else "",
