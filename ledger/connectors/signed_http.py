@@ -11,8 +11,9 @@ receiver's test mode, at `<url>/faults`, signed the same way) may be named as th
 """
 
 import json
-from urllib.parse import quote, urlsplit
+from urllib.parse import urlsplit
 
+from ..key_paths import key_segment
 from ..signing import sign_webhook
 from . import http
 from .base import Connector, Effect, Lookup
@@ -69,7 +70,7 @@ class SignedHttpConnector(Connector):
         return Effect(external_ref=reference, result=answer)
 
     def find_effect(self, action):
-        url = f"{self.url}/{quote(action.operation_key, safe='')}"
+        url = f"{self.url}/{key_segment(action.operation_key)}"
         try:
             answer = http.call("GET", url, headers={"Accept": "application/json"})
         except http.Rejected as exc:

@@ -171,8 +171,10 @@ def test_a_timeout_after_the_service_stored_the_effect_is_verified_by_key_not_se
 # --- Verification by key ---------------------------------------------------------------------
 
 
-def test_verification_finds_an_effect_by_its_key_even_with_a_slash_in_it(receiver):
-    key = "refund:ORD/7?x=1#frag%20:dec-7"
+@pytest.mark.parametrize("key", ["refund:ORD/7?x=1#frag%20:dec-7", ".", ".."])
+def test_verification_finds_an_effect_by_its_key_even_with_a_slash_in_it_or_dots_alone(receiver, key):
+    """A "." or ".." left as it is was removed by the HTTP client as a dot segment: the look-up
+    went to the service's collection or its parent."""
     with httpx.Client() as client:
         stored = signed_post(client, receiver.url, key, {"operation_key": key}).json()
     connector = SignedHttpConnector(**receiver.options())
