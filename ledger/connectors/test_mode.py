@@ -23,6 +23,7 @@ import functools
 import hashlib
 import inspect
 import json
+import sys
 
 from django.conf import settings
 from django.db.models import Q
@@ -124,15 +125,32 @@ def connector_description(action_type):
     }
 
 
+def _behaviour(cls):
+    """The source of the connector's module and of the project's modules it names (its base class,
+    the HTTP client, Stripe's units, the signing), and the version of each library it names (the
+    Stripe SDK, Django's mail): what it sends changes with any of them. The models' module apart:
+    a column added is not a change in what a connector sends."""
+    module = inspect.getmodule(cls)
+    named = {inspect.getmodule(value) for value in [*vars(module).values(), *cls.__mro__]} - {None}
+    sources, libraries = {}, {}
+    for used in sorted(named | {module}, key=lambda m: m.__name__):
+        package = used.__name__.partition(".")[0]
+        if package != "ledger":
+            libraries[package] = str(getattr(sys.modules.get(package), "__version__", ""))
+        elif used.__name__ != "ledger.models":
+            try:
+                sources[used.__name__] = inspect.getsource(used)
+            except (OSError, TypeError):  # no source to read (a frozen build): the name stands in
+                sources[used.__name__] = ""
+    return {"sources": sources, "libraries": libraries}
+
+
 def connector_version(action_type):
-    """A digest of what decides the connector's behaviour: its class's source and every option,
-    secrets included (only their digest is kept). Any change makes earlier runs stale."""
+    """A digest of what decides the connector's behaviour: the source of its code and the versions
+    of its libraries (`_behaviour`), and every option, secrets included (only their digest is
+    kept). Any change makes earlier runs stale."""
     entry = _entry(action_type)
-    cls = import_string(entry["class"])
-    try:
-        source = inspect.getsource(inspect.getmodule(cls))
-    except (OSError, TypeError):  # no source to read (a frozen build): the class's name stands in
-        source = entry["class"]
+    source = _behaviour(import_string(entry["class"]))
     extra = {"sandbox": [settings.SANDBOX_BASE_URL, settings.SANDBOX_API_KEY]} if connector_for(action_type).name == "sandbox" else {}
     canonical = json.dumps([entry["class"], entry.get("options", {}), entry.get("test_mode", {}), extra, source],
                            sort_keys=True, default=str)

@@ -236,3 +236,23 @@ def test_a_grant_or_a_revoke_without_a_reason_is_refused_changes_nothing_and_the
     page = client.post(f"/agents/{agent.pk}/{op}", {"capability": "refund", "reason": " "}, follow=True)
     assert page.status_code == 200 and f"Not done: a reason is required to {op}" in page.content.decode()
     assert state() == before
+
+
+@pytest.mark.parametrize(("connector", "module"), [
+    (None, "ledger.connectors.http"),  # the sandbox's, through the HTTP client every connector calls
+    (None, "ledger.connectors.base"),
+    ("ledger.connectors.signed_http.SignedHttpConnector", "ledger.signing"),
+])
+def test_a_change_in_code_a_connector_uses_is_a_change_of_the_connector(connector, module, settings, monkeypatch):
+    """The version read the connector class's own module only: a change in the code it calls (the
+    HTTP client, how it signs, Stripe's units) left live grants live without the replay set having
+    passed against it."""
+    import inspect
+
+    if connector:
+        settings.SURETY_CONNECTORS = {**settings.SURETY_CONNECTORS, "refund": {
+            "class": connector, "options": {"url": "http://127.0.0.1:9/refunds", "secret": "s"}}}
+    before = connector_version("refund")
+    real = inspect.getsource
+    monkeypatch.setattr(inspect, "getsource", lambda obj: real(obj) + ("\n# changed" if obj.__name__ == module else ""))
+    assert connector_version("refund") != before
