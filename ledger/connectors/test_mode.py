@@ -23,7 +23,7 @@ import functools
 import hashlib
 import inspect
 import json
-import sys
+from importlib import metadata
 
 from django.conf import settings
 from django.db.models import Q
@@ -128,15 +128,17 @@ def connector_description(action_type):
 def _behaviour(cls):
     """The source of the connector's module and of the project's modules it names (its base class,
     the HTTP client, Stripe's units, the signing), and the version of each library it names (the
-    Stripe SDK, Django's mail): what it sends changes with any of them. The models' module apart:
-    a column added is not a change in what a connector sends."""
+    Stripe SDK): what it sends changes with any of them. The models' module apart, as a column added
+    is not a change in what a connector sends; and Django, which every module names for its
+    settings: each patch release would send every grant back to shadow, and what was queued under
+    them would be cancelled at its claim."""
     module = inspect.getmodule(cls)
     named = {inspect.getmodule(value) for value in [*vars(module).values(), *cls.__mro__]} - {None}
-    sources, libraries = {}, {}
+    sources, libraries, installed = {}, {}, metadata.packages_distributions()
     for used in sorted(named | {module}, key=lambda m: m.__name__):
         package = used.__name__.partition(".")[0]
-        if package != "ledger":
-            libraries[package] = str(getattr(sys.modules.get(package), "__version__", ""))
+        if package not in ("ledger", "django"):  # the standard library's modules come from no distribution
+            libraries[package] = sorted(f"{name} {metadata.version(name)}" for name in installed.get(package, ()))
         elif used.__name__ != "ledger.models":
             try:
                 sources[used.__name__] = inspect.getsource(used)

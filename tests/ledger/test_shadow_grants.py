@@ -256,3 +256,15 @@ def test_a_change_in_code_a_connector_uses_is_a_change_of_the_connector(connecto
     real = inspect.getsource
     monkeypatch.setattr(inspect, "getsource", lambda obj: real(obj) + ("\n# changed" if obj.__name__ == module else ""))
     assert connector_version("refund") != before
+
+
+def test_an_upgrade_of_the_stripe_sdk_is_a_change_of_the_stripe_connector(monkeypatch):
+    from importlib import metadata
+
+    from ledger.connectors.stripe import StripeConnector
+    from ledger.connectors.test_mode import _behaviour
+
+    before = _behaviour(StripeConnector)
+    real = metadata.version
+    monkeypatch.setattr(metadata, "version", lambda name: "99.0.0" if name == "stripe" else real(name))
+    assert _behaviour(StripeConnector)["libraries"]["stripe"] == ["stripe 99.0.0"] != before["libraries"]["stripe"]
