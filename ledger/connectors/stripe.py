@@ -209,8 +209,12 @@ class StripeConnector(Connector):
         """
         if not self.options["webhook_secret"]:
             raise WebhookRefused("no webhook secret is configured (STRIPE_WEBHOOK_SECRET)")
+        signature = headers.get("Stripe-Signature")
+        if signature is not None and not signature.isascii():
+            # The SDK's comparison raises TypeError on it, which would read as a body that is no event.
+            raise WebhookRefused("bad Stripe-Signature: characters past ASCII")
         try:
-            stripe.Webhook.construct_event(raw, headers.get("Stripe-Signature"), self.options["webhook_secret"])
+            stripe.Webhook.construct_event(raw, signature, self.options["webhook_secret"])
         except stripe.SignatureVerificationError as exc:
             raise WebhookRefused(f"bad, missing or stale Stripe-Signature: {exc.user_message}") from None
         except (AttributeError, TypeError) as exc:  # signed, but JSON that is not an object

@@ -224,6 +224,15 @@ def test_a_webhook_without_a_configured_secret_is_refused():
         StripeConnector(api_key="sk_test_1").read_webhook(b"{}", {"Stripe-Signature": "t=1,v1=00"})
 
 
+def test_a_signature_of_characters_past_ascii_is_refused_as_a_signature():
+    """The SDK's comparison raises TypeError on one, which was read as "not an event" (400 invalid)
+    rather than as the bad signature it is (400 webhook_refused)."""
+    raw = json.dumps({"id": "evt_1", "object": "event", "type": "refund.updated", "data": {"object": {}}}).encode()
+    with pytest.raises(WebhookRefused, match="Stripe-Signature"):
+        StripeConnector(api_key="sk_test_1", webhook_secret="whsec_unit").read_webhook(
+            raw, {"Stripe-Signature": f"t={int(time.time())},v1=\u00e9\u00e9"})
+
+
 def signed(event, secret="whsec_unit"):
     raw = json.dumps(event).encode()
     return raw, {"Stripe-Signature": sign_webhook(raw, secret)}
