@@ -159,6 +159,14 @@ class Connector:
         """Ask the provider whether the action's effect exists. Read-only."""
         return Lookup(found=None, evidence={"reason": f"{self.name} cannot be asked"})
 
+    def find_order(self, order_id) -> dict | None:
+        """The order a refund task is about to refund, as the provider keeps it: {"order_id",
+        "customer", "amount"} (the amount in the currency's major unit, as text, or None). Read-only;
+        raises `http.Rejected` with status 404 for an order the provider does not know, another
+        `http.ProviderError` when it cannot tell. None: this provider keeps no orders to read (a
+        team's own service), and the task refunds without reading one."""
+        return None
+
     def records(self, since, until) -> Iterable[Record] | None:
         """Every effect the provider committed in [since, until), paged as the provider pages,
         or None if this connector cannot list its records (reconciliation then skips it and

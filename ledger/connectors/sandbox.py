@@ -7,6 +7,7 @@ from decimal import Decimal
 from django.conf import settings
 from django.utils.dateparse import parse_datetime
 
+from ..key_paths import key_segment
 from ..models import ActionType
 from . import http
 from .base import Connector, Effect, Lookup, Record
@@ -83,6 +84,10 @@ class SandboxConnector(Connector):
         if not found:
             return Lookup(found=False, evidence=evidence)
         return Lookup(found=True, external_ref=found[0]["id"], result=found[0], evidence=evidence)
+
+    def find_order(self, order_id):
+        order = http.call("GET", self._url(f"orders/{key_segment(order_id)}"), headers=self._headers())
+        return {"order_id": order["order_id"], "customer": order.get("customer", ""), "amount": order.get("amount")}
 
     def records(self, since, until):
         """Every refund, message and booking created in [since, until), a page of

@@ -182,6 +182,17 @@ class StripeConnector(Connector):
             return Lookup(found=False, evidence=evidence)
         return Lookup(found=True, external_ref=made[0]["id"], result=made[0], evidence=evidence)
 
+    def find_order(self, order_id):
+        """The charge or payment intent a refund names."""
+        try:
+            payment = self._payment(order_id)
+        except stripe.StripeError as exc:
+            raise provider_error(exc, f"reading {order_id}") from exc
+        units, currency = payment.get("amount"), payment.get("currency")
+        amount = self.from_provider_units(units, currency) if isinstance(units, int) and isinstance(currency, str) else None
+        return {"order_id": payment.get("id") or order_id, "customer": payment.get("customer") or "",
+                "amount": None if amount is None else str(amount)}
+
     def records(self, since, until):
         """Every refund created in [since, until), as Stripe lists them (newest first, paged).
         Stripe's `created` has whole seconds: both ends are cut to the second, so that

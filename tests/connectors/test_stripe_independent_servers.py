@@ -14,13 +14,15 @@ from django.core.management import CommandError, call_command
 from dlq.reconcile import findings_in
 from ledger.connectors.fault_proxy import FaultProxy
 from ledger.connectors.stripe import StripeConnector
-from ledger.models import Action, GrantState, ReplayRun, WebhookEvent
+from ledger.models import Action, GrantState, ReplayRun, Task, WebhookEvent
 from tests.conftest import free_port, thread_server
 from tests.connectors.stripe_servers import (  # noqa: F401 (fixtures)
     configured_refund_connector, provider_app, provider_stack, stripe_provider, uses)
 from tests.connectors.stripe_stack import API_KEY
 from tests.connectors.test_stripe import settled
-from tests.factories import api_client, make_agent, post_action, refund_body, send_together
+from tests.factories import (api_client, make_agent, post_action, post_task, refund_body, refund_task_body,
+                             send_together)
+from tests.factories import settled as settled_task
 from tests.ledger.test_grant_promote_command import person, state
 from tests.ledger.test_replay_check import GARBAGE
 
@@ -51,6 +53,24 @@ def test_a_refund_is_made_once_with_the_operation_key_in_its_metadata(provider_s
     [refund] = stripe_provider.refunds(charge)
     assert (refund["id"], refund["amount"], refund["currency"]) == (action["external_ref"], 2500, "eur")
     assert refund["metadata"] == {"operation_key": key, "reason": "late"}
+
+
+def test_a_refund_task_reads_the_charge_at_the_server_then_refunds_it_once(provider_stack, stripe_provider, agent):
+    """The task's first step read the order from the sandbox whatever served refunds: against Stripe
+    every refund task failed `unknown_order` before it refunded. It reads the charge through the
+    refund's connector now, and an id the server does not know fails the task there."""
+    charge = stripe_provider.charge(10000, "eur")
+    provider_stack.start_worker()
+    for task_id, order in (("t-stripe-1", charge), ("t-stripe-2", "ch_nobody_knows")):
+        assert post_task(agent, task_id, refund_task_body(order)).status_code == 201
+    done, unknown = (settled_task(Task.objects.get(task_id=task_id)) for task_id in ("t-stripe-1", "t-stripe-2"))
+
+    assert done.state == "succeeded", done.last_error
+    looked_up = done.steps.get(name="lookup_order").result
+    assert (looked_up["order_id"], looked_up["amount"]) == (charge, "100.00")
+    [refund] = stripe_provider.refunds(charge)
+    assert refund["amount"] == 2500 and refund["metadata"]["operation_key"] == f"t-stripe-1:call_refund_api:v1"
+    assert (unknown.state, unknown.last_error["code"]) == ("failed", "unknown_order")
 
 
 def test_the_same_key_again_is_replayed_and_the_server_still_holds_one_refund(provider_stack, stripe_provider,
