@@ -7,9 +7,10 @@ the ledger, the one that sees them all.
 One run (`archive_expired`) is one JSON-lines file and one transaction:
 
 1. It takes its turn (two runs at once would both take the webhook and audit events, which no
-   row lock holds), then, locked: settled actions past their key's lifetime (OPERATION_KEY_LIFETIME_DAYS,
-   ledger.retention) with nothing waiting for a person (no open review item or dead letter, no
-   failure that may still be retried: one whose dead letter a person closed may not), each with the actions it superseded (an edit-down's
+   row lock holds), then, locked: settled and shadow actions past their key's lifetime
+   (OPERATION_KEY_LIFETIME_DAYS, ledger.retention) with nothing waiting for a person (no open
+   review item or dead letter, no failure that may still be retried: one whose dead letter a
+   person closed may not), each with the actions it superseded (an edit-down's
    originals) and what hangs off them; finished tasks past their id's lifetime whose every
    action may go so, with their steps, confirmations, actions and dead letters; closed dead
    letters, and ended bulk redrive runs with their items, older than DEAD_LETTER_RETENTION_DAYS
@@ -60,13 +61,21 @@ from .redrive_runs import RunStatus
 
 ACTOR = "system:archive"
 FINISHED = [TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED]  # final: nothing moves them again
+# An action nothing moves again: settled, or recorded under a shadow grant (never executed; every
+# new grant starts as shadow, so they pile up). Not the ledger's SETTLED alone: that names where
+# an action in flight ends (a settle frees what it held), and a shadow action never was in flight.
+FINAL = [*SETTLED, ActionStatus.SHADOW]
+# Rows a statement names at most (ids in a list, or rows of a few columns inserted): PostgreSQL
+# binds at most 65,535 values a statement (production binds them on the server, config.settings),
+# and what a run takes grows with --limit and with what hangs off each task (a workflow's steps).
+CHUNK = 5000
 
 
 def _waiting(now):
-    """An action that must stay: unsettled (a superseded one is its version's), in its key's
+    """An action that must stay: not final (a superseded one is its version's), in its key's
     lifetime, waiting for a person (an open review item or dead letter), or with a dead letter
     that must stay (`_entry_kept`)."""
-    return (~Q(status__in=[*SETTLED, ActionStatus.SUPERSEDED]) | Q(created_at__gt=now - key_lifetime())
+    return (~Q(status__in=[*FINAL, ActionStatus.SUPERSEDED]) | Q(created_at__gt=now - key_lifetime())
             | Q(review_items__status=ReviewStatus.OPEN) | Q(dead_letters__in=DeadLetter.objects.filter(_entry_kept(now))))
 
 
@@ -101,9 +110,9 @@ RETRYABLE = (Q(status=ActionStatus.FAILED, error__retryable=True)
 
 
 def expired_actions(now):
-    """Settled actions of no task that may go, oldest first. Each goes with the actions it
+    """Final actions of no task that may go, oldest first. Each goes with the actions it
     superseded, if none of them must stay (`collect`)."""
-    return (Action.objects.filter(status__in=SETTLED, task__isnull=True).exclude(_waiting(now)).exclude(RETRYABLE)
+    return (Action.objects.filter(status__in=FINAL, task__isnull=True).exclude(_waiting(now)).exclude(RETRYABLE)
             .order_by("id"))
 
 
@@ -122,8 +131,8 @@ def _with_originals(actions, now):
     chains = {action.pk: [action.pk] for action in actions}
     step = {action.pk: action.supersedes_id for action in actions if action.supersedes_id}
     while step:
-        originals = dict(Action.objects.filter(pk__in=step.values()).exclude(_waiting(now))
-                         .values_list("pk", "supersedes_id"))
+        may_go = Action.objects.exclude(_waiting(now)).values_list("pk", "supersedes_id")
+        originals = dict(chain.from_iterable(may_go.filter(pk__in=chunk) for chunk in _chunks(step.values())))
         for start, original in list(step.items()):
             if original not in originals:  # it must stay, and so must what superseded it
                 chains.pop(start)
@@ -139,6 +148,19 @@ def _with_originals(actions, now):
 
 def _days(name):
     return timedelta(days=getattr(settings, name))
+
+
+def _chunks(values):
+    """`values` in lists of at most CHUNK."""
+    values = list(values)
+    return [values[start:start + CHUNK] for start in range(0, len(values), CHUNK)]
+
+
+def _among(queryset, lookup, values):
+    """The queryset's rows whose `lookup` is among `values`, asked CHUNK values at a time, in order
+    of id."""
+    rows = chain.from_iterable(queryset.filter(**{f"{lookup}__in": chunk}) for chunk in _chunks(values))
+    return sorted(rows, key=attrgetter("pk"))
 
 
 def archive_checkpoint(now):
@@ -200,41 +222,54 @@ class Batch:
 
 def collect(now, limit):
     """The rows one run takes (at most `limit` actions of no task, and `limit` tasks with theirs),
-    locked: the caller's transaction."""
-    tasks = list(Task.objects.select_for_update().filter(pk__in=list(
-        expired_tasks(now).values_list("id", flat=True)[:limit])).order_by("id"))
+    locked: the caller's transaction. Alerts too: a delivery recorded meanwhile would go with its
+    alert (CASCADE), unwritten; it waits for the run instead (dlq.alerts skips a locked alert)."""
+    tasks = _among(Task.objects.select_for_update().order_by("id"), "pk",
+                   expired_tasks(now).values_list("id", flat=True)[:limit])
     alone = list(expired_actions(now).only("id", "supersedes_id")[:limit])
-    ids = _with_originals(alone + list(Action.objects.filter(task__in=tasks).only("id", "supersedes_id")), now)
-    actions = list(Action.objects.select_for_update().filter(pk__in=ids).order_by("id"))
-    entries = list(DeadLetter.objects.select_for_update().filter(Q(action__in=actions) | Q(task__in=tasks))) + list(
-        DeadLetter.objects.select_for_update().filter(task__isnull=False, created_at__lte=now - _days(
-            "DEAD_LETTER_RETENTION_DAYS")).exclude(status=EntryStatus.OPEN).exclude(IN_A_BULK_REDRIVE)
-        .exclude(task__in=tasks).order_by("id")[:limit])
-    items = list(ReviewItem.objects.select_for_update().filter(action__in=actions).order_by("id"))
-    alerts = list(Alert.objects.filter(Q(dead_letter__in=entries) | Q(review_item__in=items)).order_by("id"))
+    ids = _with_originals(alone + _among(Action.objects.only("id", "supersedes_id"), "task", tasks), now)
+    actions = _among(Action.objects.select_for_update().order_by("id"), "pk", sorted(ids))
+    entries = (_among(DeadLetter.objects.select_for_update(), "action", actions)
+               + _among(DeadLetter.objects.select_for_update(), "task", tasks)
+               + _closed_task_entries(now, limit, tasks))
+    items = _among(ReviewItem.objects.select_for_update().order_by("id"), "action", actions)
+    alerts = sorted(_among(Alert.objects.select_for_update().order_by("id"), "dead_letter", entries)
+                    + _among(Alert.objects.select_for_update().order_by("id"), "review_item", items),
+                    key=attrgetter("pk"))
     checkpoint = archive_checkpoint(now)
     origin = chain_start()
     events = AuditEvent.objects.filter(seq__lt=checkpoint.seq, seq__gte=origin.seq if origin else 1) \
         if checkpoint else AuditEvent.objects.none()
-    runs = list(BulkRedrive.objects.select_for_update().filter(pk__in=list(
-        expired_bulk_redrives(now).values_list("id", flat=True)[:limit])).order_by("id"))
+    runs = _among(BulkRedrive.objects.select_for_update().order_by("id"), "pk",
+                  expired_bulk_redrives(now).values_list("id", flat=True)[:limit])
     return Batch(checkpoint, events=events, webhooks_before=now - _days("WEBHOOK_RETENTION_DAYS"), rows={
-        BulkRedriveItem: list(BulkRedriveItem.objects.filter(run__in=runs).order_by("id")),
+        BulkRedriveItem: _among(BulkRedriveItem.objects, "run", runs),
         BulkRedrive: runs,
-        AlertDelivery: list(AlertDelivery.objects.filter(alert__in=alerts).order_by("id")),
+        AlertDelivery: _among(AlertDelivery.objects, "alert", alerts),
         Alert: alerts,
         DeadLetter: entries,
-        Approval: list(Approval.objects.filter(item__in=items).order_by("id")),
-        DecisionLink: list(DecisionLink.objects.filter(item__in=items).order_by("id")),  # else CASCADE, unwritten
+        Approval: _among(Approval.objects, "item", items),
+        DecisionLink: _among(DecisionLink.objects, "item", items),  # else CASCADE, unwritten
         ReviewItem: items,
-        Booking: list(Booking.objects.filter(action__in=actions).order_by("id")),
-        Confirmation: list(Confirmation.objects.filter(task__in=tasks).order_by("id")),
+        Booking: _among(Booking.objects, "action", actions),
+        Confirmation: _among(Confirmation.objects, "task", tasks),
         Action: actions,
-        TaskStep: list(TaskStep.objects.filter(task__in=tasks).order_by("id")),
+        TaskStep: _among(TaskStep.objects, "task", tasks),
         Task: tasks,
         WebhookEvent: list(WebhookEvent.objects.filter(received_at__lte=now - _days("WEBHOOK_RETENTION_DAYS"))
                            .order_by("id")[:limit]),
     })
+
+
+def _closed_task_entries(now, limit, tasks):
+    """Closed dead letters of tasks past their retention, oldest first, locked, but those of
+    `tasks`, which go with theirs (left out here, not in the query: a list of every task a run
+    takes would be too long a statement)."""
+    taken = {task.pk for task in tasks}
+    closed = (DeadLetter.objects.select_for_update()
+              .filter(task__isnull=False, created_at__lte=now - _days("DEAD_LETTER_RETENTION_DAYS"))
+              .exclude(status=EntryStatus.OPEN).exclude(IN_A_BULK_REDRIVE).order_by("id")[:limit])
+    return [entry for entry in closed if entry.task_id not in taken]
 
 
 def _line(record):
@@ -276,30 +311,33 @@ def _remove(batch, archive):
     partitions whose every row is in this file or an earlier one (ledger.partitions): the webhook
     events' that hold only events past their retention and none after the last one taken (a run
     takes at most `limit`, oldest first), the audit trail's that hold only events before the
-    checkpoint. Returns those partitions, with the rows taken, for `_drop`."""
+    checkpoint. Rows are named CHUNK a statement. Returns those partitions, with the rows taken (a
+    query a chunk), for `_drop`."""
     whole = []
     for model, rows in batch.rows.items():
-        taken = model.objects.filter(pk__in=[row.pk for row in rows])
+        taken = [model.objects.filter(pk__in=chunk) for chunk in _chunks(row.pk for row in rows)]
         if model is WebhookEvent and rows:
             partitions = WEBHOOKS.droppable("received_at > %s OR id > %s", [batch.webhooks_before, rows[-1].pk])
             whole.append((WEBHOOKS, partitions, taken))
-            taken = taken.exclude(_held_by(partitions))
+            taken = [chunk.exclude(_held_by(partitions)) for chunk in taken]
         if model is Action:
             _versions_first(rows)
         else:
-            taken.delete()
+            for chunk in taken:
+                chunk.delete()
     if batch.checkpoint:
         partitions = AUDIT.droppable("seq IS NULL OR seq >= %s", [batch.checkpoint.seq])
-        whole.append((AUDIT, partitions, batch.events))
+        whole.append((AUDIT, partitions, [batch.events]))
         batch.events.exclude(_held_by(partitions)).delete()
     for connector, events in groupby(batch.rows[WebhookEvent], key=attrgetter("connector")):
-        WebhookClaim.objects.filter(connector=connector, event_id__in=[e.event_id for e in events]).delete()
+        for chunk in _chunks(event.event_id for event in events):
+            WebhookClaim.objects.filter(connector=connector, event_id__in=chunk).delete()
     ArchivedKey.objects.bulk_create([
         ArchivedKey(operation_key=a.operation_key, agent_id=a.agent_id, created_at=a.created_at,
-                    archive_sha256=archive.sha256) for a in batch.rows[Action]])
+                    archive_sha256=archive.sha256) for a in batch.rows[Action]], batch_size=CHUNK)
     ArchivedTask.objects.bulk_create([
         ArchivedTask(task_id=t.task_id, agent_id=t.agent_id, created_at=t.created_at, archive_sha256=archive.sha256)
-        for t in batch.rows[Task]])
+        for t in batch.rows[Task]], batch_size=CHUNK)
     return whole
 
 
@@ -309,7 +347,8 @@ def _versions_first(actions):
     while left:
         superseded = set(left.values())
         last = [pk for pk in left if pk not in superseded]
-        Action.objects.filter(pk__in=last).delete()
+        for chunk in _chunks(last):
+            Action.objects.filter(pk__in=chunk).delete()
         for pk in last:
             del left[pk]
 
@@ -333,7 +372,8 @@ def _drop(whole):
     for table, partitions, taken in whole:
         dropped = table.drop(partitions)
         if len(dropped) < len(partitions):
-            taken.filter(_held_by(partitions[len(dropped):])).delete()
+            for chunk in taken:
+                chunk.filter(_held_by(partitions[len(dropped):])).delete()
 
 
 def archive_expired(directory, *, dry_run=False, limit=10000, now=None):

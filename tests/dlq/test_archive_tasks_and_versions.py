@@ -105,6 +105,22 @@ def test_a_finished_tasks_failure_that_could_be_retried_does_not_keep_it(tmp_pat
     assert not Task.objects.exists()
 
 
+def test_a_shadow_action_past_its_lifetime_is_archived(tmp_path, agent):
+    """Recorded under a shadow grant and never executed: final, and every new grant starts so."""
+    make_action(agent, "shadow", key="old-shadow", target="ORD-S1")
+    immediate()
+    _, counts = run_archive(tmp_path)
+    assert counts.get("ledger.action") == 1, counts
+    assert ArchivedKey.objects.get().operation_key == "old-shadow"
+
+
+def test_a_finished_task_whose_step_was_recorded_shadow_is_archived(tmp_path, agent):
+    finished_task(agent, "t-shadow", action_status="shadow")
+    immediate()
+    _, counts = run_archive(tmp_path)
+    assert counts.get("ledger.task") == counts.get("ledger.action") == 1, counts
+    assert not Task.objects.exists()
+
 def test_an_archived_task_id_answers_410_and_is_never_recorded_again(tmp_path, agent, billing, client):
     finished_task(agent, "t-gone")
     immediate()
