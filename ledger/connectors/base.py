@@ -89,6 +89,9 @@ class Connector:
     name = ""
     # The option that says where the provider is called (an HTTP base URL), or "" if none.
     base_option = ""
+    # Whether `find_effect` can ever answer: the replay set verifies every effect by it, so a
+    # connector whose provider cannot be asked (SMTP) cannot pass it, and its grants stay shadow.
+    verifiable = True
 
     def __init__(self, **options):
         self.options = options

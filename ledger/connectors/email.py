@@ -42,6 +42,7 @@ def message_id(operation_key):
 
 class EmailConnector(Connector):
     name = "email"
+    verifiable = False
 
     def __init__(self):
         # No options: the mail server is Django's EMAIL_* settings.

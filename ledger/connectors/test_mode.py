@@ -65,6 +65,11 @@ def test_connector_for(action_type):
     live = connector_for(action_type)
     if live.name == "sandbox":
         return live, ""
+    if not live.verifiable:
+        raise NoTestMode(f"the {live.name} connector for {action_type} cannot be asked whether an effect was made, "
+                         "which every case of the replay set verifies: its grants stay shadow (recorded, never "
+                         "executed); serve it by a connector that can be asked, such as `http` in front of a "
+                         "service that keeps its effects by key (docs/connectors.md)")
     test_mode = entry.get("test_mode")
     if not test_mode:
         raise NoTestMode(f"the {live.name} connector for {action_type} has no test mode: "

@@ -13,7 +13,7 @@ from ledger.agents import agent_create, agent_rotate_token
 from ledger.connectors.test_mode import connector_for_action, connector_version, is_replay_action
 from ledger.grants import GrantRefused, capability, grant_promote, grant_state
 from ledger.models import Action, ActionStatus, Agent, Capability, GrantState, ReplayRun, WebhookEvent
-from ledger.replay import replay_agent
+from ledger.replay import replay_agent, replay_check
 from tests.conftest import answering, free_port, thread_server
 from tests.factories import api_client, make_agent, sandbox_list
 from tests.ledger.test_site_url import NotSurety
@@ -151,6 +151,19 @@ def test_an_action_type_without_a_test_mode_ends_failed_and_says_why(db, setting
         call_command("replay_check", "refund")
     [case] = ReplayRun.objects.get().cases
     assert case["case"] == "test_mode" and "has no test mode" in case["evidence"]["error"]
+
+
+def test_a_connector_that_cannot_be_asked_ends_failed_and_says_so_with_a_test_mode_or_without(db, settings):
+    """The e-mail connector: SMTP keeps nothing to ask, so no case could pass against it. Without a
+    test mode the run said to configure one (none can be configured for it: it takes no options);
+    with one written by hand, three cases failed on "cannot tell" and the reason was left to guess."""
+    for entry in ({}, {"test_mode": {"options": {}}}):
+        settings.SURETY_CONNECTORS = {**settings.SURETY_CONNECTORS, "send_message": {
+            "class": "ledger.connectors.email.EmailConnector", "options": {}, **entry}}
+        run = replay_check("send_message", actor="system:tests")
+        [case] = run.cases
+        assert not run.passed and case["case"] == "test_mode"
+        assert "cannot be asked whether an effect was made" in case["evidence"]["error"]
 
 
 def test_nobody_else_may_take_the_replay_agents_name(db):
