@@ -19,6 +19,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from itertools import groupby
 
 from django.conf import settings
@@ -96,6 +97,18 @@ def checkpoint_signed(seq, hash, signature):
     return ledger_signed("audit.checkpoint", f"{seq}:{hash}", signature)
 
 
+def jsonb_number(literal):
+    """A JSON number with a fraction or an exponent (as Python writes a float) as PostgreSQL's jsonb
+    gives it back: a numeric, which keeps the digits but not the text. It has no negative zero, and
+    prints no exponent, so `-0.0` comes back `0.0` and `1e+16` (`1.5e+300`) as an integer of 17 (301)
+    digits, where the content hash of the text Python wrote would no longer be the event's. `1e-07`
+    comes back `0.0000001`, the same float. SQLite keeps the text, so holds this form as it is given."""
+    number = Decimal(literal)
+    if number.as_tuple().exponent >= 0:
+        return int(number)
+    return float(number) or 0.0
+
+
 def content_hash(fields):
     canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()
@@ -147,8 +160,9 @@ class AuditEventManager(models.Manager):
             reason=reason or "",
             request_id=current_request_id.get(),
         )
-        # Through JSON and back, so the digest is of exactly what the database will hold.
-        event.before, event.after = json.loads(json.dumps([before, after], default=str))
+        # Through JSON and back, its numbers as jsonb gives them back, so the digest is of exactly what
+        # the database will hold.
+        event.before, event.after = json.loads(json.dumps([before, after], default=str), parse_float=jsonb_number)
         event.content_hash = content_hash(event.content_fields())
         return event
 
@@ -338,6 +352,10 @@ class ChainCheck(models.Model):
     scope = models.CharField(max_length=10, choices=Scope.choices)
     from_seq = models.BigIntegerField()
     through_seq = models.BigIntegerField()
+    # The chain's hash at through_seq, which the next check compares with the database's: events
+    # removed from the end and their seqs sealed again leave a chain as long as before, and one that
+    # links. Null for the checks recorded before it was kept.
+    through_hash = models.CharField(max_length=64, null=True, blank=True)
     broken_at = models.BigIntegerField(null=True, blank=True)
     why = models.CharField(max_length=255, blank=True, default="")
     events = models.BigIntegerField()
@@ -405,11 +423,33 @@ def chain_start():
     return None
 
 
+def changed_since(check, top):
+    """Why the chain no longer ends as `check` (an intact one) found it at its through_seq, with
+    `top` the chain's last seq now; None if it does. Shorter: events at its end were removed.
+    Another hash there, or no event: they were removed and the sealer gave their seqs to new
+    events, which link to what was left (an event an archive run took is not missing)."""
+    if top < check.through_seq:
+        return ChainReport(top + 1, f"events #{top + 1} to #{check.through_seq} were removed", top, 0)
+    if not check.through_hash:  # none kept (an older check), or the empty chain's
+        return None
+    held = AuditEvent.objects.filter(seq=check.through_seq).values_list("hash", flat=True).first()
+    if held == check.through_hash:
+        return None
+    if held is None:
+        origin = chain_start()
+        if origin is not None and check.through_seq < origin.seq:
+            return None
+        why = f"event #{check.through_seq}, where a check ended, is missing"
+    else:
+        why = "its hash changed after a check passed it"
+    return ChainReport(check.through_seq, why, check.through_seq - 1, 0)
+
+
 def audit_verify(*, since_checkpoint=False):
     """Verify the chain and record the result: from the end of the last intact check (the
     newest stretch), or from the last checkpoint (`since_checkpoint`, or when nothing was
     checked yet; its signature and hash first), from the first event while there is none. A
-    chain shorter than a check once found it is broken too: events at its end were removed.
+    chain that no longer ends as a check once found it is broken too (`changed_since`).
     The whole chain is walked by `audit_walk`, in stretches."""
     # The intact check that reached furthest: a whole-chain walk ends after newer checks did,
     # at the chain's end when it started.
@@ -425,13 +465,14 @@ def audit_verify(*, since_checkpoint=False):
     top = AuditEvent.objects.aggregate(top=models.Max("seq"))["top"] or 0
     if checkpoint is not None and (why := checkpoint.problem()):
         report = ChainReport(checkpoint.seq, why, 0, 0)  # it vouches for nothing: nothing is known to hold
-    elif last is not None and top < last.through_seq:
-        report = ChainReport(top + 1, f"events #{top + 1} to #{last.through_seq} were removed", top, 0)
+    elif last is not None and (changed := changed_since(last, top)):
+        report = changed
     else:
         report = AuditEvent.objects.chain_report(from_seq)
     if report.events or report.broken_at is not None or scope != ChainCheck.Scope.NEWEST:  # nothing new: no row
         ChainCheck.objects.create(scope=scope, from_seq=from_seq, through_seq=report.through_seq,
-                                  broken_at=report.broken_at, why=report.why[:255], events=report.events)
+                                  through_hash=report.last_hash, broken_at=report.broken_at, why=report.why[:255],
+                                  events=report.events)
     return report
 
 
@@ -486,6 +527,7 @@ def audit_walk(batch=None, start=False):
             broken_at=report.broken_at, why=report.why[:255], finished_at=timezone.now() if done else None)
         if moved and done:
             ChainCheck.objects.create(scope=ChainCheck.Scope.WHOLE, from_seq=origin.seq + 1 if origin else 1,
-                                      through_seq=report.through_seq, broken_at=report.broken_at, why=report.why[:255],
+                                      through_seq=report.through_seq, through_hash=report.last_hash,
+                                      broken_at=report.broken_at, why=report.why[:255],
                                       events=walk.events + report.events)
     return report.events

@@ -258,6 +258,9 @@ def record_digest(record):
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
+# The events' ids looked up at most this many a statement: PostgreSQL binds at most 65,535 values
+# in one, as the production settings bind them (server-side), and a file may cite any number.
+IDS_A_STATEMENT = 10_000
 CONTENT_FIELDS = ("occurred_at", "actor", "verb", "object_type", "object_id", "before", "after", "reason", "request_id")
 
 
@@ -360,13 +363,21 @@ def _checkpoint_problems(named, archived):
 def _database_problems(events, archived):
     """Each event against the database's row with the same id: the same content hash, and
     once sealed the same seq and hashes (an event the export saw unsealed may be sealed now);
-    one the database no longer holds, against its archive file's (`archived`, by seq)."""
-    rows = AuditEvent.objects.in_bulk([e.get("id") for e in events if isinstance(e.get("id"), int)])
+    one the database no longer holds, against its archive file's (`archived`, by seq, or by id
+    for an event the export saw unsealed: its id and content hash are all the record knows)."""
+    ids = [e.get("id") for e in events if isinstance(e.get("id"), int)]
+    rows = {}
+    for start in range(0, len(ids), IDS_A_STATEMENT):
+        rows |= AuditEvent.objects.in_bulk(ids[start:start + IDS_A_STATEMENT])
+    archived_by_id = {entry[0]: entry for entry in archived.values()}
     problems = []
     for event in events:
         row = rows.get(event.get("id"))
         name = f"event #{event.get('seq') or event.get('id')}"
-        if row is None and event.get("seq") in archived:
+        if row is None and event.get("seq") is None and event.get("id") in archived_by_id:
+            if archived_by_id[event["id"]][1] != event.get("content_hash"):
+                problems.append(f"{name}: not as its archive file holds it")
+        elif row is None and event.get("seq") in archived:
             if archived[event["seq"]] != (event.get("id"), event.get("content_hash"), event.get("prev_hash"),
                                           event.get("hash")):
                 problems.append(f"{name}: not as its archive file holds it")

@@ -54,6 +54,21 @@ def test_the_sealer_chains_committed_events_with_consecutive_seq_and_a_valid_cha
     assert AuditEvent.objects.verify_chain() is None
 
 
+# What a provider may answer (a step's result reaches `after`), as PostgreSQL's jsonb gives it back:
+# its numeric keeps the digits, not the text, so -0.0 comes back 0.0 and 1e+16 as 10000000000000000.
+FLOATS = [-0.0, 1e16, 1e23, 1.5e300, -1e-7, 0.1]
+
+
+@pytest.mark.parametrize("value", FLOATS)
+def test_an_untouched_event_with_a_float_verifies(value):
+    agent, _ = make_agent("billing")
+    with transaction.atomic():
+        AuditEvent.objects.record(actor="system:runner", verb="step_done", obj=agent,
+                                  after={"step": "lookup_order", "result": {"amount": value}})
+    AuditEvent.objects.seal()
+    assert AuditEvent.objects.verify_chain() is None
+
+
 def test_a_rolled_back_transaction_leaves_no_event_and_no_gap():
     agent, _ = make_agent("billing")
     action = held_action(agent, "refund:ORD-A2:full:dec-1")

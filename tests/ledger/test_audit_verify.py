@@ -6,9 +6,10 @@ import io
 import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
+from django.db.models import Max
 
 from ledger.audit import actor_label, audit_verify, audit_verify_due
-from ledger.models import AuditEvent, ChainCheck
+from ledger.models import AuditEvent, ChainCheck, ChainCheckpoint
 from tests.factories import make_agent
 from tests.ledger.test_audit_chain import held_action, tamper
 
@@ -61,6 +62,50 @@ def test_events_removed_from_the_end_after_a_check_are_noticed(chain):
     tamper("DELETE FROM ledger_auditevent WHERE seq > %s", [chain[-3].seq])
     assert verify("--newest").startswith(f"ERROR chain broken at seq {chain[-3].seq + 1}: events "
                                          f"#{chain[-3].seq + 1} to #{chain[-1].seq} were removed")
+
+
+def test_events_removed_from_the_end_after_a_check_are_noticed_once_the_sealer_refilled_their_seqs(chain):
+    """The sealer chains the next events onto what is left, so the chain is as long as before and
+    links from seq 1: only the hash the check found at its end tells the events there apart."""
+    assert audit_verify().broken_at is None
+    tamper("DELETE FROM ledger_auditevent WHERE seq > %s", [chain[-3].seq])
+    agent, _ = make_agent("support")
+    for i in range(3):
+        held_action(agent, f"refund:ORD-U{i}:full:dec-1").reject(actor="user:ops", reason="later")
+    AuditEvent.objects.seal()
+    assert AuditEvent.objects.aggregate(top=Max("seq"))["top"] > chain[-1].seq
+
+    for since_checkpoint in (False, True):
+        report = audit_verify(since_checkpoint=since_checkpoint)
+        assert (report.broken_at, report.why) == (chain[-1].seq, "its hash changed after a check passed it")
+    assert list(ChainCheck.objects.order_by("id").values_list("scope", "broken_at")) == [
+        ("whole", None), ("newest", chain[-1].seq), ("whole", chain[-1].seq)]
+
+
+def test_the_event_a_check_ended_at_removed_is_noticed_though_a_checkpoint_came_after_it(chain, settings):
+    """The daily check walks from the last checkpoint, past the seq the newest check ended at."""
+    assert audit_verify().broken_at is None
+    settings.AUDIT_CHECKPOINT_EVERY = 5
+    agent, _ = make_agent("support")
+    held_action(agent, "refund:ORD-U9:full:dec-1").reject(actor="user:ops", reason="later")
+    AuditEvent.objects.seal()
+    assert ChainCheckpoint.objects.first().seq > chain[-1].seq
+    tamper("DELETE FROM ledger_auditevent WHERE seq = %s", [chain[-1].seq])
+
+    report = audit_verify(since_checkpoint=True)
+    assert (report.broken_at, report.why) == (chain[-1].seq, f"event #{chain[-1].seq}, where a check ended, is missing")
+
+
+def test_a_check_recorded_before_checks_kept_their_hash_vouches_for_the_chains_length_alone(chain):
+    assert audit_verify().broken_at is None
+    ChainCheck.objects.update(through_hash=None)  # as migration 0043 left the checks before it
+    agent, _ = make_agent("support")
+    held_action(agent, "refund:ORD-U9:full:dec-1")
+    AuditEvent.objects.seal()
+    assert audit_verify().broken_at is None
+    ChainCheck.objects.update(through_hash=None)
+    tamper("DELETE FROM ledger_auditevent WHERE seq > %s", [chain[-3].seq])
+    assert audit_verify(since_checkpoint=True).broken_at == chain[-3].seq + 1
 
 
 def test_the_sweeper_checks_the_whole_chain_first_then_only_what_is_new(chain):

@@ -394,3 +394,14 @@ def test_an_uploaded_evidence_file_that_is_not_one_is_reported_never_a_500(admin
                           follow=True)
     assert response.status_code == 200
     assert "not checked" in response.content.decode() or "problem(s)" in response.content.decode()
+
+
+def test_an_uploaded_evidence_file_citing_more_events_than_a_statement_binds_is_checked(admin):
+    """PostgreSQL binds at most 65,535 values a statement, as the production settings bind them
+    (server-side); one more was answered 503 as if the database were down."""
+    events = [{"id": n} for n in range(1, 70_001)]
+    content = json.dumps({"audit": {"events": events}, "integrity": {}}).encode()
+    response = admin.post("/audit/verify-evidence", {"evidence": SimpleUploadedFile("evidence.json", content)},
+                          follow=True)
+    assert response.status_code == 200
+    assert "140002 problem(s)" in (page := response.content.decode()) and "event #70000: not in the database" in page
