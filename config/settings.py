@@ -41,7 +41,8 @@ def env_list(name, default=""):
 DEBUG = env_bool("DEBUG", False)
 PRODUCTION = env_bool("PRODUCTION", False)
 
-# Development values are only ever used with DEBUG on; anything else must configure them.
+# Development values are used unless PRODUCTION is on: a deployment that leaves PRODUCTION unset
+# signs sessions and evidence with this public key (docs/configuration.md); with it on, it must be set.
 _DEV_SECRET = "dev-only-secret-key-never-used-in-production-0123456789abcdef"
 SECRET_KEY = env_str("SECRET_KEY") or (_DEV_SECRET if DEBUG or not PRODUCTION else None)
 if not SECRET_KEY:

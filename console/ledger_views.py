@@ -11,6 +11,7 @@ from django.db.models import IntegerField, OuterRef, Q, Subquery
 from django.http import Http404, HttpResponseBadRequest, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
+from django.utils.cache import add_never_cache_headers
 from django.views.decorators.http import require_POST
 
 from ledger.access import WORK_DLQ, user_may
@@ -166,7 +167,7 @@ def agent_list(request):
         except ValueError as exc:
             messages.error(request, str(exc))
             return redirect("agent-list")
-        return render(request, "ledger/agent_token.html", {"agent": agent, "token": token})
+        return _token_page(request, agent, token)
     # Each agent's actions counted up to HISTORY_EXACT_UP_TO, "1,000+" past it: counting them all
     # read the ledger's whole history on every visit (decision 38); the ledger search lists them.
     firsts = Action.objects.filter(agent=OuterRef("pk")).order_by().values("pk")[:HISTORY_EXACT_UP_TO + 1]
@@ -179,6 +180,13 @@ def agent_list(request):
                                                    "counted_up_to": HISTORY_EXACT_UP_TO,
                                                    "counted_past": past_cap(HISTORY_EXACT_UP_TO),
                                                    "may_manage": request.user.has_perm("ledger.change_agent")})
+
+
+def _token_page(request, agent, token):
+    """The page that shows a new token, which moves money at once: kept by no cache (no-store)."""
+    response = render(request, "ledger/agent_token.html", {"agent": agent, "token": token})
+    add_never_cache_headers(response)
+    return response
 
 
 class _CountOf(Subquery):
@@ -210,7 +218,7 @@ def agent_change(request, pk, op):
         except ValueError as exc:
             messages.error(request, f"Not done: {exc}.")
             return redirect("agent-list")
-        return render(request, "ledger/agent_token.html", {"agent": agent, "token": token})
+        return _token_page(request, agent, token)
     try:
         capabilities = capabilities_named(request.POST.get("capability", ""))
     except ValueError as exc:

@@ -71,3 +71,14 @@ def test_the_agents_and_action_pages_name_the_connector_of_each_type(client, set
     action = make_action(agent, "queued")
     assert '<a class="mono" id="connector" href="/connectors/">sandbox</a>' in client.get(
         f"/actions/{action.pk}/").content.decode()
+
+
+def test_the_page_that_shows_a_token_is_kept_by_no_cache(client):
+    """A new token moves money at once under the agent's live grants: the page showing it, on
+    creation and on rotation, must not be kept by the browser's cache or a proxy's."""
+    client.force_login(get_user_model().objects.create_superuser("ada", password=None))
+    created = client.post("/agents/", {"name": "desk-bot", "grant": ["refund"]})
+    agent = Agent.objects.get(name="desk-bot")
+    rotated = client.post(f"/agents/{agent.pk}/rotate", {"reason": "a new laptop"})
+    for page in (created, rotated):
+        assert page.status_code == 200 and "no-store" in page["Cache-Control"]
