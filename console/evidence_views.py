@@ -66,6 +66,12 @@ def audit_chain_verify(request):
     return redirect("audit-log")
 
 
+# The problems an uploaded record's answer names, the rest counted: the answer is a message kept
+# in the session, and a forged file may cite any number of events (manage.py evidence_verify
+# prints them all).
+PROBLEMS_NAMED = 20
+
+
 @staff_required
 @require_POST
 def audit_evidence_verify(request):
@@ -86,7 +92,9 @@ def audit_evidence_verify(request):
         return redirect("audit-log")
     problems = record_problems(record) if isinstance(record, dict) else ["not an evidence record (not a JSON object)"]
     if problems:
-        messages.error(request, f"{upload.name}: {len(problems)} problem(s): " + "; ".join(problems) + ".")
+        named = "; ".join(problems[:PROBLEMS_NAMED]) + (
+            f"; and {len(problems) - PROBLEMS_NAMED} more" if len(problems) > PROBLEMS_NAMED else "")
+        messages.error(request, f"{upload.name}: {len(problems)} problem(s): {named}.")
     else:
         messages.success(request, f"{upload.name}: intact: {len(record['audit']['events'])} audit events checked "
                                   "against the database's audit chain, signature valid.")
