@@ -7,7 +7,7 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import Q
 from django.http import HttpResponse
 from django.shortcuts import redirect, render
-from django.urls import reverse
+from django.urls import resolve, reverse
 from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseClientRefresh
 
@@ -395,7 +395,9 @@ FORM_OF_VIEW = {"review-edit": "edit", "held-group-decide": "group"}  # else the
 def refused(request, item, why, status):
     messages.error(request, f"Not done: {why.rstrip('.')}.")  # some reasons end in a full stop of their own
     request.session[TYPED] = {
-        "item": item.pk, "form": FORM_OF_VIEW.get(request.resolver_match.url_name, "decision"),
+        # The view by the request's own path: a decision replayed after a step-up carries the
+        # factor page's resolver_match.
+        "item": item.pk, "form": FORM_OF_VIEW.get(resolve(request.path_info).url_name, "decision"),
         **{name: value[:2000] for name, value in request.POST.items()
            if name in ("reason", "external_ref") or name.startswith("param_")}}
     if request.htmx:

@@ -2,6 +2,7 @@
 the decision is not taken and the person is asked for it, the form kept; with it, the decision is
 taken as submitted and its audit event says which factor was given, and when."""
 
+import re
 from datetime import datetime
 from decimal import Decimal
 from urllib.parse import urlencode
@@ -126,3 +127,20 @@ def test_every_money_decision_asks_for_the_factor_first(client, step_up, alice, 
     answer = client.post(path, {"reason": "go"})
     assert answer.status_code == 302 and answer["Location"] == f"{REAUTHENTICATE}?{urlencode({'next': path})}"
     assert AuditEvent.objects.count() == events
+
+
+def test_an_edit_refused_once_the_factor_is_given_keeps_what_was_typed_in_the_edit_form(client, step_up, alice):
+    """The stashed edit is replayed from the factor page, whose URL the request then carries: what
+    was typed came back in the decision form instead."""
+    item = approval(3)
+    sign_in(client, "alice")
+    secret = enrol_totp(client)
+    asked = client.post(f"/review/{item.pk}/edit", {"param_amount": "900.00", "reason": "more than asked",
+                                                    "fingerprint": item.action.params_fingerprint()})
+    assert asked["Location"].startswith(REAUTHENTICATE)
+    client.post(asked["Location"], {"code": totp(secret)})  # replayed: an edit "down" to more is refused
+
+    page = client.get(f"/review/{item.pk}/").content.decode()
+    assert "Not done" in page
+    assert 'id="edit-param_amount" name="param_amount" value="900.00"' in page
+    assert not re.search(r'<textarea id="reason" name="reason"[^>]*>\w', page)
