@@ -167,18 +167,21 @@ def grant_promote(agent, cap, *, actor, reason, review_by=None):
     review_by = review_by or now + timedelta(days=REVIEW_DAYS)
     if not isinstance(actor, get_user_model()):
         raise GrantRefused("only a person may make a grant live")
-    if agent.answers_for(actor):
-        raise GrantRefused("the agent's owner, or who was shown its token, may not make its grant live (four eyes)")
-    reason = _reason_required(reason, "make a grant live")
-    if cap.kind != Capability.Kind.ACTION_TYPE:
-        raise GrantRefused("only a grant for an action type is promoted; a workflow's is live once given")
-    if not now < review_by <= now + timedelta(days=MAX_REVIEW_DAYS):
-        raise GrantRefused(f"the review date must be ahead, at most {MAX_REVIEW_DAYS} days away")
-    run = passing_run(cap.name)
-    if run is None:
-        raise GrantRefused(f"no replay run passed against the {cap.name} connector as it is now: run the replay set")
     with transaction.atomic():
-        if not agent_may(_locked(agent), cap.kind, cap.name):
+        # Four eyes on the agent as it is now, its row locked: a rotation that showed this person
+        # its token, committed after the caller read it, counts.
+        locked = _locked(agent)
+        if locked.answers_for(actor):
+            raise GrantRefused("the agent's owner, or who was shown its token, may not make its grant live (four eyes)")
+        reason = _reason_required(reason, "make a grant live")
+        if cap.kind != Capability.Kind.ACTION_TYPE:
+            raise GrantRefused("only a grant for an action type is promoted; a workflow's is live once given")
+        if not now < review_by <= now + timedelta(days=MAX_REVIEW_DAYS):
+            raise GrantRefused(f"the review date must be ahead, at most {MAX_REVIEW_DAYS} days away")
+        run = passing_run(cap.name)
+        if run is None:
+            raise GrantRefused(f"no replay run passed against the {cap.name} connector as it is now: run the replay set")
+        if not agent_may(locked, cap.kind, cap.name):
             raise GrantRefused(f"{agent} holds no grant for {cap}")
         grant, _ = Grant.objects.select_for_update().get_or_create(agent=agent, capability=cap)
         before = {"capability": str(cap), "state": grant.state(version_now(cap.name), now),

@@ -238,6 +238,22 @@ def test_a_grant_or_a_revoke_without_a_reason_is_refused_changes_nothing_and_the
     assert state() == before
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_promotion_that_waited_on_its_promoter_being_shown_the_token_is_refused(scout, ada):
+    """Four eyes were asked of the agent as the caller had read it, before its row was locked: a
+    rotation that showed the promoter the token, committed meanwhile, was not seen."""
+    passed_run()
+    stale = fresh(scout)
+
+    def rotate():
+        agent_rotate_token(fresh(scout), actor=ada, reason="a new laptop")
+
+    with another_transaction(rotate, commit_when_waited_on=True):
+        with pytest.raises(GrantRefused, match="four eyes"):
+            grant_promote(stale, capability(*REFUND), actor=ada, reason="ready")
+    assert grant_state(fresh(scout), *REFUND) == GrantState.SHADOW
+
+
 @pytest.mark.parametrize(("connector", "module"), [
     (None, "ledger.connectors.http"),  # the sandbox's, through the HTTP client every connector calls
     (None, "ledger.connectors.base"),
