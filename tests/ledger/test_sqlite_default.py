@@ -10,7 +10,8 @@ from django.db import DatabaseError, connection, transaction
 
 from ledger.models import AuditEvent
 from tests.factories import make_agent
-from tests.ledger.test_audit_chain import FLOATS
+# PostgreSQL's test, run here too: SQLite keeps a number's text, and the hash must hold there as well.
+from tests.ledger.test_audit_chain import test_an_untouched_event_with_a_float_verifies  # noqa: F401
 
 pytestmark = [
     # Not transaction=True: between such tests the database is emptied with DELETE, which
@@ -38,13 +39,3 @@ def test_events_can_be_sealed_once_and_never_changed_or_deleted():
     refused("UPDATE ledger_auditevent SET hash = 'x' WHERE id = %s", [event.pk])
     refused("DELETE FROM ledger_auditevent WHERE id = %s", [event.pk])
     assert AuditEvent.objects.get(pk=event.pk).reason == event.reason
-
-
-@pytest.mark.parametrize("value", FLOATS)
-def test_an_untouched_event_with_a_float_verifies(value):
-    agent, _ = make_agent("billing")
-    with transaction.atomic():
-        AuditEvent.objects.record(actor="system:runner", verb="step_done", obj=agent,
-                                  after={"step": "lookup_order", "result": {"amount": value}})
-    AuditEvent.objects.seal()
-    assert AuditEvent.objects.verify_chain() is None
