@@ -47,12 +47,19 @@ PROBLEM_TYPE = "https://surety.dev/problems/"
 DECISION = {
     # Something besides whitespace: the API stores a decision stripped, and a blank one names no decision.
     "type": "string", "minLength": 1, "maxLength": 255, "pattern": r"\S",
-    "description": "The id of the decision this call carries out. The operation key derives from it and the "
-                   "order (recipient, resource), never from the amount or text: calling again with the same "
-                   "decision (after a timeout, a restart) never doubles the effect, and other arguments for it are "
-                   "refused; a new decision is a new action. Surrounding whitespace is ignored, as the API "
-                   "ignores it.",
+    "description": "The id of the decision this call carries out. The operation key derives from it and what "
+                   "the effect is on (the order; the recipient and message type; the resource and customer), never "
+                   "from the amount or text: calling again with the same decision and the same of those (after a "
+                   "timeout, a restart) never doubles the effect, and other arguments for it are refused; a new "
+                   "decision is a new action. Surrounding whitespace is ignored, as the API ignores it.",
 }
+# Part of a message's key, and of the ledger's one message per recipient, type and decision, as
+# written: an identifier, so that a model that calls again writes it the same ("Refund
+# confirmation" and "refund_confirmation" were two keys, and two messages).
+MESSAGE_TYPE = {"type": "string", "minLength": 1, "maxLength": 100, "pattern": "^[a-z0-9_]+$",
+                "description": "What kind of message this is, as an identifier such as refund_confirmation "
+                               "(lower case, digits, underscores): part of the message's key, so write it the same "
+                               "on every call for this decision."}
 AMOUNT = {"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)?$",
           "description": 'A decimal string such as "25.00", never a number.'}
 CURRENCY = {"type": "string", "pattern": "^[A-Za-z]{3}$", "description": "An ISO 4217 code such as EUR."}
@@ -94,6 +101,9 @@ def _posted(post: Callable[..., Action], client: SuretyClient, args: dict[str, A
 
 def _started(client: SuretyClient, args: dict[str, Any]) -> Checkpoint:
     wait = args.pop("wait", WAIT["default"])
+    # The task's id keeps its parts as written (keys.refund_task_id); the tool ignores a decision's
+    # surrounding whitespace, as it says: " dec-9" and "dec-9" were two tasks.
+    args["decision_id"] = args["decision_id"].strip()
     task = client.start_refund_task(**args)
     if task.settled or not wait:
         return task
@@ -110,7 +120,7 @@ TOOLS = {tool.name: tool for tool in (
          "and whatsapp), once per recipient, message type and decision.",
          _schema(["recipient", "channel", "message_type", "body", "decision_id"], recipient=TEXT,
                  channel={"type": "string", "enum": ["email", "sms", "whatsapp"]},
-                 message_type={"type": "string", "minLength": 1, "maxLength": 100},
+                 message_type=MESSAGE_TYPE,
                  body={"type": "string", "minLength": 1, "maxLength": 10_000}, decision_id=DECISION,
                  customer=OPTIONAL_TEXT, wait=WAIT),
          partial(_posted, SuretyClient.send_message), {"target": "recipient"}),
@@ -374,7 +384,8 @@ def build_server(client: SuretyClient) -> Server[Any]:
 
 INSTRUCTIONS = (
     "Surety records each real-world action (refund, message, booking) once per decision before anything is "
-    "called. Pass the id of your decision as decision_id; calling again with the same decision is always safe. "
+    "called. Pass the id of your decision as decision_id; calling again with the same decision and the same "
+    "order, recipient and message type, or resource and customer is always safe. "
     "An action above its limit waits for a person: the answer gives the dashboard link, and wait_for_action "
     "waits for the decision (up to its seconds; call it again if nobody decided yet). A shadow action was "
     "recorded and never executed (the agent's grant is not live yet): do not retry or wait for it, tell the "

@@ -200,3 +200,36 @@ def test_a_booking_another_agent_holds_for_the_decision_is_not_to_be_made_again_
         "end": "2026-12-01T11:00:00Z", "decision_id": "dec-1"}).structured_content
     assert ("If its booking for this customer and decision is recorded by another agent, that booking stands: "
             "do not book it again") in answer["guidance"]
+
+
+def keys_posted():
+    """A client whose API answers 503 to everything, and the keys it was sent under."""
+    posted = []
+
+    def handler(request):
+        posted.append(request.headers.get("Idempotency-Key"))
+        return httpx.Response(503)
+
+    client = SuretyClient("http://surety.test", "tok", retries=0)
+    client._http = httpx.Client(base_url="http://surety.test/api/v1/", transport=httpx.MockTransport(handler))
+    return client, posted
+
+
+def test_a_message_type_is_an_identifier_so_a_model_calling_again_writes_the_same_key():
+    """It is part of the key and of the ledger's one message per recipient, type and decision:
+    "Refund confirmation" after "refund_confirmation" was a second key and a second message."""
+    client, posted = keys_posted()
+    base = {"recipient": "ada@example.com", "channel": "email", "body": "Your refund is on its way.",
+            "decision_id": "dec-9", "wait": 0}
+    mcp_server.call(client, "send_message", {**base, "message_type": "refund_confirmation"})
+    refused = mcp_server.call(client, "send_message", {**base, "message_type": "Refund confirmation"})
+    assert posted == ["send_message:ada@example.com:refund_confirmation:dec-9"]
+    assert refused.is_error and "message_type" in refused.structured_content["errors"]
+
+
+def test_a_refund_tasks_decision_is_taken_without_its_surrounding_whitespace_as_the_tool_says():
+    client, posted = keys_posted()
+    base = {"order": "ORD-1", "amount": "25.00", "currency": "EUR", "customer": "CUST-1", "wait": 0}
+    mcp_server.call(client, "start_refund_task", {**base, "decision_id": "dec-9"})
+    mcp_server.call(client, "start_refund_task", {**base, "decision_id": " dec-9 "})
+    assert posted == ["task:refund:ORD-1:dec-9"] * 2
