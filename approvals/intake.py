@@ -7,7 +7,7 @@ This module is the ledger's policy (`ledger.hooks.set_policy`, in ApprovalsConfi
 from decimal import Decimal
 
 from django.conf import settings
-from django.db.models import Subquery, Sum
+from django.db.models import Q, Subquery, Sum
 from django.utils import timezone
 
 from ledger.compiled import Compiled, register_cache
@@ -106,19 +106,22 @@ def verdict_for_request(*, action_type, amount, currency, customer, recorded=Non
     return verdict_for(limit, amount, total_today)
 
 
-# What a customer's daily total leaves out (the what-if's window sums leave out the same).
-NOT_IN_DAILY_TOTAL = [ActionStatus.REJECTED, ActionStatus.CANCELLED, ActionStatus.FAILED, ActionStatus.SHADOW,
-                      ActionStatus.EXPIRED, ActionStatus.SUPERSEDED]
+# What a customer's daily total counts (the what-if's window sums count the same): every action
+# but those that will not move money: rejected, cancelled, failed for good, expired, only shadow,
+# or superseded by a version (which counts instead). A failure that may be retried counts: its
+# retry runs on the verdict it was recorded under (ledger.actions.action_retry), and left out, a
+# refund asked for the customer meanwhile passed the total, then both ran.
+IN_DAILY_TOTAL = ~Q(status__in=[ActionStatus.REJECTED, ActionStatus.CANCELLED, ActionStatus.FAILED,
+                                ActionStatus.SHADOW, ActionStatus.EXPIRED, ActionStatus.SUPERSEDED]) | Q(
+    status=ActionStatus.FAILED, error__retryable=True)
 
 
 def customer_total_today(action_type, currency, customer, excluding=None):
-    """The customer's total today for an action type and currency, as the limits count it:
-    what is not rejected, cancelled, failed, expired, only shadow, or superseded by a version
-    (which counts instead); without the action `excluding`."""
+    """The customer's total today for an action type and currency, as the limits count it
+    (`IN_DAILY_TOTAL`); without the action `excluding`."""
     start_of_day = timezone.now().replace(hour=0, minute=0, second=0, microsecond=0)
     today = Action.objects.filter(
-        action_type=action_type, currency=currency, customer=customer, created_at__gte=start_of_day
-    ).exclude(status__in=NOT_IN_DAILY_TOTAL)
+        IN_DAILY_TOTAL, action_type=action_type, currency=currency, customer=customer, created_at__gte=start_of_day)
     if excluding is not None:
         today = today.exclude(pk=excluding.pk)
     return today.aggregate(total=Sum("amount"))["total"] or Decimal(0)

@@ -6,8 +6,8 @@ limit and under the proposed one, and counts them in one statement:
 
 1. the customer's total that day before the action, as `approvals.intake.customer_total_today`
    counts it when the action is requested: a window sum over the same customer's earlier
-   actions of the same UTC day (ties in time broken by id), leaving out what it leaves out
-   (`NOT_IN_DAILY_TOTAL`); 0 for an action without a customer. Only summed when one of
+   actions of the same UTC day (ties in time broken by id), counting what it counts
+   (`IN_DAILY_TOTAL`); 0 for an action without a customer. Only summed when one of
    the two limits has a daily customer total (the one costly part: a sort of the window);
 2. the verdict, asked in verdict_for's order: above the two-approver threshold, above the
    maximum, above the daily customer total, else it runs. Where the type has limits but the
@@ -44,7 +44,7 @@ from django.utils import timezone
 
 from ledger.models import Action, ActionStatus
 
-from .intake import NOT_IN_DAILY_TOTAL, rule_for
+from .intake import IN_DAILY_TOTAL, rule_for
 from .models import ActionSummary, ReviewItem, ReviewKind, SummaryDay
 from .policies import Uncovered, money, verdict_for
 
@@ -137,7 +137,7 @@ def _kind(limit, amount, total_before):
 def daily_total_before(*by):
     """The customer's total that day before the action: see the module's docstring, step 1
     (`by`: more fields the totals are apart by, for a query over several types and currencies)."""
-    counted = Case(When(~Q(status__in=NOT_IN_DAILY_TOTAL), then=F("amount")), output_field=DecimalField())
+    counted = Case(When(IN_DAILY_TOTAL, then=F("amount")), output_field=DecimalField())
     earlier = Window(Sum(counted), partition_by=[*map(F, by), F("customer"), TruncDate("created_at", tzinfo=UTC)],
                      order_by=[F("created_at").asc(), F("id").asc()], frame=RowRange(start=None, end=-1))
     return Case(When(customer="", then=Value(Decimal(0))), default=Coalesce(earlier, Value(Decimal(0))),

@@ -152,6 +152,22 @@ def settled(action, ref):
     return claimed.mark_succeeded(actor="system:executor", claim=claimed.fence, external_ref=ref)
 
 
+def test_a_failure_that_may_be_retried_counts_in_the_daily_total_and_one_failed_for_good_does_not(people):
+    """Its retry runs on the verdict it was recorded under: left out of the total meanwhile, a
+    refund asked for the customer after it passed the total, and both ran."""
+    _, agent = people
+    for customer, retryable in (("CUST-F", True), ("CUST-G", False)):
+        for i in range(3):
+            settled(refund(agent, f"{customer}-{i}", "450.00", f"ORD-{customer}-{i}", customer=customer), f"re_{i}")
+        failed = refund(agent, f"{customer}-3", "450.00", f"ORD-{customer}-3", customer=customer).claim(owner="t")
+        failed.mark_failed(actor="system:executor", claim=failed.fence, code="x", message="x", retryable=retryable)
+    # 1,350.00 settled, 450.00 that may still be refunded, and 450.00 more: 2,250.00, above 2,000.00.
+    waits = refund(agent, "CUST-F-4", "450.00", "ORD-CUST-F-4", customer="CUST-F")
+    assert waits.status == "awaiting_approval"
+    assert ReviewItem.objects.get(action=waits).why == "the customer's total today would be 2250.00 EUR, above 2000.00"
+    assert refund(agent, "CUST-G-4", "450.00", "ORD-CUST-G-4", customer="CUST-G").status == "queued"
+
+
 def test_a_released_refund_counts_its_own_amount_once_in_the_daily_total(people):
     users, agent = people
     for i in (2, 3):

@@ -11,7 +11,7 @@ from decimal import Decimal
 import pytest
 from django.utils import timezone
 
-from approvals.intake import NOT_IN_DAILY_TOTAL, customer_total_today, rule_for
+from approvals.intake import customer_total_today, rule_for
 from approvals.models import Limit
 from approvals.policies import verdict_for
 from approvals.whatif import ABOVE_MAX, DAILY_TOTAL, REFUSED, RUNS, TWO_APPROVERS, UNCOVERED, WAITS, Proposal, \
@@ -77,7 +77,8 @@ def data_set(now):
             action_type, currency = rng.choice([("refund", "USD"), ("create_booking", "")])
         amount = rng.choice(AMOUNTS)
         row = new_action(agent, status, key=f"refund:ORD-{i}:dec", target=f"ORD-{i}", amount=amount,
-                         created_at=at, customer=rng.choice(customers), action_type=action_type, currency=currency)
+                         created_at=at, customer=rng.choice(customers), action_type=action_type, currency=currency,
+                         retryable=rng.random() < 0.5)  # a failure that may be retried counts, one for good not
         if not currency:
             row.amount = None  # a booking has no amount
         rows.append(row)
@@ -91,13 +92,21 @@ def save(rows):
     return list(Action.objects.order_by("created_at", "id"))
 
 
+def counted(action):
+    """Whether the action counts in its customer's daily total: it may still move money."""
+    if action.status == ActionStatus.FAILED:
+        return action.error.get("retryable") is True
+    return action.status not in (ActionStatus.REJECTED, ActionStatus.CANCELLED, ActionStatus.SHADOW,
+                                 ActionStatus.EXPIRED, ActionStatus.SUPERSEDED)
+
+
 def totals_before(rows):
     """{pk: the customer's total that day before it}: customer_total_today's rule, in Python."""
     totals = {}
     for row in rows:
         same_day = [o for o in rows if o.customer == row.customer and o.customer and o.action_type == row.action_type
                     and o.currency == row.currency and o.created_at.date() == row.created_at.date()
-                    and (o.created_at, o.pk) < (row.created_at, row.pk) and o.status not in NOT_IN_DAILY_TOTAL]
+                    and (o.created_at, o.pk) < (row.created_at, row.pk) and counted(o)]
         totals[row.pk] = sum((o.amount for o in same_day if o.amount is not None), Decimal(0))
     return totals
 
