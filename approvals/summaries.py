@@ -8,7 +8,7 @@ with (`whatif.daily_total_before`), so both count alike. Nothing is added to a w
 and the workers never touch a summary, and no day row is a counter every writer would queue on.
 
 A day's summary stays true by the database (approvals.dbrules.SUMMARY_STALE): a change to an
-action of a past day (its status, amount or customer; an approval item opened for it; a row
+action of a past day (its status, error, amount or customer; an approval item opened for it; a row
 written or deleted there) marks that day stale, and the what-if reads its rows until the step
 summarises it again. The step writes the day's mark first, then reads: a change that commits
 after the read waits on the mark's row and marks it stale after it. A day is summarised only

@@ -149,6 +149,19 @@ def test_an_approval_item_opened_for_a_past_day_marks_it_stale(actions, now):
     assert SummaryDay.objects.get(day=day).stale
 
 
+def test_a_past_failure_given_up_marks_its_day_stale(actions, now):
+    """A failure that may be retried counts in its customer's total; given up, it no longer does,
+    with its status unchanged: the day's summary would count it still."""
+    day = closed_days(now)[0]
+    summarise(day)
+    action = Action.objects.filter(created_at__date=day).first()
+    Action.objects.filter(pk=action.pk).update(status=ActionStatus.FAILED,
+                                               error={"code": "x", "message": "x", "retryable": True})
+    summarise(day)
+    Action.objects.filter(pk=action.pk).update(error={"code": "x", "message": "x", "retryable": False})
+    assert SummaryDay.objects.get(day=day).stale
+
+
 def test_todays_writes_mark_nothing(actions, now):
     """Today is always read from its rows: its actions' changes mark no day (the hot path pays
     the trigger's comparison only)."""
