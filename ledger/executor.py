@@ -159,9 +159,8 @@ def action_run_claimed(action):
             verify_at=clock.now() + timedelta(seconds=settings.CONNECTOR_TIMEOUT),
             reason=f"the call failed unexpectedly ({type(exc).__name__})",
         )
-    return _settle(
-        action.mark_succeeded, actor=EXECUTOR, claim=claim, external_ref=effect.external_ref, result=effect.result
-    )
+    return _settle(action.mark_succeeded, actor=EXECUTOR, claim=claim,
+                   external_ref=_reference(action, effect.external_ref), result=effect.result)
 
 
 def action_verify(action):
@@ -186,8 +185,9 @@ def action_verify(action):
         over_limit = hooks.policy().needs_person_after_verification(action)
         if over_limit:
             return _settle(action.mark_needs_review, actor=EXECUTOR, claim=claim, evidence=evidence, reason=over_limit)
-        return _settle(action.mark_succeeded, actor=EXECUTOR, claim=claim, external_ref=lookup.external_ref,
-                       result=lookup.result, reason="verified at the provider", evidence=evidence)
+        return _settle(action.mark_succeeded, actor=EXECUTOR, claim=claim,
+                       external_ref=_reference(action, lookup.external_ref), result=lookup.result,
+                       reason="verified at the provider", evidence=evidence)
     if action.attempts >= settings.MAX_ATTEMPTS:
         # The last look at the provider is the evidence its dead-letter entry shows.
         return _settle(action.mark_failed, actor=EXECUTOR, claim=claim, code="attempts_exhausted",
@@ -254,8 +254,6 @@ def _settle(transition, **kwargs):
     # made storable first: an answer PostgreSQL refuses (a NUL) would fail the settle after the
     # effect, and every verification after it the same way, and the action would never settle.
     kwargs = {name: storable(value) for name, value in kwargs.items()}
-    if "external_ref" in kwargs:
-        kwargs["external_ref"] = str(kwargs["external_ref"])[:255]  # the column's size; a reference is far shorter
     try:
         return transition(**kwargs)
     except StaleClaim:
@@ -267,6 +265,13 @@ def _settle(transition, **kwargs):
         # this is StaleClaim's case in practice). Their outcome stands too; the drain must go on.
         logger.warning("late write refused, the action was settled meanwhile: %s", kwargs)
         return None
+
+
+def _reference(action, external_ref):
+    """The provider's reference for the effect, at most the column's size (a reference is far
+    shorter); where it named none (an empty id), the operation key, as a webhook's settle takes it:
+    a succeeded action has one (the database holds it), and the settle failed after the effect."""
+    return str(external_ref)[:255] or action.operation_key
 
 
 def _evidence(action, details):

@@ -152,3 +152,29 @@ def test_a_lane_that_meets_an_unexpected_error_in_one_run_goes_on_with_the_next(
     left = Action.objects.get(pk=broken.pk)
     assert left.status == "pending" and left.lease_expires_at > clock.now()  # the sweeper's, once it lapses
     assert "RuntimeError: a bug after the claim" in caplog.text
+
+
+class NoReference:
+    """A provider that carried the effect out and named no reference for it (an empty id)."""
+
+    def perform(self, action):
+        return Effect(external_ref="", result={"status": "done"})
+
+    def find_effect(self, action):
+        from ledger.connectors.base import Lookup
+
+        return Lookup(found=True, result={"status": "done"})
+
+
+@pytest.mark.parametrize("path", ["call", "verification"])
+def test_an_effect_the_provider_named_no_reference_for_succeeds_under_its_key(agent, monkeypatch, path):
+    """A succeeded action must have a reference (the database holds it): the settle failed on an
+    empty one after the effect, the action stayed pending, then unknown, and every verification
+    after it failed the same way. As a webhook's settle does, the operation key stands in."""
+    key = f"refund:ORD-U6-{path}:full:dec-1"
+    action = (unknown(agent, key, f"ORD-U6-{path}") if path == "verification"
+              else requested(agent, key, f"ORD-U6-{path}"))
+    monkeypatch.setattr(executor, "connector_for_action", lambda action: NoReference())
+    action_run_claimed(action_claim_next("tests:2", only=action.pk))
+    row = Action.objects.get(pk=action.pk)
+    assert (row.status, row.external_ref) == ("succeeded", key)
