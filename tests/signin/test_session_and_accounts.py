@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from approvals.models import Limit, ReviewItem, ReviewStatus
 from ledger.actions import action_request
+from ledger.models import AuditEvent
 from tests.factories import make_agent
 from tests.signin.conftest import PASSWORD, enrol_totp, sign_in, someone, totp
 
@@ -70,6 +71,9 @@ def test_a_session_ends_eight_hours_after_sign_in_however_often_it_stepped_up(cl
     monkeypatch.setattr(timezone, "now", lambda: real_now() + timedelta(hours=8, seconds=1))
     answer = client.get("/")
     assert answer.status_code == 302 and answer["Location"].startswith("/accounts/login/")
+    # Audited as the session's end, not as the person's signing out.
+    assert AuditEvent.objects.filter(verb="session_expired", actor="system:sign-in").count() == 1
+    assert not AuditEvent.objects.filter(verb="signed_out").exists()
 
 
 @pytest.mark.django_db
