@@ -233,6 +233,14 @@ def _drain_lane(kind, claim_next, run_claimed, give_back, deadline):
             # lease lapses, so the next claim is another's, never the same one again at once.
             logger.exception("drain of %s: the run of %s failed; going on with the next", kind, claimed)
         handled += 1
+    # A run cut short as the drain ended is given back now if the database answers: left, it
+    # would wait for its lease to lapse and the sweeper, and spend an attempt (dead-lettered on its last).
+    try:
+        while interrupted:
+            give_back(interrupted[-1])
+            interrupted.pop()
+    except UNREACHABLE:
+        logger.warning("drain of %s: %d interrupted run(s) left to their leases", kind, len(interrupted))
     return handled
 
 

@@ -6,6 +6,7 @@ A retryable failure is made real: the worker's SANDBOX_BASE_URL points at a port
 listens on, so `lookup_order` cannot connect (NotSent, retryable) on every attempt.
 """
 
+import time
 from datetime import datetime, timedelta
 
 import django_rq
@@ -152,13 +153,18 @@ def test_run_now_leaves_a_task_that_is_not_queued_alone(stack, client):
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("jobs_to_test_redis")
-def test_a_run_the_database_cut_short_is_given_back_without_spending_an_attempt(settings, monkeypatch):
+@pytest.mark.parametrize("past_the_drains_end", [False, True])
+def test_a_run_the_database_cut_short_is_given_back_without_spending_an_attempt(settings, monkeypatch,
+                                                                                past_the_drains_end):
     """The database drops the worker's connection mid-run (terminated for real, as a failover
     does) on the task's last attempt. The lane waits, and once the database answers gives the
     run back, its attempt with it: before, the task sat `running` until its lease lapsed, and
-    the sweeper dead-lettered it `worker_lost`. (The order look-up's answer is staged here: the
+    the sweeper dead-lettered it `worker_lost`. Also when the run ends past the drain's end (a
+    lane gave back only while its drain lasted). (The order look-up's answer is staged here: the
     provider is not what this is about.)"""
     settings.DRAIN_LANES = 1  # the lane runs in this thread, on this connection
+    if past_the_drains_end:
+        monkeypatch.setattr(jobs, "DRAIN_SECONDS", 1)
     agent = make_agent("billing", grants=("refund", "send_message"))[0]
     task, _ = task_request(agent=agent, task_id="refund-blip", workflow="refund", input=refund_input("ORD-B", "C-B"))
     Task.objects.filter(pk=task.pk).update(attempts=task.max_attempts - 1)
@@ -171,13 +177,18 @@ def test_a_run_the_database_cut_short_is_given_back_without_spending_an_attempt(
             cut.append(connection.connection.info.backend_pid)
             with psycopg.connect(_database_url(), autocommit=True) as other:
                 other.execute("SELECT pg_terminate_backend(%s)", cut)
+            if past_the_drains_end:
+                time.sleep(1.2)
         return {"order_id": "ORD-B", "customer": "C-B", "amount": "100.00"}
 
     monkeypatch.setattr(http, "call", provider_while_the_database_drops_us)
     drain_tasks()
 
     task.refresh_from_db()
-    assert cut and (task.state, task.attempts) == (TaskState.SUCCEEDED, task.max_attempts), task.last_error
+    if past_the_drains_end:  # given back as the lane ended, for the next drain
+        assert cut and (task.state, task.attempts) == (TaskState.QUEUED, task.max_attempts - 1), task.last_error
+    else:
+        assert cut and (task.state, task.attempts) == (TaskState.SUCCEEDED, task.max_attempts), task.last_error
     [given_back] = audit_events(task, "deferred")
     assert given_back.reason == "the database was unreachable during the run"
 
