@@ -9,9 +9,11 @@ class DlqConfig(AppConfig):
         from ledger import hooks
         from ledger.models import Action, Task
 
-        from .models import deadletter_open_when_failed_for_good, deadletter_open_when_task_gives_up
+        from .models import deadletter_open_when_failed_for_good, deadletter_open_when_task_gives_up, task_redrivable
 
         # Never silent: a task out of attempts or failed for good, and a standalone action that
         # failed for good, gets its entry and alert in the same transaction.
         hooks.on_move(Task, deadletter_open_when_task_gives_up)
         hooks.on_move(Action, deadletter_open_when_failed_for_good)
+        # A stopped task's action fails for good unless a person may still redrive the task.
+        hooks.set_redrivable(task_redrivable)

@@ -34,6 +34,12 @@ ENTRY_TRANSITIONS = {E.OPEN: {E.REDRIVEN, E.RESOLVED, E.DISCARDED}, E.REDRIVEN: 
 TASK_STATES_WITH_ENTRY = (TaskState.DEAD_LETTERED, TaskState.FAILED)
 
 
+def task_redrivable(task_id):
+    """Whether a stopped task may still be redriven by a person: dead-lettered, its entry open
+    (one resolved by hand stays dead-lettered, and nothing runs it again)."""
+    return DeadLetter.objects.filter(task_id=task_id, task__state=TaskState.DEAD_LETTERED, status=E.OPEN).exists()
+
+
 def deadletter_open_when_task_gives_up(task, previous, actor, reason):
     """After every move of a task: out of attempts, or failed for good, it gets its entry and
     alert at once."""

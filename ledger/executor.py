@@ -200,14 +200,17 @@ def _again(action, claim, *, reason, evidence):
     stopped, failed, retryable. A task's action is attempted only while its task runs: queued
     under a stopped task it would wait for ever (a task resolved by hand, discarded or ended), holding
     its order and customer; failed, it holds nothing, and the task's runner retries it if the task
-    runs again (a dead-lettered one redriven; one that ended never does: failed for good)."""
+    runs again (a dead-lettered one redriven; one that ended or was resolved by hand never does:
+    failed for good)."""
     stopped = action.task_id and Task.objects.filter(pk=action.task_id, state__in=TASK_STOPPED).values_list(
         "state", flat=True).first()
     if stopped:
-        # Only a dead-lettered task may run again (redriven); any other has ended, and the failure
-        # is for good: what the action held then goes on, as after any failure for good.
+        # Only a task a person may still redrive (dead-lettered, its entry open) runs again; for
+        # any other the failure is for good, and what the action held goes on, as after any
+        # failure for good. (Read without a lock: a redrive or give-up committing meanwhile
+        # leaves a failure retryable that will not be retried, held for a person, or the reverse.)
         return _settle(action.mark_failed, actor=EXECUTOR, claim=claim, code="task_not_running",
-                       retryable=stopped == TaskState.DEAD_LETTERED,
+                       retryable=hooks.redrivable(action.task_id),
                        message=f"{reason}; its task is {stopped}: nothing attempts it unless the task runs again",
                        evidence=evidence)
     return _settle(action.requeue, actor=EXECUTOR, claim=claim, reason=reason, not_before=backoff_until(action.attempts),

@@ -13,6 +13,9 @@ console.) Its entries, each kept in a plain list or slot:
 - the limits policy (`set_policy`, any object with NoLimits' three functions, such as a
   module): what the intake and the executor ask before running an action. Without one,
   nothing is over a limit.
+- whether a stopped task may run again (`set_redrivable`): the executor asks it of a task's
+  action it cannot attempt while the task is stopped (failed, to be retried if the task runs
+  again, or for good). Without one, no stopped task runs again.
 """
 
 from collections import defaultdict
@@ -70,6 +73,18 @@ def moved(obj, previous, actor, reason=""):
 
 def set_policy(policy):
     _policy[0] = policy
+
+
+_redrivable = [lambda task_id: False]
+
+
+def set_redrivable(predicate):
+    """`predicate(task_id)`: whether the stopped task may still be run again by a person."""
+    _redrivable[0] = predicate
+
+
+def redrivable(task_id):
+    return _redrivable[0](task_id)
 
 
 def policy():
