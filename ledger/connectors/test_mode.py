@@ -131,24 +131,27 @@ def connector_description(action_type):
 
 
 def _behaviour(cls):
-    """The source of the connector's module and of the project's modules it names (its base class,
-    the HTTP client, Stripe's units, the signing), and the version of each library it names (the
-    Stripe SDK): what it sends changes with any of them. The models' module apart, as a column added
-    is not a change in what a connector sends; and Django, which every module names for its
-    settings: each patch release would send every grant back to shadow, and what was queued under
-    them would be cancelled at its claim."""
+    """The source of the connector's own code (its module, and the modules of its package and of the
+    ledger it names: its base class, the HTTP client, Stripe's units, the signing), and the version
+    of each library it names (the Stripe SDK): what it sends changes with any of them. Left out: the
+    models' module, as a column added is not a change in what a connector sends; and Django, which
+    every connector names for its settings: each patch release would send every grant back to
+    shadow, and what was queued under them would be cancelled at its claim."""
     module = inspect.getmodule(cls)
+    own = {"ledger", module.__name__.partition(".")[0]}  # a team's connector's package is its own code
     named = {inspect.getmodule(value) for value in [*vars(module).values(), *cls.__mro__]} - {None}
     sources, libraries, installed = {}, {}, metadata.packages_distributions()
     for used in sorted(named | {module}, key=lambda m: m.__name__):
-        package = used.__name__.partition(".")[0]
-        if package not in ("ledger", "django"):  # the standard library's modules come from no distribution
-            libraries[package] = sorted(f"{name} {metadata.version(name)}" for name in installed.get(package, ()))
-        elif used.__name__ != "ledger.models":
+        name, package = used.__name__, used.__name__.partition(".")[0]
+        if name == "ledger.models" or package == "django":
+            continue
+        if package in own:
             try:
-                sources[used.__name__] = inspect.getsource(used)
+                sources[name] = inspect.getsource(used)
             except (OSError, TypeError):  # no source to read (a frozen build): the name stands in
-                sources[used.__name__] = ""
+                sources[name] = ""
+        else:  # the standard library's modules come from no distribution
+            libraries[package] = sorted(f"{dist} {metadata.version(dist)}" for dist in installed.get(package, ()))
     return {"sources": sources, "libraries": libraries}
 
 

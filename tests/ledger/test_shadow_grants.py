@@ -15,6 +15,7 @@ from approvals.models import Limit
 from console.sweeper import sweep_once
 from ledger.actions import action_request
 from ledger.agents import agent_rotate_token
+from ledger.connectors.base import Connector
 from ledger.connectors.test_mode import connector_version
 from ledger.executor import action_claim_next
 from ledger.grants import GrantRefused, agent_grant, agent_revoke, capability, grant_promote, grant_state
@@ -284,3 +285,24 @@ def test_an_upgrade_of_the_stripe_sdk_is_a_change_of_the_stripe_connector(monkey
     real = metadata.version
     monkeypatch.setattr(metadata, "version", lambda name: "99.0.0" if name == "stripe" else real(name))
     assert _behaviour(StripeConnector)["libraries"]["stripe"] == ["stripe 99.0.0"] != before["libraries"]["stripe"]
+
+
+class TeamsOwnConnector(Connector):
+    """A connector a team writes in its own package, as docs/connectors.md shows."""
+
+    name = "teams-own"
+
+
+@pytest.mark.parametrize(("module", "changes"), [(__name__, True), ("django.utils.timezone", False)])
+def test_a_teams_own_connector_is_its_code_and_django_is_left_out(module, changes, settings, monkeypatch):
+    """Outside the ledger, a connector's own module was taken for a library (its package's
+    distribution version), so a change to it left its grants live; and Django's modules were read
+    as the ledger's, so its patch releases would have sent every grant back to shadow."""
+    import inspect
+
+    settings.SURETY_CONNECTORS = {**settings.SURETY_CONNECTORS, "refund": {
+        "class": f"{__name__}.TeamsOwnConnector", "options": {}}}
+    before = connector_version("refund")
+    real = inspect.getsource
+    monkeypatch.setattr(inspect, "getsource", lambda obj: real(obj) + ("\n# changed" if obj.__name__ == module else ""))
+    assert (connector_version("refund") != before) is changes
