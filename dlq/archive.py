@@ -228,7 +228,9 @@ def collect(now, limit):
                    expired_tasks(now).values_list("id", flat=True)[:limit])
     alone = list(expired_actions(now).only("id", "supersedes_id")[:limit])
     ids = _with_originals(alone + _among(Action.objects.only("id", "supersedes_id"), "task", tasks), now)
-    actions = _among(Action.objects.select_for_update().order_by("id"), "pk", sorted(ids))
+    # Once each: an edit-down's original comes as its version's and as its task's, and two chunks
+    # would take it twice (one statement folded the two away).
+    actions = _among(Action.objects.select_for_update().order_by("id"), "pk", sorted(set(ids)))
     entries = (_among(DeadLetter.objects.select_for_update(), "action", actions)
                + _among(DeadLetter.objects.select_for_update(), "task", tasks)
                + _closed_task_entries(now, limit, tasks))

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from dlq import archive as archiving
 from dlq.models import Alert, AlertDelivery
-from ledger.models import ArchivedTask, Task, TaskStep
+from ledger.models import Action, ArchivedKey, ArchivedTask, Task, TaskStep
 from tests.dlq.test_archive_tasks_and_versions import LATER, finished_task, immediate, run_archive
 from tests.factories import failed_task_entry, make_action, make_agent
 
@@ -99,3 +99,18 @@ def test_an_alert_a_run_takes_gets_no_delivery_behind_its_back(tmp_path, agent, 
     assert counts["dlq.alert"] == 1
     assert recorded == [False]  # it waited for the run
     assert not AlertDelivery.objects.exists()
+
+
+@pytest.mark.parametrize("chunk", [1, 5000])
+def test_an_edited_down_tasks_actions_are_taken_once_whatever_the_chunks(tmp_path, monkeypatch, agent, chunk):
+    """The original of a task's edit-down comes both as its version's and as a task's action: one
+    statement folded the two away, but split across two chunks it was taken twice, and its archived
+    key then broke the unique rule on every run."""
+    monkeypatch.setattr(archiving, "CHUNK", chunk)
+    task = finished_task(agent, "t-ed", action_status="superseded")
+    original = Action.objects.get(task=task)
+    make_action(agent, "succeeded", key="t-ed:call_refund_api:v1~v2", target="ORD-t-ed", task=task,
+                supersedes=original)
+    immediate()
+    _, counts = run_archive(tmp_path)
+    assert counts["ledger.action"] == 2 == ArchivedKey.objects.count(), counts
