@@ -1,7 +1,10 @@
-"""The admin site, where people, their roles and their second factors are kept: every change made
-there asks for a fresh second factor, as a money decision does (console.stepup). Without it, a
-session taken without its person's factor could remove that factor there, enrol one of its own,
-step up with it and decide; or make itself a superuser, while naming a delegate asks for a factor."""
+"""The admin site, where people, their roles and their second factors are kept: every page of it
+asks for a fresh second factor, as a money decision does (console.stepup). Without it, a session
+taken without its person's factor could remove that factor there, enrol one of its own, step up
+with it and decide; or make itself a superuser, while naming a delegate asks for a factor. Its
+pages too, not only its changes: a change asked without a fresh factor is not replayed from the
+factor page (the admin answers many with a page, a confirmation or a form with errors, whose form
+would then post to the factor page), the person is sent back to its page instead."""
 
 from django.contrib import admin
 
@@ -11,5 +14,5 @@ from .stepup import step_up_required
 class AdminSite(admin.AdminSite):
     def admin_view(self, view, cacheable=False):
         if view != self.logout:  # signing out asks for nothing
-            view = step_up_required(view)
+            view = step_up_required(view, every_request=True)
         return super().admin_view(view, cacheable)

@@ -13,10 +13,12 @@ import copy
 import time
 from datetime import UTC, datetime
 from functools import wraps
+from urllib.parse import urlencode
 
 from allauth.account.adapter import get_adapter
 from allauth.account.authentication import get_authentication_records
 from allauth.account.internal.flows.reauthentication import suspend_request
+from django.contrib.auth import REDIRECT_FIELD_NAME
 from django.conf import settings
 from django.contrib import messages
 from django.urls import reverse
@@ -35,13 +37,16 @@ def fresh_factor(request):
     return {"method": given[-1]["type"], "at": datetime.fromtimestamp(given[-1]["at"], UTC).isoformat()}
 
 
-def ask_for_factor(request):
-    """Stash the request and send the person to give their second factor (or to enrol one)."""
+def ask_for_factor(request, *, replay=True):
+    """Stash the request and send the person to give their second factor (or to enrol one);
+    without `replay`, send them back to the page once it is given, nothing stashed."""
     # A passkey first where the person has one: one touch, and nothing to phish.
     asks = sorted(get_adapter().get_reauthentication_methods(request.user), key=lambda m: not m["id"].endswith("webauthn"))
     if not asks:
         messages.warning(request, "A money decision needs a second factor: add one, then decide again.")
         return redirect(request, reverse("mfa_index"))
+    if not replay:
+        return redirect(request, f"{asks[0]['url']}?{urlencode({REDIRECT_FIELD_NAME: request.path})}")
     # The request replayed after the factor is a whole page's (the page left for the factor's):
     # stashed without htmx's headers, the view answers it with a whole page.
     stashed = copy.copy(request)
@@ -49,16 +54,19 @@ def ask_for_factor(request):
     return redirect(request, suspend_request(stashed, asks[0]["url"]).url)
 
 
-def step_up_required(view):
-    """Checks a view's POSTs (its GETs only show) for a fresh second factor; see the module."""
+def step_up_required(view, *, every_request=False):
+    """Checks a view's POSTs (its GETs only show) for a fresh second factor; see the module.
+    `every_request`: its GETs too, and a POST without one is not replayed once the factor is given
+    but sent back to its page (the admin's: it answers a POST with a page whose form posts to its
+    own address, which, replayed from the factor page, would be the factor page's)."""
 
     @wraps(view)
     def checked(request, *args, **kwargs):
-        if not settings.STEP_UP_SECONDS or request.method != "POST":
+        if not settings.STEP_UP_SECONDS or (request.method != "POST" and not every_request):
             return view(request, *args, **kwargs)
         factor = fresh_factor(request)
         if factor is None:
-            return ask_for_factor(request)
+            return ask_for_factor(request, replay=not every_request)
         token = current_step_up.set(factor)
         try:
             return view(request, *args, **kwargs)

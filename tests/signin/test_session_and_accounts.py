@@ -1,13 +1,16 @@
 """What a session alone cannot do: outlive its sign-in, change who it signs in as, or swap its
 person's second factor through the admin site and then decide."""
 
+import time
 from datetime import timedelta
 from decimal import Decimal
 
 import pytest
 from allauth.mfa.models import Authenticator
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
 from django.core.management import call_command
+from django.test import override_settings
 from django.utils import timezone
 
 from approvals.models import Limit, ReviewItem, ReviewStatus
@@ -46,6 +49,7 @@ def test_a_session_without_its_factor_cannot_swap_it_through_the_admin_and_decid
     deleted = client.post(f"/admin/mfa/authenticator/{own.pk}/delete/", {"post": "yes"})
     assert deleted.status_code == 302 and deleted["Location"].startswith(REAUTHENTICATE)
     assert Authenticator.objects.filter(pk=own.pk).exists()
+    assert client.get("/admin/")["Location"].startswith(REAUTHENTICATE)  # its pages too
     decide = {"decision": "approve", "reason": "x", "fingerprint": action.params_fingerprint()}
     assert client.post(f"/review/{item.pk}/decide", decide)["Location"].startswith(REAUTHENTICATE)
     item.refresh_from_db()
@@ -86,3 +90,26 @@ def test_a_person_cannot_change_the_address_they_sign_in_as(client):
     client.post("/accounts/email/", {"email": "ada@company.example", "action_add": ""})
     client.post("/accounts/email/", {"email": "ada@company.example", "action_primary": ""})
     assert get_user_model().objects.get(username="aldo").email == "aldo@surety.example"
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("step_up")
+def test_an_admin_change_asked_without_a_fresh_factor_goes_back_to_its_page_once_it_is_given(client):
+    """Replayed from the factor page, an admin change answered with a page (here "delete selected"'s
+    confirmation) was served at the factor page's address, and its form posted there: the change
+    was never made. Now the person is sent back to the page, and the change goes through."""
+    get_user_model().objects.create_superuser("root", "root@surety.example", PASSWORD)
+    sign_in(client, "root")
+    secret = enrol_totp(client)
+    group = Group.objects.create(name="scratch")
+    chosen = {"action": "delete_selected", "_selected_action": [group.pk]}
+    with override_settings(STEP_UP_SECONDS=0.001):  # the factor given at enrolment has gone stale
+        time.sleep(0.01)
+        asked = client.post("/admin/auth/group/", chosen)
+    assert asked["Location"] == f"{REAUTHENTICATE}?next=%2Fadmin%2Fauth%2Fgroup%2F"
+    back = client.post(asked["Location"], {"code": totp(secret, 1)})
+    assert back.status_code == 302 and back["Location"] == "/admin/auth/group/"
+    confirm = client.post("/admin/auth/group/", chosen)
+    assert confirm.status_code == 200 and "Are you sure" in confirm.content.decode()
+    client.post("/admin/auth/group/", {**chosen, "post": "yes"})
+    assert not Group.objects.filter(pk=group.pk).exists()
