@@ -340,12 +340,14 @@ class ActionSchema(OpenApiSerializerExtension):
         return schema
 
 
-class RefundParamsSchema(OpenApiSerializerExtension):
-    """A refund's amount may have no more decimals than its currency's minor units: one
-    schema per number of minor digits. The currencies are a pattern, not an enum: an enum
-    would become a component per group, all named after the same field."""
+class PayableAmountSchema(OpenApiSerializerExtension):
+    """A refund's amount may have no more decimals than its currency's minor units, a refund
+    action's params and a refund task's input alike: one schema per number of minor digits. The
+    currencies are a pattern, not an enum: an enum would become a component per group, all named
+    after the same field."""
 
-    target_class = "ledger.validation.RefundParams"
+    target_class = "ledger.validation.PayableAmount"
+    match_subclasses = True
     priority = 1  # before StrictSerializerSchema, which it builds on
 
     def map_serializer(self, auto_schema, direction):
@@ -363,7 +365,7 @@ class RefundParamsSchema(OpenApiSerializerExtension):
 class MessageRequestSchema(OpenApiSerializerExtension):
     """A message's recipient (`target`) is an e-mail address for the email channel and an
     E.164 phone number for the others: one schema per kind of recipient. The channels are
-    patterns, not enums, for the reason RefundParamsSchema gives."""
+    patterns, not enums, for the reason PayableAmountSchema gives."""
 
     target_class = ACTION_REQUESTS[ActionType.SEND_MESSAGE]
     priority = 1  # before StrictSerializerSchema, which it builds on

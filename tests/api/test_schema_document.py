@@ -89,3 +89,17 @@ def test_a_text_the_document_calls_not_blank_is_one_the_api_does_not_trim_to_bla
                 field.run_validation(text)
     for kept in ("a", "\ufeff", " x "):
         assert re.search(NOT_BLANK["pattern"], kept) and field.run_validation(kept)
+
+
+@pytest.mark.parametrize("component", ["RefundParams", "RefundInput"])
+def test_a_refunds_amount_has_no_more_decimals_than_its_currency_for_an_action_and_a_task(document, component):
+    """A refund action's params were split by the currency's minor digits, a refund task's input
+    not: the document took 25.005 EUR and 1.5 JPY as a task's, which the API refuses."""
+    groups = document["components"]["schemas"][component]["oneOf"]
+
+    def admitted(amount, currency):
+        return [g for g in groups if re.search(g["properties"]["amount"]["pattern"], amount)
+                and re.search(g["properties"]["currency"]["pattern"], currency)]
+
+    assert not admitted("25.005", "EUR") and not admitted("1.5", "JPY")
+    assert len(admitted("25.00", "EUR")) == 1 and len(admitted("1500", "JPY")) == 1
