@@ -28,6 +28,8 @@ def registered():
             for model, reactions in hooks._reactions.items() if reactions]
     policy = hooks.policy()
     rows.append(("`set_policy(policy)`", cell([(policy, getattr(policy, "__name__", type(policy).__name__))])))
+    redrivable = hooks._redrivable[0]
+    rows.append(("`set_redrivable(predicate)`", cell([(redrivable, redrivable.__name__)])))
     return rows
 
 
