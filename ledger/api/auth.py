@@ -26,7 +26,8 @@ class AgentTokenAuthentication(authentication.BaseAuthentication):
         header = authentication.get_authorization_header(request).split()
         if not header:
             return None
-        if header[0].decode("latin-1") != self.keyword or len(header) != 2:
+        # An authentication scheme's name is case-insensitive (RFC 9110): "bearer" is "Bearer".
+        if header[0].decode("latin-1").lower() != self.keyword.lower() or len(header) != 2:
             raise exceptions.AuthenticationFailed("Use 'Authorization: Bearer <token>'.")
         agent = Agent.objects.for_token(header[1].decode("latin-1"), operation_key=self._key(request))
         if agent is None:

@@ -82,6 +82,8 @@ def wait_seconds(request):
     if raw is None:
         return 0
     try:
+        if "_" in raw:  # Python's float() reads "1_0" as 10; no number is written so
+            raise ValueError(raw)
         value = float(raw)
     except ValueError:
         raise Problem(400, "invalid", "Invalid request", "wait must be a number of seconds.",

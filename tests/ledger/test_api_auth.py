@@ -55,6 +55,14 @@ def test_it_refuses_a_token_in_another_scheme(client, actors):
     assert_problem(response, 401, "unauthenticated")
 
 
+@pytest.mark.parametrize("scheme", ["bearer", "BEARER"])
+def test_it_takes_the_schemes_name_in_any_case(client, actors, scheme):
+    """An authentication scheme's name is case-insensitive (RFC 9110): "bearer" was refused 401."""
+    response = post_action_in_process(client, KEY, refund_body(),
+                                      headers={"Authorization": f"{scheme} {actors.billing_token}"})
+    assert response.status_code == 201, response.content
+
+
 def test_it_refuses_the_token_of_a_deactivated_agent(client, actors):
     actors.billing.is_active = False
     actors.billing.save(update_fields=["is_active"])

@@ -18,7 +18,7 @@ from dlq.models import DeadLetter
 from ledger.actions import action_request
 from ledger.models import Agent, AuditEvent, Task, WebhookEvent
 from sandbox.webhooks import sign_webhook
-from tests.factories import dead_letter, make_agent, make_agent_on, post_action_in_process
+from tests.factories import dead_letter, make_action, make_agent, make_agent_on, post_action_in_process
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("jobs_to_test_redis")]
 
@@ -253,6 +253,14 @@ def test_api_wait_refuses_non_numbers(agent_client, path, wait):
     response = agent_client.get(path, {"wait": wait})
     assert response.status_code in (400, 404), response.status_code
     assert time.monotonic() - started < 2
+
+
+@pytest.mark.parametrize("wait", ["1_0", "abc", "nan", "31"])
+def test_api_wait_refuses_non_numbers_on_an_action_that_exists(client, db, wait):
+    """On a key nobody recorded, a 404 hid whether `wait` was read: Python's float() reads "1_0" as 10."""
+    make_action(make_agent_on(client), "queued", key="k1")
+    response = client.get("/api/v1/actions/k1", {"wait": wait})
+    assert response.status_code == 400 and response.json()["errors"] == {"wait": ["A number of seconds, 0 to 30."]}
 
 
 @pytest.mark.parametrize("body", [
