@@ -266,8 +266,8 @@ def action_guidance(action: Action, waited: float | None = None) -> tuple[str, d
         "succeeded": f"Done: {action.action_type} succeeded (provider reference {action.external_ref}).",
         "awaiting_approval": f"Awaiting approval: above the limit, a person must approve this {action.action_type} "
                              f"before it runs. Nothing happens until someone decides. {wait_hint}",
-        "held": "Held: another action on the same target or customer is in flight; a person must release or "
-                f"reject this one. {wait_hint}",
+        "held": "Held: another action on the same target or customer is in flight; this one goes on when that "
+                f"one settles, or when a person releases or rejects it. {wait_hint}",
         "needs_review": "Needs review: the outcome could not be proven (or it is above the limit); a person "
                         f"decides. {wait_hint}",
         "failed": f"Failed: {(action.error or {}).get('code')}: {(action.error or {}).get('message')} "
