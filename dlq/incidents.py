@@ -61,6 +61,32 @@ class IncidentManager(models.Manager):
         return incident
 
 
+    def add_effects(self, finding, refs, *, actor):
+        """Effects `refs` of `finding` made while the open incident about it waits for a person (a
+        third refund of one order beside its double): named on the incident, with their evidence,
+        audited and alerted, as its reader resolves it from what it names. How many were added (0
+        if it was resolved meanwhile: a later run then opens one of its own)."""
+        Alert = apps.get_model("dlq", "Alert")
+        with transaction.atomic():
+            incident = self.select_for_update().filter(connector=finding.connector, kind=finding.kind,
+                                                       subject=finding.subject, status=IncidentStatus.OPEN).first()
+            new = [] if incident is None else [effect for effect in finding.effects if effect["external_ref"] in refs
+                                               and effect["external_ref"] not in incident.external_refs]
+            if not new:
+                return 0
+            before = {"external_refs": incident.external_refs}
+            incident.external_refs = [*incident.external_refs, *(effect["external_ref"] for effect in new)]
+            incident.evidence = {**incident.evidence, "effects": [*incident.evidence.get("effects", []), *new]}
+            incident.save(update_fields=["external_refs", "evidence"])
+            AuditEvent.objects.record(actor=actor, verb="incident_effects_added", obj=incident, before=before,
+                                      after={"external_refs": incident.external_refs}, reason=finding.summary)
+            Alert.objects.raise_for(incident=incident, kind=Alert.Kind.INCIDENT, link=incident.get_absolute_url(),
+                                    subject=f"Reconciliation: {finding.summary} (more on incident #{incident.pk})",
+                                    body=f"{incident.get_kind_display()} at {incident.connector}: "
+                                         f"{', '.join(effect['external_ref'] for effect in new)} made since it opened.")
+        return len(new)
+
+
 class Incident(StateMachine):
     TRANSITIONS = INCIDENT_TRANSITIONS
     AUDITED = ()

@@ -201,12 +201,13 @@ def _connectors():
 
 
 def _open(findings):
-    """Step 4: an incident per finding that has none (one query finds those that do). A finding
-    has one while an incident of its kind about its subject is open, or when the incidents about
-    it, resolved, named every effect it names: a window read again opens nothing, but an effect
-    made since an incident was resolved (a third refund of one order) opens an incident of its own."""
+    """Step 4: an incident per finding that has none (one query finds those that do); (opened,
+    effects added). A finding has one while an incident of its kind about its subject is open, or
+    when the incidents about it, resolved, named every effect it names: a window read again opens
+    nothing. An effect none of them named (a third refund of one order) is added to the open one,
+    or opens an incident of its own once they are all resolved."""
     if not findings:
-        return 0
+        return 0, 0
     named, still_open = {}, set()
     for connector, kind, subject, status, refs in Incident.objects.filter(
             subject__in={f.subject for f in findings}).values_list("connector", "kind", "subject", "status",
@@ -214,7 +215,7 @@ def _open(findings):
         named.setdefault((connector, kind, subject), set()).update(refs)
         if status == IncidentStatus.OPEN:
             still_open.add((connector, kind, subject))
-    opened = 0
+    opened = added = 0
     for finding in findings:
         about = (finding.connector, finding.kind, finding.subject)
         found = set(finding.external_refs)
@@ -222,9 +223,12 @@ def _open(findings):
             # The ledger's own effect is among a double's records when the window reaches back to it:
             # no finding of its own, whether an earlier, narrower window named it or not.
             found.discard(finding.ledger["external_ref"])
-        if about not in still_open and not found <= named.get(about, set()):
+        new = found - named.get(about, set())
+        if new and about in still_open:
+            added += Incident.objects.add_effects(finding, new, actor=ACTOR)
+        elif new:
             opened += Incident.objects.open_for(finding, actor=ACTOR) is not None
-    return opened
+    return opened, added
 
 
 def reconcile(window):
@@ -252,7 +256,8 @@ def reconcile(window):
             logger.exception("reconciliation of %s failed unexpectedly", name)
             report[name] = {"failed": f"its listing could not be read ({type(exc).__name__}: {exc})"}
             continue
-        report[name] = {"records": read, "findings": len(findings), "opened": _open(findings)}
+        opened, added = _open(findings)
+        report[name] = {"records": read, "findings": len(findings), "opened": opened, "added": added}
     return report
 
 

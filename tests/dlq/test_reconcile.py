@@ -21,7 +21,7 @@ from ledger.executor import action_claim_next
 from ledger.models import Action, AuditEvent
 from sandbox.models import SandboxRefund
 from tests.conftest import answering, thread_server, wait_until
-from tests.factories import api_client, make_action, make_agent, person, post_action, refund_body
+from tests.factories import api_client, audit_events, make_action, make_agent, person, post_action, refund_body
 
 K = IncidentKind
 
@@ -75,7 +75,7 @@ def refunded(stack):
 
 def test_it_opens_one_incident_and_one_alert_per_planted_finding_and_nothing_on_a_second_run(stack, refunded):
     double_key, mismatch_key, clean_key = refunded
-    assert reconcile(last_hour())["sandbox"] == {"records": 3, "findings": 0, "opened": 0}
+    assert reconcile(last_hour())["sandbox"] == {"records": 3, "findings": 0, "opened": 0, "added": 0}
 
     # Planted at the provider, behind the ledger's back.
     second = SandboxRefund.objects.create(order_id="ORD-1", amount=Decimal("25.00"), currency="EUR",
@@ -85,7 +85,7 @@ def test_it_opens_one_incident_and_one_alert_per_planted_finding_and_nothing_on_
     SandboxRefund.objects.filter(operation_key=mismatch_key).update(amount=Decimal("250.00"))
 
     report = reconcile(last_hour())
-    assert report["sandbox"] == {"records": 5, "findings": 3, "opened": 3}
+    assert report["sandbox"] == {"records": 5, "findings": 3, "opened": 3, "added": 0}
     double = Incident.objects.get(kind=K.DOUBLE_EFFECT)
     assert double.operation_key == double_key and double.connector == "sandbox" and double.action_type == "refund"
     assert sorted(double.external_refs) == sorted([refunded[double_key].external_ref, second.refund_id])
@@ -107,7 +107,7 @@ def test_it_opens_one_incident_and_one_alert_per_planted_finding_and_nothing_on_
     wait_until(lambda: not Alert.objects.filter(delivered_at__isnull=True).exists(), message="alerts delivered")
     assert all(alert.deliveries.filter(ok=True).exists() for alert in Alert.objects.all())
 
-    assert reconcile(last_hour())["sandbox"] == {"records": 5, "findings": 3, "opened": 0}
+    assert reconcile(last_hour())["sandbox"] == {"records": 5, "findings": 3, "opened": 0, "added": 0}
     assert Incident.objects.count() == 3 and Alert.objects.count() == 3
 
 
@@ -127,7 +127,7 @@ def test_an_effect_under_the_key_of_an_action_the_ledger_says_never_ran_is_a_den
         SandboxRefund.objects.create(order_id=f"ORD-{status}", amount=Decimal("25.00"), currency="EUR",
                                      operation_key=key)
 
-    assert reconcile(last_hour())["sandbox"] == {"records": 3, "findings": 2, "opened": 2}
+    assert reconcile(last_hour())["sandbox"] == {"records": 3, "findings": 2, "opened": 2, "added": 0}
     found = {i.operation_key: i for i in Incident.objects.all()}
     assert found.keys() == {keys["failed"], keys["cancelled"]}
     assert {i.kind for i in found.values()} == {K.DENIED_EFFECT}
@@ -146,7 +146,7 @@ def test_a_second_effect_outside_the_window_is_still_a_double(stack, refunded):
     later = SandboxRefund.objects.create(order_id="ORD-1", amount=Decimal("25.00"), currency="EUR", operation_key=key,
                                          created_at=timezone.now() + timedelta(days=2))
     window = Window(timezone.now() + timedelta(days=1), timezone.now() + timedelta(days=3))
-    assert reconcile(window)["sandbox"] == {"records": 1, "findings": 1, "opened": 1}
+    assert reconcile(window)["sandbox"] == {"records": 1, "findings": 1, "opened": 1, "added": 0}
     double = Incident.objects.get()
     assert double.kind == K.DOUBLE_EFFECT and double.external_refs == [later.refund_id]
     assert double.evidence["ledger"]["external_ref"] == refunded[key].external_ref
@@ -182,7 +182,7 @@ def test_the_schedule_starts_one_run_per_slot_from_where_the_last_complete_one_e
     wait_until(lambda: ReconciliationRun.objects.filter(pk=first.pk, finished_at__isnull=False).exists(),
                message="the run's job to finish")
     first.refresh_from_db()
-    assert first.complete and first.report["sandbox"] == {"records": 0, "findings": 0, "opened": 0}
+    assert first.complete and first.report["sandbox"] == {"records": 0, "findings": 0, "opened": 0, "added": 0}
     assert run_finish(first.pk).finished_at == first.finished_at  # a second delivery of the job does nothing
 
     assert reconcile_schedule(now + timedelta(seconds=300)) == 1
@@ -229,7 +229,7 @@ def test_a_provider_key_longer_than_any_in_the_ledger_is_an_orphan_filed_under_i
         stack, settings):
     settings.SURETY_CONNECTORS = {**settings.SURETY_CONNECTORS,
                                   "send_message": {"class": f"{__name__}.LongKeyConnector", "options": {}}}
-    assert reconcile(last_hour())["long-keys"] == {"records": 1, "findings": 1, "opened": 1}
+    assert reconcile(last_hour())["long-keys"] == {"records": 1, "findings": 1, "opened": 1, "added": 0}
     assert reconcile(last_hour())["long-keys"]["opened"] == 0
     incident = Incident.objects.get()
     assert incident.subject == incident.operation_key == "k" * 255 and incident.external_refs == ["ext_1"]
@@ -265,7 +265,7 @@ def test_a_2xx_answer_the_connector_cannot_read_fails_its_part_and_the_others_ar
             "send_message": {"class": f"{__name__}.LongKeyConnector", "options": {}}}
         report = reconcile(last_hour())
     assert "failed" in report["stripe"], report
-    assert report["long-keys"] == {"records": 1, "findings": 1, "opened": 1}
+    assert report["long-keys"] == {"records": 1, "findings": 1, "opened": 1, "added": 0}
     assert Incident.objects.get().connector == "long-keys"
 
 
@@ -333,3 +333,30 @@ def test_a_resolved_double_read_again_by_a_wider_window_opens_nothing(stack):
     assert reconcile(Window(now - timedelta(hours=1), now + timedelta(minutes=1)))["sandbox"]["opened"] == 1
     incident_resolve(Incident.objects.get(), actor=person("olga", "operators"), reason="re_2 clawed back")
     assert reconcile(Window(now - timedelta(hours=3), now + timedelta(minutes=1)))["sandbox"]["opened"] == 0
+
+
+def test_a_new_effect_under_a_key_whose_incident_is_still_open_is_added_to_it_and_alerted(stack):
+    """A third refund of one order, read while the double's incident waited for a person, was
+    dropped: the incident named only the first two, was resolved from them, and the schedule's
+    later windows started past the third."""
+    agent, _ = make_agent("billing")
+    key = "refund:ORD-O:full:dec-1"
+    make_action(agent, "succeeded", key=key, target="ORD-O", external_ref="re_existing")
+    now = timezone.now()
+    planted(key, "re_existing", now)
+    planted(key, "re_2", now)
+    assert reconcile(Window(now - timedelta(hours=1), now + timedelta(minutes=1)))["sandbox"]["opened"] == 1
+    incident = Incident.objects.get()
+    later = now + timedelta(hours=2)
+    planted(key, "re_3", later)
+
+    report = reconcile(Window(later - timedelta(hours=1), later + timedelta(minutes=1)))["sandbox"]
+    assert (report["opened"], report["added"]) == (0, 1)
+    incident.refresh_from_db()
+    assert (incident.status, incident.external_refs) == ("open", ["re_existing", "re_2", "re_3"])
+    assert [e["external_ref"] for e in incident.evidence["effects"]][-1] == "re_3"
+    assert audit_events(incident, "incident_effects_added").get().after == {
+        "external_refs": ["re_existing", "re_2", "re_3"]}
+    assert Alert.objects.filter(incident=incident).count() == 2
+    # Read again, nothing more is added.
+    assert reconcile(Window(now - timedelta(hours=1), later + timedelta(minutes=1)))["sandbox"]["added"] == 0
