@@ -13,6 +13,7 @@ from datetime import timedelta
 
 import httpx
 import pytest
+from django.db import transaction
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -132,6 +133,21 @@ def test_it_counts_open_dead_letter_entries(client, jobs_to_test_redis):
     assert scrape(client)[("surety_deadletter_entries_open", ())] == 1
     dead_letter(agent, "refund-m2")
     assert scrape(client)[("surety_deadletter_entries_open", ())] == 2
+
+
+@pytest.mark.django_db
+def test_it_counts_open_incidents(client):
+    """What reconciliation found waits for people too: the comment said it would be counted."""
+    from dlq.incidents import Incident
+    from dlq.models import Alert
+
+    assert scrape(client)[("surety_incidents_open", ())] == 0
+    for n, status in enumerate(["open", "open", "resolved"]):
+        with transaction.atomic():  # the database holds that every incident has its alert
+            incident = Incident.objects.create(kind="orphan_effect", connector="sandbox", subject=f"re_{n}",
+                                               status=status, resolution="clawed back" if status == "resolved" else "")
+            Alert.objects.create(kind=Alert.Kind.INCIDENT, incident=incident, subject="x", body="x", link="/")
+    assert scrape(client)[("surety_incidents_open", ())] == 2
 
 
 # --- What is counted where it happens, added up across processes ------------------------------
