@@ -25,7 +25,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model, logout
 from django.contrib.auth import signals as auth_signals
 from django.core.exceptions import PermissionDenied
-from django.db import DatabaseError, transaction
+from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 from django.shortcuts import render
@@ -85,18 +85,14 @@ class SessionLifetimeMiddleware:
         self.get_response = get_response
 
     def __call__(self, request):
-        if self._outlived(request):
-            request.session_expired = True  # audited as such, not as the person's signing out
-            logout(request)
+        # A session the database cannot read now is never served unchecked: the error goes up, and
+        # the server answers the outage (config.urls.handler500: 503).
+        if request.user.is_authenticated:
+            records = get_authentication_records(request, request.user)
+            if records and timezone.now().timestamp() - records[0]["at"] >= settings.SESSION_COOKIE_AGE:
+                request.session_expired = True  # audited as such, not as the person's signing out
+                logout(request)
         return self.get_response(request)
-
-    @staticmethod
-    def _outlived(request):
-        try:
-            records = get_authentication_records(request, request.user) if request.user.is_authenticated else []
-        except DatabaseError:  # the session unread: the view meets the outage too, and answers it (503)
-            return False
-        return bool(records) and timezone.now().timestamp() - records[0]["at"] >= settings.SESSION_COOKIE_AGE
 
 
 class AccountAdapter(DefaultAccountAdapter):

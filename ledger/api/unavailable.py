@@ -37,12 +37,18 @@ class DatabaseUnavailableMiddleware:
         return response
 
     def process_exception(self, request, exception):
-        if outages.rolled_back(exception):  # the database is there: no outage to log
-            return database_busy(request)
-        if not outages.database_unreachable(exception):
-            return None
-        _REQUESTS_OUTAGE.failed(exception)
-        return database_unavailable(request)
+        return outage_response(request, exception)
+
+
+def outage_response(request, exception):
+    """The answer to a request that met the database out of reach (503, the outage logged) or a
+    deadlock it broke (503 busy); None for any other error."""
+    if outages.rolled_back(exception):  # the database is there: no outage to log
+        return database_busy(request)
+    if not outages.database_unreachable(exception):
+        return None
+    _REQUESTS_OUTAGE.failed(exception)
+    return database_unavailable(request)
 
 
 def database_busy(request):
@@ -71,8 +77,6 @@ def database_unavailable(request):
 
 
 def server_error(request):
-    if outages.rolled_back(sys.exc_info()[1]):
-        return database_busy(request)
-    if outages.database_unreachable(sys.exc_info()[1]):
-        return database_unavailable(request)
-    return django_server_error(request)
+    """The answer to an error no view answered (one raised by a middleware: the session's read,
+    say): the outage's or the deadlock's as the middleware's own, else Django's 500."""
+    return outage_response(request, sys.exc_info()[1]) or django_server_error(request)

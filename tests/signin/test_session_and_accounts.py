@@ -9,7 +9,9 @@ import pytest
 from allauth.mfa.models import Authenticator
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
+from django.contrib.sessions.backends.db import SessionStore
 from django.core.management import call_command
+from django.db import OperationalError
 from django.test import override_settings
 from django.utils import timezone
 
@@ -113,3 +115,27 @@ def test_an_admin_change_asked_without_a_fresh_factor_goes_back_to_its_page_once
     assert confirm.status_code == 200 and "Are you sure" in confirm.content.decode()
     client.post("/admin/auth/group/", {**chosen, "post": "yes"})
     assert not Group.objects.filter(pk=group.pk).exists()
+
+
+@pytest.mark.django_db
+def test_a_session_past_its_lifetime_whose_first_read_fails_is_not_served_by_the_next(client, settings, monkeypatch):
+    """The check met the database out of reach and let the request on: the view read the session
+    again, which then answered, and served a session past its lifetime. It answers the outage."""
+    settings.MFA_TOTP_TOLERANCE = 1
+    someone("alice", "approvers")
+    sign_in(client, "alice")
+    enrol_totp(client)
+    real_now, read = timezone.now, SessionStore._get_session_from_db
+    monkeypatch.setattr(timezone, "now", lambda: real_now() + timedelta(hours=8, seconds=1))
+    reads = []
+
+    def fails_once(store):
+        reads.append(1)
+        if len(reads) == 1:
+            raise OperationalError("the database dropped the connection")
+        return read(store)
+
+    monkeypatch.setattr(SessionStore, "_get_session_from_db", fails_once)
+    client.raise_request_exception = False  # answered as a server answers it (config.urls.handler500)
+    answer = client.get("/", headers={"Accept": "text/html"})
+    assert answer.status_code == 503 and len(reads) == 1
