@@ -17,6 +17,7 @@ pointed at its fault proxy, `replay_connector`); a worker elsewhere that takes a
 over builds the test mode from the settings and asks the provider directly.
 """
 
+import ast
 import contextlib
 import contextvars
 import functools
@@ -139,7 +140,8 @@ def _behaviour(cls):
     shadow, and what was queued under them would be cancelled at its claim."""
     module = inspect.getmodule(cls)
     own = {"ledger", module.__name__.partition(".")[0]}  # a team's connector's package is its own code
-    named = {inspect.getmodule(value) for value in [*vars(module).values(), *cls.__mro__]} - {None}
+    imported = [vars(module)[name] for name in _imported_names(module) if name in vars(module)]
+    named = {inspect.getmodule(value) for value in [*imported, *cls.__mro__]} - {None}
     sources, libraries, installed = {}, {}, metadata.packages_distributions()
     for used in sorted(named | {module}, key=lambda m: m.__name__):
         name, package = used.__name__, used.__name__.partition(".")[0]
@@ -153,6 +155,23 @@ def _behaviour(cls):
         else:  # the standard library's modules come from no distribution
             libraries[package] = sorted(f"{dist} {metadata.version(dist)}" for dist in installed.get(package, ()))
     return {"sources": sources, "libraries": libraries}
+
+
+def _imported_names(module):
+    """The names the module's own import statements bind. Not its namespace: a package's also holds
+    every submodule any code in the process imported, so the version would differ from process to
+    process (a worker's from the web's), and a grant promoted in one would be shadow in the other."""
+    try:
+        tree = ast.parse(inspect.getsource(module))
+    except (OSError, TypeError):  # no source to read (a frozen build)
+        return set()
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update((alias.asname or alias.name).partition(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            names.update(alias.asname or alias.name for alias in node.names)
+    return names
 
 
 def connector_version(action_type):

@@ -306,3 +306,29 @@ def test_a_teams_own_connector_is_its_code_and_django_is_left_out(module, change
     real = inspect.getsource
     monkeypatch.setattr(inspect, "getsource", lambda obj: real(obj) + ("\n# changed" if obj.__name__ == module else ""))
     assert (connector_version("refund") != before) is changes
+
+
+def test_a_connector_in_a_packages_init_has_one_version_whatever_the_process_imported(tmp_path, monkeypatch):
+    """A package's namespace holds every submodule any code imported: read from it, the version of a
+    connector in a package's __init__ differed between processes (the web's admin imported one more)."""
+    import importlib
+    import sys
+
+    from ledger.connectors.test_mode import _behaviour
+
+    package = tmp_path / "teampay" / "connectors"
+    package.mkdir(parents=True)
+    (tmp_path / "teampay" / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("from ledger.connectors.base import Connector\n\n\n"
+                                         "class PayConnector(Connector):\n    name = 'teampay'\n")
+    (package / "admin_helpers.py").write_text("X = 1  # the team's admin pages', never the connector's\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        connector = importlib.import_module("teampay.connectors").PayConnector
+        web = _behaviour(connector)
+        importlib.import_module("teampay.connectors.admin_helpers")
+        assert _behaviour(connector) == web
+        assert "teampay.connectors" in web["sources"] and "ledger.connectors.base" in web["sources"]
+    finally:
+        for name in [name for name in sys.modules if name.startswith("teampay")]:
+            del sys.modules[name]
