@@ -37,8 +37,9 @@ def metrics_allowed(request):
     `/metrics`. With neither configured it is open on loopback outside production, and
     closed in production. The address is the direct peer's: behind a proxy, use the token."""
     token = settings.METRICS_TOKEN
-    sent = request.headers.get("Authorization", "")
-    if token and hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):
+    scheme, _, sent = request.headers.get("Authorization", "").partition(" ")
+    # The scheme's name in any case, as the API takes it (RFC 9110).
+    if token and scheme.lower() == "bearer" and hmac.compare_digest(sent.encode(), token.encode()):
         return True
     try:
         client = ipaddress.ip_address(request.META.get("REMOTE_ADDR", ""))

@@ -46,7 +46,7 @@ def ask_for_factor(request, *, replay=True):
         messages.warning(request, "A money decision needs a second factor: add one, then decide again.")
         return redirect(request, reverse("mfa_index"))
     if not replay:
-        return redirect(request, f"{asks[0]['url']}?{urlencode({REDIRECT_FIELD_NAME: request.path})}")
+        return redirect(request, f"{asks[0]['url']}?{urlencode({REDIRECT_FIELD_NAME: request.get_full_path()})}")
     # The request replayed after the factor is a whole page's (the page left for the factor's):
     # stashed without htmx's headers, the view answers it with a whole page.
     stashed = copy.copy(request)

@@ -274,7 +274,7 @@ def _reference(action, external_ref):
     """The provider's reference for the effect, at most the column's size (a reference is far
     shorter); where it named none (an empty id), the operation key, as a webhook's settle takes it:
     a succeeded action has one (the database holds it), and the settle failed after the effect."""
-    return str(external_ref)[:255] or action.operation_key
+    return str(external_ref or "")[:255] or action.operation_key
 
 
 def _evidence(action, details):

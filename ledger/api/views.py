@@ -82,7 +82,9 @@ def wait_seconds(request):
     if raw is None:
         return 0
     try:
-        if "_" in raw:  # Python's float() reads "1_0" as 10; no number is written so
+        # A number as JSON writes one (exponent and all): Python's float() also reads "1_0", " 5 " and
+        # other scripts' digits ("١٠" is 10).
+        if not raw.isascii() or "_" in raw or raw != raw.strip():
             raise ValueError(raw)
         value = float(raw)
     except ValueError:

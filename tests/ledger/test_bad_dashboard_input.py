@@ -255,7 +255,7 @@ def test_api_wait_refuses_non_numbers(agent_client, path, wait):
     assert time.monotonic() - started < 2
 
 
-@pytest.mark.parametrize("wait", ["1_0", "abc", "nan", "31"])
+@pytest.mark.parametrize("wait", ["1_0", "\u0661\u0660", "\uff15", " 5 ", "abc", "nan", "31"])
 def test_api_wait_refuses_non_numbers_on_an_action_that_exists(client, db, wait):
     """On a key nobody recorded, a 404 hid whether `wait` was read: Python's float() reads "1_0" as 10."""
     make_action(make_agent_on(client), "queued", key="k1")

@@ -61,6 +61,9 @@ def test_it_opens_to_the_token_only_once_one_is_set(client, settings):
     assert client.get("/metrics", headers={"Authorization": "Bearer s3cret-scrape"},
                       REMOTE_ADDR="203.0.113.9").status_code == 200
     assert client.get("/metrics", headers={"Authorization": "Bearer wrong"}).status_code == 403
+    # The scheme's name in any case (RFC 9110), as the API takes it; the token as it is.
+    assert client.get("/metrics", headers={"Authorization": "bearer s3cret-scrape"}).status_code == 200
+    assert client.get("/metrics", headers={"Authorization": "Bearer S3CRET-SCRAPE"}).status_code == 403
     settings.PRODUCTION = False
     assert client.get("/metrics", REMOTE_ADDR="127.0.0.1").status_code == 403  # loopback no longer enough
 
