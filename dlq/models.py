@@ -169,8 +169,10 @@ class DeadLetter(StateMachine):
         if self.action_id and self.action.action_type == ActionType.CREATE_BOOKING and not self.last_error.get(
                 "retryable"):
             return "its slot was given up when it failed: request a new booking"
-        # An action's own key, or a task's actions' keys (its runner retries a failed one).
-        keys = ([self.action.operation_key] if self.action_id else
+        # An action's own key and those it was edited down from (one decision: an effect under the
+        # original's is the decision's), or a task's actions' keys (its runner retries a failed one;
+        # a version of one is its task's too).
+        keys = (_edited_from(self.action) if self.action_id else
                 Action.objects.filter(task_id=self.task_id).values("operation_key"))
         found = Incident.objects.filter(kind=IncidentKind.DENIED_EFFECT, operation_key__in=keys).order_by("pk").first()
         if found is not None:
@@ -198,6 +200,15 @@ class DeadLetter(StateMachine):
     def _decided(self, to, actor, reason, locked):
         return self._move(to, actor=actor, verb=to, reason=reason, locked=locked, decided_by=actor_label(actor),
                           decided_at=timezone.now(), note=reason)
+
+
+def _edited_from(action):
+    """The action's key and the keys of the actions it was edited down from, newest first."""
+    keys = [action.operation_key]
+    while action.supersedes_id:
+        action = Action.objects.only("operation_key", "supersedes_id").get(pk=action.supersedes_id)
+        keys.append(action.operation_key)
+    return keys
 
 
 class AlertManager(models.Manager):

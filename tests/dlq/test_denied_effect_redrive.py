@@ -69,3 +69,15 @@ def test_a_dead_lettered_task_whose_actions_effect_the_provider_holds_is_not_red
     with pytest.raises(InvalidTransition, match=HOLDS.replace(".", r"\.")):
         deadletter_redrive(entry, actor=person("olga", "operators"), reason="the provider is back")
     assert Task.objects.get(pk=task.pk).state == "dead_lettered"
+
+
+def test_a_version_whose_original_the_provider_holds_is_not_redriven(agent):
+    """A person edited the refund down into a version; the provider holds an effect under the
+    original's key (its row says superseded): the version's failure, redriven, would refund the
+    decision a second time. Asked of the version's key alone, nothing refused it."""
+    original = make_action(agent, ActionStatus.SUPERSEDED)
+    version = make_action(agent, ActionStatus.FAILED, key=f"{original.operation_key}~v2", retryable=True,
+                          supersedes=original)
+    entry = DeadLetter.objects.open_for_action(version, actor="system:executor")
+    denied(original)
+    assert HOLDS in entry.redrive_refusal
