@@ -297,18 +297,24 @@ def planted(key, refund_id, at):
                                         currency="EUR", operation_key=key, created_at=at)
 
 
-def test_a_new_effect_under_a_key_whose_incident_was_resolved_opens_an_incident_of_its_own(stack):
-    """Resolved, an incident still answers for the effects it named (a window read again opens
-    nothing), but not for one made since: a third refund of one order is found and reported."""
+def double_reported(key):
+    """The ledger's refund under `key` and a second one at the sandbox provider, both made now, read
+    by one run: its incident, and when."""
     agent, _ = make_agent("billing")
-    key = "refund:ORD-R:full:dec-1"
-    make_action(agent, "succeeded", key=key, target="ORD-R", external_ref="re_existing")
+    make_action(agent, "succeeded", key=key, target=key.split(":")[1], external_ref="re_existing")
     now = timezone.now()
     planted(key, "re_existing", now)
     planted(key, "re_2", now)
+    assert reconcile(Window(now - timedelta(hours=1), now + timedelta(minutes=1)))["sandbox"]["opened"] == 1
+    return Incident.objects.get(), now
+
+
+def test_a_new_effect_under_a_key_whose_incident_was_resolved_opens_an_incident_of_its_own(stack):
+    """Resolved, an incident still answers for the effects it named (a window read again opens
+    nothing), but not for one made since: a third refund of one order is found and reported."""
+    key = "refund:ORD-R:full:dec-1"
+    first, now = double_reported(key)
     window = Window(now - timedelta(hours=1), now + timedelta(minutes=1))
-    assert reconcile(window)["sandbox"]["opened"] == 1
-    first = Incident.objects.get()
     incident_resolve(first, actor=person("olga", "operators"), reason="re_2 clawed back")
     assert reconcile(window)["sandbox"]["opened"] == 0  # the same effects, read again
 
@@ -339,14 +345,8 @@ def test_a_new_effect_under_a_key_whose_incident_is_still_open_is_added_to_it_an
     """A third refund of one order, read while the double's incident waited for a person, was
     dropped: the incident named only the first two, was resolved from them, and the schedule's
     later windows started past the third."""
-    agent, _ = make_agent("billing")
     key = "refund:ORD-O:full:dec-1"
-    make_action(agent, "succeeded", key=key, target="ORD-O", external_ref="re_existing")
-    now = timezone.now()
-    planted(key, "re_existing", now)
-    planted(key, "re_2", now)
-    assert reconcile(Window(now - timedelta(hours=1), now + timedelta(minutes=1)))["sandbox"]["opened"] == 1
-    incident = Incident.objects.get()
+    incident, now = double_reported(key)
     later = now + timedelta(hours=2)
     planted(key, "re_3", later)
 
