@@ -135,6 +135,7 @@ def links_to(operation_id, parameter):
 
 COMMON_PROBLEMS = {
     (401, PROBLEM_JSON): problem("`unauthenticated`: no token, or an unknown or revoked one."),
+    (406, PROBLEM_JSON): problem("`not_acceptable`: the Accept header admits no JSON."),
     (429, PROBLEM_JSON): problem("`throttled`: too many requests from this agent (see Retry-After)."),
     (503, PROBLEM_JSON): problem("`database_unavailable`: the ledger's database could not be reached; nothing was "
                                  "half-written, send the same request again (see Retry-After)."),
@@ -150,6 +151,7 @@ def intake_responses(resource):
             "`idempotency_key_missing`, or `invalid` with `errors` (a bad body, key or params; a body over 64 KiB)."),
         **COMMON_PROBLEMS,
         (403, PROBLEM_JSON): problem("`forbidden`: this agent is not granted the action type or workflow."),
+        (415, PROBLEM_JSON): problem("`unsupported_media_type`: the body is not sent as application/json."),
         (409, PROBLEM_JSON): problem("`booking_conflict` (the slot is taken), `message_already_sent` "
                                      "(another agent's message to this recipient, type and decision) or "
                                      "`refund_already_recorded` (another agent's refund of this order for this "

@@ -103,3 +103,19 @@ def test_a_refunds_amount_has_no_more_decimals_than_its_currency_for_an_action_a
 
     assert not admitted("25.005", "EUR") and not admitted("1.5", "JPY")
     assert len(admitted("25.00", "EUR")) == 1 and len(admitted("1500", "JPY")) == 1
+
+
+def test_every_operation_lists_the_406_and_every_intake_the_415_the_api_answers(document, client, db):
+    """The API answers a request whose Accept admits no JSON 406, and a body sent as another type
+    415, both as problems; the document, which says it lists every status, listed neither."""
+    from tests.factories import make_agent_on
+
+    for path, methods in document["paths"].items():
+        for method, operation in methods.items():
+            if path.startswith("/api/v1/") and "schema" not in path:
+                assert "406" in operation["responses"], (method, path)
+                assert method != "post" or "415" in operation["responses"], path
+    make_agent_on(client)
+    assert client.get("/api/v1/actions/k1", headers={"Accept": "text/html"}).status_code == 406
+    sent = client.post("/api/v1/actions", data="x", content_type="text/plain", headers={"Idempotency-Key": "k1"})
+    assert sent.status_code == 415 and sent.json()["code"] == "unsupported_media_type"
