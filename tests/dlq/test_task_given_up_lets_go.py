@@ -19,30 +19,51 @@ from tests.factories import (api_client, audit_events, open_entry, person, refun
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("jobs_to_test_redis")]
 
 
-def dead_lettered_with_its_call_verified_absent(agent):
-    """The worker was killed in the refund's call on the task's last attempt: the sweeper
-    dead-lettered the task, and verification found no refund, so the action is queued again."""
-    task, _ = task_request(agent=agent, task_id="t-1", workflow="refund", input=refund_input("ORD-9", "CUST-9"))
+def refund_in_its_call(agent, task_id, order, customer):
+    """A refund task whose worker is in the refund's call: the task and its action, both claimed."""
+    task, _ = task_request(agent=agent, task_id=task_id, workflow="refund", input=refund_input(order, customer))
     task.claim(owner="tests:1")
-    action, _ = action_request(agent=agent, operation_key="t-1:call_refund_api:v1", action_type="refund",
-                               target="ORD-9", customer="CUST-9", decision_id="t-1", task=task,
+    action, _ = action_request(agent=agent, operation_key=f"{task_id}:call_refund_api:v1", action_type="refund",
+                               target=order, customer=customer, decision_id=task_id, task=task,
                                params={"amount": "25.00", "currency": "EUR"})
-    action.claim(owner="tests:1")
+    return task, action.claim(owner="tests:1")
+
+
+def dead_lettered(task):
+    """The task out of attempts: the sweeper found its worker gone."""
     task.refresh_from_db()
     task.mark_dead_lettered(actor="system:sweeper", claim=task.fence,
                             error={"code": "worker_lost", "message": "the lease lapsed", "retryable": True})
-    action.requeue(actor="system:executor", claim=action.fence, reason="verified absent at the provider")
-    return task, action
 
 
-@pytest.mark.parametrize("decide", ["discard", "resolve"])
-def test_a_task_given_up_cancels_what_it_had_not_started_and_holds_nothing(agent, decide):
-    task, action = dead_lettered_with_its_call_verified_absent(agent)
+def given_up(task, decide):
+    """A person discards the task's dead letter, or resolves it as done by hand."""
     olga = person("olga", "operators")
     if decide == "discard":
         deadletter_discard(open_entry(task), actor=olga, reason="refunded by hand")
     else:
         deadletter_resolve(open_entry(task), actor=olga, note="refunded by hand, ticket 8812")
+    return olga
+
+
+def dead_lettered_with_its_call_verified_absent(agent):
+    """The worker was killed in the refund's call on the task's last attempt: the sweeper
+    dead-lettered the task, and verification found no refund, so the action is queued again."""
+    task, action = refund_in_its_call(agent, "t-1", "ORD-9", "CUST-9")
+    dead_lettered(task)
+    action.requeue(actor="system:executor", claim=action.fence, reason="verified absent at the provider")
+    return task, action
+
+
+def unknown(action):
+    return action.mark_unknown(actor="system:sweeper", claim=action.fence, verify_at=clock.now(),
+                               evidence={"lease_expired": True})
+
+
+@pytest.mark.parametrize("decide", ["discard", "resolve"])
+def test_a_task_given_up_cancels_what_it_had_not_started_and_holds_nothing(agent, decide):
+    task, action = dead_lettered_with_its_call_verified_absent(agent)
+    olga = given_up(task, decide)
 
     action.refresh_from_db()
     assert action.status == ActionStatus.CANCELLED
@@ -60,23 +81,11 @@ def test_an_action_of_a_task_given_up_verified_absent_afterwards_fails_rather_th
     """The other order: the task is given up while its call's outcome is still unknown, and only
     then does verification find no refund. Queued again, the action would never run (a resolved
     task stays dead-lettered, with no entry to redrive it; a discarded one is cancelled) and would
-    hold its order and customer for good: it fails instead, as one the task's runner may retry."""
-    task, _ = task_request(agent=agent, task_id="t-2", workflow="refund", input=refund_input("ORD-8", "CUST-8"))
-    task.claim(owner="tests:1")
-    action, _ = action_request(agent=agent, operation_key="t-2:call_refund_api:v1", action_type="refund",
-                               target="ORD-8", customer="CUST-8", decision_id="t-2", task=task,
-                               params={"amount": "25.00", "currency": "EUR"})
-    action.claim(owner="tests:1")
-    action.mark_unknown(actor="system:sweeper", claim=action.fence, verify_at=clock.now(),
-                        evidence={"lease_expired": True})
-    task.refresh_from_db()
-    task.mark_dead_lettered(actor="system:sweeper", claim=task.fence,
-                            error={"code": "worker_lost", "message": "the lease lapsed", "retryable": True})
-    olga = person("olga", "operators")
-    if decide == "discard":
-        deadletter_discard(open_entry(task), actor=olga, reason="refunded by hand")
-    else:
-        deadletter_resolve(open_entry(task), actor=olga, note="refunded by hand, ticket 8812")
+    hold its order and customer for good: it fails for good instead, and what it held goes on."""
+    task, action = refund_in_its_call(agent, "t-2", "ORD-8", "CUST-8")
+    unknown(action)
+    dead_lettered(task)
+    given_up(task, decide)
 
     held, _ = action_request(agent=agent, operation_key="refund:ORD-8:full:dec-2", action_type="refund",
                              target="ORD-8", customer="CUST-88", decision_id="dec-2",
@@ -98,18 +107,11 @@ def test_an_action_of_a_task_given_up_verified_absent_afterwards_fails_rather_th
 def test_a_dead_lettered_tasks_action_that_failed_while_it_waited_is_retried_when_it_is_redriven(stack, agent):
     """Verified absent while its task waited in the queue, the action failed as retryable rather
     than queued: redriven, the task's runner tries it again, and the refund is made once."""
-    task, _ = task_request(agent=agent, task_id="t-3", workflow="refund", input=refund_input("ORD-7", "CUST-7"))
     provider = api_client(stack.url, agent.token)
     sandbox_order(provider, "ORD-7", "CUST-7")
-    task.claim(owner="tests:1")
-    action, _ = action_request(agent=agent, operation_key="t-3:call_refund_api:v1", action_type="refund",
-                               target="ORD-7", customer="CUST-7", decision_id="t-3", task=task,
-                               params={"amount": "25.00", "currency": "EUR"})
-    action.claim(owner="tests:1")
-    action.mark_unknown(actor="system:sweeper", claim=action.fence, verify_at=clock.now(), evidence={"lost": True})
-    task.refresh_from_db()
-    task.mark_dead_lettered(actor="system:sweeper", claim=task.fence,
-                            error={"code": "worker_lost", "message": "the lease lapsed", "retryable": True})
+    task, action = refund_in_its_call(agent, "t-3", "ORD-7", "CUST-7")
+    unknown(action)
+    dead_lettered(task)
     action_verify(action_claim_next("tests:2", only=action.pk))
     action.refresh_from_db()
     assert (action.status, action.error["code"]) == (ActionStatus.FAILED, "task_not_running")
@@ -137,11 +139,7 @@ def test_a_failed_action_of_a_task_given_up_lets_go_of_what_it_held(agent, decid
                        retryable=True, claim=action.fence)
     assert Action.objects.get(pk=other.pk).status == ActionStatus.HELD
 
-    olga = person("olga", "operators")
-    if decide == "discard":
-        deadletter_discard(open_entry(task), actor=olga, reason="refunded by hand")
-    else:
-        deadletter_resolve(open_entry(task), actor=olga, note="refunded by hand, ticket 8812")
+    given_up(task, decide)
 
     assert Action.objects.get(pk=other.pk).status == ActionStatus.QUEUED
     assert Action.objects.get(pk=action.pk).status == ActionStatus.FAILED
