@@ -11,6 +11,7 @@ from ledger.jobs import enqueue
 from ledger.models import Action, ActionStatus, ActionType, AuditEvent, Capability, Task, TaskState
 from ledger.resources import action_resource, checkpoint
 from ledger.statemachine import StateMachine
+from ledger.versions import edited_from
 
 from .alert_text import entry_body, entry_subject
 from .incidents import Incident, IncidentKind  # the model lives there; this module registers it
@@ -172,7 +173,7 @@ class DeadLetter(StateMachine):
         # An action's own key and those it was edited down from (one decision: an effect under the
         # original's is the decision's), or a task's actions' keys (its runner retries a failed one;
         # a version of one is its task's too).
-        keys = (_edited_from(self.action) if self.action_id else
+        keys = ([a.operation_key for a in edited_from(self.action)] if self.action_id else
                 Action.objects.filter(task_id=self.task_id).values("operation_key"))
         found = Incident.objects.filter(kind=IncidentKind.DENIED_EFFECT, operation_key__in=keys).order_by("pk").first()
         if found is not None:
@@ -200,15 +201,6 @@ class DeadLetter(StateMachine):
     def _decided(self, to, actor, reason, locked):
         return self._move(to, actor=actor, verb=to, reason=reason, locked=locked, decided_by=actor_label(actor),
                           decided_at=timezone.now(), note=reason)
-
-
-def _edited_from(action):
-    """The action's key and the keys of the actions it was edited down from, newest first."""
-    keys = [action.operation_key]
-    while action.supersedes_id:
-        action = Action.objects.only("operation_key", "supersedes_id").get(pk=action.supersedes_id)
-        keys.append(action.operation_key)
-    return keys
 
 
 class AlertManager(models.Manager):

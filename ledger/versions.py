@@ -106,3 +106,13 @@ def latest_version(action):
     while action.status == ActionStatus.SUPERSEDED:
         action = Action.objects.select_related("task").get(supersedes=action)
     return action
+
+
+def edited_from(action):
+    """`action` and the versions it was edited down from, newest first (`latest_version`'s way
+    back): one decision, whose effect under any of their keys is the decision's."""
+    chain = [action]
+    while action.supersedes_id:
+        action = Action.objects.only("operation_key", "supersedes_id").get(pk=action.supersedes_id)
+        chain.append(action)
+    return chain
