@@ -114,8 +114,8 @@ def rich_action(site_url, n=1, agent=None):
                        reason="the card issuer lifted its block")
 
     _arm(order, "error_500")
+    action = _run_when_due(action)  # a failure tried again: looked for first (absent), then the call: unknown
     _arm(key, "lookup_error")
-    action = _run_when_due(action)  # the call: unknown
     action = _run_when_due(action)  # its verification: the provider cannot be asked
     review_decide(_open_item(action), user=alice, decision="verify", reason="the provider is answering again")
     action = _run_when_due(action)  # verified absent: a new attempt

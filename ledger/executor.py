@@ -5,7 +5,8 @@ For each action it reads the ledger row under a lock and takes one of four branc
 1. `queued`: claim it (-> `pending`, under a lease, committed), call the provider outside any
    transaction, record the outcome under the claim's fencing token. One a person approved
    is claimed only while its params are the ones they approved; else it goes back to
-   `awaiting_approval`, never to the provider.
+   `awaiting_approval`, never to the provider. A failure tried again (it carries its error)
+   asks the provider first, as in 3, and is called only if the effect is provably absent.
 2. `succeeded`: return the stored result, never call.
 3. `pending` (lease expired) / `unknown`: never call; ask the provider by operation key. Found
    -> `succeeded` (or a person reviews it if it is over its limit); provably absent -> `queued`
@@ -27,7 +28,7 @@ from . import hooks
 from . import clock
 from .compiled import Compiled
 from .connectors import http
-from .connectors.base import write_permit
+from .connectors.base import Lookup, write_permit
 from .connectors.test_mode import connector_for_action, is_replay_action
 from .grants import grant_lapsed
 from .jobs import drain
@@ -124,13 +125,22 @@ def action_run_claimed(action):
     if action.status == S.UNKNOWN:
         return action_verify(action)
     claim = action.fence
-    # A worker that stalled between claim and call must not start a call it may not finish
-    # inside its lease: someone else may already have taken the action over.
+    connector = connector_for_action(action)  # one that cannot be built sent nothing: not settled as unknown
+    if action.error and connector.verifiable:
+        # A failure tried again (a task's retry, a person's redrive; its error stays until it
+        # settles): the effect may have come about since its outcome was last known (a person's
+        # "confirmed absent" was wrong, the provider made it late, reconciliation saw it while the
+        # action was in flight and so named nothing), and the provider may have forgotten the key
+        # by now. Never a blind call: ask first, within this claim.
+        lookup, evidence, why = _ask(action, connector)
+        if lookup.found is not False:
+            return _settle_looked(action, lookup, evidence, why)
+    # A worker that stalled between claim and call (or looked for long) must not start a call
+    # it may not finish inside its lease: someone else may already have taken the action over.
     left = action.lease_left()
     if left < settings.CONNECTOR_TIMEOUT + settings.LEASE_MARGIN_SECONDS:
         logger.warning("%s: lease too short to call (%.1fs left); leaving it to the sweeper", action, left)
         return action
-    connector = connector_for_action(action)  # one that cannot be built sent nothing: not settled as unknown
     try:
         with write_permit(action):
             effect = connector.perform(action)
@@ -165,34 +175,46 @@ def action_run_claimed(action):
 
 def action_verify(action):
     """Branch 3: the outcome is unknown; the provider's answer decides, never a blind retry."""
-    claim = action.fence
+    lookup, evidence, why = _ask(action)
+    if lookup.found is not False:
+        return _settle_looked(action, lookup, evidence, why)
+    if action.attempts >= settings.MAX_ATTEMPTS:
+        # The last look at the provider is the evidence its dead-letter entry shows.
+        return _settle(action.mark_failed, actor=EXECUTOR, claim=action.fence, code="attempts_exhausted",
+                       message=f"no effect after {action.attempts} attempts", retryable=True, evidence=evidence)
+    return _again(action, action.fence, reason="verified absent at the provider", evidence=evidence)
+
+
+def _ask(action, connector=None):
+    """Ask the provider whether the claimed action's effect exists, through `connector` (by
+    default the action's, built here: one that cannot be built cannot tell): (its `Lookup`, the
+    evidence, why it could not tell if it could not)."""
     try:
-        lookup = connector_for_action(action).find_effect(action)
+        lookup = (connector or connector_for_action(action)).find_effect(action)
     except DatabaseError:
         raise
     except Exception as exc:
         # Not an answer a look-up can read (a bug, an answer of an unexpected shape): retried,
         # it would fail the same way after every lease, and never settle. A person decides.
         logger.exception("%s: the verification failed unexpectedly; a person decides", action)
-        return _settle(action.mark_needs_review, actor=EXECUTOR, claim=claim,
-                       evidence=_evidence(action, {"verification": _unexpected(exc), "found": None}),
-                       reason=f"the look-up at the provider failed unexpectedly ({type(exc).__name__})")
-    evidence = _evidence(action, {"verification": lookup.evidence, "found": lookup.found})
+        return (Lookup(found=None), _evidence(action, {"verification": _unexpected(exc), "found": None}),
+                f"the look-up at the provider failed unexpectedly ({type(exc).__name__})")
+    return (lookup, _evidence(action, {"verification": lookup.evidence, "found": lookup.found}),
+            "the provider cannot say whether the effect happened")
+
+
+def _settle_looked(action, lookup, evidence, why):
+    """Settle the claimed action by a look that decided: found, `succeeded` (or a person's, over
+    its limit); cannot tell, a person's, with `why`."""
+    claim = action.fence
     if lookup.found is None:
-        return _settle(action.mark_needs_review, actor=EXECUTOR, claim=claim, evidence=evidence,
-                       reason="the provider cannot say whether the effect happened")
-    if lookup.found:
-        over_limit = hooks.policy().needs_person_after_verification(action)
-        if over_limit:
-            return _settle(action.mark_needs_review, actor=EXECUTOR, claim=claim, evidence=evidence, reason=over_limit)
-        return _settle(action.mark_succeeded, actor=EXECUTOR, claim=claim,
-                       external_ref=_reference(action, lookup.external_ref), result=lookup.result,
-                       reason="verified at the provider", evidence=evidence)
-    if action.attempts >= settings.MAX_ATTEMPTS:
-        # The last look at the provider is the evidence its dead-letter entry shows.
-        return _settle(action.mark_failed, actor=EXECUTOR, claim=claim, code="attempts_exhausted",
-                       message=f"no effect after {action.attempts} attempts", retryable=True, evidence=evidence)
-    return _again(action, claim, reason="verified absent at the provider", evidence=evidence)
+        return _settle(action.mark_needs_review, actor=EXECUTOR, claim=claim, evidence=evidence, reason=why)
+    over_limit = hooks.policy().needs_person_after_verification(action)
+    if over_limit:
+        return _settle(action.mark_needs_review, actor=EXECUTOR, claim=claim, evidence=evidence, reason=over_limit)
+    return _settle(action.mark_succeeded, actor=EXECUTOR, claim=claim,
+                   external_ref=_reference(action, lookup.external_ref), result=lookup.result,
+                   reason="verified at the provider", evidence=evidence)
 
 
 def _again(action, claim, *, reason, evidence):

@@ -56,6 +56,15 @@ def test_production_refuses_to_start_with_a_connector_class_that_does_not_exist(
     assert "surety.E002" in result.stderr and "'refund'" in result.stderr
 
 
+@pytest.mark.parametrize(("lease", "says"), [("6", "surety.E004"), ("11", "surety.W004")])
+def test_a_lease_too_short_for_a_call_or_a_look_and_a_call_is_said_at_start(lease, says):
+    """5 s of timeout and 2 of margin: 6 s of lease lets no call start (refused); 11 s lets a call
+    start, but not after the look a failure tried again makes first (warned)."""
+    result = manage("check", LEASE_SECONDS=lease, CONNECTOR_TIMEOUT="5", LEASE_MARGIN_SECONDS="2")
+    assert says in result.stderr, result.stderr
+    assert (result.returncode != 0) == says.startswith("surety.E")
+
+
 def test_production_never_hashes_passwords_with_the_tests_fast_hasher():
     """tests/settings.py swaps in MD5 for speed: production neither has it nor loads that module."""
     hashers = manage("shell", "-c", "from django.conf import settings; print(settings.PASSWORD_HASHERS)")
