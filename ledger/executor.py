@@ -224,19 +224,23 @@ def _again(action, claim, *, reason, evidence):
     its order and customer; failed, it holds nothing, and the task's runner retries it if the task
     runs again (a dead-lettered one redriven; one that ended or was resolved by hand never does:
     failed for good)."""
-    stopped = action.task_id and Task.objects.filter(pk=action.task_id, state__in=TASK_STOPPED).values_list(
-        "state", flat=True).first()
-    if stopped:
-        # Only a task a person may still redrive (dead-lettered, its entry open) runs again; for
-        # any other the failure is for good, and what the action held goes on, as after any
-        # failure for good. (Read without a lock: a redrive or give-up committing meanwhile
-        # leaves a failure retryable that will not be retried, held for a person, or the reverse.)
-        return _settle(action.mark_failed, actor=EXECUTOR, claim=claim, code="task_not_running",
-                       retryable=hooks.redrivable(action.task_id),
-                       message=f"{reason}; its task is {stopped}: nothing attempts it unless the task runs again",
-                       evidence=evidence)
-    return _settle(action.requeue, actor=EXECUTOR, claim=claim, reason=reason, not_before=backoff_until(action.attempts),
-                   evidence=evidence)
+    with transaction.atomic():
+        # The task's row locked until this settles: a redrive, a discard or a resolve by hand
+        # (each moves the task under its lock, its entry with it) committing meanwhile would
+        # otherwise leave the failure retryable under a task that never runs again (holding
+        # what it held for good), or failed for good under one that was just redriven.
+        stopped = action.task_id and Task.objects.select_for_update(no_key=True).filter(
+            pk=action.task_id, state__in=TASK_STOPPED).values_list("state", flat=True).first()
+        if stopped:
+            # Only a task a person may still redrive (dead-lettered, its entry open) runs again; for
+            # any other the failure is for good, and what the action held goes on, as after any
+            # failure for good.
+            return _settle(action.mark_failed, actor=EXECUTOR, claim=claim, code="task_not_running",
+                           retryable=hooks.redrivable(action.task_id),
+                           message=f"{reason}; its task is {stopped}: nothing attempts it unless the task runs again",
+                           evidence=evidence)
+        return _settle(action.requeue, actor=EXECUTOR, claim=claim, reason=reason,
+                       not_before=backoff_until(action.attempts), evidence=evidence)
 
 
 def action_expire_leases(now=None):

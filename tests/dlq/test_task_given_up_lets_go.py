@@ -3,7 +3,11 @@ again, and nothing else runs a task's action: the actions it had not started are
 Left queued, one counted as in flight on its order and customer for good, and every later action
 on them was held for a person."""
 
+import threading
+import time
+
 import pytest
+from django.db import connection, transaction
 
 from dlq.entries import deadletter_discard, deadletter_redrive, deadletter_resolve
 from ledger.actions import action_request
@@ -143,3 +147,35 @@ def test_a_failed_action_of_a_task_given_up_lets_go_of_what_it_held(agent, decid
 
     assert Action.objects.get(pk=other.pk).status == ActionStatus.QUEUED
     assert Action.objects.get(pk=action.pk).status == ActionStatus.FAILED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_discard_committing_while_the_action_is_verified_absent_leaves_its_failure_for_good(stack, agent):
+    """The task's state was read without a lock: a discard that had moved the task (its entry with
+    it) but not committed yet was not seen, and the action failed as one a person may still
+    redrive under a task that never runs again, keeping what it held for good. The read waits for
+    the discard's commit now."""
+    task, action = refund_in_its_call(agent, "t-4", "ORD-13", "CUST-13")
+    unknown(action)
+    dead_lettered(task)
+    claimed = action_claim_next("tests:2", only=action.pk)
+    moved, done = threading.Event(), threading.Event()
+
+    def discard_slowly():
+        try:
+            with transaction.atomic():
+                Task.objects.select_for_update().get(pk=task.pk)
+                given_up(task, "discard")
+                moved.set()
+                time.sleep(1)
+        finally:
+            done.set()
+            connection.close()
+
+    threading.Thread(target=discard_slowly).start()
+    assert moved.wait(10)
+    action_verify(claimed)  # the stack's sandbox holds no such refund
+    assert done.wait(10)
+    action.refresh_from_db()
+    assert (action.status, action.error["code"], action.error["retryable"]) == (
+        ActionStatus.FAILED, "task_not_running", False)
