@@ -4,7 +4,7 @@ from django.core.validators import RegexValidator, validate_email
 from approvals.decisions import BINDING
 from approvals.models import Limit, tier_addresses
 from ledger import currencies, money
-from ledger.versions import EDITABLE_PARAMS
+from ledger.versions import EDITABLE_PARAMS, edit_refusal
 
 
 # The print of the params a page showed (a SHA-256, hex): a decision is taken on those.
@@ -76,7 +76,7 @@ class EditForm(forms.Form):
 
     def __init__(self, *args, action, **kwargs):
         super().__init__(*args, **kwargs)
-        self.editable = EDITABLE_PARAMS.get(action.action_type, ())
+        self.editable = () if edit_refusal(action) else EDITABLE_PARAMS[action.action_type]
         for name in self.editable:
             # Named apart from the decision's own reason: a refund's `reason` is a param.
             self.fields[f"param_{name}"] = forms.CharField(

@@ -6,7 +6,8 @@ trail and review item, and a `supersedes` link; the original ends `superseded`. 
 of the original key still answers the original row, and nothing runs twice: only the version
 can reach the provider, and only once a person has approved it.
 
-1. `version_params`: the edited params, refused (VersionRefused, in words) unless only the
+1. `version_params`: the edited params, refused (VersionRefused, in words) unless the action
+   may be edited at all (`edit_refusal`: never one sent to its provider before), only the
    fields declared editable for the action type change, the result is valid params for that
    type, something changed, and the amount did not go up.
 2. `action_version_create` (in the caller's transaction, with the original locked and waiting
@@ -42,11 +43,25 @@ def version_key(action):
     return f"{base}~v{int(found.group(1)) + 1 if found else 2}"
 
 
+def edit_refusal(action):
+    """Why `action` cannot be edited into a version, for a person ("" when it can). One sent to
+    its provider before (a failure tried again, back with a person) may have made its effect
+    under its key: a version runs under a key of its own, which the look a retried failure makes
+    before its call (ledger.executor) does not cover, and a provider would take it as new."""
+    if not EDITABLE_PARAMS.get(action.action_type):
+        return f"a {action.action_type} cannot be edited: approve or reject it"
+    if action.attempts:
+        return ("it was sent to the provider before, under its own key: a version, under a new key, could make "
+                "the effect a second time. Approve or reject it")
+    return ""
+
+
 def version_params(action, changes):
     """The params of the next version: `action`'s with `changes` (field -> text) applied."""
-    editable = EDITABLE_PARAMS.get(action.action_type, ())
-    if not editable:
-        raise VersionRefused(f"a {action.action_type} cannot be edited: approve or reject it")
+    refusal = edit_refusal(action)
+    if refusal:
+        raise VersionRefused(refusal)
+    editable = EDITABLE_PARAMS[action.action_type]
     fixed = sorted(set(changes) - set(editable))
     if fixed:
         raise VersionRefused(f"{', '.join(fixed)} may not be edited (for a {action.action_type}: "
@@ -74,7 +89,7 @@ def version_params(action, changes):
 
 def action_version_create(original, *, actor, reason, params):
     """The next version of `original` (locked by the caller, awaiting approval) with `params`
-    (from `version_params`); `original` ends superseded. Returns the new version."""
+    (from `version_params`, which refuses an action that may not be edited); `original` ends superseded. Returns the new version."""
     key = version_key(original)
     if len(key) > Action._meta.get_field("operation_key").max_length:
         raise VersionRefused("the operation key is too long for a version of its own: reject it instead")

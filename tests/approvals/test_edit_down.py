@@ -7,10 +7,14 @@ from decimal import Decimal
 
 import pytest
 from django.db import IntegrityError, transaction
+from django.utils import timezone
 
 from approvals.decisions import AlreadyDecided, DecisionRefused, review_decide, review_edit
 from approvals.intake import customer_total_today
 from approvals.models import Limit, ReviewItem, ReviewKind
+from console.approval_forms import EditForm
+from dlq.entries import deadletter_redrive
+from dlq.models import DeadLetter
 from ledger.actions import action_request
 from ledger.models import Action, ActionStatus, AuditEvent
 from tests.factories import audit_events, make_agent, person
@@ -236,3 +240,37 @@ def test_the_edit_page_refuses_an_edit_without_the_print_of_the_params_seen(peop
                                                    "fingerprint": fingerprint}, follow=True)
     assert "Not done: " in page.content.decode() and said in page.content.decode()
     assert unchanged(action, item)
+
+
+def test_an_action_sent_to_its_provider_before_is_not_edited(people):
+    """A refund approved and sent, its outcome unknown, marked failed by a person who could not
+    find it, redriven while another refund of the customer was in flight (held) and released back
+    to an approver: edited down, its version ran under a key of its own, which the look a retried
+    failure makes before its call did not cover, and refunded a second time if the first had gone
+    through. It may be approved or rejected, not edited; the page offers no edit."""
+    users, agent = people
+    action, item = over_limit(agent)
+    review_decide(item, user=users["alice"], decision="approve", reason="damaged")
+    action.refresh_from_db()
+    action.claim(owner="tests:1")
+    action.mark_unknown(actor="system:executor", claim=action.fence, verify_at=timezone.now(),
+                        evidence={"code": "timeout"})
+    action.mark_needs_review(actor="system:executor", evidence={"found": None})
+    review_decide(ReviewItem.objects.get(action=action, status="open"), user=users["bob"], decision="mark_failed",
+                  reason="not in the provider's dashboard")
+    action_request(agent=agent, operation_key="refund:ORD-E9:full:dec-9", action_type="refund", target="ORD-E9",
+                   customer="CUST-E1", params={"amount": "20.00", "currency": "EUR"})
+    deadletter_redrive(DeadLetter.objects.get(action=action, status="open"), actor=users["olga"],
+                       reason="the customer still waits")
+    held = ReviewItem.objects.get(action=action, status="open", kind=ReviewKind.HELD)
+    review_decide(held, user=users["alice"], decision="release", reason="the other one is small",
+                  fingerprint=action.params_fingerprint())
+    action.refresh_from_db()
+    assert action.status == ActionStatus.AWAITING_APPROVAL
+    again = ReviewItem.objects.get(action=action, status="open", kind=ReviewKind.APPROVAL)
+
+    assert EditForm(action=action).editable == ()
+    with pytest.raises(DecisionRefused, match="sent to the provider before"):
+        review_edit(again, user=users["alice"], changes={"amount": "400.00"}, reason="half",
+                    fingerprint=action.params_fingerprint())
+    assert unchanged(action, again)
