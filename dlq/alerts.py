@@ -62,22 +62,30 @@ def owner_email(alert):
     return owner.email if owner is not None and owner.is_active else ""
 
 
-def _send(alert, channel):
+def _send(alert, channel, before, reached):
+    """Deliver `alert` on `channel`. An e-mail goes to each address not in `before` (those an
+    earlier attempt's mail got to), and each address it gets to is added to `reached` as it
+    goes: a retry after a mail that failed halfway sends no one a second mail (nor a second
+    decision link)."""
     link = settings.SITE_URL.rstrip("/") + alert.link
     if channel in ("email", "owner"):
         to = group_emails(alert) if channel == "email" else [owner_email(alert)]
         # A person away: their delegate is mailed too, and that is audited once the mail went.
         standing = standing_in(to) if alert.review_item is not None else []
-        to = list(dict.fromkeys([*to, *(delegation.delegate.email for delegation in standing)]))
+        to = [address for address in dict.fromkeys([*to, *(delegation.delegate.email for delegation in standing)])
+              if address not in before]
         subject = f"[Surety] {alert.subject}"
         personal = _decision_links(alert, to)
         for address, decide in personal.items():
             send_mail(subject, f"{alert.body}\n\nDecide it here (this link is yours alone, works once and "
                                f"expires):\n{decide}\n\nThe item on the dashboard: {link}\n", None, [address])
+            reached.append(address)
         if others := [address for address in to if address not in personal]:
             send_mail(subject, f"{alert.body}\n\n{link}\n", None, others)
+            reached.extend(others)
         for delegation in standing:
-            offered(delegation, alert.review_item)
+            if delegation.delegate.email in to:
+                offered(delegation, alert.review_item)
         return f"mailed to {', '.join(to)}" + (f" (a decision link to {', '.join(personal)})" if personal else "")
     body = json.dumps({"id": alert.pk, "kind": alert.kind, "subject": alert.subject, "body": alert.body,
                        "link": link, "created_at": alert.created_at.isoformat()})
@@ -110,13 +118,16 @@ def alert_deliver(alert_id):
         for channel in channels(alert):
             if channel in done:
                 continue
-            attempt = alert.deliveries.filter(channel=channel).count() + 1
+            earlier = alert.deliveries.filter(channel=channel)
+            attempt = len(earlier) + 1
+            before, reached = {address for delivery in earlier for address in delivery.reached}, []
             try:
-                detail, ok = _send(alert, channel), True
+                detail, ok = _send(alert, channel, before, reached), True
             except Exception as exc:  # a transport error of any kind is recorded, not raised
                 detail, ok = f"{type(exc).__name__}: {exc}", False
                 failed.append(attempt)
-            AlertDelivery.objects.create(alert=alert, channel=channel, attempt=attempt, ok=ok, detail=detail[:2000])
+            AlertDelivery.objects.create(alert=alert, channel=channel, attempt=attempt, ok=ok, detail=detail[:2000],
+                                         reached=reached)
         if not failed:
             Alert.objects.filter(pk=alert.pk).update(delivered_at=timezone.now())
     if failed and max(failed) < MAX_DELIVERY_ATTEMPTS:

@@ -266,6 +266,8 @@ class AlertDelivery(models.Model):
     attempt = models.PositiveSmallIntegerField()
     ok = models.BooleanField()
     detail = models.TextField(blank=True, default="")
+    # The addresses this attempt's e-mail got to: a later attempt mails only the others.
+    reached = models.JSONField(default=list, blank=True)
     at = models.DateTimeField(default=timezone.now)
 
     class Meta:

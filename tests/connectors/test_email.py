@@ -24,7 +24,7 @@ SMTP_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
 
 class MailServer:
     """An SMTP server that keeps every message it accepted, and counts every message body it
-    was sent. `script` says how the next RCPT or DATA commands are answered: a reply such as
+    was sent. `script` says how the next RCPT or DATA commands are answered (None: as usual): a reply such as
     "451 4.3.0 Try again later", "drop" (close the connection without a word once the whole
     message has arrived) or a number of seconds to wait before accepting it."""
 
@@ -36,8 +36,9 @@ class MailServer:
         self.controller = Controller(self, hostname="127.0.0.1", port=self.port, **smtp_options)
 
     async def handle_RCPT(self, server, session, envelope, address, rcpt_options):
-        if self.script["RCPT"]:
-            return self.script["RCPT"].pop(0)
+        reply = self.script["RCPT"].pop(0) if self.script["RCPT"] else None
+        if reply is not None:
+            return reply
         envelope.rcpt_tos.append(address)
         return "250 OK"
 

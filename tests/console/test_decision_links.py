@@ -232,3 +232,19 @@ def test_the_links_verification_note_polls_for_the_note_alone(client):
     assert f'hx-get="/decide/{token}"' in client.get(f"/decide/{token}").content.decode()
     polled = client.get(f"/decide/{token}", headers={"HX-Request": "true"}).content.decode()
     assert 'id="verification"' in polled and "<html" not in polled
+
+
+def test_a_mail_refused_halfway_is_tried_again_for_those_it_missed_only(item, mail_server):
+    """alice's mail went, bob's was refused for now: the channel failed and was tried again whole,
+    and alice got a second mail with a second decision link. The retry mails bob and desk only."""
+    assert review_alert_overdue(now=item.deadline + timedelta(minutes=1)) == 1
+    alert = Alert.objects.get(review_item=item)
+    mail_server.script["RCPT"] = [None, "451 4.3.0 Try again later"]
+    alert_deliver(alert.pk)
+    assert [str(message["To"]) for message in mail_server.accepted] == ["alice@surety.example"]
+
+    alert_deliver(alert.pk)  # what the scheduled retry does when it comes due
+    assert sorted(str(message["To"]) for message in mail_server.accepted) == [
+        "alice@surety.example", "bob@surety.example", "desk@surety.example"]
+    assert DecisionLink.objects.filter(user__username="alice").count() == 1
+    assert Alert.objects.get(pk=alert.pk).delivered_at is not None
