@@ -112,6 +112,9 @@ def rich_action(site_url, n=1, agent=None):
     action = _run_when_due(action)
     deadletter_redrive(DeadLetter.objects.get(action=action, status="open"), actor=admin,
                        reason="the card issuer lifted its block")
+    # Failed for good, retried on a person's word: over its limit, approved again first.
+    review_decide(_open_item(action), user=alice, decision="approve", reason="the block is lifted")
+    review_decide(_open_item(action), user=bob, decision="approve", reason="second look: lifted")
 
     _arm(order, "error_500")
     action = _run_when_due(action)  # a failure tried again: looked for first (absent), then the call: unknown

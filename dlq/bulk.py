@@ -56,7 +56,8 @@ JOB = "dlq.bulk.bulk_redrive_work"
 # After a redrive, what says the provider failed the redriven work again: the executor's
 # failure, an outcome it could not prove, or a call that never got through (requeued from
 # `pending`; requeued from `unknown` is a verification finding nothing, not an error).
-ACTION_FAILED_AGAIN = Q(verb__in=("failed", "outcome_unknown")) | Q(verb="requeued", before__status="pending")
+ACTION_FAILED_AGAIN = Q(verb__in=("failed", "outcome_unknown")) | Q(verb__in=("requeued", "needs_review"),
+                                                                      before__status="pending")
 # A task's run failing again, whichever step it was (a look-up at the provider, or its effect).
 TASK_FAILED_AGAIN = Q(verb__in=("retry_scheduled", "failed", "dead_lettered"))
 

@@ -99,6 +99,10 @@ class DeadLetterManager(models.Manager):
         return entry
 
 
+# The incidents that say the provider holds an effect under an action's key.
+EFFECT_FOUND = (IncidentKind.DENIED_EFFECT, IncidentKind.DOUBLE_EFFECT, IncidentKind.AMOUNT_MISMATCH)
+
+
 class DeadLetter(StateMachine):
     TRANSITIONS = ENTRY_TRANSITIONS
     AUDITED = ()
@@ -163,8 +167,9 @@ class DeadLetter(StateMachine):
     def redrive_refusal(self):
         """Why this entry cannot be redriven ("" when it can): a failed task is final; a booking that
         failed for good gave its slot up; and an action (or a task's) whose effect reconciliation found
-        at the provider (dlq.reconcile: a denied effect) was done there, so a retry against a provider
-        that has forgotten the key would do it again."""
+        at the provider (dlq.reconcile: a denied effect, or a double or a mismatch found while it was in
+        flight and marked failed since) was done there, so a retry against a provider that has
+        forgotten the key would do it again."""
         if self.task_id and self.task.state == TaskState.FAILED:
             return "a failed task is final (its error is one no retry will change): resolve or discard it"
         if self.action_id and self.action.action_type == ActionType.CREATE_BOOKING and not self.last_error.get(
@@ -175,7 +180,7 @@ class DeadLetter(StateMachine):
         # a version of one is its task's too).
         keys = ([a.operation_key for a in edited_from(self.action)] if self.action_id else
                 Action.objects.filter(task_id=self.task_id).values("operation_key"))
-        found = Incident.objects.filter(kind=IncidentKind.DENIED_EFFECT, operation_key__in=keys).order_by("pk").first()
+        found = Incident.objects.filter(kind__in=EFFECT_FOUND, operation_key__in=keys).order_by("pk").first()
         if found is not None:
             return (f"the provider holds an effect under {found.operation_key} (incident #{found.pk}, {found.status}): "
                     "a retry could make it again; resolve it by hand")

@@ -263,18 +263,25 @@ SAME_DECISION = {
 }
 
 
-def action_retry(action, *, actor, reason):
+def action_retry(action, *, actor, reason, ask_limits=False):
     """A new attempt of a failed (retryable) action, under the same rule as a new request:
     while another action on its target or customer is in flight, it is held for a person. Held
     ones newer than it apart: its failure kept what it held, and it goes on before them, as its
     first attempt did; one held before it was requested keeps its turn
-    (ledger.dbrules.REQUEUE_SAME_SUBJECT)."""
+    (ledger.dbrules.REQUEUE_SAME_SUBJECT). `ask_limits`: the limits are asked again, as of a new
+    request, and a person approves it first if they ask for one."""
     with transaction.atomic():
         _lock_subjects(action.target, action.customer)
         busy = [other for other in in_flight_near(action, locked=True)
                 if other.status != S.HELD or other.pk < action.pk]
         if busy:
             return action.hold(actor=actor, reason=f"{busy[0].operation_key} is in flight for the same target or customer")
+        if ask_limits:
+            verdict = hooks.policy().verdict_for_request(
+                action_type=action.action_type, amount=action.amount, currency=action.currency,
+                customer=action.customer, recorded=action)
+            if verdict.approvals_needed:
+                return action.ask_approval(actor=actor, reason=f"retried: {verdict.reason}")
         return action.requeue(actor=actor, reason=reason)
 
 
@@ -282,7 +289,9 @@ def action_retry_by_person(action, *, actor, reason):
     """A person retries an action whose failure was marked permanent (a provider's refusal),
     having fixed its cause: the error is marked retryable on their word — audited as
     `retry_allowed`, with the error as it was, who and why — then `action_retry` decides as
-    for any retry. The status table stays as it is: only the permanence is lifted."""
+    for any retry, the limits asked again: failed for good, it left the customer's daily total
+    (approvals.intake.IN_DAILY_TOTAL), and refunds asked meanwhile passed the total without it.
+    The status table stays as it is: only the permanence is lifted."""
     if isinstance(actor, str):
         raise ValueError("only a person may retry a failure marked permanent")
     if not reason.strip():
@@ -293,9 +302,10 @@ def action_retry_by_person(action, *, actor, reason):
             raise InvalidTransition(f"{row}: it is {row.status}, not failed")
         if row.action_type == ActionType.CREATE_BOOKING and not row.is_retryable_failure:
             raise InvalidTransition(f"{row}: its slot was given up when it failed; request a new booking")
-        if not row.is_retryable_failure:
+        permanent = not row.is_retryable_failure
+        if permanent:
             _error_retryable(row, True, actor=actor, verb="retry_allowed", reason=reason)
-        return action_retry(row, actor=actor, reason=reason)
+        return action_retry(row, actor=actor, reason=reason, ask_limits=permanent)
 
 
 def _error_retryable(row, retryable, *, actor, verb, reason):

@@ -183,10 +183,11 @@ ACTION_TRANSITIONS = {
     S.QUEUED: {S.PENDING, S.HELD, S.CANCELLED, S.AWAITING_APPROVAL},
     S.AWAITING_APPROVAL: {S.QUEUED, S.HELD, S.REJECTED, S.CANCELLED, S.EXPIRED, S.SUPERSEDED},
     S.HELD: {S.QUEUED, S.AWAITING_APPROVAL, S.REJECTED, S.CANCELLED},
-    S.PENDING: {S.SUCCEEDED, S.FAILED, S.UNKNOWN, S.QUEUED},
+    # (needs_review: a failure tried again, whose look before its call could not tell, ledger.executor)
+    S.PENDING: {S.SUCCEEDED, S.FAILED, S.UNKNOWN, S.QUEUED, S.NEEDS_REVIEW},
     S.UNKNOWN: {S.SUCCEEDED, S.FAILED, S.QUEUED, S.NEEDS_REVIEW},
     S.NEEDS_REVIEW: {S.SUCCEEDED, S.FAILED, S.QUEUED, S.UNKNOWN},
-    S.FAILED: {S.QUEUED, S.HELD},
+    S.FAILED: {S.QUEUED, S.HELD, S.AWAITING_APPROVAL},
     S.SUCCEEDED: set(),
     S.REJECTED: set(),
     S.CANCELLED: set(),
@@ -438,6 +439,12 @@ class Action(LeasedWork):
         if evidence:
             changes["evidence"] = lambda row: [*row.evidence, evidence]
         return self._move(S.QUEUED, actor=actor, verb="requeued", reason=reason, claim=claim, **changes)
+
+    def ask_approval(self, *, actor, reason, locked=False):
+        """A failure for good that a person retries, over its limit now (the customer's total
+        moved on while it did not count): a person approves it first, on its params as they are."""
+        return self._move(S.AWAITING_APPROVAL, actor=actor, verb="sent_for_approval", reason=reason, locked=locked,
+                          approved_fingerprint="", next_attempt_at=None)
 
     def verify_again(self, *, actor, reason, locked=False):
         """A person asks the executor to look at the provider once more."""

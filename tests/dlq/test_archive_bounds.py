@@ -87,8 +87,8 @@ def test_an_alert_a_run_takes_gets_no_delivery_behind_its_back(tmp_path, agent, 
         with psycopg.connect(**connection.get_connection_params(), autocommit=True) as other:
             other.execute("SET lock_timeout = '200ms'")
             try:
-                other.execute("INSERT INTO dlq_alertdelivery (alert_id, channel, attempt, ok, detail, at) "
-                              "VALUES (%s, 'email', 1, true, 'sent', now())", [alert.pk])
+                other.execute("INSERT INTO dlq_alertdelivery (alert_id, channel, attempt, ok, detail, reached, at) "
+                              "VALUES (%s, 'email', 1, true, 'sent', '[]', now())", [alert.pk])
                 recorded.append(True)
             except psycopg.errors.LockNotAvailable:
                 recorded.append(False)

@@ -51,12 +51,16 @@ def test_an_entry_whose_effect_the_provider_holds_is_not_redriven(failed_entry):
     assert 'id="no-redrive"' in page and HOLDS in page
 
 
-def test_another_finding_under_its_key_does_not_stop_a_redrive(failed_entry):
-    denied(failed_entry.action, kind=IncidentKind.AMOUNT_MISMATCH)
-    assert failed_entry.redrive_refusal == ""
-    deadletter_redrive(failed_entry, actor=person("olga", "operators"), reason="the card works again")
+@pytest.mark.parametrize("kind", [IncidentKind.DOUBLE_EFFECT, IncidentKind.AMOUNT_MISMATCH])
+def test_a_double_or_a_mismatch_found_while_it_was_in_flight_stops_a_redrive_too(failed_entry, kind):
+    """Found while the action was still in flight (unknown, or in review) and marked failed since:
+    each says the provider holds an effect under its key, as a denied effect does."""
+    denied(failed_entry.action, kind=kind)
+    assert HOLDS in failed_entry.redrive_refusal
+    with pytest.raises(InvalidTransition, match=HOLDS.replace(".", r"\.")):
+        deadletter_redrive(failed_entry, actor=person("olga", "operators"), reason="the card works again")
     failed_entry.action.refresh_from_db()
-    assert failed_entry.action.status == ActionStatus.QUEUED
+    assert failed_entry.action.status == ActionStatus.FAILED
 
 
 def test_a_dead_lettered_task_whose_actions_effect_the_provider_holds_is_not_redriven(agent):

@@ -58,7 +58,9 @@ def test_the_record_of_an_action_with_a_long_history_holds_every_part_of_it(rich
     approvals = record["sections"]["approvals"]
     assert approvals["limit_in_force"]["limit"]["max_amount"] == "500.00"
     assert approvals["limit_in_force"]["limit"]["dual_approval_above"] == "1000.00"
-    approval_item, unknown_item = approvals["review_items"]
+    # Approved, failed for good, redriven and approved again (over its limit: decision 19), then unknown.
+    approval_item, again_item, unknown_item = approvals["review_items"]
+    assert (again_item["kind"], again_item["status"], again_item["decided_by"]) == ("approval", "approved", "evidence-bob")
     assert (approval_item["kind"], approval_item["status"], approval_item["approvals_needed"]) == (
         "approval", "approved", 2)
     assert approval_item["limit_snapshot"]["max_amount"] == "500.00"
@@ -85,7 +87,8 @@ def test_the_record_of_an_action_with_a_long_history_holds_every_part_of_it(rich
     covered = {(e["object_type"], e["verb"]) for e in events}
     assert {("ledger.action", "requested"), ("ledger.action", "approved"), ("ledger.action", "failed"),
             ("ledger.action", "retry_allowed"), ("ledger.action", "outcome_unknown"), ("ledger.action", "verify_again"),
-            ("ledger.action", "succeeded"), ("approvals.reviewitem", "approval_recorded"),
+            ("ledger.action", "succeeded"), ("ledger.action", "sent_for_approval"),
+            ("approvals.reviewitem", "approval_recorded"),
             ("approvals.reviewitem", "approve"), ("approvals.reviewitem", "verify"), ("approvals.limit", "limit_set"),
             ("dlq.deadletter", "dead_letter_opened"), ("dlq.deadletter", "redriven"),
             ("ledger.agent", "granted"), ("ledger.agent", "promoted")} <= covered
