@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Callable
@@ -236,7 +237,7 @@ class SuretyClient:
         """The action once it is settled (an outcome, or a person must decide), or as it stands
         when `timeout` seconds have passed: check `Action.settled`. With `follow`, an action a
         person edited into a new version is followed to that version (within the same time)."""
-        deadline = time.monotonic() + timeout
+        deadline = _deadline(timeout)
         action = _wait(lambda seconds: self.get_action(operation_key, wait=seconds), timeout)
         while follow and action.superseded_by is not None:
             key = action.superseded_by.operation_key
@@ -248,7 +249,7 @@ class SuretyClient:
         """The action once nobody needs to act on it any more, or as it stands when `timeout`
         seconds have passed: as `wait_for`, and while a person must decide (`needs_person`) read
         again every `interval` seconds, as the API's wait does not hold for a person."""
-        deadline = time.monotonic() + timeout
+        deadline = _deadline(timeout)
         while True:
             action = self.wait_for(operation_key, timeout=max(0.0, deadline - time.monotonic()))
             left = deadline - time.monotonic()
@@ -331,9 +332,16 @@ class _Settles(Protocol):
 Settles = TypeVar("Settles", bound=_Settles)
 
 
+def _deadline(timeout: float) -> float:
+    """When a wait of `timeout` seconds ends (a NaN would never end it, nor be refused by a bound)."""
+    if not math.isfinite(timeout):
+        raise ValueError(f"a wait's timeout must be a finite number of seconds, not {timeout!r}")
+    return time.monotonic() + timeout
+
+
 def _wait(read: Callable[[float], Settles], timeout: float) -> Settles:
     """Read with the API's held wait, in slices of at most 30 s, until settled or out of time."""
-    deadline = time.monotonic() + timeout
+    deadline = _deadline(timeout)
     while True:
         left = max(0.0, deadline - time.monotonic())
         current = read(min(MAX_WAIT, left))

@@ -24,6 +24,7 @@ version that runs instead. Arguments outside a tool's schema answer the API's pr
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -183,6 +184,10 @@ def _schema_errors(tool: Tool, args: dict[str, Any]) -> dict[str, list[str]]:
             errors.setdefault(name, []).append(
                 "This argument is required." if error.validator == "required"
                 else "Unknown argument." if error.validator == "additionalProperties" else error.message)
+    for name, value in args.items():
+        # JSON-RPC peers may send NaN or Infinity, which no minimum or maximum refuses.
+        if isinstance(value, float) and not math.isfinite(value):
+            errors.setdefault(name, []).append("Must be a finite number.")
     return errors
 
 

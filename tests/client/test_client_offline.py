@@ -27,6 +27,8 @@ class Clock:
     def sleep(self, seconds):
         self.pauses.append(seconds)
         self.now += seconds
+        if self.now > 3600:  # no wait here is longer than the tools' 600 s: a wait that never ends
+            raise AssertionError(f"still waiting after {self.now} s")
 
 
 @pytest.fixture
@@ -77,6 +79,19 @@ def test_wait_for_action_that_ran_out_of_time_says_a_person_has_still_not_decide
     assert "Still waiting for a person: nobody decided in the 12 s this call waited." in answer["guidance"]
     assert answer["guidance"].endswith("Dashboard: https://s/actions/1/")
     assert answer["next_tool"] == {"name": "wait_for_action", "arguments": {"operation_key": KEY}}
+
+
+@pytest.mark.parametrize("seconds", [float("nan"), float("inf")])
+def test_wait_for_action_refuses_seconds_that_are_no_finite_number(clock, seconds):
+    """A JSON-RPC peer may send NaN, which the schema's minimum and maximum let through: the wait's
+    deadline was never reached, and it read every few seconds until a person decided."""
+    client, requests = fake_api("awaiting_approval")
+    answer = mcp_server.call(client, "wait_for_action", {"operation_key": KEY, "seconds": seconds})
+    assert answer.is_error and answer.structured_content["code"] == "invalid"
+    assert "Must be a finite number." in answer.structured_content["errors"]["seconds"]
+    assert requests == [] and clock.now == 0
+    with pytest.raises(ValueError, match="finite"):
+        client.wait_for_outcome(KEY, timeout=seconds)
 
 
 def test_a_shadow_action_is_recorded_not_executed_and_nothing_is_waited_for(clock):
