@@ -16,6 +16,7 @@ from .jobs import ring_after_commit
 from .models import (BOOKING_HELD, IN_FLIGHT_STATUSES, SETTLED, Action, ActionStatus, ActionType, AuditEvent,  # noqa: F401
                      Booking, InvalidTransition, fingerprint, money_in_params, request_fingerprint)  # (fingerprint: re-exported)
 from .recipients import email_recipient
+from .versions import edited_from
 from .retention import archived_key_expired, key_archived, refused_as_archived
 
 S = ActionStatus
@@ -240,7 +241,20 @@ def _recorded(agent, operation_key, print_, action_type, target, params, custome
             return None
         if existing.agent_id != agent.pk:
             raise DecisionTaken(existing)
+        existing = _as_asked(existing, print_, action_type, target, params, customer)
     return _replay(existing, _as_recorded(existing, print_, action_type, target, params, customer), customer)
+
+
+def _as_asked(existing, print_, action_type, target, params, customer):
+    """The decision's action that this request asked for: `existing`, or, when a person edited
+    that down since, the original it was edited from (the agent's request, superseded), so that a
+    retry under another key is answered as one under the original's (`existing` when neither)."""
+    older = [version.pk for version in edited_from(existing)[1:]]
+    for version in Action.objects.filter(pk__in=older).order_by("-pk") if older else ():
+        if version.customer == customer and version.fingerprint == _as_recorded(
+                version, print_, action_type, target, params, customer):
+            return version
+    return existing
 
 
 def same_decision(action_type, target, decision_id, params, customer):

@@ -6,12 +6,14 @@ without showing it. The same cases run for both action types; what only a refund
 edit-down, migration 0024's upgrade guard) follows at the end."""
 
 import importlib
+from decimal import Decimal
 from types import SimpleNamespace
 
 import pytest
 from django.apps import apps as django_apps
 from django.db import IntegrityError, connection, transaction
 
+from approvals.models import Limit
 from ledger.models import Action
 from ledger.versions import action_version_create, version_params
 from tests.factories import make_agent, make_agent_on, new_action, post_action_in_process
@@ -186,3 +188,24 @@ def test_a_message_recorded_before_the_domain_rule_is_replayed_under_its_key_as_
     assert again.status_code == 200, again.json()
     assert again.json()["target"] == "ada@Customers.EXAMPLE"
     assert Action.objects.count() == 1
+
+
+def test_a_retry_under_the_second_key_after_an_edit_down_is_still_answered_with_the_first(client, agent):
+    """The same refund under a second key answers the first action; a person then edits it down
+    into a version, which holds the decision's place: the retry under the second key was compared
+    with the version's params and refused as a key reused, where under the first key it replays."""
+    Limit.limit_set(actor="system:tests", reason="the tests' policy", action_type="refund", currency="EUR",
+                    max_amount=Decimal("500.00"))
+    first = post_action_in_process(client, "first-key", refund(amount="900.00"))
+    assert post_action_in_process(client, "second-key", refund(amount="900.00")).status_code == 200
+    with transaction.atomic():
+        locked = Action.objects.select_for_update().get(operation_key="first-key")
+        action_version_create(locked, actor="user:ops", reason="the customer agreed to 400",
+                              params=version_params(locked, {"amount": "400.00"}))
+
+    for key in ("first-key", "second-key"):
+        again = post_action_in_process(client, key, refund(amount="900"))
+        assert (again.status_code, again.json()["operation_key"], again.json()["status"]) == (
+            200, "first-key", "superseded"), again.json()
+        assert again.json()["superseded_by"]["operation_key"] == "first-key~v2"
+    assert first.status_code == 201 and Action.objects.count() == 2
