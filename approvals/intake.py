@@ -1,7 +1,7 @@
 """Limits applied to the ledger: what the intake and the executor ask of the policies.
 
 This module is the ledger's policy (`ledger.hooks.set_policy`, in ApprovalsConfig.ready):
-`version_expression`, `verdict_for_request` and `needs_person_after_verification`.
+`version_expression`, `verdict_for_request`, `verdict_for_action` and `needs_person_after_verification`.
 """
 
 from decimal import Decimal

@@ -291,9 +291,7 @@ def action_retry(action, *, actor, reason, ask_limits=False):
         if busy:
             return action.hold(actor=actor, reason=f"{busy[0].operation_key} is in flight for the same target or customer")
         if ask_limits:
-            verdict = hooks.policy().verdict_for_request(
-                action_type=action.action_type, amount=action.amount, currency=action.currency,
-                customer=action.customer, recorded=action)
+            verdict = hooks.policy().verdict_for_action(action)
             if verdict.approvals_needed:
                 return action.ask_approval(actor=actor, reason=f"retried: {verdict.reason}")
         return action.requeue(actor=actor, reason=reason)
@@ -484,7 +482,6 @@ def _release_if_nothing_holds(held, action):
         AuditEvent.objects.record(actor="system:intake", verb="still_held", obj=held, reason=reason)
         hooks.moved(held, S.HELD, "system:intake", reason)  # kept held, for a new reason
         return
-    verdict = hooks.policy().verdict_for_request(action_type=held.action_type, amount=held.amount,
-                                                 currency=held.currency, customer=held.customer, recorded=held)
+    verdict = hooks.policy().verdict_for_action(held)  # on its params, as a person's release asks it
     held.release(actor="system:intake", needs_approval=bool(verdict.approvals_needed),
                  reason=f"{action.operation_key} is {action.status}: nothing else holds it")

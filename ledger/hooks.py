@@ -10,7 +10,7 @@ console.) Its entries, each kept in a plain list or slot:
   the ledger's own first). A reaction that raises rolls the move back. A new action that
   waits for a person is a move from no status, and one kept waiting for a new reason a move
   to the status it has: one path for the apps to follow a row, whichever way it came.
-- the limits policy (`set_policy`, any object with NoLimits' three functions, such as a
+- the limits policy (`set_policy`, any object with NoLimits' four functions, such as a
   module): what the intake and the executor ask before running an action. Without one,
   nothing is over a limit.
 - whether a stopped task may run again (`set_redrivable`): the executor asks it of a task's
@@ -48,6 +48,11 @@ class NoLimits:
     def verdict_for_request(self, *, action_type, amount, currency, customer, recorded=None, limits_version=None,
                             lock_subjects=None):
         """`recorded`: the action itself, when it is already in the ledger (a held one released)."""
+        return RUN
+
+    def verdict_for_action(self, action):
+        """The verdict on an action already recorded (a held one released, a failure for good
+        retried), on the params the provider would be sent."""
         return RUN
 
     def needs_person_after_verification(self, action):

@@ -7,6 +7,7 @@ import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from decimal import Decimal
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -16,7 +17,7 @@ from approvals import decisions
 from ledger import actions
 from approvals.decisions import (GROUP_CHANGED, IN_FLIGHT_CHANGED, DecisionRefused, held_group, held_group_decide,
                                  in_flight_print, review_decide)
-from approvals.models import ReviewItem, ReviewKind, ReviewStatus
+from approvals.models import Limit, ReviewItem, ReviewKind, ReviewStatus
 from ledger.actions import action_request, action_retry, in_flight_near
 from ledger.models import Action, ActionStatus
 from tests.conftest import wait_until
@@ -646,3 +647,19 @@ def test_the_retry_of_a_failure_goes_before_what_it_held_which_runs_once_it_succ
     again = running(first)
     again.mark_succeeded(actor="system:executor", external_ref="re_1", claim=again.fence)
     assert status(second) == S.QUEUED
+
+
+def test_a_held_action_released_by_the_system_is_judged_on_the_params_it_would_send(agent):
+    """Its params changed behind the ledger's back while it was held (a raw UPDATE, a bug): the
+    release after the action that held it settled asked the limits of the amount column, and sent
+    7,500 EUR that nobody approved. It is judged on its params now, as a person's release is."""
+    Limit.limit_set(actor="system:tests", reason="the tests' policy", action_type="refund", currency="EUR",
+                    max_amount=Decimal("500.00"), dual_approval_above=Decimal("5000.00"))
+    first = running(refund(agent, "r1"))
+    held = refund(agent, "r2")
+    assert status(held) == S.HELD
+    Action.objects.filter(pk=held.pk).update(params={"amount": "7500.00", "currency": "EUR"})
+    first.mark_succeeded(actor="system:executor", claim=first.fence, external_ref="re_1")
+
+    assert status(held) == S.AWAITING_APPROVAL
+    assert ReviewItem.objects.get(action=held, status="open").approvals_needed == 2
