@@ -35,9 +35,12 @@ class RefundInput(PayableAmount, StrictSerializer):
         notify = data.get("notify")
         try:
             # The recipient notify_customer records, held to the API's rule for one.
-            email_recipient_checked(notify or default_recipient(data["customer"]))
+            recipient = email_recipient_checked(notify or default_recipient(data["customer"]))
         except RecipientRefused as refused:
             self._refuse_recipient(refused, notify)
+        else:
+            if notify:  # recorded so (its domain in one spelling): a retry spelled otherwise is the same task
+                data["notify"] = recipient
         return super().validate(data)
 
     def _refuse_recipient(self, refused, notify):
