@@ -10,6 +10,7 @@ class DlqConfig(AppConfig):
         from ledger.models import Action, Task
 
         from .models import deadletter_open_when_failed_for_good, deadletter_open_when_task_gives_up, task_redrivable
+        from .reconcile import incident_open_for_failed_effect
 
         # Never silent: a task out of attempts or failed for good, and a standalone action that
         # failed for good, gets its entry and alert in the same transaction.
@@ -17,3 +18,5 @@ class DlqConfig(AppConfig):
         hooks.on_move(Action, deadletter_open_when_failed_for_good)
         # A stopped task's action fails for good unless a person may still redrive the task.
         hooks.set_redrivable(task_redrivable)
+        # The provider failed an effect the ledger recorded as made: an incident for a person.
+        hooks.set_effect_failed(incident_open_for_failed_effect)

@@ -23,6 +23,7 @@ class IncidentKind(models.TextChoices):
     DOUBLE_EFFECT = "double_effect", "more than one effect for an operation key"
     AMOUNT_MISMATCH = "amount_mismatch", "amount differs from the ledger"
     DENIED_EFFECT = "denied_effect", "effect for a ledger entry that says none was made"
+    FAILED_EFFECT = "failed_effect", "effect the provider failed after the ledger recorded it made"
 
 
 class IncidentStatus(models.TextChoices):

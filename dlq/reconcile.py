@@ -16,7 +16,9 @@ skipped, and the report says so):
    one in the dead-letter queue retried against a provider that has forgotten the key would make
    the effect a second time, so its entry is not redriven once such an incident names its key:
    dlq.models.DeadLetter.redrive_refusal). An effect the provider lists as not carried out (a
-   refund that failed at Stripe: `Record.made`) is none of these;
+   refund that failed at Stripe: `Record.made`) is none of these, unless it is the very effect a
+   succeeded ledger row names: a failed effect (the provider failed it after it succeeded, and
+   no money may have moved; a webhook saying so opens the same incident: `incident_open_for_failed_effect`);
 4. each finding opens its incident, with an alert, unless it already has one: running the
    same window again opens nothing new, and an effect made after its incident was resolved opens
    one of its own.
@@ -103,6 +105,9 @@ class Finding:
             return f"{what}: {effects} at {self.connector} and no ledger entry"
         if self.kind == IncidentKind.DENIED_EFFECT:
             return f"{what}: {effects} at {self.connector}, and the ledger says {self.ledger['status']}"
+        if self.kind == IncidentKind.FAILED_EFFECT:
+            return (f"{what}: {self.connector} failed {self.external_refs[0]}, which the ledger says succeeded: no money "
+                    "may have moved")
         if self.kind == IncidentKind.DOUBLE_EFFECT:
             refs = {*self.external_refs, self.ledger["external_ref"]} - {""}
             return f"{what}: {len(refs)} effects at {self.connector} for one ledger entry"
@@ -145,7 +150,7 @@ def _chunks(records, size):
 def findings_in(connector, records):
     """Steps 2-3 for one connector's records; returns (records read, findings)."""
     name = connector.name
-    orphans, mismatches, doubles, denied = {}, {}, {}, {}
+    orphans, mismatches, doubles, denied, failed = {}, {}, {}, {}, {}
     first_seen = {}  # operation key -> its first record in the window
     listed = set()  # (action type, reference) of every record read
     read = 0
@@ -161,9 +166,15 @@ def findings_in(connector, records):
                 raise http.ProviderError(f"the listing named {record.external_ref} twice: its paging does not "
                                          "advance", code="listing_repeats")
             listed.add((record.action_type, record.external_ref))
-            if not record.made:
-                continue
             key, row = record.operation_key, rows.get(record.operation_key)
+            if not record.made:
+                # Not carried out: no effect, unless it is the very one a succeeded row names (the
+                # provider failed it after it succeeded, and the ledger says it was made).
+                if row is not None and row["status"] == ActionStatus.SUCCEEDED and row["external_ref"] == \
+                        record.external_ref:
+                    failed.setdefault(key, Finding(IncidentKind.FAILED_EFFECT, name, row["action_type"], key, key,
+                                                   ledger=_ledger(row))).effects.append(_effect(record, raw=True))
+                continue
             if row is None:
                 subject = key or record.external_ref
                 orphans.setdefault(subject, Finding(IncidentKind.ORPHAN_EFFECT, name, record.action_type, key,
@@ -186,7 +197,18 @@ def findings_in(connector, records):
                 for seen in (first, record):
                     if seen is not None and seen.external_ref not in double.external_refs:
                         double.effects.append(_effect(seen))
-    return read, [*orphans.values(), *doubles.values(), *mismatches.values(), *denied.values()]
+    return read, [*orphans.values(), *doubles.values(), *mismatches.values(), *denied.values(), *failed.values()]
+
+
+def incident_open_for_failed_effect(action, *, connector, external_ref, evidence, actor):
+    """The ledger's seam (hooks.set_effect_failed): a webhook says the provider failed `external_ref`,
+    the effect the succeeded `action` names. Its incident and alert, as reconciliation opens for the
+    same finding (once while open)."""
+    row = {"pk": action.pk, "status": action.status, "external_ref": action.external_ref, "amount": action.amount,
+           "currency": action.currency}
+    Incident.objects.open_for(Finding(IncidentKind.FAILED_EFFECT, connector, action.action_type, action.operation_key,
+                                      action.operation_key, effects=[{"external_ref": external_ref, "raw": evidence}],
+                                      ledger=_ledger(row)), actor=actor)
 
 
 def _connectors():

@@ -16,12 +16,17 @@ console.) Its entries, each kept in a plain list or slot:
 - whether a stopped task may run again (`set_redrivable`): the executor asks it of a task's
   action it cannot attempt while the task is stopped (failed, to be retried if the task runs
   again, or for good). Without one, no stopped task runs again.
+- what is done when the provider fails an effect the ledger recorded as made
+  (`set_effect_failed`): a webhook says so after the action succeeded. Without one, it is logged.
 """
 
+import logging
 from collections import defaultdict
 from dataclasses import dataclass
 
 from django.db.models import Value
+
+logger = logging.getLogger("surety.hooks")
 
 
 @dataclass(frozen=True)
@@ -94,3 +99,21 @@ def redrivable(task_id):
 
 def policy():
     return _policy[0]
+
+
+def _effect_failed_logged(action, **details):
+    logger.warning("the provider failed %s's effect %s after it succeeded", action, details.get("external_ref"))
+
+
+_effect_failed = [_effect_failed_logged]
+
+
+def set_effect_failed(reaction):
+    """`reaction(action, *, connector, external_ref, evidence, actor)`: in the transaction of the
+    event that says the provider failed the effect `external_ref`, which the succeeded `action`
+    names (a refund Stripe fails days later, the card closed)."""
+    _effect_failed[0] = reaction
+
+
+def effect_failed(action, **details):
+    _effect_failed[0](action, **details)

@@ -159,6 +159,14 @@ def _settle(connector, event_type, data, event_id, *, test_mode=False):
         logger.warning("a %s event names %s, a %s: not applied", event_type, key, action.action_type)
         return f"not applied: {key} is a {action.action_type}, not what a {event_type} is about"
     if action is not None and action.status == ActionStatus.SUCCEEDED and not made:
+        if str(data.get("id") or "") == action.external_ref:
+            # The provider failed the very effect the ledger recorded (Stripe fails a refund days
+            # after it succeeded when the card was closed): the ledger's success stays the record
+            # of what was asked and answered, and a person is told (dlq: an incident).
+            hooks.effect_failed(action, connector=connector, external_ref=action.external_ref, actor=f"system:webhook:{connector}",
+                                evidence={"at": timezone.now().isoformat(), "webhook": event_type,
+                                          "event_id": event_id, "data": data})
+            return f"{event_type} of {action.external_ref}, which {key} succeeded with: a person is told"
         # Providers deliver out of order: a failure of an earlier attempt may come after the
         # success. This stored event is its record; the success stands.
         logger.warning("%s %s arrived after %s succeeded: not applied", connector, event_type, key)

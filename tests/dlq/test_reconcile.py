@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from dlq.incidents import Incident, IncidentKind, ReconciliationRun, incident_resolve
 from dlq.models import Alert
-from dlq.reconcile import Window, reconcile, reconcile_schedule, run_finish
+from dlq.reconcile import Window, findings_in, reconcile, reconcile_schedule, run_finish
 from ledger.actions import action_request
 from ledger.connectors.base import Connector, Record
 from ledger.executor import action_claim_next
@@ -360,3 +360,21 @@ def test_a_new_effect_under_a_key_whose_incident_is_still_open_is_added_to_it_an
     assert Alert.objects.filter(incident=incident).count() == 2
     # Read again, nothing more is added.
     assert reconcile(Window(now - timedelta(hours=1), later + timedelta(minutes=1)))["sandbox"]["added"] == 0
+
+
+def test_the_provider_listing_a_succeeded_actions_own_effect_as_failed_is_a_failed_effect(db, jobs_to_test_redis):
+    """A refund the ledger has as succeeded with re_1, which the provider lists as failed (it failed
+    it after it succeeded: no money moved): a finding of its own. Another attempt's failed refund
+    under the key is none (nothing was made by it)."""
+    agent, _ = make_agent("billing")
+    action = make_action(agent, "succeeded", key="refund:ORD-FE:full:dec-1", external_ref="re_1")
+    now = timezone.now()
+    failed = Record(action.operation_key, "re_1", Decimal("25.00"), "EUR", now, "refund", made=False)
+    earlier = Record(action.operation_key, "re_0", Decimal("25.00"), "EUR", now, "refund", made=False)
+
+    read, findings = findings_in(RepeatingConnector(), [earlier, failed])
+    assert read == 2
+    [finding] = findings
+    assert (finding.kind, finding.operation_key, finding.external_refs) == (K.FAILED_EFFECT, action.operation_key, ["re_1"])
+    assert finding.summary == (f"{action.operation_key}: repeating failed re_1, which the ledger says succeeded: no money "
+                               "may have moved")

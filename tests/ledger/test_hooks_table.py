@@ -30,6 +30,8 @@ def registered():
     rows.append(("`set_policy(policy)`", cell([(policy, getattr(policy, "__name__", type(policy).__name__))])))
     redrivable = hooks._redrivable[0]
     rows.append(("`set_redrivable(predicate)`", cell([(redrivable, redrivable.__name__)])))
+    effect_failed = hooks._effect_failed[0]
+    rows.append(("`set_effect_failed(reaction)`", cell([(effect_failed, effect_failed.__name__)])))
     return rows
 
 

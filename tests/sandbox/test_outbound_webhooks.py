@@ -19,6 +19,8 @@ from django.conf import settings
 from django.utils import timezone
 
 from console.sweeper import sweep_once
+from dlq.incidents import Incident, IncidentKind
+from dlq.models import Alert
 from ledger.models import Action, ActionStatus, AuditEvent, WebhookEvent
 from ledger.webhooks import sign_webhook, signature_valid
 from sandbox.models import SandboxWebhook
@@ -135,6 +137,31 @@ def test_a_failed_event_after_a_success_is_recorded_and_not_applied(stack, api):
     assert (after.status, after.external_ref, after.error, after.updated_at) == (
         S.SUCCEEDED, done.external_ref, None, done.updated_at)
     assert AuditEvent.objects.filter(object_id=str(done.pk)).count() == audit_before
+
+
+def test_a_failed_event_for_the_very_effect_that_succeeded_opens_an_incident(stack, api):
+    """The provider failed the refund the ledger recorded as made (Stripe fails one days later when
+    the card was closed): it was logged and dropped as a late event of an earlier attempt, and the
+    ledger said the customer was refunded while no money moved. The success stays the record of
+    the call; a person is told, by an incident and its alert, once however often it is sent."""
+    key = "refund:ORD-WH4:full:dec-4"
+    stack.start_worker()
+    assert post_action(api, key, refund_body("ORD-WH4")).status_code == 201
+    done = wait_until(lambda: Action.objects.filter(operation_key=key, status=S.SUCCEEDED).first(),
+                      message=f"{key} to succeed")
+
+    for event_id in ("evt_f1", "evt_f2"):  # sent again under another id: still one incident
+        failed = send_webhook("refund.failed", {"id": done.external_ref, "object": "refund", "status": "failed",
+                                                "metadata": {"operation_key": key}},
+                              f"{stack.url}/webhooks/sandbox/", event_id=event_id)
+        assert failed.status_code == 200, failed.text
+        assert failed.json()["outcome"] == f"refund.failed of {done.external_ref}, which {key} succeeded with: a " \
+                                           "person is told"
+    [incident] = Incident.objects.all()
+    assert (incident.kind, incident.operation_key, incident.external_refs, incident.status) == (
+        IncidentKind.FAILED_EFFECT, key, [done.external_ref], "open")
+    assert Alert.objects.filter(incident=incident).count() == 1
+    assert Action.objects.get(pk=done.pk).status == S.SUCCEEDED
 
 
 def signed(payload, *, age=0, secret=None):
