@@ -178,9 +178,17 @@ class DeadLetter(StateMachine):
         # An action's own key and those it was edited down from (one decision: an effect under the
         # original's is the decision's), or a task's actions' keys (its runner retries a failed one;
         # a version of one is its task's too).
-        keys = ([a.operation_key for a in edited_from(self.action)] if self.action_id else
-                Action.objects.filter(task_id=self.task_id).values("operation_key"))
-        found = Incident.objects.filter(kind__in=EFFECT_FOUND, operation_key__in=keys).order_by("pk").first()
+        # A double or a mismatch under the key of an action that succeeded says nothing of a retry:
+        # none comes for it (a task resumes after its done steps).
+        if self.action_id:
+            keys = unsettled = [a.operation_key for a in edited_from(self.action)]
+        else:
+            actions = Action.objects.filter(task_id=self.task_id)
+            keys = actions.values("operation_key")
+            unsettled = actions.exclude(status=ActionStatus.SUCCEEDED).values("operation_key")
+        found = Incident.objects.filter(
+            Q(kind=IncidentKind.DENIED_EFFECT, operation_key__in=keys)
+            | Q(kind__in=EFFECT_FOUND, operation_key__in=unsettled)).order_by("pk").first()
         if found is not None:
             return (f"the provider holds an effect under {found.operation_key} (incident #{found.pk}, {found.status}): "
                     "a retry could make it again; resolve it by hand")

@@ -75,6 +75,18 @@ def test_a_dead_lettered_task_whose_actions_effect_the_provider_holds_is_not_red
     assert Task.objects.get(pk=task.pk).state == "dead_lettered"
 
 
+@pytest.mark.parametrize("kind", [IncidentKind.DOUBLE_EFFECT, IncidentKind.AMOUNT_MISMATCH])
+def test_a_double_or_a_mismatch_on_a_tasks_step_that_succeeded_does_not_stop_its_redrive(agent, kind):
+    """The refund succeeded, reconciliation found a mismatch (or a double) on it, and a later step
+    failed: redriven, the task resumes after its done steps, so nothing makes the refund again."""
+    task = Task.objects.create(task_id="t-2", fingerprint="x", workflow="refund", input={}, agent=agent,
+                               max_attempts=3, state="dead_lettered", attempts=3)
+    action = make_action(agent, ActionStatus.SUCCEEDED, task=task, external_ref="re_1")
+    entry = DeadLetter.objects.open_for(task, actor="system:runner")
+    denied(action, kind=kind)
+    assert entry.redrive_refusal == ""
+
+
 def test_a_version_whose_original_the_provider_holds_is_not_redriven(agent):
     """A person edited the refund down into a version; the provider holds an effect under the
     original's key (its row says superseded): the version's failure, redriven, would refund the
