@@ -79,19 +79,25 @@ def _send(alert, channel, before, reached):
         for address, decide in personal.items():
             send_mail(subject, f"{alert.body}\n\nDecide it here (this link is yours alone, works once and "
                                f"expires):\n{decide}\n\nThe item on the dashboard: {link}\n", None, [address])
-            reached.append(address)
+            _reached(alert, [address], standing, reached)
         if others := [address for address in to if address not in personal]:
             send_mail(subject, f"{alert.body}\n\n{link}\n", None, others)
-            reached.extend(others)
-        for delegation in standing:
-            if delegation.delegate.email in to:
-                offered(delegation, alert.review_item)
+            _reached(alert, others, standing, reached)
         return f"mailed to {', '.join(to)}" + (f" (a decision link to {', '.join(personal)})" if personal else "")
     body = json.dumps({"id": alert.pk, "kind": alert.kind, "subject": alert.subject, "body": alert.body,
                        "link": link, "created_at": alert.created_at.isoformat()})
     http.call("POST", settings.ALERT_WEBHOOK_URL, content=body.encode(), headers={
         "Content-Type": "application/json", "Surety-Signature": sign_webhook(body.encode(), settings.ALERT_WEBHOOK_SECRET)})
     return f"posted to {settings.ALERT_WEBHOOK_URL}"
+
+
+def _reached(alert, addresses, standing, reached):
+    """`addresses` got their mail: noted, and a delegate among them audited as offered the item
+    (at once: a later address's failure must not leave it unsaid, nor a retry say it twice)."""
+    reached.extend(addresses)
+    for delegation in standing:
+        if delegation.delegate.email in addresses:
+            offered(delegation, alert.review_item)
 
 
 def _decision_links(alert, addresses):

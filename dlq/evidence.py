@@ -30,7 +30,7 @@ class DeadLetterEvidenceSerializer(serializers.ModelSerializer):
 class AlertDeliveryEvidenceSerializer(serializers.ModelSerializer):
     class Meta:
         model = AlertDelivery
-        fields = ("channel", "attempt", "ok", "detail", "at")
+        fields = ("channel", "attempt", "ok", "detail", "reached", "at")
 
 
 class AlertEvidenceSerializer(serializers.ModelSerializer):

@@ -183,7 +183,8 @@ ACTION_TRANSITIONS = {
     S.QUEUED: {S.PENDING, S.HELD, S.CANCELLED, S.AWAITING_APPROVAL},
     S.AWAITING_APPROVAL: {S.QUEUED, S.HELD, S.REJECTED, S.CANCELLED, S.EXPIRED, S.SUPERSEDED},
     S.HELD: {S.QUEUED, S.AWAITING_APPROVAL, S.REJECTED, S.CANCELLED},
-    # (needs_review: a failure tried again, whose look before its call could not tell, ledger.executor)
+    # (needs_review: a failure tried again, whose look before its call could not tell, or found the effect
+    # over its limit: ledger.executor)
     S.PENDING: {S.SUCCEEDED, S.FAILED, S.UNKNOWN, S.QUEUED, S.NEEDS_REVIEW},
     S.UNKNOWN: {S.SUCCEEDED, S.FAILED, S.QUEUED, S.NEEDS_REVIEW},
     S.NEEDS_REVIEW: {S.SUCCEEDED, S.FAILED, S.QUEUED, S.UNKNOWN},

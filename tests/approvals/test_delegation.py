@@ -20,7 +20,7 @@ from dlq.models import Alert
 from dlq.overdue import review_alert_overdue
 from ledger.actions import action_request
 from tests.conftest import free_port
-from tests.connectors.test_email import SMTP_BACKEND
+from tests.connectors.test_email import SMTP_BACKEND, MailServer
 from tests.factories import audit_events, make_agent, person
 
 pytestmark = pytest.mark.django_db
@@ -264,3 +264,28 @@ def test_the_cap_is_a_length_whatever_the_sessions_time_zone(people):
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("SET LOCAL TIME ZONE 'Europe/Berlin'")
         Delegation.objects.create(ends_at=start + timedelta(days=90), **fields)
+
+
+def test_a_delegate_mailed_before_a_later_address_failed_is_audited_once(people, limit, settings):
+    """alice's and her delegate olga's mails went, desk's was refused for now: the offering was
+    audited only after every mail of the attempt, so never; the retry mails desk alone."""
+    Limit.limit_set(actor="system:tests", reason="a desk too", action_type="refund", currency="EUR",
+                    max_amount=Decimal("500.00"), dual_approval_above=Decimal("5000.00"),
+                    first_tier="alice@surety.example, desk@surety.example")
+    item = over_limit()
+    away(people["alice"], people["olga"])
+    review_alert_overdue(now=item.deadline + timedelta(minutes=1))
+    alert = Alert.objects.get(review_item=item)
+    server = MailServer()
+    server.controller.start()
+    try:
+        settings.EMAIL_BACKEND, settings.EMAIL_HOST, settings.EMAIL_PORT = SMTP_BACKEND, "127.0.0.1", server.port
+        server.script["RCPT"] = [None, None, "451 4.3.0 Try again later"]
+        alert_deliver(alert.pk)
+        assert sorted(str(m["To"]) for m in server.accepted) == ["alice@surety.example", "olga@surety.example"]
+        alert_deliver(alert.pk)
+    finally:
+        server.controller.stop()
+    assert sorted(str(m["To"]) for m in server.accepted) == [
+        "alice@surety.example", "desk@surety.example", "olga@surety.example"]
+    assert len(audit_events(item, "offered_to_delegate")) == 1

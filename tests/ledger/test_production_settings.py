@@ -56,10 +56,11 @@ def test_production_refuses_to_start_with_a_connector_class_that_does_not_exist(
     assert "surety.E002" in result.stderr and "'refund'" in result.stderr
 
 
-@pytest.mark.parametrize(("lease", "says"), [("6", "surety.E004"), ("11", "surety.W004")])
+@pytest.mark.parametrize(("lease", "says"), [("6", "surety.E004"), ("7", "surety.E004"), ("12", "surety.W004")])
 def test_a_lease_too_short_for_a_call_or_a_look_and_a_call_is_said_at_start(lease, says):
-    """5 s of timeout and 2 of margin: 6 s of lease lets no call start (refused); 11 s lets a call
-    start, but not after the look a failure tried again makes first (warned)."""
+    """5 s of timeout and 2 of margin: 7 s of lease or less lets no call start (a claim's lease left
+    is always a little under it: refused); 12 s or less lets a call start, but not after the look
+    a failure tried again makes first (warned)."""
     result = manage("check", LEASE_SECONDS=lease, CONNECTOR_TIMEOUT="5", LEASE_MARGIN_SECONDS="2")
     assert says in result.stderr, result.stderr
     assert (result.returncode != 0) == says.startswith("surety.E")
