@@ -126,6 +126,7 @@ def action_run_claimed(action):
         return action_verify(action)
     claim = action.fence
     connector = connector_for_action(action)  # one that cannot be built sent nothing: not settled as unknown
+    looked = {}  # what a look before the call saw, kept in the evidence of the call's outcome
     if action.error and connector.verifiable:
         # A failure tried again (a task's retry, a person's redrive; its error stays until it
         # settles): the effect may have come about since its outcome was last known (a person's
@@ -135,6 +136,7 @@ def action_run_claimed(action):
         lookup, evidence, why = _ask(action, connector)
         if lookup.found is not False:
             return _settle_looked(action, lookup, evidence, why)
+        looked = {"looked_first": evidence}
     # A worker that stalled between claim and call (or looked for long) must not start a call
     # it may not finish inside its lease: someone else may already have taken the action over.
     left = action.lease_left()
@@ -145,17 +147,19 @@ def action_run_claimed(action):
         with write_permit(action):
             effect = connector.perform(action)
     except http.Rejected as exc:
-        return _settle(action.mark_failed, actor=EXECUTOR, claim=claim, code=exc.code, message=str(exc), retryable=False)
+        return _settle(action.mark_failed, actor=EXECUTOR, claim=claim, code=exc.code, message=str(exc), retryable=False,
+                       evidence=looked and _evidence(action, looked))
     except http.NotSent as exc:
         if action.attempts < settings.MAX_ATTEMPTS:
             return _again(action, claim, reason="the request never reached the provider",
-                          evidence=_evidence(action, exc.evidence()))
-        return _settle(action.mark_failed, actor=EXECUTOR, claim=claim, code=exc.code, message=str(exc), retryable=True)
+                          evidence=_evidence(action, {**exc.evidence(), **looked}))
+        return _settle(action.mark_failed, actor=EXECUTOR, claim=claim, code=exc.code, message=str(exc), retryable=True,
+                       evidence=looked and _evidence(action, looked))
     except http.OutcomeUnknown as exc:
         # The provider may still be finishing the request we gave up on: look only after
         # it could have answered.
         return _settle(
-            action.mark_unknown, actor=EXECUTOR, claim=claim, evidence=_evidence(action, exc.evidence()),
+            action.mark_unknown, actor=EXECUTOR, claim=claim, evidence=_evidence(action, {**exc.evidence(), **looked}),
             verify_at=clock.now() + timedelta(seconds=settings.CONNECTOR_TIMEOUT),
         )
     except DatabaseError:
@@ -165,12 +169,13 @@ def action_run_claimed(action):
         # have acted all the same, so the outcome is unknown and verified, as a timeout's is.
         logger.exception("%s: the call failed unexpectedly; its outcome will be verified", action)
         return _settle(
-            action.mark_unknown, actor=EXECUTOR, claim=claim, evidence=_evidence(action, _unexpected(exc)),
+            action.mark_unknown, actor=EXECUTOR, claim=claim, evidence=_evidence(action, {**_unexpected(exc), **looked}),
             verify_at=clock.now() + timedelta(seconds=settings.CONNECTOR_TIMEOUT),
             reason=f"the call failed unexpectedly ({type(exc).__name__})",
         )
     return _settle(action.mark_succeeded, actor=EXECUTOR, claim=claim,
-                   external_ref=_reference(action, effect.external_ref), result=effect.result)
+                   external_ref=_reference(action, effect.external_ref), result=effect.result,
+                   evidence=looked and _evidence(action, looked))
 
 
 def action_verify(action):

@@ -66,3 +66,5 @@ def test_a_redrive_the_provider_confirms_absent_refunds_once(provider_stack, str
     assert (action["status"], action["attempts"]) == ("succeeded", 2), action
     [refund] = stripe_provider.refunds(charge)
     assert (refund["id"], refund["metadata"]["operation_key"]) == (action["external_ref"], key)
+    # The look before the call is in the evidence of its outcome.
+    assert Action.objects.get(operation_key=key).evidence[-1]["looked_first"]["found"] is False

@@ -18,10 +18,10 @@ EXPECTED = {
     "queued": {"pending", "held", "cancelled", "awaiting_approval"},  # its params are not the approved ones
     "awaiting_approval": {"queued", "held", "rejected", "cancelled", "expired", "superseded"},
     "held": {"queued", "awaiting_approval", "rejected", "cancelled"},
-    "pending": {"succeeded", "failed", "unknown", "queued"},
+    "pending": {"succeeded", "failed", "unknown", "queued", "needs_review"},
     "unknown": {"succeeded", "failed", "queued", "needs_review"},
     "needs_review": {"succeeded", "failed", "queued", "unknown"},
-    "failed": {"queued", "held"},
+    "failed": {"queued", "held", "awaiting_approval"},
     "succeeded": set(),
     "rejected": set(),
     "cancelled": set(),

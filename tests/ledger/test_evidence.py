@@ -48,10 +48,13 @@ def test_the_record_of_an_action_with_a_long_history_holds_every_part_of_it(rich
     assert (grant["state_at_request"], grant["state_now"]) == ("live", "live")
     assert grant["promotion"]["by"] == "user:evidence-admin" and grant["promotion"]["replay_run"]
 
-    # What the provider said: the 500 (a call), the look-up that failed, then "no effect".
+    # What the provider said: the 500 (a call, the look before it inside), the look-up that failed,
+    # "no effect", then the call that made it (a failure tried again: the look before it inside).
     kinds = [e["kind"] for e in record["provider_evidence"]]
-    assert kinds == ["call", "verification", "verification"]
-    assert record["provider_evidence"][-1]["entry"]["found"] is False
+    assert kinds == ["call", "verification", "verification", "call"]
+    assert [e["entry"].get("looked_first", {}).get("found") for e in record["provider_evidence"]] == [
+        False, None, None, False]
+    assert record["provider_evidence"][-2]["entry"]["found"] is False
     [webhook] = record["webhooks"]  # delivered twice, stored once
     assert webhook["event_id"] == "evt_ev1" and webhook["payload"]["data"]["metadata"]["operation_key"] == rich.operation_key
 
