@@ -7,6 +7,11 @@ their factor on the spot; once given, allauth replays the stashed request, form 
 check finds the factor. The factor (its type and when it was given) goes into every audit event
 the decision writes (ledger.middleware.current_step_up). A person with no second factor is sent
 to enrol one. STEP_UP_SECONDS = 0 switches the check off.
+
+A stashed decision is the person's only while they are on their way to the factor: it is dropped
+once they navigate elsewhere, and once STEP_UP_SECONDS have passed since it was asked
+(`StashedDecisionMiddleware`). Kept, a factor given hours later, on a link anyone could have sent
+(the factor page with its `next`), took a decision the person had abandoned.
 """
 
 import copy
@@ -17,11 +22,12 @@ from urllib.parse import urlencode
 
 from allauth.account.adapter import get_adapter
 from allauth.account.authentication import get_authentication_records
-from allauth.account.internal.flows.reauthentication import suspend_request
+from allauth.account.internal.flows.reauthentication import STATE_SESSION_KEY, suspend_request
 from django.contrib.auth import REDIRECT_FIELD_NAME
 from django.conf import settings
 from django.contrib import messages
 from django.urls import reverse
+from django.utils.functional import lazy
 
 from ledger.middleware import current_step_up
 
@@ -51,7 +57,31 @@ def ask_for_factor(request, *, replay=True):
     # stashed without htmx's headers, the view answers it with a whole page.
     stashed = copy.copy(request)
     stashed.META = {name: value for name, value in request.META.items() if not name.startswith("HTTP_HX_")}
-    return redirect(request, suspend_request(stashed, asks[0]["url"]).url)
+    asked = suspend_request(stashed, asks[0]["url"])
+    request.session[STATE_SESSION_KEY] = {**request.session[STATE_SESSION_KEY], "stashed_at": time.time()}
+    return redirect(request, asked.url)
+
+
+# The pages where a factor is given: a stashed decision waits through them, and no other.
+_FACTOR_PAGES = lazy(lambda: {reverse("mfa_reauthenticate"), reverse("mfa_reauthenticate_webauthn")}, set)()
+
+
+class StashedDecisionMiddleware:
+    """Drops a decision stashed for a factor (`ask_for_factor`) that the person abandoned: a page
+    they navigated to other than the factor's, or STEP_UP_SECONDS after it was asked."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        state = request.session.get(STATE_SESSION_KEY) if settings.STEP_UP_SECONDS else None
+        if state and "request" in state:
+            stale = time.time() - state.get("stashed_at", 0) > settings.STEP_UP_SECONDS
+            # A navigation (not the page's own fetches, nor a favicon) to any other page.
+            elsewhere = request.headers.get("Sec-Fetch-Mode") == "navigate" and request.path not in _FACTOR_PAGES
+            if stale or elsewhere:
+                del request.session[STATE_SESSION_KEY]
+        return self.get_response(request)
 
 
 def step_up_required(view, *, every_request=False):

@@ -144,3 +144,31 @@ def test_an_edit_refused_once_the_factor_is_given_keeps_what_was_typed_in_the_ed
     assert "Not done" in page
     assert 'id="edit-param_amount" name="param_amount" value="900.00"' in page
     assert not re.search(r'<textarea id="reason" name="reason"[^>]*>\w', page)
+
+
+@pytest.mark.parametrize("abandoned", ["navigated elsewhere", "too long ago"])
+def test_a_decision_abandoned_at_the_factor_page_is_not_taken_by_a_later_factor(client, step_up, alice, settings,
+                                                                                abandoned):
+    """alice posted Approve, was asked for her factor, and went back to the dashboard instead. Hours
+    later a link to the factor page with the decision's `next` (anyone may send one) asked for her
+    code: given, the stashed decision was taken as hers. It is dropped once she goes elsewhere, and
+    once STEP_UP_SECONDS have passed; the factor then leads back to the page, nothing decided."""
+    item = approval(4)
+    sign_in(client, "alice")
+    secret = enrol_totp(client)
+    asked = approve(client, item)
+    assert asked["Location"].startswith(REAUTHENTICATE)
+    if abandoned == "navigated elsewhere":
+        client.get(asked["Location"], headers={"Sec-Fetch-Mode": "navigate"})  # the factor page: still hers
+        assert "account_reauthentication_state" in client.session
+        client.get("/", headers={"Sec-Fetch-Mode": "navigate"})
+    else:
+        session = client.session
+        state = session["account_reauthentication_state"]
+        session["account_reauthentication_state"] = {**state, "stashed_at": state["stashed_at"] - settings.STEP_UP_SECONDS - 1}
+        session.save()
+
+    given = client.post(asked["Location"], {"code": totp(secret)})
+    assert given.status_code == 302 and given["Location"] == f"/review/{item.pk}/decide"
+    item.refresh_from_db()
+    assert item.status == ReviewStatus.OPEN and not audit_events(item, "approve").exists()
