@@ -21,7 +21,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from ledger.access import ROLES
+from ledger.roles import DECIDING_ROLES
 from ledger.models import AuditEvent
 
 from .models import DELEGATION_MAX_DAYS, Delegation
@@ -55,7 +55,7 @@ def delegation_name(*, person, delegate, starts_at, ends_at, reason):
     if delegate.pk == person.pk:
         raise DelegationRefused("a delegate is someone else")
     if not delegate_choices(person).filter(pk=delegate.pk).exists():
-        raise DelegationRefused(f"{delegate.get_username()} is not an active person of the dashboard")
+        raise DelegationRefused(f"{delegate.get_username()} is not an active person of a role that decides")
     if ends_at <= starts_at:
         raise DelegationRefused("the delegation must end after it starts")
     if ends_at <= timezone.now():
@@ -98,6 +98,7 @@ def delegations_of(user):
 
 
 def delegate_choices(user):
-    """Who `user` may name: the other active people of the dashboard's roles."""
-    return (get_user_model().objects.filter(is_active=True, groups__name__in=ROLES).exclude(pk=user.pk)
+    """Who `user` may name: the other active people of the roles that decide (an auditor only
+    reads, and holds no factor for deciding: named, they approved money for the person)."""
+    return (get_user_model().objects.filter(is_active=True, groups__name__in=DECIDING_ROLES).exclude(pk=user.pk)
             .distinct().order_by("username"))

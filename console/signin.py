@@ -35,22 +35,14 @@ from django.http import Http404, HttpResponseRedirect
 from django_htmx.http import HttpResponseClientRedirect
 
 from ledger.models import AuditEvent
-from ledger.roles import EXTRA_MODEL_PERMS, OBJECT_PERMS
+from ledger.roles import decides
 
 SIGN_IN_ACTOR = "system:sign-in"
-# The roles that decide something (ledger.roles): every group given a decision permission or a
-# change permission. Auditors only read.
-DECIDING_ROLES = sorted({role for per_kind in OBJECT_PERMS.values() for role in per_kind} | set(EXTRA_MODEL_PERMS))
 SECOND_FACTORS = [Authenticator.Type.TOTP, Authenticator.Type.WEBAUTHN]
 # What a person without a second factor can still reach: the sign-in and enrolment pages, and
 # what no session uses (the agents' API, the providers' webhooks, monitoring, static files).
 NEEDS_NO_FACTOR = ("/accounts/", "/api/", "/webhooks/", "/sandbox/", "/metrics", "/healthz", "/site-probe",
                    f"/{settings.STATIC_URL.lstrip('/')}")
-
-
-def decides(user):
-    """Whether `user` holds a role that can decide money or authority."""
-    return user.is_superuser or user.is_staff or user.groups.filter(name__in=DECIDING_ROLES).exists()
 
 
 def has_second_factor(user):

@@ -32,6 +32,15 @@ OBJECT_PERMS = {
     },
 }
 
+# The roles that decide something: every group given a decision permission or a change
+# permission. Auditors only read.
+DECIDING_ROLES = sorted({role for per_kind in OBJECT_PERMS.values() for role in per_kind} | set(EXTRA_MODEL_PERMS))
+
+
+def decides(user):
+    """Whether `user` holds a role that can decide money or authority."""
+    return user.is_superuser or user.is_staff or user.groups.filter(name__in=DECIDING_ROLES).exists()
+
 
 def roles_capabilities():
     """One Capability per action type and per workflow (created if missing)."""

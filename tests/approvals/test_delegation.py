@@ -13,7 +13,7 @@ from django.test import Client
 from django.utils import timezone
 
 from approvals.decisions import DecisionRefused, review_decide
-from approvals.delegation import delegation_name, delegation_revoke
+from approvals.delegation import DelegationRefused, delegate_choices, delegation_name, delegation_revoke
 from approvals.models import Delegation, Limit, ReviewItem, ReviewStatus
 from dlq.alerts import alert_deliver
 from dlq.models import Alert
@@ -289,3 +289,20 @@ def test_a_delegate_mailed_before_a_later_address_failed_is_audited_once(people,
     assert sorted(str(m["To"]) for m in server.accepted) == [
         "alice@surety.example", "desk@surety.example", "olga@surety.example"]
     assert len(audit_events(item, "offered_to_delegate")) == 1
+
+
+def test_an_auditor_is_never_a_delegate_and_one_named_before_decides_nothing(people, limit):
+    """An auditor only reads (and holds no factor for deciding): offered as a delegate, named, they
+    approved refunds on the person's behalf. They are not offered, not accepted, and a delegation
+    to one made before (or through the admin) gives nothing."""
+    aldo = person("aldo", "auditors")
+    assert aldo not in delegate_choices(people["alice"])
+    with pytest.raises(DelegationRefused, match="not an active person of a role that decides"):
+        away(people["alice"], aldo)
+    now = timezone.now()
+    Delegation.objects.create(person=people["alice"], delegate=aldo, starts_at=now - timedelta(hours=1),
+                              ends_at=now + timedelta(hours=1), reason="named before the rule")
+    item = over_limit()
+    assert decide(signed_in(aldo), item).status_code == 403
+    item.refresh_from_db()
+    assert item.status == ReviewStatus.OPEN
