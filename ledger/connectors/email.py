@@ -15,8 +15,11 @@ Every attempt for one operation key carries the same `Message-ID`, derived from 
 person (or a mail server's log) can tell whether it went out.
 """
 
+import contextlib
 import hashlib
 import smtplib
+import socket
+import threading
 import traceback
 from email.utils import parseaddr
 
@@ -68,10 +71,16 @@ class EmailConnector(Connector):
             subject=params["message_type"].replace("_", " ").capitalize(), body=params["body"],
             to=[action.target], headers={"Message-ID": mid},
         )
-        # The timeout bounds each step of the conversation, not all of it: a server that drips
-        # its answers can keep a worker past its lease, but then the sweeper fences the claim
-        # off and the action goes to a person; it is never sent twice.
-        connection = get_connection(timeout=settings.CONNECTOR_TIMEOUT)
+        # The whole conversation is held to the call's deadline (CONNECTOR_TIMEOUT, never past
+        # the claim's lease: Connector.perform), not each step to a timeout of its own: a server
+        # that drips its answers must not take a message in after the sweeper may have given
+        # the action to a person. Each step waits at most what is left, and at the deadline the
+        # socket is shut: a step waiting, or one that starts after, fails (before DATA, nothing
+        # was sent; inside it, the outcome is unknown).
+        left = http.time_left()
+        if left <= 0:
+            raise http.NotSent(f"{mid}: the deadline had passed before the call", code="deadline_passed")
+        connection = get_connection(timeout=left)
         try:
             connection.open()
         except smtplib.SMTPAuthenticationError as exc:
@@ -79,11 +88,14 @@ class EmailConnector(Connector):
                                f"{exc!r}", code="smtp_login_refused") from exc
         except OSError as exc:
             raise http.NotSent(f"{mid}: no SMTP session: {exc!r}", code="smtp_connect_failed") from exc
+        cut = threading.Timer(max(http.time_left(), 0), _shut, [connection])
+        cut.start()
         try:
             connection.send_messages([message])
         except OSError as exc:  # smtplib's errors are OSErrors too
             raise _outcome(exc, mid) from exc
         finally:
+            cut.cancel()
             connection.close()
         return Effect(external_ref=mid, result={"message_id": mid, "recipient": action.target, "accepted": True})
 
@@ -92,6 +104,14 @@ class EmailConnector(Connector):
             "reason": "SMTP cannot be asked whether a message arrived; look for its Message-ID in the mail logs",
             "message_id": message_id(action.operation_key),
         })
+
+
+def _shut(connection):
+    """The call's deadline: the SMTP session's socket is shut, whatever step it is at."""
+    sock = getattr(connection.connection, "sock", None)
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
 
 
 def _outcome(exc, mid):

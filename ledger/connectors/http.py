@@ -112,6 +112,13 @@ def deadline(seconds=None):
         _shared_deadline.reset(token)
 
 
+def time_left():
+    """Seconds left of the shared deadline (inside `deadline()`), else CONNECTOR_TIMEOUT: for a
+    connector whose provider is not called over HTTP (SMTP) to hold its conversation to it."""
+    shared = _shared_deadline.get()
+    return settings.CONNECTOR_TIMEOUT if shared is None else shared - time.monotonic()
+
+
 class _Over(Exception):
     """The call's deadline passed, or its caller cut it off."""
 

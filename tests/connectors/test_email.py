@@ -26,18 +26,28 @@ class MailServer:
     """An SMTP server that keeps every message it accepted, and counts every message body it
     was sent. `script` says how the next RCPT or DATA commands are answered (None: as usual): a reply such as
     "451 4.3.0 Try again later", "drop" (close the connection without a word once the whole
-    message has arrived) or a number of seconds to wait before accepting it."""
+    message has arrived) or a number of seconds to wait before accepting it (for MAIL and RCPT,
+    before answering as usual)."""
 
     def __init__(self, **smtp_options):
         self.port = free_port()
         self.accepted = []  # the messages, as email.message.Message
         self.bodies_received = 0
-        self.script = {"RCPT": [], "DATA": []}
+        self.script = {"MAIL": [], "RCPT": [], "DATA": []}
         self.controller = Controller(self, hostname="127.0.0.1", port=self.port, **smtp_options)
+
+    async def handle_MAIL(self, server, session, envelope, address, mail_options):
+        if self.script["MAIL"]:  # only a slow answer (seconds), then as usual
+            await asyncio.sleep(self.script["MAIL"].pop(0))
+        envelope.mail_from = address
+        envelope.mail_options.extend(mail_options)
+        return "250 OK"
 
     async def handle_RCPT(self, server, session, envelope, address, rcpt_options):
         reply = self.script["RCPT"].pop(0) if self.script["RCPT"] else None
-        if reply is not None:
+        if isinstance(reply, float):  # a slow answer, then as usual
+            await asyncio.sleep(reply)
+        elif reply is not None:
             return reply
         envelope.rcpt_tos.append(address)
         return "250 OK"
@@ -224,10 +234,30 @@ def test_a_message_accepted_after_the_timeout_goes_to_a_person_and_is_not_sent_a
 
     assert action.status == "unknown"
     assert action.evidence[-1]["code"] == "smtp_connection_lost"
-    assert "timed out" in action.evidence[-1]["message"]
+    assert "once DATA was sent" in action.evidence[-1]["message"]  # cut off at the call's deadline
     action = run_once(action)  # verification: SMTP cannot be asked
     assert action.status == "needs_review"
     assert email_messages.bodies_received == len(email_messages.accepted) == 1
+
+
+@db
+def test_a_server_that_drips_its_answers_never_gets_the_message_after_the_deadline(email_messages, settings):
+    """Each step waited up to CONNECTOR_TIMEOUT of its own: a server slow at RCPT took the message
+    in after the call's deadline, when the sweeper may already have given the action to a person.
+    The conversation is held to one deadline: at it the session is cut, before DATA, and nothing
+    was sent, so the message is sent again under the same key, once."""
+    settings.CONNECTOR_TIMEOUT = 1.0
+    email_messages.script["MAIL"].append(0.7)  # each step within the timeout, the two past it
+    email_messages.script["RCPT"].append(0.7)
+    started = time.monotonic()
+    action = run_once(request_message("msg:dripped", "gil@customers.example"))
+
+    assert time.monotonic() - started < settings.CONNECTOR_TIMEOUT + 0.5
+    assert action.status == "queued" and action.evidence[-1]["code"] == "smtp_connection_lost"
+    time.sleep(1)  # the server's slow answer comes: the message never follows it
+    assert email_messages.bodies_received == 0
+    action = run_once(action)
+    assert action.status == "succeeded" and email_messages.message_ids() == [expected_message_id(action.operation_key)]
 
 
 @db
