@@ -365,6 +365,20 @@ def call(method, url, *, json=None, content=None, params=None, headers=None):
     raise Rejected(f"{method} {url}: {message}", code=code or "rejected", status=response.status_code)
 
 
+# Answers to a write that are not the provider's "no": a redirect (a 303 says it was done, see
+# there), 408 (the provider or a proxy gave up reading it, maybe after the body arrived) and 409
+# (the IETF Idempotency-Key draft's "the first request under this key is still being processed").
+# Read as refusals, the action would be failed for good while its effect may be made.
+_NOT_A_REFUSAL = {408, 409}
+
+
+def raise_if_no_refusal(exc, *, sure=()):
+    """For a write's `Rejected`: raise `OutcomeUnknown` instead where the answer is no refusal
+    (a redirect, 408, 409), unless its code is one of `sure`, the provider's own definite no."""
+    if (exc.status < 400 or exc.status in _NOT_A_REFUSAL) and exc.code not in sure:
+        raise OutcomeUnknown(str(exc), code=exc.code, status=exc.status) from exc
+
+
 def _json_or_text(response):
     try:
         return response.json()

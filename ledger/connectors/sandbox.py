@@ -52,11 +52,15 @@ class SandboxConnector(Connector):
         else:
             body = {"resource": action.target, "customer": action.customer,
                     **{k: params[k] for k in ("service", "start", "end")}}
-        answer = http.call(
-            "POST", self._url(_RESOURCES[action.action_type]), json={**body, "metadata": metadata},
-            # The provider's own idempotency, where it has it, is a second line of defence.
-            headers=self._headers(**{"Idempotency-Key": action.operation_key}),
-        )
+        try:
+            answer = http.call(
+                "POST", self._url(_RESOURCES[action.action_type]), json={**body, "metadata": metadata},
+                # The provider's own idempotency, where it has it, is a second line of defence.
+                headers=self._headers(**{"Idempotency-Key": action.operation_key}),
+            )
+        except http.Rejected as exc:
+            http.raise_if_no_refusal(exc, sure=("slot_taken",))  # its 409 for a slot booked is a sure no
+            raise
         return Effect(external_ref=answer["id"], result=answer)
 
     def find_effect(self, action):

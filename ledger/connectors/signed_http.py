@@ -20,11 +20,6 @@ from .base import Connector, Effect, Lookup
 
 # How much of an answer that cannot be read is kept as evidence.
 _EVIDENCE_CHARS = 500
-# Answers to a write that are not the service's "no": a redirect (a 303 says it was done, see
-# there), 408 (the service or a proxy gave up reading it, maybe after the body arrived) and 409
-# (the IETF Idempotency-Key draft's "the first request under this key is still being processed").
-# Read as refusals, the action would be failed for good while its effect may be made.
-_NOT_A_REFUSAL = {408, 409}
 
 
 class SignedHttpConnector(Connector):
@@ -58,8 +53,7 @@ class SignedHttpConnector(Connector):
             answer = http.call("POST", self.url, content=body,
                                headers={**self.signed(body), "Idempotency-Key": action.operation_key})
         except http.Rejected as exc:
-            if exc.status < 400 or exc.status in _NOT_A_REFUSAL:
-                raise http.OutcomeUnknown(str(exc), code=exc.code, status=exc.status) from exc
+            http.raise_if_no_refusal(exc)
             raise
         reference = _reference(answer)
         if reference is None:
