@@ -325,9 +325,11 @@ def _redrive_one(run, item, *, slot, token):
             with transaction.atomic():
                 redriven_at = timezone.now()
                 entry = deadletter_redrive(entry, actor=user, reason=run.note)
-                detail = item.plan_detail
-                if entry.action_id and Action.objects.filter(pk=entry.action_id, status=ActionStatus.HELD).exists():
-                    detail = "held for a person: another action on its target or customer is in flight"
+                now = Action.objects.filter(pk=entry.action_id).values_list("status", flat=True).first()
+                detail = {ActionStatus.HELD: "held for a person: another action on its target or customer is in "
+                                             "flight",
+                          ActionStatus.AWAITING_APPROVAL: "waits for an approver: failed for good, it is over its "
+                                                          "limit now"}.get(now, item.plan_detail)
                 item.settle(Outcome.REDRIVEN, detail, redriven_at=redriven_at)
         except (InvalidTransition, ValueError) as exc:
             entry.refresh_from_db()

@@ -19,6 +19,7 @@ from django.test import Client
 from django.utils import timezone
 from guardian.shortcuts import assign_perm, remove_perm
 
+from approvals.models import Limit
 from console.sweeper import sweep_once
 from dlq.bulk import LEASE_SECONDS, bulk_redrive_work, bulk_redrives_resume, lease
 from dlq.entries import deadletter_resolve
@@ -490,3 +491,21 @@ def test_an_entry_the_job_could_not_redrive_is_audited_with_why(agent, olga, job
     refund.refresh_from_db()
     assert refund.status == EntryStatus.OPEN and Action.objects.get(pk=refund.action_id).status == ActionStatus.FAILED
     assert BulkRedrive.objects.get(pk=run.pk).status == "finished"
+
+
+def test_a_failure_for_good_over_its_limit_now_is_reported_as_waiting_for_an_approver(agent, olga, fast_limit,
+                                                                                    jobs_to_test_redis):
+    """Retried on the run's word, a refund refused for good is asked of the limits again: over them
+    (750 EUR above 500), it waits for an approver, and the report says so, not "retried"."""
+    Limit.limit_set(actor="system:tests", reason="the tests' policy", action_type="refund", currency="EUR",
+                    max_amount=Decimal("500.00"))
+    entry = failed_refund_entry(agent, 1, retryable=False, code="declined")
+    Action.objects.filter(pk=entry.action_id).update(amount=Decimal("750.00"),
+                                                     params={"amount": "750.00", "currency": "EUR"})
+    run = dry_run(olga)
+    assert start(olga, run, "600").status_code == 302
+    bulk_redrive_work(run.pk, lease_holder(run))  # the run's job, run here
+    [item] = BulkRedriveItem.objects.filter(run=run)
+    assert (item.outcome, item.outcome_detail) == ("redriven", "waits for an approver: failed for good, it is over "
+                                                               "its limit now")
+    assert Action.objects.get(pk=entry.action_id).status == ActionStatus.AWAITING_APPROVAL
