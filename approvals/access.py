@@ -5,7 +5,7 @@ from django.shortcuts import get_object_or_404
 
 from ledger.access import APPROVE, RESOLVE, decidable_names, user_may
 from ledger.models import Capability
-from ledger.roles import decides
+from ledger.roles import holds_deciding_role
 
 from .models import Delegation, ReviewItem, ReviewKind
 
@@ -63,7 +63,7 @@ def decidable_for(user, perm):
 def _standing_in_for(user):
     """The people whose running delegation names `user`; none while `user` holds no role that
     decides (an auditor named before, or through the admin, decides nothing for anyone)."""
-    if not decides(user):
+    if not holds_deciding_role(user):
         return []
     return [delegation.person for delegation in Delegation.objects.running().filter(delegate=user)
             .select_related("person").order_by("pk")]

@@ -21,7 +21,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from ledger.roles import DECIDING_ROLES
+from ledger.roles import deciding
 from ledger.models import AuditEvent
 
 from .models import DELEGATION_MAX_DAYS, Delegation
@@ -32,10 +32,11 @@ class DelegationRefused(Exception):
 
 
 def standing_in(addresses):
-    """The running delegations of the people with these addresses whose delegates have one:
-    an alert to someone away reaches who stands in for them."""
-    return list(Delegation.objects.running().filter(person__email__in=[a for a in addresses if a])
-                .exclude(delegate__email="").select_related("person", "delegate"))
+    """The running delegations of the people with these addresses whose delegates have one and
+    decide (access.acting_for gives no other any authority): an alert to someone away reaches
+    who stands in for them."""
+    return list(Delegation.objects.running().filter(deciding("delegate__"), person__email__in=[a for a in addresses if a])
+                .exclude(delegate__email="").select_related("person", "delegate").distinct())
 
 
 def offered(delegation, item):
@@ -100,5 +101,5 @@ def delegations_of(user):
 def delegate_choices(user):
     """Who `user` may name: the other active people of the roles that decide (an auditor only
     reads, and holds no factor for deciding: named, they approved money for the person)."""
-    return (get_user_model().objects.filter(is_active=True, groups__name__in=DECIDING_ROLES).exclude(pk=user.pk)
+    return (get_user_model().objects.filter(deciding(), is_active=True).exclude(pk=user.pk)
             .distinct().order_by("username"))

@@ -67,8 +67,9 @@ _FACTOR_PAGES = lazy(lambda: {reverse("mfa_reauthenticate"), reverse("mfa_reauth
 
 
 class StashedDecisionMiddleware:
-    """Drops a decision stashed for a factor (`ask_for_factor`) that the person abandoned: a page
-    they navigated to other than the factor's, or STEP_UP_SECONDS after it was asked."""
+    """Drops a request stashed for a factor (`ask_for_factor`'s decision, or allauth's own: a
+    factor removed, recovery codes made) that the person abandoned: a page they navigated to other
+    than the factor's, or STEP_UP_SECONDS after it was asked."""
 
     def __init__(self, get_response):
         self.get_response = get_response
@@ -76,7 +77,9 @@ class StashedDecisionMiddleware:
     def __call__(self, request):
         state = request.session.get(STATE_SESSION_KEY) if settings.STEP_UP_SECONDS else None
         if state and "request" in state:
-            stale = time.time() - state.get("stashed_at", 0) > settings.STEP_UP_SECONDS
+            if "stashed_at" not in state:  # allauth's own (a factor removed, codes made): from now on
+                request.session[STATE_SESSION_KEY] = state = {**state, "stashed_at": time.time()}
+            stale = time.time() - state["stashed_at"] > settings.STEP_UP_SECONDS
             # A navigation (not the page's own fetches, nor a favicon) to any other page.
             elsewhere = request.headers.get("Sec-Fetch-Mode") == "navigate" and request.path not in _FACTOR_PAGES
             if stale or elsewhere:

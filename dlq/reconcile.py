@@ -18,7 +18,9 @@ skipped, and the report says so):
    dlq.models.DeadLetter.redrive_refusal). An effect the provider lists as not carried out (a
    refund that failed at Stripe: `Record.made`) is none of these, unless it is the very effect a
    succeeded ledger row names: a failed effect (the provider failed it after it succeeded, and
-   no money may have moved; a webhook saying so opens the same incident: `incident_open_for_failed_effect`);
+   no money may have moved). A listing reads records by when they were made, so it finds a failure
+   only if it happened before their window was read; one days later is told by the provider's
+   webhook, which opens the same incident (`incident_open_for_failed_effect`);
 4. each finding opens its incident, with an alert, unless it already has one: running the
    same window again opens nothing new, and an effect made after its incident was resolved opens
    one of its own.
@@ -46,7 +48,7 @@ from django.utils import timezone
 
 from ledger.connectors import connector_for, http
 from ledger.jobs import enqueue
-from ledger.models import SETTLED, Action, ActionStatus
+from ledger.models import SETTLED, Action, ActionStatus, ActionType
 
 from .incidents import Incident, IncidentKind, IncidentStatus, ReconciliationRun
 
@@ -106,8 +108,8 @@ class Finding:
         if self.kind == IncidentKind.DENIED_EFFECT:
             return f"{what}: {effects} at {self.connector}, and the ledger says {self.ledger['status']}"
         if self.kind == IncidentKind.FAILED_EFFECT:
-            return (f"{what}: {self.connector} failed {self.external_refs[0]}, which the ledger says succeeded: no money "
-                    "may have moved")
+            lost = "no money may have moved" if self.action_type == ActionType.REFUND else "it may not have happened"
+            return f"{what}: {self.connector} failed {self.external_refs[0]}, which the ledger says succeeded: {lost}"
         if self.kind == IncidentKind.DOUBLE_EFFECT:
             refs = {*self.external_refs, self.ledger["external_ref"]} - {""}
             return f"{what}: {len(refs)} effects at {self.connector} for one ledger entry"
@@ -207,7 +209,8 @@ def incident_open_for_failed_effect(action, *, connector, external_ref, evidence
     row = {"pk": action.pk, "status": action.status, "external_ref": action.external_ref, "amount": action.amount,
            "currency": action.currency}
     Incident.objects.open_for(Finding(IncidentKind.FAILED_EFFECT, connector, action.action_type, action.operation_key,
-                                      action.operation_key, effects=[{"external_ref": external_ref, "raw": evidence}],
+                                      action.operation_key, effects=[{
+        "external_ref": external_ref, "amount": None, "currency": "", "created_at": None, "raw": evidence}],
                                       ledger=_ledger(row)), actor=actor)
 
 

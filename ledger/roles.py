@@ -3,6 +3,7 @@
 from django.contrib.auth.models import Group, Permission
 from django.contrib.contenttypes.models import ContentType
 from django.db import transaction
+from django.db.models import Q
 from guardian.models import GroupObjectPermission
 from guardian.shortcuts import assign_perm
 
@@ -39,7 +40,17 @@ DECIDING_ROLES = sorted({role for per_kind in OBJECT_PERMS.values() for role in 
 
 def decides(user):
     """Whether `user` holds a role that can decide money or authority."""
-    return user.is_superuser or user.is_staff or user.groups.filter(name__in=DECIDING_ROLES).exists()
+    return user.is_superuser or user.is_staff or holds_deciding_role(user)
+
+
+def holds_deciding_role(user):
+    """Whether `user` is a superuser or in a group that decides (staff alone is no role: the admin's)."""
+    return user.is_superuser or user.groups.filter(name__in=DECIDING_ROLES).exists()
+
+
+# The same, over a query of users through `prefix` ("delegate__"): as a Q.
+def deciding(prefix=""):
+    return Q(**{f"{prefix}is_superuser": True}) | Q(**{f"{prefix}groups__name__in": DECIDING_ROLES})
 
 
 def roles_capabilities():

@@ -71,12 +71,14 @@ class EmailConnector(Connector):
             subject=params["message_type"].replace("_", " ").capitalize(), body=params["body"],
             to=[action.target], headers={"Message-ID": mid},
         )
-        # The whole conversation is held to the call's deadline (CONNECTOR_TIMEOUT, never past
-        # the claim's lease: Connector.perform), not each step to a timeout of its own: a server
-        # that drips its answers must not take a message in after the sweeper may have given
-        # the action to a person. Each step waits at most what is left, and at the deadline the
-        # socket is shut: a step waiting, or one that starts after, fails (before DATA, nothing
-        # was sent; inside it, the outcome is unknown).
+        # The message is held to the call's deadline (CONNECTOR_TIMEOUT, never past the claim's
+        # lease: Connector.perform), not each step to a timeout of its own: a server that drips
+        # its answers must not take a message in after the sweeper may have given the action to
+        # a person. Opening the session (each of its steps waits at most what was left when it
+        # began), nothing is sent, and nothing will be if the deadline passed meanwhile; from the
+        # message's first command to the session's end the socket is shut at the deadline: a step
+        # waiting, or one that starts after, fails (before DATA, nothing was sent; inside it, the
+        # outcome is unknown).
         left = http.time_left()
         if left <= 0:
             raise http.NotSent(f"{mid}: the deadline had passed before the call", code="deadline_passed")
@@ -88,15 +90,19 @@ class EmailConnector(Connector):
                                f"{exc!r}", code="smtp_login_refused") from exc
         except OSError as exc:
             raise http.NotSent(f"{mid}: no SMTP session: {exc!r}", code="smtp_connect_failed") from exc
-        cut = threading.Timer(max(http.time_left(), 0), _shut, [connection])
+        if http.time_left() <= 0:
+            connection.close()
+            raise http.NotSent(f"{mid}: the deadline passed while the session opened; nothing was sent",
+                               code="deadline_passed")
+        cut = threading.Timer(http.time_left(), _shut, [connection])
         cut.start()
         try:
             connection.send_messages([message])
         except OSError as exc:  # smtplib's errors are OSErrors too
             raise _outcome(exc, mid) from exc
         finally:
+            connection.close()  # QUIT too is held to the deadline (a failed one is no failed message)
             cut.cancel()
-            connection.close()
         return Effect(external_ref=mid, result={"message_id": mid, "recipient": action.target, "accepted": True})
 
     def find_effect(self, action):

@@ -25,7 +25,9 @@ def one_spelling(address):
     return f"{local}{at}{unicodedata.normalize('NFC', domain).lower()}" if at else address
 
 
-def forwards(apps, schema_editor):
+def _reprint(apps, forward):
+    """Forwards, a task recorded with its notify in another spelling gets its print over the
+    address in one; backwards, its print over the input as recorded again."""
     Task = apps.get_model("ledger", "Task")
     tasks = Task.objects.filter(workflow="refund", input__has_key="notify").only(
         "id", "workflow", "task_id", "input", "fingerprint")
@@ -35,14 +37,25 @@ def forwards(apps, schema_editor):
         kind = f"workflow:{task.workflow}"
         if not isinstance(notify, str) or one_spelling(notify) == notify:
             continue
-        if task.fingerprint != hashed(kind, task.task_id, canonical(task.input)):
+        as_recorded = hashed(kind, task.task_id, canonical(task.input))
+        in_one_spelling = hashed(kind, task.task_id, canonical({**task.input, "notify": one_spelling(notify)}))
+        old, new = (as_recorded, in_one_spelling) if forward else (in_one_spelling, as_recorded)
+        if task.fingerprint != old:
             continue  # not a print this rule took: left as it is
-        task.fingerprint = hashed(kind, task.task_id, canonical({**task.input, "notify": one_spelling(notify)}))
+        task.fingerprint = new
         batch.append(task)
         if len(batch) == BATCH:
             Task.objects.bulk_update(batch, ["fingerprint"])
             batch = []
     Task.objects.bulk_update(batch, ["fingerprint"])
+
+
+def forwards(apps, schema_editor):
+    _reprint(apps, True)
+
+
+def backwards(apps, schema_editor):
+    _reprint(apps, False)
 
 
 class Migration(migrations.Migration):
@@ -51,4 +64,4 @@ class Migration(migrations.Migration):
         ("ledger", "0043_chain_checks_keep_their_hash"),
     ]
 
-    operations = [migrations.RunPython(forwards, migrations.RunPython.noop)]
+    operations = [migrations.RunPython(forwards, backwards)]

@@ -13,7 +13,8 @@ from django.test import Client
 from django.utils import timezone
 
 from approvals.decisions import DecisionRefused, review_decide
-from approvals.delegation import DelegationRefused, delegate_choices, delegation_name, delegation_revoke
+from approvals.delegation import (DelegationRefused, delegate_choices, delegation_name, delegation_revoke,
+                                  standing_in)
 from approvals.models import Delegation, Limit, ReviewItem, ReviewStatus
 from dlq.alerts import alert_deliver
 from dlq.models import Alert
@@ -302,6 +303,9 @@ def test_an_auditor_is_never_a_delegate_and_one_named_before_decides_nothing(peo
     now = timezone.now()
     Delegation.objects.create(person=people["alice"], delegate=aldo, starts_at=now - timedelta(hours=1),
                               ends_at=now + timedelta(hours=1), reason="named before the rule")
+    aldo.email, aldo.is_staff = "aldo@surety.example", True  # staff (the admin's flag) is no deciding role
+    aldo.save(update_fields=["email", "is_staff"])
+    assert standing_in(["alice@surety.example"]) == []  # nor is he mailed her alerts
     item = over_limit()
     assert decide(signed_in(aldo), item).status_code == 403
     item.refresh_from_db()

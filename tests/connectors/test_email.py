@@ -26,14 +26,14 @@ class MailServer:
     """An SMTP server that keeps every message it accepted, and counts every message body it
     was sent. `script` says how the next RCPT or DATA commands are answered (None: as usual): a reply such as
     "451 4.3.0 Try again later", "drop" (close the connection without a word once the whole
-    message has arrived) or a number of seconds to wait before accepting it (for MAIL and RCPT,
-    before answering as usual)."""
+    message has arrived) or a number of seconds to wait before accepting it (for MAIL, RCPT and
+    QUIT, before answering as usual)."""
 
     def __init__(self, **smtp_options):
         self.port = free_port()
         self.accepted = []  # the messages, as email.message.Message
         self.bodies_received = 0
-        self.script = {"MAIL": [], "RCPT": [], "DATA": []}
+        self.script = {"MAIL": [], "RCPT": [], "DATA": [], "QUIT": []}
         self.controller = Controller(self, hostname="127.0.0.1", port=self.port, **smtp_options)
 
     async def handle_MAIL(self, server, session, envelope, address, mail_options):
@@ -42,6 +42,11 @@ class MailServer:
         envelope.mail_from = address
         envelope.mail_options.extend(mail_options)
         return "250 OK"
+
+    async def handle_QUIT(self, server, session, envelope):
+        if self.script["QUIT"]:  # only a slow answer (seconds)
+            await asyncio.sleep(self.script["QUIT"].pop(0))
+        return "221 Bye"
 
     async def handle_RCPT(self, server, session, envelope, address, rcpt_options):
         reply = self.script["RCPT"].pop(0) if self.script["RCPT"] else None
@@ -257,6 +262,23 @@ def test_a_server_that_drips_its_answers_never_gets_the_message_after_the_deadli
     time.sleep(1)  # the server's slow answer comes: the message never follows it
     assert email_messages.bodies_received == 0
     action = run_once(action)
+    assert action.status == "succeeded" and email_messages.message_ids() == [expected_message_id(action.operation_key)]
+
+
+@db
+def test_a_server_slow_to_say_goodbye_after_taking_the_message_keeps_no_call_past_its_deadline(email_messages,
+                                                                                             settings):
+    """The message was taken in; the QUIT after it was answered late. The session's end is held to
+    the deadline too (the call settled after it would be refused as a late write, and the message,
+    sent, would go to a person): the message counts as sent, once, in time."""
+    settings.CONNECTOR_TIMEOUT = 1.0
+    email_messages.script["DATA"].append(0.5)  # taken in, its answer half the deadline later
+    email_messages.script["QUIT"].append(1.5)
+    action = request_message("msg:slow-bye", "hal@customers.example")
+    started = time.monotonic()
+    action = run_once(action)
+
+    assert time.monotonic() - started < settings.CONNECTOR_TIMEOUT + 0.3
     assert action.status == "succeeded" and email_messages.message_ids() == [expected_message_id(action.operation_key)]
 
 

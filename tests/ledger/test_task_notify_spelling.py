@@ -45,3 +45,5 @@ def test_the_migration_gives_a_task_recorded_before_the_rule_its_print_in_one_sp
     for spelling in ("ada@CUSTOMERS.example", "ada@customers.example"):
         assert post_task(client, spelling).status_code == 200
     assert Task.objects.get().input == written  # what was recorded stays as it was
+    reprint.backwards(django_apps, None)
+    assert Task.objects.get().fingerprint == reprint.hashed("workflow:refund", "task-n1", written)

@@ -8,6 +8,7 @@ from decimal import Decimal
 from urllib.parse import urlencode
 
 import pytest
+from allauth.mfa.models import Authenticator
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core.management import call_command
@@ -172,3 +173,17 @@ def test_a_decision_abandoned_at_the_factor_page_is_not_taken_by_a_later_factor(
     assert given.status_code == 302 and given["Location"] == f"/review/{item.pk}/decide"
     item.refresh_from_db()
     assert item.status == ReviewStatus.OPEN and not audit_events(item, "approve").exists()
+
+
+def test_allauths_own_request_kept_for_the_factor_is_still_carried_out(client, step_up, alice):
+    """allauth keeps a request of its own for the factor too (removing one, here): it bore no time
+    of asking, was taken for an abandoned one and dropped on the factor page, and the factor given
+    removed nothing."""
+    sign_in(client, "alice")
+    secret = enrol_totp(client)
+    asked = client.post("/accounts/2fa/totp/deactivate/", headers={"Sec-Fetch-Mode": "navigate"})
+    assert asked.status_code == 302 and asked["Location"].startswith(REAUTHENTICATE)
+    client.get(asked["Location"], headers={"Sec-Fetch-Mode": "navigate"})
+    assert "account_reauthentication_state" in client.session
+    client.post(asked["Location"], {"code": totp(secret)}, headers={"Sec-Fetch-Mode": "navigate"})
+    assert not Authenticator.objects.filter(user=alice, type=Authenticator.Type.TOTP).exists()
