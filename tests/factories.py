@@ -25,6 +25,8 @@ from django.db import OperationalError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from approvals.decisions import review_decide
+from approvals.models import ReviewItem
 from console.sweeper import sweep_once
 from ledger.agents import agent_create
 from ledger.models import Action, ActionStatus, Agent, AuditEvent, Grant, StepStatus, Task, TaskStep
@@ -53,6 +55,20 @@ def person(username, group=None):
     if group:
         user.groups.add(Group.objects.get(name=group))
     return user
+
+
+def confirmed_absent(action, *, by=None):
+    """The recorded `action` claimed, its call's outcome unknown, the look unable to tell, and
+    marked failed ("confirmed absent") by a person (`by`, else an approver): the ledger's own
+    moves, as the executor and the review page make them. Returns it, refreshed."""
+    action.claim(owner="tests:1")
+    action.mark_unknown(actor="system:executor", claim=action.fence, verify_at=timezone.now(),
+                        evidence={"code": "timeout"})
+    action.mark_needs_review(actor="system:executor", evidence={"found": None})
+    review_decide(ReviewItem.objects.get(action=action, status="open"), user=by or person("alice", "approvers"),
+                  decision="mark_failed", reason="not in the provider's dashboard")
+    action.refresh_from_db()
+    return action
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ from decimal import Decimal
 
 import pytest
 from django.db import IntegrityError, transaction
-from django.utils import timezone
 
 from approvals.decisions import AlreadyDecided, DecisionRefused, review_decide, review_edit
 from approvals.intake import customer_total_today
@@ -17,7 +16,7 @@ from dlq.entries import deadletter_redrive
 from dlq.models import DeadLetter
 from ledger.actions import action_request
 from ledger.models import Action, ActionStatus, AuditEvent
-from tests.factories import audit_events, make_agent, person
+from tests.factories import audit_events, confirmed_absent, make_agent, person
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("jobs_to_test_redis")]
 KEY = "refund:ORD-E1:full:dec-1"
@@ -252,12 +251,7 @@ def test_an_action_sent_to_its_provider_before_is_not_edited(people):
     action, item = over_limit(agent)
     review_decide(item, user=users["alice"], decision="approve", reason="damaged")
     action.refresh_from_db()
-    action.claim(owner="tests:1")
-    action.mark_unknown(actor="system:executor", claim=action.fence, verify_at=timezone.now(),
-                        evidence={"code": "timeout"})
-    action.mark_needs_review(actor="system:executor", evidence={"found": None})
-    review_decide(ReviewItem.objects.get(action=action, status="open"), user=users["bob"], decision="mark_failed",
-                  reason="not in the provider's dashboard")
+    action = confirmed_absent(action, by=users["bob"])
     action_request(agent=agent, operation_key="refund:ORD-E9:full:dec-9", action_type="refund", target="ORD-E9",
                    customer="CUST-E1", params={"amount": "20.00", "currency": "EUR"})
     deadletter_redrive(DeadLetter.objects.get(action=action, status="open"), actor=users["olga"],

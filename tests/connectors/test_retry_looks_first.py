@@ -10,30 +10,21 @@ forgotten it (Stripe keeps keys a day): the refund here is made under no Idempot
 forgotten key leaves it."""
 
 import pytest
-from django.utils import timezone
 
-from approvals.decisions import review_decide
-from approvals.models import ReviewItem
 from dlq.entries import deadletter_redrive
 from dlq.models import DeadLetter
 from ledger.models import Action
 from tests.connectors.stripe_servers import provider_app, provider_stack, stripe_provider  # noqa: F401 (fixtures)
 from tests.connectors.test_stripe import settled
 from tests.connectors.test_stripe_independent_servers import agent  # noqa: F401 (fixture)
-from tests.factories import person, post_action, refund_body
+from tests.factories import confirmed_absent, person, post_action, refund_body
 
 
 def failed_by_a_person(agent, key, charge):
     """The refund recorded, its attempt's outcome unknown, reviewed and marked failed by a person:
     the ledger's own moves, as the executor and the review page make them (no worker runs yet)."""
     assert post_action(agent, key, refund_body(charge)).status_code == 201
-    action = Action.objects.get(operation_key=key)
-    action.claim(owner="tests:1")
-    action.mark_unknown(actor="system:executor", claim=action.fence, verify_at=timezone.now(),
-                        evidence={"code": "timeout"})
-    action.mark_needs_review(actor="system:executor", evidence={"found": None})
-    review_decide(ReviewItem.objects.get(action=action, status="open"), user=person("alice", "approvers"),
-                  decision="mark_failed", reason="not in the provider's dashboard")
+    action = confirmed_absent(Action.objects.get(operation_key=key))
     return DeadLetter.objects.get(action=action, status="open")
 
 

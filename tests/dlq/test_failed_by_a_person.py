@@ -3,17 +3,14 @@ from the unknown-outcome queue) after an attempt of several is in no queue the e
 never runs a failed action): it gets its dead-letter entry and alert, where it can be redriven."""
 
 import pytest
-from django.utils import timezone
 
-from approvals.decisions import review_decide
-from approvals.models import ReviewItem
 from dlq.bulk import ACTION_FAILED_AGAIN
 from dlq.entries import deadletter_redrive
 from dlq.models import Alert, DeadLetter
 from ledger.actions import action_request
 from ledger.executor import action_claim_next, action_run_claimed
 from ledger.models import ActionStatus, AuditEvent
-from tests.factories import make_agent, person
+from tests.factories import confirmed_absent, make_agent, person
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("jobs_to_test_redis")]
 
@@ -22,13 +19,7 @@ def test_a_failure_a_person_confirmed_after_one_attempt_gets_its_entry_and_can_b
     agent, _ = make_agent("billing")
     action, _ = action_request(agent=agent, operation_key="refund:ORD-U:full:dec-1", action_type="refund",
                                target="ORD-U", customer="CUST-U", params={"amount": "20.00", "currency": "EUR"})
-    action.claim(owner="tests:1")
-    action.mark_unknown(actor="system:executor", claim=action.fence, verify_at=timezone.now(),
-                        evidence={"code": "timeout"})
-    action.mark_needs_review(actor="system:executor", evidence={"found": None})
-    review_decide(ReviewItem.objects.get(action=action, status="open"), user=person("alice", "approvers"),
-                  decision="mark_failed", reason="not in the provider's dashboard")
-    action.refresh_from_db()
+    action = confirmed_absent(action)
     assert (action.status, action.error["retryable"], action.attempts) == (ActionStatus.FAILED, True, 1)
     assert action_claim_next("tests:2") is None  # nothing runs it again by itself
 
