@@ -16,10 +16,11 @@ from ledger.models import AuditEvent
 from .models import Approval, Limit, ReviewItem
 
 # `fingerprint` / `decided_fingerprint`: of the params the approver or decider saw on the page.
-APPROVAL_FIELDS = ("user", "reason", "at", "fingerprint")
+# `on_behalf_of` / `decided_for`: the person a delegate decided for (approvals.delegation).
+APPROVAL_FIELDS = ("user", "on_behalf_of", "reason", "at", "fingerprint")
 ITEM_FIELDS = (
     "id", "kind", "status", "why", "approvals_needed", "limit_snapshot", "created_at", "deadline", "expires_at",
-    "decided_by", "decided_by_label", "decided_at", "decided_fingerprint", "note", "overdue_alerted_at",
+    "decided_by", "decided_for", "decided_by_label", "decided_at", "decided_fingerprint", "note", "overdue_alerted_at",
     "escalated_at", "approvals",
 )
 
@@ -28,6 +29,8 @@ class ApprovalEvidenceSerializer(serializers.ModelSerializer):
     """One approver's yes on an item that needs two."""
 
     user = serializers.SlugRelatedField(slug_field="username", read_only=True, help_text="Who approved.")
+    on_behalf_of = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True,
+                                                help_text="The person a delegate approved for; null for their own.")
 
     class Meta:
         model = Approval
@@ -42,6 +45,8 @@ class ReviewItemEvidenceSerializer(serializers.ModelSerializer):
     status = serializers.CharField()
     decided_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True,
                                               help_text="The person who decided; null while open or closed by the system.")
+    decided_for = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True,
+                                               help_text="The person a delegate decided for; null for their own.")
     approvals = ApprovalEvidenceSerializer(many=True, read_only=True)
 
     class Meta:
@@ -77,8 +82,9 @@ def _limit_change_in_force(action):
 
 
 def approvals_evidence(action):
-    items = list(ReviewItem.objects.filter(action=action).select_related("decided_by").prefetch_related(
-        Prefetch("approvals", Approval.objects.select_related("user").order_by("at", "id"))).order_by("id"))
+    items = list(ReviewItem.objects.filter(action=action).select_related("decided_by", "decided_for").prefetch_related(
+        Prefetch("approvals", Approval.objects.select_related("user", "on_behalf_of").order_by("at", "id")))
+                 .order_by("id"))
     change = _limit_change_in_force(action)
     audit = Q(object_type=ReviewItem._meta.label_lower, object_id__in=[str(item.pk) for item in items])
     if change is not None:

@@ -56,6 +56,7 @@ from ledger.models import (SETTLED, Action, ActionStatus, AuditEvent, Booking, C
 from ledger.partitions import AUDIT, WEBHOOKS
 from ledger.retention import Archive, ArchivedKey, ArchivedTask, key_lifetime
 
+from .incidents import Incident, IncidentStatus
 from .models import Alert, AlertDelivery, BulkRedrive, BulkRedriveItem, DeadLetter, EntryStatus
 from .redrive_runs import RunStatus
 
@@ -73,10 +74,12 @@ CHUNK = 5000
 
 def _waiting(now):
     """An action that must stay: not final (a superseded one is its version's), in its key's
-    lifetime, waiting for a person (an open review item or dead letter), or with a dead letter
-    that must stay (`_entry_kept`)."""
+    lifetime, waiting for a person (an open review item or dead letter, or an open incident under
+    its key: its resolver reads the action, and a webhook about its effect finds it), or with a
+    dead letter that must stay (`_entry_kept`)."""
     return (~Q(status__in=[*FINAL, ActionStatus.SUPERSEDED]) | Q(created_at__gt=now - key_lifetime())
-            | Q(review_items__status=ReviewStatus.OPEN) | Q(dead_letters__in=DeadLetter.objects.filter(_entry_kept(now))))
+            | Q(review_items__status=ReviewStatus.OPEN) | Q(dead_letters__in=DeadLetter.objects.filter(_entry_kept(now)))
+            | Exists(Incident.objects.filter(operation_key=OuterRef("operation_key"), status=IncidentStatus.OPEN)))
 
 
 def _entry_kept(now):

@@ -39,8 +39,8 @@ class AlertEvidenceSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Alert
-        fields = ("id", "kind", "dead_letter", "review_item", "subject", "recipients", "created_at", "delivered_at",
-                  "deliveries")
+        fields = ("id", "kind", "dead_letter", "review_item", "incident", "subject", "recipients", "created_at",
+                  "delivered_at", "deliveries")
 
 
 class IncidentEvidenceSerializer(serializers.ModelSerializer):
@@ -61,14 +61,15 @@ class DeadLettersEvidenceSerializer(serializers.Serializer):
 
 def deadletters_evidence(action):
     """Five queries, whatever the number of rows. The alerts are looked up by the ids of their
-    entries and review items, each side an index lookup: an OR across a join to the review
+    entries, review items and incidents, each an index lookup: an OR across a join to the review
     items read every alert (decision 38)."""
     about = Q(action=action) | (Q(task_id=action.task_id) if action.task_id else Q(pk__in=[]))
     entries = list(DeadLetter.objects.filter(about).order_by("id"))
     items = list(ReviewItem.objects.filter(action=action).values_list("pk", flat=True))
-    alerts = Alert.objects.filter(Q(dead_letter__in=[e.pk for e in entries]) | Q(review_item__in=items)).order_by(
-        "id").prefetch_related(Prefetch("deliveries", AlertDelivery.objects.order_by("at", "id")))
     incidents = list(Incident.objects.filter(operation_key=action.operation_key).order_by("id"))
+    alerts = Alert.objects.filter(Q(dead_letter__in=[e.pk for e in entries]) | Q(review_item__in=items)
+                                  | Q(incident__in=[i.pk for i in incidents])).order_by(
+        "id").prefetch_related(Prefetch("deliveries", AlertDelivery.objects.order_by("at", "id")))
     audit = (Q(object_type=DeadLetter._meta.label_lower, object_id__in=[str(e.pk) for e in entries])
              | Q(object_type=Incident._meta.label_lower, object_id__in=[str(i.pk) for i in incidents]))
     data = {

@@ -13,6 +13,7 @@ from django.test import Client
 from django.utils import timezone
 
 from approvals.decisions import DecisionRefused, review_decide
+from approvals.evidence import approvals_evidence
 from approvals.delegation import (DelegationRefused, delegate_choices, delegation_name, delegation_revoke,
                                   standing_in)
 from approvals.models import Delegation, Limit, ReviewItem, ReviewStatus
@@ -85,6 +86,9 @@ def test_a_delegate_decides_on_the_persons_behalf_and_the_trail_says_so(people, 
     assert (item.status, item.decided_by, item.decided_for) == (ReviewStatus.APPROVED, people["olga"], people["alice"])
     [event] = audit_events(item, "approve")
     assert event.actor == "user:olga" and event.after["on_behalf_of"] == "user:alice"
+    # The evidence record says so too: the decision read as the delegate's own.
+    [shown] = approvals_evidence(item.action).data["review_items"]
+    assert (shown["decided_by"], shown["decided_for"]) == ("olga", "alice")
 
 
 @pytest.mark.parametrize("when", ["ended early", "not started", "over"])

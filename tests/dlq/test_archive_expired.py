@@ -19,6 +19,8 @@ from django.utils import timezone
 from approvals.models import DecisionLink, ReviewItem
 from dlq import archive as archiving
 from dlq.archive import archive_expired
+from dlq.incidents import Incident, incident_resolve
+from dlq.reconcile import incident_open_for_failed_effect
 from dlq.models import Alert, DeadLetter
 from ledger import locks
 from ledger.audit import audit_verify, audit_walk
@@ -202,6 +204,25 @@ def test_a_failure_that_could_be_retried_goes_once_a_person_closed_its_dead_lett
     _, counts = run(tmp_path)
     assert not Action.objects.filter(pk=ledger["retryable"].pk).exists()
     assert counts["ledger.action"] == 3  # with the two settled ones
+
+
+def test_an_action_an_open_incident_names_stays_until_the_incident_is_resolved(tmp_path, ledger):
+    """The provider failed a refund after it succeeded (a failed_effect incident): archived while
+    the incident was open, its row and evidence were gone from the person resolving it, and a later
+    webhook about its effect found no action."""
+    done = ledger["done"]
+    with connection.cursor() as cursor:  # its alert is written after it, as in one commit
+        if connection.vendor == "postgresql":
+            cursor.execute("SET CONSTRAINTS ALL DEFERRED")
+        incident_open_for_failed_effect(done, connector="sandbox", external_ref="re_1", actor="system:tests",
+                                        evidence={"webhook": "refund.failed"})
+        if connection.vendor == "postgresql":
+            cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+    run(tmp_path)
+    assert Action.objects.filter(pk=done.pk).exists()
+    incident_resolve(Incident.objects.get(), actor="user:ops", reason="refunded again by hand")
+    run(tmp_path)
+    assert not Action.objects.filter(pk=done.pk).exists()
 
 
 def test_the_archives_checkpoint_still_vouches_after_the_secret_key_is_rotated(tmp_path, ledger, settings):
