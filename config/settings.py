@@ -133,6 +133,16 @@ else:
     # the same few statements run on every request, and planning them each time cost
     # PostgreSQL more than running them.
     DATABASES["default"].setdefault("OPTIONS", {}).update(server_side_binding=True, prepare_threshold=2)
+    # A primary that vanishes without closing its connections (a host lost, a network split, a
+    # frozen VM) must not hold a statement in recv() for the kernel's 15 minutes (unacknowledged)
+    # or 2 hours (before its first keepalive): every sweeper and drain lane would hang, and none
+    # reconnect after the failover. A connection idle 10 s is probed (3 probes 5 s apart), data
+    # unacknowledged for DATABASE_TCP_USER_TIMEOUT_MS ends it (Linux), and a connection attempt
+    # gives up after DATABASE_CONNECT_TIMEOUT seconds: each is an error the outage handling waits out.
+    DATABASES["default"]["OPTIONS"].update(
+        keepalives=1, keepalives_idle=10, keepalives_interval=5, keepalives_count=3,
+        tcp_user_timeout=env_int("DATABASE_TCP_USER_TIMEOUT_MS", 15000),
+        connect_timeout=env_int("DATABASE_CONNECT_TIMEOUT", 5))
     # A persistent connection the database dropped while it sat idle (a failover, a restarted
     # pooler, an idle timeout) is found out by a request's first statement and replaced,
     # instead of failing that request. Its cost (`make bench BENCH_ARGS=health_checks`, CPU per

@@ -141,8 +141,15 @@ def alert_deliver(alert_id):
 
 
 def alerts_redeliver_stale(older_than=timedelta(minutes=5)):
-    """The sweeper's pass: undelivered alerts whose job may have been lost."""
-    cutoff = timezone.now() - older_than
-    stale = Alert.objects.filter(delivered_at__isnull=True, created_at__lt=cutoff).exclude(deliveries__at__gte=cutoff)
-    for alert_id in stale.values_list("pk", flat=True)[:100]:
+    """The sweeper's pass: undelivered alerts whose job may have been lost, each queued again at
+    most once every `older_than` (stamped: while the workers are down every pass found the same
+    alerts, and queued a job for each, a second apart, for as long as the outage lasted)."""
+    now = timezone.now()
+    cutoff = now - older_than
+    stale = (Alert.objects.filter(delivered_at__isnull=True, created_at__lt=cutoff)
+             .exclude(deliveries__at__gte=cutoff).exclude(redelivery_queued_at__gte=cutoff))
+    ids = list(stale.values_list("pk", flat=True)[:100])
+    Alert.objects.filter(pk__in=ids).update(redelivery_queued_at=now)
+    for alert_id in ids:
         _enqueue(alert_id)
+    return len(ids)

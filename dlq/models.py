@@ -250,6 +250,8 @@ class Alert(models.Model):
     delivered_at = models.DateTimeField(null=True, blank=True)
     # The addresses its e-mail goes to instead of ALERT_EMAILS (a review item's tier); null: those.
     recipients = models.JSONField(null=True, blank=True)
+    # When the sweeper last queued its delivery again (dlq.alerts.alerts_redeliver_stale).
+    redelivery_queued_at = models.DateTimeField(null=True, blank=True)
 
     objects = AlertManager()
 

@@ -16,7 +16,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from rq.registry import ScheduledJobRegistry
 
-from dlq.alerts import alert_deliver
+from dlq.alerts import alert_deliver, alerts_redeliver_stale
 from dlq.entries import deadletter_discard, deadletter_redrive, deadletter_resolve
 from dlq.models import Alert, AlertDelivery, DeadLetter, EntryStatus
 from ledger.models import InvalidTransition, StepStatus, Task
@@ -186,6 +186,25 @@ def test_an_entry_with_its_alert_in_the_same_transaction_commits(jobs_to_test_re
 
 
 # --- Alert delivery ---------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_stale_alert_is_queued_again_once_however_many_passes_find_it(jobs_to_test_redis):
+    """The workers down, every sweeper pass found the same undelivered alert and queued a job for
+    it: one a second, for as long as the outage lasted, in the one queue drains wait in."""
+    task = plain_task("refund-stale-alert")
+    with transaction.atomic():
+        entry = DeadLetter.objects.create(task=task, snapshot={}, last_error={}, attempts=3)
+        alert = Alert.objects.create(kind=Alert.Kind.DEAD_LETTER, dead_letter=entry, subject="s",
+                                     link=entry.get_absolute_url(), created_at=timezone.now() - timedelta(minutes=10))
+    queue = django_rq.get_queue("default")
+
+    def queued():
+        return [job for job in queue.get_jobs() if job.func_name == "dlq.alerts.alert_deliver" and job.args == (alert.pk,)]
+
+    before = len(queued())
+    assert [alerts_redeliver_stale() for _ in range(5)] == [1, 0, 0, 0, 0]
+    assert len(queued()) - before == 1
 
 
 @pytest.mark.django_db(transaction=True)

@@ -7,6 +7,7 @@ import logging
 import psycopg
 import pytest
 from django.contrib.auth import get_user_model
+from django.db import connection
 
 from console import ledger_views
 from ledger import outages, sweeper
@@ -75,6 +76,23 @@ def test_a_sweeper_step_that_fails_keeps_none_of_the_others_from_running(error, 
     assert "step failing failed; the pass ran the others" in caplog.text  # the error raised, named
 
 
+def test_a_statement_the_database_refuses_in_the_doorbells_look_ends_no_pass(settings, db, monkeypatch):
+    """The look for work to ring the drains for ran outside the steps: a statement timeout there
+    (a role's statement_timeout, a long queue) ended every pass before the apps' steps, the seal
+    and the partitions."""
+    settings.RQ_ASYNC = False
+    timeout = psycopg.errors.QueryCanceled("canceling statement due to statement timeout")
+    steps, ran = staged_steps(None)
+
+    def timed_out():
+        raise timeout
+
+    monkeypatch.setattr(sweeper, "action_runnable_exists", timed_out)
+    with pytest.raises(psycopg.errors.QueryCanceled):
+        sweeper.sweep_once(steps[:1])
+    assert ran == ["before"]
+
+
 def test_a_sweeper_step_that_lost_the_database_ends_the_pass_at_once(refused, settings, db):
     """Every step after it would meet the outage too, each after its own timeout: the pass ends,
     and sweep_forever waits the outage out."""
@@ -129,3 +147,16 @@ def test_a_deadlock_is_answered_busy_and_is_no_outage(client, db, deadlock, monk
     assert (response.status_code, response["Retry-After"]) == (503, "1")
     assert says in response.content.decode().replace(": ", ":")
     assert not [r for r in caplog.records if "unreachable" in r.getMessage()]
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="libpq's connection parameters")
+def test_a_connection_that_goes_silent_is_given_up_not_waited_on_for_the_kernels_quarter_hour(db):
+    """No keepalive timing, no TCP user timeout, no connect timeout: a primary that vanished
+    without closing its connections held every sweeper's and lane's statement in recv() for 15
+    minutes to 2 hours. The connection the ledger uses carries them (libpq applies them)."""
+    connection.ensure_connection()
+    given = connection.connection.info.get_parameters()
+    assert {name: given.get(name) for name in ("keepalives", "keepalives_idle", "keepalives_interval",
+                                               "keepalives_count", "tcp_user_timeout", "connect_timeout")} == {
+        "keepalives": "1", "keepalives_idle": "10", "keepalives_interval": "5", "keepalives_count": "3",
+        "tcp_user_timeout": "15000", "connect_timeout": "5"}
