@@ -66,13 +66,15 @@ class LimitInForceSerializer(serializers.Serializer):
 
 
 class ApprovalsEvidenceSerializer(serializers.Serializer):
-    limit_in_force = LimitInForceSerializer(allow_null=True)
+    limit_in_force = LimitInForceSerializer(
+        allow_null=True, help_text="Null: no limit then, or its last change is among the archived events (audit.archived).")
     review_items = ReviewItemEvidenceSerializer(many=True)
 
 
 def _limit_change_in_force(action):
     """The audit event of the last change to the action's limit before its request (None
-    without a limit then): one query."""
+    without a limit then, or with its change among the archived events: the record's
+    `audit.archived` names where those went): one query."""
     if not action.currency:
         return None
     limit_id = Limit.objects.filter(action_type=action.action_type, currency=action.currency).values(

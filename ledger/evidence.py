@@ -214,14 +214,13 @@ def _audit(events):
 
 
 def _archived_before(action):
-    """Where the action's events before the chain's start went, if an archive run took some: the
-    checkpoint's seq the chain starts from, and the files (and their SHA-256) that hold the events
-    before it. None while the action was recorded after that checkpoint's event: none went."""
+    """Where the events before the chain's start went, if an archive run took some: the checkpoint's
+    seq the chain starts from, and the files (and their SHA-256) that hold the events before it.
+    Named for every action, however recent: the record also reads the policies in force when it was
+    requested (its limit's last change, its agent's grant), which may be older than any action, and
+    found absent, they may be among them. None while no archive run took any."""
     origin = chain_start()
     if origin is None:
-        return None
-    start = AuditEvent.objects.filter(seq=origin.seq).values_list("occurred_at", flat=True).first()
-    if start is None or action.created_at > start:
         return None
     archives = Archive.objects.filter(checkpoint__seq__lte=origin.seq).select_related("checkpoint").order_by("id")
     return {"before_seq": origin.seq,

@@ -111,4 +111,6 @@ def test_a_record_of_an_action_recorded_before_the_chains_start_names_where_its_
     files = [{"file": a.file, "sha256": a.sha256} for a in Archive.objects.filter(checkpoint__isnull=False).order_by("id")]
     assert len(files) > 1
     assert record(ledger["open"])["archived"] == {"before_seq": start.seq, "files": files}
-    assert record(ledger["recent"])["archived"] is None  # recorded after the chain's start: none of its events went
+    # Recorded after the chain's start, none of its own events went, but the policies in force when
+    # it was requested (its limit's last change, its agent's grant) may have: the record says where.
+    assert record(ledger["recent"])["archived"] == {"before_seq": start.seq, "files": files}
