@@ -353,12 +353,20 @@ def _observe(run):
     for item in watched[:settings.REDRIVE_SPIKE_WINDOW]:
         if item.failed_again:
             continue
-        event = _failure_since(item.entry, item.redriven_at)
+        event = _failure_since(item.entry)
         if event is not None:
             item.note_failed_again(_describe(event), event.occurred_at)
 
 
-def _failure_since(entry, since):
+def _failure_since(entry):
+    """The first event that says the entry's work failed again after its redrive. After it in the
+    audit trail's own order (its events' ids, taken as they are written), not by their times: the
+    worker that failed it stamps its events by its host's clock (decision 57), and one a few
+    seconds behind the bulk job's host wrote failures that seemed older than the redrive."""
+    redriven = AuditEvent.objects.filter(object_type=DeadLetter._meta.label_lower, object_id=str(entry.pk),
+                                         verb="redriven").values_list("id", flat=True).first()
+    if redriven is None:
+        return None
     if entry.action_id:
         events = AuditEvent.objects.filter(ACTION_FAILED_AGAIN, object_type="ledger.action",
                                            object_id=str(entry.action_id))
@@ -367,7 +375,7 @@ def _failure_since(entry, since):
         events = AuditEvent.objects.filter(
             (Q(object_type="ledger.action", object_id__in=actions) & ACTION_FAILED_AGAIN)
             | (Q(object_type="ledger.task", object_id=str(entry.task_id)) & TASK_FAILED_AGAIN))
-    return events.filter(occurred_at__gte=since).order_by("id").first()
+    return events.filter(id__gt=redriven).order_by("id").first()
 
 
 def _describe(event):

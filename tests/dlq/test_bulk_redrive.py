@@ -9,6 +9,7 @@ entry redriven that fails again gets a new entry, the earlier one keeping its er
 import sys
 import time
 from datetime import timedelta
+from types import SimpleNamespace
 from decimal import Decimal
 
 import pytest
@@ -21,15 +22,16 @@ from guardian.shortcuts import assign_perm, remove_perm
 
 from approvals.models import Limit
 from console.sweeper import sweep_once
-from dlq.bulk import LEASE_SECONDS, bulk_redrive_work, bulk_redrives_resume, lease
-from dlq.entries import deadletter_resolve
+from dlq.bulk import LEASE_SECONDS, _failure_since, bulk_redrive_work, bulk_redrives_resume, lease
+from dlq.entries import deadletter_redrive, deadletter_resolve
 from dlq.models import BulkRedrive, BulkRedriveItem, DeadLetter, EntryStatus
+from ledger import audit as ledger_audit
 from ledger.access import WORK_DLQ
 from ledger.locks import StepLease, lead
 from ledger.models import Action, ActionStatus, AuditEvent, Capability
 from tests.conftest import wait_until
-from tests.factories import (agent_api, audit_events, dead_letter, failed_task_entry, make_action, make_agent, sandbox,
-                             sandbox_list)
+from tests.factories import (agent_api, audit_events, dead_letter, failed_task_entry, make_action, make_agent, person,
+                             sandbox, sandbox_list)
 
 REASON = "the provider is back (INC-4411); the runbook says redrive"
 User = get_user_model()
@@ -509,3 +511,20 @@ def test_a_failure_for_good_over_its_limit_now_is_reported_as_waiting_for_an_app
     assert (item.outcome, item.outcome_detail) == ("redriven", "waits for an approver: failed for good, it is over "
                                                                "its limit now")
     assert Action.objects.get(pk=entry.action_id).status == ActionStatus.AWAITING_APPROVAL
+
+
+def test_a_failure_again_stamped_by_a_host_whose_clock_is_behind_still_counts(agent, jobs_to_test_redis,
+                                                                              monkeypatch):
+    """The spike brake compared the redrive's time on the bulk job's host with the failure's on the
+    worker's: a worker 3 s behind failed the redriven work 0.5 s later, and the failure seemed older
+    than the redrive, so a run into a failing provider never stopped. Ordered by the audit trail."""
+    entry = failed_refund_entry(agent, 1)
+    deadletter_redrive(entry, actor=person("olga", "operators"), reason="the provider is back")
+    behind = SimpleNamespace(now=lambda: timezone.now() - timedelta(seconds=3))
+    monkeypatch.setattr(ledger_audit, "timezone", behind)  # the worker's host writes the events now
+    claimed = Action.objects.get(pk=entry.action_id).claim(owner="worker-behind:1")
+    claimed.mark_failed(actor="system:executor", claim=claimed.fence, code="provider_unavailable", message="down",
+                        retryable=True)
+    monkeypatch.undo()
+    event = _failure_since(DeadLetter.objects.get(pk=entry.pk))
+    assert event is not None and event.verb == "failed"
