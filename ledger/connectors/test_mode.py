@@ -20,11 +20,11 @@ over builds the test mode from the settings and asks the provider directly.
 import ast
 import contextlib
 import contextvars
-import functools
 import hashlib
 import inspect
 import json
 import sys
+import threading
 from importlib import metadata
 
 from django.conf import settings
@@ -173,9 +173,11 @@ def _imported_names(module):
     every submodule any code in the process imported, so the version would differ from process to
     process (a worker's from the web's), and a grant promoted in one would be shadow in the other."""
     try:
-        tree = ast.parse(inspect.getsource(module))
+        source = inspect.getsource(module)
     except (OSError, TypeError):  # no source to read (a frozen build)
         return set()
+    with _parsing:  # CPython 3.11's ast.parse fails in two threads at once (see version_now)
+        tree = ast.parse(source)
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -197,22 +199,33 @@ def connector_version(action_type):
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-@functools.cache
+_versions = {}
+_computing, _parsing = threading.Lock(), threading.Lock()
+
+
 def version_now(action_type):
     """connector_version(action_type), or None where no connector serves it: computed once per
-    process, as a live grant's state asks for it at every claim (ledger.grants.grant_state)."""
-    try:
-        return connector_version(action_type)
-    except (NoConnector, ImportError):
-        return None
+    process, as a live grant's state asks for it at every claim (ledger.grants.grant_state). Under
+    a lock the first time: a worker's drain lanes claim at once, and CPython 3.11's ast.parse (read
+    for the connector's imports) raises SystemError ("AST constructor recursion depth mismatch")
+    when two threads parse at once."""
+    if action_type in _versions:
+        return _versions[action_type]
+    with _computing:
+        if action_type not in _versions:
+            try:
+                _versions[action_type] = connector_version(action_type)
+            except (NoConnector, ImportError):
+                _versions[action_type] = None
+        return _versions[action_type]
 
 
 register_cache("ledger.connectors.test_mode.version_now", holds="each action type's connector version",
                stale_when="the connector's settings change (tests: the setting_changed signal empties it)",
-               clear=version_now.cache_clear)
+               clear=_versions.clear)
 
 
 @receiver(setting_changed)
 def _forget_versions(setting, **kwargs):
     if setting in ("SURETY_CONNECTORS", "SANDBOX_ENABLED", "SANDBOX_BASE_URL", "SANDBOX_API_KEY"):
-        version_now.cache_clear()
+        _versions.clear()

@@ -4,6 +4,7 @@ live, only with a passing replay run for the connector as it is now; past the re
 it is shadow again; a revoke is immediate."""
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from decimal import Decimal
 
@@ -16,6 +17,7 @@ from console.sweeper import sweep_once
 from ledger.actions import action_request
 from ledger.agents import agent_rotate_token
 from ledger.connectors.base import Connector
+from ledger.connectors import test_mode
 from ledger.connectors.test_mode import connector_version
 from ledger.executor import action_claim_next
 from ledger.grants import GrantRefused, agent_grant, agent_revoke, capability, grant_promote, grant_state
@@ -332,3 +334,45 @@ def test_a_connector_in_a_packages_init_has_one_version_whatever_the_process_imp
     finally:
         for name in [name for name in sys.modules if name.startswith("teampay")]:
             del sys.modules[name]
+
+
+def test_a_connectors_version_is_computed_by_one_thread_however_many_lanes_claim_at_once(monkeypatch):
+    """A worker's drain lanes claim at once when it starts, and each asked for the connector's
+    version, computing it side by side: CPython 3.11's ast.parse (the connector's imports) raised
+    SystemError ("AST constructor recursion depth mismatch") in one of them, and its task failed."""
+    running, most, calls = [0], [0], []
+
+    def slow_version(action_type):
+        running[0] += 1
+        most[0] = max(most[0], running[0])
+        calls.append(action_type)
+        time.sleep(0.05)
+        running[0] -= 1
+        return "v1"
+
+    monkeypatch.setattr(test_mode, "connector_version", slow_version)
+    test_mode._versions.clear()
+    try:
+        with ThreadPoolExecutor(8) as lanes:
+            versions = list(lanes.map(lambda _: test_mode.version_now("refund"), range(8)))
+    finally:
+        test_mode._versions.clear()
+    assert versions == ["v1"] * 8 and most[0] == 1 and calls == ["refund"]
+
+
+def test_a_connectors_imports_are_parsed_by_one_thread_at_a_time(monkeypatch):
+    """A replay run computes the version too, beside a worker's lanes: the parse itself takes turns."""
+    running, most = [0], [0]
+    parse = test_mode.ast.parse
+
+    def slow_parse(source):
+        running[0] += 1
+        most[0] = max(most[0], running[0])
+        time.sleep(0.02)
+        running[0] -= 1
+        return parse(source)
+
+    monkeypatch.setattr(test_mode.ast, "parse", slow_parse)
+    with ThreadPoolExecutor(4) as threads:
+        versions = set(threads.map(lambda _: connector_version("refund"), range(4)))
+    assert len(versions) == 1 and most[0] == 1
