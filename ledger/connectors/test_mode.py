@@ -220,7 +220,7 @@ def version_now(action_type):
         return _versions[action_type]
 
 
-register_cache("ledger.connectors.test_mode.version_now", holds="each action type's connector version",
+register_cache("ledger.connectors.test_mode._versions", holds="each action type's connector version",
                stale_when="the connector's settings change (tests: the setting_changed signal empties it)",
                clear=_versions.clear)
 
