@@ -1,5 +1,6 @@
 """The dashboard's groups and their permissions (`python manage.py setup_roles`)."""
 
+from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group, Permission
 from django.contrib.contenttypes.models import ContentType
 from django.db import transaction
@@ -38,19 +39,19 @@ OBJECT_PERMS = {
 DECIDING_ROLES = sorted({role for per_kind in OBJECT_PERMS.values() for role in per_kind} | set(EXTRA_MODEL_PERMS))
 
 
-def decides(user):
-    """Whether `user` holds a role that can decide money or authority."""
-    return user.is_superuser or user.is_staff or holds_deciding_role(user)
+def deciding(prefix=""):
+    """Users (through `prefix`, "delegate__") who hold a role that decides: a superuser, or one in
+    a deciding group (staff alone is no role: the admin's flag)."""
+    return Q(**{f"{prefix}is_superuser": True}) | Q(**{f"{prefix}groups__name__in": DECIDING_ROLES})
 
 
 def holds_deciding_role(user):
-    """Whether `user` is a superuser or in a group that decides (staff alone is no role: the admin's)."""
-    return user.is_superuser or user.groups.filter(name__in=DECIDING_ROLES).exists()
+    return get_user_model().objects.filter(deciding(), pk=user.pk).exists()
 
 
-# The same, over a query of users through `prefix` ("delegate__"): as a Q.
-def deciding(prefix=""):
-    return Q(**{f"{prefix}is_superuser": True}) | Q(**{f"{prefix}groups__name__in": DECIDING_ROLES})
+def decides(user):
+    """Whether `user` can decide money or authority on the dashboard (the admin's staff too)."""
+    return user.is_staff or holds_deciding_role(user)
 
 
 def roles_capabilities():
