@@ -150,6 +150,27 @@ BEGIN
     RETURN NULL;
 END """)
 
+# An action sent to its provider before is never edited into a version (ledger.versions.edit_refusal):
+# the version runs under a key of its own, which the look a retried failure makes before its call
+# does not cover, and a provider would make the effect a second time. Its trigger (migration 0045)
+# fires only for a version's insert, so no other write pays for it.
+VERSION_OF_UNSENT = Function("ledger_action_version_of_unsent() RETURNS trigger", """
+BEGIN
+    IF EXISTS (SELECT 1 FROM ledger_action o WHERE o.id = NEW.supersedes_id AND o.attempts > 0) THEN
+        RAISE EXCEPTION USING MESSAGE = 'action ' || NEW.operation_key
+                                        || ' is a version of an action sent to its provider before',
+                              ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    RETURN NEW;
+END """)
+
+VERSION_OF_UNSENT_SQLITE = SQLiteTrigger("ledger_action_version_of_unsent", """CREATE TRIGGER ledger_action_version_of_unsent BEFORE INSERT ON ledger_action
+WHEN NEW.supersedes_id IS NOT NULL
+    AND EXISTS (SELECT 1 FROM ledger_action o WHERE o.id = NEW.supersedes_id AND o.attempts > 0)
+BEGIN
+    SELECT RAISE(ABORT, 'a version of an action sent to its provider before');
+END""")
+
 # Audit events are append-only; the only update is the sealer's, and only with the next link
 # of the chain (hash = sha256(prev_hash || content_hash || seq), the formula of audit.py), at a
 # seq no event holds yet (a partitioned table has no unique index of its own on seq). The
@@ -279,7 +300,7 @@ RULES = [LOCK_SUBJECTS, TRY_LOCK_SUBJECTS, SAME_SUBJECT, REQUEUE_SAME_SUBJECT, A
          AUDIT_NO_DELETE_SQLITE, CHECKPOINT_NO_UPDATE_SQLITE, CHECKPOINT_NO_DELETE_SQLITE, ARCHIVE_APPEND_ONLY,
          ARCHIVE_NO_UPDATE_SQLITE, ARCHIVE_NO_DELETE_SQLITE, ARCHIVE_SIGNED_SQLITE,
          ARCHIVED_KEY_REFUSED, ARCHIVED_KEY_REFUSED_SQLITE, ARCHIVED_TASK_REFUSED, ARCHIVED_TASK_REFUSED_SQLITE,
-         HELD_NEARBY]
+         HELD_NEARBY, VERSION_OF_UNSENT, VERSION_OF_UNSENT_SQLITE]
 
 
 def installed(connection, rule):

@@ -90,6 +90,9 @@ def version_params(action, changes):
 def action_version_create(original, *, actor, reason, params):
     """The next version of `original` (locked by the caller, awaiting approval) with `params`
     (from `version_params`, which refuses an action that may not be edited); `original` ends superseded. Returns the new version."""
+    refusal = edit_refusal(original)  # of the locked row: the page's copy may be older
+    if refusal:
+        raise VersionRefused(refusal)
     key = version_key(original)
     if len(key) > Action._meta.get_field("operation_key").max_length:
         raise VersionRefused("the operation key is too long for a version of its own: reject it instead")
