@@ -228,7 +228,7 @@ class StripeConnector(Connector):
             stripe.Webhook.construct_event(raw, signature, self.options["webhook_secret"])
         except stripe.SignatureVerificationError as exc:
             raise WebhookRefused(f"bad, missing or stale Stripe-Signature: {exc.user_message}") from None
-        except (AttributeError, TypeError) as exc:  # signed, but JSON that is not an object
+        except (AttributeError, TypeError, RecursionError) as exc:  # signed, but no JSON object (or nested too deep)
             raise ValueError("not an event") from exc
         event = loads_storable(raw)  # what PostgreSQL can store, as the event is kept
         data = event["data"].get("object") if isinstance(event.get("data"), dict) else None
