@@ -227,13 +227,16 @@ def collect(now, limit):
     """The rows one run takes (at most `limit` actions of no task, and `limit` tasks with theirs),
     locked: the caller's transaction. Alerts too: a delivery recorded meanwhile would go with its
     alert (CASCADE), unwritten; it waits for the run instead (dlq.alerts skips a locked alert)."""
-    tasks = _among(Task.objects.select_for_update().order_by("id"), "pk",
-                   expired_tasks(now).values_list("id", flat=True)[:limit])
-    alone = list(expired_actions(now).only("id", "supersedes_id")[:limit])
-    ids = _with_originals(alone + _among(Action.objects.only("id", "supersedes_id"), "task", tasks), now)
-    # Once each: an edit-down's original comes as its version's and as its task's, and two chunks
-    # would take it twice (one statement folded the two away).
-    actions = _among(Action.objects.select_for_update().order_by("id"), "pk", sorted(set(ids)))
+    # Chosen, locked, then chosen again among the locked rows: what committed while a lock was
+    # waited for (an incident a webhook opened under the action's lock; a task given up) is read
+    # by the second choice's statements, not by the first's older snapshot.
+    tasks, ids = _chosen(now, limit)
+    tasks = _among(Task.objects.select_for_update().order_by("id"), "pk", tasks)
+    actions = _among(Action.objects.select_for_update().order_by("id"), "pk", ids)
+    kept_tasks, kept_actions = map(set, _chosen(now, limit, among=([task.pk for task in tasks],
+                                                                   [action.pk for action in actions])))
+    tasks = [task for task in tasks if task.pk in kept_tasks]
+    actions = [action for action in actions if action.pk in kept_actions]
     entries = (_among(DeadLetter.objects.select_for_update(), "action", actions)
                + _among(DeadLetter.objects.select_for_update(), "task", tasks)
                + _closed_task_entries(now, limit, tasks))
@@ -264,6 +267,23 @@ def collect(now, limit):
         WebhookEvent: list(WebhookEvent.objects.filter(received_at__lte=now - _days("WEBHOOK_RETENTION_DAYS"))
                            .order_by("id")[:limit]),
     })
+
+
+def _chosen(now, limit, among=None):
+    """The ids of the tasks a run takes (at most `limit`, finished, with none of their actions
+    waiting) and of the actions (at most `limit` of no task, the tasks' own, each with the
+    originals it superseded), sorted; with `among`, (tasks, actions) chosen before, only of
+    those."""
+    if among is None:
+        tasks = list(expired_tasks(now).values_list("id", flat=True)[:limit])
+        alone = list(expired_actions(now).only("id", "supersedes_id")[:limit])
+    else:
+        tasks = [task.pk for task in _among(expired_tasks(now).only("id"), "pk", among[0])]
+        alone = _among(expired_actions(now).only("id", "supersedes_id"), "pk", among[1])
+    ids = _with_originals(alone + _among(Action.objects.only("id", "supersedes_id"), "task", tasks), now)
+    # Once each: an edit-down's original comes as its version's and as its task's, and two chunks
+    # would take it twice (one statement folded the two away).
+    return sorted(tasks), sorted(set(ids))
 
 
 def _closed_task_entries(now, limit, tasks):

@@ -14,7 +14,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from ledger.audit import actor_label
-from ledger.models import AuditEvent
+from ledger.models import Action, AuditEvent
 from ledger.statemachine import InvalidTransition, StateMachine
 
 
@@ -43,6 +43,10 @@ class IncidentManager(models.Manager):
         Alert = apps.get_model("dlq", "Alert")
         try:
             with transaction.atomic():
+                # The action its key names, locked: an archive run that chose it meanwhile waits,
+                # then reads this incident and keeps it; one that locked it first took it before.
+                list(Action.objects.select_for_update(no_key=True).filter(operation_key=finding.operation_key)
+                     .values_list("pk", flat=True))
                 incident = self.create(
                     kind=finding.kind, connector=finding.connector, action_type=finding.action_type,
                     operation_key=finding.operation_key, subject=finding.subject,
