@@ -175,7 +175,7 @@ def action_request(*, agent, operation_key, action_type, target, params, custome
             siblings = in_flight_near(action, locked=True) if action.status == S.HELD else []
             if siblings:
                 reason = "another action is in flight for the same target or customer: " + ", ".join(
-                    s.operation_key for s in siblings[:5]
+                    _named(s, action) for s in siblings[:5]
                 )
             elif action.status == S.HELD:  # a worker settled the one the insert saw, meanwhile
                 reason = "another action was in flight for the same target or customer when it was recorded"
@@ -193,7 +193,8 @@ def action_request(*, agent, operation_key, action_type, target, params, custome
                 hooks.moved(action, None, agent, reason)
             for sibling in siblings:
                 if sibling.status in (S.QUEUED, S.AWAITING_APPROVAL):  # not started: held with it
-                    sibling.hold(actor="system:intake", reason=f"{operation_key} arrived for the same target or customer")
+                    sibling.hold(actor="system:intake",
+                                 reason=f"{_named(action, sibling)} arrived for the same target or customer")
             if action.status == S.HELD and not siblings:
                 # What held it at the insert settled before the look: its settle, which could not
                 # see this row yet, released nothing, and nothing holds it now.
@@ -289,7 +290,8 @@ def action_retry(action, *, actor, reason, ask_limits=False):
         busy = [other for other in in_flight_near(action, locked=True)
                 if other.status != S.HELD or other.pk < action.pk]
         if busy:
-            return action.hold(actor=actor, reason=f"{busy[0].operation_key} is in flight for the same target or customer")
+            return action.hold(actor=actor,
+                               reason=f"{_named(busy[0], action)} is in flight for the same target or customer")
         if ask_limits:
             verdict = hooks.policy().verdict_for_action(action)
             if verdict.approvals_needed:
@@ -453,6 +455,13 @@ def _release_what_it_held(action):
         _release_if_nothing_holds(held, action)
 
 
+def _named(other, seen_by):
+    """How a reason about `seen_by` names `other`: by its key when one agent asked for both, else
+    by its id. The reason is in `seen_by`'s evidence record, which its agent reads, and another
+    agent's keys (its orders and decisions) are not for it to read."""
+    return other.operation_key if other.agent_id == seen_by.agent_id else f"action #{other.pk} (another agent's)"
+
+
 def _look_again(held_pk, settled_pk):
     """After the settle's commit, a held action that was busy then: its subjects' locks first,
     waiting as the intake waits (no row is held now), then its row, and the same look."""
@@ -476,12 +485,12 @@ def _release_if_nothing_holds(held, action):
     from_a_group = AuditEvent.objects.history(action).filter(verb="released").exclude(
         actor__startswith="system:").exists()
     if holders or from_a_group:
-        reason = (f"{holders[0].operation_key} is in flight for the same target or customer" if holders else
-                  f"{action.operation_key}, released from this held group by a person, is {action.status}: "
+        reason = (f"{_named(holders[0], held)} is in flight for the same target or customer" if holders else
+                  f"{_named(action, held)}, released from this held group by a person, is {action.status}: "
                   "the rest wait for a person's decision")
         AuditEvent.objects.record(actor="system:intake", verb="still_held", obj=held, reason=reason)
         hooks.moved(held, S.HELD, "system:intake", reason)  # kept held, for a new reason
         return
     verdict = hooks.policy().verdict_for_action(held)  # on its params, as a person's release asks it
     held.release(actor="system:intake", needs_approval=bool(verdict.approvals_needed),
-                 reason=f"{action.operation_key} is {action.status}: nothing else holds it")
+                 reason=f"{_named(action, held)} is {action.status}: nothing else holds it")

@@ -115,3 +115,27 @@ def test_the_grant_an_action_acted_under_is_the_one_in_force_when_it_was_request
     assert (revoked["agent"]["grant"]["state_at_request"], revoked["agent"]["grant"]["promotion"]) == ("shadow", None)
     assert [e["verb"] for e in revoked["audit"]["events"] if e["object_type"] == "ledger.agent"] == [
         "granted", "promoted", "revoked", "granted"]
+
+
+def test_an_agents_record_names_no_key_of_another_agents_action(client):
+    """A request held behind another agent's action on the same order: the reasons in each one's
+    record (held as it arrived, the other held with it, released once the other settled) name
+    the other by its id, never by its key (its order and decision are that agent's)."""
+    others, _ = make_agent("agent-b")
+    theirs, _ = action_request(agent=others, operation_key="refund:ORD-S:secret-decision", action_type="refund",
+                               target="ORD-S", customer="CUST-B", decision_id="b-1",
+                               params={"amount": "25.00", "currency": "EUR"})
+    mine, _ = action_request(agent=make_agent_on(client), operation_key="refund:ORD-S:a-1", action_type="refund",
+                             target="ORD-S", customer="CUST-A", decision_id="a-1",
+                             params={"amount": "25.00", "currency": "EUR"})
+    theirs.refresh_from_db()
+    assert (mine.status, theirs.status) == ("held", "held")
+    theirs.release(actor="system:tests", reason="a person let it go", needs_approval=False)
+    claimed = Action.objects.get(pk=theirs.pk).claim(owner="tests")
+    claimed.mark_succeeded(actor="system:executor", claim=claimed.fence, external_ref="re_b")
+    assert Action.objects.get(pk=mine.pk).status == "queued"
+    AuditEvent.objects.seal()
+    record = client.get(f"/api/v1/actions/{quote(mine.operation_key, safe='')}/evidence").content.decode()
+    assert f"action #{theirs.pk} (another agent's)" in record and "secret-decision" not in record
+    their_reasons = " ".join(AuditEvent.objects.history(theirs).values_list("reason", flat=True))
+    assert f"action #{mine.pk} (another agent's) arrived" in their_reasons and "a-1" not in their_reasons
