@@ -464,6 +464,13 @@ STORAGES = {
 }
 
 # --- Security -------------------------------------------------------------------------------
+# The sign-in page's "Sign in with OIDC_NAME" is a form posted here, which allauth answers with a
+# redirect to the provider's authorization endpoint (at the issuer's origin). Browsers hold the
+# redirects a form submission follows to form-action too (Chromium refuses one to an origin it does
+# not name), so that origin is named there; the provider's pages are top-level navigations under
+# their own policy, and no other directive names it (docs/signin.md).
+_issuer = urlsplit(OIDC_ISSUER)
+_OIDC_ORIGINS = [f"{_issuer.scheme}://{_issuer.netloc.rpartition('@')[2]}"] if _issuer.netloc else []
 CONTENT_SECURITY_POLICY = {
     "DIRECTIVES": {
         "default-src": ["'self'"],
