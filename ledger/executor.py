@@ -231,7 +231,7 @@ def _again(action, claim, *, reason, evidence):
     failed for good)."""
     with transaction.atomic():
         # The task's row locked until this settles: a redrive, a discard or a resolve by hand
-        # (each moves the task under its lock, its entry with it) committing meanwhile would
+        # (each under the task's lock, its entry with it: ledger.tasks) committing meanwhile would
         # otherwise leave the failure retryable under a task that never runs again (holding
         # what it held for good), or failed for good under one that was just redriven.
         stopped = action.task_id and Task.objects.select_for_update(no_key=True).filter(

@@ -112,11 +112,13 @@ def _drive(task, claim, row, spec):
             raise StepFailed(f"{task.agent} holds no grant for {spec.action_type}", retryable=False, code="forbidden")
     else:
         try:
-            action, _ = action_request(
-                agent=task.agent, operation_key=row.idempotency_key, action_type=spec.action_type,
-                target=spec.target, customer=spec.customer, params=spec.params,
-                task=task, decision_id=spec.decision_id or task.task_id, shadow=state == GrantState.SHADOW,
-            )
+            with transaction.atomic():
+                _hold_claim(task, claim)
+                action, _ = action_request(
+                    agent=task.agent, operation_key=row.idempotency_key, action_type=spec.action_type,
+                    target=spec.target, customer=spec.customer, params=spec.params,
+                    task=task, decision_id=spec.decision_id or task.task_id, shadow=state == GrantState.SHADOW,
+                )
         except KeyReused as exc:
             raise StepFailed(f"{row.idempotency_key}: the effect is recorded under {exc.existing.operation_key} with "
                              "other params", retryable=False, code="idempotency_key_reused") from None
@@ -136,7 +138,9 @@ def _drive(task, claim, row, spec):
                          f"{spec.action_type} is not live", retryable=False, code="shadow")
     action = latest_version(action)  # a person edited it down: the task goes on with their version
     if action.is_retryable_failure:
-        action = action_retry(action, actor="system:runner", reason=f"task attempt {task.attempts}")
+        with transaction.atomic():
+            _hold_claim(task, claim)
+            action = action_retry(action, actor="system:runner", reason=f"task attempt {task.attempts}")
     if action.status in (A.QUEUED, A.UNKNOWN):
         claimed = action_claim_next(worker_name(), only=action.pk)
         if claimed is not None:
@@ -166,6 +170,17 @@ def _drive(task, claim, row, spec):
                          code=f"action_{action.status}")
     task.defer(claim=claim, until=defer_until(action), reason=f"{action.operation_key} is {action.status}")
     raise Paused
+
+
+def _hold_claim(task, claim):
+    """Lock the task's row to the end of the transaction, if this run still holds its claim. A
+    step's action is written under it: a run that stalled past its lease check, its task given
+    up meanwhile (its actions not started cancelled, task_actions_let_go), would otherwise queue
+    one under a task that never runs again, which nothing runs or cancels, holding its order
+    and customer for good. No key: the action's insert still refers to the row."""
+    held = Task.objects.select_for_update(no_key=True).filter(pk=task.pk, fence=claim, state=TaskState.RUNNING)
+    if not held.exists():
+        raise StaleClaim(f"{task}: claim {claim} superseded")
 
 
 def _checkpoint(task, claim, row, produce):

@@ -76,7 +76,13 @@ def task_actions_let_go(task, *, actor, reason):
     does its work by hand: it will not run again, and nothing else runs a task's action
     (ledger.executor). Left queued or held, each would count as in flight on its order and
     customer for good, holding every later action on them for a person. A failed one stays
-    failed, and lets go of what it held for its retry, which will not come."""
+    failed, and lets go of what it held for its retry, which will not come.
+
+    Under the task's lock, which the runner records a step's action under and the executor
+    settles a verification of the task's action under (ledger.executor._again): either,
+    committing meanwhile, would leave an action this does not see, queued, or failed retryable,
+    holding what it held for good."""
+    Task.objects.select_for_update(no_key=True).filter(pk=task.pk).exists()
     not_started = (ActionStatus.QUEUED, ActionStatus.HELD, ActionStatus.AWAITING_APPROVAL)
     for action in task.actions.filter(status__in=not_started).order_by("pk"):
         action.cancel(actor=actor, reason=f"its task {task.task_id} will not run again: {reason}")
