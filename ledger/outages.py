@@ -8,7 +8,8 @@ closes its connection, waits and goes on; what it had claimed comes back when it
 lapses, through the sweeper).
 
 1. `database_unreachable(exc)`: an error that says the database could not be reached or
-   dropped the connection (as opposed to a bug in a statement, which stays a bug).
+   dropped the connection, or did not answer in time (as opposed to a bug in a statement, or a
+   statement the server refuses for what it holds, which stay errors).
 2. `connection_lost(exc)`: of those, the ones where the connection itself is gone, so that a
    fresh one may try the same thing again (an intake, which is idempotent by key); and
    `rolled_back(exc)`: the ones where the database is there and rolled the transaction back to
@@ -38,6 +39,10 @@ _LOST_SQLSTATES = {"57P01", "57P02", "57P03"}
 # deadlock_detected and serialization_failure: the database rolled the whole transaction back, and
 # running it again may well go through.
 ROLLED_BACK_SQLSTATES = {"40P01", "40001"}
+# Besides a lost connection, what database_unreachable counts, as it always did: a transaction
+# rolled back (above), a statement timeout (query_canceled), a lock timeout (lock_not_available).
+# Sent again, the same request may well get through.
+_AWAITED_SQLSTATES = ROLLED_BACK_SQLSTATES | {"57014", "55P03"}
 BACKOFF_FIRST_SECONDS = 0.1
 BACKOFF_MAX_SECONDS = 2.0
 # Failures further apart than this belong to two outages, each logged.
@@ -45,14 +50,19 @@ QUIET_SECONDS = 30.0
 
 
 def database_unreachable(exc):
-    return isinstance(exc, UNREACHABLE)
+    """A lost connection, or a statement that did not get through in time. Not every
+    OperationalError: one the server raises for what a statement holds (an index row past its
+    size, SQLSTATE 54000) fails the same way each time, and a 503 would have it sent forever."""
+    sqlstate = _sqlstate(exc)
+    # Class 53, insufficient resources (too many connections, disk full, out of memory): the
+    # server's state, not the statement's, which the same request may well get past later.
+    return connection_lost(exc) or sqlstate in _AWAITED_SQLSTATES or (sqlstate or "").startswith("53")
 
 
 def rolled_back(exc):
     """The database is there, and rolled the transaction back to break a deadlock (or a
     serialization failure): nothing of it was written, and it is no outage."""
-    cause = exc if isinstance(exc, psycopg.Error) else exc.__cause__
-    return getattr(cause, "sqlstate", None) in ROLLED_BACK_SQLSTATES
+    return _sqlstate(exc) in ROLLED_BACK_SQLSTATES
 
 
 def connection_lost(exc):
@@ -62,9 +72,14 @@ def connection_lost(exc):
         return True
     if not isinstance(exc, (OperationalError, psycopg.OperationalError)):
         return False
-    cause = exc if isinstance(exc, psycopg.Error) else exc.__cause__
-    sqlstate = getattr(cause, "sqlstate", None)
+    sqlstate = _sqlstate(exc)
     return sqlstate is None or sqlstate.startswith("08") or sqlstate in _LOST_SQLSTATES
+
+
+def _sqlstate(exc):
+    """The SQLSTATE of psycopg's error, or of the one Django's wraps; None if it has none."""
+    cause = exc if isinstance(exc, psycopg.Error) else exc.__cause__
+    return getattr(cause, "sqlstate", None)
 
 
 def close_broken_connection():

@@ -4,6 +4,7 @@ params with the serializers in ledger/validation.py, which the ledger's own edit
 import re
 from types import SimpleNamespace
 
+from django.core.validators import BaseValidator
 from rest_framework import serializers
 
 from ledger.models import Action, ActionStatus, ActionType
@@ -14,13 +15,37 @@ from ledger.workflows import WORKFLOWS
 
 # ASCII digits only: `\d` also matches digits such as ٢ or ２, which no provider can dial.
 PHONE = re.compile(r"\+[1-9][0-9]{6,14}")
+# A booking's once-per-decision index (ledger.models) holds its target, customer and decision_id in
+# one btree row, which PostgreSQL caps at 2704 bytes: 255 characters of 4 bytes each make 3,060
+# (refused at the INSERT, the same on every retry), three fields of 800 bytes about 2,420.
+INDEXED_BYTES = 800
+
+
+class MaxBytesValidator(BaseValidator):
+    """Django's MaxLengthValidator, counting bytes in UTF-8 instead of characters."""
+
+    message = "At most %(limit_value)d bytes in UTF-8 (this has %(show_value)d)."
+    code = "max_bytes"
+
+    def compare(self, a, b):
+        return a > b
+
+    def clean(self, x):
+        return len(x.encode())
+
+
+def indexed_text(max_length=255, **kwargs):
+    """Text the ledger's unique indexes hold: at most its column's characters, and INDEXED_BYTES."""
+    return serializers.CharField(max_length=max_length, validators=[MaxBytesValidator(INDEXED_BYTES)],
+                                 help_text=f"At most {max_length} characters and {INDEXED_BYTES} bytes in UTF-8.",
+                                 **kwargs)
 
 
 class ActionRequestSerializer(StrictSerializer):
     action_type = serializers.ChoiceField(choices=ActionType.choices)
-    target = serializers.CharField(max_length=TARGET_LENGTH)
-    customer = serializers.CharField(max_length=255, required=False, allow_blank=True, allow_null=True, default="")
-    decision_id = serializers.CharField(max_length=255, required=False, allow_blank=True, allow_null=True, default="")
+    target = indexed_text(TARGET_LENGTH)
+    customer = indexed_text(required=False, allow_blank=True, allow_null=True, default="")
+    decision_id = indexed_text(required=False, allow_blank=True, allow_null=True, default="")
     # Only a workflow's steps add actions to a task (the runner executes them while the task
     # runs); an action the API recorded under a task would wait for a runner that never comes.
     task_id = serializers.CharField(max_length=255, required=False, allow_null=True, default=None)
