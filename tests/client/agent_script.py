@@ -79,7 +79,8 @@ def calls_made(messages):
 
 async def main(args):
     env = {name: os.environ[name] for name in ("SURETY_URL", "SURETY_TOKEN")}
-    surety = MCPToolset(StdioTransport(SURETY_MCP, [], env=env))
+    # The server's start is its Python's imports: seconds on a loaded machine, past pydantic-ai's 5 s default.
+    surety = MCPToolset(StdioTransport(SURETY_MCP, [], env=env), init_timeout=60)
     agent = Agent(FunctionModel(scripted_model(args)), toolsets=[surety])
     async with agent:
         result = await agent.run(f"Hi, order {args.order} was charged twice: please refund {args.amount} EUR. "
