@@ -25,6 +25,7 @@ from .errors import (
     SuretyUnreachable,
     Throttled,
     Unauthenticated,
+    Unreadable,
     Unsendable,
     UnsupportedMediaType,
 )
@@ -34,6 +35,6 @@ __all__ = [
     "Action", "Checkpoint", "Review", "Step", "SuretyClient", "Version",
     "PROBLEMS", "ActionNotDone", "ActionRejected", "ApprovalExpired", "BookingConflict", "CurrencyNotCovered", "Forbidden", "IdempotencyKeyMissing", "IdempotencyKeyReused", "Invalid",
     "MessageAlreadySent", "MethodNotAllowed", "NotAcceptable", "NotFound", "OperationKeyExpired", "Problem", "RefundAlreadyRecorded", "SuretyError",
-    "SuretyUnreachable", "Throttled", "Unauthenticated", "Unsendable", "UnsupportedMediaType",
+    "SuretyUnreachable", "Throttled", "Unauthenticated", "Unreadable", "Unsendable", "UnsupportedMediaType",
     "booking_key", "message_key", "operation_key", "refund_key", "refund_task_id",
 ]

@@ -8,13 +8,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from decimal import Decimal
+from functools import partial
 from typing import Any, Protocol, TypeVar
 from urllib.parse import quote
 
 import httpx
 
 from . import keys
-from .errors import ActionRejected, ApprovalExpired, SuretyUnreachable, Unsendable, problem_from
+from .errors import ActionRejected, ApprovalExpired, SuretyUnreachable, Unreadable, Unsendable, problem_from
 
 # What the API answers for an action or a task the ledger is still working on; anything else
 # is settled, or waits for a person.
@@ -104,6 +105,15 @@ class Action:
         return self.status in PERSON_STATUSES
 
     @property
+    def redrivable(self) -> bool:
+        """Failed, and a person may still retry it from the dead-letter queue under its own key,
+        which never doubles it: a standalone action (a task's is its task's to retry), whether its
+        failure is retryable or its cause must be fixed first, except a booking failed for good,
+        which gave its slot up."""
+        return self.status == "failed" and self.task_id is None and (
+            self.action_type != "create_booking" or bool((self.error or {}).get("retryable")))
+
+    @property
     def expired(self) -> bool:
         """Nobody decided within the approval window: not a rejection (error code approval_expired)."""
         return self.status == "expired"
@@ -159,6 +169,12 @@ class Checkpoint:
     def settled(self) -> bool:
         return self.state not in WORKING_STATES
 
+    @property
+    def redrivable(self) -> bool:
+        """Out of attempts: a person may redrive it from the dead-letter queue, and it resumes from
+        its checkpoint (a failed task is final)."""
+        return self.state == "dead_lettered"
+
 
 class SuretyClient:
     """One agent's client: `SuretyClient("https://surety.example", token)`.
@@ -166,7 +182,8 @@ class SuretyClient:
     Transport errors (refused or dropped connections, timeouts) and 5xx answers are retried
     up to `retries` more times with exponential backoff and full jitter, always with the same
     operation key, so a retry can only find the action already recorded, never add another.
-    A 4xx answer raises the typed error of its problem code (`surety_client.errors`).
+    A 4xx answer raises the typed error of its problem code (`surety_client.errors`), and a 2xx
+    answer that holds no resource of the API's (a sign-in page in front of it) `Unreadable`.
     """
 
     def __init__(self, base_url: str, token: str, *, timeout: float = 10.0, retries: int = 4,
@@ -194,7 +211,7 @@ class SuretyClient:
         body = {"action_type": action_type, "target": target, "customer": customer, "decision_id": decision_id,
                 "params": _json_ready(params)}
         response = self._send("POST", "actions", key=operation_key, json=body)
-        return Action.from_api(response.json(), replayed=_replayed(response))
+        return _read(response, partial(Action.from_api, replayed=_replayed(response)), operation_key)
 
     def refund(self, *, order: str, amount: str | Decimal, currency: str, decision_id: str,
                customer: str | None = None, reason: str | None = None, scope: str | None = None) -> Action:
@@ -231,7 +248,7 @@ class SuretyClient:
         """The action as it stands; with `wait` (at most 30 s) the API holds the answer until
         it settles or waits for a person."""
         response = self._send("GET", f"actions/{_segment(operation_key)}", wait=wait)
-        return Action.from_api(response.json())
+        return _read(response, Action.from_api)
 
     def wait_for(self, operation_key: str, timeout: float = 60.0, *, follow: bool = False) -> Action:
         """The action once it is settled (an outcome, or a person must decide), or as it stands
@@ -245,22 +262,23 @@ class SuretyClient:
         return action
 
     def wait_for_outcome(self, operation_key: str, timeout: float = 60.0, *,
-                         interval: float = PERSON_INTERVAL) -> Action:
+                         interval: float = PERSON_INTERVAL, redrive: bool = False) -> Action:
         """The action once nobody needs to act on it any more, or as it stands when `timeout`
         seconds have passed: as `wait_for`, and while a person must decide (`needs_person`) read
-        again every `interval` seconds, as the API's wait does not hold for a person."""
+        again every `interval` seconds, as the API's wait does not hold for a person. With
+        `redrive`, a failure a person may still retry (`Action.redrivable`) is waited through alike."""
         deadline = _deadline(timeout)
         while True:
             action = self.wait_for(operation_key, timeout=max(0.0, deadline - time.monotonic()))
             left = deadline - time.monotonic()
-            if not action.needs_person or left <= 0:
+            if not (action.needs_person or redrive and action.redrivable) or left <= 0:
                 return action
             time.sleep(min(interval, left))
 
     # --- tasks ---------------------------------------------------------------------------
     def start_task(self, task_id: str, *, workflow: str, input: dict[str, Any]) -> Checkpoint:
         response = self._send("POST", "tasks", key=task_id, json={"workflow": workflow, "input": _json_ready(input)})
-        return Checkpoint.from_api(response.json(), replayed=_replayed(response))
+        return _read(response, partial(Checkpoint.from_api, replayed=_replayed(response)), task_id)
 
     def start_refund_task(self, *, order: str, amount: str | Decimal, currency: str, customer: str,
                           decision_id: str, reason: str | None = None, notify: str | None = None,
@@ -279,10 +297,20 @@ class SuretyClient:
     def get_task(self, task_id: str, *, wait: float = 0) -> Checkpoint:
         """A task's checkpoint; with `wait` (at most 30 s) held until it leaves queued/running."""
         response = self._send("GET", f"tasks/{_segment(task_id)}", wait=wait)
-        return Checkpoint.from_api(response.json())
+        return _read(response, Checkpoint.from_api)
 
-    def wait_for_task(self, task_id: str, timeout: float = 60.0) -> Checkpoint:
-        return _wait(lambda seconds: self.get_task(task_id, wait=seconds), timeout)
+    def wait_for_task(self, task_id: str, timeout: float = 60.0, *, interval: float = PERSON_INTERVAL,
+                      redrive: bool = False) -> Checkpoint:
+        """The checkpoint once the task leaves queued/running, or as it stands when `timeout` seconds
+        have passed. With `redrive`, a dead-lettered task (`Checkpoint.redrivable`) is read again
+        every `interval` seconds until a person redrives it: the API's wait does not hold for one."""
+        deadline = _deadline(timeout)
+        while True:
+            task = _wait(lambda seconds: self.get_task(task_id, wait=seconds), max(0.0, deadline - time.monotonic()))
+            left = deadline - time.monotonic()
+            if not (redrive and task.redrivable) or left <= 0:
+                return task
+            time.sleep(min(interval, left))
 
     # --- transport -------------------------------------------------------------------------
     def _send(self, method: str, path: str, *, key: str | None = None, wait: float = 0,
@@ -318,7 +346,7 @@ class SuretyClient:
                 raise Unsendable(f"{method} {path} was redirected to {response.headers.get('Location')}: the "
                                  "client's URL must be where the API answers", operation_key=key)
             if response.status_code >= 400:
-                raise problem_from(response.status_code, _body(response), _retry_after(response))
+                raise problem_from(response.status_code, _body(response), _retry_after(response), operation_key=key)
             return response
         raise SuretyUnreachable(f"{method} {path} failed {self.retries + 1} times, last: {failure}",
                                 operation_key=key, attempts=self.retries + 1)
@@ -330,6 +358,7 @@ class _Settles(Protocol):
 
 
 Settles = TypeVar("Settles", bound=_Settles)
+Answer = TypeVar("Answer", Action, Checkpoint)
 
 
 def _deadline(timeout: float) -> float:
@@ -362,6 +391,26 @@ def _retry_after(response: httpx.Response) -> float | None:
     """The seconds of a `Retry-After` header (the API writes whole seconds), or None."""
     value: str = response.headers.get("Retry-After", "")
     return float(value) if value.isascii() and value.isdigit() else None
+
+
+def _read(response: httpx.Response, resource: Callable[[dict[str, Any]], Answer],
+          operation_key: str | None = None) -> Answer:
+    """The resource a 2xx answer holds, or `Unreadable` when it holds none: a sign-in or maintenance
+    page in front of the API, or another service at the client's URL, answers 200 all the same.
+    `operation_key`: a POST's, whose request may have been recorded all the same."""
+    try:
+        body = response.json()
+        if isinstance(body, dict):
+            return resource(body)
+    except (ValueError, KeyError, TypeError, AttributeError):  # not JSON, or not the resource's shape
+        pass
+    request = response.request
+    said = (f"{request.method} {request.url.path} answered {response.status_code} "
+            f"({response.headers.get('Content-Type', 'no content type')}), not the API's resource")
+    if operation_key is not None:
+        said += (f": the request may have been recorded under {operation_key!r}; send it again with the same key, "
+                 "which can never add a second")
+    raise Unreadable(said + ". Is the client's URL where the API answers?", operation_key=operation_key)
 
 
 def _body(response: httpx.Response) -> Any:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import re
 from typing import Any
 
 
@@ -25,6 +27,17 @@ class Unsendable(SuretyError):
     forbids, such as a key of your own ending in a space, or a token with a newline; a URL without
     `http://` or `https://`), or was redirected elsewhere (`http://` to `https://`) before the API
     saw it. Nothing was recorded, and sending it again unchanged would fail alike."""
+
+    def __init__(self, message: str, *, operation_key: str | None = None) -> None:
+        super().__init__(message)
+        self.operation_key = operation_key
+
+
+class Unreadable(SuretyError):
+    """A 2xx answer that is not the API's: no JSON object of the resource's shape (a sign-in or
+    maintenance page in front of Surety, a URL that is not where the API answers). Not retried: a
+    page that stands in for the API answers alike. For a POST the request may have been recorded:
+    call again with the same operation key, which can never add a second action."""
 
     def __init__(self, message: str, *, operation_key: str | None = None) -> None:
         super().__init__(message)
@@ -61,13 +74,16 @@ class ActionRejected(ActionNotDone):
 class Problem(SuretyError):
     """A 4xx answer of the API. `code` is the contract's stable code; `errors` maps fields to
     messages for validation errors; `retry_after` the seconds its `Retry-After` asks to wait
-    before sending it again (a 429), else None."""
+    before sending it again (a 429), else None; `operation_key` the key the request was sent under
+    (None for a read)."""
 
     code = "error"
 
-    def __init__(self, body: dict[str, Any], status: int, retry_after: float | None = None) -> None:
+    def __init__(self, body: dict[str, Any], status: int, retry_after: float | None = None, *,
+                 operation_key: str | None = None) -> None:
         self.body = body
         self.status = status
+        self.operation_key = operation_key
         # The answer's own code: a code this client has no class for yet is still told apart.
         self.code = body.get("code", self.code)
         self.retry_after = retry_after
@@ -133,6 +149,22 @@ class IdempotencyKeyReused(Problem):
 
     code = "idempotency_key_reused"
 
+    @property
+    def recorded_key(self) -> str | None:
+        """The key of the request that stands: the one the detail names when the decision's effect
+        is recorded under another key, else the key this request was sent under (whose request may
+        be another agent's, which this agent cannot read)."""
+        named = _RECORDED_UNDER.search(str(self.detail))
+        try:
+            return ast.literal_eval(named[1]) if named else self.operation_key
+        except (ValueError, SyntaxError):  # an escape Python would not write: no key named
+            return self.operation_key
+
+
+# How the API's detail names the key a decision's effect is recorded under: as Python writes a
+# string ('refund:ORD-1:dec-7'), quotes and backslashes escaped.
+_RECORDED_UNDER = re.compile(r"recorded under the key ('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")")
+
 
 class BookingConflict(Problem):
     code = "booking_conflict"
@@ -160,8 +192,9 @@ PROBLEMS: dict[str, type[Problem]] = {
 }
 
 
-def problem_from(status: int, body: Any, retry_after: float | None = None) -> Problem:
+def problem_from(status: int, body: Any, retry_after: float | None = None, *,
+                 operation_key: str | None = None) -> Problem:
     """The typed error for a 4xx answer; a body that is not a problem still gives a Problem."""
     if not isinstance(body, dict) or "code" not in body:
         body = {"code": "error", "status": status, "title": "Error", "detail": str(body)[:500]}
-    return PROBLEMS.get(body["code"], Problem)(body, status, retry_after)
+    return PROBLEMS.get(body["code"], Problem)(body, status, retry_after, operation_key=operation_key)

@@ -17,8 +17,12 @@ An action that needs a person answers at once with the dashboard link and wait_f
 which waits through the person's decision (reading every few seconds, as the API's wait does
 not hold for a person); a shadow one that it was recorded and never executed; a rejected one
 the reviewer's reason, an expired one that it expired (not rejected), an edited one the
-version that runs instead. Arguments outside a tool's schema answer the API's problem
-(code `invalid`, `errors` by argument).
+version that runs instead. A failed one that nothing was done and a person may retry it from the
+dead-letter queue under its own key (so not to ask again under a new decision, which would be a
+second effect once they do), with wait_for_action to wait for the retry; a dead-lettered task
+likewise. A refusal of the decision written otherwise (`idempotency_key_reused`) answers the action
+that stands for it. Arguments outside a tool's schema answer the API's problem
+(code `invalid`, `errors` by argument); an answer that is not the API's, `unreadable`.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
 from .client import Action, Checkpoint, SuretyClient
-from .errors import Problem, SuretyUnreachable, Unsendable
+from .errors import IdempotencyKeyReused, Problem, SuretyError, SuretyUnreachable, Unreadable, Unsendable
 
 PROBLEM_TYPE = "https://surety.dev/problems/"
 
@@ -66,6 +70,18 @@ AMOUNT = {"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)?$",
 CURRENCY = {"type": "string", "pattern": "^[A-Za-z]{3}$", "description": "An ISO 4217 code such as EUR."}
 TEXT = {"type": "string", "minLength": 1, "maxLength": 255}
 OPTIONAL_TEXT = {"type": "string", "maxLength": 255}
+
+
+def _asked(schema: dict[str, Any], what: str) -> dict[str, Any]:
+    """A field of what the decision's action asks, outside its key: the ledger refuses the same
+    decision with it written otherwise (a restarted model paraphrasing a reason, dropping a customer)."""
+    return {**schema, "description": f"{what} Part of the request: write it the same on every call for this "
+                                     "decision; written otherwise (or given on one call and not another), it is "
+                                     "refused."}
+
+
+CUSTOMER = _asked(OPTIONAL_TEXT, "The customer's id, if known.")
+REASON = _asked({"type": "string", "maxLength": 500}, "Why, in a few words.")
 WAIT = {"type": "number", "minimum": 0, "maximum": 30, "default": 10,
         "description": "Seconds to wait for the outcome before answering (0 to 30)."}
 SECONDS = {"type": "number", "minimum": 0, "maximum": 600, "default": 30,
@@ -103,8 +119,10 @@ def _posted(post: Callable[..., Action], client: SuretyClient, args: dict[str, A
 def _started(client: SuretyClient, args: dict[str, Any]) -> Checkpoint:
     wait = args.pop("wait", WAIT["default"])
     # The task's id keeps its parts as written (keys.refund_task_id); the tool ignores a decision's
-    # surrounding whitespace, as it says: " dec-9" and "dec-9" were two tasks.
+    # surrounding whitespace, as it says, and an order's, as the API does: " dec-9" and "dec-9" were
+    # two tasks, and "ORD-1 " after "ORD-1" a second one that failed at its refund step.
     args["decision_id"] = args["decision_id"].strip()
+    args["order"] = args["order"].strip()
     task = client.start_refund_task(**args)
     if task.settled or not wait:
         return task
@@ -115,47 +133,51 @@ TOOLS = {tool.name: tool for tool in (
     Tool("refund", "Refund an order, once per decision. Above the limit a person must approve it first: the "
          "answer then says so, with the dashboard link.",
          _schema(["order", "amount", "currency", "decision_id"], order=TEXT, amount=AMOUNT, currency=CURRENCY,
-                 decision_id=DECISION, customer=OPTIONAL_TEXT, reason={"type": "string", "maxLength": 500}, wait=WAIT),
+                 decision_id=DECISION, customer=CUSTOMER, reason=REASON, wait=WAIT),
          partial(_posted, SuretyClient.refund), {"target": "order"}),
     Tool("send_message", "Send one message to a recipient (e-mail address, or phone number in E.164 form for sms "
          "and whatsapp), once per recipient, message type and decision.",
          _schema(["recipient", "channel", "message_type", "body", "decision_id"], recipient=TEXT,
                  channel={"type": "string", "enum": ["email", "sms", "whatsapp"]},
                  message_type=MESSAGE_TYPE,
-                 body={"type": "string", "minLength": 1, "maxLength": 10_000}, decision_id=DECISION,
-                 customer=OPTIONAL_TEXT, wait=WAIT),
+                 body=_asked({"type": "string", "minLength": 1, "maxLength": 10_000}, "The message's text."),
+                 decision_id=DECISION, customer=CUSTOMER, wait=WAIT),
          partial(_posted, SuretyClient.send_message), {"target": "recipient"}),
     Tool("create_booking", "Book a resource for a customer from start to end, once per decision; an "
          "overlapping booking of the same resource is refused (booking_conflict).",
          _schema(["resource", "customer", "service", "start", "end", "decision_id"], resource=TEXT,
-                 customer=TEXT, service={"type": "string", "minLength": 1, "maxLength": 200}, start=MOMENT,
+                 customer=TEXT, service=_asked({"type": "string", "minLength": 1, "maxLength": 200}, "What is booked."),
+                 start=MOMENT,
                  end=MOMENT, decision_id=DECISION, wait=WAIT),
          partial(_posted, SuretyClient.create_booking), {"target": "resource"}),
     Tool("start_refund_task", "Start the refund workflow for an order (look the order up, refund, write the "
          "confirmation, notify the customer), once per decision. Returns the task's checkpoint.",
          _schema(["order", "amount", "currency", "customer", "decision_id"], order=TEXT, amount=AMOUNT,
-                 currency=CURRENCY, customer=TEXT, decision_id=DECISION,
-                 reason={"type": "string", "maxLength": 500},
-                 notify={"type": "string", "maxLength": 254,
-                         "description": "E-mail address for the confirmation. Without it the confirmation goes to "
-                                        "<customer>@customers.surety.example, so give it when the customer is a "
-                                        "name (with spaces, say) rather than an id."},
+                 currency=CURRENCY, customer=_asked(TEXT, "The customer's id."), decision_id=DECISION,
+                 reason=REASON,
+                 notify=_asked({"type": "string", "maxLength": 254},
+                               "E-mail address for the confirmation. Without it the confirmation goes to "
+                               "<customer>@customers.surety.example, so give it when the customer is a name (with "
+                               "spaces, say) rather than an id."),
                  wait=WAIT),
          _started, {"order_id": "order"}),
     Tool("get_action", "Read an action by its operation key, as it stands now.",
          _schema(["operation_key"], operation_key=TEXT),
          lambda client, args: client.get_action(args["operation_key"]), {}),
     Tool("wait_for_action", "Wait until an action has an outcome, up to `seconds`: while Surety works on it, "
-         "and while it waits for a person to approve, release or review it.",
+         "while it waits for a person to approve, release or review it, and while it failed and a person may "
+         "retry it from the dead-letter queue.",
          _schema(["operation_key"], operation_key=TEXT, seconds=SECONDS),
-         lambda client, args: client.wait_for_outcome(args["operation_key"], timeout=args.get("seconds", 30)), {}),
+         lambda client, args: client.wait_for_outcome(args["operation_key"], timeout=args.get("seconds", 30),
+                                                      redrive=True), {}),
     Tool("get_task", "Read a task's checkpoint by its task id.",
          _schema(["task_id"], task_id=TEXT),
          lambda client, args: client.get_task(args["task_id"]), {}),
     Tool("wait_for_task", "Wait until a task leaves queued/running (done, failed, or waiting for a person), "
-         "up to `seconds`.",
+         "and while it is dead-lettered until a person redrives it, up to `seconds`.",
          _schema(["task_id"], task_id=TEXT, seconds=SECONDS),
-         lambda client, args: client.wait_for_task(args["task_id"], timeout=args.get("seconds", 30)), {}),
+         lambda client, args: client.wait_for_task(args["task_id"], timeout=args.get("seconds", 30), redrive=True),
+         {}),
 )}
 
 
@@ -205,10 +227,14 @@ def _as_arguments(tool: Tool, errors: dict[str, list[str]]) -> dict[str, list[st
 # unchanged may answer otherwise (it never doubles the effect either way).
 ADVICE: dict[str, tuple[str, bool]] = {
     "invalid": ("Correct the arguments named in errors and call again; nothing was recorded.", False),
-    "idempotency_key_reused": ("This decision is already recorded (with other arguments, or by another agent), "
-                               "and that action stands; nothing was changed. Do not retry this decision, with these arguments "
-                               "or others: a different effect is a new decision with a decision_id of its own.",
-                               False),
+    # Most often the same request written otherwise (a restarted model rewords a reason or a
+    # message, drops an optional customer): the action recorded is the one it asked for.
+    "idempotency_key_reused": ("This decision is already recorded with other arguments (a reason, customer or "
+                               "message written otherwise, an argument given on one call and not the other, another "
+                               "amount), or by another agent, and that action stands; nothing was changed. Do not "
+                               "retry this decision, with these arguments or others, nor ask for the same effect "
+                               "under a new decision_id: that would be a second one. Only a different effect is a "
+                               "new decision with a decision_id of its own.", False),
     "decision_taken": ("Another agent's action for this decision is recorded; nothing was done. Do not retry this "
                        "decision.", False),
     "refund_already_recorded": ("Another agent's refund of this order for this decision is recorded; nothing was "
@@ -235,6 +261,11 @@ ADVICE: dict[str, tuple[str, bool]] = {
                   "double the effect).", True),
     "unreachable": ("Make the same call again, with the same decision_id, in a little while: it can never "
                     "double the effect.", True),
+    # The detail says when what was asked may have been recorded (an action or task posted).
+    "unreadable": ("The answer was not Surety's API (a sign-in or maintenance page, or SURETY_URL not where the "
+                   "API answers). Make the same call again in a little while, with the same decision_id where it "
+                   "has one: it can never double the effect. If it answers alike, tell the user: a person must "
+                   "check the MCP server's SURETY_URL.", True),
     "unsendable": ("Nothing was sent or recorded, and the same call again would fail alike. Do not retry it "
                    "unchanged: tell the user, a person must correct it (or the MCP server's configuration).", False),
 }
@@ -257,8 +288,8 @@ def _next(tool: str, **arguments: str) -> dict[str, Any]:
 
 def action_guidance(action: Action, waited: float | None = None) -> tuple[str, dict[str, Any] | None]:
     """What the model should know, in words, and the call to make next (None: nothing to wait for).
-    `waited`: the seconds wait_for_action waited, which it does while a person must decide, so
-    the action still needing one means nobody decided in that time."""
+    `waited`: the seconds wait_for_action waited, which it does while a person must decide (or may
+    retry a failure), so the action still needing one means nobody decided in that time."""
     key = action.operation_key
     wait_for = _next("wait_for_action", operation_key=key)
     if waited is None:
@@ -275,8 +306,6 @@ def action_guidance(action: Action, waited: float | None = None) -> tuple[str, d
                 f"one settles, or when a person releases or rejects it. {wait_hint}",
         "needs_review": "Needs review: the outcome could not be proven (or it is above the limit); a person "
                         f"decides. {wait_hint}",
-        "failed": f"Failed: {(action.error or {}).get('code')}: {(action.error or {}).get('message')} "
-                  f"(retryable: {(action.error or {}).get('retryable')}).",
         "shadow": f"Shadow: recorded, not executed. This agent's grant for {action.action_type} is in shadow: "
                   "Surety records its actions and never carries them out (only those asked for after a person "
                   "makes the grant live run). Nothing was done and nothing will be for this one: do not retry it or "
@@ -290,6 +319,8 @@ def action_guidance(action: Action, waited: float | None = None) -> tuple[str, d
     elif action.status == "expired":
         text = ("Expired: nobody approved or rejected it within its approval window; this is not a rejection and "
                 "nothing was done. If the decision still stands, ask again under a new decision_id.")
+    elif action.status == "failed":
+        text, next_tool = failure_guidance(action, waited)
     elif version is not None:
         text = (f"Superseded: {version.by} edited it into a new version instead of rejecting it ({version.reason}). "
                 f"The version {version.operation_key!r} with params {version.params} is {version.status} and runs "
@@ -298,7 +329,7 @@ def action_guidance(action: Action, waited: float | None = None) -> tuple[str, d
     else:
         text = said.get(action.status, f"Still working (status {action.status}). Call wait_for_action with "
                                        f"operation_key={key!r} to wait for the outcome.")
-        next_tool = None if action.status in ("succeeded", "failed", "shadow") else wait_for
+        next_tool = None if action.status in ("succeeded", "shadow") else wait_for
     if action.review and action.needs_person:
         text += f" Dashboard: {action.review.url}"
     if action.replayed:
@@ -306,7 +337,39 @@ def action_guidance(action: Action, waited: float | None = None) -> tuple[str, d
     return text, next_tool
 
 
-def task_guidance(task: Checkpoint) -> tuple[str, dict[str, Any] | None]:
+def failure_guidance(action: Action, waited: float | None = None) -> tuple[str, dict[str, Any] | None]:
+    """A failed action did nothing, and its failure opened a dead-letter entry and an alert: a person
+    may retry it there under its own key. Asked again under a new decision_id, it would be done twice
+    once they do: the model must tell the user instead, and may wait for the retry."""
+    error = action.error or {}
+    key = action.operation_key
+    text = f"Failed: nothing was done ({error.get('code')}: {error.get('message')})."
+    if action.task_id is not None:
+        return (f"{text} It is a step of task {action.task_id!r}, which retries it or stops for a person to redrive: "
+                "do not ask for it again under a new decision_id. Call get_task with "
+                f"task_id={action.task_id!r} for what comes next.", _next("get_task", task_id=action.task_id))
+    if not action.redrivable:
+        return (f"{text} It failed for good and gave its slot up: nobody will retry it. Tell the user why; "
+                "booking it still is a new decision, with a decision_id of its own.", None)
+    if error.get("retryable"):
+        text += " Operations were alerted: a person may retry it from the dead-letter queue"
+    else:
+        text += (" It will not succeed as it stands. Operations were alerted: a person may retry it from the "
+                 "dead-letter queue once its cause is fixed")
+    text += (f", under its own key, which can never do it twice. Do not ask for it again under a new decision_id: "
+             f"once they retry it, that would be a second {action.action_type}. Tell the user it failed and that "
+             "operations may retry it. ")
+    if waited is None:
+        text += f"Call wait_for_action with operation_key={key!r} to wait for a retry's outcome."
+    else:
+        text += (f"It is still failed after the {waited:g} s this call waited: call wait_for_action with "
+                 f"operation_key={key!r} again to wait longer.")
+    return text, _next("wait_for_action", operation_key=key)
+
+
+def task_guidance(task: Checkpoint, waited: float | None = None) -> tuple[str, dict[str, Any] | None]:
+    """As action_guidance, for a task; `waited`: the seconds wait_for_task waited, which it does
+    while the task is dead-lettered (a person may redrive it)."""
     text = f"Task {task.task_id} ({task.workflow}): {task.state}, attempt {task.attempts} of {task.max_attempts}."
     next_tool = None
     if task.state == "waiting":
@@ -318,14 +381,34 @@ def task_guidance(task: Checkpoint) -> tuple[str, dict[str, Any] | None]:
             next_tool = _next("get_action", operation_key=open_keys[0])
         else:
             text += " A step waits for a person."
-    elif task.state in ("failed", "dead_lettered") and task.last_error:
+    elif task.state in ("failed", "dead_lettered"):
         # Why it stopped, with what to do: a step refused as the decision's effect recorded elsewhere
         # (another task, a direct request) was done there, and a new decision would do it twice.
-        error = task.last_error
+        error = task.last_error or {}
         code = error.get("code")
-        text += f" It stopped at {error.get('step')}: {code}: {error.get('message')}."
+        if error:
+            text += f" It stopped at {error.get('step')}: {code}: {error.get('message')}."
         if code in ADVICE:
             text += f" {ADVICE[code][0]}"
+        done = [name for name, step in task.steps.items() if step.status == "done"]
+        text += (f" Its done steps ({', '.join(done) or 'none'}) were carried out and stay done; the others were "
+                 "not completed.")
+        # Either way it has a dead-letter entry and an alert: a person redrives it, or finishes it
+        # by hand, and the same refund started under a new decision would then be a second one.
+        if task.redrivable:
+            text += (" Out of attempts: operations were alerted, and a person may redrive it from the dead-letter "
+                     "queue: it resumes from its checkpoint, under its own task id, never making a done step "
+                     "again. Do not start it again under a new decision_id: once they redrive it, that would do "
+                     "its steps twice. Tell the user it stopped and that operations may redrive it. ")
+            text += (f"Call wait_for_task with task_id={task.task_id!r} to wait for a redrive's outcome."
+                     if waited is None else
+                     f"It is still dead-lettered after the {waited:g} s this call waited: call wait_for_task with "
+                     f"task_id={task.task_id!r} again to wait longer.")
+            next_tool = _next("wait_for_task", task_id=task.task_id)
+        else:
+            text += (" It failed for good: no retry changes it and nobody can redrive it. Operations were alerted, "
+                     "and a person may finish it by hand. Do not start it again under a new decision_id: tell the "
+                     "user.")
     elif not task.settled:
         text += f" Call wait_for_task with task_id={task.task_id!r} to wait for it."
         next_tool = _next("wait_for_task", task_id=task.task_id)
@@ -338,7 +421,8 @@ def task_guidance(task: Checkpoint) -> tuple[str, dict[str, Any] | None]:
 def _answer(result: Action | Checkpoint, waited: float | None = None) -> types.CallToolResult:
     """The API's resource with what the model should do next: calling again with the same
     decision only answers the same action, so `retry` is false."""
-    guidance, next_tool = action_guidance(result, waited) if isinstance(result, Action) else task_guidance(result)
+    guidance, next_tool = (action_guidance(result, waited) if isinstance(result, Action)
+                           else task_guidance(result, waited))
     return _result({**result.raw, "replayed": result.replayed, "guidance": guidance, "retry": False,
                     "next_tool": next_tool})
 
@@ -360,10 +444,12 @@ def call(client: SuretyClient, name: str, arguments: dict[str, Any] | None) -> t
     if errors:
         return _failed(_problem_body(400, "invalid", "Invalid request", "The arguments did not pass validation.",
                                      errors))
-    # wait_for_action waits through a person's decision: its guidance says how long nobody decided.
-    waited = args.get("seconds", SECONDS["default"]) if name == "wait_for_action" else None
+    # The wait tools wait through a person's decision: their guidance says how long nobody decided.
+    waited = args.get("seconds", SECONDS["default"]) if name in ("wait_for_action", "wait_for_task") else None
     try:
         return _answer(tool.run(client, args), waited)
+    except IdempotencyKeyReused as problem:
+        return _reused(client, tool, problem)
     except Problem as problem:
         return _failed({**problem.body, "errors": _as_arguments(tool, problem.errors)} if problem.errors
                        else problem.body, problem.retry_after)
@@ -372,6 +458,27 @@ def call(client: SuretyClient, name: str, arguments: dict[str, Any] | None) -> t
                                      f"{exc} Call again with the same decision_id: it can never double the effect."))
     except Unsendable as exc:
         return _failed(_problem_body(400, "unsendable", "Request not sendable", str(exc)))
+    except Unreadable as exc:
+        return _failed(_problem_body(502, "unreadable", "Answer not readable", str(exc)))
+
+
+def _reused(client: SuretyClient, tool: Tool, problem: IdempotencyKeyReused) -> types.CallToolResult:
+    """The refusal, with the action (or task) that stands for the decision as it is now: most often
+    the model's own request written otherwise, whose outcome is the one to tell the user. Under
+    another agent's key, or unreadable now, the refusal alone."""
+    refused = _failed(problem.body)
+    key = problem.recorded_key
+    if key is None:
+        return refused
+    try:
+        recorded = client.get_task(key) if tool.name == "start_refund_task" else client.get_action(key)
+    except SuretyError:
+        return refused
+    guidance, next_tool = action_guidance(recorded) if isinstance(recorded, Action) else task_guidance(recorded)
+    answer = refused.structured_content or {}
+    return _result({**answer, "recorded": recorded.raw,
+                    "guidance": f"{answer['guidance']} What stands for this decision, under {key!r}: {guidance}",
+                    "next_tool": next_tool}, is_error=True)
 
 
 def build_server(client: SuretyClient) -> Server[Any]:
@@ -396,7 +503,12 @@ INSTRUCTIONS = (
     "recorded and never executed (the agent's grant is not live yet): do not retry or wait for it, tell the "
     "user. A rejected action answers the reviewer's reason: do not retry it. An expired one was not rejected "
     "(nobody decided in time): ask again under a new decision_id if it still stands. A superseded one was "
-    "edited by a person into a version that runs instead: wait for that version. Every answer carries "
+    "edited by a person into a version that runs instead: wait for that version. A failed action did nothing, "
+    "and operations were alerted: a person may retry it from the dead-letter queue under its own key. Never ask "
+    "for it again under a new decision_id (once they retry it, that is a second effect): tell the user, and "
+    "wait_for_action waits for the retry. A failed or dead-lettered task likewise: its done steps stand, and a "
+    "person may redrive a dead-lettered one. A refusal as already recorded (idempotency_key_reused) answers the "
+    "action that stands for the decision: tell the user its outcome, do not ask again. Every answer carries "
     "guidance (what happened, what to do), retry (whether the same call again may answer otherwise) and "
     "next_tool (the call to make next, or null)."
 )

@@ -125,13 +125,14 @@ def test_a_request_that_cannot_be_sent_as_written_is_not_retried(clock):
 
 
 def scripted_api(*answers):
-    """A client whose API gives each answer in turn ((status, headers, body)), and the requests it got."""
+    """A client whose API gives each answer in turn ((status, headers, body): JSON, or a str sent as
+    it is), and the requests it got."""
     requests = []
 
     def handler(request):
         requests.append(request)
         status, headers, body = answers[len(requests) - 1]
-        return httpx.Response(status, headers=headers, json=body)
+        return httpx.Response(status, headers=headers, **{"text" if isinstance(body, str) else "json": body})
 
     client = SuretyClient("http://surety.test", "tok")
     client._http = httpx.Client(base_url="http://surety.test/api/v1/", transport=httpx.MockTransport(handler))
@@ -247,4 +248,195 @@ def test_a_refund_tasks_decision_is_taken_without_its_surrounding_whitespace_as_
     base = {"order": "ORD-1", "amount": "25.00", "currency": "EUR", "customer": "CUST-1", "wait": 0}
     mcp_server.call(client, "start_refund_task", {**base, "decision_id": "dec-9"})
     mcp_server.call(client, "start_refund_task", {**base, "decision_id": " dec-9 "})
+    assert posted == ["task:refund:ORD-1:dec-9"] * 2
+
+
+def _failed_action(retryable, code="connect_failed", **fields):
+    return {**_action("failed"), "attempts": 3, "error": {"code": code, "message": "…", "retryable": retryable},
+            **fields}
+
+
+@pytest.mark.parametrize("retryable, when", [(True, ""), (False, " once its cause is fixed")])
+def test_a_failed_action_says_nothing_was_done_and_not_to_ask_again_under_a_new_decision(clock, retryable, when):
+    """Its failure opened a dead-letter entry and an alert: a person may retry it under its own key.
+    Told only "Failed: connect_failed", a model asked again under a new decision_id, and the
+    operator's retry of the first made a second refund."""
+    client, _ = scripted_api((201, {}, _failed_action(retryable)))
+    answer = mcp_server.call(client, "refund", {"order": "ORD-1", "amount": "900.00", "currency": "EUR",
+                                                "decision_id": "dec-1", "wait": 0}).structured_content
+    assert answer["guidance"].startswith("Failed: nothing was done (connect_failed: …). ")
+    assert f"a person may retry it from the dead-letter queue{when}, under its own key" in answer["guidance"]
+    assert ("Do not ask for it again under a new decision_id: once they retry it, that would be a second refund. "
+            "Tell the user") in answer["guidance"]
+    assert (answer["retry"], answer["next_tool"]) == (False, {"name": "wait_for_action",
+                                                              "arguments": {"operation_key": KEY}})
+    assert "dead-letter queue under its own key" in mcp_server.INSTRUCTIONS
+    assert "Never ask for it again under a new decision_id" in mcp_server.INSTRUCTIONS
+
+
+def scripted_reads(*answers):
+    """A client whose API answers each read with the next body (the last from then on), and the requests."""
+    requests = []
+
+    def handler(request):
+        requests.append(request)
+        return httpx.Response(200, json=answers[min(len(requests), len(answers)) - 1])
+
+    client = SuretyClient("http://surety.test", "tok")
+    client._http = httpx.Client(base_url="http://surety.test/api/v1/", transport=httpx.MockTransport(handler))
+    return client, requests
+
+
+def test_wait_for_action_waits_through_a_failure_until_a_person_retries_it(clock):
+    client, requests = scripted_reads(_failed_action(True), _failed_action(True), _action("succeeded"))
+    answer = mcp_server.call(client, "wait_for_action", {"operation_key": KEY, "seconds": 30}).structured_content
+    assert answer["status"] == "succeeded" and answer["guidance"].startswith("Done: refund succeeded")
+    assert len(requests) == 3 and clock.pauses == [client_module.PERSON_INTERVAL] * 2
+
+    client, requests = scripted_reads(_failed_action(True))
+    answer = mcp_server.call(client, "wait_for_action", {"operation_key": KEY, "seconds": 12}).structured_content
+    assert "It is still failed after the 12 s this call waited" in answer["guidance"]
+    assert answer["next_tool"] == {"name": "wait_for_action", "arguments": {"operation_key": KEY}}
+    # The client's own wait answers a failure at once, as before, unless asked to wait for a retry.
+    assert client.wait_for_outcome(KEY, timeout=30).status == "failed"
+    assert clock.pauses == [5, 5] + [5, 5, 2]  # the first wait's, then this one's: none after
+
+
+def test_a_booking_failed_for_good_is_not_retried_and_a_tasks_step_is_its_tasks_to_retry(clock):
+    booking = _failed_action(False, code="declined", action_type="create_booking")
+    step = _failed_action(True, task_id="task:refund:ORD-1:dec-1")
+    client, _ = scripted_api((200, {}, booking), (200, {}, step))
+    given_up, of_a_task = (mcp_server.call(client, "get_action", {"operation_key": KEY}).structured_content
+                           for _ in range(2))
+    assert "its slot up: nobody will retry it" in given_up["guidance"] and given_up["next_tool"] is None
+    assert "It is a step of task 'task:refund:ORD-1:dec-1'" in of_a_task["guidance"]
+    assert of_a_task["next_tool"] == {"name": "get_task", "arguments": {"task_id": "task:refund:ORD-1:dec-1"}}
+
+
+TASK_ID = "task:refund:ORD-1:dec-1"
+
+
+def _stopped_task(state, code="connect_failed", retryable=True):
+    return {"task_id": TASK_ID, "workflow": "refund", "state": state, "attempts": 3, "max_attempts": 3,
+            "updated_at": "2026-12-01T00:00:00Z", "url": "/api/v1/tasks/…",
+            "steps": {"lookup_order": {"status": "done"}, "call_refund_api": {"status": "failed"},
+                      "write_confirmation": {"status": "pending"}, "notify_customer": {"status": "pending"}},
+            "last_error": {"code": code, "step": "call_refund_api", "retryable": retryable, "message": "…"}}
+
+
+def test_a_dead_lettered_task_says_what_its_steps_did_and_wait_for_task_waits_for_its_redrive(clock):
+    client, requests = scripted_reads(_stopped_task("dead_lettered"), _stopped_task("dead_lettered"),
+                                      {**_stopped_task("succeeded"), "last_error": None})
+    started = mcp_server.call(client, "start_refund_task", {
+        "order": "ORD-1", "amount": "25.00", "currency": "EUR", "customer": "CUST-1", "decision_id": "dec-1",
+        "wait": 0}).structured_content
+    assert "Its done steps (lookup_order) were carried out and stay done" in started["guidance"]
+    assert "a person may redrive it from the dead-letter queue" in started["guidance"]
+    assert "Do not start it again under a new decision_id" in started["guidance"]
+    assert started["next_tool"] == {"name": "wait_for_task", "arguments": {"task_id": TASK_ID}}
+    done = mcp_server.call(client, "wait_for_task", {"task_id": TASK_ID, "seconds": 30}).structured_content
+    assert done["state"] == "succeeded" and len(requests) == 3 and clock.pauses == [client_module.PERSON_INTERVAL]
+
+
+def test_a_task_failed_for_good_says_nobody_can_redrive_it_and_not_to_start_it_again(clock):
+    client, requests = scripted_reads(_stopped_task("failed", code="declined", retryable=False))
+    answer = mcp_server.call(client, "wait_for_task", {"task_id": TASK_ID, "seconds": 30}).structured_content
+    assert "It failed for good: no retry changes it and nobody can redrive it." in answer["guidance"]
+    assert "Do not start it again under a new decision_id: tell the user." in answer["guidance"]
+    assert answer["next_tool"] is None and len(requests) == 1 and clock.pauses == []
+
+
+REUSED = "The key 'refund:ORD-1:dec-1' was already used for a different request; nothing was changed."
+RECORDED_ELSEWHERE = ("This decision's refund is recorded under the key 'refund:ORD-1:full:dec-1' with other params; "
+                      "nothing was changed. Do not retry it with other params.")
+
+
+@pytest.mark.parametrize("detail, standing", [(REUSED, KEY), (RECORDED_ELSEWHERE, "refund:ORD-1:full:dec-1")])
+def test_a_refused_respelling_answers_the_action_that_stands_for_the_decision(clock, detail, standing):
+    """A restarted model rewords the reason or drops the customer: refused, it was told only that,
+    and nothing of the refund its first call asked for. The action stands under the key asked, or,
+    recorded for the decision under another key (an older key form), under the key the detail names."""
+    client, requests = scripted_api((422, {}, _problem(422, "idempotency_key_reused", detail)),
+                                    (200, {}, {**_action("awaiting_approval"), "operation_key": standing}))
+    answer = mcp_server.call(client, "refund", {"order": "ORD-1", "amount": "900.00", "currency": "EUR",
+                                                "decision_id": "dec-1", "reason": "reworded"})
+    assert answer.is_error and answer.structured_content["code"] == "idempotency_key_reused"
+    assert [request.method for request in requests] == ["POST", "GET"]
+    assert requests[1].url.raw_path.decode() == f"/api/v1/actions/{standing.replace(':', '%3A')}"
+    said = answer.structured_content
+    assert said["recorded"]["status"] == "awaiting_approval" and said["retry"] is False
+    assert f"What stands for this decision, under {standing!r}: Awaiting approval" in said["guidance"]
+    assert "nor ask for the same effect under a new decision_id" in said["guidance"]
+    assert said["next_tool"] == {"name": "wait_for_action", "arguments": {"operation_key": standing}}
+
+
+def test_a_refused_task_answers_the_task_that_stands_and_another_agents_key_only_the_refusal(clock):
+    client, requests = scripted_api(
+        (422, {}, _problem(422, "idempotency_key_reused", f"The key {TASK_ID!r} was already used for a different "
+                                                          "request; nothing was changed.")),
+        (200, {}, _stopped_task("dead_lettered")),
+        (422, {}, _problem(422, "idempotency_key_reused", REUSED)),
+        (404, {}, _problem(404, "not_found", "No such action.")))
+    task = mcp_server.call(client, "start_refund_task", {
+        "order": "ORD-1", "amount": "25.00", "currency": "EUR", "customer": "CUST-1", "decision_id": "dec-1",
+        "wait": 0}).structured_content
+    assert requests[1].url.path == f"/api/v1/tasks/{TASK_ID}" and task["recorded"]["state"] == "dead_lettered"
+    assert task["next_tool"] == {"name": "wait_for_task", "arguments": {"task_id": TASK_ID}}
+    others = mcp_server.call(client, "refund", {"order": "ORD-1", "amount": "900.00", "currency": "EUR",
+                                                "decision_id": "dec-1"}).structured_content
+    assert "recorded" not in others and others["next_tool"] is None
+    assert others["guidance"].startswith(f"Refused (idempotency_key_reused): {REUSED} This decision is already")
+
+
+@pytest.mark.parametrize("key", ["refund:ORD-1:dec-1", "refund:it's:dec-1", 'refund:say "hi":dec-\\1'])
+def test_a_refusal_names_the_key_its_decisions_effect_is_recorded_under(key):
+    detail = f"This decision's refund is recorded under the key {key!r} with other params; nothing was changed."
+    problem = surety_client.errors.problem_from(422, _problem(422, "idempotency_key_reused", detail),
+                                                operation_key="refund:ORD-1:full:dec-1")
+    assert problem.recorded_key == key
+    problem = surety_client.errors.problem_from(422, _problem(422, "idempotency_key_reused", REUSED),
+                                                operation_key="refund:ORD-1:full:dec-1")
+    assert problem.recorded_key == "refund:ORD-1:full:dec-1"
+
+
+def test_the_arguments_a_decision_is_fingerprinted_by_say_to_write_them_the_same_every_time():
+    same = "write it the same on every call for this decision"
+    for tool, argument in [("refund", "reason"), ("refund", "customer"), ("send_message", "body"),
+                           ("send_message", "customer"), ("start_refund_task", "reason"),
+                           ("start_refund_task", "customer"), ("start_refund_task", "notify")]:
+        assert same in mcp_server.TOOLS[tool].input_schema["properties"][argument]["description"], (tool, argument)
+
+
+SIGN_IN = "<html><body>Sign in to continue</body></html>"
+
+
+@pytest.mark.parametrize("body", [SIGN_IN, {"status": "ok"}, ["not", "an", "object"]])
+def test_a_2xx_answer_that_is_not_the_apis_is_unreadable_with_the_key_it_may_be_recorded_under(clock, body):
+    """An SSO or maintenance page, or SURETY_URL pointing elsewhere, answers 200: the client raised
+    JSONDecodeError or KeyError, and the MCP server gave the model no answer at all."""
+    html = {"Content-Type": "text/html"} if isinstance(body, str) else {}
+    client, requests = scripted_api((200, html, body), (200, html, body), (200, html, body))
+    answer = mcp_server.call(client, "refund", {"order": "ORD-1", "amount": "900.00", "currency": "EUR",
+                                                "decision_id": "dec-1"})
+    assert answer.is_error and answer.structured_content["code"] == "unreadable"
+    assert answer.structured_content["retry"] is True and len(requests) == 1  # not retried by the client
+    assert f"may have been recorded under {KEY!r}" in answer.structured_content["guidance"]
+    assert "Make the same call again in a little while, with the same decision_id" in answer.structured_content[
+        "guidance"]
+
+    with pytest.raises(surety_client.Unreadable) as raised:
+        client.refund(order="ORD-1", amount="900.00", currency="EUR", decision_id="dec-1")
+    assert raised.value.operation_key == KEY
+    assert f"may have been recorded under {KEY!r}; send it again with the same key" in str(raised.value)
+    with pytest.raises(surety_client.Unreadable) as raised:
+        client.get_action(KEY)
+    assert raised.value.operation_key is None and "may have been recorded" not in str(raised.value)
+
+
+def test_a_refund_tasks_order_is_taken_without_its_surrounding_whitespace_as_the_api_takes_it():
+    """"ORD-1 " after "ORD-1" was a second task, which failed at its refund step and paged operations."""
+    client, posted = keys_posted()
+    base = {"amount": "25.00", "currency": "EUR", "customer": "CUST-1", "decision_id": "dec-9", "wait": 0}
+    mcp_server.call(client, "start_refund_task", {**base, "order": "ORD-1"})
+    mcp_server.call(client, "start_refund_task", {**base, "order": " ORD-1 "})
     assert posted == ["task:refund:ORD-1:dec-9"] * 2

@@ -2,6 +2,7 @@
 
 import json
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 
@@ -12,8 +13,12 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from approvals.decisions import review_decide
 from approvals.models import Limit, ReviewItem
+from dlq.entries import deadletter_redrive
+from dlq.models import DeadLetter
 from ledger.models import Action, Task
-from tests.factories import api_client, make_agent, person, sandbox_order, settled
+from surety_client import SuretyClient
+from tests.conftest import free_port, wait_until
+from tests.factories import api_client, make_agent, person, sandbox_list, sandbox_order, settled
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -155,3 +160,63 @@ def test_a_refund_the_limits_refuse_tells_the_model_nothing_was_recorded_and_not
     assert "no refund limit covers JPY" in guidance_of(refused)
     assert "Do not retry; a person must set a limit for the currency first." in guidance_of(refused)
     assert refused.structured_content["retry"] is False and not Action.objects.exists()
+
+
+def test_a_failed_refund_says_not_to_ask_again_and_wait_for_action_sees_the_operators_retry(stack, token):
+    """Its dead-letter entry is the way to retry it, under its own key: a model that asked again under
+    a new decision_id made a second refund once the operator retried the first."""
+    unreachable = stack.start_worker(SANDBOX_BASE_URL=f"http://127.0.0.1:{free_port()}/sandbox/v1")
+    arguments = {"order": "ORD-M8", "amount": "25.00", "currency": "EUR", "decision_id": "dec-m8", "wait": 0}
+    over_mcp(stack.url, token, ("refund", arguments))
+    key = "refund:ORD-M8:dec-m8"
+    wait_until(lambda: Action.objects.filter(operation_key=key, status="failed").exists(), seconds=30,
+               message="the refund to run out of attempts")
+    stack.kill_worker(unreachable)
+    (failed,) = over_mcp(stack.url, token, ("refund", arguments))
+    assert failed.structured_content["status"] == "failed" and failed.structured_content["replayed"] is True
+    assert "Failed: nothing was done (connect_failed: " in guidance_of(failed)
+    assert "Do not ask for it again under a new decision_id" in guidance_of(failed)
+    assert failed.structured_content["next_tool"] == {"name": "wait_for_action", "arguments": {"operation_key": key}}
+
+    stack.start_worker()
+    with ThreadPoolExecutor(1) as model:
+        waiting = model.submit(over_mcp, stack.url, token, ("wait_for_action", {"operation_key": key, "seconds": 60}))
+        time.sleep(2)  # the model waits, as it was told, while the operator retries it
+        deadletter_redrive(DeadLetter.objects.get(action__operation_key=key, status="open"),
+                           actor=person("olga", "operators"), reason="provider reachable again")
+        (retried,) = waiting.result()
+    assert retried.structured_content["status"] == "succeeded", guidance_of(retried)
+    assert guidance_of(retried).startswith("Done: refund succeeded")
+    with api_client(stack.url, token) as provider:
+        assert len(sandbox_list(provider, "refunds", order_id="ORD-M8")) == 1
+
+
+def test_a_refund_asked_again_written_otherwise_is_refused_with_the_refund_that_stands(stack, token):
+    """A restarted model rewords the reason or drops the customer (both part of the request): the
+    refusal answers the refund its first call recorded, under its key or, recorded for the decision
+    under another key, under the key the API's detail names."""
+    arguments = {"order": "ORD-M9", "amount": "25.00", "currency": "EUR", "decision_id": "dec-m9",
+                 "customer": "CUST-M9", "reason": "charged twice", "wait": 0}
+    with SuretyClient(stack.url, token) as client:
+        client.refund(order="ORD-M10", amount="25.00", currency="EUR", decision_id="dec-m10", scope="full")
+    first, reworded, dropped, elsewhere = over_mcp(
+        stack.url, token, ("refund", arguments), ("refund", {**arguments, "reason": "a double charge"}),
+        ("refund", {name: value for name, value in arguments.items() if name != "customer"}),
+        ("refund", {**arguments, "order": "ORD-M10", "decision_id": "dec-m10"}))
+    assert not first.is_error, guidance_of(first)
+    for refused, key in [(reworded, "refund:ORD-M9:dec-m9"), (dropped, "refund:ORD-M9:dec-m9"),
+                         (elsewhere, "refund:ORD-M10:full:dec-m10")]:
+        assert refused.is_error and refused.structured_content["code"] == "idempotency_key_reused"
+        assert refused.structured_content["recorded"]["operation_key"] == key
+        assert f"What stands for this decision, under {key!r}: Still working (status queued)" in guidance_of(refused)
+        assert refused.structured_content["next_tool"] == {"name": "wait_for_action",
+                                                           "arguments": {"operation_key": key}}
+    assert Action.objects.filter(target__in=["ORD-M9", "ORD-M10"]).count() == 2
+
+
+def test_a_refund_task_for_an_order_written_with_a_trailing_space_is_the_same_task(stack, token):
+    arguments = {"amount": "25.00", "currency": "EUR", "customer": "CUST-M11", "decision_id": "dec-m11", "wait": 0}
+    first, again = over_mcp(stack.url, token, ("start_refund_task", {**arguments, "order": "ORD-M11"}),
+                            ("start_refund_task", {**arguments, "order": "ORD-M11 "}))
+    assert not first.is_error and again.structured_content["replayed"] is True, guidance_of(again)
+    assert list(Task.objects.values_list("task_id", flat=True)) == ["task:refund:ORD-M11:dec-m11"]
