@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from ledger.compiled import Compiled, register_cache
 from ledger.hooks import Verdict
+from ledger.locks import NO_CUSTOMER_TOTAL, take_turns
 from ledger.models import Action, ActionStatus, money_in_params
 
 from .models import Limit, LimitsVersion
@@ -94,16 +95,21 @@ def verdict_for_request(*, action_type, amount, currency, customer, recorded=Non
                         lock_subjects=None):
     """The limits' verdict on a request; `recorded`: the action itself when it is already in
     the ledger (a held action being released), whose own amount is not yet part of the total;
-    `lock_subjects`: called before the customer's daily total is summed."""
+    `lock_subjects`: called before the customer's daily total is summed.
+
+    A request that names no customer counts in the total of those that name none, as one
+    customer's would (decision 30): leaving the customer out does not escape the total."""
     limit = rule_for(action_type, currency, limits_version, at_intake=recorded is None)
     if limit is None or amount is None:
         return RUN
     total_today = Decimal(0)
-    if customer and getattr(limit, "daily_customer_total", None) is not None:
+    if getattr(limit, "daily_customer_total", None) is not None:
         if lock_subjects:
             lock_subjects()
+            if not customer:  # no customer's lock among the subjects': these take turns on one of their own
+                take_turns(NO_CUSTOMER_TOTAL)
         total_today = customer_total_today(action_type, currency, customer, excluding=recorded)
-    return verdict_for(limit, amount, total_today)
+    return verdict_for(limit, amount, total_today, no_customer=not customer)
 
 
 # What a customer's daily total counts (the what-if's window sums count the same): every action
@@ -118,7 +124,8 @@ IN_DAILY_TOTAL = ~Q(status__in=[ActionStatus.REJECTED, ActionStatus.CANCELLED, A
 
 def customer_total_today(action_type, currency, customer, excluding=None):
     """The customer's total today for an action type and currency, as the limits count it
-    (`IN_DAILY_TOTAL`); without the action `excluding`."""
+    (`IN_DAILY_TOTAL`); without the action `excluding`. `customer` "": the total of the
+    actions that name none."""
     start_of_day = timezone.now().replace(hour=0, minute=0, second=0, microsecond=0)
     today = Action.objects.filter(
         IN_DAILY_TOTAL, action_type=action_type, currency=currency, customer=customer, created_at__gte=start_of_day)

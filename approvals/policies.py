@@ -34,9 +34,11 @@ class Uncovered:
         return f"no {self.action_type} limit covers {self.currency} (limits are set in {', '.join(self.covered)})"
 
 
-def verdict_for(limit, amount: Decimal | None, customer_total_today: Decimal = Decimal(0)) -> Verdict:
+def verdict_for(limit, amount: Decimal | None, customer_total_today: Decimal = Decimal(0), *,
+                no_customer: bool = False) -> Verdict:
     """`limit`: a Limit (or the what-if's proposal), an Uncovered, or None: no limit of the
-    type at all, so it runs."""
+    type at all, so it runs. `no_customer`: the request names none, and its total today is
+    that of the requests that name none (they share one, decision 30)."""
     if limit is None or amount is None:
         return RUN
     if isinstance(limit, Uncovered):
@@ -49,9 +51,11 @@ def verdict_for(limit, amount: Decimal | None, customer_total_today: Decimal = D
     if amount > limit.max_amount:
         return Verdict(1, f"{money(amount)} {limit.currency} is above the limit of {money(limit.max_amount)}")
     if limit.daily_customer_total is not None and customer_total_today + amount > limit.daily_customer_total:
+        whose = f"the total today of {limit.action_type}s that name no customer" if no_customer else \
+            "the customer's total today"
         return Verdict(
             1,
-            f"the customer's total today would be {money(customer_total_today + amount)} {limit.currency}, "
+            f"{whose} would be {money(customer_total_today + amount)} {limit.currency}, "
             f"above {money(limit.daily_customer_total)}",
         )
     return RUN

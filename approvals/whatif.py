@@ -7,8 +7,9 @@ limit and under the proposed one, and counts them in one statement:
 1. the customer's total that day before the action, as `approvals.intake.customer_total_today`
    counts it when the action is requested: a window sum over the same customer's earlier
    actions of the same UTC day (ties in time broken by id), counting what it counts
-   (`IN_DAILY_TOTAL`); 0 for an action without a customer. Only summed when one of
-   the two limits has a daily customer total (the one costly part: a sort of the window);
+   (`IN_DAILY_TOTAL`); the actions without a customer share one total, as if they were one
+   customer. Only summed when one of the two limits has a daily customer total (the one
+   costly part: a sort of the window);
 2. the verdict, asked in verdict_for's order: above the two-approver threshold, above the
    maximum, above the daily customer total, else it runs. Where the type has limits but the
    currency has none today (`approvals.intake.rule_for`'s `Uncovered`), every request of
@@ -140,8 +141,7 @@ def daily_total_before(*by):
     counted = Case(When(IN_DAILY_TOTAL, then=F("amount")), output_field=DecimalField())
     earlier = Window(Sum(counted), partition_by=[*map(F, by), F("customer"), TruncDate("created_at", tzinfo=UTC)],
                      order_by=[F("created_at").asc(), F("id").asc()], frame=RowRange(start=None, end=-1))
-    return Case(When(customer="", then=Value(Decimal(0))), default=Coalesce(earlier, Value(Decimal(0))),
-                output_field=DecimalField())
+    return Coalesce(earlier, Value(Decimal(0)), output_field=DecimalField())
 
 
 def replayed(proposal, current, since, until=None):
@@ -316,8 +316,10 @@ def _changed_newest(proposal, current, day_starts, by_day):
 
 def _example(action, current, proposal):
     total = getattr(action, "total_before", Decimal(0))
+    no_customer = not action.customer
     return {"action": action, "total_before": total,
-            "current": verdict_for(current, action.amount, total), "proposed": verdict_for(proposal, action.amount, total)}
+            "current": verdict_for(current, action.amount, total, no_customer=no_customer),
+            "proposed": verdict_for(proposal, action.amount, total, no_customer=no_customer)}
 
 
 def preview_signed(preview):
