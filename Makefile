@@ -67,9 +67,11 @@ node_modules/.installed: package.json package-lock.json
 services:
 	@bash scripts/services.sh
 
-# The test servers run with DEBUG off, so static files are served from STATIC_ROOT.
+# The test servers run with DEBUG off, so static files are served from STATIC_ROOT. Collecting
+# them is local development and signs nothing: DEBUG on gives it the development key (with DEBUG
+# off, config.settings refuses to load without SECRET_KEY).
 static: $(VENV)/.installed node_modules/.installed
-	$(PY) manage.py collectstatic --noinput -v 0
+	DEBUG=true $(PY) manage.py collectstatic --noinput -v 0
 
 # --- test ----------------------------------------------------------------------------------
 # pytest-django creates its own test_* databases next to the `postgres` one.
@@ -111,10 +113,11 @@ chaos: install services static
 run: $(VENV)/.installed node_modules/.installed services
 	@bash scripts/run-local.sh
 
-# The seed's incident on the stack `make run` started (the same PORT and DATABASE_URL; the
-# command's SANDBOX_BASE_URL must be the stack's for its agent's refund grant to be promoted).
+# The seed's incident on the stack `make run` started (the same PORT, DATABASE_URL and DEBUG, so
+# the same development key; the command's SANDBOX_BASE_URL must be the stack's for its agent's
+# refund grant to be promoted).
 incident: $(VENV)/.installed
-	@export PORT="$${PORT:-8000}" DJANGO_SETTINGS_MODULE="$${DJANGO_SETTINGS_MODULE:-config.local}" \
+	@export PORT="$${PORT:-8000}" DJANGO_SETTINGS_MODULE="$${DJANGO_SETTINGS_MODULE:-config.local}" DEBUG="$${DEBUG:-true}" \
 	  DATABASE_URL="$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/surety}"; \
 	export SITE_URL="$${SITE_URL:-http://127.0.0.1:$$PORT}"; \
 	export SANDBOX_BASE_URL="$${SANDBOX_BASE_URL:-$$SITE_URL/sandbox/v1}"; \

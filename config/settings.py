@@ -1,8 +1,8 @@
 """Settings, read from the environment variables listed in docs/configuration.md.
 
-With no configuration at all the app runs on a SQLite file (IMMEDIATE transactions) and
-on Redis at localhost if it answers, else runs jobs in-process; `ledger.apps` announces
-which on start.
+With no configuration but DEBUG=true (development values: below) the app runs on a SQLite file
+(IMMEDIATE transactions) and on Redis at localhost if it answers, else runs jobs in-process;
+`ledger.apps` announces which on start.
 """
 
 import ipaddress
@@ -41,16 +41,20 @@ def env_list(name, default=""):
 DEBUG = env_bool("DEBUG", False)
 PRODUCTION = env_bool("PRODUCTION", False)
 
-# Development values are used unless PRODUCTION is on: a deployment that leaves PRODUCTION unset
-# signs sessions and evidence with this public key (docs/configuration.md); with it on, it must be set.
+# Development values only when DEBUG is on (docs/contract.md): this key is public, in the repository,
+# and signs sessions, evidence records and audit checkpoints. With DEBUG off, PRODUCTION or not,
+# SECRET_KEY must be set and ALLOWED_HOSTS defaults to none (Django then answers every request 400,
+# logging the host to add), as a deployment that forgot PRODUCTION must not run on development values.
 _DEV_SECRET = "dev-only-secret-key-never-used-in-production-0123456789abcdef"
-SECRET_KEY = env_str("SECRET_KEY") or (_DEV_SECRET if DEBUG or not PRODUCTION else None)
+SECRET_KEY = env_str("SECRET_KEY") or (_DEV_SECRET if DEBUG else None)
 if not SECRET_KEY:
-    raise RuntimeError("SECRET_KEY must be set when DEBUG is off in production")
+    raise RuntimeError(
+        "SECRET_KEY must be set when DEBUG is off: set SECRET_KEY to a long random value (python -c "
+        "'import secrets; print(secrets.token_urlsafe(50))'), or DEBUG=true for local development only")
 # Earlier keys, after a rotation (docs/operations.md): what they signed still verifies (sessions,
 # the audit chain's checkpoints, evidence records); everything new is signed with SECRET_KEY.
 SECRET_KEY_FALLBACKS = env_list("SECRET_KEY_FALLBACKS")
-ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "" if PRODUCTION else "localhost,127.0.0.1,[::1],testserver")
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver" if DEBUG else "")
 
 INSTALLED_APPS = [
     "console.apps.AdminConfig",  # Django's admin, its changes stepped up
@@ -479,7 +483,7 @@ CONTENT_SECURITY_POLICY = {
         "img-src": ["'self'", "data:"],
         "connect-src": ["'self'"],
         "frame-ancestors": ["'none'"],
-        "form-action": ["'self'"],
+        "form-action": ["'self'", *_OIDC_ORIGINS],
         "base-uri": ["'self'"],
     }
 }

@@ -6,7 +6,9 @@
 # PORT (default 8000) is where the web app listens on 127.0.0.1; the sandbox connector's
 # SANDBOX_BASE_URL and the alerts' SITE_URL follow it unless set. WEB_THREADS (default 16) is
 # each of the web app's two processes' threads, each holding a database connection. Every process runs with
-# config.local: alert e-mails are written to artifacts/mail/, refused requests are one line.
+# config.local: alert e-mails are written to artifacts/mail/, refused requests are one line. DEBUG is on
+# unless set: the only way config.settings gives the development SECRET_KEY and ALLOWED_HOSTS (with it
+# off it refuses to load without SECRET_KEY), so the lines printed for a person to paste carry it too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -122,9 +124,9 @@ else
 fi
 say "web app at $SITE_URL/ — Ctrl-C stops everything"
 say "alert e-mails are written to ${EMAIL_FILE_PATH:-artifacts/mail}/"
-say "an agent on this database: DATABASE_URL=$DATABASE_URL .venv/bin/python manage.py create_agent my-bot --grant refund --owner olga"
+say "an agent on this database: DATABASE_URL=$DATABASE_URL DEBUG=$DEBUG .venv/bin/python manage.py create_agent my-bot --grant refund --owner olga"
 # The promotion compares the replay run with the connector as configured here: same sandbox URL.
-say "and its refunds live: DATABASE_URL=$DATABASE_URL SANDBOX_BASE_URL=$SANDBOX_BASE_URL .venv/bin/python manage.py grant_promote my-bot refund --by ada --reason 'quick start'"
+say "and its refunds live: DATABASE_URL=$DATABASE_URL DEBUG=$DEBUG SANDBOX_BASE_URL=$SANDBOX_BASE_URL .venv/bin/python manage.py grant_promote my-bot refund --by ada --reason 'quick start'"
 # Whichever process ends first (a crash, a kill) ends the whole run.
 set +e
 wait -n "${pids[@]}"

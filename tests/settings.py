@@ -6,7 +6,17 @@ checked by the same hasher in the server. Nothing else names it, so a deployment
 Django's slow-on-purpose hashers; with PRODUCTION set it refuses to load at all.
 """
 
-from config.settings import *  # noqa: F403
+import os
+
+# The suite runs with DEBUG off, as production does, and config.settings then gives no development
+# values (docs/configuration.md): a key and hosts of the tests' own, set in the environment before the
+# settings read it, so that every process a test starts with a copy of it (gunicorn, the RQ workers,
+# manage.py, under tests.settings or config.settings) runs with the same. A test that builds a
+# process's environment from nothing passes them on itself.
+os.environ.setdefault("SECRET_KEY", "tests-only-secret-key-never-used-outside-the-test-suite-5f1c0b7e")
+os.environ.setdefault("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver")
+
+from config.settings import *  # noqa: E402, F403
 
 if PRODUCTION:  # noqa: F405
     raise RuntimeError("tests.settings is for the test suite; production runs config.settings")

@@ -3,6 +3,7 @@
 
 import io
 import json
+import os
 import sqlite3
 import subprocess
 import threading
@@ -280,7 +281,8 @@ def test_a_url_that_is_not_http_or_a_missing_secret_is_named_by_the_check():
 
 
 def test_the_start_stops_with_a_clear_message_when_the_url_and_secret_are_missing():
-    env = {"PATH": "/usr/bin:/bin", "CONNECTOR_REFUND": "http", "CONNECTOR_REFUND_URL": "team.example/effects"}
+    env = {"PATH": "/usr/bin:/bin", "CONNECTOR_REFUND": "http", "CONNECTOR_REFUND_URL": "team.example/effects",
+           "SECRET_KEY": os.environ["SECRET_KEY"]}  # the tests' own (tests/settings.py): DEBUG is off
     checked = subprocess.run([PYTHON, "manage.py", "check"], cwd=ROOT, env=env, capture_output=True, text=True,
                              timeout=60)
 

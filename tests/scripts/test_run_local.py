@@ -32,7 +32,10 @@ def local_env(port, **extra):
     """The run's environment: with few threads and lanes, as each holds a PostgreSQL connection
     and the suite's own stacks run beside it (its 100 connections ran out twice, `make run`'s
     defaults holding up to 44)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "PORT")}
+    # Not the suite's own key and hosts (tests/settings.py): the run gives itself the development
+    # values, with DEBUG on, as a newcomer's shell without them gets.
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "PORT", "SECRET_KEY", "ALLOWED_HOSTS")}
     return {**env, "PORT": str(port), "REDIS_URL": REDIS_URL, "WEB_THREADS": "4", "DRAIN_LANES": "2", **extra}
 
 
@@ -151,14 +154,15 @@ def test_make_run_on_another_port_works_end_to_end_and_keeps_its_output_quiet(tm
             assert time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.5)
 
-        # The README's line, pasted with make run's database.
-        made = subprocess.run(README_AGENT.split(), cwd=ROOT, env={**env, "DATABASE_URL": database_url},
+        # The README's line, pasted with make run's database and DEBUG on (the README's export).
+        readme_env = {**env, "DATABASE_URL": database_url, "DEBUG": "true"}
+        made = subprocess.run(README_AGENT.split(), cwd=ROOT, env=readme_env,
                               capture_output=True, text=True, timeout=60)
         assert made.returncode == 0, made.stderr
         assert "owner olga" in made.stdout
         token = made.stdout.strip().splitlines()[-1]
         promoted = subprocess.run(README_PROMOTE, cwd=ROOT, capture_output=True, text=True, timeout=60, env={
-            **env, "DATABASE_URL": database_url, "SANDBOX_BASE_URL": f"http://127.0.0.1:{port}/sandbox/v1"})
+            **readme_env, "SANDBOX_BASE_URL": f"http://127.0.0.1:{port}/sandbox/v1"})
         assert promoted.returncode == 0, promoted.stdout + promoted.stderr
         assert "my-bot acts for real on refund" in promoted.stdout
 
