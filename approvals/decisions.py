@@ -18,7 +18,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 
 from ledger import clock
-from ledger.actions import action_lock_subjects, in_flight_near
+from ledger.actions import action_lock_subjects, action_release, in_flight_near
 from ledger.models import Action, ActionStatus, AuditEvent
 from ledger.statemachine import InvalidTransition
 from ledger.versions import VersionRefused, action_version_create, version_params
@@ -208,9 +208,7 @@ def _decide(item, action, user, behalf, decision, reason, external_ref, fingerpr
         elif decision == "reject":
             action.reject(actor=user, reason=reason, locked=True)
         elif decision == "release":
-            verdict = verdict_for_action(action)
-            action.release(actor=user, reason=reason, fingerprint=fingerprint, locked=True,
-                           needs_approval=bool(verdict.approvals_needed))
+            action_release(action, actor=user, reason=reason, fingerprint=fingerprint)
         elif decision == "mark_succeeded":
             action.mark_succeeded(actor=user, external_ref=external_ref, reason=reason or "confirmed by a person",
                                   locked=True)

@@ -289,8 +289,8 @@ def action_retry(action, *, actor, reason, ask_limits=False):
         _lock_subjects(action.target, action.customer)
         busy = [other for other in in_flight_near(action, locked=True)
                 if other.status != S.HELD or other.pk < action.pk]
-        if busy:
-            return action.hold(actor=actor,
+        if busy:  # asked of the limits again, it is released as a new request is: without its old approval
+            return action.hold(actor=actor, approval_stands=not ask_limits,
                                reason=f"{_named(busy[0], action)} is in flight for the same target or customer")
         if ask_limits:
             verdict = hooks.policy().verdict_for_action(action)
@@ -406,8 +406,8 @@ _held_on_subjects = Compiled(
 def held_release_when_settled(action, previous, actor, reason):
     """After every move of an action: once it settles, the actions it held are looked at
     again in the same transaction, oldest first. One that nothing else holds (no action in
-    flight on its target or customer that is not itself held) is released: queued, or
-    awaiting approval if its limit says so; the next one is then held by it, with that reason.
+    flight on its target or customer that is not itself held) is released (`action_release`):
+    queued on its approval, or as its limit says; the next one is then held by it, with that reason.
 
     What a person decides stays theirs: a held action they reject or cancel lets go of
     nothing, and when one they released out of a held group settles, the rest of the group
@@ -491,6 +491,16 @@ def _release_if_nothing_holds(held, action):
         AuditEvent.objects.record(actor="system:intake", verb="still_held", obj=held, reason=reason)
         hooks.moved(held, S.HELD, "system:intake", reason)  # kept held, for a new reason
         return
-    verdict = hooks.policy().verdict_for_action(held)  # on its params, as a person's release asks it
-    held.release(actor="system:intake", needs_approval=bool(verdict.approvals_needed),
-                 reason=f"{_named(action, held)} is {action.status}: nothing else holds it")
+    action_release(held, actor="system:intake",
+                   reason=f"{_named(action, held)} is {action.status}: nothing else holds it")
+
+
+def action_release(held, *, actor, reason, fingerprint=""):
+    """Let the locked, held action go (a person's release, `fingerprint` as for Action.release, or
+    the system's): `queued` if a person let its params as they are go (`Action.has_approval`),
+    the limits not asked again: a hold changes its turn, not what was approved (asked again, an
+    approval given before the hold was lost, and the refund could expire undecided); else as the
+    limits say of its params now."""
+    needs_approval = not held.has_approval() and bool(hooks.policy().verdict_for_action(held).approvals_needed)
+    return held.release(actor=actor, reason=reason, fingerprint=fingerprint, needs_approval=needs_approval,
+                        locked=True)

@@ -289,8 +289,9 @@ class Action(LeasedWork):
     error = models.JSONField(null=True, blank=True)
     # What verification saw: provider answers, times, lease history. Shown to reviewers.
     evidence = models.JSONField(default=list, blank=True)
-    # The fingerprint of the params a person saw when they approved or released it: the
-    # executor calls the provider only while the params still have it (ledger.executor).
+    # The fingerprint of the params a person saw when they approved it or released it to the
+    # queue: the executor calls the provider only while the params still have it
+    # (ledger.executor), and a release after a hold queues it on them (ledger.actions.action_release).
     approved_fingerprint = models.CharField(max_length=64, blank=True, default="")
     # The action a person edited down into this one (ledger.versions); that one is superseded.
     supersedes = models.OneToOneField("self", null=True, blank=True, on_delete=models.PROTECT,
@@ -385,6 +386,12 @@ class Action(LeasedWork):
         """The fingerprint of the params as they are now (a person approves what they saw)."""
         return request_fingerprint(self.action_type, self.target, self.params, self.customer)
 
+    def has_approval(self):
+        """Whether a person let these very params go (approved them, or released them to the queue):
+        its print is theirs. Never of params changed since, nor of an action waiting for approval
+        (every move there drops the print)."""
+        return bool(self.approved_fingerprint) and self.approved_fingerprint == self.params_fingerprint()
+
     def claim(self, *, owner, locked=False):
         """Take a queued action under a lease; its new fence makes any older claim stale."""
         return self._move(
@@ -452,15 +459,21 @@ class Action(LeasedWork):
         return self._move(S.UNKNOWN, actor=actor, verb="verify_again", reason=reason, locked=locked,
                           next_attempt_at=clock.now())
 
-    def hold(self, *, actor, reason):
-        return self._move(S.HELD, actor=actor, verb="held", reason=reason, next_attempt_at=None)
+    def hold(self, *, actor, reason, approval_stands=True):
+        """`approval_stands` False: held as a new request is, without the approval it had (a failure
+        for good retried by a person, asked of the limits again: ledger.actions.action_retry)."""
+        dropped = {} if approval_stands else {"approved_fingerprint": ""}
+        return self._move(S.HELD, actor=actor, verb="held", reason=reason, next_attempt_at=None, **dropped)
 
     def release(self, *, actor, reason, needs_approval=False, fingerprint="", locked=False):
-        """`fingerprint`: of the params the person releasing it saw (none when the system
-        releases it): it binds the release as an approval binds."""
-        bound = {"approved_fingerprint": fingerprint} if fingerprint else {}
+        """`needs_approval`: to wait for a person's approval, with no print (a later release would
+        take one for an approval: ledger.actions.action_release). Else queued; `fingerprint`: of
+        the params the person releasing it saw (none when the system releases it): it binds the
+        release as an approval binds."""
         if needs_approval:
-            return self._move(S.AWAITING_APPROVAL, actor=actor, verb="released", reason=reason, locked=locked, **bound)
+            return self._move(S.AWAITING_APPROVAL, actor=actor, verb="released", reason=reason, locked=locked,
+                              approved_fingerprint="")
+        bound = {"approved_fingerprint": fingerprint} if fingerprint else {}
         return self._move(S.QUEUED, actor=actor, verb="released", reason=reason, locked=locked,
                           next_attempt_at=clock.now(), **bound)
 

@@ -16,7 +16,7 @@ from dlq.entries import deadletter_redrive
 from dlq.models import DeadLetter
 from ledger.actions import action_request
 from ledger.models import Action, ActionStatus, AuditEvent
-from tests.factories import audit_events, confirmed_absent, make_agent, person
+from tests.factories import audit_events, make_agent, person
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("jobs_to_test_redis")]
 KEY = "refund:ORD-E1:full:dec-1"
@@ -242,16 +242,18 @@ def test_the_edit_page_refuses_an_edit_without_the_print_of_the_params_seen(peop
 
 
 def test_an_action_sent_to_its_provider_before_is_not_edited(people):
-    """A refund approved and sent, its outcome unknown, marked failed by a person who could not
-    find it, redriven while another refund of the customer was in flight (held) and released back
-    to an approver: edited down, its version ran under a key of its own, which the look a retried
+    """A refund approved and sent, failed for good, redriven by a person while another refund of
+    the customer was in flight (held, its approval dropped: the limits are asked again) and
+    released back to an approver: edited down, its version ran under a key of its own, which the look a retried
     failure makes before its call did not cover, and refunded a second time if the first had gone
     through. It may be approved or rejected, not edited; the page offers no edit."""
     users, agent = people
     action, item = over_limit(agent)
     review_decide(item, user=users["alice"], decision="approve", reason="damaged")
     action.refresh_from_db()
-    action = confirmed_absent(action, by=users["bob"])
+    action = action.claim(owner="tests:1")  # sent, and failed for good: a person's redrive asks the limits again
+    action = action.mark_failed(actor="system:executor", claim=action.fence, code="declined", message="card blocked",
+                                retryable=False)
     action_request(agent=agent, operation_key="refund:ORD-E9:full:dec-9", action_type="refund", target="ORD-E9",
                    customer="CUST-E1", params={"amount": "20.00", "currency": "EUR"})
     deadletter_redrive(DeadLetter.objects.get(action=action, status="open"), actor=users["olga"],
