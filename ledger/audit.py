@@ -13,6 +13,16 @@ key (`ChainCheckpoint`). A checkpoint whose signature holds and whose seq still 
 hash vouches for every link before it, so the daily check walks from the last one, not from
 seq 1; the whole chain is walked by a background job, a stretch per sweeper pass, its progress
 in a row (`ChainWalk`) so that a crash costs one stretch, never the walk.
+
+Every check knows where checkpoints must be. A sealed chain that reaches past the seq by which the
+next checkpoint is due is broken: checkpoints were removed (`checkpoint_due`). Each checkpoint a walk
+passes is checked as its event goes by: its signature, its hash, and (from migration 0046 on) its
+link to the checkpoint before it, a second signature of the interval it was written under and of the
+checkpoint the seal found before it, so that one removed between two is seen too.
+
+An event's content hash is of its fields as `content_fields` gives them, under its `hash_version`:
+version 2 (every event written since migration 0046) includes its object_label, which after an
+archive is the only readable name of what it was about; version 1 (the events before) does not.
 """
 
 import hashlib
@@ -97,6 +107,29 @@ def checkpoint_signed(seq, hash, signature):
     return ledger_signed("audit.checkpoint", f"{seq}:{hash}", signature)
 
 
+def checkpoint_link(seq, hash, every, prev_seq, prev_hash):
+    """What a checkpoint's second signature (`ChainCheckpoint.link_signature`) is of: the interval
+    it was written under and the checkpoint before it as the seal found it (0 and "": none)."""
+    return f"{seq}:{hash}:{every}:{prev_seq}:{prev_hash}"
+
+
+def checkpoint_link_signature(seq, hash, every, prev_seq, prev_hash):
+    return ledger_signer("audit.checkpoint.link").signature(checkpoint_link(seq, hash, every, prev_seq, prev_hash))
+
+
+def checkpoint_due(checkpoint, every):
+    """The seq by which the seal writes the checkpoint after `checkpoint` (None: the chain's first)
+    while it seals under an interval of `every`: the first multiple of `every` at least one interval
+    past it, the interval it signed it was written under (`ChainCheckpoint.interval`), or `every`
+    if it signed none. The seal writes a checkpoint at each multiple of the interval in force, so
+    under one interval that is the next multiple. Changed after it, the seqs sealed before the
+    change held no multiple of its own interval past it, and the first multiple of the new one
+    after the change is at most this: a changed setting is never read as checkpoints missing
+    (unless it changed twice between two checkpoints, or after one signed no interval)."""
+    start = every if checkpoint is None else checkpoint.seq + (checkpoint.interval() or every)
+    return -(-start // every) * every
+
+
 def jsonb_number(literal):
     """A JSON number with a fraction or an exponent (as Python writes a float) as PostgreSQL's jsonb
     gives it back: a numeric, which keeps the digits but not the text. It has no negative zero, and
@@ -107,6 +140,25 @@ def jsonb_number(literal):
     if number.as_tuple().exponent >= 0:
         return int(number)
     return float(number) or 0.0
+
+
+# The content hash's versions (`AuditEvent.hash_version`): 1 is of CONTENT_FIELDS, 2 of them and the
+# event's object_label. The events written before migration 0046 have 1 (the column's default in the
+# database, so an event the code before writes during the upgrade has it too); `record` writes 2.
+CONTENT_FIELDS = ("occurred_at", "actor", "verb", "object_type", "object_id", "before", "after", "reason", "request_id")
+CONTENT_VERSION = 2
+LABEL_HASHED = 2  # the first version whose content hash covers the object_label
+
+
+def content_hashes(fields):
+    """The content hash under each version of an event given as a dict of its fields (as an evidence
+    record carries it, object_label included). Its fields are what its content hash was computed
+    from if that is one of them: either may be, since the chain vouches for the content hash, and
+    no change of the fields makes the other version's hash equal to it (that would take a SHA-256
+    preimage). A version 2 event's label changed in a record is then seen; a version 1 event's, as
+    before, is not."""
+    fields_1 = {name: fields.get(name) for name in CONTENT_FIELDS}
+    return {content_hash(fields_1), content_hash({**fields_1, "object_label": fields.get("object_label")})}
 
 
 def content_hash(fields):
@@ -198,9 +250,16 @@ class AuditEventManager(models.Manager):
                         cursor.executemany(f"UPDATE {name} SET seq = %s, prev_hash = %s, hash = %s WHERE id = %s",
                                            list(rows))
                 every = settings.AUDIT_CHECKPOINT_EVERY
-                ChainCheckpoint.objects.bulk_create([
-                    ChainCheckpoint(seq=seq, hash=hash, signature=checkpoint_signature(seq, hash))
-                    for seq, _, hash, _ in seals if seq % every == 0])
+                reached = [(seq, hash) for seq, _, hash, _ in seals if seq % every == 0]
+                if reached:
+                    # Each linked to the one before it, the newest there is (the seal's turn: no other
+                    # seal writes one meanwhile). One look per batch that reaches a boundary.
+                    before = ChainCheckpoint.objects.order_by("-seq").values_list("seq", "hash").first() or (0, "")
+                    checkpoints = []
+                    for seq, hash in reached:
+                        checkpoints.append(ChainCheckpoint.signed(seq, hash, every, *before))
+                        before = (seq, hash)
+                    ChainCheckpoint.objects.bulk_create(checkpoints)
             sealed += len(pending)
 
     def unsealed_for(self, seconds):
@@ -220,18 +279,29 @@ class AuditEventManager(models.Manager):
             return origin.seq
         return self.chain_report(origin.seq + 1 if origin else 1).broken_at
 
-    def chain_report(self, from_seq=1, through=None):
+    def chain_report(self, from_seq=1, through=None, *, at_end=None):
         """Walk the sealed chain from `from_seq` (trusting the link before it, which an earlier
         walk checked) to its end or to `through`: the first broken link and why, or how far it
-        holds."""
+        holds. Each checkpoint it passes is checked as its event goes by (`ChainCheckpoint.fault`),
+        and at the chain's end (`at_end`: by default when walking to the end) a chain that reaches
+        the seq by which the next checkpoint is due is broken: checkpoints were removed."""
+        at_end = through is None if at_end is None else at_end
         prev_hash, expected = "", max(from_seq, 1)
         if expected > 1:
             prev_hash = self.filter(seq=expected - 1).values_list("hash", flat=True).first()
             if prev_hash is None:
                 return ChainReport(expected - 1, f"event #{expected - 1} is missing", expected - 2, 0)
+        # The end, read before the checkpoints: each is committed with the seal that reached it, so
+        # every one up to the end is read, and none a seal adds meanwhile is expected.
+        end = through if through is not None else self.aggregate(top=models.Max("seq"))["top"] or 0
+        passed = ChainCheckpoint.objects.filter(seq__lt=expected).order_by("-seq").first()
+        if passed is not None and not checkpoint_signed(passed.seq, passed.hash, passed.signature):
+            return ChainReport(passed.seq, f"the checkpoint at seq {passed.seq} is not signed by this ledger",
+                               passed.seq - 1, 0)
+        ahead = iter(ChainCheckpoint.objects.filter(seq__range=(expected, end)).order_by("seq"))
+        checkpoint = next(ahead, None)
         events = 0
-        stretch = self.filter(seq__gte=expected) if through is None else self.filter(seq__range=(expected, through))
-        for event in stretch.order_by("seq").iterator(chunk_size=2000):
+        for event in self.filter(seq__range=(expected, end)).order_by("seq").iterator(chunk_size=2000):
             why = ""
             if event.seq != expected:
                 why = f"events #{expected} to #{event.seq - 1} are missing"
@@ -243,10 +313,19 @@ class AuditEventManager(models.Manager):
                 why = "its hash is not the chain's"
             if why:
                 return ChainReport(event.seq, why, expected - 1, events, prev_hash)
+            if checkpoint is not None and checkpoint.seq == event.seq:
+                if fault := checkpoint.fault(event=event, previous=passed):
+                    return ChainReport(fault[0], fault[1], min(fault[0], event.seq) - 1, events, "")
+                passed, checkpoint = checkpoint, next(ahead, None)
             prev_hash, expected, events = event.hash, expected + 1, events + 1
-        if through is not None and expected <= through:
-            return ChainReport(expected, f"events #{expected} to #{through} are missing", expected - 1, events,
+        if expected <= end:
+            return ChainReport(expected, f"events #{expected} to #{end} are missing", expected - 1, events,
                                prev_hash)
+        every = settings.AUDIT_CHECKPOINT_EVERY
+        if at_end and expected - 1 >= (due := checkpoint_due(passed, every)):
+            after = f"after seq {passed.seq}" if passed else "at all"
+            return ChainReport(due, f"checkpoints are missing: the chain reaches seq {expected - 1}, and none is "
+                                    f"signed {after}, though one is due by seq {due}", due - 1, events, "")
         return ChainReport(None, "", expected - 1, events, prev_hash)
 
 
@@ -270,6 +349,9 @@ class AuditEvent(models.Model):
     content_hash = models.CharField(max_length=64)
     prev_hash = models.CharField(max_length=64, blank=True, default="")
     hash = models.CharField(max_length=64, blank=True, default="")
+    # Which fields its content hash is of (`content_fields`): 2 for every event written now, 1 in the
+    # database (the events before migration 0046, and those the code before writes during the upgrade).
+    hash_version = models.SmallIntegerField(default=CONTENT_VERSION, db_default=1)
 
     objects = AuditEventManager()
 
@@ -292,7 +374,8 @@ class AuditEvent(models.Model):
         return f"{self.actor} {self.verb} {self.object_type}:{self.object_id}"
 
     def content_fields(self):
-        return {
+        """What its content hash is of: CONTENT_FIELDS, and from version 2 on its object_label."""
+        fields = {
             "occurred_at": self.occurred_at.isoformat(),
             "actor": self.actor,
             "verb": self.verb,
@@ -303,6 +386,12 @@ class AuditEvent(models.Model):
             "reason": self.reason,
             "request_id": self.request_id,
         }
+        if self.hash_version >= LABEL_HASHED:
+            fields["object_label"] = self.object_label
+        return fields
+
+
+_LOOKED_UP = object()  # `fault`'s event and previous checkpoint, when its caller has none at hand
 
 
 class ChainCheckpoint(models.Model):
@@ -311,8 +400,15 @@ class ChainCheckpoint(models.Model):
 
     seq = models.BigIntegerField(unique=True)
     hash = models.CharField(max_length=64)
-    signature = models.CharField(max_length=100)
+    signature = models.CharField(max_length=100)  # of `seq:hash` alone, as evidence records carry it
     written_at = models.DateTimeField(default=timezone.now)
+    # Its link to the checkpoint before it (from migration 0046 on): the interval it was written under
+    # and the checkpoint the seal found before it (0 and "": none), under a second signature. Null for
+    # the checkpoints written before, which verify as they always did.
+    every = models.BigIntegerField(null=True, blank=True)
+    prev_seq = models.BigIntegerField(null=True, blank=True)
+    prev_hash = models.CharField(max_length=64, null=True, blank=True)
+    link_signature = models.CharField(max_length=100, null=True, blank=True)
 
     class Meta:
         ordering = ["-seq"]
@@ -320,23 +416,74 @@ class ChainCheckpoint(models.Model):
     def __str__(self):
         return f"checkpoint at seq {self.seq}"
 
+    @classmethod
+    def signed(cls, seq, hash, every, prev_seq, prev_hash):
+        """The checkpoint the seal writes at `seq`, after the one at `prev_seq` (0: none)."""
+        return cls(seq=seq, hash=hash, signature=checkpoint_signature(seq, hash), every=every, prev_seq=prev_seq,
+                   prev_hash=prev_hash,
+                   link_signature=checkpoint_link_signature(seq, hash, every, prev_seq, prev_hash))
+
+    def link_signed(self):
+        return bool(self.link_signature) and ledger_signed(
+            "audit.checkpoint.link", checkpoint_link(self.seq, self.hash, self.every, self.prev_seq, self.prev_hash),
+            self.link_signature)
+
+    def interval(self):
+        """The interval it was written under, if it signed one (None: written before they were)."""
+        return self.every if self.link_signed() else None
+
+    def previous(self):
+        return ChainCheckpoint.objects.filter(seq__lt=self.seq).order_by("-seq").first()
+
     def problem(self):
-        """Why this checkpoint cannot vouch for the chain before it ("" if it can): a signature
-        that is not this ledger's (under SECRET_KEY or a fallback key: `ledger_signed`), or a chain
-        whose hash at its seq is no longer its own."""
+        """Why this checkpoint cannot vouch for the chain before it ("" if it can): see `fault`."""
+        fault = self.fault()
+        return fault[1] if fault else ""
+
+    def fault(self, *, event=_LOOKED_UP, previous=_LOOKED_UP):
+        """(the seq where the chain breaks, why) if this checkpoint cannot vouch for the chain
+        before it, else None: a signature that is not this ledger's (under SECRET_KEY or a fallback
+        key: `ledger_signed`), a checkpoint before it removed or out of place (`link_fault`), or a
+        chain whose hash at its seq is no longer its own. `event` is the chain's at its seq and
+        `previous` the checkpoint before it, looked up unless given."""
         if not checkpoint_signed(self.seq, self.hash, self.signature):
-            return f"the checkpoint at seq {self.seq} is not signed by this ledger"
-        event = AuditEvent.objects.filter(seq=self.seq).first()
+            return self.seq, f"the checkpoint at seq {self.seq} is not signed by this ledger"
+        if fault := self.link_fault(self.previous() if previous is _LOOKED_UP else previous):
+            return fault
+        if event is _LOOKED_UP:
+            event = AuditEvent.objects.filter(seq=self.seq).first()
         if event is None:
-            return f"event #{self.seq}, which the checkpoint vouches for, is missing"
+            return self.seq, f"event #{self.seq}, which the checkpoint vouches for, is missing"
         if event.hash != self.hash:
-            return f"the chain's hash at seq {self.seq} is not the checkpoint's"
+            return self.seq, f"the chain's hash at seq {self.seq} is not the checkpoint's"
         # The walks after it start at the next event and check this one's hash alone: its
         # content is checked here, against the hash the checkpoint signed.
         if event.content_hash != content_hash(event.content_fields()) or event.hash != chain_hash(
                 event.prev_hash, event.content_hash, event.seq):
-            return f"event #{self.seq}, which the checkpoint vouches for, was altered after it was sealed"
-        return ""
+            return self.seq, f"event #{self.seq}, which the checkpoint vouches for, was altered after it was sealed"
+        return None
+
+    def link_fault(self, previous):
+        """Why this checkpoint does not follow `previous` (the checkpoint before it now, or None)
+        as the seal linked it, as (seq, why), or None: its link not signed by this ledger, the
+        checkpoint it follows missing or another, or one missing between them, where the interval
+        each was written under says one must be (`checkpoint_due`). None for a checkpoint written
+        before checkpoints were linked; after one of them, only the checkpoint it follows is checked
+        (its interval is unknown)."""
+        if not self.link_signature:
+            return None
+        if not self.link_signed():
+            return self.seq, f"the checkpoint at seq {self.seq} is not linked by this ledger to the one before it"
+        found = (previous.seq, previous.hash) if previous else (0, "")
+        if (self.prev_seq, self.prev_hash) != found:
+            if self.prev_seq > found[0]:
+                return self.prev_seq, (f"the checkpoint at seq {self.prev_seq}, which the one at seq {self.seq} "
+                                       "follows, is missing")
+            return self.seq, f"the checkpoint at seq {self.seq} does not follow the one at seq {found[0]} before it"
+        if previous is not None and previous.interval() and self.seq > (due := checkpoint_due(previous, self.every)):
+            return due, (f"no checkpoint at seq {due}, where one must be between those at seq {previous.seq} and "
+                         f"{self.seq}: checkpoints were removed")
+        return None
 
 
 class ChainCheck(models.Model):
@@ -519,7 +666,7 @@ def audit_walk(batch=None, start=False):
     elif reached and held != hash_reached:
         report = ChainReport(reached, "its hash changed after the walk passed it", reached - 1, 0)
     else:
-        report = AuditEvent.objects.chain_report(reached + 1, through=through)
+        report = AuditEvent.objects.chain_report(reached + 1, through=through, at_end=through >= walk.target_seq)
     done = report.broken_at is not None or report.through_seq >= walk.target_seq
     with transaction.atomic():
         moved = ChainWalk.objects.filter(pk=walk.pk, seq_reached=walk.seq_reached, finished_at__isnull=True).update(

@@ -208,7 +208,7 @@ END """)
 
 # SQLite: the same rule, spelled out column by column (it has no row-to-JSON).
 AUDIT_CONTENT_COLUMNS = ["id", "occurred_at", "actor", "verb", "object_type", "object_id", "object_label", "before",
-                         "after", "reason", "request_id", "content_hash"]
+                         "after", "reason", "request_id", "content_hash", "hash_version"]
 AUDIT_NO_UPDATE_SQLITE = SQLiteTrigger(
     "ledger_audit_no_update",
     "CREATE TRIGGER ledger_audit_no_update BEFORE UPDATE ON ledger_auditevent "

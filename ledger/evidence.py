@@ -33,7 +33,7 @@ from pathlib import Path
 from django.db.models import Q
 from django.utils import timezone
 
-from .audit import chain_hash, chain_start, content_hash, ledger_signed, ledger_signer
+from .audit import chain_hash, chain_start, content_hash, content_hashes, ledger_signed, ledger_signer
 from .connectors.test_mode import version_now
 from .models import Action, ActionStatus, AuditEvent, Capability, ChainCheck, ChainCheckpoint, Grant, WebhookEvent
 from .retention import Archive
@@ -45,7 +45,8 @@ GRANT_VERBS = ("granted", "promoted", "revoked")
 EVIDENCE_KINDS = (("verification", "verification"), ("webhook", "webhook"), ("lease_expired", "lease_expired"))
 HOW_TO_CHECK = (
     "content_hash = sha256 of the JSON of {occurred_at, actor, verb, object_type, object_id, before, after, reason, "
-    "request_id} with sorted keys and separators (',', ':'); hash = sha256 of prev_hash + content_hash + seq "
+    "request_id}, or of them and object_label (the events written since the label is hashed), with sorted keys and "
+    "separators (',', ':'); hash = sha256 of prev_hash + content_hash + seq "
     "(as text); an event's prev_hash is the hash of the event whose seq is one less. audit.checkpoint (null: not "
     "yet checkpointed) is the chain's hash at a seq at or after every event here, signed by this ledger. digest = "
     "sha256 of this record's JSON without 'integrity', written the same way. `manage.py evidence_verify FILE` "
@@ -260,7 +261,6 @@ def record_digest(record):
 # The events' ids looked up at most this many a statement: PostgreSQL binds at most 65,535 values
 # in one, as the production settings bind them (server-side), and a file may cite any number.
 IDS_A_STATEMENT = 10_000
-CONTENT_FIELDS = ("occurred_at", "actor", "verb", "object_type", "object_id", "before", "after", "reason", "request_id")
 
 
 def record_problems(record, *, database=True, archives=None):
@@ -330,7 +330,9 @@ def _chain_problems(events):
     # In the chain's order (the order of sealing, which may differ from the ids').
     for event in sorted(events, key=lambda e: (0, e["seq"]) if isinstance(e.get("seq"), int) else (1, 0)):
         name = f"event #{event.get('seq') or event.get('id')}"
-        if content_hash({field: event.get(field) for field in CONTENT_FIELDS}) != event.get("content_hash"):
+        # Of its fields without its label or with it (ledger.audit.content_hashes): a label changed in
+        # the file shows for an event whose content hash covers it.
+        if event.get("content_hash") not in content_hashes(event):
             problems.append(f"{name}: its fields are not what its content hash was computed from")
         if isinstance(event.get("seq"), int):
             if chain_hash(event.get("prev_hash"), event.get("content_hash"), event["seq"]) != event.get("hash"):

@@ -14,8 +14,8 @@ from django.test.utils import CaptureQueriesContext
 from bench.evidence_scenario import rich_action
 from console.evidence import evidence_export
 from ledger.actions import action_request
-from ledger.audit import chain_hash, content_hash
-from ledger.evidence import CONTENT_FIELDS, evidence_actions, record_digest, record_problems
+from ledger.audit import CONTENT_FIELDS, chain_hash, content_hash
+from ledger.evidence import evidence_actions, record_digest, record_problems
 from ledger.models import Action, AuditEvent
 from tests.factories import api_client, make_agent, post_action, refund_body
 
