@@ -4,9 +4,11 @@ is released to `queued` on that approval, by a person or by the system (decision
 no approval never lets one through: what goes (back) to waiting for approval carries none, and a
 failure for good retried by a person is asked of the limits again, as a new request."""
 
+import importlib
 from decimal import Decimal
 
 import pytest
+from django.apps import apps as django_apps
 from django.contrib.auth import get_user_model
 
 from approvals.decisions import review_decide
@@ -171,3 +173,16 @@ def test_params_changed_after_the_approval_are_approved_again(agent, alice):
     big = now(big)
     assert big.status == S.AWAITING_APPROVAL and big.approved_fingerprint == ""
     assert open_item(big).kind == ReviewKind.APPROVAL
+
+
+def test_the_migration_drops_the_print_a_release_to_approval_left_before(agent, alice):
+    """Before, a person's release to awaiting approval wrote their print there; a later hold and
+    release would take it for an approval. Migration 0047 drops it from every such row."""
+    dropped = importlib.import_module("ledger.migrations.0047_no_print_while_awaiting_approval")
+    big = refund(agent, "big", "750.00")
+    Action.objects.filter(pk=big.pk).update(approved_fingerprint=big.params_fingerprint())  # as written before
+    assert now(big).has_approval()
+
+    dropped.forward(django_apps, None)
+
+    assert now(big).approved_fingerprint == "" and not now(big).has_approval()
