@@ -12,6 +12,7 @@ import re
 import struct
 import subprocess
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from urllib.parse import urljoin, urlsplit
 
@@ -60,11 +61,12 @@ class Provider:
         }]}}
 
 
-@pytest.fixture(scope="session")
-def oidc_server():
-    port = free_port()
+@contextmanager
+def provider_sending_back_to(redirect_uri, port):
+    """tests/signin/oidc_provider.mjs on `port`, its client's redirect URI `redirect_uri`: its issuer."""
     env = {"PATH": "/usr/bin:/bin:/usr/local/bin", "OIDC_PORT": str(port), "OIDC_CLIENT_ID": CLIENT_ID,
-           "OIDC_CLIENT_SECRET": CLIENT_SECRET, "OIDC_REDIRECT_URI": CALLBACK, "OIDC_ACCOUNTS": json.dumps(ACCOUNTS)}
+           "OIDC_CLIENT_SECRET": CLIENT_SECRET, "OIDC_REDIRECT_URI": redirect_uri,
+           "OIDC_ACCOUNTS": json.dumps(ACCOUNTS)}
     process = subprocess.Popen(["node", "tests/signin/oidc_provider.mjs"], cwd=ROOT, env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     issuer = f"http://127.0.0.1:{port}"
@@ -78,10 +80,17 @@ def oidc_server():
                 if time.monotonic() > deadline or process.poll() is not None:
                     raise RuntimeError("oidc-provider did not start")
                 time.sleep(0.1)
-        yield Provider(issuer)
+        yield issuer
     finally:
         process.terminate()
         process.wait(10)
+
+
+@pytest.fixture(scope="session")
+def oidc_server():
+    """The provider for the test client: it sends people back to testserver's callback."""
+    with provider_sending_back_to(CALLBACK, free_port()) as issuer:
+        yield Provider(issuer)
 
 
 @pytest.fixture

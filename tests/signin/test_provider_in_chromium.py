@@ -3,13 +3,8 @@ server configured as a deployment that signs in only through it (OIDC_ISSUER, PA
 false): the sign-in page's button posts a form, allauth redirects it to the provider, and Chromium
 follows that redirect only if the page's CSP form-action names the provider's origin."""
 
-import json
-import subprocess
-import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 
-import httpx
 import pytest
 from django.contrib.auth import get_user_model
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
@@ -17,8 +12,8 @@ from playwright.sync_api import sync_playwright
 
 from ledger.models import AuditEvent
 from tests.browser.conftest import CHROMIUM_ARGS, SCREENSHOTS, TIMEOUT_MS, screenshot, static_collected  # noqa: F401
-from tests.conftest import ROOT, free_port, running_server
-from tests.signin.conftest import ACCOUNTS, CLIENT_ID, CLIENT_SECRET
+from tests.conftest import free_port, running_server
+from tests.signin.conftest import CLIENT_ID, CLIENT_SECRET, provider_sending_back_to
 
 pytestmark = pytest.mark.browser
 
@@ -50,32 +45,6 @@ def in_chromium(base_url, test_name, drive):
 
     with ThreadPoolExecutor(1) as pool:
         return pool.submit(run).result()
-
-
-@contextmanager
-def provider_sending_back_to(redirect_uri, port):
-    """tests/signin/oidc_provider.mjs on `port`, its client's redirect URI `redirect_uri` (the
-    session's `oidc_server` sends back to the test client's testserver, which no browser reaches)."""
-    env = {"PATH": "/usr/bin:/bin:/usr/local/bin", "OIDC_PORT": str(port), "OIDC_CLIENT_ID": CLIENT_ID,
-           "OIDC_CLIENT_SECRET": CLIENT_SECRET, "OIDC_REDIRECT_URI": redirect_uri,
-           "OIDC_ACCOUNTS": json.dumps(ACCOUNTS)}
-    process = subprocess.Popen(["node", "tests/signin/oidc_provider.mjs"], cwd=ROOT, env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    issuer = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                if httpx.get(f"{issuer}/.well-known/openid-configuration", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                if time.monotonic() > deadline or process.poll() is not None:
-                    raise RuntimeError("oidc-provider did not start")
-                time.sleep(0.1)
-        yield issuer
-    finally:
-        process.terminate()
-        process.wait(10)
 
 
 @pytest.fixture(scope="module")
