@@ -59,6 +59,12 @@ def database_unreachable(exc):
     return connection_lost(exc) or sqlstate in _AWAITED_SQLSTATES or (sqlstate or "").startswith("53")
 
 
+def too_large(exc):
+    """A statement the server refuses for what it holds (class 54, program_limit_exceeded: an
+    index row past its size, too many values): the same request fails the same way each time."""
+    return (_sqlstate(exc) or "").startswith("54")
+
+
 def rolled_back(exc):
     """The database is there, and rolled the transaction back to break a deadlock (or a
     serialization failure): nothing of it was written, and it is no outage."""

@@ -15,7 +15,7 @@ from ledger.evidence import evidence_actions, evidence_record
 from ledger.grants import grant_state
 from ledger.metrics import API_KEY_REUSED, API_REPLAYS
 from ledger.models import Action, ActionStatus, ActionType, Capability, GrantState, Task, TaskState
-from ledger.outages import close_broken_connection, connection_lost, rolled_back
+from ledger.outages import close_broken_connection, connection_lost, rolled_back, too_large
 from ledger.resources import checkpoint
 from ledger.retention import KEY_EXPIRES_HEADER, ArchivedKey, ArchivedTask, KeyExpired, key_expired, key_expires_at, rfc3339
 from ledger.tasks import task_request
@@ -132,6 +132,10 @@ def intake_through_transient_failures(intake):
             if connection_lost(exc) and attempt + 1 < INTAKE_ATTEMPTS:
                 close_broken_connection()
                 continue
+            if too_large(exc):  # the edge's bounds (ledger.api.serializers) should have refused it
+                raise Problem(400, "invalid", "Too large to store", "The database refused to store this request "
+                              "(a field, or the fields together, past what it can index); nothing was recorded. "
+                              "Shorten it: the same request fails the same way.") from exc
             if not rolled_back(exc):  # running it again records the request at most once (the key is unique)
                 raise
     busy = Problem(503, "busy", "Busy", "The ledger was busy with the same target or customer; nothing was "

@@ -11,6 +11,7 @@ from django.db import OperationalError
 from ledger import outages
 from ledger.actions import action_request
 from ledger.api import views
+from ledger.models import Action
 from tests.factories import a_real_deadlock, booking_body, make_agent, make_agent_on, post_action_in_process
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -62,7 +63,7 @@ def index_row_too_big():
 
 
 def test_a_statement_the_server_refuses_for_its_size_is_no_outage(index_row_too_big):
-    assert not outages.database_unreachable(index_row_too_big)
+    assert outages.too_large(index_row_too_big) and not outages.database_unreachable(index_row_too_big)
     assert not outages.connection_lost(index_row_too_big) and not outages.rolled_back(index_row_too_big)
 
 
@@ -88,15 +89,18 @@ def test_a_deadlock_still_counts_as_it_did(django_db_blocker):
     assert outages.database_unreachable(deadlock) and outages.rolled_back(deadlock)
 
 
-def test_an_intake_the_server_refuses_for_its_size_is_a_500_not_a_503_to_retry_forever(
+def test_an_intake_the_server_refuses_for_its_size_is_a_400_not_a_503_to_retry_forever(
         client, index_row_too_big, monkeypatch):
-    """Whatever else such a refusal may come from: a 503 would have the client send it again forever."""
+    """A size PostgreSQL refuses that the edge's bounds missed (here the real error the booking index
+    raised, standing in for a bound not yet written): the request's own, so 400 invalid, nothing
+    recorded; a 503 would have the client send it again forever, a 500 would say the fault is ours."""
     make_agent_on(client)
-    client.raise_request_exception = False
 
     def refused(**kwargs):
         raise index_row_too_big
 
     monkeypatch.setattr(views, "action_request", refused)
     response = post_action_in_process(client, "booking:refused", booking_body())
-    assert response.status_code == 500 and "Retry-After" not in response
+    assert response.status_code == 400 and "Retry-After" not in response, response.content
+    assert response["Content-Type"] == "application/problem+json" and response.json()["code"] == "invalid"
+    assert not Action.objects.filter(operation_key="booking:refused").exists()
