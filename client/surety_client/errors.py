@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import ast
-import re
 from typing import Any
 
 
@@ -90,6 +88,7 @@ class Problem(SuretyError):
         self.title: str = body.get("title", "")
         self.detail: str = body.get("detail", "")
         self.errors: dict[str, list[str]] = body.get("errors") or {}
+        self.recorded_under: str | None = body.get("recorded_under")
         super().__init__(f"{status} {body.get('code', self.code)}: {self.detail or self.title}")
 
 
@@ -151,19 +150,10 @@ class IdempotencyKeyReused(Problem):
 
     @property
     def recorded_key(self) -> str | None:
-        """The key of the request that stands: the one the detail names when the decision's effect
-        is recorded under another key, else the key this request was sent under (whose request may
-        be another agent's, which this agent cannot read)."""
-        named = _RECORDED_UNDER.search(str(self.detail))
-        try:
-            return ast.literal_eval(named[1]) if named else self.operation_key
-        except (ValueError, SyntaxError):  # an escape Python would not write: no key named
-            return self.operation_key
-
-
-# How the API's detail names the key a decision's effect is recorded under: as Python writes a
-# string ('refund:ORD-1:dec-7'), quotes and backslashes escaped.
-_RECORDED_UNDER = re.compile(r"recorded under the key ('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")")
+        """The key of the request that stands: the one the answer names (`recorded_under`) when the
+        decision's effect is recorded under another key, else the key this request was sent under
+        (whose request may be another agent's, which this agent cannot read)."""
+        return self.recorded_under or self.operation_key
 
 
 class BookingConflict(Problem):

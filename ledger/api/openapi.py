@@ -96,6 +96,9 @@ class ProblemSerializer(serializers.Serializer):
         child=serializers.ListField(child=serializers.CharField()), required=False,
         help_text="Validation errors: field (dotted when nested) -> messages.",
     )
+    recorded_under = serializers.CharField(
+        required=False, help_text="`idempotency_key_reused` for a decision recorded under another key: that key, "
+                                  "whose action stands (this agent's: readable at /actions/{key}).")
 
 
 class StepSerializer(serializers.Serializer):

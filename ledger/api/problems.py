@@ -31,14 +31,16 @@ _CODES = {
 
 
 class Problem(exceptions.APIException):
-    """An API error with a contract code; `errors` maps fields to messages."""
+    """An API error with a contract code; `errors` maps fields to messages; `members`, more of the
+    problem's own members (RFC 9457 extensions), such as `recorded_under`."""
 
-    def __init__(self, status_code, code, title, detail="", errors=None):
+    def __init__(self, status_code, code, title, detail="", errors=None, **members):
         super().__init__(detail or title)
         self.status_code = status_code
         self.problem_code = code
         self.title = title
         self.errors = errors
+        self.members = members
 
 
 def _messages(detail):
@@ -73,7 +75,8 @@ def problem_exception_handler(exc, context):
 
     set_rollback()
     if isinstance(exc, Problem):
-        body = problem_body(exc.status_code, exc.problem_code, exc.title, str(exc.detail), exc.errors)
+        body = {**problem_body(exc.status_code, exc.problem_code, exc.title, str(exc.detail), exc.errors),
+                **exc.members}
     elif isinstance(exc, exceptions.ValidationError):
         errors = _messages(exc.detail)
         if isinstance(errors, list):

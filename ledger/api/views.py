@@ -52,7 +52,7 @@ def key_reused(request, key, existing=None):
         return Problem(422, "idempotency_key_reused", "Decision already recorded",
                        f"This decision's {existing.action_type} is recorded under the key "
                        f"{existing.operation_key!r} with other params; nothing was changed. Do not retry it "
-                       "with other params.")
+                       "with other params.", recorded_under=existing.operation_key)
     return Problem(422, "idempotency_key_reused", "Idempotency-Key reused",
                    f"The key {key!r} was already used for a different request; nothing was changed.")
 

@@ -351,12 +351,16 @@ RECORDED_ELSEWHERE = ("This decision's refund is recorded under the key 'refund:
                       "nothing was changed. Do not retry it with other params.")
 
 
-@pytest.mark.parametrize("detail, standing", [(REUSED, KEY), (RECORDED_ELSEWHERE, "refund:ORD-1:full:dec-1")])
-def test_a_refused_respelling_answers_the_action_that_stands_for_the_decision(clock, detail, standing):
+@pytest.mark.parametrize("refusal, standing", [
+    (_problem(422, "idempotency_key_reused", REUSED), KEY),
+    ({**_problem(422, "idempotency_key_reused", RECORDED_ELSEWHERE), "recorded_under": "refund:ORD-1:full:dec-1"},
+     "refund:ORD-1:full:dec-1")])
+def test_a_refused_respelling_answers_the_action_that_stands_for_the_decision(clock, refusal, standing):
     """A restarted model rewords the reason or drops the customer: refused, it was told only that,
     and nothing of the refund its first call asked for. The action stands under the key asked, or,
-    recorded for the decision under another key (an older key form), under the key the detail names."""
-    client, requests = scripted_api((422, {}, _problem(422, "idempotency_key_reused", detail)),
+    recorded for the decision under another key (an older key form), under the key the answer names
+    (`recorded_under`)."""
+    client, requests = scripted_api((422, {}, refusal),
                                     (200, {}, {**_action("awaiting_approval"), "operation_key": standing}))
     answer = mcp_server.call(client, "refund", {"order": "ORD-1", "amount": "900.00", "currency": "EUR",
                                                 "decision_id": "dec-1", "reason": "reworded"})
@@ -388,12 +392,10 @@ def test_a_refused_task_answers_the_task_that_stands_and_another_agents_key_only
     assert others["guidance"].startswith(f"Refused (idempotency_key_reused): {REUSED} This decision is already")
 
 
-@pytest.mark.parametrize("key", ["refund:ORD-1:dec-1", "refund:it's:dec-1", 'refund:say "hi":dec-\\1'])
-def test_a_refusal_names_the_key_its_decisions_effect_is_recorded_under(key):
-    detail = f"This decision's refund is recorded under the key {key!r} with other params; nothing was changed."
-    problem = surety_client.errors.problem_from(422, _problem(422, "idempotency_key_reused", detail),
-                                                operation_key="refund:ORD-1:full:dec-1")
-    assert problem.recorded_key == key
+def test_a_refusal_names_the_key_its_decisions_effect_is_recorded_under():
+    named = {**_problem(422, "idempotency_key_reused", RECORDED_ELSEWHERE), "recorded_under": 'refund:say "hi":dec-1'}
+    problem = surety_client.errors.problem_from(422, named, operation_key="refund:ORD-1:full:dec-1")
+    assert problem.recorded_key == 'refund:say "hi":dec-1'
     problem = surety_client.errors.problem_from(422, _problem(422, "idempotency_key_reused", REUSED),
                                                 operation_key="refund:ORD-1:full:dec-1")
     assert problem.recorded_key == "refund:ORD-1:full:dec-1"

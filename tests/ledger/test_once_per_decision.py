@@ -88,7 +88,7 @@ def test_a_second_key_with_other_params_is_refused_and_changes_nothing(client, a
     again = post_action_in_process(client, "second-key", kind.body(**kind.other_params))
 
     assert again.status_code == 422 and again.json()["code"] == "idempotency_key_reused"
-    assert "first-key" in again.json()["detail"]
+    assert "first-key" in again.json()["detail"] and again.json()["recorded_under"] == "first-key"
     assert list(Action.objects.values()) == before
 
 
