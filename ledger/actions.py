@@ -13,6 +13,7 @@ from django.utils import timezone
 from . import clock, hooks
 from .compiled import Compiled, insert, update
 from .jobs import ring_after_commit
+from .locks import NO_CUSTOMER_TOTAL, take_turns
 from .models import (BOOKING_HELD, IN_FLIGHT_STATUSES, SETTLED, Action, ActionStatus, ActionType, AuditEvent,  # noqa: F401
                      Booking, InvalidTransition, fingerprint, money_in_params, request_fingerprint)  # (fingerprint: re-exported)
 from .recipients import email_recipient
@@ -287,6 +288,11 @@ def action_retry(action, *, actor, reason, ask_limits=False):
     request, and a person approves it first if they ask for one."""
     with transaction.atomic():
         _lock_subjects(action.target, action.customer)
+        if ask_limits and not action.customer:
+            # No customer's lock among its subjects: the requests naming none sum their total in
+            # turn (approvals.intake), and this one, in no total while it failed for good, too.
+            # (A held or queued action's release needs no turn: it is in every total already.)
+            take_turns(NO_CUSTOMER_TOTAL)
         busy = [other for other in in_flight_near(action, locked=True)
                 if other.status != S.HELD or other.pk < action.pk]
         if busy:  # asked of the limits again, it is released as a new request is: without its old approval

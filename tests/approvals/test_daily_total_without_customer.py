@@ -13,10 +13,10 @@ from django.utils import timezone
 from approvals.models import Limit, ReviewItem, SummaryDay
 from approvals.policies import verdict_for
 from approvals.whatif import Proposal, whatif
-from ledger.actions import action_request
+from ledger.actions import action_request, action_retry_by_person
 from ledger.models import Action, ActionStatus
-from tests.factories import another_transaction, make_action, make_agent, make_agent_on, post_action_in_process, \
-    refund_body
+from tests.factories import another_transaction, make_action, make_agent, make_agent_on, person, \
+    post_action_in_process, refund_body
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("jobs_to_test_redis")]
 
@@ -116,6 +116,32 @@ def test_two_requests_without_a_customer_at_once_do_not_both_pass():
 
     assert other.waited is True  # this request, for the turn of the requests without a customer
     assert mine.status == ActionStatus.AWAITING_APPROVAL
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite serialises every writer")
+def test_a_failure_for_good_retried_by_a_person_waits_for_a_request_without_a_customer():
+    """Failed for good, a refund without a customer is in no total; retried by a person, it is
+    asked of the limits again while another request without a customer, on another order, is
+    recorded and not yet committed (which did not count it): the retry waits for it and counts it
+    (450.00 settled, 450.00 requested, 450.00 retried: 1350.00). Summed without waiting, both ran."""
+    set_limit()
+    agent, _ = make_agent("billing")
+    make_action(agent, ActionStatus.SUCCEEDED, key="earlier", target="ORD-S", customer="", amount="450.00")
+    declined = make_action(agent, ActionStatus.FAILED, key="declined", target="ORD-F", customer="", amount="450.00",
+                           retryable=False)
+    alice = person("alice")
+
+    def another_request():
+        other = action_request(agent=agent, operation_key="other", action_type="refund", target="ORD-A",
+                               params={"amount": "450.00", "currency": "EUR"})[0]
+        assert other.status == ActionStatus.QUEUED
+
+    with another_transaction(another_request, commit_when_waited_on=True) as other:
+        retried = action_retry_by_person(declined, actor=alice, reason="the card was replaced")
+
+    assert other.waited is True  # the retry, for the turn of the requests without a customer
+    assert retried.status == ActionStatus.AWAITING_APPROVAL
 
 
 def test_the_migration_has_every_day_summarised_again():
