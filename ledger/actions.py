@@ -16,7 +16,7 @@ from .jobs import ring_after_commit
 from .locks import NO_CUSTOMER_TOTAL, take_turns
 from .models import (BOOKING_HELD, IN_FLIGHT_STATUSES, SETTLED, Action, ActionStatus, ActionType, AuditEvent,  # noqa: F401
                      Booking, InvalidTransition, fingerprint, money_in_params, request_fingerprint)  # (fingerprint: re-exported)
-from .recipients import email_recipient
+from .recipients import customer_spelling, email_recipient
 from .versions import edited_from
 from .retention import archived_key_expired, key_archived, refused_as_archived
 
@@ -61,19 +61,23 @@ class Refused(Exception):
 
 def _replay(action, print_, customer):
     # The customer is outside the fingerprint (only a booking's is part of what is asked), but
-    # it decides what is in flight and the customer's daily total: another one is another request.
-    if action.fingerprint != print_ or action.customer != customer:
+    # it decides what is in flight and the customer's daily total: another one is another request
+    # (one recorded before customers were kept in one spelling is compared in that spelling).
+    if action.fingerprint != print_ or customer_spelling(action.customer) != customer:
         raise KeyReused(action)
     return action, False
 
 
 def _as_recorded(existing, print_, action_type, target, params, customer):
-    """The print `existing` is compared with: that of the request, or for an e-mail recorded
-    before its recipient's domain was stored in one spelling (recipients.email_recipient), of the
-    request with the target as it was recorded then (docs/contract.md: still a replay)."""
+    """The print `existing` is compared with: that of the request, or for one recorded before its
+    subjects were stored in one spelling (an e-mail recipient's domain: recipients.email_recipient;
+    a customer: recipients.customer_spelling), of the request in the spelling recorded then
+    (docs/contract.md: still a replay)."""
     if (action_type == ActionType.SEND_MESSAGE and params.get("channel") == "email"
             and existing.target != target and email_recipient(existing.target) == target):
         return request_fingerprint(action_type, existing.target, params, customer)
+    if existing.customer != customer and customer_spelling(existing.customer) == customer:
+        return request_fingerprint(action_type, target, params, existing.customer)
     return print_
 
 
@@ -253,7 +257,7 @@ def _as_asked(existing, print_, action_type, target, params, customer):
     retry under another key is answered as one under the original's (`existing` when neither)."""
     older = [version.pk for version in edited_from(existing)[1:]]
     for version in Action.objects.filter(pk__in=older).order_by("-pk") if older else ():
-        if version.customer == customer and version.fingerprint == _as_recorded(
+        if customer_spelling(version.customer) == customer and version.fingerprint == _as_recorded(
                 version, print_, action_type, target, params, customer):
             return version
     return existing

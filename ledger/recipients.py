@@ -1,5 +1,5 @@
-"""A message's recipient as the ledger holds it, one message per recipient: read by the API's
-intake, the workflows' steps and the ledger's replay alike, and by the shards' router (through
+"""A message's recipient and a customer as the ledger holds them, each in one spelling: read by
+the API's intake, the workflows' steps and the ledger's replay alike, and by the shards' router (through
 ledger.api.wire), so it imports no Django (only the check of a new recipient asks Django's
 e-mail rule, when it is called)."""
 
@@ -46,3 +46,13 @@ def _is_email_address(address):
     except ValidationError:
         return False
     return True
+
+
+def customer_spelling(text):
+    """The customer as the ledger keeps it: without the characters that do not show (Unicode's
+    format characters: a zero-width space pasted with it, a byte-order mark), in Unicode's
+    compatibility form (NFKC: full-width letters, a no-break space), trimmed. Written either way
+    it is one customer for its daily total and its hold; its case is kept, as providers' ids tell
+    case apart (decision 61)."""
+    shown = "".join(ch for ch in text if unicodedata.category(ch) != "Cf")
+    return unicodedata.normalize("NFKC", shown).strip()

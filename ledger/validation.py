@@ -13,6 +13,7 @@ from rest_framework import serializers
 
 from ledger import currencies, money
 from ledger.compiled import register_cache
+from ledger.recipients import customer_spelling
 from ledger.connectors import NoConnector, connector_for
 from ledger.models import ActionType
 
@@ -62,6 +63,14 @@ class CurrencyField(serializers.CharField):
         if problem:
             raise serializers.ValidationError(problem)
         return code
+
+
+class CustomerField(serializers.CharField):
+    """A customer, in the one spelling the ledger keeps (`customer_spelling`), before its length
+    is checked (NFKC may lengthen it)."""
+
+    def to_internal_value(self, data):
+        return customer_spelling(super().to_internal_value(data))
 
 
 _field_sets = threading.local()

@@ -56,7 +56,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ledger.api.wire import problem_body, well_formed_key
 from ledger.key_paths import key_segment
-from ledger.recipients import email_recipient
+from ledger.recipients import customer_spelling, email_recipient
 
 API, ACTIONS, TASKS = "/api/v1/", "/api/v1/actions", "/api/v1/tasks"
 MAX_BODY = 64 * 1024  # the API's own limit (API_MAX_BODY_BYTES)
@@ -130,9 +130,9 @@ def names(kind, key, body):
         given = body.get("input") if isinstance(body.get("input"), dict) else {}
         workflow = body.get("workflow")
         field = TASK_TARGETS.get(workflow) if isinstance(workflow, str) else None
-        customer, target = stored(given.get("customer")), (stored(given.get(field)) if field else "")
+        customer, target = customer_spelling(stored(given.get("customer"))), (stored(given.get(field)) if field else "")
     else:
-        customer, target = stored(body.get("customer")), stored(body.get("target"))
+        customer, target = customer_spelling(stored(body.get("customer"))), stored(body.get("target"))
         params = body.get("params") if isinstance(body.get("params"), dict) else {}
         if body.get("action_type") == "send_message" and params.get("channel") == "email":
             target = email_recipient(target)  # as the API stores it: one spelling, one shard

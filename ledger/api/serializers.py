@@ -9,7 +9,7 @@ from rest_framework import serializers
 
 from ledger.models import Action, ActionStatus, ActionType
 from ledger.resources import action_resource
-from ledger.validation import PARAMS, StrictSerializer
+from ledger.validation import PARAMS, CustomerField, StrictSerializer
 from ledger.recipients import TARGET_LENGTH, RecipientRefused, email_recipient_checked
 from ledger.workflows import WORKFLOWS
 
@@ -34,9 +34,9 @@ class MaxBytesValidator(BaseValidator):
         return len(x.encode())
 
 
-def indexed_text(max_length=255, **kwargs):
+def indexed_text(max_length=255, field=serializers.CharField, **kwargs):
     """Text the ledger's unique indexes hold: at most its column's characters, and INDEXED_BYTES."""
-    return serializers.CharField(max_length=max_length, validators=[MaxBytesValidator(INDEXED_BYTES)],
+    return field(max_length=max_length, validators=[MaxBytesValidator(INDEXED_BYTES)],
                                  help_text=f"At most {max_length} characters and {INDEXED_BYTES} bytes in UTF-8.",
                                  **kwargs)
 
@@ -44,7 +44,7 @@ def indexed_text(max_length=255, **kwargs):
 class ActionRequestSerializer(StrictSerializer):
     action_type = serializers.ChoiceField(choices=ActionType.choices)
     target = indexed_text(TARGET_LENGTH)
-    customer = indexed_text(required=False, allow_blank=True, allow_null=True, default="")
+    customer = indexed_text(field=CustomerField, required=False, allow_blank=True, allow_null=True, default="")
     decision_id = indexed_text(required=False, allow_blank=True, allow_null=True, default="")
     # Only a workflow's steps add actions to a task (the runner executes them while the task
     # runs); an action the API recorded under a task would wait for a runner that never comes.

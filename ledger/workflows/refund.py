@@ -3,7 +3,7 @@
 from rest_framework import serializers
 
 from ledger.recipients import TARGET_LENGTH, RecipientRefused, email_recipient, email_recipient_checked
-from ledger.validation import AmountField, CurrencyField, PayableAmount, StrictSerializer
+from ledger.validation import AmountField, CurrencyField, CustomerField, PayableAmount, StrictSerializer
 from ledger.connectors import connector_for, http
 from ledger.actions import action_by_key
 from ledger.models import ActionType, Confirmation
@@ -23,7 +23,7 @@ class RefundInput(PayableAmount, StrictSerializer):
     order_id = serializers.CharField(max_length=TARGET_LENGTH)
     amount = AmountField()
     currency = CurrencyField()
-    customer = serializers.CharField(max_length=255)  # its column
+    customer = CustomerField(max_length=255)  # its column
     reason = serializers.CharField(max_length=500, required=False, allow_blank=True)
     notify = serializers.EmailField(required=False, max_length=TARGET_LENGTH, help_text="where to send the confirmation")
     decision_id = serializers.CharField(
