@@ -27,15 +27,17 @@ import time
 
 import psycopg
 import redis
-from django.db import InterfaceError, OperationalError, close_old_connections
+from django.db import Error, InterfaceError, OperationalError, close_old_connections
 
 UNREACHABLE = (OperationalError, InterfaceError, psycopg.OperationalError, psycopg.InterfaceError)
 REDIS_UNREACHABLE = (redis.ConnectionError, redis.TimeoutError)
 # What Retry-After says while the database is away: a failover or a restart takes seconds.
 RETRY_AFTER_SECONDS = 2
 # SQLSTATEs of a connection the server ended: class 08 (connection exception), and
-# admin_shutdown (pg_terminate_backend, a fast shutdown), crash_shutdown, cannot_connect_now.
-_LOST_SQLSTATES = {"57P01", "57P02", "57P03"}
+# admin_shutdown (pg_terminate_backend, a fast shutdown), crash_shutdown, cannot_connect_now,
+# idle_session_timeout, and idle_in_transaction_session_timeout (an InternalError to psycopg:
+# told by its SQLSTATE, whatever its class).
+_LOST_SQLSTATES = {"57P01", "57P02", "57P03", "57P05", "25P03"}
 # deadlock_detected and serialization_failure: the database rolled the whole transaction back, and
 # running it again may well go through.
 ROLLED_BACK_SQLSTATES = {"40P01", "40001"}
@@ -76,10 +78,12 @@ def connection_lost(exc):
     a SQLSTATE (the socket closed, nothing answered), or the server said it ended it."""
     if isinstance(exc, (InterfaceError, psycopg.InterfaceError)):
         return True
-    if not isinstance(exc, (OperationalError, psycopg.OperationalError)):
+    if not isinstance(exc, (Error, psycopg.Error)):
         return False
     sqlstate = _sqlstate(exc)
-    return sqlstate is None or sqlstate.startswith("08") or sqlstate in _LOST_SQLSTATES
+    if sqlstate is None:
+        return isinstance(exc, (OperationalError, psycopg.OperationalError))
+    return sqlstate.startswith("08") or sqlstate in _LOST_SQLSTATES
 
 
 def _sqlstate(exc):

@@ -3,6 +3,7 @@ a request that meets it is answered 503 with Retry-After (ledger.api.unavailable
 step that fails keeps none of the others from running unless the database itself is gone."""
 
 import logging
+import time
 
 import psycopg
 import pytest
@@ -11,7 +12,7 @@ from django.db import connection
 
 from console import ledger_views
 from ledger import outages, sweeper
-from tests.conftest import free_port
+from tests.conftest import _database_url, free_port
 from tests.factories import a_real_deadlock, database_away, post_action_in_process, refund_body
 
 
@@ -47,6 +48,31 @@ def test_a_refused_connection_is_a_lost_one_and_a_statement_error_is_not(refused
     deadlock = psycopg.errors.DeadlockDetected("deadlock detected")
     assert outages.database_unreachable(deadlock) and not outages.connection_lost(deadlock)
     assert not outages.database_unreachable(psycopg.errors.UniqueViolation("duplicate key"))
+
+
+def ended_for_idling(setting):
+    """The error of a real session PostgreSQL ended after `setting` (200 ms) of idling: outside a
+    transaction (idle_session_timeout, 57P05) or inside one (idle_in_transaction_session_timeout,
+    25P03, an InternalError to psycopg)."""
+    session = psycopg.connect(_database_url(), autocommit=setting == "idle_session_timeout")
+    try:
+        session.execute(f"SET {setting} = '200ms'")
+        time.sleep(1)
+        with pytest.raises(psycopg.Error) as caught:
+            session.execute("SELECT 1")
+        return caught.value
+    finally:
+        session.close()
+
+
+@pytest.mark.django_db
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's idle timeouts")
+@pytest.mark.parametrize("setting", ["idle_session_timeout", "idle_in_transaction_session_timeout"])
+def test_a_session_the_server_ended_for_idling_is_a_lost_connection(setting):
+    """Sent again on a new connection it goes through: an intake retries it, a drain lane gives its run
+    back, a request meeting it twice is told 503, not 500."""
+    ended = ended_for_idling(setting)
+    assert outages.connection_lost(ended) and outages.database_unreachable(ended), ended.sqlstate
 
 
 def staged_steps(error):
