@@ -153,7 +153,7 @@ REVIEW_TRANSITIONS = {
     R.APPROVED: set(),
     R.REJECTED: set(),
     R.RESOLVED: {R.OPEN},  # only an unknown outcome sent back to verify that came back unproven
-    R.CLOSED: set(),
+    R.CLOSED: {R.OPEN},  # only an approval a hold closed, waiting again with the approvals given (reviews)
     R.EDITED: set(),
     R.EXPIRED: set(),
 }
@@ -261,16 +261,22 @@ class ReviewItem(StateMachine):
         return self._move(R.EXPIRED, actor="system:approvals", verb="expired", reason=reason, locked=locked,
                           decided_at=timezone.now(), note=reason)
 
-    def reopen(self, *, reason, deadline):
-        """An unknown outcome a person sent back to verify, that came back still unproven:
-        the same item waits again (with a new deadline), rather than a new one each time."""
-        return self._move(R.OPEN, actor="system:reviews", verb="reopened", reason=reason, why=reason,
-                          deadline=deadline, decided_by=None, decided_for=None, decided_by_label="", decided_at=None, note="",
-                          decided_fingerprint="", overdue_alerted_at=None, escalate_at=None, escalated_at=None)
+    def reopen(self, *, reason, deadline, expires_at=None):
+        """The same item waits again (with a new deadline, and approval window), rather than a new
+        one: an unknown outcome a person sent back to verify, that came back still unproven (`reason`
+        is why it waits now), or an approval a hold closed after its first of two approvals, which
+        stands (approvals.reviews; it waits for the same reason as before)."""
+        why = self.why if self.kind == ReviewKind.APPROVAL else reason
+        return self._move(R.OPEN, actor="system:reviews", verb="reopened", reason=reason, why=why,
+                          deadline=deadline, expires_at=expires_at, decided_by=None, decided_for=None,
+                          decided_by_label="", decided_at=None, note="", decided_fingerprint="",
+                          overdue_alerted_at=None, escalate_at=None, escalated_at=None)
 
     def _refuse(self, to):
         if self.status == R.RESOLVED and to == R.OPEN and not self.sent_back_to_verify:
             return "only an unknown outcome sent back to verify opens again"
+        if self.status == R.CLOSED and to == R.OPEN and self.kind != ReviewKind.APPROVAL:
+            return "only an approval a hold closed opens again"
         return ""
 
     @property

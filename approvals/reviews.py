@@ -50,14 +50,18 @@ def _review_follow_action(action, why):
     verified = _sent_back_to_verify(action) if kind == ReviewKind.UNKNOWN_OUTCOME else None
     if verified is not None:
         return verified.reopen(reason=why or _why(action), deadline=timezone.now() + timedelta(hours=hours))
-    verdict = verdict_for_action(action) if kind == ReviewKind.APPROVAL else None
     expires = limit.approval_expires_after_hours if limit and kind == ReviewKind.APPROVAL else None
+    # The window is closed on the database's clock (decisions, the sweeper): opened on it too.
+    expires_at = clock.now() + timedelta(hours=expires) if expires else None
+    approved = _approved_before_a_hold(action) if kind == ReviewKind.APPROVAL else None
+    if approved is not None:
+        return approved.reopen(reason="released after a hold: the approval given before it stands",
+                               deadline=timezone.now() + timedelta(hours=hours), expires_at=expires_at)
+    verdict = verdict_for_action(action) if kind == ReviewKind.APPROVAL else None
     now = timezone.now()
     with transaction.atomic():
         item = ReviewItem.objects.create(
-            kind=kind, action=action, created_at=now, deadline=now + timedelta(hours=hours),
-            # The window is closed on the database's clock (decisions, the sweeper): opened on it too.
-            expires_at=clock.now() + timedelta(hours=expires) if expires else None,
+            kind=kind, action=action, created_at=now, deadline=now + timedelta(hours=hours), expires_at=expires_at,
             approvals_needed=max(verdict.approvals_needed, 1) if verdict else 1,
             why=why or (verdict.reason if verdict else "") or _why(action),
             limit_snapshot=limit.snapshot() if limit else None,
@@ -72,6 +76,18 @@ def _sent_back_to_verify(action):
     """The action's last item, if a person sent it back to verify (it waits again, the same item)."""
     last = ReviewItem.objects.select_for_update().filter(action=action).order_by("-id").first()
     return last if last is not None and last.sent_back_to_verify else None
+
+
+def _approved_before_a_hold(action):
+    """The action's last approval item, if a hold closed it after a first of two approvals, all given
+    on the params it waits with again (decision 23): it waits on that item again, and the approval
+    stands (a second approval from the same person stays refused). Approvals of other params are
+    none of these: a new item asks for all of them."""
+    last = ReviewItem.objects.select_for_update().filter(action=action, kind=ReviewKind.APPROVAL).order_by("-id").first()
+    if last is None or last.status != ReviewStatus.CLOSED:
+        return None
+    prints = {approval.fingerprint for approval in last.approvals.all()}
+    return last if prints == {action.params_fingerprint()} else None
 
 
 def approval_expire_due(now=None):

@@ -11,7 +11,7 @@ import pytest
 from django.apps import apps as django_apps
 from django.contrib.auth import get_user_model
 
-from approvals.decisions import review_decide
+from approvals.decisions import DecisionRefused, review_decide
 from approvals.models import Limit, ReviewItem, ReviewKind
 from dlq.entries import deadletter_redrive
 from dlq.models import DeadLetter
@@ -161,6 +161,26 @@ def test_a_release_to_approval_carries_no_print_and_one_of_two_approvals_is_no_a
     assert now(big).status == S.HELD
     review_decide(open_item(big), user=bob, decision="release", reason="go")
     assert now(big).status == S.AWAITING_APPROVAL and open_item(big).approvals_needed == 2
+
+
+def test_the_first_of_two_approvals_survives_a_hold(agent, alice, bob):
+    """Held between its two approvals and released to wait for them again, it waits on the item that
+    holds the first (reopened): the second approver finishes it, and the first may not approve twice."""
+    big = refund(agent, "big", "1500.00")
+    first = open_item(big)
+    review_decide(first, user=alice, decision="approve", reason="one of two")
+    refund(agent, "small", "20.00")
+    assert now(big).status == S.HELD
+
+    review_decide(open_item(big), user=bob, decision="release", reason="the small one is another matter")
+
+    assert open_item(big).pk == first.pk and [a.user for a in open_item(big).approvals.all()] == [alice]
+    with pytest.raises(DecisionRefused, match="four eyes"):
+        review_decide(open_item(big), user=alice, decision="approve", reason="again")
+    review_decide(open_item(big), user=bob, decision="approve", reason="two of two")
+    big = now(big)
+    assert big.status == S.QUEUED and big.approved_fingerprint == big.params_fingerprint()
+    assert audit_events(first, "reopened").count() == 1
 
 
 def test_params_changed_after_the_approval_are_approved_again(agent, alice):
