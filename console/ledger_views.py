@@ -15,7 +15,7 @@ from django.utils.cache import add_never_cache_headers
 from django.views.decorators.http import require_POST
 
 from ledger.access import WORK_DLQ, user_may
-from ledger.agents import agent_create, agent_rotate_token, capabilities_named
+from ledger.agents import agent_create, agent_name_owner, agent_rotate_token, capabilities_named
 from ledger.connectors import connector_name
 from ledger.connectors.test_mode import REPLAY_AGENT, REPLAY_KEY_PREFIX
 from ledger.counts import HISTORY_EXACT_UP_TO, action_counts
@@ -209,9 +209,18 @@ def agent_change(request, pk, op):
     agent = get_object_or_404(Agent, pk=pk)
     reason = request.POST.get("reason", "")
     # Any op but "grant" and "rotate" used to revoke (POST /agents/1/delete took
-    # the capability away). Only the three known operations are done.
-    if op not in ("grant", "revoke", "rotate"):
+    # the capability away). Only the known operations are done.
+    if op not in ("grant", "revoke", "rotate", "owner"):
         raise Http404("unknown operation")
+    if op == "owner":
+        owner = _people().filter(username=request.POST.get("owner", "")).first()
+        try:
+            agent_name_owner(agent, owner, actor=request.user, reason=reason)
+        except ValueError as exc:
+            messages.error(request, f"Not done: {exc}.")
+            return redirect("agent-list")
+        messages.success(request, f"{owner.get_username()} owns {agent.name} now.")
+        return redirect("agent-list")
     if op == "rotate":
         try:
             token = agent_rotate_token(agent, actor=request.user, reason=reason)

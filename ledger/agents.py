@@ -1,4 +1,4 @@
-"""Agents (service accounts): create, grant, rotate — each audited."""
+"""Agents (service accounts): create, grant, rotate, name the owner — each audited."""
 
 import re
 
@@ -81,3 +81,21 @@ def agent_rotate_token(agent, *, actor, reason=""):
         agent.save(update_fields=["token_hash", "token_prefix", "token_issued_by"])
         AuditEvent.objects.record(actor=actor, verb="token_rotated", obj=agent, reason=reason)
     return token
+
+
+def agent_name_owner(agent, owner, *, actor, reason):
+    """`owner` is the person responsible for the agent from now on (the placeholder's agents, made
+    before every agent had one, or one whose owner moved on): four eyes keep them from deciding its
+    requests, which the one before may decide again. ValueError without a person or a reason."""
+    if owner is None:
+        raise ValueError("name a person as its owner")
+    if not reason.strip():
+        raise ValueError("a reason is required to name an agent's owner")
+    with transaction.atomic():
+        agent = Agent.objects.select_for_update().get(pk=agent.pk)
+        before = agent.owner.get_username()
+        agent.owner = owner
+        agent.save(update_fields=["owner"])
+        AuditEvent.objects.record(actor=actor, verb="owner_named", obj=agent, reason=reason,
+                                  before={"owner": before}, after={"owner": owner.get_username()})
+    return agent

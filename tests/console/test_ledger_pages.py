@@ -6,12 +6,13 @@ import io
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.core.management import call_command
 from django.urls import reverse
 
 from ledger.actions import action_request
 from ledger.counts import HISTORY_EXACT_UP_TO
 from ledger.middleware import current_request_id
-from ledger.models import Action, ActionStatus, Agent, AuditEvent, Task
+from ledger.models import UNASSIGNED_OWNER, Action, ActionStatus, Agent, AuditEvent, Task
 from ledger.replay import replay_agent
 from tests.factories import make_agent, new_action, person
 
@@ -69,6 +70,29 @@ def test_the_agents_page_refuses_to_rotate_the_replay_agents_token(client):
     after = Agent.objects.get(pk=agent.pk)
     assert (after.token_hash, after.token_prefix) == (agent.token_hash, agent.token_prefix)
     assert not AuditEvent.objects.filter(verb="token_rotated").exists()
+
+
+def test_an_agent_made_without_an_owner_is_given_one_on_the_agents_page(client):
+    """`create_agent NAME` without --owner leaves the agent to the placeholder, whose badge says to
+    name one: the agents page names it, audited with its reason. Without a reason nothing changes."""
+    call_command("create_agent", "support-bot", stdout=io.StringIO(), stderr=io.StringIO())
+    agent = Agent.objects.get(name="support-bot")
+    assert agent.owner.get_username() == UNASSIGNED_OWNER
+    client.force_login(person("ada", "admins"))
+    person("bea")
+    assert "name one under Manage" in client.get(reverse("agent-list")).content.decode()
+    change = reverse("agent-change", args=[agent.pk, "owner"])
+
+    refused = client.post(change, {"owner": "bea", "reason": " "}, follow=True)
+    assert "Not done: a reason is required" in refused.content.decode()
+    assert Agent.objects.get(pk=agent.pk).owner.get_username() == UNASSIGNED_OWNER
+
+    client.post(change, {"owner": "bea", "reason": "the support team runs it"})
+    assert Agent.objects.get(pk=agent.pk).owner.get_username() == "bea"
+    named = AuditEvent.objects.get(verb="owner_named")
+    assert (named.before, named.after, named.reason) == ({"owner": UNASSIGNED_OWNER}, {"owner": "bea"},
+                                                         "the support team runs it")
+    assert "to be named" not in client.get(reverse("agent-list")).content.decode()
 
 
 def test_the_audit_export_writes_no_cell_a_spreadsheet_would_run_as_a_formula(admin):

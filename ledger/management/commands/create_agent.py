@@ -39,7 +39,7 @@ class Command(BaseCommand):
             self.stderr.write(self.style.WARNING(
                 f"No --owner: {agent.name} belongs to the placeholder {UNASSIGNED_OWNER!r}, which nobody signs in "
                 "as, so four eyes keep nobody from deciding its requests or making its grants live until a "
-                "person is named its owner."))
+                "person is named its owner (on the agents page, under Manage)."))
         granted = ", ".join(str(c) for c in Capability.objects.filter(name__in=grant)) or "nothing"
         self.stdout.write(f"Agent {agent.name} created (owner {owner.get_username()}); granted: {granted}. "
                           "Its token (shown only now):")
