@@ -6,11 +6,13 @@ leaves the rest open and a report that says why; a run whose selection changed s
 run is refused with the difference; bad rates and missing permissions are refused; and an
 entry redriven that fails again gets a new entry, the earlier one keeping its error."""
 
+import re
 import sys
 import time
 from datetime import timedelta
 from types import SimpleNamespace
 from decimal import Decimal
+from urllib.parse import urljoin
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -331,6 +333,27 @@ def test_a_reason_is_required_and_a_run_starts_once(agent, olga, jobs_to_test_re
     assert again.status_code == 302
     assert "already started" in olga.get(again.url).content.decode()
     assert audit_events(run, "bulk_redrive_started").count() == 1
+
+
+def test_a_start_refused_for_its_form_polls_and_pages_the_run_page_not_the_start_url(agent, olga,
+                                                                                    jobs_to_test_redis):
+    """The refusal is the run's page answered to the POST: the browser stays at .../start, which
+    only takes a POST, so its progress polls and its pager go to the run's own page."""
+    for n in range(52):
+        dead_letter(agent, f"pg-{n}")
+    run = dry_run(olga)
+    here = f"http://testserver/dlq/redrives/{run.pk}/start"
+
+    refused = start(olga, run, "100000").content.decode()
+    assert "At most " in refused
+    following = olga.get(urljoin(here, re.search(r'href="([^"]*\?page=2)" rel="next"', refused).group(1)))
+    assert following.status_code == 200 and following.content.decode().count('class="run-item"') == 2
+
+    assert start(olga, run, "1").status_code == 302  # started meanwhile, from another tab or by another person
+    refused = start(olga, run, "1", reason="").content.decode()
+    polled = olga.get(urljoin(here, re.search(r'hx-get="([^"]+)" hx-trigger="every 2s"', refused).group(1)),
+                      HTTP_HX_REQUEST="true")
+    assert polled.status_code == 200 and 'id="run-progress"' in polled.content.decode()
 
 
 def test_without_the_permission_each_step_is_forbidden(agent, olga, jobs_to_test_redis):
