@@ -34,10 +34,10 @@ def _alert_first_tier(now):
         hours = policy.get("escalate_after_hours")
         escalate_at = item.deadline + timedelta(hours=hours) if hours and policy.get("next_tier") else None
         with transaction.atomic():
-            # Two sweepers at once, or a decision in between: only the pass that changes the
-            # still-open row raises the alert.
+            # Two sweepers at once, or a decision or a new deadline in between (reopened): only
+            # the pass that changes the still-open, still-overdue row raises the alert.
             claimed = ReviewItem.objects.filter(
-                pk=item.pk, status=ReviewStatus.OPEN, overdue_alerted_at__isnull=True
+                pk=item.pk, status=ReviewStatus.OPEN, deadline__lt=now, overdue_alerted_at__isnull=True
             ).update(overdue_alerted_at=now, escalate_at=escalate_at)
             if claimed:
                 Alert.objects.raise_for(
@@ -56,7 +56,7 @@ def _escalate(now):
         next_tier = tier_addresses(item.limit_snapshot["next_tier"])
         with transaction.atomic():
             claimed = ReviewItem.objects.filter(
-                pk=item.pk, status=ReviewStatus.OPEN, escalated_at__isnull=True
+                pk=item.pk, status=ReviewStatus.OPEN, escalated_at__isnull=True, escalate_at__lt=now
             ).update(escalated_at=now)
             if claimed:
                 Alert.objects.raise_for(

@@ -7,6 +7,7 @@ directly with the time it is to see (the sweeper calls it with the present)."""
 import threading
 from datetime import timedelta
 from decimal import Decimal
+from types import SimpleNamespace
 
 import pytest
 from django.conf import settings
@@ -16,6 +17,7 @@ from django.db import IntegrityError, connection, transaction
 
 from approvals.models import Limit, ReviewItem
 from console.overview import review_cards
+from dlq import overdue
 from dlq.alerts import alert_deliver
 from dlq.models import Alert
 from dlq.overdue import review_alert_overdue
@@ -150,6 +152,42 @@ def test_two_sweepers_at_once_raise_one_alert_per_tier(tiered):
     for thread in threads:
         thread.join()
     assert sum(counts) == 2 and len(alerts_of(tiered)) == 2
+
+
+def reopened_between_scan_and_claim(monkeypatch, item, deadline):
+    """The item is reopened with a new deadline (`ReviewItem.reopen`) after the sweeper's scan
+    found it, just before the sweeper claims it."""
+    atomic = transaction.atomic
+
+    def reopen_then_claim(*args, **kwargs):
+        ReviewItem.objects.filter(pk=item.pk).update(deadline=deadline, overdue_alerted_at=None, escalate_at=None,
+                                                     escalated_at=None)
+        monkeypatch.setattr(overdue, "transaction", transaction)
+        return atomic(*args, **kwargs)
+
+    monkeypatch.setattr(overdue, "transaction", SimpleNamespace(atomic=reopen_then_claim))
+
+
+def test_an_item_reopened_between_the_scan_and_the_claim_is_not_alerted_overdue(tiered, monkeypatch):
+    now = tiered.deadline + timedelta(minutes=1)
+    reopened_between_scan_and_claim(monkeypatch, tiered, now + timedelta(hours=4))
+    assert review_alert_overdue(now=now) == 0
+
+    item = ReviewItem.objects.get(pk=tiered.pk)
+    assert alerts_of(item) == [] and item.overdue_alerted_at is None and item.escalate_at is None
+    assert review_alert_overdue(now=item.deadline + timedelta(minutes=1)) == 1  # its own deadline still alerts
+    assert ReviewItem.objects.get(pk=item.pk).escalate_at == item.deadline + timedelta(hours=2)
+
+
+def test_an_item_reopened_between_the_scan_and_the_claim_is_not_escalated(tiered, monkeypatch):
+    review_alert_overdue(now=tiered.deadline + timedelta(minutes=1))
+    second = tiered.deadline + timedelta(hours=2, minutes=1)
+    reopened_between_scan_and_claim(monkeypatch, tiered, second + timedelta(hours=4))
+    assert review_alert_overdue(now=second) == 0
+
+    item = ReviewItem.objects.get(pk=tiered.pk)
+    assert len(alerts_of(item)) == 1 and item.escalated_at is None
+    assert not audit_events(item, "review_escalated").exists()
 
 
 def test_the_overview_counts_escalated_items(tiered):
