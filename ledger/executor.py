@@ -152,7 +152,7 @@ def action_run_claimed(action):
     except http.NotSent as exc:
         if action.attempts < settings.MAX_ATTEMPTS:
             return _again(action, claim, reason="the request never reached the provider",
-                          evidence=_evidence(action, {**exc.evidence(), **looked}))
+                          evidence=_evidence(action, {**exc.evidence(), **looked}), wait=exc.retry_after)
         return _settle(action.mark_failed, actor=EXECUTOR, claim=claim, code=exc.code, message=str(exc), retryable=True,
                        evidence=looked and _evidence(action, looked))
     except http.OutcomeUnknown as exc:
@@ -222,9 +222,11 @@ def _settle_looked(action, lookup, evidence, why):
                    reason="verified at the provider", evidence=evidence)
 
 
-def _again(action, claim, *, reason, evidence):
-    """Back to the queue for another attempt after a backoff; or, for an action whose task has
-    stopped, failed, retryable. A task's action is attempted only while its task runs: queued
+def _again(action, claim, *, reason, evidence, wait=None):
+    """Back to the queue for another attempt after a backoff, counted from the end of `wait`, the
+    seconds a rate-limited provider asked for (the attempt still counts: MAX_ATTEMPTS of them then
+    span its windows, not seconds); or, for an action whose task has stopped, failed, retryable.
+    A task's action is attempted only while its task runs: queued
     under a stopped task it would wait for ever (a task resolved by hand, discarded or ended), holding
     its order and customer; failed, it holds nothing, and the task's runner retries it if the task
     runs again (a dead-lettered one redriven; one that ended or was resolved by hand never does:
@@ -245,7 +247,7 @@ def _again(action, claim, *, reason, evidence):
                            message=f"{reason}; its task is {stopped}: nothing attempts it unless the task runs again",
                            evidence=evidence)
         return _settle(action.requeue, actor=EXECUTOR, claim=claim, reason=reason,
-                       not_before=backoff_until(action.attempts), evidence=evidence)
+                       not_before=backoff_until(action.attempts, wait=wait), evidence=evidence)
 
 
 def action_expire_leases(now=None):

@@ -57,12 +57,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as DeadlinePassed
 from concurrent.futures import wait
+from datetime import UTC
+from email.utils import parsedate_to_datetime
 from http.cookiejar import CookieJar
 
 import httpcore
 import httpx
 from django.conf import settings
 
+from .. import clock
 from ..compiled import register_cache
 
 
@@ -77,7 +80,16 @@ class ProviderError(Exception):
 
 
 class NotSent(ProviderError):
-    pass
+    """`retry_after`: the seconds the provider asked to be left alone for (a rate limit's), or None;
+    the executor tries again no sooner."""
+
+    def __init__(self, message, *, retry_after=None, **kwargs):
+        super().__init__(message, **kwargs)
+        self.retry_after = retry_after
+
+    def evidence(self):
+        asked = {} if self.retry_after is None else {"retry_after": self.retry_after}
+        return {**super().evidence(), **asked}
 
 
 class OutcomeUnknown(ProviderError):
@@ -88,6 +100,12 @@ class Rejected(ProviderError):
     pass
 
 
+# The wait after a rate limit (429) whose answer names none that can be read (Stripe names none):
+# a per-minute quota, the commonest window, has rolled over by then.
+RATE_LIMITED_WAIT_SECONDS = 60
+# The longest wait a provider's Retry-After is taken at: one that asks for a day (or a date a
+# clock gone wrong wrote) is tried again within the hour, and after MAX_ATTEMPTS a person hears.
+RETRY_AFTER_MAX_SECONDS = 3600
 # A connection's close resets it (RST) and drops what the kernel had not sent yet, instead of
 # sending it on after the close; the kernel does the same for a worker that is killed.
 _RESET_ON_CLOSE = (socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -358,11 +376,38 @@ def call(method, url, *, json=None, content=None, params=None, headers=None):
             status=response.status_code,
         )
     if response.status_code == 429:
-        raise NotSent(f"{method} {url}: rate limited", code="rate_limited", status=429)
+        raise NotSent(f"{method} {url}: rate limited", code="rate_limited", status=429,
+                      retry_after=retry_after(response.headers))
     error = body.get("error") if isinstance(body, dict) else None
     code = error.get("code") if isinstance(error, dict) else f"http_{response.status_code}"
     message = error.get("message") if isinstance(error, dict) else f"HTTP {response.status_code}"
     raise Rejected(f"{method} {url}: {message}", code=code or "rejected", status=response.status_code)
+
+
+def retry_after(headers):
+    """The seconds a rate-limited answer asks to be left alone for: its `Retry-After`, in seconds
+    or an HTTP-date, at most RETRY_AFTER_MAX_SECONDS; RATE_LIMITED_WAIT_SECONDS if it names none
+    that can be read. A date is the provider's clock: it is counted from the answer's own `Date`
+    (by the database's clock only if there is none), so a provider's clock that runs ahead or
+    behind ours neither stretches nor cuts the wait."""
+    value = (headers.get("Retry-After") or "").strip()
+    if value.isascii() and value.isdigit():
+        seconds = int(value)
+    elif (until := _http_date(value)) is not None:
+        seconds = (until - (_http_date(headers.get("Date")) or clock.now())).total_seconds()
+    else:
+        return RATE_LIMITED_WAIT_SECONDS
+    return min(max(seconds, 0), RETRY_AFTER_MAX_SECONDS)
+
+
+def _http_date(value):
+    """An HTTP-date as an aware datetime (one that names no zone is GMT, as HTTP's are), or None
+    if `value` is not one."""
+    try:
+        moment = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 # Answers to a write that are not the provider's "no": a redirect (a 303 says it was done, see

@@ -98,7 +98,7 @@ class StripeConnector(Connector):
         except stripe.StripeError as exc:
             failure = provider_error(exc, f"reading {action.target}")
             # Only a read: whatever became of it, nothing was written.
-            raise failure if isinstance(failure, http.Rejected) else http.NotSent(
+            raise failure if not isinstance(failure, http.OutcomeUnknown) else http.NotSent(
                 str(failure), code=failure.code, status=failure.status) from exc
         if not isinstance(currency, str):
             raise http.NotSent(f"reading {action.target}: the answer names no currency", code="bad_answer")
@@ -286,7 +286,7 @@ def provider_error(exc, doing):
         # counts, and only looking it up can tell.
         return http.OutcomeUnknown(message, code="idempotency_conflict", status=status)
     if isinstance(exc, stripe.RateLimitError):
-        return http.NotSent(message, code="rate_limited", status=status)
+        return http.NotSent(message, code="rate_limited", status=status, retry_after=http.retry_after(exc.headers))
     if isinstance(exc, (stripe.AuthenticationError, stripe.PermissionError)):
         # Refused before anything ran: a wrong or revoked key, which an operator must fix.
         return http.NotSent(message, code="not_authorized", status=status)

@@ -1,0 +1,97 @@
+"""A provider that answers 429 is asked again only after the wait it names (`Retry-After`, in
+seconds or as an HTTP-date), or a minute if it names none: tried again after a second or two, a
+rate-limited provider got more load, and three 429s in a few seconds dead-lettered the action and
+alerted people about a limit that lifts by itself."""
+
+from http.server import BaseHTTPRequestHandler
+
+import httpx
+import pytest
+
+from ledger import clock
+from ledger.actions import action_request
+from ledger.connectors import http
+from ledger.executor import action_claim_next, action_run_claimed
+from ledger.models import Action
+from tests.conftest import thread_server, wait_until
+from tests.connectors.test_stripe_failures import run_once, scripted, stripe_error  # noqa: F401
+from tests.factories import make_agent
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("jobs_to_test_redis")]
+
+
+def rate_limiting(retry_after):
+    """A team's service that answers every POST with 429 (and `Retry-After: retry_after`, unless
+    None)."""
+
+    class RateLimited(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            body = b'{"error": {"code": "rate_limited", "message": "slow down"}}'
+            self.send_response(429)
+            if retry_after is not None:
+                self.send_header("Retry-After", retry_after)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    return RateLimited
+
+
+def run_against(service, settings, order):
+    settings.SURETY_CONNECTORS = {**settings.SURETY_CONNECTORS, "refund": {
+        "class": "ledger.connectors.signed_http.SignedHttpConnector",
+        "options": {"url": f"{service.url}/refunds", "secret": "s3cret"}}}
+    action = action_request(agent=make_agent(f"rl-{order}")[0], operation_key=f"refund:{order}:dec-1",
+                            action_type="refund", target=order, params={"amount": "25.00", "currency": "EUR"})[0]
+    claimed = wait_until(lambda: action_claim_next("tests", only=action.pk), seconds=15, message="a claim")
+    action_run_claimed(claimed)
+    return Action.objects.get(pk=action.pk)
+
+
+def seconds_until_due(action):
+    return (action.next_attempt_at - clock.now()).total_seconds()
+
+
+def test_a_429_with_retry_after_is_not_tried_again_before_it(settings):
+    """The service asks for two minutes: the action waits at least that long in the queue, not
+    the backoff's second or two."""
+    with thread_server(rate_limiting("120")) as service:
+        action = run_against(service, settings, "ORD-429")
+    assert action.status == "queued" and seconds_until_due(action) >= 115
+    assert (action.evidence[-1]["code"], action.evidence[-1]["retry_after"]) == ("rate_limited", 120)
+
+
+def test_a_429_that_names_no_wait_still_waits_a_minute(settings):
+    """No Retry-After (or one that cannot be read): a rate limit lifts in its own time, which the
+    backoff's seconds are not; a per-minute quota has rolled over after a minute."""
+    with thread_server(rate_limiting(None)) as service:
+        action = run_against(service, settings, "ORD-429-none")
+    assert action.status == "queued" and seconds_until_due(action) >= 55
+
+
+def test_stripes_rate_limit_waits_its_retry_after_too(scripted):  # noqa: F811
+    """The SDK keeps the answer's headers on its RateLimitError: a Retry-After there is honoured
+    as a team's service's is."""
+    scripted.script.append((*stripe_error(429, "invalid_request_error", "Too many requests hit the API too quickly.",
+                                          code="rate_limit"), {"Retry-After": "90"}))
+    action = run_once("refund:ch_rl:full", "ch_rl")
+    assert action.status == "queued" and seconds_until_due(action) >= 85
+    assert (action.evidence[-1]["code"], action.evidence[-1]["retry_after"]) == ("rate_limited", 90)
+
+
+@pytest.mark.parametrize(("headers", "seconds"), [
+    ({"Retry-After": "120"}, 120),
+    # A date is counted from the answer's own Date: the provider's clock against itself.
+    ({"Retry-After": "Wed, 21 Oct 2015 07:33:00 GMT", "Date": "Wed, 21 Oct 2015 07:28:00 GMT"}, 300),
+    ({"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT", "Date": "Wed, 21 Oct 2015 07:33:00 GMT"}, 0),
+    ({"Retry-After": "86400"}, 3600),  # at most an hour
+    ({"Retry-After": "soon"}, 60),  # unreadable: as if it named none
+    ({}, 60),
+])
+def test_retry_after_is_read_as_seconds_or_a_date_and_capped(headers, seconds):
+    assert http.retry_after(httpx.Headers(headers)) == seconds
