@@ -2,9 +2,10 @@
 
 A redelivered event finds its id taken and does nothing. An event that names an operation
 key settles that action, if the connector it came to serves it, and if its outcome is still open (`unknown` or `needs_review`), the
-event kept in its evidence; above its limit, an `unknown` one goes to a person instead. An
-event type the ledger does not settle is stored and answered "ignored" (Stripe's reader refuses
-one it does not know), and every refusal is logged.
+event kept in its evidence; above its limit, an `unknown` one goes to a person instead. A
+failure of the very effect a succeeded action names opens an incident (decision 60), whichever
+of the two events came first. An event type the ledger does not settle is stored and answered
+"ignored" (Stripe's reader refuses one it does not know), and every refusal is logged.
 """
 
 import logging
@@ -162,12 +163,7 @@ def _settle(connector, event_type, data, event_id, *, test_mode=False):
         return f"not applied: {key} is a {action.action_type}, not what a {event_type} is about"
     if action is not None and action.status == ActionStatus.SUCCEEDED and not made:
         if str(data.get("id") or "") == action.external_ref:
-            # The provider failed the very effect the ledger recorded (Stripe fails a refund days
-            # after it succeeded when the card was closed): the ledger's success stays the record
-            # of what was asked and answered, and a person is told (dlq: an incident).
-            hooks.effect_failed(action, connector=connector, external_ref=action.external_ref, actor=f"system:webhook:{connector}",
-                                evidence={"at": timezone.now().isoformat(), "webhook": event_type,
-                                          "event_id": event_id, "data": data})
+            _tell_effect_failed(action, connector, event_type, event_id, data, at=timezone.now())
             return f"{event_type} of {action.external_ref}, which {key} succeeded with: a person is told"
         # Providers deliver out of order: a failure of an earlier attempt may come after the
         # success. This stored event is its record; the success stands.
@@ -188,10 +184,44 @@ def _settle(connector, event_type, data, event_id, *, test_mode=False):
             return f"left to a person: {over_limit}"
         action.mark_succeeded(actor=actor, external_ref=str(data.get("id") or "") or key, result=data,
                               reason=f"{event_type} received", evidence=evidence)
+        failed = _failure_stored(connector, action)
+        if failed is not None:
+            _tell_effect_failed(action, connector, failed.event_type, failed.event_id, failed.payload["data"],
+                                at=failed.received_at)
+            return (f"settled {action.operation_key} as {action.status}; {failed.event_type} of {action.external_ref} "
+                    "came first: a person is told")
         return f"settled {action.operation_key} as {action.status}"
     # A failure event names the key, not the attempt: a late one for an earlier attempt
     # must not override a later success (or start another call). It only sends the action
-    # back to verification, whose answer decides.
+    # back to verification, whose answer decides; a success event settling it later finds
+    # this one stored (_failure_stored).
     if action.status == ActionStatus.NEEDS_REVIEW:
         action.verify_again(actor=actor, reason=f"{event_type} received")
     return f"{event_type} noted; {action.operation_key} is verified at the provider"
+
+
+def _tell_effect_failed(action, connector, event_type, event_id, data, *, at):
+    """The provider failed the very effect the succeeded `action` names (Stripe fails a refund days
+    after it succeeded when the card was closed), as the event received `at` says: the ledger's
+    success stays the record of what was asked and answered, and a person is told (dlq: an
+    incident, once while open; decision 60)."""
+    hooks.effect_failed(action, connector=connector, external_ref=action.external_ref,
+                        actor=f"system:webhook:{connector}",
+                        evidence={"at": at.isoformat(), "webhook": event_type, "event_id": event_id, "data": data})
+
+
+def _failure_stored(connector, action):
+    """The stored event, if any, in which `connector`'s provider failed the effect `action` was just
+    settled with. Stripe retries a delivery for days: its `refund.created` (the refund succeeded as of
+    when that event was made) may come after its `refund.failed`, which, while the outcome was open,
+    only sent the action to be verified. A failure of another effect under the key (an earlier
+    attempt's) is not this one's; a test-mode event never acts on a live action. Read under the
+    action's lock: a failure settling meanwhile waits for it, then finds the action succeeded and
+    tells a person itself."""
+    failures = [event_type for event_type, (about, made) in SETTLING.items()
+                if about == action.action_type and not made]
+    events = WebhookEvent.objects.filter(connector=connector, operation_key=action.operation_key,
+                                         event_type__in=failures, payload__data__id=action.external_ref)
+    if not is_replay_action(action):
+        events = events.exclude(payload__has_key="test_mode")  # only ever marked True (_with_test_mode)
+    return events.order_by("received_at", "pk").first()
