@@ -7,7 +7,7 @@ An entry is about a task or a standalone action; each function says what it does
 from django.db import transaction
 
 from ledger.actions import action_give_up, action_let_go, action_retry, action_retry_by_person
-from ledger.models import TaskState
+from ledger.models import Task, TaskState
 from ledger.statemachine import InvalidTransition
 from ledger.tasks import task_actions_let_go
 
@@ -19,6 +19,19 @@ def _open_entry(entry):
     if entry.status != EntryStatus.OPEN:
         raise InvalidTransition(f"{entry} was already {entry.status} by {entry.decided_by}")
     return entry
+
+
+def _lock_actions_asked(entry):
+    """Lock the actions whose keys the locked `entry`'s `redrive_refusal` asks about, oldest first,
+    before it asks: reconciliation opens its incident under the action's lock (dlq.incidents), and
+    a redrive that asked first, then waited for that lock, requeued what the provider holds an
+    effect of once the incident committed. A task's row first: entries, tasks, then actions, the
+    order a discard or a resolve (ledger.tasks.task_actions_let_go) and the executor
+    (ledger.executor._again) take them in. FOR UPDATE, as the moves that follow lock the task and
+    the action: no lock is made stronger halfway through."""
+    if entry.task_id:
+        Task.objects.select_for_update().filter(pk=entry.task_id).exists()
+    list(entry.actions_asked().select_for_update().order_by("pk").values_list("pk", flat=True))
 
 
 def deadletter_redrive(entry, *, actor, reason):
@@ -34,7 +47,8 @@ def deadletter_redrive(entry, *, actor, reason):
         raise ValueError("a reason is required to redrive")
     with transaction.atomic():
         entry = _open_entry(entry)
-        if entry.redrive_refusal:  # a failed task is final
+        _lock_actions_asked(entry)
+        if entry.redrive_refusal:  # a failed task is final; an effect the provider holds is done
             raise InvalidTransition(f"{entry} cannot be redriven: {entry.redrive_refusal}")
         if entry.task_id:
             entry.task.redrive(actor=actor, reason=reason)

@@ -163,6 +163,16 @@ class DeadLetter(StateMachine):
         """A permanent failure is retried only on a person's word, and they say why."""
         return bool(self.action_id) and not self.last_error.get("retryable")
 
+    def actions_asked(self):
+        """The actions under whose keys `redrive_refusal` looks for an effect the provider holds: an
+        action and those it was edited down from (one decision: an effect under the original's is
+        the decision's), or a task's (its runner retries a failed one; a version of one is its
+        task's too). A redrive locks them before it asks (dlq.entries): reconciliation opens its
+        incident under the action's lock."""
+        if self.action_id:
+            return Action.objects.filter(pk__in=[action.pk for action in edited_from(self.action)])
+        return Action.objects.filter(task_id=self.task_id)
+
     @cached_property  # the page asks it three times
     def redrive_refusal(self):
         """Why this entry cannot be redriven ("" when it can): a failed task is final; a booking that
@@ -175,17 +185,11 @@ class DeadLetter(StateMachine):
         if self.action_id and self.action.action_type == ActionType.CREATE_BOOKING and not self.last_error.get(
                 "retryable"):
             return "its slot was given up when it failed: request a new booking"
-        # An action's own key and those it was edited down from (one decision: an effect under the
-        # original's is the decision's), or a task's actions' keys (its runner retries a failed one;
-        # a version of one is its task's too).
         # A double or a mismatch under the key of an action that succeeded says nothing of a retry:
         # none comes for it (a task resumes after its done steps).
-        if self.action_id:
-            keys = unsettled = [a.operation_key for a in edited_from(self.action)]
-        else:
-            actions = Action.objects.filter(task_id=self.task_id)
-            keys = actions.values("operation_key")
-            unsettled = actions.exclude(status=ActionStatus.SUCCEEDED).values("operation_key")
+        actions = self.actions_asked()
+        keys = actions.values("operation_key")
+        unsettled = keys if self.action_id else actions.exclude(status=ActionStatus.SUCCEEDED).values("operation_key")
         found = Incident.objects.filter(
             Q(kind=IncidentKind.DENIED_EFFECT, operation_key__in=keys)
             | Q(kind__in=EFFECT_FOUND, operation_key__in=unsettled)).order_by("pk").first()

@@ -3,6 +3,7 @@ under its key) is not redriven, alone or in bulk: the provider has done it, and 
 provider that has forgotten the key would do it again. Its entry says why and is resolved by hand."""
 
 import pytest
+from django.db import connection
 from django.test import Client
 
 from dlq.bulk import bulk_plan
@@ -11,8 +12,8 @@ from dlq.incidents import Incident, IncidentKind
 from dlq.models import DeadLetter
 from dlq.reconcile import Finding
 from dlq.redrive_runs import Plan
-from ledger.models import ActionStatus, InvalidTransition, Task
-from tests.factories import make_action, person
+from ledger.models import Action, ActionStatus, InvalidTransition, Task
+from tests.factories import another_transaction, make_action, person
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("jobs_to_test_redis")]
 
@@ -32,6 +33,15 @@ def denied(action, kind=IncidentKind.DENIED_EFFECT):
         effects=[{"external_ref": "re_1", "amount": "26.00", "currency": "EUR"}],
         ledger={"action_id": action.pk, "status": action.status, "external_ref": "", "amount": "25.00",
                 "currency": "EUR"}), actor="system:reconcile")
+
+
+def dead_lettered_task_with_a_failed_refund(agent):
+    """A task out of attempts, its refund failed (retryable: its runner tries it again when the task
+    is redriven), and the task's open entry."""
+    task = Task.objects.create(task_id="t-1", fingerprint="x", workflow="refund", input={}, agent=agent,
+                               max_attempts=3, state="dead_lettered", attempts=3)
+    action = make_action(agent, ActionStatus.FAILED, retryable=True, task=task)
+    return action, DeadLetter.objects.open_for(task, actor="system:runner")
 
 
 def test_an_entry_whose_effect_the_provider_holds_is_not_redriven(failed_entry):
@@ -65,14 +75,11 @@ def test_a_double_or_a_mismatch_found_while_it_was_in_flight_stops_a_redrive_too
 
 def test_a_dead_lettered_task_whose_actions_effect_the_provider_holds_is_not_redriven(agent):
     """Redriven, a task's runner retries its failed action under the same key: refused alike."""
-    task = Task.objects.create(task_id="t-1", fingerprint="x", workflow="refund", input={}, agent=agent,
-                               max_attempts=3, state="dead_lettered", attempts=3)
-    action = make_action(agent, ActionStatus.FAILED, retryable=True, task=task)
-    entry = DeadLetter.objects.open_for(task, actor="system:runner")
+    action, entry = dead_lettered_task_with_a_failed_refund(agent)
     denied(action)
     with pytest.raises(InvalidTransition, match=HOLDS.replace(".", r"\.")):
         deadletter_redrive(entry, actor=person("olga", "operators"), reason="the provider is back")
-    assert Task.objects.get(pk=task.pk).state == "dead_lettered"
+    assert Task.objects.get(pk=entry.task_id).state == "dead_lettered"
 
 
 @pytest.mark.parametrize("kind", [IncidentKind.DOUBLE_EFFECT, IncidentKind.AMOUNT_MISMATCH])
@@ -97,3 +104,35 @@ def test_a_version_whose_original_the_provider_holds_is_not_redriven(agent):
     entry = DeadLetter.objects.open_for_action(version, actor="system:executor")
     denied(original)
     assert HOLDS in entry.redrive_refusal
+
+
+ON_POSTGRESQL = pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's row locks")
+
+
+@ON_POSTGRESQL
+@pytest.mark.django_db(transaction=True)
+def test_an_effect_found_while_the_redrive_waits_for_the_actions_lock_refuses_it(failed_entry):
+    """Reconciliation opens its incident under the action's lock (Incident.objects.open_for). The
+    redrive asked whether the provider holds an effect before it took that lock, waited for it,
+    and once the incident committed requeued the action all the same. It asks with the action
+    locked now, so it reads the incident that committed meanwhile."""
+    with another_transaction(lambda: denied(failed_entry.action), commit_when_waited_on=True) as reconciliation:
+        with pytest.raises(InvalidTransition, match=HOLDS.replace(".", r"\.")):
+            deadletter_redrive(failed_entry, actor=person("olga", "operators"), reason="the provider is back")
+    assert reconciliation.waited
+    assert Action.objects.get(pk=failed_entry.action_id).status == ActionStatus.FAILED
+    assert DeadLetter.objects.get(pk=failed_entry.pk).status == "open"
+
+
+@ON_POSTGRESQL
+@pytest.mark.django_db(transaction=True)
+def test_an_effect_found_while_a_tasks_redrive_waits_for_its_actions_refuses_it(agent):
+    """The same for a task's entry: its actions are locked (after the task, as every decision on an
+    entry locks them) before the redrive asks, so it waits for the incident under its refund's key."""
+    action, entry = dead_lettered_task_with_a_failed_refund(agent)
+    with another_transaction(lambda: denied(action), commit_when_waited_on=True) as reconciliation:
+        with pytest.raises(InvalidTransition, match=HOLDS.replace(".", r"\.")):
+            deadletter_redrive(entry, actor=person("olga", "operators"), reason="the provider is back")
+    assert reconciliation.waited
+    assert Task.objects.get(pk=entry.task_id).state == "dead_lettered"
+    assert Action.objects.get(pk=action.pk).status == ActionStatus.FAILED
