@@ -344,9 +344,10 @@ def _error_retryable(row, retryable, *, actor, verb, reason):
 
 
 def action_give_up(action, *, actor, reason):
-    """A failed action a person gave up on (its dead letter discarded) is failed for good: its error
-    says no retry will come (audited), and a booking lets go of its slot, so that its decision may
-    be asked again, as after any failure for good (BOOKING_HELD)."""
+    """A failed action a person gave up on (its dead letter discarded, or its task's discarded or
+    resolved by hand: ledger.tasks.task_actions_let_go) is failed for good: its error says no retry
+    will come (audited), and a booking lets go of its slot, so that its decision may be asked
+    again, as after any failure for good (BOOKING_HELD)."""
     with transaction.atomic():
         row = Action.objects.select_for_update().get(pk=action.pk)
         if row.status != S.FAILED or not row.is_retryable_failure:
@@ -358,9 +359,9 @@ def action_give_up(action, *, actor, reason):
 
 
 def action_let_go(action):
-    """A failed action nobody will retry, left as it is (its dead letter resolved: done by hand;
-    its task given up): what it held is looked at again, as after a failure for good. Kept held
-    for its retry, each would wait for a person for good."""
+    """A failed action nobody will retry, left as it is (its dead letter resolved: done by hand):
+    what it held is looked at again, as after a failure for good. Kept held for its retry, each
+    would wait for a person for good."""
     with transaction.atomic():
         row = Action.objects.select_for_update().get(pk=action.pk)
         if row.status == S.FAILED:

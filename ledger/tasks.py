@@ -9,7 +9,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from . import clock
-from .actions import KeyReused, action_let_go, fingerprint
+from .actions import KeyReused, action_give_up, fingerprint
 from .jobs import ring_after_commit
 from .models import PERSON_STATUSES, ActionStatus, AuditEvent, Task, TaskState, TaskStep
 from .retention import archived_task_expired, refused_as_archived
@@ -75,8 +75,10 @@ def task_actions_let_go(task, *, actor, reason):
     """Cancel the actions `task` had not started, as a person gives the task up (discarded) or
     does its work by hand: it will not run again, and nothing else runs a task's action
     (ledger.executor). Left queued or held, each would count as in flight on its order and
-    customer for good, holding every later action on them for a person. A failed one stays
-    failed, and lets go of what it held for its retry, which will not come.
+    customer for good, holding every later action on them for a person. A failed one is failed
+    for good (`action_give_up`), as one that fails after this does (ledger.executor._again): left
+    retryable, it would count in its customer's daily total for a retry that never comes, and
+    tell its agent it may still run; and it lets go of what it held for that retry.
 
     Under the task's lock, which the runner records a step's action under and the executor
     settles a verification of the task's action under (ledger.executor._again): either,
@@ -87,7 +89,7 @@ def task_actions_let_go(task, *, actor, reason):
     for action in task.actions.filter(status__in=not_started).order_by("pk"):
         action.cancel(actor=actor, reason=f"its task {task.task_id} will not run again: {reason}")
     for action in task.actions.filter(status=ActionStatus.FAILED).order_by("pk"):
-        action_let_go(action)
+        action_give_up(action, actor=actor, reason=f"its task {task.task_id} will not run again: {reason}")
 
 
 def task_expire_leases():

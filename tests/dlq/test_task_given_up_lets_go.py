@@ -1,14 +1,16 @@
 """A dead-lettered task given up in the queue (discarded) or done by hand (resolved) never runs
-again, and nothing else runs a task's action: the actions it had not started are cancelled with it.
-Left queued, one counted as in flight on its order and customer for good, and every later action
-on them was held for a person."""
+again, and nothing else runs a task's action: the actions it had not started are cancelled with it,
+and its failed ones are failed for good. Left queued, one counted as in flight on its order and
+customer for good, and every later action on them was held for a person."""
 
 import threading
 import time
+from decimal import Decimal
 
 import pytest
 from django.db import connection, transaction
 
+from approvals.intake import customer_total_today
 from dlq.entries import deadletter_discard, deadletter_redrive, deadletter_resolve
 from ledger.actions import action_request
 from ledger.audit import actor_label
@@ -147,6 +149,34 @@ def test_a_failed_action_of_a_task_given_up_lets_go_of_what_it_held(agent, decid
 
     assert Action.objects.get(pk=other.pk).status == ActionStatus.QUEUED
     assert Action.objects.get(pk=action.pk).status == ActionStatus.FAILED
+
+
+@pytest.mark.parametrize("decide", ["discard", "resolve"])
+@pytest.mark.parametrize("stopped", ["dead_lettered", "failed"])
+def test_a_failed_refund_of_a_task_given_up_is_failed_for_good_and_leaves_the_daily_total(agent, stopped, decide):
+    """The task's refund failed as one its runner may retry, then the task stopped: out of attempts,
+    or failed for good. Given up (discarded, or done by hand), the task never runs again, and
+    nothing else retries its action: left `retryable`, it counted in the customer's daily total
+    for nothing (sending their later refunds to approvers), and its agent read that it may still
+    run. It is failed for good instead, as a standalone action discarded is (action_give_up)."""
+    task, action = refund_in_its_call(agent, "t-5", "ORD-14", "CUST-14")
+    action.mark_failed(actor="system:executor", code="provider_unavailable", message="503", retryable=True,
+                       claim=action.fence)
+    task.refresh_from_db()
+    if stopped == "dead_lettered":
+        dead_lettered(task)
+    else:
+        task.mark_failed(actor="system:runner", claim=task.fence,
+                         error={"code": "order_not_found", "message": "no such order", "retryable": False})
+    assert customer_total_today("refund", "EUR", "CUST-14") == Decimal("25.00")
+
+    olga = given_up(task, decide)
+
+    action.refresh_from_db()
+    assert (action.status, action.error["retryable"]) == (ActionStatus.FAILED, False)
+    [gave_up] = audit_events(action, "given_up")
+    assert gave_up.actor == actor_label(olga) and "t-5" in gave_up.reason
+    assert customer_total_today("refund", "EUR", "CUST-14") == Decimal(0)
 
 
 @pytest.mark.django_db(transaction=True)
