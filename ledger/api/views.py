@@ -4,7 +4,7 @@ import time
 from contextlib import contextmanager
 
 from django.conf import settings
-from django.db import InterfaceError, OperationalError
+from django.db import InterfaceError, InternalError, OperationalError
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.exceptions import APIException
 from rest_framework.response import Response
@@ -128,7 +128,9 @@ def intake_through_transient_failures(intake):
     for attempt in range(INTAKE_ATTEMPTS):
         try:
             return intake()
-        except (OperationalError, InterfaceError) as exc:
+        # InternalError too: a session the server ended in its transaction for idling (25P03) is one
+        # to psycopg; connection_lost tells it by its SQLSTATE, and any other one is raised as before.
+        except (OperationalError, InterfaceError, InternalError) as exc:
             if connection_lost(exc) and attempt + 1 < INTAKE_ATTEMPTS:
                 close_broken_connection()
                 continue

@@ -7,10 +7,12 @@ restarted pooler does) and lets the lock go. Real PostgreSQL, real connections."
 
 import json
 import threading
+import time
 
 import pytest
 from django.db import connection, transaction
 
+from ledger.api.views import intake_through_transient_failures
 from ledger.models import Action
 from tests.conftest import wait_until
 from tests.factories import make_agent_on, refund_body, sessions_waiting_for_a_lock
@@ -55,3 +57,23 @@ def test_an_intake_whose_connection_was_ended_midway_is_recorded_once_on_a_fresh
         cursor.execute("SELECT pg_backend_pid()")
         assert cursor.fetchone()[0] != first_backend
     assert Action.objects.filter(operation_key="refund:ORD-9:full:dec-9").count() == 1
+
+
+def test_an_intake_whose_transaction_the_server_ended_for_idling_is_run_again_on_a_fresh_connection():
+    """PostgreSQL ends a session left idle in its transaction past idle_in_transaction_session_timeout
+    (25P03), which psycopg and Django raise as an InternalError, not as an OperationalError: the
+    connection is gone all the same, and the intake runs again on a fresh one (not a 503)."""
+    backends = []
+
+    def intake():
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            backends.append(cursor.fetchone()[0])
+            if len(backends) == 1:
+                cursor.execute("SET LOCAL idle_in_transaction_session_timeout = '200ms'")
+                time.sleep(1)
+                cursor.execute("SELECT 1")
+        return "recorded"
+
+    assert intake_through_transient_failures(intake) == "recorded"
+    assert len(backends) == 2 and backends[0] != backends[1]
