@@ -32,8 +32,8 @@ from decimal import Decimal
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Max, Q
-from django.utils import timezone
 
+from ledger import clock
 from ledger.access import WORK_DLQ, decidable_names, user_may
 from ledger.jobs import enqueue
 from ledger.locks import BULK_REDRIVE_START, lead, let_go, take_turns
@@ -288,7 +288,7 @@ def bulk_redrive_work(run_id, token="", seconds=SLICE_SECONDS):
         if item is None:
             return _end(run)
         slot = _next_slot(run)
-        if (slot - timezone.now()).total_seconds() > POLL_SECONDS:
+        if (slot - clock.now()).total_seconds() > POLL_SECONDS:
             time.sleep(POLL_SECONDS)  # short naps: a stop or a spike is seen at once
             continue
         _redrive_one(run, item, slot=slot, token=token)
@@ -298,9 +298,11 @@ def bulk_redrive_work(run_id, token="", seconds=SLICE_SECONDS):
 
 def _next_slot(run):
     """The last redrive of the run plus the spacing of its rate: kept across slices and
-    lost jobs, and a run held up (a busy worker) never makes up for it with a burst."""
+    lost jobs, and a run held up (a busy worker) never makes up for it with a burst. On the
+    database's clock, as each redrive's time is written: the job that takes a run over may run on
+    a host whose clock is ahead, on which the slot had passed (ledger.clock)."""
     last = run.items.aggregate(last=Max("redriven_at"))["last"]
-    return last + timedelta(seconds=run.seconds_apart) if last else timezone.now()
+    return last + timedelta(seconds=run.seconds_apart) if last else clock.now()
 
 
 def _redrive_one(run, item, *, slot, token):
@@ -313,7 +315,7 @@ def _redrive_one(run, item, *, slot, token):
     entry, user = item.entry, run.started_by
     allowed = user_may(user, WORK_DLQ, *entry.capability)  # before the wait: a redrive keeps to its slot
     if allowed:
-        time.sleep(max((slot - timezone.now()).total_seconds(), 0))
+        time.sleep(max((slot - clock.now()).total_seconds(), 0))
     with transaction.atomic():
         if not _still_ours(run, token):
             return  # the loop's next look ends the run, or leaves it to the job that took it
@@ -323,7 +325,7 @@ def _redrive_one(run, item, *, slot, token):
             return
         try:
             with transaction.atomic():
-                redriven_at = timezone.now()
+                redriven_at = clock.now()
                 entry = deadletter_redrive(entry, actor=user, reason=run.note)
                 now = Action.objects.filter(pk=entry.action_id).values_list("status", flat=True).first()
                 detail = {ActionStatus.HELD: "held for a person: another action on its target or customer is in "

@@ -170,3 +170,28 @@ def test_a_thread_whose_reading_is_slow_keeps_no_other_thread_waiting():
     finally:
         release.set()
         reader.join(10)
+
+
+def test_a_bulk_redrive_keeps_its_rate_on_the_database_clock(agent, monkeypatch):
+    """The job that takes a run over may run on a host whose clock is ahead: on its own clock the
+    next slot (the last redrive plus the rate's spacing, 10 s here) had passed, and it redrove the
+    next entry at once, past the rate the person set for the provider's sake."""
+    from dlq import bulk
+    from dlq.redrive_runs import BulkRedrive, BulkRedriveItem, Outcome, Plan
+    from tests.factories import dead_letter, person
+
+    olga = person("olga")
+    first, second = dead_letter(agent, "bulk-1"), dead_letter(agent, "bulk-2")
+    run = BulkRedrive.objects.create(status="running", planned_by="olga", started_by=olga, started_at=clock.now(),
+                                     rate=6, ceiling=60)
+    BulkRedriveItem.objects.create(run=run, entry=first, position=1, plan=Plan.TASK_RESUME,
+                                   outcome=Outcome.REDRIVEN, redriven_at=clock.now())
+    waiting = BulkRedriveItem.objects.create(run=run, entry=second, position=2, plan=Plan.TASK_RESUME)
+    naps = []
+    monkeypatch.setattr(bulk.time, "sleep", naps.append)
+    host_clock_off_by(monkeypatch, 30)  # the host of the job that takes the run over
+
+    bulk.bulk_redrive_work(run.pk, "job-on-a-host-ahead", seconds=0.2)
+
+    assert BulkRedriveItem.objects.get(pk=waiting.pk).outcome == Outcome.PLANNED
+    assert naps and set(naps) == {bulk.POLL_SECONDS}  # it waits for the slot, a short nap at a time
