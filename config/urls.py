@@ -1,7 +1,6 @@
 from django.conf import settings
 from django.contrib import admin
 from allauth.account import views as account_views
-from allauth.account.decorators import secure_admin_login
 from django.urls import include, path
 
 from console import signin
@@ -32,9 +31,6 @@ if settings.SANDBOX_ENABLED:
     # The same provider in Stripe's wire format: the Stripe connector's API base is /sandbox/stripe.
     urlpatterns.append(path("sandbox/stripe/v1/", include("sandbox.stripe_urls")))
 
-
-# The admin signs in through the same pages, second factor included.
-admin.site.login = secure_admin_login(admin.site.login)
 
 handler500 = server_error
 

@@ -6,6 +6,7 @@ pages too, not only its changes: a change asked without a fresh factor is not re
 factor page (the admin answers many with a page, a confirmation or a form with errors, whose form
 would then post to the factor page), the person is sent back to its page instead."""
 
+from allauth.account.decorators import secure_admin_login
 from django.contrib import admin
 
 from .stepup import step_up_required
@@ -16,3 +17,10 @@ class AdminSite(admin.AdminSite):
         if view != self.logout:  # signing out asks for nothing
             view = step_up_required(view, every_request=True)
         return super().admin_view(view, cacheable)
+
+    def login(self, request, extra_context=None):
+        """The admin signs in through the product's sign-in pages, second factor, failed-attempt
+        limit and PASSWORD_SIGN_IN included: Django's own form signed a staff person in with a
+        password alone. Here, not by wrapping `admin.site.login` in the URLconf: the admin's URLs
+        hold the view they were built with, before such a line ran."""
+        return secure_admin_login(super().login)(request, extra_context)
