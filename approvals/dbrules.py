@@ -28,8 +28,13 @@ OWNED_BY = """SELECT 1 FROM ledger_action a JOIN ledger_agent g ON g.id = a.agen
                 WHERE a.id = {action} AND (g.owner_id IN ({users}) OR g.token_issued_by_id IN ({users}))"""
 SAME_EYES = """SELECT 1 FROM approvals_approval p WHERE p.item_id = NEW.item_id
                 AND (p.user_id IN (NEW.user_id, NEW.on_behalf_of_id) OR p.on_behalf_of_id IN (NEW.user_id, NEW.on_behalf_of_id))"""
+# The approvals are counted at the item's move to approved, not only checked at each one's insert:
+# one given by a person named the agent's owner since, or shown its token since (or given for
+# such a person by their delegate), counts no more, or the owner and one other would approve.
+COUNTED_APPROVALS = ("SELECT count(*) FROM approvals_approval p WHERE p.item_id = NEW.id AND NOT EXISTS ("
+                     + OWNED_BY.format(action="NEW.action_id", users="p.user_id, p.on_behalf_of_id") + ")")
 TOO_FEW_APPROVALS = (f"NEW.status = '{ReviewStatus.APPROVED}' AND NEW.approvals_needed > 1 "
-                     "AND (SELECT count(*) FROM approvals_approval WHERE item_id = NEW.id) < NEW.approvals_needed")
+                     f"AND ({COUNTED_APPROVALS}) < NEW.approvals_needed")
 APPROVAL_OWNED = OWNED_BY.format(action="(SELECT action_id FROM approvals_reviewitem WHERE id = NEW.item_id)",
                                  users="NEW.user_id, NEW.on_behalf_of_id")
 DECISION_OWNED = OWNED_BY.format(action="NEW.action_id", users="NEW.decided_by_id, NEW.decided_for_id")
@@ -54,7 +59,7 @@ BEGIN
                               ERRCODE = 'integrity_constraint_violation';
     END IF;
     IF {TOO_FEW_APPROVALS} THEN
-        RAISE EXCEPTION USING MESSAGE = 'four eyes: this item needs its approvals from different people',
+        RAISE EXCEPTION USING MESSAGE = 'four eyes: this item needs its approvals from different people, none of whom answers for the agent that asked',
                               ERRCODE = 'integrity_constraint_violation';
     END IF;
     RETURN NEW;
@@ -70,7 +75,7 @@ FOUR_EYES_DECISION_SQLITE = SQLiteTrigger("approvals_four_eyes_decision", f"""CR
 WHEN (NEW.decided_by_id IS NOT NULL AND EXISTS ({DECISION_OWNED}))
     OR ({TOO_FEW_APPROVALS})
 BEGIN
-    SELECT RAISE(ABORT, 'four eyes: the owner of the agent that asked, or who holds its token, may not decide it, and two approvals come from two people');
+    SELECT RAISE(ABORT, 'four eyes: the owner of the agent that asked, or who holds its token, may not decide it nor count among its two approvals, and two approvals come from two people');
 END""")
 
 # An approval's window ends it (its limit's approval_expires_after_hours): approved or edited down

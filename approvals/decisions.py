@@ -98,7 +98,7 @@ def review_decide(item, *, user, decision, reason="", external_ref="", fingerpri
         if decision == "approve":
             _approvals_for_params_now(item, action)
         if decision == "approve" and item.approvals_needed > 1 and not _second_approval(
-                item, user, behalf, reason, fingerprint):
+                item, action, user, behalf, reason, fingerprint):
             return item
         _decide(item, action, user, behalf, decision, reason, external_ref.strip(), fingerprint)
     return item
@@ -173,10 +173,11 @@ def _approvals_for_params_now(item, action):
                               before={"approvals_needed": before}, after={"approvals_needed": item.approvals_needed})
 
 
-def _second_approval(item, user, behalf, reason, fingerprint):
-    """Record this approval; True if it is the second, by someone else, of the same params. A
-    delegate's approval is its person's too: one of two from each of them is all it can be."""
-    earlier = list(item.approvals.all())
+def _second_approval(item, action, user, behalf, reason, fingerprint):
+    """Record this approval; True if it is the second that counts, by someone else, of the same
+    params. A delegate's approval is its person's too: one of two from each of them is all it can
+    be. An earlier approval counts only while its person does not answer for the agent (`_counted`)."""
+    earlier = list(item.approvals.select_related("user", "on_behalf_of"))
     eyes = {user.pk, behalf and behalf.pk} - {None}
     if any(eyes & {a.user_id, a.on_behalf_of_id} for a in earlier):
         raise DecisionRefused("four eyes: the second approval must come from someone else"
@@ -188,11 +189,24 @@ def _second_approval(item, user, behalf, reason, fingerprint):
     # the decision's transaction (`_decision`). A second tab's approval of the same person never
     # gets here: it waits for the item's lock and finds the first in `earlier`.
     Approval.objects.create(item=item, user=user, on_behalf_of=behalf, reason=reason, fingerprint=fingerprint)
+    counted, not_counted = _counted(earlier, action.agent)
     AuditEvent.objects.record(actor=user, verb="approval_recorded", obj=item, reason=reason,
-                              after={"approvals": len(earlier) + 1, "needed": item.approvals_needed,
+                              after={"approvals": len(counted) + 1, "needed": item.approvals_needed,
                                      "fingerprint": fingerprint,
-                                     **({"on_behalf_of": behalf.get_username()} if behalf else {})})
-    return len(earlier) + 1 >= item.approvals_needed
+                                     **({"on_behalf_of": behalf.get_username()} if behalf else {}),
+                                     **({"not_counted": not_counted} if not_counted else {})})
+    return len(counted) + 1 >= item.approvals_needed
+
+
+def _counted(approvals, agent):
+    """The approvals that count, and the names of those that do not: given by a person (or for a
+    person, by their delegate) who answers for the agent now, named its owner or shown its token
+    since (the database counts so too: approvals.dbrules). Such an approval is passed over rather
+    than refusing the one being given: a refusal would leave the item approvable by nobody, and
+    the person at the page is told what is true, that their approval is recorded and another is
+    needed; the audit event names the approvals left out."""
+    counted = [a for a in approvals if not agent.answers_for(a.user, a.on_behalf_of)]
+    return counted, [a.user.get_username() for a in approvals if a not in counted]
 
 
 def _decide(item, action, user, behalf, decision, reason, external_ref, fingerprint):

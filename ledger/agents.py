@@ -86,13 +86,18 @@ def agent_rotate_token(agent, *, actor, reason=""):
 def agent_name_owner(agent, owner, *, actor, reason):
     """`owner` is the person responsible for the agent from now on (the placeholder's agents, made
     before every agent had one, or one whose owner moved on): four eyes keep them from deciding its
-    requests, which the one before may decide again. ValueError without a person or a reason."""
+    requests, which the one before may decide again. ValueError without a person or a reason, or
+    when `actor` answers for the agent (its owner, or shown its token): four eyes mean someone else
+    names its next owner, or its owner would hand it away and decide its requests alone."""
     if owner is None:
         raise ValueError("name a person as its owner")
     if not reason.strip():
         raise ValueError("a reason is required to name an agent's owner")
     with transaction.atomic():
         agent = Agent.objects.select_for_update().get(pk=agent.pk)
+        if agent.answers_for(_person(actor)):
+            raise ValueError(f"four eyes: you answer for {agent.name} (its owner, or shown its token), "
+                             "so someone else names its owner")
         before = agent.owner.get_username()
         agent.owner = owner
         agent.save(update_fields=["owner"])

@@ -169,3 +169,25 @@ def test_no_approval_is_recorded_after_its_window_either(people, closed):
     else:
         Approval.objects.create(item=item, user=alice)
     assert item.approvals.count() == (0 if closed else 1)
+
+
+@pytest.mark.parametrize("first", [{"user": "alice"}, {"user": "dan", "on_behalf_of": "alice"}],
+                         ids=["alice", "her-delegate"])
+@pytest.mark.parametrize("since", ["named-owner", "shown-the-token"])
+def test_an_approval_counts_only_while_its_approver_answers_for_no_agent_that_asked(people, first, since):
+    """The approvals are counted at the item's move to approved, not only checked at each one's
+    insert: alice approved first, then was named the agent's owner (or shown its token), so her
+    approval (or her delegate's for her) counts no more: bob's makes one of two, not two."""
+    olga, alice, bob = people
+    by_name = {"alice": alice, "dan": get_user_model().objects.create_user("dan")}
+    item = item_for(owner=olga, approvals_needed=2)
+    Approval.objects.create(item=item, **{k: by_name[v] for k, v in first.items()})
+    Agent.objects.filter(pk=item.action.agent_id).update(
+        **{"owner" if since == "named-owner" else "token_issued_by": alice})
+    Approval.objects.create(item=item, user=bob)
+    refused(lambda: item.approve(user=bob, reason="second"))
+    assert ReviewItem.objects.get(pk=item.pk).status == ReviewStatus.OPEN
+    carol = get_user_model().objects.create_user("carol")
+    Approval.objects.create(item=item, user=carol)
+    item.approve(user=carol, reason="the second that counts")
+    assert ReviewItem.objects.get(pk=item.pk).status == ReviewStatus.APPROVED
