@@ -28,8 +28,16 @@ the customer's total after it are above the thresholds, so the day's requests ar
 the cells the thresholds cut (`_summarised`), and each cell's verdict is `_kind` of it, the
 SQL's rule in Python. Today, and a day without a fresh summary, are counted from their rows
 as above, one day at a time; `tests/approvals/test_whatif_summaries.py` compares the two.
+
+A type's first limit changes more than its own currency: once it is saved, every other currency
+of the type is Uncovered, where until then it ran unlimited. So the preview of a first limit
+also counts, over the same days, the type's requests in each other currency (`_left_uncovered`):
+every one of them would then wait for a person, or be refused at intake. A later limit leaves
+nothing newly uncovered: a limit in a new currency covers it (replayed above, from today's
+Uncovered), and the type's other currencies stay as they were.
 """
 
+from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, timedelta
 from decimal import Decimal
@@ -45,7 +53,7 @@ from django.utils import timezone
 
 from ledger.models import Action, ActionStatus
 
-from .intake import IN_DAILY_TOTAL, rule_for
+from .intake import IN_DAILY_TOTAL, rule_for, uncovered_refused
 from .models import ActionSummary, ReviewItem, ReviewKind, SummaryDay
 from .policies import Uncovered, money, verdict_for
 
@@ -174,14 +182,15 @@ def whatif(proposal, *, days=DEFAULT_DAYS, now=None):
     """The preview of `proposal` over the last `days` days: a dict of counts (see `_counts`;
     `actions` in the window, `changed`: a different verdict, `newly_waiting` and
     `no_longer_waiting` between the two limits (a refusal does not wait), `asked_for_approval`: those that actually
-    opened an approval item) and `examples`, the newest actions whose verdict would change,
-    with verdict_for's reasons."""
+    opened an approval item), `examples`, the newest actions whose verdict would change,
+    with verdict_for's reasons, and `left_uncovered` (see `_left_uncovered`)."""
     since = window_start(days, now)
     current = rule_for(proposal.action_type, proposal.currency)
     day_starts = [since + timedelta(days=i) for i in range(days)]
     with transaction.atomic():
         _one_large_read()
         by_day = _summarised(proposal, current, [start.date() for start in day_starts[:-1]])
+        left_uncovered = _left_uncovered(proposal, current, day_starts, set(by_day))
         for start in day_starts:
             if start.date() not in by_day:
                 by_day[start.date()] = _from_rows(proposal, current, start)
@@ -195,7 +204,66 @@ def whatif(proposal, *, days=DEFAULT_DAYS, now=None):
         rows.append({"key": key, "label": label, "current": counts[f"current_{key}"],
                      "proposed": counts[f"proposed_{key}"], "change": f"{change:+,}" if change else "±0"})
     return {"days": days, "since": since, "proposal": proposal, "current": current, "counts": counts, "rows": rows,
-            "examples": [_example(action, current, proposal) for action in examples]}
+            "examples": [_example(action, current, proposal) for action in examples], "left_uncovered": left_uncovered}
+
+
+def _left_uncovered(proposal, current, day_starts, summarised):
+    """None, unless `proposal` is its type's first limit (today's rule in its currency is None: the
+    type has no limit at all). Then {"currencies": {currency: requests}, "refused": ...}: the
+    window's requests of the type in each other currency, which saving it makes Uncovered, each
+    waiting for a person or, `refused`, refused at intake (LIMITS_UNCOVERED_CURRENCY). Only a
+    request with an amount counts: without one the verdict is to run, Uncovered or not. The days
+    in `summarised` are read from their summaries, the others from their rows."""
+    if current is not None:
+        return None
+    requests = Counter(_others_summarised(proposal, summarised))
+    for start in day_starts:
+        if start.date() not in summarised:
+            requests.update(_others_from_rows(proposal, start))
+    return {"currencies": {currency: n for currency, n in sorted(requests.items()) if n},
+            "refused": uncovered_refused()}
+
+
+def _others_from_rows(proposal, start):
+    """{currency: requests with an amount} of the proposal's type in its other currencies, on the
+    day from `start`: one pass over the day, as `_from_rows` reads it."""
+    others = (Action.objects.filter(REQUESTED, action_type=proposal.action_type, amount__isnull=False,
+                                    created_at__gte=start, created_at__lt=start + timedelta(days=1))
+              .exclude(currency__in=["", proposal.currency]).exclude(status=ActionStatus.SHADOW).order_by())
+    return {row["currency"]: row["n"] for row in others.values("currency").annotate(n=Count("id"))}
+
+
+def _others_summarised(proposal, days):
+    """`_others_from_rows` over `days`, from their summaries: per day and currency, its customers'
+    first requests are the running count at its largest amount (one index look, as `_summarised`
+    reads a cut), and the other requests are summed from their rows."""
+    if not days:
+        return {}
+    of_type = ActionSummary.objects.filter(action_type=proposal.action_type)
+    currencies = [currency for currency in _summarised_currencies(proposal.action_type)
+                  if currency != proposal.currency]
+    looks = {f"n{i}": Coalesce(Subquery(of_type.filter(day=OuterRef("pk"), currency=currency, total_before=0,
+                                                       amount__isnull=False).order_by("-amount").values("n_upto")[:1]), 0)
+             for i, currency in enumerate(currencies)}
+    requests = Counter()
+    for row in SummaryDay.objects.filter(day__in=days).annotate(**looks).values(*looks):
+        requests.update({currency: row[f"n{i}"] for i, currency in enumerate(currencies)})
+    after = (of_type.filter(day__in=days, total_before__gt=0).exclude(currency=proposal.currency)
+             .values("currency").annotate(n=Sum("n")))
+    requests.update({row["currency"]: row["n"] for row in after})
+    return requests
+
+
+def _summarised_currencies(action_type):
+    """The currencies the type's summaries hold, in order: one look each at the first requests'
+    index (summary_first_idx), where a DISTINCT would read all of it. Every summarised currency has
+    some, a customer's first request of its day."""
+    found = []
+    firsts = ActionSummary.objects.filter(action_type=action_type, total_before=0).order_by("currency")
+    while (currency := firsts.filter(currency__gt=found[-1] if found else "")
+           .values_list("currency", flat=True).first()) is not None:
+        found.append(currency)
+    return found
 
 
 def _from_rows(proposal, current, start):
@@ -325,7 +393,8 @@ def _example(action, current, proposal):
 def preview_signed(preview):
     """The preview's figures as the page shows them, signed: the save records what was shown."""
     return signing.dumps({"values": preview["proposal"].values(), "days": preview["days"],
-                          "since": preview["since"].isoformat(), "counts": preview["counts"]}, salt=SIGNING_SALT)
+                          "since": preview["since"].isoformat(), "counts": preview["counts"],
+                          "left_uncovered": preview["left_uncovered"]}, salt=SIGNING_SALT)
 
 
 def preview_for_audit(signed, proposal, *, max_age=3600):
@@ -340,4 +409,4 @@ def preview_for_audit(signed, proposal, *, max_age=3600):
         return {**shown, "shown": True}
     preview = whatif(proposal)
     return {"values": proposal.values(), "days": preview["days"], "since": preview["since"].isoformat(),
-            "counts": preview["counts"], "shown": False}
+            "counts": preview["counts"], "left_uncovered": preview["left_uncovered"], "shown": False}

@@ -9,7 +9,9 @@ from django.contrib.auth import get_user_model
 
 from approvals.intake import needs_person_after_verification, verdict_for_action
 from approvals.models import Limit, ReviewItem
-from ledger.models import Action, AuditEvent, TaskState
+from approvals.whatif import Proposal, whatif
+from ledger.actions import Refused, action_request
+from ledger.models import Action, ActionStatus, AuditEvent, TaskState
 from ledger.runner import task_run
 from ledger.tasks import task_claim_next, task_request
 from tests.factories import (
@@ -119,6 +121,43 @@ def test_the_whatif_of_a_first_limit_in_a_currency_starts_from_the_intakes_rule(
             '<td class="num">2</td>') in page
     assert '<tr data-row="waiting"><th scope="row">waited for a person</th><td class="num">2</td>' in page
     assert "1 would no longer wait" in page.replace("<strong>", "").replace("</strong>", "")
+
+
+def refund(agent, n, amount, currency):
+    return action_request(agent=agent, operation_key=f"refund:ORD-{n}:dec-{n}", action_type="refund",
+                          target=f"ORD-{n}", customer=f"CUST-{n}", decision_id=f"dec-{n}",
+                          params={"amount": amount, "currency": currency})[0]
+
+
+@pytest.mark.parametrize(("setting", "becomes"), [("refuse", Refused), ("approve", ActionStatus.AWAITING_APPROVAL)])
+def test_the_preview_of_a_types_first_limit_counts_the_requests_it_leaves_uncovered(settings, setting, becomes):
+    """A type's first limit (refund EUR) makes every other currency Uncovered: the preview,
+    which replays EUR only, says how many of the window's refunds in USD and GBP would then
+    have waited for a person, or been refused, as the intake treats the next one."""
+    settings.LIMITS_UNCOVERED_CURRENCY = setting
+    agent, _ = make_agent("billing")
+    for n, currency in enumerate(["USD", "USD", "USD", "GBP", ""]):
+        assert refund(agent, n, "10.00" if currency else None, currency).status == ActionStatus.QUEUED
+    preview = whatif(Proposal("refund", "EUR", Decimal("500.00")), days=1)
+    assert preview["counts"]["actions"] == 0  # nothing in EUR to replay
+    # Without a currency (or an amount) a request has no rule to fail: it runs still.
+    assert preview["left_uncovered"] == {"currencies": {"GBP": 1, "USD": 3}, "refused": setting == "refuse"}
+    Limit.limit_set(actor="system:tests", reason="first limit", action_type="refund", currency="EUR",
+                    max_amount=Decimal("500.00"))
+    if becomes is Refused:
+        with pytest.raises(Refused):
+            refund(agent, 9, "10.00", "USD")
+    else:
+        assert refund(agent, 9, "10.00", "USD").status == becomes
+
+
+@pytest.mark.usefixtures("eur_and_usd")
+def test_a_limit_of_a_type_that_has_limits_leaves_no_currency_uncovered():
+    """Its other currencies are covered, or Uncovered already: the save changes neither."""
+    agent, _ = make_agent("billing")
+    make_action(agent, "awaiting_approval", amount="10.00", currency="JPY")
+    for currency in ("EUR", "JPY"):
+        assert whatif(Proposal("refund", currency, Decimal("50.00")))["left_uncovered"] is None
 
 
 @pytest.mark.usefixtures("eur_and_usd")

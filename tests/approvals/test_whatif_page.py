@@ -131,6 +131,43 @@ def test_a_forged_preview_is_not_recorded_as_shown(admin, actions):
     assert preview["shown"] is False and preview["counts"]["proposed_waiting"] == 2
 
 
+def test_the_preview_of_a_first_limit_warns_of_the_currencies_it_leaves_uncovered_and_the_save_keeps_it(
+        admin, settings):
+    """Refund's first limit, in GBP: every EUR and USD refund would then wait for a person, or be
+    refused; the page says how many of the window's would have, and the audit event keeps it."""
+    agent, _ = make_agent("billing")
+    for n, (amount, currency) in enumerate([("100.00", "EUR"), ("300.00", "EUR"), ("300.00", "USD")]):
+        make_action(agent, "succeeded", key=f"refund:ORD-{n}:full", target=f"ORD-{n}", amount=amount,
+                    currency=currency, customer="CUST-1")
+    page = counts_of(admin.post("/policies/whatif", {**FORM, "currency": "GBP"}, headers=HTMX))
+    warning = page.split('id="whatif-uncovered"')[1].split("</div>")[0]
+    assert ("This is the first refund limit: once it is saved, a refund in any other currency than GBP waits for "
+            "a person.") in warning
+    assert ("Over the same days, <strong>2</strong> refunds in <span class=\"mono\">EUR</span>, <strong>1</strong> "
+            "refund in <span class=\"mono\">USD</span> would have waited for a person.") in warning
+    assert "No refund actions in GBP since" in page  # the limit's own currency has nothing to replay
+    settings.LIMITS_UNCOVERED_CURRENCY = "refuse"
+    page = counts_of(admin.post("/policies/whatif", {**FORM, "currency": "GBP"}, headers=HTMX))
+    assert "would have been refused at intake." in page.split('id="whatif-uncovered"')[1]
+    signed = page.split('name="whatif" value="')[1].split('"')[0]
+    admin.post("/policies/", {**FORM, "currency": "GBP", "whatif": signed, "reason": "first limit"})
+    preview = AuditEvent.objects.filter(verb="limit_set").order_by("id").last().after["preview"]
+    assert preview["shown"] is True
+    assert preview["left_uncovered"] == {"currencies": {"EUR": 2, "USD": 1}, "refused": True}
+
+
+def test_a_first_limit_saved_without_a_preview_records_what_it_leaves_uncovered(admin):
+    agent, _ = make_agent("billing")
+    make_action(agent, "succeeded", amount="300.00", currency="USD")
+    admin.post("/policies/", {**FORM, "reason": "first limit"})
+    preview = AuditEvent.objects.filter(verb="limit_set").order_by("id").last().after["preview"]
+    assert preview["shown"] is False and preview["left_uncovered"] == {"currencies": {"USD": 1}, "refused": False}
+
+
+def test_a_limit_of_a_type_that_has_some_shows_no_such_warning(admin, actions):
+    assert 'id="whatif-uncovered"' not in counts_of(admin.post("/policies/whatif", FORM, headers=HTMX))
+
+
 def test_the_examples_are_the_newest_changed_ones_with_both_verdicts(actions):
     preview = whatif(Proposal("refund", "EUR", Decimal("50")))
     assert [e["action"].amount for e in preview["examples"]] == [Decimal("100.00"), Decimal("300.00")]

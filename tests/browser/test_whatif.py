@@ -80,3 +80,23 @@ def test_without_a_preview_the_form_still_saves_and_records_one(page, ada, refun
         page.get_by_role("button", name="Save limit").click()
     preview = AuditEvent.objects.filter(verb="limit_set").order_by("id").last().after["preview"]
     assert preview["shown"] is False and preview["counts"]["proposed_waiting"] == 3
+
+
+def test_a_first_limit_is_previewed_with_the_currencies_it_leaves_uncovered(page, ada, stack):
+    """No refund limit yet: refund GBP's would make every USD refund wait for a person, and the
+    preview says how many of the window's would have, before Save limit."""
+    agent, _ = make_agent("refunds-bot")
+    for n in range(3):
+        make_action(agent, "succeeded", key=f"refund:ORD-U{n}:full", target=f"ORD-U{n}", amount="10.00",
+                    currency="USD", customer="CUST-U")
+    login(page, "ada")
+    page.goto("/policies/")
+    page.select_option("#id_action_type", "refund")
+    page.fill("#id_currency", "GBP")
+    page.fill("#id_max_amount", "500")
+    page.locator("#whatif-preview").click()
+    warning = page.locator("#whatif-uncovered")
+    warning.wait_for()
+    assert "This is the first refund limit" in warning.inner_text()
+    assert "3 refunds in USD would have waited for a person." in warning.inner_text()
+    assert not page.console_errors, page.console_errors
