@@ -16,7 +16,7 @@ from .jobs import ring_after_commit
 from .locks import NO_CUSTOMER_TOTAL, take_turns
 from .models import (BOOKING_HELD, IN_FLIGHT_STATUSES, SETTLED, Action, ActionStatus, ActionType, AuditEvent,  # noqa: F401
                      Booking, InvalidTransition, fingerprint, money_in_params, request_fingerprint)  # (fingerprint: re-exported)
-from .recipients import customer_spelling, email_recipient
+from .recipients import customer_spelled_before, customer_spelling, email_recipient
 from .versions import edited_from
 from .retention import archived_key_expired, key_archived, refused_as_archived
 
@@ -76,7 +76,7 @@ def _as_recorded(existing, print_, action_type, target, params, customer):
     if (action_type == ActionType.SEND_MESSAGE and params.get("channel") == "email"
             and existing.target != target and email_recipient(existing.target) == target):
         return request_fingerprint(action_type, existing.target, params, customer)
-    if existing.customer != customer and customer_spelling(existing.customer) == customer:
+    if customer_spelled_before(existing.customer, customer):
         return request_fingerprint(action_type, target, params, existing.customer)
     return print_
 
@@ -227,11 +227,12 @@ def action_request(*, agent, operation_key, action_type, target, params, custome
     except SlotTaken as taken:
         # The booking holding the slot is this agent's, for the same customer and decision,
         # recorded under another key (a client's older key form named the times): the same booking.
-        existing = Action.objects.filter(pk=taken.holder, agent=agent, customer=customer, decision_id=decision_id,
+        # Its customer is compared in the ledger's spelling (one recorded before may hold another).
+        existing = Action.objects.filter(pk=taken.holder, agent=agent, decision_id=decision_id,
                                          ).first() if taken.holder and decision_id else None
-        if existing is None:
+        if existing is None or customer_spelling(existing.customer) != customer:
             raise
-        return _replay(existing, print_, customer)
+        return _replay(existing, _as_recorded(existing, print_, action_type, target, params, customer), customer)
     return action, True
 
 

@@ -48,11 +48,48 @@ def _is_email_address(address):
     return True
 
 
+# What does not show in a customer: Unicode's Default_Ignorable_Code_Point (its
+# DerivedCoreProperties.txt, the same from Unicode 14.0 to 16.0; Python's unicodedata has no
+# property for it). Beside most format characters it holds those of other categories that a
+# renderer shows nothing of: a combining grapheme joiner, variation selectors, Hangul fillers,
+# Khmer inherent vowels, and the unassigned code points Unicode keeps for more of them. No white
+# space is in it (a space inside a customer is kept).
+DEFAULT_IGNORABLE = (
+    (0x00AD, 0x00AD),    # soft hyphen
+    (0x034F, 0x034F),    # combining grapheme joiner
+    (0x061C, 0x061C),    # Arabic letter mark
+    (0x115F, 0x1160),    # Hangul choseong and jungseong fillers
+    (0x17B4, 0x17B5),    # Khmer inherent vowels
+    (0x180B, 0x180F),    # Mongolian free variation selectors and vowel separator
+    (0x200B, 0x200F),    # zero-width space, non-joiner and joiner, direction marks
+    (0x202A, 0x202E),    # direction embeddings and overrides
+    (0x2060, 0x206F),    # word joiner, invisible operators, direction isolates (2065 unassigned)
+    (0x3164, 0x3164),    # Hangul filler
+    (0xFE00, 0xFE0F),    # variation selectors 1-16
+    (0xFEFF, 0xFEFF),    # byte-order mark
+    (0xFFA0, 0xFFA0),    # half-width Hangul filler
+    (0xFFF0, 0xFFF8),    # unassigned
+    (0x1BCA0, 0x1BCA3),  # shorthand format controls
+    (0x1D173, 0x1D17A),  # musical symbols' beams and phrases
+    (0xE0000, 0xE0FFF),  # tags, variation selectors 17-256, unassigned
+)
+# As str.translate drops them (mapped to None).
+_UNSEEN = dict.fromkeys(point for first, last in DEFAULT_IGNORABLE for point in range(first, last + 1))
+
+
 def customer_spelling(text):
     """The customer as the ledger keeps it: without the characters that do not show (Unicode's
-    format characters: a zero-width space pasted with it, a byte-order mark), in Unicode's
-    compatibility form (NFKC: full-width letters, a no-break space), trimmed. Written either way
-    it is one customer for its daily total and its hold; its case is kept, as providers' ids tell
-    case apart (decision 61)."""
-    shown = "".join(ch for ch in text if unicodedata.category(ch) != "Cf")
+    default-ignorable code points: a zero-width space pasted with it, a byte-order mark, a
+    variation selector, a Hangul filler; and its format characters), in Unicode's compatibility
+    form (NFKC: full-width letters, a no-break space), trimmed. Written either way it is one
+    customer for its daily total and its hold; its case is kept, as providers' ids tell case
+    apart (decision 61)."""
+    shown = "".join(ch for ch in text.translate(_UNSEEN) if unicodedata.category(ch) != "Cf")
     return unicodedata.normalize("NFKC", shown).strip()
+
+
+def customer_spelled_before(recorded, customer):
+    """Whether `recorded`, a customer the ledger holds, is `customer` (in the ledger's spelling) as
+    a request recorded before customers were kept in one spelling wrote it: a retry of that request
+    is compared with it in the spelling recorded then (docs/contract.md: still a replay)."""
+    return isinstance(recorded, str) and recorded != customer and customer_spelling(recorded) == customer

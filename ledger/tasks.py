@@ -12,6 +12,7 @@ from . import clock
 from .actions import KeyReused, action_give_up, fingerprint
 from .jobs import ring_after_commit
 from .models import PERSON_STATUSES, ActionStatus, AuditEvent, Task, TaskState, TaskStep
+from .recipients import customer_spelled_before
 from .retention import archived_task_expired, refused_as_archived
 from .workflows import WORKFLOWS
 
@@ -42,6 +43,11 @@ def task_request(*, agent, task_id, workflow, input):
             existing = Task.objects.filter(task_id=task_id).first()
             if existing is None:
                 raise
+    # One recorded before customers were kept in one spelling holds its input's customer as it
+    # was written then: its retry as sent then is compared in that spelling (decision 61).
+    recorded = existing.input.get("customer")
+    if customer_spelled_before(recorded, input.get("customer")):
+        print_ = fingerprint(f"workflow:{workflow}", task_id, {**input, "customer": recorded})
     if existing.fingerprint != print_:
         raise KeyReused(existing)
     return existing, False

@@ -108,14 +108,16 @@ def hashed_shard(name, shards):
     return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "big") % shards
 
 
-def stored(value):
+def stored(value, spell=str.strip):
     """A target or customer as the shard stores it (DRF's CharField, max 255: a whole number as
-    its digits, whitespace stripped); "" for none; Unreadable for what the shard refuses."""
+    its digits, in its field's spelling `spell`: whitespace stripped, a customer's
+    customer_spelling), its length checked after the spelling, as the field checks it (NFKC may
+    shorten or lengthen a customer); "" for none; Unreadable for what the shard refuses."""
     if value is None:
         return ""
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise Unreadable(value)
-    text = str(value).strip()
+    text = spell(str(value))
     if len(text) > 255 or "\x00" in text or any("\ud800" <= ch <= "\udfff" for ch in text):
         raise Unreadable(value)
     return text
@@ -130,9 +132,9 @@ def names(kind, key, body):
         given = body.get("input") if isinstance(body.get("input"), dict) else {}
         workflow = body.get("workflow")
         field = TASK_TARGETS.get(workflow) if isinstance(workflow, str) else None
-        customer, target = customer_spelling(stored(given.get("customer"))), (stored(given.get(field)) if field else "")
+        customer, target = stored(given.get("customer"), customer_spelling), (stored(given.get(field)) if field else "")
     else:
-        customer, target = customer_spelling(stored(body.get("customer"))), stored(body.get("target"))
+        customer, target = stored(body.get("customer"), customer_spelling), stored(body.get("target"))
         params = body.get("params") if isinstance(body.get("params"), dict) else {}
         if body.get("action_type") == "send_message" and params.get("channel") == "email":
             target = email_recipient(target)  # as the API stores it: one spelling, one shard

@@ -2,7 +2,7 @@
 
 from rest_framework import serializers
 
-from ledger.recipients import TARGET_LENGTH, RecipientRefused, email_recipient, email_recipient_checked
+from ledger.recipients import TARGET_LENGTH, RecipientRefused, customer_spelling, email_recipient, email_recipient_checked
 from ledger.validation import AmountField, CurrencyField, CustomerField, PayableAmount, StrictSerializer
 from ledger.connectors import connector_for, http
 from ledger.actions import action_by_key
@@ -76,11 +76,15 @@ def lookup_order(ctx):
 
 
 def call_refund_api(ctx):
+    """The refund, for the customer in the ledger's spelling: a task recorded before customers were
+    kept so holds its customer as written then, and its refund so recorded would escape the
+    customer's daily total and hold. Its action recorded then under the step's key is still its
+    replay (ledger.actions._replay compares customers in the ledger's spelling)."""
     params = {"amount": ctx.input["amount"], "currency": ctx.input["currency"]}
     if ctx.input.get("reason"):
         params["reason"] = ctx.input["reason"]
-    return ActionSpec(ActionType.REFUND, ctx.input["order_id"], params, customer=ctx.input["customer"],
-                      decision_id=ctx.input.get("decision_id", ""))
+    return ActionSpec(ActionType.REFUND, ctx.input["order_id"], params,
+                      customer=customer_spelling(ctx.input["customer"]), decision_id=ctx.input.get("decision_id", ""))
 
 
 def refunded(ctx):
