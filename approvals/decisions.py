@@ -176,7 +176,7 @@ def _approvals_for_params_now(item, action):
 def _second_approval(item, action, user, behalf, reason, fingerprint):
     """Record this approval; True if it is the second that counts, by someone else, of the same
     params. A delegate's approval is its person's too: one of two from each of them is all it can
-    be. An earlier approval counts only while its person does not answer for the agent (`_counted`)."""
+    be. An earlier approval counts only while its person does not answer for the agent (`approvals_counted`)."""
     earlier = list(item.approvals.select_related("user", "on_behalf_of"))
     eyes = {user.pk, behalf and behalf.pk} - {None}
     if any(eyes & {a.user_id, a.on_behalf_of_id} for a in earlier):
@@ -189,7 +189,7 @@ def _second_approval(item, action, user, behalf, reason, fingerprint):
     # the decision's transaction (`_decision`). A second tab's approval of the same person never
     # gets here: it waits for the item's lock and finds the first in `earlier`.
     Approval.objects.create(item=item, user=user, on_behalf_of=behalf, reason=reason, fingerprint=fingerprint)
-    counted, not_counted = _counted(earlier, action.agent)
+    counted, not_counted = approvals_counted(earlier, action.agent)
     AuditEvent.objects.record(actor=user, verb="approval_recorded", obj=item, reason=reason,
                               after={"approvals": len(counted) + 1, "needed": item.approvals_needed,
                                      "fingerprint": fingerprint,
@@ -198,7 +198,7 @@ def _second_approval(item, action, user, behalf, reason, fingerprint):
     return len(counted) + 1 >= item.approvals_needed
 
 
-def _counted(approvals, agent):
+def approvals_counted(approvals, agent):
     """The approvals that count, and the names of those that do not: given by a person (or for a
     person, by their delegate) who answers for the agent now, named its owner or shown its token
     since (the database counts so too: approvals.dbrules). Such an approval is passed over rather

@@ -12,8 +12,8 @@ from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseClientRefresh
 
 from approvals.access import PERM_FOR_KIND, decidable_for, get_review_item_for_user, may_decide
-from approvals.decisions import (AlreadyDecided, DecisionRefused, held_group, held_group_decide, in_flight_print,
-                                 review_decide, review_edit)
+from approvals.decisions import (AlreadyDecided, DecisionRefused, approvals_counted, held_group, held_group_decide,
+                                 in_flight_print, review_decide, review_edit)
 from approvals.intake import covered_currencies, customer_total_today, uncovered_refused
 from approvals.models import Limit, ReviewItem, ReviewKind, ReviewStatus
 from approvals.whatif import DEFAULT_DAYS, MAX_DAYS, Proposal, preview_for_audit
@@ -155,7 +155,7 @@ def detail_context(request, item, decide_url=None):
     """What an item's page shows; its decision form posts to `decide_url` (the item's own
     decide URL unless given: an e-mail's decision link gives its own)."""
     action = item.action
-    approvals = list(item.approvals.select_related("user"))
+    approvals = list(item.approvals.select_related("user", "on_behalf_of"))
     history = AuditEvent.objects.history(action)
     near = in_flight_near(action) if item.kind == ReviewKind.HELD else None
     typed = request.session.pop(TYPED, None) or {}
@@ -169,6 +169,8 @@ def detail_context(request, item, decide_url=None):
         "is_owner": action.agent.answers_for(request.user),
         "approved_by_me": any(a.user_id == request.user.pk for a in approvals),
         "approvals": approvals,
+        # An approval whose person answers for the agent now (named its owner since) counts no more.
+        "approvals_counted": approvals_counted(approvals, action.agent)[0],
         "why": _why_now(item, history),
         "rationale": (action.params or {}).get("reason", ""),
         "asked": _asked_otherwise(action),

@@ -82,3 +82,17 @@ def test_someone_else_names_the_next_owner_and_the_one_before_decides_again(agen
     approve(action, olga)
     approve(action, ada, "checked too")
     assert Action.objects.get(pk=action.pk).status == ActionStatus.QUEUED
+
+
+def test_the_items_page_counts_only_the_approvals_that_count(client, agent):
+    """alice approved, then was named the agent's owner: the page says 0 of 2 and marks hers, rather
+    than "1 of 2" beside a second approval that would not let the refund go ahead."""
+    alice = person("alice", "admins")
+    action = big_refund(agent)
+    approve(action, alice)
+    agent_name_owner(agent, alice, actor=person("ada", "admins"), reason="alice runs it")
+    client.force_login(person("carol", "admins"))
+    page = client.get(ReviewItem.objects.get(action=action, status=ReviewStatus.OPEN).get_absolute_url())
+    text = page.content.decode()
+    assert "<strong>0 of 2</strong> approvals" in text
+    assert "does not count: answers for the agent now" in text
