@@ -140,6 +140,16 @@ def task_run_now(task, *, actor, reason="run now"):
 
 
 def defer_until(action):
-    """When to look at an unsettled action again."""
-    soon = clock.now() + timedelta(seconds=1)
+    """When to look at an unsettled action again: when it is due (a retry's backoff, a
+    verification's time); pending under another run's claim, after half the time it has been
+    pending, a second at first, and no later than the sweeper may take it for verification (its
+    lease's end and CONNECTOR_TIMEOUT). A call settles within seconds; one whose worker died is
+    looked at a handful of times until then, not every second: each look is a claim and a
+    deferral, two audit events."""
+    now = clock.now()
+    soon = now + timedelta(seconds=1)
+    if action.status == ActionStatus.PENDING and action.lease_expires_at is not None:
+        pending_for = now - (action.lease_expires_at - timedelta(seconds=settings.LEASE_SECONDS))
+        verifiable = action.lease_expires_at + timedelta(seconds=settings.CONNECTOR_TIMEOUT)
+        return max(soon, min(now + pending_for / 2, verifiable))
     return max(action.next_attempt_at or soon, soon)

@@ -17,11 +17,11 @@ from django.db import OperationalError, connection
 from django.utils import timezone
 
 from dlq.models import DeadLetter
-from ledger import jobs, runner
+from ledger import clock, jobs, runner
 from ledger.connectors import http
-from ledger.models import Task, TaskState
+from ledger.models import Action, ActionStatus, Task, TaskState
 from ledger.runner import drain_tasks
-from ledger.tasks import task_expire_leases, task_request, task_run_now
+from ledger.tasks import defer_until, task_expire_leases, task_request, task_run_now
 from tests.conftest import REDIS_URL, _database_url, free_port, wait_until
 from tests.factories import (a_real_deadlock, agent_api, audit_events, make_agent, refund_input, sandbox, sandbox_order, settled,
                              start_refund_task)
@@ -294,3 +294,17 @@ def test_a_look_up_answer_postgresql_cannot_store_is_checkpointed_as_near_as_it_
     task.refresh_from_db()
     assert task.state == TaskState.SUCCEEDED, task.last_error
     assert task.steps.get(name="lookup_order").result["customer"] == "C-N\ufffd"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("pending_for, looked_at_in", [(0.2, 1), (20, 10), (60, 1)])
+def test_a_task_whose_action_is_pending_under_another_claim_looks_again_after_half_its_wait(
+        settings, pending_for, looked_at_in):
+    """A second at first (a call settles within seconds); after 20 s pending (its worker died), 10 s
+    on, not every second until the sweeper takes it (each look is a claim and a deferral, two audit
+    events); past the sweeper's moment (its lease's end and CONNECTOR_TIMEOUT), a second again."""
+    settings.LEASE_SECONDS, settings.CONNECTOR_TIMEOUT = 30, 5
+    now = clock.now()
+    claimed = Action(status=ActionStatus.PENDING, lease_expires_at=now + timedelta(seconds=30 - pending_for))
+    waited = (defer_until(claimed) - now).total_seconds()
+    assert looked_at_in <= waited < looked_at_in + 0.5
