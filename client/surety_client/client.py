@@ -183,7 +183,8 @@ class SuretyClient:
     up to `retries` more times with exponential backoff and full jitter, always with the same
     operation key, so a retry can only find the action already recorded, never add another.
     A 4xx answer raises the typed error of its problem code (`surety_client.errors`), and a 2xx
-    answer that holds no resource of the API's (a sign-in page in front of it) `Unreadable`.
+    answer that holds no resource of the API's (a sign-in page in front of it), or a body that cannot
+    be decoded, `Unreadable`.
     """
 
     def __init__(self, base_url: str, token: str, *, timeout: float = 10.0, retries: int = 4,
@@ -192,8 +193,10 @@ class SuretyClient:
         self.retries = retries
         self.backoff = backoff
         self.max_backoff = max_backoff
-        self._http = httpx.Client(base_url=base_url.rstrip("/") + "/api/v1/",
-                                  headers={"Authorization": f"Bearer {token}"})
+        # Sent with each request rather than set on the httpx client: a token HTTP cannot carry (not
+        # ASCII) is then `Unsendable` at the call, as a key is, not an error out of the constructor.
+        self._authorization = f"Bearer {token}"
+        self._http = httpx.Client(base_url=base_url.rstrip("/") + "/api/v1/")
 
     def close(self) -> None:
         self._http.close()
@@ -316,7 +319,7 @@ class SuretyClient:
     def _send(self, method: str, path: str, *, key: str | None = None, wait: float = 0,
               json: dict[str, Any] | None = None) -> httpx.Response:
         """One request, retried on transport errors and 5xx with the same key."""
-        headers = {"Idempotency-Key": key} if key is not None else {}
+        headers = {"Authorization": self._authorization, **({"Idempotency-Key": key} if key is not None else {})}
         params = {"wait": _seconds(wait)} if wait else None
         # A held GET answers after up to `wait` seconds: the read timeout must outlast it.
         timeout = httpx.Timeout(self.timeout, read=self.timeout + wait)
@@ -333,6 +336,14 @@ class SuretyClient:
                 # Refused as written before it went out (by h11, or a URL without http:// or https://):
                 # a retry would be refused alike.
                 raise Unsendable(f"{method} {path} cannot be sent as written: {exc}", operation_key=key) from exc
+            except UnicodeEncodeError as exc:
+                # HTTP headers are ASCII: a key of one's own or a token with any other character.
+                raise Unsendable(f"{method} {path} cannot be sent: its key or token is not ASCII ({exc})",
+                                 operation_key=key) from exc
+            except httpx.DecodingError as exc:
+                # Read, and not decodable (a proxy's broken Content-Encoding): no answer of the API's,
+                # and one that breaks it breaks it alike, so not retried; a POST may be recorded.
+                raise _unreadable(f"{method} {path} answered a body that cannot be decoded ({exc})", key) from exc
             except httpx.TransportError as exc:
                 failure, retry_after = f"{type(exc).__name__}: {exc}", 0.0
                 continue
@@ -405,12 +416,17 @@ def _read(response: httpx.Response, resource: Callable[[dict[str, Any]], Answer]
     except (ValueError, KeyError, TypeError, AttributeError):  # not JSON, or not the resource's shape
         pass
     request = response.request
-    said = (f"{request.method} {request.url.path} answered {response.status_code} "
-            f"({response.headers.get('Content-Type', 'no content type')}), not the API's resource")
+    raise _unreadable(f"{request.method} {request.url.path} answered {response.status_code} "
+                      f"({response.headers.get('Content-Type', 'no content type')}), not the API's resource",
+                      operation_key)
+
+
+def _unreadable(said: str, operation_key: str | None) -> Unreadable:
+    """`Unreadable`, saying for a POST (`operation_key`) that its request may be recorded all the same."""
     if operation_key is not None:
         said += (f": the request may have been recorded under {operation_key!r}; send it again with the same key, "
                  "which can never add a second")
-    raise Unreadable(said + ". Is the client's URL where the API answers?", operation_key=operation_key)
+    return Unreadable(said + ". Is the client's URL where the API answers?", operation_key=operation_key)
 
 
 def _body(response: httpx.Response) -> Any:

@@ -22,9 +22,10 @@ class SuretyUnreachable(SuretyError):
 
 class Unsendable(SuretyError):
     """The request could not be sent as written (httpx's `LocalProtocolError`: a header value HTTP
-    forbids, such as a key of your own ending in a space, or a token with a newline; a URL without
-    `http://` or `https://`), or was redirected elsewhere (`http://` to `https://`) before the API
-    saw it. Nothing was recorded, and sending it again unchanged would fail alike."""
+    forbids, such as a key of your own ending in a space, or a token with a newline; a key or token
+    that is not ASCII; a URL without `http://` or `https://`), or was redirected elsewhere (`http://`
+    to `https://`) before the API saw it. Nothing was recorded, and sending it again unchanged would
+    fail alike."""
 
     def __init__(self, message: str, *, operation_key: str | None = None) -> None:
         super().__init__(message)
@@ -33,9 +34,10 @@ class Unsendable(SuretyError):
 
 class Unreadable(SuretyError):
     """A 2xx answer that is not the API's: no JSON object of the resource's shape (a sign-in or
-    maintenance page in front of Surety, a URL that is not where the API answers). Not retried: a
-    page that stands in for the API answers alike. For a POST the request may have been recorded:
-    call again with the same operation key, which can never add a second action."""
+    maintenance page in front of Surety, a URL that is not where the API answers), or an answer
+    whose body cannot be decoded (a proxy's broken Content-Encoding). Not retried: a page that
+    stands in for the API, or a proxy that breaks it, answers alike. For a POST the request may have
+    been recorded: call again with the same operation key, which can never add a second action."""
 
     def __init__(self, message: str, *, operation_key: str | None = None) -> None:
         super().__init__(message)

@@ -17,12 +17,16 @@ An action that needs a person answers at once with the dashboard link and wait_f
 which waits through the person's decision (reading every few seconds, as the API's wait does
 not hold for a person); a shadow one that it was recorded and never executed; a rejected one
 the reviewer's reason, an expired one that it expired (not rejected), an edited one the
-version that runs instead. A failed one that nothing was done and a person may retry it from the
+version that runs instead; a task's step rejected or expired, that its task failed with it and
+not to ask again (get_task). A failed one that nothing was done and a person may retry it from the
 dead-letter queue under its own key (so not to ask again under a new decision, which would be a
 second effect once they do), with wait_for_action to wait for the retry; a dead-lettered task
 likewise. A refusal of the decision written otherwise (`idempotency_key_reused`) answers the action
 that stands for it. Arguments outside a tool's schema answer the API's problem
-(code `invalid`, `errors` by argument); an answer that is not the API's, `unreadable`.
+(code `invalid`, `errors` by argument); an answer that is not the API's, `unreadable`. A problem
+is a tool error, except one that asks for the same call again (`retry`: `unreachable`,
+`throttled`, `unreadable`), which is a result: hosts count tool errors against a retry budget
+(pydantic-ai's is 1) and stop the agent once it runs out, though calling again is what it was told.
 """
 
 from __future__ import annotations
@@ -80,6 +84,12 @@ def _asked(schema: dict[str, Any], what: str) -> dict[str, Any]:
                                      "refused."}
 
 
+def _keyed(what: str) -> dict[str, Any]:
+    """A part of the operation key, which the ledger keeps as written (an order id's case, a
+    customer's): written otherwise on a later call ("ord-1" for "ORD-1"), it is another key."""
+    return {**TEXT, "description": f"{what} Part of the key: write it the same on every call for this decision."}
+
+
 CUSTOMER = _asked(OPTIONAL_TEXT, "The customer's id, if known.")
 REASON = _asked({"type": "string", "maxLength": 500}, "Why, in a few words.")
 WAIT = {"type": "number", "minimum": 0, "maximum": 30, "default": 10,
@@ -132,12 +142,13 @@ def _started(client: SuretyClient, args: dict[str, Any]) -> Checkpoint:
 TOOLS = {tool.name: tool for tool in (
     Tool("refund", "Refund an order, once per decision. Above the limit a person must approve it first: the "
          "answer then says so, with the dashboard link.",
-         _schema(["order", "amount", "currency", "decision_id"], order=TEXT, amount=AMOUNT, currency=CURRENCY,
-                 decision_id=DECISION, customer=CUSTOMER, reason=REASON, wait=WAIT),
+         _schema(["order", "amount", "currency", "decision_id"], order=_keyed("The order's id."), amount=AMOUNT,
+                 currency=CURRENCY, decision_id=DECISION, customer=CUSTOMER, reason=REASON, wait=WAIT),
          partial(_posted, SuretyClient.refund), {"target": "order"}),
     Tool("send_message", "Send one message to a recipient (e-mail address, or phone number in E.164 form for sms "
          "and whatsapp), once per recipient, message type and decision.",
-         _schema(["recipient", "channel", "message_type", "body", "decision_id"], recipient=TEXT,
+         _schema(["recipient", "channel", "message_type", "body", "decision_id"],
+                 recipient=_keyed("The e-mail address or phone number."),
                  channel={"type": "string", "enum": ["email", "sms", "whatsapp"]},
                  message_type=MESSAGE_TYPE,
                  body=_asked({"type": "string", "minLength": 1, "maxLength": 10_000}, "The message's text."),
@@ -145,15 +156,15 @@ TOOLS = {tool.name: tool for tool in (
          partial(_posted, SuretyClient.send_message), {"target": "recipient"}),
     Tool("create_booking", "Book a resource for a customer from start to end, once per decision; an "
          "overlapping booking of the same resource is refused (booking_conflict).",
-         _schema(["resource", "customer", "service", "start", "end", "decision_id"], resource=TEXT,
-                 customer=TEXT, service=_asked({"type": "string", "minLength": 1, "maxLength": 200}, "What is booked."),
-                 start=MOMENT,
-                 end=MOMENT, decision_id=DECISION, wait=WAIT),
+         _schema(["resource", "customer", "service", "start", "end", "decision_id"],
+                 resource=_keyed("The resource's id."), customer=_keyed("The customer's id."),
+                 service=_asked({"type": "string", "minLength": 1, "maxLength": 200}, "What is booked."),
+                 start=MOMENT, end=MOMENT, decision_id=DECISION, wait=WAIT),
          partial(_posted, SuretyClient.create_booking), {"target": "resource"}),
     Tool("start_refund_task", "Start the refund workflow for an order (look the order up, refund, write the "
          "confirmation, notify the customer), once per decision. Returns the task's checkpoint.",
-         _schema(["order", "amount", "currency", "customer", "decision_id"], order=TEXT, amount=AMOUNT,
-                 currency=CURRENCY, customer=_asked(TEXT, "The customer's id."), decision_id=DECISION,
+         _schema(["order", "amount", "currency", "customer", "decision_id"], order=_keyed("The order's id."),
+                 amount=AMOUNT, currency=CURRENCY, customer=_asked(TEXT, "The customer's id."), decision_id=DECISION,
                  reason=REASON,
                  notify=_asked({"type": "string", "maxLength": 254},
                                "E-mail address for the confirmation. Without it the confirmation goes to "
@@ -233,8 +244,9 @@ ADVICE: dict[str, tuple[str, bool]] = {
                                "message written otherwise, an argument given on one call and not the other, another "
                                "amount), or by another agent, and that action stands; nothing was changed. Do not "
                                "retry this decision, with these arguments or others, nor ask for the same effect "
-                               "under a new decision_id: that would be a second one. Only a different effect is a "
-                               "new decision with a decision_id of its own.", False),
+                               "under a new decision_id: that would be a second one (unless what stands for it "
+                               "expired, doing nothing, and its guidance says to ask again). Only a different effect "
+                               "is a new decision with a decision_id of its own.", False),
     "decision_taken": ("Another agent's action for this decision is recorded; nothing was done. Do not retry this "
                        "decision.", False),
     "refund_already_recorded": ("Another agent's refund of this order for this decision is recorded; nothing was "
@@ -262,24 +274,26 @@ ADVICE: dict[str, tuple[str, bool]] = {
     "unreachable": ("Make the same call again, with the same decision_id, in a little while: it can never "
                     "double the effect.", True),
     # The detail says when what was asked may have been recorded (an action or task posted).
-    "unreadable": ("The answer was not Surety's API (a sign-in or maintenance page, or SURETY_URL not where the "
-                   "API answers). Make the same call again in a little while, with the same decision_id where it "
-                   "has one: it can never double the effect. If it answers alike, tell the user: a person must "
-                   "check the MCP server's SURETY_URL.", True),
+    "unreadable": ("The answer was not Surety's API (a sign-in or maintenance page, a body a proxy broke, or "
+                   "SURETY_URL not where the API answers). Make the same call again in a little while, with the "
+                   "same decision_id where it has one: it can never double the effect. If it answers alike, tell "
+                   "the user: a person must check the MCP server's SURETY_URL.", True),
     "unsendable": ("Nothing was sent or recorded, and the same call again would fail alike. Do not retry it "
                    "unchanged: tell the user, a person must correct it (or the MCP server's configuration).", False),
 }
 
 
 def _failed(body: dict[str, Any], retry_after: float | None = None) -> types.CallToolResult:
-    """A problem as a tool error: the API's problem, and what to do about it (with how long to
-    wait first, when the API said so: a model has no other way to know)."""
+    """A problem: the API's problem, and what to do about it (with how long to wait first, when the
+    API said so: a model has no other way to know). A tool error, unless it says to make the same call
+    again (`retry`): a host counts each tool error against the tool's retry budget and ends the run
+    once it is spent (pydantic-ai: 1 by default), so a model doing as told would be stopped."""
     advice, retry = ADVICE.get(body.get("code", ""), ("Do not retry it unchanged.", False))
     if retry and retry_after:
         advice += f" Wait {retry_after:g} s first (Retry-After)."
     said = body.get("detail") or body.get("title")
     return _result({**body, "guidance": f"Refused ({body.get('code')}): {said} {advice}", "retry": retry,
-                    "next_tool": None}, is_error=True)
+                    "next_tool": None}, is_error=not retry)
 
 
 def _next(tool: str, **arguments: str) -> dict[str, Any]:
@@ -313,12 +327,8 @@ def action_guidance(action: Action, waited: float | None = None) -> tuple[str, d
     }
     version = action.superseded_by
     next_tool = None
-    if action.status in ("rejected", "cancelled") and action.review:
-        text = (f"{action.status.capitalize()} by {action.review.by}: {action.review.reason}. "
-                "Do not retry this decision.")
-    elif action.status == "expired":
-        text = ("Expired: nobody approved or rejected it within its approval window; this is not a rejection and "
-                "nothing was done. If the decision still stands, ask again under a new decision_id.")
+    if action.status in ("rejected", "cancelled", "expired"):
+        text, next_tool = ended_guidance(action)
     elif action.status == "failed":
         text, next_tool = failure_guidance(action, waited)
     elif version is not None:
@@ -335,6 +345,27 @@ def action_guidance(action: Action, waited: float | None = None) -> tuple[str, d
     if action.replayed:
         text = "Already recorded for this decision; nothing was done again. " + text
     return text, next_tool
+
+
+def ended_guidance(action: Action) -> tuple[str, dict[str, Any] | None]:
+    """An action that ended without its effect: a person said no (rejected, cancelled), or nobody
+    decided in time (expired, which nothing will ever run: if the decision still stands, a new
+    decision_id asks for it). A task's step is its task's: the task fails with it for good and a
+    person may finish it by hand, so the same effect asked again could be made twice."""
+    review = action.review
+    if action.status == "expired":
+        text = ("Expired: nobody approved or rejected it within its approval window; this is not a rejection and "
+                "nothing was done.")
+    else:
+        by = f" by {review.by}: {review.reason}" if review and review.by else ""
+        text = f"{action.status.capitalize()}{by}. Do not retry this decision."
+    if action.task_id is not None:
+        return (f"{text} It is a step of task {action.task_id!r}, which fails with it for good, and a person may "
+                "finish it by hand: do not ask for it again under a new decision_id. Call get_task with "
+                f"task_id={action.task_id!r} for what comes next.", _next("get_task", task_id=action.task_id))
+    if action.status == "expired":
+        text += " If the decision still stands, ask again under a new decision_id."
+    return text, None
 
 
 def failure_guidance(action: Action, waited: float | None = None) -> tuple[str, dict[str, Any] | None]:
@@ -502,7 +533,8 @@ INSTRUCTIONS = (
     "waits for the decision (up to its seconds; call it again if nobody decided yet). A shadow action was "
     "recorded and never executed (the agent's grant is not live yet): do not retry or wait for it, tell the "
     "user. A rejected action answers the reviewer's reason: do not retry it. An expired one was not rejected "
-    "(nobody decided in time): ask again under a new decision_id if it still stands. A superseded one was "
+    "(nobody decided in time): ask again under a new decision_id if it still stands, unless it is a task's step "
+    "(its task failed with it: get_task says what comes next). A superseded one was "
     "edited by a person into a version that runs instead: wait for that version. A failed action did nothing, "
     "and operations were alerted: a person may retry it from the dead-letter queue under its own key. Never ask "
     "for it again under a new decision_id (once they retry it, that is a second effect): tell the user, and "

@@ -10,8 +10,9 @@ follows its tools' answers would act. From the customer's message it decides one
 calls the refund tool; then it reads the answer pydantic-ai hands it (the structured content
 of the tool's result, or for a tool error the retry prompt made of it) and does what it says:
 the `next_tool` while the refund is in the works, the same call again only where `retry` says
-so, and otherwise it replies with the `guidance`. `--amount` is how this run's model writes
-the amount: a model rewriting the conversation's summary may write "25" or "24.99".
+so (until it has made `--tries` calls: then it gives up, as a model told to call again "in a
+little while" does), and otherwise it replies with the `guidance`. `--amount` is how this run's
+model writes the amount: a model rewriting the conversation's summary may write "25" or "24.99".
 
 Each model turn takes `--think` seconds, as a real model's does, and the transcript gets a
 JSON line per event: `turn` (the messages the model was handed, as pydantic-ai serializes
@@ -62,7 +63,7 @@ def scripted_model(args):
                                "decision_id": args.decision, "customer": args.customer, "wait": args.wait})
         elif answer.get("next_tool"):
             call = (answer["next_tool"]["name"], answer["next_tool"]["arguments"])
-        elif answer.get("retry"):
+        elif answer.get("retry") and len(calls_made(messages)) < args.tries:
             call = calls_made(messages)[-1]
         else:
             record(args.transcript, "reply", text=answer["guidance"])
@@ -97,6 +98,8 @@ def arguments():
     parser.add_argument("--decision", required=True)
     parser.add_argument("--wait", type=float, default=2, help="seconds the refund tool waits for the outcome")
     parser.add_argument("--think", type=float, default=0.5, help="seconds each model turn takes")
+    parser.add_argument("--tries", type=int, default=sys.maxsize,
+                        help="tool calls the model makes at most before it stops calling again where retry says so")
     return parser.parse_args()
 
 

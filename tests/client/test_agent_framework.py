@@ -2,7 +2,8 @@
 with a scripted model (agent_script.py), its process SIGKILLed mid-call, on the answer and
 just after the call, and started again from its first message each time, against the live
 stack. The last run completes with one refund at the provider; restarts whose model writes
-the amount as "25" or as 24.99 make none."""
+the amount as "25" or as 24.99 make none. And with nothing listening at SURETY_URL, the agent
+calls again as `retry: true` says, without its framework stopping it."""
 
 import json
 import os
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ledger.models import Action
-from tests.conftest import PYTHON, wait_until
+from tests.conftest import PYTHON, free_port, wait_until
 from tests.factories import api_client, make_agent, sandbox, sandbox_list
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -25,15 +26,15 @@ ORDER, DECISION = "ORD-A1", "dec-1"
 class AgentProcess:
     """One run of the agent from its first message; its transcript is a file of its own."""
 
-    def __init__(self, stack, token, folder, amount):
+    def __init__(self, url, token, folder, amount, *options):
         self.transcript = folder / f"run-{len(list(folder.glob('run-*.jsonl'))) + 1}.jsonl"
         self.transcript.touch()
         self.stderr = self.transcript.with_suffix(".stderr")
         with open(self.stderr, "w") as stderr:
             self.process = subprocess.Popen(
                 [PYTHON, str(SCRIPT), str(self.transcript), "--order", ORDER, "--amount", amount,
-                 "--decision", DECISION],
-                env={**os.environ, "SURETY_URL": stack.url, "SURETY_TOKEN": token},
+                 "--decision", DECISION, *options],
+                env={**os.environ, "SURETY_URL": url, "SURETY_TOKEN": token},
                 stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True,
             )
 
@@ -53,8 +54,8 @@ class AgentProcess:
         os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
 
-    def complete(self):
-        assert self.process.wait(40) == 0, self.stderr.read_text()
+    def complete(self, seconds=40):
+        assert self.process.wait(seconds) == 0, self.stderr.read_text()
         return self.events("reply")[-1]["text"]
 
     def answers_seen(self):
@@ -68,7 +69,7 @@ def test_a_pydantic_ai_agent_killed_three_times_and_restarted_makes_one_refund(s
     token = make_agent("agent-bot")[1]
     with api_client(stack.url, token) as provider:
         def run(amount="25.00"):
-            return AgentProcess(stack, token, tmp_path, amount)
+            return AgentProcess(stack.url, token, tmp_path, amount)
 
         def refunds():
             return [refund["amount"] for refund in sandbox_list(provider, "refunds", order_id=ORDER)]
@@ -114,3 +115,17 @@ def test_a_pydantic_ai_agent_killed_three_times_and_restarted_makes_one_refund(s
 
         assert refunds() == ["25.00"]
         assert list(Action.objects.filter(target=ORDER).values_list("params__amount", flat=True)) == ["25.00"]
+
+
+def test_an_agent_that_calls_again_as_retry_true_says_is_not_stopped_by_its_framework(tmp_path):
+    """Nothing listens at SURETY_URL (Surety briefly away): each refund call answers `unreachable`,
+    `retry: true`, "make the same call again". Answered as a tool error, pydantic-ai counted it against
+    the tool's retry budget (1 by default, as here) and ended the run on the second one, with
+    UnexpectedModelBehavior. The model calls again, twice, then gives up and tells the user."""
+    agent = AgentProcess(f"http://127.0.0.1:{free_port()}", "tok", tmp_path, "25.00", "--tries", "3", "--think", "0")
+    reply = agent.complete(seconds=120)  # each call is the client's retries, with their backoff: seconds
+    assert agent.calls() == ["refund"] * 3
+    assert reply.startswith("Refused (unreachable): ") and "Make the same call again" in reply
+    answers = agent.answers_seen()  # results, each handed to the model as its structured content
+    assert [(answer["code"], answer["retry"], answer["next_tool"]) for answer in answers] == [
+        ("unreachable", True, None)] * 3

@@ -420,7 +420,7 @@ def test_a_2xx_answer_that_is_not_the_apis_is_unreadable_with_the_key_it_may_be_
     client, requests = scripted_api((200, html, body), (200, html, body), (200, html, body))
     answer = mcp_server.call(client, "refund", {"order": "ORD-1", "amount": "900.00", "currency": "EUR",
                                                 "decision_id": "dec-1"})
-    assert answer.is_error and answer.structured_content["code"] == "unreadable"
+    assert not answer.is_error and answer.structured_content["code"] == "unreadable"  # "call again": no error
     assert answer.structured_content["retry"] is True and len(requests) == 1  # not retried by the client
     assert f"may have been recorded under {KEY!r}" in answer.structured_content["guidance"]
     assert "Make the same call again in a little while, with the same decision_id" in answer.structured_content[
@@ -442,3 +442,105 @@ def test_a_refund_tasks_order_is_taken_without_its_surrounding_whitespace_as_the
     mcp_server.call(client, "start_refund_task", {**base, "order": "ORD-1"})
     mcp_server.call(client, "start_refund_task", {**base, "order": " ORD-1 "})
     assert posted == ["task:refund:ORD-1:dec-9"] * 2
+
+
+REFUND = {"order": "ORD-1", "amount": "25.00", "currency": "EUR", "decision_id": "dec-1", "wait": 0}
+
+
+def test_an_answer_that_says_make_the_same_call_again_is_a_result_not_a_tool_error(clock):
+    """An agent framework counts each tool error against the tool's retry budget and ends the run when
+    it runs out (pydantic-ai's is 1 by default): a model told `unreachable`, `throttled` or `unreadable`
+    as a tool error, that did as told and called again, was stopped the second time. A refusal not to
+    be repeated as it is stays a tool error. A fake API: a 503 for every request, a 429, a sign-in page."""
+    away, _ = keys_posted()
+    client, _ = scripted_api((429, {"Retry-After": "3"}, _problem(429, "throttled")),
+                             (200, {"Content-Type": "text/html"}, SIGN_IN),
+                             (404, {}, _problem(404, "not_found", "No such action.")))
+    answers = [mcp_server.call(away, "refund", REFUND)] + [
+        mcp_server.call(client, "get_action", {"operation_key": KEY}) for _ in range(3)]
+    said = [(answer.is_error, answer.structured_content["code"], answer.structured_content["retry"])
+            for answer in answers]
+    assert said == [(False, "unreachable", True), (False, "throttled", True), (False, "unreadable", True),
+                    (True, "not_found", False)]
+    assert answers[0].structured_content["guidance"].startswith("Refused (unreachable): ")
+    assert "Make the same call again, with the same decision_id" in answers[0].structured_content["guidance"]
+
+
+STEP_KEY = "task:refund:ORD-1:dec-1:call_refund_api:v1"
+EXPIRED = {"error": {"code": "approval_expired", "message": "nobody decided", "retryable": False},
+           "review": {"url": "https://s/actions/1/", "by": "system:approvals", "reason": "approval window passed"}}
+REJECTED = {"review": {"url": "https://s/actions/1/", "by": "user:rita", "reason": "refunded by phone"}}
+
+
+def _step_action(status, **fields):
+    return {**_action(status), "operation_key": STEP_KEY, "customer": "CUST-1", "task_id": TASK_ID, **fields}
+
+
+@pytest.mark.parametrize("status, fields", [("expired", EXPIRED), ("rejected", REJECTED)])
+def test_an_expired_or_rejected_step_of_a_task_is_its_tasks_not_a_new_decision(clock, status, fields):
+    """Its task fails for good with it (approval_expired, action_rejected), and a person may finish it
+    by hand: told to ask again under a new decision_id, as a standalone expired action is, the model
+    could make a second refund. A fake API answers the step's action."""
+    client, _ = scripted_reads(_step_action(status, **fields))
+    answer = mcp_server.call(client, "wait_for_action", {"operation_key": STEP_KEY, "seconds": 0}).structured_content
+    assert "ask again under a new decision_id" not in answer["guidance"]
+    assert f"It is a step of task {TASK_ID!r}" in answer["guidance"]
+    assert "do not ask for it again under a new decision_id" in answer["guidance"]
+    assert answer["next_tool"] == {"name": "get_task", "arguments": {"task_id": TASK_ID}}
+
+
+@pytest.mark.parametrize("standing, asks_again", [(_step_action("expired", **EXPIRED), False),
+                                                  ({**_action("expired"), **EXPIRED}, True)])
+def test_a_refusal_and_the_expired_action_that_stands_say_the_same(clock, standing, asks_again):
+    """Refused as written otherwise, with an expired action standing for the decision: the refusal said
+    never to ask under a new decision_id, the expired action to ask under one, in one guidance. A
+    standalone expired action did nothing and nothing will run it: its guidance says a new decision may
+    ask for it, and the refusal leaves that to it; a task's step says not to. A fake API."""
+    client, _ = scripted_api((422, {}, {**_problem(422, "idempotency_key_reused", REUSED),
+                                        "recorded_under": standing["operation_key"]}),
+                             (200, {}, standing))
+    guidance = mcp_server.call(client, "refund", REFUND).structured_content["guidance"]
+    refusal, what_stands = guidance.split(" What stands for this decision, under ")
+    assert "nor ask for the same effect under a new decision_id" in refusal
+    assert "unless what stands for it expired, doing nothing, and its guidance says to ask again" in refusal
+    assert ("If the decision still stands, ask again under a new decision_id." in what_stands) is asks_again
+
+
+def test_a_body_that_cannot_be_decoded_is_unreadable_with_the_key_it_may_be_recorded_under(clock):
+    """A proxy's broken Content-Encoding: httpx raised DecodingError (no TransportError), out of the
+    client as no SuretyError and out of the MCP tool with no guidance, though the POST may be recorded.
+    A fake API answers it."""
+    def handler(request):
+        return httpx.Response(201, headers={"Content-Encoding": "gzip"}, content=b"not gzip at all")
+
+    client = SuretyClient("http://surety.test", "tok")
+    client._http = httpx.Client(base_url="http://surety.test/api/v1/", transport=httpx.MockTransport(handler))
+    with pytest.raises(surety_client.Unreadable) as raised:
+        client.refund(order="ORD-1", amount="25.00", currency="EUR", decision_id="dec-1")
+    assert raised.value.operation_key == KEY
+    assert f"may have been recorded under {KEY!r}; send it again with the same key" in str(raised.value)
+    answer = mcp_server.call(client, "refund", REFUND)
+    assert answer.structured_content["code"] == "unreadable" and answer.structured_content["retry"] is True
+    assert clock.pauses == []  # not retried: a proxy that breaks it answers alike
+
+
+def test_a_key_or_token_that_is_no_ascii_is_unsendable(clock):
+    """HTTP headers are ASCII: a key of one's own or a token with "é" raised a bare UnicodeEncodeError
+    (the token's, from the client's constructor). Nothing is sent."""
+    client, posted = keys_posted()
+    with pytest.raises(Unsendable) as raised:
+        client.post_action("refund:ORD-1:décision", action_type="refund", target="ORD-1", params={})
+    assert raised.value.operation_key == "refund:ORD-1:décision"
+    with SuretyClient("http://surety.test", "tök", retries=4) as client:
+        answer = mcp_server.call(client, "get_action", {"operation_key": KEY})
+    assert answer.is_error and answer.structured_content["code"] == "unsendable"
+    assert answer.structured_content["retry"] is False and posted == [] and clock.pauses == []
+
+
+def test_the_parts_of_a_key_say_to_write_them_the_same_every_time():
+    """The order, recipient, resource and a booking's customer are part of the key, and the ledger keeps
+    their case: "ord-1" after "ORD-1" is another key."""
+    for tool, argument in [("refund", "order"), ("start_refund_task", "order"), ("send_message", "recipient"),
+                           ("create_booking", "resource"), ("create_booking", "customer")]:
+        description = mcp_server.TOOLS[tool].input_schema["properties"][argument].get("description", "")
+        assert "write it the same on every call" in description, (tool, argument)
