@@ -172,27 +172,32 @@ BEGIN
 END""")
 
 # Audit events are append-only; the only update is the sealer's, and only with the next link
-# of the chain (hash = sha256(prev_hash || content_hash || seq), the formula of audit.py), at a
-# seq no event holds yet (a partitioned table has no unique index of its own on seq). The
+# of the chain (hash = sha256(prev_hash || content_hash || seq), the formula of audit.py) at the
+# seq after the chain's end: the highest seq sealed, whose event no archive deletes (a run deletes
+# those before the checkpoint it names, and that checkpoint's event stays). A free seq with the
+# right link is not enough: once a run has deleted seqs 1 to C-1, an event sealed at seq 1 (after
+# '') would lie among them, and the archive's delete below would remove it unseen. The end costs
+# one index probe per partition (a partitioned table has no unique index of its own on seq). The
 # only delete is the archive's (ledger.retention.Archive): sealed events before the checkpoint
 # its newest run names, which vouches for them and from which the chain is verified after it.
 ARCHIVED_BEFORE = ("(SELECT max(c.seq) FROM ledger_archive a "
                    "JOIN ledger_chaincheckpoint c ON c.id = a.checkpoint_id)")
 AUDIT_APPEND_ONLY = Function("ledger_audit_append_only() RETURNS trigger", f"""
 DECLARE
-    expected_prev text := '';
+    end_seq bigint;
+    end_hash text;
 BEGIN
     IF TG_OP = 'UPDATE' AND OLD.seq IS NULL AND NEW.seq IS NOT NULL
        AND (to_jsonb(NEW) - 'seq' - 'prev_hash' - 'hash') = (to_jsonb(OLD) - 'seq' - 'prev_hash' - 'hash') THEN
         -- The sealer's lock (ledger.locks.AUDIT_SEAL), already its own: seals take turns, so the
         -- check below sees every seal committed before this one.
         PERFORM pg_advisory_xact_lock({locks.CLASS}, {locks.AUDIT_SEAL});
-        IF NEW.seq > 1 THEN
-            SELECT hash INTO expected_prev FROM ledger_auditevent WHERE seq = NEW.seq - 1;  -- NULL if none
-        END IF;
-        IF NEW.prev_hash IS DISTINCT FROM expected_prev
+        -- The chain's end (none: the seal is seq 1, after ''). The sealer's batch seals in seq
+        -- order, a statement a row, so each row's seal follows the one before it.
+        SELECT seq, hash INTO end_seq, end_hash FROM ledger_auditevent WHERE seq IS NOT NULL ORDER BY seq DESC LIMIT 1;
+        IF NEW.seq <> coalesce(end_seq, 0) + 1
+           OR NEW.prev_hash IS DISTINCT FROM coalesce(end_hash, '')
            OR NEW.hash <> encode(sha256(convert_to(NEW.prev_hash || NEW.content_hash || NEW.seq::text, 'UTF8')), 'hex')
-           OR EXISTS (SELECT 1 FROM ledger_auditevent WHERE seq = NEW.seq)
         THEN
             RAISE EXCEPTION USING MESSAGE = 'audit events are append-only: a seal must be the next link of the chain',
                                   ERRCODE = 'insufficient_privilege';
@@ -206,7 +211,8 @@ BEGIN
                           ERRCODE = 'insufficient_privilege';
 END """)
 
-# SQLite: the same rule, spelled out column by column (it has no row-to-JSON).
+# SQLite: the same rule, spelled out column by column (it has no row-to-JSON); of the seal, its seq
+# only (it has no SHA-256).
 AUDIT_CONTENT_COLUMNS = ["id", "occurred_at", "actor", "verb", "object_type", "object_id", "object_label", "before",
                          "after", "reason", "request_id", "content_hash", "hash_version"]
 AUDIT_NO_UPDATE_SQLITE = SQLiteTrigger(
@@ -214,7 +220,8 @@ AUDIT_NO_UPDATE_SQLITE = SQLiteTrigger(
     "CREATE TRIGGER ledger_audit_no_update BEFORE UPDATE ON ledger_auditevent "
     "WHEN OLD.seq IS NOT NULL OR NEW.seq IS NULL OR "
     + " OR ".join(f"NEW.{c} IS NOT OLD.{c}" for c in AUDIT_CONTENT_COLUMNS)
-    + " OR EXISTS (SELECT 1 FROM ledger_auditevent e WHERE e.seq = NEW.seq)"
+    # Not null, so the partial index on seq answers (without, SQLite reads the whole trail).
+    + " OR NEW.seq <> coalesce((SELECT max(e.seq) FROM ledger_auditevent e WHERE e.seq IS NOT NULL), 0) + 1"
     + " BEGIN SELECT RAISE(ABORT, 'audit events are append-only (UPDATE refused)'); END",
 )
 AUDIT_NO_DELETE_SQLITE = SQLiteTrigger(

@@ -23,7 +23,7 @@ from dlq.incidents import Incident, incident_resolve
 from dlq.reconcile import incident_open_for_failed_effect
 from dlq.models import Alert, DeadLetter
 from ledger import locks
-from ledger.audit import audit_verify, audit_walk
+from ledger.audit import audit_verify, audit_walk, chain_hash
 from ledger.evidence import evidence_actions, evidence_record, record_problems
 from ledger.models import Action, ArchivedKey, AuditEvent, ChainCheck, ChainCheckpoint, WebhookClaim, WebhookEvent
 from ledger.partitions import AUDIT, WEBHOOKS
@@ -143,6 +143,25 @@ def test_the_database_still_refuses_deleting_audit_events_past_the_archives_chec
         AuditEvent.objects.filter(seq=5).delete()
     with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
         AuditEvent.objects.filter(seq__isnull=True).delete()
+
+
+def test_an_unsealed_event_cannot_be_sealed_among_the_archived_and_deleted_with_them(tmp_path, ledger):
+    archive, _ = run(tmp_path)
+    assert archive.checkpoint.seq == 5 and not AuditEvent.objects.filter(seq__lt=5).exists()
+    with transaction.atomic():  # a person's approval, committed, waiting for the sealer
+        event = AuditEvent.objects.record(actor="user:ops", verb="approved", obj=ledger["done"], reason="ok")
+    # Free seqs among the archived, after '': seq 1's link is right; SQLite, which checks no link, took 3 too.
+    for seq in (1, 3):
+        with pytest.raises(DatabaseError, match="append-only"), transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("UPDATE ledger_auditevent SET seq = %s, prev_hash = '', hash = %s WHERE id = %s",
+                           [seq, chain_hash("", event.content_hash, seq), event.pk])
+    with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
+        AuditEvent.objects.filter(pk=event.pk).delete()
+
+    assert AuditEvent.objects.get(pk=event.pk).seq is None
+    AuditEvent.objects.seal()
+    assert AuditEvent.objects.order_by("-seq").first().pk == event.pk
+    assert audit_verify(since_checkpoint=True).broken_at is None
 
 
 def test_re_runs_take_a_checkpoints_stretch_each_until_nothing_is_left(tmp_path, ledger):
