@@ -15,7 +15,6 @@ from django.db import IntegrityError, transaction
 from django.http import JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_POST
 
 from . import hooks
 from .api.problems import problem_response
@@ -99,11 +98,14 @@ def _not_an_event():
 
 
 @csrf_exempt
-@require_POST
 def webhook_receive(request, connector):
     reader = _readers().get(connector)
     if reader is None:
         return _problem(404, "not_found", "Not found", "unknown connector")
+    if request.method != "POST":
+        refused = _problem(405, "method_not_allowed", "Method not allowed", f"{request.method} is not allowed here")
+        refused["Allow"] = "POST"
+        return refused
     try:
         event = reader(request.body, request.headers)
         given_id, event_type, data = event["id"], str(event["type"]), event.get("data") or {}

@@ -1,4 +1,4 @@
-from django.urls import path
+from django.urls import path, re_path
 
 from . import views
 
@@ -9,7 +9,7 @@ urlpatterns = [
     path("messages", views.endpoint(GET=views.message_list, POST=views.message_create), name="messages"),
     path("bookings", views.endpoint(GET=views.booking_list, POST=views.booking_create), name="bookings"),
     path("orders", views.endpoint(POST=views.order_create), name="orders"),
-    path("orders/<str:order_id>", views.endpoint(GET=views.order_detail), name="order"),
+    path("orders/<path:order_id>", views.endpoint(GET=views.order_detail), name="order"),
     path(
         "faults",
         views.endpoint(GET=views.fault_list, POST=views.fault_create, DELETE=views.fault_clear),
@@ -17,4 +17,6 @@ urlpatterns = [
     ),
     path("settings", views.endpoint(GET=views.settings_read, PUT=views.settings_update), name="settings"),
     path("reset", views.endpoint(POST=views.sandbox_reset), name="reset"),
+    # Any other URL under /sandbox/v1/ answers in the sandbox's error form, not the site's HTML page.
+    re_path(r"", views.not_found),
 ]

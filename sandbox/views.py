@@ -81,6 +81,11 @@ def endpoint(**views_by_method):
     return view
 
 
+@csrf_exempt
+def not_found(request):
+    return error_response(404, "not_found", f"No endpoint {request.path}.")
+
+
 def _json_body(request):
     try:
         data = loads_storable(request.body or b"null")
@@ -130,6 +135,11 @@ def _moment(request, name):
     raise InvalidInput({name: ["Must be an ISO 8601 time with its offset, e.g. 2026-09-10T03:14:02Z."]})
 
 
+def _lookup_failed():
+    """A look-up's answer while a lookup_error fault is armed for what it asks about."""
+    return error_response(500, "internal_error", "Injected fault: the provider could not be asked.")
+
+
 def _effect_list(request, model, body, *names):
     """The effects matching the filters `names`, oldest first.
 
@@ -141,7 +151,7 @@ def _effect_list(request, model, body, *names):
     """
     filters = _filters(request, *names)
     if any(SandboxFault.objects.consume(value, lookup=True) for value in filters.values()):
-        return error_response(500, "internal_error", "Injected fault: the provider could not be asked.")
+        return _lookup_failed()
     effects = model.objects.filter(**filters)
     if not {"since", "until", "limit", "starting_after"} & set(request.GET):
         return JsonResponse({"data": [body(effect) for effect in effects]})
@@ -319,8 +329,11 @@ def order_create(request):
 
 
 def order_detail(request, order_id):
-    # PostgreSQL text holds no NUL, so no order id has one.
-    order = SandboxOrder.objects.filter(order_id=order_id).first() if "\x00" not in order_id else None
+    # PostgreSQL text holds no NUL, so no order id (nor a fault's target) has one.
+    storable = "\x00" not in order_id
+    if storable and SandboxFault.objects.consume(order_id, lookup=True):
+        return _lookup_failed()
+    order = SandboxOrder.objects.filter(order_id=order_id).first() if storable else None
     if order is None:
         return error_response(404, "order_not_found", f"No order {order_id}.")
     refunds = SandboxRefund.objects.filter(order_id=order_id)
@@ -350,10 +363,9 @@ def fault_clear(request):
 
 
 def settings_read(request):
-    """`idempotency`, and each webhook knob changed here (one never set follows its setting)."""
+    """`idempotency`, and each webhook knob in force: as set here, else its setting's value."""
     row = SandboxSettings.load()
-    knobs = {name: getattr(row, name) for name in webhooks.SETTINGS if getattr(row, name) is not None}
-    return JsonResponse({"idempotency": row.idempotency, **knobs})
+    return JsonResponse({"idempotency": row.idempotency, **webhooks.webhook_settings(row)})
 
 
 def settings_update(request):

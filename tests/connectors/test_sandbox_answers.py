@@ -2,14 +2,19 @@
 or a 409 may come after the provider acted (a proxy in front of it, the Idempotency-Key draft's
 "still being processed"), so the outcome is unknown and verified by key, not failed for good while
 the effect is there. Its own 409 for a slot already booked stays a sure refusal. A stub stands in
-for the sandbox: it cannot be made to answer so after committing."""
+for the sandbox: it cannot be made to answer so after committing. A task's look-up of an order
+asks the sandbox itself."""
 
 import json
 from http.server import BaseHTTPRequestHandler
+from types import SimpleNamespace
 
 import pytest
 
 from ledger.actions import action_request
+from ledger.workflows import StepFailed
+from ledger.workflows.refund import lookup_order
+from sandbox.models import SandboxOrder
 from tests.conftest import thread_server
 from tests.connectors.test_signed_http import run_once
 from tests.factories import make_agent
@@ -71,3 +76,15 @@ def test_a_slot_already_booked_is_still_a_sure_refusal(settings):
                                        "end": "2027-01-04T11:00:00Z"})
         action = run_once(action)
     assert (action.status, action.error["code"], action.error["retryable"]) == ("failed", "slot_taken", False)
+
+
+def test_a_task_looks_up_an_order_whose_id_has_a_slash(live_server, settings):
+    """The connector sends the id as one path segment ("ORD%2F1"), which the server decodes before
+    routing: the order is found, and an order the sandbox does not know is still unknown."""
+    settings.SANDBOX_BASE_URL = f"{live_server.url}/sandbox/v1"
+    SandboxOrder.objects.create(order_id="ORD/1", customer="C-1", amount="10.00", currency="EUR")
+    order = lookup_order(SimpleNamespace(input={"order_id": "ORD/1"}))
+    assert order == {"order_id": "ORD/1", "customer": "C-1", "amount": "10.00"}
+    with pytest.raises(StepFailed) as unknown:
+        lookup_order(SimpleNamespace(input={"order_id": "ORD/2"}))
+    assert (unknown.value.code, unknown.value.retryable) == ("unknown_order", False)

@@ -183,6 +183,19 @@ def test_an_unknown_connector_is_404(client, db):
     assert not WebhookEvent.objects.exists()
 
 
+@pytest.mark.parametrize("method", ["GET", "PUT", "DELETE"])
+def test_another_method_than_post_is_refused_with_a_problem(client, db, method):
+    response = client.generic(method, URL)
+    assert (response.status_code, response["Content-Type"]) == (405, "application/problem+json")
+    assert (response.json()["code"], response["Allow"]) == ("method_not_allowed", "POST")
+
+
+def test_an_unknown_connector_is_404_whatever_the_method(client, db):
+    response = client.get("/webhooks/stripe-ish/")
+    assert (response.status_code, response["Content-Type"]) == (404, "application/problem+json")
+    assert response.json()["code"] == "not_found"
+
+
 def test_a_webhook_that_settles_an_action_under_verification_leaves_the_verifier_nothing_to_do(
     client, unknown_action, live_server, settings
 ):

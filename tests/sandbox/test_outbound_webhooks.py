@@ -30,6 +30,8 @@ from tests.factories import api_client, host_clock_off_by, make_agent, post_acti
 
 S = ActionStatus
 RECIPIENT = "ana@customers.surety.example"
+# GET /sandbox/v1/settings with nothing set there: the server's SANDBOX_WEBHOOK_* defaults.
+DELIVERY_OFF = {"idempotency": True, "webhook_url": "", "webhook_duplicate_rate": 0, "webhook_delay_seconds": 0}
 
 
 def message_body(recipient=RECIPIENT):
@@ -351,18 +353,18 @@ def test_a_bad_webhook_setting_is_refused_and_changes_nothing(stack, api, change
     assert response.status_code == 400, response.text
     named = set(response.json()["error"]["fields"])
     assert named and named <= set(change)
-    assert sandbox(api, "GET", "settings").json() == {"idempotency": True}
+    assert sandbox(api, "GET", "settings").json() == DELIVERY_OFF
 
 
-def test_the_webhook_settings_are_shown_once_set_and_cleared_by_a_reset(stack, api):
+def test_the_webhook_settings_are_shown_as_set_and_restored_by_null_and_by_a_reset(stack, api):
     knobs = {"webhook_url": f"{stack.url}/webhooks/sandbox/", "webhook_duplicate_rate": 0.5,
              "webhook_delay_seconds": 2}
     assert sandbox(api, "PUT", "settings", json=knobs).json() == knobs
     assert sandbox(api, "GET", "settings").json() == {"idempotency": True, **knobs}
     assert sandbox(api, "PUT", "settings", json={"webhook_url": None}).status_code == 200
-    assert "webhook_url" not in sandbox(api, "GET", "settings").json()
+    assert sandbox(api, "GET", "settings").json() == {**DELIVERY_OFF, **knobs, "webhook_url": ""}
     sandbox(api, "POST", "reset", json={})
-    assert sandbox(api, "GET", "settings").json() == {"idempotency": True}
+    assert sandbox(api, "GET", "settings").json() == DELIVERY_OFF
 
 
 def test_a_failed_delivery_waits_its_backoff_on_a_host_whose_clock_runs_ahead(db, receiver, monkeypatch, settings):

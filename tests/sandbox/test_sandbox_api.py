@@ -74,6 +74,13 @@ def test_it_answers_405_for_a_method_the_route_does_not_have(sandbox):
     assert response["Allow"] == "GET, POST"
 
 
+@pytest.mark.parametrize("path", ["nowhere", "refunds/re_1", "orders/"])
+def test_it_answers_an_unknown_url_in_its_own_error_form(sandbox, path):
+    response = sandbox.get(path)
+    assert (response.status_code, response["Content-Type"]) == (404, "application/json")
+    assert response.json()["error"]["code"] == "not_found"
+
+
 # --- Refunds and idempotency ------------------------------------------------------------------
 
 
@@ -113,11 +120,24 @@ def test_it_refunds_twice_without_an_idempotency_key(sandbox):
 
 
 def test_it_reads_and_restores_the_idempotency_setting(sandbox):
-    assert sandbox.get("settings").json() == {"idempotency": True}
+    assert sandbox.get("settings").json()["idempotency"] is True
     sandbox.put("settings", {"idempotency": False})
-    assert sandbox.get("settings").json() == {"idempotency": False}
+    assert sandbox.get("settings").json()["idempotency"] is False
     sandbox.post("reset", {})
-    assert sandbox.get("settings").json() == {"idempotency": True}
+    assert sandbox.get("settings").json()["idempotency"] is True
+
+
+def test_it_shows_every_webhook_setting_in_force_whether_set_here_or_not(sandbox, settings):
+    settings.SANDBOX_WEBHOOK_URL = "https://hooks.example/sandbox/"
+    settings.SANDBOX_WEBHOOK_DUPLICATE_RATE = 0.25
+    settings.SANDBOX_WEBHOOK_DELAY_SECONDS = 0
+    from_settings = {"idempotency": True, "webhook_url": "https://hooks.example/sandbox/",
+                     "webhook_duplicate_rate": 0.25, "webhook_delay_seconds": 0}
+    assert sandbox.get("settings").json() == from_settings
+    sandbox.put("settings", {"webhook_url": "", "webhook_delay_seconds": 3})
+    assert sandbox.get("settings").json() == {**from_settings, "webhook_url": "", "webhook_delay_seconds": 3}
+    sandbox.put("settings", {"webhook_url": None, "webhook_delay_seconds": None})
+    assert sandbox.get("settings").json() == from_settings
 
 
 def test_it_refuses_a_setting_that_is_not_a_boolean(sandbox):
@@ -258,6 +278,16 @@ def test_it_answers_404_for_an_unknown_order(sandbox):
     assert response.json()["error"]["code"] == "order_not_found"
 
 
+def test_it_shows_an_order_whose_id_has_a_slash(sandbox):
+    """As the sandbox connector asks for it: one path segment, "/" percent-encoded, which the
+    server decodes before routing."""
+    assert sandbox.post("orders", {**ORDER, "order_id": "ORD/1"}).status_code == 201
+    response = sandbox.get("orders/ORD%2F1")
+    assert response.status_code == 200, response.content
+    assert response.json()["order_id"] == "ORD/1"
+    assert sandbox.get("orders/ORD%2F2").json()["error"]["code"] == "order_not_found"
+
+
 def test_it_accepts_a_refund_for_an_unknown_order(sandbox):
     assert sandbox.post("refunds", refund_body("ORD-404")).status_code == 201
 
@@ -350,6 +380,17 @@ def test_faults_for_one_target_apply_in_the_order_they_were_armed(sandbox):
     arm(sandbox, "ORD-1", "decline")
     arm(sandbox, "ORD-1", "error_500")
     assert [sandbox.post("refunds", refund_body()).status_code for _ in range(3)] == [402, 500, 201]
+
+
+def test_a_lookup_error_fails_the_look_up_of_an_order_and_no_write_for_it(sandbox):
+    sandbox.post("orders", ORDER)
+    arm(sandbox, "ORD-1", "lookup_error")
+    response = sandbox.get("orders/ORD-1")
+    assert (response.status_code, response.json()["error"]["code"]) == (500, "internal_error")
+    assert sandbox.get("orders/ORD-1").status_code == 200
+    arm(sandbox, "ORD-1", "lookup_error")
+    assert sandbox.post("refunds", refund_body()).status_code == 201
+    assert SandboxFault.objects.filter(remaining=1).count() == 1
 
 
 def test_it_refuses_an_unknown_fault(sandbox):
