@@ -59,11 +59,14 @@ class Refused(Exception):
         self.code = verdict.refused
 
 
-def _replay(action, print_, customer):
+def _replay(action, print_, customer, decision_id):
     # The customer is outside the fingerprint (only a booking's is part of what is asked), but
     # it decides what is in flight and the customer's daily total: another one is another request
     # (one recorded before customers were kept in one spelling is compared in that spelling).
-    if action.fingerprint != print_ or customer_spelling(action.customer) != customer:
+    # The decision is outside it too, but a key names its decision's effect (docs/contract.md):
+    # under another decision, it is another request, whose effect the first one's is not.
+    if (action.fingerprint != print_ or customer_spelling(action.customer) != customer
+            or action.decision_id != decision_id):
         raise KeyReused(action)
     return action, False
 
@@ -232,7 +235,8 @@ def action_request(*, agent, operation_key, action_type, target, params, custome
                                          ).first() if taken.holder and decision_id else None
         if existing is None or customer_spelling(existing.customer) != customer:
             raise
-        return _replay(existing, _as_recorded(existing, print_, action_type, target, params, customer), customer)
+        return _replay(existing, _as_recorded(existing, print_, action_type, target, params, customer), customer,
+                       decision_id)
     return action, True
 
 
@@ -249,7 +253,8 @@ def _recorded(agent, operation_key, print_, action_type, target, params, custome
         if existing.agent_id != agent.pk:
             raise DecisionTaken(existing)
         existing = _as_asked(existing, print_, action_type, target, params, customer)
-    return _replay(existing, _as_recorded(existing, print_, action_type, target, params, customer), customer)
+    return _replay(existing, _as_recorded(existing, print_, action_type, target, params, customer), customer,
+                   decision_id)
 
 
 def _as_asked(existing, print_, action_type, target, params, customer):

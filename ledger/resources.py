@@ -5,7 +5,7 @@ dead-letter entry keeps them in its snapshot."""
 from django.conf import settings
 from django.urls import reverse
 
-from .key_paths import key_segment
+from .key_paths import resource_segment
 from .models import PERSON_STATUSES, Action, ActionStatus, AuditEvent
 
 
@@ -39,7 +39,7 @@ DECIDED_NO = {ActionStatus.REJECTED, ActionStatus.CANCELLED, ActionStatus.EXPIRE
 
 
 def _url(action):
-    return f"/api/v1/actions/{key_segment(action.operation_key)}"
+    return f"/api/v1/actions/{resource_segment(action.operation_key)}"
 
 
 def _version(action):
@@ -93,5 +93,5 @@ def checkpoint(task):
         "last_error": task.last_error,
         "steps": {s.name: _step_view(s, first_open) for s in steps},
         "updated_at": _utc(task.updated_at),
-        "url": f"/api/v1/tasks/{key_segment(task.task_id)}",
+        "url": f"/api/v1/tasks/{resource_segment(task.task_id)}",
     }

@@ -120,8 +120,9 @@ def _drive(task, claim, row, spec):
                     task=task, decision_id=spec.decision_id or task.task_id, shadow=state == GrantState.SHADOW,
                 )
         except KeyReused as exc:
-            raise StepFailed(f"{row.idempotency_key}: the effect is recorded under {exc.existing.operation_key} with "
-                             "other params", retryable=False, code="idempotency_key_reused") from None
+            raise StepFailed(f"{row.idempotency_key}: the effect is recorded under {exc.existing.operation_key} as "
+                             "another request (its params, customer or decision)", retryable=False,
+                             code="idempotency_key_reused") from None
         except DecisionTaken as exc:
             raise StepFailed(f"{row.idempotency_key}: another agent's {spec.action_type} for this decision is "
                              "recorded; nothing was recorded", retryable=False, code="decision_taken") from None

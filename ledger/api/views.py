@@ -37,7 +37,9 @@ UNSETTLED_ACTION = {ActionStatus.QUEUED, ActionStatus.PENDING, ActionStatus.UNKN
 
 def idempotency_key(request):
     key = request.headers.get("Idempotency-Key")
-    if key is None:
+    # A header with nothing in it sends no key: an HTTP field's value has no whitespace around it
+    # (RFC 9110, 5.5), which gunicorn strips, so an empty one and a blank one arrive alike.
+    if key is None or not key.strip(" \t"):
         raise Problem(400, "idempotency_key_missing", "Idempotency-Key missing",
                       "Send the operation key in the Idempotency-Key header.")
     if not well_formed_key(key):

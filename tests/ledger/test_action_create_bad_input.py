@@ -35,7 +35,7 @@ CASES = [
     ("non-ASCII key", "refund:ORD-8841:clé", refund_body(), "invalid", "Idempotency-Key"),
     ("key with a control character", "refund:\tORD-8841", refund_body(), "invalid", "Idempotency-Key"),
     ("key with a NUL", "refund:\x00ORD-8841", refund_body(), "invalid", "Idempotency-Key"),
-    ("empty key", "", refund_body(), "invalid", "Idempotency-Key"),
+    ("empty key", "", refund_body(), "idempotency_key_missing", None),
     ("malformed JSON", KEY, raw_json('{"action_type": "refund",'), "invalid", "body"),
     ("JSON with NaN", KEY, raw_json('{"action_type": "refund", "x": NaN}'), "invalid", "body"),
     ("empty body", KEY, b"", "invalid", "action_type"),

@@ -79,7 +79,8 @@ def test_a_step_never_takes_an_action_recorded_outside_its_task(db, settings):
     task, _ = task_request(agent=agent, task_id="refund-q1", workflow="refund", input=refund_input("ORD-Q1", "C-Q1"))
     task.steps.filter(name="lookup_order").update(status="done", result={"order_id": "ORD-Q1"})
     squatted, _ = action_request(agent=other, operation_key="refund-q1:call_refund_api:v1", action_type="refund",
-                                 target="ORD-Q1", customer="C-Q1", params={"amount": "25.00", "currency": "EUR"})
+                                 target="ORD-Q1", customer="C-Q1", decision_id="refund-q1",
+                                 params={"amount": "25.00", "currency": "EUR"})
 
     task = task_run(task_claim_next("tests:1", only=task.pk))
     assert (task.state, task.last_error["code"]) == (TaskState.FAILED, "idempotency_key_reused")
