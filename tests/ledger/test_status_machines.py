@@ -36,7 +36,9 @@ STEP = {
 }
 BOOKING = {"pending": {"confirmed", "released"}, "confirmed": set(), "released": set()}
 REVIEW = {"open": {"approved", "rejected", "resolved", "closed", "edited", "expired"},
-          "approved": set(), "rejected": set(), "resolved": {"open"}, "closed": set(), "edited": set(), "expired": set()}
+          "approved": set(), "rejected": set(), "resolved": {"open"},
+          "closed": {"open"},  # only an approval a hold closed, waiting again with its approvals (ReviewItem._refuse)
+          "edited": set(), "expired": set()}
 ENTRY = {"open": {"redriven", "resolved", "discarded"}, "redriven": set(), "resolved": set(), "discarded": set()}
 
 
@@ -119,13 +121,22 @@ def test_booking_moves(agent, source, target, allowed):
 
 @pytest.mark.parametrize(("source", "target", "allowed"), pairs(REVIEW))
 def test_review_item_moves(agent, source, target, allowed):
-    # The one way back to open: an unknown outcome a person sent back to verify (ReviewItem._refuse).
+    # The two ways back to open (ReviewItem._refuse): an unknown outcome a person sent back to verify,
+    # and an approval a hold closed.
     back = (source, target) == ("resolved", "open")
-    item = ReviewItem.objects.create(kind="unknown_outcome" if back else "held", action=action_for(agent),
-                                     status=source, deadline=timezone.now() + timedelta(hours=4))
+    kind = "unknown_outcome" if back else "approval" if (source, target) == ("closed", "open") else "held"
+    item = ReviewItem.objects.create(kind=kind, action=action_for(agent), status=source,
+                                     deadline=timezone.now() + timedelta(hours=4))
     if back:
         AuditEvent.objects.record(actor="user:tests", verb="verify", obj=item)
     moves_or_refuses(item, lambda: item._move(target, actor="system:tests", verb="test"), target, allowed, audits=True)
+
+
+@pytest.mark.parametrize("kind", ["held", "unknown_outcome"])
+def test_only_an_approval_item_opens_again_once_closed(agent, kind):
+    item = ReviewItem.objects.create(kind=kind, action=action_for(agent), status="closed",
+                                     deadline=timezone.now() + timedelta(hours=4))
+    moves_or_refuses(item, lambda: item._move("open", actor="system:tests", verb="test"), "open", False, audits=True)
 
 
 @pytest.mark.parametrize(("source", "target", "allowed"), pairs(ENTRY))
