@@ -544,3 +544,20 @@ def test_the_parts_of_a_key_say_to_write_them_the_same_every_time():
                            ("create_booking", "resource"), ("create_booking", "customer")]:
         description = mcp_server.TOOLS[tool].input_schema["properties"][argument].get("description", "")
         assert "write it the same on every call" in description, (tool, argument)
+
+
+def test_a_proxys_rate_limit_is_throttled_not_a_refusal(clock):
+    """A gateway in front of Surety answers 429 with a page of its own, no problem: it was read as a
+    refusal (code `error`, `retry: false`), and the model told not to retry what only had to wait.
+    A fake API stands in for the gateway."""
+    def handler(request):
+        return httpx.Response(429, headers={"Retry-After": "3", "Content-Type": "text/html"},
+                              content=b"<html>Too Many Requests</html>")
+
+    client = SuretyClient("http://surety.test", "tok")
+    client._http = httpx.Client(base_url="http://surety.test/api/v1/", transport=httpx.MockTransport(handler))
+    with pytest.raises(surety_client.Throttled):
+        client.refund(order="ORD-1", amount="25.00", currency="EUR", decision_id="dec-1")
+    answer = mcp_server.call(client, "refund", REFUND).structured_content
+    assert (answer["code"], answer["retry"]) == ("throttled", True)
+    assert "Wait 3 s first" in answer["guidance"]
