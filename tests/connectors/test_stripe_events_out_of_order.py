@@ -14,7 +14,7 @@ from dlq.incidents import Incident, IncidentKind
 from dlq.models import Alert
 from ledger.models import ActionStatus
 from ledger.signing import sign_webhook
-from tests.factories import make_action, make_agent
+from tests.factories import make_action, make_agent, stripe_webhooks_configured
 
 LIVE, TEST = "whsec_review", "whsec_review_test"
 KEY = "refund:ch_1:dec-1"
@@ -26,11 +26,7 @@ S = ActionStatus
 
 @pytest.fixture(autouse=True)
 def stripe_refunds(settings):
-    settings.SURETY_CONNECTORS = {**settings.SURETY_CONNECTORS, "refund": {
-        "class": "ledger.connectors.stripe.StripeConnector",
-        "options": {"api_key": "sk_live_x", "api_base": "http://stripe.invalid", "webhook_secret": LIVE},
-        "test_mode": {"options": {"api_key": "sk_test_x", "webhook_secret": TEST}},
-    }}
+    stripe_webhooks_configured(settings, LIVE, TEST)
 
 
 def deliver(client, event_id, event_type, refund, *, age=0, secret=LIVE):

@@ -9,7 +9,7 @@ import pytest
 from ledger.models import ActionStatus, WebhookEvent
 from ledger.replay import replay_agent
 from ledger.signing import sign_webhook
-from tests.factories import make_action, make_agent
+from tests.factories import make_action, make_agent, stripe_webhooks_configured
 
 LIVE, TEST = "whsec_live_endpoint", "whsec_test_endpoint"
 S = ActionStatus
@@ -17,11 +17,7 @@ S = ActionStatus
 
 @pytest.fixture(autouse=True)
 def stripe_refunds(settings):
-    settings.SURETY_CONNECTORS = {**settings.SURETY_CONNECTORS, "refund": {
-        "class": "ledger.connectors.stripe.StripeConnector",
-        "options": {"api_key": "sk_live_x", "api_base": "http://stripe.invalid", "webhook_secret": LIVE},
-        "test_mode": {"options": {"api_key": "sk_test_x", "webhook_secret": TEST}},
-    }}
+    stripe_webhooks_configured(settings, LIVE, TEST)
 
 
 def deliver(client, key, secret, event_id):
