@@ -154,7 +154,7 @@ def action_run_claimed(action):
             return _again(action, claim, reason="the request never reached the provider",
                           evidence=_evidence(action, {**exc.evidence(), **looked}), wait=exc.retry_after)
         return _settle(action.mark_failed, actor=EXECUTOR, claim=claim, code=exc.code, message=str(exc), retryable=True,
-                       evidence=looked and _evidence(action, looked))
+                       evidence=looked and _evidence(action, looked), retry_after=exc.retry_after)
     except http.OutcomeUnknown as exc:
         # The provider may still be finishing the request we gave up on: look only after
         # it could have answered.

@@ -418,8 +418,12 @@ class Action(LeasedWork):
             external_ref=external_ref, result=result, error=None, next_attempt_at=None, **_NO_LEASE, **changes,
         )
 
-    def mark_failed(self, *, actor, code, message, retryable, claim=None, reason="", evidence=None, locked=False):
-        error = {"code": code, "message": message, "retryable": retryable}
+    def mark_failed(self, *, actor, code, message, retryable, claim=None, reason="", evidence=None, locked=False,
+                    retry_after=None):
+        """`retry_after`: the seconds a rate-limited provider last asked to be left alone for, kept in
+        the error the agent reads; the action's task, retrying it, waits that long first."""
+        error = {"code": code, "message": message, "retryable": retryable,
+                 **({"retry_after": retry_after} if retry_after is not None else {})}
         changes = {"evidence": lambda row: [*row.evidence, evidence]} if evidence else {}
         return self._move(
             S.FAILED, actor=actor, verb="failed", reason=reason, claim=claim, locked=locked,

@@ -161,7 +161,7 @@ def _drive(task, claim, row, spec):
     if action.status == A.FAILED:
         error = action.error or {}
         raise StepFailed(error.get("message", "the action failed"), retryable=bool(error.get("retryable")),
-                         code=error.get("code", "action_failed"))
+                         code=error.get("code", "action_failed"), retry_after=error.get("retry_after"))
     if action.status == A.EXPIRED:
         # Its error's code says so (approval_expired, held by the database): not a person's no.
         raise StepFailed(f"{action.operation_key} expired: {action.error['message']}", retryable=False,
@@ -207,7 +207,7 @@ def _fail(task, claim, row, exc):
             return task.mark_failed(actor="system:runner", error=error, claim=claim)
         if task.attempts >= task.max_attempts:
             return task.mark_dead_lettered(actor="system:runner", error=error, claim=claim)
-        return task.retry_later(claim=claim, error=error, until=backoff_until(task.attempts))
+        return task.retry_later(claim=claim, error=error, until=backoff_until(task.attempts, wait=exc.retry_after))
 
 
 def task_give_back(task):

@@ -11,10 +11,13 @@ from typing import Callable
 
 
 class StepFailed(Exception):
-    def __init__(self, message, *, retryable, code="step_failed"):
+    """`retry_after`: the seconds a rate-limited provider asked for; the task's retry waits them first."""
+
+    def __init__(self, message, *, retryable, code="step_failed", retry_after=None):
         super().__init__(message)
         self.retryable = retryable
         self.code = code
+        self.retry_after = retry_after
 
 
 @dataclass(frozen=True)

@@ -71,7 +71,7 @@ def lookup_order(ctx):
             raise StepFailed(f"order {order_id} is unknown", retryable=False, code="unknown_order") from exc
         raise StepFailed(str(exc), retryable=False, code=exc.code) from exc
     except http.ProviderError as exc:
-        raise StepFailed(str(exc), retryable=True, code=exc.code) from exc
+        raise StepFailed(str(exc), retryable=True, code=exc.code, retry_after=getattr(exc, "retry_after", None)) from exc
     return order or {"order_id": order_id, "customer": "", "amount": None, "not_read": "the refund's connector keeps no orders"}
 
 

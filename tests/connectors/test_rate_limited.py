@@ -12,10 +12,12 @@ from ledger import clock
 from ledger.actions import action_request
 from ledger.connectors import http
 from ledger.executor import action_claim_next, action_run_claimed
-from ledger.models import Action
+from ledger.models import Action, Task
+from ledger.runner import task_run
+from ledger.tasks import task_claim_next, task_request
 from tests.conftest import thread_server, wait_until
 from tests.connectors.test_stripe_failures import run_once, scripted, stripe_error  # noqa: F401
-from tests.factories import make_agent
+from tests.factories import make_agent, refund_input
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("jobs_to_test_redis")]
 
@@ -95,3 +97,23 @@ def test_stripes_rate_limit_waits_its_retry_after_too(scripted):  # noqa: F811
 ])
 def test_retry_after_is_read_as_seconds_or_a_date_and_capped(headers, seconds):
     assert http.retry_after(httpx.Headers(headers)) == seconds
+
+
+def test_a_task_whose_refund_spent_its_attempts_on_429s_waits_the_providers_wait_too(settings):
+    """The refund's own attempts all answered 429 (its failure is retryable): the task's next run,
+    which retries it, comes no sooner than the provider's wait, not after the task's short backoff,
+    which would send the rate-limited provider the same refund again within seconds."""
+    settings.MAX_ATTEMPTS = 1
+    with thread_server(rate_limiting("120")) as service:
+        settings.SURETY_CONNECTORS = {**settings.SURETY_CONNECTORS, "refund": {
+            "class": "ledger.connectors.signed_http.SignedHttpConnector",
+            "options": {"url": f"{service.url}/refunds", "secret": "s3cret"}}}
+        task, _ = task_request(agent=make_agent("rl-task", grants=("refund",))[0], task_id="refund-429",
+                               workflow="refund", input=refund_input("ORD-429-task", "CUST-429"))
+        Task.objects.filter(pk=task.pk).update(max_attempts=3)  # the refund one attempt, the task three
+        task_run(wait_until(lambda: task_claim_next("tests", only=task.pk), seconds=15, message="a claim"))
+    task = Task.objects.get(pk=task.pk)
+    [action] = task.actions.all()
+    assert (action.status, action.error["retryable"], action.error["retry_after"]) == ("failed", True, 120)
+    assert task.state == "queued" and task.last_error["code"] == "rate_limited", task.last_error
+    assert seconds_until_due(task) >= 115
