@@ -216,8 +216,12 @@ RQ_QUEUES = {
 RQ = {"WORKER_CLASS": "ledger.worker.Worker"}
 
 # --- Surety ---------------------------------------------------------------------------------
+# This deployment's public address: alerts link to it, the replay set's webhook case posts
+# its events there, once a signed probe (ledger.site_url) shows it reaches this deployment,
+# and the sandbox connector calls this app's own sandbox under it unless told otherwise.
+SITE_URL = env_str("SITE_URL", "http://127.0.0.1:8000")
 SANDBOX_ENABLED = env_bool("SANDBOX_ENABLED", not PRODUCTION)
-SANDBOX_BASE_URL = env_str("SANDBOX_BASE_URL", "http://127.0.0.1:8000/sandbox/v1")
+SANDBOX_BASE_URL = env_str("SANDBOX_BASE_URL", f"{SITE_URL.rstrip('/')}/sandbox/v1")
 SANDBOX_API_KEY = env_str("SANDBOX_API_KEY", "sandbox-dev-key")
 SANDBOX_WEBHOOK_SECRET = env_str("SANDBOX_WEBHOOK_SECRET", "whsec-sandbox-dev")
 SANDBOX_TIMEOUT_SLEEP = env_float("SANDBOX_TIMEOUT_SLEEP", 10)
@@ -343,9 +347,6 @@ if ALERT_WEBHOOK_URL and not ALERT_WEBHOOK_SECRET:
     # A public development secret would let anyone forge alerts to the receiver.
     raise RuntimeError("ALERT_WEBHOOK_SECRET must be set with ALERT_WEBHOOK_URL in production")
 ALERT_EMAILS = env_list("ALERT_EMAILS", "operations@surety.example")
-# This deployment's public address: alerts link to it, and the replay set's webhook case posts
-# its events there, once a signed probe (ledger.site_url) shows it reaches this deployment.
-SITE_URL = env_str("SITE_URL", "http://127.0.0.1:8000")
 # An alert's e-mail to a person who may decide its review item carries a link of their own,
 # single-use, for this many seconds (approvals.links): 4 hours, a review's default deadline.
 DECISION_LINK_SECONDS = env_int("DECISION_LINK_SECONDS", 4 * 3600)
