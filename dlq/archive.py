@@ -297,8 +297,20 @@ def _closed_task_entries(now, limit, tasks):
     return [entry for entry in closed if entry.task_id not in taken]
 
 
+class _WholeTimes(DjangoJSONEncoder):
+    """Django's encoder, but a datetime keeps its microseconds and its offset as `isoformat`
+    writes them: Django's cuts them to milliseconds, and an archived audit event's content hash is of
+    its time as `isoformat` gives it (ledger.audit.AuditEvent.content_fields), so the file's
+    events could not be checked from their fields, nor any row read back with its own times."""
+
+    def default(self, o):
+        if isinstance(o, datetime):
+            return o.isoformat()
+        return super().default(o)
+
+
 def _line(record):
-    return json.dumps(record, cls=DjangoJSONEncoder, sort_keys=True, separators=(",", ":")) + "\n"
+    return json.dumps(record, cls=_WholeTimes, sort_keys=True, separators=(",", ":")) + "\n"
 
 
 def write_file(path, batch, now, counts):

@@ -8,11 +8,14 @@ added to the partitioned trail's parent: PostgreSQL adds it to every partition w
 the whole row but its links (ledger.dbrules.AUDIT_APPEND_ONLY), so the new column is covered as it is;
 SQLite's spells the columns out (AUDIT_CONTENT_COLUMNS), and the column's addition remakes the table
 there, which drops its triggers: both are made again below (SQL frozen as `manage.py dbrules ledger`
-printed it).
+printed it). Backwards, SQLite's update rule goes back to 0032's first: SQLite drops no column a
+trigger names.
 
 `ChainCheckpoint.every`, `prev_seq`, `prev_hash`, `link_signature`: null for the checkpoints before,
 which verify as they always did. Nullable columns without a default: no table is rewritten or remade.
 """
+
+import importlib
 
 from django.db import migrations, models
 
@@ -24,10 +27,16 @@ SQLITE_FORWARD = [
 ]
 
 
-def forward(apps, schema_editor):
-    if schema_editor.connection.vendor != "postgresql":
-        for sql in SQLITE_FORWARD:
-            schema_editor.execute(sql)
+SQLITE_BACKWARD = importlib.import_module("ledger.migrations.0032_audit_trail_partitioned").SQLITE_RULE
+
+
+def sqlite_rules(statements):
+    def run(apps, schema_editor):
+        if schema_editor.connection.vendor != "postgresql":
+            for sql in statements:
+                schema_editor.execute(sql)
+
+    return run
 
 
 class Migration(migrations.Migration):
@@ -62,6 +71,5 @@ class Migration(migrations.Migration):
             name="link_signature",
             field=models.CharField(blank=True, max_length=100, null=True),
         ),
-        # Not reversible as it is: the SQLite triggers of 0032 and 0031 would have to be made again.
-        migrations.RunPython(forward, migrations.RunPython.noop),
+        migrations.RunPython(sqlite_rules(SQLITE_FORWARD), sqlite_rules(SQLITE_BACKWARD)),
     ]
