@@ -3,7 +3,12 @@ dead-letter entries of the action (or of its task) with the snapshot each was op
 who settled it, every alert raised for them or for the action's overdue review items with each
 delivery attempt, and the reconciliation incidents about its operation key.
 
-What the record shows of each row is named once, in the serializers' field lists.
+What the record shows of each row is named once, in the serializers' field lists. Of an alert, never
+to whom it went: the record is the agent's to read (and whoever holds its token), and an alert's
+addresses are staff's (its tier, ALERT_EMAILS, the agent's owner), as are those a delivery reached
+and its transport's answer, which names them ("mailed to ...", a refused recipient) or the alert
+webhook's URL. The record says that each alert was raised, when, and whether each delivery went
+through; whom it reached is on the dead-letter entry's or the incident's page.
 """
 
 from django.db.models import Prefetch, Q
@@ -30,7 +35,7 @@ class DeadLetterEvidenceSerializer(serializers.ModelSerializer):
 class AlertDeliveryEvidenceSerializer(serializers.ModelSerializer):
     class Meta:
         model = AlertDelivery
-        fields = ("channel", "attempt", "ok", "detail", "reached", "at")
+        fields = ("channel", "attempt", "ok", "at")
 
 
 class AlertEvidenceSerializer(serializers.ModelSerializer):
@@ -39,8 +44,8 @@ class AlertEvidenceSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Alert
-        fields = ("id", "kind", "dead_letter", "review_item", "incident", "subject", "recipients", "created_at",
-                  "delivered_at", "deliveries")
+        fields = ("id", "kind", "dead_letter", "review_item", "incident", "subject", "created_at", "delivered_at",
+                  "deliveries")
 
 
 class IncidentEvidenceSerializer(serializers.ModelSerializer):
