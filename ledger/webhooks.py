@@ -4,8 +4,10 @@ A redelivered event finds its id taken and does nothing. An event that names an 
 key settles that action, if the connector it came to serves it, and if its outcome is still open (`unknown` or `needs_review`), the
 event kept in its evidence; above its limit, an `unknown` one goes to a person instead. A
 failure of the very effect a succeeded action names opens an incident (decision 60), whichever
-of the two events came first. An event type the ledger does not settle is stored and answered
-"ignored" (Stripe's reader refuses one it does not know), and every refusal is logged.
+of the two events came first; so does one stored before a success left to a person, and before
+a person marks the action succeeded with that effect (`failure_stored_told`). An event type the
+ledger does not settle is stored and answered "ignored" (Stripe's reader refuses one it does not
+know), and every refusal is logged.
 """
 
 import logging
@@ -141,10 +143,15 @@ def webhook_receive(request, connector):
 def _serves(connector, action):
     """Whether `connector`, whose reader verified the event, serves `action`: one connector's
     secret (the sandbox's has a development default) must never settle another's effects."""
+    return _serving(action) == connector
+
+
+def _serving(action):
+    """The name of the connector that serves `action`, or None if none can now."""
     try:
-        return connector_for_action(action).name == connector
+        return connector_for_action(action).name
     except (NoConnector, NoTestMode, ImportError, TypeError, ValueError):
-        return False
+        return None
 
 
 def _settle(connector, event_type, data, event_id, *, test_mode=False):
@@ -163,9 +170,11 @@ def _settle(connector, event_type, data, event_id, *, test_mode=False):
     if action is not None and about != action.action_type:
         logger.warning("a %s event names %s, a %s: not applied", event_type, key, action.action_type)
         return f"not applied: {key} is a {action.action_type}, not what a {event_type} is about"
+    effect = str(data.get("id") or "")
     if action is not None and action.status == ActionStatus.SUCCEEDED and not made:
-        if str(data.get("id") or "") == action.external_ref:
-            _tell_effect_failed(action, connector, event_type, event_id, data, at=timezone.now())
+        if effect == action.external_ref:
+            _tell_effect_failed(action, connector, effect, event_type=event_type, event_id=event_id, data=data,
+                                at=timezone.now())
             return f"{event_type} of {action.external_ref}, which {key} succeeded with: a person is told"
         # Providers deliver out of order: a failure of an earlier attempt may come after the
         # success. This stored event is its record; the success stands.
@@ -181,15 +190,20 @@ def _settle(connector, event_type, data, event_id, *, test_mode=False):
         # is conclusive, as the executor's verification does.
         over_limit = hooks.policy().needs_person_after_verification(action)
         if over_limit:
+            # The person deciding reads the action's evidence: the success, and the failure of that
+            # very effect stored before it, which is told as when the action is settled.
+            failed = _failure_stored(connector, action, effect)
             if action.status == ActionStatus.UNKNOWN:
-                action.mark_needs_review(actor=actor, reason=over_limit, evidence=evidence)
-            return f"left to a person: {over_limit}"
-        action.mark_succeeded(actor=actor, external_ref=str(data.get("id") or "") or key, result=data,
-                              reason=f"{event_type} received", evidence=evidence)
-        failed = _failure_stored(connector, action)
+                action.mark_needs_review(actor=actor, reason=over_limit, evidence={
+                    **evidence, **({"failed": _named(failed)} if failed is not None else {})})
+            if failed is None:
+                return f"left to a person: {over_limit}"
+            _tell_stored(action, connector, effect, failed)
+            return f"left to a person: {over_limit}; {failed.event_type} of {effect} came first: a person is told"
+        action.mark_succeeded(actor=actor, external_ref=effect or key, result=data, reason=f"{event_type} received",
+                              evidence=evidence)
+        failed = failure_stored_told(action)
         if failed is not None:
-            _tell_effect_failed(action, connector, failed.event_type, failed.event_id, failed.payload["data"],
-                                at=failed.received_at)
             return (f"settled {action.operation_key} as {action.status}; {failed.event_type} of {action.external_ref} "
                     "came first: a person is told")
         return f"settled {action.operation_key} as {action.status}"
@@ -202,28 +216,49 @@ def _settle(connector, event_type, data, event_id, *, test_mode=False):
     return f"{event_type} noted; {action.operation_key} is verified at the provider"
 
 
-def _tell_effect_failed(action, connector, event_type, event_id, data, *, at):
-    """The provider failed the very effect the succeeded `action` names (Stripe fails a refund days
-    after it succeeded when the card was closed), as the event received `at` says: the ledger's
-    success stays the record of what was asked and answered, and a person is told (dlq: an
-    incident, once while open; decision 60)."""
-    hooks.effect_failed(action, connector=connector, external_ref=action.external_ref,
-                        actor=f"system:webhook:{connector}",
+def _tell_effect_failed(action, connector, effect, *, event_type, event_id, data, at):
+    """The provider failed `effect`, the very effect `action` succeeded with (Stripe fails a refund
+    days after it succeeded when the card was closed) or that its success left to a person names, as
+    the event received `at` says: the ledger's success stays the record of what was asked and
+    answered, and a person is told (dlq: an incident, once while open; decision 60)."""
+    hooks.effect_failed(action, connector=connector, external_ref=effect, actor=f"system:webhook:{connector}",
                         evidence={"at": at.isoformat(), "webhook": event_type, "event_id": event_id, "data": data})
 
 
-def _failure_stored(connector, action):
-    """The stored event, if any, in which `connector`'s provider failed the effect `action` was just
-    settled with. Stripe retries a delivery for days: its `refund.created` (the refund succeeded as of
-    when that event was made) may come after its `refund.failed`, which, while the outcome was open,
-    only sent the action to be verified. A failure of another effect under the key (an earlier
-    attempt's) is not this one's; a test-mode event never acts on a live action. Read under the
-    action's lock: a failure settling meanwhile waits for it, then finds the action succeeded and
-    tells a person itself."""
+def _tell_stored(action, connector, effect, failed):
+    _tell_effect_failed(action, connector, effect, event_type=failed.event_type, event_id=failed.event_id,
+                        data=failed.payload["data"], at=failed.received_at)
+
+
+def _named(event):
+    """A stored event as an action's evidence entry names it."""
+    return {"webhook": event.event_type, "event_id": event.event_id, "received_at": event.received_at.isoformat()}
+
+
+def failure_stored_told(action):
+    """The stored event in which the provider failed the effect the just succeeded `action` names, if
+    any, and a person told of it, as if it came after: the action settled by a success event, or
+    marked succeeded by a person with that effect's reference (approvals.decisions). Under the
+    action's lock."""
+    connector = _serving(action)
+    failed = None if connector is None else _failure_stored(connector, action, action.external_ref)
+    if failed is not None:
+        _tell_stored(action, connector, action.external_ref, failed)
+    return failed
+
+
+def _failure_stored(connector, action, effect):
+    """The stored event, if any, in which `connector`'s provider failed `effect`, the effect `action`
+    was settled with, or that a success left to a person names. Stripe retries a delivery for days: its
+    `refund.created` (the refund succeeded as of when that event was made) may come after its
+    `refund.failed`, which, while the outcome was open, only sent the action to be verified. A failure
+    of another effect under the key (an earlier attempt's) is not this one's; a test-mode event never
+    acts on a live action. Read under the action's lock: a failure settling meanwhile waits for it,
+    then finds the action succeeded and tells a person itself."""
     failures = [event_type for event_type, (about, made) in SETTLING.items()
                 if about == action.action_type and not made]
     events = WebhookEvent.objects.filter(connector=connector, operation_key=action.operation_key,
-                                         event_type__in=failures, payload__data__id=action.external_ref)
+                                         event_type__in=failures, payload__data__id=effect)
     if not is_replay_action(action):
         events = events.exclude(payload__has_key="test_mode")  # only ever marked True (_with_test_mode)
     return events.order_by("received_at", "pk").first()
