@@ -75,9 +75,11 @@ CHUNK = 5000
 def _waiting(now):
     """An action that must stay: not final (a superseded one is its version's), in its key's
     lifetime, waiting for a person (an open review item or dead letter, or an open incident under
-    its key: its resolver reads the action, and a webhook about its effect finds it), or with a
-    dead letter that must stay (`_entry_kept`)."""
+    its key: its resolver reads the action, and a webhook about its effect finds it), with a
+    dead letter that must stay (`_entry_kept`), or holding a slot whose time has not passed (a
+    venue booked further ahead than the key's lifetime: gone, its slot would be booked again)."""
     return (~Q(status__in=[*FINAL, ActionStatus.SUPERSEDED]) | Q(created_at__gt=now - key_lifetime())
+            | Q(booking__status__in=[Booking.Status.PENDING, Booking.Status.CONFIRMED], booking__end__gt=now)
             | Q(review_items__status=ReviewStatus.OPEN) | Q(dead_letters__in=DeadLetter.objects.filter(_entry_kept(now)))
             | Exists(Incident.objects.filter(operation_key=OuterRef("operation_key"), status=IncidentStatus.OPEN)))
 
