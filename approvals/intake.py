@@ -13,7 +13,7 @@ from django.utils import timezone
 from ledger.compiled import Compiled, register_cache
 from ledger.hooks import Verdict
 from ledger.locks import NO_CUSTOMER_TOTAL, take_turns
-from ledger.models import Action, ActionStatus, money_in_params
+from ledger.models import DONE_BY_HAND, Action, ActionStatus, money_in_params
 
 from .models import Limit, LimitsVersion
 from .policies import RUN, Uncovered, money, verdict_for
@@ -116,10 +116,11 @@ def verdict_for_request(*, action_type, amount, currency, customer, recorded=Non
 # but those that will not move money: rejected, cancelled, failed for good, expired, only shadow,
 # or superseded by a version (which counts instead). A failure that may be retried counts: its
 # retry runs on the verdict it was recorded under (ledger.actions.action_retry), and left out, a
-# refund asked for the customer meanwhile passed the total, then both ran.
+# refund asked for the customer meanwhile passed the total, then both ran. So does one a person did
+# by hand (DONE_BY_HAND): failed for good in the ledger, its money moved all the same.
 IN_DAILY_TOTAL = ~Q(status__in=[ActionStatus.REJECTED, ActionStatus.CANCELLED, ActionStatus.FAILED,
                                 ActionStatus.SHADOW, ActionStatus.EXPIRED, ActionStatus.SUPERSEDED]) | Q(
-    status=ActionStatus.FAILED, error__retryable=True)
+    status=ActionStatus.FAILED, error__retryable=True) | DONE_BY_HAND
 
 
 def customer_total_today(action_type, currency, customer, excluding=None):

@@ -6,7 +6,7 @@ An entry is about a task or a standalone action; each function says what it does
 
 from django.db import transaction
 
-from ledger.actions import action_give_up, action_let_go, action_retry, action_retry_by_person
+from ledger.actions import action_done_by_hand, action_give_up, action_retry, action_retry_by_person
 from ledger.models import Task, TaskState
 from ledger.statemachine import InvalidTransition
 from ledger.tasks import task_actions_let_go
@@ -60,16 +60,18 @@ def deadletter_redrive(entry, *, actor, reason):
 
 
 def deadletter_resolve(entry, *, actor, note):
-    """A person finished the job by hand; the note says what they did. The task or action
-    stays as it is, but a task's actions not yet started are cancelled: nobody runs them now."""
+    """A person finished the job by hand; the note says what they did. The task stays as it is,
+    its actions not yet started cancelled (nobody runs them now); a failed action, the entry's or
+    the task's, is failed for good as done by hand (`action_done_by_hand`): no retry may do it
+    again, and what it did stands (a booking's slot, a refund in the customer's daily total)."""
     if not note.strip():
         raise ValueError("say what was done by hand")
     with transaction.atomic():
         entry = _open_entry(entry)
         if entry.task_id:
-            task_actions_let_go(entry.task, actor=actor, reason=note)
+            task_actions_let_go(entry.task, actor=actor, reason=note, by_hand=True)
         elif entry.action_id:
-            action_let_go(entry.action)  # done by hand: no retry comes, what it held goes on
+            action_done_by_hand(entry.action, actor=actor, reason=note)
         return entry.resolve(actor=actor, note=note, locked=True)
 
 

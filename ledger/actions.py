@@ -321,7 +321,8 @@ def action_retry_by_person(action, *, actor, reason):
     `retry_allowed`, with the error as it was, who and why — then `action_retry` decides as
     for any retry, the limits asked again: failed for good, it left the customer's daily total
     (approvals.intake.IN_DAILY_TOTAL), and refunds asked meanwhile passed the total without it.
-    The status table stays as it is: only the permanence is lifted."""
+    The status table stays as it is: only the permanence is lifted. One done by hand
+    (`action_done_by_hand`) is refused: it failed for good because a person did it."""
     if isinstance(actor, str):
         raise ValueError("only a person may retry a failure marked permanent")
     if not reason.strip():
@@ -330,6 +331,9 @@ def action_retry_by_person(action, *, actor, reason):
         row = Action.objects.select_for_update().get(pk=action.pk)
         if row.status != S.FAILED:
             raise InvalidTransition(f"{row}: it is {row.status}, not failed")
+        if row.is_done_by_hand:  # its permanence is a person's own work, which a retry would do again
+            raise InvalidTransition(f"{row}: a person did it by hand (its dead letter was resolved): a retry "
+                                    "would do it again; if it must be done once more, ask for it under a new decision")
         if row.action_type == ActionType.CREATE_BOOKING and not row.is_retryable_failure:
             raise InvalidTransition(f"{row}: its slot was given up when it failed; request a new booking")
         permanent = not row.is_retryable_failure
@@ -338,11 +342,11 @@ def action_retry_by_person(action, *, actor, reason):
         return action_retry(row, actor=actor, reason=reason, ask_limits=permanent)
 
 
-def _error_retryable(row, retryable, *, actor, verb, reason):
+def _error_retryable(row, retryable, *, actor, verb, reason, **marks):
     """A person's word on whether the locked, failed `row` may be tried again, written on its error
-    and audited as `verb`."""
+    (with `marks`, what else it says) and audited as `verb`."""
     before = {"status": row.status, "error": row.error}
-    row.error = {**row.error, "retryable": retryable}
+    row.error = {**row.error, "retryable": retryable, **marks}
     row.updated_at = timezone.now()
     update(row, ["error", "updated_at"])
     AuditEvent.objects.record(actor=actor, verb=verb, obj=row, before=before,
@@ -350,10 +354,10 @@ def _error_retryable(row, retryable, *, actor, verb, reason):
 
 
 def action_give_up(action, *, actor, reason):
-    """A failed action a person gave up on (its dead letter discarded, or its task's discarded or
-    resolved by hand: ledger.tasks.task_actions_let_go) is failed for good: its error says no retry
-    will come (audited), and a booking lets go of its slot, so that its decision may be asked
-    again, as after any failure for good (BOOKING_HELD)."""
+    """A failed action a person gave up on (its dead letter discarded, or its task's:
+    ledger.tasks.task_actions_let_go) is failed for good: its error says no retry will come
+    (audited), and a booking lets go of its slot, so that its decision may be asked again, as
+    after any failure for good (BOOKING_HELD)."""
     with transaction.atomic():
         row = Action.objects.select_for_update().get(pk=action.pk)
         if row.status != S.FAILED or not row.is_retryable_failure:
@@ -364,14 +368,25 @@ def action_give_up(action, *, actor, reason):
         return row
 
 
-def action_let_go(action):
-    """A failed action nobody will retry, left as it is (its dead letter resolved: done by hand):
-    what it held is looked at again, as after a failure for good. Kept held for its retry, each
-    would wait for a person for good."""
+def action_done_by_hand(action, *, actor, reason):
+    """A failed action a person did by hand (its dead letter resolved, or its task's:
+    ledger.tasks.task_actions_let_go) is failed for good of its own kind: its error says no retry
+    will come and that it was done by hand (`done_by_hand`, audited with the person's note), so a
+    retry, which would do it again, is refused (Action._refuse, `action_retry_by_person`). Unlike
+    one given up, what it did stands: a booking keeps its slot, confirmed (booking_follow_action),
+    and a refund stays in its customer's daily total (approvals.intake.IN_DAILY_TOTAL). What it
+    held is looked at again, as after any failure for good: kept held for its retry, each would
+    wait for a person for good. A failure already for good is done by hand too (a declined refund
+    the person paid by bank transfer), but for a booking's: it let its slot and its decision go
+    when it failed, and the decision may have been booked again since, under another key."""
     with transaction.atomic():
         row = Action.objects.select_for_update().get(pk=action.pk)
-        if row.status == S.FAILED:
-            _release_what_it_held(row)
+        if row.status != S.FAILED or row.is_done_by_hand or (
+                row.action_type == ActionType.CREATE_BOOKING and not row.is_retryable_failure):
+            return row
+        _error_retryable(row, False, actor=actor, verb="done_by_hand", reason=reason, done_by_hand=True)
+        booking_follow_action(row, S.FAILED, actor, reason)
+        _release_what_it_held(row)
         return row
 
 
@@ -399,11 +414,18 @@ def action_ring_when_due(action, previous, actor, reason):
 
 def booking_follow_action(action, previous, actor, reason):
     """A booking's slot follows its action: kept while the booking may still happen (a
-    retryable failure may be tried again), confirmed when it did, freed when it won't."""
+    retryable failure may be tried again), confirmed when it did (it succeeded, or a person
+    booked it by hand), freed when it won't."""
     if action.action_type != ActionType.CREATE_BOOKING:
         return
     if action.status == S.SUCCEEDED:
         Booking.objects.get(action=action).confirm()
+    elif action.is_done_by_hand:
+        # Confirmed, not left pending: no retry or settle will ever move it, and the slot is taken
+        # for good, as the person's booking takes it. A failure for good let its slot go when it
+        # failed (another booking may hold it now): done by hand later, it stays released.
+        for booking in Booking.objects.filter(action=action, status=Booking.Status.PENDING):
+            booking.confirm()
     elif action.status in (S.REJECTED, S.CANCELLED, S.EXPIRED) or (
             action.status == S.FAILED and not action.is_retryable_failure):
         Booking.objects.get(action=action).release()
@@ -431,8 +453,7 @@ def held_release_when_settled(action, previous, actor, reason):
     waits for their decision too (approvals.decisions.held_group_decide) — two requests for
     one order close together must not both run because one of them was let through. A failure
     that may still be retried keeps what it held: it may run again; once a person gives it up
-    (`action_give_up`) or closes its dead letter otherwise (`action_let_go`), what it held is
-    looked at then.
+    (`action_give_up`) or does it by hand (`action_done_by_hand`), what it held is looked at then.
 
     Whether anything else holds it is asked under its subjects' locks, as the intake asks: two
     settles at once, each releasing an action held on one customer, would otherwise each see

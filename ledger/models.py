@@ -202,11 +202,14 @@ IN_FLIGHT_STATUSES = {S.QUEUED, S.PENDING, S.UNKNOWN, S.AWAITING_APPROVAL, S.HEL
 # (A superseded action is not among them: its new version, in flight on the same subjects,
 # holds what it held.)
 SETTLED = {S.SUCCEEDED, S.FAILED, S.REJECTED, S.CANCELLED, S.EXPIRED}
+# A failure for good whose effect a person made by hand (its dead letter resolved:
+# ledger.actions.action_done_by_hand): unlike one given up, it happened.
+DONE_BY_HAND = Q(status=S.FAILED, error__done_by_hand=True)
 # A booking action whose slot is held (ledger.actions.booking_follow_action frees it otherwise):
-# neither ended without it (rejected, cancelled, expired, failed for good), nor never booked
-# (shadow), nor replaced by its version (superseded).
-BOOKING_HELD = ~Q(status__in=[S.SUPERSEDED, S.REJECTED, S.CANCELLED, S.EXPIRED, S.SHADOW]) & ~Q(
-    status=S.FAILED, error__retryable=False)
+# neither ended without it (rejected, cancelled, expired, failed for good but by a person's
+# hand), nor never booked (shadow), nor replaced by its version (superseded).
+BOOKING_HELD = ~Q(status__in=[S.SUPERSEDED, S.REJECTED, S.CANCELLED, S.EXPIRED, S.SHADOW]) & (~Q(
+    status=S.FAILED, error__retryable=False) | DONE_BY_HAND)
 
 
 def held_nearby(action_id, target, customer):
@@ -352,8 +355,8 @@ class Action(LeasedWork):
             ),
             # A booking is made once per resource, customer and decision, whatever key asks for
             # it (its times are params: moved, they are the same decision asked otherwise), while
-            # it holds its slot (BOOKING_HELD): one rejected, cancelled or failed for good may be
-            # asked again, as it always could.
+            # it holds its slot (BOOKING_HELD): one rejected, cancelled or failed for good (not by
+            # a person's hand) may be asked again, as it always could.
             models.UniqueConstraint(
                 "target", "customer", "decision_id",
                 condition=Q(action_type=ActionType.CREATE_BOOKING) & ~Q(decision_id="") & BOOKING_HELD,
@@ -368,7 +371,13 @@ class Action(LeasedWork):
     def is_retryable_failure(self):
         return self.status == S.FAILED and bool((self.error or {}).get("retryable"))
 
+    @property
+    def is_done_by_hand(self):
+        return self.status == S.FAILED and bool((self.error or {}).get("done_by_hand"))
+
     def _refuse(self, to):
+        if self.is_done_by_hand:
+            return "a person did it by hand: a retry would do it again"
         if self.status == S.FAILED and not self.is_retryable_failure:
             return "its failure is not retryable"
         return ""

@@ -9,7 +9,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from . import clock
-from .actions import KeyReused, action_give_up, fingerprint
+from .actions import KeyReused, action_done_by_hand, action_give_up, fingerprint
 from .jobs import ring_after_commit
 from .models import PERSON_STATUSES, ActionStatus, AuditEvent, Task, TaskState, TaskStep
 from .recipients import customer_spelled_before
@@ -77,14 +77,16 @@ def task_follow_action(action, previous, actor, reason):
         task.wake(actor="system:runner", reason=f"{action.operation_key} is now {action.status}")
 
 
-def task_actions_let_go(task, *, actor, reason):
+def task_actions_let_go(task, *, actor, reason, by_hand=False):
     """Cancel the actions `task` had not started, as a person gives the task up (discarded) or
-    does its work by hand: it will not run again, and nothing else runs a task's action
-    (ledger.executor). Left queued or held, each would count as in flight on its order and
-    customer for good, holding every later action on them for a person. A failed one is failed
-    for good (`action_give_up`), as one that fails after this does (ledger.executor._again): left
-    retryable, it would count in its customer's daily total for a retry that never comes, and
-    tell its agent it may still run; and it lets go of what it held for that retry.
+    does its work by hand (`by_hand`: its dead letter resolved): it will not run again, and
+    nothing else runs a task's action (ledger.executor). Left queued or held, each would count as
+    in flight on its order and customer for good, holding every later action on them for a person.
+    A failed one is failed for good, as one that fails after this does (ledger.executor._again):
+    left retryable, it would tell its agent it may still run, and keep what it held for a retry
+    that never comes. Given up (`action_give_up`), it leaves its customer's daily total and a
+    booking its slot; done by hand (`action_done_by_hand`), the person made its effect: it stays
+    in the total, a booking keeps its slot, and no retry may make it again.
 
     Under the task's lock, which the runner records a step's action under and the executor
     settles a verification of the task's action under (ledger.executor._again): either,
@@ -94,8 +96,12 @@ def task_actions_let_go(task, *, actor, reason):
     not_started = (ActionStatus.QUEUED, ActionStatus.HELD, ActionStatus.AWAITING_APPROVAL)
     for action in task.actions.filter(status__in=not_started).order_by("pk"):
         action.cancel(actor=actor, reason=f"its task {task.task_id} will not run again: {reason}")
+    if by_hand:
+        fail_for_good, why = action_done_by_hand, "was done by hand"
+    else:
+        fail_for_good, why = action_give_up, "will not run again"
     for action in task.actions.filter(status=ActionStatus.FAILED).order_by("pk"):
-        action_give_up(action, actor=actor, reason=f"its task {task.task_id} will not run again: {reason}")
+        fail_for_good(action, actor=actor, reason=f"its task {task.task_id} {why}: {reason}")
 
 
 def task_expire_leases():

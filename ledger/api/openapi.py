@@ -82,6 +82,10 @@ class ErrorSerializer(serializers.Serializer):
     code = serializers.CharField()
     message = serializers.CharField()
     retryable = serializers.BooleanField(required=False)
+    done_by_hand = serializers.BooleanField(required=False, help_text="A person made the effect by hand (its "
+                                            "dead letter resolved): failed for good, and no retry may make it again.")
+    retry_after = serializers.FloatField(required=False, help_text="The seconds a rate-limited provider asked to "
+                                         "be left alone for.")
 
 
 class ProblemSerializer(serializers.Serializer):

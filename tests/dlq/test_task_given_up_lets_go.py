@@ -1,7 +1,8 @@
 """A dead-lettered task given up in the queue (discarded) or done by hand (resolved) never runs
 again, and nothing else runs a task's action: the actions it had not started are cancelled with it,
-and its failed ones are failed for good. Left queued, one counted as in flight on its order and
-customer for good, and every later action on them was held for a person."""
+and its failed ones are failed for good (given up, or done by hand: tests/dlq/test_done_by_hand.py).
+Left queued, one counted as in flight on its order and customer for good, and every later action on
+them was held for a person."""
 
 import threading
 import time
@@ -153,12 +154,14 @@ def test_a_failed_action_of_a_task_given_up_lets_go_of_what_it_held(agent, decid
 
 @pytest.mark.parametrize("decide", ["discard", "resolve"])
 @pytest.mark.parametrize("stopped", ["dead_lettered", "failed"])
-def test_a_failed_refund_of_a_task_given_up_is_failed_for_good_and_leaves_the_daily_total(agent, stopped, decide):
+def test_a_failed_refund_of_a_task_given_up_is_failed_for_good(agent, stopped, decide):
     """The task's refund failed as one its runner may retry, then the task stopped: out of attempts,
     or failed for good. Given up (discarded, or done by hand), the task never runs again, and
-    nothing else retries its action: left `retryable`, it counted in the customer's daily total
-    for nothing (sending their later refunds to approvers), and its agent read that it may still
-    run. It is failed for good instead, as a standalone action discarded is (action_give_up)."""
+    nothing else retries its action: left `retryable`, its agent read that it may still run. It is
+    failed for good instead. Discarded, it leaves the customer's daily total (it counted there for
+    nothing, sending their later refunds to approvers), as a standalone action discarded does
+    (action_give_up); done by hand, the person refunded the customer, and it stays counted
+    (action_done_by_hand)."""
     task, action = refund_in_its_call(agent, "t-5", "ORD-14", "CUST-14")
     action.mark_failed(actor="system:executor", code="provider_unavailable", message="503", retryable=True,
                        claim=action.fence)
@@ -174,9 +177,9 @@ def test_a_failed_refund_of_a_task_given_up_is_failed_for_good_and_leaves_the_da
 
     action.refresh_from_db()
     assert (action.status, action.error["retryable"]) == (ActionStatus.FAILED, False)
-    [gave_up] = audit_events(action, "given_up")
+    [gave_up] = audit_events(action, "given_up" if decide == "discard" else "done_by_hand")
     assert gave_up.actor == actor_label(olga) and "t-5" in gave_up.reason
-    assert customer_total_today("refund", "EUR", "CUST-14") == Decimal(0)
+    assert customer_total_today("refund", "EUR", "CUST-14") == (Decimal(0) if decide == "discard" else Decimal("25.00"))
 
 
 @pytest.mark.django_db(transaction=True)
