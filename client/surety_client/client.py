@@ -7,7 +7,9 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
+from datetime import datetime, timezone
 from decimal import Decimal
+from email.utils import parsedate_to_datetime
 from functools import partial
 from typing import Any, Protocol, TypeVar
 from urllib.parse import quote
@@ -399,9 +401,18 @@ def _replayed(response: httpx.Response) -> bool:
 
 
 def _retry_after(response: httpx.Response) -> float | None:
-    """The seconds of a `Retry-After` header (the API writes whole seconds), or None."""
+    """The seconds of a `Retry-After` header, or None. The API writes whole seconds; a gateway in
+    front of it may write the date to wait until, as HTTP allows."""
     value: str = response.headers.get("Retry-After", "")
-    return float(value) if value.isascii() and value.isdigit() else None
+    if value.isascii() and value.isdigit():
+        return float(value)
+    try:
+        until = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if until.tzinfo is None:  # "-0000": UTC, as HTTP dates are
+        until = until.replace(tzinfo=timezone.utc)
+    return float(max(0, math.ceil((until - datetime.now(timezone.utc)).total_seconds())))
 
 
 def _read(response: httpx.Response, resource: Callable[[dict[str, Any]], Answer],

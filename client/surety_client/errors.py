@@ -186,10 +186,12 @@ PROBLEMS: dict[str, type[Problem]] = {
 
 def problem_from(status: int, body: Any, retry_after: float | None = None, *,
                  operation_key: str | None = None) -> Problem:
-    """The typed error for a 4xx answer; a body that is not a problem still gives a Problem (a 429
-    from a gateway in front of the API, with a page of its own, is a rate limit all the same:
-    Throttled, to wait for and send again, not a refusal)."""
-    if not isinstance(body, dict) or "code" not in body:
+    """The typed error for a 4xx answer; a body that is not a problem (no `code` string) still gives
+    a Problem. A 429 is a rate limit whoever answers it, and the API's says `throttled`: a gateway's
+    in front of the API, with a page or a JSON of its own (`{"code": 429}`), is Throttled all the
+    same, to wait for and send again, not a refusal."""
+    ours = isinstance(body, dict) and isinstance(body.get("code"), str)
+    if not ours or status == 429 and body["code"] != "throttled":
         body = {"code": "throttled" if status == 429 else "error", "status": status, "title": "Error",
                 "detail": str(body)[:500]}
     return PROBLEMS.get(body["code"], Problem)(body, status, retry_after, operation_key=operation_key)

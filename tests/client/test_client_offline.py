@@ -1,7 +1,10 @@
 """The client and the MCP server's answers without a server: a fake API (httpx.MockTransport), a
 fake clock, or a socket that never answers. No database."""
 
+import email.utils
+import re
 import socket
+from datetime import datetime, timedelta, timezone
 
 import httpx
 import pytest
@@ -469,24 +472,10 @@ def test_an_answer_that_says_make_the_same_call_again_is_a_result_not_a_tool_err
 STEP_KEY = "task:refund:ORD-1:dec-1:call_refund_api:v1"
 EXPIRED = {"error": {"code": "approval_expired", "message": "nobody decided", "retryable": False},
            "review": {"url": "https://s/actions/1/", "by": "system:approvals", "reason": "approval window passed"}}
-REJECTED = {"review": {"url": "https://s/actions/1/", "by": "user:rita", "reason": "refunded by phone"}}
 
 
 def _step_action(status, **fields):
     return {**_action(status), "operation_key": STEP_KEY, "customer": "CUST-1", "task_id": TASK_ID, **fields}
-
-
-@pytest.mark.parametrize("status, fields", [("expired", EXPIRED), ("rejected", REJECTED)])
-def test_an_expired_or_rejected_step_of_a_task_is_its_tasks_not_a_new_decision(clock, status, fields):
-    """Its task fails for good with it (approval_expired, action_rejected), and a person may finish it
-    by hand: told to ask again under a new decision_id, as a standalone expired action is, the model
-    could make a second refund. A fake API answers the step's action."""
-    client, _ = scripted_reads(_step_action(status, **fields))
-    answer = mcp_server.call(client, "wait_for_action", {"operation_key": STEP_KEY, "seconds": 0}).structured_content
-    assert "ask again under a new decision_id" not in answer["guidance"]
-    assert f"It is a step of task {TASK_ID!r}" in answer["guidance"]
-    assert "do not ask for it again under a new decision_id" in answer["guidance"]
-    assert answer["next_tool"] == {"name": "get_task", "arguments": {"task_id": TASK_ID}}
 
 
 @pytest.mark.parametrize("standing, asks_again", [(_step_action("expired", **EXPIRED), False),
@@ -561,3 +550,30 @@ def test_a_proxys_rate_limit_is_throttled_not_a_refusal(clock):
     answer = mcp_server.call(client, "refund", REFUND).structured_content
     assert (answer["code"], answer["retry"]) == ("throttled", True)
     assert "Wait 3 s first" in answer["guidance"]
+
+
+@pytest.mark.parametrize("body", [{"code": 429, "message": "Too Many Requests"},
+                                  {"code": "rate_limited", "message": "API rate limit exceeded"},
+                                  {"code": ["quota"], "message": "Quota exceeded"}])
+def test_a_proxys_rate_limit_with_a_code_of_its_own_is_throttled_not_a_refusal(clock, body):
+    """A gateway's JSON that has a `code` of its own is no problem of the API's: its code was taken
+    for the API's, and the model was told not to retry (an unknown code) or given no answer at all
+    (a code that is no string). A fake API stands in for the gateway."""
+    client, _ = scripted_api(*[(429, {"Retry-After": "3"}, body)] * 2)
+    with pytest.raises(surety_client.Throttled) as raised:
+        client.get_action(KEY)
+    assert raised.value.retry_after == 3 and raised.value.code == "throttled"
+    answer = mcp_server.call(client, "refund", REFUND)
+    assert not answer.is_error
+    assert (answer.structured_content["code"], answer.structured_content["retry"]) == ("throttled", True)
+    assert "Wait 3 s first (Retry-After)" in answer.structured_content["guidance"]
+
+
+def test_a_proxys_retry_after_written_as_a_date_is_the_wait_it_names(clock):
+    """HTTP lets Retry-After be a date, as a gateway may write it: the model was told to wait, but
+    not how long."""
+    later = email.utils.format_datetime(datetime.now(timezone.utc) + timedelta(seconds=120), usegmt=True)
+    client, _ = scripted_api((429, {"Retry-After": later, "Content-Type": "text/html"}, "<html>Slow down</html>"))
+    answer = mcp_server.call(client, "refund", REFUND).structured_content
+    assert (answer["code"], answer["retry"]) == ("throttled", True)
+    assert re.search(r"Wait 1(19|20) s first \(Retry-After\)", answer["guidance"])  # the date is to the second
