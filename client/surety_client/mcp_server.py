@@ -52,6 +52,8 @@ from .client import Action, Checkpoint, SuretyClient
 from .errors import IdempotencyKeyReused, Problem, SuretyError, SuretyUnreachable, Unreadable, Unsendable
 
 PROBLEM_TYPE = "https://surety.dev/problems/"
+# Seconds between progress notifications while a tool call waits.
+PROGRESS_INTERVAL = 10.0
 
 DECISION = {
     # Something besides whitespace: the API stores a decision stripped, and a blank one names no decision.
@@ -512,6 +514,18 @@ def _reused(client: SuretyClient, tool: Tool, problem: IdempotencyKeyReused) -> 
                     "next_tool": next_tool}, is_error=True)
 
 
+async def _report_waiting(ctx: ServerRequestContext[Any]) -> None:
+    """Progress every PROGRESS_INTERVAL seconds while a call waits (a person's decision, up to 600 s):
+    hosts stop a request that tells them nothing for a while (the TypeScript SDK's after 60 s, unless
+    progress resets it). Sent only to a caller that asked for progress (a progressToken): the SDK
+    sends nothing otherwise."""
+    started = anyio.current_time()
+    while True:
+        await anyio.sleep(PROGRESS_INTERVAL)
+        waited = anyio.current_time() - started
+        await ctx.session.report_progress(waited, message=f"Still waiting on Surety after {waited:.0f} s.")
+
+
 def build_server(client: SuretyClient) -> Server[Any]:
     async def list_tools(ctx: ServerRequestContext[Any],
                          params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
@@ -519,7 +533,11 @@ def build_server(client: SuretyClient) -> Server[Any]:
 
     async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
         # The client blocks (it waits on the API); a thread keeps the server answering meanwhile.
-        return await anyio.to_thread.run_sync(call, client, params.name, params.arguments)
+        async with anyio.create_task_group() as waiting:
+            waiting.start_soon(_report_waiting, ctx)
+            result = await anyio.to_thread.run_sync(call, client, params.name, params.arguments)
+            waiting.cancel_scope.cancel()
+        return result
 
     return Server("surety", version="0.2.0", instructions=INSTRUCTIONS, on_list_tools=list_tools,
                   on_call_tool=call_tool)

@@ -5,18 +5,21 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
+from functools import partial
 
 import anyio
 import pytest
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.shared.memory import create_client_server_memory_streams
 
 from approvals.decisions import review_decide
 from approvals.models import Limit, ReviewItem
+from approvals.reviews import approval_expire_due
 from dlq.entries import deadletter_redrive
 from dlq.models import DeadLetter
 from ledger.models import Action, Task
-from surety_client import SuretyClient
+from surety_client import SuretyClient, mcp_server
 from tests.conftest import free_port, wait_until
 from tests.factories import api_client, make_agent, person, sandbox_list, sandbox_order, settled
 
@@ -220,3 +223,74 @@ def test_a_refund_task_for_an_order_written_with_a_trailing_space_is_the_same_ta
                             ("start_refund_task", {**arguments, "order": "ORD-M11 "}))
     assert not first.is_error and again.structured_content["replayed"] is True, guidance_of(again)
     assert list(Task.objects.values_list("task_id", flat=True)) == ["task:refund:ORD-M11:dec-m11"]
+
+
+def test_a_long_wait_tells_a_host_that_asked_for_progress_that_it_is_still_waiting(stack, token, monkeypatch):
+    """wait_for_action waits up to 600 s for a person, and sent nothing meanwhile: a host on the MCP
+    TypeScript SDK stops a request after 60 s without progress. The server in this process, over
+    memory streams (JSON-RPC as over stdio), so that its interval can be a fraction of a second."""
+    monkeypatch.setattr(mcp_server, "PROGRESS_INTERVAL", 0.2)
+    Limit.limit_set(actor="system:tests", reason="the tests' policy", action_type="refund", currency="EUR",
+                    max_amount=Decimal("500.00"))
+    progress, notifications = [], []
+
+    async def told(value, total, message):
+        progress.append((value, message))
+
+    async def notified(message):
+        notifications.append(message)
+
+    async def session(client, arguments):
+        async with create_client_server_memory_streams() as (client_streams, server_streams), \
+                anyio.create_task_group() as server_running:
+            server = mcp_server.build_server(client)
+            server_running.start_soon(partial(server.run, *server_streams, server.create_initialization_options()))
+            async with ClientSession(*client_streams, message_handler=notified) as mcp:
+                await mcp.initialize()
+                silent = await mcp.call_tool("wait_for_action", arguments)
+                unasked = list(notifications)
+                heard = await mcp.call_tool("wait_for_action", arguments, progress_callback=told)
+            server_running.cancel_scope.cancel()
+        return silent, unasked, heard
+
+    with SuretyClient(stack.url, token) as client, ThreadPoolExecutor(1) as thread:
+        key = client.refund(order="ORD-M12", amount="900.00", currency="EUR", decision_id="dec-m12").operation_key
+        silent, unasked, heard = thread.submit(anyio.run, session, client, {"operation_key": key, "seconds": 2}
+                                               ).result()
+    for answer in (silent, heard):
+        assert "nobody decided in the 2 s this call waited" in guidance_of(answer)
+    # A caller that sent no progressToken is sent no progress (the handler sees the other call's).
+    assert unasked == [] and len(notifications) >= len(progress)
+    assert len(progress) >= 5, progress  # every 0.2 s of the 2 s
+    values = [value for value, _ in progress]
+    assert values == sorted(values) and len(set(values)) == len(values)  # progress only increases
+    assert progress[0][1].startswith("Still waiting on Surety after ")
+
+
+@pytest.mark.parametrize("ending", ["expired", "rejected"])
+def test_an_expired_or_rejected_step_of_a_task_is_its_tasks_not_a_new_decision(stack, token, ending):
+    """Its task fails for good with it (approval_expired, action_rejected), and a person may finish it
+    by hand: told to ask again under a new decision_id, as a standalone expired action is, the model
+    could make a second refund."""
+    Limit.limit_set(actor="system:tests", reason="the tests' policy", action_type="refund", currency="EUR",
+                    max_amount=Decimal("500.00"), approval_expires_after_hours=4)
+    with api_client(stack.url, token) as provider:
+        sandbox_order(provider, "ORD-M13", "CUST-M13", amount="900.00")
+    stack.start_worker()
+    over_mcp(stack.url, token, ("start_refund_task", {
+        "order": "ORD-M13", "amount": "900.00", "currency": "EUR", "customer": "CUST-M13",
+        "decision_id": "dec-m13", "wait": 0}))
+    task_id = "task:refund:ORD-M13:dec-m13"
+    assert settled(Task.objects.get(task_id=task_id), seconds=60).state == "waiting"
+    item = ReviewItem.objects.get(action__task__task_id=task_id, status="open")
+    if ending == "expired":
+        assert approval_expire_due(now=item.expires_at) == 1
+    else:
+        review_decide(item, user=person("rita", "approvers"), decision="reject", reason="refunded by phone")
+    step = item.action.operation_key
+    (answer,) = over_mcp(stack.url, token, ("wait_for_action", {"operation_key": step, "seconds": 0}))
+    assert answer.structured_content["status"] == ending, guidance_of(answer)
+    assert "ask again under a new decision_id" not in guidance_of(answer)
+    assert f"It is a step of task {task_id!r}" in guidance_of(answer)
+    assert "do not ask for it again under a new decision_id" in guidance_of(answer)
+    assert answer.structured_content["next_tool"] == {"name": "get_task", "arguments": {"task_id": task_id}}
