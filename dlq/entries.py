@@ -15,7 +15,11 @@ from .models import DeadLetter, EntryStatus
 
 
 def _open_entry(entry):
-    entry = DeadLetter.objects.select_for_update(of=("self",)).select_related("task", "action").get(pk=entry.pk)
+    shown = entry
+    entry = (DeadLetter.objects.select_for_update(of=("self",)).select_related("task", "action")
+             .filter(pk=entry.pk).first())
+    if entry is None:  # closed, and past its retention: an archive run took it since the page was read
+        raise InvalidTransition(f"dead letter #{shown.pk} was {shown.status} and has been archived since")
     if entry.status != EntryStatus.OPEN:
         raise InvalidTransition(f"{entry} was already {entry.status} by {entry.decided_by}")
     return entry
