@@ -24,9 +24,8 @@ from sharding.router import Unreadable, create_directory, names
 BATCH = 5000
 # Each row as the router reads a POST: the kind, the key and the body's fields that name subjects.
 SOURCES = (
-    # Not a task step's action: the router never places those (a step's key is asked of each
-    # shard), and its subjects (a notice's recipient) placed here would refuse a direct action
-    # on them by another shard's customer.
+    # Not a task step's action: its names are its task's, placed from the task's row (its key goes
+    # by the task's id, its customer and target are the task's customer and targets).
     ("action", "SELECT operation_key, jsonb_build_object('customer', customer, 'target', target) FROM ledger_action "
                "WHERE task_id IS NULL"),
     ("task", "SELECT task_id, jsonb_build_object('workflow', workflow, 'input', input) FROM ledger_task"),

@@ -10,11 +10,16 @@ names placed so far and the shard each is on.
 
 - A request's **key** (`Idempotency-Key`) is placed with it. A later request under the key goes to
   the key's shard, so a replay finds its action there and a reuse with another body is answered
-  there `422 idempotency_key_reused`, as on one database.
-- A new key goes to the shard of its **subjects**, its customer and its target: the same-subject
-  hold and the one-effect rules look only at the shard they run on, so every action on a customer
-  and every action on a target must be on one shard. Subjects not yet placed are placed there; a
-  request none of whose names is placed goes to its customer's hash (its target's without one).
+  there `422 idempotency_key_reused`, as on one database. A key a shard makes from another goes
+  by that one's name: a task's step's (`<task id>:<step>:v<n>`) by its task's id, an edit's version
+  (`<key>~v<n>`) by its original's key. A request under one, before or after what it derives from,
+  so reaches the shard that made the key or will, whose uniqueness answers it.
+- A new key goes to the shard of its **subjects**, its customer and its target (a task's: its
+  customer and the targets its steps act on, a refund's order and its confirmation's address): the
+  same-subject hold and the one-effect rules look only at the shard they run on, so every action
+  on a customer and every action on a target must be on one shard. Subjects not yet placed are
+  placed there; a request none of whose names is placed goes to its customer's hash (its target's
+  without one).
 - A request any of whose names is placed on another shard than the rest cannot keep those rules:
   it is refused, `409 shard_conflict`, and nothing is placed or written anywhere. (A room booked by
   customers of two shards is one: docs/scale.md says what bookings need.) Unless its key's shard
@@ -33,9 +38,10 @@ names placed so far and the shard each is on.
 
 A name, once placed, never moves (the directory's trigger refuses it), so a placement read is true
 for good. Reads by key (`GET /api/v1/actions/{key}`, its `/evidence`, `/api/v1/tasks/{id}`) go to
-the key's shard; a key never placed here (a task's step, an edited version: their shard made them)
-is asked of each shard in turn; if none has it and one failed, the answer is that shard's 5xx (503
-if it did not answer), not 404. Anything else under `/api/v1/` goes to shard 0.
+the key's shard (a step's is its task's, a version's its original's); a key never placed here (one
+recorded straight into a shard) is asked of each shard in turn; if none has it and one failed, the
+answer is that shard's 5xx (503 if it did not answer), not 404. Anything else under `/api/v1/` goes
+to shard 0.
 
 Configuration: `SHARD_URLS`, the shards' base URLs in shard order, comma-separated (their order is
 the hash's, so it never changes once names are placed); `SHARD_DIRECTORY_URL`, the directory's
@@ -45,6 +51,7 @@ PostgreSQL database. Run it with `gunicorn sharding.router:app`.
 import hashlib
 import json
 import os
+import re
 import threading
 import uuid
 from decimal import Decimal
@@ -89,9 +96,14 @@ BEGIN
 END $$;
 CREATE OR REPLACE TRIGGER shard_placement_kept BEFORE UPDATE OR DELETE ON shard_placement
     FOR EACH ROW EXECUTE FUNCTION shard_placement_kept()"""
-# The input field naming the target of a workflow's effect (ledger/workflows/refund.py: the refund
-# step acts on the order), so that the task and a direct action on that target share a shard.
-TASK_TARGETS = {"refund": "order_id"}
+# What the router must know of the workflows (ledger/workflows/), written here as it runs without
+# Django (tests/sharding/test_router_names.py holds them to the workflows' own): every workflow's
+# effect steps, whose actions a shard makes under `<task id>:<step>:v<n>` (Step.key), and where a
+# refund task's confirmation goes without `notify` (refund.default_recipient).
+EFFECT_STEPS = ("call_refund_api", "notify_customer")
+CUSTOMERS_AT = "@customers.surety.example"
+STEP_KEY = re.compile(rf"(.+):(?:{'|'.join(EFFECT_STEPS)}):v[0-9]+")
+VERSION = re.compile(r"~v[0-9]+$")  # an edit's version's key: its original's and ~v2, ~v3 (ledger.versions)
 CREATING = 7_320_001  # an advisory lock: routers starting at once create the table in turn
 
 
@@ -123,6 +135,29 @@ def stored(value, spell=str.strip):
     return text
 
 
+def key_name(kind, key):
+    """The directory name of a request under `key`: the name of what the key belongs to. A key the
+    shard makes from another goes with it, so that a request under it, before or after, reaches
+    the shard that made it or will, where the key's uniqueness answers it as one database does: an
+    edit's version goes by its original's key, and a task's step's key by its task's id."""
+    if kind == "task":
+        return f"task:{key}"
+    original = VERSION.sub("", key)
+    step = STEP_KEY.fullmatch(original)
+    return f"task:{step[1]}" if step else f"action:{original}"
+
+
+def task_targets(workflow, given, customer):
+    """The targets of a task's effects, as its steps record them from its input as the shard
+    stores it: a refund's order, and the address its confirmation goes to (`notify`, else the
+    customer's at CUSTOMERS_AT, ledger/workflows/refund.py). Placed with the task, a direct action
+    on either shares its shard."""
+    if workflow != "refund":
+        return []
+    recipient = stored(given.get("notify")) or (f"{customer.lower()}{CUSTOMERS_AT}" if customer else "")
+    return [stored(given.get("order_id")), email_recipient(recipient)]
+
+
 def names(kind, key, body):
     """The directory names of a POST: its key's, then its subjects' (the customer first, whose
     hash places a request none of them is placed for)."""
@@ -130,16 +165,16 @@ def names(kind, key, body):
         raise Unreadable(key)
     if kind == "task":
         given = body.get("input") if isinstance(body.get("input"), dict) else {}
-        workflow = body.get("workflow")
-        field = TASK_TARGETS.get(workflow) if isinstance(workflow, str) else None
-        customer, target = stored(given.get("customer"), customer_spelling), (stored(given.get(field)) if field else "")
+        customer = stored(given.get("customer"), customer_spelling)
+        targets = task_targets(stored(body.get("workflow")), given, customer)
     else:
         customer, target = stored(body.get("customer"), customer_spelling), stored(body.get("target"))
         params = body.get("params") if isinstance(body.get("params"), dict) else {}
         if body.get("action_type") == "send_message" and params.get("channel") == "email":
             target = email_recipient(target)  # as the API stores it: one spelling, one shard
-    subjects = [f"{name}:{value}" for name, value in (("customer", customer), ("target", target)) if value]
-    return f"{kind}:{key}", subjects
+        targets = [target]
+    subjects = [f"customer:{customer}"] if customer else []
+    return key_name(kind, key), subjects + [f"target:{target}" for target in targets if target]
 
 
 def place(conn, key_name, subjects, shards, owner):
@@ -251,7 +286,7 @@ class Router:
             with self.directory.connection() as conn:
                 shard = place(conn, *wanted, len(self.shards), owner)
         except Conflict as exc:
-            return self.conflict(wanted[0], exc.args[0], request)
+            return self.conflict(kind, key, exc.args[0], request)
         answer = self.forward(shard, request)
         if 400 <= answer[0] < 500:  # the shard recorded nothing: the request's placements go too
             try:
@@ -266,26 +301,25 @@ class Router:
         if not well_formed_key(key):
             return 0
         with self.directory.connection() as conn:
-            row = conn.execute("SELECT shard FROM shard_placement WHERE name = %s", [f"{kind}:{key}"]).fetchone()
+            row = conn.execute("SELECT shard FROM shard_placement WHERE name = %s", [key_name(kind, key)]).fetchone()
         return row[0] if row else 0
 
-    def conflict(self, key_name, placed, request):
+    def conflict(self, kind, key, placed, request):
         """A request whose names are on two shards. If one is its key's, and that shard holds what
         the key names, it can record nothing new under the key: it answers the reuse (or the key's
         expiry) as one Surety would. Else nothing could keep the request's subjects together: 409."""
-        shard = placed.get(key_name)
-        if shard is not None and self.holds(shard, key_name, request):
+        shard = placed.get(key_name(kind, key))
+        if shard is not None and self.holds(shard, kind, key, request):
             return self.forward(shard, request)
         names_placed = ", ".join(f"{name} on shard {on}" for name, on in sorted(placed.items()))
         return problem(409, "shard_conflict", "The request's names are on two shards",
                        f"This ledger is split by customer, and {names_placed}: no shard sees every action "
                        "the same-subject hold must see. Nothing was recorded.")
 
-    def holds(self, shard, key_name, request):
+    def holds(self, shard, kind, key, request):
         """Whether `shard` has this agent's action or task under the key, or its archived key (a
         read of it answers 200 or 410). A key placed but never recorded (its request's router died
         mid-forward) would otherwise let the shard record the request under it there."""
-        kind, _, key = key_name.partition(":")
         path = f"{ACTIONS if kind == 'action' else TASKS}/{key_segment(key)}"
         headers = {k: v for k, v in request.headers().items() if k != "Content-Type"}
         try:
@@ -371,7 +405,7 @@ def read_name(path):
             key = unquote(key.removesuffix("/evidence") if kind == "action" else key)
             # A key Surety refuses (a NUL, which PostgreSQL's text cannot hold) is never placed:
             # shard 0 answers it.
-            return f"{kind}:{key}" if well_formed_key(key) else None
+            return key_name(kind, key) if well_formed_key(key) else None
     return None
 
 

@@ -315,7 +315,7 @@ def test_a_task_runs_on_its_customers_shard_and_is_read_back_through_the_router(
 
     assert (started.status_code, started.headers["Surety-Shard"]) == (201, "1")
     assert [r["order_id"] for r in sandbox_list(api_client(one.url, shards.token), "refunds", order_id="ORD-J1")] == ["ORD-J1"]
-    # The step's action was made by shard 1's worker under a key the router never placed.
+    # The step's action was made by shard 1's worker: its key goes by its task's id.
     step_key = done["steps"]["call_refund_api"]["idempotency_key"]
     step = client.get(f"/api/v1/actions/{quote(step_key, safe='')}")
     assert (step.status_code, step.headers["Surety-Shard"], step.json()["status"]) == (200, "1", "succeeded")
@@ -431,8 +431,8 @@ def test_a_name_another_request_placed_while_this_one_looked_stays_when_that_req
 
 
 def test_a_key_is_read_from_the_shard_that_has_it_while_another_shard_does_not_answer(shards):
-    """A router whose shard 0 is an address nothing listens on: a key it never placed (an edited
-    version's, a step's) is still found on shard 1."""
+    """A router whose shard 0 is an address nothing listens on: a key not placed (one recorded
+    straight into a shard) is still found on shard 1."""
     client, one = shards.client, shards.stacks[1]
     key = "refund:ORD-V1:full:dec-1"
     assert post_action(client, key, refund_body("ORD-V1", customer=customer_on(1, "VAL"))).status_code == 201
@@ -478,6 +478,68 @@ def test_a_refund_task_places_its_order_so_a_direct_refund_of_it_goes_to_the_tas
     assert placed(shards, "target:ORD-T1") == 1
     assert (direct.status_code, direct.headers["Surety-Shard"]) == (201, "1")
 
+def test_a_refund_task_whose_workflow_is_written_with_spaces_places_its_order_as_the_shard_records_it(shards):
+    """The shard trims the workflow's name (a CharField) and records a refund task: its order must be
+    placed with it, or a direct refund of the order with the same decision goes to the other shard
+    and the order is refunded twice for one decision."""
+    client = shards.client
+    tia, toby = customer_on(1, "TIA"), customer_on(0, "TOBY")
+
+    task = post_task(client, "refund-T2", {**refund_task_body("ORD-T2", customer=tia), "workflow": " refund "})
+    direct = post_action(client, "refund:ORD-T2:full:dec-1", refund_body("ORD-T2", customer=toby, decision="dec-1"))
+
+    assert (task.status_code, task.headers["Surety-Shard"]) == (201, "1"), task.text
+    assert placed(shards, "target:ORD-T2") == 1
+    assert (direct.status_code, direct.headers["Surety-Shard"]) == (201, "1")
+
+
+
+def test_a_key_the_shard_makes_from_a_task_or_an_action_goes_to_its_shard_whichever_comes_first(shards):
+    """The shard makes keys of its own: a task's step's `<task id>:<step>:v<n>`, an edit's `<key>~v<n>`.
+    A direct request under one of them must reach that shard, where the key's uniqueness answers it,
+    whatever its customer's hash, and before or after the task or the action it derives from."""
+    client, (zero, one) = shards.client, shards.stacks
+    sia, sky = customer_on(0, "SIA"), customer_on(1, "SKY")
+    assert post_task(client, "refund-SK1", refund_task_body("ORD-SK1", customer=sia)).headers["Surety-Shard"] == "0"
+
+    step = post_action(client, "refund-SK1:call_refund_api:v1", refund_body("ORD-SK2", customer=sky))
+    read = client.get(f"/api/v1/actions/{quote('refund-SK1:call_refund_api:v1', safe='')}")
+    # The other way round: the direct request first, under a step's key of a task not yet asked for.
+    early = post_action(client, "refund-SK3:notify_customer:v1", refund_body("ORD-SK3", customer=customer_on(1, "SAL")))
+    task = post_task(client, "refund-SK3", refund_task_body("ORD-SK4", customer=customer_on(0, "SUE")))
+    # An edit's version follows its original.
+    assert post_action(client, "refund:ORD-SK5:full:dec-1", refund_body(
+        "ORD-SK5", customer=customer_on(0, "STU"))).headers["Surety-Shard"] == "0"
+    version = post_action(client, "refund:ORD-SK5:full:dec-1~v2", refund_body("ORD-SK6", customer=customer_on(1, "SY")))
+
+    assert (step.status_code, step.headers["Surety-Shard"]) == (201, "0")
+    assert (read.status_code, read.headers["Surety-Shard"], read.json()["target"]) == (200, "0", "ORD-SK2")
+    assert (early.status_code, early.headers["Surety-Shard"]) == (201, "1")
+    assert (task.status_code, task.headers["Surety-Shard"]) == (201, "1")
+    assert (version.status_code, version.headers["Surety-Shard"]) == (201, "0")
+    assert not keys_on(one) & {"refund-SK1:call_refund_api:v1", "refund:ORD-SK5:full:dec-1~v2"}
+    assert "refund-SK3:notify_customer:v1" not in keys_on(zero)
+
+
+def test_a_refund_tasks_confirmation_address_is_placed_with_it(shards):
+    """The confirmation goes to `notify`, or without it to the customer's address at the customers'
+    domain: an agent's own message to that address must meet it on one shard (one message per
+    recipient and decision, the same-subject hold), whatever the address's hash."""
+    client = shards.client
+    nell = next(f"NELL-{i}" for i in range(200) if hashed_shard(f"customer:NELL-{i}", 2) == 1
+                and hashed_shard(f"target:nell-{i}@customers.surety.example", 2) == 0)
+    nora = next(f"nora{i}" for i in range(200) if hashed_shard(f"target:nora{i}@mail.example", 2) == 0)
+    notified = refund_task_body("ORD-NT2", customer=customer_on(1, "NIKO"))
+    notified["input"]["notify"] = f" {nora}@Mail.EXAMPLE"
+
+    tasks = [post_task(client, "refund-NT1", refund_task_body("ORD-NT1", customer=nell)),
+             post_task(client, "refund-NT2", notified)]
+    messages = [post_action(client, f"message:{nell}:dec-1", message_body(f"{nell.lower()}@customers.surety.example")),
+                post_action(client, f"message:{nora}:dec-1", message_body(f"{nora}@mail.example"))]
+
+    assert [(t.status_code, t.headers["Surety-Shard"]) for t in tasks] == [(201, "1")] * 2, [t.text for t in tasks]
+    assert [(m.status_code, m.headers["Surety-Shard"]) for m in messages] == [(201, "1")] * 2
+
 
 def test_a_placed_keys_shard_answers_under_it_whatever_the_body_so_an_archived_key_is_gone(shards):
     """One Surety answers any request under a key whose action was archived 410, whatever the body
@@ -522,9 +584,9 @@ def test_the_fill_places_a_ledger_recorded_before_the_router_on_shard_zero(shard
         200, "true", "0")
     assert (gone.status_code, gone.headers["Surety-Shard"]) == (410, "0"), gone.text
     names = [f"action:{key}", f"customer:{ola}", "target:ORD-O1", "task:refund-O2", f"customer:{olga}",
-             "target:ORD-O2", "action:refund:ORD-O3:full:dec-1"]
+             "target:ORD-O2", f"target:{olga.lower()}@customers.surety.example", "action:refund:ORD-O3:full:dec-1"]
     assert {name: placed(shards, name) for name in names} == dict.fromkeys(names, 0)
-    # A step's action is not placed (the router never places one): nor is its subject.
+    # A step's action goes by its task, whose names are placed: not by its own key or subjects.
     assert placed(shards, "action:refund-O2:notify_customer:v1") is None
     assert placed(shards, "target:ada@example.com") is None
 
