@@ -107,12 +107,19 @@ class Action:
         return self.status in PERSON_STATUSES
 
     @property
+    def done_by_hand(self) -> bool:
+        """Failed, and a person then made its effect outside Surety (its dead letter, or its task's,
+        resolved): it happened, and nothing retries it, a person's retry included."""
+        return self.status == "failed" and bool((self.error or {}).get("done_by_hand"))
+
+    @property
     def redrivable(self) -> bool:
         """Failed, and a person may still retry it from the dead-letter queue under its own key,
         which never doubles it: a standalone action (a task's is its task's to retry), whether its
         failure is retryable or its cause must be fixed first, except a booking failed for good,
-        which gave its slot up."""
-        return self.status == "failed" and self.task_id is None and (
+        which gave its slot up, and one a person did by hand (`done_by_hand`), which a retry would
+        do again."""
+        return self.status == "failed" and self.task_id is None and not self.done_by_hand and (
             self.action_type != "create_booking" or bool((self.error or {}).get("retryable")))
 
     @property

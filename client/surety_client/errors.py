@@ -73,9 +73,10 @@ class ActionRejected(ActionNotDone):
 
 class Problem(SuretyError):
     """A 4xx answer of the API. `code` is the contract's stable code; `errors` maps fields to
-    messages for validation errors; `retry_after` the seconds its `Retry-After` asks to wait
-    before sending it again (a 429), else None; `operation_key` the key the request was sent under
-    (None for a read)."""
+    messages for validation errors (whatever else a body's `errors` is, a proxy's list or string,
+    its messages under NO_FIELD); `retry_after` the seconds its `Retry-After` asks to wait before
+    sending it again (a 429), else None; `operation_key` the key the request was sent under (None
+    for a read)."""
 
     code = "error"
 
@@ -89,9 +90,26 @@ class Problem(SuretyError):
         self.retry_after = retry_after
         self.title: str = body.get("title", "")
         self.detail: str = body.get("detail", "")
-        self.errors: dict[str, list[str]] = body.get("errors") or {}
+        self.errors = _by_field(body.get("errors"))
         self.recorded_under: str | None = body.get("recorded_under")
         super().__init__(f"{status} {body.get('code', self.code)}: {self.detail or self.title}")
+
+
+# Where the API puts messages that name no field (Django REST framework's name).
+NO_FIELD = "non_field_errors"
+
+
+def _by_field(errors: Any) -> dict[str, list[str]]:
+    """A problem's `errors` as the contract writes them, `{field: [messages]}`, whatever the body held."""
+    if not errors:
+        return {}
+    if not isinstance(errors, dict):
+        return {NO_FIELD: _messages(errors)}
+    return {str(field): _messages(messages) for field, messages in errors.items()}
+
+
+def _messages(said: Any) -> list[str]:
+    return [str(message) for message in said] if isinstance(said, list) else [str(said)]
 
 
 class Unauthenticated(Problem):

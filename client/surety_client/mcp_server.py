@@ -20,9 +20,11 @@ the reviewer's reason, an expired one that it expired (not rejected), an edited 
 version that runs instead; a task's step rejected or expired, that its task failed with it and
 not to ask again (get_task). A failed one that nothing was done and a person may retry it from the
 dead-letter queue under its own key (so not to ask again under a new decision, which would be a
-second effect once they do), with wait_for_action to wait for the retry; a dead-lettered task
-likewise. A refusal of the decision written otherwise (`idempotency_key_reused`) answers the action
-that stands for it. Arguments outside a tool's schema answer the API's problem
+second effect once they do), with wait_for_action to wait for the retry (not before a rate-limited
+provider's retry_after); one a person then did by hand (`done_by_hand`), that it happened outside
+Surety and nothing retries it, so never to ask for it again; a dead-lettered task likewise. A
+refusal of the decision written otherwise (`idempotency_key_reused`) answers the action that
+stands for it. Arguments outside a tool's schema answer the API's problem
 (code `invalid`, `errors` by argument); an answer that is not the API's, `unreadable`. A problem
 is a tool error, except one that asks for the same call again (`retry`: `unreachable`,
 `throttled`, `unreadable`), which is a result: hosts count tool errors against a retry budget
@@ -49,7 +51,7 @@ from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
 from .client import Action, Checkpoint, SuretyClient
-from .errors import IdempotencyKeyReused, Problem, SuretyError, SuretyUnreachable, Unreadable, Unsendable
+from .errors import NO_FIELD, IdempotencyKeyReused, Problem, SuretyError, SuretyUnreachable, Unreadable, Unsendable
 
 PROBLEM_TYPE = "https://surety.dev/problems/"
 # Seconds between progress notifications while a tool call waits.
@@ -227,11 +229,12 @@ def _schema_errors(tool: Tool, args: dict[str, Any]) -> dict[str, list[str]]:
 
 
 def _as_arguments(tool: Tool, errors: dict[str, list[str]]) -> dict[str, list[str]]:
-    """The API's field names (`params.amount`, `target`) as the tool's arguments (`amount`, `order`)."""
+    """The API's field names (`params.amount`, `target`) as the tool's arguments (`amount`, `order`);
+    what names no field under `arguments`, as the schema's own errors name it."""
     named: dict[str, list[str]] = {}
     for field, messages in errors.items():
         field = field.removeprefix("params.").removeprefix("input.")
-        field = tool.renamed.get(field, "decision_id" if field == "Idempotency-Key" else field)
+        field = tool.renamed.get(field, {"Idempotency-Key": "decision_id", NO_FIELD: "arguments"}.get(field, field))
         named.setdefault(field, []).extend(messages)
     return named
 
@@ -373,19 +376,22 @@ def ended_guidance(action: Action) -> tuple[str, dict[str, Any] | None]:
 def failure_guidance(action: Action, waited: float | None = None) -> tuple[str, dict[str, Any] | None]:
     """A failed action did nothing, and its failure opened a dead-letter entry and an alert: a person
     may retry it there under its own key. Asked again under a new decision_id, it would be done twice
-    once they do: the model must tell the user instead, and may wait for the retry."""
+    once they do: the model must tell the user instead, and may wait for the retry. One a person did
+    by hand is no failure to wait through (`by_hand_guidance`)."""
+    if action.done_by_hand:
+        return by_hand_guidance(action), None
     error = action.error or {}
     key = action.operation_key
     text = f"Failed: nothing was done ({error.get('code')}: {error.get('message')})."
     if action.task_id is not None:
-        return (f"{text} It is a step of task {action.task_id!r}, which retries it or stops for a person to redrive: "
-                "do not ask for it again under a new decision_id. Call get_task with "
+        return (f"{text} It is a step of task {action.task_id!r}, which retries it{_not_before(error)} or stops for "
+                "a person to redrive: do not ask for it again under a new decision_id. Call get_task with "
                 f"task_id={action.task_id!r} for what comes next.", _next("get_task", task_id=action.task_id))
     if not action.redrivable:
         return (f"{text} It failed for good and gave its slot up: nobody will retry it. Tell the user why; "
                 "booking it still is a new decision, with a decision_id of its own.", None)
     if error.get("retryable"):
-        text += " Operations were alerted: a person may retry it from the dead-letter queue"
+        text += f" Operations were alerted: a person may retry it from the dead-letter queue{_not_before(error)}"
     else:
         text += (" It will not succeed as it stands. Operations were alerted: a person may retry it from the "
                  "dead-letter queue once its cause is fixed")
@@ -398,6 +404,30 @@ def failure_guidance(action: Action, waited: float | None = None) -> tuple[str, 
         text += (f"It is still failed after the {waited:g} s this call waited: call wait_for_action with "
                  f"operation_key={key!r} again to wait longer.")
     return text, _next("wait_for_action", operation_key=key)
+
+
+def by_hand_guidance(action: Action) -> str:
+    """A failure a person then did by hand (its dead letter resolved, or its task's): the effect
+    happened, outside Surety, and nothing retries it. Told that nothing was done, the model would
+    ask for it again, and it would be done twice."""
+    error = action.error or {}
+    text = (f"Done by hand: a person made this {action.action_type} outside Surety after it failed here "
+            f"({error.get('code')}: {error.get('message')}), and resolved its dead-letter entry: it happened. Nothing "
+            "will retry it, a person's retry included. Do not ask for it again, under this decision or a new "
+            "decision_id: that would do it twice. Tell the user it was done, by hand.")
+    if action.task_id is not None:
+        text += (f" It is a step of task {action.task_id!r}, which a person finished by hand too: nothing runs it "
+                 "again, and it is not to be started again either.")
+    return text
+
+
+def _not_before(error: dict[str, Any]) -> str:
+    """When a retry of a retryable failure is worth making, if a rate-limited provider said so."""
+    seconds = error.get("retry_after")
+    if not error.get("retryable") or not isinstance(seconds, (int, float)) or seconds <= 0:
+        return ""
+    return (f" (not before {seconds:g} s after it failed: the provider was rate-limited and asked to be left alone "
+            "that long)")
 
 
 def task_guidance(task: Checkpoint, waited: float | None = None) -> tuple[str, dict[str, Any] | None]:
@@ -557,7 +587,9 @@ INSTRUCTIONS = (
     "and operations were alerted: a person may retry it from the dead-letter queue under its own key. Never ask "
     "for it again under a new decision_id (once they retry it, that is a second effect): tell the user, and "
     "wait_for_action waits for the retry. A failed or dead-lettered task likewise: its done steps stand, and a "
-    "person may redrive a dead-lettered one. A refusal as already recorded (idempotency_key_reused) answers the "
+    "person may redrive a dead-lettered one. A failed action whose error says done_by_hand was done by a person "
+    "outside Surety after it failed: it happened and nothing retries it; tell the user it was done, and never ask "
+    "for it again (that would do it twice). A refusal as already recorded (idempotency_key_reused) answers the "
     "action that stands for the decision: tell the user its outcome, do not ask again. Every answer carries "
     "guidance (what happened, what to do), retry (whether the same call again may answer otherwise) and "
     "next_tool (the call to make next, or null)."

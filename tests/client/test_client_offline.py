@@ -577,3 +577,51 @@ def test_a_proxys_retry_after_written_as_a_date_is_the_wait_it_names(clock):
     answer = mcp_server.call(client, "refund", REFUND).structured_content
     assert (answer["code"], answer["retry"]) == ("throttled", True)
     assert re.search(r"Wait 1(19|20) s first \(Retry-After\)", answer["guidance"])  # the date is to the second
+
+
+DONE_BY_HAND = {"code": "declined", "message": "…", "retryable": False, "done_by_hand": True}
+
+
+@pytest.mark.parametrize("fields, what", [({"action_type": "create_booking"}, "create_booking"),
+                                          ({"task_id": TASK_ID}, "refund")])
+def test_a_booking_or_a_tasks_step_done_by_hand_is_reported_done_not_given_up_or_retried(clock, fields, what):
+    """A booking done by hand keeps its slot, and a task's step done by hand is its task's, finished by
+    hand too: told "it gave its slot up" or "its task retries it", the model would book or refund again."""
+    client, _ = scripted_api((200, {}, {**_failed_action(False, **fields), "error": DONE_BY_HAND}))
+    answer = mcp_server.call(client, "get_action", {"operation_key": KEY}).structured_content
+    assert answer["guidance"].startswith(f"Done by hand: a person made this {what} outside Surety")
+    assert "slot up" not in answer["guidance"] and "retries it" not in answer["guidance"]
+    assert "Do not ask for it again, under this decision or a new decision_id" in answer["guidance"]
+    assert ("which a person finished by hand too" in answer["guidance"]) is ("task_id" in fields)
+    assert answer["next_tool"] is None  # get_task would tell of a dead-lettered task to wait for
+    assert "done_by_hand" in mcp_server.INSTRUCTIONS
+
+
+@pytest.mark.parametrize("errors, said", [
+    (["amount must be positive"], {"arguments": ["amount must be positive"]}),
+    ("amount must be positive", {"arguments": ["amount must be positive"]}),
+    ({"params.amount": "must be positive", "target": ["too long"]}, {"amount": ["must be positive"],
+                                                                     "order": ["too long"]}),
+])
+def test_a_problems_errors_that_are_no_fields_lists_are_kept_as_messages(clock, errors, said):
+    """A proxy or a later release answers `errors` as a list or a string: the MCP server's naming of
+    fields by argument took it for a dict of lists and the tool call failed with no guidance."""
+    client, _ = scripted_api(*[(400, {}, {**_problem(400, "invalid"), "errors": errors})] * 2)
+    with pytest.raises(surety_client.Invalid) as raised:
+        client.get_action(KEY)
+    assert all(isinstance(messages, list) for messages in raised.value.errors.values())
+    answer = mcp_server.call(client, "refund", REFUND).structured_content
+    assert answer["code"] == "invalid" and answer["errors"] == said
+    assert answer["guidance"].startswith("Refused (invalid): ")
+
+
+@pytest.mark.parametrize("fields, retried_by", [({}, "a person may retry it from the dead-letter queue"),
+                                                ({"task_id": TASK_ID}, "which retries it")])
+def test_a_failure_a_rate_limited_provider_caused_says_how_long_before_a_retry(clock, fields, retried_by):
+    """Its error's `retry_after` is the seconds the provider asked to be left alone for: a retry sooner
+    fails alike, and the guidance, saying who retries it, said nothing of when."""
+    failed = _failed_action(True, code="rate_limited", **fields)
+    client, _ = scripted_api((200, {}, {**failed, "error": {**failed["error"], "retry_after": 30}}))
+    guidance = mcp_server.call(client, "get_action", {"operation_key": KEY}).structured_content["guidance"]
+    assert (f"{retried_by} (not before 30 s after it failed: the provider was rate-limited and asked to be left "
+            "alone that long)") in guidance

@@ -16,12 +16,12 @@ from mcp.shared.memory import create_client_server_memory_streams
 from approvals.decisions import review_decide
 from approvals.models import Limit, ReviewItem
 from approvals.reviews import approval_expire_due
-from dlq.entries import deadletter_redrive
+from dlq.entries import deadletter_redrive, deadletter_resolve
 from dlq.models import DeadLetter
 from ledger.models import Action, Task
 from surety_client import SuretyClient, mcp_server
 from tests.conftest import free_port, wait_until
-from tests.factories import api_client, make_agent, person, sandbox_list, sandbox_order, settled
+from tests.factories import api_client, make_agent, person, sandbox, sandbox_list, sandbox_order, settled
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -294,3 +294,35 @@ def test_an_expired_or_rejected_step_of_a_task_is_its_tasks_not_a_new_decision(s
     assert f"It is a step of task {task_id!r}" in guidance_of(answer)
     assert "do not ask for it again under a new decision_id" in guidance_of(answer)
     assert answer.structured_content["next_tool"] == {"name": "get_task", "arguments": {"task_id": task_id}}
+
+
+def test_a_refund_a_person_did_by_hand_is_reported_done_and_never_asked_again(stack, token):
+    """Declined by the provider, it failed for good; the operator paid it by bank transfer and resolved
+    its dead letter. Told "Failed: nothing was done, a person may retry it", the model waited for a
+    retry that never comes, or asked for it again under a new decision_id: a second refund."""
+    with api_client(stack.url, token) as provider:
+        sandbox(provider, "POST", "faults", json={"target": "ORD-M14", "fault": "decline", "times": 1})
+    stack.start_worker()
+    arguments = {"order": "ORD-M14", "amount": "25.00", "currency": "EUR", "decision_id": "dec-m14", "wait": 20}
+    key = "refund:ORD-M14:dec-m14"
+    (declined,) = over_mcp(stack.url, token, ("refund", arguments))
+    assert declined.structured_content["status"] == "failed", guidance_of(declined)
+    deadletter_resolve(DeadLetter.objects.get(action__operation_key=key, status="open"),
+                       actor=person("olga", "operators"), note="refunded by bank transfer")
+
+    started = time.monotonic()
+    again, waited = over_mcp(stack.url, token, ("refund", arguments),
+                             ("wait_for_action", {"operation_key": key, "seconds": 30}))
+    assert time.monotonic() - started < 20  # no retry to wait for: wait_for_action answers at once
+    for answer in (again, waited):
+        guidance = guidance_of(answer)
+        assert answer.structured_content["error"]["done_by_hand"] is True
+        assert "Done by hand: a person made this refund outside Surety" in guidance
+        assert "nothing was done (" not in guidance and "may retry" not in guidance
+        assert "Do not ask for it again, under this decision or a new decision_id" in guidance
+        assert answer.structured_content["next_tool"] is None
+    with SuretyClient(stack.url, token) as client:
+        action = client.get_action(key)
+    assert action.done_by_hand and not action.redrivable
+    with api_client(stack.url, token) as provider:
+        assert sandbox_list(provider, "refunds", order_id="ORD-M14") == []  # done outside the provider's API
