@@ -10,6 +10,7 @@ from django.db import IntegrityError, transaction
 
 from . import clock
 from .actions import KeyReused, action_done_by_hand, action_give_up, fingerprint
+from .compiled import update
 from .jobs import ring_after_commit
 from .models import PERSON_STATUSES, ActionStatus, AuditEvent, Task, TaskState, TaskStep
 from .recipients import customer_spelled_before
@@ -102,6 +103,21 @@ def task_actions_let_go(task, *, actor, reason, by_hand=False):
         fail_for_good, why = action_give_up, "will not run again"
     for action in task.actions.filter(status=ActionStatus.FAILED).order_by("pk"):
         fail_for_good(action, actor=actor, reason=f"its task {task.task_id} {why}: {reason}")
+    if by_hand:
+        _task_done_by_hand(task, actor=actor, reason=reason)
+
+
+def _task_done_by_hand(task, *, actor, reason):
+    """The locked task's checkpoint says a person finished it, as its actions' errors do (its last
+    error: no retry, `done_by_hand`): its state stays where the work stopped (dead-lettered,
+    failed), and its agent, reading it, would otherwise wait for a redrive that never comes."""
+    row = Task.objects.get(pk=task.pk)
+    before = {"state": row.state, "last_error": row.last_error}
+    row.last_error = {**(row.last_error or {}), "retryable": False, "done_by_hand": True}
+    row.updated_at = clock.now()
+    update(row, ["last_error", "updated_at"])
+    AuditEvent.objects.record(actor=actor, verb="done_by_hand", obj=row, before=before,
+                              after={"state": row.state, "last_error": row.last_error}, reason=reason)
 
 
 def task_expire_leases():

@@ -199,3 +199,21 @@ def test_a_booking_that_let_its_slot_go_is_left_as_it_is_when_resolved_later(cli
     assert (action.error["retryable"], "done_by_hand" in action.error) == (False, False)
     assert Booking.objects.get(action=action).status == Booking.Status.RELEASED
     assert Booking.objects.get(action=anew).status == Booking.Status.PENDING
+
+
+def test_a_task_resolved_by_hand_tells_its_agent_so(client, billing):
+    """Its checkpoint stays `dead_lettered` (the contract's states), and its last error says what its
+    actions' say: a person finished it, no redrive comes. Before, its agent read a dead-lettered
+    task it was told a person may still redrive, and waited for that."""
+    task = dead_lettered_task(billing, "t-r")
+    failed(refund(billing, key="t-r:call_refund_api:v1", order="ORD-T", task=task))
+    olga = person("olga", "operators")
+
+    deadletter_resolve(dead_letter(task), actor=olga, note="refunded by hand, ticket 12")
+
+    read = client.get("/api/v1/tasks/t-r").json()
+    assert read["state"] == "dead_lettered"
+    assert (read["last_error"]["retryable"], read["last_error"]["done_by_hand"]) == (False, True)
+    assert read["last_error"]["code"] == "worker_lost"  # what stopped it stays said
+    [event] = audit_events(task, "done_by_hand")
+    assert event.actor == actor_label(olga) and "ticket 12" in event.reason
