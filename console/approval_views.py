@@ -5,7 +5,7 @@ from urllib.parse import urlencode
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import Q
-from django.http import HttpResponse
+from django.http import HttpResponse, QueryDict
 from django.shortcuts import redirect, render
 from django.urls import resolve, reverse
 from django.views.decorators.http import require_POST
@@ -80,6 +80,15 @@ def _kinds_of(queue):
 def _queue_query(item, queue):
     """What an item's URL carries to stay in `queue`: nothing for the default."""
     return "" if queue == _default_queue(item) else f"?{urlencode({'queue': queue})}"
+
+
+def _queue_as_shown(queue, filters):
+    """The queue's address with the filters and page it showed (`filters`, its query string, as
+    a row's reject form posts it back): its own filters only, each written out afresh, so that
+    no post can make it an address of another page or site."""
+    given = QueryDict(filters)
+    shown = {name: given[name] for name in ReviewQueueFilters.base_fields if given.get(name)}
+    return reverse(QUEUES[queue][2]) + (f"?{urlencode(shown)}" if shown else "")
 
 
 def _next_after(item, user, queue):
@@ -315,7 +324,7 @@ def decided(request, item, form):
     if decision == "verify":
         return redirect("review-detail", pk=item.pk)
     if form.cleaned_data["return_to"] == "queue":
-        return redirect(QUEUES[_queue_of(item)][2])
+        return redirect(_queue_as_shown(_queue_of(item), request.POST.get("queue_filters", "")))
     # On to the next item in the queue's order; the last one stays on the page it was decided on.
     return redirect(_next_after(item, request.user, came_from(request, item)))
 

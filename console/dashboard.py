@@ -2,31 +2,33 @@
 
 import base64
 import functools
+from urllib.parse import urlsplit, urlunsplit
 
 from django.conf import settings
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
 from django.db.models import Q
-from django.http import HttpResponse, HttpResponseBadRequest
+from django.http import HttpResponseBadRequest
 from django.shortcuts import render, resolve_url
+from django.utils.http import url_has_allowed_host_and_scheme
 
 from ledger.access import ROLES
 from ledger.validation import parse_moment
+
+from .signin import redirect
 
 PAGE_SIZE = 50
 
 
 def staff_required(view):
-    """Logged in and in one of the dashboard's groups (or a superuser). An htmx poll whose
-    session expired is sent to the login page as a whole, not swapped into a fragment."""
+    """Logged in and in one of the dashboard's groups (or a superuser). An htmx request whose
+    session expired sends the page to the login page as a whole, not swapped into a fragment."""
 
     @functools.wraps(view)
     def wrapper(request, *args, **kwargs):
         user = request.user
         if not user.is_authenticated:
-            if request.htmx:
-                return HttpResponse(status=204, headers={"HX-Redirect": f"{resolve_url(settings.LOGIN_URL)}?next={request.path}"})
-            return redirect_to_login(request.get_full_path())
+            return redirect(request, redirect_to_login(_page_to_return_to(request)).url)
         if not (user.is_superuser or user.groups.filter(name__in=ROLES).exists()):
             raise PermissionDenied("the dashboard is for operators, approvers, auditors and admins")
         # PostgreSQL text cannot hold NUL: any query or save carrying one would fail.
@@ -36,6 +38,22 @@ def staff_required(view):
         return view(request, *args, **kwargs)
 
     return wrapper
+
+
+def _page_to_return_to(request):
+    """Where signing in again leads: the page the person was on, as htmx names it (a fragment's
+    own address may answer only a POST, as the what-if's does), if it is on this site; else the
+    address asked for, where a GET asked for it; else the home page. Never a POST's address:
+    signed in, the person is sent there with a GET."""
+    if request.htmx and request.htmx.current_url:
+        current = request.htmx.current_url
+        if url_has_allowed_host_and_scheme(current, allowed_hosts={request.get_host()},
+                                           require_https=request.is_secure()):
+            current = urlsplit(current)
+            return urlunsplit(("", "", current.path, current.query, ""))
+    if request.method in ("GET", "HEAD"):
+        return request.get_full_path()
+    return resolve_url(settings.LOGIN_REDIRECT_URL)
 
 
 def _all_values(params):

@@ -46,6 +46,7 @@ from django.db import DatabaseError, IntegrityError, transaction
 from django.db.models import Max
 from django.utils import timezone
 
+from ledger import money
 from ledger.connectors import connector_for, http
 from ledger.jobs import enqueue
 from ledger.models import SETTLED, Action, ActionStatus, ActionType
@@ -113,8 +114,16 @@ class Finding:
         if self.kind == IncidentKind.DOUBLE_EFFECT:
             refs = {*self.external_refs, self.ledger["external_ref"]} - {""}
             return f"{what}: {len(refs)} effects at {self.connector} for one ledger entry"
-        return f"{what}: {self.connector} has {self.effects[0]['amount']} {self.effects[0]['currency']}, " \
-               f"the ledger {self.ledger['amount']} {self.ledger['currency']}"
+        effect = self.effects[0]
+        return f"{what}: {self.connector} has {_written(effect['amount'], effect['currency'])} {effect['currency']}, " \
+               f"the ledger {_written(self.ledger['amount'], self.ledger['currency'])} {self.ledger['currency']}"
+
+
+def _written(amount, currency):
+    """`amount` as its currency writes it, as every page does (the ledger's column keeps three
+    decimals: "500.000" JPY is 500); one with more decimals than its currency has (a provider's
+    25.005 EUR) as it is: rounded, it could read as the amount it differs from."""
+    return money.canonical({"amount": amount, "currency": currency})["amount"]
 
 
 def _effect(record, *, raw=False):

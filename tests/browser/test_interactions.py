@@ -51,7 +51,7 @@ def test_reject_with_a_reason_takes_4_and_3_from_the_queue(page, people, agent, 
     person.navigating(person.press, "Enter")
     item.refresh_from_db()
     assert item.status == ReviewStatus.REJECTED and item.note == "the customer withdrew the claim"
-    assert page.url.endswith("/approvals/")  # back in the queue for the next one
+    assert page.url.endswith("/approvals/?kind=approval")  # back in the queue as filtered, for the next one
     assert (person.count, person.count - at_queue) == (4, 3)
 
 
