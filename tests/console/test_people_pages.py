@@ -89,6 +89,17 @@ def test_a_row_rejected_from_a_filtered_queue_returns_to_the_queue_as_it_was_fil
     assert ReviewItem.objects.get(pk=waiting.pk).status == ReviewStatus.REJECTED
 
 
+def test_a_one_click_reason_from_a_filtered_queue_returns_to_it_too(alice, waiting):
+    """The reasons the person gave before are one-click rejects of their own (keys 1 to 3)."""
+    action, _ = action_request(agent=waiting.action.agent, operation_key="refund:ORD-Q2:full:dec-q2",
+                               action_type="refund", target="ORD-Q2", customer="CUST-Q2",
+                               params={"amount": "700.00", "currency": "EUR"})
+    reject_from(alice, waiting, "")  # "not ours" is a reason alice gave before now
+    page = alice.get(QUEUE).content.decode()
+    assert 'value="not ours"' in page
+    assert page.count('<input type="hidden" name="queue_filters" value="status=all&amp;action_type=refund">') == 2
+
+
 @pytest.mark.parametrize(("filters", "back_to"), [
     ("", "/approvals/"),
     ("after=abc&kind=held", "/approvals/?after=abc&kind=held"),
