@@ -179,10 +179,17 @@ class Checkpoint:
         return self.state not in WORKING_STATES
 
     @property
+    def done_by_hand(self) -> bool:
+        """A person finished it outside Surety (its dead letter resolved): its state stays where its
+        work stopped (dead-lettered, failed), and nothing redrives it."""
+        return bool((self.last_error or {}).get("done_by_hand"))
+
+    @property
     def redrivable(self) -> bool:
         """Out of attempts: a person may redrive it from the dead-letter queue, and it resumes from
-        its checkpoint (a failed task is final)."""
-        return self.state == "dead_lettered"
+        its checkpoint (a failed task is final), unless a person finished it by hand
+        (`done_by_hand`), which a redrive would do again."""
+        return self.state == "dead_lettered" and not self.done_by_hand
 
 
 class SuretyClient:

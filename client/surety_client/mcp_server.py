@@ -22,7 +22,9 @@ not to ask again (get_task). A failed one that nothing was done and a person may
 dead-letter queue under its own key (so not to ask again under a new decision, which would be a
 second effect once they do), with wait_for_action to wait for the retry (not before a rate-limited
 provider's retry_after); one a person then did by hand (`done_by_hand`), that it happened outside
-Surety and nothing retries it, so never to ask for it again; a dead-lettered task likewise. A
+Surety and nothing retries it, so never to ask for it again; a dead-lettered task likewise (with
+wait_for_task for the redrive), and one a person finished by hand (its `last_error`'s
+`done_by_hand`), that its work happened and nothing redrives it, so never to start it again. A
 refusal of the decision written otherwise (`idempotency_key_reused`) answers the action that
 stands for it. Arguments outside a tool's schema answer the API's problem
 (code `invalid`, `errors` by argument); an answer that is not the API's, `unreadable`. A problem
@@ -189,7 +191,8 @@ TOOLS = {tool.name: tool for tool in (
          _schema(["task_id"], task_id=TEXT),
          lambda client, args: client.get_task(args["task_id"]), {}),
     Tool("wait_for_task", "Wait until a task leaves queued/running (done, failed, or waiting for a person), "
-         "and while it is dead-lettered until a person redrives it, up to `seconds`.",
+         "and while it is dead-lettered until a person redrives it (one a person finished by hand answers at "
+         "once), up to `seconds`.",
          _schema(["task_id"], task_id=TEXT, seconds=SECONDS),
          lambda client, args: client.wait_for_task(args["task_id"], timeout=args.get("seconds", 30), redrive=True),
          {}),
@@ -432,7 +435,7 @@ def _not_before(error: dict[str, Any]) -> str:
 
 def task_guidance(task: Checkpoint, waited: float | None = None) -> tuple[str, dict[str, Any] | None]:
     """As action_guidance, for a task; `waited`: the seconds wait_for_task waited, which it does
-    while the task is dead-lettered (a person may redrive it)."""
+    while the task is dead-lettered (a person may redrive it), unless a person finished it by hand."""
     text = f"Task {task.task_id} ({task.workflow}): {task.state}, attempt {task.attempts} of {task.max_attempts}."
     next_tool = None
     if task.state == "waiting":
@@ -451,27 +454,30 @@ def task_guidance(task: Checkpoint, waited: float | None = None) -> tuple[str, d
         code = error.get("code")
         if error:
             text += f" It stopped at {error.get('step')}: {code}: {error.get('message')}."
-        if code in ADVICE:
-            text += f" {ADVICE[code][0]}"
-        done = [name for name, step in task.steps.items() if step.status == "done"]
-        text += (f" Its done steps ({', '.join(done) or 'none'}) were carried out and stay done; the others were "
-                 "not completed.")
-        # Either way it has a dead-letter entry and an alert: a person redrives it, or finishes it
-        # by hand, and the same refund started under a new decision would then be a second one.
-        if task.redrivable:
-            text += (" Out of attempts: operations were alerted, and a person may redrive it from the dead-letter "
-                     "queue: it resumes from its checkpoint, under its own task id, never making a done step "
-                     "again. Do not start it again under a new decision_id: once they redrive it, that would do "
-                     "its steps twice. Tell the user it stopped and that operations may redrive it. ")
-            text += (f"Call wait_for_task with task_id={task.task_id!r} to wait for a redrive's outcome."
-                     if waited is None else
-                     f"It is still dead-lettered after the {waited:g} s this call waited: call wait_for_task with "
-                     f"task_id={task.task_id!r} again to wait longer.")
-            next_tool = _next("wait_for_task", task_id=task.task_id)
+        if task.done_by_hand:
+            text += f" {task_by_hand_guidance(task)}"
         else:
-            text += (" It failed for good: no retry changes it and nobody can redrive it. Operations were alerted, "
-                     "and a person may finish it by hand. Do not start it again under a new decision_id: tell the "
-                     "user.")
+            if code in ADVICE:
+                text += f" {ADVICE[code][0]}"
+            done = [name for name, step in task.steps.items() if step.status == "done"]
+            text += (f" Its done steps ({', '.join(done) or 'none'}) were carried out and stay done; the others were "
+                     "not completed.")
+            # Either way it has a dead-letter entry and an alert: a person redrives it, or finishes it
+            # by hand, and the same refund started under a new decision would then be a second one.
+            if task.redrivable:
+                text += (" Out of attempts: operations were alerted, and a person may redrive it from the dead-letter "
+                         "queue: it resumes from its checkpoint, under its own task id, never making a done step "
+                         "again. Do not start it again under a new decision_id: once they redrive it, that would do "
+                         "its steps twice. Tell the user it stopped and that operations may redrive it. ")
+                text += (f"Call wait_for_task with task_id={task.task_id!r} to wait for a redrive's outcome."
+                         if waited is None else
+                         f"It is still dead-lettered after the {waited:g} s this call waited: call wait_for_task with "
+                         f"task_id={task.task_id!r} again to wait longer.")
+                next_tool = _next("wait_for_task", task_id=task.task_id)
+            else:
+                text += (" It failed for good: no retry changes it and nobody can redrive it. Operations were alerted, "
+                         "and a person may finish it by hand. Do not start it again under a new decision_id: tell the "
+                         "user.")
     elif not task.settled:
         text += f" Call wait_for_task with task_id={task.task_id!r} to wait for it."
         next_tool = _next("wait_for_task", task_id=task.task_id)
@@ -479,6 +485,17 @@ def task_guidance(task: Checkpoint, waited: float | None = None) -> tuple[str, d
         text = "Already started for this decision; nothing was started again. " + text
     steps = ", ".join(f"{name}: {step.status}" for name, step in task.steps.items())
     return f"{text} Steps: {steps}.", next_tool
+
+
+def task_by_hand_guidance(task: Checkpoint) -> str:
+    """A stopped task a person then finished by hand (its dead letter resolved): its work happened,
+    outside Surety, and nothing redrives it. Told that a person may redrive it, the model would wait
+    for a redrive that never comes, or, told its steps were not completed, start it again: its
+    refund made twice."""
+    return ("Done by hand: a person finished this task outside Surety after it stopped here, and resolved its "
+            "dead-letter entry: its work happened (its done steps here, the rest by hand). Nothing will retry or "
+            "redrive it. Do not start it again under a new decision_id or task id: that would do it twice. "
+            "Tell the user it was done, by hand.")
 
 
 def _answer(result: Action | Checkpoint, waited: float | None = None) -> types.CallToolResult:
@@ -589,7 +606,9 @@ INSTRUCTIONS = (
     "wait_for_action waits for the retry. A failed or dead-lettered task likewise: its done steps stand, and a "
     "person may redrive a dead-lettered one. A failed action whose error says done_by_hand was done by a person "
     "outside Surety after it failed: it happened and nothing retries it; tell the user it was done, and never ask "
-    "for it again (that would do it twice). A refusal as already recorded (idempotency_key_reused) answers the "
+    "for it again (that would do it twice). A task whose last_error says done_by_hand was finished by a person "
+    "outside Surety, whatever its state: nothing redrives it; tell the user, and never start it again under a new "
+    "decision_id. A refusal as already recorded (idempotency_key_reused) answers the "
     "action that stands for the decision: tell the user its outcome, do not ask again. Every answer carries "
     "guidance (what happened, what to do), retry (whether the same call again may answer otherwise) and "
     "next_tool (the call to make next, or null)."

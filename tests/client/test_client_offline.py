@@ -349,6 +349,22 @@ def test_a_task_failed_for_good_says_nobody_can_redrive_it_and_not_to_start_it_a
     assert answer["next_tool"] is None and len(requests) == 1 and clock.pauses == []
 
 
+@pytest.mark.parametrize("state", ["dead_lettered", "failed"])
+def test_a_task_a_person_finished_by_hand_is_reported_done_and_not_waited_for(clock, state):
+    """Its dead letter resolved, its state stays where its work stopped: read as waiting for a redrive,
+    wait_for_task read it until its seconds ran out, and the model was told a person may redrive it."""
+    done_by_hand = {**_stopped_task(state), "last_error": {**_stopped_task(state)["last_error"], "retryable": False,
+                                                           "done_by_hand": True}}
+    client, requests = scripted_reads(done_by_hand)
+    answer = mcp_server.call(client, "wait_for_task", {"task_id": TASK_ID, "seconds": 30}).structured_content
+    assert "Done by hand: a person finished this task outside Surety" in answer["guidance"]
+    assert "may redrive" not in answer["guidance"] and "failed for good" not in answer["guidance"]
+    assert "Do not start it again under a new decision_id or task id" in answer["guidance"]
+    assert answer["next_tool"] is None and len(requests) == 1 and clock.pauses == []
+    task = client.get_task(TASK_ID)
+    assert task.done_by_hand and not task.redrivable
+
+
 REUSED = "The key 'refund:ORD-1:dec-1' was already used for a different request; nothing was changed."
 RECORDED_ELSEWHERE = ("This decision's refund is recorded under the key 'refund:ORD-1:full:dec-1' with other params; "
                       "nothing was changed. Do not retry it with other params.")

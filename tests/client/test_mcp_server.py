@@ -326,3 +326,39 @@ def test_a_refund_a_person_did_by_hand_is_reported_done_and_never_asked_again(st
     assert action.done_by_hand and not action.redrivable
     with api_client(stack.url, token) as provider:
         assert sandbox_list(provider, "refunds", order_id="ORD-M14") == []  # done outside the provider's API
+
+
+def test_a_refund_task_a_person_finished_by_hand_is_reported_done_and_never_waited_for(stack, token):
+    """The provider could not be asked for the order on any attempt: the task was dead-lettered, and
+    the operator paid the refund by bank transfer and resolved its dead letter. Its state stays
+    where its work stopped; read as a task a person may redrive, wait_for_task waited its seconds out
+    for a redrive that never comes, and the model was told to wait for one, or to tell the user that
+    operations may redrive it."""
+    with api_client(stack.url, token) as provider:
+        sandbox_order(provider, "ORD-M15", "CUST-M15")
+        sandbox(provider, "POST", "faults", json={"target": "ORD-M15", "fault": "lookup_error", "times": 10})
+    stack.start_worker()
+    over_mcp(stack.url, token, ("start_refund_task", {
+        "order": "ORD-M15", "amount": "25.00", "currency": "EUR", "customer": "CUST-M15",
+        "decision_id": "dec-m15", "wait": 0}))
+    task_id = "task:refund:ORD-M15:dec-m15"
+    assert settled(Task.objects.get(task_id=task_id), seconds=60).state == "dead_lettered"
+    deadletter_resolve(DeadLetter.objects.get(task__task_id=task_id, status="open"),
+                       actor=person("olga", "operators"), note="refunded by bank transfer")
+
+    started = time.monotonic()
+    read, waited = over_mcp(stack.url, token, ("get_task", {"task_id": task_id}),
+                            ("wait_for_task", {"task_id": task_id, "seconds": 30}))
+    assert time.monotonic() - started < 20  # no redrive to wait for: wait_for_task answers at once
+    for answer in (read, waited):
+        guidance = guidance_of(answer)
+        assert answer.structured_content["state"] == "dead_lettered"
+        assert answer.structured_content["last_error"]["done_by_hand"] is True
+        assert "Done by hand: a person finished this task outside Surety" in guidance
+        assert "may redrive" not in guidance and "wait_for_task" not in guidance
+        assert "Do not start it again under a new decision_id or task id" in guidance
+        assert "Tell the user it was done, by hand." in guidance
+        assert answer.structured_content["next_tool"] is None
+    with SuretyClient(stack.url, token) as client:
+        task = client.get_task(task_id)
+    assert task.done_by_hand and not task.redrivable
