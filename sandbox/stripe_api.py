@@ -10,9 +10,13 @@ The official `stripe` SDK reaches it when its API base is `<site>/sandbox/stripe
   newest first, in Stripe's list envelope.
 - `GET /v1/charges/{id}`, `GET /v1/payment_intents/{id}`: the sandbox's orders as Stripe shows
   a payment (an order id starting `pi_` is a payment intent, any other a charge).
-- `POST /v1/charges`, form-encoded: `amount` (Stripe's units), `currency`, a test `source` such as
-  `tok_visa`: a new order whose id is the charge's `ch_…`, as Stripe's test mode makes one (the
-  replay set's refunds need a charge to refund).
+- `POST /v1/charges`, form-encoded: `amount` (Stripe's units), `currency` (one that some country
+  pays in), a test `source` such as `tok_visa`: a new order whose id is the charge's `ch_…`, as
+  Stripe's test mode makes one (the replay set's refunds need a charge to refund).
+
+As Stripe does, a refund of more than is left of its payment is refused (`amount_too_large`;
+`charge_already_refunded` once nothing is left), and so is a refund without `amount` of a payment
+refunded in part (Stripe would refund what is left). A URL it does not serve is Stripe's 404.
 
 Errors are Stripe's `{"error": {"type", "code", "message", …}}`. A secret key of test mode
 (`sk_test_…`) is accepted. It shares its store and its fault script with the sandbox's own API
@@ -22,6 +26,7 @@ with it. Unlike Stripe, a second request with a key still in use waits for the f
 replays its answer (Stripe answers 409).
 """
 
+import functools
 import secrets
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -31,6 +36,7 @@ from django.db.models import Sum
 from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from ledger import currencies
 from ledger.connectors import stripe_amounts
 
 from . import views
@@ -117,14 +123,20 @@ def _units(amount, currency):
     return int(Decimal(amount).scaleb(stripe_amounts.digits(currency)))
 
 
+def _refunded(order):
+    """How much of `order` is refunded: its refunds in its currency (the sandbox's own API takes a
+    refund of an order in any currency)."""
+    refunds = SandboxRefund.objects.filter(order_id=order.order_id, currency=order.currency)
+    return refunds.aggregate(total=Sum("amount"))["total"] or 0
+
+
 def _payment(order):
-    refunded = SandboxRefund.objects.filter(order_id=order.order_id).aggregate(total=Sum("amount"))["total"]
     is_intent = order.order_id.startswith("pi_")
     return {
         "id": order.order_id,
         "object": "payment_intent" if is_intent else "charge",
         "amount": _units(order.amount, order.currency),
-        "amount_refunded": _units(refunded or 0, order.currency),
+        "amount_refunded": _units(_refunded(order), order.currency),
         "currency": order.currency.lower(),
         "created": int(order.created_at.timestamp()),
         "metadata": {"customer": order.customer},
@@ -169,6 +181,21 @@ def _replay_conflict(key, refund):
     return (first.order_id, first.amount, first.metadata) != (refund.order_id, refund.amount, refund.metadata)
 
 
+def _refundable(refund):
+    """Refuse, as Stripe does, a refund of more than is left of its payment. Run where the refund is
+    saved, after its key's replay: the payment's row is locked until then, so two refunds at once
+    cannot both take what is left."""
+    order = SandboxOrder.objects.select_for_update().get(order_id=refund.order_id)
+    left = order.amount - _refunded(order)
+    if left <= 0:
+        raise StripeError(400, "charge_already_refunded", f"Charge {order.order_id} has already been refunded.")
+    if refund.amount > left:
+        shown = [stripe_amounts.from_units(_units(amount, order.currency), order.currency)
+                 for amount in (refund.amount, left)]
+        raise StripeError(400, "amount_too_large", f"Refund amount ({shown[0]} {order.currency}) is greater than "
+                          f"unrefunded amount on charge ({shown[1]} {order.currency}).", param="amount")
+
+
 def refund_create(request):
     params, metadata = _form(request, {"charge", "payment_intent", "amount"})
     if ("charge" in params) == ("payment_intent" in params):
@@ -176,7 +203,7 @@ def refund_create(request):
     param = "charge" if "charge" in params else "payment_intent"
     order = _order(params[param], param)
     amount = params.get("amount")
-    if amount is not None and not (amount.isascii() and amount.isdigit() and 0 < int(amount) < 10**12):
+    if amount is not None and not views.whole_number(amount, 1, 10**12 - 1):
         raise StripeError(400, "parameter_invalid_integer", "amount must be a positive integer.", param="amount")
     try:
         key = views._idempotency_key(request)
@@ -195,7 +222,8 @@ def refund_create(request):
         response = stripe_error(500, "internal_error", "Injected fault: the provider failed.")
         response["Idempotent-Replayed"] = "true"
         return response
-    response = views._write(refund, target=order.order_id, body=_refund, error=stripe_error)
+    response = views._write(refund, target=order.order_id, body=_refund, error=stripe_error,
+                            check=functools.partial(_refundable, refund))
     if response.status_code == 500 and _idempotent(key):
         SandboxIdempotencyKey.objects.get_or_create(scope=_FAILED_SCOPE, key=key)
     # The sandbox's own API answers 201 for a new effect and 200 for a replay; Stripe, 200 for
@@ -210,7 +238,7 @@ def refund_create(request):
 def _created(request, bound):
     """`created[gte]` or `created[lt]`: a time in Unix seconds, as Stripe's lists take it."""
     value = request.GET[f"created[{bound}]"]
-    if not (value.isascii() and value.isdigit() and int(value) < 2**32):
+    if not views.whole_number(value, 0, 2**32 - 1):
         raise StripeError(400, "parameter_invalid_integer", f"created[{bound}] must be a Unix time in seconds.",
                           param=f"created[{bound}]")
     return datetime.fromtimestamp(int(value), UTC)
@@ -224,7 +252,7 @@ def refund_list(request):
     if any("\x00" in value for value in request.GET.values()):
         raise StripeError(400, "parameter_invalid_string", "Parameters must not contain NUL.")
     limit = request.GET.get("limit", "10")
-    if not (limit.isascii() and limit.isdigit() and 1 <= int(limit) <= 100):
+    if not views.whole_number(limit, 1, 100):
         raise StripeError(400, "parameter_invalid_integer", "limit must be between 1 and 100.", param="limit")
     refunds = SandboxRefund.objects.order_by("-pk")
     if filters:
@@ -247,11 +275,11 @@ def refund_list(request):
 def charge_create(request):
     params, metadata = _form(request, {"amount", "currency", "source", "description"})
     amount, currency = params.get("amount", ""), params.get("currency", "")
-    if not (amount.isascii() and amount.isdigit() and 0 < int(amount) < 10**12):
+    if not views.whole_number(amount, 1, 10**12 - 1):
         raise StripeError(400, "parameter_invalid_integer", "amount must be a positive integer.", param="amount")
-    if not (len(currency) == 3 and currency.isascii() and currency.isalpha()):
-        raise StripeError(400, "parameter_invalid_string", "currency must be a three-letter ISO code.",
-                          param="currency")
+    if not (currency.isascii() and currencies.is_payable(currency.upper())):
+        raise StripeError(400, "parameter_invalid_string", f"Invalid currency: {currency.lower()}. Give the "
+                          "three-letter ISO code of a currency one may pay in.", param="currency")
     amount = stripe_amounts.from_units(amount, currency.upper())
     if amount >= MAX_CHARGE:
         raise StripeError(400, "amount_too_large", f"Amount must be below {MAX_CHARGE} {currency.upper()}.",
@@ -263,6 +291,11 @@ def charge_create(request):
     order = SandboxOrder.objects.create(
         order_id=f"ch_{secrets.token_hex(12)}", customer=customer, currency=currency.upper(), amount=amount)
     return JsonResponse(_payment(order))
+
+
+@csrf_exempt
+def not_found(request):
+    return stripe_error(404, None, f"Unrecognized request URL ({request.method}: {request.path}).")
 
 
 def charge_detail(request, charge_id):

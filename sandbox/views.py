@@ -119,6 +119,13 @@ def _filters(request, *names):
     return found
 
 
+def whole_number(value, low, high):
+    """Whether `value`, a parameter as sent, is a whole number from `low` to `high` in ASCII digits.
+    Its length is checked before int() reads it: int() refuses more than 4,300 digits (a ValueError)."""
+    return (value.isascii() and value.isdigit() and len(value.lstrip("0")) <= len(str(high))
+            and low <= int(value) <= high)
+
+
 # A page of a listing: at most this many effects, and this many unless told otherwise.
 PAGE_LIMIT_MAX = 1000
 PAGE_LIMIT_DEFAULT = 100
@@ -160,7 +167,7 @@ def _effect_list(request, model, body, *names):
     if "until" in request.GET:
         effects = effects.filter(created_at__lt=_moment(request, "until"))
     limit = request.GET.get("limit", str(PAGE_LIMIT_DEFAULT))
-    if not (limit.isascii() and limit.isdigit() and 1 <= int(limit) <= PAGE_LIMIT_MAX):
+    if not whole_number(limit, 1, PAGE_LIMIT_MAX):
         raise InvalidInput({"limit": [f"Must be a whole number from 1 to {PAGE_LIMIT_MAX}."]})
     limit = int(limit)
     after = _filters(request, "starting_after").get("starting_after")

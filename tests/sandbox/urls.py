@@ -2,4 +2,7 @@
 
 from django.urls import include, path
 
-urlpatterns = [path("sandbox/v1/", include("sandbox.urls"))]
+urlpatterns = [
+    path("sandbox/v1/", include("sandbox.urls")),
+    path("sandbox/stripe/v1/", include("sandbox.stripe_urls")),
+]
