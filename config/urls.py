@@ -36,7 +36,8 @@ handler500 = server_error
 
 
 def handler404(request, exception=None):
-    if request.path.startswith("/api/"):
+    # The API's and the webhooks' clients read problems (docs/contract.md), people read the page.
+    if request.path.startswith(("/api/", "/webhooks/")):
         return api_not_found(request, exception)
     from django.views.defaults import page_not_found
 

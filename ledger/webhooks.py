@@ -13,6 +13,7 @@ know), and every refusal is logged.
 import logging
 
 from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.db import IntegrityError, transaction
 from django.http import JsonResponse
 from django.utils import timezone
@@ -109,7 +110,12 @@ def webhook_receive(request, connector):
         refused["Allow"] = "POST"
         return refused
     try:
-        event = reader(request.body, request.headers)
+        raw = request.body
+    except RequestDataTooBig:  # Django's HTML "Bad Request (400)" otherwise
+        return _problem(400, "invalid", "Not an event",
+                        f"the body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes")
+    try:
+        event = reader(raw, request.headers)
         given_id, event_type, data = event["id"], str(event["type"]), event.get("data") or {}
     except WebhookRefused as exc:
         return _problem(400, "webhook_refused", "Webhook refused", str(exc))
