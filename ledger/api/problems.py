@@ -9,6 +9,7 @@ from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.http import Http404, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.parsers import JSONParser
+from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 
 from ledger.json_input import lone_surrogate
@@ -89,6 +90,11 @@ def problem_exception_handler(exc, context):
     else:
         code = next((c for cls, c in _CODES.items() if isinstance(exc, cls)), "error")
         body = problem_body(exc.status_code, code, _title(exc), str(exc.detail))
+    # A problem is JSON whatever renderer the view negotiated or `?format=` named (the schema's is
+    # YAML): DRF renders the answer with the request's.
+    request = context.get("request")
+    if request is not None:
+        request.accepted_renderer, request.accepted_media_type = JSONRenderer(), JSONRenderer.media_type
     response = Response(body, status=exc.status_code, content_type="application/problem+json")
     if isinstance(exc, (exceptions.NotAuthenticated, exceptions.AuthenticationFailed)):
         response["WWW-Authenticate"] = 'Bearer realm="api"'
