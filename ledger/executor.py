@@ -27,6 +27,7 @@ from django.utils import timezone
 from . import hooks
 from . import clock
 from .compiled import Compiled
+from .actions import action_done_by_hand
 from .connectors import http
 from .connectors.base import Lookup, write_permit
 from .connectors.test_mode import connector_for_action, is_replay_action
@@ -153,8 +154,8 @@ def action_run_claimed(action):
         if action.attempts < settings.MAX_ATTEMPTS:
             return _again(action, claim, reason="the request never reached the provider",
                           evidence=_evidence(action, {**exc.evidence(), **looked}), wait=exc.retry_after)
-        return _settle(action.mark_failed, actor=EXECUTOR, claim=claim, code=exc.code, message=str(exc), retryable=True,
-                       evidence=looked and _evidence(action, looked), retry_after=exc.retry_after)
+        return _out_of_attempts(action, claim, code=exc.code, message=str(exc),
+                                evidence=looked and _evidence(action, looked), retry_after=exc.retry_after)
     except http.OutcomeUnknown as exc:
         # The provider may still be finishing the request we gave up on: look only after
         # it could have answered.
@@ -185,8 +186,8 @@ def action_verify(action):
         return _settle_looked(action, lookup, evidence, why)
     if action.attempts >= settings.MAX_ATTEMPTS:
         # The last look at the provider is the evidence its dead-letter entry shows.
-        return _settle(action.mark_failed, actor=EXECUTOR, claim=action.fence, code="attempts_exhausted",
-                       message=f"no effect after {action.attempts} attempts", retryable=True, evidence=evidence)
+        return _out_of_attempts(action, action.fence, code="attempts_exhausted",
+                                message=f"no effect after {action.attempts} attempts", evidence=evidence)
     return _again(action, action.fence, reason="verified absent at the provider", evidence=evidence)
 
 
@@ -232,22 +233,48 @@ def _again(action, claim, *, reason, evidence, wait=None):
     runs again (a dead-lettered one redriven; one that ended or was resolved by hand never does:
     failed for good)."""
     with transaction.atomic():
-        # The task's row locked until this settles: a redrive, a discard or a resolve by hand
-        # (each under the task's lock, its entry with it: ledger.tasks) committing meanwhile would
-        # otherwise leave the failure retryable under a task that never runs again (holding
-        # what it held for good), or failed for good under one that was just redriven.
-        stopped = action.task_id and Task.objects.select_for_update(no_key=True).filter(
-            pk=action.task_id, state__in=TASK_STOPPED).values_list("state", flat=True).first()
+        stopped = _task_stopped(action)
         if stopped:
-            # Only a task a person may still redrive (dead-lettered, its entry open) runs again; for
-            # any other the failure is for good, and what the action held goes on, as after any
-            # failure for good.
-            return _settle(action.mark_failed, actor=EXECUTOR, claim=claim, code="task_not_running",
-                           retryable=hooks.redrivable(action.task_id),
-                           message=f"{reason}; its task is {stopped}: nothing attempts it unless the task runs again",
-                           evidence=evidence)
+            return _failed_under_stopped_task(action, claim, stopped, message=reason, evidence=evidence)
         return _settle(action.requeue, actor=EXECUTOR, claim=claim, reason=reason,
                        not_before=backoff_until(action.attempts, wait=wait), evidence=evidence)
+
+
+def _out_of_attempts(action, claim, *, code, message, evidence, retry_after=None):
+    """Failed, retryable, its attempts spent: its task's runner or a person may try again. Under a
+    task that has stopped, as `_again` says."""
+    with transaction.atomic():
+        stopped = _task_stopped(action)
+        if stopped:
+            return _failed_under_stopped_task(action, claim, stopped, message=message, evidence=evidence)
+        return _settle(action.mark_failed, actor=EXECUTOR, claim=claim, code=code, message=message, retryable=True,
+                       evidence=evidence, retry_after=retry_after)
+
+
+def _task_stopped(action):
+    """The state and last error of the action's task if it has stopped, its row locked until the
+    caller's transaction settles the action: a redrive, a discard or a resolve by hand (each under
+    the task's lock, its entry with it: ledger.tasks) committing meanwhile would otherwise leave
+    the failure retryable under a task that never runs again (holding what it held for good), or
+    failed for good under one that was just redriven. None for a running task or none."""
+    return action.task_id and Task.objects.select_for_update(no_key=True).filter(
+        pk=action.task_id, state__in=TASK_STOPPED).values_list("state", "last_error").first()
+
+
+def _failed_under_stopped_task(action, claim, stopped, *, message, evidence):
+    """Only a task a person may still redrive (dead-lettered, its entry open) runs again; for any
+    other the failure is for good, and what the action held goes on, as after any failure for
+    good. One a person finished by hand (its entry resolved) did it by hand: the action is done by
+    hand too (its booking keeps its slot, its refund stays in the daily total), as it is when it
+    failed before the resolve (ledger.tasks.task_actions_let_go)."""
+    state, last_error = stopped
+    by_hand = bool((last_error or {}).get("done_by_hand"))
+    settled = _settle(action.mark_failed, actor=EXECUTOR, claim=claim, code="task_not_running",
+                      retryable=by_hand or hooks.redrivable(action.task_id), evidence=evidence,
+                      message=f"{message}; its task is {state}: nothing attempts it unless the task runs again")
+    if settled is not None and by_hand:
+        settled = action_done_by_hand(settled, actor=EXECUTOR, reason=f"its task {action.task.task_id} was done by hand")
+    return settled
 
 
 def action_expire_leases(now=None):

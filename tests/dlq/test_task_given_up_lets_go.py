@@ -83,12 +83,18 @@ def test_a_task_given_up_cancels_what_it_had_not_started_and_holds_nothing(agent
     assert action_claim_next("tests:2").pk == later.pk
 
 
+@pytest.mark.parametrize("attempts_left", [True, False], ids=["attempts_left", "its_last_attempt"])
 @pytest.mark.parametrize("decide", ["discard", "resolve"])
-def test_an_action_of_a_task_given_up_verified_absent_afterwards_fails_rather_than_waits_queued(stack, agent, decide):
+def test_an_action_of_a_task_given_up_verified_absent_afterwards_fails_rather_than_waits_queued(
+        stack, agent, settings, decide, attempts_left):
     """The other order: the task is given up while its call's outcome is still unknown, and only
     then does verification find no refund. Queued again, the action would never run (a resolved
     task stays dead-lettered, with no entry to redrive it; a discarded one is cancelled) and would
-    hold its order and customer for good: it fails for good instead, and what it held goes on."""
+    hold its order and customer for good: it fails for good instead, and what it held goes on.
+    Resolved, the person did it by hand: done by hand, as a failure before the resolve is (it
+    stays in its customer's daily total), on its last attempt too."""
+    if not attempts_left:
+        settings.MAX_ATTEMPTS = 1
     task, action = refund_in_its_call(agent, "t-2", "ORD-8", "CUST-8")
     unknown(action)
     dead_lettered(task)
@@ -104,6 +110,8 @@ def test_an_action_of_a_task_given_up_verified_absent_afterwards_fails_rather_th
     # again: failed for good, and what it held goes on.
     assert (action.status, action.error["code"], action.error["retryable"]) == (
         ActionStatus.FAILED, "task_not_running", False)
+    assert action.is_done_by_hand == (decide == "resolve")
+    assert customer_total_today("refund", "EUR", "CUST-8") == (Decimal("25.00") if decide == "resolve" else 0)
     assert Action.objects.get(pk=held.pk).status == ActionStatus.QUEUED
     later, _ = action_request(agent=agent, operation_key="refund:ORD-11:full:dec-1", action_type="refund",
                               target="ORD-11", customer="CUST-8", decision_id="dec-1",
