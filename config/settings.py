@@ -286,6 +286,8 @@ for _action_type in ACTION_TYPES:
                 **({"webhook_secret": env_str("STRIPE_TEST_WEBHOOK_SECRET")} if env_str("STRIPE_TEST_WEBHOOK_SECRET")
                    else {}),
             }}
+# A promotion needs a replay run that passed within this many days (ledger.grants.passing_run).
+REPLAY_PASS_MAX_AGE_DAYS = env_int("REPLAY_PASS_MAX_AGE_DAYS", 90)
 # A bulk redrive from the dead-letter queue (dlq/bulk.py) never goes faster than the connectors
 # it calls allow: CONNECTOR_<ACTION_TYPE>_REDRIVE_RATE, entries per minute. It stops when
 # REDRIVE_SPIKE_FAILURES of the last REDRIVE_SPIKE_WINDOW entries it redrove failed again at the provider.

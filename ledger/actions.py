@@ -272,11 +272,12 @@ def _as_asked(existing, print_, action_type, target, params, customer):
 def same_decision(action_type, target, decision_id, params, customer):
     """The action already recorded for this decision's effect, whatever its key: a refund of
     the order, a message of this type to the recipient, a booking of the resource for the
-    customer (the ledger's unique rules on them)."""
+    customer (the ledger's unique rules on them). Neither a superseded row (its version stands
+    for it) nor a shadow one (recorded, never executed: it holds no effect) is that action."""
     if not decision_id or action_type not in SAME_DECISION:
         return None
     return Action.objects.filter(SAME_DECISION[action_type](params, customer), action_type=action_type, target=target,
-                                 decision_id=decision_id).exclude(status=S.SUPERSEDED).first()
+                                 decision_id=decision_id).exclude(status__in=[S.SUPERSEDED, S.SHADOW]).first()
 
 
 # What besides the target and decision makes an effect the same one, per action type that has

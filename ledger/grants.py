@@ -6,14 +6,16 @@ Checked here and nowhere else; every grant, promotion and revoke is audited.
 A grant for an action type starts `shadow`: the agent's actions are recorded and
 fingerprinted, never executed (the intake records them `shadow`). A person with the right to
 manage agents, never the agent's owner (four eyes), promotes it to `live` with a reason and a
-review date, and only while the connector has a passing replay run for its current version
-(ledger.replay). Past the review date it is shadow again unless renewed; that is read at each
-check, so no job is needed. A revoke takes the permission and the live state away at once,
-and the executor re-checks at each claim (`grant_lapsed`): what was queued under it is cancelled.
+review date, and only while the connector's newest finished replay run (ledger.replay) for its
+current version passed, within REPLAY_PASS_MAX_AGE_DAYS (`passing_run`). Past the review date
+it is shadow again unless renewed; that is read at each check, so no job is needed. A revoke
+takes the permission and the live state away at once, and the executor re-checks at each claim
+(`grant_lapsed`): what was queued under it is cancelled.
 """
 
 from datetime import timedelta
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.db.models import CharField, F
@@ -149,12 +151,19 @@ def agent_revoke(agent, cap, *, actor, reason):
             "capability": str(cap), "state": before.state(version_now(cap.name)) if before else GrantState.SHADOW})
 
 
-def passing_run(action_type):
-    """The newest replay run that passed against the connector as it is now, or None."""
+def passing_run(action_type, now=None):
+    """The replay run that opens the gate, or None: the newest finished run (its verdict written)
+    against the connector as it is now, if it passed and started within REPLAY_PASS_MAX_AGE_DAYS.
+    Only the newest counts: a pass followed by a failure of the same connector says it fails now;
+    and an old pass says nothing of the provider's test mode today, which changes without the
+    connector changing."""
     version = version_now(action_type)
     if version is None:
         return None
-    return ReplayRun.objects.filter(action_type=action_type, connector_version=version, passed=True).first()
+    newest = ReplayRun.objects.filter(action_type=action_type, connector_version=version,
+                                      passed__isnull=False).first()
+    since = (now or timezone.now()) - timedelta(days=settings.REPLAY_PASS_MAX_AGE_DAYS)
+    return newest if newest and newest.passed and newest.started_at >= since else None
 
 
 def grant_promote(agent, cap, *, actor, reason, review_by=None):
@@ -178,9 +187,10 @@ def grant_promote(agent, cap, *, actor, reason, review_by=None):
             raise GrantRefused("only a grant for an action type is promoted; a workflow's is live once given")
         if not now < review_by <= now + timedelta(days=MAX_REVIEW_DAYS):
             raise GrantRefused(f"the review date must be ahead, at most {MAX_REVIEW_DAYS} days away")
-        run = passing_run(cap.name)
+        run = passing_run(cap.name, now)
         if run is None:
-            raise GrantRefused(f"no replay run passed against the {cap.name} connector as it is now: run the replay set")
+            raise GrantRefused(f"no replay run passed against the {cap.name} connector as it is now (its newest "
+                               f"finished run, within {settings.REPLAY_PASS_MAX_AGE_DAYS} days): run the replay set")
         if not agent_may(locked, cap.kind, cap.name):
             raise GrantRefused(f"{agent} holds no grant for {cap}")
         grant, _ = Grant.objects.select_for_update().get_or_create(agent=agent, capability=cap)

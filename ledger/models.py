@@ -338,19 +338,22 @@ class Action(LeasedWork):
                 condition=~Q(status=S.EXPIRED) | Q(error__code=APPROVAL_EXPIRED), name="action_expired_says_so"
             ),
             # A message is sent once per recipient, message type and decision, whatever key
-            # asks for it (the intake answers a second one with the first one's row).
+            # asks for it (the intake answers a second one with the first one's row). A shadow
+            # row sends nothing: once the grant is live, the decision asked again is sent.
             models.UniqueConstraint(
                 "target", KeyTextTransform("message_type", "params"), "decision_id",
-                condition=Q(action_type=ActionType.SEND_MESSAGE) & ~Q(decision_id=""),
+                condition=Q(action_type=ActionType.SEND_MESSAGE) & ~Q(decision_id="") & ~Q(status=S.SHADOW),
                 name="action_message_once_per_decision",
             ),
             # A refund is made once per order and decision, whatever key or task asks for it (a
             # task's refund carries the decision its input names, else its task's id). A person's
             # edit-down supersedes the original before its version is inserted, so the version
-            # takes its place.
+            # takes its place; a shadow row refunds nothing, so the decision asked again once the
+            # grant is live is refunded.
             models.UniqueConstraint(
                 "target", "decision_id",
-                condition=Q(action_type=ActionType.REFUND) & ~Q(decision_id="") & ~Q(status=S.SUPERSEDED),
+                condition=Q(action_type=ActionType.REFUND) & ~Q(decision_id="")
+                & ~Q(status__in=[S.SUPERSEDED, S.SHADOW]),
                 name="action_refund_once_per_decision",
             ),
             # A booking is made once per resource, customer and decision, whatever key asks for

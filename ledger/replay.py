@@ -21,14 +21,23 @@ passes against the sandbox, a team's signed-HTTP test URL and Stripe's test mode
 which needs a faults endpoint (a test mode that names its own `faults_url` has it used
 instead). A test mode that cannot be reached ends the run before any case, with its answer.
 
-The actions are the replay agent's, under keys `replay:<run id>:<case>`, so runs never collide
-with real work, and the executor sends them to the test mode whichever worker runs them
-(ledger.connectors.test_mode); in this process, where they are run through the executor's
-own functions, to the run's connector behind its proxy. Each case ends `passed` or `failed`
-with its evidence, which keeps what the proxy staged and what the provider holds afterwards;
-an exception is a failed case, never a crash of the run. The run passes only when every case
-did, and is written as passed once, at the end: a run that stops midway has passed = null,
-which the gate does not take. Nothing here promotes a grant.
+The actions are the replay agent's, under keys `replay:<run id>:<tag>:<case>` (`replay_key`), so
+runs never collide with real work, and the executor sends them to the test mode whichever worker
+runs them (ledger.connectors.test_mode); in this process, where they are run through the
+executor's own functions, to the run's connector behind its proxy. The tag is an HMAC of the run
+id under SECRET_KEY: run ids are sequential, and an agent that recorded the next run's keys first
+would have that run find its actions (and fail, or pass on what it recorded); a case that finds
+an action of another agent's under its key fails, saying so.
+
+The run is executed where the RQ worker takes it, with that process's settings: before any case
+it computes the connector's version again, and a version other than the one recorded when the
+run started (by the console, in the web process) fails the run, with both, since a pass would
+open the gate for a connector it never tested.
+
+Each case ends `passed` or `failed` with its evidence, which keeps what the proxy staged and
+what the provider holds afterwards; an exception is a failed case, never a crash of the run.
+The run passes only when every case did, and is written as passed once, at the end: a run that
+stops midway has passed = null, which the gate does not take. Nothing here promotes a grant.
 """
 
 import contextlib
@@ -40,6 +49,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
+from django.utils.crypto import salted_hmac
 
 from .actions import KeyReused, SlotTaken, action_by_key, action_request
 from .agents import agent_create
@@ -95,8 +105,11 @@ class CaseFailed(Exception):
         self.evidence = evidence
 
 
-def _key(run, case):
-    return f"{REPLAY_KEY_PREFIX}{run.pk}:{case}"
+def replay_key(run, case):
+    """The operation key of `case` in `run` ("" for the run's prefix): a tag no agent can derive
+    from the run id, so none can record a run's keys before it does."""
+    tag = salted_hmac("ledger.replay.replay_key", str(run.pk), algorithm="sha256").hexdigest()[:20]
+    return f"{REPLAY_KEY_PREFIX}{run.pk}:{tag}:{case}"
 
 
 def replay_agent():
@@ -129,13 +142,21 @@ def replay_start(action_type, *, actor):
 def replay_run(run):
     """Run the six cases of `run` in order, store each outcome as it ends, then the verdict.
 
-    1. Build the test mode's connector; a problem with it, or a test mode that cannot be
-       reached, is the run's one failed case, with the answer.
+    1. Compare the connector's version here with the one recorded when the run started;
+       build the test mode's connector. Another version, a problem with the connector, or a
+       test mode that cannot be reached, is the run's one failed case, with the answer.
     2. Start the fault proxy in front of its base URL, and have this process's replay
        actions go to the connector pointed at it.
     3. Run the cases; each keeps what the proxy staged while it ran.
     """
     try:
+        version = connector_version(run.action_type)
+        if version != run.connector_version:
+            run.cases = [{"case": "connector_version", "outcome": "failed", "evidence": {
+                "error": f"the {run.action_type} connector here is not the one the run was started for: "
+                         "the process running it has other settings or code than the one that started it",
+                "started_for": run.connector_version, "running": version}}]
+            return _finish(run)
         provider, faults_url = test_connector_for(run.action_type)
         problems = provider.check()
         if problems:
@@ -151,7 +172,7 @@ def replay_run(run):
     with contextlib.ExitStack() as running:
         proxy = running.enter_context(FaultProxy(provider.base_url)) if provider.base_url else None
         connector = provider.through(proxy.url) if proxy else provider
-        running.enter_context(replay_connector(run.action_type, _key(run, ""), connector))
+        running.enter_context(replay_connector(run.action_type, replay_key(run, ""), connector))
         case = _Cases(run, agent, connector, provider, proxy, faults_url)
         for name, step in case.steps():
             _run_case(run, case, name, step)
@@ -235,7 +256,7 @@ class _Cases:
     # -- what each case asks for ----------------------------------------------------------------
 
     def key(self, case):
-        return _key(self.run, case)
+        return replay_key(self.run, case)
 
     def request(self, case, *, n=0, other=False):
         """The request of a case for this action type: a target of its own (n), or changed params."""
@@ -269,8 +290,16 @@ class _Cases:
         """Record and claim in one transaction: no worker sees the action before this process owns it."""
         with transaction.atomic():
             action, created = action_request(**request)
+            self.own(action)
             claimed = action_claim_next(self.owner, only=action.pk) if action.status == S.QUEUED else None
         return action, created, claimed
+
+    def own(self, action):
+        """`action`, the replay agent's; what another agent recorded under the run's key fails the case."""
+        if action.agent_id != self.agent.pk:
+            raise CaseFailed(f"the action under {action.operation_key} is not the replay agent's but agent "
+                             f"{action.agent_id}'s: another agent recorded this run's key", action=_shown(action))
+        return action
 
     def run_until_settled(self, action, claimed, seconds):
         """Run the claimed attempt, then every verification that falls due, until the outcome
@@ -387,7 +416,7 @@ class _Cases:
         with transaction.atomic():
             for request in requests:
                 try:
-                    actions.append(action_request(**request)[0])
+                    actions.append(self.own(action_request(**request)[0]))
                 except SlotTaken as exc:
                     refused.append({"operation_key": request["operation_key"], "refused": "booking_conflict",
                                     "reason": str(exc)})

@@ -330,8 +330,9 @@ def action_guidance(action: Action, waited: float | None = None) -> tuple[str, d
                         f"decides. {wait_hint}",
         "shadow": f"Shadow: recorded, not executed. This agent's grant for {action.action_type} is in shadow: "
                   "Surety records its actions and never carries them out (only those asked for after a person "
-                  "makes the grant live run). Nothing was done and nothing will be for this one: do not retry it or "
-                  "wait for it; tell the user it was not carried out.",
+                  "makes the grant live run, under a new operation_key: this one's stays shadow). Nothing was done "
+                  "and nothing will be for this one: do not retry it or wait for it; tell the user it was not "
+                  "carried out.",
     }
     version = action.superseded_by
     next_tool = None

@@ -15,6 +15,7 @@ from dlq.reconcile import findings_in
 from ledger.connectors.fault_proxy import FaultProxy
 from ledger.connectors.stripe import StripeConnector
 from ledger.models import Action, GrantState, ReplayRun, Task, WebhookEvent
+from ledger.replay import replay_key
 from tests.conftest import free_port, thread_server
 from tests.connectors.stripe_servers import (  # noqa: F401 (fixtures)
     configured_refund_connector, provider_app, provider_stack, stripe_provider, uses)
@@ -233,7 +234,7 @@ def test_the_replay_set_passes_with_the_server_as_stripes_test_mode_and_a_grant_
     assert {c["case"]: c["outcome"] for c in run.cases} == dict.fromkeys(REPLAY_CASES, "passed"), run.cases
     assert run.passed is True and run.connector == "stripe"
     for case in ("clean", "timeout"):
-        action = Action.objects.get(operation_key=f"replay:{run.pk}:{case}")
+        action = Action.objects.get(operation_key=replay_key(run, case))
         assert action.target.startswith("ch_") and action.external_ref.startswith("re_")
         assert [(r["id"], r["metadata"]["operation_key"]) for r in stripe_provider.refunds(action.target)] == [
             (action.external_ref, action.operation_key)]

@@ -13,7 +13,7 @@ from ledger.agents import agent_create, agent_rotate_token
 from ledger.connectors.test_mode import connector_for_action, connector_version, is_replay_action
 from ledger.grants import GrantRefused, capability, grant_promote, grant_state
 from ledger.models import Action, ActionStatus, Agent, Capability, GrantState, ReplayRun, WebhookEvent
-from ledger.replay import replay_agent, replay_check
+from ledger.replay import replay_agent, replay_check, replay_key
 from tests.conftest import answering, free_port, thread_server
 from tests.factories import api_client, make_agent, sandbox_list
 from tests.ledger.test_site_url import NotSurety
@@ -35,10 +35,10 @@ def test_replay_check_refund_against_the_sandbox_passes_and_keeps_six_cases(stac
     assert (run.action_type, run.connector, run.ran_by) == ("refund", "sandbox", "system:replay_check")
     assert run.connector_version == connector_version("refund")
     client = api_client(stack.url, settings.SANDBOX_API_KEY)
-    clean = f"replay:{run.pk}:clean"
+    clean = replay_key(run, "clean")
     assert len(sandbox_list(client, "refunds", operation_key=clean)) == 1
-    assert len(sandbox_list(client, "refunds", operation_key=f"replay:{run.pk}:timeout")) == 1
-    assert Action.objects.get(operation_key=f"replay:{run.pk}:timeout").attempts == 1
+    assert len(sandbox_list(client, "refunds", operation_key=replay_key(run, "timeout"))) == 1
+    assert Action.objects.get(operation_key=replay_key(run, "timeout")).attempts == 1
     assert WebhookEvent.objects.filter(connector="sandbox").count() == 1
     # Nothing of the run is left waiting for a person or a worker.
     assert not Action.objects.filter(status__in=[ActionStatus.QUEUED, ActionStatus.HELD]).exists()
@@ -66,7 +66,7 @@ def test_replay_check_passes_for_every_action_type_against_the_sandbox(stack, se
     resource = {"send_message": "messages", "create_booking": "bookings"}[action_type]
     client = api_client(stack.url, settings.SANDBOX_API_KEY)
     for case in ("clean", "timeout"):
-        assert len(sandbox_list(client, resource, operation_key=f"replay:{run.pk}:{case}")) == 1
+        assert len(sandbox_list(client, resource, operation_key=replay_key(run, case))) == 1
 
 
 def test_a_site_url_that_is_another_server_fails_the_webhook_case_before_any_event_is_sent(stack, settings):

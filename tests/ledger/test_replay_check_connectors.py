@@ -15,6 +15,7 @@ from django.core.management import call_command
 
 from examples.receiver.receiver import PATH, make_app, serve
 from ledger.models import Action, ReplayRun
+from ledger.replay import replay_key
 from tests.conftest import PYTHON, ROOT
 
 SECRET = "whsec-team-test-service"
@@ -68,7 +69,7 @@ def test_replay_check_passes_against_the_example_receiver_without_its_faults_end
     assert [c["case"] for c in run.cases] == CASES
     assert outcomes(run) == {**dict.fromkeys(CASES, "passed"), "webhook_twice": "not_applicable"}, run.cases
     assert run.passed is True and run.connector == "http"
-    timeout = Action.objects.get(operation_key=f"replay:{run.pk}:timeout")
+    timeout = Action.objects.get(operation_key=replay_key(run, "timeout"))
     assert timeout.attempts == 1 and any(e.get("code") == "timeout" for e in timeout.evidence)
     staged = timeout_case(run)["staged"]
     assert [(s["fault"], s["method"], s["upstream_status"]) for s in staged] == [("timeout_after_commit", "POST", 201)]
@@ -76,7 +77,7 @@ def test_replay_check_passes_against_the_example_receiver_without_its_faults_end
     # Each effect once at the test service, the live URL never called (it does not resolve).
     made = effects(database)
     assert sorted(made) == sorted(set(made))
-    assert {f"replay:{run.pk}:clean", f"replay:{run.pk}:timeout"} <= set(made)
+    assert {replay_key(run, "clean"), replay_key(run, "timeout")} <= set(made)
 
 
 def test_a_test_service_that_names_its_own_faults_endpoint_has_the_timeout_staged_there(db, receiver):
@@ -87,7 +88,7 @@ def test_a_test_service_that_names_its_own_faults_endpoint_has_the_timeout_stage
     assert run.passed is True, run.cases
     evidence = timeout_case(run)
     assert evidence["faults_url"].endswith("/faults") and evidence["staged"] == []  # the proxy staged nothing
-    assert effects(database).count(f"replay:{run.pk}:timeout") == 1
+    assert effects(database).count(replay_key(run, "timeout")) == 1
 
 
 def test_stripes_test_mode_is_configured_from_the_environment():
