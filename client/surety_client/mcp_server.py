@@ -581,10 +581,15 @@ def build_server(client: SuretyClient) -> Server[Any]:
 
     async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
         # The client blocks (it waits on the API); a thread keeps the server answering meanwhile.
-        async with anyio.create_task_group() as waiting:
-            waiting.start_soon(_report_waiting, ctx)
-            result = await anyio.to_thread.run_sync(call, client, params.name, params.arguments)
-            waiting.cancel_scope.cancel()
+        try:
+            async with anyio.create_task_group() as waiting:
+                waiting.start_soon(_report_waiting, ctx)
+                result = await anyio.to_thread.run_sync(call, client, params.name, params.arguments)
+                waiting.cancel_scope.cancel()
+        except ExceptionGroup as group:  # the task group's wrapping: the host is told what went wrong
+            if len(group.exceptions) == 1:
+                raise group.exceptions[0] from None
+            raise
         return result
 
     return Server("surety", version="0.2.0", instructions=INSTRUCTIONS, on_list_tools=list_tools,

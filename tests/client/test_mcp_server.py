@@ -11,6 +11,7 @@ import anyio
 import pytest
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.shared.exceptions import MCPError
 from mcp.shared.memory import create_client_server_memory_streams
 
 from approvals.decisions import review_decide
@@ -265,6 +266,32 @@ def test_a_long_wait_tells_a_host_that_asked_for_progress_that_it_is_still_waiti
     values = [value for value, _ in progress]
     assert values == sorted(values) and len(set(values)) == len(values)  # progress only increases
     assert progress[0][1].startswith("Still waiting on Surety after ")
+
+
+def test_a_tool_call_that_fails_unexpectedly_says_why_not_that_a_task_group_failed(monkeypatch):
+    """The progress reporter runs beside the call in a task group, which wraps what the call raises
+    in an ExceptionGroup: the host was told "unhandled errors in a TaskGroup", not what went wrong."""
+    def broken(client, name, arguments):
+        raise ValueError("the answer had no status")
+
+    monkeypatch.setattr(mcp_server, "call", broken)
+
+    async def session():
+        async with create_client_server_memory_streams() as (client_streams, server_streams), \
+                anyio.create_task_group() as server_running:
+            server = mcp_server.build_server(SuretyClient("http://127.0.0.1:9", "token"))
+            server_running.start_soon(partial(server.run, *server_streams, server.create_initialization_options()))
+            async with ClientSession(*client_streams) as mcp:
+                await mcp.initialize()
+                try:
+                    await mcp.call_tool("get_action", {"operation_key": "k"})
+                except MCPError as error:  # the SDK answers a handler's exception as a JSON-RPC error
+                    told = str(error)
+            server_running.cancel_scope.cancel()
+        return told
+
+    told = anyio.run(session)
+    assert "the answer had no status" in told and "TaskGroup" not in told
 
 
 @pytest.mark.parametrize("ending", ["expired", "rejected"])
