@@ -288,6 +288,8 @@ for _action_type in ACTION_TYPES:
             }}
 # A promotion needs a replay run that passed within this many days (ledger.grants.passing_run).
 REPLAY_PASS_MAX_AGE_DAYS = env_int("REPLAY_PASS_MAX_AGE_DAYS", 90)
+if REPLAY_PASS_MAX_AGE_DAYS < 1:  # no run would ever open the gate, and nobody told why
+    raise RuntimeError("REPLAY_PASS_MAX_AGE_DAYS must be at least 1")
 # A bulk redrive from the dead-letter queue (dlq/bulk.py) never goes faster than the connectors
 # it calls allow: CONNECTOR_<ACTION_TYPE>_REDRIVE_RATE, entries per minute. It stops when
 # REDRIVE_SPIKE_FAILURES of the last REDRIVE_SPIKE_WINDOW entries it redrove failed again at the provider.

@@ -31,6 +31,7 @@ def manage(*command, **env):
     # A seal would divide by zero on every pass; a walk would never advance; a partition hold nothing.
     *(({name: "0"}, "AUDIT_CHECKPOINT_EVERY, AUDIT_WALK_BATCH and PARTITION_EVENTS must be at least 1")
       for name in ("AUDIT_CHECKPOINT_EVERY", "AUDIT_WALK_BATCH", "PARTITION_EVENTS")),
+    ({"REPLAY_PASS_MAX_AGE_DAYS": "0"}, "REPLAY_PASS_MAX_AGE_DAYS must be at least 1"),
 ])
 def test_production_refuses_to_start_with_a_development_secret(env, refused):
     result = manage("check", **env)
