@@ -103,7 +103,8 @@ CREATE OR REPLACE TRIGGER shard_placement_kept BEFORE UPDATE OR DELETE ON shard_
 EFFECT_STEPS = ("call_refund_api", "notify_customer")
 CUSTOMERS_AT = "@customers.surety.example"
 STEP_KEY = re.compile(rf"(.+):(?:{'|'.join(EFFECT_STEPS)}):v[0-9]+")
-VERSION = re.compile(r"~v[0-9]+$")  # an edit's version's key: its original's and ~v2, ~v3 (ledger.versions)
+# An edit's version's key: its original's and ~v2, ~v3 (ledger.versions.version_key makes no other).
+VERSION = re.compile(r"~v(?:[2-9]|[1-9][0-9]+)$")
 CREATING = 7_320_001  # an advisory lock: routers starting at once create the table in turn
 
 

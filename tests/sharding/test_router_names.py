@@ -68,3 +68,6 @@ def test_every_key_a_shard_makes_from_a_task_or_an_action_goes_by_its_name():
         "action:refund:ORD-1:dec-1"] * 2
     # A key of a step's shape with no step of any workflow is a key of its own.
     assert key_name("action", "refund:ORD1:v1") == "action:refund:ORD1:v1"
+    # Nor is one of a version's shape that no edit makes (a first version, a padded number).
+    assert [key_name("action", key) for key in ("order-1~v1", "order-1~v007", "order-1~v0")] == [
+        "action:order-1~v1", "action:order-1~v007", "action:order-1~v0"]
