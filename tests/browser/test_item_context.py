@@ -28,6 +28,9 @@ def test_the_item_shows_the_agents_reason_and_the_customers_total_today(page, pe
     assert "1150.00 EUR" in today and "1000.00 a day" in today
     assert page.locator("#action-status").inner_text().strip() == "awaiting approval"
     assert page.locator("time.reltime").first.get_attribute("title").endswith("UTC")
+    # Read out after the relative time too: a screen reader, a keyboard or a touch reaches no tooltip.
+    exact = page.locator("time.reltime + .visually-hidden").first.text_content().strip()
+    assert exact.startswith("(20") and exact.endswith(" UTC)"), exact
 
 
 def test_the_filters_name_their_time_zone(page, people):
