@@ -3,9 +3,6 @@ limit: the success settles nothing (a person reviews it), and nobody was told of
 then nor when the person marked it succeeded. Decision 60 holds here too: the failure stored opens the
 `failed_effect` incident (one, however often it is told), and the person deciding sees both events."""
 
-import json
-import time
-
 import pytest
 
 from approvals.decisions import review_decide
@@ -13,20 +10,13 @@ from approvals.models import Limit, ReviewItem
 from dlq.incidents import Incident, IncidentKind
 from dlq.models import Alert
 from ledger.models import ActionStatus
-from sandbox.webhooks import sign_webhook
 from tests.factories import make_action, make_agent, person
+from tests.ledger.test_webhooks import deliver as post_event, event, webhook_secret  # noqa: F401
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("jobs_to_test_redis")]
 
-SECRET = "whsec-test"
 KEY = "refund:ORD-L1:full:dec-1"
 S = ActionStatus
-
-
-@pytest.fixture(autouse=True)
-def webhook_secret(settings):
-    settings.SANDBOX_ENABLED = True
-    settings.SANDBOX_WEBHOOK_SECRET = SECRET
 
 
 @pytest.fixture
@@ -37,10 +27,7 @@ def over_limit():
 
 
 def deliver(client, event_id, event_type, refund_id="re_l1"):
-    body = json.dumps({"id": event_id, "type": event_type, "data": {
-        "id": refund_id, "object": "refund", "order_id": "ORD-L1", "metadata": {"operation_key": KEY}}}).encode()
-    answer = client.generic("POST", "/webhooks/sandbox/", body, content_type="application/json",
-                            headers={"Sandbox-Signature": sign_webhook(body, SECRET, time.time())})
+    answer = post_event(client, event(event_id, event_type, key=KEY, refund_id=refund_id))
     assert answer.status_code == 200, answer.content
     return answer.json()["outcome"]
 
