@@ -171,6 +171,30 @@ BEGIN
     SELECT RAISE(ABORT, 'a version of an action sent to its provider before');
 END""")
 
+# A failed action a person did by hand (ledger.actions.action_done_by_hand, models.DONE_BY_HAND) is
+# final: its status and its `done_by_hand` mark never change, whatever writes the row, since a retry
+# would make the refund or the booking the person made a second time (Python refuses it first:
+# Action._refuse, action_retry_by_person). The rest of the row may be written, and the archive
+# deletes it. Its trigger (migration 0051) fires only for an update of either column of a row
+# failed and marked (its WHEN), so no other write pays for it; the mark is JSON's true, as
+# DONE_BY_HAND reads it.
+DONE_BY_HAND_FINAL = Function("ledger_action_done_by_hand_final() RETURNS trigger", """
+BEGIN
+    IF NEW.status IS DISTINCT FROM OLD.status OR NEW.error -> 'done_by_hand' IS DISTINCT FROM 'true'::jsonb THEN
+        RAISE EXCEPTION USING MESSAGE = 'action ' || OLD.operation_key || ' was done by hand: its status and its '
+                                        || 'done_by_hand mark stay, or a retry would make its effect again',
+                              ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    RETURN NEW;
+END """)
+
+DONE_BY_HAND_FINAL_SQLITE = SQLiteTrigger("ledger_action_done_by_hand_final", f"""CREATE TRIGGER ledger_action_done_by_hand_final BEFORE UPDATE OF status, error ON ledger_action
+WHEN OLD.status = '{ActionStatus.FAILED}' AND json_type(OLD.error, '$.done_by_hand') = 'true'
+    AND (NEW.status IS NOT OLD.status OR json_type(NEW.error, '$.done_by_hand') IS NOT 'true')
+BEGIN
+    SELECT RAISE(ABORT, 'an action done by hand keeps its status and its done_by_hand mark');
+END""")
+
 # Audit events are append-only; the only update is the sealer's, and only with the next link
 # of the chain (hash = sha256(prev_hash || content_hash || seq), the formula of audit.py) at the
 # seq after the chain's end: the highest seq sealed, whose event no archive deletes (a run deletes
@@ -307,7 +331,7 @@ RULES = [LOCK_SUBJECTS, TRY_LOCK_SUBJECTS, SAME_SUBJECT, REQUEUE_SAME_SUBJECT, A
          AUDIT_NO_DELETE_SQLITE, CHECKPOINT_NO_UPDATE_SQLITE, CHECKPOINT_NO_DELETE_SQLITE, ARCHIVE_APPEND_ONLY,
          ARCHIVE_NO_UPDATE_SQLITE, ARCHIVE_NO_DELETE_SQLITE, ARCHIVE_SIGNED_SQLITE,
          ARCHIVED_KEY_REFUSED, ARCHIVED_KEY_REFUSED_SQLITE, ARCHIVED_TASK_REFUSED, ARCHIVED_TASK_REFUSED_SQLITE,
-         HELD_NEARBY, VERSION_OF_UNSENT, VERSION_OF_UNSENT_SQLITE]
+         HELD_NEARBY, VERSION_OF_UNSENT, VERSION_OF_UNSENT_SQLITE, DONE_BY_HAND_FINAL, DONE_BY_HAND_FINAL_SQLITE]
 
 
 def installed(connection, rule):
