@@ -14,10 +14,13 @@ One run (`archive_expired`) is one JSON-lines file and one transaction:
    originals) and what hangs off them; finished tasks past their id's lifetime whose every
    action may go so, with their steps, confirmations, actions and dead letters; closed dead
    letters, and ended bulk redrive runs with their items, older than DEAD_LETTER_RETENTION_DAYS
-   (a dead letter a run names goes in a run after the run's); webhook events older than
-   WEBHOOK_RETENTION_DAYS; and the audit events before a checkpoint whose event is older than
-   AUDIT_RETENTION_DAYS (`archive_checkpoint`). A review item goes with its approvals and its
-   decision links, which the database would otherwise delete with it, unwritten.
+   (a dead letter a run names goes in a run after the run's); incidents resolved longer ago than
+   that, once no action under their key is left; webhook events older than
+   WEBHOOK_RETENTION_DAYS; the audit events before a checkpoint whose event is older than
+   AUDIT_RETENTION_DAYS (`archive_checkpoint`); and the chain's checks and walks older than that
+   that nothing reads (a check of the newest stretch sooner, once a whole-chain walk passed it).
+   A review item goes with its approvals and its decision links, which the database would
+   otherwise delete with it, unwritten.
 2. It writes them to the file, the checkpoint first (its seq, hash and signature vouch for the
    file's events: the last one's hash is the prev_hash of the checkpoint's event), and syncs it
    and its directory (which holds the file's name).
@@ -49,10 +52,10 @@ from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from approvals.models import Approval, DecisionLink, ReviewItem, ReviewStatus
-from ledger.audit import chain_start
+from ledger.audit import chain_start, checks_read
 from ledger.locks import ARCHIVE_RUN, take_turns
-from ledger.models import (SETTLED, Action, ActionStatus, AuditEvent, Booking, ChainCheckpoint, Confirmation, Task,
-                           TaskState, TaskStep, WebhookClaim, WebhookEvent)
+from ledger.models import (SETTLED, Action, ActionStatus, AuditEvent, Booking, ChainCheck, ChainCheckpoint, ChainWalk,
+                           Confirmation, Task, TaskState, TaskStep, WebhookClaim, WebhookEvent)
 from ledger.partitions import AUDIT, WEBHOOKS
 from ledger.retention import Archive, ArchivedKey, ArchivedTask, key_lifetime
 
@@ -127,6 +130,42 @@ def expired_tasks(now):
     return (Task.objects.filter(state__in=FINISHED, created_at__lte=now - key_lifetime())
             .exclude(Exists(Action.objects.filter(_waiting(now), task=OuterRef("pk"))))
             .exclude(Exists(DeadLetter.objects.filter(_entry_kept(now), task=OuterRef("pk"))))
+            .order_by("id"))
+
+
+def expired_incidents(now):
+    """Resolved incidents resolved longer ago than DEAD_LETTER_RETENTION_DAYS (a person works them
+    as a dead letter, and an action's evidence record cites them as it does its dead letters),
+    oldest first, once no action under their key is left: while one is, its evidence record lists
+    them and a redrive of its dead letter asks them (`DeadLetter.redrive_refusal`), so they go in a
+    run after the action's. An open one never goes, and keeps its action (`_waiting`)."""
+    return (Incident.objects.filter(status=IncidentStatus.RESOLVED,
+                                    resolved_at__lte=now - _days("DEAD_LETTER_RETENTION_DAYS"))
+            .exclude(Exists(Action.objects.filter(operation_key=OuterRef("operation_key"))))
+            .order_by("id"))
+
+
+def expired_chain_checks(now):
+    """The audit chain's checks nothing reads (ledger.audit.checks_read), oldest first: those older
+    than AUDIT_RETENTION_DAYS, and sooner an intact check of the newest stretch that a later intact
+    whole-chain check passed: the sweeper writes one of those a pass that sealed events (up to one
+    a second), and the walk, which starts a day after the last one, checked every link of theirs
+    too."""
+    old = Q(checked_at__lte=now - _days("AUDIT_RETENTION_DAYS"))
+    walked = (ChainCheck.objects.filter(scope=ChainCheck.Scope.WHOLE, broken_at__isnull=True)
+              .order_by("-id").first())
+    if walked is not None:
+        old |= Q(scope=ChainCheck.Scope.NEWEST, broken_at__isnull=True, through_seq__lte=walked.through_seq,
+                 id__lt=walked.pk)
+    return ChainCheck.objects.filter(old).exclude(pk__in=checks_read()).order_by("id")
+
+
+def expired_chain_walks(now):
+    """Whole-chain walks that finished longer ago than AUDIT_RETENTION_DAYS, oldest first, but the
+    newest, which says when the next one starts (ledger.audit.audit_walk) and the audit page shows;
+    each wrote its result as a check too."""
+    newest = ChainWalk.objects.order_by("-id").values_list("pk", flat=True).first()
+    return (ChainWalk.objects.filter(finished_at__lte=now - _days("AUDIT_RETENTION_DAYS")).exclude(pk=newest)
             .order_by("id"))
 
 
@@ -226,9 +265,11 @@ class Batch:
 
 
 def collect(now, limit):
-    """The rows one run takes (at most `limit` actions of no task, and `limit` tasks with theirs),
-    locked: the caller's transaction. Alerts too: a delivery recorded meanwhile would go with its
-    alert (CASCADE), unwritten; it waits for the run instead (dlq.alerts skips a locked alert)."""
+    """The rows one run takes (at most `limit` actions of no task, and `limit` tasks with theirs;
+    `limit` closed dead letters of tasks, bulk redrives, incidents, webhook events, chain checks and
+    walks each), locked: the caller's transaction. Alerts too: a delivery recorded meanwhile would
+    go with its alert (CASCADE), unwritten; it waits for the run instead (dlq.alerts skips a locked
+    alert)."""
     # Chosen, locked, then chosen again among the locked rows: what committed while a lock was
     # waited for (an incident a webhook opened under the action's lock; a task given up) is read
     # by the second choice's statements, not by the first's older snapshot.
@@ -243,8 +284,10 @@ def collect(now, limit):
                + _among(DeadLetter.objects.select_for_update(), "task", tasks)
                + _closed_task_entries(now, limit, tasks))
     items = _among(ReviewItem.objects.select_for_update().order_by("id"), "action", actions)
+    incidents = list(expired_incidents(now).select_for_update()[:limit])
     alerts = sorted(_among(Alert.objects.select_for_update().order_by("id"), "dead_letter", entries)
-                    + _among(Alert.objects.select_for_update().order_by("id"), "review_item", items),
+                    + _among(Alert.objects.select_for_update().order_by("id"), "review_item", items)
+                    + _among(Alert.objects.select_for_update().order_by("id"), "incident", incidents),
                     key=attrgetter("pk"))
     checkpoint = archive_checkpoint(now)
     origin = chain_start()
@@ -258,6 +301,7 @@ def collect(now, limit):
         AlertDelivery: _among(AlertDelivery.objects, "alert", alerts),
         Alert: alerts,
         DeadLetter: entries,
+        Incident: incidents,
         Approval: _among(Approval.objects, "item", items),
         DecisionLink: _among(DecisionLink.objects, "item", items),  # else CASCADE, unwritten
         ReviewItem: items,
@@ -268,6 +312,8 @@ def collect(now, limit):
         Task: tasks,
         WebhookEvent: list(WebhookEvent.objects.filter(received_at__lte=now - _days("WEBHOOK_RETENTION_DAYS"))
                            .order_by("id")[:limit]),
+        ChainCheck: list(expired_chain_checks(now)[:limit]),
+        ChainWalk: list(expired_chain_walks(now)[:limit]),
     })
 
 
@@ -416,7 +462,7 @@ def _drop(whole):
 
 
 def archive_expired(directory, *, dry_run=False, limit=10000, now=None):
-    """One run, of at most `limit` actions, dead letters and webhook events each; returns the
+    """One run, of at most `limit` of each kind (`collect`); returns the
     Archive (None if there was nothing to take, or `dry_run`) and the counts it took."""
     now = now or timezone.now()
     with transaction.atomic():

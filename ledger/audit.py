@@ -489,7 +489,8 @@ class ChainCheckpoint(models.Model):
 class ChainCheck(models.Model):
     """One verification of the audit chain (`audit_verify`, and the sweeper: the newest
     stretch every pass, from the last checkpoint daily, the whole chain by `ChainWalk`), so the
-    audit page shows a real result."""
+    audit page shows a real result. No database rule holds them (decision 37): an archive run
+    takes those nothing reads any more (`checks_read`; dlq.archive)."""
 
     class Scope(models.TextChoices):
         NEWEST = "newest"
@@ -592,15 +593,34 @@ def changed_since(check, top):
     return ChainReport(check.through_seq, why, check.through_seq - 1, 0)
 
 
+def furthest_intact_check():
+    """The intact check that reached furthest, where the next newest check starts and whose hash
+    it compares first (`changed_since`): a whole-chain walk ends after newer checks did, at the
+    chain's end when it started."""
+    return ChainCheck.objects.filter(broken_at__isnull=True).order_by("-through_seq", "-id").first()
+
+
+def last_daily_check():
+    """The newest check from the last checkpoint or of the whole chain: the next daily one is due a
+    day after it (`audit_verify_due`)."""
+    return ChainCheck.objects.exclude(scope=ChainCheck.Scope.NEWEST).order_by("-id").first()
+
+
+def checks_read():
+    """The ids of the checks something reads, which no archive run takes (dlq.archive): the newest
+    (the audit page, an evidence record's `last_chain_check`), `last_daily_check` and
+    `furthest_intact_check`."""
+    read = (ChainCheck.objects.order_by("-id").first(), last_daily_check(), furthest_intact_check())
+    return {check.pk for check in read if check is not None}
+
+
 def audit_verify(*, since_checkpoint=False):
     """Verify the chain and record the result: from the end of the last intact check (the
     newest stretch), or from the last checkpoint (`since_checkpoint`, or when nothing was
     checked yet; its signature and hash first), from the first event while there is none. A
     chain that no longer ends as a check once found it is broken too (`changed_since`).
     The whole chain is walked by `audit_walk`, in stretches."""
-    # The intact check that reached furthest: a whole-chain walk ends after newer checks did,
-    # at the chain's end when it started.
-    last = ChainCheck.objects.filter(broken_at__isnull=True).order_by("-through_seq", "-id").first()
+    last = furthest_intact_check()
     daily = since_checkpoint or last is None
     checkpoint = ChainCheckpoint.objects.first() if daily else None
     if checkpoint is not None:
@@ -625,7 +645,7 @@ def audit_verify(*, since_checkpoint=False):
 
 def audit_verify_due():
     """The sweeper's step: the newest stretch on every pass, from the last checkpoint once a day."""
-    last_daily = ChainCheck.objects.exclude(scope=ChainCheck.Scope.NEWEST).order_by("-id").first()
+    last_daily = last_daily_check()
     daily = last_daily is None or last_daily.checked_at < timezone.now() - WHOLE_CHAIN_EVERY
     return audit_verify(since_checkpoint=daily).events
 

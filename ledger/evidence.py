@@ -21,8 +21,8 @@ The record is checked twice (`manage.py evidence_verify`, `record_problems`):
    and the checkpoint named must be the database's, signed, and still the chain's hash at
    its seq. An event an archive run took out of the database since (dlq.archive) is checked
    in the archive's file instead, given the directory of the archives (`archives`): a file
-   whose SHA-256 is the one the database keeps for it, whose events link, holding the event
-   with the same hashes.
+   whose SHA-256 is the one the database keeps for it, whose events link, each one's content
+   hash recomputed from its fields, holding the event with the same hashes.
 """
 
 import hashlib
@@ -298,7 +298,9 @@ def archived_events(directory):
     """({seq: (id, content_hash, prev_hash, hash)} of the audit events in the archive files in
     `directory`, [problems]). Only a file whose SHA-256 is the one its Archive row keeps counts
     (a row this ledger signed), and only if its events link one to the next, each hash
-    recomputed from the one before; a file missing from the directory is passed over (the
+    recomputed from the one before, and each content hash from the event's fields: the SHA-256
+    vouches only for the file as the run wrote it, which holds an event altered in the database
+    before the run as it found it. A file missing from the directory is passed over (the
     record's events it held are then "not in the database")."""
     found, problems = {}, []
     for archive in Archive.objects.filter(checkpoint__isnull=False).select_related("checkpoint").order_by("id"):
@@ -317,6 +319,10 @@ def archived_events(directory):
         events = sorted(((row["pk"], row["fields"]) for row in rows if row.get("model") == "ledger.auditevent"),
                         key=lambda event: event[1]["seq"])
         for (pk, event), following in zip(events, events[1:] + [None]):
+            if event["content_hash"] not in content_hashes(event):  # either version (ledger.audit)
+                problems.append(f"archive {path.name}: event #{event['seq']} was altered after it was written "
+                                "(its fields are not what its content hash was computed from)")
+                break
             if chain_hash(event["prev_hash"], event["content_hash"], event["seq"]) != event["hash"] or (
                     following is not None and following[1]["prev_hash"] != event["hash"]):
                 problems.append(f"archive {path.name}: its chain breaks at seq {event['seq']}")

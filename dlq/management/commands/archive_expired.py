@@ -7,14 +7,16 @@ from dlq.archive import archive_expired
 
 class Command(BaseCommand):
     help = ("Move what has outlived its retention into JSON-lines files in DIRECTORY: settled actions past their "
-            "key's lifetime with what hangs off them, closed dead letters, webhook events, and audit events up to "
-            "a checkpoint; then remove it, one run (file, transaction, audit event `archived`) at a time.")
+            "key's lifetime with what hangs off them, closed dead letters, resolved incidents, webhook events, audit "
+            "events up to a checkpoint and the audit chain's checks; then remove it, one run (file, transaction, "
+            "audit event `archived`) at a time.")
 
     def add_arguments(self, parser):
         parser.add_argument("directory", help="where the archive files are written (it must exist)")
         parser.add_argument("--dry-run", action="store_true", help="print what the first run would take; change nothing")
         parser.add_argument("--limit", type=int, default=10000,
-                            help="actions, dead letters and webhook events per run, each (default 10000)")
+                            help="actions, tasks, dead letters, incidents, webhook events and chain checks per run, "
+                                 "each (default 10000)")
 
     def handle(self, directory, dry_run, limit, **options):
         if not Path(directory).is_dir():
