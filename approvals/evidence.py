@@ -4,6 +4,10 @@ when the action was requested, and every review item with who decided, when and 
 What the record shows of a review item or an approval is named once, in ITEM_FIELDS and
 APPROVAL_FIELDS: a field added there is exported, printed (the page shows every field the
 section holds) and described in the API's document, from the model's own field.
+
+A limit's alert tiers name staff by e-mail address: the agent's record withholds them
+(STAFF_ADDRESSES, ledger.evidence.withheld), in the limit in force, in each item's snapshot of
+its limit and in the audit events that hold them (a limit's change, an item's escalation).
 """
 
 from django.db.models import CharField, Prefetch, Q, Subquery
@@ -15,6 +19,9 @@ from ledger.models import AuditEvent
 
 from .models import Approval, Limit, ReviewItem
 
+# The keys under which a limit (Limit.snapshot) and an item's escalation (dlq.overdue) name staff's
+# addresses: in the agent's record each is {"withheld": how many}.
+STAFF_ADDRESSES = ("first_tier", "next_tier")
 # `fingerprint` / `decided_fingerprint`: of the params the approver or decider saw on the page.
 # `on_behalf_of` / `decided_for`: the person a delegate decided for (approvals.delegation).
 APPROVAL_FIELDS = ("user", "on_behalf_of", "reason", "at", "fingerprint")
@@ -48,6 +55,9 @@ class ReviewItemEvidenceSerializer(serializers.ModelSerializer):
     decided_for = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True,
                                                help_text="The person a delegate decided for; null for their own.")
     approvals = ApprovalEvidenceSerializer(many=True, read_only=True)
+    limit_snapshot = serializers.JSONField(allow_null=True, help_text=(
+        "The limit as it was when the item opened. In the agent's record its tiers (first_tier, next_tier) are "
+        "{\"withheld\": n}: how many staff addresses each names, never which."))
 
     class Meta:
         model = ReviewItem
@@ -62,7 +72,9 @@ class LimitInForceSerializer(serializers.Serializer):
     set_at = serializers.CharField()
     set_by = serializers.CharField()
     reason = serializers.CharField(allow_blank=True)
-    limit = serializers.JSONField(help_text="The limit as it was set (max_amount, dual_approval_above, ...).")
+    limit = serializers.JSONField(help_text=(
+        "The limit as it was set (max_amount, dual_approval_above, ...). In the agent's record its tiers "
+        "(first_tier, next_tier) are {\"withheld\": n}: how many staff addresses each names, never which."))
 
 
 class ApprovalsEvidenceSerializer(serializers.Serializer):

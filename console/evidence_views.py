@@ -36,7 +36,8 @@ def action_evidence(request, pk):
 
 @staff_required
 def action_evidence_json(request, pk):
-    """The record as a file, the very JSON the API answers; `evidence_verify` checks it."""
+    """The record as a file: staff's, whole (the API's, the agent's, withholds staff's addresses:
+    console.evidence); `evidence_verify` checks either."""
     _, record = _record(request, pk)
     response = HttpResponse(json.dumps(record, indent=2, ensure_ascii=False), content_type="application/json")
     response["Content-Disposition"] = f'attachment; filename="evidence-action-{pk}.json"'

@@ -23,6 +23,14 @@ The record is checked twice (`manage.py evidence_verify`, `record_problems`):
    in the archive's file instead, given the directory of the archives (`archives`): a file
    whose SHA-256 is the one the database keeps for it, whose events link, each one's content
    hash recomputed from its fields, holding the event with the same hashes.
+
+There are two readers. Staff (the dashboard's page and file) get the record whole. The agent (the
+API's read, and whoever holds its token) never gets a staff e-mail address: the values the sections
+name as addresses (`EvidenceSection.withheld`: a limit's alert tiers) are shown as `withheld(value)`,
+how many there were, in the sections' data and in the detail of the audit events. Such an event keeps
+its content hash and place in the chain as stored, so its links still check, and names the values it
+withheld (`redacted`); its content hash cannot be recomputed from the file, only checked against the
+database's row (or the archive's), with those values put back (decision 62).
 """
 
 import hashlib
@@ -47,7 +55,9 @@ HOW_TO_CHECK = (
     "content_hash = sha256 of the JSON of {occurred_at, actor, verb, object_type, object_id, before, after, reason, "
     "request_id}, or of them and object_label (the events written since the label is hashed), with sorted keys and "
     "separators (',', ':'); hash = sha256 of prev_hash + content_hash + seq "
-    "(as text); an event's prev_hash is the hash of the event whose seq is one less. audit.checkpoint (null: not "
+    "(as text); an event's prev_hash is the hash of the event whose seq is one less. An event with `redacted` "
+    "shows {\"withheld\": n} in place of the staff addresses at those paths: its content_hash is the chain's, "
+    "checked against the database, not recomputed from the file. audit.checkpoint (null: not "
     "yet checkpointed) is the chain's hash at a seq at or after every event here, signed by this ledger. digest = "
     "sha256 of this record's JSON without 'integrity', written the same way. `manage.py evidence_verify FILE` "
     "checks all of it and, against the database, the signatures and the chain."
@@ -72,6 +82,9 @@ class EvidenceSection:
     build: object  # build(action) -> EvidencePart, in a number of queries that does not grow with the history
     schema: type  # the DRF serializer describing `data`, for the OpenAPI document
     template: str  # what the printable page includes, with `data`
+    # Keys whose values are staff's e-mail addresses, in this section's data and in the detail
+    # (`before`, `after`) of any audit event the record carries: withheld from the agent's record.
+    withheld: tuple = ()
 
 
 def evidence_actions():
@@ -79,9 +92,10 @@ def evidence_actions():
     return Action.objects.select_related("agent__owner", "task", "supersedes", "superseded_by")
 
 
-def evidence_record(action, sections):
+def evidence_record(action, sections, *, for_staff=False):
     """The evidence record of `action` (one of `evidence_actions()`), JSON-ready and signed,
-    with `sections` (EvidenceSections) under "sections", in their order."""
+    with `sections` (EvidenceSections) under "sections", in their order: the agent's, with the
+    sections' staff addresses withheld, unless `for_staff` (the dashboard's, whole)."""
     parts = [(section.name, section.build(action)) for section in sections]
     audit_q = _covering(action) | _grant_events(action)
     for _, part in parts:
@@ -101,6 +115,8 @@ def evidence_record(action, sections):
     }
     # Through JSON and back: the digest is of exactly what the file will hold.
     record = json.loads(json.dumps(record, default=str))
+    if not for_staff:
+        _withhold_from_the_agent(record, {key for section in sections for key in section.withheld})
     digest = record_digest(record)
     signature = ledger_signer("evidence").signature(digest)
     record["integrity"] = {"digest": digest, "signature": signature, "how_to_check": HOW_TO_CHECK}
@@ -250,6 +266,51 @@ def _utc(moment):
     return moment.isoformat().replace("+00:00", "Z")
 
 
+# --- what the agent's record withholds ------------------------------------------------------------
+
+
+def withheld(value):
+    """What the agent's record shows in place of staff's e-mail addresses: how many there were
+    (kept as a list, or as text separated by commas, as a limit's tier is)."""
+    addresses = value if isinstance(value, list) else [part for part in str(value).split(",") if part.strip()]
+    return {"withheld": len(addresses)}
+
+
+def _withhold(value, keys, path=()):
+    """(`value` with the value of every key in `keys` withheld, wherever it is, [the paths of
+    those withheld]). A key that names no address (blank) is left as it is."""
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        return value, []
+    shown, paths = {}, []
+    for key, inner in items:
+        if key in keys and not isinstance(inner, dict) and withheld(inner or "")["withheld"]:
+            shown[key], found = withheld(inner), [(*path, key)]
+        else:
+            shown[key], found = _withhold(inner, keys, (*path, key))
+        paths += found
+    return (shown if isinstance(value, dict) else list(shown.values())), paths
+
+
+def _withhold_from_the_agent(record, keys):
+    """The record as the agent reads it: the sections' data and every audit event's detail without
+    the values under `keys`. An event so shown names them in `redacted` ("after.first_tier"); its
+    hashes stay the chain's."""
+    if not keys:
+        return
+    record["sections"] = _withhold(record["sections"], keys)[0]
+    for event in record["audit"]["events"]:
+        paths = []
+        for name in ("before", "after"):
+            event[name], found = _withhold(event[name], keys, (name,))
+            paths += found
+        if paths:
+            event["redacted"] = sorted(".".join(str(key) for key in path) for path in paths)
+
+
 # --- checking a record --------------------------------------------------------------------------
 
 
@@ -276,6 +337,8 @@ def record_problems(record, *, database=True, archives=None):
         return ["not an evidence record (no audit events or no integrity block)"]
     if not all(_whole_or_none(e.get("id")) and _whole_or_none(e.get("seq")) for e in events):
         return ["not an evidence record (an audit event's id or seq is no whole number)"]
+    if not all(_paths_or_absent(e.get("redacted", [])) for e in events):
+        return ["not an evidence record (an audit event's redacted is no list of paths)"]
     problems = []
     if record_digest(record) != integrity.get("digest"):
         problems.append("the digest is not the record's: the record was changed after it was written")
@@ -294,8 +357,12 @@ def _whole_or_none(value):
     return value is None or (isinstance(value, int) and not isinstance(value, bool))
 
 
+def _paths_or_absent(redacted):
+    return isinstance(redacted, list) and all(isinstance(path, str) and path for path in redacted)
+
+
 def archived_events(directory):
-    """({seq: (id, content_hash, prev_hash, hash)} of the audit events in the archive files in
+    """({seq: (id, content_hash, prev_hash, hash, fields)} of the audit events in the archive files in
     `directory`, [problems]). Only a file whose SHA-256 is the one its Archive row keeps counts
     (a row this ledger signed), and only if its events link one to the next, each hash
     recomputed from the one before, and each content hash from the event's fields: the SHA-256
@@ -327,7 +394,7 @@ def archived_events(directory):
                     following is not None and following[1]["prev_hash"] != event["hash"]):
                 problems.append(f"archive {path.name}: its chain breaks at seq {event['seq']}")
                 break
-            found[event["seq"]] = (pk, event["content_hash"], event["prev_hash"], event["hash"])
+            found[event["seq"]] = (pk, event["content_hash"], event["prev_hash"], event["hash"], event)
     return found, problems
 
 
@@ -337,8 +404,9 @@ def _chain_problems(events):
     for event in sorted(events, key=lambda e: (0, e["seq"]) if isinstance(e.get("seq"), int) else (1, 0)):
         name = f"event #{event.get('seq') or event.get('id')}"
         # Of its fields without its label or with it (ledger.audit.content_hashes): a label changed in
-        # the file shows for an event whose content hash covers it.
-        if event.get("content_hash") not in content_hashes(event):
+        # the file shows for an event whose content hash covers it. One with values withheld is
+        # checked against the database's row, with them put back (_withholding_problem).
+        if not event.get("redacted") and event.get("content_hash") not in content_hashes(event):
             problems.append(f"{name}: its fields are not what its content hash was computed from")
         if isinstance(event.get("seq"), int):
             if chain_hash(event.get("prev_hash"), event.get("content_hash"), event["seq"]) != event.get("hash"):
@@ -371,7 +439,9 @@ def _database_problems(events, archived):
     """Each event against the database's row with the same id: the same content hash, and
     once sealed the same seq and hashes (an event the export saw unsealed may be sealed now);
     one the database no longer holds, against its archive file's (`archived`, by seq, or by id
-    for an event the export saw unsealed: its id and content hash are all the record knows)."""
+    for an event the export saw unsealed: its id and content hash are all the record knows).
+    An event with values withheld must be the row's (or the file's) fields with just those
+    values withheld (`_withholding_problem`)."""
     ids = [e.get("id") for e in events if isinstance(e.get("id"), int)]
     rows = {}
     for start in range(0, len(ids), IDS_A_STATEMENT):
@@ -381,13 +451,18 @@ def _database_problems(events, archived):
     for event in events:
         row = rows.get(event.get("id"))
         name = f"event #{event.get('seq') or event.get('id')}"
+        kept = None  # the event's fields as the chain holds them, once its hashes are found to be the chain's
         if row is None and event.get("seq") is None and event.get("id") in archived_by_id:
             if archived_by_id[event["id"]][1] != event.get("content_hash"):
                 problems.append(f"{name}: not as its archive file holds it")
+            else:
+                kept = archived_by_id[event["id"]][4]
         elif row is None and event.get("seq") in archived:
-            if archived[event["seq"]] != (event.get("id"), event.get("content_hash"), event.get("prev_hash"),
-                                          event.get("hash")):
+            if archived[event["seq"]][:4] != (event.get("id"), event.get("content_hash"), event.get("prev_hash"),
+                                              event.get("hash")):
                 problems.append(f"{name}: not as its archive file holds it")
+            else:
+                kept = archived[event["seq"]][4]
         elif row is None:
             problems.append(f"{name}: not in the database's audit trail" + (", nor in an archive given" if archived
                                                                                 else ""))
@@ -398,4 +473,34 @@ def _database_problems(events, archived):
         elif event.get("seq") is not None and (event["seq"], event.get("prev_hash"), event.get("hash")) != (
                 row.seq, row.prev_hash, row.hash):
             problems.append(f"{name}: its place in the chain is not the database's")
+        else:
+            kept = row.content_fields()
+        if kept is not None and event.get("redacted") and (why := _withholding_problem(event, kept)):
+            problems.append(f"{name}: {why}")
     return problems
+
+
+def _withholding_problem(event, kept):
+    """Why `event`, as the agent's record shows it, is not `kept` (its fields as the chain holds
+    them) with the values at its `redacted` paths withheld; None if it is: each value shown is
+    `withheld(kept's)`, and with kept's put back its fields hash to its content hash."""
+    restored = json.loads(json.dumps(event))
+    for path in event["redacted"]:
+        *parents, last = path.split(".")
+        try:
+            theirs, ours = kept, restored
+            for key in parents:
+                theirs, ours = _step(theirs, key), _step(ours, key)
+            last = int(last) if isinstance(ours, list) else last
+            if ours[last] != withheld(_step(theirs, last)):
+                return f"what it shows at {path} is not the chain's value withheld"
+            ours[last] = _step(theirs, last)
+        except (KeyError, IndexError, TypeError, ValueError):
+            return f"it withheld {path}, which its fields as the chain holds them do not have"
+    if event.get("content_hash") not in content_hashes(restored):
+        return "its fields, with the values it withheld put back, are not what its content hash was computed from"
+    return None
+
+
+def _step(value, key):
+    return value[int(key)] if isinstance(value, list) else value[key]

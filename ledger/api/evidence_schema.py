@@ -116,7 +116,8 @@ class EvidenceSectionsSerializer(serializers.Serializer):
 
 
 class EvidenceAuditEventSerializer(serializers.Serializer):
-    """An audit event with the fields its content hash is of, exactly as hashed."""
+    """An audit event with the fields its content hash is of, exactly as hashed (but the values
+    it names in `redacted`)."""
 
     id = serializers.IntegerField()
     seq = serializers.IntegerField(allow_null=True, help_text="Its place in the chain; null until sealed.")
@@ -133,6 +134,12 @@ class EvidenceAuditEventSerializer(serializers.Serializer):
     content_hash = serializers.CharField()
     prev_hash = serializers.CharField(allow_blank=True)
     hash = serializers.CharField(allow_blank=True)
+    redacted = serializers.ListField(
+        child=serializers.CharField(), required=False, help_text=(
+            "Only on an event some of whose values are withheld from this copy (staff's e-mail addresses): their "
+            "paths in it (\"after.first_tier\"), each shown as {\"withheld\": n}, how many addresses it held. Its "
+            "content_hash, prev_hash and hash are the chain's: its links check from the file, its content only "
+            "against the database (`evidence_verify`)."))
 
 
 class EvidenceChainCheckSerializer(serializers.Serializer):

@@ -321,7 +321,8 @@ def evidence_view(sections):
             description="The action's evidence record: the request, the agent and its grant, the provider's "
             "evidence, webhooks, review items and the limit in force, dead-letter entries and alerts, and every "
             "audit event covering them with its place in the hash chain, digested and signed "
-            "(`manage.py evidence_verify` checks a saved record).",
+            "(`manage.py evidence_verify` checks a saved record). Staff's e-mail addresses (a limit's alert tiers) "
+            "are withheld, each `{\"withheld\": n}`; an event so shown names them in `redacted`.",
         )
         def get(self, request, operation_key):
             if key_ends_in_evidence(request):
