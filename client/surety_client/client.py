@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 import random
+import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timezone
 from decimal import Decimal
 from email.utils import parsedate_to_datetime
@@ -55,6 +56,18 @@ class Version:
 
 
 @dataclass(frozen=True)
+class DeadLetter:
+    """A failed standalone action's dead-letter entry (its newest), as its evidence record shows it:
+    `open` while a person may still redrive, resolve or discard it; else what a person made of it
+    (`resolved`: finished by hand; `discarded`: given up, nothing done; `redriven`), who
+    (`decided_by`) and what they said (`note`)."""
+
+    status: str
+    decided_by: str
+    note: str
+
+
+@dataclass(frozen=True)
 class Action:
     """The action resource. `replayed` is true when the API answered an earlier request's row."""
 
@@ -79,6 +92,10 @@ class Action:
     # The action a person edited down into this version, and the version that superseded this one.
     supersedes: str | None = None
     superseded_by: Version | None = None
+    # Read by the client for a failed standalone action not done by hand (SuretyClient.get_action):
+    # its error says `"retryable": false` alike while its entry is open, a person may retry it, and
+    # once a person discarded or resolved the entry, and nobody will.
+    dead_letter: DeadLetter | None = None
 
     @classmethod
     def from_api(cls, body: dict[str, Any], *, replayed: bool = False) -> Action:
@@ -115,12 +132,14 @@ class Action:
     @property
     def redrivable(self) -> bool:
         """Failed, and a person may still retry it from the dead-letter queue under its own key,
-        which never doubles it: a standalone action (a task's is its task's to retry), whether its
-        failure is retryable or its cause must be fixed first, except a booking failed for good,
-        which gave its slot up, and one a person did by hand (`done_by_hand`), which a retry would
-        do again."""
-        return self.status == "failed" and self.task_id is None and not self.done_by_hand and (
-            self.action_type != "create_booking" or bool((self.error or {}).get("retryable")))
+        which never doubles it: a standalone action (a task's is its task's to retry) whose entry is
+        open (`dead_letter`), whether its failure is retryable or its cause must be fixed first,
+        except a booking failed for good, which gave its slot up. Not one a person did by hand
+        (`done_by_hand`), which a retry would do again, nor one whose entry a person discarded or
+        resolved: nobody retries it."""
+        return (self.status == "failed" and self.task_id is None and not self.done_by_hand
+                and self.dead_letter is not None and self.dead_letter.status == "open"
+                and (self.action_type != "create_booking" or bool((self.error or {}).get("retryable"))))
 
     @property
     def expired(self) -> bool:
@@ -230,7 +249,8 @@ class SuretyClient:
         body = {"action_type": action_type, "target": target, "customer": customer, "decision_id": decision_id,
                 "params": _json_ready(params)}
         response = self._send("POST", "actions", key=operation_key, json=body)
-        return _read(response, partial(Action.from_api, replayed=_replayed(response)), operation_key)
+        return self._with_dead_letter(
+            _read(response, partial(Action.from_api, replayed=_replayed(response)), operation_key))
 
     def refund(self, *, order: str, amount: str | Decimal, currency: str, decision_id: str,
                customer: str | None = None, reason: str | None = None, scope: str | None = None) -> Action:
@@ -267,32 +287,48 @@ class SuretyClient:
         """The action as it stands; with `wait` (at most 30 s) the API holds the answer until
         it settles or waits for a person."""
         response = self._send("GET", f"actions/{_segment(operation_key)}", wait=wait)
-        return _read(response, Action.from_api)
+        return self._with_dead_letter(_read(response, Action.from_api))
 
-    def wait_for(self, operation_key: str, timeout: float = 60.0, *, follow: bool = False) -> Action:
+    def _with_dead_letter(self, action: Action) -> Action:
+        """A failed standalone action with its dead-letter entry, the newest its evidence record
+        (`GET /actions/{key}/evidence`) lists: its error reads the same while a person may still
+        retry it and once they gave it up (discarded) or finished it by hand without its error saying
+        so (a booking that had failed for good), and only the entry tells which (`Action.redrivable`).
+        One done by hand says so itself, and a task's is its task's."""
+        if action.status != "failed" or action.task_id is not None or action.done_by_hand:
+            return action
+        response = self._send("GET", f"actions/{_segment(action.operation_key)}/evidence")
+        return replace(action, dead_letter=_read(response, _newest_dead_letter))
+
+    def wait_for(self, operation_key: str, timeout: float = 60.0, *, follow: bool = False,
+                 stop: threading.Event | None = None) -> Action:
         """The action once it is settled (an outcome, or a person must decide), or as it stands
-        when `timeout` seconds have passed: check `Action.settled`. With `follow`, an action a
-        person edited into a new version is followed to that version (within the same time)."""
+        when `timeout` seconds have passed, or when `stop` is set (from another thread: the wait ends
+        after the read under way): check `Action.settled`. With `follow`, an action a person edited
+        into a new version is followed to that version (within the same time)."""
         deadline = _deadline(timeout)
-        action = _wait(lambda seconds: self.get_action(operation_key, wait=seconds), timeout)
-        while follow and action.superseded_by is not None:
+        action = _wait(lambda seconds: self.get_action(operation_key, wait=seconds), timeout, stop)
+        while follow and action.superseded_by is not None and not _stopped(stop):
             key = action.superseded_by.operation_key
-            action = _wait(lambda seconds: self.get_action(key, wait=seconds), max(0.0, deadline - time.monotonic()))
+            action = _wait(lambda seconds: self.get_action(key, wait=seconds), max(0.0, deadline - time.monotonic()),
+                           stop)
         return action
 
-    def wait_for_outcome(self, operation_key: str, timeout: float = 60.0, *,
-                         interval: float = PERSON_INTERVAL, redrive: bool = False) -> Action:
+    def wait_for_outcome(self, operation_key: str, timeout: float = 60.0, *, interval: float = PERSON_INTERVAL,
+                         redrive: bool = False, stop: threading.Event | None = None) -> Action:
         """The action once nobody needs to act on it any more, or as it stands when `timeout`
-        seconds have passed: as `wait_for`, and while a person must decide (`needs_person`) read
-        again every `interval` seconds, as the API's wait does not hold for a person. With
-        `redrive`, a failure a person may still retry (`Action.redrivable`) is waited through alike."""
+        seconds have passed or `stop` is set: as `wait_for`, and while a person must decide
+        (`needs_person`) read again every `interval` seconds, as the API's wait does not hold for a
+        person (`stop` cuts the pause short). With `redrive`, a failure a person may still retry
+        (`Action.redrivable`) is waited through alike."""
         deadline = _deadline(timeout)
         while True:
-            action = self.wait_for(operation_key, timeout=max(0.0, deadline - time.monotonic()))
+            action = self.wait_for(operation_key, timeout=max(0.0, deadline - time.monotonic()), stop=stop)
             left = deadline - time.monotonic()
             if not (action.needs_person or redrive and action.redrivable) or left <= 0:
                 return action
-            time.sleep(min(interval, left))
+            if _pause(min(interval, left), stop):
+                return action
 
     # --- tasks ---------------------------------------------------------------------------
     def start_task(self, task_id: str, *, workflow: str, input: dict[str, Any]) -> Checkpoint:
@@ -319,17 +355,20 @@ class SuretyClient:
         return _read(response, Checkpoint.from_api)
 
     def wait_for_task(self, task_id: str, timeout: float = 60.0, *, interval: float = PERSON_INTERVAL,
-                      redrive: bool = False) -> Checkpoint:
+                      redrive: bool = False, stop: threading.Event | None = None) -> Checkpoint:
         """The checkpoint once the task leaves queued/running, or as it stands when `timeout` seconds
-        have passed. With `redrive`, a dead-lettered task (`Checkpoint.redrivable`) is read again
-        every `interval` seconds until a person redrives it: the API's wait does not hold for one."""
+        have passed or `stop` is set (as `wait_for`'s). With `redrive`, a dead-lettered task
+        (`Checkpoint.redrivable`) is read again every `interval` seconds until a person redrives it:
+        the API's wait does not hold for one."""
         deadline = _deadline(timeout)
         while True:
-            task = _wait(lambda seconds: self.get_task(task_id, wait=seconds), max(0.0, deadline - time.monotonic()))
+            task = _wait(lambda seconds: self.get_task(task_id, wait=seconds), max(0.0, deadline - time.monotonic()),
+                         stop)
             left = deadline - time.monotonic()
             if not (redrive and task.redrivable) or left <= 0:
                 return task
-            time.sleep(min(interval, left))
+            if _pause(min(interval, left), stop):
+                return task
 
     # --- transport -------------------------------------------------------------------------
     def _send(self, method: str, path: str, *, key: str | None = None, wait: float = 0,
@@ -385,7 +424,7 @@ class _Settles(Protocol):
 
 
 Settles = TypeVar("Settles", bound=_Settles)
-Answer = TypeVar("Answer", Action, Checkpoint)
+Answer = TypeVar("Answer")
 
 
 def _deadline(timeout: float) -> float:
@@ -395,14 +434,33 @@ def _deadline(timeout: float) -> float:
     return time.monotonic() + timeout
 
 
-def _wait(read: Callable[[float], Settles], timeout: float) -> Settles:
-    """Read with the API's held wait, in slices of at most 30 s, until settled or out of time."""
+def _wait(read: Callable[[float], Settles], timeout: float, stop: threading.Event | None = None) -> Settles:
+    """Read with the API's held wait, in slices of at most 30 s, until settled, out of time or stopped."""
     deadline = _deadline(timeout)
     while True:
         left = max(0.0, deadline - time.monotonic())
         current = read(min(MAX_WAIT, left))
-        if current.settled or left <= 0:
+        if current.settled or left <= 0 or _stopped(stop):
             return current
+
+
+def _stopped(stop: threading.Event | None) -> bool:
+    return stop is not None and stop.is_set()
+
+
+def _pause(seconds: float, stop: threading.Event | None) -> bool:
+    """Sleep between reads, cut short when `stop` is set (or was): whether it is (the wait ends)."""
+    if stop is None:
+        time.sleep(seconds)
+        return False
+    return stop.wait(seconds)
+
+
+def _newest_dead_letter(record: dict[str, Any]) -> DeadLetter | None:
+    """The newest dead-letter entry an action's evidence record lists (in the order they were
+    opened), or None: closed, and past its retention, an archive run took it."""
+    entries = record["sections"]["dead_letters"]["dead_letters"]
+    return DeadLetter(entries[-1]["status"], entries[-1]["decided_by"], entries[-1]["note"]) if entries else None
 
 
 def _seconds(wait: float) -> str:

@@ -22,7 +22,10 @@ not to ask again (get_task). A failed one that nothing was done and a person may
 dead-letter queue under its own key (so not to ask again under a new decision, which would be a
 second effect once they do), with wait_for_action to wait for the retry (not before a rate-limited
 provider's retry_after); one a person then did by hand (`done_by_hand`), that it happened outside
-Surety and nothing retries it, so never to ask for it again; a dead-lettered task likewise (with
+Surety and nothing retries it, so never to ask for it again; one whose dead-letter entry a person
+discarded, that it was given up, and one whose entry a person resolved without its error saying so
+(a booking that had failed for good), what they noted, and not to ask for it again (the entry is
+read from the action's evidence record); a dead-lettered task likewise (with
 wait_for_task for the redrive), and one a person finished by hand (its `last_error`'s
 `done_by_hand`), that its work happened and nothing redrives it, so never to start it again. A
 refusal of the decision written otherwise (`idempotency_key_reused`) answers the action that
@@ -39,6 +42,7 @@ import json
 import math
 import os
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
@@ -52,7 +56,7 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
-from .client import Action, Checkpoint, SuretyClient
+from .client import Action, Checkpoint, DeadLetter, SuretyClient
 from .errors import NO_FIELD, IdempotencyKeyReused, Problem, SuretyError, SuretyUnreachable, Unreadable, Unsendable
 
 PROBLEM_TYPE = "https://surety.dev/problems/"
@@ -114,7 +118,8 @@ class Tool:
     name: str
     description: str
     input_schema: dict[str, Any]
-    run: Callable[[SuretyClient, dict[str, Any]], Action | Checkpoint]
+    # With the call's `stop`: set when the host cancels the call, it ends a wait at its next read.
+    run: Callable[[SuretyClient, dict[str, Any], threading.Event | None], Action | Checkpoint]
     # Where the API names a field differently from the tool's argument (`target` is the order).
     renamed: dict[str, str]
 
@@ -122,17 +127,18 @@ class Tool:
         return types.Tool(name=self.name, description=self.description, input_schema=self.input_schema)
 
 
-def _posted(post: Callable[..., Action], client: SuretyClient, args: dict[str, Any]) -> Action:
+def _posted(post: Callable[..., Action], client: SuretyClient, args: dict[str, Any],
+            stop: threading.Event | None) -> Action:
     """Post the action, then wait up to `wait` seconds for its outcome (the API answers at once
     when a person must decide)."""
     wait = args.pop("wait", WAIT["default"])
     action = post(client, **args)
     if action.settled or not wait:
         return action
-    return replace(client.wait_for(action.operation_key, timeout=wait), replayed=action.replayed)
+    return replace(client.wait_for(action.operation_key, timeout=wait, stop=stop), replayed=action.replayed)
 
 
-def _started(client: SuretyClient, args: dict[str, Any]) -> Checkpoint:
+def _started(client: SuretyClient, args: dict[str, Any], stop: threading.Event | None) -> Checkpoint:
     wait = args.pop("wait", WAIT["default"])
     # The task's id keeps its parts as written (keys.refund_task_id); the tool ignores a decision's
     # surrounding whitespace, as it says, and an order's, as the API does: " dec-9" and "dec-9" were
@@ -142,7 +148,7 @@ def _started(client: SuretyClient, args: dict[str, Any]) -> Checkpoint:
     task = client.start_refund_task(**args)
     if task.settled or not wait:
         return task
-    return replace(client.wait_for_task(task.task_id, timeout=wait), replayed=task.replayed)
+    return replace(client.wait_for_task(task.task_id, timeout=wait, stop=stop), replayed=task.replayed)
 
 
 TOOLS = {tool.name: tool for tool in (
@@ -180,22 +186,22 @@ TOOLS = {tool.name: tool for tool in (
          _started, {"order_id": "order"}),
     Tool("get_action", "Read an action by its operation key, as it stands now.",
          _schema(["operation_key"], operation_key=TEXT),
-         lambda client, args: client.get_action(args["operation_key"]), {}),
+         lambda client, args, stop: client.get_action(args["operation_key"]), {}),
     Tool("wait_for_action", "Wait until an action has an outcome, up to `seconds`: while Surety works on it, "
          "while it waits for a person to approve, release or review it, and while it failed and a person may "
          "retry it from the dead-letter queue.",
          _schema(["operation_key"], operation_key=TEXT, seconds=SECONDS),
-         lambda client, args: client.wait_for_outcome(args["operation_key"], timeout=args.get("seconds", 30),
-                                                      redrive=True), {}),
+         lambda client, args, stop: client.wait_for_outcome(args["operation_key"], timeout=args.get("seconds", 30),
+                                                            redrive=True, stop=stop), {}),
     Tool("get_task", "Read a task's checkpoint by its task id.",
          _schema(["task_id"], task_id=TEXT),
-         lambda client, args: client.get_task(args["task_id"]), {}),
+         lambda client, args, stop: client.get_task(args["task_id"]), {}),
     Tool("wait_for_task", "Wait until a task leaves queued/running (done, failed, or waiting for a person), "
          "and while it is dead-lettered until a person redrives it (one a person finished by hand answers at "
          "once), up to `seconds`.",
          _schema(["task_id"], task_id=TEXT, seconds=SECONDS),
-         lambda client, args: client.wait_for_task(args["task_id"], timeout=args.get("seconds", 30), redrive=True),
-         {}),
+         lambda client, args, stop: client.wait_for_task(args["task_id"], timeout=args.get("seconds", 30),
+                                                         redrive=True, stop=stop), {}),
 )}
 
 
@@ -381,7 +387,8 @@ def failure_guidance(action: Action, waited: float | None = None) -> tuple[str, 
     """A failed action did nothing, and its failure opened a dead-letter entry and an alert: a person
     may retry it there under its own key. Asked again under a new decision_id, it would be done twice
     once they do: the model must tell the user instead, and may wait for the retry. One a person did
-    by hand is no failure to wait through (`by_hand_guidance`)."""
+    by hand is no failure to wait through (`by_hand_guidance`), nor one whose entry a person closed
+    (`closed_guidance`)."""
     if action.done_by_hand:
         return by_hand_guidance(action), None
     error = action.error or {}
@@ -391,9 +398,15 @@ def failure_guidance(action: Action, waited: float | None = None) -> tuple[str, 
         return (f"{text} It is a step of task {action.task_id!r}, which retries it{_not_before(error)} or stops for "
                 "a person to redrive: do not ask for it again under a new decision_id. Call get_task with "
                 f"task_id={action.task_id!r} for what comes next.", _next("get_task", task_id=action.task_id))
+    if action.dead_letter is not None and action.dead_letter.status in ("resolved", "discarded"):
+        return f"{text} {closed_guidance(action.dead_letter)}", None
     if not action.redrivable:
-        return (f"{text} It failed for good and gave its slot up: nobody will retry it. Tell the user why; "
-                "booking it still is a new decision, with a decision_id of its own.", None)
+        # A booking failed for good, its entry open: its slot and decision were let go, and a person
+        # may only resolve or discard it. Otherwise no entry is left: closed, and archived since.
+        if action.action_type == "create_booking":
+            return (f"{text} It failed for good and gave its slot up: nobody will retry it. Tell the user why; "
+                    "booking it still is a new decision, with a decision_id of its own.", None)
+        return f"{text} Its dead-letter entry is closed: nobody will retry it. Tell the user why.", None
     if error.get("retryable"):
         text += f" Operations were alerted: a person may retry it from the dead-letter queue{_not_before(error)}"
     else:
@@ -408,6 +421,22 @@ def failure_guidance(action: Action, waited: float | None = None) -> tuple[str, 
         text += (f"It is still failed after the {waited:g} s this call waited: call wait_for_action with "
                  f"operation_key={key!r} again to wait longer.")
     return text, _next("wait_for_action", operation_key=key)
+
+
+def closed_guidance(entry: DeadLetter) -> str:
+    """A failure whose dead-letter entry a person closed without a retry: given up (discarded),
+    nothing was done, and the decision is free again; or resolved, finished by hand, though its error
+    does not say `done_by_hand` (the ledger leaves a booking that had failed for good as it was, its
+    slot and decision let go, and records nothing of what the person did): told, from the error
+    alone, that booking it is a new decision, the model booked again what the person had booked."""
+    if entry.status == "discarded":
+        return (f"Given up: {entry.decided_by} discarded its dead-letter entry ({entry.note!r}): nobody will retry "
+                "it. Tell the user it was not done and why; if they still want it, asking for it again is a new "
+                "decision, with a decision_id of its own.")
+    return (f"Nobody will retry it: {entry.decided_by} resolved its dead-letter entry, saying it was finished by hand "
+            f"outside Surety ({entry.note!r}), which Surety does not record. Do not ask for it again, under this "
+            "decision or a new decision_id: if the person made it, that would make it twice. Tell the user what the "
+            "person noted.")
 
 
 def by_hand_guidance(action: Action) -> str:
@@ -515,8 +544,10 @@ def _result(structured: dict[str, Any], *, is_error: bool = False) -> types.Call
                                 structured_content=structured, is_error=is_error)
 
 
-def call(client: SuretyClient, name: str, arguments: dict[str, Any] | None) -> types.CallToolResult:
-    """One tool call, answered as the API would: a result, or its problem."""
+def call(client: SuretyClient, name: str, arguments: dict[str, Any] | None,
+         stop: threading.Event | None = None) -> types.CallToolResult:
+    """One tool call, answered as the API would: a result, or its problem. `stop`, once set, ends
+    a wait at its next read (the host cancelled the call: nobody reads its answer)."""
     tool = TOOLS.get(name)
     if tool is None:
         return _failed(_problem_body(404, "not_found", "Not found", f"No tool named {name!r}."))
@@ -528,7 +559,7 @@ def call(client: SuretyClient, name: str, arguments: dict[str, Any] | None) -> t
     # The wait tools wait through a person's decision: their guidance says how long nobody decided.
     waited = args.get("seconds", SECONDS["default"]) if name in ("wait_for_action", "wait_for_task") else None
     try:
-        return _answer(tool.run(client, args), waited)
+        return _answer(tool.run(client, args, stop), waited)
     except IdempotencyKeyReused as problem:
         return _reused(client, tool, problem)
     except Problem as problem:
@@ -581,15 +612,23 @@ def build_server(client: SuretyClient) -> Server[Any]:
 
     async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
         # The client blocks (it waits on the API); a thread keeps the server answering meanwhile.
+        # A host that cancels the call (notifications/cancelled, which the SDK applies by cancelling
+        # this handler) ends it at once, not once the thread is done (abandon_on_cancel), and `stop`
+        # ends the thread's wait at its next read: it would otherwise read the API on for up to its
+        # 600 s, for an answer nobody takes.
+        stop = threading.Event()
         try:
             async with anyio.create_task_group() as waiting:
                 waiting.start_soon(_report_waiting, ctx)
-                result = await anyio.to_thread.run_sync(call, client, params.name, params.arguments)
+                result = await anyio.to_thread.run_sync(call, client, params.name, params.arguments, stop,
+                                                        abandon_on_cancel=True)
                 waiting.cancel_scope.cancel()
         except ExceptionGroup as group:  # the task group's wrapping: the host is told what went wrong
             if len(group.exceptions) == 1:
                 raise group.exceptions[0] from None
             raise
+        finally:
+            stop.set()
         return result
 
     return Server("surety", version="0.2.0", instructions=INSTRUCTIONS, on_list_tools=list_tools,
@@ -612,7 +651,10 @@ INSTRUCTIONS = (
     "wait_for_action waits for the retry. A failed or dead-lettered task likewise: its done steps stand, and a "
     "person may redrive a dead-lettered one. A failed action whose error says done_by_hand was done by a person "
     "outside Surety after it failed: it happened and nothing retries it; tell the user it was done, and never ask "
-    "for it again (that would do it twice). A task whose last_error says done_by_hand was finished by a person "
+    "for it again (that would do it twice). A failed action a person gave up (its dead-letter entry discarded, as "
+    "its guidance says) did nothing and nobody retries it: tell the user. One whose entry a person resolved without "
+    "done_by_hand was finished by hand outside Surety, as its guidance quotes them: do not ask for it again. "
+    "A task whose last_error says done_by_hand was finished by a person "
     "outside Surety, whatever its state: nothing redrives it; tell the user, and never start it again under a new "
     "decision_id. A refusal as already recorded (idempotency_key_reused) answers the "
     "action that stands for the decision: tell the user its outcome, do not ask again. Every answer carries "

@@ -17,10 +17,11 @@ from mcp.shared.memory import create_client_server_memory_streams
 from approvals.decisions import review_decide
 from approvals.models import Limit, ReviewItem
 from approvals.reviews import approval_expire_due
-from dlq.entries import deadletter_redrive, deadletter_resolve
+from dlq.entries import deadletter_discard, deadletter_redrive, deadletter_resolve
 from dlq.models import DeadLetter
-from ledger.models import Action, Task
+from ledger.models import Action, Booking, Task
 from surety_client import SuretyClient, mcp_server
+from surety_client import client as client_module
 from tests.conftest import free_port, wait_until
 from tests.factories import api_client, make_agent, person, sandbox, sandbox_list, sandbox_order, settled
 
@@ -268,10 +269,51 @@ def test_a_long_wait_tells_a_host_that_asked_for_progress_that_it_is_still_waiti
     assert progress[0][1].startswith("Still waiting on Surety after ")
 
 
+def test_a_tool_call_the_host_cancels_stops_waiting_at_its_next_poll(stack, token, monkeypatch):
+    """wait_for_action waits for a person in a thread of its own (the client blocks), up to 600 s. A
+    host that gave up on the call (the SDK's client sends notifications/cancelled) ended the request,
+    not the thread: it read the action on every few seconds until its own seconds ran out. The
+    server in this process, over memory streams, its reads counted where the client sends them."""
+    Limit.limit_set(actor="system:tests", reason="the tests' policy", action_type="refund", currency="EUR",
+                    max_amount=Decimal("500.00"))
+    reads, returned = [], []
+    call = mcp_server.call
+
+    def timed(*args, **kwargs):
+        try:
+            return call(*args, **kwargs)
+        finally:
+            returned.append(time.monotonic())
+
+    monkeypatch.setattr(mcp_server, "call", timed)
+
+    async def session(client, key):
+        async with create_client_server_memory_streams() as (client_streams, server_streams), \
+                anyio.create_task_group() as server_running:
+            server = mcp_server.build_server(client)
+            server_running.start_soon(partial(server.run, *server_streams, server.create_initialization_options()))
+            async with ClientSession(*client_streams) as mcp:
+                await mcp.initialize()
+                with anyio.move_on_after(1.5):  # the host gives up on the call, as the SDK does it
+                    await mcp.call_tool("wait_for_action", {"operation_key": key, "seconds": 20})
+                cancelled = time.monotonic()
+                await anyio.sleep(client_module.PERSON_INTERVAL + 2)  # past the wait's next read
+            server_running.cancel_scope.cancel()
+        return cancelled
+
+    with SuretyClient(stack.url, token) as client, ThreadPoolExecutor(1) as thread:
+        key = client.refund(order="ORD-M18", amount="900.00", currency="EUR", decision_id="dec-m18").operation_key
+        client._http.event_hooks["request"].append(lambda request: reads.append(time.monotonic()))
+        cancelled = thread.submit(anyio.run, session, client, key).result()
+    assert reads and reads[0] < cancelled  # it was waiting for the person, reading
+    assert [at - cancelled for at in reads if at > cancelled] == []  # and read nothing once cancelled
+    assert returned and returned[0] - cancelled < 1  # its thread returned at once, not at its 20 s
+
+
 def test_a_tool_call_that_fails_unexpectedly_says_why_not_that_a_task_group_failed(monkeypatch):
     """The progress reporter runs beside the call in a task group, which wraps what the call raises
     in an ExceptionGroup: the host was told "unhandled errors in a TaskGroup", not what went wrong."""
-    def broken(client, name, arguments):
+    def broken(client, name, arguments, stop):
         raise ValueError("the answer had no status")
 
     monkeypatch.setattr(mcp_server, "call", broken)
@@ -390,3 +432,82 @@ def test_a_refund_task_a_person_finished_by_hand_is_reported_done_and_never_wait
     with SuretyClient(stack.url, token) as client:
         task = client.get_task(task_id)
     assert task.done_by_hand and not task.redrivable
+
+
+def test_a_refund_a_person_discarded_is_reported_given_up_and_never_waited_for(stack, token):
+    """Declined, it failed for good, and a person may still retry it from its open dead letter once its
+    cause is fixed. Then the operator discarded the entry: nothing was done, its error says
+    `"retryable": false` as it did before, and the entry is closed. Read as still redrivable,
+    wait_for_action waited its seconds out for a retry that never comes, and the model was told
+    operations may retry it."""
+    with api_client(stack.url, token) as provider:
+        sandbox(provider, "POST", "faults", json={"target": "ORD-M16", "fault": "decline", "times": 1})
+    stack.start_worker()
+    arguments = {"order": "ORD-M16", "amount": "25.00", "currency": "EUR", "decision_id": "dec-m16", "wait": 20}
+    key = "refund:ORD-M16:dec-m16"
+    (declined,) = over_mcp(stack.url, token, ("refund", arguments))
+    assert declined.structured_content["status"] == "failed", guidance_of(declined)
+    assert "a person may retry it from the dead-letter queue once its cause is fixed" in guidance_of(declined)
+    with SuretyClient(stack.url, token) as client:
+        assert client.get_action(key).redrivable  # its entry open: the same error, and a retry may come
+    deadletter_discard(DeadLetter.objects.get(action__operation_key=key, status="open"),
+                       actor=person("olga", "operators"), reason="the customer withdrew the claim")
+    assert Action.objects.get(operation_key=key).error == declined.structured_content["error"]  # unchanged
+
+    started = time.monotonic()
+    again, waited = over_mcp(stack.url, token, ("refund", arguments),
+                             ("wait_for_action", {"operation_key": key, "seconds": 30}))
+    assert time.monotonic() - started < 20  # no retry to wait for: wait_for_action answers at once
+    for answer in (again, waited):
+        guidance = guidance_of(answer)
+        assert answer.structured_content["status"] == "failed"
+        assert ("Given up: user:olga discarded its dead-letter entry ('the customer withdrew the claim'): nobody "
+                "will retry it") in guidance
+        assert "may retry" not in guidance and "wait_for_action" not in guidance
+        assert answer.structured_content["next_tool"] is None
+    with SuretyClient(stack.url, token) as client:
+        action = client.get_action(key)
+    assert not action.redrivable and not action.done_by_hand
+    assert (action.dead_letter.status, action.dead_letter.note) == ("discarded", "the customer withdrew the claim")
+    with api_client(stack.url, token) as provider:
+        assert sandbox_list(provider, "refunds", order_id="ORD-M16") == []
+
+
+@pytest.mark.parametrize("closed", ["resolved", "discarded"])
+def test_a_declined_booking_a_person_then_resolved_is_not_booked_again_as_a_new_decision(stack, token, closed):
+    """A booking declined by the provider failed for good and let its slot and its decision go. The
+    ledger keeps it so when a person resolves its dead letter (finished by hand: no `done_by_hand`,
+    as the decision may have been booked again since under another key), so the row reads as it did:
+    told that booking it is a new decision, the model booked a second time what the person had booked
+    by hand. Discarded, nothing was done, and booking it is a new decision indeed."""
+    with api_client(stack.url, token) as provider:
+        sandbox(provider, "POST", "faults", json={"target": "ROOM-M17", "fault": "decline", "times": 1})
+    stack.start_worker()
+    key = "create_booking:ROOM-M17:CUST-M17:dec-m17"
+    (declined,) = over_mcp(stack.url, token, ("create_booking", {
+        "resource": "ROOM-M17", "customer": "CUST-M17", "service": "massage", "start": "2026-12-01T10:00:00Z",
+        "end": "2026-12-01T11:00:00Z", "decision_id": "dec-m17", "wait": 20}))
+    assert declined.structured_content["status"] == "failed", guidance_of(declined)
+    assert "booking it still is a new decision" in guidance_of(declined)  # its entry open: the ledger's word
+    entry = DeadLetter.objects.get(action__operation_key=key, status="open")
+    operator = person("olga", "operators")
+    if closed == "resolved":
+        deadletter_resolve(entry, actor=operator, note="booked by phone for 10:30")
+    else:
+        deadletter_discard(entry, actor=operator, reason="the customer cancelled")
+    # What the server holds either way: failed for good, not done by hand, its slot let go.
+    row = Action.objects.get(operation_key=key)
+    assert row.error == {**declined.structured_content["error"], "retryable": False}
+    assert "done_by_hand" not in row.error and Booking.objects.get(action=row).status == "released"
+
+    (read,) = over_mcp(stack.url, token, ("get_action", {"operation_key": key}))
+    guidance = guidance_of(read)
+    assert read.structured_content["next_tool"] is None and "may retry" not in guidance
+    if closed == "resolved":
+        assert ("user:olga resolved its dead-letter entry, saying it was finished by hand outside Surety "
+                "('booked by phone for 10:30')") in guidance
+        assert "Do not ask for it again, under this decision or a new decision_id" in guidance
+        assert "is a new decision" not in guidance
+    else:
+        assert "Given up: user:olga discarded its dead-letter entry ('the customer cancelled')" in guidance
+        assert "asking for it again is a new decision, with a decision_id of its own" in guidance
