@@ -21,7 +21,7 @@ from approvals.metrics import DecisionCollector, ReviewCollector
 from dlq.metrics import DeadLetterCollector
 from ledger.jobs import redis_connection
 from ledger.metrics import REGISTRY, SWEEPER_SEEN_KEY, LedgerCollector
-from ledger.outages import Outage, database_unreachable
+from ledger.outages import REDIS_UNREACHABLE, Outage, database_unreachable
 
 logger = logging.getLogger("surety.metrics")
 
@@ -84,8 +84,10 @@ def _sweeper_seen():
     return bool(redis_connection().exists(SWEEPER_SEEN_KEY))
 
 
-# A load balancer polls every few seconds: an outage of the database is one line in the log.
+# A load balancer polls every few seconds: an outage of the database, or of Redis, is one line
+# in the log each, not a traceback a poll.
 _DATABASE_OUTAGE = Outage("/healthz", logger)
+_REDIS_OUTAGE = Outage("/healthz", logger)
 
 
 def _check(probe):
@@ -94,6 +96,8 @@ def _check(probe):
     except (DatabaseError, redis.RedisError, OSError) as exc:
         if database_unreachable(exc):
             _DATABASE_OUTAGE.failed(exc)
+        elif isinstance(exc, REDIS_UNREACHABLE):
+            _REDIS_OUTAGE.failed(exc)
         else:
             logger.warning("health check %s failed", probe.__name__, exc_info=True)
         return "down"
@@ -107,8 +111,14 @@ def healthz_view(request):
     report = {"database": _check(_database_answers)}
     if report["database"] == "ok":
         _DATABASE_OUTAGE.answered()
-    if settings.RQ_ASYNC:
-        report.update(redis=_check(_redis_answers), worker=_check(_worker_seen), sweeper=_check(_sweeper_seen))
-    else:
+    if not settings.RQ_ASYNC:
         report.update(redis="not used", worker="not used", sweeper="not checked")
+    elif (redis_state := _check(_redis_answers)) == "ok":
+        _REDIS_OUTAGE.answered()
+        report.update(redis="ok", worker=_check(_worker_seen), sweeper=_check(_sweeper_seen))
+    else:
+        # Workers and sweepers are seen through Redis alone: asking it for them too would cost
+        # each its own timeout (three in all, past a load balancer's patience, while every poll
+        # holds a web thread) to learn nothing more.
+        report.update(redis=redis_state, worker="down", sweeper="down")
     return JsonResponse(report, status=503 if "down" in report.values() else 200)

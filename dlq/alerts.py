@@ -4,18 +4,27 @@ action or task failed for good. A review item's recipient who may decide it gets
 their own, with a decision link (approvals.links); a recipient away has their delegate mailed
 too (approvals.delegation).
 
-Each attempt on each channel is recorded. A channel that failed is tried again by the job
-with backoff, and by the sweeper for alerts still undelivered; a channel that already
-succeeded is not repeated.
+Each attempt on each channel is recorded, in a transaction of its own per channel: what one
+channel sent (and the decision links its mails carry) is committed before the next is tried,
+so a worker killed or the database lost in the middle of a delivery loses the record of the
+one channel it was sending on, no more, and a retry repeats none recorded as done. A channel
+that failed is tried again by a job scheduled after a wait that doubles with its failures, up
+to an hour (`retry_delay`), never given up; the sweeper queues again an alert whose next try
+is overdue (its job lost with Redis). An alert with no operations channel to go to (no
+ALERT_EMAILS, no ALERT_WEBHOOK_URL) is never taken as delivered: each try records the
+failure and logs the error.
 """
 
 import json
 import logging
 from datetime import timedelta
+from functools import reduce
+from operator import or_
 
 from django.conf import settings
 from django.core.mail import send_mail
 from django.db import transaction
+from django.db.models import Max, Q
 from django.urls import reverse
 from django.utils import timezone
 
@@ -30,7 +39,23 @@ from ledger.webhooks import sign_webhook
 from .models import Alert, AlertDelivery
 
 logger = logging.getLogger("surety.alerts")
-MAX_DELIVERY_ATTEMPTS = 5
+# Every channel an alert may go on, in the order they are tried; the operations group hears of
+# every alert by e-mail or webhook (the agent's owner besides, for some).
+CHANNELS = ("email", "webhook", "owner")
+OPERATIONS = {"email", "webhook"}
+# What a try records when the alert has no operations channel to go to (a setting missing).
+NOWHERE = "none"
+# The longest wait between two tries of a channel that keeps failing: a receiver down for days
+# costs each undelivered alert one try an hour (a timeout's worth of a worker), not one every
+# few minutes for as long as it is down.
+RETRY_MAX = timedelta(hours=1)
+_RETRY_DOUBLINGS = 12  # 2 ** 12 s is past RETRY_MAX
+
+
+def retry_delay(failures):
+    """The wait before the next try of a channel that failed `failures` times: 2 s after the
+    first failure, doubling, at most RETRY_MAX."""
+    return min(timedelta(seconds=2 ** min(failures, _RETRY_DOUBLINGS)), RETRY_MAX)
 
 
 def _enqueue(alert_id, delay=None):
@@ -112,42 +137,85 @@ def _decision_links(alert, addresses):
 
 
 def alert_deliver(alert_id):
-    """Try every channel not yet delivered; record each attempt; reschedule failures."""
-    # The alert stays locked while it is delivered: a second job for it (the sweeper's
-    # redelivery of a job stuck in a backed-up queue) finds it taken and leaves it.
+    """Try every channel not yet delivered, each in a transaction of its own (see the module's
+    docstring); record each attempt; schedule the next try of those that failed."""
+    failed = []
+    for channel in CHANNELS:
+        with transaction.atomic():
+            alert = _locked(alert_id)
+            if alert is None:
+                return
+            if channel in channels(alert) and channel not in _delivered_on(alert):
+                failure = _attempt(alert, channel)
+                if failure:
+                    failed.append(failure)
     with transaction.atomic():
-        alert = Alert.objects.select_for_update(skip_locked=True).filter(pk=alert_id).first()
-        if alert is None or alert.delivered_at:
+        alert = _locked(alert_id)
+        if alert is None:
             return
-        done = set(alert.deliveries.filter(ok=True).values_list("channel", flat=True))
-        failed = []
-        for channel in channels(alert):
-            if channel in done:
-                continue
-            earlier = alert.deliveries.filter(channel=channel)
-            attempt = len(earlier) + 1
-            before, reached = {address for delivery in earlier for address in delivery.reached}, []
-            try:
-                detail, ok = _send(alert, channel, before, reached), True
-            except Exception as exc:  # a transport error of any kind is recorded, not raised
-                detail, ok = f"{type(exc).__name__}: {exc}", False
-                failed.append(attempt)
-            AlertDelivery.objects.create(alert=alert, channel=channel, attempt=attempt, ok=ok, detail=detail[:2000],
-                                         reached=reached)
-        if not failed:
+        found = channels(alert)
+        if not OPERATIONS.intersection(found):
+            failed.append(_nowhere(alert))
+        elif not failed and set(found) <= _delivered_on(alert):
             Alert.objects.filter(pk=alert.pk).update(delivered_at=timezone.now())
-    if failed and max(failed) < MAX_DELIVERY_ATTEMPTS:
-        _enqueue(alert.pk, delay=timedelta(seconds=min(300, 2 ** max(failed))))
+    if failed:
+        _enqueue(alert_id, delay=retry_delay(max(failed)))
+
+
+def _locked(alert_id):
+    """The alert, locked until the caller's transaction ends; None once delivered, or while
+    another job holds it: a second job for the alert (the sweeper's redelivery of a job stuck in
+    a backed-up queue) finds it taken and leaves it to the first."""
+    alert = Alert.objects.select_for_update(skip_locked=True).filter(pk=alert_id).first()
+    return None if alert is None or alert.delivered_at else alert
+
+
+def _delivered_on(alert):
+    return set(alert.deliveries.filter(ok=True).values_list("channel", flat=True))
+
+
+def _attempt(alert, channel):
+    """One attempt on `channel`, recorded whatever its outcome; its number if it failed, else None."""
+    earlier = alert.deliveries.filter(channel=channel)
+    attempt = len(earlier) + 1
+    before, reached = {address for delivery in earlier for address in delivery.reached}, []
+    try:
+        detail, ok = _send(alert, channel, before, reached), True
+    except Exception as exc:  # a transport error of any kind is recorded, not raised
+        detail, ok = f"{type(exc).__name__}: {exc}", False
+    AlertDelivery.objects.create(alert=alert, channel=channel, attempt=attempt, ok=ok, detail=detail[:2000],
+                                 reached=reached)
+    return None if ok else attempt
+
+
+def _nowhere(alert):
+    """A try that found no operations channel: recorded as a failed delivery, which the alert's
+    page shows, and logged as an error, so that the setting is fixed and the alert goes out at
+    its next try; its number."""
+    attempt = alert.deliveries.filter(channel=NOWHERE).count() + 1
+    detail = ("no channel to tell operations on: ALERT_EMAILS is empty and ALERT_WEBHOOK_URL is not set; "
+              "set either and restart, and the alert goes out at its next try")
+    logger.error("alert %s (%s) is undelivered: %s", alert.pk, alert.subject, detail)
+    AlertDelivery.objects.create(alert=alert, channel=NOWHERE, attempt=attempt, ok=False, detail=detail)
+    return attempt
 
 
 def alerts_redeliver_stale(older_than=timedelta(minutes=5)):
-    """The sweeper's pass: undelivered alerts whose job may have been lost, each queued again at
-    most once every `older_than` (stamped: while the workers are down every pass found the same
-    alerts, and queued a job for each, a second apart, for as long as the outage lasted)."""
+    """The sweeper's pass: undelivered alerts whose next try is overdue by `older_than` (never
+    tried, or tried in vain `n` times and left longer than `retry_delay(n)` since: the job that
+    was to try again was lost), each queued again at most once every `older_than` (stamped:
+    while the workers are down every pass found the same alerts, and queued a job for each, a
+    second apart, for as long as the outage lasted)."""
     now = timezone.now()
     cutoff = now - older_than
+    due = Q(failures__isnull=True) & (Q(last_try__isnull=True) | Q(last_try__lt=cutoff))
+    due |= reduce(or_, (Q(failures=n, last_try__lt=cutoff - retry_delay(n)) for n in range(1, _RETRY_DOUBLINGS)))
+    due |= Q(failures__gte=_RETRY_DOUBLINGS, last_try__lt=cutoff - RETRY_MAX)
     stale = (Alert.objects.filter(delivered_at__isnull=True, created_at__lt=cutoff)
-             .exclude(deliveries__at__gte=cutoff).exclude(redelivery_queued_at__gte=cutoff))
+             .exclude(redelivery_queued_at__gte=cutoff)
+             .annotate(failures=Max("deliveries__attempt", filter=Q(deliveries__ok=False)),
+                       last_try=Max("deliveries__at"))
+             .filter(due))
     ids = list(stale.values_list("pk", flat=True)[:100])
     Alert.objects.filter(pk__in=ids).update(redelivery_queued_at=now)
     for alert_id in ids:

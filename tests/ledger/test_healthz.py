@@ -1,5 +1,7 @@
 """/healthz: 200 when the database, Redis, a worker and the sweeper were seen; 503 naming what is down."""
 
+import logging
+import socket
 import time
 
 import httpx
@@ -7,7 +9,9 @@ import pytest
 from django.core.management import call_command
 from rq import Worker
 
+from console import monitoring
 from ledger import jobs
+from ledger.outages import Outage
 from tests.conftest import free_port, wait_until
 from tests.factories import database_away
 
@@ -67,6 +71,37 @@ def test_it_answers_503_naming_redis_when_redis_stops(client, settings):
 
     assert response.status_code == 503
     assert response.json() == {"database": "ok", "redis": "down", "worker": "down", "sweeper": "down"}
+
+
+@pytest.mark.django_db
+def test_a_redis_that_does_not_answer_costs_one_timeout_and_one_line_in_the_log(client, settings, monkeypatch,
+                                                                               caplog):
+    """A Redis that takes connections and never answers (a host that hangs, a blackholed port):
+    Redis, the workers and the sweeper were each asked, each after its own timeout, three in
+    all before a load balancer's probe got its answer, and each poll logged three tracebacks."""
+    timeout = 1
+    monkeypatch.setattr(monitoring, "_REDIS_OUTAGE", Outage("/healthz", monitoring.logger))
+    caplog.set_level(logging.INFO, logger="surety.metrics")
+    with socket.socket() as listener:  # listens and never accepts: the kernel connects, nobody reads
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        settings.RQ_ASYNC = True
+        settings.RQ_QUEUES = {"default": {"ASYNC": True, "DEFAULT_TIMEOUT": 600, "URL": (
+            f"redis://127.0.0.1:{listener.getsockname()[1]}/0"
+            f"?socket_connect_timeout={timeout}&socket_timeout={timeout}")}}
+        for _ in range(3):  # a load balancer's polls
+            began = time.monotonic()
+            response = client.get("/healthz")
+            took = time.monotonic() - began
+
+            assert response.status_code == 503
+            assert response.json() == {"database": "ok", "redis": "down", "worker": "down", "sweeper": "down"}
+            assert took < 2 * timeout, took
+
+    lines = [(record.levelname, record.getMessage(), record.exc_info) for record in caplog.records
+             if record.name == "surety.metrics"]
+    assert len(lines) == 1 and lines[0][2] is None, lines
+    assert "Redis is unreachable (TimeoutError" in lines[0][1]
 
 
 @pytest.mark.django_db

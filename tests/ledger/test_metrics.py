@@ -153,6 +153,31 @@ def test_it_counts_open_incidents(client):
     assert scrape(client)[("surety_incidents_open", ())] == 2
 
 
+@pytest.mark.django_db
+def test_it_counts_undelivered_alerts_and_how_long_the_oldest_has_waited(client, jobs_to_test_redis):
+    """A receiver down, or no channel set: nothing but each alert's own page said that alerts
+    were not getting out."""
+    from dlq.models import Alert
+
+    agent, _ = make_agent("metrics-bot")
+    assert scrape(client)[("surety_alerts_undelivered", ())] == 0
+    assert scrape(client)[("surety_alerts_undelivered_oldest_seconds", ())] == 0
+    first = dead_letter(agent, "refund-a1").alerts.get()
+    second = dead_letter(agent, "refund-a2").alerts.get()
+    Alert.objects.filter(pk=first.pk).update(created_at=timezone.now() - timedelta(minutes=20))
+
+    seen = scrape(client)
+    assert seen[("surety_alerts_undelivered", ())] == 2
+    assert 20 * 60 <= seen[("surety_alerts_undelivered_oldest_seconds", ())] < 21 * 60
+
+    Alert.objects.filter(pk=first.pk).update(delivered_at=timezone.now())  # delivered at last: it goes down
+    seen = scrape(client)
+    assert seen[("surety_alerts_undelivered", ())] == 1
+    assert seen[("surety_alerts_undelivered_oldest_seconds", ())] < 60
+    Alert.objects.filter(pk=second.pk).update(delivered_at=timezone.now())
+    assert scrape(client)[("surety_alerts_undelivered", ())] == 0
+
+
 # --- What is counted where it happens, added up across processes ------------------------------
 
 @pytest.fixture(scope="module")
