@@ -511,6 +511,13 @@ class ChainCheck(models.Model):
 
     class Meta:
         ordering = ["-id"]
+        indexes = [
+            # Where each sweeper pass's newest check starts (furthest_intact_check): the first entry
+            # read from its end, however many checks are kept. Intact ones only: a broken check is
+            # never its answer.
+            models.Index(fields=["through_seq", "id"], condition=Q(broken_at__isnull=True),
+                         name="chaincheck_intact_idx"),
+        ]
 
     def __str__(self):
         return str(ChainReport(self.broken_at, self.why, self.through_seq, self.events))

@@ -171,29 +171,49 @@ BEGIN
     SELECT RAISE(ABORT, 'a version of an action sent to its provider before');
 END""")
 
-# A failed action a person did by hand (ledger.actions.action_done_by_hand, models.DONE_BY_HAND) is
-# final: its status and its `done_by_hand` mark never change, whatever writes the row, since a retry
-# would make the refund or the booking the person made a second time (Python refuses it first:
-# Action._refuse, action_retry_by_person). The rest of the row may be written, and the archive
-# deletes it. Its trigger (migration 0051) fires only for an update of either column of a row
-# failed and marked (its WHEN), so no other write pays for it; the mark is JSON's true, as
-# DONE_BY_HAND reads it.
-DONE_BY_HAND_FINAL = Function("ledger_action_done_by_hand_final() RETURNS trigger", """
+def done_by_hand_final(what, table, key, status, error, *, failed=None):
+    """The rule that a row a person did by hand (its `error` says `"done_by_hand": true`) is final:
+    an update of its `status`, or one that takes off or falsifies its mark or makes it retryable
+    (`"retryable"` stays false: the client and the MCP server tell the agent from it whether it may
+    retry), is refused, whatever writes the row. The rest of the row may be written, and deletes (the
+    archive's) are left alone. A PostgreSQL function and its trigger's SQLite pair; the PostgreSQL trigger (its
+    migration) fires, as the SQLite one does, only for an update of either column of a row marked
+    (and `failed`, if given), so no other write pays for it. The marks are JSON's true and false,
+    as the ORM's lookups read them."""
+    name = f"ledger_{what}_done_by_hand_final"
+    kept = f"its {status}, its done_by_hand mark and retryable false stay"
+    marked = f"json_type(OLD.{error}, '$.done_by_hand') = 'true'"
+    return Function(f"{name}() RETURNS trigger", f"""
 BEGIN
-    IF NEW.status IS DISTINCT FROM OLD.status OR NEW.error -> 'done_by_hand' IS DISTINCT FROM 'true'::jsonb THEN
-        RAISE EXCEPTION USING MESSAGE = 'action ' || OLD.operation_key || ' was done by hand: its status and its '
-                                        || 'done_by_hand mark stay, or a retry would make its effect again',
+    IF NEW.{status} IS DISTINCT FROM OLD.{status}
+       OR NEW.{error} -> 'done_by_hand' IS DISTINCT FROM 'true'::jsonb
+       OR NEW.{error} -> 'retryable' IS DISTINCT FROM 'false'::jsonb THEN
+        RAISE EXCEPTION USING MESSAGE = '{what} ' || OLD.{key} || ' was done by hand: {kept}',
                               ERRCODE = 'integrity_constraint_violation';
     END IF;
     RETURN NEW;
-END """)
-
-DONE_BY_HAND_FINAL_SQLITE = SQLiteTrigger("ledger_action_done_by_hand_final", f"""CREATE TRIGGER ledger_action_done_by_hand_final BEFORE UPDATE OF status, error ON ledger_action
-WHEN OLD.status = '{ActionStatus.FAILED}' AND json_type(OLD.error, '$.done_by_hand') = 'true'
-    AND (NEW.status IS NOT OLD.status OR json_type(NEW.error, '$.done_by_hand') IS NOT 'true')
+END """), SQLiteTrigger(name, f"""CREATE TRIGGER {name} BEFORE UPDATE OF {status}, {error} ON {table}
+WHEN {f"OLD.{status} = '{failed}' AND " if failed else ""}{marked}
+    AND (NEW.{status} IS NOT OLD.{status} OR json_type(NEW.{error}, '$.done_by_hand') IS NOT 'true'
+         OR json_type(NEW.{error}, '$.retryable') IS NOT 'false')
 BEGIN
-    SELECT RAISE(ABORT, 'an action done by hand keeps its status and its done_by_hand mark');
+    SELECT RAISE(ABORT, '{what} done by hand: {kept}');
 END""")
+
+
+# A failed action a person did by hand (ledger.actions.action_done_by_hand, models.DONE_BY_HAND):
+# a retry would make the refund or the booking the person made a second time (Python refuses it
+# first: Action._refuse, action_retry_by_person). Migrations 0051 and 0052.
+DONE_BY_HAND_FINAL, DONE_BY_HAND_FINAL_SQLITE = done_by_hand_final(
+    "action", "ledger_action", "operation_key", "status", "error", failed=ActionStatus.FAILED)
+# A task a person finished by hand (its dead letter resolved: ledger.tasks.task_actions_let_go),
+# stopped where the work stopped (dead-lettered, failed). Sent back to the queue, its runner would
+# go on from its checkpoint: its steps' actions done by hand would fail it again, but a step the
+# work never reached records its action now (no action of it stands to refuse it) and makes what
+# the person made by hand, a refund or a customer's message, a second time. No move leaves a task
+# so stopped but for the dead letter's redrive and discard, closed by the resolve. Migration 0052.
+TASK_DONE_BY_HAND_FINAL, TASK_DONE_BY_HAND_FINAL_SQLITE = done_by_hand_final(
+    "task", "ledger_task", "task_id", "state", "last_error")
 
 # Audit events are append-only; the only update is the sealer's, and only with the next link
 # of the chain (hash = sha256(prev_hash || content_hash || seq), the formula of audit.py) at the
@@ -331,7 +351,8 @@ RULES = [LOCK_SUBJECTS, TRY_LOCK_SUBJECTS, SAME_SUBJECT, REQUEUE_SAME_SUBJECT, A
          AUDIT_NO_DELETE_SQLITE, CHECKPOINT_NO_UPDATE_SQLITE, CHECKPOINT_NO_DELETE_SQLITE, ARCHIVE_APPEND_ONLY,
          ARCHIVE_NO_UPDATE_SQLITE, ARCHIVE_NO_DELETE_SQLITE, ARCHIVE_SIGNED_SQLITE,
          ARCHIVED_KEY_REFUSED, ARCHIVED_KEY_REFUSED_SQLITE, ARCHIVED_TASK_REFUSED, ARCHIVED_TASK_REFUSED_SQLITE,
-         HELD_NEARBY, VERSION_OF_UNSENT, VERSION_OF_UNSENT_SQLITE, DONE_BY_HAND_FINAL, DONE_BY_HAND_FINAL_SQLITE]
+         HELD_NEARBY, VERSION_OF_UNSENT, VERSION_OF_UNSENT_SQLITE, DONE_BY_HAND_FINAL, DONE_BY_HAND_FINAL_SQLITE,
+         TASK_DONE_BY_HAND_FINAL, TASK_DONE_BY_HAND_FINAL_SQLITE]
 
 
 def installed(connection, rule):

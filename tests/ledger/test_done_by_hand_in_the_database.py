@@ -1,22 +1,44 @@
-"""Done by hand is final, held by the database (migration 0051; `make test` runs this module on
-PostgreSQL and SQLite): a failed action a person did by hand (ledger.actions.action_done_by_hand,
-its dead letter resolved) keeps its status and its `done_by_hand` mark whatever writes it. A raw
-UPDATE or a queryset's `.update()` that sent it back to the queue, or took the mark off so that a
-retry is let through, would make the refund or the booking the person already made a second time.
-The rest of the row may still be written, and the archive deletes it after its key's lifetime.
-The refusals Python makes first (Action._refuse, action_retry_by_person) are tested in
+"""Done by hand is final, held by the database (migrations 0051 and 0052; `make test` runs this
+module on PostgreSQL and SQLite): a failed action a person did by hand (ledger.actions.action_done_by_hand,
+its dead letter resolved) keeps its status, its `done_by_hand` mark and `retryable` false whatever
+writes it. A raw UPDATE or a queryset's `.update()` that sent it back to the queue, or took the mark
+off so that a retry is let through, would make the refund or the booking the person already made a
+second time; one that made it retryable would tell its agent (the client, the MCP server) that it may
+retry. A task a person finished by hand (its dead letter resolved) keeps its state and its last
+error's marks the same way: queued again, its runner would go on from its checkpoint and record the
+actions of the steps the work never reached, making what the person made by hand again. The rest of
+either row may still be written, and the archive deletes it. The refusals Python makes first
+(Action._refuse, action_retry_by_person, a resolved entry's redrive) are tested in
 tests/dlq/test_done_by_hand.py."""
+
+from datetime import timedelta
 
 import pytest
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
+from dlq.archive import archive_expired
+from dlq.entries import deadletter_resolve
 from ledger.actions import action_done_by_hand
-from ledger.models import Action, ActionStatus
-from tests.factories import make_action, make_agent, person, required_in
+from ledger.models import Action, ActionStatus, Task, TaskState
+from tests.factories import dead_letter, failed_task_entry, make_action, make_agent, person, required_in
 
 S = ActionStatus
+T = TaskState
 pytestmark = pytest.mark.django_db
+
+# Updates of an error (an action's, a task's last one) that take its mark off or let a retry in.
+TAKES_THE_MARK_OFF = pytest.mark.parametrize("error", [
+    lambda error: {**error, "done_by_hand": False},
+    lambda error: {key: value for key, value in error.items() if key != "done_by_hand"},
+    lambda error: {**error, "done_by_hand": "true"},  # not the mark, which is JSON's true
+    lambda error: {**error, "retryable": True, "done_by_hand": None},
+    lambda error: {**error, "retryable": True},  # the mark kept: its agent would read that it may retry
+    lambda error: {key: value for key, value in error.items() if key != "retryable"},
+    lambda error: {**error, "retryable": "false"},  # not JSON's false
+    lambda error: None,
+], ids=["falsified", "removed", "a_string", "made_retryable", "retryable_the_mark_kept", "retryable_removed",
+        "retryable_a_string", "error_cleared"])
 
 
 @pytest.fixture
@@ -58,14 +80,8 @@ def test_a_raw_update_that_queues_it_again_is_refused(done):
     still_done_by_hand(done)
 
 
-@pytest.mark.parametrize("error", [
-    lambda error: {**error, "done_by_hand": False},
-    lambda error: {key: value for key, value in error.items() if key != "done_by_hand"},
-    lambda error: {**error, "done_by_hand": "true"},  # not the mark, which is JSON's true
-    lambda error: {**error, "retryable": True, "done_by_hand": None},
-    lambda error: None,
-], ids=["falsified", "removed", "a_string", "made_retryable", "error_cleared"])
-def test_an_update_that_takes_the_mark_off_is_refused(done, error):
+@TAKES_THE_MARK_OFF
+def test_an_update_that_takes_the_mark_off_or_lets_a_retry_in_is_refused(done, error):
     refused(lambda: rows(done).update(error=error(done.error)))
 
     still_done_by_hand(done)
@@ -105,3 +121,94 @@ def test_a_failure_nobody_did_by_hand_is_still_retried_and_marked_done_by_hand()
 
     assert Action.objects.get(pk=retried.pk).status == S.QUEUED
     assert Action.objects.get(pk=marked.pk).is_done_by_hand
+
+
+STOPPED = [T.DEAD_LETTERED, T.FAILED]  # where a task's work may stop for a person to finish it
+
+
+def task_done_by_hand(state):
+    """A refund task stopped where its work stopped (out of attempts, or its refund refused for
+    good: `state`), which a person then finished by hand: its dead letter resolved."""
+    agent, _ = make_agent("billing")
+    entry = (dead_letter if state == T.DEAD_LETTERED else failed_task_entry)(agent, "task-by-hand")
+    deadletter_resolve(entry, actor=person("olga"), note="refunded by bank transfer and told the customer")
+    task = Task.objects.get(pk=entry.task_id)
+    assert task.state == state
+    assert (task.last_error["retryable"], task.last_error["done_by_hand"]) == (False, True)
+    return task
+
+
+@pytest.fixture(params=STOPPED)
+def task_done(request, jobs_to_test_redis):
+    return task_done_by_hand(request.param)
+
+
+def tasks(task):
+    return Task.objects.filter(pk=task.pk)
+
+
+def task_still_done_by_hand(task):
+    row = Task.objects.get(pk=task.pk)
+    assert (row.state, row.last_error) == (task.state, task.last_error)
+
+
+def task_required_in(state):
+    """What the database's check constraints ask of a task row in `state`."""
+    return {T.QUEUED: {"next_attempt_at": timezone.now()},
+            T.RUNNING: {"lease_expires_at": timezone.now() + timedelta(seconds=30)}}.get(state, {})
+
+
+@pytest.mark.parametrize("stopped, state", [(stopped, state) for stopped in STOPPED for state in T.values
+                                            if state != stopped])
+def test_a_task_done_by_hand_is_moved_to_no_other_state(jobs_to_test_redis, stopped, state):
+    task = task_done_by_hand(stopped)
+
+    refused(lambda: tasks(task).update(state=state, **task_required_in(state)))
+
+    task_still_done_by_hand(task)
+
+
+def test_a_raw_update_that_queues_a_task_done_by_hand_again_is_refused(task_done):
+    with connection.cursor() as cursor:
+        refused(lambda: cursor.execute("UPDATE ledger_task SET state = %s, next_attempt_at = %s, attempts = 0 "
+                                       "WHERE id = %s", [T.QUEUED, timezone.now(), task_done.pk]))
+
+    task_still_done_by_hand(task_done)
+
+
+@TAKES_THE_MARK_OFF
+def test_an_update_that_takes_a_tasks_mark_off_or_lets_a_retry_in_is_refused(task_done, error):
+    refused(lambda: tasks(task_done).update(last_error=error(task_done.last_error)))
+
+    task_still_done_by_hand(task_done)
+
+
+def test_the_rest_of_a_task_done_by_hand_may_still_be_written(task_done):
+    tasks(task_done).update(updated_at=timezone.now(), attempts=0)
+    tasks(task_done).update(last_error={**task_done.last_error, "note": "ticket 9"})  # the marks kept
+    row = Task.objects.get(pk=task_done.pk)
+    row.save()  # every column written again, as it was
+
+    assert (row.state, Task.objects.get(pk=task_done.pk).last_error["note"]) == (task_done.state, "ticket 9")
+
+
+def test_the_archive_still_takes_a_failed_task_done_by_hand(tmp_path, jobs_to_test_redis):
+    task = task_done_by_hand(T.FAILED)  # finished: a dead-lettered one is not (dlq.archive.FINISHED)
+    if connection.vendor == "postgresql":  # the deferred checks of its setup, as at its commit
+        with connection.cursor() as cursor:
+            cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+
+    archive, counts = archive_expired(tmp_path, now=timezone.now() + timedelta(days=401))  # past every retention
+
+    assert archive is not None and counts["ledger.task"] == 1 and not tasks(task).exists()
+
+
+def test_a_task_nobody_did_by_hand_is_still_redriven_and_marked_done_by_hand(jobs_to_test_redis):
+    agent, _ = make_agent("billing")
+    redriven, marked = (Task.objects.get(pk=dead_letter(agent, task_id).task_id) for task_id in ("task-2", "task-3"))
+
+    tasks(redriven).update(state=T.QUEUED, next_attempt_at=timezone.now(), attempts=0)
+    tasks(marked).update(last_error={**marked.last_error, "retryable": False, "done_by_hand": True})
+
+    assert Task.objects.get(pk=redriven.pk).state == T.QUEUED
+    assert Task.objects.get(pk=marked.pk).last_error["done_by_hand"] is True
