@@ -64,7 +64,10 @@ from .models import Alert, AlertDelivery, BulkRedrive, BulkRedriveItem, DeadLett
 from .redrive_runs import RunStatus
 
 ACTOR = "system:archive"
-FINISHED = [TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED]  # final: nothing moves them again
+# Final: nothing moves them again. A dead-lettered task a person resolved by hand stays where its
+# work stopped, as final as a failed one (the database holds it there: ledger.dbrules).
+FINISHED = (Q(state__in=[TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED])
+            | Q(state=TaskState.DEAD_LETTERED, last_error__done_by_hand=True))
 # An action nothing moves again: settled, or recorded under a shadow grant (never executed; every
 # new grant starts as shadow, so they pile up). Not the ledger's SETTLED alone: that names where
 # an action in flight ends (a settle frees what it held), and a shadow action never was in flight.
@@ -127,7 +130,7 @@ def expired_actions(now):
 def expired_tasks(now):
     """Finished tasks past their id's lifetime, none of whose dead letters or actions must stay,
     oldest first: each goes with its steps, confirmations, dead letters and actions."""
-    return (Task.objects.filter(state__in=FINISHED, created_at__lte=now - key_lifetime())
+    return (Task.objects.filter(FINISHED, created_at__lte=now - key_lifetime())
             .exclude(Exists(Action.objects.filter(_waiting(now), task=OuterRef("pk"))))
             .exclude(Exists(DeadLetter.objects.filter(_entry_kept(now), task=OuterRef("pk"))))
             .order_by("id"))

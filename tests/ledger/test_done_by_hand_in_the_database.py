@@ -192,8 +192,9 @@ def test_the_rest_of_a_task_done_by_hand_may_still_be_written(task_done):
     assert (row.state, Task.objects.get(pk=task_done.pk).last_error["note"]) == (task_done.state, "ticket 9")
 
 
-def test_the_archive_still_takes_a_failed_task_done_by_hand(tmp_path, jobs_to_test_redis):
-    task = task_done_by_hand(T.FAILED)  # finished: a dead-lettered one is not (dlq.archive.FINISHED)
+@pytest.mark.parametrize("stopped", STOPPED)
+def test_the_archive_takes_a_task_done_by_hand_wherever_its_work_stopped(tmp_path, jobs_to_test_redis, stopped):
+    task = task_done_by_hand(stopped)  # final either way (dlq.archive.FINISHED)
     if connection.vendor == "postgresql":  # the deferred checks of its setup, as at its commit
         with connection.cursor() as cursor:
             cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
