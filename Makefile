@@ -133,7 +133,7 @@ scale:
 	@:
 
 check: $(VENV)/.installed
-	PRODUCTION=true DEBUG=false ALLOWED_HOSTS=example.com \
+	PRODUCTION=true DEBUG=false ALLOWED_HOSTS=example.com ALERT_EMAILS=operations@surety.internal \
 	  CONNECTOR_REFUND=sandbox CONNECTOR_SEND_MESSAGE=sandbox CONNECTOR_CREATE_BOOKING=sandbox \
 	  SECRET_KEY="$$($(PY) -c 'import secrets; print(secrets.token_urlsafe(50))')" \
 	  $(PY) manage.py check --deploy

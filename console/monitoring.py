@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import redis
 from django.conf import settings
-from django.db import DatabaseError, connection
+from django.db import Error, connection
 from django.http import HttpResponseForbidden, JsonResponse
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
@@ -45,10 +45,14 @@ def metrics_allowed(request):
         client = ipaddress.ip_address(request.META.get("REMOTE_ADDR", ""))
     except ValueError:
         return False
-    if any(client in ipaddress.ip_network(allowed) for allowed in settings.METRICS_ALLOWED_IPS):
+    # Behind a listener on [::] (dual-stack) an IPv4 peer's address is IPv4-mapped: ::ffff:10.0.0.5
+    # is 10.0.0.5, whether the allow-list names it as such or mapped.
+    addresses = {client, getattr(client, "ipv4_mapped", None) or client}
+    networks = [ipaddress.ip_network(allowed) for allowed in settings.METRICS_ALLOWED_IPS]
+    if any(address in network for address in addresses for network in networks):
         return True
     configured = token or settings.METRICS_ALLOWED_IPS
-    return not configured and not settings.PRODUCTION and client.is_loopback
+    return not configured and not settings.PRODUCTION and any(address.is_loopback for address in addresses)
 
 
 _exposition = PrometheusDjangoView.as_view(registry=REGISTRY)
@@ -93,7 +97,9 @@ _REDIS_OUTAGE = Outage("/healthz", logger)
 def _check(probe):
     try:
         return "ok" if probe() else "down"
-    except (DatabaseError, redis.RedisError, OSError) as exc:
+    # Django's Error, not only its DatabaseError: an InterfaceError (a connection already closed,
+    # or in a state it cannot be used in) is none, and is the database down all the same.
+    except (Error, redis.RedisError, OSError) as exc:
         if database_unreachable(exc):
             _DATABASE_OUTAGE.failed(exc)
         elif isinstance(exc, REDIS_UNREACHABLE):

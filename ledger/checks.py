@@ -1,7 +1,11 @@
 """System checks: what must hold before the ledger starts (run by every manage.py command)."""
 
+from urllib.parse import urlsplit
+
 from django.conf import settings
 from django.core import checks
+from django.core.exceptions import ValidationError
+from django.core.validators import validate_email
 
 from .connectors import check_connectors
 from .models import ActionType
@@ -31,3 +35,48 @@ def lease_holds_a_call(app_configs=None, **kwargs):
                                "and have too little lease left to call, and wait for the sweeper",
                                id="surety.W004")]
     return []
+
+
+# Domains reserved so that they never receive mail (RFC 2606; example.com, .net and .org publish a
+# null MX, RFC 7505), and their subdomains. ALERT_EMAILS' default, operations@surety.example, is at one.
+NO_MAIL_DOMAINS = ("example", "invalid", "example.com", "example.net", "example.org")
+
+
+@checks.register()
+def alert_channels(app_configs=None, **kwargs):
+    """In production, alert settings that cannot work stop the start, rather than showing at the
+    first alert's delivery; and alerts that would reach nobody are warned of."""
+    if not settings.PRODUCTION:
+        return []
+    problems = []
+    url = settings.ALERT_WEBHOOK_URL
+    if url and not _http_address(url):
+        problems.append(checks.Error(f"ALERT_WEBHOOK_URL {url!r} is not an http(s) address with a host",
+                                     id="surety.E005"))
+    for address in settings.ALERT_EMAILS:
+        try:
+            validate_email(address)
+        except ValidationError:
+            problems.append(checks.Error(f"ALERT_EMAILS names {address!r}, which is not an e-mail address",
+                                         id="surety.E006"))
+    if not url and all(_never_receives(address) for address in settings.ALERT_EMAILS):
+        why = (f"names only addresses at domains that never receive mail ({', '.join(settings.ALERT_EMAILS)})"
+               if settings.ALERT_EMAILS else "is empty")
+        problems.append(checks.Warning(
+            f"alerts reach nobody: ALERT_WEBHOOK_URL is not set and ALERT_EMAILS {why}",
+            hint="set ALERT_EMAILS to operations' own addresses, or ALERT_WEBHOOK_URL", id="surety.W007"))
+    return problems
+
+
+def _http_address(url):
+    try:
+        parts = urlsplit(url)
+        parts.port  # raises ValueError for a port that is no number, or out of range
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
+def _never_receives(address):
+    domain = address.rpartition("@")[2].lower().rstrip(".")
+    return any(domain == reserved or domain.endswith(f".{reserved}") for reserved in NO_MAIL_DOMAINS)

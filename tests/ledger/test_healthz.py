@@ -7,6 +7,7 @@ import time
 import httpx
 import pytest
 from django.core.management import call_command
+from django.db import InterfaceError, connection
 from rq import Worker
 
 from console import monitoring
@@ -130,4 +131,28 @@ def test_it_answers_503_naming_the_database_while_it_is_away_and_200_as_soon_as_
         response = client.get("/healthz")
 
     assert response.status_code == 503 and response.json()["database"] == "down"
+    assert client.get("/healthz").status_code == 200
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_database_error_that_is_no_database_error_is_the_database_down_in_the_report(client, settings, monkeypatch):
+    """Django's InterfaceError (psycopg's "the connection is in status …", psycopg2's "connection
+    already closed") is a django.db.Error but no DatabaseError: the probe let it through, and only
+    the API's middleware kept it from a 500, answering its own problem document (503
+    database_unavailable) instead of the report naming what is down. The error is staged by
+    patching the connection's cursor to raise it (the only patch here: a real connection does not
+    reach that state on demand)."""
+    settings.RQ_ASYNC = False  # only the database is checked
+    monkeypatch.setattr(monitoring, "_DATABASE_OUTAGE", Outage("/healthz", monitoring.logger))
+
+    def unusable():
+        raise InterfaceError("connection already closed")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(connection, "cursor", unusable)
+        response = client.get("/healthz")
+
+    assert response.status_code == 503
+    assert response.json() == {"database": "down", "redis": "not used", "worker": "not used",
+                               "sweeper": "not checked"}
     assert client.get("/healthz").status_code == 200

@@ -6,10 +6,13 @@ gunicorn with two workers and an RQ worker sharing one PROMETHEUS_MULTIPROC_DIR,
 production: the figures must add up across processes.
 """
 
+import ast
+import json
 import os
 import signal
 import subprocess
 from datetime import timedelta
+from http.server import BaseHTTPRequestHandler
 
 import httpx
 import pytest
@@ -18,9 +21,12 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from approvals.models import ReviewItem, ReviewKind
+from ledger.connectors.base import COUNTED_CODES, write_permit
+from ledger.connectors.http import Rejected
+from ledger.connectors.signed_http import SignedHttpConnector
 from ledger.models import Action, ActionStatus
-from tests.conftest import PYTHON, ROOT, _wait_for_http, free_port, wait_until
-from tests.factories import api_client, dead_letter, make_agent, post_action, refund_body, sandbox
+from tests.conftest import PYTHON, ROOT, _wait_for_http, free_port, thread_server, wait_until
+from tests.factories import api_client, dead_letter, make_action, make_agent, post_action, refund_body, sandbox
 
 S = ActionStatus
 
@@ -74,6 +80,24 @@ def test_it_opens_to_an_allowed_network(client, settings):
 
     assert client.get("/metrics", REMOTE_ADDR="10.1.2.3").status_code == 200
     assert client.get("/metrics", REMOTE_ADDR="11.1.2.3").status_code == 403
+
+
+@pytest.mark.django_db
+def test_an_ipv4_client_of_a_dual_stack_listener_is_its_ipv4_address(client, settings):
+    """gunicorn listening on [::] gives an IPv4 peer as IPv4-mapped (::ffff:10.0.0.5): it was
+    compared as an IPv6 address, so no IPv4 entry of the allow-list, nor loopback, ever matched."""
+    settings.PRODUCTION, settings.METRICS_TOKEN = True, None
+    settings.METRICS_ALLOWED_IPS = ["10.0.0.0/8", "192.0.2.7/32", "::ffff:198.51.100.0/120"]
+
+    assert client.get("/metrics", REMOTE_ADDR="::ffff:10.0.0.5").status_code == 200
+    assert client.get("/metrics", REMOTE_ADDR="::ffff:192.0.2.7").status_code == 200
+    assert client.get("/metrics", REMOTE_ADDR="::ffff:11.0.0.5").status_code == 403
+    # An entry written mapped matches as it did.
+    assert client.get("/metrics", REMOTE_ADDR="::ffff:198.51.100.9").status_code == 200
+
+    settings.PRODUCTION, settings.METRICS_ALLOWED_IPS = False, []
+    assert client.get("/metrics", REMOTE_ADDR="::ffff:127.0.0.1").status_code == 200  # loopback, in development
+    assert client.get("/metrics", REMOTE_ADDR="::ffff:203.0.113.9").status_code == 403
 
 
 # --- What it shows from the database ---------------------------------------------------------
@@ -176,6 +200,67 @@ def test_it_counts_undelivered_alerts_and_how_long_the_oldest_has_waited(client,
     assert seen[("surety_alerts_undelivered_oldest_seconds", ())] < 60
     Alert.objects.filter(pk=second.pk).update(delivered_at=timezone.now())
     assert scrape(client)[("surety_alerts_undelivered", ())] == 0
+
+
+# --- What a provider's answer may put in a label ----------------------------------------------
+
+def refusing(codes):
+    """A provider (for `thread_server`) that refuses every request with 400 and the next of `codes`."""
+    codes = iter(codes)
+
+    class Refuse(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (http.server's name)
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            body = json.dumps({"error": {"code": next(codes), "message": "refused"}}).encode()
+            self.send_response(400)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format, *args):  # noqa: A002
+            pass
+
+    return Refuse
+
+
+def code_series(client):
+    """{code: calls} of the http connector's refused writes, as /metrics shows them."""
+    return {dict(labels)["code"]: value for (name, labels), value in scrape(client).items()
+            if name == "surety_connector_calls_total" and ("connector", "http") in labels
+            and ("outcome", "rejected") in labels}
+
+
+@pytest.mark.django_db
+def test_codes_a_provider_makes_up_are_counted_in_one_series(client):
+    """A provider's refusal names its own code, which became the `code` label as it came: a
+    provider (or anything answering in its place) decided how many series /metrics has, one per
+    code it made up. Codes the product knows keep their own."""
+    made_up = [f"made_up_{n}" for n in range(50)]
+    agent, _ = make_agent("metrics-bot")
+    action = make_action(agent, S.QUEUED, key="refund:ORD-MU1:full:dec-1", target="ORD-MU1").claim(owner="host:tests")
+    before = code_series(client)
+
+    with thread_server(refusing([*made_up, "declined"])) as provider, write_permit(action):
+        connector = SignedHttpConnector(url=provider.url, secret="s" * 32)
+        for _ in range(len(made_up) + 1):
+            with pytest.raises(Rejected):
+                connector.perform(action)
+
+    after = code_series(client)
+    assert set(after) - set(before) <= {"other", "declined"}, sorted(set(after) - set(before))
+    assert after["other"] - before.get("other", 0) == len(made_up)
+    assert after["declined"] - before.get("declined", 0) == 1
+
+
+def test_every_code_the_connectors_name_is_counted_by_name():
+    """The known codes are listed in one place: a code a connector names that the list forgot
+    would be counted as "other"."""
+    named = {node.value.value for path in sorted((ROOT / "ledger" / "connectors").glob("*.py"))
+             for node in ast.walk(ast.parse(path.read_text()))
+             if isinstance(node, ast.keyword) and node.arg == "code" and isinstance(node.value, ast.Constant)}
+    assert {"deadline_passed", "timeout", "smtp_login_refused", "currency_mismatch"} <= named  # the scan sees them
+    assert named - COUNTED_CODES == set()
 
 
 # --- What is counted where it happens, added up across processes ------------------------------
