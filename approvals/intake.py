@@ -162,7 +162,8 @@ def needs_person_after_verification(action):
         return f"verified, but {limit.why()}"
     if action.amount <= limit.max_amount:
         return ""
-    return f"verified, but {money(action.amount)} {action.currency} is above the limit of {money(limit.max_amount)}"
+    return (f"verified, but {money(action.amount, action.currency)} {action.currency} is above the limit of "
+            f"{money(limit.max_amount, action.currency)}")
 
 
 def version_expression():

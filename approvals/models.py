@@ -76,9 +76,11 @@ class Limit(models.Model):
 
     def snapshot(self):
         return {
-            "max_amount": money(self.max_amount),
-            "dual_approval_above": None if self.dual_approval_above is None else money(self.dual_approval_above),
-            "daily_customer_total": None if self.daily_customer_total is None else money(self.daily_customer_total),
+            "max_amount": money(self.max_amount, self.currency),
+            "dual_approval_above": None if self.dual_approval_above is None else money(self.dual_approval_above,
+                                                                                      self.currency),
+            "daily_customer_total": None if self.daily_customer_total is None else money(self.daily_customer_total,
+                                                                                        self.currency),
             "review_deadline_hours": self.review_deadline_hours,
             "first_tier": self.first_tier,
             "next_tier": self.next_tier,

@@ -3,14 +3,18 @@
 from dataclasses import dataclass
 from decimal import Decimal
 
+from ledger import money as minor
 from ledger.hooks import RUN, Verdict  # approvals_needed 0: run it; 1: one approver; 2: two different approvers
 
-CENTS = Decimal("0.01")
 
-
-def money(amount):
-    """1000.000 -> "1000.00"; keeps a third decimal only where there is one."""
-    return f"{amount.quantize(CENTS) if amount == amount.quantize(CENTS) else amount:f}"
+def money(amount, currency):
+    """`amount` as `currency` writes it (decision 32): 1000.000 EUR -> "1000.00", 15000 JPY ->
+    "15000", 150.5 KWD -> "150.500", in the reasons people read and the limits' snapshots (two
+    decimals whatever the currency made a limit of 10000 JPY "10000.00 JPY", one of 100.500 KWD
+    "100.50 KWD"). An amount with more decimals than its currency has (a limit saved before the
+    form refused them) is written whole, never rounded."""
+    written = minor.quantized(amount, currency)
+    return f"{written if written == amount else amount:f}"
 
 
 # The code of a request refused because no limit of its type covers its currency.
@@ -47,15 +51,17 @@ def verdict_for(limit, amount: Decimal | None, customer_total_today: Decimal = D
             return Verdict(1, f"{limit.why()}: refused at intake", refused=NOT_COVERED)
         return Verdict(1, f"{limit.why()}: a person approves")
     if limit.dual_approval_above is not None and amount > limit.dual_approval_above:
-        return Verdict(2, f"{money(amount)} {limit.currency} is above {money(limit.dual_approval_above)}: two approvers")
+        return Verdict(2, f"{money(amount, limit.currency)} {limit.currency} is above "
+                          f"{money(limit.dual_approval_above, limit.currency)}: two approvers")
     if amount > limit.max_amount:
-        return Verdict(1, f"{money(amount)} {limit.currency} is above the limit of {money(limit.max_amount)}")
+        return Verdict(1, f"{money(amount, limit.currency)} {limit.currency} is above the limit of "
+                          f"{money(limit.max_amount, limit.currency)}")
     if limit.daily_customer_total is not None and customer_total_today + amount > limit.daily_customer_total:
         whose = f"the total today of {limit.action_type}s that name no customer" if no_customer else \
             "the customer's total today"
         return Verdict(
             1,
-            f"{whose} would be {money(customer_total_today + amount)} {limit.currency}, "
-            f"above {money(limit.daily_customer_total)}",
+            f"{whose} would be {money(customer_total_today + amount, limit.currency)} {limit.currency}, "
+            f"above {money(limit.daily_customer_total, limit.currency)}",
         )
     return RUN

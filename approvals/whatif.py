@@ -94,7 +94,8 @@ class Proposal:
     def values(self):
         """As the audit trail writes amounts ("250.00")."""
         return {"action_type": self.action_type, "currency": self.currency,
-                **{name: None if getattr(self, name) is None else money(getattr(self, name)) for name in VALUES}}
+                **{name: None if getattr(self, name) is None else money(getattr(self, name), self.currency)
+                   for name in VALUES}}
 
 
 def window_start(days, now=None):
