@@ -179,8 +179,7 @@ def _second_approval(item, action, user, behalf, reason, fingerprint):
     params. A delegate's approval is its person's too: one of two from each of them is all it can
     be. An earlier approval counts only while its person does not answer for the agent (`approvals_counted`)."""
     earlier = list(item.approvals.select_related("user", "on_behalf_of"))
-    eyes = {user.pk, behalf and behalf.pk} - {None}
-    if any(eyes & {a.user_id, a.on_behalf_of_id} for a in earlier):
+    if given_by_the_same_eyes(earlier, user, behalf):
         raise DecisionRefused("four eyes: the second approval must come from someone else"
                               + (f" than you and {behalf.get_username()}" if behalf else ""))
     if any(a.fingerprint and a.fingerprint != fingerprint for a in earlier):
@@ -197,6 +196,14 @@ def _second_approval(item, action, user, behalf, reason, fingerprint):
                                      **({"on_behalf_of": behalf.get_username()} if behalf else {}),
                                      **({"not_counted": not_counted} if not_counted else {})})
     return len(counted) + 1 >= item.approvals_needed
+
+
+def given_by_the_same_eyes(approvals, user, behalf):
+    """The approval among `approvals` that four eyes take for `user`'s own, or None: given by them
+    or for them, or by or for `behalf`, the person they decide for (a person and their delegate
+    give one approval between them). The decision refuses a second one; the page says so first."""
+    eyes = {user.pk, behalf and behalf.pk} - {None}
+    return next((a for a in approvals if eyes & {a.user_id, a.on_behalf_of_id}), None)
 
 
 def approvals_counted(approvals, agent):
@@ -262,6 +269,14 @@ def review_edit(item, *, user, changes, reason, fingerprint=""):
             review_decide(waiting, user=user, decision="approve", reason=reason,
                           fingerprint=version.params_fingerprint())
     return item, Action.objects.get(pk=version.pk)
+
+
+def params_changed(before, after):
+    """(param, before, after) for each param an edit changed, by name ("—" where one has none):
+    what a version's page shows of its edit, and a decision link refused by one lists."""
+    before, after = before or {}, after or {}
+    return [(name, before.get(name, "—"), after.get(name, "—"))
+            for name in sorted(set(before) | set(after)) if before.get(name) != after.get(name)]
 
 
 def held_group(item):

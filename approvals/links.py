@@ -20,6 +20,7 @@ from django.utils import timezone
 from ledger.models import Action
 
 from .access import may_decide
+from .decisions import params_changed
 from .models import DecisionLink, ReviewStatus
 
 
@@ -86,9 +87,7 @@ def _same_params(link):
         return
     changes, where = [], ""
     if version is not None:  # (changed in place, only the print tells: nothing to list)
-        sent, edited = action.params or {}, version.params or {}
-        changes = [(name, sent.get(name, "—"), edited.get(name, "—"))
-                   for name in sorted(set(sent) | set(edited)) if sent.get(name) != edited.get(name)]
+        changes = params_changed(action.params, version.params)
         where = f": edited into {version.operation_key}, which waits for its own decision"
     raise LinkRefused(f"The parameters changed since this mail was sent{where}. This link decides nothing. "
                       "Look at them again on the dashboard.", 409, changes)

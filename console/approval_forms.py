@@ -79,8 +79,11 @@ class EditForm(forms.Form):
         self.editable = () if edit_refusal(action) else EDITABLE_PARAMS[action.action_type]
         for name in self.editable:
             # Named apart from the decision's own reason: a refund's `reason` is a param.
+            # An amount is typed in its action's currency, with that currency's decimals: the label says which.
+            currency = f" ({action.currency})" if name == "amount" and action.currency else ""
             self.fields[f"param_{name}"] = forms.CharField(
-                label=f"{action.action_type.replace('_', ' ').capitalize()} {name}", required=False, max_length=500,
+                label=f"{action.action_type.replace('_', ' ').capitalize()} {name}{currency}", required=False,
+                max_length=500,
                 initial=(action.params or {}).get(name, ""))
 
     def changes(self):

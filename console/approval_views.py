@@ -11,15 +11,17 @@ from django.urls import resolve, reverse
 from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseClientRefresh
 
-from approvals.access import PERM_FOR_KIND, decidable_for, get_review_item_for_user, may_decide
-from approvals.decisions import (AlreadyDecided, DecisionRefused, approvals_counted, held_group, held_group_decide,
-                                 in_flight_print, review_decide, review_edit)
+from approvals.access import PERM_FOR_KIND, acting_for, decidable_for, get_review_item_for_user, may_decide
+from approvals.decisions import (AlreadyDecided, DecisionRefused, approvals_counted, given_by_the_same_eyes,
+                                 held_group, held_group_decide, in_flight_print, params_changed, review_decide,
+                                 review_edit)
 from approvals.intake import covered_currencies, customer_total_today, uncovered_refused
 from approvals.models import Limit, ReviewItem, ReviewKind, ReviewStatus
 from approvals.whatif import DEFAULT_DAYS, MAX_DAYS, Proposal, preview_for_audit
 from ledger import clock
 from ledger.actions import in_flight_near
 from ledger.models import Action, ActionStatus, ActionType, Agent, AuditEvent, money_in_params
+from ledger.versions import edited_from
 
 from .approval_forms import DecisionForm, EditForm, LimitForm, fingerprint_seen, in_flight_seen
 from .dashboard import keyset_page, posted_pk, recent_reasons, render_partial, staff_required
@@ -169,6 +171,8 @@ def detail_context(request, item, decide_url=None):
     near = in_flight_near(action) if item.kind == ReviewKind.HELD else None
     typed = request.session.pop(TYPED, None) or {}
     typed = typed if typed.get("item") == item.pk else {}
+    behalf = _deciding_for(request.user, item)
+    approved_by_me = any(a.user_id == request.user.pk for a in approvals)
     return {
         "item": item,
         "action": action,
@@ -176,12 +180,18 @@ def detail_context(request, item, decide_url=None):
         # Past its window an approval is refused (approvals.decisions): the page offers none.
         "window_closed": bool(item.status == ReviewStatus.OPEN and item.expires_at and item.expires_at <= clock.now()),
         "is_owner": action.agent.answers_for(request.user),
-        "approved_by_me": any(a.user_id == request.user.pk for a in approvals),
+        # Four eyes as the decision holds them for a delegate: the person they would decide for
+        # answers for the agent, or gave (or was given, by a delegate) the first of two approvals.
+        "owner_behalf": behalf if behalf is not None and action.agent.answers_for(behalf) else None,
+        "approved_by_me": approved_by_me,
+        "approved_by_us": None if approved_by_me else given_by_the_same_eyes(approvals, request.user, behalf),
         "approvals": approvals,
         # An approval whose person answers for the agent now (named its owner since) counts no more.
         "approvals_counted": approvals_counted(approvals, action.agent)[0],
         "why": _why_now(item, history),
-        "rationale": (action.params or {}).get("reason", ""),
+        # The agent's own words: a version's reason may be an approver's edit of them (`edit` says so).
+        "rationale": (edited_from(action)[-1].params or {}).get("reason", ""),
+        "edit": _edit_of(action),
         "asked": _asked_otherwise(action),
         "customer_recent": Action.objects.filter(customer=action.customer).exclude(pk=action.pk).order_by("-id")[:10]
         if action.customer else [],
@@ -208,6 +218,27 @@ def detail_context(request, item, decide_url=None):
         "decide_url": decide_url or reverse("review-decide", args=[item.pk]),
         "reason_choices": _reason_choices(request.user, item),
     }
+
+
+def _edit_of(action):
+    """How a version came to be, for the approver of its own item: the action it was edited from,
+    that action's item the edit decided (who edited it, for whom, and why) and each param as it was
+    and as edited. None for an action an agent asked for."""
+    original = action.supersedes
+    if original is None:
+        return None
+    return {"original": original, "changes": params_changed(original.params, action.params),
+            "by": original.review_items.filter(status=ReviewStatus.EDITED)
+            .select_related("decided_by", "decided_for").first()}
+
+
+def _deciding_for(user, item):
+    """The person `user` would decide `item` for (approvals.access.acting_for): None for
+    themselves, and where they may not decide it at all (the page says so on its own)."""
+    try:
+        return acting_for(user, item)
+    except PermissionDenied:
+        return None
 
 
 # The decision a reason given before takes in one click, per kind, and the person's earlier

@@ -70,11 +70,14 @@
     return true;
   }
 
-  // A click on a row (outside its link) selects it, so j/k continue from there.
-  document.addEventListener("click", function (event) {
+  // A click on a row (outside its link) selects it, so j/k continue from there; so does the
+  // keyboard's focus coming into it (Tab), which a refresh of the rows then keeps on that row.
+  function selectFrom(event) {
     var row = event.target.closest && event.target.closest(".queue-row");
     if (row) select(row, false);
-  });
+  }
+  document.addEventListener("click", selectFrom);
+  document.addEventListener("focusin", selectFrom);
 
   // --- review item: a / r ----------------------------------------------------------------------
 

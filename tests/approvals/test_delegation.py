@@ -314,3 +314,33 @@ def test_an_auditor_is_never_a_delegate_and_one_named_before_decides_nothing(peo
     assert decide(signed_in(aldo), item).status_code == 403
     item.refresh_from_db()
     assert item.status == ReviewStatus.OPEN
+
+
+@pytest.mark.parametrize("first", ["alice", "olga"], ids=["the person first", "the delegate first"])
+def test_the_page_tells_a_person_and_their_delegate_that_one_of_them_approved_already(people, limit, first):
+    """Four eyes refuse the second approval of a person and their delegate: the page says so first,
+    and offers neither of them an Approve that would only be refused."""
+    item = over_limit(amount="6000.00")
+    away(people["alice"], people["olga"])
+    review_decide(item, user=people[first], decision="approve", reason="first look")
+
+    for name in ("alice", "olga"):
+        page = signed_in(people[name]).get(f"/review/{item.pk}/").content.decode()
+        assert 'id="approve-button"' not in page and 'id="edit-form"' not in page, name
+        if name == first:
+            assert 'id="approved-by-me"' in page
+            continue
+        [said] = re.findall(r'id="approved-by-us">(.*?)</p>', page, re.S)
+        said = " ".join(re.sub(r"<[^>]+>", " ", said).split())
+        assert said.startswith(f"{first} approved this") and "someone other than the two of you" in said, said
+    # bob is someone else: the second approval is his to give.
+    assert b'id="approve-button"' in signed_in(people["bob"]).get(f"/review/{item.pk}/").content
+
+
+def test_a_delegate_whose_person_owns_the_agent_is_told_so_not_that_they_lack_a_permission(people, limit):
+    item = over_limit(owner=people["alice"])
+    away(people["alice"], people["olga"])
+    page = signed_in(people["olga"]).get(f"/review/{item.pk}/").content.decode()
+    assert 'id="no-permission"' not in page
+    [said] = re.findall(r'id="four-eyes">(.*?)</p>', page, re.S)
+    assert "alice, for whom you stand in, is responsible for billing-1" in " ".join(said.split())

@@ -3,6 +3,7 @@ with its own key and audit trail, approved by the editor (the first of two if it
 two); the original ends superseded. Every edit that is not allowed is refused, in words, and
 changes nothing."""
 
+import re
 from decimal import Decimal
 
 import pytest
@@ -270,3 +271,44 @@ def test_an_action_sent_to_its_provider_before_is_not_edited(people):
         review_edit(again, user=users["alice"], changes={"amount": "400.00"}, reason="half",
                     fingerprint=action.params_fingerprint())
     assert unchanged(action, again)
+
+
+def version_page(people, client, amount, changes, reason):
+    """alice edits an over-limit refund (the agent's reason "wrong size") with `changes`; bob, an
+    approver on the dashboard, opens the version's item. Its page, and the version."""
+    users, agent = people
+    action, item = over_limit(agent, amount=amount, reason="wrong size")
+    _, version = review_edit(item, user=users["alice"], changes=changes, reason=reason,
+                             fingerprint=action.params_fingerprint())
+    client.force_login(users["bob"])
+    version_item = ReviewItem.objects.filter(action=version).get()
+    return client.get(f"/review/{version_item.pk}/").content.decode(), version
+
+
+def test_a_versions_page_says_who_edited_it_why_and_what_changed(people, client):
+    """The second approver of a version approves an approver's edit: the page says whose and why,
+    each field as the original asked and as edited, and the agent's own reason is the agent's,
+    never the text the editor put in its place."""
+    page, version = version_page(people, client, "3000.00", {"amount": "1500.00", "reason": "damaged parcel"},
+                                 reason="only the broken item is refunded")
+    [said] = re.findall(r'<div class="callout callout--info" id="version-of">(.*?)</div>', page, re.S)
+    said = " ".join(re.sub(r"<[^>]+>", "", said).split())
+    assert f"A version of {KEY}, edited by alice: “only the broken item is refunded”" in said
+    assert "amount 3000.00 → 1500.00 EUR" in said and "reason “wrong size” → “damaged parcel”" in said
+    [agents] = re.findall(r'id="rationale">(.*?)</blockquote>', page, re.S)
+    assert "wrong size" in agents and "damaged parcel" not in agents
+
+
+def test_a_version_whose_reason_alone_was_edited_is_not_said_to_be_edited_down(people, client):
+    page, _ = version_page(people, client, "750.00", {"amount": "750.00", "reason": "damaged parcel"},
+                           reason="the customer's words")
+    [said] = re.findall(r'<div class="callout callout--info" id="version-of">(.*?)</div>', page, re.S)
+    said = " ".join(re.sub(r"<[^>]+>", "", said).split())
+    assert "edited down" not in said and "amount" not in said  # unchanged: not listed
+    assert "reason “wrong size” → “damaged parcel”" in said
+
+
+def test_the_edit_forms_amount_says_its_currency(people, client):
+    _, item = on_the_edit_page(people, client)
+    page = client.get(f"/review/{item.pk}/").content.decode()
+    assert re.search(r'<label for="edit-param_amount">Refund amount \(EUR\)</label>', page)
