@@ -67,7 +67,10 @@ def deadletter_resolve(entry, *, actor, note):
     """A person finished the job by hand; the note says what they did. The task stays as it is,
     its actions not yet started cancelled (nobody runs them now); a failed action, the entry's or
     the task's, is failed for good as done by hand (`action_done_by_hand`): no retry may do it
-    again, and what it did stands (a booking's slot, a refund in the customer's daily total)."""
+    again, and what it did stands (a booking's slot and decision, a refund in the customer's daily
+    total). A booking that had failed for good takes its slot and decision again: if another
+    booking took either since, the resolve is refused (InvalidTransition, saying what holds it)
+    and the entry stays open, to be discarded instead."""
     if not note.strip():
         raise ValueError("say what was done by hand")
     with transaction.atomic():
@@ -82,8 +85,8 @@ def deadletter_resolve(entry, *, actor, note):
 def deadletter_discard(entry, *, actor, reason):
     """Give up: a dead-lettered task is cancelled, with its actions not yet started; a failed task
     stays `failed` (final), its actions not yet started cancelled too; an action stays `failed`,
-    for good now (its entry was the way to retry it): a booking lets go of its slot, and its
-    decision may be asked again."""
+    for good now (its entry was the way to retry it), and its error says a person gave it up
+    (`given_up`): a booking lets go of its slot, and its decision may be asked again."""
     if not reason.strip():
         raise ValueError("a reason is required to discard")
     with transaction.atomic():

@@ -323,7 +323,8 @@ def action_retry_by_person(action, *, actor, reason):
     for any retry, the limits asked again: failed for good, it left the customer's daily total
     (approvals.intake.IN_DAILY_TOTAL), and refunds asked meanwhile passed the total without it.
     The status table stays as it is: only the permanence is lifted. One done by hand
-    (`action_done_by_hand`) is refused: it failed for good because a person did it."""
+    (`action_done_by_hand`) is refused: it failed for good because a person did it; so is one
+    given up (`action_give_up`): a person decided nobody retries it, and its agent read so."""
     if isinstance(actor, str):
         raise ValueError("only a person may retry a failure marked permanent")
     if not reason.strip():
@@ -335,6 +336,9 @@ def action_retry_by_person(action, *, actor, reason):
         if row.is_done_by_hand:  # its permanence is a person's own work, which a retry would do again
             raise InvalidTransition(f"{row}: a person did it by hand (its dead letter was resolved): a retry "
                                     "would do it again; if it must be done once more, ask for it under a new decision")
+        if given_up(row):  # its permanence is a person's decision, which its agent was told of
+            raise InvalidTransition(f"{row}: a person gave it up (its dead letter was discarded): nobody retries it; "
+                                    "if it is still wanted, ask for it under a new decision")
         if row.action_type == ActionType.CREATE_BOOKING and not row.is_retryable_failure:
             raise InvalidTransition(f"{row}: its slot was given up when it failed; request a new booking")
         permanent = not row.is_retryable_failure
@@ -354,18 +358,29 @@ def _error_retryable(row, retryable, *, actor, verb, reason, **marks):
                               after={"status": row.status, "error": row.error}, reason=reason)
 
 
+def given_up(action):
+    """Whether a person gave the failed action up (`action_give_up`): its error says so."""
+    return action.status == S.FAILED and bool((action.error or {}).get("given_up"))
+
+
 def action_give_up(action, *, actor, reason):
     """A failed action a person gave up on (its dead letter discarded, or its task's:
-    ledger.tasks.task_actions_let_go) is failed for good: its error says no retry will come
-    (audited), and a booking lets go of its slot, so that its decision may be asked again, as
-    after any failure for good (BOOKING_HELD)."""
+    ledger.tasks.task_actions_let_go) is failed for good and says so: its error says no retry will
+    come and that a person gave it up (`given_up`, audited with their reason), whatever it said
+    before. A failure already for good (a declined refund) read the same before and after: its
+    agent could not tell whether a person might still retry it, so it is marked too. One that
+    could have been retried kept what it held for its retry: a booking lets go of its slot, so
+    that its decision may be asked again, as after any failure for good (BOOKING_HELD), and what it
+    held is looked at again. One done by hand is a person's own work, not given up: left as it is."""
     with transaction.atomic():
         row = Action.objects.select_for_update().get(pk=action.pk)
-        if row.status != S.FAILED or not row.is_retryable_failure:
+        if row.status != S.FAILED or row.is_done_by_hand or given_up(row):
             return row
-        _error_retryable(row, False, actor=actor, verb="given_up", reason=reason)
-        booking_follow_action(row, S.FAILED, actor, reason)
-        _release_what_it_held(row)
+        kept_for_its_retry = row.is_retryable_failure
+        _error_retryable(row, False, actor=actor, verb="given_up", reason=reason, given_up=True)
+        if kept_for_its_retry:
+            booking_follow_action(row, S.FAILED, actor, reason)
+            _release_what_it_held(row)
         return row
 
 
@@ -375,20 +390,58 @@ def action_done_by_hand(action, *, actor, reason):
     will come and that it was done by hand (`done_by_hand`, audited with the person's note), so a
     retry, which would do it again, is refused (Action._refuse, `action_retry_by_person`). Unlike
     one given up, what it did stands: a booking keeps its slot, confirmed (booking_follow_action),
-    and a refund stays in its customer's daily total (approvals.intake.IN_DAILY_TOTAL). What it
-    held is looked at again, as after any failure for good: kept held for its retry, each would
-    wait for a person for good. A failure already for good is done by hand too (a declined refund
-    the person paid by bank transfer), but for a booking's: it let its slot and its decision go
-    when it failed, and the decision may have been booked again since, under another key."""
+    and its decision (BOOKING_HELD), and a refund stays in its customer's daily total
+    (approvals.intake.IN_DAILY_TOTAL). What it held is looked at again, as after any failure for
+    good: kept held for its retry, each would wait for a person for good.
+
+    A failure already for good is done by hand too (a declined refund the person paid by bank
+    transfer, a declined booking they made by phone). A booking's let its slot and its decision go
+    when it failed: done by hand, it takes both again (`_book_again`), or another booking of that
+    time, or of the decision under another key, would be accepted beside the one the person made.
+    If another booking took either since, the database refuses, and so is this (InvalidTransition,
+    saying what holds it): nothing is written, and the person may give it up instead."""
     with transaction.atomic():
         row = Action.objects.select_for_update().get(pk=action.pk)
-        if row.status != S.FAILED or row.is_done_by_hand or (
-                row.action_type == ActionType.CREATE_BOOKING and not row.is_retryable_failure):
+        if row.status != S.FAILED or row.is_done_by_hand:
             return row
-        _error_retryable(row, False, actor=actor, verb="done_by_hand", reason=reason, done_by_hand=True)
+        let_go = row.action_type == ActionType.CREATE_BOOKING and not row.is_retryable_failure
+        try:
+            with transaction.atomic():
+                # Marked, it holds its decision again (the once-per-decision constraint's BOOKING_HELD).
+                _error_retryable(row, False, actor=actor, verb="done_by_hand", reason=reason, done_by_hand=True)
+                if let_go:
+                    _book_again(row)
+        except (IntegrityError, SlotTaken) as taken:
+            held = _held_since(row, taken)
+            if held is None:  # no booking holds its decision: not that refusal
+                raise
+            raise InvalidTransition(
+                f"{row} let its slot and its decision go when it failed, and another booking holds {held}: recorded "
+                "as booked by hand, it would be booked twice. Discard the entry instead, saying what was done"
+            ) from None
         booking_follow_action(row, S.FAILED, actor, reason)
         _release_what_it_held(row)
         return row
+
+
+def _held_since(row, taken):
+    """What holds the slot or the decision a booking failed for good let go, taken since (`taken`:
+    the intake's SlotTaken, or the database's refusal of its decision), in words; None when no
+    booking holds its decision (an IntegrityError of another kind)."""
+    if isinstance(taken, SlotTaken):
+        holder = Action.objects.filter(pk=taken.holder).first() if taken.holder else None
+        return f"its slot ({taken}{f': {holder.operation_key}, {holder.status}' if holder else ''})"
+    holder = same_decision(row.action_type, row.target, row.decision_id, row.params, row.customer)
+    return holder and f"its decision {row.decision_id} ({holder.operation_key}, {holder.status})"
+
+
+def _book_again(row):
+    """The locked booking `row`, failed for good and now done by hand, takes its slot again as the
+    intake takes one (`_book`: SlotTaken if another booking holds it now). The slot's row it let go
+    is released, which is final (Booking.TRANSITIONS): the person's booking is a new row in its
+    place, confirmed with the action (booking_follow_action)."""
+    Booking.objects.filter(action=row, status=Booking.Status.RELEASED).delete()
+    _book(row)
 
 
 def _book(action):
@@ -423,8 +476,8 @@ def booking_follow_action(action, previous, actor, reason):
         Booking.objects.get(action=action).confirm()
     elif action.is_done_by_hand:
         # Confirmed, not left pending: no retry or settle will ever move it, and the slot is taken
-        # for good, as the person's booking takes it. A failure for good let its slot go when it
-        # failed (another booking may hold it now): done by hand later, it stays released.
+        # for good, as the person's booking takes it (one that had failed for good takes it again
+        # first: action_done_by_hand).
         for booking in Booking.objects.filter(action=action, status=Booking.Status.PENDING):
             booking.confirm()
     elif action.status in (S.REJECTED, S.CANCELLED, S.EXPIRED) or (

@@ -7,7 +7,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from decimal import Decimal
 from email.utils import parsedate_to_datetime
@@ -56,18 +56,6 @@ class Version:
 
 
 @dataclass(frozen=True)
-class DeadLetter:
-    """A failed standalone action's dead-letter entry (its newest), as its evidence record shows it:
-    `open` while a person may still redrive, resolve or discard it; else what a person made of it
-    (`resolved`: finished by hand; `discarded`: given up, nothing done; `redriven`), who
-    (`decided_by`) and what they said (`note`)."""
-
-    status: str
-    decided_by: str
-    note: str
-
-
-@dataclass(frozen=True)
 class Action:
     """The action resource. `replayed` is true when the API answered an earlier request's row."""
 
@@ -92,10 +80,6 @@ class Action:
     # The action a person edited down into this version, and the version that superseded this one.
     supersedes: str | None = None
     superseded_by: Version | None = None
-    # Read by the client for a failed standalone action not done by hand (SuretyClient.get_action):
-    # its error says `"retryable": false` alike while its entry is open, a person may retry it, and
-    # once a person discarded or resolved the entry, and nobody will.
-    dead_letter: DeadLetter | None = None
 
     @classmethod
     def from_api(cls, body: dict[str, Any], *, replayed: bool = False) -> Action:
@@ -130,15 +114,20 @@ class Action:
         return self.status == "failed" and bool((self.error or {}).get("done_by_hand"))
 
     @property
+    def given_up(self) -> bool:
+        """Failed, and a person then gave it up (its dead letter, or its task's, discarded): nothing
+        was done, and nothing retries it."""
+        return self.status == "failed" and bool((self.error or {}).get("given_up"))
+
+    @property
     def redrivable(self) -> bool:
         """Failed, and a person may still retry it from the dead-letter queue under its own key,
-        which never doubles it: a standalone action (a task's is its task's to retry) whose entry is
-        open (`dead_letter`), whether its failure is retryable or its cause must be fixed first,
-        except a booking failed for good, which gave its slot up. Not one a person did by hand
-        (`done_by_hand`), which a retry would do again, nor one whose entry a person discarded or
-        resolved: nobody retries it."""
-        return (self.status == "failed" and self.task_id is None and not self.done_by_hand
-                and self.dead_letter is not None and self.dead_letter.status == "open"
+        which never doubles it: a standalone action (a task's is its task's to retry), whether its
+        failure is retryable or its cause must be fixed first, except a booking failed for good,
+        which gave its slot up. Not one a person did by hand (`done_by_hand`), which a retry would
+        do again, nor one a person gave up (`given_up`): its error says either once its dead-letter
+        entry is closed, and nobody retries it."""
+        return (self.status == "failed" and self.task_id is None and not (self.done_by_hand or self.given_up)
                 and (self.action_type != "create_booking" or bool((self.error or {}).get("retryable"))))
 
     @property
@@ -249,8 +238,7 @@ class SuretyClient:
         body = {"action_type": action_type, "target": target, "customer": customer, "decision_id": decision_id,
                 "params": _json_ready(params)}
         response = self._send("POST", "actions", key=operation_key, json=body)
-        return self._with_dead_letter(
-            _read(response, partial(Action.from_api, replayed=_replayed(response)), operation_key))
+        return _read(response, partial(Action.from_api, replayed=_replayed(response)), operation_key)
 
     def refund(self, *, order: str, amount: str | Decimal, currency: str, decision_id: str,
                customer: str | None = None, reason: str | None = None, scope: str | None = None) -> Action:
@@ -287,18 +275,7 @@ class SuretyClient:
         """The action as it stands; with `wait` (at most 30 s) the API holds the answer until
         it settles or waits for a person."""
         response = self._send("GET", f"actions/{_segment(operation_key)}", wait=wait)
-        return self._with_dead_letter(_read(response, Action.from_api))
-
-    def _with_dead_letter(self, action: Action) -> Action:
-        """A failed standalone action with its dead-letter entry, the newest its evidence record
-        (`GET /actions/{key}/evidence`) lists: its error reads the same while a person may still
-        retry it and once they gave it up (discarded) or finished it by hand without its error saying
-        so (a booking that had failed for good), and only the entry tells which (`Action.redrivable`).
-        One done by hand says so itself, and a task's is its task's."""
-        if action.status != "failed" or action.task_id is not None or action.done_by_hand:
-            return action
-        response = self._send("GET", f"actions/{_segment(action.operation_key)}/evidence")
-        return replace(action, dead_letter=_read(response, _newest_dead_letter))
+        return _read(response, Action.from_api)
 
     def wait_for(self, operation_key: str, timeout: float = 60.0, *, follow: bool = False,
                  stop: threading.Event | None = None) -> Action:
@@ -424,7 +401,7 @@ class _Settles(Protocol):
 
 
 Settles = TypeVar("Settles", bound=_Settles)
-Answer = TypeVar("Answer")
+Answer = TypeVar("Answer", Action, Checkpoint)
 
 
 def _deadline(timeout: float) -> float:
@@ -454,13 +431,6 @@ def _pause(seconds: float, stop: threading.Event | None) -> bool:
         time.sleep(seconds)
         return False
     return stop.wait(seconds)
-
-
-def _newest_dead_letter(record: dict[str, Any]) -> DeadLetter | None:
-    """The newest dead-letter entry an action's evidence record lists (in the order they were
-    opened), or None: closed, and past its retention, an archive run took it."""
-    entries = record["sections"]["dead_letters"]["dead_letters"]
-    return DeadLetter(entries[-1]["status"], entries[-1]["decided_by"], entries[-1]["note"]) if entries else None
 
 
 def _seconds(wait: float) -> str:

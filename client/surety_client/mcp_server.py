@@ -22,10 +22,9 @@ not to ask again (get_task). A failed one that nothing was done and a person may
 dead-letter queue under its own key (so not to ask again under a new decision, which would be a
 second effect once they do), with wait_for_action to wait for the retry (not before a rate-limited
 provider's retry_after); one a person then did by hand (`done_by_hand`), that it happened outside
-Surety and nothing retries it, so never to ask for it again; one whose dead-letter entry a person
-discarded, that it was given up, and one whose entry a person resolved without its error saying so
-(a booking that had failed for good), what they noted, and not to ask for it again (the entry is
-read from the action's evidence record); a dead-lettered task likewise (with
+Surety and nothing retries it, so never to ask for it again; one a person gave up (`given_up`:
+its dead-letter entry discarded), that nothing was done and nobody retries it, and that asking for
+it again is a new decision; a dead-lettered task likewise (with
 wait_for_task for the redrive), and one a person finished by hand (its `last_error`'s
 `done_by_hand`), that its work happened and nothing redrives it, so never to start it again. A
 refusal of the decision written otherwise (`idempotency_key_reused`) answers the action that
@@ -56,7 +55,7 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
-from .client import Action, Checkpoint, DeadLetter, SuretyClient
+from .client import Action, Checkpoint, SuretyClient
 from .errors import NO_FIELD, IdempotencyKeyReused, Problem, SuretyError, SuretyUnreachable, Unreadable, Unsendable
 
 PROBLEM_TYPE = "https://surety.dev/problems/"
@@ -387,26 +386,22 @@ def failure_guidance(action: Action, waited: float | None = None) -> tuple[str, 
     """A failed action did nothing, and its failure opened a dead-letter entry and an alert: a person
     may retry it there under its own key. Asked again under a new decision_id, it would be done twice
     once they do: the model must tell the user instead, and may wait for the retry. One a person did
-    by hand is no failure to wait through (`by_hand_guidance`), nor one whose entry a person closed
-    (`closed_guidance`)."""
+    by hand is no failure to wait through (`by_hand_guidance`), nor one a person gave up
+    (`given_up_guidance`)."""
     if action.done_by_hand:
         return by_hand_guidance(action), None
     error = action.error or {}
     key = action.operation_key
     text = f"Failed: nothing was done ({error.get('code')}: {error.get('message')})."
+    if action.given_up:
+        return given_up_guidance(action, text)
     if action.task_id is not None:
         return (f"{text} It is a step of task {action.task_id!r}, which retries it{_not_before(error)} or stops for "
                 "a person to redrive: do not ask for it again under a new decision_id. Call get_task with "
                 f"task_id={action.task_id!r} for what comes next.", _next("get_task", task_id=action.task_id))
-    if action.dead_letter is not None and action.dead_letter.status in ("resolved", "discarded"):
-        return f"{text} {closed_guidance(action.dead_letter)}", None
-    if not action.redrivable:
-        # A booking failed for good, its entry open: its slot and decision were let go, and a person
-        # may only resolve or discard it. Otherwise no entry is left: closed, and archived since.
-        if action.action_type == "create_booking":
-            return (f"{text} It failed for good and gave its slot up: nobody will retry it. Tell the user why; "
-                    "booking it still is a new decision, with a decision_id of its own.", None)
-        return f"{text} Its dead-letter entry is closed: nobody will retry it. Tell the user why.", None
+    if not action.redrivable:  # a booking failed for good: its slot and decision were let go
+        return (f"{text} It failed for good and gave its slot up: nobody will retry it. Tell the user why; "
+                "booking it still is a new decision, with a decision_id of its own.", None)
     if error.get("retryable"):
         text += f" Operations were alerted: a person may retry it from the dead-letter queue{_not_before(error)}"
     else:
@@ -423,20 +418,17 @@ def failure_guidance(action: Action, waited: float | None = None) -> tuple[str, 
     return text, _next("wait_for_action", operation_key=key)
 
 
-def closed_guidance(entry: DeadLetter) -> str:
-    """A failure whose dead-letter entry a person closed without a retry: given up (discarded),
-    nothing was done, and the decision is free again; or resolved, finished by hand, though its error
-    does not say `done_by_hand` (the ledger leaves a booking that had failed for good as it was, its
-    slot and decision let go, and records nothing of what the person did): told, from the error
-    alone, that booking it is a new decision, the model booked again what the person had booked."""
-    if entry.status == "discarded":
-        return (f"Given up: {entry.decided_by} discarded its dead-letter entry ({entry.note!r}): nobody will retry "
-                "it. Tell the user it was not done and why; if they still want it, asking for it again is a new "
-                "decision, with a decision_id of its own.")
-    return (f"Nobody will retry it: {entry.decided_by} resolved its dead-letter entry, saying it was finished by hand "
-            f"outside Surety ({entry.note!r}), which Surety does not record. Do not ask for it again, under this "
-            "decision or a new decision_id: if the person made it, that would make it twice. Tell the user what the "
-            "person noted.")
+def given_up_guidance(action: Action, text: str) -> tuple[str, dict[str, Any] | None]:
+    """A failure a person then gave up (its dead letter, or its task's, discarded): nothing was done,
+    and nobody retries it. Told that a person may still retry it, the model waited for a retry that
+    never comes."""
+    entry = f"the dead-letter entry of its task {action.task_id!r}" if action.task_id else "its dead-letter entry"
+    text += (f" Given up: a person discarded {entry}: nobody will retry it. Tell the user it was not done and why; if "
+             "they still want it, asking for it again is a new decision, with a decision_id of its own.")
+    if action.task_id is None:
+        return text, None
+    return f"{text} Call get_task with task_id={action.task_id!r} for what its task did.", _next(
+        "get_task", task_id=action.task_id)
 
 
 def by_hand_guidance(action: Action) -> str:
@@ -651,9 +643,9 @@ INSTRUCTIONS = (
     "wait_for_action waits for the retry. A failed or dead-lettered task likewise: its done steps stand, and a "
     "person may redrive a dead-lettered one. A failed action whose error says done_by_hand was done by a person "
     "outside Surety after it failed: it happened and nothing retries it; tell the user it was done, and never ask "
-    "for it again (that would do it twice). A failed action a person gave up (its dead-letter entry discarded, as "
-    "its guidance says) did nothing and nobody retries it: tell the user. One whose entry a person resolved without "
-    "done_by_hand was finished by hand outside Surety, as its guidance quotes them: do not ask for it again. "
+    "for it again (that would do it twice). A failed action whose error says given_up was given up by a person (its "
+    "dead-letter entry discarded): it did nothing and nobody retries it; tell the user, and if they still want it, "
+    "asking for it again is a new decision. "
     "A task whose last_error says done_by_hand was finished by a person "
     "outside Surety, whatever its state: nothing redrives it; tell the user, and never start it again under a new "
     "decision_id. A refusal as already recorded (idempotency_key_reused) answers the "

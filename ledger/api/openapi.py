@@ -84,6 +84,8 @@ class ErrorSerializer(serializers.Serializer):
     retryable = serializers.BooleanField(required=False)
     done_by_hand = serializers.BooleanField(required=False, help_text="A person made the effect by hand (its "
                                             "dead letter resolved): failed for good, and no retry may make it again.")
+    given_up = serializers.BooleanField(required=False, help_text="A person gave the action up (its dead letter "
+                                        "discarded): nothing was done, and nobody will retry it.")
     retry_after = serializers.FloatField(required=False, help_text="The seconds a rate-limited provider asked to "
                                          "be left alone for.")
 

@@ -127,25 +127,14 @@ def test_a_request_that_cannot_be_sent_as_written_is_not_retried(clock):
     assert clock.pauses == []  # no backoff: nothing was tried twice
 
 
-def evidence(entry="open"):
-    """A failed standalone action's evidence record, as much of it as the client reads: its one
-    dead-letter entry, `entry` its status."""
-    decided = {"decided_by": "", "note": ""} if entry == "open" else {"decided_by": "user:olga", "note": "why"}
-    return {"sections": {"dead_letters": {"dead_letters": [{"id": 1, "status": entry, **decided}]}}}
-
-
-def scripted_api(*answers, entry="open"):
+def scripted_api(*answers):
     """A client whose API gives each answer in turn ((status, headers, body): JSON, or a str sent as
-    it is), an action's evidence record (its dead-letter entry's status `entry`) whenever it is
-    asked, and the requests it got."""
+    it is), and the requests it got."""
     requests = []
-    scripted = iter(answers)
 
     def handler(request):
         requests.append(request)
-        if request.url.path.endswith("/evidence"):
-            return httpx.Response(200, json=evidence(entry))
-        status, headers, body = next(scripted)
+        status, headers, body = answers[len(requests) - 1]
         return httpx.Response(status, headers=headers, **{"text" if isinstance(body, str) else "json": body})
 
     client = SuretyClient("http://surety.test", "tok")
@@ -289,17 +278,12 @@ def test_a_failed_action_says_nothing_was_done_and_not_to_ask_again_under_a_new_
 
 
 def scripted_reads(*answers):
-    """A client whose API answers each read of the action with the next body (the last from then on),
-    of its evidence record with its dead-letter entry open, and the requests."""
+    """A client whose API answers each read with the next body (the last from then on), and the requests."""
     requests = []
-    reads = []
 
     def handler(request):
         requests.append(request)
-        if request.url.path.endswith("/evidence"):
-            return httpx.Response(200, json=evidence())
-        reads.append(request)
-        return httpx.Response(200, json=answers[min(len(reads), len(answers)) - 1])
+        return httpx.Response(200, json=answers[min(len(requests), len(answers)) - 1])
 
     client = SuretyClient("http://surety.test", "tok")
     client._http = httpx.Client(base_url="http://surety.test/api/v1/", transport=httpx.MockTransport(handler))
@@ -310,8 +294,9 @@ def test_wait_for_action_waits_through_a_failure_until_a_person_retries_it(clock
     client, requests = scripted_reads(_failed_action(True), _failed_action(True), _action("succeeded"))
     answer = mcp_server.call(client, "wait_for_action", {"operation_key": KEY, "seconds": 30}).structured_content
     assert answer["status"] == "succeeded" and answer["guidance"].startswith("Done: refund succeeded")
-    # Each failed read with its evidence record's (is its dead letter still open?), then the success.
-    assert len(requests) == 5 and clock.pauses == [client_module.PERSON_INTERVAL] * 2
+    # The action alone, read three times: its error says whether a person may still retry it.
+    assert [request.url.path for request in requests] == [f"/api/v1/actions/{KEY}"] * 3
+    assert clock.pauses == [client_module.PERSON_INTERVAL] * 2
 
     client, requests = scripted_reads(_failed_action(True))
     answer = mcp_server.call(client, "wait_for_action", {"operation_key": KEY, "seconds": 12}).structured_content
@@ -322,22 +307,37 @@ def test_wait_for_action_waits_through_a_failure_until_a_person_retries_it(clock
     assert clock.pauses == [5, 5] + [5, 5, 2]  # the first wait's, then this one's: none after
 
 
-@pytest.mark.parametrize("entry, said", [
-    ("discarded", "Given up: user:olga discarded its dead-letter entry ('why'): nobody will retry it."),
-    ("resolved", "Nobody will retry it: user:olga resolved its dead-letter entry, saying it was finished by hand "
-                 "outside Surety ('why')"),
-])
-def test_a_failure_whose_dead_letter_a_person_closed_is_not_waited_for(clock, entry, said):
-    """Its error reads as it did while the entry was open (a retryable one's says `"retryable": false`
-    once given up, as one a person may retry once its cause is fixed does): only the entry, in its
-    evidence record, says nobody will retry it."""
-    client, requests = scripted_api(*[(200, {}, _failed_action(False))] * 2, entry=entry)
+GIVEN_UP = {"code": "declined", "message": "…", "retryable": False, "given_up": True}
+
+
+@pytest.mark.parametrize("fields", [{}, {"action_type": "create_booking"}], ids=["refund", "booking"])
+def test_a_failure_a_person_gave_up_is_not_waited_for_and_read_from_its_row_alone(clock, fields):
+    """A declined one's error said `"retryable": false` alike while its dead-letter entry was open and
+    a person could still retry it once its cause is fixed, and once a person discarded it: the
+    client read the action's whole evidence record (a signed record, a request more) on every read of
+    a failed action to tell them apart. The row says it now (`given_up`): one read, no evidence."""
+    client, requests = scripted_reads({**_failed_action(False, **fields), "error": GIVEN_UP})
     answer = mcp_server.call(client, "wait_for_action", {"operation_key": KEY, "seconds": 30}).structured_content
-    assert said in answer["guidance"] and "may retry" not in answer["guidance"]
+    assert "Given up: a person discarded its dead-letter entry: nobody will retry it." in answer["guidance"]
+    assert "asking for it again is a new decision, with a decision_id of its own" in answer["guidance"]
+    assert "may retry" not in answer["guidance"] and "slot up" not in answer["guidance"]
     assert answer["next_tool"] is None and clock.pauses == []
-    assert [request.url.path.endswith("/evidence") for request in requests] == [False, True]  # read once each
     action = client.get_action(KEY)
-    assert not action.redrivable and action.dead_letter.status == entry
+    assert action.given_up and not action.redrivable and not action.done_by_hand
+    assert [request.url.path for request in requests] == [f"/api/v1/actions/{KEY}"] * 2  # never its evidence
+    assert "given_up" in mcp_server.INSTRUCTIONS
+
+
+def test_a_failure_a_person_may_retry_is_read_without_its_evidence_record(clock):
+    """Its dead-letter entry open, its error alone says a person may retry it: posted, read and
+    waited for, the client asks for the action and nothing else."""
+    client, requests = scripted_reads(_failed_action(False))
+    posted = client.refund(order="ORD-1", amount="900.00", currency="EUR", decision_id="dec-1")
+    assert posted.redrivable and client.get_action(KEY).redrivable
+    assert client.wait_for_outcome(KEY, timeout=5, redrive=True).redrivable  # read, 5 s, read again
+    assert [(request.method, request.url.path) for request in requests] == [
+        ("POST", "/api/v1/actions"), *[("GET", f"/api/v1/actions/{KEY}")] * 3]
+    assert not hasattr(surety_client, "DeadLetter")
 
 
 def test_a_booking_failed_for_good_is_not_retried_and_a_tasks_step_is_its_tasks_to_retry(clock):

@@ -436,10 +436,11 @@ def test_a_refund_task_a_person_finished_by_hand_is_reported_done_and_never_wait
 
 def test_a_refund_a_person_discarded_is_reported_given_up_and_never_waited_for(stack, token):
     """Declined, it failed for good, and a person may still retry it from its open dead letter once its
-    cause is fixed. Then the operator discarded the entry: nothing was done, its error says
-    `"retryable": false` as it did before, and the entry is closed. Read as still redrivable,
-    wait_for_action waited its seconds out for a retry that never comes, and the model was told
-    operations may retry it."""
+    cause is fixed. Then the operator discarded the entry: nothing was done, and its row says so
+    (`"given_up": true`). Before, its error read `"retryable": false` as it did while the entry was
+    open: read as still redrivable, wait_for_action waited its seconds out for a retry that never
+    comes, and the model was told operations may retry it (until the client read the entry from the
+    action's evidence record, a request more on every read)."""
     with api_client(stack.url, token) as provider:
         sandbox(provider, "POST", "faults", json={"target": "ORD-M16", "fault": "decline", "times": 1})
     stack.start_worker()
@@ -449,10 +450,10 @@ def test_a_refund_a_person_discarded_is_reported_given_up_and_never_waited_for(s
     assert declined.structured_content["status"] == "failed", guidance_of(declined)
     assert "a person may retry it from the dead-letter queue once its cause is fixed" in guidance_of(declined)
     with SuretyClient(stack.url, token) as client:
-        assert client.get_action(key).redrivable  # its entry open: the same error, and a retry may come
+        assert client.get_action(key).redrivable  # its entry open: a retry may come
     deadletter_discard(DeadLetter.objects.get(action__operation_key=key, status="open"),
                        actor=person("olga", "operators"), reason="the customer withdrew the claim")
-    assert Action.objects.get(operation_key=key).error == declined.structured_content["error"]  # unchanged
+    assert Action.objects.get(operation_key=key).error == {**declined.structured_content["error"], "given_up": True}
 
     started = time.monotonic()
     again, waited = over_mcp(stack.url, token, ("refund", arguments),
@@ -461,25 +462,26 @@ def test_a_refund_a_person_discarded_is_reported_given_up_and_never_waited_for(s
     for answer in (again, waited):
         guidance = guidance_of(answer)
         assert answer.structured_content["status"] == "failed"
-        assert ("Given up: user:olga discarded its dead-letter entry ('the customer withdrew the claim'): nobody "
-                "will retry it") in guidance
+        assert "Given up: a person discarded its dead-letter entry: nobody will retry it" in guidance
         assert "may retry" not in guidance and "wait_for_action" not in guidance
         assert answer.structured_content["next_tool"] is None
     with SuretyClient(stack.url, token) as client:
+        paths = []
+        client._http.event_hooks["request"].append(lambda request: paths.append(request.url.path))
         action = client.get_action(key)
-    assert not action.redrivable and not action.done_by_hand
-    assert (action.dead_letter.status, action.dead_letter.note) == ("discarded", "the customer withdrew the claim")
+    assert action.given_up and not action.redrivable and not action.done_by_hand
+    assert not [path for path in paths if path.endswith("/evidence")]  # the row says it all
     with api_client(stack.url, token) as provider:
         assert sandbox_list(provider, "refunds", order_id="ORD-M16") == []
 
 
 @pytest.mark.parametrize("closed", ["resolved", "discarded"])
 def test_a_declined_booking_a_person_then_resolved_is_not_booked_again_as_a_new_decision(stack, token, closed):
-    """A booking declined by the provider failed for good and let its slot and its decision go. The
-    ledger keeps it so when a person resolves its dead letter (finished by hand: no `done_by_hand`,
-    as the decision may have been booked again since under another key), so the row reads as it did:
-    told that booking it is a new decision, the model booked a second time what the person had booked
-    by hand. Discarded, nothing was done, and booking it is a new decision indeed."""
+    """A booking declined by the provider failed for good and let its slot and its decision go. A
+    person resolving its dead letter (finished by hand) left it so, its row read as before: told that
+    booking it is a new decision, the model booked a second time what the person had booked by hand.
+    Resolved, it is done by hand now, its slot and decision held again; discarded, it is given up,
+    nothing was done, and booking it is a new decision indeed."""
     with api_client(stack.url, token) as provider:
         sandbox(provider, "POST", "faults", json={"target": "ROOM-M17", "fault": "decline", "times": 1})
     stack.start_worker()
@@ -495,19 +497,18 @@ def test_a_declined_booking_a_person_then_resolved_is_not_booked_again_as_a_new_
         deadletter_resolve(entry, actor=operator, note="booked by phone for 10:30")
     else:
         deadletter_discard(entry, actor=operator, reason="the customer cancelled")
-    # What the server holds either way: failed for good, not done by hand, its slot let go.
     row = Action.objects.get(operation_key=key)
-    assert row.error == {**declined.structured_content["error"], "retryable": False}
-    assert "done_by_hand" not in row.error and Booking.objects.get(action=row).status == "released"
+    mark = {"resolved": "done_by_hand", "discarded": "given_up"}[closed]
+    assert row.error == {**declined.structured_content["error"], "retryable": False, mark: True}
+    assert Booking.objects.get(action=row).status == {"resolved": "confirmed", "discarded": "released"}[closed]
 
     (read,) = over_mcp(stack.url, token, ("get_action", {"operation_key": key}))
     guidance = guidance_of(read)
     assert read.structured_content["next_tool"] is None and "may retry" not in guidance
     if closed == "resolved":
-        assert ("user:olga resolved its dead-letter entry, saying it was finished by hand outside Surety "
-                "('booked by phone for 10:30')") in guidance
+        assert guidance.startswith("Done by hand: a person made this create_booking outside Surety")
         assert "Do not ask for it again, under this decision or a new decision_id" in guidance
         assert "is a new decision" not in guidance
     else:
-        assert "Given up: user:olga discarded its dead-letter entry ('the customer cancelled')" in guidance
+        assert "Given up: a person discarded its dead-letter entry" in guidance
         assert "asking for it again is a new decision, with a decision_id of its own" in guidance

@@ -3,11 +3,16 @@ failed for good of its own kind: its error says no retry comes and that a person
 and unlike one given up (discarded), what it did stands. A booking keeps its slot, confirmed; a
 refund stays in its customer's daily total; a retry of it, which would make the effect again, is
 refused. Before, a standalone one stayed retryable (its agent read that it may still run), and a
-task's was given up: its booking let its slot go, its refund left the daily total."""
+task's was given up: its booking let its slot go, its refund left the daily total. A booking that
+had already failed for good (declined) is done by hand too, and takes its slot and decision again:
+before, it was left as it was, its row read as if nobody had dealt with it, and the ledger took
+another booking of that time beside the one the person made. If another booking took either since,
+the resolve is refused on the page, saying what holds it, and nothing is written."""
 
 from decimal import Decimal
 
 import pytest
+from django.test import Client
 
 from approvals.intake import customer_total_today
 from dlq.entries import deadletter_discard, deadletter_resolve
@@ -185,20 +190,74 @@ def test_a_booking_done_by_hand_still_holds_its_decision(client, billing):
     assert Booking.objects.exclude(status=Booking.Status.RELEASED).count() == 1
 
 
-def test_a_booking_that_let_its_slot_go_is_left_as_it_is_when_resolved_later(client, billing):
-    """Declined, it gave its slot and decision up at once, and the decision was booked again under
-    another key: a person resolving the old entry afterwards changes neither booking."""
+def on_its_page(olga, entry, op, reason):
+    """The person resolves or discards the entry from its page, as the dashboard posts it: the
+    page it comes back to."""
+    page = Client()
+    page.force_login(olga)
+    answer = page.post(f"/dlq/{entry.pk}/{op}", {"reason": reason}, follow=True)
+    assert answer.status_code == 200
+    return answer.content.decode()
+
+
+def test_a_declined_booking_resolved_by_hand_takes_its_slot_and_decision_again(client, billing):
+    """Declined, it let its slot and decision go when it failed. A person then booked it by phone
+    and resolved its entry: it is done by hand as any other, its agent told so, and its slot and
+    decision are held again. Before, it was left as it was: its agent read a failure nobody dealt
+    with, and another booking of that time, or of the decision, was taken beside the person's."""
     action = failed(booking(billing), retryable=False)
     assert Booking.objects.get(action=action).status == Booking.Status.RELEASED
-    anew = booking(billing, key="create_booking:ROOM-H:CUST-H:dec-1:anew")
+    olga = person("olga", "operators")
 
-    deadletter_resolve(DeadLetter.objects.get(action=action), actor=person("olga", "operators"),
-                       note="the customer was told")
+    page = on_its_page(olga, DeadLetter.objects.get(action=action), "resolve", "booked by phone, ticket 4")
 
-    action.refresh_from_db()
-    assert (action.error["retryable"], "done_by_hand" in action.error) == (False, False)
-    assert Booking.objects.get(action=action).status == Booking.Status.RELEASED
-    assert Booking.objects.get(action=anew).status == Booking.Status.PENDING
+    assert "resolve done" in page
+    done_by_hand(action, olga, "booked by phone, ticket 4")
+    assert Booking.objects.get(action=action).status == Booking.Status.CONFIRMED
+    read = client.get(f"/api/v1/actions/{action.operation_key}").json()
+    assert (read["status"], read["error"]["code"], read["error"]["done_by_hand"]) == ("failed", "declined", True)
+    with pytest.raises(SlotTaken):
+        action_request(agent=billing, operation_key="create_booking:ROOM-H:CUST-2:dec-9", action_type="create_booking",
+                       target="ROOM-H", customer="CUST-2", decision_id="dec-9", params=SLOT)
+    moved = {**SLOT, "start": "2026-09-10T14:00:00Z", "end": "2026-09-10T15:00:00Z"}
+    again = post_action_in_process(client, "create_booking:ROOM-H:CUST-H:dec-1:moved", {
+        "action_type": "create_booking", "target": "ROOM-H", "customer": "CUST-H", "decision_id": "dec-1",
+        "params": moved})
+    assert again.status_code == 422, again.content
+    assert Booking.objects.exclude(status=Booking.Status.RELEASED).count() == 1
+
+
+@pytest.mark.parametrize("taken", ["decision", "slot"])
+def test_a_declined_booking_whose_slot_or_decision_was_booked_since_is_not_resolved(client, billing, taken):
+    """Its decision booked again under another key at another time, or its slot by another
+    customer: done by hand, it would hold what another booking holds, and the database refuses.
+    The page says what holds it and to discard the entry instead; nothing is written, the entry
+    stays open, and the discard then goes through."""
+    action = failed(booking(billing), retryable=False)
+    before = Action.objects.get(pk=action.pk).error
+    released = Booking.objects.get(action=action)
+    later = {**SLOT, "start": "2026-09-10T14:00:00Z", "end": "2026-09-10T15:00:00Z"}
+    key, customer, decision, params = {
+        "decision": ("create_booking:ROOM-H:CUST-H:dec-1:anew", "CUST-H", "dec-1", later),
+        "slot": ("create_booking:ROOM-H:CUST-2:dec-9", "CUST-2", "dec-9", SLOT)}[taken]
+    since, _ = action_request(agent=billing, operation_key=key, action_type="create_booking", target="ROOM-H",
+                              customer=customer, decision_id=decision, params=params)
+    olga = person("olga", "operators")
+    entry = DeadLetter.objects.get(action=action)
+
+    page = on_its_page(olga, entry, "resolve", "booked by phone")
+
+    assert "Not done:" in page and since.operation_key in page and "Discard the entry instead" in page
+    assert f"its {taken}" in page
+    assert DeadLetter.objects.get(pk=entry.pk).status == "open"
+    assert Action.objects.get(pk=action.pk).error == before
+    assert not audit_events(action, "done_by_hand").exists()
+    assert list(Booking.objects.filter(action=action).values_list("pk", "status")) == [
+        (released.pk, Booking.Status.RELEASED)]
+    assert Booking.objects.get(action=since).status == Booking.Status.PENDING
+
+    assert "discard done" in on_its_page(olga, entry, "discard", "the customer was booked under another decision")
+    assert Action.objects.get(pk=action.pk).error["given_up"] is True
 
 
 def test_a_task_resolved_by_hand_tells_its_agent_so(client, billing):
