@@ -2,8 +2,10 @@
 
 For each action it reads the ledger row under a lock and takes one of four branches:
 
-1. `queued`: claim it (-> `pending`, under a lease, committed), call the provider outside any
-   transaction, record the outcome under the claim's fencing token. One a person approved
+1. `queued`: claim it (-> `pending`, under a lease, committed), look at its grant once more and
+   call the provider, holding only the grant's lock (ledger.grants.grant_held: a revoke waits for
+   the call, or the call sees the revoke), record the outcome under the claim's fencing token;
+   one whose grant lapsed since its claim is cancelled, never sent. One a person approved
    is claimed only while its params are the ones they approved; else it goes back to
    `awaiting_approval`, never to the provider. A failure tried again (it carries its error)
    asks the provider first, as in 3, and is called only if the effect is provably absent.
@@ -16,6 +18,7 @@ For each action it reads the ledger row under a lock and takes one of four branc
 Rows are claimed with `SKIP LOCKED`, so any number of workers can drain the same table.
 """
 
+import contextlib
 import logging
 from datetime import datetime, timedelta
 
@@ -31,7 +34,7 @@ from .actions import action_done_by_hand
 from .connectors import http
 from .connectors.base import Lookup, write_permit
 from .connectors.test_mode import connector_for_action, is_replay_action
-from .grants import grant_lapsed
+from .grants import grant_held, grant_lapsed
 from .jobs import drain
 from .json_input import storable
 from .models import Action, ActionStatus, Agent, InvalidTransition, StaleClaim, Task, TaskState
@@ -138,15 +141,19 @@ def action_run_claimed(action):
         if lookup.found is not False:
             return _settle_looked(action, lookup, evidence, why)
         looked = {"looked_first": evidence}
-    # A worker that stalled between claim and call (or looked for long) must not start a call
-    # it may not finish inside its lease: someone else may already have taken the action over.
-    left = action.lease_left()
-    if left < settings.CONNECTOR_TIMEOUT + settings.LEASE_MARGIN_SECONDS:
-        logger.warning("%s: lease too short to call (%.1fs left); leaving it to the sweeper", action, left)
-        return action
     try:
-        with write_permit(action):
-            effect = connector.perform(action)
+        # The last look before the call, at the grant, under its lock until the call returns: a
+        # revoke committed since the claim is seen here, one begun later waits for the call
+        # (ledger.grants.grant_held). A replay run's action answers to no agent's grant.
+        with contextlib.nullcontext("") if is_replay_action(action) else grant_held(action) as lapsed:
+            # A worker that stalled between claim and call (or looked, or waited for the lock, for
+            # long) must not start a call it may not finish inside its lease: someone else may
+            # already have taken the action over.
+            left = action.lease_left()
+            effect = None
+            if not lapsed and left >= settings.CONNECTOR_TIMEOUT + settings.LEASE_MARGIN_SECONDS:
+                with write_permit(action):
+                    effect = connector.perform(action)
     except http.Rejected as exc:
         return _settle(action.mark_failed, actor=EXECUTOR, claim=claim, code=exc.code, message=str(exc), retryable=False,
                        evidence=looked and _evidence(action, looked))
@@ -174,9 +181,25 @@ def action_run_claimed(action):
             verify_at=clock.now() + timedelta(seconds=settings.CONNECTOR_TIMEOUT),
             reason=f"the call failed unexpectedly ({type(exc).__name__})",
         )
+    if lapsed:
+        return _lapsed_before_call(action, claim, lapsed, evidence=looked and _evidence(action, looked))
+    if effect is None:
+        logger.warning("%s: lease too short to call (%.1fs left); leaving it to the sweeper", action, left)
+        return action
     return _settle(action.mark_succeeded, actor=EXECUTOR, claim=claim,
                    external_ref=_reference(action, effect.external_ref), result=effect.result,
                    evidence=looked and _evidence(action, looked))
+
+
+def _lapsed_before_call(action, claim, lapsed, *, evidence):
+    """The claimed action's grant was revoked, or is shadow again, since its claim: never sent.
+    It goes back to the queue under its claim, then is cancelled with the reason, as a claim
+    cancels one (action_claim_next). Two moves: the table has no `pending -> cancelled`, as a
+    pending action may have been sent."""
+    with transaction.atomic():
+        requeued = _settle(action.requeue, actor=EXECUTOR, claim=claim, evidence=evidence,
+                           reason="its grant lapsed between its claim and its call: never sent")
+        return requeued and requeued.cancel(actor=EXECUTOR, reason=lapsed)
 
 
 def action_verify(action):

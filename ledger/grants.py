@@ -10,14 +10,17 @@ review date, and only while the connector's newest finished replay run (ledger.r
 current version passed, within REPLAY_PASS_MAX_AGE_DAYS (`passing_run`). Past the review date
 it is shadow again unless renewed; that is read at each check, so no job is needed. A revoke
 takes the permission and the live state away at once, and the executor re-checks at each claim
-(`grant_lapsed`): what was queued under it is cancelled.
+(`grant_lapsed`): what was queued under it is cancelled. It checks once more right before each
+call, under the grant's lock (`grant_held`), which a revoke takes alone: what was claimed when the
+revoke committed is never sent, and a revoke waits for the calls already under way.
 """
 
+import contextlib
 from datetime import timedelta
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import CharField, F
 from django.db.models.functions import Cast
 from django.utils import timezone
@@ -50,29 +53,30 @@ register_cache("ledger.grants._checked", holds="an agent's grant and its live-un
                clear=_checked.clear)
 
 
-def grant_state(agent, kind, name, now=None):
+def grant_state(agent, kind, name, now=None, version=None):
     """None without a grant, else `GrantState.LIVE` or `SHADOW`. A workflow's grant is live
     once given: it lets the agent start the workflow's tasks, while each step's action answers
     to the agent's grant for its action type (ledger.runner), which the replay set gates.
 
     Cached per process under the agent's `grants_version`, which every grant, promotion and
     revoke bumps: the agent row read for this very request says whether the cache is
-    current. The review date and the connector's version are compared at each call."""
+    current. The review date and the connector's version (`version`, by default this process's)
+    are compared at each call."""
     key = (agent.pk, agent.grants_version, kind, name)
     if key not in _checked:
         if len(_checked) >= _CHECKED_MAX:
             _checked.clear()
         _checked[key] = _agent_holds(agent, kind, name)
     held, grant = _checked[key]
-    return _held_state(kind, name, grant, now) if held else None
+    return _held_state(kind, name, grant, now, version) if held else None
 
 
-def _held_state(kind, name, grant, now=None):
+def _held_state(kind, name, grant, now=None, version=None):
     """The state of a grant the agent holds, `grant` its Grant row or None: the one rule, for
     the checks (grant_state) and the agents page (agents_grants) alike."""
     if kind == Capability.Kind.WORKFLOW:
         return GrantState.LIVE
-    return grant.state(version_now(name), now) if grant else GrantState.SHADOW
+    return grant.state(version or version_now(name), now) if grant else GrantState.SHADOW
 
 
 def agent_may(agent, kind, name):
@@ -93,6 +97,46 @@ def grant_lapsed(action, *, agent_user_id, agent_grants_version):
     if state is None:
         return f"grant revoked: the agent may no longer use {action.action_type}; never executed"
     return f"grant not live: the agent's grant for {action.action_type} is shadow again; never executed"
+
+
+@contextlib.contextmanager
+def grant_held(action):
+    """Within: why the claimed `action` may no longer be sent ("" while its grant is live), read
+    under its grant's lock, which is held until the block ends; the executor calls the provider
+    within it. A revoke takes the same lock alone (`agent_revoke`): one that committed before the
+    lock was taken here is read here, and nothing is sent; one that begins while a call is within
+    waits until the call returned (CONNECTOR_TIMEOUT at most). So once a revoke returns, no call
+    under the grant is in flight or starts.
+
+    An advisory lock, not a shared lock on the grant's row: PostgreSQL queues a send behind a
+    revoke waiting for its advisory lock, but lets a row's shared lockers pass one waiting to lock
+    it alone, so calls that keep overlapping (a busy agent, the one a person wants stopped) would
+    keep the revoke waiting for ever. On SQLite (one process) the grant is read afresh, unlocked:
+    an IMMEDIATE transaction held around a call would stop every writer for its length."""
+    if connection.vendor != "postgresql":
+        yield _lapsed_now(action)
+        return
+    with transaction.atomic():
+        _grant_lock(action.agent_id, action.action_type, shared=True)
+        yield _lapsed_now(action)
+
+
+def _lapsed_now(action):
+    """`grant_lapsed` on the agent's grants_version as it is now: one statement, the rest from
+    the cache while the agent's grants are unchanged."""
+    user_id, version = Agent.objects.filter(pk=action.agent_id).values_list("user_id", "grants_version").get()
+    return grant_lapsed(action, agent_user_id=user_id, agent_grants_version=version)
+
+
+def _grant_lock(agent_id, action_type, *, shared):
+    """Take the lock of an agent's grant for an action type until the transaction ends: shared by
+    the calls under it, alone by a revoke. PostgreSQL only; a key of the one-key space that the
+    subjects' locks use (ledger.locks), under a prefix of its own."""
+    if connection.vendor != "postgresql":
+        return
+    take = "pg_advisory_xact_lock_shared" if shared else "pg_advisory_xact_lock"
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {take}(hashtextextended(%s, 0))", [f"grant:{agent_id}:{action_type}"])
 
 
 def _agent_holds(agent, kind, name):
@@ -142,6 +186,10 @@ def agent_grant(agent, cap, *, actor, reason):
 def agent_revoke(agent, cap, *, actor, reason):
     reason = _reason_required(reason, "revoke")
     with transaction.atomic():
+        if cap.kind == Capability.Kind.ACTION_TYPE:
+            # First, before the agent's row: the calls under way under the grant return meanwhile,
+            # and none starts until this commits (grant_held).
+            _grant_lock(agent.pk, cap.name, shared=False)
         _locked(agent)
         before = Grant.objects.filter(agent=agent, capability=cap).first()
         remove_perm(USE, agent.user, cap)
@@ -151,13 +199,13 @@ def agent_revoke(agent, cap, *, actor, reason):
             "capability": str(cap), "state": before.state(version_now(cap.name)) if before else GrantState.SHADOW})
 
 
-def passing_run(action_type, now=None):
+def passing_run(action_type, now=None, version=None):
     """The replay run that opens the gate, or None: the newest finished run (its verdict written)
-    against the connector as it is now, if it passed and started within REPLAY_PASS_MAX_AGE_DAYS.
-    Only the newest counts: a pass followed by a failure of the same connector says it fails now;
-    and an old pass says nothing of the provider's test mode today, which changes without the
-    connector changing."""
-    version = version_now(action_type)
+    against the connector as it is now (`version`, by default this process's), if it passed and
+    started within REPLAY_PASS_MAX_AGE_DAYS. Only the newest counts: a pass followed by a failure
+    of the same connector says it fails now; and an old pass says nothing of the provider's test
+    mode today, which changes without the connector changing."""
+    version = version or version_now(action_type)
     if version is None:
         return None
     newest = ReplayRun.objects.filter(action_type=action_type, connector_version=version,
@@ -166,12 +214,15 @@ def passing_run(action_type, now=None):
     return newest if newest and newest.passed and newest.started_at >= since else None
 
 
-def grant_promote(agent, cap, *, actor, reason, review_by=None):
-    """Make the agent's grant for an action type live until `review_by` (or renew it).
+def grant_promote(agent, cap, *, actor, reason, review_by=None, version=None):
+    """Make the agent's grant for an action type live until `review_by` (or renew it), bound to
+    the connector's `version`: the one the workers run, which check the grant at each claim. By
+    default this process's (the console's: the web process, configured as the workers are); a
+    command run from another shell passes the workers' own (grant_promote's command asks one).
 
     Refused (GrantRefused) unless: a person other than the agent's owner asks, with a reason;
     the agent holds the grant; the review date is ahead, at most MAX_REVIEW_DAYS away; and
-    the action type's connector passed the replay set as it is now."""
+    the action type's connector passed the replay set as it is now (that version)."""
     now = timezone.now()
     review_by = review_by or now + timedelta(days=REVIEW_DAYS)
     if not isinstance(actor, get_user_model()):
@@ -187,14 +238,14 @@ def grant_promote(agent, cap, *, actor, reason, review_by=None):
             raise GrantRefused("only a grant for an action type is promoted; a workflow's is live once given")
         if not now < review_by <= now + timedelta(days=MAX_REVIEW_DAYS):
             raise GrantRefused(f"the review date must be ahead, at most {MAX_REVIEW_DAYS} days away")
-        run = passing_run(cap.name, now)
+        run = passing_run(cap.name, now, version)
         if run is None:
             raise GrantRefused(f"no replay run passed against the {cap.name} connector as it is now (its newest "
                                f"finished run, within {settings.REPLAY_PASS_MAX_AGE_DAYS} days): run the replay set")
         if not agent_may(locked, cap.kind, cap.name):
             raise GrantRefused(f"{agent} holds no grant for {cap}")
         grant, _ = Grant.objects.select_for_update().get_or_create(agent=agent, capability=cap)
-        before = {"capability": str(cap), "state": grant.state(version_now(cap.name), now),
+        before = {"capability": str(cap), "state": grant.state(version or version_now(cap.name), now),
                   "live_until": grant.live_until}
         grant.live_until, grant.promoted_by, grant.promoted_at = review_by, actor, now
         grant.connector_version = run.connector_version  # live while the connector is this one

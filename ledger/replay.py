@@ -77,11 +77,18 @@ def _sandbox_event(connector, key):
 
 
 def _stripe_event(connector, key):
-    """A Stripe event as Stripe signs it (the same scheme, with the connector's webhook secret)."""
+    """A Stripe test-mode event as Stripe signs it: the same scheme, with the test endpoint's own
+    secret, which the test mode has only where STRIPE_TEST_WEBHOOK_SECRET says it (never the live
+    one: the webhook view refuses a test-mode event it cannot verify with the test secret)."""
+    secret = connector.options.get("webhook_secret")
+    if not secret:
+        raise CaseFailed("the Stripe test mode has no webhook secret (STRIPE_TEST_WEBHOOK_SECRET: the signing secret "
+                         "of the test-mode endpoint): a test-mode event cannot be signed, and /webhooks/stripe/ "
+                         "refuses one that is not")
     refund = {"id": f"re_{key}", "object": "refund", "status": "succeeded", "metadata": {"operation_key": key}}
-    body = json.dumps({"id": f"evt_{key}", "object": "event", "type": "refund.updated",
+    body = json.dumps({"id": f"evt_{key}", "object": "event", "type": "refund.updated", "livemode": False,
                        "data": {"object": refund}}).encode()
-    return body, {"Stripe-Signature": sign_webhook(body, connector.options.get("webhook_secret") or "")}
+    return body, {"Stripe-Signature": sign_webhook(body, secret)}
 
 
 # A connector's test event about an operation key, signed as its webhook view checks it: (body, headers).

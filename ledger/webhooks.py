@@ -67,18 +67,29 @@ def _readers():
 
 
 def _with_test_mode(connector, action_type):
-    """The connector's reader, falling back to its test mode's where that has a webhook secret
-    of its own. Stripe signs test-mode events with another endpoint secret than live ones, and
-    the replay set's webhook case signs as the test mode does: an event only the test secret
-    verifies is marked `test_mode`, and may settle a replay run's action, never a live one."""
+    """The connector's reader, and its test mode's where that has a webhook secret of its own.
+    Stripe signs test-mode events with another endpoint secret than live ones, and the replay
+    set's webhook case signs as the test mode does: an event only the test secret verifies is
+    marked `test_mode`, and may settle a replay run's action, never a live one. An event that says
+    it is of the test mode (the connector's `test_mode_event`) is read with the test secret alone,
+    never with the live one; where the test mode has none (there is no test mode, or
+    STRIPE_TEST_WEBHOOK_SECRET is unset, its default), it is refused, saying so."""
     try:
         test = test_connector_for(action_type)[0]
     except (NoTestMode, NoConnector, ImportError, TypeError, ValueError):
-        return connector.read_webhook
-    if test.options.get("webhook_secret") in (None, "", connector.options.get("webhook_secret")):
-        return connector.read_webhook
+        test = None
+    secret = (test.options.get("webhook_secret") if test else "") or ""
+    says_test_mode = getattr(connector, "test_mode_event", None)
 
     def read(raw, headers):
+        if says_test_mode is not None and says_test_mode(raw):
+            if not secret:
+                raise WebhookRefused(f"a test-mode event, and no webhook secret is configured for the {connector.name} "
+                                     "connector's test mode (STRIPE_TEST_WEBHOOK_SECRET): the live secret never "
+                                     "verifies a test-mode event")
+            return {**test.read_webhook(raw, headers), "test_mode": True}
+        if secret in ("", connector.options.get("webhook_secret")):
+            return connector.read_webhook(raw, headers)
         try:
             return connector.read_webhook(raw, headers)
         except WebhookRefused as refused:

@@ -24,6 +24,7 @@ past CONNECTOR_TIMEOUT, and past the lease.
 Stripe's webhooks are read here too (`read_webhook`), verified by the SDK itself.
 """
 
+import json
 import os
 from datetime import UTC, datetime
 
@@ -207,6 +208,19 @@ class StripeConnector(Connector):
                 )
         except stripe.StripeError as exc:
             raise provider_error(exc, "listing refunds") from exc
+
+    def test_mode_event(self, raw):
+        """Whether `raw`, read before its signature is checked, is an event of Stripe's test mode
+        (`"livemode": false`) sent to this connector in live mode (its key a live one): Stripe signs
+        it with the test endpoint's secret, so the webhook view reads it with the test mode's
+        (ledger.webhooks), never with this one's. Where this connector's own key is a test key (a
+        staging deployment), such events are its own."""
+        if not self.options["api_key"].startswith(("sk_live_", "rk_live_")):
+            return False
+        try:
+            return json.loads(raw).get("livemode") is False
+        except (ValueError, AttributeError, RecursionError):  # no JSON object: the reader says so
+            return False
 
     def read_webhook(self, raw, headers):
         """A Stripe event in the webhook view's terms: {"id", "type", "data"}, where "type" is

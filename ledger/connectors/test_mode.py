@@ -3,7 +3,8 @@
 The sandbox connector's provider is the sandbox itself, so its test mode is the connector as
 configured. Any other connector has one only if its `SURETY_CONNECTORS` entry says how:
 `"test_mode": {"options": {...}}`, the options that replace the live ones (a team's test URL
-for signed HTTP; Stripe's `api_base`, test key and test-mode webhook secret). The replay run
+for signed HTTP; Stripe's `api_base`, test key and test-mode webhook secret: the live webhook
+secret is never the test mode's, `_LIVE_ONLY`). The replay run
 stages its faults itself, through a fault proxy in front of the test mode's base URL
 (ledger.connectors.fault_proxy), so no provider needs a faults endpoint; one that has its own
 may still be named (`"faults_url"`: it takes `POST {"target", "fault", "times"}`, the sandbox's
@@ -41,6 +42,11 @@ REPLAY_KEY_PREFIX = "replay:"
 REPLAY_AGENT = "replay-set"
 REPLAY_AGENT_OWNER = "replay-set-owner"  # an inactive placeholder: nobody's requests, nobody's approvals
 _SECRET_WORDS = ("secret", "key", "token", "password")
+# The live options a test mode never takes over: a live endpoint's webhook signing secret. Stripe
+# signs test-mode events with the test endpoint's own (STRIPE_TEST_WEBHOOK_SECRET, none by default:
+# docs/contract.md); taking the live one, the replay set would sign its test events with it, and
+# the webhook view would read them as live ones.
+_LIVE_ONLY = ("webhook_secret",)
 # Per action type, the replay run in this process: (its keys' prefix, its connector).
 _running = contextvars.ContextVar("replay_connectors", default={})
 
@@ -76,8 +82,8 @@ def test_connector_for(action_type):
     if not test_mode:
         raise NoTestMode(f"the {live.name} connector for {action_type} has no test mode: "
                          f"set SURETY_CONNECTORS['{action_type}']['test_mode']")
-    options = {**entry.get("options", {}), **test_mode.get("options", {})}
-    connector = import_string(entry["class"])(**options)
+    live = {name: value for name, value in entry.get("options", {}).items() if name not in _LIVE_ONLY}
+    connector = import_string(entry["class"])(**{**live, **test_mode.get("options", {})})
     return connector, test_mode.get("faults_url", "")
 
 

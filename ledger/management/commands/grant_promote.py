@@ -1,17 +1,29 @@
+import time
 from datetime import timedelta
 
+import django_rq
+import redis
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
+from rq.job import JobStatus
 
+from ledger.connectors.test_mode import version_now
 from ledger.grants import REVIEW_DAYS, GrantRefused, capability, grant_promote, grant_state
-from ledger.models import ActionType, Agent, Capability, GrantState
+from ledger.jobs import DRAIN_SECONDS, redis_connection
+from ledger.models import ActionType, Agent, Capability, GrantState, ReplayRun
+
+# A worker takes the question once the drain it runs and the one waiting are done, each at most
+# DRAIN_SECONDS.
+WAIT_SECONDS = 2 * DRAIN_SECONDS + 30
 
 
 class Command(BaseCommand):
     help = ("Make an agent's grant for an action type live (or renew it) until a review date, as the agents page "
             "does: by a person with the change_agent permission who is not the agent's owner, with a reason, "
-            "only while the connector has a passing replay run for its current version. Audited.")
+            "only while the connector has a passing replay run for its current version: the version the workers "
+            "run, which one of them is asked (this shell's settings do not count). Audited.")
 
     def add_arguments(self, parser):
         parser.add_argument("agent", help="the agent's name")
@@ -23,8 +35,11 @@ class Command(BaseCommand):
         parser.add_argument("--unless-live", action="store_true",
                             help="do nothing (and write nothing) while the grant is live: a script run at every "
                                  "start promotes once, not once per start")
+        parser.add_argument("--wait", type=float, default=WAIT_SECONDS, metavar="SECONDS",
+                            help=f"how long a worker may take to say which connector version it runs "
+                                 f"(default {WAIT_SECONDS})")
 
-    def handle(self, agent, action_type, by, reason, review_days, unless_live, **options):
+    def handle(self, agent, action_type, by, reason, review_days, unless_live, wait, **options):
         person = get_user_model().objects.filter(username=by, is_active=True).first()
         if person is None:
             raise CommandError(f"no active user named {by!r}")
@@ -33,13 +48,58 @@ class Command(BaseCommand):
         found = Agent.objects.filter(name=agent).first()
         if found is None:
             raise CommandError(f"no agent named {agent!r}")
-        if unless_live and grant_state(found, Capability.Kind.ACTION_TYPE, action_type) == GrantState.LIVE:
+        if not unless_live and not ReplayRun.objects.filter(action_type=action_type, passed=True).exists():
+            # Refused whichever version the workers run: said at once, not after asking one.
+            raise CommandError(f"not promoted: no replay run passed against the {action_type} connector yet: "
+                               "run the replay set")
+        version = self._workers_version(action_type, wait)
+        if unless_live and grant_state(found, Capability.Kind.ACTION_TYPE, action_type,
+                                       version=version) == GrantState.LIVE:
             self.stdout.write(f"{found.name}'s {action_type} grant is live already: nothing promoted.")
             return
         try:
             grant = grant_promote(found, capability(Capability.Kind.ACTION_TYPE, action_type), actor=person,
-                                  reason=reason, review_by=timezone.now() + timedelta(days=review_days))
+                                  reason=reason, review_by=timezone.now() + timedelta(days=review_days),
+                                  version=version)
         except (GrantRefused, OverflowError) as exc:
             raise CommandError(f"not promoted: {exc}") from None
+        if version != version_now(action_type):
+            self.stdout.write(f"Note: the {action_type} connector as this shell's settings configure it is not the "
+                              f"one the workers run; the grant is bound to the workers' ({version[:12]}…).")
         self.stdout.write(f"{found.name} acts for real on {action_type} until {grant.live_until:%Y-%m-%d %H:%M} UTC "
                           f"(promoted by {by}).")
+
+    def _workers_version(self, action_type, wait):
+        """The version of the action type's connector that the workers run (its code and their
+        settings, ledger.connectors.test_mode.version_now): they check a live grant against it
+        at every claim, so a grant bound to this process's version, computed from a shell's
+        settings, would have what is queued under it cancelled. Asked of a worker through the
+        queue; without Redis, jobs run in the process that asks, and this process's is the one."""
+        if not settings.RQ_ASYNC:
+            return self._served(action_type, version_now(action_type))
+        self.stdout.write(f"Asking a worker which {action_type} connector it runs (waiting up to {wait:g} s)…")
+        try:
+            # Enqueued at once, even inside a transaction (a caller's): the answer is waited for here.
+            queue = django_rq.get_queue("default", connection=redis_connection(), commit_mode="auto")
+            job = queue.enqueue(version_now, action_type, result_ttl=max(60, int(wait)), failure_ttl=3600,
+                                job_timeout=60)
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline:
+                status = job.get_status()
+                if status == JobStatus.FINISHED:
+                    return self._served(action_type, job.return_value(refresh=True))
+                if status in (JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED):
+                    raise CommandError(f"not promoted: the worker asked which {action_type} connector it runs "
+                                       f"failed to say ({status.value}): see its log")
+                time.sleep(0.2)
+            job.cancel()
+        except redis.RedisError as exc:
+            raise CommandError(f"not promoted: Redis does not answer ({exc}), so no worker can be asked which "
+                               f"{action_type} connector it runs") from None
+        raise CommandError(f"not promoted: no worker said within {wait:g} s which {action_type} connector it runs, "
+                           "and a grant is bound to that one: start the workers (or wait longer, --wait)")
+
+    def _served(self, action_type, version):
+        if version is None:
+            raise CommandError(f"not promoted: no connector serves {action_type} where the workers run")
+        return version
