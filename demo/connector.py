@@ -43,6 +43,17 @@ class Script:
 
     def __init__(self):
         self._armed = defaultdict(list)  # target -> [[fault, calls left (None: every call)], ...]
+        self._unanswered = []  # the saves of effects committed by calls that never answered
+
+    def unanswered(self, save):
+        """A call the provider committed but never answered: `save` commits its effect later."""
+        self._unanswered.append(save)
+
+    def unanswered_saved(self):
+        """Save the effects the provider committed for calls that timed out after the commit
+        (TIMEOUT_AFTER_COMMIT): once the call is over, as `DemoConnector._send` says why."""
+        while self._unanswered:
+            self._unanswered.pop(0)()
 
     def arm(self, target, fault, *, times=1):
         self._armed[target].append([fault, times])
@@ -96,10 +107,14 @@ class DemoConnector(Connector):
                                 status=402)
         if fault == TIMEOUT_BEFORE_COMMIT:
             raise self._no_answer(action)
-        effect = self._commit(action)
         if fault == TIMEOUT_AFTER_COMMIT:
+            # A provider's commit is its own, but this one would be made in the caller's
+            # transaction, which may roll back the block it called in on the error (the executor
+            # holds its grant's lock around the call). So it is saved once the call is over:
+            # after the demo's worker move (demo.seed.execute), before any look-up, at the end.
+            self.script.unanswered(lambda: self._commit(action))
             raise self._no_answer(action)
-        return effect
+        return self._commit(action)
 
     def _no_answer(self, action):
         return http.OutcomeUnknown(f"{self._where(action)}: no answer within {settings.CONNECTOR_TIMEOUT}s",
@@ -122,6 +137,7 @@ class DemoConnector(Connector):
         return Effect(external_ref=answer["id"], result=answer)
 
     def find_effect(self, action):
+        self.script.unanswered_saved()
         if self.script.take(action.target, {CANNOT_TELL}):
             error = http.OutcomeUnknown(f"{self._where(action)}: look-up by operation key: HTTP 503",
                                         code="http_503", status=503)
@@ -170,6 +186,7 @@ def demo_provider():
         read(step.name, _order_lookup(script)) if step.name == "lookup_order" else step for step in refund.steps])
     try:
         yield script
+        script.unanswered_saved()
     finally:
         WORKFLOWS["refund"] = refund
         _connectors_set(connectors, enter=False)

@@ -33,6 +33,7 @@ from django.urls import reverse
 from ledger.agents import agent_create, agent_rotate_token
 from ledger.grants import GrantRefused, agent_grant, agent_may, capability, grant_promote, grant_state
 from ledger.models import Action, Agent, Capability, GrantState
+from ledger.site_url import site_url_problem
 
 RUNS = 3
 ACTOR = "system:incident"
@@ -72,6 +73,20 @@ class Replay:
     answers: list = field(default_factory=list)
     refunds_after: list = field(default_factory=list)
     refunds: list = field(default_factory=list)  # the sandbox's listing once the runs are over
+
+
+# --- the stack --------------------------------------------------------------------------------
+
+
+def stack_answers(url):
+    """Refuse, saying so, unless the web app at `url` is this deployment's: looked at before anything
+    else, as the grant's promotion compares the replay run with the sandbox at `url`, and a stack
+    on another port (`make run PORT=8001`, then `make incident`) was refused as a grant with no
+    replay run."""
+    problem = site_url_problem(url)
+    if problem:
+        raise IncidentRefused(f"this deployment's web app does not answer at {url}: is `make run` running? Give "
+                              f"`make incident` the PORT it was given, and its DATABASE_URL if one was. ({problem})")
 
 
 # --- the agent and its token --------------------------------------------------------------------

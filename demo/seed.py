@@ -33,6 +33,7 @@ from dlq.overdue import review_alert_overdue
 from ledger.access import ROLES
 from ledger.actions import action_request
 from ledger.agents import agent_create
+from ledger.connectors import connector_for
 from ledger.executor import action_claim_next, action_expire_leases, action_run_claimed
 from ledger.grants import REVIEW_DAYS
 from ledger.models import Action, ActionStatus, ActionType, Agent, AuditEvent, Grant, GrantState, Task, TaskState
@@ -100,6 +101,8 @@ def execute(action):
     if claimed is None:
         raise RuntimeError(f"{action} is not due; the demo expected to run it now")
     action_run_claimed(claimed)
+    # A call that timed out after the provider committed: the commit, once the call is over.
+    connector_for(action.action_type).script.unanswered_saved()
     return Action.objects.get(pk=action.pk)
 
 
@@ -111,6 +114,14 @@ def time_passes(action, seconds):
     delta = timedelta(seconds=seconds)
     Action.objects.filter(pk=action.pk).update(next_attempt_at=F("next_attempt_at") - delta,
                                                lease_expires_at=F("lease_expires_at") - delta)
+
+
+def asked_earlier(items, by):
+    """Demo only: as `time_passes` for actions, review items as if opened `by` earlier (a
+    timedelta): their opening, deadline and expiry moved back by a plain update (not audited),
+    so that the sweeper's steps, run for real, find them overdue or expired. Their actions keep
+    the time they were requested."""
+    items.update(created_at=F("created_at") - by, deadline=F("deadline") - by, expires_at=F("expires_at") - by)
 
 
 def task_attempt(task):
@@ -255,7 +266,8 @@ def _grants_live_for_the_demo(agent, *, by):
     """Demo only: the history below was made under live grants (the executor cancels a queued
     action whose grant is not live), but no replay run can pass before the web app and its
     sandbox are up. So the seed writes the demo agents' grants live, audited as what it is;
-    `make run` then runs the replay set and promotes billing-bot's refund grant for real."""
+    `make run` runs the replay set at every start, and promotes billing-bot's refund grant for
+    real only once it is no longer live (its review date passed)."""
     now = timezone.now()
     for grant in Grant.objects.filter(agent=agent).select_related("capability"):
         grant.live_until, grant.promoted_by, grant.promoted_at = now + timedelta(days=REVIEW_DAYS), by, now
@@ -359,10 +371,11 @@ def _seed_actions(users, agents, orders, script):
     _, version = review_edit(_item(edited), user=bob, changes={"amount": "390.00"},
                              reason="one of the two items was not broken: half the order")
     execute(version)
-    # expired: over the USD limit, and nobody decided within its two days (the sweeper's step, as
-    # it runs once they have passed).
-    lapsed = _refund(billing, "refund:ORD-10051:full:dec-512", o("ORD-10051"), decision="dec-512")
-    approval_expire_due(now=_item(lapsed).expires_at)
+    # expired: over the USD limit, and nobody decided within its two days (opened that long ago,
+    # it is expired by the sweeper's step).
+    lapsed = _item(_refund(billing, "refund:ORD-10051:full:dec-512", o("ORD-10051"), decision="dec-512"))
+    asked_earlier(ReviewItem.objects.filter(pk=lapsed.pk), lapsed.expires_at - lapsed.created_at + timedelta(minutes=5))
+    approval_expire_due()
 
     # held: two refunds for the same order, both waiting for a person.
     _refund(billing, "refund:ORD-10021:full:dec-601", o("ORD-10021"), decision="dec-601")
@@ -423,14 +436,13 @@ def _seed_tasks(users, agents, orders, script):
 
 
 def _seed_overdue():
-    # Demo data only: no real code path moves a deadline, so overdue items are made by a plain
-    # queryset update of their deadlines into the past (not audited). The sweeper's pass then
-    # raises each one's overdue alert through the real machinery.
+    # Items opened long enough ago to be past their deadlines by `late` (asked_earlier); the
+    # sweeper's pass then raises each one's overdue alert through the real machinery.
     now = timezone.now()
-    open_items = ReviewItem.objects.filter(status=ReviewStatus.OPEN)
     targets = {"ORD-10010": timedelta(hours=2), "ORD-10021": timedelta(minutes=35), "ORD-10020": timedelta(hours=5)}
     for target, late in targets.items():
-        open_items.filter(action__target=target).update(deadline=now - late, created_at=now - late - timedelta(hours=4))
+        for item in ReviewItem.objects.filter(status=ReviewStatus.OPEN, action__target=target):
+            asked_earlier(ReviewItem.objects.filter(pk=item.pk), item.deadline - now + late)
     review_alert_overdue()
 
 

@@ -94,7 +94,12 @@ trap 'stop; exit 130' INT
 trap 'stop; exit 143' TERM
 trap stop EXIT
 
-start web    "$PY" -m gunicorn config.wsgi -b "127.0.0.1:$PORT" -k gthread -w 2 --threads "${WEB_THREADS:-16}" --timeout 60 --graceful-timeout 5 --access-logfile -
+# The web app in a process group of its own: Ctrl-C's SIGINT, sent to the terminal's whole group,
+# would reach its workers too, and gunicorn's quick exit on it at times hangs a worker (in the
+# interpreter's exit) until the master kills it 5 s later ("was sent SIGKILL! Perhaps out of
+# memory?"). Out of that group, it gets only stop()'s SIGTERM: a graceful shutdown.
+own_group() { exec "$PY" -c 'import os, sys; os.setpgid(0, 0); os.execv(sys.argv[1], sys.argv[1:])' "$@"; }
+start web    own_group "$PY" -m gunicorn config.wsgi -b "127.0.0.1:$PORT" -k gthread -w 2 --threads "${WEB_THREADS:-16}" --timeout 60 --graceful-timeout 5 --access-logfile -
 start worker1 "$PY" manage.py rqworker default --worker-class ledger.worker.Worker --with-scheduler
 start worker2 "$PY" manage.py rqworker default --worker-class ledger.worker.Worker --with-scheduler
 start sweeper "$PY" manage.py sweep

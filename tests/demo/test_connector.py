@@ -7,6 +7,7 @@ from datetime import timedelta
 
 import pytest
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 
 from demo.connector import (
@@ -20,7 +21,9 @@ from demo.connector import (
 )
 from demo.seed import execute, time_passes
 from ledger.actions import action_request
-from ledger.connectors import connector_for
+from ledger.connectors import connector_for, http
+from ledger.connectors.base import write_permit
+from ledger.executor import action_claim_next
 from ledger.connectors.sandbox import SandboxConnector
 from ledger.models import ActionType
 from ledger.workflows import WORKFLOWS
@@ -102,6 +105,23 @@ def test_a_timeout_after_the_commit_is_unknown_until_verification_finds_the_effe
 
     assert action.status == "succeeded" and action.external_ref == refund.refund_id
     assert action.evidence[-1]["found"] is True and action.attempts == 1  # found, never sent again
+
+
+def test_a_commit_whose_answer_was_lost_stays_whatever_the_caller_rolls_back(agent):
+    """The provider's commit is its own: a caller that called within a transaction of its own and
+    rolls it back on the error (the executor may hold its grant's lock around the call) still
+    finds the effect at the provider, as a caller of the sandbox over HTTP would."""
+    with demo_provider() as script:
+        script.arm("ORD-1", TIMEOUT_AFTER_COMMIT)
+        claimed = action_claim_next("demo-test", only=request(agent).pk)
+        connector = connector_for(ActionType.REFUND)
+        with pytest.raises(http.OutcomeUnknown), write_permit(claimed), transaction.atomic():
+            connector.perform(claimed)
+
+        lookup = connector.find_effect(claimed)
+
+    [refund] = refunds(claimed)
+    assert lookup.found is True and lookup.external_ref == refund.refund_id
 
 
 def test_a_timeout_before_the_commit_is_verified_absent_and_tried_again(agent):

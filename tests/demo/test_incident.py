@@ -4,12 +4,15 @@ runs as processes of their own, SIGKILLed after their call. The sandbox's own li
 order's refunds is the check, not the command's word."""
 
 import re
+import socket
 import subprocess
 
 import pytest
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
+from django.core.management import call_command
+from django.core.management.base import CommandError
 
 from ledger.connectors.test_mode import connector_version
 from ledger.models import Action, ActionStatus, Agent, ReplayRun
@@ -79,3 +82,21 @@ def test_it_refuses_with_the_reason_when_the_refund_grant_cannot_go_live(stack, 
     assert "incident-bot's refund grant is shadow and cannot go live: no replay run passed" in ran.stderr
     assert not Agent.objects.filter(name="incident-bot").exists()  # refused whole, as the transaction was
     assert not Action.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_stack_that_does_not_answer_is_said_before_any_grant_is_looked_at():
+    """`make run PORT=8001`, then `make incident` on the default port: said as such, not as a
+    refund grant that no replay run lets go live (the sandbox at another URL is another connector)."""
+    get_user_model().objects.create_user("olga")
+    get_user_model().objects.create_user("ada")
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{free.getsockname()[1]}"  # nothing listens once it is closed
+
+    with pytest.raises(CommandError) as refused:
+        call_command("incident", "--url", url)
+
+    assert f"this deployment's web app does not answer at {url}: is `make run` running?" in str(refused.value)
+    assert "the PORT it was given" in str(refused.value) and "replay" not in str(refused.value)
+    assert not Agent.objects.filter(name="incident-bot").exists()

@@ -8,6 +8,8 @@ PostgreSQL trigger that runs only at COMMIT, and the audit sealer chains committ
 """
 
 import io
+from datetime import timedelta
+
 import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
@@ -203,6 +205,12 @@ def test_seed_demo_has_every_state_made_through_audited_functions(no_jobs):
     assert dual.count() == 2 and any(item.approvals.count() == 1 for item in dual)
     held_targets = Action.objects.filter(status=ActionStatus.HELD).values_list("target", flat=True)
     assert len(held_targets) == 2 and len(set(held_targets)) == 1
+    # The expired approval was opened its 48 hours' window ago and expired once it had passed, as
+    # the sweeper expires one (not opened just now, "expired" with its expiry two days ahead).
+    expired = ReviewItem.objects.get(status=ReviewStatus.EXPIRED)
+    assert abs(expired.expires_at - expired.created_at - timedelta(hours=48)) < timedelta(seconds=1)
+    assert abs(expired.deadline - expired.created_at - timedelta(hours=4)) < timedelta(seconds=1)  # moved with it
+    assert expired.expires_at <= expired.decided_at
 
     # Every action's story is in the audit trail, and the chain holds.
     for action in Action.objects.all():

@@ -4,7 +4,8 @@ import httpx
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from demo.incident import RUNS, IncidentRefused, Ticket, incident_agent, incident_replay, ledger_record, refunded
+from demo.incident import (RUNS, IncidentRefused, Ticket, incident_agent, incident_replay, ledger_record, refunded,
+                           stack_answers)
 
 COLUMN = 44
 
@@ -33,6 +34,7 @@ class Command(BaseCommand):
         url = url.rstrip("/")
         ticket = Ticket.new()
         try:
+            stack_answers(url)
             _, token = incident_agent(agent, owner=owner, by=by)
             naive, surety = incident_replay(url, token, ticket)
             action, events, page = ledger_record(url, token, surety.answers[0]["operation_key"])
