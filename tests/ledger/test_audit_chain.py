@@ -229,6 +229,19 @@ def test_verify_chain_names_the_event_after_a_deleted_one():
     assert AuditEvent.objects.verify_chain() == victim.seq + 1
 
 
+def test_verify_chain_names_the_event_whose_stored_link_was_changed():
+    """Its content and its hash are untouched, but the link it shows names another event: whoever
+    checks the event on its own recomputes its hash from that link, and the chain must not vouch
+    for it."""
+    target = the_middle_of_three_sealed_events()
+
+    tamper("UPDATE ledger_auditevent SET prev_hash = %s WHERE id = %s", ["0" * 64, target.pk])
+
+    report = AuditEvent.objects.chain_report()
+    assert (report.broken_at, report.why) == (target.seq, "it does not follow the event before it")
+    assert AuditEvent.objects.verify_chain() == target.seq
+
+
 def test_verify_chain_notices_a_recomputed_content_hash():
     agent, _ = make_agent("billing")
     held_action(agent, "refund:ORD-R1:full:dec-1").reject(actor="user:ops", reason="original")

@@ -6,9 +6,14 @@ are released together by a barrier, against the real gunicorn server and RQ work
 
 from collections import Counter
 
+import pytest
+from django.db import connection
+
+from ledger.actions import action_request
 from ledger.models import Action
 from tests.conftest import wait_until
-from tests.factories import agent_api, post_action, refund_body, sandbox, send_together
+from tests.factories import (agent_api, another_transaction, make_agent, post_action, refund_body, sandbox,
+                             send_together)
 
 
 def post_together(url, token, requests):
@@ -66,3 +71,26 @@ def test_twenty_posts_of_one_key_with_different_amounts_let_one_win_and_refuse_t
     wait_until(lambda: Action.objects.get().status == "succeeded", message="the refund to succeed")
     refunds = sandbox(client, "GET", "refunds", params={"order_id": "ORD-20"}).json()["data"]
     assert [r["amount"] for r in refunds] == [winner["params"]["amount"]]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("jobs_to_test_redis")
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite serialises every writer")
+def test_one_key_asked_twice_at_once_without_a_decision_is_one_action():
+    """No decision names the effect, so no once-per-decision rule stands behind the key: its unique
+    index alone makes the second request, which waited for the first one's commit, its replay
+    (not a second action, held behind the first, then run as well)."""
+    agent, _ = make_agent("billing")
+    key = "refund:ORD-51:full"
+    request = {"agent": agent, "operation_key": key, "action_type": "refund", "target": "ORD-51",
+               "customer": "CUST-51", "params": {"amount": "25.00", "currency": "EUR"}}
+
+    def first():
+        assert action_request(**request)[1] is True
+
+    with another_transaction(first, commit_when_waited_on=True) as other:
+        action, created = action_request(**request)
+
+    assert other.waited is True  # this request waited for the first one's commit
+    assert created is False and action.operation_key == key
+    assert list(Action.objects.values_list("operation_key", "status")) == [(key, "queued")]

@@ -85,7 +85,12 @@ def test_another_spelling_of_the_same_request_is_still_a_replay(client, billing)
     (lambda body: {**body, "customer": "CUST-OTHER"}, 422, "idempotency_key_reused"),
     (lambda body: {**body, "colour": "red"}, 400, "invalid"),
     (lambda body: {**body, "params": {**body["params"], "amount": 25}}, 400, "invalid"),
-], ids=["another amount", "another target", "another customer", "an unknown field", "a float amount"])
+    # Invalid as asked (a message's params are not a refund's): never answered with the refund.
+    (lambda body: {**body, "action_type": "send_message"}, 400, "invalid"),
+    # Only a workflow's steps add actions to a task (docs/contract.md): refused, not replayed.
+    (lambda body: {**body, "task_id": "task:refund:ORD-8841:dec-77"}, 400, "invalid"),
+], ids=["another amount", "another target", "another customer", "an unknown field", "a float amount",
+        "another action type", "a task id"])
 def test_a_changed_request_on_a_used_key_gets_the_full_answer(client, billing, change, status, code):
     first = post_action_in_process(client, KEY, refund_body())
     assert first.status_code == 201
