@@ -402,7 +402,7 @@ def action_done_by_hand(action, *, actor, reason):
     saying what holds it): nothing is written, and the person may give it up instead."""
     with transaction.atomic():
         row = Action.objects.select_for_update().get(pk=action.pk)
-        if row.status != S.FAILED or row.is_done_by_hand:
+        if row.status != S.FAILED or row.is_done_by_hand or given_up(row):  # final either way (ledger.dbrules)
             return row
         let_go = row.action_type == ActionType.CREATE_BOOKING and not row.is_retryable_failure
         try:
@@ -437,16 +437,22 @@ def _held_since(row, taken):
 
 def _book_again(row):
     """The locked booking `row`, failed for good and now done by hand, takes its slot again as the
-    intake takes one (`_book`: SlotTaken if another booking holds it now). The slot's row it let go
-    is released, which is final (Booking.TRANSITIONS): the person's booking is a new row in its
-    place, confirmed with the action (booking_follow_action)."""
-    Booking.objects.filter(action=row, status=Booking.Status.RELEASED).delete()
-    _book(row)
+    intake takes one (`_book`: SlotTaken if another booking holds it now): the slot's row it let go
+    is confirmed again (Booking.TRANSITIONS allows it once its action is done by hand), the same
+    row, its history kept."""
+    _take_slot(row, lambda start, end: Booking.objects.get(action=row).confirm())
 
 
 def _book(action):
-    """Reserve the slot with the action. The check gives the friendly answer; the exclusion
-    constraint (PostgreSQL) is what holds when two requests race past it."""
+    """Reserve the slot with the action: its booking's row, pending until the action settles."""
+    _take_slot(action, lambda start, end: Booking.objects.create(
+        action=action, resource=action.target, customer=action.customer, start=start, end=end))
+
+
+def _take_slot(action, take):
+    """`take(start, end)` the slot the booking `action` asks for, once nothing live holds it. The
+    check gives the friendly answer; the exclusion constraint (PostgreSQL) is what holds when two
+    requests race past it."""
     start, end = (datetime.fromisoformat(action.params[k]) for k in ("start", "end"))
     live = [Booking.Status.PENDING, Booking.Status.CONFIRMED]
     clash = Booking.objects.filter(resource=action.target, status__in=live, start__lt=end, end__gt=start).first()
@@ -455,7 +461,7 @@ def _book(action):
                         holder=clash.action_id)
     try:
         with transaction.atomic():
-            Booking.objects.create(action=action, resource=action.target, customer=action.customer, start=start, end=end)
+            take(start, end)
     except IntegrityError:
         raise SlotTaken(f"{action.target} was booked for that time meanwhile") from None
 

@@ -171,49 +171,60 @@ BEGIN
     SELECT RAISE(ABORT, 'a version of an action sent to its provider before');
 END""")
 
-def done_by_hand_final(what, table, key, status, error, *, failed=None):
-    """The rule that a row a person did by hand (its `error` says `"done_by_hand": true`) is final:
-    an update of its `status`, or one that takes off or falsifies its mark or makes it retryable
-    (`"retryable"` stays false: the client and the MCP server tell the agent from it whether it may
-    retry), is refused, whatever writes the row. The rest of the row may be written, and deletes (the
-    archive's) are left alone. A PostgreSQL function and its trigger's SQLite pair; the PostgreSQL trigger (its
-    migration) fires, as the SQLite one does, only for an update of either column of a row marked
-    (and `failed`, if given), so no other write pays for it. The marks are JSON's true and false,
-    as the ORM's lookups read them."""
+def marked_final(what, table, key, status, error, marks, *, failed=None):
+    """The rule that a row a person closed for good, as its `error` says with one of `marks` (JSON's
+    true: `done_by_hand`, they made its effect by hand; `given_up`, they gave it up, nothing done),
+    is final: an update of its `status`, one that takes off, falsifies or adds a mark (a row reads
+    the one decision a person made of it), or one that makes it retryable (`"retryable"` stays
+    false: the client and the MCP server tell the agent from it whether it may retry), is refused,
+    whatever writes the row. The rest of the row may be written, and deletes (the archive's) are
+    left alone. A PostgreSQL function and its trigger's SQLite pair, named for the first mark the
+    rule held (migration 0051); the PostgreSQL trigger (its migration) fires, as the SQLite one
+    does, only for an update of either column of a row marked (and `failed`, if given), so no other
+    write pays for it. The marks are JSON's true and false, as the ORM's lookups read them."""
     name = f"ledger_{what}_done_by_hand_final"
-    kept = f"its {status}, its done_by_hand mark and retryable false stay"
-    marked = f"json_type(OLD.{error}, '$.done_by_hand') = 'true'"
+    said = " or ".join(mark.replace("_", " ") for mark in marks)
+    kept = f"its {status}, its {' and '.join(marks)} mark{'s' if len(marks) > 1 else ''} and retryable false stay"
+    marked = " OR ".join(f"json_type(OLD.{error}, '$.{mark}') = 'true'" for mark in marks)
+    changed = "".join(f"\n       OR NEW.{error} -> '{mark}' IS DISTINCT FROM OLD.{error} -> '{mark}'" for mark in marks)
+    changed_sqlite = "".join(f"\n         OR json_type(NEW.{error}, '$.{mark}') IS NOT json_type(OLD.{error}, '$.{mark}')"
+                             for mark in marks)
     return Function(f"{name}() RETURNS trigger", f"""
 BEGIN
-    IF NEW.{status} IS DISTINCT FROM OLD.{status}
-       OR NEW.{error} -> 'done_by_hand' IS DISTINCT FROM 'true'::jsonb
+    IF NEW.{status} IS DISTINCT FROM OLD.{status}{changed}
        OR NEW.{error} -> 'retryable' IS DISTINCT FROM 'false'::jsonb THEN
-        RAISE EXCEPTION USING MESSAGE = '{what} ' || OLD.{key} || ' was done by hand: {kept}',
+        RAISE EXCEPTION USING MESSAGE = '{what} ' || OLD.{key} || ' was {said}: {kept}',
                               ERRCODE = 'integrity_constraint_violation';
     END IF;
     RETURN NEW;
 END """), SQLiteTrigger(name, f"""CREATE TRIGGER {name} BEFORE UPDATE OF {status}, {error} ON {table}
-WHEN {f"OLD.{status} = '{failed}' AND " if failed else ""}{marked}
-    AND (NEW.{status} IS NOT OLD.{status} OR json_type(NEW.{error}, '$.done_by_hand') IS NOT 'true'
+WHEN {f"OLD.{status} = '{failed}' AND " if failed else ""}({marked})
+    AND (NEW.{status} IS NOT OLD.{status}{changed_sqlite}
          OR json_type(NEW.{error}, '$.retryable') IS NOT 'false')
 BEGIN
-    SELECT RAISE(ABORT, '{what} done by hand: {kept}');
+    SELECT RAISE(ABORT, '{what} {said}: {kept}');
 END""")
 
 
 # A failed action a person did by hand (ledger.actions.action_done_by_hand, models.DONE_BY_HAND):
 # a retry would make the refund or the booking the person made a second time (Python refuses it
-# first: Action._refuse, action_retry_by_person). Migrations 0051 and 0052.
-DONE_BY_HAND_FINAL, DONE_BY_HAND_FINAL_SQLITE = done_by_hand_final(
-    "action", "ledger_action", "operation_key", "status", "error", failed=ActionStatus.FAILED)
+# first: Action._refuse, action_retry_by_person). Or one a person gave up (ledger.actions.given_up:
+# its dead letter, or its task's, discarded): its agent was told nobody retries it, and may have
+# asked for it again under a new decision, which a retry would then double. Neither becomes the
+# other: no code writes it (a discard or a resolve closes the entry through which the other would
+# come, and a failed action never fails again to open another). Migrations 0051, 0052 and 0054.
+DONE_BY_HAND_FINAL, DONE_BY_HAND_FINAL_SQLITE = marked_final(
+    "action", "ledger_action", "operation_key", "status", "error", ("done_by_hand", "given_up"),
+    failed=ActionStatus.FAILED)
 # A task a person finished by hand (its dead letter resolved: ledger.tasks.task_actions_let_go),
 # stopped where the work stopped (dead-lettered, failed). Sent back to the queue, its runner would
 # go on from its checkpoint: its steps' actions done by hand would fail it again, but a step the
 # work never reached records its action now (no action of it stands to refuse it) and makes what
 # the person made by hand, a refund or a customer's message, a second time. No move leaves a task
-# so stopped but for the dead letter's redrive and discard, closed by the resolve. Migration 0052.
-TASK_DONE_BY_HAND_FINAL, TASK_DONE_BY_HAND_FINAL_SQLITE = done_by_hand_final(
-    "task", "ledger_task", "task_id", "state", "last_error")
+# so stopped but for the dead letter's redrive and discard, closed by the resolve. Migration 0052
+# (and 0054, the same rule in the words of the action's).
+TASK_DONE_BY_HAND_FINAL, TASK_DONE_BY_HAND_FINAL_SQLITE = marked_final(
+    "task", "ledger_task", "task_id", "state", "last_error", ("done_by_hand",))
 
 # Audit events are append-only; the only update is the sealer's, and only with the next link
 # of the chain (hash = sha256(prev_hash || content_hash || seq), the formula of audit.py) at the

@@ -756,7 +756,7 @@ class Confirmation(models.Model):
 
 class Booking(Machine, models.Model):
     """The slot a `create_booking` action asks for. On PostgreSQL the database refuses an
-    overlapping pending or confirmed booking of the same resource (migration 0007)."""
+    overlapping pending or confirmed booking of the same resource (migration 0008)."""
 
     class Status(models.TextChoices):
         PENDING = "pending"
@@ -764,8 +764,12 @@ class Booking(Machine, models.Model):
         RELEASED = "released"
 
     # The slot follows its action (ledger.actions.booking_follow_action): confirmed when the
-    # booking happened, released when it never will; both are final.
-    TRANSITIONS = {Status.PENDING: {Status.CONFIRMED, Status.RELEASED}, Status.CONFIRMED: set(), Status.RELEASED: set()}
+    # booking happened, released when it never will. Confirmed is final; released is too, but
+    # for a booking whose action a person then did by hand (`_refuse`): one that failed for good
+    # let its slot go, and the person booked it outside Surety (ledger.actions._book_again). The
+    # exclusion constraint leaves released rows out, so it checks the one taken again like a new one.
+    TRANSITIONS = {Status.PENDING: {Status.CONFIRMED, Status.RELEASED}, Status.CONFIRMED: set(),
+                   Status.RELEASED: {Status.CONFIRMED}}
     # Moved inside its action's move (under the action's lock), and audited with the action.
     LOCKING = CONDITIONAL
     AUDITED = ()
@@ -795,6 +799,14 @@ class Booking(Machine, models.Model):
 
     def release(self):
         self._move(self.Status.RELEASED)
+
+    def _refuse(self, to):
+        # Its action as the database holds it: marked done by hand first, in the same transaction
+        # (ledger.actions.action_done_by_hand), not as a copy in memory may say.
+        if self.status == self.Status.RELEASED and not Action.objects.filter(
+                DONE_BY_HAND, pk=self.action_id).exists():
+            return "its slot was let go: only a booking a person then did by hand takes it again"
+        return ""
 
 
 def named_operation_key(data):

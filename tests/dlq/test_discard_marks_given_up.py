@@ -14,7 +14,7 @@ from django.test import Client
 from approvals.intake import customer_total_today
 from dlq.entries import deadletter_discard
 from dlq.models import DeadLetter, EntryStatus
-from ledger.actions import action_request, action_retry, action_retry_by_person
+from ledger.actions import action_done_by_hand, action_request, action_retry, action_retry_by_person
 from ledger.audit import actor_label
 from ledger.models import Action, ActionStatus, Booking, InvalidTransition
 from ledger.tasks import task_request
@@ -139,3 +139,15 @@ def test_a_task_discarded_marks_each_of_its_failed_actions_given_up(billing, olg
     deadletter_discard(open_entry(task), actor=olga, reason="the customer withdrew")
 
     given_up(declined, olga, "its task t-g will not run again: the customer withdrew")
+
+
+def test_a_given_up_action_is_never_then_marked_done_by_hand(client, billing, olga):
+    """Given up is as final as done by hand: marking it done by hand afterwards (no page reaches it:
+    its entry is closed) leaves it as it is, rather than asking the database to swap the marks,
+    which it refuses (ledger.dbrules)."""
+    action = failed(refund(billing), retryable=False)
+    discarded_on_its_page(olga, DeadLetter.objects.get(action=action), "the customer withdrew the claim")
+
+    action_done_by_hand(Action.objects.get(pk=action.pk), actor=olga, reason="paid by bank transfer after all")
+
+    given_up(action, olga, "the customer withdrew the claim")

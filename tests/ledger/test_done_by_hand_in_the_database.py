@@ -1,15 +1,18 @@
-"""Done by hand is final, held by the database (migrations 0051 and 0052; `make test` runs this
-module on PostgreSQL and SQLite): a failed action a person did by hand (ledger.actions.action_done_by_hand,
-its dead letter resolved) keeps its status, its `done_by_hand` mark and `retryable` false whatever
-writes it. A raw UPDATE or a queryset's `.update()` that sent it back to the queue, or took the mark
-off so that a retry is let through, would make the refund or the booking the person already made a
-second time; one that made it retryable would tell its agent (the client, the MCP server) that it may
-retry. A task a person finished by hand (its dead letter resolved) keeps its state and its last
-error's marks the same way: queued again, its runner would go on from its checkpoint and record the
-actions of the steps the work never reached, making what the person made by hand again. The rest of
-either row may still be written, and the archive deletes it. The refusals Python makes first
-(Action._refuse, action_retry_by_person, a resolved entry's redrive) are tested in
-tests/dlq/test_done_by_hand.py."""
+"""Done by hand, and given up, are final, held by the database (migrations 0051, 0052 and 0054; `make
+test` runs this module on PostgreSQL and SQLite): a failed action a person did by hand
+(ledger.actions.action_done_by_hand, its dead letter resolved), or gave up (action_give_up, its dead
+letter discarded), keeps its status, its mark (`done_by_hand`, `given_up`) and `retryable` false
+whatever writes it. A raw UPDATE or a queryset's `.update()` that sent it back to the queue, or took
+the mark off so that a retry is let through, would make the refund or the booking the person already
+made a second time, or one its agent, told nobody retries it, has asked for again under a new
+decision; one that made it retryable would tell its agent (the client, the MCP server) that it may
+retry. Neither mark becomes the other: the row says the one decision a person made of it. A task a
+person finished by hand (its dead letter resolved) keeps its state and its last error's marks the
+same way: queued again, its runner would go on from its checkpoint and record the actions of the
+steps the work never reached, making what the person made by hand again. The rest of either row may
+still be written, and the archive deletes it. The refusals Python makes first (Action._refuse,
+action_retry_by_person, a resolved entry's redrive) are tested in tests/dlq/test_done_by_hand.py and
+tests/dlq/test_discard_marks_given_up.py."""
 
 from datetime import timedelta
 
@@ -19,7 +22,7 @@ from django.utils import timezone
 
 from dlq.archive import archive_expired
 from dlq.entries import deadletter_resolve
-from ledger.actions import action_done_by_hand
+from ledger.actions import action_done_by_hand, action_give_up
 from ledger.models import Action, ActionStatus, Task, TaskState
 from tests.factories import dead_letter, failed_task_entry, make_action, make_agent, person, required_in
 
@@ -27,26 +30,36 @@ S = ActionStatus
 T = TaskState
 pytestmark = pytest.mark.django_db
 
-# Updates of an error (an action's, a task's last one) that take its mark off or let a retry in.
+# Updates of an error (an action's, a task's last one) that take its `mark` off or let a retry in.
 TAKES_THE_MARK_OFF = pytest.mark.parametrize("error", [
-    lambda error: {**error, "done_by_hand": False},
-    lambda error: {key: value for key, value in error.items() if key != "done_by_hand"},
-    lambda error: {**error, "done_by_hand": "true"},  # not the mark, which is JSON's true
-    lambda error: {**error, "retryable": True, "done_by_hand": None},
-    lambda error: {**error, "retryable": True},  # the mark kept: its agent would read that it may retry
-    lambda error: {key: value for key, value in error.items() if key != "retryable"},
-    lambda error: {**error, "retryable": "false"},  # not JSON's false
-    lambda error: None,
+    lambda error, mark: {**error, mark: False},
+    lambda error, mark: {key: value for key, value in error.items() if key != mark},
+    lambda error, mark: {**error, mark: "true"},  # not the mark, which is JSON's true
+    lambda error, mark: {**error, "retryable": True, mark: None},
+    lambda error, mark: {**error, "retryable": True},  # the mark kept: its agent would read that it may retry
+    lambda error, mark: {key: value for key, value in error.items() if key != "retryable"},
+    lambda error, mark: {**error, "retryable": "false"},  # not JSON's false
+    lambda error, mark: None,
 ], ids=["falsified", "removed", "a_string", "made_retryable", "retryable_the_mark_kept", "retryable_removed",
         "retryable_a_string", "error_cleared"])
 
+# What a person made of a failed action, as its error says it, by the function that writes it.
+MARKED_BY = {"done_by_hand": action_done_by_hand, "given_up": action_give_up}
+OTHER = {"done_by_hand": "given_up", "given_up": "done_by_hand"}
+
+
+@pytest.fixture(params=list(MARKED_BY))
+def mark(request):
+    return request.param
+
 
 @pytest.fixture
-def done():
-    """A refund that failed (it may be retried) and that a person then paid by bank transfer."""
+def marked(mark):
+    """A refund that failed (it may be retried) and that a person then paid by bank transfer (done
+    by hand) or gave up (the customer withdrew the claim)."""
     agent, _ = make_agent("billing")
-    action = action_done_by_hand(make_action(agent, S.FAILED), actor=person("olga"), reason="refunded by bank transfer")
-    assert action.is_done_by_hand and action.error["retryable"] is False
+    action = MARKED_BY[mark](make_action(agent, S.FAILED), actor=person("olga"), reason="settled outside Surety")
+    assert (action.error[mark], action.error["retryable"]) == (True, False) and OTHER[mark] not in action.error
     return action
 
 
@@ -55,7 +68,7 @@ def refused(write):
         write()
 
 
-def still_done_by_hand(action):
+def still_marked(action):
     row = Action.objects.get(pk=action.pk)
     assert (row.status, row.error) == (S.FAILED, action.error)
     return row
@@ -66,61 +79,73 @@ def rows(action):
 
 
 @pytest.mark.parametrize("status", sorted(set(S.values) - {S.FAILED}))
-def test_a_queryset_update_to_any_other_status_is_refused(done, status):
-    refused(lambda: rows(done).update(status=status, **required_in(status)))
+def test_a_queryset_update_to_any_other_status_is_refused(marked, status):
+    refused(lambda: rows(marked).update(status=status, **required_in(status)))
 
-    still_done_by_hand(done)
+    still_marked(marked)
 
 
-def test_a_raw_update_that_queues_it_again_is_refused(done):
+def test_a_raw_update_that_queues_it_again_is_refused(marked):
     with connection.cursor() as cursor:
         refused(lambda: cursor.execute("UPDATE ledger_action SET status = %s, next_attempt_at = %s WHERE id = %s",
-                                       [S.QUEUED, timezone.now(), done.pk]))
+                                       [S.QUEUED, timezone.now(), marked.pk]))
 
-    still_done_by_hand(done)
+    still_marked(marked)
 
 
 @TAKES_THE_MARK_OFF
-def test_an_update_that_takes_the_mark_off_or_lets_a_retry_in_is_refused(done, error):
-    refused(lambda: rows(done).update(error=error(done.error)))
+def test_an_update_that_takes_the_mark_off_or_lets_a_retry_in_is_refused(marked, mark, error):
+    refused(lambda: rows(marked).update(error=error(marked.error, mark)))
 
-    still_done_by_hand(done)
+    still_marked(marked)
 
 
-def test_a_raw_update_that_takes_the_mark_off_is_refused(done):
+def test_a_raw_update_that_takes_the_mark_off_is_refused(marked):
     with connection.cursor() as cursor:
         refused(lambda: cursor.execute("UPDATE ledger_action SET error = %s WHERE id = %s",
-                                       ['{"code": "declined", "message": "no", "retryable": true}', done.pk]))
+                                       ['{"code": "declined", "message": "no", "retryable": true}', marked.pk]))
 
-    still_done_by_hand(done)
+    still_marked(marked)
 
 
-def test_the_rest_of_the_row_may_still_be_written(done):
-    rows(done).update(updated_at=timezone.now(), next_attempt_at=None)
-    rows(done).update(error={**done.error, "note": "paid by bank transfer"})  # the mark kept
-    row = Action.objects.get(pk=done.pk)
+@pytest.mark.parametrize("both", [True, False], ids=["the_mark_kept", "in_its_place"])
+def test_neither_mark_becomes_the_other(marked, mark, both):
+    """Given up, nothing was done and its agent was told so; done by hand, the effect was made: a
+    row says the one a person decided, and no code writes the other after it."""
+    error = {**marked.error, OTHER[mark]: True} if both else {
+        **{key: value for key, value in marked.error.items() if key != mark}, OTHER[mark]: True}
+
+    refused(lambda: rows(marked).update(error=error))
+
+    still_marked(marked)
+
+
+def test_the_rest_of_the_row_may_still_be_written(marked, mark):
+    rows(marked).update(updated_at=timezone.now(), next_attempt_at=None)
+    rows(marked).update(error={**marked.error, "note": "settled by bank transfer"})  # the mark kept
+    row = Action.objects.get(pk=marked.pk)
     row.save()  # every column written again, as it was
 
-    assert row.is_done_by_hand and Action.objects.get(pk=done.pk).error["note"] == "paid by bank transfer"
+    assert row.error[mark] is True and Action.objects.get(pk=marked.pk).error["note"] == "settled by bank transfer"
 
 
-def test_the_archive_still_deletes_it(done):
+def test_the_archive_still_deletes_it(marked):
     with connection.cursor() as cursor:
-        cursor.execute("DELETE FROM ledger_action WHERE id = %s", [done.pk])
+        cursor.execute("DELETE FROM ledger_action WHERE id = %s", [marked.pk])
 
-    assert not rows(done).exists()
+    assert not rows(marked).exists()
 
 
-def test_a_failure_nobody_did_by_hand_is_still_retried_and_marked_done_by_hand():
+def test_a_failure_nobody_marked_is_still_retried_and_marked(mark):
     agent, _ = make_agent("billing")
     retried = make_action(agent, S.FAILED, key="refund:ORD-2:full:dec-2", target="ORD-2")
     marked = make_action(agent, S.FAILED, key="refund:ORD-3:full:dec-3", target="ORD-3")
 
     rows(retried).update(status=S.QUEUED, **required_in(S.QUEUED))
-    rows(marked).update(error={**marked.error, "retryable": False, "done_by_hand": True})
+    rows(marked).update(error={**marked.error, "retryable": False, mark: True})
 
     assert Action.objects.get(pk=retried.pk).status == S.QUEUED
-    assert Action.objects.get(pk=marked.pk).is_done_by_hand
+    assert Action.objects.get(pk=marked.pk).error[mark] is True
 
 
 STOPPED = [T.DEAD_LETTERED, T.FAILED]  # where a task's work may stop for a person to finish it
@@ -178,7 +203,7 @@ def test_a_raw_update_that_queues_a_task_done_by_hand_again_is_refused(task_done
 
 @TAKES_THE_MARK_OFF
 def test_an_update_that_takes_a_tasks_mark_off_or_lets_a_retry_in_is_refused(task_done, error):
-    refused(lambda: tasks(task_done).update(last_error=error(task_done.last_error)))
+    refused(lambda: tasks(task_done).update(last_error=error(task_done.last_error, "done_by_hand")))
 
     task_still_done_by_hand(task_done)
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from approvals.models import REVIEW_TRANSITIONS, ReviewItem, ReviewStatus
@@ -34,7 +35,8 @@ STEP = {
     "failed": {"running", "done", "failed"},
     "done": set(), "skipped": set(),
 }
-BOOKING = {"pending": {"confirmed", "released"}, "confirmed": set(), "released": set()}
+BOOKING = {"pending": {"confirmed", "released"}, "confirmed": set(),
+           "released": {"confirmed"}}  # only a booking whose action a person then did by hand (Booking._refuse)
 REVIEW = {"open": {"approved", "rejected", "resolved", "closed", "edited", "expired"},
           "approved": set(), "rejected": set(), "resolved": {"open"},
           "closed": {"open"},  # only an approval a hold closed, waiting again with its approvals (ReviewItem._refuse)
@@ -74,9 +76,14 @@ def task_in(agent, state):
                                state=state, max_attempts=3, **required)
 
 
-def action_for(agent, key="refund:ORD-1"):
-    return Action.objects.create(operation_key=key, fingerprint="f" * 64, action_type="refund", target="ORD-1",
-                                 params={}, agent=agent, status="held")
+def action_for(agent, key="refund:ORD-1", **fields):
+    return Action.objects.create(**{"operation_key": key, "fingerprint": "f" * 64, "action_type": "refund",
+                                    "target": "ORD-1", "params": {}, "agent": agent, "status": "held", **fields})
+
+
+def failed_action_for(agent, **error):
+    """A failed action whose error says `error` besides that it was declined."""
+    return action_for(agent, status="failed", error={"code": "declined", "message": "no", "retryable": False, **error})
 
 
 def audited(obj):
@@ -113,10 +120,24 @@ def test_step_moves(agent, source, target, allowed):
 
 @pytest.mark.parametrize(("source", "target", "allowed"), pairs(BOOKING))
 def test_booking_moves(agent, source, target, allowed):
+    # The one way back from released (Booking._refuse): its action done by hand.
+    back = (source, target) == ("released", "confirmed")
+    action = failed_action_for(agent, done_by_hand=True) if back else action_for(agent)
     start = timezone.now() + timedelta(days=1)
-    booking = Booking.objects.create(action=action_for(agent), resource="room-1", customer="c", start=start,
+    booking = Booking.objects.create(action=action, resource="room-1", customer="c", start=start,
                                      end=start + timedelta(hours=1), status=source)
     moves_or_refuses(booking, lambda: booking._move(target), target, allowed, audits=False)
+
+
+@pytest.mark.parametrize("error", [{}, {"given_up": True}, {"done_by_hand": False}],
+                         ids=["failed_for_good", "given_up", "not_marked_true"])
+def test_only_a_booking_done_by_hand_is_confirmed_once_released(agent, error):
+    """Released, its slot may be another's now: a booking that failed for good, or was given up, does
+    not take it again; one a person then booked by hand does (ledger.actions._book_again)."""
+    start = timezone.now() + timedelta(days=1)
+    booking = Booking.objects.create(action=failed_action_for(agent, **error), resource="room-1", customer="c",
+                                     start=start, end=start + timedelta(hours=1), status="released")
+    moves_or_refuses(booking, booking.confirm, "confirmed", False, audits=False)
 
 
 @pytest.mark.parametrize(("source", "target", "allowed"), pairs(REVIEW))
@@ -145,6 +166,22 @@ def test_dead_letter_entry_moves(agent, source, target, allowed):
     Alert.objects.raise_for(entry)  # the database refuses to commit an entry without one
     moves_or_refuses(entry, lambda: entry._move(target, actor="system:tests", verb="test"), target, allowed,
                      audits=True)
+
+
+def test_the_database_refuses_a_booking_confirmed_again_where_another_holds_its_slot(agent):
+    """The exclusion constraint (PostgreSQL) leaves released rows out: one confirmed again is checked
+    as a new one is, so a move that raced past the look for a live booking there is refused."""
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite has no exclusion constraint: the look before the move holds (its one writer)")
+    start = timezone.now() + timedelta(days=1)
+    slot = {"resource": "room-1", "customer": "c", "start": start, "end": start + timedelta(hours=1)}
+    released = Booking.objects.create(action=failed_action_for(agent, done_by_hand=True), status="released", **slot)
+    Booking.objects.create(action=action_for(agent, "refund:ORD-2"), **{**slot, "start": start + timedelta(minutes=30)})
+
+    with pytest.raises(IntegrityError, match="booking_no_overlap"), transaction.atomic():
+        released.confirm()
+
+    assert Booking.objects.get(pk=released.pk).status == "released"
 
 
 def test_the_named_step_and_booking_moves_follow_their_tables(agent):
