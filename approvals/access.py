@@ -19,13 +19,36 @@ def get_review_item_for_user(user, pk, *, to_decide=False):
     return item
 
 
-def acting_for(user, item):
+class Authority:
+    """What `user` and the people they stand in for may decide, each read once however many
+    items it is asked of (a queue's page of rows): the permission of each person on each kind
+    and action type, and the running delegations that name `user`."""
+
+    def __init__(self, user):
+        self.user = user
+        self._may = {}
+        self._for = None
+
+    def may_itself(self, person, item):
+        key = (person.pk, PERM_FOR_KIND[item.kind], item.action.action_type)
+        if key not in self._may:
+            self._may[key] = _may_itself(person, item)
+        return self._may[key]
+
+    def standing_in_for(self):
+        if self._for is None:
+            self._for = _standing_in_for(self.user)
+        return self._for
+
+
+def acting_for(user, item, authority=None):
     """Whose authority `user` decides `item` with: None for their own (the kind's permission
     on its action type), else the person whose running delegation (approvals.delegation) gives
-    it to them. PermissionDenied when neither does."""
-    if _may_itself(user, item):
+    it to them. PermissionDenied when neither does. `authority`: `user`'s, read for many items."""
+    authority = authority or Authority(user)
+    if authority.may_itself(user, item):
         return None
-    able = [person for person in _standing_in_for(user) if _may_itself(person, item)]
+    able = [person for person in authority.standing_in_for() if authority.may_itself(person, item)]
     if not able:
         raise PermissionDenied(f"you may not decide {item.action.action_type} items")
     # With two delegations to one person, one whose four eyes allow this decision (a delegator
@@ -41,11 +64,12 @@ def _may_itself(user, item):
     return user_may(user, PERM_FOR_KIND[item.kind], Capability.Kind.ACTION_TYPE, item.action.action_type)
 
 
-def may_decide(user, item):
+def may_decide(user, item, authority=None):
     """`user` may decide `item`, as themselves or for a person who delegated to them, and
-    neither of them owns the agent that asked for it or was shown its token (four eyes)."""
+    neither of them owns the agent that asked for it or was shown its token (four eyes): the
+    item's page offers its decisions, and a queue's row its Reject, on this alone."""
     try:
-        behalf = acting_for(user, item)
+        behalf = acting_for(user, item, authority)
     except PermissionDenied:
         return False
     return not item.action.agent.answers_for(user, behalf)
@@ -55,9 +79,16 @@ def decidable_for(user, perm):
     """The action types `user` may take `perm` decisions on: their own, and those of each person
     whose running delegation names them (for "waiting for me" and the queues' controls)."""
     names = decidable_names(user, perm)
-    for person in _standing_in_for(user):
-        names |= decidable_names(person, perm)
+    for _, theirs in standing_in_for(user, perm):
+        names |= theirs
     return names
+
+
+def standing_in_for(user, perm):
+    """(person, the action types they may take `perm` decisions on) for each person whose running
+    delegation names `user`: the types `user` decides for them where they may not decide them
+    themselves (`acting_for`)."""
+    return [(person, decidable_names(person, perm)) for person in _standing_in_for(user)]
 
 
 def _standing_in_for(user):

@@ -206,6 +206,12 @@ def given_by_the_same_eyes(approvals, user, behalf):
     return next((a for a in approvals if eyes & {a.user_id, a.on_behalf_of_id}), None)
 
 
+def by_the_same_eyes(*people):
+    """`given_by_the_same_eyes` as a condition on approvals (the queues count with it): given by
+    one of `people`, or for one of them by their delegate."""
+    return Q(user__in=people) | Q(on_behalf_of__in=people)
+
+
 def approvals_counted(approvals, agent):
     """The approvals that count, and the names of those that do not: given by a person (or for a
     person, by their delegate) who answers for the agent now, named its owner or shown its token
@@ -250,7 +256,13 @@ def review_edit(item, *, user, changes, reason, fingerprint=""):
     """Edit an over-limit action down instead of rejecting it (`changes`: param -> text): its
     next version (ledger.versions), approved by `user` as it is made — the first of two
     approvals if the limits still ask two for it. The item ends `edited`, the action
-    `superseded`. Returns the item and the new version."""
+    `superseded`. Returns the item and the new version.
+
+    The approval is given on the version's approval item as any is (`review_decide`). A version
+    the database held as it was made (something in flight on its target or customer) has that
+    item closed by its hold already: the first of two is recorded on it as on an open one, for its
+    release to find (decision 23), and one approval alone is bound to its params from its insert
+    (ledger.versions): held, it keeps either through the hold."""
     reason = reason.strip()
     if item.kind != ReviewKind.APPROVAL:
         raise DecisionRefused("only an action awaiting approval can be edited")
@@ -264,10 +276,12 @@ def review_edit(item, *, user, changes, reason, fingerprint=""):
             version = action_version_create(action, actor=user, reason=reason, params=params)
         except VersionRefused as exc:
             raise DecisionRefused(str(exc)) from None
-        waiting = ReviewItem.objects.filter(action=version, kind=ReviewKind.APPROVAL, status=ReviewStatus.OPEN).first()
-        if waiting is not None:  # (held instead when something else is in flight on its subjects)
+        waiting = ReviewItem.objects.get(action=version, kind=ReviewKind.APPROVAL)  # (approvals.reviews)
+        if waiting.status == ReviewStatus.OPEN:
             review_decide(waiting, user=user, decision="approve", reason=reason,
                           fingerprint=version.params_fingerprint())
+        elif waiting.approvals_needed > 1:  # held as it was made
+            _second_approval(waiting, version, user, behalf, reason, version.params_fingerprint())
     return item, Action.objects.get(pk=version.pk)
 
 

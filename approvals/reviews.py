@@ -27,16 +27,23 @@ def review_follow_move(action, previous, actor, reason):
     flight, a person let it go), not why it waits: their item says its kind's own why."""
     if action.status in PERSON_STATUSES or previous in PERSON_STATUSES:
         moved_by_hold = previous not in (None, action.status) and ActionStatus.HELD in (previous, action.status)
+        if previous is None and action.supersedes_id:
+            # A version is made waiting for its editor's approval (ledger.versions): its approval
+            # item opens first, whatever the database made of it. Held as it was made, the hold
+            # closes that item as it closes any (below), and the editor's first of two approvals,
+            # recorded on it, stands when a release sends the version back to wait (decision 23).
+            _review_follow_action(action, reason, kind=ReviewKind.APPROVAL)
         _review_follow_action(action, "" if moved_by_hold else reason)
 
 
-def _review_follow_action(action, why):
-    """In the action's transaction: nothing waits for a person without an item and a deadline.
+def _review_follow_action(action, why, kind=None):
+    """In the action's transaction: nothing waits for a person without an item and a deadline
+    (of `kind`: that of the action's status unless given).
 
     The open item is read without a lock of its own: whatever moves an item holds its
     action's lock first (this runs under it), and the item's own move locks it."""
     item = ReviewItem.objects.filter(action=action, status=ReviewStatus.OPEN).first()
-    kind = KIND_FOR_STATUS.get(action.status)
+    kind = kind or KIND_FOR_STATUS.get(action.status)
     if item is not None and item.kind != kind:
         item.close(reason=f"the action is now {action.status}")
         item = None

@@ -11,7 +11,7 @@ from django.urls import resolve, reverse
 from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseClientRefresh
 
-from approvals.access import PERM_FOR_KIND, acting_for, decidable_for, get_review_item_for_user, may_decide
+from approvals.access import Authority, acting_for, get_review_item_for_user, may_decide
 from approvals.decisions import (AlreadyDecided, DecisionRefused, approvals_counted, given_by_the_same_eyes,
                                  held_group, held_group_decide, in_flight_print, params_changed, review_decide,
                                  review_edit)
@@ -111,7 +111,8 @@ def _next_item(item, user, queue):
 @staff_required
 def review_queue(request, queue):
     kinds, title, url_name = QUEUES[queue]
-    items = ReviewItem.objects.select_related("action", "action__agent").filter(kind__in=kinds)
+    items = ReviewItem.objects.select_related("action", "action__agent").prefetch_related("approvals").filter(
+        kind__in=kinds)
     form = ReviewQueueFilters(request.GET, kinds=kinds)
     q = form.values()
     if q["status"]:
@@ -123,13 +124,16 @@ def review_queue(request, queue):
         items = items.filter(action__action_type=q["action_type"])
     # Earliest deadline first, a page at a time: what is due next is what a person works.
     items, next_cursor = keyset_page(items, q["after"], time_field="deadline", newest_first=False)
+    authority = Authority(request.user)  # read once for the page's rows
     context = {"items": items, "queue": queue, "title": title, "status": q["status"] or "all",
                "statuses": ReviewStatus.values,
                "kinds": kinds if len(kinds) > 1 else [], "kind": kind, "queue_url": reverse(url_name),
                # Its rows' pages go on to the next item of this list as filtered (held, ...).
                "row_query": f"?{urlencode({'queue': kind})}" if kind else "",
                "action_types": ActionType.values, "next_cursor": next_cursor, "query": form.echo().urlencode(),
-               "may_reject": decidable_for(request.user, PERM_FOR_KIND[kinds[0]]),
+               # A row offers its Reject as the item's page offers it: where four eyes allow a decision.
+               "rejectable": {item.pk for item in items if queue == "approvals" and item.status == ReviewStatus.OPEN
+                              and may_decide(request.user, item, authority)},
                "reject_reasons": recent_reasons(ReviewItem.objects.filter(decided_by=request.user,
                                                                           status=ReviewStatus.REJECTED))}
     return render_partial(request, "approvals/queue.html", "rows" if request.htmx else None, context)
@@ -422,9 +426,13 @@ def review_edit_view(request, pk):
         return refused(request, item, str(exc), 409)
     except DecisionRefused as exc:
         return refused(request, item, str(exc), 400)
-    said = {ActionStatus.AWAITING_APPROVAL: "approved by you; a second approver is needed",
-            ActionStatus.HELD: "recorded, and held: another action is in flight on its target or customer"}
-    messages.success(request, f"Edited into {version.operation_key}: {said.get(version.status, 'approved by you')}.")
+    # Approved by its editor as it was made: alone (its print bound), or the first of two (ledger.versions).
+    said = "approved by you" if version.has_approval() else (
+        "approved by you; a second approver is needed" if version.status == ActionStatus.AWAITING_APPROVAL
+        else "approved by you, the first of two")
+    if version.status == ActionStatus.HELD:
+        said += ", and held: another action is in flight on its target or customer"
+    messages.success(request, f"Edited into {version.operation_key}: {said}.")
     return redirect("review-detail", pk=item.pk)
 
 

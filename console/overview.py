@@ -7,12 +7,13 @@ import operator
 from django.db.models import Count, Exists, Min, OuterRef, Q, Value
 from django.urls import reverse
 
-from approvals.access import decidable_for
+from approvals.access import decidable_for, standing_in_for
+from approvals.decisions import by_the_same_eyes
 from approvals.models import Approval, ReviewItem, ReviewKind, ReviewStatus
 
 from .dlq_views import deadletter_card
 from .incident_views import incident_card
-from ledger.access import APPROVE, RESOLVE
+from ledger.access import APPROVE, RESOLVE, decidable_names
 from ledger.models import ActionType, Agent
 
 # Each card opens its queue filtered to its own kind.
@@ -21,8 +22,25 @@ CARDS = ((ReviewKind.APPROVAL, APPROVE, "approvals"), (ReviewKind.HELD, APPROVE,
 
 
 def approved_by(user):
-    """An item this user has already approved (of two approvals): it waits for someone else."""
-    return Exists(Approval.objects.filter(item=OuterRef("pk"), user=user))
+    """An item on which four eyes already take an approval (of two) for this user's own
+    (approvals.decisions.given_by_the_same_eyes): given by them, or for them by their delegate;
+    and, of the action types they may decide only for people they stand in for, given by or for
+    each of those people (a person and their delegate give one approval between them). It waits
+    for someone else."""
+    own = decidable_names(user, APPROVE)
+    theirs = [(person, names - own) for person, names in standing_in_for(user, APPROVE)]
+    theirs = [(person, names) for person, names in theirs if names]
+    if not theirs:
+        return _given(user)
+    # Any one of them whose eyes it still lacks is someone this user may approve it for.
+    still_for = functools.reduce(operator.or_, (Q(action__action_type__in=names) & ~_given(person)
+                                                for person, names in theirs))
+    only_for_them = set().union(*(names for _, names in theirs))
+    return _given(user) | (Q(action__action_type__in=only_for_them) & ~still_for)
+
+
+def _given(person):
+    return Exists(Approval.objects.filter(by_the_same_eyes(person), item=OuterRef("pk")))
 
 
 def review_cards(user, now):

@@ -16,6 +16,14 @@ can reach the provider, and only once a person has approved it.
    something else is in flight on its target or customer) and the apps are told, as of any
    new action that waits (`hooks.moved` from no status): the approvals app opens its review
    item, with as many approvers as the limits ask for the new amount.
+
+The editor approves the version as it is made (decision 24). Where that one approval is all its
+limits ask, it is bound to the version's params from the insert (`approved_fingerprint`, as
+`Action.approve` binds one): the database may hold the version as it is made, and an approval
+given before a hold stands through it (decision 23), so its release queues it rather than asking
+a person again. Not held, the editor's approval of its item moves it on, bound to the same print;
+where two approvals are asked, the editor's is the first, on its approval item
+(approvals.decisions.review_edit).
 """
 
 import re
@@ -99,22 +107,31 @@ def action_version_create(original, *, actor, reason, params):
     if original.status != ActionStatus.AWAITING_APPROVAL:
         raise VersionRefused(f"it is {original.status}, no longer awaiting approval")
     original.supersede(actor=actor, reason=reason, locked=True)
-    amount, _ = money_in_params(params)
+    amount, was = money_in_params(params)[0], money_in_params(original.params)[0]
+    version = Action(
+        operation_key=key, action_type=original.action_type, target=original.target,
+        customer=original.customer, params=params, amount=amount, currency=original.currency,
+        decision_id=original.decision_id, task=original.task, agent=original.agent,
+        status=ActionStatus.AWAITING_APPROVAL, supersedes=original,
+        fingerprint=request_fingerprint(original.action_type, original.target, params, original.customer),
+    )
+    # Its editor's approval, where it is all the limits ask (the module's docstring).
+    if hooks.policy().verdict_for_action(version).approvals_needed <= 1:
+        version.approved_fingerprint = version.fingerprint
     try:
         with transaction.atomic():
-            version = insert(Action(
-                operation_key=key, action_type=original.action_type, target=original.target,
-                customer=original.customer, params=params, amount=amount, currency=original.currency,
-                decision_id=original.decision_id, task=original.task, agent=original.agent,
-                status=ActionStatus.AWAITING_APPROVAL, supersedes=original,
-                fingerprint=request_fingerprint(original.action_type, original.target, params, original.customer),
-            ), stored=("status", "next_attempt_at"))
+            version = insert(version, stored=("status", "next_attempt_at"))
     except IntegrityError:
         raise VersionRefused(f"the operation key {key} is already taken: reject it instead") from None
-    why = f"edited down from {original.operation_key}: {reason}"
+    # Said as the edit was: down where the amount went down, else by the fields it changed.
+    changed = sorted(name for name in set(params) | set(original.params)
+                     if params.get(name) != original.params.get(name))
+    lowered = amount is not None and was is not None and amount < was
+    why = (f"edited down from {original.operation_key}" if lowered else
+           f"edited from {original.operation_key}, its {' and '.join(changed)} changed") + f": {reason}"
     AuditEvent.objects.record(actor=actor, verb="requested", obj=version, reason=why,
                               after={"status": version.status, "supersedes": original.operation_key,
-                                     "params": params})
+                                     "params": params, "approved_fingerprint": version.approved_fingerprint or None})
     hooks.moved(version, None, actor, why)
     return version
 

@@ -344,3 +344,16 @@ def test_a_delegate_whose_person_owns_the_agent_is_told_so_not_that_they_lack_a_
     assert 'id="no-permission"' not in page
     [said] = re.findall(r'id="four-eyes">(.*?)</p>', page, re.S)
     assert "alice, for whom you stand in, is responsible for billing-1" in " ".join(said.split())
+
+
+def test_the_approve_buttons_question_says_for_whom_a_delegate_approved(people, limit):
+    """olga approved the first of two for alice: bob's Approve asks naming her approval as given,
+    for alice (it ran the approvers' names together, and never said for whom)."""
+    item = over_limit(amount="6000.00")
+    away(people["alice"], people["olga"])
+    review_decide(item, user=people["olga"], decision="approve", reason="first, for alice")
+
+    page = signed_in(people["bob"]).get(f"/review/{item.pk}/").content.decode()
+    [asked] = re.findall(r'id="approve-button"\s+data-confirm="([^"]*)"', page)
+    assert " ".join(asked.split()) == ("Approve 6000.00 EUR? It is above the two-approver threshold: olga for alice "
+                                       "approved first, and yours, from a second, different person, lets it go ahead.")

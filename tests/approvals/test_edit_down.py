@@ -312,3 +312,100 @@ def test_the_edit_forms_amount_says_its_currency(people, client):
     _, item = on_the_edit_page(people, client)
     page = client.get(f"/review/{item.pk}/").content.decode()
     assert re.search(r'<label for="edit-param_amount">Refund amount \(EUR\)</label>', page)
+
+
+def waiting_beside_a_held_one(people, amount):
+    """An over-limit refund of ORD-E1 and a part refund of the same order, held together; bob lets
+    the first out of the group to wait for approval, the other still held on its order. The first's
+    approval item."""
+    users, agent = people
+    action, _ = over_limit(agent, amount=amount)
+    action_request(agent=agent, operation_key="refund:ORD-E1:part:dec-2", action_type="refund", target="ORD-E1",
+                   params={"amount": "20.00", "currency": "EUR"})
+    review_decide(ReviewItem.objects.get(action=action, status="open", kind=ReviewKind.HELD), user=users["bob"],
+                  decision="release", reason="the part refund is another matter")
+    return ReviewItem.objects.get(action=action, status="open", kind=ReviewKind.APPROVAL)
+
+
+def held_as_it_is_made(people, amount, edited):
+    """alice edits the refund waiting beside a held one down: the version is held as it is made."""
+    item = waiting_beside_a_held_one(people, amount)
+    _, version = review_edit(item, user=people[0]["alice"], changes={"amount": edited}, reason="only the broken item",
+                             fingerprint=item.action.params_fingerprint())
+    assert version.status == ActionStatus.HELD
+    return version
+
+
+def released(version, by):
+    review_decide(ReviewItem.objects.get(action=version, status="open", kind=ReviewKind.HELD), user=by,
+                  decision="release", reason="the part refund is another matter",
+                  fingerprint=version.params_fingerprint())
+    version.refresh_from_db()
+    return version
+
+
+def test_a_version_held_as_it_is_made_keeps_its_editors_approval_and_its_release_queues_it(people):
+    """The edit is the editor's approval of the version (decision 24); held as it is made, the
+    approval stands through the hold as any approval given before one does (decision 23): released,
+    the version goes to the queue, bound to the params its editor gave it, not back to a person."""
+    users, _ = people
+    version = held_as_it_is_made(people, "750.00", "400.00")
+    assert version.has_approval()
+
+    version = released(version, users["bob"])
+
+    assert version.status == ActionStatus.QUEUED and version.approved_fingerprint == version.params_fingerprint()
+    assert not ReviewItem.objects.filter(action=version, status="open").exists()
+
+
+def test_the_first_of_two_approvals_of_a_version_held_as_it_is_made_is_its_editors(people):
+    """Still above the two-approver threshold, the version needs someone else's approval too: its
+    editor's, the first, is recorded as it is made, and its release waits for the second alone."""
+    users, _ = people
+    version = held_as_it_is_made(people, "3000.00", "1500.00")
+    assert not version.has_approval()  # one of two is no approval
+
+    version = released(version, users["bob"])
+
+    assert version.status == ActionStatus.AWAITING_APPROVAL
+    waiting = ReviewItem.objects.get(action=version, status="open")
+    assert (waiting.kind, waiting.approvals_needed) == (ReviewKind.APPROVAL, 2)
+    assert [(a.user.username, a.fingerprint) for a in waiting.approvals.all()] == [
+        ("alice", version.params_fingerprint())]
+    with pytest.raises(DecisionRefused, match="someone else"):
+        review_decide(waiting, user=users["alice"], decision="approve", reason="again")
+    review_decide(waiting, user=users["bob"], decision="approve", reason="agreed",
+                  fingerprint=version.params_fingerprint())
+    version.refresh_from_db()
+    assert version.status == ActionStatus.QUEUED
+
+
+@pytest.mark.parametrize(("amount", "said"), [
+    ("750.00", "approved by you, and held: another action is in flight on its target or customer"),
+    ("3000.00", "approved by you, the first of two, and held: another action is in flight on its target or "
+                "customer"),
+])
+def test_the_edit_page_says_a_version_held_as_it_is_made_is_approved(people, client, amount, said):
+    users, _ = people
+    users["alice"].is_staff = users["alice"].is_superuser = True
+    users["alice"].save(update_fields=["is_staff", "is_superuser"])
+    client.force_login(users["alice"])
+    item = waiting_beside_a_held_one(people, amount)
+    page = client.post(f"/review/{item.pk}/edit", {"param_amount": "400.00" if amount == "750.00" else "1500.00",
+                                                   "reason": "only the broken item",
+                                                   "fingerprint": item.action.params_fingerprint()}, follow=True)
+    assert f"Edited into {KEY}~v2: {said}." in page.content.decode()
+
+
+@pytest.mark.parametrize(("changes", "why"), [
+    ({"amount": "400.00"}, f"edited down from {KEY}: the customer's words"),
+    ({"amount": "400.00", "reason": "damaged parcel"}, f"edited down from {KEY}: the customer's words"),
+    ({"reason": "damaged parcel"}, f"edited from {KEY}, its reason changed: the customer's words"),
+])
+def test_a_versions_why_says_what_its_edit_changed(people, changes, why):
+    users, agent = people
+    action, item = over_limit(agent, reason="wrong size")
+    _, version = review_edit(item, user=users["alice"], changes=changes, reason="the customer's words",
+                             fingerprint=action.params_fingerprint())
+    assert audit_events(version, "requested").get().reason == why
+    assert ReviewItem.objects.get(action=version).why == why

@@ -3,6 +3,8 @@ approval counts only while its approver answers for the agent no more than they 
 now, or who was shown its token now, gave one that counts no longer), and nobody who answers for
 an agent names its next owner, which would let them decide its requests alone."""
 
+import html
+import re
 from decimal import Decimal
 
 import pytest
@@ -96,3 +98,26 @@ def test_the_items_page_counts_only_the_approvals_that_count(client, agent):
     text = page.content.decode()
     assert "<strong>0 of 2</strong> approvals" in text
     assert "does not count: answers for the agent now" in text
+
+
+def approve_asks(client, user, action):
+    """The question the item's Approve button asks `user` first (above the two-approver threshold)."""
+    client.force_login(user)
+    item = ReviewItem.objects.get(action=action, status=ReviewStatus.OPEN)
+    page = client.get(reverse("review-detail", args=[item.pk])).content.decode()
+    [asked] = re.findall(r'id="approve-button"\s+data-confirm="([^"]*)"', page)
+    return html.unescape(asked)
+
+
+def test_the_approve_buttons_question_names_no_approval_that_does_not_count(client, agent):
+    """alice approved, then was named the agent's owner: her approval counts no more, and bob's is
+    the first of two that count. His Approve asked as if it were the second, naming alice."""
+    alice, bob = person("alice", "admins"), person("bob", "admins")
+    action = big_refund(agent)
+    approve(action, alice)
+    Agent.objects.filter(pk=agent.pk).update(owner=alice)
+
+    asked = approve_asks(client, bob, action)
+    assert "alice" not in asked
+    assert asked == "Approve 1500.00 EUR? It is above the two-approver threshold; a second, different person must " \
+                    "approve too."

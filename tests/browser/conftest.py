@@ -39,18 +39,40 @@ def pytest_runtest_makereport(item, call):
     return report
 
 
+def pytest_collection_finish(session):
+    """The test server runs with DEBUG off: static files (htmx, the dashboard's JS and CSS) are
+    served from STATIC_ROOT, as `make static` leaves them, and WhiteNoise indexes that directory
+    once, as the server starts. So a session that runs browser tests collects them before any
+    test, and so before the session's server (which a test of another directory may start
+    first): a run straight after a change to the JavaScript, or in a fresh clone, never tests
+    yesterday's file, or none. (`make test` collects them first as well; a direct run of pytest
+    relies on this.)"""
+    if not session.config.option.collectonly and any(item.get_closest_marker("browser") for item in session.items):
+        _collect_static()
+
+
 @pytest.fixture(scope="session")
 def static_collected():
-    """The test server runs with DEBUG off: static files (htmx, the dashboard's JS and CSS)
-    are served from STATIC_ROOT, as `make static` leaves them. Collect them once per session
-    so a browser run never tests yesterday's JavaScript. Parallel sessions (xdist) take turns."""
+    """The static files collected, for a browser test outside this directory (tests/signin),
+    whose session may not have loaded this file's hook."""
+    _collect_static()
+
+
+_collected = []
+
+
+def _collect_static():
+    """Once per session; parallel sessions (xdist) take turns."""
+    if _collected:
+        return
     with open(Path(tempfile.gettempdir()) / "surety-collectstatic.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         call_command("collectstatic", interactive=False, verbosity=0)
+    _collected.append(True)
 
 
 @pytest.fixture(scope="session")
-def browser(static_collected):
+def browser():
     # Playwright's sync API keeps an asyncio loop running in this thread; Django would then
     # refuse every ORM call of the test itself. The loop only carries the browser's
     # messages, so the ORM calls are safe.
