@@ -23,6 +23,8 @@ import pytest
 from tests.conftest import PYTHON, ROOT, _wait_for_http, free_port
 from tests.connectors.stripe_stack import API_KEY, WEBHOOK_SECRET, sdk, stripe_app
 
+TEST_WEBHOOK_SECRET = "whsec_test_mode_surety"  # the test-mode endpoint's: never the live one
+
 
 @dataclass(frozen=True)
 class StripeServer:
@@ -93,19 +95,40 @@ def uses(*names):
     return pytest.mark.parametrize("stripe_provider", names, indirect=True)
 
 
+def production_stripe_env(test_api_base):
+    """The refund connector as production configures Stripe: a live key and its webhook secret,
+    the live API base an address where nothing listens (a replay run must never call it); and
+    the test mode at `test_api_base`, with a test key and the test-mode endpoint's own webhook
+    secret, which Stripe signs test-mode events with (the live one never verifies them)."""
+    return {"CONNECTOR_REFUND": "stripe", "STRIPE_API_KEY": API_KEY.replace("_test_", "_live_"),
+            "STRIPE_API_BASE": f"http://127.0.0.1:{free_port()}", "STRIPE_WEBHOOK_SECRET": WEBHOOK_SECRET,
+            "STRIPE_TEST_API_KEY": "sk_test_replay", "STRIPE_TEST_API_BASE": test_api_base,
+            "STRIPE_TEST_WEBHOOK_SECRET": TEST_WEBHOOK_SECRET}
+
+
+@pytest.fixture
+def production_stack(stack, stripe_provider):
+    """`stack`'s clean database and Redis, with an app of its own configured by
+    `production_stripe_env` (its test mode `stripe_provider`), and its workers: one deployment's
+    settings for its web, where the replay set's webhook case posts a test-mode event, and for
+    the workers that grant_promote asks which connector they run. A test's own process takes
+    them with `configured_refund_connector(**production_stack.env)`."""
+    with stripe_app(stack, **production_stripe_env(stripe_provider.url)) as app:
+        try:
+            yield app
+        finally:
+            app.stop_workers()
+
 
 def configured_refund_connector(**env):
-    """SURETY_CONNECTORS["refund"] as config.settings makes it from the environment for the
-    Stripe connector with `env` (STRIPE_TEST_API_KEY, STRIPE_TEST_API_BASE) and no sandbox, as
-    in production; read in a process of its own, as the settings read the environment once.
-    The live API base is an address where nothing listens: a replay run must never call it."""
+    """SURETY_CONNECTORS["refund"] as config.settings makes it from the environment `env` (a
+    process's, or `production_stripe_env`), with no sandbox unless it says so; read in a process
+    of its own, as the settings read the environment once."""
     keep = {k: v for k, v in os.environ.items() if not k.startswith(("CONNECTOR_", "STRIPE_", "SANDBOX_"))}
     shown = subprocess.run(
         [PYTHON, "-c", "import json, django; django.setup(); from django.conf import settings; "
                        "print(json.dumps(settings.SURETY_CONNECTORS['refund']))"],
-        cwd=ROOT, capture_output=True, text=True, timeout=60, env={
-            **keep, "DJANGO_SETTINGS_MODULE": "config.settings", "SANDBOX_ENABLED": "false",
-            "CONNECTOR_REFUND": "stripe", "STRIPE_API_KEY": API_KEY.replace("_test_", "_live_"),
-            "STRIPE_API_BASE": f"http://127.0.0.1:{free_port()}", "STRIPE_WEBHOOK_SECRET": WEBHOOK_SECRET, **env})
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+        env={**keep, "DJANGO_SETTINGS_MODULE": "config.settings", "SANDBOX_ENABLED": "false", **env})
     assert shown.returncode == 0, shown.stderr
     return json.loads(shown.stdout)

@@ -44,13 +44,14 @@ def start_gunicorn(env, port):
 
 
 @contextmanager
-def stripe_app(server, api_base=None):
+def stripe_app(server, api_base=None, **env):
     """A second app server, beside `server`, whose refunds go through the Stripe connector to
-    `api_base`, by default to its own sandbox's Stripe wire format."""
+    `api_base`, by default to its own sandbox's Stripe wire format; `env` over its environment
+    (its workers' too)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {**server.env, **stripe_env(api_base or sandbox_stripe(url)), "SANDBOX_BASE_URL": f"{url}/sandbox/v1",
-           "SITE_URL": url}
+           "SITE_URL": url, **env}
     process = start_gunicorn(env, port)
     try:
         yield Stack(url, env)  # on the same database

@@ -18,7 +18,8 @@ from ledger.models import Action, GrantState, ReplayRun, Task, WebhookEvent
 from ledger.replay import replay_key
 from tests.conftest import free_port, thread_server
 from tests.connectors.stripe_servers import (  # noqa: F401 (fixtures)
-    configured_refund_connector, provider_app, provider_stack, stripe_provider, uses)
+    configured_refund_connector, production_stack, production_stripe_env, provider_app, provider_stack,
+    stripe_provider, uses)
 from tests.connectors.stripe_stack import API_KEY
 from tests.connectors.test_stripe import settled
 from tests.factories import (api_client, make_agent, post_action, post_task, refund_body, refund_task_body,
@@ -222,11 +223,16 @@ def test_reconciliation_reads_the_refunds_back_in_stripes_units_and_flags_one_a_
 
 
 def test_the_replay_set_passes_with_the_server_as_stripes_test_mode_and_a_grant_is_promoted(
-        provider_stack, stripe_provider, settings):
-    settings.SITE_URL = provider_stack.url  # the webhook case posts there: it knows the webhook secret
-    settings.SURETY_CONNECTORS = {**settings.SURETY_CONNECTORS, "refund": configured_refund_connector(
-        STRIPE_TEST_API_KEY="sk_test_replay", STRIPE_TEST_API_BASE=stripe_provider.url)}
-    scout = make_agent("scout", grants=("refund",), owner=person("olga"), live=False)[0]
+        production_stack, stripe_provider, settings, capsys):
+    """One deployment's settings (a live key; the server as its test mode, with the test-mode
+    endpoint's own webhook secret) in each process: this one, where the replay set runs; the web,
+    where its webhook case posts a test-mode event, which a live key's connector verifies with
+    the test secret alone; and the worker grant_promote asks which connector it runs, whose
+    version the grant is bound to and the web checks it with."""
+    settings.SITE_URL = production_stack.url  # the webhook case posts there
+    settings.SURETY_CONNECTORS = {**settings.SURETY_CONNECTORS,
+                                  "refund": configured_refund_connector(**production_stack.env)}
+    scout, token = make_agent("scout", grants=("refund",), owner=person("olga"), live=False)
     person("ada")
 
     call_command("replay_check", "refund")
@@ -242,8 +248,16 @@ def test_the_replay_set_passes_with_the_server_as_stripes_test_mode_and_a_grant_
     assert [s["path"] for s in timeout["staged"]] == ["/v1/refunds"]  # by the run's own proxy
     assert WebhookEvent.objects.filter(connector="stripe").count() == 1  # the webhook sent twice, stored once
 
+    worker = production_stack.start_worker()
     call_command("grant_promote", "scout", "refund", "--by", "ada", "--reason", f"replay run {run.pk} passed")
+    out = capsys.readouterr().out
+    assert "Asking a worker which refund connector it runs" in out and "is not the one the workers run" not in out
     assert state(scout) == GrantState.LIVE
+    # Live at the web too: its refund is queued, not recorded shadow. Nothing runs it (the live
+    # API base is nowhere).
+    production_stack.kill_worker(worker)
+    answer = post_action(api_client(production_stack.url, token), "refund:ch_after:full:dec-1", refund_body("ch_after"))
+    assert (answer.status_code, answer.json()["status"]) == (201, "queued"), answer.text
 
 
 @pytest.fixture(params=["down", "garbage"])
@@ -261,8 +275,8 @@ def test_a_test_mode_server_that_is_down_or_answers_garbage_fails_the_run_with_t
         db, settings, broken_test_mode):
     base, answer = broken_test_mode
     settings.SITE_URL = base  # never another server's
-    settings.SURETY_CONNECTORS = {**settings.SURETY_CONNECTORS, "refund": configured_refund_connector(
-        STRIPE_TEST_API_KEY="sk_test_replay", STRIPE_TEST_API_BASE=base)}
+    settings.SURETY_CONNECTORS = {**settings.SURETY_CONNECTORS,
+                                  "refund": configured_refund_connector(**production_stripe_env(base))}
     scout = make_agent("scout", grants=("refund",), owner=person("olga"), live=False)[0]
     person("ada")
 
