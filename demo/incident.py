@@ -31,7 +31,8 @@ from django.db import transaction
 from django.urls import reverse
 
 from ledger.agents import agent_create, agent_rotate_token
-from ledger.grants import GrantRefused, agent_grant, agent_may, capability, grant_promote, grant_state
+from ledger.grants import (GrantRefused, agent_grant, agent_may, capability, grant_promote, grant_state,
+                           workers_version)
 from ledger.models import Action, Agent, Capability, GrantState
 from ledger.site_url import site_url_problem
 
@@ -101,7 +102,15 @@ def incident_agent(name, *, owner, by):
     3. Unless the grant is live, have `by` promote it: the product's rules hold (four eyes, a
        passing replay run of the refund connector as it is now), so a stack whose replay set
        never passed refuses here rather than recording refunds that never run.
+
+    "As it is now" is the connector the stack's workers run, asked of one first (not under the
+    agent's lock): they check the grant against it at every claim, and this process's settings
+    may differ from `make run`'s.
     """
+    try:
+        version = workers_version(REFUND[1])
+    except GrantRefused as exc:
+        raise IncidentRefused(f"{exc} (`make run` starts the workers)") from None
     with transaction.atomic():
         agent = Agent.objects.filter(name=name).first()
         if agent is None:
@@ -111,10 +120,11 @@ def incident_agent(name, *, owner, by):
         if not agent_may(agent, *REFUND):
             agent_grant(agent, capability(*REFUND), actor=ACTOR, reason="the agent of the incident replay refunds")
         agent = Agent.objects.get(pk=agent.pk)  # its grants_version, bumped by the grant
-        if grant_state(agent, *REFUND) != GrantState.LIVE:
+        if grant_state(agent, *REFUND, version=version) != GrantState.LIVE:
             try:
                 grant_promote(agent, capability(*REFUND), actor=_person(by),
-                              reason="make incident: the replay's refunds run for real at the sandbox")
+                              reason="make incident: the replay's refunds run for real at the sandbox",
+                              version=version)
             except GrantRefused as exc:
                 raise IncidentRefused(
                     f"{name}'s refund grant is shadow and cannot go live: {exc} (`make run` runs the replay set "

@@ -16,8 +16,11 @@ revoke committed is never sent, and a revoke waits for the calls already under w
 """
 
 import contextlib
+import time
 from datetime import timedelta
 
+import django_rq
+import redis
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection, transaction
@@ -26,15 +29,20 @@ from django.db.models.functions import Cast
 from django.utils import timezone
 from guardian.models import UserObjectPermission
 from guardian.shortcuts import assign_perm, remove_perm
+from rq.job import JobStatus
 
 from .compiled import register_cache
 from .connectors.test_mode import version_now
+from .jobs import DRAIN_SECONDS, redis_connection
 from .models import Agent, AuditEvent, Capability, Grant, GrantState, ReplayRun
 
 USE = "ledger.use_capability"
 # How long a promotion lasts unless the person promoting says otherwise, and at most.
 REVIEW_DAYS = 90
 MAX_REVIEW_DAYS = 365
+# How long a worker may take to say which connector it runs: it takes the question once the drain
+# it runs and the one waiting are done, each at most DRAIN_SECONDS.
+WAIT_SECONDS = 2 * DRAIN_SECONDS + 30
 
 
 class GrantRefused(ValueError):
@@ -212,6 +220,43 @@ def passing_run(action_type, now=None, version=None):
                                       passed__isnull=False).first()
     since = (now or timezone.now()) - timedelta(days=settings.REPLAY_PASS_MAX_AGE_DAYS)
     return newest if newest and newest.passed and newest.started_at >= since else None
+
+
+def workers_version(action_type, wait=WAIT_SECONDS):
+    """The version of the action type's connector that the workers run (its code and their
+    settings, version_now): they check a live grant against it at every claim, so a grant bound
+    to a shell's version, computed from that shell's settings, would have what is queued under it
+    cancelled. Asked of a worker through the queue, waiting at most `wait` seconds; without Redis,
+    jobs run in the process that asks, and this process's is the one. Refused (GrantRefused) when
+    no worker answers, the job fails, Redis does not answer, or no connector serves the type."""
+    if not settings.RQ_ASYNC:
+        return _served(action_type, version_now(action_type))
+    try:
+        # Enqueued at once, even inside a transaction (a caller's): the answer is waited for here.
+        queue = django_rq.get_queue("default", connection=redis_connection(), commit_mode="auto")
+        job = queue.enqueue(version_now, action_type, result_ttl=max(60, int(wait)), failure_ttl=3600,
+                            job_timeout=60)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            status = job.get_status()
+            if status == JobStatus.FINISHED:
+                return _served(action_type, job.return_value(refresh=True))
+            if status in (JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED):
+                raise GrantRefused(f"the worker asked which {action_type} connector it runs failed to say "
+                                   f"({status.value}): see its log")
+            time.sleep(0.2)
+        job.cancel()
+    except redis.RedisError as exc:
+        raise GrantRefused(f"Redis does not answer ({exc}), so no worker can be asked which {action_type} "
+                           "connector it runs") from None
+    raise GrantRefused(f"no worker said within {wait:g} s which {action_type} connector it runs, and a grant is "
+                       "bound to that one: start the workers (or wait longer)")
+
+
+def _served(action_type, version):
+    if version is None:
+        raise GrantRefused(f"no connector serves {action_type} where the workers run")
+    return version
 
 
 def grant_promote(agent, cap, *, actor, reason, review_by=None, version=None):

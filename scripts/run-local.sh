@@ -130,8 +130,8 @@ fi
 say "web app at $SITE_URL/ — Ctrl-C stops everything"
 say "alert e-mails are written to ${EMAIL_FILE_PATH:-artifacts/mail}/"
 say "an agent on this database: DATABASE_URL=$DATABASE_URL DEBUG=$DEBUG .venv/bin/python manage.py create_agent my-bot --grant refund --owner olga"
-# The promotion compares the replay run with the connector as configured here: same sandbox URL.
-say "and its refunds live: DATABASE_URL=$DATABASE_URL DEBUG=$DEBUG SANDBOX_BASE_URL=$SANDBOX_BASE_URL .venv/bin/python manage.py grant_promote my-bot refund --by ada --reason 'quick start'"
+# The promotion asks these workers which connector they run: the shell needs this database and Redis.
+say "and its refunds live: DATABASE_URL=$DATABASE_URL REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379/0} DEBUG=$DEBUG .venv/bin/python manage.py grant_promote my-bot refund --by ada --reason 'quick start'"
 # Whichever process ends first (a crash, a kill) ends the whole run.
 set +e
 wait -n "${pids[@]}"

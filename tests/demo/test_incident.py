@@ -15,15 +15,16 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from ledger.connectors.test_mode import connector_version
-from ledger.models import Action, ActionStatus, Agent, ReplayRun
+from ledger.models import Action, ActionStatus, Agent, Grant, ReplayRun
 from tests.conftest import PYTHON, ROOT
 from tests.factories import api_client, audit_events, make_agent, sandbox_list
 
 
-def incident(stack):
-    """The command as `make incident` runs it, with the stack's own settings and the test database."""
-    return subprocess.run([PYTHON, "manage.py", "incident", "--url", stack.url], cwd=ROOT, env=stack.env,
-                          capture_output=True, text=True, timeout=120)
+def incident(stack, **env):
+    """The command as `make incident` runs it, with the stack's own settings (`env` over them) and
+    the test database."""
+    return subprocess.run([PYTHON, "manage.py", "incident", "--url", stack.url], cwd=ROOT,
+                          env={**stack.env, **env}, capture_output=True, text=True, timeout=120)
 
 
 @pytest.fixture
@@ -75,8 +76,32 @@ def test_it_reuses_its_agent_with_a_new_token(stack, demo_people):
         assert api.get("/api/v1/actions/any").status_code == 401
 
 
+def test_it_promotes_on_the_connector_the_workers_run_not_on_its_shells(stack, demo_people, settings):
+    """`make run` started with a setting the connector's version reads (here the sandbox key) that
+    the shell of `make incident` lacks, and a replay run passed from that shell too: bound to the
+    shell's version, the grant was shadow to the web app and the workers, and no refund went
+    through Surety."""
+    stack.start_worker()
+    workers = connector_version("refund")
+    ReplayRun.objects.create(action_type="refund", connector="sandbox", ran_by="system:tests", passed=True,
+                             connector_version=workers)
+    settings.SANDBOX_API_KEY = "this-shells-own-key"
+    shells = connector_version("refund")
+    assert shells != workers
+    ReplayRun.objects.create(action_type="refund", connector="sandbox", ran_by="system:replay_check", passed=True,
+                             connector_version=shells)  # newer: run from the same shell
+
+    ran = incident(stack, SANDBOX_API_KEY="this-shells-own-key")
+
+    grant = Grant.objects.get(agent__name="incident-bot", capability__name="refund")
+    assert grant.connector_version == workers
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "One decision: 3 refunds without a ledger, 1 refund through Surety." in ran.stdout
+
+
 def test_it_refuses_with_the_reason_when_the_refund_grant_cannot_go_live(stack, demo_people):
-    ran = incident(stack)  # no replay run passed: the grant stays shadow, nothing is asked of the stack
+    stack.start_worker()  # asked which connector it runs
+    ran = incident(stack)  # no replay run passed: the grant stays shadow, nothing is asked of the sandbox
 
     assert ran.returncode == 1
     assert "incident-bot's refund grant is shadow and cannot go live: no replay run passed" in ran.stderr

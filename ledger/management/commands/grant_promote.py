@@ -1,22 +1,14 @@
-import time
 from datetime import timedelta
 
-import django_rq
-import redis
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
-from rq.job import JobStatus
 
 from ledger.connectors.test_mode import version_now
-from ledger.grants import REVIEW_DAYS, GrantRefused, capability, grant_promote, grant_state
-from ledger.jobs import DRAIN_SECONDS, redis_connection
+from ledger.grants import (REVIEW_DAYS, WAIT_SECONDS, GrantRefused, capability, grant_promote, grant_state,
+                           workers_version)
 from ledger.models import ActionType, Agent, Capability, GrantState, ReplayRun
-
-# A worker takes the question once the drain it runs and the one waiting are done, each at most
-# DRAIN_SECONDS.
-WAIT_SECONDS = 2 * DRAIN_SECONDS + 30
 
 
 class Command(BaseCommand):
@@ -52,7 +44,12 @@ class Command(BaseCommand):
             # Refused whichever version the workers run: said at once, not after asking one.
             raise CommandError(f"not promoted: no replay run passed against the {action_type} connector yet: "
                                "run the replay set")
-        version = self._workers_version(action_type, wait)
+        if settings.RQ_ASYNC:
+            self.stdout.write(f"Asking a worker which {action_type} connector it runs (waiting up to {wait:g} s)…")
+        try:
+            version = workers_version(action_type, wait)
+        except GrantRefused as exc:
+            raise CommandError(f"not promoted: {exc}") from None
         if unless_live and grant_state(found, Capability.Kind.ACTION_TYPE, action_type,
                                        version=version) == GrantState.LIVE:
             self.stdout.write(f"{found.name}'s {action_type} grant is live already: nothing promoted.")
@@ -68,38 +65,3 @@ class Command(BaseCommand):
                               f"one the workers run; the grant is bound to the workers' ({version[:12]}…).")
         self.stdout.write(f"{found.name} acts for real on {action_type} until {grant.live_until:%Y-%m-%d %H:%M} UTC "
                           f"(promoted by {by}).")
-
-    def _workers_version(self, action_type, wait):
-        """The version of the action type's connector that the workers run (its code and their
-        settings, ledger.connectors.test_mode.version_now): they check a live grant against it
-        at every claim, so a grant bound to this process's version, computed from a shell's
-        settings, would have what is queued under it cancelled. Asked of a worker through the
-        queue; without Redis, jobs run in the process that asks, and this process's is the one."""
-        if not settings.RQ_ASYNC:
-            return self._served(action_type, version_now(action_type))
-        self.stdout.write(f"Asking a worker which {action_type} connector it runs (waiting up to {wait:g} s)…")
-        try:
-            # Enqueued at once, even inside a transaction (a caller's): the answer is waited for here.
-            queue = django_rq.get_queue("default", connection=redis_connection(), commit_mode="auto")
-            job = queue.enqueue(version_now, action_type, result_ttl=max(60, int(wait)), failure_ttl=3600,
-                                job_timeout=60)
-            deadline = time.monotonic() + wait
-            while time.monotonic() < deadline:
-                status = job.get_status()
-                if status == JobStatus.FINISHED:
-                    return self._served(action_type, job.return_value(refresh=True))
-                if status in (JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED):
-                    raise CommandError(f"not promoted: the worker asked which {action_type} connector it runs "
-                                       f"failed to say ({status.value}): see its log")
-                time.sleep(0.2)
-            job.cancel()
-        except redis.RedisError as exc:
-            raise CommandError(f"not promoted: Redis does not answer ({exc}), so no worker can be asked which "
-                               f"{action_type} connector it runs") from None
-        raise CommandError(f"not promoted: no worker said within {wait:g} s which {action_type} connector it runs, "
-                           "and a grant is bound to that one: start the workers (or wait longer, --wait)")
-
-    def _served(self, action_type, version):
-        if version is None:
-            raise CommandError(f"not promoted: no connector serves {action_type} where the workers run")
-        return version
