@@ -30,7 +30,7 @@ from django.utils import timezone
 from . import hooks
 from . import clock
 from .compiled import Compiled
-from .actions import action_done_by_hand
+from .actions import action_done_by_hand, action_give_up
 from .connectors import http
 from .connectors.base import Lookup, write_permit
 from .connectors.test_mode import connector_for_action, is_replay_action
@@ -288,8 +288,9 @@ def _failed_under_stopped_task(action, claim, stopped, *, message, evidence):
     """Only a task a person may still redrive (dead-lettered, its entry open) runs again; for any
     other the failure is for good, and what the action held goes on, as after any failure for
     good. One a person finished by hand (its entry resolved) did it by hand: the action is done by
-    hand too (its booking keeps its slot, its refund stays in the daily total), as it is when it
-    failed before the resolve (ledger.tasks.task_actions_let_go)."""
+    hand too (its booking keeps its slot, its refund stays in the daily total), and one a person
+    gave up (its entry discarded) is given up, as each is when it failed before the person's word
+    (ledger.tasks.task_actions_let_go, which marks the task so)."""
     state, last_error = stopped
     by_hand = bool((last_error or {}).get("done_by_hand"))
     settled = _settle(action.mark_failed, actor=EXECUTOR, claim=claim, code="task_not_running",
@@ -297,6 +298,8 @@ def _failed_under_stopped_task(action, claim, stopped, *, message, evidence):
                       message=f"{message}; its task is {state}: nothing attempts it unless the task runs again")
     if settled is not None and by_hand:
         settled = action_done_by_hand(settled, actor=EXECUTOR, reason=f"its task {action.task.task_id} was done by hand")
+    elif settled is not None and (last_error or {}).get("given_up"):
+        settled = action_give_up(settled, actor=EXECUTOR, reason=f"its task {action.task.task_id} was given up")
     return settled
 
 

@@ -98,25 +98,26 @@ def task_actions_let_go(task, *, actor, reason, by_hand=False):
     for action in task.actions.filter(status__in=not_started).order_by("pk"):
         action.cancel(actor=actor, reason=f"its task {task.task_id} will not run again: {reason}")
     if by_hand:
-        fail_for_good, why = action_done_by_hand, "was done by hand"
+        fail_for_good, why, mark = action_done_by_hand, "was done by hand", "done_by_hand"
     else:
-        fail_for_good, why = action_give_up, "will not run again"
+        fail_for_good, why, mark = action_give_up, "will not run again", "given_up"
     for action in task.actions.filter(status=ActionStatus.FAILED).order_by("pk"):
         fail_for_good(action, actor=actor, reason=f"its task {task.task_id} {why}: {reason}")
-    if by_hand:
-        _task_done_by_hand(task, actor=actor, reason=reason)
+    _task_marked(task, mark, actor=actor, reason=reason)
 
 
-def _task_done_by_hand(task, *, actor, reason):
-    """The locked task's checkpoint says a person finished it, as its actions' errors do (its last
-    error: no retry, `done_by_hand`): its state stays where the work stopped (dead-lettered,
-    failed), and its agent, reading it, would otherwise wait for a redrive that never comes."""
+def _task_marked(task, mark, *, actor, reason):
+    """The locked task's checkpoint says what a person made of it, as its actions' errors do (its
+    last error: no retry, and `done_by_hand` or `given_up`): its agent, reading it, would otherwise
+    wait for a redrive that never comes, and an action of it that fails later (its call verified
+    absent) is marked the same way (ledger.executor._failed_under_stopped_task). Done by hand, its
+    state stays where the work stopped (dead-lettered, failed)."""
     row = Task.objects.get(pk=task.pk)
     before = {"state": row.state, "last_error": row.last_error}
-    row.last_error = {**(row.last_error or {}), "retryable": False, "done_by_hand": True}
+    row.last_error = {**(row.last_error or {}), "retryable": False, mark: True}
     row.updated_at = clock.now()
     update(row, ["last_error", "updated_at"])
-    AuditEvent.objects.record(actor=actor, verb="done_by_hand", obj=row, before=before,
+    AuditEvent.objects.record(actor=actor, verb=mark, obj=row, before=before,
                               after={"state": row.state, "last_error": row.last_error}, reason=reason)
 
 

@@ -92,7 +92,7 @@ def test_an_action_of_a_task_given_up_verified_absent_afterwards_fails_rather_th
     task stays dead-lettered, with no entry to redrive it; a discarded one is cancelled) and would
     hold its order and customer for good: it fails for good instead, and what it held goes on.
     Resolved, the person did it by hand: done by hand, as a failure before the resolve is (it
-    stays in its customer's daily total), on its last attempt too."""
+    stays in its customer's daily total), on its last attempt too; discarded, given up."""
     if not attempts_left:
         settings.MAX_ATTEMPTS = 1
     task, action = refund_in_its_call(agent, "t-2", "ORD-8", "CUST-8")
@@ -111,6 +111,10 @@ def test_an_action_of_a_task_given_up_verified_absent_afterwards_fails_rather_th
     assert (action.status, action.error["code"], action.error["retryable"]) == (
         ActionStatus.FAILED, "task_not_running", False)
     assert action.is_done_by_hand == (decide == "resolve")
+    # Discarded, a person gave it up: the action says so, as one failed before the discard does,
+    # and so does its task's checkpoint.
+    assert action.error.get("given_up", False) == (decide == "discard")
+    assert Task.objects.get(pk=task.pk).last_error.get("given_up", False) == (decide == "discard")
     assert customer_total_today("refund", "EUR", "CUST-8") == (Decimal("25.00") if decide == "resolve" else 0)
     assert Action.objects.get(pk=held.pk).status == ActionStatus.QUEUED
     later, _ = action_request(agent=agent, operation_key="refund:ORD-11:full:dec-1", action_type="refund",
