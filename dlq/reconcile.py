@@ -19,8 +19,9 @@ skipped, and the report says so):
    refund that failed at Stripe: `Record.made`) is none of these, unless it is the very effect a
    succeeded ledger row names: a failed effect (the provider failed it after it succeeded, and
    no money may have moved). A listing reads records by when they were made, so it finds a failure
-   only if it happened before their window was read; one days later is told by the provider's
-   webhook, which opens the same incident (`incident_open_for_failed_effect`);
+   only if it happened before their window was read: so each run also reads the LATE_FAILURES
+   before its window for such failures alone (`_failed_before`). The provider's webhook tells one
+   first, and opens the same incident (`incident_open_for_failed_effect`), once;
 4. each finding opens its incident, with an alert, unless it already has one: running the
    same window again opens nothing new, and an effect made after its incident was resolved opens
    one of its own.
@@ -39,7 +40,7 @@ may become visible a little after its creation time), at most RECONCILE_LOOKBACK
 import logging
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from itertools import islice
+from itertools import chain, islice
 
 from django.conf import settings
 from django.db import DatabaseError, IntegrityError, transaction
@@ -61,6 +62,10 @@ LEDGER_FIELDS = ("pk", "operation_key", "action_type", "status", "amount", "curr
 # The statuses in which the ledger says the action's effect was never made. (In flight, or a
 # person's to review, it may yet be found: not a finding.)
 NO_EFFECT = (SETTLED - {ActionStatus.SUCCEEDED}) | {ActionStatus.SHADOW, ActionStatus.SUPERSEDED}
+# How far back before its window a run also reads the provider's records for failures alone
+# (`_failed_before`): a refund Stripe fails later (a card account closed) is failed within days of
+# it; each run pages through this much of the provider's listing again, in exchange.
+LATE_FAILURES = timedelta(days=30)
 
 
 @dataclass(frozen=True)
@@ -265,6 +270,21 @@ def _open(findings):
     return opened, added
 
 
+def _failed_before(connector, window):
+    """The records made in the LATE_FAILURES before `window` that the provider lists as not carried
+    out: a refund answered `pending` or `succeeded`, read as made when its own window was read, that
+    the provider failed since. Its webhook tells it first; if that was lost (an endpoint down past
+    the provider's retries, a wrong secret), this is what does. The rest of those records were
+    compared when their own window was read. (The two spans share no record: the listing reads
+    [since, until), and Stripe's cuts both ends to the second.)"""
+    start = window.until - LATE_FAILURES
+    if start >= window.since:
+        return
+    for record in connector.records(start, window.since):
+        if not record.made:
+            yield record
+
+
 def reconcile(window):
     """Compare every connector's records in `window` with the ledger; returns the report:
     per connector, records read and incidents opened, or why it was skipped or failed."""
@@ -276,7 +296,7 @@ def reconcile(window):
             report[name] = {"skipped": "this connector cannot list its records"}
             continue
         try:
-            read, findings = findings_in(connector, records)
+            read, findings = findings_in(connector, chain(records, _failed_before(connector, window)))
         except http.ProviderError as exc:
             logger.warning("reconciliation of %s failed: %s", name, exc)
             report[name] = {"failed": str(exc)}

@@ -16,7 +16,9 @@ The official `stripe` SDK reaches it when its API base is `<site>/sandbox/stripe
 
 As Stripe does, a refund of more than is left of its payment is refused (`amount_too_large`;
 `charge_already_refunded` once nothing is left), and so is a refund without `amount` of a payment
-refunded in part (Stripe would refund what is left). A URL it does not serve is Stripe's 404.
+refunded in part (Stripe would refund what is left). A URL it does not serve is Stripe's 404. A refund lists with its own status: `succeeded` as made,
+`failed` or `canceled` once the provider failed it later (staged in its table: Stripe's test card
+4000000000005126 does the same, some time after the refund).
 
 Errors are Stripe's `{"error": {"type", "code", "message", …}}`. A secret key of test mode
 (`sk_test_…`) is accepted. It shares its store and its fault script with the sandbox's own API
@@ -126,7 +128,9 @@ def _units(amount, currency):
 def _refunded(order):
     """How much of `order` is refunded: its refunds in its currency (the sandbox's own API takes a
     refund of an order in any currency)."""
-    refunds = SandboxRefund.objects.filter(order_id=order.order_id, currency=order.currency)
+    # A refund failed or canceled gave nothing back, as at Stripe.
+    refunds = SandboxRefund.objects.filter(order_id=order.order_id, currency=order.currency).exclude(
+        status__in=("failed", "canceled"))
     return refunds.aggregate(total=Sum("amount"))["total"] or 0
 
 
@@ -157,7 +161,7 @@ def _refund(refund):
         "metadata": refund.metadata,
         "payment_intent": refund.order_id if is_intent else None,
         "reason": None,
-        "status": "succeeded",
+        "status": refund.status,
     }
 
 
