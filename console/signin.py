@@ -15,6 +15,7 @@ module adds the rules allauth leaves to a project:
 
 from allauth.account.adapter import DefaultAccountAdapter, get_adapter
 from allauth.account.authentication import get_authentication_records
+from allauth.account.internal.flows.login import AUTHENTICATION_METHODS_SESSION_KEY
 from allauth.core import context
 from allauth.core.exceptions import ImmediateHttpResponse
 from allauth.mfa import signals as mfa_signals
@@ -68,10 +69,19 @@ class SecondFactorRequiredMiddleware:
         return self.get_response(request)
 
 
+def factors_given(records):
+    """The ids of the second factors a session gave, at sign-in or since (allauth's records)."""
+    return {record["id"] for record in records if record.get("method") == "mfa" and "id" in record}
+
+
 class SessionLifetimeMiddleware:
     """A session ends SESSION_COOKIE_AGE after its sign-in, however often it was saved since.
     Django's session store moves a session's end on every save, and a step-up saves it: a person
-    who stepped up every few hours stayed signed in for good."""
+    who stepped up every few hours stayed signed in for good.
+
+    It also ends once a second factor it gave is removed (by an admin, or by the person in another
+    session): a factor is removed because it was lost or stolen, and the session it opened went on,
+    counted that factor as a step-up, and, left with no factor, enrolled one of its own unasked."""
 
     def __init__(self, get_response):
         self.get_response = get_response
@@ -81,8 +91,12 @@ class SessionLifetimeMiddleware:
         # the server answers the outage (config.urls.handler500: 503).
         if request.user.is_authenticated:
             records = get_authentication_records(request, request.user)
+            given = factors_given(records)
             if records and timezone.now().timestamp() - records[0]["at"] >= settings.SESSION_COOKIE_AGE:
-                request.session_expired = True  # audited as such, not as the person's signing out
+                request.session_ended = "session_expired"  # audited as such, not as the person's signing out
+                logout(request)
+            elif given and Authenticator.objects.filter(user_id=request.user.pk, pk__in=given).count() < len(given):
+                request.session_ended = "session_revoked"
                 logout(request)
         return self.get_response(request)
 
@@ -90,6 +104,16 @@ class SessionLifetimeMiddleware:
 class AccountAdapter(DefaultAccountAdapter):
     def is_open_for_signup(self, request):
         return False  # people are made by an admin (manage.py, the admin site), with their role
+
+    def authenticate(self, request, **credentials):
+        # A deactivated person's right password is answered as a wrong one, and counted as one:
+        # allauth's "This account is inactive" told whoever guessed it that the name is a person's
+        # and the password is right (a departed person's, still good wherever else they used it).
+        user = super().authenticate(request, **credentials)
+        if user is not None and not user.is_active:
+            self.pre_authenticate(request, **credentials)  # allauth handed back the try a right one counts as
+            return None
+        return user
 
     def is_reauthentication_required(self, *, app, **kwargs):
         # A person's first second factor is enrolled right after sign-in, with nothing stronger to
@@ -174,11 +198,10 @@ def audit_signed_in(sender, request, user, **kwargs):
 @receiver(auth_signals.user_logged_out)
 def audit_signed_out(sender, request, user, **kwargs):
     if user is not None:
-        expired = getattr(request, "session_expired", False)
+        ended = getattr(request, "session_ended", None)  # by SessionLifetimeMiddleware, not the person
         with transaction.atomic():
-            AuditEvent.objects.record(actor=SIGN_IN_ACTOR if expired else user,
-                                      verb="session_expired" if expired else "signed_out", obj=user,
-                                      after=_client(request))
+            AuditEvent.objects.record(actor=SIGN_IN_ACTOR if ended else user, verb=ended or "signed_out",
+                                      obj=user, after=_client(request))
 
 
 @receiver(auth_signals.user_login_failed)
@@ -211,6 +234,15 @@ def audit_factor_added(sender, instance, created, **kwargs):
 def audit_factor_removed(sender, instance, **kwargs):
     _audit_factor("second_factor_removed", context.request, _changed_by(instance), instance,
                   of=instance.user.get_username())
+    # The person's own session that removes it (asked for a factor just before) stays signed in:
+    # it forgets having given this one, so SessionLifetimeMiddleware ends only the others.
+    request = context.request
+    session = getattr(request, "session", None)
+    if session is not None and getattr(request, "user", None) == instance.user:
+        records = get_authentication_records(request, instance.user)
+        if instance.pk in factors_given(records):
+            session[AUTHENTICATION_METHODS_SESSION_KEY] = [
+                r for r in records if not (r.get("method") == "mfa" and r.get("id") == instance.pk)]
 
 
 @receiver(mfa_signals.authenticator_reset)

@@ -99,3 +99,20 @@ def test_a_person_with_the_longest_username_django_allows_signs_in_and_is_audite
     event = AuditEvent.objects.get(verb="signed_in")
     assert event.actor == actor_label(person) and len(event.actor) == 150
     assert event.actor.startswith("user:" + "l" * 128 + "~")
+
+
+def test_a_deactivated_persons_right_password_is_answered_as_a_wrong_one(client):
+    """allauth sent the right password of a deactivated person to "This account is inactive", and
+    uncounted: a guesser learned the name was a person's and the password right. It is refused as a
+    wrong one is, and counts towards the limit."""
+    alice = someone("alice", "approvers")
+    alice.is_active = False
+    alice.save()
+    wrong = sign_in(client, "alice", "guess")
+    right = sign_in(client, "alice")
+    assert right.status_code == wrong.status_code == 200
+    assert b"not correct" in right.content and b"inactive" not in right.content.lower()
+    assert "_auth_user_id" not in client.session
+    for _ in range(3):
+        sign_in(client, "alice")
+    assert b"Too many failed login attempts" in sign_in(client, "alice", "guess").content

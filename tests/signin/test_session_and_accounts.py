@@ -139,3 +139,49 @@ def test_a_session_past_its_lifetime_whose_first_read_fails_is_not_served_by_the
     client.raise_request_exception = False  # answered as a server answers it (config.urls.handler500)
     answer = client.get("/", headers={"Accept": "text/html"})
     assert answer.status_code == 503 and len(reads) == 1
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("step_up")
+def test_a_session_ends_once_a_factor_it_gave_is_removed(client, settings):
+    """alice's phone was stolen, with her password: the thief's session signed in with its code.
+    An admin removed the factor, and the session went on: it counted the removed factor as a fresh
+    step-up, and, left with no factor, enrolled one of its own unasked and decided with it. Now it
+    ends, audited as revoked; a session that gave another factor is not touched."""
+    settings.MFA_REQUIRED = True
+    alice = someone("alice", "approvers")
+    sign_in(client, "alice")
+    secret = enrol_totp(client)
+    client.post("/accounts/logout/")
+    sign_in(client, "alice")
+    assert client.post("/accounts/2fa/authenticate/", {"code": totp(secret, 1)})["Location"] == "/"
+    assert client.get("/").status_code == 200
+
+    Authenticator.objects.filter(user=alice).delete()  # the admin site's delete, as its audit shows
+
+    answer = client.get("/accounts/2fa/totp/activate/")
+    assert answer.status_code == 302 and answer["Location"].startswith("/accounts/login/")
+    assert "_auth_user_id" not in client.session
+    revoked = AuditEvent.objects.get(verb="session_revoked")
+    assert revoked.actor == "system:sign-in" and revoked.object_id == str(alice.pk)
+    assert AuditEvent.objects.filter(verb="signed_out").count() == 1  # her own, before the second sign-in
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("step_up")
+def test_a_person_who_removes_their_own_factor_stays_signed_in_in_that_session(client, settings):
+    """Their other sessions that gave it end; the one that removed it, after giving a factor for it,
+    goes on (and, in a deciding role with none left, is sent to enrol one)."""
+    settings.MFA_REQUIRED = True
+    someone("alice", "approvers")
+    sign_in(client, "alice")
+    secret = enrol_totp(client)
+    client.post("/accounts/logout/")
+    sign_in(client, "alice")
+    client.post("/accounts/2fa/authenticate/", {"code": totp(secret, 1)})
+    asked = client.post("/accounts/2fa/totp/deactivate/")
+    assert asked["Location"].startswith(REAUTHENTICATE)
+    client.post(asked["Location"], {"code": totp(secret, -1)})
+    assert not Authenticator.objects.filter(type=Authenticator.Type.TOTP).exists()
+    assert client.get("/")["Location"] == "/accounts/2fa/"
+    assert "_auth_user_id" in client.session and not AuditEvent.objects.filter(verb="session_revoked").exists()
