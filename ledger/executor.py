@@ -12,7 +12,9 @@ For each action it reads the ledger row under a lock and takes one of four branc
 2. `succeeded`: return the stored result, never call.
 3. `pending` (lease expired) / `unknown`: never call; ask the provider by operation key. Found
    -> `succeeded` (or a person reviews it if it is over its limit); provably absent -> `queued`
-   for a new attempt under the same key; cannot tell -> `needs_review` with the evidence.
+   for a new attempt under the same key; cannot tell -> `needs_review` with the evidence; the
+   look rate-limited (a 429) -> asked again after the provider's wait, MAX_ATTEMPTS such looks in
+   a row at most.
 4. `failed` and not retryable: stop; the owner of the workflow is told (the task fails).
 
 Rows are claimed with `SKIP LOCKED`, so any number of workers can drain the same table.
@@ -234,9 +236,11 @@ def _ask(action, connector=None):
 
 def _settle_looked(action, lookup, evidence, why):
     """Settle the claimed action by a look that decided: found, `succeeded` (or a person's, over
-    its limit); cannot tell, a person's, with `why`."""
+    its limit); cannot tell, a person's, with `why`, unless only a rate limit stopped the look."""
     claim = action.fence
     if lookup.found is None:
+        if lookup.retry_after is not None:
+            return _look_again_later(action, lookup, evidence)
         return _settle(action.mark_needs_review, actor=EXECUTOR, claim=claim, evidence=evidence, reason=why)
     over_limit = hooks.policy().needs_person_after_verification(action)
     if over_limit:
@@ -244,6 +248,40 @@ def _settle_looked(action, lookup, evidence, why):
     return _settle(action.mark_succeeded, actor=EXECUTOR, claim=claim,
                    external_ref=_reference(action, lookup.external_ref), result=lookup.result,
                    reason="verified at the provider", evidence=evidence)
+
+
+def _look_again_later(action, lookup, evidence):
+    """A look the provider rate-limited (a 429 says nothing of the effect) is no reason for a
+    person: the claimed action is looked at again no sooner than the provider's wait, plus the
+    usual backoff, as a rate-limited call is tried again. Bounded as those calls are: the
+    MAX_ATTEMPTS-th such look in a row (spread over the provider's waits, each at most
+    http.RETRY_AFTER_MAX_SECONDS) leaves it to a person, as a look that cannot tell does. The
+    count rides in the evidence of each wait, so any other outcome or a person's move starts it
+    afresh."""
+    last = action.evidence[-1] if action.evidence else {}
+    looks = (last.get("rate_limited_looks", 0) if isinstance(last, dict) else 0) + 1
+    if looks >= settings.MAX_ATTEMPTS:
+        return _settle(action.mark_needs_review, actor=EXECUTOR, claim=action.fence, evidence=evidence,
+                       reason=f"the provider rate-limited {looks} looks in a row")
+    evidence = {**evidence, "rate_limited_looks": looks, "retry_after": lookup.retry_after}
+    if action.status == S.PENDING:  # a failure tried again looked first: nothing was sent
+        return _again(action, action.fence, reason="the look before the call was rate limited",
+                      evidence=evidence, wait=lookup.retry_after)
+    return _verify_later(action, not_before=backoff_until(looks, wait=lookup.retry_after), evidence=evidence)
+
+
+def _verify_later(action, *, not_before, evidence):
+    """The claimed unknown action stays unknown, verified again at `not_before`: its lease is let
+    go and the evidence kept, under its claim's fence (a move made meanwhile, a webhook's settle,
+    took a new fence and stands). No status moves: written as its claim was
+    (Action.claim_for_verification). The action, or None if its claim was taken over."""
+    changes = {"next_attempt_at": not_before, "lease_owner": "", "lease_expires_at": None,
+               "updated_at": timezone.now(), "evidence": [*action.evidence, storable(evidence)]}
+    if not Action.objects.filter(pk=action.pk, status=S.UNKNOWN, fence=action.fence).update(**changes):
+        logger.warning("%s: taken over while it was verified; its wait is not written", action)
+        return None
+    action.__dict__.update(changes)
+    return action
 
 
 def _again(action, claim, *, reason, evidence, wait=None):

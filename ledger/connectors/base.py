@@ -17,7 +17,7 @@ import contextvars
 import functools
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from decimal import Decimal
 from http import HTTPStatus
@@ -43,12 +43,17 @@ class Effect:
 
 @dataclass(frozen=True)
 class Lookup:
-    """What the provider says about an operation key: found True/False, or None if it can't tell."""
+    """What the provider says about an operation key: found True/False, or None if it can't tell.
+
+    `retry_after`: it could not tell because the provider rate-limited the look (its last answer
+    was a 429), which says nothing of the effect: the seconds it asked to be left alone for, after
+    which the executor asks again. Every connector's look-up says so (`_measured_lookup`)."""
 
     found: bool | None
     external_ref: str = ""
     result: dict = field(default_factory=dict)
     evidence: dict = field(default_factory=dict)
+    retry_after: float | None = None
 
 
 @dataclass(frozen=True)
@@ -224,12 +229,16 @@ def _measured_lookup(find_effect):
     def measured(self, action):
         started = time.perf_counter()
         try:
-            with http.deadline():
+            with http.deadline(), http.rate_limit_watched() as limited:
                 lookup = find_effect(self, action)
         except Exception as exc:
             _observe_failure(self.name, "find_effect", started, exc)
             raise
         connector_call_observed(self.name, "find_effect", started, _LOOKUP_OUTCOMES[lookup.found])
+        # Read here, not by each connector from its own error (an http.call's NotSent, an SDK's
+        # exception): a look it could not finish for a 429 is told apart however it was written.
+        if lookup.found is None and lookup.retry_after is None and limited.retry_after is not None:
+            return replace(lookup, retry_after=limited.retry_after)
         return lookup
 
     return measured

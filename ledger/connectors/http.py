@@ -115,6 +115,8 @@ _CUT_OFF_GRACE = 0.2
 _running = contextvars.ContextVar("connector_call", default=None)
 # The deadline every call made inside `deadline()` shares (time.monotonic()), if any.
 _shared_deadline = contextvars.ContextVar("connector_deadline", default=None)
+# The watch (`rate_limit_watched()`) the current calls report their answers to, if any.
+_watch = contextvars.ContextVar("connector_rate_limit_watch", default=None)
 
 
 @contextlib.contextmanager
@@ -128,6 +130,26 @@ def deadline(seconds=None):
         yield
     finally:
         _shared_deadline.reset(token)
+
+
+class RateLimitWatch:
+    """Whether the last call made inside `rate_limit_watched()` was answered 429: `retry_after`, the
+    wait that answer named (as `retry_after()` reads it), else None (another answer, or none)."""
+
+    retry_after = None
+
+
+@contextlib.contextmanager
+def rate_limit_watched():
+    """Watch the calls made inside for a rate limit, whatever reads their answers (`call`, an SDK
+    given `exchange`): a look-up that could not tell tells the executor so whether the provider
+    only asked to be left alone (ledger.connectors.base)."""
+    watch = RateLimitWatch()
+    token = _watch.set(watch)
+    try:
+        yield watch
+    finally:
+        _watch.reset(token)
 
 
 def time_left():
@@ -337,6 +359,9 @@ def exchange(method, url, *, json=None, content=None, params=None, headers=None)
     """Send one request and return httpx's response, whatever its status, or raise `NotSent` or
     `OutcomeUnknown` if no whole answer came by the deadline (the shared one inside `deadline()`,
     else CONNECTOR_TIMEOUT from now)."""
+    watch = _watch.get()
+    if watch is not None:
+        watch.retry_after = None  # until this call is answered 429
     shared = _shared_deadline.get()
     call = _Call(shared if shared is not None else time.monotonic() + settings.CONNECTOR_TIMEOUT)
     if call.left() <= 0:
@@ -344,7 +369,7 @@ def exchange(method, url, *, json=None, content=None, params=None, headers=None)
     request = _calls.submit(_run, call, method, url,
                             {"json": json, "content": content, "params": params, "headers": headers})
     try:
-        return request.result(timeout=max(call.left(), 0))
+        response = request.result(timeout=max(call.left(), 0))
     except DeadlinePassed:
         if request.cancel():  # never started: every thread was busy
             raise NotSent(f"{method} {url}: no thread free to call within the deadline", code="busy") from None
@@ -362,6 +387,9 @@ def exchange(method, url, *, json=None, content=None, params=None, headers=None)
         if isinstance(exc, httpx.TimeoutException):
             raise OutcomeUnknown(f"{method} {url}: no answer within the deadline", code="timeout") from exc
         raise OutcomeUnknown(f"{method} {url}: {exc!r}", code="connection_lost") from exc
+    if watch is not None and response.status_code == 429:
+        watch.retry_after = retry_after(response.headers)
+    return response
 
 
 def call(method, url, *, json=None, content=None, params=None, headers=None):

@@ -3,7 +3,11 @@ seconds or as an HTTP-date), or a minute if it names none: tried again after a s
 rate-limited provider got more load, and three 429s in a few seconds dead-lettered the action and
 alerted people about a limit that lifts by itself."""
 
+import contextlib
+import json
+import time
 from http.server import BaseHTTPRequestHandler
+from urllib.parse import unquote
 
 import httpx
 import pytest
@@ -11,6 +15,7 @@ import pytest
 from ledger import clock
 from ledger.actions import action_request
 from ledger.connectors import http
+from ledger.connectors.fault_proxy import FaultProxy
 from ledger.executor import action_claim_next, action_run_claimed
 from ledger.models import Action, Task
 from ledger.runner import task_run
@@ -44,10 +49,11 @@ def rate_limiting(retry_after):
     return RateLimited
 
 
-def run_against(service, settings, order):
+def run_against(url, settings, order):
+    """Request a refund from the team's service at `url` and run its first attempt."""
     settings.SURETY_CONNECTORS = {**settings.SURETY_CONNECTORS, "refund": {
         "class": "ledger.connectors.signed_http.SignedHttpConnector",
-        "options": {"url": f"{service.url}/refunds", "secret": "s3cret"}}}
+        "options": {"url": f"{url}/refunds", "secret": "s3cret"}}}
     action = action_request(agent=make_agent(f"rl-{order}")[0], operation_key=f"refund:{order}:dec-1",
                             action_type="refund", target=order, params={"amount": "25.00", "currency": "EUR"})[0]
     claimed = wait_until(lambda: action_claim_next("tests", only=action.pk), seconds=15, message="a claim")
@@ -63,7 +69,7 @@ def test_a_429_with_retry_after_is_not_tried_again_before_it(settings):
     """The service asks for two minutes: the action waits at least that long in the queue, not
     the backoff's second or two."""
     with thread_server(rate_limiting("120")) as service:
-        action = run_against(service, settings, "ORD-429")
+        action = run_against(service.url, settings, "ORD-429")
     assert action.status == "queued" and seconds_until_due(action) >= 115
     assert (action.evidence[-1]["code"], action.evidence[-1]["retry_after"]) == ("rate_limited", 120)
 
@@ -72,7 +78,7 @@ def test_a_429_that_names_no_wait_still_waits_a_minute(settings):
     """No Retry-After (or one that cannot be read): a rate limit lifts in its own time, which the
     backoff's seconds are not; a per-minute quota has rolled over after a minute."""
     with thread_server(rate_limiting(None)) as service:
-        action = run_against(service, settings, "ORD-429-none")
+        action = run_against(service.url, settings, "ORD-429-none")
     assert action.status == "queued" and seconds_until_due(action) >= 55
 
 
@@ -117,3 +123,86 @@ def test_a_task_whose_refund_spent_its_attempts_on_429s_waits_the_providers_wait
     assert (action.status, action.error["retryable"], action.error["retry_after"]) == ("failed", True, 120)
     assert task.state == "queued" and task.last_error["code"] == "rate_limited", task.last_error
     assert seconds_until_due(task) >= 115
+
+
+def keeping_refunds(limited_looks, retry_after):
+    """A team's service that keeps its refunds by key and answers the first `limited_looks`
+    look-ups (GET) with 429 and `Retry-After: retry_after`, noting when each look came."""
+
+    class Service(BaseHTTPRequestHandler):
+        def _reply(self, status, payload, headers=()):
+            body = json.dumps(payload).encode()
+            self.send_response(status)
+            for header in (*headers, ("Content-Type", "application/json")):
+                self.send_header(*header)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self):  # noqa: N802 (http.server's name)
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.server.refunds.setdefault(self.headers["Idempotency-Key"], f"re_{len(self.server.refunds) + 1}")
+            self._reply(201, {"id": self.server.refunds[self.headers["Idempotency-Key"]]})
+
+        def do_GET(self):  # noqa: N802
+            self.server.looks.append(time.monotonic())
+            if len(self.server.looks) <= limited_looks:
+                return self._reply(429, {"error": {"code": "rate_limited"}}, [("Retry-After", retry_after)])
+            found = self.server.refunds.get(unquote(self.path.rsplit("/", 1)[1]))
+            return self._reply(200, {"id": found}) if found else self._reply(404, {"error": {"code": "not_found"}})
+
+        def log_message(self, *args):
+            pass
+
+    return Service
+
+
+@contextlib.contextmanager
+def unknown_refund(settings, order, *, limited_looks, retry_after):
+    """A refund the service made whose answer never came (the fault proxy withholds it past the
+    deadline), so its outcome is unknown; its look-ups then answered as `keeping_refunds` says."""
+    settings.CONNECTOR_TIMEOUT, settings.MAX_ATTEMPTS, settings.BACKOFF_BASE_SECONDS = 1, 3, 0.1
+    with thread_server(keeping_refunds(limited_looks, retry_after)) as service, \
+            FaultProxy(service.url) as proxy:
+        service.refunds, service.looks = {}, []
+        proxy.arm("timeout_after_commit")
+        action = run_against(proxy.url, settings, order)
+        assert action.status == "unknown" and len(service.refunds) == 1, action.evidence
+        yield action, service
+
+
+def verified(action):
+    """Claim the unknown action once its verification is due, and verify it."""
+    action_run_claimed(wait_until(lambda: action_claim_next("tests", only=action.pk), seconds=15,
+                                  message="its verification due"))
+    return Action.objects.get(pk=action.pk)
+
+
+def test_a_rate_limited_look_is_asked_again_after_its_wait_and_settles_without_a_person(settings):
+    with unknown_refund(settings, "ORD-429-look", limited_looks=2, retry_after="1") as (action, service):
+        for _ in range(2):
+            action = verified(action)
+            assert action.status == "unknown" and action.evidence[-1]["retry_after"] == 1, action.evidence[-1]
+        action = verified(action)
+    assert (action.status, action.external_ref) == ("succeeded", service.refunds[action.operation_key])
+    first, second, third = service.looks
+    assert second - first >= 1 and third - second >= 1  # never before the provider's wait
+
+
+def test_a_look_always_rate_limited_reaches_a_person_after_max_attempts_looks(settings):
+    with unknown_refund(settings, "ORD-429-always", limited_looks=99, retry_after="1") as (action, service):
+        while action.status == "unknown":
+            action = verified(action)
+        assert len(service.looks) == settings.MAX_ATTEMPTS
+    assert action.status == "needs_review"
+    assert action.evidence[-1]["verification"]["answer"]["code"] == "rate_limited"
+
+
+def test_a_rate_limited_look_is_not_asked_again_before_its_retry_after(settings):
+    with unknown_refund(settings, "ORD-429-wait", limited_looks=1, retry_after="120") as (action, service):
+        action = verified(action)
+        assert action.status == "unknown" and seconds_until_due(action) >= 115
+        assert action_claim_next("tests", only=action.pk) is None and len(service.looks) == 1
+        # Once the wait has passed, the look is answered and settles it.
+        Action.objects.filter(pk=action.pk).update(next_attempt_at=clock.now())
+        assert verified(action).status == "succeeded"
