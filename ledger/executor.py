@@ -264,30 +264,21 @@ def _look_again_later(action, lookup, evidence):
         return _settle(action.mark_needs_review, actor=EXECUTOR, claim=action.fence, evidence=evidence,
                        reason=f"the provider rate-limited {looks} looks in a row")
     evidence = {**evidence, "rate_limited_looks": looks, "retry_after": lookup.retry_after}
-    if action.status == S.PENDING:  # a failure tried again looked first: nothing was sent
+    if action.status == S.PENDING:
+        # A failure tried again looked first: nothing was sent, and the claim spends no attempt
+        # (its rate-limited looks have their own bound). Spent, they left the call after them
+        # none of its retries: rate-limited too, it was dead-lettered, with an alert, at once.
         return _again(action, action.fence, reason="the look before the call was rate limited",
-                      evidence=evidence, wait=lookup.retry_after)
-    return _verify_later(action, not_before=backoff_until(looks, wait=lookup.retry_after), evidence=evidence)
+                      evidence=evidence, wait=lookup.retry_after, attempt_spent=False)
+    return _settle(action.verify_later, not_before=backoff_until(looks, wait=lookup.retry_after), evidence=evidence,
+                   claim=action.fence)
 
 
-def _verify_later(action, *, not_before, evidence):
-    """The claimed unknown action stays unknown, verified again at `not_before`: its lease is let
-    go and the evidence kept, under its claim's fence (a move made meanwhile, a webhook's settle,
-    took a new fence and stands). No status moves: written as its claim was
-    (Action.claim_for_verification). The action, or None if its claim was taken over."""
-    changes = {"next_attempt_at": not_before, "lease_owner": "", "lease_expires_at": None,
-               "updated_at": timezone.now(), "evidence": [*action.evidence, storable(evidence)]}
-    if not Action.objects.filter(pk=action.pk, status=S.UNKNOWN, fence=action.fence).update(**changes):
-        logger.warning("%s: taken over while it was verified; its wait is not written", action)
-        return None
-    action.__dict__.update(changes)
-    return action
-
-
-def _again(action, claim, *, reason, evidence, wait=None):
+def _again(action, claim, *, reason, evidence, wait=None, attempt_spent=True):
     """Back to the queue for another attempt after a backoff, counted from the end of `wait`, the
     seconds a rate-limited provider asked for (the attempt still counts: MAX_ATTEMPTS of them then
-    span its windows, not seconds); or, for an action whose task has stopped, failed, retryable.
+    span its windows, not seconds; `attempt_spent` False: the claim made none, Action.requeue);
+    or, for an action whose task has stopped, failed, retryable.
     A task's action is attempted only while its task runs: queued
     under a stopped task it would wait for ever (a task resolved by hand, discarded or ended), holding
     its order and customer; failed, it holds nothing, and the task's runner retries it if the task
@@ -297,7 +288,7 @@ def _again(action, claim, *, reason, evidence, wait=None):
         stopped = _task_stopped(action)
         if stopped:
             return _failed_under_stopped_task(action, claim, stopped, message=reason, evidence=evidence)
-        return _settle(action.requeue, actor=EXECUTOR, claim=claim, reason=reason,
+        return _settle(action.requeue, actor=EXECUTOR, claim=claim, reason=reason, attempt_spent=attempt_spent,
                        not_before=backoff_until(action.attempts, wait=wait), evidence=evidence)
 
 

@@ -50,9 +50,10 @@ API_KEY_REUSED = Counter(
 )
 CONNECTOR_CALLS = Counter(
     "surety_connector_calls",
-    "Calls to providers by connector, operation (perform, find_effect) and outcome: ok; found, absent "
-    "or inconclusive for a look-up; not_sent, outcome_unknown, rejected or error for a failure, whose "
-    "code says more (timeout, connect_failed, http_500, a provider's decline code).",
+    "Calls to providers by connector, operation (perform, find_effect) and outcome: ok; found, absent, "
+    "inconclusive or rate_limited (asked again after the provider's Retry-After) for a look-up; not_sent, "
+    "outcome_unknown, rejected or error for a failure, whose code says more (timeout, connect_failed, "
+    "http_500, a provider's decline code).",
     ["connector", "operation", "outcome", "code"], registry=_counted_in,
 )
 CONNECTOR_SECONDS = Histogram(

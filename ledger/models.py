@@ -5,6 +5,7 @@ writes with `update_fields` and records an audit event, all in one transaction. 
 else assigns `status`.
 """
 
+import copy
 import hashlib
 import json
 import secrets
@@ -23,7 +24,7 @@ from .audit import (  # noqa: F401 (models of this app, defined beside their man
 from .authority import Grant, GrantState, ReplayRun  # noqa: F401 (models of this app, see authority.py)
 from .locks import StepLease  # noqa: F401 (the sweeper steps' leases, defined beside their statement)
 from .retention import ArchivedKey, ArchivedTask  # noqa: F401 (the archived keys, defined beside their lifetime)
-from .compiled import Compiled
+from .compiled import Compiled, update
 from .statemachine import (CONDITIONAL, InvalidTransition, LeasedWork, Machine, StaleClaim,  # noqa: F401 (re-exported)
                            next_fence)
 
@@ -423,6 +424,21 @@ class Action(LeasedWork):
         self.__dict__.update(lease)
         return self
 
+    def verify_later(self, *, not_before, evidence, claim):
+        """The unknown action its verification claimed stays unknown, verified again at
+        `not_before` (its look was rate limited): the lease let go and `evidence` appended. No
+        status moves, so it is written as its claim was (`claim_for_verification`), under the
+        claim's fence: a move made meanwhile (a webhook's settle, a person's) took a new fence and
+        stands, and this write is refused (StaleClaim), the worker's copy left as it was."""
+        changes = {"next_attempt_at": not_before, **_NO_LEASE, "updated_at": timezone.now(),
+                   "evidence": [*self.evidence, evidence]}
+        row = copy.copy(self)
+        row.__dict__.update(changes)
+        if not update(row, list(changes), status=S.UNKNOWN, fence=claim):
+            raise StaleClaim(f"{self.operation_key}: claim {claim} superseded while it was verified")
+        self.__dict__.update(changes)
+        return self
+
     def mark_succeeded(self, *, actor, external_ref, result=None, claim=None, reason="", evidence=None, locked=False):
         changes = {"evidence": lambda row: [*row.evidence, evidence]} if evidence else {}
         return self._move(
@@ -457,9 +473,13 @@ class Action(LeasedWork):
             evidence=lambda row: [*row.evidence, evidence], next_attempt_at=None, **_NO_LEASE,
         )
 
-    def requeue(self, *, actor, reason, claim=None, not_before=None, evidence=None):
-        """A new attempt under the same key: only when the effect provably did not happen."""
+    def requeue(self, *, actor, reason, claim=None, not_before=None, evidence=None, attempt_spent=True):
+        """A new attempt under the same key: only when the effect provably did not happen.
+        `attempt_spent` False: the claim it ends gives its attempt back, as a task's deferred run
+        does: it neither called nor learnt anything (its look before the call was rate limited)."""
         changes = {"next_attempt_at": not_before or clock.now(), **_NO_LEASE}
+        if not attempt_spent:
+            changes["attempts"] = lambda row: row.attempts - 1
         if evidence:
             changes["evidence"] = lambda row: [*row.evidence, evidence]
         return self._move(S.QUEUED, actor=actor, verb="requeued", reason=reason, claim=claim, **changes)

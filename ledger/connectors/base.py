@@ -186,6 +186,13 @@ class Connector:
 _FAILURE_KINDS = ((http.NotSent, "not_sent"), (http.OutcomeUnknown, "outcome_unknown"), (http.Rejected, "rejected"))
 _LOOKUP_OUTCOMES = {True: "found", False: "absent", None: "inconclusive"}
 
+
+def _lookup_outcome(lookup):
+    """The `outcome` label of a look-up: a rate-limited one (it could not tell only because the
+    provider asked to be left alone) apart from one that could not tell, which a person settles."""
+    return "rate_limited" if lookup.found is None and lookup.retry_after is not None else _LOOKUP_OUTCOMES[lookup.found]
+
+
 # The failure codes /metrics counts by name; any other is counted as "other" (the action's error
 # keeps it as it came). A provider names its own code in a refusal's body (http.call, Stripe's
 # SDK), so counted as it came, a provider, or anything answering in its place, would decide how
@@ -234,11 +241,11 @@ def _measured_lookup(find_effect):
         except Exception as exc:
             _observe_failure(self.name, "find_effect", started, exc)
             raise
-        connector_call_observed(self.name, "find_effect", started, _LOOKUP_OUTCOMES[lookup.found])
         # Read here, not by each connector from its own error (an http.call's NotSent, an SDK's
         # exception): a look it could not finish for a 429 is told apart however it was written.
         if lookup.found is None and lookup.retry_after is None and limited.retry_after is not None:
-            return replace(lookup, retry_after=limited.retry_after)
+            lookup = replace(lookup, retry_after=limited.retry_after)
+        connector_call_observed(self.name, "find_effect", started, _lookup_outcome(lookup))
         return lookup
 
     return measured

@@ -12,6 +12,8 @@ from urllib.parse import unquote
 import httpx
 import pytest
 
+from dlq.entries import deadletter_redrive
+from dlq.models import DeadLetter
 from ledger import clock
 from ledger.actions import action_request
 from ledger.connectors import http
@@ -22,7 +24,8 @@ from ledger.runner import task_run
 from ledger.tasks import task_claim_next, task_request
 from tests.conftest import thread_server, wait_until
 from tests.connectors.test_stripe_failures import run_once, scripted, stripe_error  # noqa: F401
-from tests.factories import make_agent, refund_input
+from tests.factories import confirmed_absent, make_agent, person, refund_input
+from tests.ledger.test_metrics import scrape
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("jobs_to_test_redis")]
 
@@ -125,9 +128,10 @@ def test_a_task_whose_refund_spent_its_attempts_on_429s_waits_the_providers_wait
     assert seconds_until_due(task) >= 115
 
 
-def keeping_refunds(limited_looks, retry_after):
+def keeping_refunds(limited_looks, retry_after, limited_posts=0):
     """A team's service that keeps its refunds by key and answers the first `limited_looks`
-    look-ups (GET) with 429 and `Retry-After: retry_after`, noting when each look came."""
+    look-ups (GET), and the first `limited_posts` refunds asked (POST), with 429 and
+    `Retry-After: retry_after`, noting when each look and each refund asked came."""
 
     class Service(BaseHTTPRequestHandler):
         def _reply(self, status, payload, headers=()):
@@ -141,6 +145,9 @@ def keeping_refunds(limited_looks, retry_after):
 
         def do_POST(self):  # noqa: N802 (http.server's name)
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.server.posts.append(time.monotonic())
+            if len(self.server.posts) <= limited_posts:
+                return self._reply(429, {"error": {"code": "rate_limited"}}, [("Retry-After", retry_after)])
             self.server.refunds.setdefault(self.headers["Idempotency-Key"], f"re_{len(self.server.refunds) + 1}")
             self._reply(201, {"id": self.server.refunds[self.headers["Idempotency-Key"]]})
 
@@ -164,7 +171,7 @@ def unknown_refund(settings, order, *, limited_looks, retry_after):
     settings.CONNECTOR_TIMEOUT, settings.MAX_ATTEMPTS, settings.BACKOFF_BASE_SECONDS = 1, 3, 0.1
     with thread_server(keeping_refunds(limited_looks, retry_after)) as service, \
             FaultProxy(service.url) as proxy:
-        service.refunds, service.looks = {}, []
+        service.refunds, service.looks, service.posts = {}, [], []
         proxy.arm("timeout_after_commit")
         action = run_against(proxy.url, settings, order)
         assert action.status == "unknown" and len(service.refunds) == 1, action.evidence
@@ -206,3 +213,75 @@ def test_a_rate_limited_look_is_not_asked_again_before_its_retry_after(settings)
         # Once the wait has passed, the look is answered and settles it.
         Action.objects.filter(pk=action.pk).update(next_attempt_at=clock.now())
         assert verified(action).status == "succeeded"
+
+
+def test_a_rate_limited_look_is_counted_as_rate_limited_on_metrics(settings, client):
+    """Counted as a look that cannot tell, a rate limit looked like a provider that cannot say
+    what it did, the one kind of look that leaves an action to a person."""
+    settings.PRODUCTION, settings.METRICS_TOKEN, settings.METRICS_ALLOWED_IPS = False, None, []
+
+    def looks():
+        return {dict(labels)["outcome"]: value for (name, labels), value in scrape(client).items()
+                if name == "surety_connector_calls_total"
+                and {("connector", "http"), ("operation", "find_effect")} <= set(labels)}
+
+    before = looks()
+    with unknown_refund(settings, "ORD-429-counted", limited_looks=1, retry_after="120") as (action, service):
+        assert verified(action).status == "unknown"
+    after = looks()
+    assert after.get("rate_limited", 0) - before.get("rate_limited", 0) == 1, after
+    assert after.get("inconclusive", 0) == before.get("inconclusive", 0), after
+
+
+@contextlib.contextmanager
+def redriven_refund(settings, order, **service):
+    """A refund whose first attempt's outcome was unknown and which a person then marked failed
+    ("confirmed absent"), redriven from the dead-letter queue: a failure tried again, which asks
+    the team's service (`keeping_refunds(**service)`) first (decision 59)."""
+    settings.MAX_ATTEMPTS, settings.BACKOFF_BASE_SECONDS = 3, 0.1
+    with thread_server(keeping_refunds(**service)) as provider:
+        provider.refunds, provider.looks, provider.posts = {}, [], []
+        settings.SURETY_CONNECTORS = {**settings.SURETY_CONNECTORS, "refund": {
+            "class": "ledger.connectors.signed_http.SignedHttpConnector",
+            "options": {"url": f"{provider.url}/refunds", "secret": "s3cret"}}}
+        action = confirmed_absent(action_request(
+            agent=make_agent(f"rl-{order}")[0], operation_key=f"refund:{order}:dec-1", action_type="refund",
+            target=order, params={"amount": "25.00", "currency": "EUR"})[0])
+        deadletter_redrive(DeadLetter.objects.get(action=action, status="open"),
+                           actor=person("olga", "operators"), reason="the customer still waits")
+        yield Action.objects.get(pk=action.pk), provider
+
+
+def attempted(action):
+    """Claim the queued action once its attempt is due, and run it."""
+    action_run_claimed(wait_until(lambda: action_claim_next("tests", only=action.pk), seconds=15,
+                                  message="its attempt due"))
+    return Action.objects.get(pk=action.pk)
+
+
+def test_a_retried_failure_whose_look_first_is_rate_limited_waits_unsent_and_spends_no_attempt(settings):
+    """The look before the call of a failure tried again is answered 429: nothing is sent, and the
+    action waits in the queue for the provider's wait. Its claim made no attempt: the provider
+    only asked to be left alone (the rate-limited looks in a row are counted, and bounded, apart)."""
+    with redriven_refund(settings, "ORD-429-retried", limited_looks=1, retry_after="120") as (action, provider):
+        attempts = action.attempts
+        action = attempted(action)
+        assert (len(provider.looks), provider.posts) == (1, [])
+    assert action.status == "queued" and seconds_until_due(action) >= 115
+    assert (action.evidence[-1]["rate_limited_looks"], action.evidence[-1]["retry_after"]) == (1, 120)
+    assert action.attempts == attempts
+
+
+def test_a_retried_failures_rate_limited_looks_leave_its_call_its_retries(settings):
+    """Two looks rate-limited, then the call rate-limited too: that call, the only one made, is
+    tried again after the provider's wait as a first call would be, not dead-lettered (with an
+    alert to people) as out of attempts that the looks spent."""
+    with redriven_refund(settings, "ORD-429-spent", limited_looks=2, limited_posts=1,
+                         retry_after="1") as (action, provider):
+        for _ in range(3):
+            action = attempted(action)
+            assert action.status == "queued", (action.status, action.error, action.evidence[-1])
+        assert (len(provider.looks), len(provider.posts), provider.refunds) == (3, 1, {})
+        action = attempted(action)
+        assert (action.status, action.external_ref) == ("succeeded", provider.refunds[action.operation_key])
+    assert not DeadLetter.objects.filter(action=action, status="open").exists()
