@@ -17,9 +17,12 @@ dead-letter entry, its own or its task's, is discarded is marked given up; resol
 `retryable` false beside either, as those functions write them. Its booking's slot goes where they
 put it: given up, a slot still pending is released; done by hand, it is confirmed, and one it let go
 when it failed for good is taken again (the same row), but only while no live booking overlaps it and
-no other booking holds its decision, as the resolve now requires. Where another does, the action is
-left as it is and the migration's output names it: it reads as what it is, a booking failed for good
-whose slot went to another, which nobody retries (a resolve today is refused alike, leaving it so).
+no other booking holds its decision, as the resolve now requires (looked at once the slots given up
+are let go). Where another does, the action is left as it is and the migration's output names it: it
+reads as what it is, a booking failed for good whose slot went to another, which nobody retries (a
+resolve today is refused alike, leaving it so). The rows are found in SQL and read BATCH at a time in
+key order, each batch marked with a statement per mark (only a declined booking resolved is looked at
+alone): the migration holds one batch in memory and makes a few statements a batch, not a row.
 
 Kept simple: the repair writes the marks and the slots only. No audit event, as the project's data
 migrations write none (the entry's own events say who closed it, when and why); what such a failure
@@ -28,10 +31,11 @@ closed entry an archive run has taken since is not found, and is left as it is.
 """
 
 import importlib
+import json
 from collections import Counter
 
 from django.db import migrations
-from django.db.models import OuterRef, Q, Subquery
+from django.db.models import BooleanField, Case, F, Func, JSONField, OuterRef, Q, Subquery, When
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -45,6 +49,76 @@ SLOT = {"given_up": "released", "done_by_hand": "confirmed"}
 # ledger.models.BOOKING_HELD as it stands (0049): a booking action that holds its slot and its decision.
 HOLDS_ITS_DECISION = ~Q(status__in=["superseded", "rejected", "cancelled", "expired", "shadow"]) & (
     ~Q(status="failed", error__retryable=False) | Q(status="failed", error__done_by_hand=True))
+# Rows read and written at a time: the repair's memory and each statement stay small however many
+# rows it finds (millions, at the ledger's volume), in one transaction as the migration runs.
+BATCH = 2000
+
+
+class WithMark(Func):
+    """The JSON object in `column` with `mark` true and `retryable` false beside what it said
+    (`{**value, "retryable": False, mark: True}`, a null read as {}): one UPDATE marks a batch."""
+
+    output_field = JSONField()
+
+    def __init__(self, column, mark):
+        super().__init__(F(column))
+        self.mark = mark
+
+    def as_postgresql(self, compiler, connection):
+        value, params = compiler.compile(self.source_expressions[0])
+        return (f"(COALESCE({value}, '{{}}'::jsonb) || %s::jsonb)",
+                (*params, json.dumps({"retryable": False, self.mark: True})))
+
+    def as_sqlite(self, compiler, connection):
+        value, params = compiler.compile(self.source_expressions[0])
+        return (f"json_set(COALESCE({value}, '{{}}'), '$.retryable', json('false'), %s, json('true'))",
+                (*params, f"$.{self.mark}"))
+
+
+def either_mark(column):
+    """Whether the JSON `column` says either mark, as a value: a key missing, or the column null,
+    is no mark (excluding `column__done_by_hand=True` would drop those rows too, its test null)."""
+    return when(Q(**{f"{column}__done_by_hand": True}) | Q(**{f"{column}__given_up": True}))
+
+
+def when(condition):
+    """True where `condition` holds, else false (null included)."""
+    return Case(When(condition, then=True), default=False, output_field=BooleanField())
+
+
+def newest_entry(DeadLetter, **subject):
+    """The status of the newest dead-letter entry of `subject` (an action's or a task's)."""
+    return Subquery(DeadLetter.objects.filter(**subject).order_by("-pk").values("status")[:1])
+
+
+def in_batches(rows):
+    """`rows` BATCH at a time in pk order, each batch read whole before the caller writes (an open
+    cursor, SQLite's, would see the rows written): the next starts after the last one read."""
+    last = 0
+    while batch := list(rows.filter(pk__gt=last).order_by("pk")[:BATCH]):
+        yield batch
+        last = batch[-1].pk
+
+
+def mark_batch(Model, column, batch, counts):
+    """Each row of `batch` marked as its newest entry (its `entry`) says, in its JSON `column`, one
+    UPDATE a mark, counted in `counts`; returns the pks of each mark."""
+    pks = {mark: [row.pk for row in batch if row.entry == entry] for entry, mark in MARK.items()}
+    for mark, rows in pks.items():
+        if rows:
+            counts[mark] += Model.objects.filter(pk__in=rows).update(**{column: WithMark(column, mark)},
+                                                                     updated_at=timezone.now())
+    return pks
+
+
+def report(counts, what, left=()):
+    """The upgrade's output: how many rows of `what` the repair marked, and the bookings it `left`."""
+    if counts or left:
+        print(f"\n  {counts['given_up']} {what} marked given up and {counts['done_by_hand']} done by hand "
+              "from their closed dead-letter entries")
+    if left:
+        print(f"  {len(left)} booking(s) resolved by hand after failing for good left unmarked, another booking "
+              f"holding their slot or decision: {', '.join(left[:20])}{' …' if len(left) > 20 else ''}")
 
 
 def _taken_since(Action, Booking, action, booking):
@@ -57,39 +131,34 @@ def _taken_since(Action, Booking, action, booking):
 
 
 def mark_closed_before(apps, schema_editor):
+    """Two passes over the failed actions unmarked whose newest entry is closed: the marks a batch
+    shares, a statement each, then the declined bookings resolved, one by one (each asks whether
+    its slot or decision was taken since), once every slot given up has been let go."""
     Action = apps.get_model("ledger", "Action")
     Booking = apps.get_model("ledger", "Booking")
     DeadLetter = apps.get_model("dlq", "DeadLetter")
 
-    def newest(**subject):
-        return Subquery(DeadLetter.objects.filter(**subject).order_by("-pk").values("status")[:1])
-
     closed = (Action.objects.filter(status="failed")
-              .annotate(entry=Coalesce(newest(action=OuterRef("pk")), newest(task=OuterRef("task_id"))))
-              .filter(entry__in=list(MARK)).order_by("pk")
-              .only("id", "operation_key", "action_type", "target", "customer", "decision_id", "error"))
+              .alias(marked=either_mark("error")).filter(marked=False)
+              .annotate(entry=Coalesce(newest_entry(DeadLetter, action=OuterRef("pk")),
+                                       newest_entry(DeadLetter, task=OuterRef("task_id"))))
+              .filter(entry__in=list(MARK))
+              .alias(declined=when(Q(entry="resolved", booking__status="released"))))
     marked, left = Counter(), []
-    for action in list(closed):  # read before any write: an open cursor (SQLite's) would see the rows written
-        error = action.error or {}
-        if error.get("done_by_hand") or error.get("given_up"):
-            continue
-        mark = MARK[action.entry]
-        booking = Booking.objects.filter(action=action).first()
-        if (booking is not None and mark == "done_by_hand" and booking.status == "released"
-                and _taken_since(Action, Booking, action, booking)):
-            left.append(action.operation_key)
-            continue
-        Action.objects.filter(pk=action.pk).update(error={**error, "retryable": False, mark: True},
-                                                   updated_at=timezone.now())
-        if booking is not None and booking.status not in (SLOT[mark], "confirmed"):
-            Booking.objects.filter(pk=booking.pk).update(status=SLOT[mark])
-        marked[mark] += 1
-    if marked or left:
-        print(f"\n  {marked['given_up']} failed action(s) marked given up and {marked['done_by_hand']} done by hand "
-              "from their closed dead-letter entries")
-    if left:
-        print(f"  {len(left)} booking(s) resolved by hand after failing for good left unmarked, another booking "
-              f"holding their slot or decision: {', '.join(left[:20])}{' …' if len(left) > 20 else ''}")
+    for batch in in_batches(closed.filter(declined=False).only("id")):
+        for mark, pks in mark_batch(Action, "error", batch, marked).items():
+            Booking.objects.filter(action__in=pks).exclude(status__in=[SLOT[mark], "confirmed"]).update(
+                status=SLOT[mark])
+    for batch in in_batches(closed.filter(declined=True).only("id", "operation_key", "target", "customer",
+                                                              "decision_id")):
+        for action in batch:
+            booking = Booking.objects.get(action=action)
+            if _taken_since(Action, Booking, action, booking):
+                left.append(action.operation_key)
+                continue
+            mark_batch(Action, "error", [action], marked)
+            Booking.objects.filter(pk=booking.pk).update(status="confirmed")
+    report(marked, "failed action(s)", left)
 
 
 FORWARD = r"""

@@ -3,24 +3,32 @@ before `given_up` was written (a declined refund read `"retryable": false` alone
 `done_by_hand` (a declined booking, left as it was). The client and the MCP server read them from the
 row, as ones a person may still retry. Migration 0054 marks them from their newest entry, their own
 or their task's, as the code marks them now, and takes a declined booking's slot and decision again
-where nothing took them since; it leaves one that another booking holds, and names it. Run as the
-migration runs it, over the rows as the code before the marks left them (only their entry closed)."""
+where nothing took them since; it leaves one that another booking holds, and names it. Migration 0055
+marks the tasks so closed in their checkpoints' last errors, as ledger.tasks._task_marked does now.
+Run as the migrations run them, over the rows as the code before the marks left them (only their
+entry closed), and at volume: a few statements a batch of rows, never a statement a row."""
 
 import importlib
+from datetime import datetime
 
 import pytest
 from django.apps import apps as django_apps
+from django.db import IntegrityError, connection, transaction
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
-from dlq.entries import deadletter_resolve
-from dlq.models import DeadLetter, EntryStatus
+from dlq.entries import deadletter_redrive, deadletter_resolve
+from dlq.models import Alert, DeadLetter, EntryStatus
 from ledger.actions import SlotTaken, action_request, same_decision
-from ledger.models import Action, ActionStatus, Booking
+from ledger.models import Action, ActionStatus, Booking, Task, TaskState
 from ledger.tasks import task_request
-from tests.factories import make_agent, open_entry, person, refund_input
+from tests.factories import (dead_letter, failed_task_entry, make_agent, new_action, open_entry, person,
+                             refund_input)
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("jobs_to_test_redis")]
 
 repair = importlib.import_module("ledger.migrations.0054_given_up_is_final_and_older_rows_marked")
+task_repair = importlib.import_module("ledger.migrations.0055_tasks_closed_before_marked")
 SLOT = {"service": "massage", "start": "2026-09-10T10:00:00Z", "end": "2026-09-10T11:00:00Z"}
 LATER = {**SLOT, "start": "2026-09-10T14:00:00Z", "end": "2026-09-10T15:00:00Z"}
 MARK = {EntryStatus.DISCARDED: "given_up", EntryStatus.RESOLVED: "done_by_hand"}
@@ -69,6 +77,10 @@ def marked(action, mark):
 
 def the_repair():
     repair.mark_closed_before(django_apps, None)
+
+
+def the_task_repair():
+    task_repair.mark_tasks_closed_before(django_apps, None)
 
 
 @CLOSED
@@ -169,3 +181,161 @@ def test_what_is_open_or_marked_already_is_left_and_a_second_run_changes_nothing
     errors = dict(Action.objects.values_list("pk", "error"))
     the_repair()
     assert dict(Action.objects.values_list("pk", "error")) == errors and capsys.readouterr().out == ""
+
+
+def task_closed_before_the_marks(entry, closed):
+    """The task's entry closed as the code before the marks left it: a dead-lettered task discarded
+    was cancelled, and its checkpoint's last error kept as it was. Returns the task, as it was then."""
+    if closed == EntryStatus.DISCARDED and entry.task.state == TaskState.DEAD_LETTERED:
+        entry.task.cancel(actor="user:olga", reason="the customer withdrew")
+    closed_before_the_marks(entry, closed)
+    return Task.objects.get(pk=entry.task_id)
+
+
+@CLOSED
+@pytest.mark.parametrize("stopped", ["dead_lettered", "failed"])
+def test_a_task_closed_before_says_what_the_person_decided_in_its_checkpoint(billing, closed, stopped):
+    """Its agent reads it from the checkpoint: no redrive comes. Its state stays as the close left it."""
+    entry = {"dead_lettered": dead_letter, "failed": failed_task_entry}[stopped](billing, "t-c")
+    task = task_closed_before_the_marks(entry, closed)
+
+    the_task_repair()
+
+    row = Task.objects.get(pk=task.pk)
+    assert (row.state, row.last_error) == (task.state, {**task.last_error, "retryable": False, MARK[closed]: True})
+
+
+def test_a_task_resolved_before_is_held_by_the_databases_rule_once_marked(billing):
+    """The rule let the mark in (the row had none) and holds the task from then on: sent back to the
+    queue, its runner would make what the person made by hand again."""
+    task = task_closed_before_the_marks(dead_letter(billing, "t-h"), EntryStatus.RESOLVED)
+
+    the_task_repair()
+
+    with pytest.raises(IntegrityError, match="done by hand"), transaction.atomic():
+        Task.objects.filter(pk=task.pk).update(state=TaskState.QUEUED, next_attempt_at=timezone.now())
+    assert Task.objects.get(pk=task.pk).state == TaskState.DEAD_LETTERED
+
+
+def test_a_task_open_redriven_or_marked_already_is_left_and_a_second_run_changes_nothing(billing, capsys):
+    olga = person("olga")
+    dead_letter(billing, "t-open")
+    deadletter_redrive(dead_letter(billing, "t-redriven"), actor=olga, reason="the provider is back")
+    deadletter_resolve(dead_letter(billing, "t-marked"), actor=olga, note="paid by bank transfer")
+    given_up = task_closed_before_the_marks(dead_letter(billing, "t-given-up"), EntryStatus.DISCARDED)
+    errors = dict(Task.objects.values_list("pk", "last_error"))
+
+    the_task_repair()
+
+    assert "1 task(s) marked given up and 0 done by hand" in capsys.readouterr().out
+    after = dict(Task.objects.values_list("pk", "last_error"))
+    assert after.pop(given_up.pk) == {**given_up.last_error, "retryable": False, "given_up": True}
+    assert after == {pk: error for pk, error in errors.items() if pk != given_up.pk}
+    errors = dict(Task.objects.values_list("pk", "last_error"))
+    the_task_repair()
+    assert dict(Task.objects.values_list("pk", "last_error")) == errors and capsys.readouterr().out == ""
+
+
+# At volume: rows made straight in the tables, as the code before the marks left them, their entries
+# closed in turn (discarded, resolved); every third action a booking, its slot kept for a retry.
+START, END = datetime.fromisoformat(SLOT["start"]), datetime.fromisoformat(SLOT["end"])
+
+
+def closed(n):
+    """The n-th row's entry: discarded, resolved, in turn."""
+    return list(MARK)[n % 2]
+
+
+def closed_entries(rows, subject, numbers):
+    """An entry of each row, closed as `closed` says, with its alert; each row is told the mark its
+    entry calls for (`row.mark`) and keeps the error it had (`row.error_said`)."""
+    for row, n in zip(rows, numbers, strict=True):
+        row.closed = closed(n)
+        row.mark, row.error_said = MARK[row.closed], row.error if subject == "action" else row.last_error
+    entries = DeadLetter.objects.bulk_create(
+        DeadLetter(**{subject: row}, status=row.closed, snapshot={}, last_error=row.error_said, attempts=1,
+                   decided_by="user:olga", decided_at=timezone.now()) for row in rows)
+    Alert.objects.bulk_create(Alert(kind=Alert.Kind.DEAD_LETTER, dead_letter=entry, subject=str(entry.pk), link="/")
+                              for entry in entries)
+
+
+def actions_closed_in_bulk(agent, numbers, *, declined=False):
+    """Failed actions whose entries were closed before the marks; `declined`: every third, a booking,
+    failed for good (its slot let go) where its entry is resolved."""
+    rows = []
+    for n in numbers:
+        retryable = not (declined and n % 3 == 0 and closed(n) == EntryStatus.RESOLVED)
+        fields = {"action_type": "create_booking", "target": f"ROOM-{n}", "params": SLOT} if n % 3 == 0 else {
+            "target": f"ORD-B{n}"}
+        rows.append(new_action(agent, ActionStatus.FAILED, key=f"bulk-{n}", customer="CUST-M", decision_id=f"dec-{n}",
+                               retryable=retryable, **fields))
+    actions = Action.objects.bulk_create(rows)
+    Booking.objects.bulk_create(
+        Booking(action=action, resource=action.target, customer="CUST-M", start=START, end=END,
+                status=Booking.Status.PENDING if action.error["retryable"] else Booking.Status.RELEASED)
+        for action in actions if action.action_type == "create_booking")
+    closed_entries(actions, "action", numbers)
+    return actions
+
+
+def tasks_closed_in_bulk(agent, numbers):
+    """Dead-lettered tasks whose entries were closed before the marks."""
+    tasks = Task.objects.bulk_create(
+        Task(task_id=f"t-bulk-{n}", fingerprint="f" * 64, workflow="refund", input=refund_input(f"ORD-T{n}", "CUST-M"),
+             agent=agent, state=TaskState.DEAD_LETTERED, max_attempts=3,
+             last_error={"code": "crash", "message": "the worker gave up", "retryable": True}) for n in numbers)
+    closed_entries(tasks, "task", numbers)
+    return tasks
+
+
+def marked_in_bulk(rows, column):
+    """Each row says what its entry's person decided, beside what it said, and nothing else."""
+    Model = type(rows[0])
+    now = dict(Model.objects.filter(pk__in=[row.pk for row in rows]).values_list("pk", column))
+    assert now == {row.pk: {**row.error_said, "retryable": False, row.mark: True} for row in rows}
+
+
+def slots_in_bulk(actions):
+    """Given up, a booking's slot is let go; done by hand, it is confirmed, taken again if it was let go."""
+    slot = {"given_up": Booking.Status.RELEASED, "done_by_hand": Booking.Status.CONFIRMED}
+    expected = {action.pk: slot[action.mark] for action in actions if action.action_type == "create_booking"}
+    assert dict(Booking.objects.filter(action__in=actions).values_list("action", "status")) == expected
+
+
+IN_BULK = {"actions": (actions_closed_in_bulk, the_repair, "error"),
+           "tasks": (tasks_closed_in_bulk, the_task_repair, "last_error")}
+
+
+@pytest.mark.parametrize("rows", list(IN_BULK))
+def test_a_repair_makes_a_few_statements_a_batch_not_a_row(billing, rows, django_assert_max_num_queries):
+    """At millions of rows, a statement or two a row, in the migration's one transaction, would run
+    for hours: ten times the rows in one batch take no more statements."""
+    make, run, column = IN_BULK[rows]
+    fifty = make(billing, range(50))
+    with CaptureQueriesContext(connection) as counted:
+        run()
+    more = make(billing, range(50, 550))
+    with django_assert_max_num_queries(len(counted)):
+        run()
+    marked_in_bulk(fifty + more, column)
+    if rows == "actions":
+        slots_in_bulk(fifty + more)
+
+
+def test_the_repairs_go_on_past_a_batch_to_the_last_row(billing, monkeypatch, capsys):
+    """Batches of a few rows: every action, its slot and every task marked, each counted once, the
+    declined bookings resolved among them (looked at one by one, after the rest) too."""
+    monkeypatch.setattr(repair, "BATCH", 4)
+    actions = actions_closed_in_bulk(billing, range(30), declined=True)
+    tasks = tasks_closed_in_bulk(billing, range(9))
+    assert Booking.objects.filter(action__in=actions, status=Booking.Status.RELEASED).count() == 5
+
+    the_repair()
+    the_task_repair()
+
+    marked_in_bulk(actions, "error")
+    slots_in_bulk(actions)
+    marked_in_bulk(tasks, "last_error")
+    out = capsys.readouterr().out
+    assert "15 failed action(s) marked given up and 15 done by hand" in out
+    assert "5 task(s) marked given up and 4 done by hand" in out
