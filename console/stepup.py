@@ -11,14 +11,16 @@ to enrol one. STEP_UP_SECONDS = 0 switches the check off.
 A stashed decision is the person's only while they are on their way to the factor: it is dropped
 once they navigate elsewhere, and once STEP_UP_SECONDS have passed since it was asked
 (`StashedDecisionMiddleware`). Kept, a factor given hours later, on a link anyone could have sent
-(the factor page with its `next`), took a decision the person had abandoned.
+(the factor page with its `next`), took a decision the person had abandoned. A factor given with
+no decision kept leads back to the page the decision was asked from: allauth sends the person on
+to the factor page's `next`, the decision's address, which only a POST opens.
 """
 
 import copy
 import time
 from datetime import UTC, datetime
 from functools import wraps
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit, urlunsplit
 
 from allauth.account.adapter import get_adapter
 from allauth.account.authentication import get_authentication_records
@@ -26,8 +28,10 @@ from allauth.account.internal.flows.reauthentication import STATE_SESSION_KEY, s
 from django.contrib.auth import REDIRECT_FIELD_NAME
 from django.conf import settings
 from django.contrib import messages
+from django.http import HttpResponseRedirect
 from django.urls import reverse
 from django.utils.functional import lazy
+from django.utils.http import url_has_allowed_host_and_scheme
 
 from ledger.middleware import current_step_up
 
@@ -41,6 +45,22 @@ def fresh_factor(request):
     if not given or time.time() - given[-1]["at"] >= settings.STEP_UP_SECONDS:
         return None
     return {"method": given[-1]["type"], "at": datetime.fromtimestamp(given[-1]["at"], UTC).isoformat()}
+
+
+# The page the latest decision stashed for a factor was posted from, kept after the stash is
+# dropped (`StashedDecisionMiddleware`): a factor given then leads there, nothing decided.
+ASKED_FROM = "step_up_asked_from"
+
+
+def _posted_from(request):
+    """The page of this site a decision was posted from (htmx names it, a form's browser sends it
+    as the Referer), or None."""
+    url = request.htmx.current_url if getattr(request, "htmx", False) else request.headers.get("Referer")
+    if not url or not url_has_allowed_host_and_scheme(url, allowed_hosts={request.get_host()},
+                                                      require_https=request.is_secure()):
+        return None
+    url = urlsplit(url)
+    return urlunsplit(("", "", url.path, url.query, ""))
 
 
 def ask_for_factor(request, *, replay=True):
@@ -59,6 +79,7 @@ def ask_for_factor(request, *, replay=True):
     stashed.META = {name: value for name, value in request.META.items() if not name.startswith("HTTP_HX_")}
     asked = suspend_request(stashed, asks[0]["url"])
     request.session[STATE_SESSION_KEY] = {**request.session[STATE_SESSION_KEY], "stashed_at": time.time()}
+    request.session[ASKED_FROM] = {"decision": request.get_full_path(), "page": _posted_from(request)}
     return redirect(request, asked.url)
 
 
@@ -69,22 +90,29 @@ _FACTOR_PAGES = lazy(lambda: {reverse("mfa_reauthenticate"), reverse("mfa_reauth
 class StashedDecisionMiddleware:
     """Drops a request stashed for a factor (`ask_for_factor`'s decision, or allauth's own: a
     factor removed, recovery codes made) that the person abandoned: a page they navigated to other
-    than the factor's, or STEP_UP_SECONDS after it was asked."""
+    than the factor's, or STEP_UP_SECONDS after it was asked. A factor given with no decision kept
+    leads to the page the decision was asked from, not to its address (405 to the GET)."""
 
     def __init__(self, get_response):
         self.get_response = get_response
 
     def __call__(self, request):
+        on_factor_page = request.path in _FACTOR_PAGES  # read first: a decision replayed there takes its path
         state = request.session.get(STATE_SESSION_KEY) if settings.STEP_UP_SECONDS else None
         if state and "request" in state:
             if "stashed_at" not in state:  # allauth's own (a factor removed, codes made): from now on
                 request.session[STATE_SESSION_KEY] = state = {**state, "stashed_at": time.time()}
             stale = time.time() - state["stashed_at"] > settings.STEP_UP_SECONDS
             # A navigation (not the page's own fetches, nor a favicon) to any other page.
-            elsewhere = request.headers.get("Sec-Fetch-Mode") == "navigate" and request.path not in _FACTOR_PAGES
+            elsewhere = request.headers.get("Sec-Fetch-Mode") == "navigate" and not on_factor_page
             if stale or elsewhere:
                 del request.session[STATE_SESSION_KEY]
-        return self.get_response(request)
+        response = self.get_response(request)
+        if on_factor_page and request.method == "POST" and response.status_code == 302:  # a factor given
+            asked = request.session.pop(ASKED_FROM, None)
+            if asked and asked["page"] and response.url == asked["decision"]:  # nothing replayed
+                return HttpResponseRedirect(asked["page"])
+        return response
 
 
 def step_up_required(view, *, every_request=False):

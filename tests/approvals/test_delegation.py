@@ -357,3 +357,17 @@ def test_the_approve_buttons_question_says_for_whom_a_delegate_approved(people, 
     [asked] = re.findall(r'id="approve-button"\s+data-confirm="([^"]*)"', page)
     assert " ".join(asked.split()) == ("Approve 6000.00 EUR? It is above the two-approver threshold: olga for alice "
                                        "approved first, and yours, from a second, different person, lets it go ahead.")
+
+
+def test_the_items_list_of_approvals_says_for_whom_a_delegate_approved(people, limit):
+    """olga approved the first of two for alice: the item's list of approvals names her approval
+    as given for alice, as the Approve button's question does (it named olga alone, as if the
+    approval were her own, and alice's eyes had not yet looked)."""
+    item = over_limit(amount="6000.00")
+    away(people["alice"], people["olga"])
+    review_decide(item, user=people["olga"], decision="approve", reason="first, for alice")
+
+    page = signed_in(people["bob"]).get(f"/review/{item.pk}/").content.decode()
+    [listed] = re.findall(r'<ul class="approvals-list">(.*?)</ul>', page, re.S)
+    said = " ".join(re.sub(r"<[^>]+>", " ", listed).split())
+    assert said.startswith("olga for alice approved "), said
