@@ -41,19 +41,25 @@ def staff_required(view):
 
 
 def _page_to_return_to(request):
-    """Where signing in again leads: the page the person was on, as htmx names it (a fragment's
-    own address may answer only a POST, as the what-if's does), if it is on this site; else the
-    address asked for, where a GET asked for it; else the home page. Never a POST's address:
-    signed in, the person is sent there with a GET."""
-    if request.htmx and request.htmx.current_url:
-        current = request.htmx.current_url
-        if url_has_allowed_host_and_scheme(current, allowed_hosts={request.get_host()},
-                                           require_https=request.is_secure()):
-            current = urlsplit(current)
-            return urlunsplit(("", "", current.path, current.query, ""))
-    if request.method in ("GET", "HEAD"):
-        return request.get_full_path()
-    return resolve_url(settings.LOGIN_REDIRECT_URL)
+    """Where signing in again leads: the page the person was on (`page_shown`: a fragment's own
+    address may answer only a POST, as the what-if's does); else the address asked for, where a GET
+    asked for it; else the home page. Never a POST's address: signed in, the person is sent there
+    with a GET."""
+    asked = request.get_full_path() if request.method in ("GET", "HEAD") else None
+    if asked and not request.htmx:  # a whole page: itself, not the one that linked to it (the Referer)
+        return asked
+    return page_shown(request) or asked or resolve_url(settings.LOGIN_REDIRECT_URL)
+
+
+def page_shown(request):
+    """The page of this site the person is on, path and query, as the browser names it (htmx in
+    HX-Current-URL, a form in the Referer), or None: none named, or one of another site."""
+    url = request.htmx.current_url if getattr(request, "htmx", False) else request.headers.get("Referer")
+    if not url or not url_has_allowed_host_and_scheme(url, allowed_hosts={request.get_host()},
+                                                      require_https=request.is_secure()):
+        return None
+    url = urlsplit(url)
+    return urlunsplit(("", "", url.path, url.query, ""))
 
 
 def _all_values(params):

@@ -20,7 +20,7 @@ import copy
 import time
 from datetime import UTC, datetime
 from functools import wraps
-from urllib.parse import urlencode, urlsplit, urlunsplit
+from urllib.parse import urlencode
 
 from allauth.account.adapter import get_adapter
 from allauth.account.authentication import get_authentication_records
@@ -31,10 +31,10 @@ from django.contrib import messages
 from django.http import HttpResponseRedirect
 from django.urls import reverse
 from django.utils.functional import lazy
-from django.utils.http import url_has_allowed_host_and_scheme
 
 from ledger.middleware import current_step_up
 
+from .dashboard import page_shown
 from .signin import redirect
 
 
@@ -50,17 +50,6 @@ def fresh_factor(request):
 # The page the latest decision stashed for a factor was posted from, kept after the stash is
 # dropped (`StashedDecisionMiddleware`): a factor given then leads there, nothing decided.
 ASKED_FROM = "step_up_asked_from"
-
-
-def _posted_from(request):
-    """The page of this site a decision was posted from (htmx names it, a form's browser sends it
-    as the Referer), or None."""
-    url = request.htmx.current_url if getattr(request, "htmx", False) else request.headers.get("Referer")
-    if not url or not url_has_allowed_host_and_scheme(url, allowed_hosts={request.get_host()},
-                                                      require_https=request.is_secure()):
-        return None
-    url = urlsplit(url)
-    return urlunsplit(("", "", url.path, url.query, ""))
 
 
 def ask_for_factor(request, *, replay=True):
@@ -79,7 +68,7 @@ def ask_for_factor(request, *, replay=True):
     stashed.META = {name: value for name, value in request.META.items() if not name.startswith("HTTP_HX_")}
     asked = suspend_request(stashed, asks[0]["url"])
     request.session[STATE_SESSION_KEY] = {**request.session[STATE_SESSION_KEY], "stashed_at": time.time()}
-    request.session[ASKED_FROM] = {"decision": request.get_full_path(), "page": _posted_from(request)}
+    request.session[ASKED_FROM] = {"decision": request.get_full_path(), "page": page_shown(request)}
     return redirect(request, asked.url)
 
 

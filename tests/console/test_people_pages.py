@@ -58,6 +58,23 @@ def test_a_post_whose_session_ended_signs_in_again_to_a_page_not_to_the_post(cli
     assert client.get(signed_in["Location"]).status_code == 200
 
 
+@pytest.mark.parametrize(("referer", "lands_on"), [
+    ("http://testserver/policies/?currency=EUR", "/policies/?currency=EUR"),
+    ("https://evil.example/policies/", "/"),
+])
+def test_a_form_posted_whose_session_ended_signs_in_again_to_the_page_it_was_posted_from(client, referer, lands_on):
+    # A form without htmx names its page in the Referer only; a page asked for whole is itself
+    # the page, not the one that linked to it.
+    assert client.get(QUEUE, headers={"Referer": referer})["Location"] == SIGN_IN_TO_QUEUE
+    answer = client.post("/policies/whatif", {"action_type": "refund", "currency": "EUR"}, headers={"Referer": referer})
+    assert answer.status_code == 302 and "whatif" not in answer["Location"]
+
+    olga = person("olga", "operators")
+    olga.set_password(PASSWORD)
+    olga.save()
+    assert client.post(answer["Location"], {"login": "olga", "password": PASSWORD})["Location"] == lands_on
+
+
 # --- The approvals queue after a rejection ----------------------------------------------------------
 
 @pytest.fixture
