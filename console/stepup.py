@@ -86,8 +86,11 @@ class StashedDecisionMiddleware:
         self.get_response = get_response
 
     def __call__(self, request):
-        on_factor_page = request.path in _FACTOR_PAGES  # read first: a decision replayed there takes its path
         state = request.session.get(STATE_SESSION_KEY) if settings.STEP_UP_SECONDS else None
+        # Read first (a decision replayed there takes its path), and only where a factor is asked
+        # for: most requests (the API's, the sandbox's) have neither, nor the factor pages' routes.
+        asked_for = state or (request.method == "POST" and ASKED_FROM in request.session)
+        on_factor_page = bool(asked_for) and request.path in _FACTOR_PAGES
         if state and "request" in state:
             if "stashed_at" not in state:  # allauth's own (a factor removed, codes made): from now on
                 request.session[STATE_SESSION_KEY] = state = {**state, "stashed_at": time.time()}
