@@ -414,12 +414,13 @@ def host_clock_off_by(monkeypatch, seconds):
     clock.forget()
 
 
-def stripe_webhooks_configured(settings, live_secret, test_secret):
-    """Refunds through the Stripe connector whose webhooks are signed with `live_secret`, and with
-    `test_secret` in its test mode (the replay set's): for tests that deliver signed events in
+def stripe_webhooks_configured(settings, live_secret, test_secret, api_key="sk_live_x"):
+    """Refunds through the Stripe connector (its own key `api_key`) whose webhooks are signed with
+    `live_secret`, and with `test_secret` in its test mode (the replay set's; None: no secret of
+    its own, as STRIPE_TEST_API_KEY alone configures it): for tests that deliver signed events in
     process and never call Stripe (its API base answers nothing)."""
     settings.SURETY_CONNECTORS = {**settings.SURETY_CONNECTORS, "refund": {
         "class": "ledger.connectors.stripe.StripeConnector",
-        "options": {"api_key": "sk_live_x", "api_base": "http://stripe.invalid", "webhook_secret": live_secret},
-        "test_mode": {"options": {"api_key": "sk_test_x", "webhook_secret": test_secret}},
+        "options": {"api_key": api_key, "api_base": "http://stripe.invalid", "webhook_secret": live_secret},
+        "test_mode": {"options": {"api_key": "sk_test_x", **({"webhook_secret": test_secret} if test_secret else {})}},
     }}

@@ -366,24 +366,37 @@ def test_an_expired_or_rejected_step_of_a_task_is_its_tasks_not_a_new_decision(s
     assert answer.structured_content["next_tool"] == {"name": "get_task", "arguments": {"task_id": task_id}}
 
 
+def declined_over_mcp(stack, token, name):
+    """A refund of ORD-<name> asked over MCP, which the provider declines: failed for good, its dead
+    letter open. (key, the tool's arguments, its answer)."""
+    with api_client(stack.url, token) as provider:
+        sandbox(provider, "POST", "faults", json={"target": f"ORD-{name}", "fault": "decline", "times": 1})
+    stack.start_worker()
+    arguments = {"order": f"ORD-{name}", "amount": "25.00", "currency": "EUR", "decision_id": f"dec-{name.lower()}",
+                 "wait": 20}
+    (declined,) = over_mcp(stack.url, token, ("refund", arguments))
+    assert declined.structured_content["status"] == "failed", guidance_of(declined)
+    return f"refund:ORD-{name}:dec-{name.lower()}", arguments, declined
+
+
+def asked_again_and_waited(stack, token, key, arguments):
+    """The same refund asked again, then waited for: both answered at once (no retry to wait for)."""
+    started = time.monotonic()
+    answers = over_mcp(stack.url, token, ("refund", arguments),
+                       ("wait_for_action", {"operation_key": key, "seconds": 30}))
+    assert time.monotonic() - started < 20
+    return answers
+
+
 def test_a_refund_a_person_did_by_hand_is_reported_done_and_never_asked_again(stack, token):
     """Declined by the provider, it failed for good; the operator paid it by bank transfer and resolved
     its dead letter. Told "Failed: nothing was done, a person may retry it", the model waited for a
     retry that never comes, or asked for it again under a new decision_id: a second refund."""
-    with api_client(stack.url, token) as provider:
-        sandbox(provider, "POST", "faults", json={"target": "ORD-M14", "fault": "decline", "times": 1})
-    stack.start_worker()
-    arguments = {"order": "ORD-M14", "amount": "25.00", "currency": "EUR", "decision_id": "dec-m14", "wait": 20}
-    key = "refund:ORD-M14:dec-m14"
-    (declined,) = over_mcp(stack.url, token, ("refund", arguments))
-    assert declined.structured_content["status"] == "failed", guidance_of(declined)
+    key, arguments, _ = declined_over_mcp(stack, token, "M14")
     deadletter_resolve(DeadLetter.objects.get(action__operation_key=key, status="open"),
                        actor=person("olga", "operators"), note="refunded by bank transfer")
 
-    started = time.monotonic()
-    again, waited = over_mcp(stack.url, token, ("refund", arguments),
-                             ("wait_for_action", {"operation_key": key, "seconds": 30}))
-    assert time.monotonic() - started < 20  # no retry to wait for: wait_for_action answers at once
+    again, waited = asked_again_and_waited(stack, token, key, arguments)
     for answer in (again, waited):
         guidance = guidance_of(answer)
         assert answer.structured_content["error"]["done_by_hand"] is True
@@ -441,13 +454,7 @@ def test_a_refund_a_person_discarded_is_reported_given_up_and_never_waited_for(s
     open: read as still redrivable, wait_for_action waited its seconds out for a retry that never
     comes, and the model was told operations may retry it (until the client read the entry from the
     action's evidence record, a request more on every read)."""
-    with api_client(stack.url, token) as provider:
-        sandbox(provider, "POST", "faults", json={"target": "ORD-M16", "fault": "decline", "times": 1})
-    stack.start_worker()
-    arguments = {"order": "ORD-M16", "amount": "25.00", "currency": "EUR", "decision_id": "dec-m16", "wait": 20}
-    key = "refund:ORD-M16:dec-m16"
-    (declined,) = over_mcp(stack.url, token, ("refund", arguments))
-    assert declined.structured_content["status"] == "failed", guidance_of(declined)
+    key, arguments, declined = declined_over_mcp(stack, token, "M16")
     assert "a person may retry it from the dead-letter queue once its cause is fixed" in guidance_of(declined)
     with SuretyClient(stack.url, token) as client:
         assert client.get_action(key).redrivable  # its entry open: a retry may come
@@ -455,10 +462,7 @@ def test_a_refund_a_person_discarded_is_reported_given_up_and_never_waited_for(s
                        actor=person("olga", "operators"), reason="the customer withdrew the claim")
     assert Action.objects.get(operation_key=key).error == {**declined.structured_content["error"], "given_up": True}
 
-    started = time.monotonic()
-    again, waited = over_mcp(stack.url, token, ("refund", arguments),
-                             ("wait_for_action", {"operation_key": key, "seconds": 30}))
-    assert time.monotonic() - started < 20  # no retry to wait for: wait_for_action answers at once
+    again, waited = asked_again_and_waited(stack, token, key, arguments)
     for answer in (again, waited):
         guidance = guidance_of(answer)
         assert answer.structured_content["status"] == "failed"

@@ -20,9 +20,11 @@ def stripe_refunds(settings):
     stripe_webhooks_configured(settings, LIVE, TEST)
 
 
-def deliver(client, key, secret, event_id):
+def deliver(client, key, secret, event_id, *, livemode=None):
+    """A signed `refund.updated` for `key`; with `livemode`, the event says which mode it is of."""
     refund = {"id": f"re_{event_id}", "object": "refund", "status": "succeeded", "metadata": {"operation_key": key}}
-    body = json.dumps({"id": event_id, "object": "event", "type": "refund.updated", "data": {"object": refund}}).encode()
+    event = {"id": event_id, "object": "event", "type": "refund.updated", "data": {"object": refund}}
+    body = json.dumps(event if livemode is None else {**event, "livemode": livemode}).encode()
     return client.generic("POST", "/webhooks/stripe/", body, content_type="application/json",
                           headers={"Stripe-Signature": sign_webhook(body, secret)})
 

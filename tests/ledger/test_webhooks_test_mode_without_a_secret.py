@@ -5,50 +5,28 @@ even one the live secret signed (as the replay set signed its test events while 
 the live secret over). Live events are read as before, and a deployment whose own key is a test key
 (staging) reads Stripe's test-mode events as its own."""
 
-import json
 import logging
 
 import pytest
 
 from ledger.connectors import test_mode
 from ledger.models import ActionStatus, WebhookEvent
-from ledger.replay import CaseFailed, _stripe_event, replay_agent
-from ledger.signing import sign_webhook
-from tests.factories import make_action, make_agent
+from ledger.replay import CaseFailed, _stripe_event
+from tests.factories import stripe_webhooks_configured
+from tests.ledger.test_webhook_test_mode import LIVE, unknown_actions  # noqa: F401 (a fixture)
+from tests.ledger.test_webhook_test_mode import deliver as deliver_signed
 
-LIVE = "whsec_live_endpoint"
 S = ActionStatus
 
 
-def stripe_refunds(settings, api_key="sk_live_x", test_secret=None):
-    """Refunds through Stripe, with a test mode as config.settings makes it from STRIPE_TEST_API_KEY
-    alone (a test key, no webhook secret), or with STRIPE_TEST_WEBHOOK_SECRET too (`test_secret`)."""
-    settings.SURETY_CONNECTORS = {**settings.SURETY_CONNECTORS, "refund": {
-        "class": "ledger.connectors.stripe.StripeConnector",
-        "options": {"api_key": api_key, "api_base": "http://stripe.invalid", "webhook_secret": LIVE},
-        "test_mode": {"options": {"api_key": "sk_test_x", **({"webhook_secret": test_secret} if test_secret else {})}},
-    }}
+def deliver(client, key, event_id, *, livemode):
+    """An event signed with the live secret, saying which mode it is of."""
+    return deliver_signed(client, key, LIVE, event_id, livemode=livemode)
 
 
 @pytest.fixture(autouse=True)
 def live_stripe(settings):
-    stripe_refunds(settings)
-
-
-def deliver(client, key, event_id, *, livemode):
-    refund = {"id": f"re_{event_id}", "object": "refund", "status": "succeeded", "metadata": {"operation_key": key}}
-    body = json.dumps({"id": event_id, "object": "event", "type": "refund.updated", "livemode": livemode,
-                       "data": {"object": refund}}).encode()
-    return client.generic("POST", "/webhooks/stripe/", body, content_type="application/json",
-                          headers={"Stripe-Signature": sign_webhook(body, LIVE)})
-
-
-@pytest.fixture
-def unknown_actions(db):
-    live = make_action(make_agent("billing", grants=())[0], S.UNKNOWN, key="refund:ch_1:dec-1", target="ch_1",
-                       attempts=1, fence=2)
-    replayed = make_action(replay_agent(), S.UNKNOWN, key="replay:7:tag:webhook", target="ch_2", attempts=1, fence=2)
-    return live, replayed
+    stripe_webhooks_configured(settings, LIVE, None)
 
 
 @pytest.mark.parametrize("which", ["live", "replay"])
@@ -77,7 +55,7 @@ def test_a_live_event_is_read_with_the_live_secret_as_before(client, unknown_act
 
 
 def test_a_deployment_on_a_test_key_reads_test_mode_events_as_its_own(client, unknown_actions, settings):
-    stripe_refunds(settings, api_key="sk_test_staging")
+    stripe_webhooks_configured(settings, LIVE, None, api_key="sk_test_staging")
     live, _ = unknown_actions
     assert deliver(client, live.operation_key, "evt_s1", livemode=False).status_code == 200
     live.refresh_from_db()
@@ -94,7 +72,7 @@ def test_the_test_mode_takes_no_live_secret_so_the_replay_set_signs_no_test_even
 @pytest.mark.parametrize("api_key", ["sk_live_x", "sk_test_staging"])
 def test_with_a_test_secret_the_replay_sets_own_event_settles_its_action_as_a_test_mode_event(
         client, unknown_actions, settings, api_key):
-    stripe_refunds(settings, api_key=api_key, test_secret="whsec_test_endpoint")
+    stripe_webhooks_configured(settings, LIVE, "whsec_test_endpoint", api_key=api_key)
     live, replayed = unknown_actions
     body, headers = _stripe_event(test_mode.test_connector_for("refund")[0], replayed.operation_key)
     answer = client.generic("POST", "/webhooks/stripe/", body, content_type="application/json", headers=headers)
