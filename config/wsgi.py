@@ -1,3 +1,4 @@
+import json
 import os
 from io import BytesIO
 
@@ -23,12 +24,26 @@ def chunked_bodies_read(app):
     def application(environ, start_response):
         if environ.get("wsgi.input_terminated") and not environ.get("CONTENT_LENGTH"):
             # One read, as Django reads a body: gunicorn's returns the size asked for or all there is.
-            body = environ["wsgi.input"].read(settings.DATA_UPLOAD_MAX_MEMORY_SIZE + 1)
+            try:
+                body = environ["wsgi.input"].read(settings.DATA_UPLOAD_MAX_MEMORY_SIZE + 1)
+            except Exception:  # the server could not de-chunk it (a malformed chunk): the client's
+                return _unreadable(start_response)
             if body:
                 environ["wsgi.input"], environ["CONTENT_LENGTH"] = BytesIO(body), str(len(body))
         return app(environ, start_response)
 
     return application
+
+
+def _unreadable(start_response):
+    """A chunked body the server could not read: a problem, as every refusal of a body is."""
+    from ledger.api.wire import problem_body  # the app is set up by now
+
+    body = json.dumps(problem_body(400, "invalid", "Unreadable body",
+                                   "The body's chunked transfer encoding could not be read.")).encode()
+    start_response("400 Bad Request", [("Content-Type", "application/problem+json"),
+                                       ("Content-Length", str(len(body))), ("Connection", "close")])
+    return [body]
 
 
 application = chunked_bodies_read(get_wsgi_application())

@@ -137,3 +137,22 @@ def test_a_chunked_body_on_a_server_that_does_not_de_chunk_it_is_not_read():
     body = b"".join(application(environ, lambda status, headers, exc_info=None: answered.append(status)))
     assert answered == ["400 Bad Request"]
     assert json.loads(body)["code"] == "webhook_refused"
+
+
+def test_a_malformed_chunk_is_a_problem_not_the_servers_page(stack):
+    """A chunk size that is no hexadecimal number: gunicorn cannot de-chunk the body, and the client
+    is told so as every refused body is, in problem+json (it was gunicorn's own HTML page)."""
+    address = urlsplit(stack.url)
+    connection = http.client.HTTPConnection(address.hostname, address.port, timeout=10)
+    try:
+        connection.putrequest("POST", WEBHOOKS)
+        connection.putheader("Transfer-Encoding", "chunked")
+        connection.putheader("Content-Type", "application/json")
+        connection.endheaders()
+        connection.send(b"zz\r\n{}\r\n0\r\n\r\n")
+        answer = connection.getresponse()
+        assert (answer.status, answer.getheader("Content-Type")) == (400, "application/problem+json")
+        assert json.loads(answer.read())["code"] == "invalid"
+    finally:
+        connection.close()
+    assert not WebhookEvent.objects.exists()
