@@ -26,7 +26,7 @@ def chunked_bodies_read(app):
             # One read, as Django reads a body: gunicorn's returns the size asked for or all there is.
             try:
                 body = environ["wsgi.input"].read(settings.DATA_UPLOAD_MAX_MEMORY_SIZE + 1)
-            except Exception:  # the server could not de-chunk it (a malformed chunk): the client's
+            except Exception:  # the server could not de-chunk it (a malformed chunk): the client's fault
                 return _unreadable(start_response)
             if body:
                 environ["wsgi.input"], environ["CONTENT_LENGTH"] = BytesIO(body), str(len(body))
