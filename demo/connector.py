@@ -109,8 +109,8 @@ class DemoConnector(Connector):
             raise self._no_answer(action)
         if fault == TIMEOUT_AFTER_COMMIT:
             # A provider's commit is its own, but this one would be made in the caller's
-            # transaction, which may roll back the block it called in on the error (the executor
-            # holds its grant's lock around the call). So it is saved once the call is over:
+            # transaction, which may roll back the block it called in on the error (a caller
+            # calling within a transaction of its own). So it is saved once the call is over:
             # after the demo's worker move (demo.seed.execute), before any look-up, at the end.
             self.script.unanswered(lambda: self._commit(action))
             raise self._no_answer(action)

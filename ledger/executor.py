@@ -3,8 +3,8 @@
 For each action it reads the ledger row under a lock and takes one of four branches:
 
 1. `queued`: claim it (-> `pending`, under a lease, committed), look at its grant once more and
-   call the provider, holding only the grant's lock (ledger.grants.grant_held: a revoke waits for
-   the call, or the call sees the revoke), record the outcome under the claim's fencing token;
+   call the provider (ledger.grants.grant_lapsed_now: a revoke waits for the call, or the call
+   sees the revoke), record the outcome under the claim's fencing token;
    one whose grant lapsed since its claim is cancelled, never sent. One a person approved
    is claimed only while its params are the ones they approved; else it goes back to
    `awaiting_approval`, never to the provider. A failure tried again (it carries its error)
@@ -20,7 +20,6 @@ For each action it reads the ledger row under a lock and takes one of four branc
 Rows are claimed with `SKIP LOCKED`, so any number of workers can drain the same table.
 """
 
-import contextlib
 import logging
 from datetime import datetime, timedelta
 
@@ -36,7 +35,7 @@ from .actions import action_done_by_hand, action_give_up
 from .connectors import http
 from .connectors.base import Lookup, write_permit
 from .connectors.test_mode import connector_for_action, is_replay_action
-from .grants import grant_held, grant_lapsed
+from .grants import grant_lapsed, grant_lapsed_now
 from .jobs import drain
 from .json_input import storable
 from .models import Action, ActionStatus, Agent, InvalidTransition, StaleClaim, Task, TaskState
@@ -143,19 +142,18 @@ def action_run_claimed(action):
         if lookup.found is not False:
             return _settle_looked(action, lookup, evidence, why)
         looked = {"looked_first": evidence}
+    # The last look before the call, at the grant: a revoke committed since the claim is seen
+    # here, one committed later waits for the call (ledger.grants.grant_lapsed_now). A replay
+    # run's action answers to no agent's grant.
+    lapsed = "" if is_replay_action(action) else grant_lapsed_now(action)
+    # A worker that stalled between claim and call (or looked for long) must not start a call it
+    # may not finish inside its lease: someone else may already have taken the action over.
+    left = action.lease_left()
+    effect = None
     try:
-        # The last look before the call, at the grant, under its lock until the call returns: a
-        # revoke committed since the claim is seen here, one begun later waits for the call
-        # (ledger.grants.grant_held). A replay run's action answers to no agent's grant.
-        with contextlib.nullcontext("") if is_replay_action(action) else grant_held(action) as lapsed:
-            # A worker that stalled between claim and call (or looked, or waited for the lock, for
-            # long) must not start a call it may not finish inside its lease: someone else may
-            # already have taken the action over.
-            left = action.lease_left()
-            effect = None
-            if not lapsed and left >= settings.CONNECTOR_TIMEOUT + settings.LEASE_MARGIN_SECONDS:
-                with write_permit(action):
-                    effect = connector.perform(action)
+        if not lapsed and left >= settings.CONNECTOR_TIMEOUT + settings.LEASE_MARGIN_SECONDS:
+            with write_permit(action):
+                effect = connector.perform(action)
     except http.Rejected as exc:
         return _settle(action.mark_failed, actor=EXECUTOR, claim=claim, code=exc.code, message=str(exc), retryable=False,
                        evidence=looked and _evidence(action, looked))

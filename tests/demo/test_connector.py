@@ -109,8 +109,8 @@ def test_a_timeout_after_the_commit_is_unknown_until_verification_finds_the_effe
 
 def test_a_commit_whose_answer_was_lost_stays_whatever_the_caller_rolls_back(agent):
     """The provider's commit is its own: a caller that called within a transaction of its own and
-    rolls it back on the error (the executor may hold its grant's lock around the call) still
-    finds the effect at the provider, as a caller of the sandbox over HTTP would."""
+    rolls it back on the error (a test's, a shell's) still finds the effect at the provider, as a
+    caller of the sandbox over HTTP would."""
     with demo_provider() as script:
         script.arm("ORD-1", TIMEOUT_AFTER_COMMIT)
         claimed = action_claim_next("demo-test", only=request(agent).pk)

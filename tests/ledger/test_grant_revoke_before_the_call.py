@@ -1,9 +1,10 @@
-"""A revoke and a call under the grant are ordered (ledger.grants.grant_held): a worker looks at the
-grant once more right before its call, under the grant's lock, which it holds until the call returns
-and which a revoke takes alone. A revoke committed after an action was claimed, before its call, is
-seen there and nothing is sent; a revoke begun while a call is at the provider waits for it to
-return, and a call claimed before the revoke that would start meanwhile waits for the revoke, then
-sees it. Two real transactions, in threads, on PostgreSQL; the provider a real HTTP server."""
+"""A revoke and a call under the grant are ordered (ledger.grants.grant_lapsed_now): a worker looks
+at the grant once more right before its call, after its claim committed, and a revoke, once
+committed, waits until no action under the grant is claimed with its lease running. A revoke
+committed after an action was claimed, before its call, is seen there and nothing is sent; a revoke
+made while a call is at the provider returns only after the call did, and a call claimed before the
+revoke that would start meanwhile sees it. Two real transactions, in threads, on PostgreSQL; the
+provider a real HTTP server."""
 
 import json
 import threading
@@ -23,7 +24,6 @@ from tests.factories import audit_events
 pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.usefixtures("jobs_to_test_redis"),
-    pytest.mark.skipif(connection.vendor != "postgresql", reason="the lock is PostgreSQL's; SQLite is one process"),
 ]
 REFUND = Capability.Kind.ACTION_TYPE, "refund"
 
@@ -102,10 +102,15 @@ class InThread(threading.Thread):
 
 def test_a_revoke_committed_after_the_claim_stops_the_call(provider, agent):
     action = claimed(agent, "refund:ORD-1:dec-1")
-    revoke(agent)  # the action is pending, its lease held: the claim's own check is behind it
+    # The action is pending, its lease held: the claim's own check is behind the revoke, which
+    # waits for the action to settle.
+    revoking = InThread(revoke, agent)
+    wait_until(lambda: audit_events(agent, "revoked").exists(), seconds=10, message="the revoke to commit")
 
     action_run_claimed(action)
 
+    revoking.join(5)
+    assert not revoking.is_alive() and revoking.failed is None, revoking.failed
     assert provider.keys == []
     row = Action.objects.get(pk=action.pk)
     assert (row.status, row.external_ref) == (ActionStatus.CANCELLED, "")
@@ -120,15 +125,17 @@ def test_a_revoke_waits_for_the_call_under_way_and_a_call_after_it_is_stopped(pr
     wait_until(lambda: provider.keys, seconds=10, message="the first call to reach the provider")
 
     revoking = InThread(revoke, agent)
+    wait_until(lambda: audit_events(agent, "revoked").exists(), seconds=10, message="the revoke to commit")
+    # Claimed before the revoke, its call would start now: it sees the revoke and is cancelled.
+    also_sending = InThread(action_run_claimed, second)
+    also_sending.join(10)
+    assert not also_sending.is_alive() and also_sending.failed is None, also_sending.failed
+    assert provider.keys == [first.operation_key]
     time.sleep(0.5)
     assert revoking.is_alive(), "the revoke returned while a call under the grant was at the provider"
-    # Claimed before the revoke, its call would start now: it waits behind the revoke, not beside it.
-    also_sending = InThread(action_run_claimed, second)
-    time.sleep(0.5)
-    assert also_sending.is_alive() and provider.keys == [first.operation_key]
 
     provider.release.set()
-    for thread in (sending, revoking, also_sending):
+    for thread in (sending, revoking):
         thread.join(15)
         assert not thread.is_alive() and thread.failed is None, thread.failed
     assert revoking.done_at > provider.answered_at[0]  # the call returned first
@@ -137,3 +144,17 @@ def test_a_revoke_waits_for_the_call_under_way_and_a_call_after_it_is_stopped(pr
     row = Action.objects.get(pk=second.pk)
     assert row.status == ActionStatus.CANCELLED
     assert audit_events(row, "cancelled").get().reason.startswith("grant revoked")
+
+
+def test_a_revoke_waits_for_a_dead_workers_claim_no_longer_than_its_lease(provider, agent, settings):
+    """A worker that died after its claim may have sent the call: the revoke waits for its lease to
+    run out (the action is then verified by whoever takes it over), and not a moment past it."""
+    settings.LEASE_SECONDS = 2
+    action = claimed(agent, "refund:ORD-1:dec-1")  # and its worker is never heard of again
+    started = time.monotonic()
+
+    revoke(agent)
+
+    waited = time.monotonic() - started
+    assert action.lease_left() <= 0 and waited < settings.LEASE_SECONDS + 2, waited
+    assert Action.objects.get(pk=action.pk).status == ActionStatus.PENDING  # the sweeper's to verify
