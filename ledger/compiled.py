@@ -6,7 +6,8 @@
    runs the SQL and builds the model instances as the ORM would (same converters,
    `Model.from_db`). `insert` and `update` do the same for writing one row. They are used only
    on the hot paths `make bench` measures: the API's authentication and replay, the intake's
-   insert, a worker's claim and each move's locked read, and the runner's fenced checkpoint. `STATEMENTS` lists them; `python manage.py fastpath` prints
+   insert, a worker's claim, its last look at the grant before the call and each move's locked
+   read, and the runner's fenced checkpoint. `STATEMENTS` lists them; `python manage.py fastpath` prints
    their SQL. Only the SQL text is kept here: the statements psycopg prepares belong to its
    connection, so one that replaced a connection the database dropped (CONN_HEALTH_CHECKS,
    ledger.outages) prepares them afresh and never names a statement of the dead one.

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ("ledger", "approvals", "dlq", "sandbox", "demo", "config")
 # The measured hot paths (make bench): authentication and replay, the intake, the claim, a move.
 REGISTRY = "ledger.compiled.CACHES"
-HOT = ("ledger.models", "ledger.actions", "ledger.executor", "ledger.statemachine", "approvals.intake")
+HOT = ("ledger.models", "ledger.actions", "ledger.executor", "ledger.grants", "ledger.statemachine", "approvals.intake")
 
 
 def module_caches(path):
