@@ -30,9 +30,13 @@ name as addresses (`EvidenceSection.withheld`: a limit's alert tiers) are shown 
 how many there were, in the sections' data and in the detail of the audit events. Such an event keeps
 its content hash and place in the chain as stored, so its links still check, and names the values it
 withheld (`redacted`); its content hash cannot be recomputed from the file, only checked against the
-database's row (or the archive's), with those values put back (decision 62).
+database's row (or the archive's), with those values put back (decision 62). The record names the keys
+it withholds (`withheld_keys`, under its digest and signature; none in staff's), and from the file alone
+`redacted` holds only at those keys in an event's `before` or `after`, each showing a count: put on an
+event anywhere else, it fails the check instead of sparing the event's content hash it.
 """
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
@@ -56,8 +60,9 @@ HOW_TO_CHECK = (
     "request_id}, or of them and object_label (the events written since the label is hashed), with sorted keys and "
     "separators (',', ':'); hash = sha256 of prev_hash + content_hash + seq "
     "(as text); an event's prev_hash is the hash of the event whose seq is one less. An event with `redacted` "
-    "shows {\"withheld\": n} in place of the staff addresses at those paths: its content_hash is the chain's, "
-    "checked against the database, not recomputed from the file. audit.checkpoint (null: not "
+    "shows {\"withheld\": n} (n a whole number, 0 or more) in place of the staff addresses at those paths, each in "
+    "its before or after and ending in one of withheld_keys: its content_hash is the chain's, checked against the "
+    "database, not recomputed from the file; a path named anywhere else fails. audit.checkpoint (null: not "
     "yet checkpointed) is the chain's hash at a seq at or after every event here, signed by this ledger. digest = "
     "sha256 of this record's JSON without 'integrity', written the same way. `manage.py evidence_verify FILE` "
     "checks all of it and, against the database, the signatures and the chain."
@@ -101,6 +106,7 @@ def evidence_record(action, sections, *, for_staff=False):
     for _, part in parts:
         audit_q |= part.audit
     events = list(AuditEvent.objects.filter(audit_q).order_by("id"))
+    withheld_keys = [] if for_staff else sorted({key for section in sections for key in section.withheld})
     record = {
         "format": FORMAT,
         "generated_at": _utc(timezone.now()),
@@ -111,12 +117,13 @@ def evidence_record(action, sections, *, for_staff=False):
         "provider_evidence": [{"kind": _kind(entry), "entry": entry} for entry in action.evidence or []],
         "webhooks": _webhooks(action),
         "sections": {name: part.data for name, part in parts},
+        # Under the digest: the offline check accepts `redacted` at these keys only.
+        "withheld_keys": withheld_keys,
         "audit": {**_audit(events), "archived": _archived_before(action)},
     }
     # Through JSON and back: the digest is of exactly what the file will hold.
     record = json.loads(json.dumps(record, default=str))
-    if not for_staff:
-        _withhold_from_the_agent(record, {key for section in sections for key in section.withheld})
+    _withhold_from_the_agent(record, set(withheld_keys))
     digest = record_digest(record)
     signature = ledger_signer("evidence").signature(digest)
     record["integrity"] = {"digest": digest, "signature": signature, "how_to_check": HOW_TO_CHECK}
@@ -339,10 +346,14 @@ def record_problems(record, *, database=True, archives=None):
         return ["not an evidence record (an audit event's id or seq is no whole number)"]
     if not all(_paths_or_absent(e.get("redacted", [])) for e in events):
         return ["not an evidence record (an audit event's redacted is no list of paths)"]
+    # Absent (a record written before records named them): none, and no event of it may withhold.
+    withheld_keys = record.get("withheld_keys", [])
+    if not _paths_or_absent(withheld_keys):
+        return ["not an evidence record (its withheld_keys is no list of keys)"]
     problems = []
     if record_digest(record) != integrity.get("digest"):
         problems.append("the digest is not the record's: the record was changed after it was written")
-    problems += _chain_problems(events)
+    problems += _chain_problems(events, withheld_keys)
     if database:
         if not ledger_signed("evidence", str(integrity.get("digest")), integrity.get("signature")):
             problems.append("the signature is not this ledger's for this digest")
@@ -398,15 +409,19 @@ def archived_events(directory):
     return found, problems
 
 
-def _chain_problems(events):
+def _chain_problems(events, withheld_keys):
     problems, previous = [], None
     # In the chain's order (the order of sealing, which may differ from the ids').
     for event in sorted(events, key=lambda e: (0, e["seq"]) if isinstance(e.get("seq"), int) else (1, 0)):
         name = f"event #{event.get('seq') or event.get('id')}"
         # Of its fields without its label or with it (ledger.audit.content_hashes): a label changed in
         # the file shows for an event whose content hash covers it. One with values withheld is
-        # checked against the database's row, with them put back (_withholding_problem).
-        if not event.get("redacted") and event.get("content_hash") not in content_hashes(event):
+        # checked against the database's row, with them put back (_withholding_problem), once the
+        # file shows that it withheld only what the record withholds.
+        if event.get("redacted"):
+            if why := _redaction_problem(event, withheld_keys):
+                problems.append(f"{name}: {why}")
+        elif event.get("content_hash") not in content_hashes(event):
             problems.append(f"{name}: its fields are not what its content hash was computed from")
         if isinstance(event.get("seq"), int):
             if chain_hash(event.get("prev_hash"), event.get("content_hash"), event["seq"]) != event.get("hash"):
@@ -416,6 +431,26 @@ def _chain_problems(events):
                 problems.append(f"{name}: it does not follow event #{previous['seq']}")
             previous = event
     return problems
+
+
+def _redaction_problem(event, withheld_keys):
+    """Why `event`'s `redacted` names something other than what the agent's record withholds; None if
+    each path it names is in its `before` or `after`, ends in one of `withheld_keys`, and shows a count
+    there, as `withheld` writes it. Only then may its content hash go unchecked from the file: a path
+    named anywhere else, or a value shown whole, would spare any edited event the check."""
+    for path in event["redacted"]:
+        keys = path.split(".")
+        if len(keys) < 2 or keys[0] not in ("before", "after") or keys[-1] not in withheld_keys:
+            return (f"it says it withheld {path}, which is not under a key the record withholds "
+                    f"({', '.join(withheld_keys) or 'none'})")
+        try:
+            shown = functools.reduce(_step, keys, event)
+        except (KeyError, IndexError, TypeError, ValueError):
+            return f"it says it withheld {path}, which it does not show"
+        count = shown["withheld"] if isinstance(shown, dict) and shown.keys() == {"withheld"} else None
+        if not (isinstance(count, int) and not isinstance(count, bool) and count >= 0):
+            return f"what it shows at {path} is not a value withheld ({{\"withheld\": n}})"
+    return None
 
 
 def _checkpoint_problems(named, archived):

@@ -139,7 +139,8 @@ class EvidenceAuditEventSerializer(serializers.Serializer):
             "Only on an event some of whose values are withheld from this copy (staff's e-mail addresses): their "
             "paths in it (\"after.first_tier\"), each shown as {\"withheld\": n}, how many addresses it held. Its "
             "content_hash, prev_hash and hash are the chain's: its links check from the file, its content only "
-            "against the database (`evidence_verify`)."))
+            "against the database (`evidence_verify`); a path not in its before or after, not ending in one of the "
+            "record's withheld_keys, or not showing a count there fails the check."))
 
 
 class EvidenceChainCheckSerializer(serializers.Serializer):
@@ -200,6 +201,9 @@ class EvidenceRecordSerializer(serializers.Serializer):
     provider_evidence = EvidenceEntrySerializer(many=True)
     webhooks = EvidenceWebhookSerializer(many=True)
     sections = EvidenceSectionsSerializer()
+    withheld_keys = serializers.ListField(child=serializers.CharField(), help_text=(
+        "The keys whose staff addresses this copy withholds (none in staff's): an event's `redacted` paths each lie "
+        "in its before or after and end in one of them. Under the digest and the signature."))
     audit = EvidenceAuditSerializer()
     integrity = EvidenceIntegritySerializer()
 
