@@ -86,7 +86,8 @@ SQLITE_TESTS := tests/ledger/test_sqlite_default.py tests/ledger/test_compiled.p
   tests/dlq/test_evidence_unsealed_archived.py tests/dlq/test_archive_bounds.py \
   tests/ledger/test_versions_in_the_database.py tests/ledger/test_audit_checkpoints_missing.py \
   tests/ledger/test_audit_label_hashed.py tests/ledger/test_done_by_hand_in_the_database.py \
-  tests/dlq/test_archive_incidents.py tests/dlq/test_archive_chain_checks.py tests/ledger/test_marks_for_older_rows.py
+  tests/dlq/test_archive_incidents.py tests/dlq/test_archive_chain_checks.py tests/ledger/test_marks_for_older_rows.py \
+  tests/ledger/test_booking_reconfirm_in_the_database.py
 test: install services static
 	$(VENV)/bin/lint-imports
 	@echo "DATABASE_URL=$(TEST_DATABASE_URL) $(VENV)/bin/pytest -n $(TEST_WORKERS) -p no:cacheprovider $(PYTEST_ARGS)"

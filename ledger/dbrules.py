@@ -12,7 +12,7 @@ serialises writers, the rules are triggers as well: they cost nothing measurable
 from dataclasses import dataclass
 
 from . import locks
-from .models import IN_FLIGHT_STATUSES, ActionStatus, held_nearby
+from .models import IN_FLIGHT_STATUSES, ActionStatus, Booking, held_nearby
 from .retention import KEY_ARCHIVED
 
 
@@ -226,6 +226,38 @@ DONE_BY_HAND_FINAL, DONE_BY_HAND_FINAL_SQLITE = marked_final(
 TASK_DONE_BY_HAND_FINAL, TASK_DONE_BY_HAND_FINAL_SQLITE = marked_final(
     "task", "ledger_task", "task_id", "state", "last_error", ("done_by_hand",))
 
+# A booking's slot let go (released: its action failed for good, was rejected, cancelled...) is
+# taken again only as Booking.TRANSITIONS and Booking._refuse allow: confirmed, for a booking whose
+# action a person then did by hand (models.DONE_BY_HAND; the mark is written first, in the same
+# transaction: ledger.actions.action_done_by_hand). Otherwise a slot nobody booked would be held, and
+# another booking of that time refused, whatever wrote the row. The trigger (its migration) fires
+# only for an update of a released row's status, so no other write pays for it; the rest of the row
+# may be written. Migration 0056.
+def its_action_done_by_hand(mark):
+    """Whether the booking's action is done by hand, `mark` saying in the database's words that its
+    error's `done_by_hand` is JSON's true."""
+    return ("EXISTS (SELECT 1 FROM ledger_action a\n"
+            f"                      WHERE a.id = OLD.action_id AND a.status = '{ActionStatus.FAILED}' AND {mark})")
+
+
+BOOKING_RELEASED_FINAL = Function("ledger_booking_released_final() RETURNS trigger", f"""
+BEGIN
+    IF NEW.status IS DISTINCT FROM '{Booking.Status.CONFIRMED}'
+       OR NOT {its_action_done_by_hand("a.error -> 'done_by_hand' = 'true'::jsonb")} THEN
+        RAISE EXCEPTION USING MESSAGE = 'the slot of booking ' || OLD.id || ' was let go: only a booking a person '
+                                        || 'then did by hand takes it again, confirmed',
+                              ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    RETURN NEW;
+END """)
+BOOKING_RELEASED_FINAL_SQLITE = SQLiteTrigger("ledger_booking_released_final", f"""CREATE TRIGGER ledger_booking_released_final BEFORE UPDATE OF status ON ledger_booking
+WHEN OLD.status = '{Booking.Status.RELEASED}' AND NEW.status IS NOT '{Booking.Status.RELEASED}'
+    AND (NEW.status IS NOT '{Booking.Status.CONFIRMED}'
+         OR NOT {its_action_done_by_hand("json_type(a.error, '$.done_by_hand') = 'true'")})
+BEGIN
+    SELECT RAISE(ABORT, 'the slot of a booking was let go: only a booking a person then did by hand takes it again, confirmed');
+END""")
+
 # Audit events are append-only; the only update is the sealer's, and only with the next link
 # of the chain (hash = sha256(prev_hash || content_hash || seq), the formula of audit.py) at the
 # seq after the chain's end: the highest seq sealed, whose event no archive deletes (a run deletes
@@ -363,7 +395,7 @@ RULES = [LOCK_SUBJECTS, TRY_LOCK_SUBJECTS, SAME_SUBJECT, REQUEUE_SAME_SUBJECT, A
          ARCHIVE_NO_UPDATE_SQLITE, ARCHIVE_NO_DELETE_SQLITE, ARCHIVE_SIGNED_SQLITE,
          ARCHIVED_KEY_REFUSED, ARCHIVED_KEY_REFUSED_SQLITE, ARCHIVED_TASK_REFUSED, ARCHIVED_TASK_REFUSED_SQLITE,
          HELD_NEARBY, VERSION_OF_UNSENT, VERSION_OF_UNSENT_SQLITE, DONE_BY_HAND_FINAL, DONE_BY_HAND_FINAL_SQLITE,
-         TASK_DONE_BY_HAND_FINAL, TASK_DONE_BY_HAND_FINAL_SQLITE]
+         TASK_DONE_BY_HAND_FINAL, TASK_DONE_BY_HAND_FINAL_SQLITE, BOOKING_RELEASED_FINAL, BOOKING_RELEASED_FINAL_SQLITE]
 
 
 def installed(connection, rule):

@@ -785,9 +785,10 @@ class Booking(Machine, models.Model):
 
     # The slot follows its action (ledger.actions.booking_follow_action): confirmed when the
     # booking happened, released when it never will. Confirmed is final; released is too, but
-    # for a booking whose action a person then did by hand (`_refuse`): one that failed for good
-    # let its slot go, and the person booked it outside Surety (ledger.actions._book_again). The
-    # exclusion constraint leaves released rows out, so it checks the one taken again like a new one.
+    # for a booking whose action a person then did by hand (`_refuse`, and the database's
+    # ledger.dbrules.BOOKING_RELEASED_FINAL): one that failed for good let its slot go, and the
+    # person booked it outside Surety (ledger.actions._book_again). The exclusion constraint
+    # leaves released rows out, so it checks the one taken again like a new one.
     TRANSITIONS = {Status.PENDING: {Status.CONFIRMED, Status.RELEASED}, Status.CONFIRMED: set(),
                    Status.RELEASED: {Status.CONFIRMED}}
     # Moved inside its action's move (under the action's lock), and audited with the action.

@@ -49,7 +49,9 @@ through `exchange` too (ledger.connectors.stripe).
 
 import contextlib
 import contextvars
+import json
 import os
+import re
 import socket
 import struct
 import threading
@@ -69,8 +71,25 @@ from .. import clock
 from ..compiled import register_cache
 
 
+# A failure code as the action's error keeps it (docs/contract.md: its `code` is text): 1 to 64
+# ASCII letters, digits, `_`, `-` and `.`, as providers write theirs.
+_READABLE_CODE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+# What a code that is not one becomes, and how much of what came is kept in the message instead.
+UNREADABLE_CODE = "unreadable_code"
+_UNREADABLE_SHOWN_CHARS = 200
+
+
 class ProviderError(Exception):
+    """`code`: the failure's code, the connector's own or the one the provider's answer named
+    (http.call, Stripe's SDK). Every code a provider's answer names reaches the ledger through here,
+    so it is bounded here: a provider, or anything answering in its place, may put any JSON there
+    (an object, a megabyte of text), and the action's error would keep it. One that is no short
+    string of the safe characters is `UNREADABLE_CODE`, the start of what came kept in the message."""
+
     def __init__(self, message, *, code="provider_error", status=None):
+        if not (isinstance(code, str) and _READABLE_CODE.fullmatch(code)):
+            shown = json.dumps(code, default=repr)[:_UNREADABLE_SHOWN_CHARS]
+            message, code = f"{message} (the provider's code, unreadable: {shown})", UNREADABLE_CODE
         super().__init__(message)
         self.code = code
         self.status = status
