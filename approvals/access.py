@@ -75,15 +75,6 @@ def may_decide(user, item, authority=None):
     return not item.action.agent.answers_for(user, behalf)
 
 
-def decidable_for(user, perm):
-    """The action types `user` may take `perm` decisions on: their own, and those of each person
-    whose running delegation names them (for "waiting for me" and the queues' controls)."""
-    names = decidable_names(user, perm)
-    for _, theirs in standing_in_for(user, perm):
-        names |= theirs
-    return names
-
-
 def standing_in_for(user, perm):
     """(person, the action types they may take `perm` decisions on) for each person whose running
     delegation names `user`: the types `user` decides for them where they may not decide them

@@ -10,21 +10,24 @@ close items), so a decision racing a webhook never deadlocks; a release takes it
 subjects' locks before both, as the intake takes them before its rows.
 """
 
+import functools
 import hashlib
 import json
+import operator
 from contextlib import contextmanager
 
 from django.db import IntegrityError, transaction
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 
 from ledger import clock
+from ledger.access import decidable_names
 from ledger.actions import action_lock_subjects, action_release, in_flight_near
-from ledger.models import Action, ActionStatus, AuditEvent
+from ledger.models import Action, ActionStatus, ActionType, Agent, AuditEvent
 from ledger.statemachine import InvalidTransition
 from ledger.versions import VersionRefused, action_version_create, version_params
 from ledger.webhooks import failure_stored_told
 
-from .access import acting_for
+from .access import PERM_FOR_KIND, acting_for, standing_in_for
 from .dbrules import FOUR_EYES_RULE, WINDOW_CLOSED_RULE
 from .intake import verdict_for_action
 from .models import Approval, ReviewItem, ReviewKind, ReviewStatus
@@ -98,7 +101,7 @@ def review_decide(item, *, user, decision, reason="", external_ref="", fingerpri
             raise DecisionRefused("the provider reported the effect; mark it succeeded with its reference instead")
         if decision == "approve":
             _approvals_for_params_now(item, action)
-        if decision == "approve" and item.approvals_needed > 1 and not _second_approval(
+        if decision == "approve" and item.approvals_needed > 1 and not _approval_recorded(
                 item, action, user, behalf, reason, fingerprint):
             return item
         _decide(item, action, user, behalf, decision, reason, external_ref.strip(), fingerprint)
@@ -174,10 +177,12 @@ def _approvals_for_params_now(item, action):
                               before={"approvals_needed": before}, after={"approvals_needed": item.approvals_needed})
 
 
-def _second_approval(item, action, user, behalf, reason, fingerprint):
-    """Record this approval; True if it is the second that counts, by someone else, of the same
-    params. A delegate's approval is its person's too: one of two from each of them is all it can
-    be. An earlier approval counts only while its person does not answer for the agent (`approvals_counted`)."""
+def _approval_recorded(item, action, user, behalf, reason, fingerprint):
+    """Record this approval on `item`; True if with it the item has the approvals that count it
+    needs: of two, the second, by someone else, of the same params (a version's editor's approval
+    on the item its hold closed is recorded here too, `review_edit`). A delegate's approval is its
+    person's too: one of two from each of them is all it can be. An earlier approval counts only
+    while its person does not answer for the agent (`approvals_counted`)."""
     earlier = list(item.approvals.select_related("user", "on_behalf_of"))
     if given_by_the_same_eyes(earlier, user, behalf):
         raise DecisionRefused("four eyes: the second approval must come from someone else"
@@ -210,6 +215,46 @@ def by_the_same_eyes(*people):
     """`given_by_the_same_eyes` as a condition on approvals (the queues count with it): given by
     one of `people`, or for one of them by their delegate."""
     return Q(user__in=people) | Q(on_behalf_of__in=people)
+
+
+def waiting_for(user):
+    """The review items `user` may decide, as a condition on items ("waiting for me" and the next
+    item; the caller keeps the open ones): those whose page offers them a decision
+    (`approvals.access.may_decide`) and on which four eyes take no approval for theirs yet
+    (`given_by_the_same_eyes`). An action type they may decide on their own authority, with their own
+    eyes alone; one they may decide only for a person whose delegate they are, where neither of them
+    answers for the agent that asked nor gave an approval of it (decision 50). The type's and the
+    agent's conditions are left out where they exclude nothing, so that the open items are joined
+    to their actions only where it matters (decision 38)."""
+    answered = _answered_for(user)
+    waiting = []
+    for perm in dict.fromkeys(PERM_FOR_KIND.values()):
+        kinds = [kind for kind, needed in PERM_FOR_KIND.items() if needed == perm]
+        own = decidable_names(user, perm)
+        if own:
+            waiting.append(_of_types(kinds, own) & _clear_of([user], answered))
+        for person, theirs in standing_in_for(user, perm):
+            if theirs - own:
+                waiting.append(_of_types(kinds, theirs - own)
+                               & _clear_of([user, person], answered | _answered_for(person)))
+    return functools.reduce(operator.or_, waiting) if waiting else Q(pk__in=[])
+
+
+def _answered_for(person):
+    """The agents `person` owns or was shown the token of: four eyes keep them from their requests."""
+    return set(Agent.objects.filter(Agent.answering_for(person)).values_list("pk", flat=True))
+
+
+def _of_types(kinds, names):
+    """Items of `kinds` whose action is of a type among `names`."""
+    return Q(kind__in=kinds) if names >= set(ActionType.values) else Q(kind__in=kinds, action__action_type__in=names)
+
+
+def _clear_of(people, agents):
+    """Items four eyes let `people` decide together: not asked for by one of `agents` (those they
+    answer for), and with no approval given by or for one of them."""
+    clear = ~Exists(Approval.objects.filter(by_the_same_eyes(*people), item=OuterRef("pk")))
+    return clear & ~Q(action__agent__in=agents) if agents else clear
 
 
 def approvals_counted(approvals, agent):
@@ -260,9 +305,10 @@ def review_edit(item, *, user, changes, reason, fingerprint=""):
 
     The approval is given on the version's approval item as any is (`review_decide`). A version
     the database held as it was made (something in flight on its target or customer) has that
-    item closed by its hold already: the first of two is recorded on it as on an open one, for its
-    release to find (decision 23), and one approval alone is bound to its params from its insert
-    (ledger.versions): held, it keeps either through the hold."""
+    item closed by its hold already: the approval is recorded on it as on an open one, the first of
+    two for its release to find (decision 23), and one approval alone, bound to the version's params
+    from its insert (ledger.versions), so that the record of the version that runs on it names who
+    approved it: held, it keeps either through the hold."""
     reason = reason.strip()
     if item.kind != ReviewKind.APPROVAL:
         raise DecisionRefused("only an action awaiting approval can be edited")
@@ -280,8 +326,8 @@ def review_edit(item, *, user, changes, reason, fingerprint=""):
         if waiting.status == ReviewStatus.OPEN:
             review_decide(waiting, user=user, decision="approve", reason=reason,
                           fingerprint=version.params_fingerprint())
-        elif waiting.approvals_needed > 1:  # held as it was made
-            _second_approval(waiting, version, user, behalf, reason, version.params_fingerprint())
+        else:  # held as it was made: the only record of who let this version go, and which one
+            _approval_recorded(waiting, version, user, behalf, reason, version.params_fingerprint())
     return item, Action.objects.get(pk=version.pk)
 
 

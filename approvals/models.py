@@ -232,8 +232,14 @@ class ReviewItem(StateMachine):
         if self.decided_fingerprint:  # what the decider saw, in the decision's audit event
             snap["decided_fingerprint"] = self.decided_fingerprint
         if self.decided_for_id:
-            snap["on_behalf_of"] = actor_label(self.decided_for)
+            snap["on_behalf_of"] = self.decided_for_label
         return snap
+
+    @property
+    def decided_for_label(self):
+        """Whose authority a delegate decided with, labelled as the decision's audit event names
+        them (`on_behalf_of`); "" for a decision on the decider's own."""
+        return actor_label(self.decided_for) if self.decided_for_id else ""
 
     # A person's decisions (approvals.decisions), each on the params they saw (`fingerprint`);
     # `on_behalf_of`: the person whose authority a delegate used. `locked`: the caller has just

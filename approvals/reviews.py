@@ -89,12 +89,14 @@ def _approved_before_a_hold(action):
     """The action's last approval item, if a hold closed it after a first of two approvals, all given
     on the params it waits with again (decision 23): it waits on that item again, and the approval
     stands (a second approval from the same person stays refused). Approvals of other params are
-    none of these: a new item asks for all of them."""
+    none of these: a new item asks for all of them. Nor is an item closed with all the approvals it
+    asked (a version's editor's, held as it was made: approvals.decisions.review_edit): they let the
+    action go, and what waits for approval again now (a failure for good retried) asks anew."""
     last = ReviewItem.objects.select_for_update().filter(action=action, kind=ReviewKind.APPROVAL).order_by("-id").first()
     if last is None or last.status != ReviewStatus.CLOSED:
         return None
-    prints = {approval.fingerprint for approval in last.approvals.all()}
-    return last if prints == {action.params_fingerprint()} else None
+    prints = [approval.fingerprint for approval in last.approvals.all()]
+    return last if set(prints) == {action.params_fingerprint()} and len(prints) < last.approvals_needed else None
 
 
 def approval_expire_due(now=None):

@@ -14,20 +14,19 @@ from django_htmx.http import HttpResponseClientRefresh
 from approvals.access import Authority, acting_for, get_review_item_for_user, may_decide
 from approvals.decisions import (AlreadyDecided, DecisionRefused, approvals_counted, given_by_the_same_eyes,
                                  held_group, held_group_decide, in_flight_print, params_changed, review_decide,
-                                 review_edit)
+                                 review_edit, waiting_for)
 from approvals.intake import covered_currencies, customer_total_today, uncovered_refused
 from approvals.models import Limit, ReviewItem, ReviewKind, ReviewStatus
 from approvals.whatif import DEFAULT_DAYS, MAX_DAYS, Proposal, preview_for_audit
 from ledger import clock
 from ledger.actions import in_flight_near
-from ledger.models import Action, ActionStatus, ActionType, Agent, AuditEvent, money_in_params
+from ledger.models import Action, ActionStatus, ActionType, AuditEvent, money_in_params
 from ledger.versions import edited_from
 
 from .approval_forms import DecisionForm, EditForm, LimitForm, fingerprint_seen, in_flight_seen
 from .dashboard import keyset_page, posted_pk, recent_reasons, render_partial, staff_required
 from .templatetags.amounts import in_currency
 from .filters import ReviewQueueFilters
-from .overview import approved_by
 from .stepup import step_up_required
 
 QUEUES = {
@@ -53,11 +52,9 @@ def _queue_of(item):
 
 
 def _waiting_for(user):
-    """Open items this user can still act on: not requested by an agent they own or were shown
-    the token of (four eyes) and not already approved by them (the second approval must be
-    someone else's)."""
-    return ReviewItem.objects.filter(status=ReviewStatus.OPEN).exclude(
-        action__agent__in=Agent.objects.filter(Agent.answering_for(user))).exclude(approved_by(user))
+    """Open items this user may decide now, as the items' pages offer them a decision
+    (approvals.decisions.waiting_for)."""
+    return ReviewItem.objects.filter(waiting_for(user), status=ReviewStatus.OPEN)
 
 
 def came_from(request, item):

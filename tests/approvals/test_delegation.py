@@ -12,11 +12,12 @@ from django.db import IntegrityError, connection, transaction
 from django.test import Client
 from django.utils import timezone
 
-from approvals.decisions import DecisionRefused, review_decide
+from approvals.access import Authority, acting_for, may_decide
+from approvals.decisions import DecisionRefused, given_by_the_same_eyes, review_decide, waiting_for
 from approvals.evidence import approvals_evidence
 from approvals.delegation import (DelegationRefused, delegate_choices, delegation_name, delegation_revoke,
                                   standing_in)
-from approvals.models import Delegation, Limit, ReviewItem, ReviewStatus
+from approvals.models import Delegation, Limit, ReviewItem, ReviewKind, ReviewStatus
 from dlq.alerts import alert_deliver
 from dlq.models import Alert
 from dlq.overdue import review_alert_overdue
@@ -371,3 +372,74 @@ def test_the_items_list_of_approvals_says_for_whom_a_delegate_approved(people, l
     [listed] = re.findall(r'<ul class="approvals-list">(.*?)</ul>', page, re.S)
     said = " ".join(re.sub(r"<[^>]+>", " ", listed).split())
     assert said.startswith("olga for alice approved "), said
+
+
+def test_the_items_decided_line_says_for_whom_a_delegate_decided(people, limit):
+    """olga approved for alice: the item's page said "approved by user:olga", as if on her own
+    authority, where its audit event and its evidence say on whose behalf. A decision on one's own
+    authority names its decider alone."""
+    item = over_limit()
+    away(people["alice"], people["olga"])
+    assert decide(signed_in(people["olga"]), item).status_code == 302
+    own = over_limit(n=2)  # of the same customer, held behind the first: bob rejects it as himself
+    assert decide(signed_in(people["bob"]), own, decision="reject").status_code == 302
+
+    def decided_line(item):
+        page = signed_in(people["bob"]).get(f"/review/{item.pk}/").content.decode()
+        [line] = re.findall(r'<div class="decided" id="decided">\s*<p>(.*?)</p>', page, re.S)
+        return " ".join(re.sub(r"<[^>]+>", " ", line).split())
+
+    assert decided_line(item).startswith("approved by user:olga for user:alice "), decided_line(item)
+    assert audit_events(item, "approve").get().after["on_behalf_of"] == "user:alice"
+    assert decided_line(own).startswith("rejected by user:bob "), decided_line(own)
+    assert " for " not in decided_line(own)
+
+
+def asked_of(n, owner=None, amount="750.00", customer=None):
+    """An over-limit refund of its own agent, order and customer (unless `customer` is shared):
+    what waits for a person about it."""
+    agent = make_agent(f"bot-{n}", owner=owner)[0]
+    action, _ = action_request(agent=agent, operation_key=f"refund:ORD-{n}:dec-{n}", action_type="refund",
+                               target=f"ORD-{n}", customer=customer or f"C-{n}",
+                               params={"amount": amount, "currency": "EUR"})
+    return ReviewItem.objects.get(action=action, status="open")
+
+
+def test_a_delegates_next_item_is_never_one_of_an_agent_their_person_owns(people, limit):
+    """Decision 50's gap: an item of an agent alice owns waited for olga, who stands in for alice,
+    though four eyes refuse her every decision on it ("Next item" sent her to a page that offers
+    none). bob may decide it: it waits for him."""
+    first, owned, last = asked_of(1), asked_of(2, owner=people["alice"]), asked_of(3)
+    away(people["alice"], people["olga"])
+
+    assert signed_in(people["olga"]).get(f"/review/{first.pk}/").context["next_item"] == last
+    assert signed_in(people["bob"]).get(f"/review/{first.pk}/").context["next_item"] == owned
+
+
+def test_what_waits_for_each_person_is_what_their_items_pages_let_them_decide(people, limit):
+    """"Waiting for me" and the next item count an open item for a person exactly where its page
+    offers them a decision (may_decide) that four eyes do not refuse for an approval given already:
+    for olga, alice's delegate with no permission of her own, neither what an agent alice owns
+    asked nor what alice approved first; for olga's own agent, nobody's delegate decides for her."""
+    first, owned_by_alice, owned_by_olga = asked_of(1), asked_of(2, owner=people["alice"]), asked_of(
+        3, owner=people["olga"])
+    approved_by_alice, approved_by_bob = asked_of(4, amount="6000.00"), asked_of(5, amount="6000.00")
+    review_decide(approved_by_alice, user=people["alice"], decision="approve", reason="one of two")
+    review_decide(approved_by_bob, user=people["bob"], decision="approve", reason="one of two")
+    held_mine = asked_of(6, owner=people["alice"], customer="C-6").action
+    held_other = asked_of(7, customer="C-6")  # holds both
+    held_mine = ReviewItem.objects.get(action=held_mine, status="open")
+    assert {held_mine.kind, held_other.kind} == {ReviewKind.HELD}
+    away(people["alice"], people["olga"])
+
+    def decidable(user):
+        authority = Authority(user)
+        return {item.pk for item in ReviewItem.objects.filter(status="open")
+                if may_decide(user, item, authority)
+                and not given_by_the_same_eyes(item.approvals.all(), user, acting_for(user, item, authority))}
+
+    for name in ("olga", "alice", "bob"):
+        user = people[name]
+        waiting = set(ReviewItem.objects.filter(waiting_for(user), status="open").values_list("pk", flat=True))
+        assert waiting == decidable(user), name
+    assert decidable(people["olga"]) == {first.pk, approved_by_bob.pk, held_other.pk}

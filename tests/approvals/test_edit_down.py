@@ -7,15 +7,18 @@ import re
 from decimal import Decimal
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 
 from approvals.decisions import AlreadyDecided, DecisionRefused, review_decide, review_edit
 from approvals.intake import customer_total_today
 from approvals.models import Limit, ReviewItem, ReviewKind
 from console.approval_forms import EditForm
+from console.evidence import evidence_export
 from dlq.entries import deadletter_redrive
 from dlq.models import DeadLetter
 from ledger.actions import action_request
+from ledger.evidence import evidence_actions
 from ledger.models import Action, ActionStatus, AuditEvent
 from tests.factories import audit_events, make_agent, person
 
@@ -356,6 +359,55 @@ def test_a_version_held_as_it_is_made_keeps_its_editors_approval_and_its_release
 
     assert version.status == ActionStatus.QUEUED and version.approved_fingerprint == version.params_fingerprint()
     assert not ReviewItem.objects.filter(action=version, status="open").exists()
+
+
+def test_a_version_held_as_it_is_made_that_runs_on_its_editors_approval_alone_has_it_on_record(people, client):
+    """Held as it is made, the version's approval item is closed by the hold before its editor's
+    approval is given: released, it ran on that approval, and its evidence record showed the item
+    closed with no approval at all. The approval is recorded on that item, naming its editor and
+    the print of the version's params, with its audit event, and the record carries both."""
+    users, _ = people
+    version = held_as_it_is_made(people, "750.00", "400.00")
+    version = released(version, users["bob"])
+    claimed = version.claim(owner="tests:1")
+    claimed.mark_succeeded(actor="system:executor", claim=claimed.fence, external_ref="re_v2")
+
+    record = evidence_export(evidence_actions().get(pk=version.pk))
+    [approval] = [item for item in record["sections"]["approvals"]["review_items"] if item["kind"] == "approval"]
+    assert approval["status"] == "closed"
+    assert [(a["user"], a["on_behalf_of"], a["fingerprint"], a["reason"]) for a in approval["approvals"]] == [
+        ("alice", None, version.params_fingerprint(), "only the broken item")]
+    recorded = [e for e in record["audit"]["events"] if e["verb"] == "approval_recorded"]
+    assert [(e["actor"], e["object_id"], e["after"]["fingerprint"]) for e in recorded] == [
+        ("user:alice", str(approval["id"]), version.params_fingerprint())]
+    # The printable record shows it on the item.
+    client.force_login(get_user_model().objects.create_superuser("aldo", password=None))
+    page = client.get(f"/actions/{version.pk}/evidence").content.decode()
+    [shown] = re.findall(rf'<article class="ev-item" id="ev-item-{approval["id"]}">(.*?)</article>', page, re.S)
+    assert "alice" in shown and version.params_fingerprint() in shown
+
+
+def test_a_version_run_on_its_editors_approval_and_retried_after_a_failure_for_good_is_approved_again(people):
+    """The editor's approval, recorded on the item its hold closed, let the version go: it is no first
+    of two waiting there. Failed for good and redriven by a person, still over its limit, the version
+    waits on a new item with no approval given, as any failure for good retried does (decision 23)."""
+    users, _ = people
+    version = held_as_it_is_made(people, "900.00", "600.00")
+    closed = ReviewItem.objects.get(action=version, kind=ReviewKind.APPROVAL)
+    claimed = released(version, users["bob"]).claim(owner="tests:1")
+    claimed.mark_failed(actor="system:executor", claim=claimed.fence, code="declined", message="card blocked",
+                        retryable=False)
+    part = ReviewItem.objects.get(action__operation_key="refund:ORD-E1:part:dec-2", status="open")
+    review_decide(part, user=users["bob"], decision="reject", reason="asked twice")  # nothing in flight on ORD-E1
+
+    deadletter_redrive(DeadLetter.objects.get(action=version, status="open"), actor=users["olga"],
+                       reason="the card issuer lifted its block")
+
+    version.refresh_from_db()
+    assert version.status == ActionStatus.AWAITING_APPROVAL and not version.has_approval()
+    waiting = ReviewItem.objects.get(action=version, status="open")
+    assert waiting.pk != closed.pk and waiting.kind == ReviewKind.APPROVAL and not waiting.approvals.exists()
+    assert ReviewItem.objects.get(pk=closed.pk).status == "closed"
 
 
 def test_the_first_of_two_approvals_of_a_version_held_as_it_is_made_is_its_editors(people):

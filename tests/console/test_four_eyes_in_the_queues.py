@@ -102,3 +102,11 @@ def test_the_queue_offers_no_reject_to_a_delegate_whose_person_owns_the_agent(aw
     rows = signed_in(away["olga"]).get("/approvals/").content.decode()
     assert f'data-id="{owned.pk}"' in rows and f"reject-reason-{owned.pk}" not in rows
     assert f"reject-reason-{other.pk}" in rows
+
+
+def test_waiting_for_a_delegate_leaves_out_what_their_person_owns(away):
+    """olga stands in for alice, who owns an agent: four eyes keep both from its requests, so its
+    item is not waiting for olga. Her card counted it all the same (decision 50)."""
+    waiting(1, "600.00", owner=away["alice"]), waiting(2, "600.00")
+    card = next(c for c in signed_in(away["olga"]).get("/").context["cards"] if c["kind"] == "approval")
+    assert (card["count"], card["mine"]) == (2, 1)
