@@ -12,15 +12,17 @@ A stashed decision is the person's only while they are on their way to the facto
 once they navigate elsewhere, and once STEP_UP_SECONDS have passed since it was asked
 (`StashedDecisionMiddleware`). Kept, a factor given hours later, on a link anyone could have sent
 (the factor page with its `next`), took a decision the person had abandoned. A factor given with
-no decision kept leads back to the page the decision was asked from: allauth sends the person on
-to the factor page's `next`, the decision's address, which only a POST opens.
+no decision kept leads back to the page the decision was asked from (`page_to_return_to`), not on
+to the factor page's `next`, where allauth sends the person: the decision's address, which only a
+POST opens.
 """
 
 import copy
+import inspect
 import time
 from datetime import UTC, datetime
 from functools import wraps
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 from allauth.account.adapter import get_adapter
 from allauth.account.authentication import get_authentication_records
@@ -29,7 +31,8 @@ from django.contrib.auth import REDIRECT_FIELD_NAME
 from django.conf import settings
 from django.contrib import messages
 from django.http import HttpResponseRedirect
-from django.urls import reverse
+from django.shortcuts import resolve_url
+from django.urls import Resolver404, resolve, reverse
 from django.utils.functional import lazy
 
 from ledger.middleware import current_step_up
@@ -47,9 +50,49 @@ def fresh_factor(request):
     return {"method": given[-1]["type"], "at": datetime.fromtimestamp(given[-1]["at"], UTC).isoformat()}
 
 
-# The page the latest decision stashed for a factor was posted from, kept after the stash is
-# dropped (`StashedDecisionMiddleware`): a factor given then leads there, nothing decided.
+# The pages where a factor is given: a stashed decision waits through them, and no other.
+_FACTOR_PAGES = lazy(lambda: {reverse("mfa_reauthenticate"), reverse("mfa_reauthenticate_webauthn")}, set)()
+
+
+# The page the latest decision stashed for a factor was posted from (`page_to_return_to`), kept
+# after the stash is dropped (`StashedDecisionMiddleware`): a factor given then leads there,
+# nothing decided.
 ASKED_FROM = "step_up_asked_from"
+
+
+def _methods_taken(view):
+    """The methods Django's require_http_methods (require_POST's) lets through to `view`, if
+    `view` is its gate: it keeps them in its closure, and says them nowhere else."""
+    return inspect.getclosurevars(view).nonlocals.get("request_method_list") if inspect.isfunction(view) else None
+
+
+def opens_for_get(path):
+    """Whether a GET of this site's `path` is answered with a page: a view answers it, and its
+    gate, if it has one under the decorators around it (`functools.wraps`), lets a GET through."""
+    try:
+        view = resolve(path).func
+    except Resolver404:
+        return False
+    methods = _methods_taken(inspect.unwrap(view, stop=lambda layer: _methods_taken(layer) is not None))
+    return methods is None or "GET" in methods
+
+
+def page_to_return_to(request):
+    """Where a factor given for this decision leads once the decision is no longer kept: the page
+    it was asked from, as the browser named it (`page_shown`), where a GET opens that page; else
+    the nearest page at or above the decision's address (the item's, the list's); else the
+    dashboard. The browser names an address only a POST opens when its page was a POST's answer
+    (a bulk discard's confirmation, a bulk redrive's start refused), and a factor page when a
+    decision replayed there showed its answer: neither is a page to come back to."""
+    shown = page_shown(request)
+    if shown and urlsplit(shown).path not in _FACTOR_PAGES and opens_for_get(urlsplit(shown).path):
+        return shown
+    path = request.path
+    while path != "/":
+        if opens_for_get(path):
+            return path
+        path = path.rstrip("/").rsplit("/", 1)[0] + "/"
+    return resolve_url(settings.LOGIN_REDIRECT_URL)
 
 
 def ask_for_factor(request, *, replay=True):
@@ -68,19 +111,16 @@ def ask_for_factor(request, *, replay=True):
     stashed.META = {name: value for name, value in request.META.items() if not name.startswith("HTTP_HX_")}
     asked = suspend_request(stashed, asks[0]["url"])
     request.session[STATE_SESSION_KEY] = {**request.session[STATE_SESSION_KEY], "stashed_at": time.time()}
-    request.session[ASKED_FROM] = {"decision": request.get_full_path(), "page": page_shown(request)}
+    request.session[ASKED_FROM] = {"decision": request.get_full_path(), "page": page_to_return_to(request)}
     return redirect(request, asked.url)
-
-
-# The pages where a factor is given: a stashed decision waits through them, and no other.
-_FACTOR_PAGES = lazy(lambda: {reverse("mfa_reauthenticate"), reverse("mfa_reauthenticate_webauthn")}, set)()
 
 
 class StashedDecisionMiddleware:
     """Drops a request stashed for a factor (`ask_for_factor`'s decision, or allauth's own: a
     factor removed, recovery codes made) that the person abandoned: a page they navigated to other
     than the factor's, or STEP_UP_SECONDS after it was asked. A factor given with no decision kept
-    leads to the page the decision was asked from, not to its address (405 to the GET)."""
+    leads to the page the decision was asked from (`page_to_return_to`, one a GET opens), not to
+    its address (405 to the GET)."""
 
     def __init__(self, get_response):
         self.get_response = get_response
@@ -102,7 +142,7 @@ class StashedDecisionMiddleware:
         response = self.get_response(request)
         if on_factor_page and request.method == "POST" and response.status_code == 302:  # a factor given
             asked = request.session.pop(ASKED_FROM, None)
-            if asked and asked["page"] and response.url == asked["decision"]:  # nothing replayed
+            if asked and response.url == asked["decision"]:  # nothing replayed
                 return HttpResponseRedirect(asked["page"])
         return response
 

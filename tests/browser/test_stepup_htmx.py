@@ -5,7 +5,9 @@ answered to htmx's request would be followed by the request itself, and the fact
 into the decision form); the decision kept meanwhile is taken once the passkey is given, once,
 as hers, and she lands on the item's page (the next item's, where there is one) as after any
 decision. A decision she walked away from is dropped, and a factor given later leads back to the
-page she had asked it from. The stack requires the second factor and step-up, as production does."""
+page she had asked it from, or, where that page was a POST's answer (a bulk discard's
+confirmation), to the page above it. The stack requires the second factor and step-up, as
+production does."""
 
 from urllib.parse import parse_qs, urlsplit
 
@@ -13,10 +15,11 @@ import pytest
 from django.contrib.sessions.backends.db import SessionStore
 
 from approvals.models import ReviewItem, ReviewStatus
+from dlq.models import DeadLetter, EntryStatus
 from tests.browser.conftest import request_refund, status_message
 from tests.browser.test_passkey import sign_in_with_password, virtual_authenticator
 from tests.conftest import running_server
-from tests.factories import audit_events
+from tests.factories import audit_events, dead_letter
 
 pytestmark = pytest.mark.browser
 KEY = "refund:ORD-7311:full:dec-7311"
@@ -40,29 +43,38 @@ def server(django_db_setup, django_db_blocker):
         yield stack
 
 
-@pytest.fixture
-def item(stack, people, api, limit, page):
-    """A refund over the limit, and alice at its page with a passkey she gave longer ago than
-    STEP_UP_SECONDS (at sign-in)."""
-    request_refund(api, KEY, "ORD-7311", "750.00", "CUST-7311")
+def signed_in_with_a_passkey(page, username):
+    """`username` enrols a passkey, signs out, and signs in again with it: a fresh step-up."""
     virtual_authenticator(page)
-    sign_in_with_password(page, "alice")  # asked to enrol a factor before any page: a passkey
+    sign_in_with_password(page, username)  # asked to enrol a factor before any page: a passkey
     page.goto("/accounts/2fa/webauthn/add/")
     page.fill("#id_name", "laptop")
     with page.expect_navigation():
         page.locator("#mfa_webauthn_add").click()
     with page.expect_navigation():
         page.locator("form[action='/accounts/logout/'] button").click()
-    sign_in_with_password(page, "alice")
+    sign_in_with_password(page, username)
     with page.expect_navigation():
         page.locator("#mfa_webauthn_authenticate").click()
-    # The sign-in's passkey, given longer ago than STEP_UP_SECONDS: her step-up is stale.
+
+
+def stale_step_up(page):
+    """The factors this browser's session gave, given longer ago than STEP_UP_SECONDS."""
     session = SessionStore(session_key=next(c["value"] for c in page.context.cookies() if c["name"] == "sessionid"))
     records = session["account_authentication_methods"]
     for record in records:
         record["at"] -= 300
     session["account_authentication_methods"] = records
     session.save()
+
+
+@pytest.fixture
+def item(stack, people, api, limit, page):
+    """A refund over the limit, and alice at its page with a passkey she gave longer ago than
+    STEP_UP_SECONDS (at sign-in)."""
+    request_refund(api, KEY, "ORD-7311", "750.00", "CUST-7311")
+    signed_in_with_a_passkey(page, "alice")
+    stale_step_up(page)
     item = ReviewItem.objects.get(action__operation_key=KEY, status=ReviewStatus.OPEN)
     page.goto(f"/review/{item.pk}/")
     return item
@@ -123,4 +135,43 @@ def test_a_factor_given_after_the_decision_was_left_leads_back_to_its_page(stack
     assert page.locator("#approve-button").count() == 1
     item.refresh_from_db()
     assert item.status == ReviewStatus.OPEN and not audit_events(item, "approve").exists()
+    assert not page.console_errors, page.console_errors
+
+
+@pytest.mark.parametrize("preview", ["fresh", "stale"])
+def test_a_factor_given_after_a_bulk_discard_was_left_leads_to_the_queue(stack, page, people, agent, preview, shot):
+    """olga confirms a bulk discard on its confirmation page, the answer to the preview's POST:
+    its address (or, where the preview itself asked for her passkey, the factor page's) is the only
+    page the browser names. Asked for her passkey, she goes elsewhere, and gives it later: she was
+    sent back to that address, where Chromium showed its error page for the 405 (or the factor page
+    asked for it again, and then did). She is on the queue, nothing discarded."""
+    entries = [dead_letter(agent, f"stepup-bulk-{n}") for n in range(2)]
+    signed_in_with_a_passkey(page, "olga")
+    if preview == "stale":
+        stale_step_up(page)
+    page.goto("/dlq/")
+    page.locator("#bulk-form select[name=op]").select_option("discard")
+    with page.expect_navigation():
+        page.locator("#bulk-form").get_by_role("button", name="Preview").click()
+    if preview == "stale":  # the decision kept is replayed once the passkey is given: its answer, there
+        with page.expect_navigation():
+            page.locator("#mfa_webauthn_reauthenticate").click()
+        assert urlsplit(page.url).path == WEBAUTHN_REAUTHENTICATE
+    assert page.locator("#bulk-count").inner_text().strip() == "2"
+
+    stale_step_up(page)
+    page.locator("textarea[name=reason]").fill("duplicates of a refund already made by hand")
+    with page.expect_navigation():
+        page.locator("#bulk-confirm").click()
+    assert urlsplit(page.url).path == WEBAUTHN_REAUTHENTICATE
+    factor_page = page.url
+    page.goto("/dlq/redrives/")
+    page.goto(factor_page)
+    with page.expect_navigation():
+        page.locator("#mfa_webauthn_reauthenticate").click()
+    shot(page, "back")
+    assert page.url == f"{stack.url}/dlq/"
+    assert page.locator(".queue-row").count() == 2
+    assert set(DeadLetter.objects.filter(pk__in=[e.pk for e in entries]).values_list("status", flat=True)) == {
+        EntryStatus.OPEN}
     assert not page.console_errors, page.console_errors

@@ -28,7 +28,7 @@ def test_the_admins_sign_in_page_sends_people_to_the_products(client, root):
 
 def test_a_password_posted_to_the_admins_sign_in_page_skips_no_second_factor(client, root, settings):
     settings.MFA_REQUIRED = True
-    settings.MFA_TOTP_TOLERANCE = 1  # enrol_totp confirms with the code of the period before
+    settings.MFA_TOTP_TOLERANCE = 1  # enrol_totp's code is taken in the period after the one it was computed in too
     sign_in(client, "root")
     enrol_totp(client)
     client.logout()

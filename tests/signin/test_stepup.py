@@ -14,6 +14,7 @@ from django.contrib.auth.models import Group
 from django.core.management import call_command
 
 from approvals.models import Limit, ReviewItem, ReviewStatus
+from dlq.redrive_runs import BulkRedrive
 from ledger.actions import action_request
 from ledger.models import AuditEvent
 from tests.factories import audit_events, make_agent
@@ -109,9 +110,13 @@ def test_without_a_second_factor_a_decision_sends_the_person_to_enrol_one(client
 
 
 @pytest.mark.parametrize("path", [
+    "/review/1/decide",  # approve or reject, mark an unknown outcome succeeded or failed
     "/review/1/group",  # release one of a held group
     "/review/1/edit",  # edit down and approve
+    "/decide/a-token",  # the same, from an alert's decision link
     "/dlq/1/redrive",
+    "/dlq/1/resolve",  # done by hand: its money counts as moved
+    "/dlq/1/discard",
     "/dlq/bulk",
     "/dlq/redrives/1/start",
     "/agents/1/grants/promote",
@@ -128,6 +133,23 @@ def test_every_money_decision_asks_for_the_factor_first(client, step_up, alice, 
     answer = client.post(path, {"reason": "go"})
     assert answer.status_code == 302 and answer["Location"] == f"{REAUTHENTICATE}?{urlencode({'next': path})}"
     assert AuditEvent.objects.count() == events
+
+
+@pytest.mark.parametrize("path", [
+    "/dlq/redrives/1/stop",  # stops re-sending: nothing more is sent
+    "/incidents/1/take",  # an incident's owner, notes and resolution record people's work
+    "/incidents/1/note",
+    "/incidents/1/resolve",
+    "/tasks/1/run-now",  # a queued task's backoff cut short: the same retry, sooner
+    "/connectors/refund/replay",  # the replay set, against the connector's test mode
+])
+def test_what_moves_no_money_asks_for_no_factor(client, step_up, alice, path):
+    """docs/signin.md says of each why it moves no money, re-sends no effect and changes nobody's
+    authority: the view answers the POST itself (here, refusing alice, or naming nothing there is)."""
+    sign_in(client, "alice")
+    enrol_totp(client)  # enrolling is not giving it: she has no fresh factor
+    answer = client.post(path, {"reason": "go"})
+    assert answer.status_code in (403, 404), answer.get("Location")
 
 
 def test_an_edit_refused_once_the_factor_is_given_keeps_what_was_typed_in_the_edit_form(client, step_up, alice):
@@ -170,9 +192,48 @@ def test_a_decision_abandoned_at_the_factor_page_is_not_taken_by_a_later_factor(
         session.save()
 
     given = client.post(asked["Location"], {"code": totp(secret)})
-    assert given.status_code == 302 and given["Location"] == f"/review/{item.pk}/decide"
+    # The test client names no page it posted from: the item's page, not the decision's address.
+    assert given.status_code == 302 and given["Location"] == f"/review/{item.pk}/"
+    assert client.get(given["Location"]).status_code == 200
     item.refresh_from_db()
     assert item.status == ReviewStatus.OPEN and not audit_events(item, "approve").exists()
+
+
+@pytest.mark.parametrize(("asked_from", "decision", "lands_on"), [
+    # No page named (no Referer): the item's page, the page above the decision's address.
+    (None, "/review/{pk}/decide", "/review/{pk}/"),
+    (None, "/agents/1/grants/promote", "/agents/"),
+    # The bulk discard's confirmation, the answer to its first POST, at an address only a POST opens.
+    ("/dlq/bulk", "/dlq/bulk", "/dlq/"),
+    # A bulk redrive's start refused (the queue moved since its dry run): its page, answered to the
+    # POST, and the start form on it.
+    ("/dlq/redrives/{pk}/start", "/dlq/redrives/{pk}/start", "/dlq/redrives/{pk}/"),
+    # The factor page, where a decision replayed after an earlier factor showed its answer.
+    ("/accounts/2fa/reauthenticate/?next=%2Fdlq%2Fbulk", "/review/{pk}/decide", "/review/{pk}/"),
+])
+def test_a_factor_given_after_the_decision_was_left_leads_to_a_page_a_get_opens(client, step_up, alice, asked_from,
+                                                                                 decision, lands_on):
+    """With no page named to go back to, or a page that was a POST's answer, the factor led to an
+    address only a POST opens: the browser showed a 405. It leads to a page, nothing decided."""
+    item = approval(5)
+    run = BulkRedrive.objects.create(filters={}, planned_by="olga", ceiling=Decimal("60"))
+    sign_in(client, "alice")
+    secret = enrol_totp(client)
+    decision, lands_on = (path.format(pk=item.pk if path.startswith("/review/") else run.pk)
+                          for path in (decision, lands_on))
+    headers = {"Referer": f"http://testserver{asked_from.format(pk=run.pk)}"} if asked_from else {}
+    decide = {"decision": "approve", "reason": "go", "fingerprint": item.action.params_fingerprint()}
+    asked = client.post(decision, decide, headers=headers)
+    assert asked["Location"].startswith(REAUTHENTICATE)
+    client.get("/", headers={"Sec-Fetch-Mode": "navigate"})  # elsewhere: the decision kept is dropped
+    last = AuditEvent.objects.order_by("-pk").values_list("pk", flat=True).first()
+
+    given = client.post(asked["Location"], {"code": totp(secret)})
+    assert given.status_code == 302 and given["Location"] == lands_on
+    assert client.get(lands_on).status_code == 200
+    item.refresh_from_db()
+    assert item.status == ReviewStatus.OPEN
+    assert list(AuditEvent.objects.filter(pk__gt=last).values_list("verb", flat=True)) == ["stepped_up"]
 
 
 def test_allauths_own_request_kept_for_the_factor_is_still_carried_out(client, step_up, alice):
