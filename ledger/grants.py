@@ -11,12 +11,13 @@ current version passed, within REPLAY_PASS_MAX_AGE_DAYS (`passing_run`). Past th
 it is shadow again unless renewed; that is read at each check, so no job is needed. A revoke
 takes the permission and the live state away at once, and the executor re-checks at each claim
 (`grant_lapsed`): what was queued under it is cancelled. It checks once more right before each
-call (`grant_lapsed_now`), and a revoke returns only once the actions claimed under the grant have
-settled: what was claimed when the revoke committed is never sent, and the calls already under way
-have returned.
+call (`grant_lapsed_now`), and a revoke, once committed, returns only once no action under the
+grant is claimed with its lease running: what was claimed when the revoke committed is never sent,
+and the calls already under way have returned.
 """
 
 import functools
+import logging
 import time
 from datetime import timedelta
 
@@ -38,6 +39,7 @@ from .connectors.test_mode import version_now
 from .jobs import DRAIN_SECONDS, redis_connection
 from .models import Action, ActionStatus, Agent, AuditEvent, Capability, Grant, GrantState, ReplayRun
 
+logger = logging.getLogger("surety.grants")
 USE = "ledger.use_capability"
 # How long a promotion lasts unless the person promoting says otherwise, and at most.
 REVIEW_DAYS = 90
@@ -140,7 +142,11 @@ def _calls_settled(agent_id, action_type):
     lease to the end, and what it may have sent is verified by whoever takes the action over."""
     deadline = time.monotonic() + settings.LEASE_SECONDS + settings.LEASE_MARGIN_SECONDS
     claimed = Action.objects.filter(agent_id=agent_id, action_type=action_type, status=ActionStatus.PENDING)
-    while claimed.filter(lease_expires_at__gt=clock.now()).exists() and time.monotonic() < deadline:
+    while claimed.filter(lease_expires_at__gt=clock.now()).exists():
+        if time.monotonic() >= deadline:  # only workers run with a longer LEASE_SECONDS than this process
+            logger.warning("revoked %s for agent %s: actions still claimed after %.0f s; the revoke returns without them",
+                           action_type, agent_id, settings.LEASE_SECONDS + settings.LEASE_MARGIN_SECONDS)
+            return
         time.sleep(SETTLED_POLL_SECONDS)
 
 

@@ -12,14 +12,15 @@ import time
 from http.server import BaseHTTPRequestHandler
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
+from django.utils import timezone
 
-from ledger.actions import action_request
+from ledger.actions import action_request, action_retry
 from ledger.executor import action_claim_next, action_run_claimed
 from ledger.grants import agent_revoke, capability
 from ledger.models import Action, ActionStatus, Capability
 from tests.conftest import thread_server, wait_until
-from tests.factories import audit_events
+from tests.factories import audit_events, confirmed_absent, host_clock_off_by
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -29,24 +30,36 @@ REFUND = Capability.Kind.ACTION_TYPE, "refund"
 
 
 class Provider:
-    """The refunds the sandbox connector sends, as a real HTTP server receives them; while `held`,
-    each answer waits until the test releases it (well inside CONNECTOR_TIMEOUT)."""
+    """The refunds the sandbox connector sends, as a real HTTP server receives them, and its looks
+    for a refund by key (`looks`), each answered "none"; while `held`, each answer waits until the
+    test releases it (well inside CONNECTOR_TIMEOUT)."""
 
     def __init__(self):
-        self.keys, self.answered_at = [], []
+        self.keys, self.looks, self.answered_at = [], [], []
         self.held, self.release = threading.Event(), threading.Event()
+
+    def wait_if_held(self):
+        if self.held.is_set():
+            self.release.wait(10)
 
     def handler(self):
         provider = self
 
         class Refunds(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 (http.server's name)
+                provider.looks.append(self.path)
+                provider.wait_if_held()
+                self.answer({"data": []})
+
             def do_POST(self):  # noqa: N802 (http.server's name)
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 provider.keys.append(body["metadata"]["operation_key"])
-                if provider.held.is_set():
-                    provider.release.wait(10)
-                answer = json.dumps({"id": f"re_{len(provider.keys)}", "status": "succeeded"}).encode()
+                provider.wait_if_held()
                 provider.answered_at.append(time.monotonic())
+                self.answer({"id": f"re_{len(provider.keys)}", "status": "succeeded"})
+
+            def answer(self, body):
+                answer = json.dumps(body).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(answer)))
@@ -69,10 +82,13 @@ def provider(settings):
         found.release.set()
 
 
+def recorded(agent, key):
+    return action_request(agent=agent, operation_key=key, action_type="refund", target=f"ORD-{key}",
+                          params={"amount": "5.00", "currency": "EUR"})[0]
+
+
 def claimed(agent, key):
-    action, _ = action_request(agent=agent, operation_key=key, action_type="refund", target=f"ORD-{key}",
-                               params={"amount": "5.00", "currency": "EUR"})
-    claim = action_claim_next("tests:1", only=action.pk)
+    claim = action_claim_next("tests:1", only=recorded(agent, key).pk)
     assert claim.status == ActionStatus.PENDING
     return claim
 
@@ -158,3 +174,98 @@ def test_a_revoke_waits_for_a_dead_workers_claim_no_longer_than_its_lease(provid
     waited = time.monotonic() - started
     assert action.lease_left() <= 0 and waited < settings.LEASE_SECONDS + 2, waited
     assert Action.objects.get(pk=action.pk).status == ActionStatus.PENDING  # the sweeper's to verify
+
+
+def test_a_revoke_in_a_callers_transaction_waits_at_its_commit_for_a_call_begun_meanwhile(provider, agent):
+    """Made within a caller's transaction, the revoke is seen by no worker until that transaction
+    commits: a call may pass its last look meanwhile. The wait is the commit's, which returns only
+    once that call has."""
+    action = claimed(agent, "refund:ORD-1:dec-1")
+    revoked, commit = threading.Event(), threading.Event()
+
+    def revoke_then_commit():
+        with transaction.atomic():
+            revoke(agent)
+            revoked.set()
+            commit.wait(10)
+
+    committing = InThread(revoke_then_commit)
+    assert revoked.wait(10)
+    provider.held.set()
+    sending = InThread(action_run_claimed, action)  # the revoke is not committed: the look passes
+    wait_until(lambda: provider.keys, seconds=10, message="the call to reach the provider")
+    commit.set()
+    wait_until(lambda: audit_events(agent, "revoked").exists(), seconds=10, message="the revoke to commit")
+    time.sleep(0.5)
+    assert committing.is_alive(), "the caller's commit returned while a call under the grant was at the provider"
+
+    provider.release.set()
+    for thread in (sending, committing):
+        thread.join(15)
+        assert not thread.is_alive() and thread.failed is None, thread.failed
+    assert committing.done_at > provider.answered_at[0]
+    assert Action.objects.get(pk=action.pk).status == ActionStatus.SUCCEEDED
+
+
+def test_a_retried_failure_is_stopped_by_a_revoke_committed_while_it_looks_first(provider, agent):
+    """A failure tried again asks the provider first, within its claim (decision 59). A revoke
+    committed during that look waits for the action, and the look at the grant comes after the look
+    at the provider: the effect found absent, nothing is sent all the same."""
+    failed = confirmed_absent(recorded(agent, "refund:ORD-1:dec-1"))
+    retried = action_retry(failed, actor="system:tests", reason="the customer still waits")
+    action = action_claim_next("tests:1", only=retried.pk)
+    assert action.status == ActionStatus.PENDING and action.error  # it looks first
+    provider.held.set()
+    sending = InThread(action_run_claimed, action)
+    wait_until(lambda: provider.looks, seconds=10, message="the look to reach the provider")
+
+    revoking = InThread(revoke, agent)
+    wait_until(lambda: audit_events(agent, "revoked").exists(), seconds=10, message="the revoke to commit")
+    time.sleep(0.5)
+    assert revoking.is_alive(), "the revoke returned while an action under the grant was being looked for"
+    provider.release.set()
+
+    for thread in (sending, revoking):
+        thread.join(15)
+        assert not thread.is_alive() and thread.failed is None, thread.failed
+    assert provider.keys == []
+    row = Action.objects.get(pk=action.pk)
+    assert row.status == ActionStatus.CANCELLED
+    assert audit_events(row, "cancelled").get().reason.startswith("grant revoked")
+    assert row.evidence[-1]["looked_first"]["found"] is False
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="on SQLite the host's clock is the database's")
+def test_a_revoke_on_a_host_whose_clock_runs_ahead_waits_for_the_call_all_the_same(provider, agent, monkeypatch):
+    """The leases the revoke waits on are told by the database's clock (decision 57): on its own
+    host's clock, a minute ahead, the lease of the call under way ended long ago."""
+    action = claimed(agent, "refund:ORD-1:dec-1")
+    provider.held.set()
+    sending = InThread(action_run_claimed, action)
+    wait_until(lambda: provider.keys, seconds=10, message="the call to reach the provider")
+    host_clock_off_by(monkeypatch, 60)  # the revoking process's host
+    assert timezone.now() > action.lease_expires_at
+
+    revoking = InThread(revoke, agent)
+    wait_until(lambda: audit_events(agent, "revoked").exists(), seconds=10, message="the revoke to commit")
+    time.sleep(0.5)
+    assert revoking.is_alive(), "the revoke returned while a call under the grant was at the provider"
+
+    provider.release.set()
+    for thread in (sending, revoking):
+        thread.join(15)
+        assert not thread.is_alive() and thread.failed is None, thread.failed
+    assert revoking.done_at > provider.answered_at[0]
+
+
+def test_a_revoke_that_stops_waiting_on_a_longer_lease_says_so(provider, agent, settings, caplog):
+    """Workers run with a longer LEASE_SECONDS than the revoking process: it waits its own lease's
+    length, then returns, and the log says what it did not wait for."""
+    action = claimed(agent, "refund:ORD-1:dec-1")  # a 30-second lease, its worker gone
+    settings.LEASE_SECONDS, settings.LEASE_MARGIN_SECONDS = 0.5, 0.5
+
+    with caplog.at_level("WARNING", logger="surety.grants"):
+        revoke(agent)
+
+    assert action.lease_left() > 0
+    assert "actions still claimed" in caplog.text
