@@ -2,19 +2,17 @@
 
 import base64
 import functools
-from urllib.parse import urlsplit, urlunsplit
 
-from django.conf import settings
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
 from django.db.models import Q
 from django.http import HttpResponseBadRequest
-from django.shortcuts import render, resolve_url
-from django.utils.http import url_has_allowed_host_and_scheme
+from django.shortcuts import render
 
 from ledger.access import ROLES
 from ledger.validation import parse_moment
 
+from .pages import page_to_return_to
 from .signin import redirect
 
 PAGE_SIZE = 50
@@ -41,25 +39,14 @@ def staff_required(view):
 
 
 def _page_to_return_to(request):
-    """Where signing in again leads: the page the person was on (`page_shown`: a fragment's own
-    address may answer only a POST, as the what-if's does); else the address asked for, where a GET
-    asked for it; else the home page. Never a POST's address: signed in, the person is sent there
-    with a GET."""
-    asked = request.get_full_path() if request.method in ("GET", "HEAD") else None
-    if asked and not request.htmx:  # a whole page: itself, not the one that linked to it (the Referer)
-        return asked
-    return page_shown(request) or asked or resolve_url(settings.LOGIN_REDIRECT_URL)
-
-
-def page_shown(request):
-    """The page of this site the person is on, path and query, as the browser names it (htmx in
-    HX-Current-URL, a form in the Referer), or None: none named, or one of another site."""
-    url = request.htmx.current_url if getattr(request, "htmx", False) else request.headers.get("Referer")
-    if not url or not url_has_allowed_host_and_scheme(url, allowed_hosts={request.get_host()},
-                                                      require_https=request.is_secure()):
-        return None
-    url = urlsplit(url)
-    return urlunsplit(("", "", url.path, url.query, ""))
+    """Where signing in again leads, with a GET: the address asked for, where a GET asked for a
+    whole page (itself, not the one that linked to it: the Referer); else the page the person was
+    on, or the nearest one a GET opens (`page_to_return_to`): a fragment's own address may answer
+    only a POST, as the what-if's does, and a form posted from a POST's answer names that answer's
+    address as its page."""
+    if request.method in ("GET", "HEAD") and not request.htmx:
+        return request.get_full_path()
+    return page_to_return_to(request)
 
 
 def _all_values(params):

@@ -12,17 +12,16 @@ A stashed decision is the person's only while they are on their way to the facto
 once they navigate elsewhere, and once STEP_UP_SECONDS have passed since it was asked
 (`StashedDecisionMiddleware`). Kept, a factor given hours later, on a link anyone could have sent
 (the factor page with its `next`), took a decision the person had abandoned. A factor given with
-no decision kept leads back to the page the decision was asked from (`page_to_return_to`), not on
-to the factor page's `next`, where allauth sends the person: the decision's address, which only a
-POST opens.
+no decision kept leads back to the page the decision was asked from (`page_to_return_to`, the
+rule signing in again follows too), not on to the factor page's `next`, where allauth sends the
+person: the decision's address, which only a POST opens.
 """
 
 import copy
-import inspect
 import time
 from datetime import UTC, datetime
 from functools import wraps
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import urlencode
 
 from allauth.account.adapter import get_adapter
 from allauth.account.authentication import get_authentication_records
@@ -31,13 +30,11 @@ from django.contrib.auth import REDIRECT_FIELD_NAME
 from django.conf import settings
 from django.contrib import messages
 from django.http import HttpResponseRedirect
-from django.shortcuts import resolve_url
-from django.urls import Resolver404, resolve, reverse
-from django.utils.functional import lazy
+from django.urls import reverse
 
 from ledger.middleware import current_step_up
 
-from .dashboard import page_shown
+from .pages import FACTOR_PAGES, page_to_return_to
 from .signin import redirect
 
 
@@ -50,49 +47,10 @@ def fresh_factor(request):
     return {"method": given[-1]["type"], "at": datetime.fromtimestamp(given[-1]["at"], UTC).isoformat()}
 
 
-# The pages where a factor is given: a stashed decision waits through them, and no other.
-_FACTOR_PAGES = lazy(lambda: {reverse("mfa_reauthenticate"), reverse("mfa_reauthenticate_webauthn")}, set)()
-
-
 # The page the latest decision stashed for a factor was posted from (`page_to_return_to`), kept
 # after the stash is dropped (`StashedDecisionMiddleware`): a factor given then leads there,
 # nothing decided.
 ASKED_FROM = "step_up_asked_from"
-
-
-def _methods_taken(view):
-    """The methods Django's require_http_methods (require_POST's) lets through to `view`, if
-    `view` is its gate: it keeps them in its closure, and says them nowhere else."""
-    return inspect.getclosurevars(view).nonlocals.get("request_method_list") if inspect.isfunction(view) else None
-
-
-def opens_for_get(path):
-    """Whether a GET of this site's `path` is answered with a page: a view answers it, and its
-    gate, if it has one under the decorators around it (`functools.wraps`), lets a GET through."""
-    try:
-        view = resolve(path).func
-    except Resolver404:
-        return False
-    methods = _methods_taken(inspect.unwrap(view, stop=lambda layer: _methods_taken(layer) is not None))
-    return methods is None or "GET" in methods
-
-
-def page_to_return_to(request):
-    """Where a factor given for this decision leads once the decision is no longer kept: the page
-    it was asked from, as the browser named it (`page_shown`), where a GET opens that page; else
-    the nearest page at or above the decision's address (the item's, the list's); else the
-    dashboard. The browser names an address only a POST opens when its page was a POST's answer
-    (a bulk discard's confirmation, a bulk redrive's start refused), and a factor page when a
-    decision replayed there showed its answer: neither is a page to come back to."""
-    shown = page_shown(request)
-    if shown and urlsplit(shown).path not in _FACTOR_PAGES and opens_for_get(urlsplit(shown).path):
-        return shown
-    path = request.path
-    while path != "/":
-        if opens_for_get(path):
-            return path
-        path = path.rstrip("/").rsplit("/", 1)[0] + "/"
-    return resolve_url(settings.LOGIN_REDIRECT_URL)
 
 
 def ask_for_factor(request, *, replay=True):
@@ -130,7 +88,7 @@ class StashedDecisionMiddleware:
         # Read first (a decision replayed there takes its path), and only where a factor is asked
         # for: most requests (the API's, the sandbox's) have neither, nor the factor pages' routes.
         asked_for = state or (request.method == "POST" and ASKED_FROM in request.session)
-        on_factor_page = bool(asked_for) and request.path in _FACTOR_PAGES
+        on_factor_page = bool(asked_for) and request.path in FACTOR_PAGES
         if state and "request" in state:
             if "stashed_at" not in state:  # allauth's own (a factor removed, codes made): from now on
                 request.session[STATE_SESSION_KEY] = state = {**state, "stashed_at": time.time()}

@@ -41,7 +41,7 @@ def test_a_page_of_another_site_is_never_where_signing_in_leads(client):
     assert answer["HX-Redirect"] == SIGN_IN_TO_QUEUE
 
 
-@pytest.mark.parametrize(("current", "lands_on"), [("http://testserver/policies/", "/policies/"), (None, "/")])
+@pytest.mark.parametrize(("current", "lands_on"), [("http://testserver/policies/", "/policies/"), (None, "/policies/")])
 def test_a_post_whose_session_ended_signs_in_again_to_a_page_not_to_the_post(client, current, lands_on):
     # The what-if's Preview posts to an address that answers only a POST: signed in, the person
     # was sent there with a GET (a 405).
@@ -60,7 +60,7 @@ def test_a_post_whose_session_ended_signs_in_again_to_a_page_not_to_the_post(cli
 
 @pytest.mark.parametrize(("referer", "lands_on"), [
     ("http://testserver/policies/?currency=EUR", "/policies/?currency=EUR"),
-    ("https://evil.example/policies/", "/"),
+    ("https://evil.example/policies/", "/policies/"),  # the page above the address posted to
 ])
 def test_a_form_posted_whose_session_ended_signs_in_again_to_the_page_it_was_posted_from(client, referer, lands_on):
     # A form without htmx names its page in the Referer only; a page asked for whole is itself
