@@ -77,20 +77,46 @@ _READABLE_CODE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 # What a code that is not one becomes, and how much of what came is kept in the message instead.
 UNREADABLE_CODE = "unreadable_code"
 _UNREADABLE_SHOWN_CHARS = 200
+# The longest failure message, the provider's words in it included (docs/contract.md); a longer
+# one keeps its start and says how long it was.
+MESSAGE_MAX_CHARS = 1000
+# The most of an answer read, decoded (docs/connectors.md): an answer that runs longer is an unknown
+# outcome. Stripe's and the sandbox's largest pages (100 refunds, 1,000 effects) are well within it.
+ANSWER_MAX_BYTES = 10 * 1024 * 1024
+
+
+def said(value):
+    """What a provider's answer said (its error's message, a failure's reason) as text for a
+    failure's message: a string as it came, any other JSON value (an object, a list, a number,
+    true) its JSON text. How long it may be is ProviderError's to bound."""
+    return value if isinstance(value, str) else json.dumps(value, default=repr, ensure_ascii=False)
+
+
+def _cut(text, room):
+    """`text` if it fits in `room` characters, else as much of its start as fits with a marker
+    saying how long it was."""
+    if len(text) <= room:
+        return text
+    marker = f" … [cut: {len(text)} characters in all]"
+    return text[:room - len(marker)] + marker
 
 
 class ProviderError(Exception):
     """`code`: the failure's code, the connector's own or the one the provider's answer named
-    (http.call, Stripe's SDK). Every code a provider's answer names reaches the ledger through here,
-    so it is bounded here: a provider, or anything answering in its place, may put any JSON there
-    (an object, a megabyte of text), and the action's error would keep it. One that is no short
-    string of the safe characters is `UNREADABLE_CODE`, the start of what came kept in the message."""
+    (http.call, Stripe's SDK). Every code and message a provider's answer names reaches the ledger
+    through here, so both are bounded here: a provider, or anything answering in its place, may put
+    any JSON there (an object, a megabyte of text), and the action's error, its evidence and a
+    task's last error would keep it, and every page and API read of the action carry it. A code
+    that is no short string of the safe characters is `UNREADABLE_CODE`, the start of what came
+    kept in the message. The message is at most MESSAGE_MAX_CHARS, a longer one cut (what says
+    what an unreadable code was is kept whole, after it)."""
 
     def __init__(self, message, *, code="provider_error", status=None):
+        unreadable = ""
         if not (isinstance(code, str) and _READABLE_CODE.fullmatch(code)):
             shown = json.dumps(code, default=repr)[:_UNREADABLE_SHOWN_CHARS]
-            message, code = f"{message} (the provider's code, unreadable: {shown})", UNREADABLE_CODE
-        super().__init__(message)
+            unreadable, code = f" (the provider's code, unreadable: {shown})", UNREADABLE_CODE
+        super().__init__(_cut(message, MESSAGE_MAX_CHARS - len(unreadable)) + unreadable)
         self.code = code
         self.status = status
 
@@ -180,6 +206,14 @@ def time_left():
 
 class _Over(Exception):
     """The call's deadline passed, or its caller cut it off."""
+
+
+class _TooLong(Exception):
+    """The answer, its status `status`, ran past ANSWER_MAX_BYTES."""
+
+    def __init__(self, status):
+        super().__init__(status)
+        self.status = status
 
 
 class _Call:
@@ -368,16 +402,32 @@ _calls = ThreadPoolExecutor(max_workers=64, thread_name_prefix="provider-call")
 def _run(call, method, url, kwargs):
     token = _running.set(call)
     try:
-        return _client().request(method, url, timeout=max(call.left(), 0.001), **kwargs)
+        with _client().stream(method, url, timeout=max(call.left(), 0.001), **kwargs) as response:
+            return _read(response)
     finally:
         _running.reset(token)
         call.finish()
 
 
+def _read(response):
+    """`response` read whole, or `_TooLong` once it runs past ANSWER_MAX_BYTES (the connection is
+    then closed unread). Counted as it decodes, so that a small gzipped answer that unpacks to a
+    gigabyte is stopped too; httpx reads an answer whole, whatever its size, unless told so."""
+    body = bytearray()
+    for chunk in response.iter_bytes():
+        body += chunk
+        if len(body) > ANSWER_MAX_BYTES:
+            raise _TooLong(response.status_code)
+    # The body is decoded already: the response that holds it must not decode it again.
+    headers = [(name, value) for name, value in response.headers.multi_items() if name.lower() != "content-encoding"]
+    return httpx.Response(response.status_code, headers=headers, content=bytes(body), request=response.request)
+
+
 def exchange(method, url, *, json=None, content=None, params=None, headers=None):
-    """Send one request and return httpx's response, whatever its status, or raise `NotSent` or
-    `OutcomeUnknown` if no whole answer came by the deadline (the shared one inside `deadline()`,
-    else CONNECTOR_TIMEOUT from now)."""
+    """Send one request and return httpx's response, read whole, whatever its status, or raise
+    `NotSent` or `OutcomeUnknown` if no whole answer came by the deadline (the shared one inside
+    `deadline()`, else CONNECTOR_TIMEOUT from now), and `OutcomeUnknown` for one longer than
+    ANSWER_MAX_BYTES."""
     watch = _watch.get()
     if watch is not None:
         watch.retry_after = None  # until this call is answered 429
@@ -398,6 +448,11 @@ def exchange(method, url, *, json=None, content=None, params=None, headers=None)
             raise NotSent(f"{method} {url}: no connection within the deadline; nothing was sent",
                           code="connect_failed") from None
         raise OutcomeUnknown(f"{method} {url}: no complete answer within the deadline", code="timeout") from None
+    except _TooLong as exc:
+        # The provider answered, so it may have acted on the request, whatever the status says:
+        # an answer that cannot be read whole is no refusal, nor a success, nor a "not now".
+        raise OutcomeUnknown(f"{method} {url}: HTTP {exc.status}, an answer longer than {ANSWER_MAX_BYTES} bytes, "
+                             "not read further", code="unreadable_answer", status=exc.status) from None
     except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
         raise NotSent(f"{method} {url}: {exc!r}", code="connect_failed") from exc
     except httpx.TransportError as exc:
@@ -427,7 +482,7 @@ def call(method, url, *, json=None, content=None, params=None, headers=None):
                       retry_after=retry_after(response.headers))
     error = body.get("error") if isinstance(body, dict) else None
     code = error.get("code") if isinstance(error, dict) else f"http_{response.status_code}"
-    message = error.get("message") if isinstance(error, dict) else f"HTTP {response.status_code}"
+    message = said(error.get("message")) if isinstance(error, dict) else f"HTTP {response.status_code}"
     raise Rejected(f"{method} {url}: {message}", code=code or "rejected", status=response.status_code)
 
 

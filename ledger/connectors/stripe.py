@@ -118,13 +118,13 @@ class StripeConnector(Connector):
             raise provider_error(exc, "creating the refund") from exc
         result = refund.to_dict(for_json=True)
         if result.get("object") != "refund" or not isinstance(result.get("id"), str):
-            raise http.OutcomeUnknown(f"creating the refund: the answer is not a refund: {str(result)[:2000]}",
+            raise http.OutcomeUnknown(f"creating the refund: the answer is not a refund: {result}",
                                       code="not_a_refund")
         if refund.last_response is not None and refund.last_response.headers.get("Idempotent-Replayed") == "true":
             result = self._refund_now(action, result)
         if result.get("status") in _FAILED:
             raise http.Rejected(f"Stripe refund {result['id']} {result['status']}: "
-                                f"{result.get('failure_reason') or 'no reason given'}",
+                                f"{http.said(result.get('failure_reason') or 'no reason given')}",
                                 code=f"refund_{result['status']}", status=200)
         return Effect(external_ref=result["id"], result=result)
 
@@ -288,7 +288,7 @@ def _kind(target):
 def provider_error(exc, doing):
     """The ledger's kind of failure for one of the SDK's errors, as Stripe documents them."""
     status = exc.http_status
-    message = f"Stripe, {doing}: {exc.user_message or exc}"
+    message = f"Stripe, {doing}: {http.said(exc.user_message or str(exc))}"
     if isinstance(exc, stripe.APIConnectionError):
         cause = exc.__cause__  # what http.exchange raised (`_LedgerHTTP`)
         if isinstance(cause, http.ProviderError):
@@ -307,7 +307,8 @@ def provider_error(exc, doing):
     if isinstance(exc, (stripe.CardError, stripe.InvalidRequestError)) and status and status < 500:
         return http.Rejected(message, code=exc.code or f"http_{status}", status=status)
     # A 5xx, or an answer that is not Stripe's JSON (an HTML error page, a cut-off body):
-    # the request may have been acted on. The body is kept as evidence.
+    # the request may have been acted on. The body is kept as evidence, as much of it as a
+    # failure's message holds (http.ProviderError).
     body = exc.http_body if isinstance(exc.http_body, str) else repr(exc.http_body)
-    return http.OutcomeUnknown(f"{message}; body: {body[:2000]}", code=f"http_{status}" if status else "bad_answer",
+    return http.OutcomeUnknown(f"{message}; body: {body}", code=f"http_{status}" if status else "bad_answer",
                                status=status)
