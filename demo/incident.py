@@ -19,20 +19,26 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from decimal import Decimal
 from pathlib import Path
 from urllib.parse import quote
 
+import django_rq
 import httpx
+import redis
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.urls import reverse
+from rq import Worker
 
 from ledger.agents import agent_create, agent_rotate_token
 from ledger.grants import (GrantRefused, agent_grant, agent_may, capability, grant_promote, grant_state,
                            workers_version)
+from ledger.jobs import redis_connection
 from ledger.models import Action, Agent, Capability, GrantState
 from ledger.site_url import site_url_problem
 
@@ -41,6 +47,7 @@ ACTOR = "system:incident"
 REFUND = Capability.Kind.ACTION_TYPE, "refund"
 ROOT = Path(__file__).resolve().parent.parent
 AGENT_SECONDS = 60  # at most, for one run of the agent to answer its tool call
+WORKER_START_SECONDS = 10  # at most, for a worker started with the stack to register
 
 
 class IncidentRefused(Exception):
@@ -90,6 +97,29 @@ def stack_answers(url):
                               f"`make incident` the PORT it was given, and its DATABASE_URL if one was. ({problem})")
 
 
+def workers_running(seconds=WORKER_START_SECONDS):
+    """Refuse, saying so, unless RQ's registry holds a worker of the queue a worker is asked on
+    which connector it runs, or does within `seconds` (one started with the stack registers once
+    it has loaded the app): with none, the asking waited out its whole wait
+    (ledger.grants.WAIT_SECONDS, two and a half minutes) for an answer nobody could give. RQ
+    forgets a worker that stopped at once, and one that was killed once its key expires (its
+    `--worker-ttl`)."""
+    if not settings.RQ_ASYNC:  # jobs run in this process, which answers itself
+        return
+    deadline = time.monotonic() + seconds
+    try:
+        queue = django_rq.get_queue("default", connection=redis_connection())
+        while not Worker.all(queue=queue):
+            if time.monotonic() >= deadline:
+                raise IncidentRefused("no RQ worker is running on this Redis, and the refunds through Surety are "
+                                      "made by one: is `make run` running (it starts two)? Give `make incident` "
+                                      "its REDIS_URL if it had one.")
+            time.sleep(0.2)
+    except redis.RedisError as exc:
+        raise IncidentRefused(f"Redis does not answer ({exc}): is `make run` running? Give `make incident` its "
+                              "REDIS_URL if it had one.") from None
+
+
 # --- the agent and its token --------------------------------------------------------------------
 
 
@@ -105,8 +135,9 @@ def incident_agent(name, *, owner, by):
 
     "As it is now" is the connector the stack's workers run, asked of one first (not under the
     agent's lock): they check the grant against it at every claim, and this process's settings
-    may differ from `make run`'s.
+    may differ from `make run`'s. Without a worker running, that is said within seconds (`workers_running`).
     """
+    workers_running()
     try:
         version = workers_version(REFUND[1])
     except GrantRefused as exc:

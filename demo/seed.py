@@ -265,9 +265,9 @@ def seed_demo():
 def _grants_live_for_the_demo(agent, *, by):
     """Demo only: the history below was made under live grants (the executor cancels a queued
     action whose grant is not live), but no replay run can pass before the web app and its
-    sandbox are up. So the seed writes the demo agents' grants live, audited as what it is;
-    `make run` runs the replay set at every start, and promotes billing-bot's refund grant for
-    real only once it is no longer live (its review date passed)."""
+    sandbox are up. So the seed writes the demo agents' grants live, bound to no connector,
+    audited as what it is; once the stack is up, `promote_demo_grants` (demo.grants) has a demo
+    person promote each of them for real, bound to its connector once that passed the replay set."""
     now = timezone.now()
     for grant in Grant.objects.filter(agent=agent).select_related("capability"):
         grant.live_until, grant.promoted_by, grant.promoted_at = now + timedelta(days=REVIEW_DAYS), by, now

@@ -49,6 +49,13 @@ The first pass that succeeds logs how long the outage lasted and rings both door
 seems runnable: drain jobs that failed meanwhile left nothing announced. Any other error (a bug,
 a bad setting) ends the process with a non-zero status for its supervisor to restart it;
 meanwhile its trace in Redis expires and `/healthz` says the sweeper is down.
+
+What a pass did is one line, "swept: {step: what it did}", the steps that did nothing left out.
+A step doing the same again pass after pass is a catch-up (a new database's 89 closed days
+summarised one a pass, decision 46; a doorbell rung while the drains are busy): it is in the
+line of the pass it began in, then left out of the next ones while it goes on, and said once
+more when it stops, with how many passes it went on for (and every REPEATS_SAID_SECONDS while
+it does, so that a catch-up still going is not silent). So every pass's work is in the log, once.
 """
 
 import logging
@@ -69,6 +76,8 @@ from .partitions import partitions_extend
 from .tasks import task_expire_leases, task_runnable_exists
 
 logger = logging.getLogger("surety.sweeper")
+# A step doing the same pass after pass is said at least this often while it goes on.
+REPEATS_SAID_SECONDS = 300
 
 
 def sweep_once(steps, holder=None, ring_all=False):
@@ -127,6 +136,7 @@ def sweep_forever(interval, steps):
     logger.info("sweeper %s: a pass every %g s, leases of %g s", holder, interval, settings.SWEEP_LEASE_SECONDS)
     outage = Outage("sweeper", logger, first=interval, most=max(interval, settings.SWEEP_BACKOFF_MAX_SECONDS),
                     reset_redis=lambda: redis_connection().connection_pool.disconnect())
+    swept = Swept()
     while True:
         try:
             if settings.RQ_ASYNC:
@@ -139,7 +149,44 @@ def sweep_forever(interval, steps):
             time.sleep(outage.failed(exc))
             continue
         outage.answered()
-        if any(counts.values()):
-            logger.info("swept: %s", counts)
+        swept.said(counts)
         close_old_connections()
         time.sleep(interval)
+
+
+class Swept:
+    """The log of the passes' work (see "What a pass did" above): `said(counts)` after each pass."""
+
+    def __init__(self):
+        # Per step that did something in the last pass: [what it did, the passes since it was
+        # said that did the same again, when it was said, when it last did] (monotonic times).
+        self.repeating = {}
+
+    def said(self, counts):
+        now = time.monotonic()
+        done = {name: count for name, count in counts.items() if count}
+        # The steps whose repeats end here, or are said while they go on, grouped by how long
+        # they went on (steps that began together are one line).
+        stopped, going = {}, {}
+        for name, (count, passes, since, last) in list(self.repeating.items()):
+            if done.get(name) != count:
+                del self.repeating[name]
+                if passes:
+                    stopped.setdefault((passes, last - since), {})[name] = count
+            elif now - since >= REPEATS_SAID_SECONDS:
+                going.setdefault((passes + 1, now - since), {})[name] = count
+                self.repeating[name] = [count, 0, now, now]
+            else:
+                self.repeating[name] = [count, passes + 1, since, now]
+        for (passes, seconds), steps in stopped.items():
+            logger.info("swept: %s again in %s (%.0f s), then stopped", steps, _more(passes), seconds)
+        for (passes, seconds), steps in going.items():
+            logger.info("swept: %s again in %s (%.0f s), and goes on", steps, _more(passes), seconds)
+        new = {name: count for name, count in done.items() if name not in self.repeating}
+        self.repeating.update((name, [count, 0, now, now]) for name, count in new.items())
+        if new:
+            logger.info("swept: %s", new)
+
+
+def _more(passes):
+    return f"{passes} more pass" + ("" if passes == 1 else "es")

@@ -116,16 +116,14 @@ done
 if ! "$PY" manage.py check_site_url > >(sed -u "s/^/site | /") 2>&1; then
   say "SITE_URL=$SITE_URL does not reach this web app: set SITE_URL to its address (the replay set's webhook case fails)"
 fi
-# The replay set against the refund connector, then the demo agent's refund grant made live, so
-# that refunds execute for real rather than in shadow. The seed wrote it live once, audited as
-# the seed's doing; this only promotes a grant that is not live (lapsed, or a database seeded
-# otherwise), never again at every start, and says in its reason that make run acted in the
-# demo person's name (a grant is made live by a person, never by the system).
-if "$PY" manage.py replay_check refund > >(sed -u "s/^/replay | /") 2>&1; then
-  "$PY" manage.py grant_promote billing-bot refund --by ada --unless-live \
-    --reason "the demo's grant, made live by make run in ada's name (the demo person) once the replay set passed" || true
-else
-  say "the replay set did not pass: new grants stay shadow (see $SITE_URL/connectors/)"
+# The replay set against the connector of every action type the demo agents use (refund,
+# send_message, create_booking), run only for one that has not passed it as the workers run it,
+# then each of their grants made live on that connector in ada's name, the demo person (a grant is
+# made live by a person, never by the system; the reason says make run acted in her name). The
+# seed wrote them live, bound to no connector, as its own doing; this binds them once, and again
+# only once a review date passed or a connector changed, never at every start.
+if ! "$PY" manage.py promote_demo_grants --by ada > >(sed -u "s/^/replay | /") 2>&1; then
+  say "a replay set did not pass: the demo's grants for it stay as the seed wrote them, new grants shadow (see $SITE_URL/connectors/)"
 fi
 say "web app at $SITE_URL/ — Ctrl-C stops everything"
 say "alert e-mails are written to ${EMAIL_FILE_PATH:-artifacts/mail}/"

@@ -6,6 +6,7 @@ order's refunds is the check, not the command's word."""
 import re
 import socket
 import subprocess
+import time
 
 import pytest
 from django.conf import settings
@@ -20,11 +21,11 @@ from tests.conftest import PYTHON, ROOT
 from tests.factories import api_client, audit_events, make_agent, sandbox_list
 
 
-def incident(stack, **env):
+def incident(stack, seconds=120, **env):
     """The command as `make incident` runs it, with the stack's own settings (`env` over them) and
-    the test database."""
+    the test database, given at most `seconds`."""
     return subprocess.run([PYTHON, "manage.py", "incident", "--url", stack.url], cwd=ROOT,
-                          env={**stack.env, **env}, capture_output=True, text=True, timeout=120)
+                          env={**stack.env, **env}, capture_output=True, text=True, timeout=seconds)
 
 
 @pytest.fixture
@@ -107,6 +108,21 @@ def test_it_refuses_with_the_reason_when_the_refund_grant_cannot_go_live(stack, 
     assert "incident-bot's refund grant is shadow and cannot go live: no replay run passed" in ran.stderr
     assert not Agent.objects.filter(name="incident-bot").exists()  # refused whole, as the transaction was
     assert not Action.objects.exists()
+
+
+def test_with_no_worker_running_it_says_so_at_once(stack, demo_people):
+    """`make run`'s workers down, its web app up: it waited two and a half minutes for a worker to say
+    which refund connector it runs, then said that none had."""
+    ReplayRun.objects.create(action_type="refund", connector="sandbox", ran_by="system:tests", passed=True,
+                             connector_version=connector_version("refund"))
+    started = time.monotonic()
+
+    ran = incident(stack, seconds=60)
+
+    assert time.monotonic() - started < 30  # a worker starting with the stack is given 10 s to register
+    assert ran.returncode == 1
+    assert "no RQ worker is running on this Redis" in ran.stderr and "is `make run` running" in ran.stderr
+    assert not Agent.objects.filter(name="incident-bot").exists()
 
 
 @pytest.mark.django_db

@@ -204,6 +204,13 @@ def test_make_run_on_another_port_works_end_to_end_and_keeps_its_output_quiet(tm
     assert not re.search(r"^\S+ \| (Subject|Content-Type|MIME-Version):", output, re.M), "an e-mail was printed"
     assert "apt" not in output.split("run: ensuring database")[0]
     assert '"POST /agents/ HTTP/1.1" 403' in output  # the refusal is the access log's one line
-    # The seed wrote the demo agent's grant live, audited as the seed's doing: a start promotes nothing more.
-    assert "billing-bot's refund grant is live already: nothing promoted." in output
+    # Every connector the demo agents use passed its replay set, and each of their grants is live on it
+    # (the seed's were bound to none): the connectors page says ready for each.
+    for action_type in ("refund", "send_message", "create_booking"):
+        passed = rf"^replay \| replay run \d+ of {action_type} against sandbox: passed$"
+        assert re.search(passed, output, re.M), action_type
+    for agent, action_type in (("billing-bot", "refund"), ("billing-bot", "send_message"),
+                               ("billing-bot", "create_booking"), ("support-bot", "send_message"),
+                               ("support-bot", "create_booking")):
+        assert f"replay | {agent} acts for real on {action_type} until " in output, (agent, action_type)
     assert f"site | SITE_URL {site} reaches this deployment" in output  # checked by its signed probe
