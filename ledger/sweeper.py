@@ -159,7 +159,8 @@ class Swept:
 
     def __init__(self):
         # Per step that did something in the last pass: [what it did, the passes since it was
-        # said that did the same again, when it was said, when it last did] (monotonic times).
+        # said that did the same again, when it was said, when it last did, whether it was said
+        # to go on] (monotonic times).
         self.repeating = {}
 
     def said(self, counts):
@@ -168,22 +169,25 @@ class Swept:
         # The steps whose repeats end here, or are said while they go on, grouped by how long
         # they went on (steps that began together are one line).
         stopped, going = {}, {}
-        for name, (count, passes, since, last) in list(self.repeating.items()):
+        for name, (count, passes, since, last, went_on) in list(self.repeating.items()):
             if done.get(name) != count:
                 del self.repeating[name]
-                if passes:
+                if passes or went_on:  # a line said it went on: one says it stopped
                     stopped.setdefault((passes, last - since), {})[name] = count
             elif now - since >= REPEATS_SAID_SECONDS:
                 going.setdefault((passes + 1, now - since), {})[name] = count
-                self.repeating[name] = [count, 0, now, now]
+                self.repeating[name] = [count, 0, now, now, True]
             else:
-                self.repeating[name] = [count, passes + 1, since, now]
+                self.repeating[name] = [count, passes + 1, since, now, went_on]
         for (passes, seconds), steps in stopped.items():
-            logger.info("swept: %s again in %s (%.0f s), then stopped", steps, _more(passes), seconds)
+            if passes:
+                logger.info("swept: %s again in %s (%.0f s), then stopped", steps, _more(passes), seconds)
+            else:  # said to go on a pass ago
+                logger.info("swept: %s stopped", steps)
         for (passes, seconds), steps in going.items():
             logger.info("swept: %s again in %s (%.0f s), and goes on", steps, _more(passes), seconds)
         new = {name: count for name, count in done.items() if name not in self.repeating}
-        self.repeating.update((name, [count, 0, now, now]) for name, count in new.items())
+        self.repeating.update((name, [count, 0, now, now, False]) for name, count in new.items())
         if new:
             logger.info("swept: %s", new)
 

@@ -418,8 +418,10 @@ def _read(response):
         body += chunk
         if len(body) > ANSWER_MAX_BYTES:
             raise _TooLong(response.status_code)
-    # The body is decoded already: the response that holds it must not decode it again.
-    headers = [(name, value) for name, value in response.headers.multi_items() if name.lower() != "content-encoding"]
+    # The body is decoded already and whole: the response that holds it must neither decode it
+    # again nor describe it as it came over the wire (its compressed length, its chunks).
+    headers = [(name, value) for name, value in response.headers.multi_items()
+               if name.lower() not in ("content-encoding", "content-length", "transfer-encoding")]
     return httpx.Response(response.status_code, headers=headers, content=bytes(body), request=response.request)
 
 

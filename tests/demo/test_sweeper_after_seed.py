@@ -81,3 +81,20 @@ def test_steps_repeating_together_are_one_line_and_a_long_repeat_is_said_while_i
         "swept: {'alerts_redelivered': 2}",
         "swept: {'doorbells_rung': ['actions']} again in 1 more pass (1 s), then stopped",
     ]
+
+
+def test_a_repeat_said_to_go_on_that_stops_at_the_next_pass_is_said_to_stop(monkeypatch, caplog):
+    clock = iter([0, 1, 301, 302])
+    monkeypatch.setattr(sweeper.time, "monotonic", lambda: next(clock))
+    caplog.set_level(logging.INFO, logger="surety.sweeper")
+    swept = sweeper.Swept()
+
+    for counts in ({"actions_summarised": 1}, {"actions_summarised": 1}, {"actions_summarised": 1},
+                   {"actions_summarised": 0}):
+        swept.said(counts)
+
+    assert [r.getMessage() for r in caplog.records] == [
+        "swept: {'actions_summarised': 1}",
+        "swept: {'actions_summarised': 1} again in 2 more passes (301 s), and goes on",
+        "swept: {'actions_summarised': 1} stopped",
+    ]

@@ -101,15 +101,6 @@ def test_an_unknown_agent_is_refused(db):
         call_command("grant_promote", "ghost", "refund", "--by", "ada", "--reason", "ok")
 
 
-def test_unless_live_promotes_once_and_writes_nothing_while_the_grant_is_live(scout, passed_run, capsys):
-    person("ada")
-    for _ in range(3):  # make run, started three times
-        promote("--by", "ada", "--reason", "the demo's grant, made live by make run", "--unless-live")
-    assert state(scout) == GrantState.LIVE
-    assert audit_events(scout, "promoted").count() == 1
-    assert "scout's refund grant is live already: nothing promoted." in capsys.readouterr().out
-
-
 def test_it_binds_the_grant_to_the_connector_the_workers_run_not_to_the_shells(stack, settings, capsys):
     """A shell without the deployment's settings (here its sandbox key: any option, or the code)
     computes another version of the connector, and a replay run made from it passed too. Bound

@@ -6,9 +6,8 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
 from ledger.connectors.test_mode import version_now
-from ledger.grants import (REVIEW_DAYS, WAIT_SECONDS, GrantRefused, capability, grant_promote, grant_state,
-                           workers_version)
-from ledger.models import ActionType, Agent, Capability, GrantState, ReplayRun
+from ledger.grants import REVIEW_DAYS, WAIT_SECONDS, GrantRefused, capability, grant_promote, workers_version
+from ledger.models import ActionType, Agent, Capability, ReplayRun
 
 
 class Command(BaseCommand):
@@ -24,14 +23,11 @@ class Command(BaseCommand):
         parser.add_argument("--reason", required=True, help="why: recorded in the audit log")
         parser.add_argument("--review-days", type=int, default=REVIEW_DAYS, metavar="N",
                             help=f"days until the grant falls back to shadow unless renewed (default {REVIEW_DAYS})")
-        parser.add_argument("--unless-live", action="store_true",
-                            help="do nothing (and write nothing) while the grant is live: a script run at every "
-                                 "start promotes once, not once per start")
         parser.add_argument("--wait", type=float, default=WAIT_SECONDS, metavar="SECONDS",
                             help=f"how long a worker may take to say which connector version it runs "
                                  f"(default {WAIT_SECONDS})")
 
-    def handle(self, agent, action_type, by, reason, review_days, unless_live, wait, **options):
+    def handle(self, agent, action_type, by, reason, review_days, wait, **options):
         person = get_user_model().objects.filter(username=by, is_active=True).first()
         if person is None:
             raise CommandError(f"no active user named {by!r}")
@@ -40,7 +36,7 @@ class Command(BaseCommand):
         found = Agent.objects.filter(name=agent).first()
         if found is None:
             raise CommandError(f"no agent named {agent!r}")
-        if not unless_live and not ReplayRun.objects.filter(action_type=action_type, passed=True).exists():
+        if not ReplayRun.objects.filter(action_type=action_type, passed=True).exists():
             # Refused whichever version the workers run: said at once, not after asking one.
             raise CommandError(f"not promoted: no replay run passed against the {action_type} connector yet: "
                                "run the replay set")
@@ -50,10 +46,6 @@ class Command(BaseCommand):
             version = workers_version(action_type, wait)
         except GrantRefused as exc:
             raise CommandError(f"not promoted: {exc}") from None
-        if unless_live and grant_state(found, Capability.Kind.ACTION_TYPE, action_type,
-                                       version=version) == GrantState.LIVE:
-            self.stdout.write(f"{found.name}'s {action_type} grant is live already: nothing promoted.")
-            return
         try:
             grant = grant_promote(found, capability(Capability.Kind.ACTION_TYPE, action_type), actor=person,
                                   reason=reason, review_by=timezone.now() + timedelta(days=review_days),
