@@ -116,17 +116,37 @@ class InThread(threading.Thread):
             connection.close()
 
 
+def revoke_committed(agent):
+    """A revoke on a thread of its own, once it has committed (it may still be waiting)."""
+    revoking = InThread(revoke, agent)
+    committed(agent)
+    return revoking
+
+
+def committed(agent):
+    wait_until(lambda: audit_events(agent, "revoked").exists(), seconds=10, message="the revoke to commit")
+
+
+def still_waiting(thread, what="a call under the grant was at the provider"):
+    time.sleep(0.5)
+    assert thread.is_alive(), f"the revoke returned while {what}"
+
+
+def joined(*threads, seconds=15):
+    for thread in threads:
+        thread.join(seconds)
+        assert not thread.is_alive() and thread.failed is None, thread.failed
+
+
 def test_a_revoke_committed_after_the_claim_stops_the_call(provider, agent):
     action = claimed(agent, "refund:ORD-1:dec-1")
     # The action is pending, its lease held: the claim's own check is behind the revoke, which
     # waits for the action to settle.
-    revoking = InThread(revoke, agent)
-    wait_until(lambda: audit_events(agent, "revoked").exists(), seconds=10, message="the revoke to commit")
+    revoking = revoke_committed(agent)
 
     action_run_claimed(action)
 
-    revoking.join(5)
-    assert not revoking.is_alive() and revoking.failed is None, revoking.failed
+    joined(revoking, seconds=5)
     assert provider.keys == []
     row = Action.objects.get(pk=action.pk)
     assert (row.status, row.external_ref) == (ActionStatus.CANCELLED, "")
@@ -140,20 +160,15 @@ def test_a_revoke_waits_for_the_call_under_way_and_a_call_after_it_is_stopped(pr
     sending = InThread(action_run_claimed, first)
     wait_until(lambda: provider.keys, seconds=10, message="the first call to reach the provider")
 
-    revoking = InThread(revoke, agent)
-    wait_until(lambda: audit_events(agent, "revoked").exists(), seconds=10, message="the revoke to commit")
+    revoking = revoke_committed(agent)
     # Claimed before the revoke, its call would start now: it sees the revoke and is cancelled.
     also_sending = InThread(action_run_claimed, second)
-    also_sending.join(10)
-    assert not also_sending.is_alive() and also_sending.failed is None, also_sending.failed
+    joined(also_sending, seconds=10)
     assert provider.keys == [first.operation_key]
-    time.sleep(0.5)
-    assert revoking.is_alive(), "the revoke returned while a call under the grant was at the provider"
+    still_waiting(revoking)
 
     provider.release.set()
-    for thread in (sending, revoking):
-        thread.join(15)
-        assert not thread.is_alive() and thread.failed is None, thread.failed
+    joined(sending, revoking)
     assert revoking.done_at > provider.answered_at[0]  # the call returned first
     assert provider.keys == [first.operation_key]  # the second never reached it
     assert Action.objects.get(pk=first.pk).status == ActionStatus.SUCCEEDED
@@ -195,14 +210,11 @@ def test_a_revoke_in_a_callers_transaction_waits_at_its_commit_for_a_call_begun_
     sending = InThread(action_run_claimed, action)  # the revoke is not committed: the look passes
     wait_until(lambda: provider.keys, seconds=10, message="the call to reach the provider")
     commit.set()
-    wait_until(lambda: audit_events(agent, "revoked").exists(), seconds=10, message="the revoke to commit")
-    time.sleep(0.5)
-    assert committing.is_alive(), "the caller's commit returned while a call under the grant was at the provider"
+    committed(agent)
+    still_waiting(committing)  # the caller's commit
 
     provider.release.set()
-    for thread in (sending, committing):
-        thread.join(15)
-        assert not thread.is_alive() and thread.failed is None, thread.failed
+    joined(sending, committing)
     assert committing.done_at > provider.answered_at[0]
     assert Action.objects.get(pk=action.pk).status == ActionStatus.SUCCEEDED
 
@@ -219,15 +231,11 @@ def test_a_retried_failure_is_stopped_by_a_revoke_committed_while_it_looks_first
     sending = InThread(action_run_claimed, action)
     wait_until(lambda: provider.looks, seconds=10, message="the look to reach the provider")
 
-    revoking = InThread(revoke, agent)
-    wait_until(lambda: audit_events(agent, "revoked").exists(), seconds=10, message="the revoke to commit")
-    time.sleep(0.5)
-    assert revoking.is_alive(), "the revoke returned while an action under the grant was being looked for"
+    revoking = revoke_committed(agent)
+    still_waiting(revoking, "an action under the grant was being looked for")
     provider.release.set()
 
-    for thread in (sending, revoking):
-        thread.join(15)
-        assert not thread.is_alive() and thread.failed is None, thread.failed
+    joined(sending, revoking)
     assert provider.keys == []
     row = Action.objects.get(pk=action.pk)
     assert row.status == ActionStatus.CANCELLED
@@ -246,15 +254,11 @@ def test_a_revoke_on_a_host_whose_clock_runs_ahead_waits_for_the_call_all_the_sa
     host_clock_off_by(monkeypatch, 60)  # the revoking process's host
     assert timezone.now() > action.lease_expires_at
 
-    revoking = InThread(revoke, agent)
-    wait_until(lambda: audit_events(agent, "revoked").exists(), seconds=10, message="the revoke to commit")
-    time.sleep(0.5)
-    assert revoking.is_alive(), "the revoke returned while a call under the grant was at the provider"
+    revoking = revoke_committed(agent)
+    still_waiting(revoking)
 
     provider.release.set()
-    for thread in (sending, revoking):
-        thread.join(15)
-        assert not thread.is_alive() and thread.failed is None, thread.failed
+    joined(sending, revoking)
     assert revoking.done_at > provider.answered_at[0]
 
 
