@@ -28,6 +28,7 @@ from django.utils import timezone
 from approvals.decisions import review_decide
 from approvals.models import ReviewItem
 from console.sweeper import sweep_once
+from ledger.actions import action_request
 from ledger.agents import agent_create
 from ledger.models import Action, ActionStatus, Agent, AuditEvent, Grant, StepStatus, Task, TaskStep
 from ledger.tasks import task_request
@@ -346,6 +347,28 @@ def dead_letter(agent, task_id, *, order=None, customer=None, done=None):
         TaskStep.objects.filter(task=task, name=name).update(status=StepStatus.DONE, result=result)
     error = {"code": "crash", "message": "the worker gave up", "retryable": True, "step": "call_refund_api"}
     return open_entry(task.mark_dead_lettered(actor="system:tests", error=error))
+
+
+def attempt_failed(action, *, retryable):
+    """The action's one attempt failed: retryable (never reached the provider) or for good (declined)."""
+    action = action.claim(owner="tests:1")
+    return action.mark_failed(actor="system:executor", code="connect_failed" if retryable else "declined",
+                              message="it did not happen", retryable=retryable, claim=action.fence)
+
+
+def dead_lettered_with_a_declined_step(agent, task_id, customer):
+    """(a refund task, its step's refund): the refund declined for good, then the task dead-lettered
+    as the sweeper does when its worker's lease lapses."""
+    task, _ = task_request(agent=agent, task_id=task_id, workflow="refund", input=refund_input("ORD-T", customer))
+    task = task.claim(owner="tests:1")
+    declined, _ = action_request(agent=agent, operation_key=f"{task_id}:call_refund_api:v1", action_type="refund",
+                                 target="ORD-T", customer=customer, decision_id=task_id, task=task,
+                                 params={"amount": "25.00", "currency": "EUR"})
+    declined = attempt_failed(declined, retryable=False)
+    task.refresh_from_db()
+    task.mark_dead_lettered(actor="system:sweeper", claim=task.fence,
+                            error={"code": "worker_lost", "message": "the lease lapsed", "retryable": True})
+    return task, declined
 
 
 def failed_task_entry(agent, task_id):

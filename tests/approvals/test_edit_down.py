@@ -88,14 +88,7 @@ def test_an_edited_amount_still_above_the_second_threshold_waits_for_a_second_ap
     assert version.status == ActionStatus.AWAITING_APPROVAL
     version_item = ReviewItem.objects.get(action=version, status="open")
     assert version_item.approvals_needed == 2
-    assert [(a.user.username, a.fingerprint) for a in version_item.approvals.all()] == [
-        ("alice", version.params_fingerprint())]
-    with pytest.raises(DecisionRefused, match="someone else"):
-        review_decide(version_item, user=users["alice"], decision="approve", reason="again")
-    review_decide(version_item, user=users["bob"], decision="approve", reason="agreed",
-                  fingerprint=version.params_fingerprint())
-    version.refresh_from_db()
-    assert version.status == ActionStatus.QUEUED
+    second_approval_by_someone_else(version_item, version, users)
 
 
 def test_a_version_can_be_edited_down_again_under_the_next_suffix(people):
@@ -422,14 +415,7 @@ def test_the_first_of_two_approvals_of_a_version_held_as_it_is_made_is_its_edito
     assert version.status == ActionStatus.AWAITING_APPROVAL
     waiting = ReviewItem.objects.get(action=version, status="open")
     assert (waiting.kind, waiting.approvals_needed) == (ReviewKind.APPROVAL, 2)
-    assert [(a.user.username, a.fingerprint) for a in waiting.approvals.all()] == [
-        ("alice", version.params_fingerprint())]
-    with pytest.raises(DecisionRefused, match="someone else"):
-        review_decide(waiting, user=users["alice"], decision="approve", reason="again")
-    review_decide(waiting, user=users["bob"], decision="approve", reason="agreed",
-                  fingerprint=version.params_fingerprint())
-    version.refresh_from_db()
-    assert version.status == ActionStatus.QUEUED
+    second_approval_by_someone_else(waiting, version, users)
 
 
 @pytest.mark.parametrize(("amount", "said"), [
@@ -461,3 +447,14 @@ def test_a_versions_why_says_what_its_edit_changed(people, changes, why):
                              fingerprint=action.params_fingerprint())
     assert audit_events(version, "requested").get().reason == why
     assert ReviewItem.objects.get(action=version).why == why
+
+
+def second_approval_by_someone_else(item, version, users):
+    """alice's approval of the version is on its item and counts as the first of two: hers again is
+    refused (four eyes), bob's second runs the version."""
+    assert [(a.user.username, a.fingerprint) for a in item.approvals.all()] == [("alice", version.params_fingerprint())]
+    with pytest.raises(DecisionRefused, match="someone else"):
+        review_decide(item, user=users["alice"], decision="approve", reason="again")
+    review_decide(item, user=users["bob"], decision="approve", reason="agreed", fingerprint=version.params_fingerprint())
+    version.refresh_from_db()
+    assert version.status == ActionStatus.QUEUED

@@ -17,8 +17,8 @@ from dlq.models import DeadLetter, EntryStatus
 from ledger.actions import action_done_by_hand, action_request, action_retry, action_retry_by_person
 from ledger.audit import actor_label
 from ledger.models import Action, ActionStatus, Booking, InvalidTransition
-from ledger.tasks import task_request
-from tests.factories import audit_events, make_agent_on, open_entry, person, post_action_in_process, refund_input
+from tests.factories import (attempt_failed, audit_events, dead_lettered_with_a_declined_step, make_agent_on, open_entry,
+                             person, post_action_in_process)
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("jobs_to_test_redis")]
 
@@ -37,17 +37,9 @@ def olga():
     return person("olga", "operators")
 
 
-def failed(action, *, retryable):
-    """The action's one attempt failed: retryable (never reached the provider) or for good (declined)."""
-    action = action.claim(owner="tests:1")
-    return action.mark_failed(actor="system:executor", code="connect_failed" if retryable else "declined",
-                              message="it did not happen", retryable=retryable, claim=action.fence)
-
-
-def refund(agent, key=KEY, order="ORD-G1", task=None):
+def refund(agent, key=KEY, order="ORD-G1"):
     action, _ = action_request(agent=agent, operation_key=key, action_type="refund", target=order, customer="CUST-G",
-                               decision_id=task.task_id if task else "dec-1", task=task,
-                               params={"amount": "25.00", "currency": "EUR"})
+                               decision_id="dec-1", params={"amount": "25.00", "currency": "EUR"})
     return action
 
 
@@ -74,7 +66,7 @@ def given_up(action, olga, reason):
 
 @pytest.mark.parametrize("retryable", [True, False], ids=["out_of_attempts", "declined"])
 def test_a_refund_discarded_on_its_page_says_given_up_to_its_agent(client, billing, olga, retryable):
-    action = failed(refund(billing), retryable=retryable)
+    action = attempt_failed(refund(billing), retryable=retryable)
     entry = DeadLetter.objects.get(action=action)
 
     assert discarded_on_its_page(olga, entry, "the customer withdrew the claim").status == EntryStatus.DISCARDED
@@ -99,7 +91,7 @@ def test_a_refund_discarded_on_its_page_says_given_up_to_its_agent(client, billi
 def test_an_action_given_up_is_never_retried_a_persons_retry_included(billing, olga, retryable):
     """A person's word lifts a refusal's permanence (`retry_allowed`), not a person's decision to give
     it up, which its agent was told of: it may have asked again under a new decision since."""
-    action = failed(refund(billing), retryable=retryable)
+    action = attempt_failed(refund(billing), retryable=retryable)
     deadletter_discard(DeadLetter.objects.get(action=action), actor=olga, reason="the customer withdrew the claim")
 
     with pytest.raises(InvalidTransition, match="gave it up"):
@@ -116,7 +108,7 @@ def test_a_declined_booking_discarded_says_given_up_and_its_decision_may_be_aske
     booking, _ = action_request(agent=billing, operation_key="create_booking:ROOM-G:CUST-G:dec-1",
                                 action_type="create_booking", target="ROOM-G", customer="CUST-G", decision_id="dec-1",
                                 params=SLOT)
-    booking = failed(booking, retryable=False)
+    booking = attempt_failed(booking, retryable=False)
 
     discarded_on_its_page(olga, DeadLetter.objects.get(action=booking), "the customer cancelled")
 
@@ -129,12 +121,7 @@ def test_a_declined_booking_discarded_says_given_up_and_its_decision_may_be_aske
 
 
 def test_a_task_discarded_marks_each_of_its_failed_actions_given_up(billing, olga):
-    task, _ = task_request(agent=billing, task_id="t-g", workflow="refund", input=refund_input("ORD-T", "CUST-G"))
-    task = task.claim(owner="tests:1")
-    declined = failed(refund(billing, key="t-g:call_refund_api:v1", order="ORD-T", task=task), retryable=False)
-    task.refresh_from_db()
-    task.mark_dead_lettered(actor="system:sweeper", claim=task.fence,
-                            error={"code": "worker_lost", "message": "the lease lapsed", "retryable": True})
+    task, declined = dead_lettered_with_a_declined_step(billing, "t-g", "CUST-G")
 
     deadletter_discard(open_entry(task), actor=olga, reason="the customer withdrew")
 
@@ -145,7 +132,7 @@ def test_a_given_up_action_is_never_then_marked_done_by_hand(client, billing, ol
     """Given up is as final as done by hand: marking it done by hand afterwards (no page reaches it:
     its entry is closed) leaves it as it is, rather than asking the database to swap the marks,
     which it refuses (ledger.dbrules)."""
-    action = failed(refund(billing), retryable=False)
+    action = attempt_failed(refund(billing), retryable=False)
     discarded_on_its_page(olga, DeadLetter.objects.get(action=action), "the customer withdrew the claim")
 
     action_done_by_hand(Action.objects.get(pk=action.pk), actor=olga, reason="paid by bank transfer after all")

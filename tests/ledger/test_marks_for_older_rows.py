@@ -21,9 +21,8 @@ from dlq.entries import deadletter_redrive, deadletter_resolve
 from dlq.models import Alert, DeadLetter, EntryStatus
 from ledger.actions import SlotTaken, action_request, same_decision
 from ledger.models import Action, ActionStatus, Booking, Task, TaskState
-from ledger.tasks import task_request
-from tests.factories import (dead_letter, failed_task_entry, make_agent, new_action, open_entry, person,
-                             refund_input)
+from tests.factories import (attempt_failed, dead_letter, dead_lettered_with_a_declined_step, failed_task_entry,
+                             make_agent, new_action, open_entry, person, refund_input)
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("jobs_to_test_redis")]
 
@@ -40,17 +39,9 @@ def billing():
     return make_agent("billing")[0]
 
 
-def failed(action, *, retryable):
-    """The action's one attempt failed: retryable (never reached the provider) or for good (declined)."""
-    action = action.claim(owner="tests:1")
-    return action.mark_failed(actor="system:executor", code="connect_failed" if retryable else "declined",
-                              message="it did not happen", retryable=retryable, claim=action.fence)
-
-
-def refund(agent, key="refund:ORD-M1:full:dec-1", order="ORD-M1", task=None):
+def refund(agent, key="refund:ORD-M1:full:dec-1", order="ORD-M1"):
     action, _ = action_request(agent=agent, operation_key=key, action_type="refund", target=order,
-                               customer="CUST-M", decision_id=task.task_id if task else "dec-1", task=task,
-                               params={"amount": "25.00", "currency": "EUR"})
+                               customer="CUST-M", decision_id="dec-1", params={"amount": "25.00", "currency": "EUR"})
     return action
 
 
@@ -89,7 +80,7 @@ def test_a_refund_closed_before_says_what_the_person_decided(billing, closed, re
     """Declined, it read the same discarded or resolved as while a person could retry it; a retryable
     one discarded before the discard made it failed for good, or resolved before a resolve did,
     still read that it may run."""
-    action = failed(refund(billing), retryable=retryable)
+    action = attempt_failed(refund(billing), retryable=retryable)
     closed_before_the_marks(DeadLetter.objects.get(action=action), closed)
 
     the_repair()
@@ -100,7 +91,7 @@ def test_a_refund_closed_before_says_what_the_person_decided(billing, closed, re
 def test_a_declined_booking_resolved_before_takes_its_slot_and_decision_again(billing):
     """As a resolve does now: the same slot's row confirmed again, and neither its time nor its
     decision booked a second time."""
-    action = failed(booking(billing), retryable=False)
+    action = attempt_failed(booking(billing), retryable=False)
     released = Booking.objects.get(action=action)
     assert released.status == Booking.Status.RELEASED
     closed_before_the_marks(DeadLetter.objects.get(action=action), EntryStatus.RESOLVED)
@@ -119,7 +110,7 @@ def test_a_declined_booking_resolved_before_takes_its_slot_and_decision_again(bi
 def test_a_declined_booking_whose_slot_or_decision_was_booked_since_is_left_and_named(billing, capsys, taken):
     """Done by hand, it would hold what another booking holds: left as the booking failed for good
     it is (nobody retries it), and the upgrade's output names it for a person."""
-    action = failed(booking(billing), retryable=False)
+    action = attempt_failed(booking(billing), retryable=False)
     before = Action.objects.get(pk=action.pk).error
     since = {"slot": lambda: booking(billing, key="create_booking:ROOM-M:CUST-2:dec-9", customer="CUST-2",
                                      decision="dec-9"),
@@ -138,7 +129,7 @@ def test_a_declined_booking_whose_slot_or_decision_was_booked_since_is_left_and_
 def test_a_retryable_booking_closed_before_lets_its_slot_go_or_keeps_it_confirmed(billing, closed):
     """Its failure kept its slot for a retry: given up, it lets it go, as a discard does now; done by
     hand, the person's booking holds it, confirmed, as a resolve does now."""
-    action = failed(booking(billing), retryable=True)
+    action = attempt_failed(booking(billing), retryable=True)
     assert Booking.objects.get(action=action).status == Booking.Status.PENDING
     closed_before_the_marks(DeadLetter.objects.get(action=action), closed)
 
@@ -151,12 +142,7 @@ def test_a_retryable_booking_closed_before_lets_its_slot_go_or_keeps_it_confirme
 
 @CLOSED
 def test_a_tasks_failed_action_is_marked_from_its_tasks_entry(billing, closed):
-    task, _ = task_request(agent=billing, task_id="t-m", workflow="refund", input=refund_input("ORD-T", "CUST-M"))
-    task = task.claim(owner="tests:1")
-    declined = failed(refund(billing, key="t-m:call_refund_api:v1", order="ORD-T", task=task), retryable=False)
-    task.refresh_from_db()
-    task.mark_dead_lettered(actor="system:sweeper", claim=task.fence,
-                            error={"code": "worker_lost", "message": "the lease lapsed", "retryable": True})
+    task, declined = dead_lettered_with_a_declined_step(billing, "t-m", "CUST-M")
     closed_before_the_marks(open_entry(task), closed)
 
     the_repair()
@@ -165,10 +151,10 @@ def test_a_tasks_failed_action_is_marked_from_its_tasks_entry(billing, closed):
 
 
 def test_what_is_open_or_marked_already_is_left_and_a_second_run_changes_nothing(billing, capsys):
-    failed(refund(billing, key="refund:ORD-O:full:dec-1", order="ORD-O"), retryable=False)  # its entry open
-    by_hand = failed(refund(billing, key="refund:ORD-H:full:dec-1", order="ORD-H"), retryable=False)
+    attempt_failed(refund(billing, key="refund:ORD-O:full:dec-1", order="ORD-O"), retryable=False)  # its entry open
+    by_hand = attempt_failed(refund(billing, key="refund:ORD-H:full:dec-1", order="ORD-H"), retryable=False)
     deadletter_resolve(DeadLetter.objects.get(action=by_hand), actor=person("olga"), note="paid by bank transfer")
-    given_up = failed(refund(billing, key="refund:ORD-G:full:dec-1", order="ORD-G"), retryable=False)
+    given_up = attempt_failed(refund(billing, key="refund:ORD-G:full:dec-1", order="ORD-G"), retryable=False)
     closed_before_the_marks(DeadLetter.objects.get(action=given_up), EntryStatus.DISCARDED)
     errors = dict(Action.objects.values_list("pk", "error"))
 

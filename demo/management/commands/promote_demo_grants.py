@@ -1,10 +1,10 @@
 from django.conf import settings
-from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from demo.grants import demo_grants, live_on
 from ledger.grants import GrantRefused, capability, grant_promote, passing_run, workers_version
+from ledger.management.commands.grant_promote import promoted_line, promoter
 from ledger.models import Capability
 
 
@@ -21,11 +21,7 @@ class Command(BaseCommand):
     def handle(self, by, **options):
         if settings.PRODUCTION:
             raise CommandError("promote_demo_grants is for the demo's stack: in production a person promotes a grant")
-        person = get_user_model().objects.filter(username=by, is_active=True).first()
-        if person is None:
-            raise CommandError(f"no active user named {by!r} (seed_demo makes the demo people)")
-        if not person.has_perm("ledger.change_agent"):
-            raise CommandError(f"{by} may not promote grants: it needs the change_agent permission")
+        person = promoter(by)
         grants = demo_grants()
         if not grants:
             self.stdout.write("No demo agents here (seed_demo makes them): nothing to promote.")
@@ -68,6 +64,5 @@ class Command(BaseCommand):
                 self.stdout.write(f"{agent.name}'s {action_type} grant: not promoted: {exc}")
                 ready = False
                 continue
-            self.stdout.write(f"{agent.name} acts for real on {action_type} until {grant.live_until:%Y-%m-%d %H:%M} "
-                              f"UTC (promoted by {person.username}).")
+            self.stdout.write(promoted_line(agent, action_type, grant, person))
         return ready

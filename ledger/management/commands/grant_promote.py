@@ -28,11 +28,7 @@ class Command(BaseCommand):
                                  f"(default {WAIT_SECONDS})")
 
     def handle(self, agent, action_type, by, reason, review_days, wait, **options):
-        person = get_user_model().objects.filter(username=by, is_active=True).first()
-        if person is None:
-            raise CommandError(f"no active user named {by!r}")
-        if not person.has_perm("ledger.change_agent"):
-            raise CommandError(f"{by} may not promote grants: it needs the change_agent permission")
+        person = promoter(by)
         found = Agent.objects.filter(name=agent).first()
         if found is None:
             raise CommandError(f"no agent named {agent!r}")
@@ -55,5 +51,21 @@ class Command(BaseCommand):
         if version != version_now(action_type):
             self.stdout.write(f"Note: the {action_type} connector as this shell's settings configure it is not the "
                               f"one the workers run; the grant is bound to the workers' ({version[:12]}…).")
-        self.stdout.write(f"{found.name} acts for real on {action_type} until {grant.live_until:%Y-%m-%d %H:%M} UTC "
-                          f"(promoted by {by}).")
+        self.stdout.write(promoted_line(found, action_type, grant, person))
+
+
+def promoter(username):
+    """The person who promotes: an active user with the change_agent permission, as the agents page
+    asks of whoever promotes there (four eyes are grant_promote's to check)."""
+    person = get_user_model().objects.filter(username=username, is_active=True).first()
+    if person is None:
+        raise CommandError(f"no active user named {username!r}")
+    if not person.has_perm("ledger.change_agent"):
+        raise CommandError(f"{username} may not promote grants: it needs the change_agent permission")
+    return person
+
+
+def promoted_line(agent, action_type, grant, person):
+    """The line that says a grant was made live, and until when."""
+    return (f"{agent.name} acts for real on {action_type} until {grant.live_until:%Y-%m-%d %H:%M} UTC "
+            f"(promoted by {person.username}).")
