@@ -258,6 +258,23 @@ BEGIN
     SELECT RAISE(ABORT, 'the slot of a booking was let go: only a booking a person then did by hand takes it again, confirmed');
 END""")
 
+# A confirmed booking holds its slot for good (Booking.TRANSITIONS: nothing leaves confirmed): a
+# write that moved it, or its slot, would free or shift a time the provider booked, and let another
+# booking take it. The trigger (migration 0057) fires only for such a write. Deleting the row is
+# the archive's, and is not an update.
+BOOKING_CONFIRMED_FINAL = Function("ledger_booking_confirmed_final() RETURNS trigger", """
+BEGIN
+    RAISE EXCEPTION USING MESSAGE = 'booking ' || OLD.id || ' is confirmed: its status and slot stay',
+                          ERRCODE = 'integrity_constraint_violation';
+END """)
+BOOKING_CONFIRMED_FINAL_SQLITE = SQLiteTrigger("ledger_booking_confirmed_final", f"""CREATE TRIGGER ledger_booking_confirmed_final BEFORE UPDATE OF status, resource, start, "end" ON ledger_booking
+WHEN OLD.status = '{Booking.Status.CONFIRMED}'
+    AND (NEW.status IS NOT OLD.status OR NEW.resource IS NOT OLD.resource OR NEW.start IS NOT OLD.start
+         OR NEW."end" IS NOT OLD."end")
+BEGIN
+    SELECT RAISE(ABORT, 'a confirmed booking: its status and slot stay');
+END""")
+
 # Audit events are append-only; the only update is the sealer's, and only with the next link
 # of the chain (hash = sha256(prev_hash || content_hash || seq), the formula of audit.py) at the
 # seq after the chain's end: the highest seq sealed, whose event no archive deletes (a run deletes
@@ -395,7 +412,8 @@ RULES = [LOCK_SUBJECTS, TRY_LOCK_SUBJECTS, SAME_SUBJECT, REQUEUE_SAME_SUBJECT, A
          ARCHIVE_NO_UPDATE_SQLITE, ARCHIVE_NO_DELETE_SQLITE, ARCHIVE_SIGNED_SQLITE,
          ARCHIVED_KEY_REFUSED, ARCHIVED_KEY_REFUSED_SQLITE, ARCHIVED_TASK_REFUSED, ARCHIVED_TASK_REFUSED_SQLITE,
          HELD_NEARBY, VERSION_OF_UNSENT, VERSION_OF_UNSENT_SQLITE, DONE_BY_HAND_FINAL, DONE_BY_HAND_FINAL_SQLITE,
-         TASK_DONE_BY_HAND_FINAL, TASK_DONE_BY_HAND_FINAL_SQLITE, BOOKING_RELEASED_FINAL, BOOKING_RELEASED_FINAL_SQLITE]
+         TASK_DONE_BY_HAND_FINAL, TASK_DONE_BY_HAND_FINAL_SQLITE, BOOKING_RELEASED_FINAL, BOOKING_RELEASED_FINAL_SQLITE,
+         BOOKING_CONFIRMED_FINAL, BOOKING_CONFIRMED_FINAL_SQLITE]
 
 
 def installed(connection, rule):

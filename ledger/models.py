@@ -784,7 +784,8 @@ class Booking(Machine, models.Model):
         RELEASED = "released"
 
     # The slot follows its action (ledger.actions.booking_follow_action): confirmed when the
-    # booking happened, released when it never will. Confirmed is final; released is too, but
+    # booking happened, released when it never will. Confirmed is final (and its slot: the
+    # database's ledger.dbrules.BOOKING_CONFIRMED_FINAL); released is too, but
     # for a booking whose action a person then did by hand (`_refuse`, and the database's
     # ledger.dbrules.BOOKING_RELEASED_FINAL): one that failed for good let its slot go, and the
     # person booked it outside Surety (ledger.actions._book_again). The exclusion constraint

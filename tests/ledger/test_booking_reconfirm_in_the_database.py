@@ -109,3 +109,27 @@ def test_the_rest_of_a_released_row_may_still_be_written_and_a_pending_one_still
 
     assert Booking.objects.get(action=declined).customer == "CUST-R2"
     assert Booking.objects.get(pk=pending.pk).status == B.RELEASED
+
+
+@pytest.mark.parametrize("write", [
+    "UPDATE ledger_booking SET status = 'released' WHERE id = %s",
+    "UPDATE ledger_booking SET status = 'pending' WHERE id = %s",
+    "UPDATE ledger_booking SET resource = 'ROOM-OTHER' WHERE id = %s",
+    "UPDATE ledger_booking SET start = start + interval '1 hour', \"end\" = \"end\" + interval '1 hour' WHERE id = %s",
+], ids=["released", "pending", "another resource", "another time"])
+def test_a_confirmed_booking_keeps_its_status_and_slot_whatever_writes_it(declined, write):
+    """Confirmed is final (Booking.TRANSITIONS): a write that freed or moved its slot would let another
+    booking take a time the provider booked. (ledger.dbrules.BOOKING_CONFIRMED_FINAL)"""
+    action_done_by_hand(declined, actor=person("olga"), reason="booked by phone")
+    booking = Booking.objects.get(action=declined)
+    assert booking.status == B.CONFIRMED
+    if connection.vendor == "sqlite":
+        write = write.replace("+ interval '1 hour'", "|| ''")  # a write of the same columns, SQLite's way
+        write = write.replace("start = start || ''", "start = '2027-03-01 12:00:00'")
+
+    with pytest.raises(IntegrityError, match="confirmed"), transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(write, [booking.pk])
+
+    assert Booking.objects.filter(pk=booking.pk).values_list("status", "resource", "start").get() == (
+        B.CONFIRMED, booking.resource, booking.start)
+    Booking.objects.filter(pk=booking.pk).update(customer="CUST-R2")  # the rest of the row may be written
