@@ -455,6 +455,10 @@ def exchange(method, url, *, json=None, content=None, params=None, headers=None)
         # an answer that cannot be read whole is no refusal, nor a success, nor a "not now".
         raise OutcomeUnknown(f"{method} {url}: HTTP {exc.status}, an answer longer than {ANSWER_MAX_BYTES} bytes, "
                              "not read further", code="unreadable_answer", status=exc.status) from None
+    except httpx.DecodingError as exc:
+        # A body its Content-Encoding does not decode (a broken gzip stream): an answer came, unread.
+        raise OutcomeUnknown(f"{method} {url}: an answer that could not be decoded ({exc})",
+                             code="unreadable_answer") from None
     except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
         raise NotSent(f"{method} {url}: {exc!r}", code="connect_failed") from exc
     except httpx.TransportError as exc:
@@ -531,5 +535,5 @@ def raise_if_no_refusal(exc, *, sure=()):
 def _json_or_text(response):
     try:
         return response.json()
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested deeper than the parser goes
         return {"text": response.text[:2000]}

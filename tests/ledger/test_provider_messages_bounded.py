@@ -179,3 +179,43 @@ def test_a_stripe_answer_past_the_bound_is_an_unknown_outcome(settings, scripted
 
     assert action.status == "unknown", action.error
     assert action.evidence[-1]["code"] == "unreadable_answer"
+
+
+def answering_bytes(content, headers=()):
+    """The codes' tests' sandbox stub, each answer's body `content` as it is, with `headers`."""
+
+    def stub(status, code):
+        handler, made = provider(status, code)
+
+        class Raw(handler):
+            def _send(self, status_line, body):
+                self.send_response(status_line)
+                self.send_header("Content-Type", "application/json")
+                for name, value in headers:
+                    self.send_header(name, value)
+                self.send_header("Content-Length", str(len(content)))
+                self.end_headers()
+                self.wfile.write(content)
+
+        return Raw, made
+
+    return stub
+
+
+def test_an_answer_its_encoding_does_not_decode_is_an_unknown_outcome(settings, monkeypatch):
+    """A success whose gzip stream is broken: the provider answered, so it may have acted."""
+    settings.CONNECTOR_TIMEOUT = 3
+    monkeypatch.setattr(codes, "provider", answering_bytes(b"this is no gzip stream", [("Content-Encoding", "gzip")]))
+    action = refused_by_the_sandbox(settings, 201, "declined")
+
+    assert action.status == "unknown", action.error
+    assert action.evidence[-1]["code"] == "unreadable_answer"
+
+
+def test_a_refusal_nested_deeper_than_the_parser_goes_is_read_as_text(settings, monkeypatch):
+    """As any refusal that is not JSON: failed, its status's code, never an unexpected error."""
+    settings.CONNECTOR_TIMEOUT = 3
+    monkeypatch.setattr(codes, "provider", answering_bytes(b"[" * 100_000 + b"]" * 100_000))
+    action = refused_by_the_sandbox(settings, 422, "declined")
+
+    assert (action.status, action.error["code"]) == ("failed", "http_422"), action.error
