@@ -1,4 +1,5 @@
-"""Monitoring: `/metrics` in Prometheus's text format and `/healthz` for load balancers.
+"""Monitoring: `/metrics` in Prometheus's text format, `/healthz` for the whole system and
+`/healthz/web` for load balancers.
 
 `/metrics` shows the ledger's registry (ledger.metrics): the figures counted where they
 happen, and those read from the database at scrape time by the collectors listed here."""
@@ -109,14 +110,23 @@ def _check(probe):
         return "down"
 
 
+def _database_state():
+    state = _check(_database_answers)
+    if state == "ok":
+        _DATABASE_OUTAGE.answered()
+    return state
+
+
+def _answer(report):
+    return JsonResponse(report, status=503 if "down" in report.values() else 200)
+
+
 @never_cache
 def healthz_view(request):
     """200 when the database, Redis, a worker and the sweeper were seen; 503 naming what is
     down. Only the names and "ok"/"down" (or "not used"/"not checked" when jobs run
     in-process without Redis): nothing else for anonymous callers."""
-    report = {"database": _check(_database_answers)}
-    if report["database"] == "ok":
-        _DATABASE_OUTAGE.answered()
+    report = {"database": _database_state()}
     if not settings.RQ_ASYNC:
         report.update(redis="not used", worker="not used", sweeper="not checked")
     elif (redis_state := _check(_redis_answers)) == "ok":
@@ -127,4 +137,15 @@ def healthz_view(request):
         # each its own timeout (three in all, past a load balancer's patience, while every poll
         # holds a web thread) to learn nothing more.
         report.update(redis=redis_state, worker="down", sweeper="down")
-    return JsonResponse(report, status=503 if "down" in report.values() else 200)
+    return _answer(report)
+
+
+@never_cache
+def healthz_web_view(request):
+    """Whether this web process can serve, for a load balancer: 200 when its database answers,
+    503 otherwise. Redis, the workers and the sweeper are left out: every web process shares
+    them, so a load balancer heeding them would take every one out at once, and the API and the
+    pages answer without them. An action is recorded without them and waits for a worker; a
+    doorbell Redis did not take is rung by the sweeper once Redis answers. Asking Redis would
+    only cost a poll its timeout while Redis hangs; `/healthz` tells the whole system."""
+    return _answer({"database": _database_state()})

@@ -1,4 +1,5 @@
-"""/healthz: 200 when the database, Redis, a worker and the sweeper were seen; 503 naming what is down."""
+"""/healthz: 200 when the database, Redis, a worker and the sweeper were seen; 503 naming what is down.
+/healthz/web, a load balancer's: 200 while this web process's database answers, whatever else is down."""
 
 import logging
 import socket
@@ -156,3 +157,47 @@ def test_a_database_error_that_is_no_database_error_is_the_database_down_in_the_
     assert response.json() == {"database": "down", "redis": "not used", "worker": "not used",
                                "sweeper": "not checked"}
     assert client.get("/healthz").status_code == 200
+
+
+def test_a_worker_down_is_the_system_down_and_not_the_web(stack):
+    """A load balancer asking /healthz took every web process out because a worker stopped,
+    though each could still record work for the worker to come."""
+    call_command("sweep", "--once")  # a sweeper, and no worker
+
+    assert health(stack.url) == (503, {**ALL_OK, "worker": "down"})
+    response = httpx.get(f"{stack.url}/healthz/web", timeout=10)
+    assert (response.status_code, response.json()) == (200, {"database": "ok"})
+    assert "no-cache" in response.headers["Cache-Control"]
+
+
+@pytest.mark.django_db
+def test_the_web_stays_in_while_redis_hangs_without_waiting_for_it(client, settings):
+    """Redis is shared by every web process, and without it an action is still recorded (its
+    doorbell rung by the sweeper once Redis is back): the web check does not ask it, so a Redis
+    that never answers costs its polls no timeout."""
+    timeout = 1
+    with socket.socket() as listener:  # listens and never accepts: the kernel connects, nobody reads
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        settings.RQ_ASYNC = True
+        settings.RQ_QUEUES = {"default": {"ASYNC": True, "DEFAULT_TIMEOUT": 600, "URL": (
+            f"redis://127.0.0.1:{listener.getsockname()[1]}/0"
+            f"?socket_connect_timeout={timeout}&socket_timeout={timeout}")}}
+        began = time.monotonic()
+        response = client.get("/healthz/web")
+        took = time.monotonic() - began
+
+    assert (response.status_code, response.json()) == (200, {"database": "ok"})
+    assert took < timeout / 2, took
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_database_away_is_the_system_down_and_the_web_too(client, settings):
+    settings.RQ_ASYNC = False  # only the database is checked
+    with database_away():
+        system = client.get("/healthz")
+        web = client.get("/healthz/web")
+
+    assert system.status_code == 503 and system.json()["database"] == "down"
+    assert (web.status_code, web.json()) == (503, {"database": "down"})
+    assert client.get("/healthz/web").status_code == 200

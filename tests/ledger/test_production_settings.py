@@ -1,6 +1,7 @@
 """Production refuses to start with a development secret where one would be public, or with
 the tests' settings."""
 
+import json
 import os
 import subprocess
 import sys
@@ -75,3 +76,14 @@ def test_production_never_hashes_passwords_with_the_tests_fast_hasher():
     refused = manage("check", DJANGO_SETTINGS_MODULE="tests.settings")
     assert refused.returncode != 0
     assert "tests.settings is for the test suite" in refused.stderr
+
+
+def test_production_answers_the_health_checks_over_plain_http_and_redirects_the_rest():
+    """A load balancer asks over plain HTTP inside the network: both health checks answer it (their
+    status, whatever it is), where every other address is sent to HTTPS."""
+    script = ("import json; from django.test import Client; c = Client(); "
+              "print(json.dumps([c.get(p, HTTP_HOST='surety.example').status_code for p in ('/healthz', '/healthz/web', '/')]))")
+    result = manage("shell", "-c", script)
+    assert result.returncode == 0, result.stderr
+    first, web, page = json.loads(result.stdout.strip().splitlines()[-1])
+    assert first != 301 and web != 301 and page == 301
