@@ -19,36 +19,13 @@ def get_review_item_for_user(user, pk, *, to_decide=False):
     return item
 
 
-class Authority:
-    """What `user` and the people they stand in for may decide, each read once however many
-    items it is asked of (a queue's page of rows): the permission of each person on each kind
-    and action type, and the running delegations that name `user`."""
-
-    def __init__(self, user):
-        self.user = user
-        self._may = {}
-        self._for = None
-
-    def may_itself(self, person, item):
-        key = (person.pk, PERM_FOR_KIND[item.kind], item.action.action_type)
-        if key not in self._may:
-            self._may[key] = _may_itself(person, item)
-        return self._may[key]
-
-    def standing_in_for(self):
-        if self._for is None:
-            self._for = _standing_in_for(self.user)
-        return self._for
-
-
-def acting_for(user, item, authority=None):
+def acting_for(user, item):
     """Whose authority `user` decides `item` with: None for their own (the kind's permission
     on its action type), else the person whose running delegation (approvals.delegation) gives
-    it to them. PermissionDenied when neither does. `authority`: `user`'s, read for many items."""
-    authority = authority or Authority(user)
-    if authority.may_itself(user, item):
+    it to them. PermissionDenied when neither does."""
+    if _may_itself(user, item):
         return None
-    able = [person for person in authority.standing_in_for() if authority.may_itself(person, item)]
+    able = [person for person in _standing_in_for(user) if _may_itself(person, item)]
     if not able:
         raise PermissionDenied(f"you may not decide {item.action.action_type} items")
     # With two delegations to one person, one whose four eyes allow this decision (a delegator
@@ -64,12 +41,14 @@ def _may_itself(user, item):
     return user_may(user, PERM_FOR_KIND[item.kind], Capability.Kind.ACTION_TYPE, item.action.action_type)
 
 
-def may_decide(user, item, authority=None):
+def may_decide(user, item):
     """`user` may decide `item`, as themselves or for a person who delegated to them, and
     neither of them owns the agent that asked for it or was shown its token (four eyes): the
-    item's page offers its decisions, and a queue's row its Reject, on this alone."""
+    item's page offers its decisions on this, unless its window has closed or four eyes take an
+    approval given already for theirs (approvals.decisions.waiting_for, what a queue counts and
+    its rows offer, says the same of items in a query)."""
     try:
-        behalf = acting_for(user, item, authority)
+        behalf = acting_for(user, item)
     except PermissionDenied:
         return False
     return not item.action.agent.answers_for(user, behalf)

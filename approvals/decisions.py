@@ -130,6 +130,19 @@ def window_closed(item):
     return f"its approval window closed at {item.expires_at:%Y-%m-%d %H:%M} UTC: it expires undecided"
 
 
+def past_its_window(item):
+    """`item`'s approval window has closed, by the database's clock (decision 57), as its sweeper
+    and the database's rule read it: nobody decides it, so its page offers no decision and it
+    waits for nobody, from then until the sweeper's next pass expires it. `within_its_window` is
+    the same rule as a condition on items (what waits for a person is counted in a query)."""
+    return item.expires_at is not None and item.expires_at <= clock.now()
+
+
+def within_its_window():
+    """The items not `past_its_window`: with no window, or one still open by the database's clock."""
+    return Q(expires_at__isnull=True) | Q(expires_at__gt=clock.now())
+
+
 def _open_for(item, user, fingerprint):
     """The item's action and the item, locked in that order, still open, and `user` with the
     authority to decide it (the pages check it first; a caller without a page is held to it
@@ -141,7 +154,7 @@ def _open_for(item, user, fingerprint):
     item = ReviewItem.objects.select_for_update().get(pk=item.pk)
     if item.status != ReviewStatus.OPEN:
         raise AlreadyDecided(f"already {item.status} by {item.decided_by_label or 'the system'}")
-    if item.expires_at is not None and item.expires_at <= clock.now():
+    if past_its_window(item):
         # The sweeper's next pass expires it; until then nobody decides it either (the database
         # refuses an approval after its window as well: approvals.dbrules).
         raise AlreadyDecided(window_closed(item))
@@ -218,9 +231,10 @@ def by_the_same_eyes(*people):
 
 
 def waiting_for(user):
-    """The review items `user` may decide, as a condition on items ("waiting for me" and the next
-    item; the caller keeps the open ones): those whose page offers them a decision
-    (`approvals.access.may_decide`) and on which four eyes take no approval for theirs yet
+    """The review items `user` may decide, as a condition on items ("waiting for me", the next
+    item and a queue row's Reject; the caller keeps the open ones): those whose page offers them a
+    decision (`approvals.access.may_decide`), whose approval window is still open
+    (`past_its_window`) and on which four eyes take no approval for theirs yet
     (`given_by_the_same_eyes`). An action type they may decide on their own authority, with their own
     eyes alone; one they may decide only for a person whose delegate they are, where neither of them
     answers for the agent that asked nor gave an approval of it (decision 50). The type's and the
@@ -237,7 +251,7 @@ def waiting_for(user):
             if theirs - own:
                 waiting.append(_of_types(kinds, theirs - own)
                                & _clear_of([user, person], answered | _answered_for(person)))
-    return functools.reduce(operator.or_, waiting) if waiting else Q(pk__in=[])
+    return within_its_window() & functools.reduce(operator.or_, waiting) if waiting else Q(pk__in=[])
 
 
 def _answered_for(person):

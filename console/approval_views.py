@@ -11,14 +11,13 @@ from django.urls import resolve, reverse
 from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseClientRefresh
 
-from approvals.access import Authority, acting_for, get_review_item_for_user, may_decide
+from approvals.access import acting_for, get_review_item_for_user, may_decide
 from approvals.decisions import (AlreadyDecided, DecisionRefused, approvals_counted, given_by_the_same_eyes,
-                                 held_group, held_group_decide, in_flight_print, params_changed, review_decide,
-                                 review_edit, waiting_for)
+                                 held_group, held_group_decide, in_flight_print, params_changed, past_its_window,
+                                 review_decide, review_edit, waiting_for)
 from approvals.intake import covered_currencies, customer_total_today, uncovered_refused
 from approvals.models import Limit, ReviewItem, ReviewKind, ReviewStatus
 from approvals.whatif import DEFAULT_DAYS, MAX_DAYS, Proposal, preview_for_audit
-from ledger import clock
 from ledger.actions import in_flight_near
 from ledger.models import Action, ActionStatus, ActionType, AuditEvent, money_in_params
 from ledger.versions import edited_from
@@ -108,8 +107,7 @@ def _next_item(item, user, queue):
 @staff_required
 def review_queue(request, queue):
     kinds, title, url_name = QUEUES[queue]
-    items = ReviewItem.objects.select_related("action", "action__agent").prefetch_related("approvals").filter(
-        kind__in=kinds)
+    items = ReviewItem.objects.select_related("action", "action__agent").filter(kind__in=kinds)
     form = ReviewQueueFilters(request.GET, kinds=kinds)
     q = form.values()
     if q["status"]:
@@ -121,16 +119,15 @@ def review_queue(request, queue):
         items = items.filter(action__action_type=q["action_type"])
     # Earliest deadline first, a page at a time: what is due next is what a person works.
     items, next_cursor = keyset_page(items, q["after"], time_field="deadline", newest_first=False)
-    authority = Authority(request.user)  # read once for the page's rows
     context = {"items": items, "queue": queue, "title": title, "status": q["status"] or "all",
                "statuses": ReviewStatus.values,
                "kinds": kinds if len(kinds) > 1 else [], "kind": kind, "queue_url": reverse(url_name),
                # Its rows' pages go on to the next item of this list as filtered (held, ...).
                "row_query": f"?{urlencode({'queue': kind})}" if kind else "",
                "action_types": ActionType.values, "next_cursor": next_cursor, "query": form.echo().urlencode(),
-               # A row offers its Reject as the item's page offers it: where four eyes allow a decision.
-               "rejectable": {item.pk for item in items if queue == "approvals" and item.status == ReviewStatus.OPEN
-                              and may_decide(request.user, item, authority)},
+               # A row offers its Reject as the item's page offers a decision: where it waits for this person.
+               "rejectable": set(_waiting_for(request.user).filter(pk__in=[item.pk for item in items])
+                                 .values_list("pk", flat=True)) if queue == "approvals" else set(),
                "reject_reasons": recent_reasons(ReviewItem.objects.filter(decided_by=request.user,
                                                                           status=ReviewStatus.REJECTED))}
     return render_partial(request, "approvals/queue.html", "rows" if request.htmx else None, context)
@@ -179,7 +176,7 @@ def detail_context(request, item, decide_url=None):
         "action": action,
         "may_decide": may_decide(request.user, item),
         # Past its window an approval is refused (approvals.decisions): the page offers none.
-        "window_closed": bool(item.status == ReviewStatus.OPEN and item.expires_at and item.expires_at <= clock.now()),
+        "window_closed": item.status == ReviewStatus.OPEN and past_its_window(item),
         "is_owner": action.agent.answers_for(request.user),
         # Four eyes as the decision holds them for a delegate: the person they would decide for
         # answers for the agent, or gave (or was given, by a delegate) the first of two approvals.

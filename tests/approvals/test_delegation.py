@@ -12,7 +12,7 @@ from django.db import IntegrityError, connection, transaction
 from django.test import Client
 from django.utils import timezone
 
-from approvals.access import Authority, acting_for, may_decide
+from approvals.access import acting_for, may_decide
 from approvals.decisions import DecisionRefused, given_by_the_same_eyes, review_decide, waiting_for
 from approvals.evidence import approvals_evidence
 from approvals.delegation import (DelegationRefused, delegate_choices, delegation_name, delegation_revoke,
@@ -433,10 +433,9 @@ def test_what_waits_for_each_person_is_what_their_items_pages_let_them_decide(pe
     away(people["alice"], people["olga"])
 
     def decidable(user):
-        authority = Authority(user)
         return {item.pk for item in ReviewItem.objects.filter(status="open")
-                if may_decide(user, item, authority)
-                and not given_by_the_same_eyes(item.approvals.all(), user, acting_for(user, item, authority))}
+                if may_decide(user, item) and not given_by_the_same_eyes(item.approvals.all(), user,
+                                                                         acting_for(user, item))}
 
     for name in ("olga", "alice", "bob"):
         user = people[name]

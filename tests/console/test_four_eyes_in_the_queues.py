@@ -110,3 +110,16 @@ def test_waiting_for_a_delegate_leaves_out_what_their_person_owns(away):
     waiting(1, "600.00", owner=away["alice"]), waiting(2, "600.00")
     card = next(c for c in signed_in(away["olga"]).get("/").context["cards"] if c["kind"] == "approval")
     assert (card["count"], card["mine"]) == (2, 1)
+
+
+def test_the_queue_offers_no_reject_to_the_first_of_two_approvers(away):
+    """alice gave the first of two approvals: the item's page offers her no decision on it (a second
+    approver must decide), and it is not waiting for her. Its row offered her a Reject all the same."""
+    two, other = waiting(1, "6000.00"), waiting(2, "600.00")
+    review_decide(two, user=away["alice"], decision="approve", reason="one of two")
+    alice = signed_in(away["alice"])
+    assert 'id="approved-by-me"' in alice.get(f"/review/{two.pk}/").content.decode()
+    rows = alice.get("/approvals/").content.decode()
+    assert f'data-id="{two.pk}"' in rows and f"reject-reason-{two.pk}" not in rows
+    assert f"reject-reason-{other.pk}" in rows
+    assert f"reject-reason-{two.pk}" in signed_in(away["bob"]).get("/approvals/").content.decode()
