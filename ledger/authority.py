@@ -13,6 +13,8 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
+from . import clock
+
 
 class GrantState(models.TextChoices):
     SHADOW = "shadow"
@@ -49,8 +51,10 @@ class Grant(models.Model):
 
     def state(self, version_now, now=None):
         """Live until its review date, while its connector's version (`version_now`) is the one it
-        was promoted against: a changed connector passes the replay set again first."""
-        live = self.live_until and self.live_until > (now or timezone.now())
+        was promoted against: a changed connector passes the replay set again first. The review
+        date is told by the database's clock (decision 57): on a host's own, a worker whose clock
+        runs behind would act on the grant past it, and one ahead would hold it shadow early."""
+        live = self.live_until and self.live_until > (now or clock.now())
         bound = not self.connector_version or self.connector_version == version_now
         return GrantState.LIVE if live and bound else GrantState.SHADOW
 

@@ -8,12 +8,13 @@ fingerprinted, never executed (the intake records them `shadow`). A person with 
 manage agents, never the agent's owner (four eyes), promotes it to `live` with a reason and a
 review date, and only while the connector's newest finished replay run (ledger.replay) for its
 current version passed, within REPLAY_PASS_MAX_AGE_DAYS (`passing_run`). Past the review date
-it is shadow again unless renewed; that is read at each check, so no job is needed. A revoke
-takes the permission and the live state away at once, and the executor re-checks at each claim
-(`grant_lapsed`): what was queued under it is cancelled. It checks once more right before each
-call (`grant_lapsed_now`), and a revoke, once committed, returns only once no action under the
-grant is claimed with its lease running: what was claimed when the revoke committed is never sent,
-and the calls already under way have returned.
+(on the database's clock, ledger.clock) it is shadow again unless renewed; that is read at each
+check, so no job is needed. A revoke takes the permission and the live state away at once, and
+the executor re-checks at each claim (`grant_lapsed`): what was queued under it is cancelled. It
+checks once more right before each call (`grant_lapsed_now`), and a revoke, once committed,
+returns only once no action under the grant is claimed with its lease running: what was claimed
+when the revoke committed is never sent, and the calls already under way have returned (unless
+the database fails that wait: the revoke stands, and the log says what it did not wait for).
 """
 
 import functools
@@ -25,15 +26,14 @@ import django_rq
 import redis
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.db.models import CharField, F
 from django.db.models.functions import Cast
-from django.utils import timezone
 from guardian.models import UserObjectPermission
 from guardian.shortcuts import assign_perm, remove_perm
 from rq.job import JobStatus
 
-from . import clock
+from . import clock, outages
 from .compiled import Compiled, register_cache
 from .connectors.test_mode import version_now
 from .jobs import DRAIN_SECONDS, redis_connection
@@ -74,8 +74,8 @@ def grant_state(agent, kind, name, now=None, version=None):
 
     Cached per process under the agent's `grants_version`, which every grant, promotion and
     revoke bumps: the agent row read for this very request says whether the cache is
-    current. The review date and the connector's version (`version`, by default this process's)
-    are compared at each call."""
+    current. The review date (on the database's clock) and the connector's version (`version`, by
+    default this process's) are compared at each call, so a kept live answer ends with its date."""
     key = (agent.pk, agent.grants_version, kind, name)
     if key not in _checked:
         if len(_checked) >= _CHECKED_MAX:
@@ -139,15 +139,27 @@ def _calls_settled(agent_id, action_type):
     action is cancelled, never sent) or is at the provider (it settles within CONNECTOR_TIMEOUT).
     A claim that reads the grant later cancels instead. An action's lease is never extended, so
     the wait ends within LEASE_SECONDS however the workers fare: a worker that died keeps its
-    lease to the end, and what it may have sent is verified by whoever takes the action over."""
+    lease to the end, and what it may have sent is verified by whoever takes the action over.
+
+    The revoke has committed when this runs: a database that fails the wait (a connection dropped,
+    a statement timeout) cuts it short, said in the log, and the revoke's caller gets its answer
+    rather than an error that would tell a person the revoke was not made."""
     deadline = time.monotonic() + settings.LEASE_SECONDS + settings.LEASE_MARGIN_SECONDS
     claimed = Action.objects.filter(agent_id=agent_id, action_type=action_type, status=ActionStatus.PENDING)
-    while claimed.filter(lease_expires_at__gt=clock.now()).exists():
-        if time.monotonic() >= deadline:  # only workers run with a longer LEASE_SECONDS than this process
-            logger.warning("revoked %s for agent %s: actions still claimed after %.0f s; the revoke returns without them",
-                           action_type, agent_id, settings.LEASE_SECONDS + settings.LEASE_MARGIN_SECONDS)
-            return
-        time.sleep(SETTLED_POLL_SECONDS)
+    try:
+        while claimed.filter(lease_expires_at__gt=clock.now()).exists():
+            if time.monotonic() >= deadline:  # only workers run with a longer LEASE_SECONDS than this process
+                logger.warning("revoked %s for agent %s: actions still claimed after %.0f s; the revoke returns "
+                               "without them", action_type, agent_id,
+                               settings.LEASE_SECONDS + settings.LEASE_MARGIN_SECONDS)
+                return
+            time.sleep(SETTLED_POLL_SECONDS)
+    except DatabaseError as exc:
+        logger.warning("revoked %s for agent %s: the wait for the calls under the grant was cut short, as the "
+                       "database failed it (%s: %s); the revoke is committed, and a call claimed before it may "
+                       "still be at the provider", action_type, agent_id, type(exc).__name__,
+                       outages.first_line(exc))
+        outages.close_broken_connection()  # what the caller does next opens a fresh one
 
 
 def _agent_holds(agent, kind, name):
@@ -220,7 +232,7 @@ def passing_run(action_type, now=None, version=None):
         return None
     newest = ReplayRun.objects.filter(action_type=action_type, connector_version=version,
                                       passed__isnull=False).first()
-    since = (now or timezone.now()) - timedelta(days=settings.REPLAY_PASS_MAX_AGE_DAYS)
+    since = (now or clock.now()) - timedelta(days=settings.REPLAY_PASS_MAX_AGE_DAYS)
     return newest if newest and newest.passed and newest.started_at >= since else None
 
 
@@ -269,8 +281,9 @@ def grant_promote(agent, cap, *, actor, reason, review_by=None, version=None):
 
     Refused (GrantRefused) unless: a person other than the agent's owner asks, with a reason;
     the agent holds the grant; the review date is ahead, at most MAX_REVIEW_DAYS away; and
-    the action type's connector passed the replay set as it is now (that version)."""
-    now = timezone.now()
+    the action type's connector passed the replay set as it is now (that version). The review date
+    is set and checked on the database's clock, which the checks compare it with (Grant.state)."""
+    now = clock.now()
     review_by = review_by or now + timedelta(days=REVIEW_DAYS)
     if not isinstance(actor, get_user_model()):
         raise GrantRefused("only a person may make a grant live")

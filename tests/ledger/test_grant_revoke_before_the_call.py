@@ -3,24 +3,27 @@ at the grant once more right before its call, after its claim committed, and a r
 committed, waits until no action under the grant is claimed with its lease running. A revoke
 committed after an action was claimed, before its call, is seen there and nothing is sent; a revoke
 made while a call is at the provider returns only after the call did, and a call claimed before the
-revoke that would start meanwhile sees it. Two real transactions, in threads, on PostgreSQL; the
-provider a real HTTP server."""
+revoke that would start meanwhile sees it; a wait the database cuts short leaves the revoke made and
+answered. Two real transactions, in threads, on PostgreSQL; the provider a real HTTP server."""
 
 import json
 import threading
 import time
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler
 
+import psycopg
 import pytest
 from django.db import connection, transaction
+from django.urls import reverse
 from django.utils import timezone
 
 from ledger.actions import action_request, action_retry
 from ledger.executor import action_claim_next, action_run_claimed
-from ledger.grants import agent_revoke, capability
-from ledger.models import Action, ActionStatus, Capability
-from tests.conftest import thread_server, wait_until
-from tests.factories import audit_events, confirmed_absent, host_clock_off_by
+from ledger.grants import agent_revoke, capability, grant_state
+from ledger.models import Action, ActionStatus, Agent, Capability
+from tests.conftest import _database_url, thread_server, wait_until
+from tests.factories import audit_events, confirmed_absent, host_clock_off_by, person
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -273,3 +276,54 @@ def test_a_revoke_that_stops_waiting_on_a_longer_lease_says_so(provider, agent, 
 
     assert action.lease_left() > 0
     assert "actions still claimed" in caplog.text
+
+
+@contextmanager
+def the_wait_cut_off():
+    """The database ends the connection of the revoke's wait at its first look for claimed actions
+    (pg_terminate_backend, as a failover or a restarted pooler does): a real error, mid-wait.
+    Yields the backend ended, once it is."""
+    cut = []
+
+    def end_the_connection_at_the_wait(execute, sql, params, many, context):
+        if not cut and '"lease_expires_at" >' in sql:
+            cut.append(context["connection"].connection.info.backend_pid)
+            with psycopg.connect(_database_url(), autocommit=True) as other:
+                other.execute("SELECT pg_terminate_backend(%s, 5000)", cut)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(end_the_connection_at_the_wait):
+        yield cut
+
+
+def revoked_and_said_so(agent, cut, log):
+    assert cut, "the wait never looked"
+    assert audit_events(agent, "revoked").exists()  # on a fresh connection
+    assert grant_state(Agent.objects.get(pk=agent.pk), *REFUND) is None
+    assert "the wait for the calls under the grant was cut short" in log and "the revoke is committed" in log
+
+
+def test_a_revoke_whose_wait_the_database_cuts_short_returns_and_says_so(agent, caplog):
+    """The revoke has committed when it waits: the database failing the wait made it raise, and its
+    caller took the revoke for undone. It returns, and the log says what it did not wait for."""
+    claimed(agent, "refund:ORD-1:dec-1")  # its lease running: the revoke waits
+    started = time.monotonic()
+    with caplog.at_level("WARNING", logger="surety.grants"), the_wait_cut_off() as cut:
+        revoke(agent)
+
+    assert time.monotonic() - started < 5  # not the lease's length
+    revoked_and_said_so(agent, cut, caplog.text)
+
+
+def test_the_agents_page_answers_a_revoke_whose_wait_the_database_cut_short(agent, client, caplog):
+    """Before, the page answered 503 ("nothing was half-written, send it again") for a revoke that
+    was made; the connection the wait lost is replaced for the rest of the request."""
+    client.force_login(person("ada", "admins"))
+    claimed(agent, "refund:ORD-1:dec-1")
+    with caplog.at_level("WARNING", logger="surety.grants"), the_wait_cut_off() as cut:
+        page = client.post(reverse("agent-change", args=[agent.pk, "revoke"]),
+                           {"capability": "refund", "reason": "the agent misbehaved"}, follow=True)
+
+    assert page.status_code == 200
+    assert "revoke refund for billing: done." in page.content.decode()
+    revoked_and_said_so(agent, cut, caplog.text)
