@@ -56,6 +56,7 @@ import socket
 import struct
 import threading
 import time
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as DeadlinePassed
 from concurrent.futures import wait
@@ -83,6 +84,14 @@ MESSAGE_MAX_CHARS = 1000
 # The most of an answer read, decoded (docs/connectors.md): an answer that runs longer is an unknown
 # outcome. Stripe's and the sandbox's largest pages (100 refunds, 1,000 effects) are well within it.
 ANSWER_MAX_BYTES = 10 * 1024 * 1024
+# The content codings an answer is read in (`_decoded`): zlib reads both formats (gzip's, and
+# deflate's own, RFC 9110 8.4.1.2), at most _DECODED_PIECE bytes a step, so that the bound is
+# looked at within that of it. Only gzip is asked for: a server offered deflate may answer in raw
+# deflate, which is neither format.
+_CODINGS = ("gzip", "deflate")
+_ZLIB_OR_GZIP = zlib.MAX_WBITS | 32
+_ACCEPTED_ENCODING = "gzip"
+_DECODED_PIECE = 64 * 1024
 
 
 def said(value):
@@ -389,7 +398,8 @@ def _client():
     pid = os.getpid()
     if pid not in _clients:
         _clients.clear()
-        _clients[pid] = _Client(timeout=settings.CONNECTOR_TIMEOUT, follow_redirects=False, cookies=NoCookies())
+        _clients[pid] = _Client(timeout=settings.CONNECTOR_TIMEOUT, follow_redirects=False, cookies=NoCookies(),
+                                headers={"Accept-Encoding": _ACCEPTED_ENCODING})
     return _clients[pid]
 
 
@@ -414,8 +424,8 @@ def _read(response):
     then closed unread). Counted as it decodes, so that a small gzipped answer that unpacks to a
     gigabyte is stopped too; httpx reads an answer whole, whatever its size, unless told so."""
     body = bytearray()
-    for chunk in response.iter_bytes():
-        body += chunk
+    for piece in _decoded(response):
+        body += piece
         if len(body) > ANSWER_MAX_BYTES:
             raise _TooLong(response.status_code)
     # The body is decoded already and whole: the response that holds it must neither decode it
@@ -423,6 +433,33 @@ def _read(response):
     headers = [(name, value) for name, value in response.headers.multi_items()
                if name.lower() not in ("content-encoding", "content-length", "transfer-encoding")]
     return httpx.Response(response.status_code, headers=headers, content=bytes(body), request=response.request)
+
+
+def _decoded(response):
+    """The body of `response` as it decodes, at most _DECODED_PIECE bytes at a time, whatever a
+    piece of it off the wire unpacks to. Not httpx's decoders: they decode each chunk off the wire
+    (up to 64 KiB) whole, and deflate unpacks some 1,000 times over, so one chunk of a crafted
+    answer would hold 64 MiB before the bound was looked at, a gzip of a gzip far more; brotli and
+    zstd, which httpx reads when their libraries happen to be installed, more still. zlib stops at
+    `max_length`; only what it reads is asked for (`Accept-Encoding`, `_client`), and an answer in
+    any other coding, or in a stack of them (which no server asked for gzip sends), is unreadable."""
+    codings = [coding for coding in (value.strip().lower() for value in
+                                     response.headers.get_list("content-encoding", split_commas=True))
+               if coding not in ("", "identity")]
+    if not codings:
+        yield from response.iter_raw()
+        return
+    if len(codings) > 1 or codings[0] not in _CODINGS:
+        raise httpx.DecodingError(f"an answer in {', '.join(codings)}: only one of {', '.join(_CODINGS)} is read")
+    decompressor = zlib.decompressobj(_ZLIB_OR_GZIP)
+    try:
+        for piece in response.iter_raw():
+            while piece:  # what zlib did not get to for want of room is its unconsumed tail
+                yield decompressor.decompress(piece, _DECODED_PIECE)
+                piece = decompressor.unconsumed_tail
+        yield decompressor.flush()  # what it still holds once all came: less than a piece
+    except zlib.error as exc:
+        raise httpx.DecodingError(str(exc)) from exc
 
 
 def exchange(method, url, *, json=None, content=None, params=None, headers=None):
