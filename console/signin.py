@@ -11,7 +11,11 @@ module adds the rules allauth leaves to a project:
   factor is sent to enrol one before any page.
 - Every sign-in, failure, refusal, sign-out, and second factor added, removed, used to step up or
   failed is an audit event, written from allauth's and Django's signals.
+- A session whose person typed STEP_UP_WRONG_CODES wrong codes in a row at the factor page, in
+  any of their sessions, is signed out (`wrong_codes_in_a_row`).
 """
+
+from itertools import takewhile
 
 from allauth.account.adapter import DefaultAccountAdapter, get_adapter
 from allauth.account.authentication import get_authentication_records
@@ -27,6 +31,7 @@ from django.contrib.auth import get_user_model, logout
 from django.contrib.auth import signals as auth_signals
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
+from django.db.models import Q
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 from django.shortcuts import render
@@ -35,11 +40,15 @@ from django.utils import timezone
 from django.http import Http404, HttpResponseRedirect
 from django_htmx.http import HttpResponseClientRedirect
 
+from ledger.audit import actor_label
 from ledger.models import AuditEvent
 from ledger.roles import decides
 
 SIGN_IN_ACTOR = "system:sign-in"
 SECOND_FACTORS = [Authenticator.Type.TOTP, Authenticator.Type.WEBAUTHN]
+# The wrong codes in a row at the factor page (a step-up, or a change of one's factors) that sign a
+# session out: a person mistypes one or two, a guesser needs hundreds of thousands (decision 64).
+STEP_UP_WRONG_CODES = 5
 # What a person without a second factor can still reach: the sign-in and enrolment pages, and
 # what no session uses (the agents' API, the providers' webhooks, monitoring, static files).
 NEEDS_NO_FACTOR = ("/accounts/", "/api/", "/webhooks/", "/sandbox/", "/metrics", "/healthz", "/site-probe",
@@ -261,3 +270,24 @@ def audit_factor_failed(sender, request, user, authenticator=None, reauthenticat
     with transaction.atomic():
         AuditEvent.objects.record(actor=user, verb="second_factor_failed", obj=user, after={
             "type": getattr(authenticator, "type", ""), "step_up": bool(reauthentication), **_client(request)})
+    # Committed first: a wrong code typed at the same moment in another session, counting after its
+    # own commit, sees this one, so the last of a run counts them all.
+    if reauthentication and wrong_codes_in_a_row(user) >= STEP_UP_WRONG_CODES:
+        request.session_ended = "session_locked_out"
+        logout(request)
+        # allauth's way out of its form's check (AccountMiddleware answers it): the page says why.
+        raise ImmediateHttpResponse(render(request, "account/locked_out.html",
+                                           {"wrong_codes": STEP_UP_WRONG_CODES}, status=403))
+
+
+def wrong_codes_in_a_row(user):
+    """How many codes the person typed wrong at the factor page since their latest factor given, at
+    sign-in or there, in any of their sessions (up to STEP_UP_WRONG_CODES): read from the audit trail,
+    which has each, in the database every process shares. Per person, not per session: counted per
+    session, each of the person's open sessions a thief holds would have its own run of guesses. A
+    sign-in since gave a factor (allauth asks a person who has one at every sign-in): it starts again.
+    A passkey refused is not counted (allauth sends no signal for it): nobody guesses one."""
+    latest = AuditEvent.objects.filter(
+        Q(verb="second_factor_failed", after__step_up=True) | Q(verb__in=("signed_in", "stepped_up")),
+        actor=actor_label(user)).order_by("-id").values_list("verb", flat=True)[:STEP_UP_WRONG_CODES]
+    return len(list(takewhile(lambda verb: verb == "second_factor_failed", latest)))

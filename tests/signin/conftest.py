@@ -14,10 +14,12 @@ import subprocess
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+from types import SimpleNamespace
 from urllib.parse import urljoin, urlsplit
 
 import httpx
 import pytest
+from allauth.mfa.totp.internal import auth as totp_auth
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core.management import call_command
@@ -38,9 +40,14 @@ ACCOUNTS = {
 PASSWORD = "correct-horse-battery-staple"
 
 
+def app_time():
+    """The clock of the authenticator app the codes here are computed as (`codes_checked_in_the_next_period`)."""
+    return time.time()
+
+
 def totp(secret, step=0):
     """RFC 6238's code for now (+ `step` periods of 30 s): HMAC-SHA1, dynamic truncation, 6 digits."""
-    digest = hmac.new(base64.b32decode(secret), struct.pack(">Q", int(time.time()) // 30 + step), hashlib.sha1).digest()
+    digest = hmac.new(base64.b32decode(secret), struct.pack(">Q", int(app_time()) // 30 + step), hashlib.sha1).digest()
     offset = digest[-1] & 0x0F
     return f"{(struct.unpack('>I', digest[offset:offset + 4])[0] & 0x7FFFFFFF) % 10**6:06d}"
 
@@ -148,11 +155,24 @@ def sign_in(client, username, password=PASSWORD):
     return client.post("/accounts/login/", {"login": username, "password": password})
 
 
+@pytest.fixture
+def codes_checked_in_the_next_period(monkeypatch):
+    """Every code computed here in the last millisecond of a 30 s period, and checked by allauth in
+    the first of the next: the boundary a code computed right before its post may still cross.
+    allauth takes a code of one period either side of its check's (MFA_TOTP_TOLERANCE = 1, set where
+    the tests give codes), so the period before's code is refused then; and a code once taken is
+    refused again within the window, so two codes a test gives are the current period's, then the
+    next's."""
+    period_ends = (int(time.time()) // 30 + 1) * 30
+    monkeypatch.setattr(f"{__name__}.app_time", lambda: period_ends - 0.001)
+    monkeypatch.setattr(totp_auth, "time", SimpleNamespace(time=lambda: period_ends + 0.001))
+
+
 def enrol_totp(client):
     """The enrolment page shows the secret (and its QR code); the first code confirms it. The code
-    is the current period's, computed right before it is posted: allauth takes a code of one period
-    either side of its check's (MFA_TOTP_TOLERANCE = 1, set where the tests enrol), so a check that
-    falls in the next period takes it too. The period before's was refused then."""
+    is the current period's, computed right before it is posted, which a check that falls in the
+    next period takes too (`codes_checked_in_the_next_period`); the period before's was refused
+    then. Enrolling does not mark the code used: the next one given may be the same."""
     page = client.get("/accounts/2fa/totp/activate/")
     assert page.status_code == 200
     secret = re.search(rb'id="authenticator_secret"[^>]*value="([A-Z2-7]+)"|value="([A-Z2-7]+)"[^>]*id="authenticator_secret"',

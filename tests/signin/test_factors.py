@@ -1,18 +1,13 @@
 """The second factor (TOTP with a code computed here, as an authenticator app computes it), the
 enrolment a deciding role is sent to, and failed sign-ins throttled; all of it in the audit log."""
 
-import time
-from types import SimpleNamespace
-
 import pytest
 from allauth.mfa.models import Authenticator
-from allauth.mfa.totp.internal import auth as totp_auth
 from django.contrib.auth import get_user_model
 from django.db import connection
 
 from ledger.audit import actor_label
 from ledger.models import AuditEvent
-from tests.signin import conftest as factors_conftest
 from tests.signin.conftest import enrol_totp, sign_in, someone, totp
 
 pytestmark = pytest.mark.django_db
@@ -51,14 +46,10 @@ def test_a_deciding_role_enrols_totp_and_then_signs_in_with_it(client, require_m
     assert signed_in.after["methods"][1]["type"] == "totp"
 
 
-def test_an_enrolment_checked_in_the_period_after_its_code_was_computed_is_confirmed(client, require_mfa,
-                                                                                     monkeypatch):
+@pytest.mark.usefixtures("codes_checked_in_the_next_period")
+def test_an_enrolment_checked_in_the_period_after_its_code_was_computed_is_confirmed(client, require_mfa):
     """An enrolment in the tests once answered its form again (200) instead of confirming: its
-    code was the period before's, and a check that fell in the next period took it no longer.
-    Here the code is computed in the last millisecond of a period and checked in the next one."""
-    period_ends = (int(time.time()) // 30 + 1) * 30
-    monkeypatch.setattr(factors_conftest, "time", SimpleNamespace(time=lambda: period_ends - 0.001))
-    monkeypatch.setattr(totp_auth, "time", SimpleNamespace(time=lambda: period_ends + 0.001))
+    code was the period before's, and a check that fell in the next period took it no longer."""
     someone("olga", "operators")
     sign_in(client, "olga")
     enrol_totp(client)

@@ -168,20 +168,22 @@ def test_a_session_ends_once_a_factor_it_gave_is_removed(client, settings):
 
 
 @pytest.mark.django_db
-@pytest.mark.usefixtures("step_up")
+@pytest.mark.usefixtures("step_up", "codes_checked_in_the_next_period")
 def test_a_person_who_removes_their_own_factor_stays_signed_in_in_that_session(client, settings):
     """Their other sessions that gave it end; the one that removed it, after giving a factor for it,
-    goes on (and, in a deciding role with none left, is sent to enrol one)."""
+    goes on (and, in a deciding role with none left, is sent to enrol one). Its two codes are the
+    current period's, then the next's: the period before's, given second, was refused when checked
+    in the period after it was computed, and the factor stayed."""
     settings.MFA_REQUIRED = True
     someone("alice", "approvers")
     sign_in(client, "alice")
     secret = enrol_totp(client)
     client.post("/accounts/logout/")
     sign_in(client, "alice")
-    client.post("/accounts/2fa/authenticate/", {"code": totp(secret, 1)})
+    assert client.post("/accounts/2fa/authenticate/", {"code": totp(secret)})["Location"] == "/"
     asked = client.post("/accounts/2fa/totp/deactivate/")
     assert asked["Location"].startswith(REAUTHENTICATE)
-    client.post(asked["Location"], {"code": totp(secret, -1)})
+    client.post(asked["Location"], {"code": totp(secret, 1)})
     assert not Authenticator.objects.filter(type=Authenticator.Type.TOTP).exists()
     assert client.get("/")["Location"] == "/accounts/2fa/"
     assert "_auth_user_id" in client.session and not AuditEvent.objects.filter(verb="session_revoked").exists()
