@@ -34,7 +34,9 @@ that are findings when they are read (orphans and mismatches).
 
 The schedule (`reconcile_schedule`, a sweeper step) starts a run every RECONCILE_INTERVAL_SECONDS
 over the time since the last complete run, less RECONCILE_OVERLAP_SECONDS (a provider's record
-may become visible a little after its creation time), at most RECONCILE_LOOKBACK_SECONDS back.
+may become visible a little after its creation time), at most RECONCILE_LOOKBACK_SECONDS back. A run
+by hand (`manage.py reconcile`) reads any window that starts within the operation key's lifetime
+(`earliest_since`): before it, what people resolved may be archived, and would be found again.
 """
 
 import logging
@@ -51,6 +53,7 @@ from ledger import money
 from ledger.connectors import connector_for, http
 from ledger.jobs import enqueue
 from ledger.models import SETTLED, Action, ActionStatus, ActionType
+from ledger.retention import key_lifetime, rfc3339
 
 from .incidents import Incident, IncidentKind, IncidentStatus, ReconciliationRun
 
@@ -340,17 +343,33 @@ def reconcile_schedule(now=None):
 
 
 def run_start(until, since=None):
-    """The run row for the window ending at `until`: from `since` (a run by hand), or the
-    schedule's, from where its last complete run ended, less the overlap, at most the lookback
-    before `until`."""
+    """The run row for the window ending at `until`: from `since` (a run by hand, no earlier than
+    `earliest_since`), or the schedule's, from where its last complete run ended, less the overlap,
+    at most the lookback before `until`."""
     if since is not None:
         window = Window(since, until)
+        earliest = earliest_since()
+        if window.since < earliest:
+            raise ValueError(f"a window may start no earlier than {rfc3339(earliest)}, OPERATION_KEY_LIFETIME_DAYS "
+                             f"({settings.OPERATION_KEY_LIFETIME_DAYS} days) ago: the ledger's actions, and the "
+                             "incidents people resolved, may be archived before then, and an effect they answered "
+                             "for would be reported again as an effect without a ledger entry")
         return ReconciliationRun.objects.create(since=window.since, until=window.until, scheduled=False)
     earliest = until - timedelta(seconds=settings.RECONCILE_LOOKBACK_SECONDS)
     last = ReconciliationRun.objects.filter(scheduled=True, complete=True).aggregate(end=Max("until"))["end"]
     overlap = timedelta(seconds=settings.RECONCILE_OVERLAP_SECONDS)
     window = Window(max(earliest, last - overlap) if last else earliest, until)
     return ReconciliationRun.objects.create(since=window.since, until=window.until)
+
+
+def earliest_since():
+    """How far back a window may start: the key's lifetime. An action is archived once its lifetime
+    has passed, and a resolved incident with it or after it (DEAD_LETTER_RETENTION_DAYS after its
+    resolution, never shorter than the lifetime: config.settings); read again without them, an effect
+    people resolved would be a new finding, its alert raised again. Within the lifetime the incidents
+    resolved about its effects are kept, and answer for them (`_open`), and so are the actions recorded
+    in it (decision 65). (The schedule reads back at most RECONCILE_LOOKBACK_SECONDS, a day by default.)"""
+    return timezone.now() - key_lifetime()
 
 
 def run_finish(run_id):

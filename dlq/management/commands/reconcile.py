@@ -13,7 +13,8 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--hours", type=float, help="the window is the last HOURS hours (default 24)")
-        parser.add_argument("--since", help="start of the window (ISO 8601), instead of --hours")
+        parser.add_argument("--since", help="start of the window (ISO 8601), instead of --hours; no earlier than "
+                                             "OPERATION_KEY_LIFETIME_DAYS ago")
         parser.add_argument("--until", help="end of the window (ISO 8601; default now)")
 
     def handle(self, hours, since, until, **options):
