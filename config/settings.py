@@ -433,7 +433,12 @@ SESSION_EXPIRE_AT_BROWSER_CLOSE = True
 # The cache the sign-in rate limits count in: a table of the database (console migration 0001),
 # shared by every web process and host, so a Redis that is down or hung (Redis only delivers work)
 # neither stops people signing in nor lets the throttle be counted per process.
-CACHES = {"default": {"BACKEND": "django.core.cache.backends.db.DatabaseCache", "LOCATION": "console_cache"}}
+# It holds allauth's sign-in rate limits and the authenticator codes already used. Django's database
+# cache keeps 300 rows by default and, past them, deletes a third whatever they hold: a run of
+# failed sign-ins under made-up names would wipe a person's count of failures, or let a used code
+# be taken again. Rows live minutes; a set counts the table (its cull check), so not unbounded.
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.db.DatabaseCache", "LOCATION": "console_cache",
+                      "OPTIONS": {"MAX_ENTRIES": 100_000}}}
 
 # --- REST framework -------------------------------------------------------------------------
 REST_FRAMEWORK = {
