@@ -1,12 +1,13 @@
-"""Decision links: an alert's e-mail to a person who may decide a review item carries a link
+"""Decision links: an alert's e-mail to a person for whom a review item waits carries a link
 of their own, to decide it from the mail.
 
 A link is bound to one person, one item and the print of the params the mail was sent about,
-and lasts DECISION_LINK_SECONDS. Its token is in the mail alone: the table keeps its SHA-256.
-Opening it (a GET, as mail scanners and link previewers do) changes nothing; the decision is a
-POST by its person, signed in (and stepped up, as every money decision), that uses the link in
-the decision's own transaction (`link_use`: a conditional UPDATE, so two POSTs at once give one
-decision) and records the link in the decision's audit events.
+and lasts DECISION_LINK_SECONDS by the database's clock. Its token is in the mail alone: the
+table keeps its SHA-256. Opening it (a GET, as mail scanners and link previewers do) changes
+nothing; the decision is a POST by its person, signed in (and stepped up, as every money
+decision), that uses the link in the decision's own transaction (`link_use`: a conditional
+UPDATE, so two POSTs at once give one decision) and records the link in the decision's audit
+events.
 """
 
 import hashlib
@@ -15,13 +16,12 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.utils import timezone
 
+from ledger import clock
 from ledger.models import Action
 
-from .access import may_decide
-from .decisions import params_changed
-from .models import DecisionLink, ReviewStatus
+from .decisions import params_changed, waiting_for
+from .models import DecisionLink, ReviewItem, ReviewStatus
 
 
 class LinkRefused(Exception):
@@ -38,11 +38,14 @@ def digest(token):
 
 
 def deciders(item, addresses):
-    """address -> the active person with that e-mail address who may decide `item`, for each
-    address that is such a person's (the others get the mail without a link)."""
+    """address -> the active person with that e-mail address for whom `item` waits, for each
+    address that is such a person's (the others get the mail without a link). Waits for them as
+    its page and the counts say (`waiting_for`): a link for one who gave the first of two
+    approvals, or for their delegate, or for anyone once its window has closed, opened a page
+    that offered nothing."""
     found = {}
     for user in get_user_model().objects.filter(is_active=True, email__in=[a for a in addresses if a]):
-        if may_decide(user, item):
+        if ReviewItem.objects.filter(waiting_for(user), pk=item.pk).exists():
             found.setdefault(user.email, user)
     return {address: found[address] for address in addresses if address in found}
 
@@ -51,7 +54,8 @@ def link_issue(user, item):
     """A new link for `user` to decide `item` on its params as they are now; returns the token
     (the path's part: /decide/TOKEN)."""
     token = secrets.token_urlsafe(32)
-    now = timezone.now()
+    # Its end guards a decision: on the database's clock, as the window it lives in (decision 57).
+    now = clock.now()
     DecisionLink.objects.create(digest=digest(token), user=user, item=item,
                                 fingerprint=item.action.params_fingerprint(), created_at=now,
                                 expires_at=now + timedelta(seconds=settings.DECISION_LINK_SECONDS))
@@ -70,7 +74,7 @@ def link_open(token, user):
     if link.used_at is not None:
         raise LinkRefused(f"This link was used {link.used_at:%Y-%m-%d %H:%M} UTC and works once: "
                           "open the item from the dashboard.", 410)
-    if link.expires_at <= timezone.now():
+    if link.expires_at <= clock.now():
         raise LinkRefused(f"This link expired {link.expires_at:%Y-%m-%d %H:%M} UTC: open the item from the "
                           "dashboard.", 410)
     _same_params(link)
@@ -97,5 +101,6 @@ def link_use(link, user):
     """Use the link, in the caller's transaction (the decision's): True for the one request
     whose conditional UPDATE finds it unused and unexpired; a second one waits for the first's
     commit and finds it used."""
+    now = clock.now()
     return DecisionLink.objects.filter(pk=link.pk, user=user, used_at__isnull=True,
-                                       expires_at__gt=timezone.now()).update(used_at=timezone.now()) == 1
+                                       expires_at__gt=now).update(used_at=now) == 1

@@ -1,8 +1,8 @@
 """Alert transports: e-mail to the operations group (or to the alert's own recipients, a
 review item's tier), an HMAC-signed webhook, and e-mail to the owner of an agent whose
-action or task failed for good. A review item's recipient who may decide it gets a mail of
-their own, with a decision link (approvals.links); a recipient away has their delegate mailed
-too (approvals.delegation).
+action or task failed for good. A review item's recipient for whom it waits (who may decide it
+now, as its page would offer them) gets a mail of their own, with a decision link
+(approvals.links); a recipient away has their delegate mailed too (approvals.delegation).
 
 Each attempt on each channel is recorded, in a transaction of its own per channel: what one
 channel sent (and the decision links its mails carry) is committed before the next is tried,
@@ -126,8 +126,8 @@ def _reached(alert, addresses, standing, reached):
 
 
 def _decision_links(alert, addresses):
-    """address -> a decision link of its own, for each address of a person who may decide the
-    alert's open review item (approvals.links); none for other alerts."""
+    """address -> a decision link of its own, for each address of a person for whom the alert's
+    open review item waits (approvals.links.deciders); none for other alerts."""
     item = alert.review_item
     if item is None or item.status != ReviewStatus.OPEN:
         return {}
