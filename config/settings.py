@@ -240,6 +240,12 @@ CONNECTOR_TIMEOUT = env_float("CONNECTOR_TIMEOUT", 5)
 RECONCILE_INTERVAL_SECONDS = env_float("RECONCILE_INTERVAL_SECONDS", 300)
 RECONCILE_OVERLAP_SECONDS = env_float("RECONCILE_OVERLAP_SECONDS", 3600)
 RECONCILE_LOOKBACK_SECONDS = env_float("RECONCILE_LOOKBACK_SECONDS", 86400)
+# The schedule reads the 30 days before its windows again, for effects the provider failed since,
+# once per this many seconds, a part in each run (dlq.reconcile.late_span): a failure whose webhook
+# was lost is found within a day, the webhook's minutes being the rule (decision 66).
+RECONCILE_LATE_FAILURES_INTERVAL_SECONDS = env_float("RECONCILE_LATE_FAILURES_INTERVAL_SECONDS", 86400)
+if not 0 < RECONCILE_LATE_FAILURES_INTERVAL_SECONDS <= 30 * 86400:  # read less often, a record ages out unread
+    raise RuntimeError("RECONCILE_LATE_FAILURES_INTERVAL_SECONDS must be more than 0 and at most 2592000 (30 days)")
 # Which connector serves each action type: the registry `ledger.connectors` reads (see
 # docs/connectors.md). An entry is {"class": dotted path, "options": {...}}; options come
 # from environment variables here. `CONNECTOR_<ACTION_TYPE>` names one of CONNECTOR_CLASSES;

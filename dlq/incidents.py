@@ -184,9 +184,10 @@ class ReconciliationRun(models.Model):
 
     The sweeper's schedule starts one per `until` (a unique slot, so two sweepers cannot
     both start it) and the next window starts where the last finished one ended, less an
-    overlap; a run that never finished leaves its window to the next one. A run by hand
-    (`manage.py reconcile`) is not the schedule's: whatever window it reads, the schedule's
-    windows go on from the schedule's own runs.
+    overlap; a run that never finished leaves its window, and its part of the earlier records
+    read again for late failures, to the next one. A run by hand (`manage.py reconcile`) is
+    not the schedule's: whatever window it reads, the schedule's windows go on from the
+    schedule's own runs.
     """
 
     since = models.DateTimeField()
@@ -198,6 +199,11 @@ class ReconciliationRun(models.Model):
     complete = models.BooleanField(default=False)
     # Per connector: records checked, incidents opened, or why it was skipped or failed.
     report = models.JSONField(default=dict)
+    # The earlier records it read again for failures alone (dlq.reconcile.late_span): a scheduled run
+    # reads the next part of the LATE_FAILURES where the last complete one stopped. None: its window
+    # reaches back that far itself.
+    late_since = models.DateTimeField(null=True, blank=True)
+    late_until = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-until"]

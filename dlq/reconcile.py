@@ -19,9 +19,10 @@ skipped, and the report says so):
    refund that failed at Stripe: `Record.made`) is none of these, unless it is the very effect a
    succeeded ledger row names: a failed effect (the provider failed it after it succeeded, and
    no money may have moved). A listing reads records by when they were made, so it finds a failure
-   only if it happened before their window was read: so each run also reads the LATE_FAILURES
-   before its window for such failures alone (`_failed_before`). The provider's webhook tells one
-   first, and opens the same incident (`incident_open_for_failed_effect`), once;
+   only if it happened before their window was read: so runs also read the LATE_FAILURES before
+   their window again for such failures alone (`late_span`: a scheduled run a part of it, so that
+   the schedule reads it all once per RECONCILE_LATE_FAILURES_INTERVAL_SECONDS). The provider's
+   webhook tells one first, and opens the same incident (`incident_open_for_failed_effect`), once;
 4. each finding opens its incident, with an alert, unless it already has one: running the
    same window again opens nothing new, and an effect made after its incident was resolved opens
    one of its own.
@@ -36,7 +37,8 @@ The schedule (`reconcile_schedule`, a sweeper step) starts a run every RECONCILE
 over the time since the last complete run, less RECONCILE_OVERLAP_SECONDS (a provider's record
 may become visible a little after its creation time), at most RECONCILE_LOOKBACK_SECONDS back. A run
 by hand (`manage.py reconcile`) reads any window that starts within the operation key's lifetime
-(`earliest_since`): before it, what people resolved may be archived, and would be found again.
+(`earliest_since`): before it, what people resolved may be archived, and would be found again; it
+reads the whole LATE_FAILURES before its window again, as every run once did (decision 66).
 """
 
 import logging
@@ -46,7 +48,6 @@ from itertools import chain, islice
 
 from django.conf import settings
 from django.db import DatabaseError, IntegrityError, transaction
-from django.db.models import Max
 from django.utils import timezone
 
 from ledger import money
@@ -65,9 +66,10 @@ LEDGER_FIELDS = ("pk", "operation_key", "action_type", "status", "amount", "curr
 # The statuses in which the ledger says the action's effect was never made. (In flight, or a
 # person's to review, it may yet be found: not a finding.)
 NO_EFFECT = (SETTLED - {ActionStatus.SUCCEEDED}) | {ActionStatus.SHADOW, ActionStatus.SUPERSEDED}
-# How far back before its window a run also reads the provider's records for failures alone
-# (`_failed_before`): a refund Stripe fails later (a card account closed) is failed within days of
-# it; each run pages through this much of the provider's listing again, in exchange.
+# How far back before their windows runs also read the provider's records for failures alone
+# (`late_span`): a refund Stripe fails later (a card account closed) is failed within days of it.
+# The schedule pages through this much of the provider's listing again once per
+# RECONCILE_LATE_FAILURES_INTERVAL_SECONDS, a part in each run; a run by hand, all of it.
 LATE_FAILURES = timedelta(days=30)
 
 
@@ -273,24 +275,35 @@ def _open(findings):
     return opened, added
 
 
-def _failed_before(connector, window):
-    """The records made in the LATE_FAILURES before `window` that the provider lists as not carried
-    out: a refund answered `pending` or `succeeded`, read as made when its own window was read, that
-    the provider failed since. Its webhook tells it first; if that was lost (an endpoint down past
-    the provider's retries, a wrong secret), this is what does. The rest of those records were
-    compared when their own window was read. (The two spans share no record: the listing reads
+def late_span(window, resume=None, part=None):
+    """The records made before `window` that a run reads again for failures alone (`_failed_in`):
+    the LATE_FAILURES before it, from `resume` if that is within them, at most `part` of them; None
+    when the window itself reaches back that far. (The two spans share no record: the listing reads
     [since, until), and Stripe's cuts both ends to the second.)"""
-    start = window.until - LATE_FAILURES
-    if start >= window.since:
+    earliest = window.until - LATE_FAILURES
+    if earliest >= window.since:
+        return None
+    start = resume if resume is not None and earliest <= resume < window.since else earliest
+    return Window(start, window.since if part is None else min(start + part, window.since))
+
+
+def _failed_in(connector, span):
+    """The records made in `span` that the provider lists as not carried out: a refund answered
+    `pending` or `succeeded`, read as made when its own window was read, that the provider failed
+    since. Its webhook tells it first; if that was lost (an endpoint down past the provider's
+    retries, a wrong secret), this is what does. The rest of those records were compared when their
+    own window was read."""
+    if span is None:
         return
-    for record in connector.records(start, window.since):
+    for record in connector.records(span.since, span.until):
         if not record.made:
             yield record
 
 
-def reconcile(window):
-    """Compare every connector's records in `window` with the ledger; returns the report:
-    per connector, records read and incidents opened, or why it was skipped or failed."""
+def reconcile(window, late=None):
+    """Compare every connector's records in `window` with the ledger, and look among its records in
+    `late` (a Window before it, `late_span`) for effects failed since; returns the report: per
+    connector, records read and incidents opened, or why it was skipped or failed."""
     report = {}
     for name, connector in _connectors().items():
         records = connector.records(window.since, window.until)
@@ -299,7 +312,7 @@ def reconcile(window):
             report[name] = {"skipped": "this connector cannot list its records"}
             continue
         try:
-            read, findings = findings_in(connector, chain(records, _failed_before(connector, window)))
+            read, findings = findings_in(connector, chain(records, _failed_in(connector, late)))
         except http.ProviderError as exc:
             logger.warning("reconciliation of %s failed: %s", name, exc)
             report[name] = {"failed": str(exc)}
@@ -344,8 +357,9 @@ def reconcile_schedule(now=None):
 
 def run_start(until, since=None):
     """The run row for the window ending at `until`: from `since` (a run by hand, no earlier than
-    `earliest_since`), or the schedule's, from where its last complete run ended, less the overlap,
-    at most the lookback before `until`."""
+    `earliest_since`, reading all of its `late_span` again), or the schedule's, from where its last
+    complete run ended, less the overlap, at most the lookback before `until`, reading the next part
+    of its late span (`_late_part`)."""
     if since is not None:
         window = Window(since, until)
         earliest = earliest_since()
@@ -354,12 +368,32 @@ def run_start(until, since=None):
                              f"({settings.OPERATION_KEY_LIFETIME_DAYS} days) ago: the ledger's actions, and the "
                              "incidents people resolved, may be archived before then, and an effect they answered "
                              "for would be reported again as an effect without a ledger entry")
-        return ReconciliationRun.objects.create(since=window.since, until=window.until, scheduled=False)
+        return _run_row(window, late_span(window), scheduled=False)
     earliest = until - timedelta(seconds=settings.RECONCILE_LOOKBACK_SECONDS)
-    last = ReconciliationRun.objects.filter(scheduled=True, complete=True).aggregate(end=Max("until"))["end"]
+    last = ReconciliationRun.objects.filter(scheduled=True, complete=True).order_by("-until").first()
     overlap = timedelta(seconds=settings.RECONCILE_OVERLAP_SECONDS)
-    window = Window(max(earliest, last - overlap) if last else earliest, until)
-    return ReconciliationRun.objects.create(since=window.since, until=window.until)
+    window = Window(max(earliest, last.until - overlap) if last else earliest, until)
+    # A round through the late span ends with the part that reached its run's window; the next
+    # starts from the oldest records again. A run that did not complete moved nothing: its part is
+    # read again by the next.
+    resume = last.late_until if last and last.late_until and last.late_until < last.since else None
+    return _run_row(window, late_span(window, resume, _late_part()))
+
+
+def _late_part():
+    """How much of its late span a scheduled run reads: in one RECONCILE_LATE_FAILURES_INTERVAL_SECONDS
+    the schedule's runs read the LATE_FAILURES and what its end moved by meanwhile, so every record
+    in it is read again at least once per interval (and one run, rounding up), a part in each run,
+    not all of it in every run nor all of it in one (decision 66). An interval no longer than a
+    run's makes each run read all of it."""
+    runs_per_interval = settings.RECONCILE_LATE_FAILURES_INTERVAL_SECONDS / settings.RECONCILE_INTERVAL_SECONDS
+    return (LATE_FAILURES + timedelta(seconds=settings.RECONCILE_LATE_FAILURES_INTERVAL_SECONDS)) / runs_per_interval
+
+
+def _run_row(window, late, *, scheduled=True):
+    late_since, late_until = (late.since, late.until) if late else (None, None)
+    return ReconciliationRun.objects.create(since=window.since, until=window.until, scheduled=scheduled,
+                                            late_since=late_since, late_until=late_until)
 
 
 def earliest_since():
@@ -377,7 +411,8 @@ def run_finish(run_id):
     run = ReconciliationRun.objects.get(pk=run_id)
     if run.finished_at is not None:
         return run
-    report = reconcile(Window(run.since, run.until))
+    late = Window(run.late_since, run.late_until) if run.late_since else None
+    report = reconcile(Window(run.since, run.until), late)
     run.report, run.finished_at = report, timezone.now()
     run.complete = not any("failed" in part for part in report.values())
     run.save(update_fields=["report", "finished_at", "complete"])

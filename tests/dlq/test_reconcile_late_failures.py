@@ -1,47 +1,63 @@
 """A refund Stripe fails days after the ledger recorded it made, whose webhook never came (an endpoint
-down past Stripe's retries, a wrong secret): the next reconciliation, whatever its window, reads the
-provider's listing back far enough to find it, and opens the failed-effect incident of decision 60,
-once, also when the webhook arrives after all. A refund still `pending` is no finding. The provider
-is the sandbox's Stripe wire format over HTTP, read by the Stripe connector; the run is the
-`reconcile` command's."""
+down past Stripe's retries, a wrong secret): a run by hand, whatever its window, reads the provider's
+listing back far enough to find it, and opens the failed-effect incident of decision 60, once, also
+when the webhook arrives after all. A refund still `pending` is no finding. The schedule reads those
+30 days again once a day, a part in each run (decision 66): a day of scheduled runs reads each
+earlier refund once, not in every run; a failure is found within the day and a run; a run that
+failed leaves its part to the next. The provider is the sandbox's Stripe wire format over HTTP, read
+by the Stripe connector, each of its listing requests counted as sent."""
 
 import json
 import time
-from datetime import timedelta
+from collections import Counter
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from io import StringIO
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
-from dlq.incidents import Incident, IncidentKind
+from dlq.incidents import Incident, IncidentKind, ReconciliationRun
 from dlq.models import Alert
+from dlq.reconcile import reconcile_schedule, run_finish
+from ledger.connectors import http
 from ledger.signing import sign_webhook
 from sandbox.models import SandboxOrder, SandboxRefund
+from tests.conftest import answering, thread_server
 from tests.connectors.stripe_stack import sandbox_stripe
 from tests.factories import make_action, make_agent
 
 SECRET = "whsec_late_failures"
+HOUR, DAY = timedelta(hours=1), timedelta(days=1)
+
+
+def stripe_at(settings, api_base):
+    settings.SURETY_CONNECTORS = {**settings.SURETY_CONNECTORS, "refund": {
+        "class": "ledger.connectors.stripe.StripeConnector",
+        "options": {"api_key": "sk_test_surety", "api_base": api_base, "webhook_secret": SECRET}}}
 
 
 @pytest.fixture
 def stripe_at_the_sandbox(stack, settings):
-    settings.SURETY_CONNECTORS = {**settings.SURETY_CONNECTORS, "refund": {
-        "class": "ledger.connectors.stripe.StripeConnector",
-        "options": {"api_key": "sk_test_surety", "api_base": sandbox_stripe(stack.url), "webhook_secret": SECRET}}}
+    stripe_at(settings, sandbox_stripe(stack.url))
     return stack
 
 
-def refunded_days_ago(n, days, status):
-    """A refund the ledger recorded succeeded `days` ago, as Stripe lists it now (`status`)."""
+def refunded_at(n, created_at, status):
+    """A refund the ledger recorded succeeded, made at `created_at`, as Stripe lists it now (`status`)."""
     key, charge = f"refund:ch_late{n}:full:dec-{n}", f"ch_late{n}"
     SandboxOrder.objects.create(order_id=charge, customer=f"CUST-{n}", amount=Decimal("25.00"), currency="EUR")
     refund = SandboxRefund.objects.create(order_id=charge, amount=Decimal("25.00"), currency="EUR", status=status,
-                                          operation_key=key, metadata={"operation_key": key},
-                                          created_at=timezone.now() - timedelta(days=days))
+                                          operation_key=key, metadata={"operation_key": key}, created_at=created_at)
     make_action(make_agent(f"billing-{n}")[0], "succeeded", key=key, target=charge, external_ref=refund.refund_id)
     return key, refund
+
+
+def days_ago(days):
+    return timezone.now() - timedelta(days=days)
 
 
 def reconcile_last_hour():
@@ -63,7 +79,7 @@ def deliver_failure(client, refund):
 
 def test_a_refund_failed_days_after_it_succeeded_opens_one_incident_without_its_webhook(stripe_at_the_sandbox,
                                                                                        client):
-    key, refund = refunded_days_ago(1, 3, "failed")
+    key, refund = refunded_at(1, days_ago(3), "failed")
 
     printed = reconcile_last_hour()
 
@@ -81,10 +97,152 @@ def test_a_refund_failed_days_after_it_succeeded_opens_one_incident_without_its_
 
 
 def test_a_refund_still_pending_is_no_finding_beside_one_that_failed(stripe_at_the_sandbox):
-    _, pending = refunded_days_ago(1, 2, "pending")
-    failed_key, failed = refunded_days_ago(2, 2, "failed")
+    _, pending = refunded_at(1, days_ago(2), "pending")
+    failed_key, failed = refunded_at(2, days_ago(2), "failed")
 
     reconcile_last_hour()
 
     incident = Incident.objects.get()
     assert (incident.subject, incident.external_refs) == (failed_key, [failed.refund_id])
+
+
+# --- The schedule's runs -------------------------------------------------------------------------
+
+
+@dataclass
+class Listing:
+    """One request for a page of Stripe's refunds listing: the span it asked for (Unix seconds,
+    [gte, lt)) and the refunds in its answer."""
+
+    gte: int
+    lt: int
+    refunds: list
+
+    def holds(self, moment):
+        return self.gte <= int(moment.timestamp()) < self.lt
+
+
+@pytest.fixture
+def listings(monkeypatch):
+    """Every refunds listing request the Stripe connector sends, as it is sent and answered."""
+    sent = []
+    exchange = http.exchange
+
+    def counted(method, url, **kwargs):
+        response = exchange(method, url, **kwargs)
+        parts, answer = urlsplit(url), response.json()
+        query = parse_qs(parts.query)  # Stripe's parameters: the sandbox's own listing has others
+        if method == "GET" and parts.path.endswith("/v1/refunds") and "created[gte]" in query and "data" in answer:
+            sent.append(Listing(int(query["created[gte]"][0]), int(query["created[lt]"][0]),
+                                [refund["id"] for refund in answer["data"]]))
+        return response
+
+    monkeypatch.setattr(http, "exchange", counted)
+    return sent
+
+
+@pytest.fixture
+def hourly(stripe_at_the_sandbox, settings):
+    """The schedule with a run an hour (a day: 24 runs; the default 300 s makes it 288, each reading
+    a twelfth as much) and the default late-failures interval, a day."""
+    settings.RECONCILE_INTERVAL_SECONDS = HOUR.total_seconds()
+    settings.RECONCILE_OVERLAP_SECONDS = HOUR.total_seconds()
+    settings.RECONCILE_LOOKBACK_SECONDS = DAY.total_seconds()
+    settings.RECONCILE_LATE_FAILURES_INTERVAL_SECONDS = DAY.total_seconds()
+    return settings
+
+
+def hours_ago(hours):
+    """That many whole hours before the last whole hour: where a slot of the hourly schedule ends."""
+    hour = HOUR.total_seconds()
+    return datetime.fromtimestamp((time.time() // hour - hours) * hour, tz=UTC)
+
+
+def scheduled_run(at, listings):
+    """The schedule's run of the slot ending `at`, started by the sweeper's step and run to its end
+    as its job runs it; with the listing requests it sent: (run, its window's, its late ones)."""
+    sent = len(listings)
+    assert reconcile_schedule(at) == 1
+    run = run_finish(ReconciliationRun.objects.get(scheduled=True, until=at).pk)
+    since = int(run.since.timestamp())
+    window = [listing for listing in listings[sent:] if listing.gte >= since]
+    return run, window, [listing for listing in listings[sent:] if listing.gte < since]
+
+
+@pytest.mark.parametrize(("late_failures_interval", "requests", "reads_per_refund"), [
+    (HOUR, 24 * (1 + 4), 24),  # as each run was: all 30 days, 4 pages of 100, in each of the 24
+    (DAY, 24 * (1 + 1), 1),  # the default: once in the day, a part of 31 hours in each run
+])
+def test_a_days_scheduled_runs_read_the_30_days_before_their_windows_again_once_not_in_every_run(
+        hourly, listings, late_failures_interval, requests, reads_per_refund):
+    hourly.RECONCILE_LATE_FAILURES_INTERVAL_SECONDS = late_failures_interval.total_seconds()
+    start = hours_ago(24)
+    # A refund every two hours, made between a day and 29 days before the day: within the 30 days
+    # before every window of the day, and in none of them.
+    SandboxRefund.objects.bulk_create(
+        SandboxRefund(refund_id=f"re_old_{n}", order_id=f"ch_old{n}", amount=Decimal("25.00"), currency="EUR",
+                      created_at=start - DAY - n * 2 * HOUR) for n in range(28 * 12))
+
+    runs = [scheduled_run(start + hour * HOUR, listings) for hour in range(1, 25)]
+
+    read = Counter(refund for _, _, late in runs for listing in late for refund in listing.refunds)
+    # The figures of decision 66: the day's 24 runs sent 120 listing requests and read 8,064 earlier
+    # refunds again, 336 refunds 24 times; or 48, and each refund once.
+    assert (len(listings), sum(read.values())) == (requests, reads_per_refund * 28 * 12)
+    assert set(read.values()) == {reads_per_refund} and len(read) == 28 * 12
+    for run, window, late in runs:
+        assert run.complete and len(window) == 1 and window[0].refunds == []
+        if late_failures_interval == DAY:  # no run reads them all: a part, where the last one stopped
+            assert [(listing.gte, listing.lt) for listing in late] == [
+                (int(run.late_since.timestamp()), int(run.late_until.timestamp()))]
+            assert run.late_until - run.late_since <= 31 * HOUR
+
+
+def test_a_late_failure_whose_webhook_was_lost_is_found_within_the_interval_and_a_run(hourly, listings):
+    """The refund fails at Stripe just after a run read its part: the runs after it read other parts,
+    and the one whose part holds it again, within a day and an hour, opens the incident."""
+    key, refund = refunded_at(1, days_ago(4), "succeeded")
+    start = hours_ago(48)
+    for hour in range(1, 26):  # the schedule's runs, to the first that reads the refund's part
+        _, _, late = scheduled_run(start + hour * HOUR, listings)
+        if any(listing.holds(refund.created_at) for listing in late):
+            break
+    else:
+        pytest.fail("no run of a day and an hour read the refund again")
+    SandboxRefund.objects.filter(pk=refund.pk).update(status="failed")  # and no webhook says so
+    failed_at = start + hour * HOUR
+
+    while not Incident.objects.exists():
+        hour += 1
+        run, _, late = scheduled_run(start + hour * HOUR, listings)
+        assert run.until - failed_at <= DAY + HOUR, "not found within the interval and a run"
+    assert any(listing.holds(refund.created_at) for listing in late)
+    assert run.late_since <= refund.created_at < run.late_until
+    incident = Incident.objects.get()
+    assert (incident.kind, incident.subject, incident.external_refs) == (IncidentKind.FAILED_EFFECT, key,
+                                                                         [refund.refund_id])
+
+
+def test_a_run_that_failed_leaves_its_part_of_the_30_days_to_the_next(stripe_at_the_sandbox, hourly, listings):
+    """Stripe does not answer the second run: its part of the earlier refunds, where a failed refund
+    is, was not read, and the third run reads that same part, and finds it."""
+    start = hours_ago(3)
+    first, _, late = scheduled_run(start + HOUR, listings)
+    assert first.complete and first.late_since == start + HOUR - timedelta(days=30)
+    # In the part after the first run's: the next run's.
+    key, refund = refunded_at(1, first.late_until + 9 * HOUR, "failed")
+
+    with thread_server(answering(b'{"status": "maintenance"}', "application/json")) as down:
+        stripe_at(hourly, down.url)
+        second, _, _ = scheduled_run(start + 2 * HOUR, listings)
+    assert "failed" in second.report["stripe"] and second.report["sandbox"]["records"] == 0
+    assert not second.complete and not Incident.objects.exists()
+    assert (second.late_since, second.since) == (first.late_until, first.until - HOUR)
+
+    stripe_at(hourly, sandbox_stripe(stripe_at_the_sandbox.url))
+    third, _, late = scheduled_run(start + 3 * HOUR, listings)
+    assert third.complete and (third.since, third.late_since) == (second.since, first.late_until)
+    assert [(listing.gte, listing.lt) for listing in late] == [
+        (int(first.late_until.timestamp()), int((first.late_until + 31 * HOUR).timestamp()))]
+    incident = Incident.objects.get()
+    assert (incident.subject, incident.external_refs) == (key, [refund.refund_id])
