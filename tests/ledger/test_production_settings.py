@@ -33,6 +33,8 @@ def manage(*command, **env):
     *(({name: "0"}, "AUDIT_CHECKPOINT_EVERY, AUDIT_WALK_BATCH and PARTITION_EVENTS must be at least 1")
       for name in ("AUDIT_CHECKPOINT_EVERY", "AUDIT_WALK_BATCH", "PARTITION_EVENTS")),
     ({"REPLAY_PASS_MAX_AGE_DAYS": "0"}, "REPLAY_PASS_MAX_AGE_DAYS must be at least 1"),
+    # The schedule would read back past what the archive keeps, and find resolved effects again.
+    ({"RECONCILE_LOOKBACK_SECONDS": str(401 * 86400)}, "RECONCILE_LOOKBACK_SECONDS must be at most"),
 ])
 def test_production_refuses_to_start_with_a_development_secret(env, refused):
     result = manage("check", **env)
