@@ -85,10 +85,10 @@ MESSAGE_MAX_CHARS = 1000
 # outcome. Stripe's and the sandbox's largest pages (100 refunds, 1,000 effects) are well within it.
 ANSWER_MAX_BYTES = 10 * 1024 * 1024
 # The content codings an answer is read in (`_decoded`): zlib reads both formats (gzip's, and
-# deflate's own, RFC 9110 8.4.1.2), at most _DECODED_PIECE bytes a step, so that the bound is
-# looked at within that of it. Only gzip is asked for: a server offered deflate may answer in raw
-# deflate, which is neither format.
-_CODINGS = ("gzip", "deflate")
+# deflate's own, RFC 9110 8.4.1.2; x-gzip is gzip, 8.4.1.3), at most _DECODED_PIECE bytes a step,
+# so that the bound is looked at within that of it. Only gzip is asked for: a server offered
+# deflate may answer in raw deflate, which is neither format.
+_CODINGS = ("gzip", "x-gzip", "deflate")
 _ZLIB_OR_GZIP = zlib.MAX_WBITS | 32
 _ACCEPTED_ENCODING = "gzip"
 _DECODED_PIECE = 64 * 1024
@@ -442,7 +442,11 @@ def _decoded(response):
     answer would hold 64 MiB before the bound was looked at, a gzip of a gzip far more; brotli and
     zstd, which httpx reads when their libraries happen to be installed, more still. zlib stops at
     `max_length`; only what it reads is asked for (`Accept-Encoding`, `_client`), and an answer in
-    any other coding, or in a stack of them (which no server asked for gzip sends), is unreadable."""
+    any other coding, or in a stack of them (which no server asked for gzip sends), is unreadable.
+
+    So is a stream that is not whole: zlib hands back what it unpacked so far, and says nothing of
+    a stream that stops before its end (cut short: its end, or its checksum, never came) nor of
+    what follows its end (kept aside, uncounted, however much comes). An empty body has no stream."""
     codings = [coding for coding in (value.strip().lower() for value in
                                      response.headers.get_list("content-encoding", split_commas=True))
                if coding not in ("", "identity")]
@@ -452,14 +456,20 @@ def _decoded(response):
     if len(codings) > 1 or codings[0] not in _CODINGS:
         raise httpx.DecodingError(f"an answer in {', '.join(codings)}: only one of {', '.join(_CODINGS)} is read")
     decompressor = zlib.decompressobj(_ZLIB_OR_GZIP)
+    came = False
     try:
         for piece in response.iter_raw():
+            came = True
             while piece:  # what zlib did not get to for want of room is its unconsumed tail
                 yield decompressor.decompress(piece, _DECODED_PIECE)
                 piece = decompressor.unconsumed_tail
+            if decompressor.unused_data:
+                raise httpx.DecodingError(f"more after the end of the answer's {codings[0]} stream")
         yield decompressor.flush()  # what it still holds once all came: less than a piece
     except zlib.error as exc:
         raise httpx.DecodingError(str(exc)) from exc
+    if came and not decompressor.eof:
+        raise httpx.DecodingError(f"the answer's {codings[0]} stream was cut short")
 
 
 def exchange(method, url, *, json=None, content=None, params=None, headers=None):
