@@ -26,7 +26,7 @@ import django_rq
 import redis
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db import DatabaseError, transaction
+from django.db import Error, transaction
 from django.db.models import CharField, F
 from django.db.models.functions import Cast
 from guardian.models import UserObjectPermission
@@ -154,7 +154,9 @@ def _calls_settled(agent_id, action_type):
                                settings.LEASE_SECONDS + settings.LEASE_MARGIN_SECONDS)
                 return
             time.sleep(SETTLED_POLL_SECONDS)
-    except DatabaseError as exc:
+    # Django's Error, not only its DatabaseError: an InterfaceError (a connection already closed,
+    # or in a state it cannot be used in) is none, and fails the wait all the same.
+    except Error as exc:
         logger.warning("revoked %s for agent %s: the wait for the calls under the grant was cut short, as the "
                        "database failed it (%s: %s); the revoke is committed, and a call claimed before it may "
                        "still be at the provider", action_type, agent_id, type(exc).__name__,
