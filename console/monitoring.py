@@ -1,5 +1,5 @@
 """Monitoring: `/metrics` in Prometheus's text format, `/healthz` for the whole system and
-`/healthz/web` for load balancers.
+`/healthz/web` for load balancers (both answered by `HealthChecksMiddleware`, ahead of the rest).
 
 `/metrics` shows the ledger's registry (ledger.metrics): the figures counted where they
 happen, and those read from the database at scrape time by the collectors listed here."""
@@ -149,3 +149,22 @@ def healthz_web_view(request):
     doorbell Redis did not take is rung by the sweeper once Redis answers. Asking Redis would
     only cost a poll its timeout while Redis hangs; `/healthz` tells the whole system."""
     return _answer({"database": _database_state()})
+
+
+HEALTH_CHECKS = {"/healthz": healthz_view, "/healthz/web": healthz_web_view}
+
+
+class HealthChecksMiddleware:
+    """Answers the health checks ahead of every other middleware, whatever the request's `Host`
+    and over plain HTTP. Load balancers and platforms' probes ask a server by its own address (an
+    AWS target group, a Kubernetes probe by default), which ALLOWED_HOSTS does not name: Django's
+    host check answered them 400 and every web server was taken out. Nothing in their answers is
+    made of the host, and they tell nothing secret (nor does anything behind them run for them:
+    the sessions, the second factor, the HTTPS redirect)."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        check = HEALTH_CHECKS.get(request.path_info)
+        return check(request) if check else self.get_response(request)

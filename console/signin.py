@@ -51,7 +51,7 @@ SECOND_FACTORS = [Authenticator.Type.TOTP, Authenticator.Type.WEBAUTHN]
 STEP_UP_WRONG_CODES = 5
 # What a person without a second factor can still reach: the sign-in and enrolment pages, and
 # what no session uses (the agents' API, the providers' webhooks, monitoring, static files).
-NEEDS_NO_FACTOR = ("/accounts/", "/api/", "/webhooks/", "/sandbox/", "/metrics", "/healthz", "/site-probe",
+NEEDS_NO_FACTOR = ("/accounts/", "/api/", "/webhooks/", "/sandbox/", "/metrics", "/site-probe",
                    f"/{settings.STATIC_URL.lstrip('/')}")
 
 

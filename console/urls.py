@@ -16,11 +16,9 @@ from . import readiness_views as readiness
 from . import whatif_views as whatif
 
 urlpatterns = [
-    # Monitoring: Prometheus scrapes /metrics (token or allow-list); operators' alerts ask /healthz,
-    # load balancers /healthz/web.
+    # Monitoring: Prometheus scrapes /metrics (token or allow-list). Operators' alerts ask /healthz,
+    # load balancers /healthz/web: monitoring.HealthChecksMiddleware answers both, for any Host.
     path("metrics", monitoring.metrics_view, name="metrics"),
-    path("healthz", monitoring.healthz_view, name="healthz"),
-    path("healthz/web", monitoring.healthz_web_view, name="healthz-web"),
     # The dashboard
     path("", ledger.overview, name="overview"),
     path("approvals/", approvals.review_queue, {"queue": "approvals"}, name="approvals"),

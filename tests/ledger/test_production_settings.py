@@ -80,12 +80,16 @@ def test_production_never_hashes_passwords_with_the_tests_fast_hasher():
     assert "tests.settings is for the test suite" in refused.stderr
 
 
-def test_production_answers_the_health_checks_over_plain_http_and_redirects_the_rest():
-    """A load balancer asks over plain HTTP inside the network: both health checks answer it (their
-    status, whatever it is), where every other address is sent to HTTPS."""
-    script = ("import json; from django.test import Client; c = Client(); "
-              "print(json.dumps([c.get(p, HTTP_HOST='surety.example').status_code for p in ('/healthz', '/healthz/web', '/')]))")
+def test_production_answers_the_health_checks_by_any_host_over_plain_http_and_nothing_else():
+    """A load balancer asks over plain HTTP inside the network, by the server's own address, which
+    ALLOWED_HOSTS does not name: both health checks answer it (their status, whatever it is), where
+    every other address is sent to HTTPS, or refused for its Host."""
+    script = ("import json; from django.test import Client; c = Client(); print(json.dumps("
+              "[c.get(p, HTTP_HOST=h).status_code for h in ('surety.example', '10.0.3.7:8000') "
+              "for p in ('/healthz', '/healthz/web', '/')]))")
     result = manage("shell", "-c", script)
     assert result.returncode == 0, result.stderr
-    first, web, page = json.loads(result.stdout.strip().splitlines()[-1])
-    assert first != 301 and web != 301 and page == 301
+    statuses = json.loads(result.stdout.strip().splitlines()[-1])
+    named, by_address = statuses[:3], statuses[3:]
+    assert named[0] not in (301, 400) and named[1] not in (301, 400) and named[2] == 301
+    assert by_address[0] not in (301, 400) and by_address[1] not in (301, 400) and by_address[2] == 400
