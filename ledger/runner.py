@@ -53,7 +53,6 @@ class Paused(Exception):
 
 def task_run(task):
     claim = task.fence
-    workflow = WORKFLOWS[task.workflow]
     ctx = StepContext(task=task, input=task.input)
     try:
         for row in task.steps.order_by("position"):
@@ -62,9 +61,8 @@ def task_run(task):
                 continue
             if task.lease_left() < settings.LEASE_SECONDS / 2 and not task.heartbeat():
                 return None
-            step = workflow.step(row.name)
             try:
-                _run_step(task, claim, step, row, ctx)
+                _run_step(task, claim, _step(task, row), row, ctx)
             except StepFailed as exc:
                 return _fail(task, claim, row, exc)
             except (Paused, StaleClaim):
@@ -80,6 +78,19 @@ def task_run(task):
     except StaleClaim:
         logger.warning("%s: claim lost; another worker runs it now", task)
         return None
+
+
+def _step(task, row):
+    """The step the checkpoint's row names, in its workflow as this code has it. One a deploy
+    renamed or removed (or its workflow) while a task stood at it fails the run, retryably: a
+    deploy may bring it back, and a person redrives the task then. Looked up outside the step's
+    run, it stopped every run before anything was written, and the task sat `running` until its
+    lease lapsed, to be dead-lettered as `worker_lost`."""
+    workflow = WORKFLOWS.get(task.workflow)
+    step = next((s for s in workflow.steps if s.name == row.name), None) if workflow else None
+    if step is None:
+        raise StepFailed(f"the {task.workflow} workflow has no step {row.name}", retryable=True, code="unknown_step")
+    return step
 
 
 def _run_step(task, claim, step, row, ctx):
@@ -200,7 +211,10 @@ def _checkpoint(task, claim, row, produce):
 
 
 def _fail(task, claim, row, exc):
-    error = {"code": exc.code, "message": str(exc), "retryable": exc.retryable, "step": row.name}
+    # Storable first, as the executor settles an answer: a step's message may carry a provider's
+    # words (a NUL, a lone surrogate), and a failure PostgreSQL refuses to record would leave the
+    # task running until its lease lapsed, and the sweeper dead-letter it as `worker_lost`.
+    error = storable({"code": exc.code, "message": str(exc), "retryable": exc.retryable, "step": row.name})
     with transaction.atomic():
         row.mark_failed(error)
         if not exc.retryable:

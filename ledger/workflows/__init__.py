@@ -48,9 +48,6 @@ class Workflow:
     input_serializer: type
     steps: list = field(default_factory=list)
 
-    def step(self, name):
-        return next(s for s in self.steps if s.name == name)
-
 
 def read(name, run):
     return Step(name, "read", run)

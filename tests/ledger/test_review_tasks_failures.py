@@ -1,0 +1,66 @@
+"""A step's failure is recorded whatever its message holds: a provider's answer (or anything
+answering in its place) may name a NUL or a lone surrogate, which PostgreSQL's jsonb and text
+refuse. Written as it came, the failure's own bookkeeping failed, the run left the task running
+until its lease lapsed, and after its attempts the sweeper dead-lettered it as `worker_lost`,
+the step's real error lost."""
+
+import pytest
+
+from ledger.connectors import http
+from ledger.models import StepStatus, Task, TaskState
+from ledger.runner import drain_tasks
+from ledger.tasks import task_request
+from tests.factories import refund_input
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("jobs_to_test_redis")]
+
+
+@pytest.mark.parametrize("said, stored", [("no such order\x00", "no such order\ufffd"),
+                                          ("no such order\ud800", "no such order\ufffd")])
+def test_a_refusal_whose_message_postgresql_cannot_store_fails_the_task_with_it(agent, settings, monkeypatch,
+                                                                                said, stored):
+    settings.DRAIN_LANES = 1
+
+    def provider(method, url, **kwargs):
+        raise http.Rejected(f"{method} {url}: {said}", code="order_refused", status=400)
+
+    monkeypatch.setattr(http, "call", provider)
+    task, _ = task_request(agent=agent, task_id="t-nul", workflow="refund", input=refund_input("ORD-N", "CUST-N"))
+    drain_tasks()
+
+    task.refresh_from_db()
+    assert (task.state, task.attempts) == (TaskState.FAILED, 1)
+    assert task.last_error["code"] == "order_refused" and task.last_error["message"].endswith(stored)
+    step = task.steps.get(name="lookup_order")
+    assert step.status == StepStatus.FAILED and step.error["message"].endswith(stored)
+
+
+def test_a_step_that_crashes_with_a_nul_in_its_message_is_retried_with_it(agent, settings, monkeypatch):
+    settings.DRAIN_LANES = 1
+
+    def provider(method, url, **kwargs):
+        raise ValueError("an answer of a shape nobody expected: \x00")
+
+    monkeypatch.setattr(http, "call", provider)
+    task, _ = task_request(agent=agent, task_id="t-crash", workflow="refund", input=refund_input("ORD-C", "CUST-C"))
+    drain_tasks()
+
+    task = Task.objects.get(pk=task.pk)
+    assert (task.state, task.attempts, task.last_error["code"]) == (TaskState.QUEUED, 1, "crash")
+    assert task.last_error["message"] == "ValueError: an answer of a shape nobody expected: \ufffd"
+
+
+def test_a_step_its_workflow_no_longer_has_fails_the_run_with_what_is_missing(agent, settings, monkeypatch):
+    """A deploy renamed a step while a task waited at it: its run stopped before anything, the
+    task sat running until its lease lapsed, and after its attempts the sweeper dead-lettered it as
+    `worker_lost`. Its run fails now, saying which step, and goes the way of a retryable failure
+    (a deploy may bring the step back; a person redrives it then)."""
+    settings.DRAIN_LANES = 1
+    task, _ = task_request(agent=agent, task_id="t-renamed", workflow="noop", input={})
+    task.steps.filter(name="step_1").update(name="step_0")  # as the workflow was before the deploy
+    drain_tasks()
+
+    task = Task.objects.get(pk=task.pk)
+    assert (task.state, task.attempts, task.last_error["code"]) == (TaskState.QUEUED, 1, "unknown_step")
+    assert task.last_error["step"] == "step_0" and "step_0" in task.last_error["message"]
+    assert task.steps.get(name="step_0").status == StepStatus.FAILED
