@@ -197,8 +197,13 @@ def _settle(connector, event_type, data, event_id, *, test_mode=False):
         # success. This stored event is its record; the success stands.
         logger.warning("%s %s arrived after %s succeeded: not applied", connector, event_type, key)
         return f"late {event_type} after success: recorded, not applied ({key})"
-    if action is None or action.status not in OPEN:
+    if action is None:
         return "nothing to settle"
+    if action.status not in OPEN:
+        # Said with the status, as the stored outcome is the event's record: an action pending
+        # (its call still out, whose answer settles it) is neither settled nor unknown here.
+        still_out = ", its call still out" if action.status == ActionStatus.PENDING else ""
+        return f"nothing to settle: {key} is {action.status}{still_out}"
     actor = f"system:webhook:{connector}"
     evidence = {"at": timezone.now().isoformat(), "webhook": event_type, "event_id": event_id, "found": True,
                 "data": data}

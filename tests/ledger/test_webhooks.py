@@ -126,8 +126,10 @@ def test_a_duplicate_with_another_body_is_still_a_duplicate(client, unknown_acti
 def test_an_event_for_a_settled_action_changes_nothing(client, unknown_action):
     Action.objects.filter(pk=unknown_action.pk).update(status=S.SUCCEEDED, external_ref="re_first")
     response = deliver(client, event(refund_id="re_second"))
-    assert response.json()["outcome"] == "nothing to settle"
+    assert response.json()["outcome"] == f"nothing to settle: {KEY} is succeeded"
     assert Action.objects.get(pk=unknown_action.pk).external_ref == "re_first"
+    assert deliver(client, event(event_id="evt_other_key", key="refund:ORD-NONE")).json()["outcome"] == (
+        "nothing to settle")
 
 
 def test_a_refund_failed_event_does_not_settle_an_unknown_action_it_is_left_to_verification(client, unknown_action):
