@@ -23,6 +23,7 @@ from django.db import transaction
 from . import clock
 from .actions import DecisionTaken, KeyReused, Refused, action_request, action_retry
 from .compiled import update
+from .connectors.http import cut_message
 from .executor import action_claim_next, action_run_claimed
 from .grants import grant_state
 from .jobs import drain, worker_name
@@ -213,8 +214,12 @@ def _checkpoint(task, claim, row, produce):
 def _fail(task, claim, row, exc):
     # Storable first, as the executor settles an answer: a step's message may carry a provider's
     # words (a NUL, a lone surrogate), and a failure PostgreSQL refuses to record would leave the
-    # task running until its lease lapsed, and the sweeper dead-letter it as `worker_lost`.
-    error = storable({"code": exc.code, "message": str(exc), "retryable": exc.retryable, "step": row.name})
+    # task running until its lease lapsed, and the sweeper dead-letter it as `worker_lost`. Bounded
+    # as a provider's message is (docs/contract.md), its start kept: a step that put a whole answer
+    # in its exception (a crash's message) had it stored whole in the task's last error, its step
+    # row, its audit events and its dead letter, and carried by every read of the task.
+    message = cut_message(str(exc))
+    error = storable({"code": exc.code, "message": message, "retryable": exc.retryable, "step": row.name})
     with transaction.atomic():
         row.mark_failed(error)
         if not exc.retryable:

@@ -92,10 +92,17 @@ def task_actions_let_go(task, *, actor, reason, by_hand=False):
     Under the task's lock, which the runner records a step's action under and the executor
     settles a verification of the task's action under (ledger.executor._again): either,
     committing meanwhile, would leave an action this does not see, queued, or failed retryable,
-    holding what it held for good."""
+    holding what it held for good.
+
+    The actions not started are listed under their own locks, as a person's decision or the
+    sweeper moves one (approvals.decisions, approvals.reviews.approval_expire_due): listed without,
+    one rejected or expired meanwhile refused its cancel, and the give-up with it. The list waits
+    for a move under way rather than passing over its action (skip_locked): PostgreSQL looks at the
+    action again once it is let go, and lists it only if it is still not started (an approval
+    queues it), so nothing the task had not started is left to run."""
     Task.objects.select_for_update(no_key=True).filter(pk=task.pk).exists()
     not_started = (ActionStatus.QUEUED, ActionStatus.HELD, ActionStatus.AWAITING_APPROVAL)
-    for action in task.actions.filter(status__in=not_started).order_by("pk"):
+    for action in task.actions.select_for_update().filter(status__in=not_started).order_by("pk"):
         action.cancel(actor=actor, reason=f"its task {task.task_id} will not run again: {reason}")
     if by_hand:
         fail_for_good, why, mark = action_done_by_hand, "was done by hand", "done_by_hand"

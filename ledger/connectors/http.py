@@ -101,9 +101,9 @@ def said(value):
     return value if isinstance(value, str) else json.dumps(value, default=repr, ensure_ascii=False)
 
 
-def _cut(text, room):
-    """`text` if it fits in `room` characters, else as much of its start as fits with a marker
-    saying how long it was."""
+def cut_message(text, room=MESSAGE_MAX_CHARS):
+    """`text` if it fits in `room` characters (a message's bound by default), else as much of its
+    start as fits with a marker saying how long it was."""
     if len(text) <= room:
         return text
     marker = f" … [cut: {len(text)} characters in all]"
@@ -125,7 +125,7 @@ class ProviderError(Exception):
         if not (isinstance(code, str) and _READABLE_CODE.fullmatch(code)):
             shown = json.dumps(code, default=repr)[:_UNREADABLE_SHOWN_CHARS]
             unreadable, code = f" (the provider's code, unreadable: {shown})", UNREADABLE_CODE
-        super().__init__(_cut(message, MESSAGE_MAX_CHARS - len(unreadable)) + unreadable)
+        super().__init__(cut_message(message, MESSAGE_MAX_CHARS - len(unreadable)) + unreadable)
         self.code = code
         self.status = status
 

@@ -10,7 +10,7 @@ from ledger.connectors import http
 from ledger.models import StepStatus, Task, TaskState
 from ledger.runner import drain_tasks
 from ledger.tasks import task_request
-from tests.factories import refund_input
+from tests.factories import audit_events, refund_input
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("jobs_to_test_redis")]
 
@@ -64,3 +64,29 @@ def test_a_step_its_workflow_no_longer_has_fails_the_run_with_what_is_missing(ag
     assert (task.state, task.attempts, task.last_error["code"]) == (TaskState.QUEUED, 1, "unknown_step")
     assert task.last_error["step"] == "step_0" and "step_0" in task.last_error["message"]
     assert task.steps.get(name="step_0").status == StepStatus.FAILED
+
+
+def test_a_step_that_crashes_with_megabytes_in_its_message_records_its_start_bounded(agent, settings, monkeypatch):
+    """A step that put a whole answer in its exception: its crash was stored whole in the task's last
+    error, its step row, its audit events and its dead letter, and every read of the task carried
+    it. It is bounded as a provider's message is (docs/contract.md): its start, and how long it was."""
+    settings.DRAIN_LANES, settings.MAX_ATTEMPTS = 1, 1
+    said = "an answer of a shape nobody expected: " + "x" * (5 * 1024 * 1024)
+
+    def provider(method, url, **kwargs):
+        raise ValueError(said)
+
+    monkeypatch.setattr(http, "call", provider)
+    task, _ = task_request(agent=agent, task_id="t-long", workflow="refund", input=refund_input("ORD-L", "CUST-L"))
+    drain_tasks()
+
+    task = Task.objects.get(pk=task.pk)
+    assert (task.state, task.last_error["code"]) == (TaskState.DEAD_LETTERED, "crash")
+    full = f"ValueError: {said}"
+    for message in (task.last_error["message"], task.steps.get(name="lookup_order").error["message"],
+                    task.dead_letters.get().last_error["message"]):
+        assert len(message) <= http.MESSAGE_MAX_CHARS
+        assert message.startswith("ValueError: an answer of a shape nobody expected: xxx")
+        assert message.endswith(f" … [cut: {len(full)} characters in all]")
+    assert all(len(event.reason) <= http.MESSAGE_MAX_CHARS and len(str(event.after)) < 2 * http.MESSAGE_MAX_CHARS
+               for event in audit_events(task))
