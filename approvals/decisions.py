@@ -25,7 +25,6 @@ from ledger.actions import action_lock_subjects, action_release, in_flight_near
 from ledger.models import Action, ActionStatus, ActionType, Agent, AuditEvent
 from ledger.statemachine import InvalidTransition
 from ledger.versions import VersionRefused, action_version_create, version_params
-from ledger.webhooks import failure_stored_told
 
 from .access import PERM_FOR_KIND, acting_for, standing_in_for
 from .dbrules import FOUR_EYES_RULE, WINDOW_CLOSED_RULE
@@ -297,11 +296,11 @@ def _decide(item, action, user, behalf, decision, reason, external_ref, fingerpr
         elif decision == "release":
             action_release(action, actor=user, reason=reason, fingerprint=fingerprint)
         elif decision == "mark_succeeded":
+            # The provider may have failed that very effect already (a late success over the limit
+            # left it to this person): the move tells a person, as any success does
+            # (ledger.webhooks.failure_told_when_succeeded).
             action.mark_succeeded(actor=user, external_ref=external_ref, reason=reason or "confirmed by a person",
                                   locked=True)
-            # The provider may have failed that very effect already (a late success over the limit
-            # left it to this person): the incident is opened as for a success that settles it.
-            failure_stored_told(action)
         elif decision == "mark_failed":
             action.mark_failed(actor=user, code="confirmed_absent", message=reason, retryable=True, reason=reason,
                                locked=True)

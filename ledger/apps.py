@@ -18,14 +18,17 @@ class LedgerConfig(AppConfig):
         from .hooks import on_move
         from .models import Action, Task
         from .tasks import task_follow_action, task_ring_when_queued
+        from .webhooks import failure_told_when_succeeded
 
         # The ledger's own reactions come first: a move rings the drains, a booking's slot
-        # follows its action, a task waiting on an action wakes when it is decided, and a
-        # settled action lets go of what it held.
+        # follows its action, a task waiting on an action wakes when it is decided, a
+        # settled action lets go of what it held, and a success whose effect the provider
+        # failed already tells a person.
         on_move(Action, action_ring_when_due)
         on_move(Action, booking_follow_action)
         on_move(Action, task_follow_action)
         on_move(Action, held_release_when_settled)
+        on_move(Action, failure_told_when_succeeded)
         on_move(Task, task_ring_when_queued)
         # The partitioned tables' next partitions exist as soon as the tables do (the sweeper
         # keeps them ahead from then on).

@@ -12,7 +12,7 @@ serialises writers, the rules are triggers as well: they cost nothing measurable
 from dataclasses import dataclass
 
 from . import locks
-from .models import IN_FLIGHT_STATUSES, ActionStatus, Booking, held_nearby
+from .models import IN_FLIGHT_STATUSES, ActionStatus, Booking, failure_stored, held_nearby
 from .retention import KEY_ARCHIVED
 
 
@@ -406,6 +406,13 @@ BEGIN
     RETURN {held_nearby("p_id", "p_target", "p_customer")};
 END """)
 
+# Whether the provider's failure of an action's effect is stored: what a move to succeeded reads
+# back with its UPDATE (ledger.models.FAILURE_STORED), a function for the same reason.
+FAILURE_STORED = Function("ledger_failure_stored(p_key text, p_effect text) RETURNS boolean", f"""
+BEGIN
+    RETURN {failure_stored("p_key", "p_effect", "postgresql")};
+END """)
+
 RULES = [LOCK_SUBJECTS, TRY_LOCK_SUBJECTS, SAME_SUBJECT, REQUEUE_SAME_SUBJECT, AUDIT_APPEND_ONLY, SUPERSEDED_HAS_VERSION,
          CHECKPOINT_APPEND_ONLY, SAME_SUBJECT_SQLITE, REQUEUE_SAME_SUBJECT_SQLITE, AUDIT_NO_UPDATE_SQLITE,
          AUDIT_NO_DELETE_SQLITE, CHECKPOINT_NO_UPDATE_SQLITE, CHECKPOINT_NO_DELETE_SQLITE, ARCHIVE_APPEND_ONLY,
@@ -413,7 +420,7 @@ RULES = [LOCK_SUBJECTS, TRY_LOCK_SUBJECTS, SAME_SUBJECT, REQUEUE_SAME_SUBJECT, A
          ARCHIVED_KEY_REFUSED, ARCHIVED_KEY_REFUSED_SQLITE, ARCHIVED_TASK_REFUSED, ARCHIVED_TASK_REFUSED_SQLITE,
          HELD_NEARBY, VERSION_OF_UNSENT, VERSION_OF_UNSENT_SQLITE, DONE_BY_HAND_FINAL, DONE_BY_HAND_FINAL_SQLITE,
          TASK_DONE_BY_HAND_FINAL, TASK_DONE_BY_HAND_FINAL_SQLITE, BOOKING_RELEASED_FINAL, BOOKING_RELEASED_FINAL_SQLITE,
-         BOOKING_CONFIRMED_FINAL, BOOKING_CONFIRMED_FINAL_SQLITE]
+         BOOKING_CONFIRMED_FINAL, BOOKING_CONFIRMED_FINAL_SQLITE, FAILURE_STORED]
 
 
 def installed(connection, rule):

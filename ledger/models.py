@@ -241,6 +241,37 @@ class ActionType(models.TextChoices):
     CREATE_BOOKING = "create_booking"
 
 
+# The provider events that say an effect failed, and the type of action whose effect each is about
+# (ledger.webhooks.SETTLING settles by them).
+EFFECT_FAILED = {"refund.failed": ActionType.REFUND, "message.failed": ActionType.SEND_MESSAGE,
+                 "booking.failed": ActionType.CREATE_BOOKING}
+# The effect a stored event's payload names (its data's id), as each database reads JSON.
+_EVENT_EFFECT = {"postgresql": "e.payload -> 'data' ->> 'id'", "sqlite": "json_extract(e.payload, '$.data.id')"}
+
+
+def failure_stored(key, effect, vendor):
+    """SQL for `vendor`'s database: whether an event is stored in which a provider failed `effect`,
+    about the action whose operation key is `key` (SQL expressions). Wider than the match that tells
+    a person (ledger.webhooks._failure_stored: the connector serving the action, its type's failures,
+    the effect's id as text, a test-mode event only for a replay run's action), which it lets through."""
+    failures = ", ".join(f"'{event_type}'" for event_type in EFFECT_FAILED)
+    return (f"EXISTS (SELECT 1 FROM ledger_webhookevent e WHERE e.operation_key = {key} "
+            f"AND e.event_type IN ({failures}) AND {_EVENT_EFFECT[vendor]} = {effect})")
+
+
+# Read back by the statement that moves an action to succeeded, as HELD_NEARBY is and for the same
+# reasons (a function on PostgreSQL, ledger.dbrules.FAILURE_STORED): whether the provider's failure
+# of the very effect it succeeded with is stored already, a refund's `refund.failed` come while
+# the call or a look was out, or before its late success (decision 60). Only then does the success
+# look for that event and tell a person (ledger.webhooks.failure_told_when_succeeded): no statement
+# of its own on nearly every success. A failure committed after the UPDATE has the row finds the
+# action succeeded once it has the row itself, and tells a person then (ledger.webhooks._settle).
+FAILURE_STORED = {
+    "postgresql": "ledger_failure_stored(ledger_action.operation_key, ledger_action.external_ref)",
+    "sqlite": failure_stored("ledger_action.operation_key", "ledger_action.external_ref", "sqlite"),
+}
+
+
 APPROVAL_EXPIRED = "approval_expired"  # the error code of an expired action (stable: CONTRACT)
 
 
@@ -387,7 +418,12 @@ class Action(LeasedWork):
         return ""
 
     def _read_back(self, to):
-        return {"held_nearby": HELD_NEARBY[connections[router.db_for_write(Action)].vendor]} if to in SETTLED else {}
+        if to not in SETTLED:
+            return {}
+        vendor = connections[router.db_for_write(Action)].vendor
+        if to == S.SUCCEEDED:
+            return {"held_nearby": HELD_NEARBY[vendor], "failure_stored": FAILURE_STORED[vendor]}
+        return {"held_nearby": HELD_NEARBY[vendor]}
 
     def _snapshot(self, changes=()):
         snap = super()._snapshot(changes)

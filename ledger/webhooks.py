@@ -5,9 +5,10 @@ key settles that action, if the connector it came to serves it, and if its outco
 event kept in its evidence; above its limit, an `unknown` one goes to a person instead. A
 failure of the very effect a succeeded action names opens an incident (decision 60), whichever
 of the two events came first; so does one stored before a success left to a person, and before
-a person marks the action succeeded with that effect (`failure_stored_told`). An event type the
-ledger does not settle is stored and answered "ignored" (Stripe's reader refuses one it does not
-know), and every refusal is logged.
+any move of the action to succeeded with that effect, whoever makes it: this webhook, the worker's
+call or a verifier's look answered while the failure came, a person (`failure_told_when_succeeded`,
+a reaction to every move). An event type the ledger does not settle is stored and answered
+"ignored" (Stripe's reader refuses one it does not know), and every refusal is logged.
 """
 
 import logging
@@ -25,17 +26,16 @@ from .connectors import NoConnector, connector_for
 from .connectors.events import WebhookRefused
 from .connectors.test_mode import NoTestMode, connector_for_action, is_replay_action, test_connector_for
 from .json_input import loads_storable
-from .models import Action, ActionStatus, ActionType, WebhookClaim, WebhookEvent, named_operation_key
+from .models import EFFECT_FAILED, Action, ActionStatus, ActionType, WebhookClaim, WebhookEvent, named_operation_key
 from .signing import sign_webhook, signature_valid  # noqa: F401 (sign_webhook is imported from here too)
 
 logger = logging.getLogger("surety.webhooks")
 # What each event is about, and says: the type of action it may settle (a message's delivery naming
 # a refund's key says nothing of the refund), and whether the effect was made.
 SETTLING = {
-    "refund.succeeded": (ActionType.REFUND, True), "refund.failed": (ActionType.REFUND, False),
-    "message.sent": (ActionType.SEND_MESSAGE, True), "message.delivered": (ActionType.SEND_MESSAGE, True),
-    "message.failed": (ActionType.SEND_MESSAGE, False),
-    "booking.confirmed": (ActionType.CREATE_BOOKING, True), "booking.failed": (ActionType.CREATE_BOOKING, False),
+    "refund.succeeded": (ActionType.REFUND, True), "message.sent": (ActionType.SEND_MESSAGE, True),
+    "message.delivered": (ActionType.SEND_MESSAGE, True), "booking.confirmed": (ActionType.CREATE_BOOKING, True),
+    **{event_type: (about, False) for event_type, about in EFFECT_FAILED.items()},
 }
 OPEN = {ActionStatus.UNKNOWN, ActionStatus.NEEDS_REVIEW}
 
@@ -224,7 +224,7 @@ def _settle(connector, event_type, data, event_id, *, test_mode=False):
             return f"left to a person: {over_limit}; {failed.event_type} of {effect} came first: a person is told"
         action.mark_succeeded(actor=actor, external_ref=effect or key, result=data, reason=f"{event_type} received",
                               evidence=evidence)
-        failed = failure_stored_told(action)
+        failed = action.failure_told  # failure_told_when_succeeded
         if failed is not None:
             return (f"settled {action.operation_key} as {action.status}; {failed.event_type} of {action.external_ref} "
                     "came first: a person is told")
@@ -257,11 +257,24 @@ def _named(event):
     return {"webhook": event.event_type, "event_id": event.event_id, "received_at": event.received_at.isoformat()}
 
 
+def failure_told_when_succeeded(action, previous, actor, reason):
+    """After every move of an action: once it succeeds, a person is told if the provider failed the
+    very effect it succeeded with before the move, as if the failure came after (decision 60). Every
+    move to succeeded is one: a success event settling it, the worker's call or a verifier's look
+    answered while the failure's event came (the action pending or unknown, which the event could
+    not settle), a person marking it succeeded with that effect's reference. The move's UPDATE read
+    back whether such a failure may be stored (models.FAILURE_STORED): only then is it looked for
+    (`failure_stored_told`), in the move's transaction, under the action's lock. A failure
+    committed after that UPDATE has the row waits for its lock, finds the action succeeded and
+    tells a person itself (`_settle`). Sets `action.failure_told`: the event told of, or None."""
+    if action.status == ActionStatus.SUCCEEDED:
+        # A move that read nothing back (none does today) looks, rather than fail the success.
+        action.failure_told = failure_stored_told(action) if getattr(action, "failure_stored", True) else None
+
+
 def failure_stored_told(action):
     """The stored event in which the provider failed the effect the just succeeded `action` names, if
-    any, and a person told of it, as if it came after: the action settled by a success event, or
-    marked succeeded by a person with that effect's reference (approvals.decisions). Under the
-    action's lock."""
+    any, and a person told of it. Under the action's lock."""
     connector = _serving(action)
     failed = None if connector is None else _failure_stored(connector, action, action.external_ref)
     if failed is not None:
@@ -277,8 +290,7 @@ def _failure_stored(connector, action, effect):
     of another effect under the key (an earlier attempt's) is not this one's; a test-mode event never
     acts on a live action. Read under the action's lock: a failure settling meanwhile waits for it,
     then finds the action succeeded and tells a person itself."""
-    failures = [event_type for event_type, (about, made) in SETTLING.items()
-                if about == action.action_type and not made]
+    failures = [event_type for event_type, about in EFFECT_FAILED.items() if about == action.action_type]
     events = WebhookEvent.objects.filter(connector=connector, operation_key=action.operation_key,
                                          event_type__in=failures, payload__data__id=effect)
     if not is_replay_action(action):

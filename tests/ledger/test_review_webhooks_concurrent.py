@@ -12,7 +12,7 @@ from django.db import connection, transaction
 from django.test import Client
 
 from dlq.incidents import Incident, IncidentKind
-from ledger import webhooks
+from ledger import hooks, webhooks
 from ledger.models import Action, ActionStatus, WebhookClaim, WebhookEvent
 from tests.conftest import wait_until
 from tests.factories import audit_events, make_action, make_agent, sessions_waiting_for_a_lock
@@ -72,21 +72,28 @@ def test_the_same_event_twice_at_once_settles_once_and_the_other_is_a_duplicate(
     assert audit_events(action, "succeeded").count() == 1
 
 
+def held_once_succeeded(monkeypatch):
+    """An event set once a move of an action to succeeded has written (its reactions run), whose
+    transaction is then held open until another connection waits for an action's lock."""
+    succeeded = threading.Event()
+
+    def hold(action, previous, actor, reason):
+        if action.status == S.SUCCEEDED:
+            succeeded.set()
+            wait_until(lambda: sessions_waiting_for_a_lock("ledger_action"), seconds=10,
+                       message="the failure's delivery to wait for the action's lock")
+
+    monkeypatch.setitem(hooks._reactions, Action, [*hooks._reactions[Action], hold])
+    return succeeded
+
+
 def test_a_failure_of_the_effect_stored_while_its_success_settles_is_told_once(unknown_action, monkeypatch):
-    """Stripe's `refund.failed` and the stale success of that refund, at once: the success holds the
-    action's lock and looks for a failure stored before it while the failure's event is written and
-    not committed, so it finds none; the failure, let through once the success commits, finds the
-    action succeeded with that refund and tells a person itself. One incident, in this order as in
-    any other."""
-    told, success_locked = webhooks.failure_stored_told, threading.Event()
-
-    def told_once_the_failure_waits(action):
-        success_locked.set()
-        wait_until(lambda: sessions_waiting_for_a_lock("ledger_action"), seconds=10,
-                   message="the failure's delivery to wait for the action's lock")
-        return told(action)
-
-    monkeypatch.setattr(webhooks, "failure_stored_told", told_once_the_failure_waits)
+    """Stripe's `refund.failed` and the stale success of that refund, at once: the success has looked
+    for a failure stored before it and found none, and holds the action's lock while the failure's
+    event is written, not committed, and its delivery waits for that lock; let through once the
+    success commits, the failure finds the action succeeded with that refund and tells a person
+    itself. One incident, in this order as in any other."""
+    success_locked = held_once_succeeded(monkeypatch)
 
     def failure_once_the_success_holds_the_action():
         assert success_locked.wait(10)
