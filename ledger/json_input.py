@@ -49,13 +49,37 @@ def _values(data):
 
 
 SURROGATES = range(0xD800, 0xE000)
+# How deep `storable` keeps an answer: a provider's answers are a few levels deep, and what writes
+# a JSON column (json.dumps) recurses, a frame a level, as do the pages that show it.
+DEPTH_KEPT = 64
+DEEPER = f"<nested deeper than {DEPTH_KEPT} levels: not kept>"
 
 
 def storable(value):
     """`value`, parsed from a provider's answer, with what PostgreSQL cannot store replaced: a
     NUL or a lone surrogate in a string (or a key) by U+FFFD, a number that is not finite by its
-    text. Not refused, as a request is: the answer tells of an effect that may already be made,
-    and it must be recorded, as near to what came as the columns allow."""
+    text, an object or array nested deeper than DEPTH_KEPT levels by DEEPER. Not refused, as a
+    request is: the answer tells of an effect that may already be made, and it must be recorded,
+    as near to what came as the columns allow. A loop, not recursion, as in `_values`."""
+    kept = [None]
+    pending = [(value, kept, 0, 1)]  # a value, the container and slot it is kept in, its level
+    while pending:
+        value, into, slot, level = pending.pop()
+        if isinstance(value, dict | list | tuple) and level > DEPTH_KEPT:
+            into[slot] = DEEPER
+        elif isinstance(value, dict):
+            mended = into[slot] = dict.fromkeys(_scalar(k) for k in value)
+            # Reversed, to be taken in order: of two keys mended alike, the last one's value stays.
+            pending.extend((v, mended, _scalar(k), level + 1) for k, v in reversed(value.items()))
+        elif isinstance(value, list | tuple):
+            mended = into[slot] = [None] * len(value)
+            pending.extend((v, mended, i, level + 1) for i, v in enumerate(value))
+        else:
+            into[slot] = _scalar(value)
+    return kept[0]
+
+
+def _scalar(value):
     if isinstance(value, str):
         value = value.replace("\x00", "\ufffd")
         if not value.isascii() and any(ord(c) in SURROGATES for c in value):
@@ -63,8 +87,4 @@ def storable(value):
         return value
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
-    if isinstance(value, dict):
-        return {storable(k): storable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [storable(v) for v in value]
     return value

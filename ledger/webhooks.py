@@ -25,7 +25,7 @@ from .api.problems import problem_response
 from .connectors import NoConnector, connector_for
 from .connectors.events import WebhookRefused
 from .connectors.test_mode import NoTestMode, connector_for_action, is_replay_action, test_connector_for
-from .json_input import loads_storable
+from .json_input import loads_storable, storable
 from .models import EFFECT_FAILED, Action, ActionStatus, ActionType, WebhookClaim, WebhookEvent, named_operation_key
 from .signing import sign_webhook, signature_valid  # noqa: F401 (sign_webhook is imported from here too)
 
@@ -43,7 +43,9 @@ OPEN = {ActionStatus.UNKNOWN, ActionStatus.NEEDS_REVIEW}
 def _sandbox_event(raw, headers):
     if not signature_valid(headers.get("Sandbox-Signature", ""), raw, settings.SANDBOX_WEBHOOK_SECRET):
         raise WebhookRefused("bad, missing or stale signature")
-    event = loads_storable(raw)
+    # Kept to DEPTH_KEPT levels, as a provider's answers are: deeper, what stores it (json.dumps)
+    # ran out of stack, and the delivery answered 500 for ever.
+    event = storable(loads_storable(raw))
     # A type SETTLING does not know is stored and answered 200 "ignored" (_settle): refused, the
     # provider would send it again for days. Not an object, or no text for a type: "not an event".
     if not isinstance(event["type"], str):
