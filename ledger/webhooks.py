@@ -153,8 +153,11 @@ def webhook_receive(request, connector):
             connector=connector, event_id=event_id, event_type=event_type, payload=event,
             operation_key=named_operation_key(data)[:255],
         )
-        # Cut to the column: an outcome names the operation key, itself up to 255 characters.
-        stored.outcome = _settle(connector, event_type, data, event_id, test_mode=event.get("test_mode"))[:255]
+        # A reader that had to mend what names the effect or its key says so: stored, settling nothing.
+        unreadable = event.get("unreadable")
+        outcome = f"stored, cannot be read: {unreadable}" if unreadable else _settle(
+            connector, event_type, data, event_id, test_mode=event.get("test_mode"))
+        stored.outcome = outcome[:255]  # an outcome names the operation key, itself up to 255 characters
         stored.save(update_fields=["outcome"])
     return JsonResponse({"received": True, "outcome": stored.outcome})
 

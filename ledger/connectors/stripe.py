@@ -30,8 +30,8 @@ from datetime import UTC, datetime
 
 import stripe
 
-from ..json_input import loads_storable
-from ..models import ActionType
+from ..json_input import storable
+from ..models import ActionType, named_operation_key
 from . import http, stripe_amounts
 from .base import Connector, Effect, Lookup, Record
 from .events import WebhookRefused
@@ -227,8 +227,16 @@ class StripeConnector(Connector):
         `refund.succeeded` or `refund.failed` for a refund that settled, and "data" the refund;
         for an event about no refund, its own type and no data (it settles nothing).
 
+        The event is kept as near to what came as the columns allow: a NUL or a lone surrogate
+        (JSON's escapes name them) by U+FFFD, a number that is not finite by its text, as a
+        provider's answers are (json_input.storable): refused, a correctly signed event would only
+        come again, unchanged, for days. A refund event whose refund id, status or operation key had
+        to be mended settles nothing (mended, they might name another refund or action): it is read
+        as about no refund, and says why in "unreadable".
+
         Raises WebhookRefused, saying why, for a body whose `Stripe-Signature` the SDK refuses
-        (bad, missing, or older than its tolerance).
+        (bad, missing, or older than its tolerance): the signature is checked over the bytes that
+        came, before anything is mended.
         """
         if not self.options["webhook_secret"]:
             raise WebhookRefused("no webhook secret is configured (STRIPE_WEBHOOK_SECRET)")
@@ -242,7 +250,8 @@ class StripeConnector(Connector):
             raise WebhookRefused(f"bad, missing or stale Stripe-Signature: {exc.user_message}") from None
         except (AttributeError, TypeError, RecursionError) as exc:  # signed, but no JSON object (or nested too deep)
             raise ValueError("not an event") from exc
-        event = loads_storable(raw)  # what PostgreSQL can store, as the event is kept
+        came = json.loads(raw)  # a JSON object: the SDK has read it
+        event = storable(came)
         data = event["data"].get("object") if isinstance(event.get("data"), dict) else None
         if not isinstance(data, dict):
             raise ValueError("the event carries no object")
@@ -253,6 +262,15 @@ class StripeConnector(Connector):
             # subscribed to): stored and answered 200, settling nothing. Refused, Stripe would
             # send it again for days and then turn the endpoint off.
             return {"id": event.get("id"), "type": event["type"], "data": {}, "stripe_event": event}
+        refund = came["data"]["object"]
+        mended = [name for name, value in (("id", refund.get("id")), ("status", refund.get("status")),
+                                           ("operation key", named_operation_key(refund)))
+                  if storable(value) != value]
+        if mended:
+            # Mended, `refund:\x00` would read as `refund:\ufffd`, which may be another action's key.
+            return {"id": event.get("id"), "type": event["type"], "data": {}, "stripe_event": event,
+                    "unreadable": f"the refund's {' and '.join(mended)} held a NUL, a lone surrogate or a number "
+                                  "that is not finite: kept mended, it settles nothing"}
         settled_as = _SETTLED_AS.get(data.get("status"), f"refund.{data.get('status')}")
         return {"id": event.get("id"), "type": settled_as, "data": data, "stripe_event": event}
 
