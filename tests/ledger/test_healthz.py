@@ -4,6 +4,7 @@
 import logging
 import socket
 import time
+from contextlib import contextmanager
 
 import httpx
 import pytest
@@ -18,6 +19,20 @@ from tests.conftest import free_port, wait_until
 from tests.factories import database_away
 
 ALL_OK = {"database": "ok", "redis": "ok", "worker": "ok", "sweeper": "ok"}
+
+
+@contextmanager
+def redis_that_never_answers(settings, timeout):
+    """Redis, for the jobs, at a port that listens and never accepts: the kernel connects, nobody
+    reads (a host that hangs, a blackholed port), each request waiting `timeout` seconds."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        settings.RQ_ASYNC = True
+        settings.RQ_QUEUES = {"default": {"ASYNC": True, "DEFAULT_TIMEOUT": 600, "URL": (
+            f"redis://127.0.0.1:{listener.getsockname()[1]}/0"
+            f"?socket_connect_timeout={timeout}&socket_timeout={timeout}")}}
+        yield
 
 
 def health(url):
@@ -84,13 +99,7 @@ def test_a_redis_that_does_not_answer_costs_one_timeout_and_one_line_in_the_log(
     timeout = 1
     monkeypatch.setattr(monitoring, "_REDIS_OUTAGE", Outage("/healthz", monitoring.logger))
     caplog.set_level(logging.INFO, logger="surety.metrics")
-    with socket.socket() as listener:  # listens and never accepts: the kernel connects, nobody reads
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(16)
-        settings.RQ_ASYNC = True
-        settings.RQ_QUEUES = {"default": {"ASYNC": True, "DEFAULT_TIMEOUT": 600, "URL": (
-            f"redis://127.0.0.1:{listener.getsockname()[1]}/0"
-            f"?socket_connect_timeout={timeout}&socket_timeout={timeout}")}}
+    with redis_that_never_answers(settings, timeout):
         for _ in range(3):  # a load balancer's polls
             began = time.monotonic()
             response = client.get("/healthz")
@@ -176,13 +185,7 @@ def test_the_web_stays_in_while_redis_hangs_without_waiting_for_it(client, setti
     doorbell rung by the sweeper once Redis is back): the web check does not ask it, so a Redis
     that never answers costs its polls no timeout."""
     timeout = 1
-    with socket.socket() as listener:  # listens and never accepts: the kernel connects, nobody reads
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(16)
-        settings.RQ_ASYNC = True
-        settings.RQ_QUEUES = {"default": {"ASYNC": True, "DEFAULT_TIMEOUT": 600, "URL": (
-            f"redis://127.0.0.1:{listener.getsockname()[1]}/0"
-            f"?socket_connect_timeout={timeout}&socket_timeout={timeout}")}}
+    with redis_that_never_answers(settings, timeout):
         began = time.monotonic()
         response = client.get("/healthz/web")
         took = time.monotonic() - began

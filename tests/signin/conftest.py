@@ -14,6 +14,7 @@ import subprocess
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+from decimal import Decimal
 from types import SimpleNamespace
 from urllib.parse import urljoin, urlsplit
 
@@ -24,6 +25,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core.management import call_command
 
+from approvals.models import Limit
 from tests.conftest import ROOT, free_port
 
 CLIENT_ID = "surety-tests"
@@ -91,6 +93,23 @@ def provider_sending_back_to(redirect_uri, port):
     finally:
         process.terminate()
         process.wait(10)
+
+
+@pytest.fixture
+def step_up(settings):
+    settings.STEP_UP_SECONDS = 300
+    settings.MFA_TOTP_TOLERANCE = 1  # two codes within one 30 s period: the second one the next period's
+
+
+@pytest.fixture
+def alice():
+    """An approver of refunds up to 500 EUR, with a password and no factor yet."""
+    call_command("setup_roles", verbosity=0)
+    user = get_user_model().objects.create_user("alice", password=PASSWORD)
+    user.groups.add(Group.objects.get(name="approvers"))
+    Limit.limit_set(actor="system:tests", reason="the tests' policy", action_type="refund", currency="EUR",
+                    max_amount=Decimal("500.00"), dual_approval_above=None)
+    return user
 
 
 @pytest.fixture(scope="session")

@@ -24,12 +24,6 @@ from tests.signin.conftest import PASSWORD, enrol_totp, sign_in, someone, totp
 REAUTHENTICATE = "/accounts/2fa/reauthenticate/"
 
 
-@pytest.fixture
-def step_up(settings):
-    settings.STEP_UP_SECONDS = 300
-    settings.MFA_TOTP_TOLERANCE = 1  # two codes within one 30 s period: the second one the next period's
-
-
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("jobs_to_test_redis", "step_up")
 def test_a_session_without_its_factor_cannot_swap_it_through_the_admin_and_decide(client, settings):

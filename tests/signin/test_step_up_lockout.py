@@ -1,43 +1,22 @@
 """Wrong codes at the factor page: the fifth in a row, in any of the person's sessions, signs the
 session out and is audited; a factor given (a code, a passkey, a sign-in) starts the count again."""
 
-from decimal import Decimal
-
 import pytest
 from allauth.mfa.models import Authenticator
 from allauth.mfa.webauthn.internal import auth as webauthn_auth
-from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Group
 from django.core.cache import cache
-from django.core.management import call_command
 from django.test import Client
 
-from approvals.models import Limit, ReviewItem, ReviewStatus
+from approvals.models import ReviewItem, ReviewStatus
 from console.signin import STEP_UP_WRONG_CODES
 from ledger.actions import action_request
 from ledger.models import AuditEvent
 from tests.factories import audit_events, make_agent
-from tests.signin.conftest import PASSWORD, enrol_totp, sign_in, totp
+from tests.signin.conftest import enrol_totp, sign_in, totp
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("step_up")]
 REAUTHENTICATE = "/accounts/2fa/reauthenticate/"
 SIGNED_OUT = "You have been signed out"
-
-
-@pytest.fixture
-def step_up(settings):
-    settings.STEP_UP_SECONDS = 300
-    settings.MFA_TOTP_TOLERANCE = 1  # two codes within one 30 s period: the second one the next period's
-
-
-@pytest.fixture
-def alice():
-    call_command("setup_roles", verbosity=0)
-    user = get_user_model().objects.create_user("alice", password=PASSWORD)
-    user.groups.add(Group.objects.get(name="approvers"))
-    Limit.limit_set(actor="system:tests", reason="the tests' policy", action_type="refund", currency="EUR",
-                    max_amount=Decimal("500.00"), dual_approval_above=None)
-    return user
 
 
 def approval():

@@ -9,35 +9,16 @@ from urllib.parse import urlencode
 
 import pytest
 from allauth.mfa.models import Authenticator
-from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Group
-from django.core.management import call_command
 
-from approvals.models import Limit, ReviewItem, ReviewStatus
+from approvals.models import ReviewItem, ReviewStatus
 from dlq.redrive_runs import BulkRedrive
 from ledger.actions import action_request
 from ledger.models import AuditEvent
 from tests.factories import audit_events, make_agent
-from tests.signin.conftest import PASSWORD, enrol_totp, sign_in, totp
+from tests.signin.conftest import enrol_totp, sign_in, totp
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("jobs_to_test_redis")]
 REAUTHENTICATE = "/accounts/2fa/reauthenticate/"
-
-
-@pytest.fixture
-def step_up(settings):
-    settings.STEP_UP_SECONDS = 300
-    settings.MFA_TOTP_TOLERANCE = 1  # two codes within one 30 s period: the second one the next period's
-
-
-@pytest.fixture
-def alice():
-    call_command("setup_roles", verbosity=0)
-    user = get_user_model().objects.create_user("alice", password=PASSWORD)
-    user.groups.add(Group.objects.get(name="approvers"))
-    Limit.limit_set(actor="system:tests", reason="the tests' policy", action_type="refund", currency="EUR",
-                    max_amount=Decimal("500.00"), dual_approval_above=None)
-    return user
 
 
 def approval(n):
