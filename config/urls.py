@@ -23,7 +23,7 @@ urlpatterns = [
     path("accounts/logout/", account_views.logout, name="logout"),
     path("accounts/email/", signin.addresses_set_by_an_admin, name="account_email"),
     path("accounts/", include("allauth.urls")),
-    # Every page people work in, /metrics and /healthz.
+    # Every page people work in and /metrics (the health checks: console.monitoring.HealthChecksMiddleware).
     path("", include("console.urls")),
 ]
 if settings.SANDBOX_ENABLED:

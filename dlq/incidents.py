@@ -200,7 +200,7 @@ class ReconciliationRun(models.Model):
     # Per connector: records checked, incidents opened, or why it was skipped or failed.
     report = models.JSONField(default=dict)
     # The earlier records it read again for failures alone (dlq.reconcile.late_span): a scheduled run
-    # reads the next part of the LATE_FAILURES where the last complete one stopped. None: its window
+    # reads the next part of the LATE_FAILURES where the last finished one stopped. None: its window
     # reaches back that far itself.
     late_since = models.DateTimeField(null=True, blank=True)
     late_until = models.DateTimeField(null=True, blank=True)

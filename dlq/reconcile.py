@@ -223,7 +223,7 @@ def findings_in(connector, records):
 
 def incident_open_for_failed_effect(action, *, connector, external_ref, evidence, actor):
     """The ledger's seam (hooks.set_effect_failed): a webhook says the provider failed `external_ref`,
-    the effect the succeeded `action` names. Its incident and alert, as reconciliation opens for the
+    the effect the succeeded `action` names (or said so before the action succeeded with it). Its incident and alert, as reconciliation opens for the
     same finding (once while open)."""
     row = {"pk": action.pk, "status": action.status, "external_ref": action.external_ref, "amount": action.amount,
            "currency": action.currency}
@@ -373,10 +373,13 @@ def run_start(until, since=None):
     last = ReconciliationRun.objects.filter(scheduled=True, complete=True).order_by("-until").first()
     overlap = timedelta(seconds=settings.RECONCILE_OVERLAP_SECONDS)
     window = Window(max(earliest, last.until - overlap) if last else earliest, until)
-    # A round through the late span ends with the part that reached its run's window; the next
-    # starts from the oldest records again. A run that did not complete moved nothing: its part is
-    # read again by the next.
-    resume = last.late_until if last and last.late_until and last.late_until < last.since else None
+    # The round goes on from the last finished run's part, complete or not: a connector whose listing
+    # failed misses that part until the next round (decision 66), where waiting for a complete run
+    # held every connector's round on one provider that stayed down. A run whose job never finished
+    # read nothing for sure: its part is read again. A round ends with the part that reached its
+    # run's window; the next starts from the oldest records again.
+    read = ReconciliationRun.objects.filter(scheduled=True, finished_at__isnull=False).order_by("-until").first()
+    resume = read.late_until if read and read.late_until and read.late_until < read.since else None
     return _run_row(window, late_span(window, resume, _late_part()))
 
 

@@ -17,7 +17,8 @@ console.) Its entries, each kept in a plain list or slot:
   action it cannot attempt while the task is stopped (failed, to be retried if the task runs
   again, or for good). Without one, no stopped task runs again.
 - what is done when the provider fails an effect the ledger recorded as made
-  (`set_effect_failed`): a webhook says so after the action succeeded. Without one, it is logged.
+  (`set_effect_failed`): a webhook says so after the action succeeded, or the action succeeds with
+  an effect whose failure a webhook told already. Without one, it is logged.
 """
 
 import logging

@@ -223,26 +223,27 @@ def test_a_late_failure_whose_webhook_was_lost_is_found_within_the_interval_and_
                                                                          [refund.refund_id])
 
 
-def test_a_run_that_failed_leaves_its_part_of_the_30_days_to_the_next(stripe_at_the_sandbox, hourly, listings):
-    """Stripe does not answer the second run: its part of the earlier refunds, where a failed refund
-    is, was not read, and the third run reads that same part, and finds it."""
-    start = hours_ago(3)
-    first, _, late = scheduled_run(start + HOUR, listings)
+def test_a_provider_down_holds_no_other_connectors_round_and_a_run_never_finished_leaves_its_part(
+        stripe_at_the_sandbox, hourly, listings):
+    """Stripe does not answer the second run: the round goes on from its part all the same (waiting
+    for a complete run, one provider down for days held every connector's round on one part), and
+    Stripe's missed part is read in the next round. A run whose job never finished leaves its part
+    to the next run."""
+    start = hours_ago(4)
+    first, _, _ = scheduled_run(start + HOUR, listings)
     assert first.complete and first.late_since == start + HOUR - timedelta(days=30)
-    # In the part after the first run's: the next run's.
-    key, refund = refunded_at(1, first.late_until + 9 * HOUR, "failed")
 
     with thread_server(answering(b'{"status": "maintenance"}', "application/json")) as down:
         stripe_at(hourly, down.url)
         second, _, _ = scheduled_run(start + 2 * HOUR, listings)
-    assert "failed" in second.report["stripe"] and second.report["sandbox"]["records"] == 0
-    assert not second.complete and not Incident.objects.exists()
-    assert (second.late_since, second.since) == (first.late_until, first.until - HOUR)
-
+    assert "failed" in second.report["stripe"] and not second.complete
+    assert second.late_since == first.late_until
     stripe_at(hourly, sandbox_stripe(stripe_at_the_sandbox.url))
-    third, _, late = scheduled_run(start + 3 * HOUR, listings)
-    assert third.complete and (third.since, third.late_since) == (second.since, first.late_until)
+
+    assert reconcile_schedule(start + 3 * HOUR) == 1  # its job is lost: never finished
+    third = ReconciliationRun.objects.get(scheduled=True, until=start + 3 * HOUR)
+    assert third.late_since == second.late_until  # the round went on from the incomplete run's part
+    fourth, _, late = scheduled_run(start + 4 * HOUR, listings)
+    assert fourth.late_since == third.late_since  # the part of the run that never finished, read
     assert [(listing.gte, listing.lt) for listing in late] == [
-        (int(first.late_until.timestamp()), int((first.late_until + 31 * HOUR).timestamp()))]
-    incident = Incident.objects.get()
-    assert (incident.subject, incident.external_refs) == (key, [refund.refund_id])
+        (int(third.late_since.timestamp()), int(fourth.late_until.timestamp()))]
