@@ -55,36 +55,23 @@ DEPTH_KEPT = 64
 DEEPER = f"<nested deeper than {DEPTH_KEPT} levels: not kept>"
 
 
-def storable(value):
+def storable(value, depth=DEPTH_KEPT):
     """`value`, parsed from a provider's answer, with what PostgreSQL cannot store replaced: a
     NUL or a lone surrogate in a string (or a key) by U+FFFD, a number that is not finite by its
     text, an object or array nested deeper than DEPTH_KEPT levels by DEEPER. Not refused, as a
     request is: the answer tells of an effect that may already be made, and it must be recorded,
-    as near to what came as the columns allow. A loop, not recursion, as in `_values`."""
-    kept = [None]
-    pending = [(value, kept, 0, 1)]  # a value, the container and slot it is kept in, its level
-    while pending:
-        value, into, slot, level = pending.pop()
-        if isinstance(value, dict | list | tuple) and level > DEPTH_KEPT:
-            into[slot] = DEEPER
-        elif isinstance(value, dict):
-            mended = into[slot] = dict.fromkeys(_scalar(k) for k in value)
-            # Reversed, to be taken in order: of two keys mended alike, the last one's value stays.
-            pending.extend((v, mended, _scalar(k), level + 1) for k, v in reversed(value.items()))
-        elif isinstance(value, list | tuple):
-            mended = into[slot] = [None] * len(value)
-            pending.extend((v, mended, i, level + 1) for i, v in enumerate(value))
-        else:
-            into[slot] = _scalar(value)
-    return kept[0]
-
-
-def _scalar(value):
+    as near to what came as the columns allow. Recursive, a frame a level to DEPTH_KEPT at most
+    (far below the interpreter's limit, which json.loads reaches near 1,000): a loop cost the
+    settle's values three times the CPU."""
     if isinstance(value, str):
         value = value.replace("\x00", "\ufffd")
         if not value.isascii() and any(ord(c) in SURROGATES for c in value):
             value = "".join("\ufffd" if ord(c) in SURROGATES else c for c in value)
         return value
+    if isinstance(value, dict):
+        return {storable(k): storable(v, depth - 1) for k, v in value.items()} if depth else DEEPER
+    if isinstance(value, list | tuple):
+        return [storable(v, depth - 1) for v in value] if depth else DEEPER
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     return value
