@@ -84,10 +84,10 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    "console.monitoring.HealthChecksMiddleware",  # for any Host, over plain HTTP: first
+    "ledger.middleware.RequestIdMiddleware",  # every answer names its request, the health checks' too
+    "console.monitoring.HealthChecksMiddleware",  # for any Host, over plain HTTP: before the host is read
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
-    "ledger.middleware.RequestIdMiddleware",
     "ledger.api.unavailable.DatabaseUnavailableMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",

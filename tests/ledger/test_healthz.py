@@ -177,6 +177,7 @@ def test_a_worker_down_is_the_system_down_and_not_the_web(stack):
     response = httpx.get(f"{stack.url}/healthz/web", timeout=10)
     assert (response.status_code, response.json()) == (200, {"database": "ok"})
     assert "no-cache" in response.headers["Cache-Control"]
+    assert response.headers["X-Request-ID"]  # the log lines of a poll name it, as any request's
 
 
 @pytest.mark.django_db
