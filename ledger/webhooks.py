@@ -273,8 +273,7 @@ def failure_told_when_succeeded(action, previous, actor, reason):
     committed after that UPDATE has the row waits for its lock, finds the action succeeded and
     tells a person itself (`_settle`). Sets `action.failure_told`: the event told of, or None."""
     if action.status == ActionStatus.SUCCEEDED:
-        # A move that read nothing back (none does today) looks, rather than fail the success.
-        action.failure_told = failure_stored_told(action) if getattr(action, "failure_stored", True) else None
+        action.failure_told = failure_stored_told(action) if action.failure_stored else None
 
 
 def failure_stored_told(action):
