@@ -209,6 +209,12 @@ class ReconciliationRun(models.Model):
         ordering = ["-until"]
         constraints = [
             models.CheckConstraint(condition=Q(until__gt=models.F("since")), name="reconciliationrun_window"),
+            # The late part is a span of its own before the window, or none: the schedule's round
+            # goes on from its end (dlq.reconcile.run_start), and a part past the window would skip it.
+            models.CheckConstraint(condition=Q(late_since__isnull=True, late_until__isnull=True) | Q(
+                late_since__isnull=False, late_until__isnull=False,  # a CHECK passes on NULL otherwise
+                late_until__gt=models.F("late_since"), late_until__lte=models.F("since")),
+                name="reconciliationrun_late_part"),
             models.UniqueConstraint(fields=["until"], condition=Q(scheduled=True), name="reconciliationrun_one_per_slot"),
         ]
 

@@ -18,6 +18,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from django.core.management import call_command
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from dlq.incidents import Incident, IncidentKind, ReconciliationRun
@@ -247,3 +248,16 @@ def test_a_provider_down_holds_no_other_connectors_round_and_a_run_never_finishe
     assert fourth.late_since == third.late_since  # the part of the run that never finished, read
     assert [(listing.gte, listing.lt) for listing in late] == [
         (int(third.late_since.timestamp()), int(fourth.late_until.timestamp()))]
+
+
+@pytest.mark.parametrize("late", [
+    {"late_since": "since"},  # one end alone
+    {"late_since": "since", "late_until": "since"},  # no span
+    {"late_since": "late", "late_until": "until"},  # past the window's start
+], ids=["one-end", "empty", "past-the-window"])
+def test_the_database_refuses_a_late_part_that_is_no_span_before_the_window(db, late):
+    until = hours_ago(0)
+    moments = {"since": until - HOUR, "until": until, "late": until - DAY}
+    with pytest.raises(IntegrityError), transaction.atomic():
+        ReconciliationRun.objects.create(since=until - HOUR, until=until,
+                                         **{name: moments[moment] for name, moment in late.items()})
