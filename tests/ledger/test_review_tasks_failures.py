@@ -4,12 +4,15 @@ refuse. Written as it came, the failure's own bookkeeping failed, the run left t
 until its lease lapsed, and after its attempts the sweeper dead-lettered it as `worker_lost`,
 the step's real error lost."""
 
+import json
+
 import pytest
 
 from ledger.connectors import http
 from ledger.models import StepStatus, Task, TaskState
 from ledger.runner import drain_tasks
 from ledger.tasks import task_request
+from tests.conftest import answering, thread_server
 from tests.factories import audit_events, refund_input
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("jobs_to_test_redis")]
@@ -17,16 +20,13 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("
 
 @pytest.mark.parametrize("said, stored", [("no such order\x00", "no such order\ufffd"),
                                           ("no such order\ud800", "no such order\ufffd")])
-def test_a_refusal_whose_message_postgresql_cannot_store_fails_the_task_with_it(agent, settings, monkeypatch,
-                                                                                said, stored):
+def test_a_refusal_whose_message_postgresql_cannot_store_fails_the_task_with_it(agent, settings, said, stored):
     settings.DRAIN_LANES = 1
-
-    def provider(method, url, **kwargs):
-        raise http.Rejected(f"{method} {url}: {said}", code="order_refused", status=400)
-
-    monkeypatch.setattr(http, "call", provider)
-    task, _ = task_request(agent=agent, task_id="t-nul", workflow="refund", input=refund_input("ORD-N", "CUST-N"))
-    drain_tasks()
+    refused = json.dumps({"error": {"code": "order_refused", "message": said}}).encode()  # JSON's escapes name them
+    with thread_server(answering(refused, "application/json", status=400)) as provider:  # the sandbox's wire format
+        settings.SANDBOX_BASE_URL = f"{provider.url}/sandbox/v1"
+        task, _ = task_request(agent=agent, task_id="t-nul", workflow="refund", input=refund_input("ORD-N", "CUST-N"))
+        drain_tasks()
 
     task.refresh_from_db()
     assert (task.state, task.attempts) == (TaskState.FAILED, 1)
