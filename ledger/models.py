@@ -577,8 +577,8 @@ class Action(LeasedWork):
     def reject(self, *, actor, reason, locked=False):
         return self._move(S.REJECTED, actor=actor, verb="rejected", reason=reason, locked=locked)
 
-    def cancel(self, *, actor, reason):
-        return self._move(S.CANCELLED, actor=actor, verb="cancelled", reason=reason)
+    def cancel(self, *, actor, reason, locked=False):
+        return self._move(S.CANCELLED, actor=actor, verb="cancelled", reason=reason, locked=locked)
 
 
 def _lease(owner):

@@ -103,7 +103,7 @@ def task_actions_let_go(task, *, actor, reason, by_hand=False):
     Task.objects.select_for_update(no_key=True).filter(pk=task.pk).exists()
     not_started = (ActionStatus.QUEUED, ActionStatus.HELD, ActionStatus.AWAITING_APPROVAL)
     for action in task.actions.select_for_update().filter(status__in=not_started).order_by("pk"):
-        action.cancel(actor=actor, reason=f"its task {task.task_id} will not run again: {reason}")
+        action.cancel(actor=actor, reason=f"its task {task.task_id} will not run again: {reason}", locked=True)
     if by_hand:
         fail_for_good, why, mark = action_done_by_hand, "was done by hand", "done_by_hand"
     else:

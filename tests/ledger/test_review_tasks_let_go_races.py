@@ -9,6 +9,8 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from approvals.decisions import review_decide
 from approvals.models import Limit, ReviewItem
@@ -69,3 +71,17 @@ def test_a_task_given_up_while_its_action_awaiting_approval_is_decided_goes_thro
     assert action.status == ends
     assert not task.actions.filter(status__in=[ActionStatus.QUEUED, ActionStatus.HELD,
                                                ActionStatus.AWAITING_APPROVAL]).exists()
+
+
+def test_a_give_up_locks_each_action_not_started_once(agent):
+    """The list locks the actions it cancels; each cancel moves its action under that lock, not
+    reading it FOR UPDATE again (a round trip per action)."""
+    task, action = dead_lettered_awaiting_approval(agent)
+    with CaptureQueriesContext(connection) as queries:
+        deadletter_discard(open_entry(task), actor=person("olga", "operators"), reason="not needed")
+
+    action.refresh_from_db()
+    assert action.status == ActionStatus.CANCELLED
+    action_locks = [q["sql"] for q in queries.captured_queries
+                    if "FOR UPDATE" in q["sql"] and 'FROM "ledger_action"' in q["sql"]]
+    assert len(action_locks) == 1, action_locks
