@@ -297,8 +297,8 @@ def _decide(item, action, user, behalf, decision, reason, external_ref, fingerpr
             action_release(action, actor=user, reason=reason, fingerprint=fingerprint)
         elif decision == "mark_succeeded":
             # The provider may have failed that very effect already (a late success over the limit
-            # left it to this person): the move tells a person, as any success does
-            # (ledger.webhooks.failure_told_when_succeeded).
+            # left it to this person): the move tells a person, as any success does, the audit trail
+            # naming this person as the one whose move told (ledger.webhooks.failure_told_when_succeeded).
             action.mark_succeeded(actor=user, external_ref=external_ref, reason=reason or "confirmed by a person",
                                   locked=True)
         elif decision == "mark_failed":

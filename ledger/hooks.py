@@ -110,9 +110,10 @@ _effect_failed = [_effect_failed_logged]
 
 
 def set_effect_failed(reaction):
-    """`reaction(action, *, connector, external_ref, evidence, actor)`: in the transaction of the
-    event that says the provider failed the effect `external_ref`, which the succeeded `action`
-    names (a refund Stripe fails days later, the card closed)."""
+    """`reaction(action, *, connector, external_ref, evidence, actor)`: the provider failed the
+    effect `external_ref`, which the succeeded `action` names (a refund Stripe fails days later, the
+    card closed). In the transaction that brought the two together: the failure's event arriving
+    after the success, or a move to succeeded after the failure was stored; `actor` is its maker."""
     _effect_failed[0] = reaction
 
 

@@ -7,8 +7,9 @@ failure of the very effect a succeeded action names opens an incident (decision 
 of the two events came first; so does one stored before a success left to a person, and before
 any move of the action to succeeded with that effect, whoever makes it: this webhook, the worker's
 call or a verifier's look answered while the failure came, a person (`failure_told_when_succeeded`,
-a reaction to every move). An event type the ledger does not settle is stored and answered
-"ignored" (Stripe's reader refuses one it does not know), and every refusal is logged.
+a reaction to every move; the audit trail names the move's actor as the one who told). An event
+type the ledger does not settle is stored and answered "ignored" (Stripe's reader refuses one it
+does not know), and every refusal is logged.
 """
 
 import logging
@@ -193,10 +194,11 @@ def _settle(connector, event_type, data, event_id, *, test_mode=False):
         logger.warning("a %s event names %s, a %s: not applied", event_type, key, action.action_type)
         return f"not applied: {key} is a {action.action_type}, not what a {event_type} is about"
     effect = str(data.get("id") or "")
+    actor = f"system:webhook:{connector}"
     if action is not None and action.status == ActionStatus.SUCCEEDED and not made:
         if effect == action.external_ref:
             _tell_effect_failed(action, connector, effect, event_type=event_type, event_id=event_id, data=data,
-                                at=timezone.now())
+                                at=timezone.now(), actor=actor)
             return f"{event_type} of {action.external_ref}, which {key} succeeded with: a person is told"
         # Providers deliver out of order: a failure of an earlier attempt may come after the
         # success. This stored event is its record; the success stands.
@@ -209,7 +211,6 @@ def _settle(connector, event_type, data, event_id, *, test_mode=False):
         # (its call still out, whose answer settles it) is neither settled nor unknown here.
         still_out = ", its call still out" if action.status == ActionStatus.PENDING else ""
         return f"nothing to settle: {key} is {action.status}{still_out}"
-    actor = f"system:webhook:{connector}"
     evidence = {"at": timezone.now().isoformat(), "webhook": event_type, "event_id": event_id, "found": True,
                 "data": data}
     if made:
@@ -225,11 +226,13 @@ def _settle(connector, event_type, data, event_id, *, test_mode=False):
                     **evidence, **({"failed": _named(failed)} if failed is not None else {})})
             if failed is None:
                 return f"left to a person: {over_limit}"
-            _tell_stored(action, connector, effect, failed)
+            _tell_stored(action, connector, effect, failed, actor=actor)
             return f"left to a person: {over_limit}; {failed.event_type} of {effect} came first: a person is told"
         action.mark_succeeded(actor=actor, external_ref=effect or key, result=data, reason=f"{event_type} received",
                               evidence=evidence)
-        failed = action.failure_told  # failure_told_when_succeeded
+        # The move told a person of a failure of this effect stored before it (its reaction,
+        # failure_told_when_succeeded): the outcome names the same event, asked the same way.
+        failed = _failure_before_success(action)
         if failed is not None:
             return (f"settled {action.operation_key} as {action.status}; {failed.event_type} of {action.external_ref} "
                     "came first: a person is told")
@@ -243,18 +246,20 @@ def _settle(connector, event_type, data, event_id, *, test_mode=False):
     return f"{event_type} noted; {action.operation_key} is verified at the provider"
 
 
-def _tell_effect_failed(action, connector, effect, *, event_type, event_id, data, at):
+def _tell_effect_failed(action, connector, effect, *, event_type, event_id, data, at, actor):
     """The provider failed `effect`, the very effect `action` succeeded with (Stripe fails a refund
     days after it succeeded when the card was closed) or that its success left to a person names, as
     the event received `at` says: the ledger's success stays the record of what was asked and
-    answered, and a person is told (dlq: an incident, once while open; decision 60)."""
-    hooks.effect_failed(action, connector=connector, external_ref=effect, actor=f"system:webhook:{connector}",
+    answered, and a person is told (dlq: an incident, once while open; decision 60), as by `actor`:
+    whoever made the change that brought the two together (the failure's webhook, the success's,
+    or the move to succeeded: the worker, a verifier, a person)."""
+    hooks.effect_failed(action, connector=connector, external_ref=effect, actor=actor,
                         evidence={"at": at.isoformat(), "webhook": event_type, "event_id": event_id, "data": data})
 
 
-def _tell_stored(action, connector, effect, failed):
+def _tell_stored(action, connector, effect, failed, *, actor):
     _tell_effect_failed(action, connector, effect, event_type=failed.event_type, event_id=failed.event_id,
-                        data=failed.payload["data"], at=failed.received_at)
+                        data=failed.payload["data"], at=failed.received_at, actor=actor)
 
 
 def _named(event):
@@ -267,23 +272,26 @@ def failure_told_when_succeeded(action, previous, actor, reason):
     very effect it succeeded with before the move, as if the failure came after (decision 60). Every
     move to succeeded is one: a success event settling it, the worker's call or a verifier's look
     answered while the failure's event came (the action pending or unknown, which the event could
-    not settle), a person marking it succeeded with that effect's reference. The move's UPDATE read
-    back whether such a failure may be stored (models.FAILURE_STORED): only then is it looked for
-    (`failure_stored_told`), in the move's transaction, under the action's lock. A failure
-    committed after that UPDATE has the row waits for its lock, finds the action succeeded and
-    tells a person itself (`_settle`). Sets `action.failure_told`: the event told of, or None."""
-    if action.status == ActionStatus.SUCCEEDED:
-        action.failure_told = failure_stored_told(action) if action.failure_stored else None
-
-
-def failure_stored_told(action):
-    """The stored event in which the provider failed the effect the just succeeded `action` names, if
-    any, and a person told of it. Under the action's lock."""
-    connector = _serving(action)
-    failed = None if connector is None else _failure_stored(connector, action, action.external_ref)
+    not settle), a person marking it succeeded with that effect's reference. The telling is the
+    move's `actor`'s in the audit trail: their move revealed the conflict (the failure's webhook
+    only stored it). Only this reaction tells of a failure stored before the move; a success event's
+    settle names the event in its outcome, asking `_failure_before_success` as this does. A failure
+    committed after the move's UPDATE has the row waits for its lock, finds the action succeeded
+    and tells a person itself (`_settle`)."""
+    failed = _failure_before_success(action)
     if failed is not None:
-        _tell_stored(action, connector, action.external_ref, failed)
-    return failed
+        _tell_stored(action, failed.connector, action.external_ref, failed, actor=actor)
+
+
+def _failure_before_success(action):
+    """The stored event in which the provider failed the effect `action`, just moved to succeeded,
+    names, or None. The move's UPDATE read back whether such a failure may be stored
+    (models.FAILURE_STORED): only then is it looked for, in the move's transaction, under the
+    action's lock, so no statement of its own on nearly every success."""
+    if action.status != ActionStatus.SUCCEEDED or not action.failure_stored:
+        return None
+    connector = _serving(action)
+    return None if connector is None else _failure_stored(connector, action, action.external_ref)
 
 
 def _failure_stored(connector, action, effect):

@@ -86,6 +86,32 @@ def test_a_signature_just_inside_the_tolerance_is_accepted(client, db):
     assert WebhookEvent.objects.get().event_id == "evt_1"
 
 
+def v1(body, secret, stamp):
+    """The `v1=…` part alone of the signature `secret` makes of `body` at `stamp`."""
+    return sign_webhook(body, secret, stamp).split(",", 1)[1]
+
+
+@pytest.mark.parametrize("valid_first", [True, False], ids=["the valid one first", "the valid one second"])
+def test_a_signature_header_with_several_v1_is_accepted_when_any_one_holds(client, db, valid_first):
+    """While a secret is rolled, Stripe's scheme, which the sandbox follows, signs with the old secret
+    and the new, each its own `v1`, in no set order."""
+    body, stamp = json.dumps(event()).encode(), int(time.time())
+    valid, rolled_out = v1(body, SECRET, stamp), v1(body, "whsec-rolled-out", stamp)
+    signatures = [valid, rolled_out] if valid_first else [rolled_out, valid]
+    response = deliver(client, body, signature=",".join([f"t={stamp}", *signatures]))
+    assert response.status_code == 200, response.content
+    assert WebhookEvent.objects.get().event_id == "evt_1"
+
+
+def test_a_signature_header_whose_v1_are_all_wrong_is_refused(client, unknown_action):
+    body, stamp = json.dumps(event()).encode(), int(time.time())
+    signatures = [v1(body, "whsec-rolled-out", stamp), v1(body, "whsec-other", stamp), v1(b"{}", SECRET, stamp)]
+    response = deliver(client, body, signature=",".join([f"t={stamp}", *signatures]))
+    assert (response.status_code, response.json()["code"]) == (400, "webhook_refused")
+    assert not WebhookEvent.objects.exists()
+    assert Action.objects.get(pk=unknown_action.pk).status == S.UNKNOWN
+
+
 def test_a_refund_succeeded_event_settles_an_unknown_action(client, unknown_action):
     response = deliver(client, event())
 
