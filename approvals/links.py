@@ -42,9 +42,12 @@ def deciders(item, addresses):
     address that is such a person's (the others get the mail without a link). Waits for them as
     its page and the counts say (`waiting_for`): a link for one who gave the first of two
     approvals, or for their delegate, or for anyone once its window has closed, opened a page
-    that offered nothing."""
+    that offered nothing. Of several such people sharing an address, the first made (lowest id):
+    in the order the database happened to read them, one alert's link went to one of them and
+    the next alert's to the other."""
     found = {}
-    for user in get_user_model().objects.filter(is_active=True, email__in=[a for a in addresses if a]):
+    people = get_user_model().objects.filter(is_active=True, email__in=[a for a in addresses if a]).order_by("pk")
+    for user in people:
         if ReviewItem.objects.filter(waiting_for(user), pk=item.pk).exists():
             found.setdefault(user.email, user)
     return {address: found[address] for address in addresses if address in found}

@@ -2,7 +2,9 @@
 review item's tier), an HMAC-signed webhook, and e-mail to the owner of an agent whose
 action or task failed for good. A review item's recipient for whom it waits (who may decide it
 now, as its page would offer them) gets a mail of their own, with a decision link
-(approvals.links); a recipient away has their delegate mailed too (approvals.delegation).
+(approvals.links); a recipient away has their delegate mailed too (approvals.delegation). The
+first of two approvals raises an alert of the item's own (`review_alert_second_approval`), to
+those of its tiers it waits for then, who learnt of it only from the dashboard before.
 
 Each attempt on each channel is recorded, in a transaction of its own per channel: what one
 channel sent (and the decision links its mails carry) is committed before the next is tried,
@@ -30,7 +32,7 @@ from django.utils import timezone
 
 from approvals.delegation import offered, standing_in
 from approvals.links import deciders, link_issue
-from approvals.models import ReviewStatus
+from approvals.models import ReviewStatus, tier_addresses
 from ledger import clock
 from ledger.connectors import http
 from ledger.jobs import enqueue
@@ -134,6 +136,35 @@ def _decision_links(alert, addresses):
     site = settings.SITE_URL.rstrip("/")
     return {address: site + reverse("decision-link", args=[link_issue(user, item)])
             for address, user in deciders(item, addresses).items()}
+
+
+def review_alert_second_approval(item):
+    """In the transaction of an approval of `item`: when the item still waits (the approval was
+    the first of two), an alert to the people of its tiers it now waits for (`deciders`: not who
+    gave it, nor their delegate, nor anyone once its window closed), delivered after commit as any
+    alert, each of them with a decision link (`_send`). The tiers are those its overdue alerts go
+    to (dlq.overdue): the first (the operations group when its limit names none), and the next
+    once it was escalated. None when the item waits for none of them (the operations group's
+    mailbox is nobody's): the dashboard tells them then, as before."""
+    if item.status != ReviewStatus.OPEN:
+        return None
+    policy = item.limit_snapshot or {}
+    tiers = tier_addresses(policy.get("first_tier") or "") or list(settings.ALERT_EMAILS)
+    if item.escalated_at:
+        tiers += tier_addresses(policy.get("next_tier") or "")
+    waiting = list(deciders(item, tiers))
+    if not waiting:
+        return None
+    given = [f"Approved by {approval.user.get_username()}"
+             + (f" for {approval.on_behalf_of.get_username()}" if approval.on_behalf_of_id else "")
+             + f" {approval.at:%Y-%m-%d %H:%M} UTC: {approval.reason}"
+             for approval in item.approvals.select_related("user", "on_behalf_of").order_by("at", "pk")]
+    window = [f"Its approval window closes {item.expires_at:%Y-%m-%d %H:%M} UTC."] if item.expires_at else []
+    return Alert.objects.raise_for(
+        kind=Alert.Kind.SECOND_APPROVAL, review_item=item, link=item.get_absolute_url(), recipients=waiting,
+        subject=f"Second approval: {item}",
+        body="\n".join([*given, f"Waiting since {item.created_at:%Y-%m-%d %H:%M} UTC for a second approval, from "
+                                 f"someone else; {item.why}", *window]))
 
 
 def alert_deliver(alert_id):

@@ -239,6 +239,7 @@ class Alert(models.Model):
     class Kind(models.TextChoices):
         DEAD_LETTER = "dead_letter"
         OVERDUE_REVIEW = "overdue_review"
+        SECOND_APPROVAL = "second_approval"  # the first of two approvals given (dlq.alerts)
         INCIDENT = "incident"
 
     kind = models.CharField(max_length=30, choices=Kind.choices)
@@ -267,7 +268,8 @@ class Alert(models.Model):
             models.CheckConstraint(
                 condition=Q(kind="dead_letter", dead_letter__isnull=False, review_item__isnull=True,
                             incident__isnull=True)
-                | Q(kind="overdue_review", review_item__isnull=False, dead_letter__isnull=True, incident__isnull=True)
+                | Q(kind__in=["overdue_review", "second_approval"], review_item__isnull=False, dead_letter__isnull=True,
+                    incident__isnull=True)
                 | Q(kind="incident", incident__isnull=False, dead_letter__isnull=True, review_item__isnull=True),
                 name="alert_names_its_subject",
             ),

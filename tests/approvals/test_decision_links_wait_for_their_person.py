@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from approvals.decisions import review_decide
 from approvals.delegation import delegation_name
-from approvals.links import link_issue
+from approvals.links import deciders, link_issue
 from approvals.models import DecisionLink, Limit, ReviewItem, ReviewStatus
 from dlq.alerts import alert_deliver
 from dlq.models import Alert
@@ -145,3 +145,19 @@ def test_a_link_opened_after_the_window_closed_says_so_and_decides_nothing(peopl
     item.refresh_from_db()
     assert item.status == ReviewStatus.OPEN and not item.approvals.exists()
     assert DecisionLink.objects.get().used_at is None
+
+
+def test_of_two_people_sharing_an_address_the_link_goes_to_the_first_made(people):
+    """Two accounts with one address (a person's second, made for another role), both of whom the
+    item waits for: the link went to whichever the database read first, and an update of the first
+    made (its row written again, at the table's end) sent the next alert's to the other."""
+    first, second = person("dana", "approvers"), person("dana-2", "approvers")
+    for user in (first, second):
+        user.email = "dana@surety.example"
+        user.save(update_fields=["email"])
+    first.last_name = "Moved"
+    first.save(update_fields=["last_name"])  # read after the second's now, in the table's order
+    item = asked("750.00")
+
+    assert deciders(item, ["dana@surety.example", "bob@surety.example"]) == {
+        "dana@surety.example": first, "bob@surety.example": people["bob"]}

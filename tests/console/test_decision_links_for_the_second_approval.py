@@ -1,0 +1,251 @@
+"""The first of two approvals tells the people the item now waits for, each with a decision link
+of their own, as its overdue alert does (dlq.alerts.review_alert_second_approval, delivered by
+`_send`): not who gave it, nor their delegate, nor an address nobody here has. Through a real
+SMTP server (aiosmtpd) and the job the approval queued in this run's Redis, which exists only
+once the approval committed; an approval refused, rolled back or posted twice tells nobody a
+second time. They learnt of it only from the dashboard before."""
+
+import re
+import threading
+from datetime import timedelta
+from decimal import Decimal
+
+import django_rq
+import pytest
+import redis
+from django.db import connection, transaction
+from django.test import Client
+from django.utils import timezone
+
+from approvals.delegation import delegation_name
+from approvals.models import DecisionLink, Limit, ReviewItem, ReviewKind, ReviewStatus
+from dlq.alerts import alert_deliver
+from dlq.models import Alert
+from dlq.overdue import review_alert_overdue
+from ledger.actions import action_request
+from tests.conftest import REDIS_URL
+from tests.connectors.test_email import SMTP_BACKEND, MailServer
+from tests.factories import make_agent, person
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("jobs_to_test_redis")]
+
+LINK = re.compile(r"http://[^\s]+/decide/([A-Za-z0-9_-]+)")
+TIER = ("alice", "bob", "carol")
+
+
+@pytest.fixture
+def mail_server(settings):
+    redis.Redis.from_url(REDIS_URL).flushdb()  # no job an earlier test left for an alert of the same id
+    server = MailServer()
+    server.controller.start()
+    settings.EMAIL_BACKEND = SMTP_BACKEND
+    settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", server.port
+    settings.SITE_URL = "http://testserver"
+    yield server
+    server.controller.stop()
+
+
+@pytest.fixture
+def people():
+    """alice, bob and carol approve, and are the limit's first tier with a desk nobody here has;
+    olga, an operator, decides only as alice's delegate."""
+    users = {name: person(name, "approvers") for name in TIER}
+    users["olga"] = person("olga", "operators")
+    for user in users.values():
+        user.email = f"{user.username}@surety.example"
+        user.save(update_fields=["email"])
+    Limit.limit_set(actor="system:tests", reason="the tests' policy", action_type="refund", currency="EUR",
+                    max_amount=Decimal("500.00"), dual_approval_above=Decimal("5000.00"),
+                    approval_expires_after_hours=24,
+                    first_tier=", ".join(f"{name}@surety.example" for name in (*TIER, "desk")))
+    return users
+
+
+def asked(amount="6000.00"):
+    agent = make_agent("billing-bot")[0]
+    action, _ = action_request(agent=agent, operation_key="refund:ORD-1:dec-1", action_type="refund",
+                               target="ORD-1", customer="CUST-1", params={"amount": amount, "currency": "EUR"})
+    return ReviewItem.objects.get(action=action)
+
+
+def signed_in(user):
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def approve(client, item, reason="the order shows the damage"):
+    """Approved from the item's page, on the params it shows."""
+    return client.post(f"/review/{item.pk}/decide", {"decision": "approve", "reason": reason,
+                                                      "fingerprint": item.action.params_fingerprint()})
+
+
+def approve_by_link(client, token, item, reason="from the mail"):
+    return client.post(f"/decide/{token}", {"decision": "approve", "reason": reason,
+                                            "fingerprint": item.action.params_fingerprint()})
+
+
+def queued(alert):
+    """The delivery jobs of `alert` waiting in this run's Redis."""
+    return [job for job in django_rq.get_queue("default").get_jobs()
+            if job.func_name == "dlq.alerts.alert_deliver" and job.args == (alert.pk,)]
+
+
+def second_approval_alerts(item):
+    return list(Alert.objects.filter(review_item=item, kind=Alert.Kind.SECOND_APPROVAL).order_by("id"))
+
+
+def delivered(alert, mail_server):
+    """Its queued job run as a worker runs it: recipient -> the body of each message it sent."""
+    [job] = queued(alert)
+    job.perform()
+    return mails(mail_server)
+
+
+def mails(mail_server):
+    return [(str(message["To"]), message.get_content()) for message in mail_server.accepted]
+
+
+def token_in(body):
+    return LINK.search(body).group(1)
+
+
+def test_the_first_of_two_approvals_mails_the_others_it_waits_for_a_link_of_their_own(people, mail_server):
+    item = asked()
+    assert approve(signed_in(people["alice"]), item).status_code == 302
+
+    [alert] = second_approval_alerts(item)
+    assert alert.recipients == ["bob@surety.example", "carol@surety.example"]
+    sent = dict(delivered(alert, mail_server))
+    assert sorted(sent) == ["bob@surety.example", "carol@surety.example"]  # not alice, nor the desk
+    assert "Approved by alice" in sent["bob@surety.example"]
+    assert "the order shows the damage" in sent["bob@surety.example"]
+    assert [link.user.username for link in DecisionLink.objects.order_by("user__username")] == ["bob", "carol"]
+
+    bob = signed_in(people["bob"])
+    page = bob.get(f"/decide/{token_in(sent['bob@surety.example'])}")
+    assert page.status_code == 200 and b'id="approve-button"' in page.content
+    assert approve_by_link(bob, token_in(sent["bob@surety.example"]), item).status_code == 302
+    item.refresh_from_db()
+    assert item.status == ReviewStatus.APPROVED and item.approvals.count() == 2
+    assert len(second_approval_alerts(item)) == 1  # the second approval tells nobody
+
+
+def test_an_approval_through_the_first_mails_link_tells_the_others_and_the_link_is_refused_after(people,
+                                                                                                 mail_server):
+    item = asked()
+    assert review_alert_overdue(now=item.deadline + timedelta(minutes=1)) == 1
+    alert_deliver(Alert.objects.get(review_item=item).pk)
+    first = dict(mails(mail_server))
+    alice = signed_in(people["alice"])
+    assert approve_by_link(alice, token_in(first["alice@surety.example"]), item).status_code == 302
+
+    [alert] = second_approval_alerts(item)
+    second = delivered(alert, mail_server)[len(first):]
+    assert sorted(to for to, _ in second) == ["bob@surety.example", "carol@surety.example"]
+
+    again = alice.post(f"/decide/{token_in(first['alice@surety.example'])}",
+                       {"decision": "approve", "reason": "again", "fingerprint": item.action.params_fingerprint()})
+    assert again.status_code == 410 and b"works once" in again.content
+    assert ReviewItem.objects.get(pk=item.pk).status == ReviewStatus.OPEN
+    assert len(second_approval_alerts(item)) == 1
+
+
+def test_a_first_mails_link_used_by_the_first_approver_after_approving_from_the_page_decides_nothing(
+        people, mail_server):
+    item = asked()
+    assert review_alert_overdue(now=item.deadline + timedelta(minutes=1)) == 1
+    alert_deliver(Alert.objects.get(review_item=item).pk)
+    token = token_in(dict(mails(mail_server))["alice@surety.example"])
+    alice = signed_in(people["alice"])
+    assert approve(alice, item).status_code == 302
+
+    page = alice.get(f"/decide/{token}")
+    assert b'id="approved-by-me"' in page.content and b'id="approve-button"' not in page.content
+    posted = approve_by_link(alice, token, item)
+    assert posted.status_code == 303 and "four eyes" in alice.get(posted["Location"]).content.decode()
+    assert ReviewItem.objects.get(pk=item.pk).approvals.count() == 1
+    assert DecisionLink.objects.get(user=people["alice"]).used_at is None
+    assert len(second_approval_alerts(item)) == 1  # alice's own approval's, none for the refusal
+
+
+@pytest.mark.parametrize("by", ["alice", "olga"], ids=["by herself", "by her delegate"])
+def test_neither_the_first_approver_nor_their_delegate_is_mailed(people, mail_server, by):
+    now = timezone.now()
+    delegation_name(person=people["alice"], delegate=people["olga"], starts_at=now - timedelta(hours=1),
+                    ends_at=now + timedelta(hours=24), reason="on leave")
+    item = asked()
+    assert approve(signed_in(people[by]), item).status_code == 302
+
+    [alert] = second_approval_alerts(item)
+    assert sorted(to for to, _ in delivered(alert, mail_server)) == ["bob@surety.example", "carol@surety.example"]
+    assert sorted(link.user.username for link in DecisionLink.objects.all()) == ["bob", "carol"]
+
+
+def test_an_edit_down_still_above_two_approvals_tells_the_others_of_its_version(people, mail_server):
+    item = asked("9000.00")
+    edited = signed_in(people["bob"]).post(f"/review/{item.pk}/edit", {
+        "param_amount": "6000.00", "reason": "only the damaged part",
+        "fingerprint": item.action.params_fingerprint()})
+    assert edited.status_code == 302
+    version = ReviewItem.objects.get(action__supersedes=item.action, kind=ReviewKind.APPROVAL)
+    assert version.status == ReviewStatus.OPEN and version.approvals.get().user == people["bob"]
+
+    assert not second_approval_alerts(item)
+    [alert] = second_approval_alerts(version)
+    assert sorted(to for to, _ in delivered(alert, mail_server)) == ["alice@surety.example", "carol@surety.example"]
+
+
+def test_the_mail_goes_after_commit_and_not_at_all_when_the_approval_is_rolled_back(people, mail_server):
+    item = asked()
+    alice = signed_in(people["alice"])
+    with pytest.raises(RuntimeError), transaction.atomic():
+        assert approve(alice, item).status_code == 302
+        [alert] = second_approval_alerts(item)
+        assert not queued(alert)  # not before the commit
+        raise RuntimeError("the transaction around it ends in a rollback")
+    assert not second_approval_alerts(item) and not queued(alert)
+    assert ReviewItem.objects.get(pk=item.pk).approvals.count() == 0
+
+    with transaction.atomic():
+        assert approve(alice, item).status_code == 302
+        [alert] = second_approval_alerts(item)
+        assert not queued(alert)
+    assert len(queued(alert)) == 1
+    assert sorted(to for to, _ in delivered(alert, mail_server)) == ["bob@surety.example", "carol@surety.example"]
+
+
+def test_a_double_post_and_a_retried_delivery_mail_each_person_once(people, mail_server):
+    item = asked()
+    clients = [signed_in(people["alice"]) for _ in range(2)]
+    answers, start = [], threading.Barrier(2)
+
+    def post(client):
+        start.wait()
+        try:
+            answers.append(approve(client, item).status_code)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=post, args=(client,)) for client in clients]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(answers) == [302, 303]  # the second refused: four eyes, the approval is hers already
+    assert approve(clients[0], item).status_code == 303  # posted again later: refused as well
+
+    [alert] = second_approval_alerts(item)
+    delivered(alert, mail_server)
+    alert_deliver(alert.pk)  # the sweeper's redelivery of a job it took for lost
+    assert sorted(to for to, _ in mails(mail_server)) == ["bob@surety.example", "carol@surety.example"]
+    assert DecisionLink.objects.count() == 2
+
+
+def test_no_mail_when_the_item_waits_for_nobody_its_tier_names(people, mail_server, settings):
+    """A limit without a first tier alerts the operations group, whose mailbox is nobody's here."""
+    Limit.limit_set(actor="system:tests", reason="no tier", action_type="refund", currency="EUR", first_tier="")
+    settings.ALERT_EMAILS = ["operations@surety.example"]
+    item = asked()
+    assert approve(signed_in(people["alice"]), item).status_code == 302
+    assert not second_approval_alerts(item) and not Alert.objects.exists()
