@@ -244,6 +244,7 @@ class SandboxFault(models.Model):
         TIMEOUT_BEFORE_COMMIT = "timeout_before_commit"
         ERROR_500 = "error_500"
         DECLINE = "decline"
+        FAILED_AFTER_COMMIT = "failed_after_commit"  # made and answered so, then the provider fails it
         LOOKUP_ERROR = "lookup_error"  # the provider cannot be asked: a look-up answers 500
 
     target = models.CharField(max_length=255, db_index=True)

@@ -190,6 +190,8 @@ def _write(effect, *, target, body, check=None, error=error_response, events=Fal
     3. Otherwise save the effect, or find the one already saved under the same Idempotency-Key.
     4. timeout_after_commit stalls only after the commit, so the effect is visible to a lookup
        while the caller has given up waiting for the answer (and its event is on its way).
+    5. failed_after_commit fails a new effect once it is committed (`_fail`); the answer is
+       the effect as made.
     """
     switches = SandboxSettings.for_write(target)
     fault = SandboxFault.objects.consume(target) if switches.fault_armed else None
@@ -212,9 +214,23 @@ def _write(effect, *, target, body, check=None, error=error_response, events=Fal
         return error(
             409, "slot_taken", "The resource is already booked for that time.", booking=exc.booking.booking_id
         )
+    if fault == SandboxFault.Kind.FAILED_AFTER_COMMIT and created:
+        _fail(effect, body, events=events, switches=switches)
     if fault == SandboxFault.Kind.TIMEOUT_AFTER_COMMIT:
         time.sleep(settings.SANDBOX_TIMEOUT_SLEEP)
     return JsonResponse(body(effect), status=201 if created else 200)
+
+
+def _fail(effect, body, *, events, switches):
+    """The provider fails the effect it has just made, as Stripe fails a refund to a card closed
+    since the payment (decision 60): a refund is listed `failed` from now on, and with `events` the
+    effect's failure event follows its success event. `effect` keeps the status it was made with:
+    the call is answered that it was made."""
+    with transaction.atomic():
+        if isinstance(effect, SandboxRefund):
+            SandboxRefund.objects.filter(pk=effect.pk).update(status="failed")
+        if events:
+            webhooks.webhook_emit(effect, {**body(effect), "status": "failed"}, committed=False, switches=switches)
 
 
 # --- Refunds ----------------------------------------------------------------------------------

@@ -98,8 +98,9 @@ def _url_problem(value):
 
 
 def webhook_emit(effect, data, *, committed, switches):
-    """Record the event of an effect being committed (in its transaction) or declined, and
-    send it once that commits; `switches`: the SandboxSettings row the write read.
+    """Record the event of an effect being committed (in its transaction), or declined or failed
+    since (`committed` False), and send it once that commits; `switches`: the SandboxSettings row
+    the write read.
 
     1. With no URL in force, do nothing: webhooks are off.
     2. Draw whether this event goes out twice, and when it is first due (late on purpose).

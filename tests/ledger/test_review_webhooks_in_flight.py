@@ -5,55 +5,41 @@ verified: the worker's or the verifier's success lands after it. When the failur
 effect that success names, the provider failed it after making it, and a person must be told
 (decision 60), as when a success event or a person settles the action after such a failure: also
 when the failure commits while the success waits for the action's lock, or the failure's delivery
-waits for it while the success commits."""
+waits for it while the success commits.
+
+The provider is the sandbox, served by the live server in this process, called over HTTP by the
+real connector; it fails the refund it makes when its `failed_after_commit` fault is armed. Its
+events are sent by its own delivery job (`webhook_deliver`, what an RQ worker runs) over HTTP to
+/webhooks/sandbox/, each when the test has it come: while the call is out, a proxy of the test's
+own in front of the sandbox holds the sandbox's answer (as a provider's event often outruns its
+answer)."""
 
 import threading
+from contextlib import contextmanager
 from datetime import timedelta
+from http.server import BaseHTTPRequestHandler
 
+import httpx
 import pytest
 from django.db import connection
-from django.test import Client
 
 from dlq.incidents import Incident, IncidentKind
 from ledger import clock, executor, webhooks
 from ledger.actions import action_request
-from ledger.connectors import http
-from ledger.connectors.base import Effect, Lookup
 from ledger.evidence import _webhooks as evidence_webhooks
 from ledger.models import Action, ActionStatus, WebhookEvent
-from tests.conftest import wait_until
-from tests.factories import audit_events, make_action, make_agent, sessions_waiting_for_a_lock
+from sandbox.models import SandboxRefund, SandboxWebhook
+from sandbox.webhooks import webhook_deliver
+from tests.conftest import thread_server, wait_until
+from tests.factories import api_client, audit_events, make_action, make_agent, sandbox, sessions_waiting_for_a_lock
 from tests.ledger.test_review_webhooks_concurrent import held_once_succeeded, in_threads
-from tests.ledger.test_webhooks import KEY, deliver, event, webhook_secret  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("jobs_to_test_redis")]
 S = ActionStatus
-REFUND = "re_w1"
-
-
-class Provider:
-    """A provider whose event about the action arrives while the ledger's call to it is out: the
-    call (or the look) posts `event_type` to the webhook, then answers that it made REFUND."""
-
-    name = "sandbox"
-    verifiable = True
-
-    def __init__(self, event_type):
-        self.event_type, self.delivered = event_type, []
-
-    def _event_first(self):
-        answer = deliver(Client(), event(event_id="evt_during", event_type=self.event_type, refund_id=REFUND))
-        assert answer.status_code == 200, answer.content
-        self.delivered.append(answer.json()["outcome"])
-
-    def perform(self, action):
-        self._event_first()
-        return Effect(external_ref=REFUND, result={"id": REFUND, "status": "pending"})
-
-    def find_effect(self, action):
-        self._event_first()
-        return Lookup(found=True, external_ref=REFUND, result={"id": REFUND, "status": "pending"},
-                      evidence={"matches": [[REFUND, "pending"]]})
+KEY = "refund:ORD-W1:full:dec-1"
+REFUND = {"order_id": "ORD-W1", "amount": "25.00", "currency": "EUR", "metadata": {"operation_key": KEY}}
+# What the worker's call sends the sandbox, and what a proxy passes on.
+PASSED_ON = ("Authorization", "Content-Type", "Idempotency-Key")
 
 
 @pytest.fixture
@@ -61,73 +47,121 @@ def agent(transactional_db):
     return make_agent("billing")[0]
 
 
+@pytest.fixture
+def provider(live_server, settings):
+    """An HTTP client of the sandbox's API on the live server, which the connector calls and whose
+    webhooks go to the live server's receiver. Their jobs go to this run's Redis, where no worker
+    listens (jobs_to_test_redis): `sent` sends one when the test has it come."""
+    settings.SANDBOX_BASE_URL = f"{live_server.url}/sandbox/v1"
+    settings.SANDBOX_WEBHOOK_URL = f"{live_server.url}/webhooks/sandbox/"
+    with api_client(live_server.url, settings.SANDBOX_API_KEY) as client:
+        yield client
+
+
+def failing_the_refund(provider):
+    """The sandbox fails the next refund of ORD-W1 once it has made it (and answered so)."""
+    armed = sandbox(provider, "POST", "faults", json={"target": "ORD-W1", "fault": "failed_after_commit"})
+    assert armed.status_code == 201, armed.text
+
+
+def made():
+    """The id of the refund the sandbox made."""
+    return SandboxRefund.objects.get(operation_key=KEY).refund_id
+
+
+def sent(event_type):
+    """The sandbox's `event_type` event, sent now by its delivery job over HTTP: as the receiver stored it."""
+    event = SandboxWebhook.objects.get(event_type=event_type)
+    assert webhook_deliver(event.pk) == 1, SandboxWebhook.objects.get(pk=event.pk).last_error
+    return WebhookEvent.objects.get(event_id=event.event_id)
+
+
+def holding(upstream, during):
+    """A handler for `thread_server`: each request passed on to `upstream`, and its answer held
+    while `during()` runs (on this server thread's own database connection, closed after)."""
+
+    class Hold(BaseHTTPRequestHandler):
+        def _pass_on(self):
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            headers = {name: self.headers[name] for name in PASSED_ON if name in self.headers}
+            answer = httpx.request(self.command, f"{upstream}{self.path}", content=body, headers=headers, timeout=30)
+            try:
+                during()
+            finally:
+                connection.close()
+            self.send_response(answer.status_code)
+            self.send_header("Content-Type", answer.headers["Content-Type"])
+            self.send_header("Content-Length", str(len(answer.content)))
+            self.end_headers()
+            self.wfile.write(answer.content)
+
+        do_GET = do_POST = _pass_on  # noqa: N815 (http.server's names)
+
+        def log_message(self, format, *args):  # noqa: A002
+            pass
+
+    return Hold
+
+
+@contextmanager
+def answers_held(provider, settings, during):
+    """The connector's calls reach the sandbox, and their answers come back only once `during()`
+    has run: meanwhile the call is out."""
+    with thread_server(holding(str(provider.base_url).rstrip("/"), during)) as proxy:
+        settings.SANDBOX_BASE_URL = f"{proxy.url}/sandbox/v1"
+        yield
+
+
 def claimed(action):
     return executor.action_claim_next("worker", only=action.pk)
 
 
-def pending(agent):
+def pending(agent, provider):
     action, _ = action_request(agent=agent, operation_key=KEY, action_type="refund", target="ORD-W1",
                                params={"amount": "25.00", "currency": "EUR"})
     return claimed(action)
 
 
-def under_verification(agent):
+def under_verification(agent, provider):
+    """Its earlier call made the refund at the sandbox, and its answer was lost."""
+    earlier = sandbox(provider, "POST", "refunds", json=REFUND, headers={"Idempotency-Key": KEY})
+    assert earlier.status_code == 201, earlier.text
     return claimed(make_action(agent, S.UNKNOWN, key=KEY, target="ORD-W1", attempts=1, fence=2))
 
 
-def run(action, provider, monkeypatch):
-    monkeypatch.setattr(executor, "connector_for_action", lambda action: provider)
-    executor.action_run_claimed(action)
-    return Action.objects.get(pk=action.pk)
-
-
-@pytest.mark.parametrize("claim", [pending, under_verification], ids=["the worker's call", "a verifier's look"])
-def test_a_failure_of_the_effect_while_the_call_is_out_is_told_when_the_call_settles_it(agent, monkeypatch, claim):
-    provider = Provider("refund.failed")
-
-    action = run(claim(agent), provider, monkeypatch)
-
-    [outcome] = provider.delivered
-    assert not outcome.startswith("settled"), outcome
-    assert (action.status, action.external_ref) == (S.SUCCEEDED, REFUND)
-    assert audit_events(action, "succeeded").get().actor == "system:executor"
-    [incident] = Incident.objects.all()
-    assert (incident.kind, incident.operation_key, incident.external_refs) == (
-        IncidentKind.FAILED_EFFECT, KEY, [REFUND])
-    assert incident.evidence["effects"][0]["raw"]["event_id"] == "evt_during"
-
-
 def failed_effect_told(action):
-    assert (action.status, action.external_ref) == (S.SUCCEEDED, REFUND)
+    assert (action.status, action.external_ref) == (S.SUCCEEDED, made())
     [incident] = Incident.objects.all()
     assert (incident.kind, incident.operation_key, incident.external_refs) == (
-        IncidentKind.FAILED_EFFECT, KEY, [REFUND])
+        IncidentKind.FAILED_EFFECT, KEY, [made()])
     return incident
 
 
-def deliver_failure():
-    return deliver(Client(), event(event_id="evt_during", event_type="refund.failed", refund_id=REFUND))
+@pytest.mark.parametrize("claim", [pending, under_verification], ids=["the worker's call", "a verifier's look"])
+def test_a_failure_of_the_effect_while_the_call_is_out_is_told_when_the_call_settles_it(agent, provider, settings,
+                                                                                       claim):
+    failing_the_refund(provider)
+    action, delivered = claim(agent, provider), []
 
+    with answers_held(provider, settings, lambda: delivered.append(sent("refund.failed"))):
+        executor.action_run_claimed(action)
 
-class Answered(Provider):
-    """The call answers REFUND made once `go` is set; the event is delivered by the test."""
-
-    def __init__(self, go):
-        super().__init__("refund.failed")
-        self.go = go
-
-    def perform(self, action):
-        assert self.go.wait(10)
-        return Effect(external_ref=REFUND, result={"id": REFUND, "status": "pending"})
+    [failure] = delivered
+    assert not failure.outcome.startswith("settled"), failure.outcome
+    action = Action.objects.get(pk=action.pk)
+    incident = failed_effect_told(action)
+    assert audit_events(action, "succeeded").get().actor == "system:executor"
+    assert incident.evidence["effects"][0]["raw"]["event_id"] == failure.event_id
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite serialises writers")
-def test_a_failure_committed_while_the_worker_waits_to_settle_is_told_by_the_settle(agent, monkeypatch):
+def test_a_failure_committed_while_the_worker_waits_to_settle_is_told_by_the_settle(agent, provider, settings,
+                                                                                   monkeypatch):
     """The failure's delivery holds the action's lock (pending: nothing to settle) when the call
     answers; the worker's settle waits for that lock, and the delivery commits meanwhile. What the
     settle reads back is read once it has the row, not by its statement's own snapshot, taken
     before the failure committed: it tells a person."""
-    settle, failure_holds = webhooks._settle, threading.Event()
+    settle, call_out, failure_holds = webhooks._settle, threading.Event(), threading.Event()
 
     def settle_then_wait_for_the_worker(*args, **kwargs):
         outcome = settle(*args, **kwargs)
@@ -136,74 +170,82 @@ def test_a_failure_committed_while_the_worker_waits_to_settle_is_told_by_the_set
                    message="the worker's settle to wait for the action's lock")
         return outcome
 
+    def answer_once_the_failure_holds():
+        call_out.set()
+        assert failure_holds.wait(10)
+
+    def failure_once_the_call_is_out():
+        assert call_out.wait(10)
+        return sent("refund.failed")
+
     monkeypatch.setattr(webhooks, "_settle", settle_then_wait_for_the_worker)
-    monkeypatch.setattr(executor, "connector_for_action", lambda action: Answered(failure_holds))
-    action = pending(agent)
+    failing_the_refund(provider)
+    action = pending(agent, provider)
 
-    failure, _ = in_threads(deliver_failure, lambda: executor.action_run_claimed(action))
+    with answers_held(provider, settings, answer_once_the_failure_holds):
+        _, failure = in_threads(lambda: executor.action_run_claimed(action), failure_once_the_call_is_out)
 
-    assert failure.json()["outcome"] == f"nothing to settle: {KEY} is pending, its call still out"
+    assert failure.outcome == f"nothing to settle: {KEY} is pending, its call still out"
     incident = failed_effect_told(Action.objects.get(pk=action.pk))
-    assert incident.evidence["effects"][0]["raw"]["event_id"] == "evt_during"
+    assert incident.evidence["effects"][0]["raw"]["event_id"] == failure.event_id
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite serialises writers")
-def test_a_failure_delivered_while_the_worker_settles_waits_and_tells_a_person_itself(agent, monkeypatch):
+def test_a_failure_delivered_while_the_worker_settles_waits_and_tells_a_person_itself(agent, provider, monkeypatch):
     """The worker's settle holds the action's lock, having read back no failure, when the failure's
     event is written (not committed) and its delivery waits for that lock: let through once the
     success commits, it finds the action succeeded with that refund. One incident."""
     succeeded = held_once_succeeded(monkeypatch)
-    answered = threading.Event()
-    answered.set()
-    monkeypatch.setattr(executor, "connector_for_action", lambda action: Answered(answered))
-    action = pending(agent)
+    failing_the_refund(provider)
+    action = pending(agent, provider)
 
     def failure_once_the_success_holds_the_action():
         assert succeeded.wait(10)
-        return deliver_failure()
+        return sent("refund.failed")
 
     _, failure = in_threads(lambda: executor.action_run_claimed(action), failure_once_the_success_holds_the_action)
 
-    assert failure.json()["outcome"] == f"refund.failed of {REFUND}, which {KEY} succeeded with: a person is told"
+    assert failure.outcome == f"refund.failed of {made()}, which {KEY} succeeded with: a person is told"
     failed_effect_told(Action.objects.get(pk=action.pk))
 
 
-def test_a_success_event_while_the_worker_calls_leaves_the_worker_to_settle_once(agent, monkeypatch):
+def test_a_success_event_while_the_worker_calls_leaves_the_worker_to_settle_once(agent, provider, settings):
     """The event finds the action pending: stored, saying so, and in the action's evidence record;
     the worker's answer settles it, once, and the event changed nothing of it."""
-    provider = Provider("refund.succeeded")
+    action, delivered = pending(agent, provider), []
 
-    action = run(pending(agent), provider, monkeypatch)
+    with answers_held(provider, settings, lambda: delivered.append(sent("refund.succeeded"))):
+        executor.action_run_claimed(action)
 
-    assert provider.delivered == [f"nothing to settle: {KEY} is pending, its call still out"]
-    assert WebhookEvent.objects.get(event_id="evt_during").outcome == provider.delivered[0]
-    assert (action.status, action.external_ref) == (S.SUCCEEDED, REFUND)
+    [success] = delivered
+    assert success.outcome == f"nothing to settle: {KEY} is pending, its call still out"
+    action = Action.objects.get(pk=action.pk)
+    assert (action.status, action.external_ref) == (S.SUCCEEDED, made())
     assert [e.actor for e in audit_events(action, "succeeded")] == ["system:executor"]
     assert not any("webhook" in entry for entry in action.evidence)
-    assert [e["event_id"] for e in evidence_webhooks(action)] == ["evt_during"]
+    assert [e["event_id"] for e in evidence_webhooks(action)] == [success.event_id]
     assert not Incident.objects.exists()
 
 
-class Stalled(Provider):
-    """A call that outlives its worker's lease: the sweeper makes the action `unknown`, the
-    provider's success event settles it, and then the call answers, a refusal."""
+def test_a_worker_whose_claim_lapsed_while_the_event_settled_is_refused_by_the_fence(agent, provider, settings):
+    """A call that outlives its worker's lease: the sweeper makes the action `unknown`, the sandbox's
+    success event settles it, and then the call answers (the refund made): too late, the settle is
+    the event's alone."""
+    action, delivered = pending(agent, provider), []
 
-    def perform(self, action):
+    def lapsed_then_the_event():
         Action.objects.filter(pk=action.pk).update(lease_expires_at=clock.now() - timedelta(hours=1))
         assert executor.action_expire_leases() == 1
-        self._event_first()
-        raise http.Rejected("declined, as the stalled call was answered", code="declined")
+        delivered.append(sent("refund.succeeded"))
 
+    with answers_held(provider, settings, lapsed_then_the_event):
+        executor.action_run_claimed(action)
 
-def test_a_worker_whose_claim_lapsed_while_the_event_settled_is_refused_by_the_fence(agent, monkeypatch):
-    provider = Stalled("refund.succeeded")
-
-    action = run(pending(agent), provider, monkeypatch)
-
-    assert provider.delivered == [f"settled {KEY} as succeeded"]
-    assert (action.status, action.external_ref, action.error) == (S.SUCCEEDED, REFUND, None)
+    [success] = delivered
+    assert success.outcome == f"settled {KEY} as succeeded"
+    action = Action.objects.get(pk=action.pk)
+    assert (action.status, action.external_ref, action.error) == (S.SUCCEEDED, made(), None)
     assert [e.actor for e in audit_events(action, "succeeded")] == ["system:webhook:sandbox"]
-    assert not audit_events(action, "failed").exists()
     # The sweeper's entry, then the event's.
     assert [entry.get("webhook") for entry in action.evidence] == [None, "refund.succeeded"]
-    assert action.evidence[-1]["event_id"] == "evt_during"
+    assert action.evidence[-1]["event_id"] == success.event_id
