@@ -12,7 +12,7 @@ module adds the rules allauth leaves to a project:
 - Every sign-in, failure, refusal, sign-out, and second factor added, removed, used to step up or
   failed is an audit event, written from allauth's and Django's signals.
 - A session whose person typed STEP_UP_WRONG_CODES wrong codes in a row at the factor page, in
-  any of their sessions, is signed out (`wrong_codes_in_a_row`).
+  any of their sessions and under any of their names, is signed out (`wrong_codes_in_a_row`).
 """
 
 from itertools import takewhile
@@ -40,7 +40,6 @@ from django.utils import timezone
 from django.http import Http404, HttpResponseRedirect
 from django_htmx.http import HttpResponseClientRedirect
 
-from ledger.audit import actor_label
 from ledger.models import AuditEvent
 from ledger.roles import decides
 
@@ -197,11 +196,17 @@ def audit_sign_in_failure(request, who, why, **details):
                                   after={"who": who, "why": why, **details, **_client(request)})
 
 
+# The id of the session's own signed_in event: no run of wrong codes reaches past it, so the count
+# reads from there on (`wrong_codes_in_a_row`).
+SIGNED_IN_EVENT = "signed_in_event"
+
+
 @receiver(auth_signals.user_logged_in)
 def audit_signed_in(sender, request, user, **kwargs):
     with transaction.atomic():
-        AuditEvent.objects.record(actor=user, verb="signed_in", obj=user,
-                                  after={"methods": _methods(request, user), **_client(request)})
+        event = AuditEvent.objects.record(actor=user, verb="signed_in", obj=user,
+                                          after={"methods": _methods(request, user), **_client(request)})
+    request.session[SIGNED_IN_EVENT] = event.pk
 
 
 @receiver(auth_signals.user_logged_out)
@@ -262,7 +267,11 @@ def audit_factor_reset(sender, request, user, authenticator, **kwargs):
 @receiver(mfa_signals.authenticator_used)
 def audit_stepped_up(sender, request, user, authenticator, reauthenticated=False, **kwargs):
     if reauthenticated:  # a sign-in's factor is in its signed_in event
-        _audit_factor("stepped_up", request, user, authenticator)
+        # About the person, as their signed_in and second_factor_failed are, the factor named in
+        # `after`: `wrong_codes_in_a_row` reads the three by the person's id, which a rename keeps.
+        with transaction.atomic():
+            AuditEvent.objects.record(actor=user, verb="stepped_up", obj=user, after={
+                "type": authenticator.type, "factor": authenticator.pk, **_client(request)})
 
 
 @receiver(mfa_signals.authentication_failed)
@@ -272,7 +281,8 @@ def audit_factor_failed(sender, request, user, authenticator=None, reauthenticat
             "type": getattr(authenticator, "type", ""), "step_up": bool(reauthentication), **_client(request)})
     # Committed first: a wrong code typed at the same moment in another session, counting after its
     # own commit, sees this one, so the last of a run counts them all.
-    if reauthentication and wrong_codes_in_a_row(user) >= STEP_UP_WRONG_CODES:
+    since = request.session.get(SIGNED_IN_EVENT, 0)  # a session signed in before it was kept: none
+    if reauthentication and wrong_codes_in_a_row(user, since) >= STEP_UP_WRONG_CODES:
         request.session_ended = "session_locked_out"
         logout(request)
         # allauth's way out of its form's check (AccountMiddleware answers it): the page says why.
@@ -280,14 +290,20 @@ def audit_factor_failed(sender, request, user, authenticator=None, reauthenticat
                                            {"wrong_codes": STEP_UP_WRONG_CODES}, status=403))
 
 
-def wrong_codes_in_a_row(user):
+def wrong_codes_in_a_row(user, since=0):
     """How many codes the person typed wrong at the factor page since their latest factor given, at
     sign-in or there, in any of their sessions (up to STEP_UP_WRONG_CODES): read from the audit trail,
     which has each, in the database every process shares. Per person, not per session: counted per
     session, each of the person's open sessions a thief holds would have its own run of guesses. A
     sign-in since gave a factor (allauth asks a person who has one at every sign-in): it starts again.
-    A passkey refused is not counted (allauth sends no signal for it): nobody guesses one."""
-    latest = AuditEvent.objects.filter(
+    A passkey refused is not counted (allauth sends no signal for it): nobody guesses one.
+
+    The events are read as about the person (their id), not as theirs (their label, `user:USERNAME`):
+    renamed, a person's wrong codes counted from none. `since`, the id of the asking session's own
+    signed_in event, bounds the index scan (on the object and id) to the session's hours: the planner,
+    taking a person's id for a rare value of a column that names every other object too, otherwise
+    read and sorted every one of their events the trail keeps (decision 64)."""
+    latest = AuditEvent.objects.history(user).filter(
         Q(verb="second_factor_failed", after__step_up=True) | Q(verb__in=("signed_in", "stepped_up")),
-        actor=actor_label(user)).order_by("-id").values_list("verb", flat=True)[:STEP_UP_WRONG_CODES]
+        id__gte=since).order_by("-id").values_list("verb", flat=True)[:STEP_UP_WRONG_CODES]
     return len(list(takewhile(lambda verb: verb == "second_factor_failed", latest)))

@@ -1,12 +1,13 @@
 """A passkey, with Chromium's virtual authenticator (over CDP): enrolled, asked for when a money
-decision needs a step-up, and used to sign in. The stack here requires the second factor and
-step-up, as production does, and is reached as localhost: WebAuthn refuses an IP address as the
-relying party's id."""
+decision needs a step-up, used to sign in, and given after wrong codes, which starts their count
+again. The stack here requires the second factor and step-up, as production does, and is reached
+as localhost: WebAuthn refuses an IP address as the relying party's id."""
 
 import pytest
 from allauth.mfa.models import Authenticator
 
 from approvals.models import ReviewItem, ReviewStatus
+from console.signin import STEP_UP_WRONG_CODES
 from ledger.models import AuditEvent
 from tests.browser.conftest import PASSWORD, request_refund
 from tests.conftest import running_server
@@ -14,6 +15,9 @@ from tests.factories import audit_events
 
 pytestmark = pytest.mark.browser
 KEY = "refund:ORD-7301:full:dec-7301"
+# Six digits: never one of the recovery codes a passkey's enrolment makes (eight digits each).
+WRONG_CODE = "000000"
+SIGNED_OUT = "You have been signed out"
 
 
 @pytest.fixture(scope="module")
@@ -42,13 +46,8 @@ def sign_in_with_password(page, username):
         page.locator("#id_password").press("Enter")
 
 
-def test_a_passkey_is_enrolled_asked_for_before_an_approval_and_signs_in(stack, page, people, api, limit, shot):
-    request_refund(api, KEY, "ORD-7301", "750.00", "CUST-7301")
-    item = ReviewItem.objects.get(action__operation_key=KEY, status=ReviewStatus.OPEN)
-    credentials = virtual_authenticator(page)
-
-    # Signed in with a password alone, an approver must enrol a second factor before any page.
-    sign_in_with_password(page, "alice")
+def enrol_passkey(page, shot):
+    """Signed in with a password alone, an approver must enrol a second factor before any page."""
     page.goto("/approvals/")
     assert page.url.endswith("/accounts/2fa/")
     page.goto("/accounts/2fa/webauthn/add/")
@@ -56,13 +55,10 @@ def test_a_passkey_is_enrolled_asked_for_before_an_approval_and_signs_in(stack, 
     shot(page, "passkey-add")
     with page.expect_navigation():
         page.locator("#mfa_webauthn_add").click()
-    alice = people["alice"]
-    assert Authenticator.objects.filter(user=alice, type=Authenticator.Type.WEBAUTHN).count() == 1
-    assert len(credentials()) == 1  # the key pair lives in the authenticator; the server has its public half
-    added = AuditEvent.objects.filter(verb="second_factor_added", actor="user:alice")
-    assert {e.after["type"] for e in added} == {"webauthn", "recovery_codes"}
 
-    # Approving asks for the passkey on the spot; until it is given, nothing is decided.
+
+def approve_asking_for_the_passkey(page, item, shot):
+    """Approving asks for the passkey on the spot; until it is given, nothing is decided."""
     page.goto(f"/review/{item.pk}/")
     page.locator("#reason").fill("the customer was charged twice")
     with page.expect_navigation():
@@ -75,6 +71,33 @@ def test_a_passkey_is_enrolled_asked_for_before_an_approval_and_signs_in(stack, 
         page.locator("#mfa_webauthn_reauthenticate").click()
     item.refresh_from_db()
     assert item.status == ReviewStatus.APPROVED
+
+
+def wrong_codes(page, count):
+    """`count` wrong codes in a row at the factor page (a recovery code's, the person's one kind of
+    code here): the page as the last one left it."""
+    page.goto("/accounts/2fa/reauthenticate/")
+    for _ in range(count):
+        page.fill("#id_code", WRONG_CODE)
+        with page.expect_navigation():
+            page.locator("#id_code").press("Enter")
+    return page
+
+
+def test_a_passkey_is_enrolled_asked_for_before_an_approval_and_signs_in(stack, page, people, api, limit, shot):
+    request_refund(api, KEY, "ORD-7301", "750.00", "CUST-7301")
+    item = ReviewItem.objects.get(action__operation_key=KEY, status=ReviewStatus.OPEN)
+    credentials = virtual_authenticator(page)
+
+    sign_in_with_password(page, "alice")
+    enrol_passkey(page, shot)
+    alice = people["alice"]
+    assert Authenticator.objects.filter(user=alice, type=Authenticator.Type.WEBAUTHN).count() == 1
+    assert len(credentials()) == 1  # the key pair lives in the authenticator; the server has its public half
+    added = AuditEvent.objects.filter(verb="second_factor_added", actor="user:alice")
+    assert {e.after["type"] for e in added} == {"webauthn", "recovery_codes"}
+
+    approve_asking_for_the_passkey(page, item, shot)
     event = audit_events(item, "approve").get()
     assert event.reason == "the customer was charged twice"
     assert event.after["step_up"]["method"] == "webauthn"
@@ -90,3 +113,32 @@ def test_a_passkey_is_enrolled_asked_for_before_an_approval_and_signs_in(stack, 
     signed_in = AuditEvent.objects.filter(verb="signed_in", actor="user:alice").latest("id")
     assert [(m["method"], m.get("type")) for m in signed_in.after["methods"]] == [("password", None), ("mfa", "webauthn")]
     assert not page.console_errors, page.console_errors
+
+
+def test_a_passkey_given_starts_the_wrong_codes_count_again_and_five_in_a_row_still_sign_out(
+        stack, page, people, api, limit, shot):
+    request_refund(api, KEY, "ORD-7301", "750.00", "CUST-7301")
+    item = ReviewItem.objects.get(action__operation_key=KEY, status=ReviewStatus.OPEN)
+    virtual_authenticator(page)
+    sign_in_with_password(page, "alice")
+    enrol_passkey(page, shot)
+
+    wrong_codes(page, STEP_UP_WRONG_CODES - 1)
+    assert "Incorrect code" in page.content() and SIGNED_OUT not in page.content()
+    approve_asking_for_the_passkey(page, item, shot)
+    assert audit_events(item, "approve").get().after["step_up"]["method"] == "webauthn"
+
+    # The passkey started the count again: as many wrong codes again sign nobody out, where the
+    # count from before it would have ended the session at the first.
+    wrong_codes(page, STEP_UP_WRONG_CODES - 1)
+    assert "Incorrect code" in page.content() and SIGNED_OUT not in page.content()
+    assert not AuditEvent.objects.filter(verb="session_locked_out").exists()
+
+    # The fifth in a row since the passkey signs the session out.
+    assert wrong_codes(page, 1).locator("#locked-out-title").inner_text() == SIGNED_OUT
+    assert AuditEvent.objects.filter(verb="session_locked_out", object_id=str(people["alice"].pk)).count() == 1
+    page.goto("/approvals/")
+    assert "/accounts/login/" in page.url
+    # The lockout's own answer is a 403 (which the browser reports too); nothing else failed.
+    assert all("403" in error and "/accounts/2fa/reauthenticate/" in error for error in page.console_errors), \
+        page.console_errors
