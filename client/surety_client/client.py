@@ -193,6 +193,12 @@ class Checkpoint:
         return bool((self.last_error or {}).get("done_by_hand"))
 
     @property
+    def given_up(self) -> bool:
+        """A person gave it up (its dead letter discarded): a dead-lettered task is cancelled, a failed
+        one stays failed. Its done steps stand, and nothing runs the others."""
+        return bool((self.last_error or {}).get("given_up"))
+
+    @property
     def redrivable(self) -> bool:
         """Out of attempts: a person may redrive it from the dead-letter queue, and it resumes from
         its checkpoint (a failed task is final), unless a person finished it by hand
@@ -218,8 +224,10 @@ class SuretyClient:
         self.backoff = backoff
         self.max_backoff = max_backoff
         # Sent with each request rather than set on the httpx client: a token HTTP cannot carry (not
-        # ASCII) is then `Unsendable` at the call, as a key is, not an error out of the constructor.
+        # ASCII, a newline kept from a file) is then `Unsendable` at the call, as a key is, not an error
+        # out of the constructor.
         self._authorization = f"Bearer {token}"
+        self._token_fault = token_fault(token)
         self._http = httpx.Client(base_url=base_url.rstrip("/") + "/api/v1/")
 
     def close(self) -> None:
@@ -304,7 +312,7 @@ class SuretyClient:
             left = deadline - time.monotonic()
             if not (action.needs_person or redrive and action.redrivable) or left <= 0:
                 return action
-            if _pause(min(interval, left), stop):
+            if pause(min(interval, left), stop):
                 return action
 
     # --- tasks ---------------------------------------------------------------------------
@@ -344,13 +352,17 @@ class SuretyClient:
             left = deadline - time.monotonic()
             if not (redrive and task.redrivable) or left <= 0:
                 return task
-            if _pause(min(interval, left), stop):
+            if pause(min(interval, left), stop):
                 return task
 
     # --- transport -------------------------------------------------------------------------
     def _send(self, method: str, path: str, *, key: str | None = None, wait: float = 0,
               json: dict[str, Any] | None = None) -> httpx.Response:
         """One request, retried on transport errors and 5xx with the same key."""
+        if self._token_fault:
+            # Refused here rather than by httpx, whose error repeats the header it refuses: the token,
+            # into a log or a model's context.
+            raise Unsendable(f"{method} {path} cannot be sent: the token {self._token_fault}", operation_key=key)
         headers = {"Authorization": self._authorization, **({"Idempotency-Key": key} if key is not None else {})}
         params = {"wait": _seconds(wait)} if wait else None
         # A held GET answers after up to `wait` seconds: the read timeout must outlast it.
@@ -369,8 +381,8 @@ class SuretyClient:
                 # a retry would be refused alike.
                 raise Unsendable(f"{method} {path} cannot be sent as written: {exc}", operation_key=key) from exc
             except UnicodeEncodeError as exc:
-                # HTTP headers are ASCII: a key of one's own or a token with any other character.
-                raise Unsendable(f"{method} {path} cannot be sent: its key or token is not ASCII ({exc})",
+                # HTTP headers are ASCII: a key of one's own with any other character.
+                raise Unsendable(f"{method} {path} cannot be sent: its key is not ASCII ({exc})",
                                  operation_key=key) from exc
             except httpx.DecodingError as exc:
                 # Read, and not decodable (a proxy's broken Content-Encoding): no answer of the API's,
@@ -393,6 +405,19 @@ class SuretyClient:
             return response
         raise SuretyUnreachable(f"{method} {path} failed {self.retries + 1} times, last: {failure}",
                                 operation_key=key, attempts=self.retries + 1)
+
+
+def token_fault(token: str) -> str | None:
+    """Why HTTP cannot carry `token` as a Bearer token, in words that do not repeat it, or None. A
+    header's value is printable ASCII with nothing blank at either end: a secret mounted from a file
+    often keeps its newline."""
+    if not token:
+        return "is empty"
+    if not token.isascii():
+        return "is not ASCII"
+    if not token.isprintable() or token != token.strip():
+        return "has whitespace at either end or a control character (a newline kept from a file?)"
+    return None
 
 
 class _Settles(Protocol):
@@ -425,8 +450,9 @@ def _stopped(stop: threading.Event | None) -> bool:
     return stop is not None and stop.is_set()
 
 
-def _pause(seconds: float, stop: threading.Event | None) -> bool:
-    """Sleep between reads, cut short when `stop` is set (or was): whether it is (the wait ends)."""
+def pause(seconds: float, stop: threading.Event | None) -> bool:
+    """Sleep between reads (or, in the MCP server, before a throttled call's one more try), cut short
+    when `stop` is set (or was): whether it is (the wait ends)."""
     if stop is None:
         time.sleep(seconds)
         return False

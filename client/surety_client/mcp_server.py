@@ -26,13 +26,16 @@ Surety and nothing retries it, so never to ask for it again; one a person gave u
 its dead-letter entry discarded), that nothing was done and nobody retries it, and that asking for
 it again is a new decision; a dead-lettered task likewise (with
 wait_for_task for the redrive), and one a person finished by hand (its `last_error`'s
-`done_by_hand`), that its work happened and nothing redrives it, so never to start it again. A
+`done_by_hand`), that its work happened and nothing redrives it, so never to start it again, and
+one a person gave up (its `given_up`), that its done steps stand, nothing runs the others, and
+never to start it again, under a new decision either. A
 refusal of the decision written otherwise (`idempotency_key_reused`) answers the action that
 stands for it. Arguments outside a tool's schema answer the API's problem
 (code `invalid`, `errors` by argument); an answer that is not the API's, `unreadable`. A problem
 is a tool error, except one that asks for the same call again (`retry`: `unreachable`,
 `throttled`, `unreadable`), which is a result: hosts count tool errors against a retry budget
 (pydantic-ai's is 1) and stop the agent once it runs out, though calling again is what it was told.
+A model cannot wait: a throttled call waits a short Retry-After out itself and is made once more.
 """
 
 from __future__ import annotations
@@ -55,12 +58,25 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
-from .client import Action, Checkpoint, SuretyClient
-from .errors import NO_FIELD, IdempotencyKeyReused, Problem, SuretyError, SuretyUnreachable, Unreadable, Unsendable
+from .client import Action, Checkpoint, SuretyClient, pause, token_fault
+from .errors import (
+    NO_FIELD,
+    IdempotencyKeyReused,
+    Problem,
+    SuretyError,
+    SuretyUnreachable,
+    Throttled,
+    Unreadable,
+    Unsendable,
+)
 
 PROBLEM_TYPE = "https://surety.dev/problems/"
 # Seconds between progress notifications while a tool call waits.
 PROGRESS_INTERVAL = 10.0
+# Seconds a throttled tool call waits before its one more try: its Retry-After, unless longer than the
+# first (then answered at once), or the second when the answer says nothing of it (a gateway's 429).
+THROTTLED_WAIT_MAX = 30.0
+THROTTLED_WAIT_UNSAID = 5.0
 
 DECISION = {
     # Something besides whitespace: the API stores a decision stripped, and a blank one names no decision.
@@ -69,7 +85,11 @@ DECISION = {
                    "the effect is on (the order; the recipient and message type; the resource and customer), never "
                    "from the amount or text: calling again with the same decision and the same of those (after a "
                    "timeout, a restart) never doubles the effect, and other arguments for it are refused; a new "
-                   "decision is a new action. Surrounding whitespace is ignored, as the API ignores it.",
+                   "decision is a new action. Derive it from an identifier the conversation gives and what is "
+                   "decided (for ticket T-4711's refund: T-4711-refund), so that you write it the same after a "
+                   "restart or when the same request comes again; never a random id, a time or a counter, which "
+                   "come out otherwise on the next call: another decision, and a second effect. Surrounding "
+                   "whitespace is ignored, as the API ignores it.",
 }
 # Part of a message's key, and of the ledger's one message per recipient, type and decision, as
 # written: an identifier, so that a model that calls again writes it the same ("Refund
@@ -282,10 +302,14 @@ ADVICE: dict[str, tuple[str, bool]] = {
     "operation_key_expired": ("Nothing was done now: this key is past its lifetime, and what it named (done or not) "
                               "is no longer answered here. Do not ask again under a new decision_id to repeat it: "
                               "that would be a second effect. Tell the user; a person can look it up.", False),
-    "throttled": ("Over this agent's rate limit: wait a little, then make the same call again (it can never "
+    # A model cannot wait: told to, it calls again at once. The call waits a short limit out itself.
+    "throttled": (f"Over this agent's rate limit; nothing was recorded. This call waits out a limit of up to "
+                  f"{THROTTLED_WAIT_MAX:g} s itself and tries once more, so the same call made again at once is "
+                  "refused alike: tell the user Surety is busy, and make the same call again later (it can never "
                   "double the effect).", True),
-    "unreachable": ("Make the same call again, with the same decision_id, in a little while: it can never "
-                    "double the effect.", True),
+    "unreachable": ("This call already tried several times, pausing between tries. Make the same call again, with "
+                    "the same decision_id (it can never double the effect); if it answers alike, do not keep "
+                    "calling: tell the user Surety cannot be reached now.", True),
     # The detail says when what was asked may have been recorded (an action or task posted).
     "unreadable": ("The answer was not Surety's API (a sign-in or maintenance page, a body a proxy broke, or "
                    "SURETY_URL not where the API answers). Make the same call again in a little while, with the "
@@ -303,7 +327,7 @@ def _failed(body: dict[str, Any], retry_after: float | None = None) -> types.Cal
     once it is spent (pydantic-ai: 1 by default), so a model doing as told would be stopped."""
     advice, retry = ADVICE.get(body.get("code", ""), ("Do not retry it unchanged.", False))
     if retry and retry_after:
-        advice += f" Wait {retry_after:g} s first (Retry-After)."
+        advice += f" Surety asked for {retry_after:g} s before the next call (Retry-After)."
     said = body.get("detail") or body.get("title")
     return _result({**body, "guidance": f"Refused ({body.get('code')}): {said} {advice}", "retry": retry,
                     "next_tool": None}, is_error=not retry)
@@ -469,21 +493,22 @@ def task_guidance(task: Checkpoint, waited: float | None = None) -> tuple[str, d
             next_tool = _next("get_action", operation_key=open_keys[0])
         else:
             text += " A step waits for a person."
-    elif task.state in ("failed", "dead_lettered"):
+    elif task.state in ("failed", "dead_lettered", "cancelled"):
         # Why it stopped, with what to do: a step refused as the decision's effect recorded elsewhere
         # (another task, a direct request) was done there, and a new decision would do it twice.
         error = task.last_error or {}
         code = error.get("code")
         if error:
             text += f" It stopped at {error.get('step')}: {code}: {error.get('message')}."
+        done = ", ".join(name for name, step in task.steps.items() if step.status == "done") or "none"
         if task.done_by_hand:
             text += f" {task_by_hand_guidance(task)}"
+        elif task.given_up:
+            text += f" {task_given_up_guidance(done)}"
         else:
             if code in ADVICE:
                 text += f" {ADVICE[code][0]}"
-            done = [name for name, step in task.steps.items() if step.status == "done"]
-            text += (f" Its done steps ({', '.join(done) or 'none'}) were carried out and stay done; the others were "
-                     "not completed.")
+            text += f" Its done steps ({done}) were carried out and stay done; the others were not completed."
             # Either way it has a dead-letter entry and an alert: a person redrives it, or finishes it
             # by hand, and the same refund started under a new decision would then be a second one.
             if task.redrivable:
@@ -520,6 +545,18 @@ def task_by_hand_guidance(task: Checkpoint) -> str:
             "Tell the user it was done, by hand.")
 
 
+def task_given_up_guidance(done: str) -> str:
+    """A stopped task a person then gave up (its dead letter discarded: cancelled, or failed still):
+    they decided it stops where it stopped. Told only its state, or that a person may finish it by
+    hand, the model took it as not done and started it again under a new decision: the rest the person
+    decided against, and its done steps (a refund made) a second time."""
+    return (f"Given up: a person discarded this task's dead-letter entry and decided it stops here: nothing will "
+            f"retry or redrive it. Its done steps ({done}) were carried out and stand (what they did is not undone); "
+            "the others were not done and will not be. Do not start it again, under this decision or a new "
+            "decision_id: a person decided against the rest, and the done steps would be done twice. Tell the "
+            "user which steps were done and that a person stopped the rest.")
+
+
 def _answer(result: Action | Checkpoint, waited: float | None = None) -> types.CallToolResult:
     """The API's resource with what the model should do next: calling again with the same
     decision only answers the same action, so `retry` is false."""
@@ -551,7 +588,7 @@ def call(client: SuretyClient, name: str, arguments: dict[str, Any] | None,
     # The wait tools wait through a person's decision: their guidance says how long nobody decided.
     waited = args.get("seconds", SECONDS["default"]) if name in ("wait_for_action", "wait_for_task") else None
     try:
-        return _answer(tool.run(client, args, stop), waited)
+        return _answer(_run(tool, client, args, stop), waited)
     except IdempotencyKeyReused as problem:
         return _reused(client, tool, problem)
     except Problem as problem:
@@ -564,6 +601,19 @@ def call(client: SuretyClient, name: str, arguments: dict[str, Any] | None,
         return _failed(_problem_body(400, "unsendable", "Request not sendable", str(exc)))
     except Unreadable as exc:
         return _failed(_problem_body(502, "unreadable", "Answer not readable", str(exc)))
+
+
+def _run(tool: Tool, client: SuretyClient, args: dict[str, Any], stop: threading.Event | None) -> Action | Checkpoint:
+    """The tool's call, made once more after a rate limit's wait (THROTTLED_WAIT_MAX at most, cut short
+    by `stop`): told to wait, a model calls again at once, throttled again, over and over. Each run takes
+    its arguments apart: it gets a copy."""
+    try:
+        return tool.run(client, dict(args), stop)
+    except Throttled as throttled:
+        wait = THROTTLED_WAIT_UNSAID if throttled.retry_after is None else throttled.retry_after
+        if wait > THROTTLED_WAIT_MAX or pause(wait, stop):
+            raise
+    return tool.run(client, dict(args), stop)
 
 
 def _reused(client: SuretyClient, tool: Tool, problem: IdempotencyKeyReused) -> types.CallToolResult:
@@ -629,7 +679,10 @@ def build_server(client: SuretyClient) -> Server[Any]:
 
 INSTRUCTIONS = (
     "Surety records each real-world action (refund, message, booking) once per decision before anything is "
-    "called. Pass the id of your decision as decision_id; calling again with the same decision and the same "
+    "called. Pass the id of your decision as decision_id. Derive it from an identifier the conversation gives and "
+    "what is decided (for ticket T-4711's refund: T-4711-refund), so that you write it the same after a restart; "
+    "never a random id, a time or a counter: another id is another decision, and a second effect. Calling again "
+    "with the same decision and the same "
     "order, recipient and message type, or resource and customer is always safe. "
     "An action above its limit waits for a person: the answer gives the dashboard link, and wait_for_action "
     "waits for the decision (up to its seconds; call it again if nobody decided yet). A shadow action was "
@@ -648,7 +701,9 @@ INSTRUCTIONS = (
     "asking for it again is a new decision. "
     "A task whose last_error says done_by_hand was finished by a person "
     "outside Surety, whatever its state: nothing redrives it; tell the user, and never start it again under a new "
-    "decision_id. A refusal as already recorded (idempotency_key_reused) answers the "
+    "decision_id. A task whose last_error says given_up (cancelled, or failed) was stopped by a person: its done "
+    "steps stand and nothing runs the others; tell the user which were done, and never start it again, under a new "
+    "decision_id either. A refusal as already recorded (idempotency_key_reused) answers the "
     "action that stands for the decision: tell the user its outcome, do not ask again. Every answer carries "
     "guidance (what happened, what to do), retry (whether the same call again may answer otherwise) and "
     "next_tool (the call to make next, or null)."
@@ -656,10 +711,19 @@ INSTRUCTIONS = (
 
 
 def main() -> None:
-    token = os.environ.get("SURETY_TOKEN")
+    # Without surrounding whitespace: a secret mounted from a file keeps its newline.
+    token = os.environ.get("SURETY_TOKEN", "").strip()
     if not token:
         sys.exit("SURETY_TOKEN is not set: the agent's API token (manage.py create_agent prints it).")
-    client = SuretyClient(os.environ.get("SURETY_URL", "http://127.0.0.1:8000"), token)
+    fault = token_fault(token)
+    if fault:  # each call would be refused, as unsendable: said once, here, and without the token
+        sys.exit(f"SURETY_TOKEN {fault}: give the agent's API token as manage.py create_agent printed it.")
+    # No default: a server started without it called a Surety nobody meant, and answered every call
+    # "unreachable, call again", which a model does, over and over.
+    url = os.environ.get("SURETY_URL", "").strip()
+    if not url:
+        sys.exit("SURETY_URL is not set: where Surety answers, such as https://surety.example.")
+    client = SuretyClient(url, token)
     server = build_server(client)
 
     async def serve() -> None:

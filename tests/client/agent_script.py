@@ -16,7 +16,7 @@ model writes the amount: a model rewriting the conversation's summary may write 
 
 Each model turn takes `--think` seconds, as a real model's does, and the transcript gets a
 JSON line per event: `turn` (the messages the model was handed, as pydantic-ai serializes
-them), `call` (a tool call the model makes), `reply` (its last word) and `done`.
+them, and its instructions), `call` (a tool call the model makes), `reply` (its last word) and `done`.
 """
 
 import argparse
@@ -55,7 +55,8 @@ def last_answer(messages):
 
 def scripted_model(args):
     async def model(messages: list, info: AgentInfo) -> ModelResponse:
-        record(args.transcript, "turn", seen=ModelMessagesTypeAdapter.dump_python(messages, mode="json"))
+        record(args.transcript, "turn", seen=ModelMessagesTypeAdapter.dump_python(messages, mode="json"),
+               instructions=info.instructions)
         await anyio.sleep(args.think)
         answer = last_answer(messages)
         if answer is None:  # the customer's message: the model's decision
@@ -81,7 +82,9 @@ def calls_made(messages):
 async def main(args):
     env = {name: os.environ[name] for name in ("SURETY_URL", "SURETY_TOKEN")}
     # The server's start is its Python's imports: seconds on a loaded machine, past pydantic-ai's 5 s default.
-    surety = MCPToolset(StdioTransport(SURETY_MCP, [], env=env), init_timeout=60)
+    # Its instructions (how to choose a decision_id, what each outcome means) reach the model only when
+    # asked for: pydantic-ai leaves a server's instructions out by default.
+    surety = MCPToolset(StdioTransport(SURETY_MCP, [], env=env), init_timeout=60, include_instructions=True)
     agent = Agent(FunctionModel(scripted_model(args)), toolsets=[surety])
     async with agent:
         result = await agent.run(f"Hi, order {args.order} was charged twice: please refund {args.amount} EUR. "

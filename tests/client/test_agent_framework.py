@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from ledger.models import Action
+from surety_client import mcp_server
 from tests.conftest import PYTHON, free_port, wait_until
 from tests.factories import api_client, make_agent, sandbox, sandbox_list
 
@@ -94,6 +95,8 @@ def test_a_pydantic_ai_agent_killed_three_times_and_restarted_makes_one_refund(s
         wait_until(lambda: len(last.events("turn")) == 2, seconds=30, message="the refund's answer")
         stack.start_worker()
         assert last.complete().startswith("Done: refund succeeded")
+        # The server's instructions reach the model, with every turn: how to choose a decision_id, above all.
+        assert all(mcp_server.INSTRUCTIONS in (turn["instructions"] or "") for turn in last.events("turn"))
         (refund_answer, waited) = last.answers_seen()
         assert refund_answer["replayed"] is True and refund_answer["guidance"].startswith(
             "Already recorded for this decision; nothing was done again.")

@@ -2,8 +2,12 @@
 fake clock, or a socket that never answers. No database."""
 
 import email.utils
+import os
 import re
 import socket
+import subprocess
+import sys
+import threading
 from datetime import datetime, timedelta, timezone
 
 import httpx
@@ -116,15 +120,56 @@ def test_a_request_that_cannot_be_sent_as_written_is_not_retried(clock):
         with SuretyClient(url, "tok", retries=4) as client, pytest.raises(Unsendable) as raised:
             client.post_action("refund:ORD-1:dec-7 ", action_type="refund", target="ORD-1", params={})
         assert raised.value.operation_key == "refund:ORD-1:dec-7 " and "Illegal header value" in str(raised.value)
-        # Through the MCP server (a token pasted with a trailing space): a tool error, not "call again".
-        with SuretyClient(url, "tok ", retries=4) as client:
+    finally:
+        never_answers.close()
+    assert clock.pauses == []  # no backoff: nothing was tried twice
+
+
+SECRET = "sk_live_4f9c2e7a1b"
+
+
+@pytest.mark.parametrize("token", [SECRET + "\n", SECRET + "\r\n", SECRET + " ", " " + SECRET, "sk_live\x014f9c"])
+def test_a_token_http_cannot_carry_is_unsendable_and_never_repeated(clock, token):
+    """A secret mounted from a file keeps its newline: httpx refused the header, and its error, which
+    repeats the header's value, went into the client's message and the MCP tool's answer, the token
+    with it (to a log, and into the model's context). A socket that never answers: the request is
+    refused before anything is sent."""
+    never_answers = socket.create_server(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{never_answers.getsockname()[1]}"
+    try:
+        with SuretyClient(url, token, retries=4) as client:
+            with pytest.raises(Unsendable) as raised:
+                client.get_action(KEY)
             answer = mcp_server.call(client, "get_action", {"operation_key": KEY})
     finally:
         never_answers.close()
+    said = "the token has whitespace at either end or a control character"
+    assert said in str(raised.value) and "sk_live" not in str(raised.value)
+    assert "Bearer" not in str(raised.value) and raised.value.__cause__ is None
+    # Through the MCP server: a tool error, not "call again", and the token in none of its text.
     assert answer.is_error and answer.structured_content["code"] == "unsendable"
-    assert answer.structured_content["retry"] is False and "Do not retry it unchanged" in answer.structured_content[
-        "guidance"]
-    assert clock.pauses == []  # no backoff: nothing was tried twice
+    assert answer.structured_content["retry"] is False and said in answer.structured_content["guidance"]
+    assert "Do not retry it unchanged" in answer.structured_content["guidance"]
+    assert "sk_live" not in answer.content[0].text and "Bearer" not in answer.content[0].text
+    assert clock.pauses == []
+
+
+@pytest.mark.parametrize("env, said", [
+    ({"SURETY_URL": "http://surety.test", "SURETY_TOKEN": "sk_live\t4f9c2e\n"}, "SURETY_TOKEN has whitespace"),
+    ({"SURETY_URL": "http://surety.test", "SURETY_TOKEN": " \n"}, "SURETY_TOKEN is not set"),
+    ({"SURETY_TOKEN": SECRET}, "SURETY_URL is not set"),
+    ({"SURETY_URL": " ", "SURETY_TOKEN": SECRET}, "SURETY_URL is not set"),
+])
+def test_the_mcp_server_does_not_start_without_its_url_or_with_a_token_http_cannot_carry(env, said):
+    """Started without SURETY_URL, it called http://127.0.0.1:8000 and answered every tool call
+    `unreachable`, "call again": a model looped on it. With a token HTTP cannot carry it started
+    all the same, and answered each call with the token in its text. (A token's surrounding
+    whitespace, a secret file's newline, is taken off: test_mcp_server.py.)"""
+    others = {name: value for name, value in os.environ.items() if not name.startswith("SURETY_")}
+    run = subprocess.run([sys.executable, "-m", "surety_client.mcp_server"], env={**others, **env},
+                         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1 and said in run.stderr, run.stderr
+    assert "sk_live" not in run.stderr + run.stdout
 
 
 def scripted_api(*answers):
@@ -147,11 +192,40 @@ def _problem(status, code, detail="…"):
             "code": code}
 
 
-def test_a_throttled_answer_says_when_to_call_again(clock):
+def test_a_throttled_call_waits_out_a_short_limit_itself_and_tries_once_more(clock):
+    """Told "wait 3 s first", a model cannot: it called again at once, throttled again, over and over.
+    The tool call waits the Retry-After out itself (at most 30 s) and tries once more."""
+    throttled = (429, {"Retry-After": "3"}, _problem(429, "throttled"))
+    client, requests = scripted_api(throttled, (201, {}, _action("queued")))
+    answer = mcp_server.call(client, "refund", REFUND).structured_content
+    assert answer["status"] == "queued" and clock.pauses == [3]
+    assert [request.headers["Idempotency-Key"] for request in requests] == [KEY, KEY]
+    assert requests[0].content == requests[1].content  # the same request again, its wait (0) included
+
+    client, requests = scripted_api(throttled, throttled)
+    answer = mcp_server.call(client, "get_action", {"operation_key": KEY}).structured_content
+    assert (answer["code"], answer["retry"]) == ("throttled", True) and len(requests) == 2
+    assert "This call waits out a limit of up to 30 s itself and tries once more" in answer["guidance"]
+    assert "tell the user Surety is busy" in answer["guidance"] and "Wait " not in answer["guidance"]
+    assert clock.pauses == [3, 3]
+
+
+def test_a_throttled_call_asked_to_wait_longer_or_cancelled_answers_at_once(clock):
     client, requests = scripted_api((429, {"Retry-After": "37"}, _problem(429, "throttled")))
     answer = mcp_server.call(client, "get_action", {"operation_key": KEY}).structured_content
     assert answer["code"] == "throttled" and answer["retry"] is True
-    assert "37 s" in answer["guidance"] and len(requests) == 1
+    assert "Surety asked for 37 s before the next call (Retry-After)" in answer["guidance"]
+    assert len(requests) == 1 and clock.pauses == []
+
+    cancelled = threading.Event()
+    cancelled.set()  # the host cancelled the call: nobody reads its answer
+    client, requests = scripted_api((429, {"Retry-After": "3"}, _problem(429, "throttled")))
+    answer = mcp_server.call(client, "get_action", {"operation_key": KEY}, cancelled).structured_content
+    assert answer["code"] == "throttled" and len(requests) == 1
+
+    client, requests = scripted_api((429, {}, "<html>Slow down</html>"), (200, {}, _action("queued")))
+    answer = mcp_server.call(client, "get_action", {"operation_key": KEY}).structured_content
+    assert answer["status"] == "queued" and clock.pauses == [mcp_server.THROTTLED_WAIT_UNSAID]
 
 
 def test_a_problem_code_this_client_has_no_class_for_raises_problem_with_its_code(clock):
@@ -507,7 +581,7 @@ def test_an_answer_that_says_make_the_same_call_again_is_a_result_not_a_tool_err
     as a tool error, that did as told and called again, was stopped the second time. A refusal not to
     be repeated as it is stays a tool error. A fake API: a 503 for every request, a 429, a sign-in page."""
     away, _ = keys_posted()
-    client, _ = scripted_api((429, {"Retry-After": "3"}, _problem(429, "throttled")),
+    client, _ = scripted_api((429, {"Retry-After": "45"}, _problem(429, "throttled")),
                              (200, {"Content-Type": "text/html"}, SIGN_IN),
                              (404, {}, _problem(404, "not_found", "No such action.")))
     answers = [mcp_server.call(away, "refund", REFUND)] + [
@@ -518,6 +592,9 @@ def test_an_answer_that_says_make_the_same_call_again_is_a_result_not_a_tool_err
                     (True, "not_found", False)]
     assert answers[0].structured_content["guidance"].startswith("Refused (unreachable): ")
     assert "Make the same call again, with the same decision_id" in answers[0].structured_content["guidance"]
+    # It cannot wait "a little while": told so, a model called again at once, for ever.
+    assert ("if it answers alike, do not keep calling: tell the user Surety cannot be reached now"
+            in answers[0].structured_content["guidance"])
 
 
 STEP_KEY = "task:refund:ORD-1:dec-1:call_refund_api:v1"
@@ -600,7 +677,7 @@ def test_a_proxys_rate_limit_is_throttled_not_a_refusal(clock):
         client.refund(order="ORD-1", amount="25.00", currency="EUR", decision_id="dec-1")
     answer = mcp_server.call(client, "refund", REFUND).structured_content
     assert (answer["code"], answer["retry"]) == ("throttled", True)
-    assert "Wait 3 s first" in answer["guidance"]
+    assert "Surety asked for 3 s before the next call" in answer["guidance"] and clock.pauses == [3]
 
 
 @pytest.mark.parametrize("body", [{"code": 429, "message": "Too Many Requests"},
@@ -610,14 +687,14 @@ def test_a_proxys_rate_limit_with_a_code_of_its_own_is_throttled_not_a_refusal(c
     """A gateway's JSON that has a `code` of its own is no problem of the API's: its code was taken
     for the API's, and the model was told not to retry (an unknown code) or given no answer at all
     (a code that is no string). A fake API stands in for the gateway."""
-    client, _ = scripted_api(*[(429, {"Retry-After": "3"}, body)] * 2)
+    client, _ = scripted_api(*[(429, {"Retry-After": "3"}, body)] * 3)
     with pytest.raises(surety_client.Throttled) as raised:
         client.get_action(KEY)
     assert raised.value.retry_after == 3 and raised.value.code == "throttled"
-    answer = mcp_server.call(client, "refund", REFUND)
+    answer = mcp_server.call(client, "refund", REFUND)  # waited out, tried once more
     assert not answer.is_error
     assert (answer.structured_content["code"], answer.structured_content["retry"]) == ("throttled", True)
-    assert "Wait 3 s first (Retry-After)" in answer.structured_content["guidance"]
+    assert "Surety asked for 3 s before the next call (Retry-After)" in answer.structured_content["guidance"]
 
 
 def test_a_proxys_retry_after_written_as_a_date_is_the_wait_it_names(clock):
@@ -627,7 +704,8 @@ def test_a_proxys_retry_after_written_as_a_date_is_the_wait_it_names(clock):
     client, _ = scripted_api((429, {"Retry-After": later, "Content-Type": "text/html"}, "<html>Slow down</html>"))
     answer = mcp_server.call(client, "refund", REFUND).structured_content
     assert (answer["code"], answer["retry"]) == ("throttled", True)
-    assert re.search(r"Wait 1(19|20) s first \(Retry-After\)", answer["guidance"])  # the date is to the second
+    # The date is to the second; longer than a call waits, it is answered at once.
+    assert re.search(r"Surety asked for 1(19|20) s before the next call \(Retry-After\)", answer["guidance"])
 
 
 DONE_BY_HAND = {"code": "declined", "message": "…", "retryable": False, "done_by_hand": True}
@@ -676,3 +754,13 @@ def test_a_failure_a_rate_limited_provider_caused_says_how_long_before_a_retry(c
     guidance = mcp_server.call(client, "get_action", {"operation_key": KEY}).structured_content["guidance"]
     assert (f"{retried_by} (not before 30 s after it failed: the provider was rate-limited and asked to be left "
             "alone that long)") in guidance
+
+
+def test_the_decision_id_is_to_be_derived_from_the_conversation_never_made_up():
+    """Nothing told the model how to choose its decision_id: one made up at random, from the time or
+    from a counter comes out otherwise after a restart, another decision, and a second refund."""
+    for told in (mcp_server.TOOLS["refund"].input_schema["properties"]["decision_id"]["description"],
+                 mcp_server.TOOLS["start_refund_task"].input_schema["properties"]["decision_id"]["description"],
+                 mcp_server.INSTRUCTIONS):
+        assert "Derive it from an identifier the conversation gives and what is decided" in told
+        assert "never a random id, a time or a counter" in told

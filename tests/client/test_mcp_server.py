@@ -516,3 +516,57 @@ def test_a_declined_booking_a_person_then_resolved_is_not_booked_again_as_a_new_
     else:
         assert "Given up: a person discarded its dead-letter entry" in guidance
         assert "asking for it again is a new decision, with a decision_id of its own" in guidance
+
+
+@pytest.mark.parametrize("fault, target, stopped, state, done", [
+    ("lookup_error", "ORD-M19", "dead_lettered", "cancelled", "none"),
+    ("decline", "m19@example.com", "failed", "failed", "lookup_order, call_refund_api, write_confirmation")],
+    ids=["dead-lettered", "failed"])
+def test_a_refund_task_a_person_gave_up_says_its_done_steps_stand_and_not_to_start_it_again(
+        stack, token, fault, target, stopped, state, done):
+    """The order could not be looked up on any attempt (dead-lettered), or its refund made, the customer's
+    address refused the confirmation (failed); the operator discarded its dead letter: cancelled, or
+    failed still, its `last_error` `given_up`. A cancelled one's guidance said its state and nothing
+    more, a failed one's that a person may finish it by hand: a model that took the task as not done, or
+    as to be finished, and started it again under a new decision_id made a refund the person had decided
+    against, or a second one."""
+    with api_client(stack.url, token) as provider:
+        sandbox_order(provider, "ORD-M19", "CUST-M19")
+        sandbox(provider, "POST", "faults", json={"target": target, "fault": fault, "times": 10})
+    stack.start_worker()
+    over_mcp(stack.url, token, ("start_refund_task", {
+        "order": "ORD-M19", "amount": "25.00", "currency": "EUR", "customer": "CUST-M19",
+        "decision_id": "dec-m19", "notify": "m19@example.com", "wait": 0}))
+    task_id = "task:refund:ORD-M19:dec-m19"
+    assert settled(Task.objects.get(task_id=task_id), seconds=60).state == stopped
+    deadletter_discard(DeadLetter.objects.get(task__task_id=task_id, status="open"),
+                       actor=person("olga", "operators"), reason="the customer was told by phone")
+
+    started = time.monotonic()
+    read, waited = over_mcp(stack.url, token, ("get_task", {"task_id": task_id}),
+                            ("wait_for_task", {"task_id": task_id, "seconds": 30}))
+    assert time.monotonic() - started < 20  # nothing to wait for
+    for answer in (read, waited):
+        guidance = guidance_of(answer)
+        assert answer.structured_content["state"] == state
+        assert answer.structured_content["last_error"]["given_up"] is True
+        assert "Given up: a person discarded this task's dead-letter entry" in guidance
+        assert f"Its done steps ({done}) were carried out and stand" in guidance
+        assert "Do not start it again, under this decision or a new decision_id" in guidance
+        assert "may redrive" not in guidance and "finish it by hand" not in guidance
+        assert answer.structured_content["next_tool"] is None
+    with SuretyClient(stack.url, token) as client:
+        task = client.get_task(task_id)
+    assert task.given_up and not task.redrivable and not task.done_by_hand
+    with api_client(stack.url, token) as provider:
+        sandbox(provider, "DELETE", "faults")  # a lookup_error fault fails the listing too
+        refunds = [refund["amount"] for refund in sandbox_list(provider, "refunds", order_id="ORD-M19")]
+    assert refunds == ([] if stopped == "dead_lettered" else ["25.00"])
+
+
+def test_a_token_kept_with_a_secret_files_newline_is_taken_without_it(stack, token):
+    """A secret mounted from a file keeps its newline, which HTTP cannot carry in a header: every
+    call was refused as unsendable, its answer repeating the token."""
+    (read,) = over_mcp(stack.url, token + "\n", ("get_action", {"operation_key": "refund:ORD-M20:dec-m20"}))
+    assert read.structured_content["code"] == "not_found", guidance_of(read)
+    assert token not in read.content[0].text
