@@ -21,14 +21,20 @@ One run (`archive_expired`) is one JSON-lines file and one transaction:
    that nothing reads (a check of the newest stretch sooner, once a whole-chain walk passed it).
    A review item goes with its approvals and its decision links, which the database would
    otherwise delete with it, unwritten.
-2. It writes them to the file, the checkpoint first (its seq, hash and signature vouch for the
-   file's events: the last one's hash is the prev_hash of the checkpoint's event), and syncs it
-   and its directory (which holds the file's name).
-3. It removes them (a webhook event's claim goes with it), leaves an `ArchivedKey` per action,
+2. It walks the audit events it takes, from the chain's start through the checkpoint's own
+   event (`_unvouched`): once they are gone, every check starts at the checkpoint, and only the
+   link from the last of them into its event ties them to anything signed. If the chain breaks,
+   the run is refused (`ArchiveRefused`): nothing is taken, and an audit event `archive_refused`
+   says why.
+3. It writes them to the file, the checkpoint first (its seq, hash and signature, and its
+   event's prev_hash and content_hash: the file's last event's hash is that prev_hash, and the
+   two hash to the checkpoint's signed hash), and syncs it and its directory (which holds the
+   file's name).
+4. It removes them (a webhook event's claim goes with it), leaves an `ArchivedKey` per action,
    an `ArchivedTask` per task and an `Archive` naming the file, its SHA-256, the counts and the checkpoint, and an audit
    event `archived` saying the same. Last, it drops the partitions of the audit trail and of the
    webhook events that hold only archived rows (ledger.partitions) instead of deleting their
-   rows: a drop holds the table's parent until the commit, which comes next.
+   rows: a drop holds the table's parent until the commit, which comes next (`_drop`).
 
 Killed before the commit, nothing is removed and the file is an orphan that no `Archive` names;
 run again, it writes a new file. Nothing that is unsettled or waits for a decision is taken.
@@ -36,6 +42,7 @@ run again, it writes a new file. Nothing that is unsettled or waits for a decisi
 
 import hashlib
 import json
+import logging
 import os
 import uuid
 from dataclasses import dataclass, field
@@ -52,7 +59,7 @@ from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from approvals.models import Approval, DecisionLink, ReviewItem, ReviewStatus
-from ledger.audit import chain_start, checks_read
+from ledger.audit import ChainReport, chain_start, checks_read
 from ledger.locks import ARCHIVE_RUN, take_turns
 from ledger.models import (SETTLED, Action, ActionStatus, AuditEvent, Booking, ChainCheck, ChainCheckpoint, ChainWalk,
                            Confirmation, Task, TaskState, TaskStep, WebhookClaim, WebhookEvent)
@@ -64,6 +71,7 @@ from .models import Alert, AlertDelivery, BulkRedrive, BulkRedriveItem, DeadLett
 from .redrive_runs import RunStatus
 
 ACTOR = "system:archive"
+logger = logging.getLogger("surety.archive")
 # Final: nothing moves them again. A dead-lettered task a person resolved by hand stays where its
 # work stopped, as final as a failed one (the database holds it there: ledger.dbrules).
 FINISHED = (Q(state__in=[TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED])
@@ -249,6 +257,7 @@ class Batch:
     events before the checkpoint (a query: a whole partition of them is too many to hold)."""
 
     checkpoint: ChainCheckpoint | None = None
+    origin: ChainCheckpoint | None = None  # the chain's start before the run (`chain_start`; None: seq 1)
     rows: dict = field(default_factory=dict)
     events: QuerySet = field(default_factory=AuditEvent.objects.none)
     webhooks_before: datetime | None = None  # the webhook events' retention: older ones go
@@ -298,7 +307,7 @@ def collect(now, limit):
         if checkpoint else AuditEvent.objects.none()
     runs = _among(BulkRedrive.objects.select_for_update().order_by("id"), "pk",
                   expired_bulk_redrives(now).values_list("id", flat=True)[:limit])
-    return Batch(checkpoint, events=events, webhooks_before=now - _days("WEBHOOK_RETENTION_DAYS"), rows={
+    return Batch(checkpoint, origin, events=events, webhooks_before=now - _days("WEBHOOK_RETENTION_DAYS"), rows={
         BulkRedriveItem: _among(BulkRedriveItem.objects, "run", runs),
         BulkRedrive: runs,
         AlertDelivery: _among(AlertDelivery.objects, "alert", alerts),
@@ -348,6 +357,34 @@ def _closed_task_entries(now, limit, tasks):
     return [entry for entry in closed if entry.task_id not in taken]
 
 
+class ArchiveRefused(Exception):
+    """A run refused: the audit events it would take are not the chain its checkpoint vouches for."""
+
+    def __init__(self, checkpoint, why):
+        super().__init__(f"archive refused: the audit events before the {checkpoint} are not the chain it vouches "
+                         f"for ({why}); nothing was archived")
+        self.checkpoint = checkpoint
+        self.why = why
+
+
+def _unvouched(batch):
+    """Why the run may not take its audit events (None if it may): the chain walked from its start
+    (the checkpoint's event an earlier run left, checked first as `verify_chain` does; else seq 1)
+    through the checkpoint's own event, each event's content hash recomputed, each link, and the
+    checkpoint checked as its event goes by (`chain_report`). Once they are gone every check starts
+    at the checkpoint, and only the link from the last of them into its event ties them to anything
+    signed: a stretch rewritten behind the ledger's back after the walk passed it (each content hash
+    recomputed, each event linked to the one before) breaks there alone, and nothing would look
+    again. The stretch is read twice so, walked here and then written (decision 44 measures it)."""
+    checkpoint, origin = batch.checkpoint, batch.origin
+    if checkpoint is None:
+        return None
+    if origin is not None and (why := origin.problem()):
+        return str(ChainReport(origin.seq, why, origin.seq - 1, 0))
+    report = AuditEvent.objects.chain_report(origin.seq + 1 if origin else 1, through=checkpoint.seq, at_end=False)
+    return None if report.broken_at is None else str(report)
+
+
 class _WholeTimes(DjangoJSONEncoder):
     """Django's encoder, but a datetime keeps its microseconds and its offset as `isoformat`
     writes them: Django's cuts them to milliseconds, and an archived audit event's content hash is of
@@ -366,12 +403,17 @@ def _line(record):
 
 def write_file(path, batch, now, counts):
     """The file: a header naming the checkpoint and the counts, then one line per row
-    (`model`, `pk`, `fields`); synced before the rows are removed. Returns its SHA-256."""
+    (`model`, `pk`, `fields`); synced before the rows are removed. Returns its SHA-256.
+
+    The header names the checkpoint's event's prev_hash and content_hash too, which hash (with its
+    seq) to the hash the checkpoint signs: the file's last event is checked against them, so the
+    file is tied to its checkpoint alone, whether its event is still in the database or in a later
+    file (ledger.evidence.archived_events)."""
     digest = hashlib.sha256()
     checkpoint = batch.checkpoint
-    header = {"archive": 1, "written_at": now, "counts": counts,
-              "checkpoint": checkpoint and {"seq": checkpoint.seq, "hash": checkpoint.hash,
-                                            "signature": checkpoint.signature}}
+    header = {"archive": 1, "written_at": now, "counts": counts, "checkpoint": checkpoint and {
+        "seq": checkpoint.seq, "hash": checkpoint.hash, "signature": checkpoint.signature,
+        **AuditEvent.objects.filter(seq=checkpoint.seq).values("prev_hash", "content_hash").get()}}
     with open(path, "x", encoding="utf-8") as out:
         rows = chain(batch.rows.values(), batch.event_chunks())  # the events read a chunk at a time
         for record in chain([header], chain.from_iterable(serializers.serialize("python", r) for r in rows)):
@@ -453,35 +495,61 @@ def _held_by(partitions):
 
 
 def _drop(whole):
-    """The archived partitions dropped, last thing before the commit: a drop holds its table's
-    parent, and with it every insert, until then. The rows of one the parent was too busy for
-    (and of those above it) are deleted instead: at most a run's take (`limit` webhook events;
-    PARTITION_EVENTS audit events and a checkpoint's stretch, `archive_checkpoint`)."""
-    for table, partitions, taken in whole:
-        dropped = table.drop(partitions)
-        if len(dropped) < len(partitions):
-            for chunk in taken:
-                chunk.filter(_held_by(partitions[len(dropped):])).delete()
+    """The archived partitions dropped, the run's last statements: a drop holds its table's parent,
+    and with it every insert, until the commit, which comes next. The rows of one whose parent
+    stayed busy past the lock timeout (and of those above it) are deleted instead: at most a run's
+    take (`limit` webhook events; PARTITION_EVENTS audit events and a checkpoint's stretch,
+    `archive_checkpoint`), which takes long. So the drops go in one savepoint, and a busy one rolls
+    them all back, which frees the parents already held (the webhook events' while the trail's was
+    busy: every webhook waited for the trail's deletes); its rows are deleted, holding no parent,
+    and the rest are dropped again. Each insert so waits for one lock timeout at the most."""
+    left = list(whole)
+    while left:
+        savepoint = transaction.savepoint()
+        for at, (table, partitions, taken) in enumerate(left):
+            dropped = table.drop(partitions)
+            if len(dropped) < len(partitions):
+                break
+        else:
+            transaction.savepoint_commit(savepoint)
+            return
+        transaction.savepoint_rollback(savepoint)  # every drop undone, every parent freed
+        for chunk in taken:  # the busy table's, from the partition it was busy for
+            chunk.filter(_held_by(partitions[len(dropped):])).delete()
+        left[at] = (table, dropped, taken)
 
 
 def archive_expired(directory, *, dry_run=False, limit=10000, now=None):
     """One run, of at most `limit` of each kind (`collect`); returns the
-    Archive (None if there was nothing to take, or `dry_run`) and the counts it took."""
+    Archive (None if there was nothing to take, or `dry_run`) and the counts it took. Raises
+    ArchiveRefused, having taken nothing, if its audit events are not the chain their checkpoint
+    vouches for (`_unvouched`)."""
     now = now or timezone.now()
-    with transaction.atomic():
-        take_turns(ARCHIVE_RUN)  # first: a second run waits here, then finds what this one took gone
-        batch = collect(now, limit)
-        counts = batch.counts()
-        if dry_run or not counts:
-            transaction.set_rollback(True)  # nothing written; the locks go with the transaction
-            return None, counts
-        path = Path(directory) / f"surety-archive-{now:%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}.jsonl"
-        sha256 = write_file(path, batch, now, counts)
-        # First: the audit trail lets its events go only before the checkpoint an Archive names.
-        archive = Archive.objects.create(file=path.name, sha256=sha256, removed=counts, checkpoint=batch.checkpoint)
-        whole = _remove(batch, archive)
-        AuditEvent.objects.record(actor=ACTOR, verb="archived", obj=archive, after={
-            "file": path.name, "sha256": sha256, "removed": counts,
-            "checkpoint": batch.checkpoint and batch.checkpoint.seq})
-        _drop(whole)
+    try:
+        with transaction.atomic():
+            take_turns(ARCHIVE_RUN)  # first: a second run waits here, then finds what this one took gone
+            batch = collect(now, limit)
+            counts = batch.counts()
+            if dry_run or not counts:
+                transaction.set_rollback(True)  # nothing written; the locks go with the transaction
+                return None, counts
+            if why := _unvouched(batch):
+                raise ArchiveRefused(batch.checkpoint, why)
+            path = Path(directory) / f"surety-archive-{now:%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}.jsonl"
+            sha256 = write_file(path, batch, now, counts)
+            # First: the audit trail lets its events go only before the checkpoint an Archive names.
+            archive = Archive.objects.create(file=path.name, sha256=sha256, removed=counts,
+                                             checkpoint=batch.checkpoint)
+            whole = _remove(batch, archive)
+            AuditEvent.objects.record(actor=ACTOR, verb="archived", obj=archive, after={
+                "file": path.name, "sha256": sha256, "removed": counts,
+                "checkpoint": batch.checkpoint and batch.checkpoint.seq})
+            _drop(whole)
+    except ArchiveRefused as refused:
+        # After the run's rollback, on its own: the refusal stays though nothing else does.
+        with transaction.atomic():
+            AuditEvent.objects.record(actor=ACTOR, verb="archive_refused", obj=refused.checkpoint,
+                                      after={"checkpoint": refused.checkpoint.seq, "why": refused.why})
+        logger.error("%s", refused)
+        raise
     return archive, counts

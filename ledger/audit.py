@@ -273,11 +273,22 @@ class AuditEventManager(models.Manager):
 
     def verify_chain(self):
         """Return the seq of the first sealed event that was altered or does not follow, or None:
-        from seq 1, or from the checkpoint an archive left, checked first (`chain_start`)."""
-        origin = chain_start()
-        if origin is not None and origin.problem():
-            return origin.seq
-        return self.chain_report(origin.seq + 1 if origin else 1).broken_at
+        from seq 1, or from the checkpoint an archive left (`report_from`)."""
+        return self.report_from(1).broken_at
+
+    def report_from(self, from_seq):
+        """The chain from `from_seq` to its end (`chain_report`), or from the checkpoint an archive
+        left where the archive took the events before it (`chain_start`): that checkpoint is checked
+        first, and vouches for the links before it. Checked again from the newer start if an
+        archive run moves it on meanwhile (`from_chain_start`)."""
+        def report(origin):
+            if origin is None or from_seq > origin.seq:
+                return self.chain_report(from_seq)
+            if why := origin.problem():
+                return ChainReport(origin.seq, why, origin.seq - 1, 0)
+            return self.chain_report(origin.seq + 1)
+
+        return from_chain_start(report)[1]
 
     def chain_report(self, from_seq=1, through=None, *, at_end=None):
         """Walk the sealed chain from `from_seq` (trusting the link before it, which an earlier
@@ -578,6 +589,21 @@ def chain_start():
     return None
 
 
+def from_chain_start(check):
+    """(origin, report): `check(origin)`'s report from the chain's start (`chain_start`), and again
+    from a newer start while an archive run moved it on as `check` read. Such a run commits between
+    a check's reads and takes the events from the old start to its checkpoint, into its file: the
+    check finds them missing, or the hash it had passed gone, where nothing was broken. A broken
+    report stands once the start is the one it was read from; until then the check starts again
+    from the newer one, as a check begun after the run would."""
+    origin = chain_start()
+    while True:
+        report = check(origin)
+        if report.broken_at is None or (newer := chain_start()) == origin:
+            return origin, report
+        origin = newer
+
+
 def changed_since(check, top):
     """Why the chain no longer ends as `check` (an intact one) found it at its through_seq, with
     `top` the chain's last seq now; None if it does. Shorter: events at its end were removed.
@@ -663,13 +689,13 @@ def audit_walk(batch=None, start=False):
     1. The walk in progress, or a new one up to the chain's end now if the last one finished
        WHOLE_CHAIN_EVERY ago (or at once with `start`).
     2. Its next `batch` (AUDIT_WALK_BATCH) events, from the seq it reached, after checking that
-       the chain's hash there is still the one it passed.
+       the chain's hash there is still the one it passed; from the chain's start if that is
+       further, read again if an archive run moves it on meanwhile (`from_chain_start`).
     3. Its progress stored only if no other run stored some meanwhile (a sweeper whose lease
        lapsed mid-stretch: the same stretch twice costs work, never a skipped one); at its
        target or at a broken link, the walk is done and its result is a `ChainCheck`.
     """
     walk = ChainWalk.objects.filter(finished_at__isnull=True).order_by("-id").first()
-    origin = chain_start()
     if walk is None:
         last = ChainWalk.objects.order_by("-id").first()
         top = AuditEvent.objects.aggregate(top=models.Max("seq"))["top"] or 0
@@ -677,23 +703,25 @@ def audit_walk(batch=None, start=False):
             return 0
         try:
             with transaction.atomic():
-                walk = ChainWalk.objects.create(target_seq=top, seq_reached=origin.seq if origin else 0,
-                                                hash_reached=origin.hash if origin else "")
+                walk = ChainWalk.objects.create(target_seq=top)
         except IntegrityError:  # another sweeper (or the command) started one meanwhile: that one
             walk = ChainWalk.objects.get(finished_at__isnull=True)
-    # A walk starts at the archive's checkpoint, and one that an archive overtook moves on to it:
-    # the checkpoint's signature vouches for the links before it, which are in the archive's file.
-    reached, hash_reached = walk.seq_reached, walk.hash_reached
-    if origin is not None and reached <= origin.seq:
-        reached, hash_reached = origin.seq, origin.hash
-    through = min(reached + (batch or settings.AUDIT_WALK_BATCH), walk.target_seq)
-    held = reached and AuditEvent.objects.filter(seq=reached).values_list("hash", flat=True).first()
-    if origin is not None and reached == origin.seq and (why := origin.problem()):
-        report = ChainReport(origin.seq, why, origin.seq - 1, 0)
-    elif reached and held != hash_reached:
-        report = ChainReport(reached, "its hash changed after the walk passed it", reached - 1, 0)
-    else:
-        report = AuditEvent.objects.chain_report(reached + 1, through=through, at_end=through >= walk.target_seq)
+
+    def stretch(origin):
+        # A walk starts at the archive's checkpoint, and one that an archive overtook moves on to
+        # it: the checkpoint's signature vouches for the links before it, which are in the archive's
+        # file.
+        reached, hash_reached = walk.seq_reached, walk.hash_reached
+        if origin is not None and reached <= origin.seq:
+            reached, hash_reached = origin.seq, origin.hash
+        through = min(reached + (batch or settings.AUDIT_WALK_BATCH), walk.target_seq)
+        if origin is not None and reached == origin.seq and (why := origin.problem()):
+            return ChainReport(origin.seq, why, origin.seq - 1, 0)
+        if reached and AuditEvent.objects.filter(seq=reached).values_list("hash", flat=True).first() != hash_reached:
+            return ChainReport(reached, "its hash changed after the walk passed it", reached - 1, 0)
+        return AuditEvent.objects.chain_report(reached + 1, through=through, at_end=through >= walk.target_seq)
+
+    origin, report = from_chain_start(stretch)
     done = report.broken_at is not None or report.through_seq >= walk.target_seq
     with transaction.atomic():
         moved = ChainWalk.objects.filter(pk=walk.pk, seq_reached=walk.seq_reached, finished_at__isnull=True).update(

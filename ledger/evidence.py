@@ -22,7 +22,8 @@ The record is checked twice (`manage.py evidence_verify`, `record_problems`):
    its seq. An event an archive run took out of the database since (dlq.archive) is checked
    in the archive's file instead, given the directory of the archives (`archives`): a file
    whose SHA-256 is the one the database keeps for it, whose events link, each one's content
-   hash recomputed from its fields, holding the event with the same hashes.
+   hash recomputed from its fields, from the event the checkpoint before it vouches for to the
+   one its own checkpoint's event follows, holding the event with the same hashes.
 
 There are two readers. Staff (the dashboard's page and file) get the record whole. The agent (the
 API's read, and whoever holds its token) never gets a staff e-mail address: the values the sections
@@ -378,13 +379,20 @@ def archived_events(directory):
     (a row this ledger signed), and only if its events link one to the next, each hash
     recomputed from the one before, and each content hash from the event's fields: the SHA-256
     vouches only for the file as the run wrote it, which holds an event altered in the database
-    before the run as it found it. A file missing from the directory is passed over (the
-    record's events it held are then "not in the database")."""
+    before the run as it found it. And only if both its ends are tied to a signed checkpoint: it
+    starts at the event the checkpoint of the archive before it vouches for (`_start_problem`), and
+    its last event is the one its own checkpoint's event follows (`_end_problem`). The links
+    inside a file hold for a stretch rewritten behind the ledger's back, each content hash
+    recomputed and each event linked to the one before, which breaks only there: a run refuses
+    such a stretch now (dlq.archive), one of the code before took it. A file missing from the
+    directory is passed over (the record's events it held are then "not in the database")."""
     found, problems = {}, []
+    files, previous = [], None  # (name, checkpoint, header, events) of the files read, in the chain's order
     for archive in Archive.objects.filter(checkpoint__isnull=False).select_related("checkpoint").order_by("id"):
         if not archive.vouched():
             problems.append(f"archive {Path(archive.file).name}: its row is not the one this ledger signed")
             continue
+        before, previous = previous, archive.checkpoint
         path = Path(directory) / Path(archive.file).name
         try:
             raw = path.read_bytes()
@@ -393,20 +401,71 @@ def archived_events(directory):
         if hashlib.sha256(raw).hexdigest() != archive.sha256:
             problems.append(f"archive {path.name}: not the file the ledger wrote (its SHA-256 differs)")
             continue
-        rows = [json.loads(line) for line in raw.decode().splitlines()[1:]]
+        header, *rows = [json.loads(line) for line in raw.decode().splitlines()]
         events = sorted(((row["pk"], row["fields"]) for row in rows if row.get("model") == "ledger.auditevent"),
                         key=lambda event: event[1]["seq"])
-        for (pk, event), following in zip(events, events[1:] + [None]):
-            if event["content_hash"] not in content_hashes(event):  # either version (ledger.audit)
-                problems.append(f"archive {path.name}: event #{event['seq']} was altered after it was written "
-                                "(its fields are not what its content hash was computed from)")
-                break
-            if chain_hash(event["prev_hash"], event["content_hash"], event["seq"]) != event["hash"] or (
-                    following is not None and following[1]["prev_hash"] != event["hash"]):
-                problems.append(f"archive {path.name}: its chain breaks at seq {event['seq']}")
-                break
+        if why := _links_problem(events) or _start_problem(events, before):
+            problems.append(f"archive {path.name}: {why}")
+            continue
+        files.append((path.name, archive.checkpoint, header, events))
+    for (name, checkpoint, header, events), after in zip(files, files[1:] + [None]):
+        if why := _end_problem(checkpoint, header, events, after and after[3]):
+            problems.append(f"archive {name}: {why}")
+            continue
+        for pk, event in events:
             found[event["seq"]] = (pk, event["content_hash"], event["prev_hash"], event["hash"], event)
     return found, problems
+
+
+def _links_problem(events):
+    """Why a file's events (in the chain's order) do not link one to the next, each content hash
+    recomputed from its fields and each hash from the one before; None if they do."""
+    for (_, event), following in zip(events, events[1:] + [None]):
+        if event["content_hash"] not in content_hashes(event):  # either version (ledger.audit)
+            return (f"event #{event['seq']} was altered after it was written (its fields are not what its content "
+                    "hash was computed from)")
+        if chain_hash(event["prev_hash"], event["content_hash"], event["seq"]) != event["hash"] or (
+                following is not None and (following[1]["seq"], following[1]["prev_hash"]) != (event["seq"] + 1,
+                                                                                               event["hash"])):
+            return f"its chain breaks at seq {event['seq']}"
+    return None
+
+
+def _start_problem(events, before):
+    """Why a file's events do not start where the archive before it left the chain (None if they
+    do): at the event its checkpoint `before` vouches for (that seq, that hash), which stayed in
+    the database as the chain's start; at the chain's first (seq 1, following "") for the first."""
+    first = events[0][1] if events else {}
+    if before is None:
+        return None if (first.get("seq"), first.get("prev_hash")) == (1, "") else \
+            "it does not start at the chain's first event"
+    if (first.get("seq"), first.get("hash")) != (before.seq, before.hash):
+        return f"it does not start at event #{before.seq}, which the checkpoint before it vouches for"
+    return None
+
+
+def _end_problem(checkpoint, header, events, after):
+    """Why a file's last event is not the one its `checkpoint`'s event follows (None if it is),
+    that event's prev_hash and content_hash hashing (with its seq) to the checkpoint's signed hash.
+    The file's header names them (dlq.archive.write_file); a file written before headers did is
+    checked against the event itself: first in the file after it (`after`, its events), or in the
+    database while the chain starts there."""
+    named = header.get("checkpoint") or {}
+    if "prev_hash" in named:
+        event = named
+    elif after and after[0][1]["seq"] == checkpoint.seq:
+        event = after[0][1]
+    else:
+        event = AuditEvent.objects.filter(seq=checkpoint.seq).values("prev_hash", "content_hash").first()
+    if event is None:
+        return (f"its last event cannot be tied to the checkpoint's event at seq {checkpoint.seq}: neither the "
+                "database nor the file after it holds that event")
+    if chain_hash(event["prev_hash"], event["content_hash"], checkpoint.seq) != checkpoint.hash:
+        return f"the event at seq {checkpoint.seq} it is checked against is not the one the checkpoint vouches for"
+    if events[-1][1]["hash"] != event["prev_hash"]:
+        return (f"its last event is not the one the checkpoint's event at seq {checkpoint.seq} follows: its events "
+                "are not those the checkpoint vouches for")
+    return None
 
 
 def _chain_problems(events, withheld_keys):

@@ -6,9 +6,11 @@ with time, so each partition holds a stretch of time. Each ranged partition hold
 PARTITION_EVENTS ids. `partitions_extend` makes them ahead of the sequences: the one being
 written and the next whole one exist at all times, so a table's default partition, which takes
 any id above the ranges made so far, stays empty unless the sweeper stopped for that long. It
-runs after every `migrate` and as a sweeper step. The archive (dlq.archive) drops a partition
-whose every row it has archived instead of deleting them one by one: the space comes back at
-once, with no vacuum and no index bloat. SQLite keeps plain tables: there is nothing to do.
+runs after every `migrate` and as a sweeper step. Once the ids are past the ranges, the next one
+starts HEADROOM ids above them, so that no writer reaches it before it is attached. The archive
+(dlq.archive) drops a partition whose every row it has archived instead of deleting them one by
+one: the space comes back at once, with no vacuum and no index bloat. SQLite keeps plain tables:
+there is nothing to do.
 """
 
 import bisect
@@ -17,7 +19,7 @@ import re
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import OperationalError, connection, transaction
+from django.db import IntegrityError, OperationalError, connection, transaction
 from psycopg import errors
 
 logger = logging.getLogger("surety.sweeper")
@@ -28,6 +30,15 @@ _BOUND = re.compile(r"FOR VALUES FROM \((MINVALUE|'?(\d+)'?)\) TO \('?(\d+)'?\)"
 # behind it (every audited write inserts into the audit trail): this bounds that stall
 # (`python -m bench partitioned_writes`: 2 s with "2s", 0.2 s with this; decision 55).
 DDL_LOCK_TIMEOUT = "200ms"
+# How many ids the writers may take while a pass makes its partitions: from its read of the
+# sequence until its commit, a few statements that each wait at most DDL_LOCK_TIMEOUT for a lock
+# (while the ATTACH holds the default partition, an insert bound for it takes its id, then waits).
+# Once the ids are past the ranges, a new range starts this far above them. An id of it that the
+# default took before the ATTACH makes the ATTACH fail; one taken by an insert that began before
+# the commit makes the insert fail (routed to the default, whose bounds changed under it).
+# 100,000 ids are 200 ms at 500,000 a second, some 200 times the most the intake wrote here
+# (2,100 events a second, decision 52).
+HEADROOM = 100_000
 
 
 @dataclass(frozen=True)
@@ -40,6 +51,12 @@ class Partition:
 def busy(exc):
     """Whether an OperationalError is DDL_LOCK_TIMEOUT's: the parent stayed busy."""
     return isinstance(exc.__cause__, errors.LockNotAvailable)
+
+
+def overtaken(exc):
+    """Whether an IntegrityError is an ATTACH's that found a row of the new range in the default
+    partition: the writers reached the range while it was made."""
+    return isinstance(exc.__cause__, errors.CheckViolation)
 
 
 @dataclass(frozen=True)
@@ -88,7 +105,9 @@ class Partitioned:
 
     def extend(self, size):
         """Make the partitions the sequence will reach next: up to one whole partition past the
-        next id. Returns how many it made (0 if not partitioned, or if the table stayed busy)."""
+        next id (and HEADROOM, once the ids are past the ranges). Returns how many it made (0 if not
+        partitioned, or if the table stayed busy, or if the writers overtook it: the next pass
+        tries again, from further on)."""
         if not self.active():
             return 0
         try:
@@ -98,19 +117,26 @@ class Partitioned:
                 raise
             logger.info("%s stayed busy past %s: its next partition waits for the next pass", self.table,
                         DDL_LOCK_TIMEOUT)
-            return 0
+        except IntegrityError as exc:
+            if not overtaken(exc):
+                raise
+            logger.warning("%s: ids of its next partition were written while it was made: the next pass starts "
+                           "above them", self.table)
+        return 0
 
     def _extend(self, size):
         made = 0
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(f"SET LOCAL lock_timeout = '{DDL_LOCK_TIMEOUT}'")
             cursor.execute(f"SELECT last_value + CASE WHEN is_called THEN 1 ELSE 0 END FROM {self.table}_id_seq")
-            next_id = cursor.fetchone()[0]
-            # Ids the default partition took (the sweeper was away) stay there: a range must not
-            # hold a row of the default's.
-            cursor.execute(f"SELECT coalesce(max(id), 0) + 1 FROM {self.default}")
-            low = max([p.high for p in self.ranges()] + [cursor.fetchone()[0]])
-            while low <= next_id + size:
+            # 0: no range left (the archive dropped every one the ids had passed).
+            next_id, end = cursor.fetchone()[0], max((p.high for p in self.ranges()), default=0)
+            # Past the ranges' end (the sweeper was away), the default partition takes the ids: the
+            # writers are writing where the next range would start. It starts HEADROOM above them
+            # instead, and the ids in between stay in the default with the others it took.
+            reach = next_id + HEADROOM if next_id > end else next_id
+            low = max(end, reach)
+            while low <= reach + size:
                 # Made apart, then attached: ATTACH takes a lock on the parent that inserts do not
                 # wait for, where CREATE TABLE ... PARTITION OF takes one they queue behind.
                 cursor.execute(f"CREATE TABLE {self.table}_{low} (LIKE {self.table} INCLUDING DEFAULTS "

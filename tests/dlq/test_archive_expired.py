@@ -121,11 +121,15 @@ def test_the_chain_stays_verifiable_from_the_checkpoint_the_file_names(tmp_path,
     assert not AuditEvent.objects.filter(seq__lt=5).exists()
 
     header, *rows = lines(tmp_path / archive.file)
-    assert header["checkpoint"] == {"seq": 5, "hash": checkpoint.hash, "signature": checkpoint.signature}
+    # With its event's links, which hash to the checkpoint's: the file is tied to it alone.
+    event = AuditEvent.objects.get(seq=5)
+    assert header["checkpoint"] == {"seq": 5, "hash": checkpoint.hash, "signature": checkpoint.signature,
+                                    "prev_hash": event.prev_hash, "content_hash": event.content_hash}
+    assert chain_hash(event.prev_hash, event.content_hash, 5) == checkpoint.hash
     events = [r for r in rows if r["model"] == "ledger.auditevent"]
     assert [e["fields"]["seq"] for e in events] == [1, 2, 3, 4]
     # The file's last link is the one the checkpoint's event follows.
-    assert events[-1]["fields"]["hash"] == AuditEvent.objects.get(seq=5).prev_hash
+    assert events[-1]["fields"]["hash"] == event.prev_hash
 
     AuditEvent.objects.seal()
     assert AuditEvent.objects.verify_chain() is None

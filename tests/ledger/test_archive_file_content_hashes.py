@@ -9,6 +9,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
+from dlq import archive as archiving
 from ledger.evidence import evidence_actions, evidence_record, record_problems
 from ledger.models import AuditEvent
 from tests.dlq.test_archive_expired import agent, billing, checkpoints_every_five, ledger, lines, run  # noqa: F401
@@ -27,13 +28,16 @@ def exported(ledger, tmp_path):
     return record, saved
 
 
-def test_an_event_altered_in_the_database_before_its_run_is_found_in_the_file(ledger, exported, tmp_path):
+def test_an_event_altered_in_the_database_before_its_run_is_found_in_the_file(ledger, exported, tmp_path, monkeypatch):
     record, saved = exported
     cited = next(e for e in record["audit"]["events"] if e["seq"] is not None and e["seq"] < 5)
     behind_the_ledgers_back("UPDATE ledger_auditevent SET reason = %s WHERE id = %s",
                             ["granted by someone else", cited["id"]])
     archives = tmp_path / "archives"
     archives.mkdir()
+    # A run walks its stretch now and refuses this one (tests/dlq/test_archive_vouched_stretch.py); a
+    # run of the code before did not: its file is checked here, the run's walk skipped.
+    monkeypatch.setattr(archiving, "_unvouched", lambda batch: None)
     archive, _ = run(archives)
     assert archive.checkpoint.seq == 5 and not AuditEvent.objects.filter(pk=cited["id"]).exists()
     archived = next(row for row in lines(archives / archive.file)[1:]

@@ -1,14 +1,17 @@
 """The partitions of the audit trail and of the webhook events (PostgreSQL): made ahead of the
 ids by the sweeper, never needed from the default partition while it runs, dropped whole by the
-archive once every row in them is archived; the conversion keeps a populated table's rows, ids,
-indexes and trigger; a partitioned trail still holds one event per seq (the seal's rule, on
-SQLite too), and a webhook event's id is still claimed once.
+archive once every row in them is archived; once the ids are past the ranges (the sweeper was
+away), the next starts HEADROOM above them, so that the writers never reach it before it is
+attached; the conversion keeps a populated table's rows, ids, indexes and trigger; a partitioned
+trail still holds one event per seq (the seal's rule, on SQLite too), and a webhook event's id is
+still claimed once.
 
 Each test runs in one transaction that is rolled back, DDL included; only the id sequence,
 which PostgreSQL never rolls back, is put back by hand. The test whose second session must see
 its partitions commits them, and drops them when it ends."""
 
 import importlib
+import threading
 from datetime import timedelta
 
 import psycopg
@@ -21,7 +24,8 @@ from console.sweeper import sweep_once
 from dlq.archive import archive_expired
 from ledger.audit import chain_hash
 from ledger.models import AuditEvent, WebhookClaim, WebhookEvent
-from ledger.partitions import AUDIT, WEBHOOKS
+from ledger.partitions import AUDIT, HEADROOM, WEBHOOKS, Partitioned
+from tests.conftest import wait_until
 from tests.factories import make_agent
 from tests.ledger.test_webhooks import SECRET, deliver, event
 
@@ -94,19 +98,36 @@ def test_the_sweeper_makes_the_next_partition_before_the_ids_reach_it(settings, 
 
 
 @postgresql_only
-def test_ids_the_default_partition_took_stay_there_and_the_next_range_starts_above_them(settings, sequence):
+def test_ids_the_default_partition_took_stay_there_and_the_next_range_starts_headroom_above_them(
+        settings, sequence):
     settings.PARTITION_EVENTS = 4
     agent, _ = make_agent("billing")
     sequence(top() + 10)  # the sweeper was away while the ids passed every partition
     stray, = noted(agent, 1)
     assert partition_of(stray) == AUDIT.default
     assert AUDIT.extend(settings.PARTITION_EVENTS) == 2
-    assert AUDIT.ranges()[-2].low == stray.pk + 1
+    low = AUDIT.ranges()[-2].low
+    assert low == stray.pk + 1 + HEADROOM
     after, = noted(agent, 1)
-    assert partition_of(after) == f"{AUDIT.table}_{stray.pk + 1}"
+    assert partition_of(after) == AUDIT.default  # an id the writers could have taken during the pass
+    sequence(low)
+    reached, = noted(agent, 1)
+    assert partition_of(reached) == f"{AUDIT.table}_{low}"
     assert partition_of(AuditEvent.objects.get(pk=stray.pk)) == AUDIT.default
     assert AuditEvent.objects.seal() == AuditEvent.objects.count()
     assert AuditEvent.objects.verify_chain() is None
+
+
+@postgresql_only
+def test_a_table_whose_every_range_the_archive_dropped_gets_the_next_above_its_ids(settings, sequence):
+    settings.PARTITION_EVENTS = 4
+    sequence(top(WEBHOOKS) + 10, WEBHOOKS.table)  # the ids passed every partition
+    stray = webhook_event("evt_stray", timezone.now())
+    for partition in WEBHOOKS.ranges():  # and an archive run dropped each one
+        query(f"DROP TABLE {partition.name}")
+    assert WEBHOOKS.extend(settings.PARTITION_EVENTS) == 2
+    assert WEBHOOKS.ranges()[0].low == stray.pk + 1 + HEADROOM
+    assert partition_of(stray) == WEBHOOKS.default
 
 
 @postgresql_only
@@ -296,7 +317,8 @@ def test_the_archive_drops_a_webhook_partition_past_retention_and_the_claims_go_
 @pytest.mark.django_db(transaction=True)
 def test_a_partition_a_reader_holds_past_the_lock_timeout_is_emptied_row_by_row_instead(settings, sequence, tmp_path):
     settings.PARTITION_EVENTS = 4
-    start = top(WEBHOOKS)
+    before = WEBHOOKS.ranges()
+    start = before[-1].high
     sequence(start, WEBHOOKS.table)
     WEBHOOKS.extend(settings.PARTITION_EVENTS)  # [start, start + 4) and [start + 4, start + 8), committed
     held = f"{WEBHOOKS.table}_{start}"
@@ -319,3 +341,106 @@ def test_a_partition_a_reader_holds_past_the_lock_timeout_is_emptied_row_by_row_
         for partition in WEBHOOKS.ranges():
             if partition.low >= start:
                 query(f"DROP TABLE {partition.name}")
+        # The run committed the drop of the (empty) ranges below `start`: made again, as they were,
+        # for the tests after this one on this database (every one reads the last range's end).
+        for partition in before:
+            if partition.name not in {p.name for p in WEBHOOKS.ranges()}:
+                low = "MINVALUE" if partition.low is None else partition.low
+                query(f"CREATE TABLE {partition.name} PARTITION OF {WEBHOOKS.table} "
+                      f"FOR VALUES FROM ({low}) TO ({partition.high})")
+
+
+@postgresql_only
+@pytest.mark.django_db(transaction=True)
+def test_the_ranges_made_on_return_start_above_the_ids_written_meanwhile(settings, sequence):
+    """The sweeper was away: the default partition took the ids. Back, it makes the next ranges
+    while the writers go on: a range that held an id written meanwhile would fail the ATTACH
+    (the default may not hold a row of another partition's) and end the sweeper, or fail the
+    insert that took it (routed to the default before the ATTACH, checked against its bounds
+    after)."""
+    settings.PARTITION_EVENTS = 4
+    agent, _ = make_agent("billing")
+    start = top()
+    sequence(start + 10)  # the ids passed every partition
+    written, failed, stop = [], [], threading.Event()
+
+    def writer():
+        try:
+            while not stop.is_set():
+                written.extend(noted(agent, 1))
+        except Exception as exc:  # noqa: BLE001 (asserted in the test's thread)
+            failed.append(exc)
+        finally:
+            connection.close()  # the thread's own connection
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        wait_until(lambda: len(written) >= 20 or failed, seconds=10, message="the writer to write")
+        made = AUDIT.extend(settings.PARTITION_EVENTS)
+        count = len(written)
+        wait_until(lambda: len(written) >= count + 20 or failed, seconds=10, message="the writer to go on")
+        stop.set()
+        thread.join(10)
+        assert not failed, failed
+        assert made >= 1
+        assert query(f"SELECT count(*) FROM {AUDIT.default} WHERE id >= %s", [AUDIT.ranges()[-made].low]) == [(0,)]
+    finally:
+        stop.set()
+        thread.join(10)
+        for partition in AUDIT.ranges():
+            if partition.low is not None and partition.low >= start:
+                query(f"DROP TABLE {partition.name}")
+
+
+@postgresql_only
+@pytest.mark.django_db(transaction=True)
+def test_a_pass_the_writers_overtook_makes_nothing_and_the_next_starts_above_them(
+        settings, sequence, monkeypatch, caplog):
+    """Writes committed between a pass's read of the sequence and its ATTACH: one at the next id,
+    as any writer's, and one past HEADROOM, as from writers faster than it. The first is below the
+    new range; the second is in it, so the ATTACH refuses the range (a check violation, not the
+    lock timeout of a busy table): the pass makes nothing, and the sweeper goes on."""
+    settings.PARTITION_EVENTS = 4
+    agent, _ = make_agent("billing")
+    start = top()
+    sequence(start + 10)  # the sweeper was away while the ids passed every partition
+    stray, = noted(agent, 1)
+    ranges, overtaken = Partitioned.ranges, []
+
+    def ranges_then_writes(self):
+        found = ranges(self)
+        if self == AUDIT and not overtaken:
+            overtaken.extend(written_elsewhere(agent))  # at the next id
+            sequence(overtaken[0].pk + HEADROOM)  # the writers took HEADROOM ids meanwhile
+            overtaken.extend(written_elsewhere(agent))
+        return found
+
+    monkeypatch.setattr(Partitioned, "ranges", ranges_then_writes)
+    try:
+        assert AUDIT.extend(settings.PARTITION_EVENTS) == 0
+        assert "were written while it was made" in caplog.text
+        assert AUDIT.extend(settings.PARTITION_EVENTS) == 2
+        assert AUDIT.ranges()[-2].low == overtaken[-1].pk + 1 + HEADROOM
+        assert {partition_of(event) for event in [stray, *overtaken]} == {AUDIT.default}
+    finally:
+        for partition in AUDIT.ranges():
+            if partition.low is not None and partition.low >= start:
+                query(f"DROP TABLE {partition.name}")
+
+
+def written_elsewhere(agent):
+    """An event written and committed by another connection (a writer's)."""
+    written = []
+
+    def write():
+        try:
+            written.extend(noted(agent, 1))
+        finally:
+            connection.close()  # the thread's own connection
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    thread.join(10)
+    assert written, "the other connection did not write"
+    return written

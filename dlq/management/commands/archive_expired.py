@@ -2,7 +2,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from dlq.archive import archive_expired
+from dlq.archive import ArchiveRefused, archive_expired
 
 
 class Command(BaseCommand):
@@ -25,7 +25,10 @@ class Command(BaseCommand):
             raise CommandError("--limit must be at least 1")
         runs = 0
         while True:
-            archive, counts = archive_expired(directory, dry_run=dry_run, limit=limit)
+            try:
+                archive, counts = archive_expired(directory, dry_run=dry_run, limit=limit)
+            except ArchiveRefused as exc:  # recorded and logged by the run; said, not a traceback
+                raise CommandError(str(exc)) from exc
             if dry_run:
                 self.stdout.write("would archive: " + (_counts(counts) or "nothing"))
                 return

@@ -2,7 +2,7 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ledger.audit import AuditEvent, chain_start
+from ledger.audit import AuditEvent
 from ledger.evidence import record_problems
 
 
@@ -46,14 +46,9 @@ class Command(BaseCommand):
 def chain_problems(record):
     """The database's chain from the record's first sealed event to its end; from the checkpoint
     an archive left, checked first, where the archive took the events before it (the record's
-    own events in the archive's file are checked with --archives)."""
+    own events in the archive's file are checked with --archives; `AuditEvent.objects.report_from`)."""
     sealed = [e["seq"] for e in record["audit"]["events"] if isinstance(e.get("seq"), int)]
     if not sealed:
         return []
-    origin, from_seq = chain_start(), min(sealed)
-    if origin is not None and from_seq <= origin.seq:
-        if why := origin.problem():
-            return [f"the database's chain: {why}"]
-        from_seq = origin.seq + 1
-    report = AuditEvent.objects.chain_report(from_seq=from_seq)
+    report = AuditEvent.objects.report_from(min(sealed))
     return [] if report.broken_at is None else [f"the database's chain: {report}"]
