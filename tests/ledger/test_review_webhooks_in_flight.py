@@ -54,6 +54,10 @@ def provider(live_server, settings):
     listens (jobs_to_test_redis): `sent` sends one when the test has it come."""
     settings.SANDBOX_BASE_URL = f"{live_server.url}/sandbox/v1"
     settings.SANDBOX_WEBHOOK_URL = f"{live_server.url}/webhooks/sandbox/"
+    # A held call takes a whole webhook delivery (and, racing, a wait for another thread) inside its
+    # deadline, and the sandbox's POST of an event a settle held: the tests' 2 s are not for a loaded
+    # machine. The claim's lease bounds the call's deadline: longer still.
+    settings.CONNECTOR_TIMEOUT, settings.LEASE_SECONDS = 20, 30
     with api_client(live_server.url, settings.SANDBOX_API_KEY) as client:
         yield client
 
