@@ -24,8 +24,8 @@ def sign_webhook(body, secret, timestamp=None):
 
 def signature_valid(header, raw, secret, now=None):
     """`t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<raw body>">`, no older than the tolerance.
-    Any one of several `v1` holds: Stripe's scheme, which the sandbox follows, signs with the old
-    and the new secret while one is rolled, each its own `v1`, in no set order."""
+    Any one of several `v1` holds: in Stripe's scheme, which this header follows, a sender rolling its
+    secret signs with the old and the new one, each its own `v1`, in no set order."""
     pairs = [item.split("=", 1) for item in header.split(",") if "=" in item]
     try:
         stamp = int(dict(pairs)["t"])

@@ -223,9 +223,10 @@ def _write(effect, *, target, body, check=None, error=error_response, events=Fal
 
 def _fail(effect, body, *, events, switches):
     """The provider fails the effect it has just made, as Stripe fails a refund to a card closed
-    since the payment (decision 60): a refund is listed `failed` from now on, and with `events` the
-    effect's failure event follows its success event. `effect` keeps the status it was made with:
-    the call is answered that it was made."""
+    since the payment (decision 60): a refund is listed `failed` from now on (a message or a booking
+    keeps its status), and with `events` the effect's failure event is recorded after its success
+    event (each delivered on its own: they may arrive in either order). `effect` keeps the status it
+    was made with: the call is answered that it was made."""
     with transaction.atomic():
         if isinstance(effect, SandboxRefund):
             SandboxRefund.objects.filter(pk=effect.pk).update(status="failed")
