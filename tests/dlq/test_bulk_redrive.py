@@ -423,21 +423,23 @@ def test_without_workers_the_request_returns_at_once_and_the_sweeper_works_the_r
     entries = [failed_refund_entry(agent, n) for n in range(2)]
     run = dry_run(client)
 
+    # One every 10 s: a slice worked inside the request, or by a sweeper's pass, takes 10 s for the
+    # two (a whole slice 15 s), far above the 5 s a loaded machine may take for the rest.
     began = time.monotonic()
-    assert start(client, run, "12").status_code == 302  # one every 5 s
-    assert time.monotonic() - began < 1  # not a whole slice inside the request
+    assert start(client, run, "6").status_code == 302
+    assert time.monotonic() - began < 5  # not a whole slice inside the request
     assert not run.items.filter(outcome="redriven").exists()
 
     began = time.monotonic()
     assert sweep_once()["bulk_redrives_resumed"] == 1  # one sweeper pass works it a little
-    assert time.monotonic() - began < 3  # and returns to its other steps (not 5 s, up to a 15 s slice)
+    assert time.monotonic() - began < 5  # and returns to its other steps
     run.refresh_from_db()
     assert run.status == "running" and run.counts()["redriven"] == 1
     passes = 1
     while run.status == "running" and passes < 20:  # the sweeper's next passes
         began = time.monotonic()
         assert bulk_redrives_resume() == 1
-        assert time.monotonic() - began < 3
+        assert time.monotonic() - began < 5
         passes += 1
         run.refresh_from_db()
     assert run.status == "finished" and run.counts()["redriven"] == 2 and passes > 2
