@@ -18,6 +18,16 @@ def tier_addresses(tier):
     return [address.strip() for address in tier.split(",") if address.strip()]
 
 
+def item_tiers(item):
+    """`item`'s tiers as its limit named them when the item opened (`limit_snapshot`: like every
+    policy change, a new tier applies to new actions): the first tier's addresses and the next
+    tier's, either empty when the limit names none (the first tier's alerts go to the operations
+    group then: dlq.alerts.group_emails). Read by every alert about the item (dlq.overdue,
+    dlq.alerts.review_alert_second_approval)."""
+    policy = item.limit_snapshot or {}
+    return tier_addresses(policy.get("first_tier") or ""), tier_addresses(policy.get("next_tier") or "")
+
+
 class Limit(models.Model):
     """Above `max_amount` a person approves; above `dual_approval_above`, two different people."""
 

@@ -4,7 +4,8 @@ action or task failed for good. A review item's recipient for whom it waits (who
 now, as its page would offer them) gets a mail of their own, with a decision link
 (approvals.links); a recipient away has their delegate mailed too (approvals.delegation). The
 first of two approvals raises an alert of the item's own (`review_alert_second_approval`), to
-those of its tiers it waits for then, who learnt of it only from the dashboard before.
+those of its tiers it waits for then, who learnt of it only from the dashboard before; it is
+mailed to nobody once the item waits for none of them (decided before the mail went).
 
 Each attempt on each channel is recorded, in a transaction of its own per channel: what one
 channel sent (and the decision links its mails carry) is committed before the next is tried,
@@ -30,9 +31,10 @@ from django.db.models import Max, Q
 from django.urls import reverse
 from django.utils import timezone
 
+from approvals.decisions import past_its_window
 from approvals.delegation import offered, standing_in
 from approvals.links import deciders, link_issue
-from approvals.models import ReviewStatus, tier_addresses
+from approvals.models import ReviewStatus, item_tiers
 from ledger import clock
 from ledger.connectors import http
 from ledger.jobs import enqueue
@@ -93,8 +95,11 @@ def _send(alert, channel, before, reached):
     """Deliver `alert` on `channel`. An e-mail goes to each address not in `before` (those an
     earlier attempt's mail got to), and each address it gets to is added to `reached` as it
     goes: a retry after a mail that failed halfway sends no one a second mail (nor a second
-    decision link)."""
+    decision link). A first approval's alert whose item no longer waits is mailed to nobody
+    (`_no_longer_waiting`)."""
     link = settings.SITE_URL.rstrip("/") + alert.link
+    if channel == "email" and (over := _no_longer_waiting(alert)):
+        return over
     if channel in ("email", "owner"):
         to = group_emails(alert) if channel == "email" else [owner_email(alert)]
         # A person away: their delegate is mailed too, and that is audited once the mail went.
@@ -127,6 +132,28 @@ def _reached(alert, addresses, standing, reached):
             offered(delegation, alert.review_item)
 
 
+def _no_longer_waiting(alert):
+    """What a `second_approval` alert's e-mail records instead of a mail when its item no longer
+    waits for any of its recipients ("not mailed: no longer waiting: approved by user:bob"); ""
+    while it waits for one of them, and for every other alert. The mail would tell them of a wait
+    that is over: the item was decided, edited down or expired after the first approval and before
+    the mail went (the alert queued behind other jobs, or tried again for hours while the mail
+    server was down). The channel is done then, so never tried again; the webhook still posts the
+    alert, the operations group's record of what happened (decision 49)."""
+    if alert.kind != Alert.Kind.SECOND_APPROVAL:
+        return ""
+    item = alert.review_item
+    if item.status != ReviewStatus.OPEN:
+        why = ": " + " by ".join(filter(None, [item.status, item.decided_by_label]))
+    elif deciders(item, alert.recipients):
+        return ""
+    elif past_its_window(item):  # nobody decides it now; the sweeper's next pass expires it
+        why = ": its approval window closed"
+    else:  # none of them may decide it now (gone, or their role changed)
+        why = " for any of its recipients"
+    return f"not mailed: no longer waiting{why}"
+
+
 def _decision_links(alert, addresses):
     """address -> a decision link of its own, for each address of a person for whom the alert's
     open review item waits (approvals.links.deciders); none for other alerts."""
@@ -143,15 +170,13 @@ def review_alert_second_approval(item):
     the first of two), an alert to the people of its tiers it now waits for (`deciders`: not who
     gave it, nor their delegate, nor anyone once its window closed), delivered after commit as any
     alert, each of them with a decision link (`_send`). The tiers are those its overdue alerts go
-    to (dlq.overdue): the first (the operations group when its limit names none), and the next
-    once it was escalated. None when the item waits for none of them (the operations group's
+    to (`item_tiers`, as dlq.overdue reads them): the first (the operations group when its limit
+    names none), and the next once it was escalated. None when the item waits for none of them (the operations group's
     mailbox is nobody's): the dashboard tells them then, as before."""
     if item.status != ReviewStatus.OPEN:
         return None
-    policy = item.limit_snapshot or {}
-    tiers = tier_addresses(policy.get("first_tier") or "") or list(settings.ALERT_EMAILS)
-    if item.escalated_at:
-        tiers += tier_addresses(policy.get("next_tier") or "")
+    first_tier, next_tier = item_tiers(item)
+    tiers = (first_tier or list(settings.ALERT_EMAILS)) + (next_tier if item.escalated_at else [])
     waiting = list(deciders(item, tiers))
     if not waiting:
         return None

@@ -14,7 +14,7 @@ from datetime import timedelta
 from django.db import transaction
 from django.utils import timezone
 
-from approvals.models import ReviewItem, ReviewStatus, tier_addresses
+from approvals.models import ReviewItem, ReviewStatus, item_tiers
 from ledger.models import AuditEvent
 
 from .models import Alert
@@ -31,6 +31,7 @@ def _alert_first_tier(now):
     overdue = ReviewItem.objects.filter(status=ReviewStatus.OPEN, deadline__lt=now, overdue_alerted_at__isnull=True)
     for item in overdue.select_related("action"):
         policy = item.limit_snapshot or {}
+        first_tier, _ = item_tiers(item)
         hours = policy.get("escalate_after_hours")
         escalate_at = item.deadline + timedelta(hours=hours) if hours and policy.get("next_tier") else None
         with transaction.atomic():
@@ -43,7 +44,7 @@ def _alert_first_tier(now):
                 Alert.objects.raise_for(
                     kind=Alert.Kind.OVERDUE_REVIEW, review_item=item, link=item.get_absolute_url(),
                     subject=f"Overdue: {item}", body=f"Waiting since {item.created_at:%Y-%m-%d %H:%M} UTC; {item.why}",
-                    recipients=tier_addresses(policy.get("first_tier") or ""),
+                    recipients=first_tier,
                 )
                 raised += 1
     return raised
@@ -53,7 +54,7 @@ def _escalate(now):
     raised = 0
     due = ReviewItem.objects.filter(status=ReviewStatus.OPEN, escalated_at__isnull=True, escalate_at__lt=now)
     for item in due.select_related("action"):
-        next_tier = tier_addresses(item.limit_snapshot["next_tier"])
+        _, next_tier = item_tiers(item)
         with transaction.atomic():
             claimed = ReviewItem.objects.filter(
                 pk=item.pk, status=ReviewStatus.OPEN, escalated_at__isnull=True, escalate_at__lt=now

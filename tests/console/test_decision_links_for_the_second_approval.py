@@ -3,12 +3,16 @@ of their own, as its overdue alert does (dlq.alerts.review_alert_second_approval
 `_send`): not who gave it, nor their delegate, nor an address nobody here has. Through a real
 SMTP server (aiosmtpd) and the job the approval queued in this run's Redis, which exists only
 once the approval committed; an approval refused, rolled back or posted twice tells nobody a
-second time. They learnt of it only from the dashboard before."""
+second time. They learnt of it only from the dashboard before. An item that no longer waits when
+its mail is to go (decided meanwhile, or between the tries of a mail server down) is mailed to
+nobody: its e-mail is recorded done, with why, and never tried again."""
 
+import json
 import re
 import threading
 from datetime import timedelta
 from decimal import Decimal
+from http.server import BaseHTTPRequestHandler
 
 import django_rq
 import pytest
@@ -19,12 +23,15 @@ from django.utils import timezone
 
 from approvals.delegation import delegation_name
 from approvals.models import DecisionLink, Limit, ReviewItem, ReviewKind, ReviewStatus
+from approvals.reviews import approval_expire_due
 from dlq.alerts import alert_deliver
 from dlq.models import Alert
 from dlq.overdue import review_alert_overdue
+from ledger import clock
 from ledger.actions import action_request
-from tests.conftest import REDIS_URL
+from tests.conftest import REDIS_URL, thread_server
 from tests.connectors.test_email import SMTP_BACKEND, MailServer
+from tests.dlq.test_alert_delivery import scheduled_tries
 from tests.factories import make_agent, person
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("jobs_to_test_redis")]
@@ -76,7 +83,11 @@ def signed_in(user):
 
 def approve(client, item, reason="the order shows the damage"):
     """Approved from the item's page, on the params it shows."""
-    return client.post(f"/review/{item.pk}/decide", {"decision": "approve", "reason": reason,
+    return decide(client, item, "approve", reason)
+
+
+def decide(client, item, decision, reason):
+    return client.post(f"/review/{item.pk}/decide", {"decision": decision, "reason": reason,
                                                       "fingerprint": item.action.params_fingerprint()})
 
 
@@ -249,3 +260,130 @@ def test_no_mail_when_the_item_waits_for_nobody_its_tier_names(people, mail_serv
     item = asked()
     assert approve(signed_in(people["alice"]), item).status_code == 302
     assert not second_approval_alerts(item) and not Alert.objects.exists()
+
+
+@pytest.fixture
+def webhook(settings):
+    """The operations webhook's receiver: the bodies it was posted."""
+    posts = []
+
+    class Receiver(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (http.server's name)
+            posts.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    with thread_server(Receiver) as receiver:
+        settings.ALERT_WEBHOOK_URL = f"{receiver.url}/hooks/surety"
+        yield posts
+
+
+def email_attempts(alert):
+    attempts = alert.deliveries.filter(channel="email").order_by("attempt")
+    return list(attempts.values_list("attempt", "ok", "detail", "reached"))
+
+
+def ended(item, people, how):
+    """The item no longer waits for anyone, `how`: bob's second approval or his rejection, its
+    window closed (nobody decides it, before the sweeper's pass) or the sweeper's expiry."""
+    if how in ("approved", "rejected"):
+        decision = {"approved": "approve", "rejected": "reject"}[how]
+        assert decide(signed_in(people["bob"]), item, decision, "seen it").status_code == 302
+    else:
+        ReviewItem.objects.filter(pk=item.pk).update(expires_at=clock.now() - timedelta(seconds=1))
+        if how == "expired":
+            assert approval_expire_due() == 1
+
+
+@pytest.mark.parametrize("how, why", [
+    ("approved", "approved by user:bob"), ("rejected", "rejected by user:bob"),
+    ("window closed", "its approval window closed"), ("expired", "expired")])
+def test_an_item_that_no_longer_waits_when_the_mail_is_to_go_is_mailed_to_nobody(people, mail_server, webhook,
+                                                                                  how, why):
+    """Bob decided (or the window ended) while the first approval's alert waited for a worker: bob
+    and carol were mailed "waiting for a second approval" of an item decided."""
+    item = asked()
+    assert approve(signed_in(people["alice"]), item).status_code == 302
+    [alert] = second_approval_alerts(item)
+    ended(item, people, how)
+    assert ReviewItem.objects.get(pk=item.pk).status == ("open" if how == "window closed" else how)
+
+    assert delivered(alert, mail_server) == []
+    assert email_attempts(alert) == [(1, True, f"not mailed: no longer waiting: {why}", [])]
+    assert [post["kind"] for post in webhook] == ["second_approval"]  # the operations' record of it still goes
+    alert.refresh_from_db()
+    assert alert.delivered_at is not None and not scheduled_tries(alert)  # done: never tried again
+    assert not DecisionLink.objects.exists()
+
+
+def test_an_item_decided_while_the_mail_server_is_down_is_not_mailed_when_it_is_back(people, mail_server):
+    """The mail server refuses the first try; bob approves before the next: the retry, hours
+    later in a long outage, mailed carol (and bob) of a wait that was over."""
+    item = asked()
+    assert approve(signed_in(people["alice"]), item).status_code == 302
+    [alert] = second_approval_alerts(item)
+    mail_server.script["RCPT"] = ["451 4.3.0 Try again later"]
+    assert delivered(alert, mail_server) == []
+    [(attempt, ok, detail, reached)] = email_attempts(alert)
+    assert (attempt, ok, reached) == (1, False, []) and "Try again later" in detail
+    [(retry, _)] = scheduled_tries(alert)
+
+    assert approve(signed_in(people["bob"]), item, "seen it").status_code == 302
+    django_rq.get_queue("default").scheduled_job_registry.remove(retry)
+    retry.perform()  # the scheduled try, as the worker's scheduler runs it
+
+    assert mails(mail_server) == []
+    assert email_attempts(alert)[1:] == [(2, True, "not mailed: no longer waiting: approved by user:bob", [])]
+    alert.refresh_from_db()
+    assert alert.delivered_at is not None and not scheduled_tries(alert)
+
+
+def test_a_mail_sent_halfway_before_the_item_was_decided_is_not_finished_after(people, mail_server):
+    """Bob's mail went, carol's was refused; bob approved from his link: carol is not mailed at
+    the retry."""
+    item = asked()
+    assert approve(signed_in(people["alice"]), item).status_code == 302
+    [alert] = second_approval_alerts(item)
+    mail_server.script["RCPT"] = [None, "451 4.3.0 Try again later"]
+    [(to, body)] = delivered(alert, mail_server)
+    assert to == "bob@surety.example"
+    assert approve_by_link(signed_in(people["bob"]), token_in(body), item).status_code == 302
+
+    alert_deliver(alert.pk)  # the next try
+    assert [to for to, _ in mails(mail_server)] == ["bob@surety.example"]
+    assert [(attempt, ok, reached) for attempt, ok, _, reached in email_attempts(alert)] == [
+        (1, False, ["bob@surety.example"]), (2, True, [])]
+    alert.refresh_from_db()
+    assert alert.delivered_at is not None
+
+
+def test_an_item_still_waiting_at_the_retry_is_mailed_as_before(people, mail_server):
+    item = asked()
+    assert approve(signed_in(people["alice"]), item).status_code == 302
+    [alert] = second_approval_alerts(item)
+    mail_server.script["RCPT"] = ["451 4.3.0 Try again later"]
+    assert delivered(alert, mail_server) == []
+    alert_deliver(alert.pk)
+    assert sorted(to for to, _ in mails(mail_server)) == ["bob@surety.example", "carol@surety.example"]
+
+
+def test_an_escalated_items_first_approval_tells_its_next_tier_too(people, mail_server):
+    """Its tiers as its overdue alerts name them (approvals.models.item_tiers): the first, and the
+    next once escalated."""
+    dave = person("dave", "approvers")
+    dave.email = "dave@surety.example"
+    dave.save(update_fields=["email"])
+    Limit.limit_set(actor="system:tests", reason="a next tier", action_type="refund", currency="EUR",
+                    max_amount=Decimal("500.00"), dual_approval_above=Decimal("5000.00"),
+                    first_tier="bob@surety.example", next_tier="dave@surety.example", escalate_after_hours=1)
+    item = asked()
+    assert review_alert_overdue(now=item.deadline + timedelta(minutes=1)) == 1
+    assert review_alert_overdue(now=item.deadline + timedelta(hours=2)) == 1
+    assert approve(signed_in(people["alice"]), item).status_code == 302
+
+    [alert] = second_approval_alerts(item)
+    assert alert.recipients == ["bob@surety.example", "dave@surety.example"]
