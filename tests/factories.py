@@ -160,9 +160,10 @@ def sessions_waiting_for_a_lock(table=None):
         return cursor.fetchone()[0]
 
 
-def another_waits_for_a_lock(seconds=5):
+def another_waits_for_a_lock(seconds=30):
     """Whether, within `seconds`, another connection waits for a lock: what a test racing two
-    transactions waits for before it lets the first one commit, instead of a sleep."""
+    transactions waits for before it lets the first one commit, instead of a sleep. It answers as
+    soon as one does: the bound is for a loaded machine, where the other may take seconds to get there."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if sessions_waiting_for_a_lock():
@@ -178,7 +179,7 @@ def another_transaction(hold, *, commit_when_waited_on=False):
     its locks, or has written rows it has not committed (PostgreSQL).
 
     It commits when the block ends or, with `commit_when_waited_on`, as soon as another
-    connection waits for a lock (at the most 5 s), so that the block itself may wait on it;
+    connection waits for a lock (at the most 30 s), so that the block itself may wait on it;
     then the yielded `.waited` says whether one did. An error in `hold()` is raised here."""
     other = SimpleNamespace(waited=None, error=None)
     held, release = threading.Event(), threading.Event()

@@ -5,7 +5,6 @@ one interaction; two requests for one order close together end with exactly one 
 import contextlib
 import re
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 
@@ -21,7 +20,7 @@ from approvals.models import Limit, ReviewItem, ReviewKind, ReviewStatus
 from ledger.actions import action_request, action_retry, in_flight_near
 from ledger.models import Action, ActionStatus
 from tests.conftest import wait_until
-from tests.factories import agent_api, audit_events, make_agent, refund_body, sandbox_list
+from tests.factories import agent_api, audit_events, make_agent, refund_body, sandbox_list, sessions_waiting_for_a_lock
 
 S = ActionStatus
 
@@ -150,7 +149,7 @@ def test_a_held_action_whose_customer_was_busy_at_the_settle_is_looked_at_again_
     first = running(refund(agent, "r1", order="ORD-1", customer="CUST-1"))
     second = refund(agent, "r2", order="ORD-2", customer="CUST-1")
     assert status(second) == S.HELD
-    locked = threading.Event()
+    locked, settled = threading.Event(), threading.Event()
 
     def intake():
         try:
@@ -158,14 +157,21 @@ def test_a_held_action_whose_customer_was_busy_at_the_settle_is_looked_at_again_
                 action_request(agent=agent, operation_key="r3", action_type="refund", target="ORD-3",
                                customer="CUST-1", params={"amount": "25.00", "currency": "EUR"}, shadow=True)
                 locked.set()
-                time.sleep(1)  # the settle meets the customer's lock meanwhile
+                # The customer's lock is held until the settle, having met it, waits for it after its
+                # commit, or has returned: one that looks no more at r2 returns and leaves it held.
+                # (The bound is only a safety net: either comes as soon as the settle is done.)
+                wait_until(lambda: sessions_waiting_for_a_lock("ledger_lock_subjects") or settled.is_set(),
+                           seconds=60, interval=0.02, message="the settle to wait for the customer's lock")
         finally:
             connection.close()
 
     with ThreadPoolExecutor(1) as other:
         shadow = other.submit(intake)
         assert locked.wait(20)
-        first.mark_succeeded(actor="system:executor", external_ref="re_1", claim=first.fence)
+        try:
+            first.mark_succeeded(actor="system:executor", external_ref="re_1", claim=first.fence)
+        finally:
+            settled.set()
         shadow.result()
     assert (status(second), Action.objects.get(operation_key="r3").status) == (S.QUEUED, S.SHADOW)
 

@@ -67,10 +67,16 @@ def test_the_sweeper_is_down_once_its_trace_expires(stack, settings):
 
 def test_a_worker_whose_heartbeat_is_older_than_the_window_is_down(stack, client, settings):
     stack.start_worker()
-    wait_until(lambda: Worker.all(connection=jobs.redis_connection()), message="the worker's registration")
-    call_command("sweep", "--once")
-    settings.HEALTHZ_WORKER_SECONDS = 0.5  # an idle worker beats every few minutes
+    # Registered, a worker beats once more as it starts listening, and then, idle, not for minutes
+    # (every worker_ttl - 15 s): on a loaded machine that beat could come after this test's sleep
+    # had begun, within the window. Once it has come, the sleep outlasts the window.
+    wait_until(lambda: any(worker.last_heartbeat > worker.birth_date
+                           for worker in Worker.all(connection=jobs.redis_connection())),
+               seconds=60, message="the worker's beat as it starts listening")
+    call_command("sweep", "--once")  # on an empty database it gives the worker nothing to do (and beat after)
+    settings.HEALTHZ_WORKER_SECONDS = 0.5
 
+    # A check that took a registered worker for a live one, whatever its last beat, answers "ok".
     time.sleep(0.6)
     response = client.get("/healthz")  # in this process, to see the shorter window
 
@@ -187,7 +193,9 @@ def test_the_web_stays_in_while_redis_hangs_without_waiting_for_it(client, setti
     """Redis is shared by every web process, and without it an action is still recorded (its
     doorbell rung by the sweeper once Redis is back): the web check does not ask it, so a Redis
     that never answers costs its polls no timeout."""
-    timeout = 1
+    # A check that asked Redis would take a whole timeout at least: a long one, so that the bound
+    # below, half of it, leaves a loaded machine's in-process request seconds.
+    timeout = 5
     with redis_that_never_answers(settings, timeout):
         began = time.monotonic()
         response = client.get("/healthz/web")
