@@ -173,6 +173,28 @@ def another_waits_for_a_lock(seconds=30):
 
 
 @contextmanager
+def send_timed(monkeypatch, connector_class):
+    """Times each `_send` of `connector_class` (observed, not replaced) while the block runs: yields
+    the list of their seconds. What a call's deadline bounds is the send: the claim and the ledger's
+    writes around it, which a loaded machine stretches, are left out."""
+    took = []
+    send = connector_class._send
+
+    def timed(connector, action):
+        started = time.monotonic()
+        try:
+            return send(connector, action)
+        finally:
+            took.append(time.monotonic() - started)
+
+    monkeypatch.setattr(connector_class, "_send", timed)
+    try:
+        yield took
+    finally:
+        monkeypatch.setattr(connector_class, "_send", send)
+
+
+@contextmanager
 def another_transaction(hold, *, commit_when_waited_on=False):
     """Run `hold()` in a transaction on a connection and thread of its own, and keep that
     transaction open while the with-block runs: what a request does while another one holds

@@ -17,7 +17,7 @@ from ledger.connectors.email import EmailConnector
 from ledger.executor import action_claim_next, action_run_claimed
 from ledger.models import Action
 from tests.conftest import free_port, wait_until
-from tests.factories import api_client, make_agent, post_action, send_together
+from tests.factories import api_client, make_agent, post_action, send_timed, send_together
 
 SMTP_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
 
@@ -206,22 +206,9 @@ def run_once(action):
 
 
 def run_timed(action, monkeypatch):
-    """Runs the action once; also answers how long the connector's send took (what the deadline
-    bounds; the claim and the ledger's writes around the call, which a loaded machine stretches,
-    are left out)."""
-    took = []
-    send = EmailConnector._send
-
-    def timed(connector, action):
-        started = time.monotonic()
-        try:
-            return send(connector, action)
-        finally:
-            took.append(time.monotonic() - started)
-
-    monkeypatch.setattr(EmailConnector, "_send", timed)  # observed, not replaced
-    action = run_once(action)
-    monkeypatch.setattr(EmailConnector, "_send", send)
+    """Runs the action once; also answers how long the connector's send took."""
+    with send_timed(monkeypatch, EmailConnector) as took:
+        action = run_once(action)
     return action, took[0]
 
 

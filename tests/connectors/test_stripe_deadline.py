@@ -17,7 +17,7 @@ from ledger.models import Action
 from tests.conftest import wait_until
 from tests.connectors.stripe_servers import stripe_provider  # noqa: F401 (fixture)
 from tests.connectors.stripe_stack import API_KEY
-from tests.factories import make_agent
+from tests.factories import make_agent, send_timed
 
 # What a call may take past its deadline: the cut-off's grace (http._CUT_OFF_GRACE) and a
 # loaded test machine's scheduling.
@@ -121,21 +121,9 @@ def claim(action):
 
 
 def run_timed(action, monkeypatch):
-    """Runs the claimed action; answers how long the connector's send took (what the deadline
-    bounds; the ledger's writes around the call, which a loaded machine stretches, are left out)."""
-    took = []
-    send = StripeConnector._send
-
-    def timed(connector, action):
-        started = time.monotonic()
-        try:
-            return send(connector, action)
-        finally:
-            took.append(time.monotonic() - started)
-
-    monkeypatch.setattr(StripeConnector, "_send", timed)  # observed, not replaced
-    action_run_claimed(action)
-    monkeypatch.setattr(StripeConnector, "_send", send)
+    """Runs the claimed action; answers how long the connector's send took."""
+    with send_timed(monkeypatch, StripeConnector) as took:
+        action_run_claimed(action)
     return took[0]
 
 
