@@ -197,6 +197,8 @@ def detail_context(request, item, decide_url=None):
         if action.customer else [],
         "customer_today": _customer_total_today(action),
         "siblings": Action.objects.filter(target=action.target).exclude(pk=action.pk).order_by("-id")[:10],
+        # Who was told, and each try (a second approval's mail not sent once nobody it went to is waited for).
+        "alerts": item.alerts.prefetch_related("deliveries"),
         # What is in flight now on the held action's target or customer, read when the page is (the
         # item's `why` was written when it was held), and the print a release is bound to, of the
         # same reading: a retry landing between two readings would be in the print, not on the page.

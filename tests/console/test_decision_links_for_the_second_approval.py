@@ -318,6 +318,8 @@ def test_an_item_that_no_longer_waits_when_the_mail_is_to_go_is_mailed_to_nobody
     alert.refresh_from_db()
     assert alert.delivered_at is not None and not scheduled_tries(alert)  # done: never tried again
     assert not DecisionLink.objects.exists()
+    page = signed_in(people["alice"]).get(item.get_absolute_url())  # the item's page says so
+    assert alert.subject in page.content.decode() and f"not mailed: no longer waiting: {why}" in page.content.decode()
 
 
 def test_an_item_decided_while_the_mail_server_is_down_is_not_mailed_when_it_is_back(people, mail_server):
