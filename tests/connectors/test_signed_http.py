@@ -131,6 +131,17 @@ def test_the_example_service_refuses_a_bad_signature_and_stores_nothing(receiver
     assert receiver.effects() == []
 
 
+def test_the_example_service_takes_any_one_of_several_signatures(receiver):
+    """A sender rolling its secret signs with the old and the new one: the right one second holds."""
+    raw = json.dumps({"operation_key": "k-2"}).encode()
+    signed = sign_webhook(raw, SECRET)
+    stamp, right = signed.split(",")
+    for signature in (f"{stamp},v1={'0' * 64},{right}", f"{stamp},{right},v1={'0' * 64}"):
+        answer = httpx.post(receiver.url, content=raw, headers={"Idempotency-Key": "k-2", "Surety-Signature": signature})
+        assert answer.status_code in (200, 201), answer.text
+    assert receiver.effects() == ["k-2"]
+
+
 # --- Through Surety's API and workers --------------------------------------------------------
 
 
