@@ -11,13 +11,13 @@ import json
 import re
 import threading
 from datetime import timedelta
+from functools import partial
 from decimal import Decimal
-from http.server import BaseHTTPRequestHandler
 
 import django_rq
 import pytest
 import redis
-from django.db import connection, transaction
+from django.db import transaction
 from django.test import Client
 from django.utils import timezone
 
@@ -29,10 +29,12 @@ from dlq.models import Alert
 from dlq.overdue import review_alert_overdue
 from ledger import clock
 from ledger.actions import action_request
-from tests.conftest import REDIS_URL, thread_server
+from tests.conftest import REDIS_URL
 from tests.connectors.test_email import SMTP_BACKEND, MailServer
 from tests.dlq.test_alert_delivery import scheduled_tries
+from tests.dlq.test_deadletter_entries import receiver  # noqa: F401 (a fixture)
 from tests.factories import make_agent, person
+from tests.ledger.test_review_webhooks_concurrent import in_threads
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("jobs_to_test_redis")]
 
@@ -229,20 +231,13 @@ def test_the_mail_goes_after_commit_and_not_at_all_when_the_approval_is_rolled_b
 def test_a_double_post_and_a_retried_delivery_mail_each_person_once(people, mail_server):
     item = asked()
     clients = [signed_in(people["alice"]) for _ in range(2)]
-    answers, start = [], threading.Barrier(2)
+    start = threading.Barrier(2)
 
     def post(client):
-        start.wait()
-        try:
-            answers.append(approve(client, item).status_code)
-        finally:
-            connection.close()
+        start.wait(30)
+        return approve(client, item).status_code
 
-    threads = [threading.Thread(target=post, args=(client,)) for client in clients]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    answers = in_threads(*(partial(post, client) for client in clients))
     assert sorted(answers) == [302, 303]  # the second refused: four eyes, the approval is hers already
     assert approve(clients[0], item).status_code == 303  # posted again later: refused as well
 
@@ -263,23 +258,10 @@ def test_no_mail_when_the_item_waits_for_nobody_its_tier_names(people, mail_serv
 
 
 @pytest.fixture
-def webhook(settings):
+def webhook(settings, receiver):
     """The operations webhook's receiver: the bodies it was posted."""
-    posts = []
-
-    class Receiver(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802 (http.server's name)
-            posts.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            self.send_response(200)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, *args):
-            pass
-
-    with thread_server(Receiver) as receiver:
-        settings.ALERT_WEBHOOK_URL = f"{receiver.url}/hooks/surety"
-        yield posts
+    settings.ALERT_WEBHOOK_URL = receiver.url
+    return receiver
 
 
 def email_attempts(alert):
@@ -314,7 +296,7 @@ def test_an_item_that_no_longer_waits_when_the_mail_is_to_go_is_mailed_to_nobody
 
     assert delivered(alert, mail_server) == []
     assert email_attempts(alert) == [(1, True, f"not mailed: no longer waiting: {why}", [])]
-    assert [post["kind"] for post in webhook] == ["second_approval"]  # the operations' record of it still goes
+    assert [json.loads(post["body"])["kind"] for post in webhook.received] == ["second_approval"]  # the operations' record of it still goes
     alert.refresh_from_db()
     assert alert.delivered_at is not None and not scheduled_tries(alert)  # done: never tried again
     assert not DecisionLink.objects.exists()
