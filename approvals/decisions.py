@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from django.db import IntegrityError, transaction
 from django.db.models import Exists, OuterRef, Q
 
-from ledger import clock
+from ledger import clock, hooks
 from ledger.access import decidable_names
 from ledger.actions import action_lock_subjects, action_release, in_flight_near
 from ledger.models import Action, ActionStatus, ActionType, Agent, AuditEvent
@@ -194,7 +194,13 @@ def _approval_recorded(item, action, user, behalf, reason, fingerprint):
     needs: of two, the second, by someone else, of the same params (a version's editor's approval
     on the item its hold closed is recorded here too, `review_edit`). A delegate's approval is its
     person's too: one of two from each of them is all it can be. An earlier approval counts only
-    while its person does not answer for the agent (`approvals_counted`)."""
+    while its person does not answer for the agent (`approvals_counted`).
+
+    An open item it leaves short of them is kept waiting for a new reason, someone else's approval:
+    a move to the status it has (ledger.hooks), here, whoever the caller (a page, a decision link,
+    an edit down, the demo), so that what the apps above do of it (dlq mails those it waits for now)
+    follows every first of two. A closed one waits for nobody until its release reopens it, a move
+    of its own (approvals.reviews)."""
     earlier = list(item.approvals.select_related("user", "on_behalf_of"))
     if given_by_the_same_eyes(earlier, user, behalf):
         raise DecisionRefused("four eyes: the second approval must come from someone else"
@@ -212,7 +218,10 @@ def _approval_recorded(item, action, user, behalf, reason, fingerprint):
                                      "fingerprint": fingerprint,
                                      **({"on_behalf_of": behalf.get_username()} if behalf else {}),
                                      **({"not_counted": not_counted} if not_counted else {})})
-    return len(counted) + 1 >= item.approvals_needed
+    enough = len(counted) + 1 >= item.approvals_needed
+    if not enough and item.status == ReviewStatus.OPEN:
+        hooks.moved(item, item.status, user, reason)
+    return enough
 
 
 def given_by_the_same_eyes(approvals, user, behalf):
@@ -321,7 +330,8 @@ def review_edit(item, *, user, changes, reason, fingerprint=""):
     item closed by its hold already: the approval is recorded on it as on an open one, the first of
     two for its release to find (decision 23), and one approval alone, bound to the version's params
     from its insert (ledger.versions), so that the record of the version that runs on it names who
-    approved it: held, it keeps either through the hold."""
+    approved it: held, it keeps either through the hold. A first of two tells those the version waits
+    for as any does: on its open item as it is given, on the held one when its release reopens it."""
     reason = reason.strip()
     if item.kind != ReviewKind.APPROVAL:
         raise DecisionRefused("only an action awaiting approval can be edited")

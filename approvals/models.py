@@ -283,7 +283,8 @@ class ReviewItem(StateMachine):
         """The same item waits again (with a new deadline, and approval window), rather than a new
         one: an unknown outcome a person sent back to verify, that came back still unproven (`reason`
         is why it waits now), or an approval a hold closed after its first of two approvals, which
-        stands (approvals.reviews; it waits for the same reason as before)."""
+        stands (approvals.reviews; it waits for the same reason as before, and those it waits for
+        are told again, as after the first approval: dlq.alerts.review_alert_when_second_awaited)."""
         why = self.why if self.kind == ReviewKind.APPROVAL else reason
         return self._move(R.OPEN, actor="system:reviews", verb="reopened", reason=reason, why=why,
                           deadline=deadline, expires_at=expires_at, decided_by=None, decided_for=None,

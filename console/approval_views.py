@@ -4,7 +4,6 @@ from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.db import transaction
 from django.db.models import Q
 from django.http import HttpResponse, QueryDict
 from django.shortcuts import redirect, render
@@ -19,7 +18,6 @@ from approvals.decisions import (AlreadyDecided, DecisionRefused, approvals_coun
 from approvals.intake import covered_currencies, customer_total_today, uncovered_refused
 from approvals.models import Limit, ReviewItem, ReviewKind, ReviewStatus
 from approvals.whatif import DEFAULT_DAYS, MAX_DAYS, Proposal, preview_for_audit
-from dlq.alerts import review_alert_second_approval
 from ledger.actions import in_flight_near
 from ledger.models import Action, ActionStatus, ActionType, AuditEvent, money_in_params
 from ledger.versions import edited_from
@@ -335,20 +333,15 @@ def review_decide_view(request, pk):
 def take_decision(request, item, fingerprint=None):
     """Take the decision posted on `item`; returns the item afterwards and the form. It binds to
     `fingerprint` when given (an e-mail link's), else to the form's. DecisionRefused (or
-    AlreadyDecided), in words, when it is not taken. The first of two approvals tells those the
-    item waits for now (dlq.alerts.review_alert_second_approval), in the approval's transaction:
-    an approval refused or rolled back tells nobody, and one taken tells them once."""
+    AlreadyDecided), in words, when it is not taken."""
     form = DecisionForm(request.POST)
     if not form.is_valid():
         said = [error for name in DecisionForm.SAID for error in form.errors.get(name, [])]
         raise DecisionRefused("; ".join([*form.non_field_errors(), *said]) or "the decision form is incomplete")
-    with transaction.atomic():
-        item = review_decide(item, user=request.user, decision=form.cleaned_data["decision"],
-                             reason=form.cleaned_data["reason"], external_ref=form.cleaned_data["external_ref"],
-                             fingerprint=fingerprint or form.cleaned_data["fingerprint"],
-                             in_flight=form.cleaned_data["in_flight"])
-        if form.cleaned_data["decision"] == "approve":
-            review_alert_second_approval(item)
+    item = review_decide(item, user=request.user, decision=form.cleaned_data["decision"],
+                         reason=form.cleaned_data["reason"], external_ref=form.cleaned_data["external_ref"],
+                         fingerprint=fingerprint or form.cleaned_data["fingerprint"],
+                         in_flight=form.cleaned_data["in_flight"])
     return item, form
 
 
@@ -423,11 +416,8 @@ def review_edit_view(request, pk):
             " ".join(errors) if field == "fingerprint" else f"{field}: {' '.join(errors)}"
             for field, errors in form.errors.items()), 400)
     try:
-        with transaction.atomic():  # its editor's approval, the first of two, tells as one given on a page does
-            item, version = review_edit(item, user=request.user, changes=form.changes(),
-                                        reason=form.cleaned_data["reason"],
-                                        fingerprint=form.cleaned_data["fingerprint"])
-            review_alert_second_approval(ReviewItem.objects.get(action=version, kind=ReviewKind.APPROVAL))
+        item, version = review_edit(item, user=request.user, changes=form.changes(), reason=form.cleaned_data["reason"],
+                                    fingerprint=form.cleaned_data["fingerprint"])
     except AlreadyDecided as exc:
         return refused(request, item, str(exc), 409)
     except DecisionRefused as exc:

@@ -4,7 +4,8 @@ action or task failed for good. A review item's recipient for whom it waits (who
 now, as its page would offer them) gets a mail of their own, with a decision link
 (approvals.links); a recipient away has their delegate mailed too (approvals.delegation). The
 first of two approvals raises an alert of the item's own (`review_alert_second_approval`), to
-those of its tiers it waits for then, who learnt of it only from the dashboard before; it is
+those of its tiers it waits for then, who learnt of it only from the dashboard before, whoever
+gave it and however (a reaction to the item's moves, `review_alert_when_second_awaited`); it is
 mailed to nobody once the item waits for none of them (decided before the mail went).
 
 Each attempt on each channel is recorded, in a transaction of its own per channel: what one
@@ -34,7 +35,7 @@ from django.utils import timezone
 from approvals.decisions import past_its_window
 from approvals.delegation import offered, standing_in
 from approvals.links import deciders, link_issue
-from approvals.models import ReviewStatus, item_tiers
+from approvals.models import ReviewKind, ReviewStatus, item_tiers
 from ledger import clock
 from ledger.connectors import http
 from ledger.jobs import enqueue
@@ -165,14 +166,28 @@ def _decision_links(alert, addresses):
             for address, user in deciders(item, addresses).items()}
 
 
+def review_alert_when_second_awaited(item, previous, actor, reason):
+    """A review item's move (ledger.hooks.on_move, in its transaction): an approval item that waits
+    for a second approval from now on tells those it waits for (`review_alert_second_approval`),
+    kept open by the first of two (a move to the status it has: approvals.decisions) or reopened
+    after a hold with that first one standing (from closed: approvals.reviews). Reopened, it waits
+    anew, with a new deadline and window, and its overdue alerts start over; so does this one: the
+    first approval's mail may have gone to nobody (it found the item held), or never been raised (a
+    version held as it was made, its editor's approval recorded on the item the hold closed)."""
+    if item.kind == ReviewKind.APPROVAL and item.status == ReviewStatus.OPEN and previous in (
+            ReviewStatus.OPEN, ReviewStatus.CLOSED):
+        review_alert_second_approval(item)
+
+
 def review_alert_second_approval(item):
-    """In the transaction of an approval of `item`: when the item still waits (the approval was
-    the first of two), an alert to the people of its tiers it now waits for (`deciders`: not who
-    gave it, nor their delegate, nor anyone once its window closed), delivered after commit as any
-    alert, each of them with a decision link (`_send`). The tiers are those its overdue alerts go
-    to (`item_tiers`, as dlq.overdue reads them): the first (the operations group when its limit
-    names none), and the next once it was escalated. None when the item waits for none of them (the operations group's
-    mailbox is nobody's): the dashboard tells them then, as before."""
+    """In the transaction that left `item` waiting for a second approval (the first of two given, or
+    reopened with it after a hold): while it waits, an alert to the people of its tiers it waits for
+    (`deciders`: not who gave the first, nor their delegate, nor anyone once its window closed),
+    delivered after commit as any alert, each of them with a decision link (`_send`). The tiers are
+    those its overdue alerts go to (`item_tiers`, as dlq.overdue reads them): the first (the
+    operations group when its limit names none), and the next once it was escalated. None when the
+    item waits for none of them (the operations group's mailbox is nobody's): the dashboard tells
+    them then, as before."""
     if item.status != ReviewStatus.OPEN:
         return None
     first_tier, next_tier = item_tiers(item)

@@ -6,9 +6,11 @@ class DlqConfig(AppConfig):
     verbose_name = "Dead-letter queue"
 
     def ready(self):
+        from approvals.models import ReviewItem
         from ledger import hooks
         from ledger.models import Action, Task
 
+        from .alerts import review_alert_when_second_awaited
         from .models import deadletter_open_when_failed_for_good, deadletter_open_when_task_gives_up, task_redrivable
         from .reconcile import incident_open_for_failed_effect
 
@@ -20,3 +22,5 @@ class DlqConfig(AppConfig):
         hooks.set_redrivable(task_redrivable)
         # The provider failed an effect the ledger recorded as made: an incident for a person.
         hooks.set_effect_failed(incident_open_for_failed_effect)
+        # An approval item waiting for a second approval, whoever gave the first: those it waits for are mailed.
+        hooks.on_move(ReviewItem, review_alert_when_second_awaited)

@@ -8,8 +8,9 @@ console.) Its entries, each kept in a plain list or slot:
 - reactions to moves (`on_move`): run inside the transaction of every status change of a
   model, after its write and audit event, in registration order (INSTALLED_APPS order:
   the ledger's own first). A reaction that raises rolls the move back. A new action that
-  waits for a person is a move from no status, and one kept waiting for a new reason a move
-  to the status it has: one path for the apps to follow a row, whichever way it came.
+  waits for a person is a move from no status, and a row kept waiting for a new reason (an
+  action kept held, a review item given the first of two approvals) a move to the status it
+  has: one path for the apps to follow a row, whichever way it came.
 - the limits policy (`set_policy`, any object with NoLimits' four functions, such as a
   module): what the intake and the executor ask before running an action. Without one,
   nothing is over a limit.
