@@ -56,9 +56,9 @@ from django.core import serializers
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection, transaction
 from django.db.models import Exists, OuterRef, Q, QuerySet
-from django.utils import timezone
 
 from approvals.models import Approval, DecisionLink, ReviewItem, ReviewStatus
+from ledger import clock
 from ledger.audit import ChainReport, chain_start, checks_read
 from ledger.locks import ARCHIVE_RUN, take_turns
 from ledger.models import (SETTLED, Action, ActionStatus, AuditEvent, Booking, ChainCheck, ChainCheckpoint, ChainWalk,
@@ -523,8 +523,9 @@ def archive_expired(directory, *, dry_run=False, limit=10000, now=None):
     """One run, of at most `limit` of each kind (`collect`); returns the
     Archive (None if there was nothing to take, or `dry_run`) and the counts it took. Raises
     ArchiveRefused, having taken nothing, if its audit events are not the chain their checkpoint
-    vouches for (`_unvouched`)."""
-    now = now or timezone.now()
+    vouches for (`_unvouched`). `now` is the database's (ledger.clock): on a host whose clock ran
+    ahead, a run would take keys still within their lifetime."""
+    now = now or clock.now()
     try:
         with transaction.atomic():
             take_turns(ARCHIVE_RUN)  # first: a second run waits here, then finds what this one took gone

@@ -40,7 +40,8 @@ event anywhere else, it fails the check instead of sparing the event's content h
 import functools
 import hashlib
 import json
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from django.db.models import Q
@@ -358,11 +359,22 @@ def record_problems(record, *, database=True, archives=None):
     if database:
         if not ledger_signed("evidence", str(integrity.get("digest")), integrity.get("signature")):
             problems.append("the signature is not this ledger's for this digest")
-        archived, problems_of_files = archived_events(archives) if archives else ({}, [])
+        archived, held, problems_of_files = (archived_events(archives, *_cited(record)) if archives
+                                             else ({}, False, []))
         problems += problems_of_files
-        problems += _database_problems(events, archived)
+        problems += _database_problems(events, archived, held)
         problems += _checkpoint_problems(record["audit"].get("checkpoint"), archived)
     return problems
+
+
+def _cited(record):
+    """The seqs and the ids of the audit events a record cites, and its checkpoint's seq: what it
+    asks of the archive files."""
+    events, checkpoint = record["audit"]["events"], record["audit"].get("checkpoint")
+    seqs = {event["seq"] for event in events if isinstance(event.get("seq"), int)}
+    if isinstance(checkpoint, dict) and isinstance(checkpoint.get("seq"), int):
+        seqs.add(checkpoint["seq"])
+    return seqs, {event["id"] for event in events if isinstance(event.get("id"), int)}
 
 
 def _whole_or_none(value):
@@ -373,9 +385,10 @@ def _paths_or_absent(redacted):
     return isinstance(redacted, list) and all(isinstance(path, str) and path for path in redacted)
 
 
-def archived_events(directory):
-    """({seq: (id, content_hash, prev_hash, hash, fields)} of the audit events in the archive files in
-    `directory`, [problems]). Only a file whose SHA-256 is the one its Archive row keeps counts
+def archived_events(directory, seqs, ids):
+    """({seq: (id, content_hash, prev_hash, hash, fields)} of the audit events with one of `seqs` or
+    `ids` in the archive files in `directory`, whether those files hold any event, [problems]). Only a
+    file whose SHA-256 is the one its Archive row keeps counts
     (a row this ledger signed), and only if its events link one to the next, each hash
     recomputed from the one before, and each content hash from the event's fields: the SHA-256
     vouches only for the file as the run wrote it, which holds an event altered in the database
@@ -385,9 +398,12 @@ def archived_events(directory):
     inside a file hold for a stretch rewritten behind the ledger's back, each content hash
     recomputed and each event linked to the one before, which breaks only there: a run refuses
     such a stretch now (dlq.archive), one of the code before took it. A file missing from the
-    directory is passed over (the record's events it held are then "not in the database")."""
-    found, problems = {}, []
-    files, previous = [], None  # (name, checkpoint, header, events) of the files read, in the chain's order
+    directory is passed over (the record's events it held are then "not in the database").
+
+    A run's file may hold millions of rows, tens of GB read whole: each file is read once, a line
+    at a time, and of its events only its ends and those asked for are kept (`_read_archive`)."""
+    found, held, problems = {}, False, []
+    files, previous = [], None  # (name, checkpoint, ArchiveFile) of the files read, in the chain's order
     for archive in Archive.objects.filter(checkpoint__isnull=False).select_related("checkpoint").order_by("id"):
         if not archive.vouched():
             problems.append(f"archive {Path(archive.file).name}: its row is not the one this ledger signed")
@@ -395,47 +411,107 @@ def archived_events(directory):
         before, previous = previous, archive.checkpoint
         path = Path(directory) / Path(archive.file).name
         try:
-            raw = path.read_bytes()
+            read = _read_archive(path, archive.sha256, seqs, ids)
         except OSError:
             continue
-        if hashlib.sha256(raw).hexdigest() != archive.sha256:
+        if read is None:
             problems.append(f"archive {path.name}: not the file the ledger wrote (its SHA-256 differs)")
             continue
-        header, *rows = [json.loads(line) for line in raw.decode().splitlines()]
-        events = sorted(((row["pk"], row["fields"]) for row in rows if row.get("model") == "ledger.auditevent"),
-                        key=lambda event: event[1]["seq"])
-        if why := _links_problem(events) or _start_problem(events, before):
+        if why := read.unlinked or _start_problem(read.first, before):
             problems.append(f"archive {path.name}: {why}")
             continue
-        files.append((path.name, archive.checkpoint, header, events))
-    for (name, checkpoint, header, events), after in zip(files, files[1:] + [None]):
-        if why := _end_problem(checkpoint, header, events, after and after[3]):
+        files.append((path.name, archive.checkpoint, read))
+    for (name, checkpoint, read), after in zip(files, files[1:] + [None]):
+        if why := _end_problem(checkpoint, read.header, read.last, after and after[2].first):
             problems.append(f"archive {name}: {why}")
             continue
-        for pk, event in events:
-            found[event["seq"]] = (pk, event["content_hash"], event["prev_hash"], event["hash"], event)
-    return found, problems
+        found |= read.cited
+        held = True
+    return found, held, problems
 
 
-def _links_problem(events):
-    """Why a file's events (in the chain's order) do not link one to the next, each content hash
-    recomputed from its fields and each hash from the one before; None if they do."""
-    for (_, event), following in zip(events, events[1:] + [None]):
-        if event["content_hash"] not in content_hashes(event):  # either version (ledger.audit)
-            return (f"event #{event['seq']} was altered after it was written (its fields are not what its content "
-                    "hash was computed from)")
-        if chain_hash(event["prev_hash"], event["content_hash"], event["seq"]) != event["hash"] or (
-                following is not None and (following[1]["seq"], following[1]["prev_hash"]) != (event["seq"] + 1,
-                                                                                               event["hash"])):
-            return f"its chain breaks at seq {event['seq']}"
+@dataclass
+class ArchiveFile:
+    """What the checks keep of an archive file (`_read_archive`): its header, its first and last
+    audit events' fields (in the chain's order, the file's), why its events do not link (None if
+    they do), and {seq: (id, content_hash, prev_hash, hash, fields)} of the events asked for."""
+
+    header: dict | None = None
+    first: dict | None = None
+    last: dict | None = None
+    unlinked: str | None = None
+    cited: dict = field(default_factory=dict)
+
+    def walk(self, rows, seqs, ids):
+        """Reads the file's rows (its header first), one at a time."""
+        self.header = next(rows, None)
+        for row in rows:
+            if row.get("model") != AuditEvent._meta.label_lower:
+                continue
+            pk, event = row["pk"], row["fields"]
+            if self.last is None:
+                self.first = event
+            elif why := _link_problem(self.last, event):
+                self.unlinked = why
+                return
+            if event["seq"] in seqs or pk in ids:
+                self.cited[event["seq"]] = (pk, event["content_hash"], event["prev_hash"], event["hash"], event)
+            self.last = event
+        if self.last is not None:
+            self.unlinked = _link_problem(self.last, None)
+
+
+def _read_archive(path, sha256, seqs, ids):
+    """The archive file at `path` (an ArchiveFile), or None if it is not the one the ledger wrote:
+    its SHA-256 is not `sha256`. Read once, a line at a time (a row each), each line hashed as it
+    is read, so what is checked is what was hashed. A file changed behind the ledger's back may hold
+    a line that is no row as the ledger writes them (not JSON, no fields): reading it stops there,
+    the rest is still hashed, and the SHA-256 tells the file is not the ledger's. One of the ledger's
+    own that cannot be read so is a fault of this code, and raises."""
+    digest, read, failed = hashlib.sha256(), ArchiveFile(), None
+    with path.open("rb") as file:
+        lines = _hashed(file, digest)
+        try:
+            read.walk(map(json.loads, lines), seqs, ids)
+        except OSError:  # the file's, not its rows': as when it cannot be opened
+            raise
+        except Exception as exc:  # whatever a changed line makes of its reading: the SHA-256 decides below
+            failed = exc
+        deque(lines, maxlen=0)  # the rest of the file, hashed
+    if digest.hexdigest() != sha256:
+        return None
+    if failed is not None:
+        raise failed
+    return read
+
+
+def _hashed(lines, digest):
+    """The lines, each added to `digest` as it is read."""
+    for line in lines:
+        digest.update(line)
+        yield line
+
+
+def _link_problem(event, following):
+    """Why a file's `event` does not link to the one `following` it in the chain's order (None: the
+    last), its content hash recomputed from its fields and its hash from the one before; None if
+    it does."""
+    if event["content_hash"] not in content_hashes(event):  # either version (ledger.audit)
+        return (f"event #{event['seq']} was altered after it was written (its fields are not what its content "
+                "hash was computed from)")
+    if chain_hash(event["prev_hash"], event["content_hash"], event["seq"]) != event["hash"] or (
+            following is not None and (following["seq"], following["prev_hash"]) != (event["seq"] + 1,
+                                                                                     event["hash"])):
+        return f"its chain breaks at seq {event['seq']}"
     return None
 
 
-def _start_problem(events, before):
-    """Why a file's events do not start where the archive before it left the chain (None if they
-    do): at the event its checkpoint `before` vouches for (that seq, that hash), which stayed in
-    the database as the chain's start; at the chain's first (seq 1, following "") for the first."""
-    first = events[0][1] if events else {}
+def _start_problem(first, before):
+    """Why a file's events (`first`: the first one's fields, None if it holds none) do not start
+    where the archive before it left the chain (None if they do): at the event its checkpoint
+    `before` vouches for (that seq, that hash), which stayed in the database as the chain's start;
+    at the chain's first (seq 1, following "") for the first."""
+    first = first or {}
     if before is None:
         return None if (first.get("seq"), first.get("prev_hash")) == (1, "") else \
             "it does not start at the chain's first event"
@@ -444,17 +520,17 @@ def _start_problem(events, before):
     return None
 
 
-def _end_problem(checkpoint, header, events, after):
-    """Why a file's last event is not the one its `checkpoint`'s event follows (None if it is),
-    that event's prev_hash and content_hash hashing (with its seq) to the checkpoint's signed hash.
-    The file's header names them (dlq.archive.write_file); a file written before headers did is
-    checked against the event itself: first in the file after it (`after`, its events), or in the
-    database while the chain starts there."""
+def _end_problem(checkpoint, header, last, after):
+    """Why a file's last event (`last`, its fields) is not the one its `checkpoint`'s event follows
+    (None if it is), that event's prev_hash and content_hash hashing (with its seq) to the
+    checkpoint's signed hash. The file's header names them (dlq.archive.write_file); a file written
+    before headers did is checked against the event itself: first in the file after it (`after`,
+    that file's first event), or in the database while the chain starts there."""
     named = header.get("checkpoint") or {}
     if "prev_hash" in named:
         event = named
-    elif after and after[0][1]["seq"] == checkpoint.seq:
-        event = after[0][1]
+    elif after and after["seq"] == checkpoint.seq:
+        event = after
     else:
         event = AuditEvent.objects.filter(seq=checkpoint.seq).values("prev_hash", "content_hash").first()
     if event is None:
@@ -462,7 +538,7 @@ def _end_problem(checkpoint, header, events, after):
                 "database nor the file after it holds that event")
     if chain_hash(event["prev_hash"], event["content_hash"], checkpoint.seq) != checkpoint.hash:
         return f"the event at seq {checkpoint.seq} it is checked against is not the one the checkpoint vouches for"
-    if events[-1][1]["hash"] != event["prev_hash"]:
+    if last["hash"] != event["prev_hash"]:
         return (f"its last event is not the one the checkpoint's event at seq {checkpoint.seq} follows: its events "
                 "are not those the checkpoint vouches for")
     return None
@@ -529,11 +605,12 @@ def _checkpoint_problems(named, archived):
     return [why] if (why := checkpoint.problem()) else []
 
 
-def _database_problems(events, archived):
+def _database_problems(events, archived, held):
     """Each event against the database's row with the same id: the same content hash, and
     once sealed the same seq and hashes (an event the export saw unsealed may be sealed now);
     one the database no longer holds, against its archive file's (`archived`, by seq, or by id
-    for an event the export saw unsealed: its id and content hash are all the record knows).
+    for an event the export saw unsealed: its id and content hash are all the record knows;
+    `held`: whether the archive files given hold any event).
     An event with values withheld must be the row's (or the file's) fields with just those
     values withheld (`_withholding_problem`)."""
     ids = [e.get("id") for e in events if isinstance(e.get("id"), int)]
@@ -558,7 +635,7 @@ def _database_problems(events, archived):
             else:
                 kept = archived[event["seq"]][4]
         elif row is None:
-            problems.append(f"{name}: not in the database's audit trail" + (", nor in an archive given" if archived
+            problems.append(f"{name}: not in the database's audit trail" + (", nor in an archive given" if held
                                                                                 else ""))
         elif row.content_hash != content_hash(row.content_fields()):
             problems.append(f"{name}: the database's row was altered after it was written")

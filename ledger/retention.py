@@ -2,8 +2,10 @@
 
 A key names its action for OPERATION_KEY_LIFETIME_DAYS after the action was recorded (decision
 42): within that lifetime the API replays it; after it a request under the key is answered
-`410 operation_key_expired`, never executed. `archive_expired` then moves the settled action out
-of the ledger and leaves an `ArchivedKey` in its place (a finished task: an `ArchivedTask`), which
+`410 operation_key_expired`, never executed. Its end is told by the database's clock (ledger.clock,
+decision 57), not the host's: a host whose clock ran ahead would answer 410, or archive the action,
+while the key still names it. `archive_expired` then moves the settled action out of the ledger
+and leaves an `ArchivedKey` in its place (a finished task: an `ArchivedTask`), which
 the database checks on every insert into the ledger (ledger.dbrules.ARCHIVED_KEY_REFUSED,
 ARCHIVED_TASK_REFUSED): an archived key is never recorded again.
 """
@@ -14,6 +16,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
+from . import clock
 from .audit import ledger_signed, ledger_signer
 
 KEY_EXPIRES_HEADER = "Idempotency-Key-Expires"
@@ -30,7 +33,7 @@ def key_expires_at(created_at):
 
 
 def key_expired(created_at, now=None):
-    return key_expires_at(created_at) <= (now or timezone.now())
+    return key_expires_at(created_at) <= (now or clock.now())
 
 
 def rfc3339(moment):

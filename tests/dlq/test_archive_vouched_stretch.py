@@ -25,12 +25,12 @@ from django.utils import timezone
 
 from dlq import archive as archiving
 from dlq.archive import archive_expired
+from ledger import clock
 from ledger.audit import chain_hash, content_hash
 from ledger.evidence import evidence_actions, evidence_record, record_problems
 from ledger.models import Action, AuditEvent, ChainCheckpoint
 from ledger.retention import Archive, archive_signature
 from tests.dlq.test_archive_expired import LATER, agent, billing, checkpoints_every_five, ledger  # noqa: F401
-from tests.factories import host_clock_off_by
 from tests.ledger.test_archive_trusted import behind_the_ledgers_back, whole_walk
 
 pytestmark = pytest.mark.django_db
@@ -170,7 +170,8 @@ def test_a_file_that_does_not_start_at_the_event_the_checkpoint_before_it_vouche
 
 def test_the_command_says_a_refusal_as_an_error_not_a_traceback(tmp_path, ledger, monkeypatch):
     rewrite(range(2, 5))
-    host_clock_off_by(monkeypatch, LATER.total_seconds())  # the command's runs read the host's now
+    # The command's runs read the database's clock (ledger.clock), which a test cannot move: a stand-in, moved.
+    monkeypatch.setattr(clock, "now", lambda: timezone.now() + LATER)
 
     with pytest.raises(CommandError, match="archive refused: the audit events before the checkpoint at seq 5"):
         call_command("archive_expired", str(tmp_path))
