@@ -126,7 +126,8 @@ def webhook_receive(request, connector):
     try:
         raw = request.body
     except RequestDataTooBig:  # Django's HTML "Bad Request (400)" otherwise
-        return _problem(400, "invalid", "Not an event",
+        # 413, not 400: the size is the refusal, not the event (the code stays the contract's `invalid`).
+        return _problem(413, "invalid", "Body too large",
                         f"the body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes")
     try:
         event = reader(raw, request.headers)

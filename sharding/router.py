@@ -61,6 +61,7 @@ import httpx
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from config.wsgi import UnreadableBody, read_chunked
 from ledger.api.wire import problem_body, well_formed_key
 from ledger.key_paths import key_segment
 from ledger.recipients import customer_spelling, email_recipient
@@ -261,6 +262,11 @@ class Router:
         if not path.startswith(API) or not canonical(path):
             return problem(404, "not_found", "Not found", "The shards' router serves the agents' API only, "
                            "at paths written as Django routes them.")
+        try:
+            # A body sent chunked, as the shards read one: given its length, past MAX_BODY refused here.
+            read_chunked(environ, MAX_BODY)
+        except UnreadableBody:
+            return problem(400, "invalid", UnreadableBody.title, UnreadableBody.detail)
         if int(environ.get("CONTENT_LENGTH") or 0) > MAX_BODY:
             return problem(400, "invalid", "Invalid request", f"The body is larger than {MAX_BODY // 1024} KiB.")
         request = Request(environ, path, environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0)))

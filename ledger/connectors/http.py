@@ -49,6 +49,8 @@ through `exchange` too (ledger.connectors.stripe).
 
 import contextlib
 import contextvars
+import io
+import itertools
 import json
 import os
 import re
@@ -85,11 +87,12 @@ MESSAGE_MAX_CHARS = 1000
 # outcome. Stripe's and the sandbox's largest pages (100 refunds, 1,000 effects) are well within it.
 ANSWER_MAX_BYTES = 10 * 1024 * 1024
 # The content codings an answer is read in (`_decoded`): zlib reads both formats (gzip's, and
-# deflate's own, RFC 9110 8.4.1.2; x-gzip is gzip, 8.4.1.3), at most _DECODED_PIECE bytes a step,
-# so that the bound is looked at within that of it. Only gzip is asked for: a server offered
-# deflate may answer in raw deflate, which is neither format.
+# deflate's own, RFC 9110 8.4.1.2; x-gzip is gzip, 8.4.1.3), and raw deflate, which some servers
+# send for deflate, at most _DECODED_PIECE bytes a step, so that the bound is looked at within
+# that of it. Only gzip is asked for.
 _CODINGS = ("gzip", "x-gzip", "deflate")
 _ZLIB_OR_GZIP = zlib.MAX_WBITS | 32
+_RAW_DEFLATE = -zlib.MAX_WBITS
 _ACCEPTED_ENCODING = "gzip"
 _DECODED_PIECE = 64 * 1024
 
@@ -423,16 +426,18 @@ def _read(response):
     """`response` read whole, or `_TooLong` once it runs past ANSWER_MAX_BYTES (the connection is
     then closed unread). Counted as it decodes, so that a small gzipped answer that unpacks to a
     gigabyte is stopped too; httpx reads an answer whole, whatever its size, unless told so."""
-    body = bytearray()
+    body = io.BytesIO()
     for piece in _decoded(response):
-        body += piece
-        if len(body) > ANSWER_MAX_BYTES:
+        body.write(piece)
+        if body.tell() > ANSWER_MAX_BYTES:
             raise _TooLong(response.status_code)
     # The body is decoded already and whole: the response that holds it must neither decode it
     # again nor describe it as it came over the wire (its compressed length, its chunks).
     headers = [(name, value) for name, value in response.headers.multi_items()
                if name.lower() not in ("content-encoding", "content-length", "transfer-encoding")]
-    return httpx.Response(response.status_code, headers=headers, content=bytes(body), request=response.request)
+    # getvalue() hands over the buffer itself, not a copy of it (CPython's BytesIO, unshared):
+    # a bytearray's bytes() held a 10 MiB answer twice.
+    return httpx.Response(response.status_code, headers=headers, content=body.getvalue(), request=response.request)
 
 
 def _decoded(response):
@@ -455,11 +460,16 @@ def _decoded(response):
         return
     if len(codings) > 1 or codings[0] not in _CODINGS:
         raise httpx.DecodingError(f"an answer in {', '.join(codings)}: only one of {', '.join(_CODINGS)} is read")
-    decompressor = zlib.decompressobj(_ZLIB_OR_GZIP)
-    came = False
+    pieces = response.iter_raw()
+    head = b""
+    for piece in pieces:  # the stream's first two bytes at least: zlib's header, if it has one
+        head += piece
+        if len(head) >= 2:
+            break
+    decompressor = _decompressor(codings[0], head)
+    came = bool(head)
     try:
-        for piece in response.iter_raw():
-            came = True
+        for piece in itertools.chain([head], pieces):
             while piece:  # what zlib did not get to for want of room is its unconsumed tail
                 yield decompressor.decompress(piece, _DECODED_PIECE)
                 piece = decompressor.unconsumed_tail
@@ -470,6 +480,18 @@ def _decoded(response):
         raise httpx.DecodingError(str(exc)) from exc
     if came and not decompressor.eof:
         raise httpx.DecodingError(f"the answer's {codings[0]} stream was cut short")
+
+
+def _decompressor(coding, head):
+    """zlib's reader of an answer in `coding` that starts with `head`: gzip's or zlib's format,
+    told by its header; for deflate without zlib's header, raw deflate (RFC 1951 alone, which
+    some servers send for deflate). zlib tells a header from its first two bytes."""
+    if coding == "deflate":
+        try:
+            zlib.decompressobj(_ZLIB_OR_GZIP).decompress(head[:2])
+        except zlib.error:
+            return zlib.decompressobj(_RAW_DEFLATE)
+    return zlib.decompressobj(_ZLIB_OR_GZIP)
 
 
 def exchange(method, url, *, json=None, content=None, params=None, headers=None):

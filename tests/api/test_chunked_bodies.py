@@ -6,13 +6,18 @@ has, and refused above them with the same problem, never read whole into memory.
 import http.client
 import io
 import json
+import re
 import time
+from contextlib import contextmanager
 from urllib.parse import urlsplit
 
+import httpx
 import pytest
 from django.conf import settings
+from django.test import Client
 
-from config.wsgi import application
+from config.wsgi import application, uploads_max_bytes
+from console.evidence_views import EVIDENCE_FILE_MAX_BYTES
 from ledger.models import Action, WebhookEvent
 from ledger.webhooks import sign_webhook
 from tests.factories import agent_api, make_agent_on, refund_body
@@ -68,12 +73,12 @@ def test_a_signed_webhook_sent_chunked_is_verified_and_stored_up_to_the_upload_l
     assert WebhookEvent.objects.get(event_id=f"evt_chunked_{size}").payload == json.loads(body)
 
 
-def refused_chunked_early(url, path, headers, body):
+def refused_chunked_early(url, path, headers, body, limit=settings.DATA_UPLOAD_MAX_MEMORY_SIZE):
     """POST `body` chunked to the live server and read the answer once it may have refused it:
-    after the body's first DATA_UPLOAD_MAX_MEMORY_SIZE bytes and 64 KiB (all of it, if shorter; the
-    server reads a little ahead), the rest never sent, as a streaming client reads an early answer.
-    Returns (status, content type, JSON)."""
-    head = body[:settings.DATA_UPLOAD_MAX_MEMORY_SIZE + 65_536]
+    after the body's first `limit` bytes and 64 KiB (all of it, if shorter; the server reads a
+    little ahead), the rest never sent, as a streaming client reads an early answer. Returns
+    (status, content type, JSON)."""
+    head = body[:limit + 65_536]
     address = urlsplit(url)
     connection = http.client.HTTPConnection(address.hostname, address.port, timeout=10)
     try:
@@ -95,14 +100,14 @@ def refused_chunked_early(url, path, headers, body):
         connection.close()
 
 
-@pytest.mark.parametrize(("path", "size"), [
-    (ACTIONS, settings.API_MAX_BODY_BYTES + 1),
-    (ACTIONS, 3 * 1024 * 1024),
-    (WEBHOOKS, settings.DATA_UPLOAD_MAX_MEMORY_SIZE + 1),
-    (WEBHOOKS, 3 * 1024 * 1024),
+@pytest.mark.parametrize(("path", "size", "status"), [
+    (ACTIONS, settings.API_MAX_BODY_BYTES + 1, 400),
+    (ACTIONS, 3 * 1024 * 1024, 400),
+    (WEBHOOKS, settings.DATA_UPLOAD_MAX_MEMORY_SIZE + 1, 413),
+    (WEBHOOKS, 3 * 1024 * 1024, 413),
 ])
 def test_a_chunked_body_above_its_limit_is_refused_as_one_with_a_length_before_its_end_arrives(
-        stack, client, path, size):
+        stack, client, path, size, status):
     """The same problem Django answers the same body with its Content-Length (the test client's);
     a 3 MiB one is answered with its first MiB or so, the rest never sent, so never read."""
     make_agent_on(client)
@@ -110,12 +115,12 @@ def test_a_chunked_body_above_its_limit_is_refused_as_one_with_a_length_before_i
     headers = {**signed(body), "Idempotency-Key": KEY, "Authorization": client.defaults["HTTP_AUTHORIZATION"]}
     with_length = client.generic("POST", path, body, content_type="application/json",
                                  headers={name: value for name, value in headers.items() if name != "Content-Type"})
-    assert with_length.status_code == 400, with_length.content
+    assert with_length.status_code == status, with_length.content
     assert with_length["Content-Type"] == "application/problem+json"
 
     chunked = refused_chunked_early(stack.url, path, headers, body)
 
-    assert chunked == (400, "application/problem+json", with_length.json())
+    assert chunked == (status, "application/problem+json", with_length.json())
     assert not Action.objects.exists() and not WebhookEvent.objects.exists()
 
 
@@ -156,3 +161,58 @@ def test_a_malformed_chunk_is_a_problem_not_the_servers_page(stack):
     finally:
         connection.close()
     assert not WebhookEvent.objects.exists()
+
+
+UPLOAD = "/audit/verify-evidence"
+
+
+@contextmanager
+def dashboard_on(url, user):
+    """An httpx client on the live server signed in as `user` (a session Django's test client
+    makes, in the database the server reads), with the CSRF cookie a page sets."""
+    session = Client()
+    session.force_login(user)
+    with httpx.Client(base_url=url, timeout=30, follow_redirects=True,
+                      cookies={"sessionid": session.cookies["sessionid"].value}) as browser:
+        assert browser.get("/audit/").status_code == 200
+        yield browser
+
+
+def evidence_upload(browser, size):
+    """The audit page's evidence form with an `evidence.json` of `size` bytes (a JSON object, not
+    a record: each problem found in it is named), as a browser encodes it: (body, headers)."""
+    record = json.dumps({"audit": {"events": []}, "integrity": {}, "padding": ""}).encode()
+    content = record[:-2] + b"x" * (size - len(record)) + record[-2:]
+    form = browser.build_request("POST", UPLOAD, data={"csrfmiddlewaretoken": browser.cookies["csrftoken"]},
+                                 files={"evidence": ("evidence.json", content, "application/json")})
+    return form.read(), {"Content-Type": form.headers["Content-Type"]}
+
+
+def told(page):
+    """The dashboard's message on `page` (the audit log a form's answer returns to)."""
+    return re.search(r'<div id="messages"[^>]*>(.*?)</div>', page.text, re.S)[1].strip()
+
+
+@pytest.mark.parametrize("size", [2 * 1024 * 1024, EVIDENCE_FILE_MAX_BYTES + 1])
+def test_a_file_uploaded_chunked_is_checked_as_the_same_upload_with_a_length(stack, auditor, size):
+    """A form with a file past DATA_UPLOAD_MAX_MEMORY_SIZE (which Django applies to its fields,
+    never its files): read whole, as with its length, not cut at 1 MiB and its file lost; one just
+    past the file's own bound reaches the view, which says so, as with its length."""
+    with dashboard_on(stack.url, auditor) as browser:
+        body, headers = evidence_upload(browser, size)
+        with_length = send(browser, UPLOAD, body, headers, chunked=False)
+        chunked = send(browser, UPLOAD, body, headers, chunked=True)
+    assert (with_length.status_code, chunked.status_code) == (200, 200)
+    assert told(with_length).startswith('<p class="message message--error">evidence.json: '), told(with_length)
+    assert told(chunked) == told(with_length)
+
+
+def test_a_form_sent_chunked_past_the_largest_upload_is_refused_413_before_its_end_arrives(stack, auditor):
+    with dashboard_on(stack.url, auditor) as browser:
+        body, headers = evidence_upload(browser, uploads_max_bytes() + 1024 * 1024)
+        headers["Cookie"] = "; ".join(f"{name}={value}" for name, value in browser.cookies.items())
+
+    status, content_type, problem = refused_chunked_early(stack.url, UPLOAD, headers, body, limit=uploads_max_bytes())
+
+    assert (status, content_type, problem["code"]) == (413, "application/problem+json", "invalid")
+    assert str(uploads_max_bytes()) in problem["detail"]

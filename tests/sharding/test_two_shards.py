@@ -7,6 +7,7 @@ sharded deployment is: the second database is a copy of the first made once the 
 Everything goes over real HTTP, and each assertion on placement reads the shards' own tables.
 """
 
+import http.client
 import io
 import json
 import os
@@ -15,7 +16,7 @@ import uuid
 from collections import Counter
 from contextlib import ExitStack
 from types import SimpleNamespace
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import psycopg
 import pytest
@@ -338,6 +339,50 @@ def test_what_surety_refuses_the_router_passes_to_shard_zero_unplaced_and_it_ans
     with psycopg.connect(shards.directory) as conn:
         assert conn.execute("SELECT name FROM shard_placement WHERE name LIKE '%%ORD-N%%' "
                             "OR name LIKE 'customer:C%%' AND length(name) > 200").fetchall() == []
+
+
+def chunked(body):
+    """`body` as an iterator: httpx sends it chunked, with no Content-Length."""
+    return iter([body[i:i + 1024] for i in range(0, len(body), 1024)])
+
+
+def test_a_body_sent_chunked_is_routed_and_recorded_as_the_same_body_with_its_length(shards):
+    """gunicorn de-chunks it and says where it ends: the router reads it as config/wsgi.py reads
+    one for the shards (it read CONTENT_LENGTH bytes, none: the shard was sent an empty body),
+    and refuses one past the API's 64 KiB as it refuses it with its length."""
+    client, (zero, one) = shards.client, shards.stacks
+    key = "refund:ORD-CH1:full:dec-1"
+    body = json.dumps(refund_body("ORD-CH1", customer=customer_on(1, "CHUCK"))).encode()
+    headers = {"Idempotency-Key": key, "Content-Type": "application/json"}
+    large = json.dumps({**refund_body("ORD-CH2", customer="CHUCK-X"), "padding": "x" * 70_000}).encode()
+    large_headers = {**headers, "Idempotency-Key": "refund:ORD-CH2:full:dec-1"}
+
+    created = client.post("/api/v1/actions", content=chunked(body), headers=headers)
+    replayed = client.post("/api/v1/actions", content=body, headers=headers)
+    too_large = client.post("/api/v1/actions", content=chunked(large), headers=large_headers)
+    too_large_with_length = client.post("/api/v1/actions", content=large, headers=large_headers)
+
+    assert (created.status_code, created.headers["Surety-Shard"]) == (201, "1"), created.text
+    assert key in keys_on(one) and key not in keys_on(zero)
+    assert (replayed.status_code, replayed.headers["Idempotent-Replayed"]) == (200, "true")
+    assert too_large.status_code == 400 and too_large.json() == too_large_with_length.json()
+
+
+def test_a_malformed_chunk_is_refused_by_the_router_as_by_a_shard(shards):
+    address = urlsplit(shards.url)
+    connection = http.client.HTTPConnection(address.hostname, address.port, timeout=10)
+    try:
+        connection.putrequest("POST", "/api/v1/actions")
+        for name, value in {"Transfer-Encoding": "chunked", "Content-Type": "application/json",
+                            "Idempotency-Key": "refund:ORD-CH3:full:dec-1"}.items():
+            connection.putheader(name, value)
+        connection.endheaders()
+        connection.send(b"zz\r\n{}\r\n0\r\n\r\n")
+        answer = connection.getresponse()
+        assert (answer.status, answer.getheader("Content-Type")) == (400, "application/problem+json")
+        assert json.loads(answer.read())["title"] == "Unreadable body"
+    finally:
+        connection.close()
 
 
 def test_a_key_never_placed_is_answered_404_by_every_shard_and_other_paths_are_not_routed(shards):
