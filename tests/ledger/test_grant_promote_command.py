@@ -17,7 +17,8 @@ from ledger.connectors.test_mode import connector_version
 from ledger.grants import grant_state
 from ledger.models import Action, ActionStatus, Agent, Capability, Grant, GrantState, ReplayRun
 from tests.conftest import wait_until
-from tests.factories import api_client, audit_events, make_agent, post_action, refund_body, sandbox_list
+from tests.factories import (api_client, audit_events, host_clock_off_by, make_agent, post_action, refund_body,
+                             sandbox_list)
 
 REFUND = Capability.Kind.ACTION_TYPE, "refund"
 
@@ -84,6 +85,16 @@ def test_a_refused_promotion_says_why_and_changes_nothing(scout, passed_run, arg
         promote(*args)
     assert state(scout) == GrantState.SHADOW
     assert not audit_events(scout, "promoted").exists()
+
+
+def test_the_review_date_is_counted_on_the_database_clock_not_the_shells(scout, passed_run, monkeypatch):
+    """The grant's review date is compared with the database's clock (Grant.state): counted from a
+    shell whose host clock runs a minute ahead, `--review-days 0` was a date ahead, and promoted."""
+    person("ada")
+    host_clock_off_by(monkeypatch, 60)
+    with pytest.raises(CommandError, match="must be ahead"):
+        promote("--by", "ada", "--reason", "ok", "--review-days", "0")
+    assert state(scout) == GrantState.SHADOW
 
 
 def test_without_a_passing_replay_run_for_the_connector_as_it_is_now_it_is_refused(scout):

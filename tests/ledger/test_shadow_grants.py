@@ -16,6 +16,7 @@ from approvals.models import Limit
 from console.sweeper import sweep_once
 from ledger.actions import action_request
 from ledger.agents import agent_rotate_token
+from ledger import clock
 from ledger.connectors.base import Connector
 from ledger.connectors import test_mode
 from ledger.connectors.test_mode import connector_version
@@ -120,7 +121,7 @@ def test_promotion_needs_a_reason_and_a_review_date_ahead(scout, ada):
     with pytest.raises(GrantRefused, match="reason"):
         grant_promote(scout, capability(*REFUND), actor=ada, reason=" ")
     with pytest.raises(GrantRefused, match="review date"):
-        grant_promote(scout, capability(*REFUND), actor=ada, reason="ready", review_by=timezone.now())
+        grant_promote(scout, capability(*REFUND), actor=ada, reason="ready", review_by=clock.now())
     assert not audit_events(scout, "promoted").exists()
 
 

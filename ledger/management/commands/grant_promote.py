@@ -3,8 +3,8 @@ from datetime import timedelta
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
-from django.utils import timezone
 
+from ledger import clock
 from ledger.connectors.test_mode import version_now
 from ledger.grants import REVIEW_DAYS, WAIT_SECONDS, GrantRefused, capability, grant_promote, workers_version
 from ledger.models import ActionType, Agent, Capability, ReplayRun
@@ -44,7 +44,7 @@ class Command(BaseCommand):
             raise CommandError(f"not promoted: {exc}") from None
         try:
             grant = grant_promote(found, capability(Capability.Kind.ACTION_TYPE, action_type), actor=person,
-                                  reason=reason, review_by=timezone.now() + timedelta(days=review_days),
+                                  reason=reason, review_by=clock.now() + timedelta(days=review_days),
                                   version=version)
         except (GrantRefused, OverflowError) as exc:
             raise CommandError(f"not promoted: {exc}") from None
