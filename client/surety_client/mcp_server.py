@@ -36,6 +36,8 @@ is a tool error, except one that asks for the same call again (`retry`: `unreach
 `throttled`, `unreadable`), which is a result: hosts count tool errors against a retry budget
 (pydantic-ai's is 1) and stop the agent once it runs out, though calling again is what it was told.
 A model cannot wait: a throttled call waits a short Retry-After out itself and is made once more.
+No call waits longer than CALL_WAIT_MAX seconds (an outcome, a person's decision, a rate limit): hosts
+on the MCP TypeScript SDK stop a call after 60 s unless they chose to reset that on progress (decision 69).
 """
 
 from __future__ import annotations
@@ -71,11 +73,18 @@ from .errors import (
 )
 
 PROBLEM_TYPE = "https://surety.dev/problems/"
-# Seconds between progress notifications while a tool call waits.
+# Seconds a tool call waits at most, for an outcome, a person or a rate limit. Hosts on the MCP TypeScript
+# SDK stop a request after 60 s unless the host chose to reset that on progress, which the server cannot
+# tell: a call offered 600 s, and such a host stopped it at 60 with no answer. 30 s, one held read of the
+# API, leaves the rest of the 60 for the requests themselves. A longer wait is the model's next call.
+CALL_WAIT_MAX = 30
+# Seconds between progress notifications while a tool call waits (for a host that shows them, or
+# resets a shorter timeout on them).
 PROGRESS_INTERVAL = 10.0
 # Seconds a throttled tool call waits before its one more try: its Retry-After, unless longer than the
-# first (then answered at once), or the second when the answer says nothing of it (a gateway's 429).
-THROTTLED_WAIT_MAX = 30.0
+# first (then answered at once), or the second when the answer says nothing of it (a gateway's 429). The
+# wait is taken from the call's own (`wait`, `seconds`), so the call still ends within CALL_WAIT_MAX.
+THROTTLED_WAIT_MAX = float(CALL_WAIT_MAX)
 THROTTLED_WAIT_UNSAID = 5.0
 
 DECISION = {
@@ -121,10 +130,11 @@ def _keyed(what: str) -> dict[str, Any]:
 
 CUSTOMER = _asked(OPTIONAL_TEXT, "The customer's id, if known.")
 REASON = _asked({"type": "string", "maxLength": 500}, "Why, in a few words.")
-WAIT = {"type": "number", "minimum": 0, "maximum": 30, "default": 10,
-        "description": "Seconds to wait for the outcome before answering (0 to 30)."}
-SECONDS = {"type": "number", "minimum": 0, "maximum": 600, "default": 30,
-           "description": "Seconds to wait at most (0 to 600)."}
+WAIT = {"type": "number", "minimum": 0, "maximum": CALL_WAIT_MAX, "default": 10,
+        "description": f"Seconds to wait for the outcome before answering (0 to {CALL_WAIT_MAX})."}
+SECONDS = {"type": "number", "minimum": 0, "maximum": CALL_WAIT_MAX, "default": CALL_WAIT_MAX,
+           "description": f"Seconds to wait at most (0 to {CALL_WAIT_MAX}); to wait longer, call again when it "
+                          "answers that it is still waiting."}
 MOMENT = {"type": "string", "format": "date-time", "description": "ISO 8601, e.g. 2026-12-01T10:00:00Z."}
 
 
@@ -210,7 +220,8 @@ TOOLS = {tool.name: tool for tool in (
          "while it waits for a person to approve, release or review it, and while it failed and a person may "
          "retry it from the dead-letter queue.",
          _schema(["operation_key"], operation_key=TEXT, seconds=SECONDS),
-         lambda client, args, stop: client.wait_for_outcome(args["operation_key"], timeout=args.get("seconds", 30),
+         lambda client, args, stop: client.wait_for_outcome(args["operation_key"],
+                                                            timeout=args.get("seconds", SECONDS["default"]),
                                                             redrive=True, stop=stop), {}),
     Tool("get_task", "Read a task's checkpoint by its task id.",
          _schema(["task_id"], task_id=TEXT),
@@ -219,7 +230,8 @@ TOOLS = {tool.name: tool for tool in (
          "and while it is dead-lettered until a person redrives it (one a person finished by hand answers at "
          "once), up to `seconds`.",
          _schema(["task_id"], task_id=TEXT, seconds=SECONDS),
-         lambda client, args, stop: client.wait_for_task(args["task_id"], timeout=args.get("seconds", 30),
+         lambda client, args, stop: client.wait_for_task(args["task_id"],
+                                                         timeout=args.get("seconds", SECONDS["default"]),
                                                          redrive=True, stop=stop), {}),
 )}
 
@@ -302,11 +314,11 @@ ADVICE: dict[str, tuple[str, bool]] = {
     "operation_key_expired": ("Nothing was done now: this key is past its lifetime, and what it named (done or not) "
                               "is no longer answered here. Do not ask again under a new decision_id to repeat it: "
                               "that would be a second effect. Tell the user; a person can look it up.", False),
-    # A model cannot wait: told to, it calls again at once. The call waits a short limit out itself.
-    "throttled": (f"Over this agent's rate limit; nothing was recorded. This call waits out a limit of up to "
-                  f"{THROTTLED_WAIT_MAX:g} s itself and tries once more, so the same call made again at once is "
-                  "refused alike: tell the user Surety is busy, and make the same call again later (it can never "
-                  "double the effect).", True),
+    # A model cannot wait: told to, it calls again at once. The call waits a short limit out itself, and
+    # its guidance says first what it did (`throttled_said`). Not "nothing was recorded": a call that
+    # posts may be refused on its next read, the action recorded.
+    "throttled": ("Tell the user Surety is busy, and make the same call again later: it answers what this "
+                  "decision's call recorded, if anything, and can never double the effect.", True),
     "unreachable": ("This call already tried several times, pausing between tries. Make the same call again, with "
                     "the same decision_id (it can never double the effect); if it answers alike, do not keep "
                     "calling: tell the user Surety cannot be reached now.", True),
@@ -320,17 +332,31 @@ ADVICE: dict[str, tuple[str, bool]] = {
 }
 
 
-def _failed(body: dict[str, Any], retry_after: float | None = None) -> types.CallToolResult:
-    """A problem: the API's problem, and what to do about it (with how long to wait first, when the
-    API said so: a model has no other way to know). A tool error, unless it says to make the same call
-    again (`retry`): a host counts each tool error against the tool's retry budget and ends the run
-    once it is spent (pydantic-ai: 1 by default), so a model doing as told would be stopped."""
+def _failed(body: dict[str, Any], done: str = "") -> types.CallToolResult:
+    """A problem: the API's problem, what the call did about it (`done`: waited a rate limit out, say)
+    and what to do. A tool error, unless it says to make the same call again (`retry`): a host counts
+    each tool error against the tool's retry budget and ends the run once it is spent (pydantic-ai: 1
+    by default), so a model doing as told would be stopped."""
     advice, retry = ADVICE.get(body.get("code", ""), ("Do not retry it unchanged.", False))
-    if retry and retry_after:
-        advice += f" Surety asked for {retry_after:g} s before the next call (Retry-After)."
     said = body.get("detail") or body.get("title")
-    return _result({**body, "guidance": f"Refused ({body.get('code')}): {said} {advice}", "retry": retry,
+    return _result({**body, "guidance": f"Refused ({body.get('code')}): {said} {done}{advice}", "retry": retry,
                     "next_tool": None}, is_error=not retry)
+
+
+def throttled_said(retry_after: float | None, waited: float | None) -> str:
+    """What a throttled call did before answering, and how long Surety asked to be left alone (a model
+    has no other way to know). `retry_after`: the last refusal's; `waited`: the seconds the call waited
+    before its one more try, or None when it made none. Told that the call waits a limit of up to 30 s
+    out itself when it had not (Surety asked for longer), a model took the limit for a short one."""
+    asked = "" if retry_after is None else f"Surety asked for {retry_after:g} s before the next call (Retry-After)"
+    if waited is not None:
+        return (f"This call waited {waited:g} s, tried once more and was refused again, so the same call made "
+                f"again at once is refused alike. {asked}{'. ' if asked else ''}")
+    if retry_after is not None and retry_after > THROTTLED_WAIT_MAX:
+        return (f"{asked}, longer than the {THROTTLED_WAIT_MAX:g} s this call waits out itself, so it did not wait "
+                "or try again: do not make the same call again before then. ")
+    # Cancelled by the host during its wait: nobody reads this, but it says what happened.
+    return f"{asked}{'. ' if asked else ''}This call was cancelled before it tried again. "
 
 
 def _next(tool: str, **arguments: str) -> dict[str, Any]:
@@ -348,7 +374,7 @@ def action_guidance(action: Action, waited: float | None = None) -> tuple[str, d
     else:
         wait_hint = (f"Still waiting for a person: nobody decided in the {waited:g} s this call waited. Call "
                      f"wait_for_action with operation_key={key!r} again to wait longer (each call waits up to its "
-                     "seconds, at most 600), or tell the user a person must decide first.")
+                     f"seconds, at most {CALL_WAIT_MAX}), or tell the user a person must decide first.")
     said = {
         "succeeded": f"Done: {action.action_type} succeeded (provider reference {action.external_ref}).",
         "awaiting_approval": f"Awaiting approval: above the limit, a person must approve this {action.action_type} "
@@ -589,11 +615,13 @@ def call(client: SuretyClient, name: str, arguments: dict[str, Any] | None,
     waited = args.get("seconds", SECONDS["default"]) if name in ("wait_for_action", "wait_for_task") else None
     try:
         return _answer(_run(tool, client, args, stop), waited)
+    except _StillThrottled as throttled:
+        return _failed(throttled.problem.body, throttled_said(throttled.problem.retry_after, throttled.waited))
     except IdempotencyKeyReused as problem:
         return _reused(client, tool, problem)
     except Problem as problem:
         return _failed({**problem.body, "errors": _as_arguments(tool, problem.errors)} if problem.errors
-                       else problem.body, problem.retry_after)
+                       else problem.body)
     except SuretyUnreachable as exc:
         return _failed(_problem_body(503, "unreachable", "Surety unreachable",
                                      f"{exc} Call again with the same decision_id: it can never double the effect."))
@@ -603,17 +631,42 @@ def call(client: SuretyClient, name: str, arguments: dict[str, Any] | None,
         return _failed(_problem_body(502, "unreadable", "Answer not readable", str(exc)))
 
 
+class _StillThrottled(Exception):
+    """A call refused for the agent's rate limit to the end: the last refusal (`problem`), and the
+    seconds the call waited before its one more try (`waited`; None: it made none)."""
+
+    def __init__(self, problem: Throttled, waited: float | None) -> None:
+        super().__init__(str(problem))
+        self.problem = problem
+        self.waited = waited
+
+
 def _run(tool: Tool, client: SuretyClient, args: dict[str, Any], stop: threading.Event | None) -> Action | Checkpoint:
     """The tool's call, made once more after a rate limit's wait (THROTTLED_WAIT_MAX at most, cut short
-    by `stop`): told to wait, a model calls again at once, throttled again, over and over. Each run takes
-    its arguments apart: it gets a copy."""
+    by `stop`): told to wait, a model calls again at once, throttled again, over and over. The wait is
+    taken from the call's own, which a host's timeout leaves no room to add to. Each run takes its
+    arguments apart: it gets a copy."""
     try:
         return tool.run(client, dict(args), stop)
     except Throttled as throttled:
         wait = THROTTLED_WAIT_UNSAID if throttled.retry_after is None else throttled.retry_after
         if wait > THROTTLED_WAIT_MAX or pause(wait, stop):
-            raise
-    return tool.run(client, dict(args), stop)
+            raise _StillThrottled(throttled, None) from None
+    try:
+        return tool.run(client, _less_waiting(tool, args, wait), stop)
+    except Throttled as again:
+        raise _StillThrottled(again, wait) from None
+
+
+def _less_waiting(tool: Tool, args: dict[str, Any], spent: float) -> dict[str, Any]:
+    """A copy of `args` whose wait (`wait`, `seconds`, given or by default) is what is left of it after
+    `spent` seconds."""
+    left = dict(args)
+    for name in ("wait", "seconds"):
+        schema = tool.input_schema["properties"].get(name)
+        if schema is not None:
+            left[name] = max(0.0, left.get(name, schema["default"]) - spent)
+    return left
 
 
 def _reused(client: SuretyClient, tool: Tool, problem: IdempotencyKeyReused) -> types.CallToolResult:
@@ -636,10 +689,10 @@ def _reused(client: SuretyClient, tool: Tool, problem: IdempotencyKeyReused) -> 
 
 
 async def _report_waiting(ctx: ServerRequestContext[Any]) -> None:
-    """Progress every PROGRESS_INTERVAL seconds while a call waits (a person's decision, up to 600 s):
-    hosts stop a request that tells them nothing for a while (the TypeScript SDK's after 60 s, unless
-    progress resets it). Sent only to a caller that asked for progress (a progressToken): the SDK
-    sends nothing otherwise."""
+    """Progress every PROGRESS_INTERVAL seconds while a call waits (a person's decision, up to
+    CALL_WAIT_MAX): a host may show it, or reset a timeout shorter than the call on it (the TypeScript
+    SDK's, when the host asks it to). Sent only to a caller that asked for progress (a progressToken):
+    the SDK sends nothing otherwise."""
     started = anyio.current_time()
     while True:
         await anyio.sleep(PROGRESS_INTERVAL)
@@ -656,8 +709,8 @@ def build_server(client: SuretyClient) -> Server[Any]:
         # The client blocks (it waits on the API); a thread keeps the server answering meanwhile.
         # A host that cancels the call (notifications/cancelled, which the SDK applies by cancelling
         # this handler) ends it at once, not once the thread is done (abandon_on_cancel), and `stop`
-        # ends the thread's wait at its next read: it would otherwise read the API on for up to its
-        # 600 s, for an answer nobody takes.
+        # ends the thread's wait at its next read: it would otherwise read the API on until its
+        # seconds ran out, for an answer nobody takes.
         stop = threading.Event()
         try:
             async with anyio.create_task_group() as waiting:

@@ -34,7 +34,7 @@ class Clock:
     def sleep(self, seconds):
         self.pauses.append(seconds)
         self.now += seconds
-        if self.now > 3600:  # no wait here is longer than the tools' 600 s: a wait that never ends
+        if self.now > 3600:  # no wait here is that long: a wait that never ends
             raise AssertionError(f"still waiting after {self.now} s")
 
 
@@ -205,9 +205,26 @@ def test_a_throttled_call_waits_out_a_short_limit_itself_and_tries_once_more(clo
     client, requests = scripted_api(throttled, throttled)
     answer = mcp_server.call(client, "get_action", {"operation_key": KEY}).structured_content
     assert (answer["code"], answer["retry"]) == ("throttled", True) and len(requests) == 2
-    assert "This call waits out a limit of up to 30 s itself and tries once more" in answer["guidance"]
-    assert "tell the user Surety is busy" in answer["guidance"] and "Wait " not in answer["guidance"]
+    assert "This call waited 3 s, tried once more and was refused again" in answer["guidance"]
+    assert "Tell the user Surety is busy" in answer["guidance"] and "Wait " not in answer["guidance"]
     assert clock.pauses == [3, 3]
+
+
+def test_a_throttled_calls_wait_is_taken_from_its_own(clock):
+    """A host stops a call after 60 s (the MCP TypeScript SDK's default), and a tool call waits up to
+    30 s: a throttled call that waited its Retry-After first and then its whole wait took up to a
+    minute. What it waited for the rate limit is taken from its wait. A fake API and clock: the real
+    server's Retry-After is the rest of its window, not one a test can choose."""
+    throttled = (429, {"Retry-After": "20"}, _problem(429, "throttled"))
+    client, requests = scripted_api(throttled, *[(200, {}, _action("awaiting_approval"))] * 12)
+    answer = mcp_server.call(client, "wait_for_action", {"operation_key": KEY, "seconds": 30}).structured_content
+    assert answer["status"] == "awaiting_approval" and clock.now == 30 and clock.pauses == [20, 5, 5]
+
+    clock.pauses.clear()
+    client, requests = scripted_api(throttled, (200, {}, _action("queued")))
+    answer = mcp_server.call(client, "refund", {**REFUND, "wait": 15}).structured_content
+    assert answer["status"] == "queued" and clock.pauses == [20]  # its 15 s spent: answered as posted
+    assert [request.method for request in requests] == ["POST", "POST"]
 
 
 def test_a_throttled_call_asked_to_wait_longer_or_cancelled_answers_at_once(clock):

@@ -1,7 +1,9 @@
 """The MCP server over stdio, driven by the MCP SDK's own client, against the live server."""
 
 import json
+import re
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
@@ -167,6 +169,35 @@ def test_a_refund_the_limits_refuse_tells_the_model_nothing_was_recorded_and_not
     assert refused.structured_content["retry"] is False and not Action.objects.exists()
 
 
+@pytest.mark.parametrize("rate", ["0/s", "0/d"])
+def test_a_throttled_call_says_whether_it_waited_and_tried_again_as_it_did(live_server, settings, rate):
+    """A throttled call waits a Retry-After of up to 30 s out itself and tries once more; one over 30 s
+    it answers at once. Its guidance said in both cases that the call waits up to 30 s and tries once
+    more: told so after a refusal that asked for hours, a model took the limit for one that 30 s clear.
+    The in-process live server, so that this test's rate holds there: none allowed, so every request is
+    refused, and Surety's Retry-After is the rest of the second (1 s), or of the day (hours)."""
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": {"agent": rate}}
+    started = time.monotonic()
+    (refused,) = over_mcp(live_server.url, make_agent("mcp-bot")[1], ("refund", {
+        "order": "ORD-M20", "amount": "25.00", "currency": "EUR", "decision_id": "dec-m20", "wait": 0}))
+    took = time.monotonic() - started
+    said = guidance_of(refused)
+    assert (refused.is_error, refused.structured_content["code"], refused.structured_content["retry"]) == (
+        False, "throttled", True), said
+    assert "waits out a limit of up to" not in said and not Action.objects.exists()
+    if rate == "0/s":
+        assert "This call waited 1 s, tried once more and was refused again" in said
+        assert "refused alike. Surety asked for 1 s before the next call (Retry-After)." in said
+        assert took >= 1
+    else:
+        asked = float(re.search(r"Surety asked for (\d+) s before the next call \(Retry-After\), longer than "
+                                r"the 30 s this call waits out itself, so it did not wait or try again: do not make "
+                                r"the same call again before then\.", said)[1])
+        assert asked > mcp_server.THROTTLED_WAIT_MAX and "tried once more" not in said
+        assert took < mcp_server.THROTTLED_WAIT_MAX  # it answered at once
+    assert "Tell the user Surety is busy, and make the same call again later" in said
+
+
 def test_a_failed_refund_says_not_to_ask_again_and_wait_for_action_sees_the_operators_retry(stack, token):
     """Its dead-letter entry is the way to retry it, under its own key: a model that asked again under
     a new decision_id made a second refund once the operator retried the first."""
@@ -184,12 +215,15 @@ def test_a_failed_refund_says_not_to_ask_again_and_wait_for_action_sees_the_oper
     assert failed.structured_content["next_tool"] == {"name": "wait_for_action", "arguments": {"operation_key": key}}
 
     stack.start_worker()
+    waits = ("wait_for_action", {"operation_key": key, "seconds": mcp_server.CALL_WAIT_MAX})
     with ThreadPoolExecutor(1) as model:
-        waiting = model.submit(over_mcp, stack.url, token, ("wait_for_action", {"operation_key": key, "seconds": 60}))
+        # Two calls, as a model makes them when the first answers that it is still failed: each waits
+        # at most CALL_WAIT_MAX, the second answers at once once the first saw the outcome.
+        waiting = model.submit(over_mcp, stack.url, token, waits, waits)
         time.sleep(2)  # the model waits, as it was told, while the operator retries it
         deadletter_redrive(DeadLetter.objects.get(action__operation_key=key, status="open"),
                            actor=person("olga", "operators"), reason="provider reachable again")
-        (retried,) = waiting.result()
+        *_, retried = waiting.result()
     assert retried.structured_content["status"] == "succeeded", guidance_of(retried)
     assert guidance_of(retried).startswith("Done: refund succeeded")
     with api_client(stack.url, token) as provider:
@@ -228,9 +262,9 @@ def test_a_refund_task_for_an_order_written_with_a_trailing_space_is_the_same_ta
 
 
 def test_a_long_wait_tells_a_host_that_asked_for_progress_that_it_is_still_waiting(stack, token, monkeypatch):
-    """wait_for_action waits up to 600 s for a person, and sent nothing meanwhile: a host on the MCP
-    TypeScript SDK stops a request after 60 s without progress. The server in this process, over
-    memory streams (JSON-RPC as over stdio), so that its interval can be a fraction of a second."""
+    """wait_for_action waits for a person, and sent nothing meanwhile: a host may show progress, or
+    reset a timeout on it. The server in this process, over memory streams (JSON-RPC as over stdio), so
+    that its interval can be a fraction of a second."""
     monkeypatch.setattr(mcp_server, "PROGRESS_INTERVAL", 0.2)
     Limit.limit_set(actor="system:tests", reason="the tests' policy", action_type="refund", currency="EUR",
                     max_amount=Decimal("500.00"))
@@ -269,8 +303,63 @@ def test_a_long_wait_tells_a_host_that_asked_for_progress_that_it_is_still_waiti
     assert progress[0][1].startswith("Still waiting on Surety after ")
 
 
+# What a host on the MCP TypeScript SDK allows a request by default (DEFAULT_REQUEST_TIMEOUT_MSEC).
+HOST_TIMEOUT = 60
+
+
+def test_the_longest_wait_a_tool_offers_answers_within_a_hosts_60_s_and_progress_comes_meanwhile(
+        stack, token, monkeypatch):
+    """A host on the MCP TypeScript SDK stops a request after 60 s unless it chose to reset that on
+    progress (resetTimeoutOnProgress), which the server cannot tell. wait_for_action offered up to 600 s:
+    asked for that while nobody decided, the host stopped it at 60 s and the model had no answer. The
+    SDK's own client here, whose timeout progress never resets: the longest wait any tool offers answers
+    within it, saying nobody decided; and a call that asked for progress hears it while it waits, and
+    answers the outcome of the approval given meanwhile. The server in this process, over memory streams
+    (JSON-RPC as over stdio), so that its progress interval can be a second."""
+    monkeypatch.setattr(mcp_server, "PROGRESS_INTERVAL", 1.0)
+    Limit.limit_set(actor="system:tests", reason="the tests' policy", action_type="refund", currency="EUR",
+                    max_amount=Decimal("500.00"))
+    stack.start_worker()
+    progress, heard = [], threading.Event()
+
+    async def told(value, total, message):
+        progress.append(value)
+        heard.set()
+
+    async def session(client, key):
+        async with create_client_server_memory_streams() as (client_streams, server_streams), \
+                anyio.create_task_group() as server_running:
+            server = mcp_server.build_server(client)
+            server_running.start_soon(partial(server.run, *server_streams, server.create_initialization_options()))
+            async with ClientSession(*client_streams) as mcp:
+                await mcp.initialize()
+                longest = max(schema["maximum"] for tool in (await mcp.list_tools()).tools
+                              for name, schema in tool.input_schema["properties"].items()
+                              if name in ("wait", "seconds"))
+                waiting = {"operation_key": key, "seconds": longest}
+                nobody = await mcp.call_tool("wait_for_action", waiting, read_timeout_seconds=HOST_TIMEOUT)
+                approved = await mcp.call_tool("wait_for_action", waiting, read_timeout_seconds=HOST_TIMEOUT,
+                                               progress_callback=told)
+            server_running.cancel_scope.cancel()
+        return longest, nobody, approved
+
+    with SuretyClient(stack.url, token) as client, ThreadPoolExecutor(1) as thread:
+        key = client.refund(order="ORD-M19", amount="900.00", currency="EUR", decision_id="dec-m19").operation_key
+        waited = thread.submit(anyio.run, session, client, key)
+        # The person approves once the second call told the host it is still waiting.
+        wait_until(lambda: heard.is_set() or waited.done(), seconds=3 * HOST_TIMEOUT, message="progress")
+        if heard.is_set():
+            review_decide(ReviewItem.objects.get(action__operation_key=key), user=person("rita", "approvers"),
+                          decision="approve", reason="the order shows the double charge")
+        longest, nobody, approved = waited.result()
+    assert f"nobody decided in the {longest:g} s this call waited" in guidance_of(nobody)
+    assert approved.structured_content["status"] == "succeeded", guidance_of(approved)
+    assert guidance_of(approved).startswith("Done: refund succeeded")
+    assert progress and progress == sorted(progress)
+
+
 def test_a_tool_call_the_host_cancels_stops_waiting_at_its_next_poll(stack, token, monkeypatch):
-    """wait_for_action waits for a person in a thread of its own (the client blocks), up to 600 s. A
+    """wait_for_action waits for a person in a thread of its own (the client blocks). A
     host that gave up on the call (the SDK's client sends notifications/cancelled) ended the request,
     not the thread: it read the action on every few seconds until its own seconds ran out. The
     server in this process, over memory streams, its reads counted where the client sends them."""
