@@ -6,6 +6,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
 from decimal import Decimal
 from functools import partial
 
@@ -28,6 +29,20 @@ from tests.conftest import free_port, wait_until
 from tests.factories import api_client, make_agent, person, sandbox, sandbox_list, sandbox_order, settled
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@asynccontextmanager
+async def served(client, **session_options):
+    """A host's MCP session (`ClientSession`, initialized) with the server serving `client`, over
+    memory streams, in this event loop."""
+    async with create_client_server_memory_streams() as (client_streams, server_streams), \
+            anyio.create_task_group() as server_running:
+        server = mcp_server.build_server(client)
+        server_running.start_soon(partial(server.run, *server_streams, server.create_initialization_options()))
+        async with ClientSession(*client_streams, **session_options) as mcp:
+            await mcp.initialize()
+            yield mcp
+        server_running.cancel_scope.cancel()
 
 
 @pytest.fixture
@@ -277,16 +292,10 @@ def test_a_long_wait_tells_a_host_that_asked_for_progress_that_it_is_still_waiti
         notifications.append(message)
 
     async def session(client, arguments):
-        async with create_client_server_memory_streams() as (client_streams, server_streams), \
-                anyio.create_task_group() as server_running:
-            server = mcp_server.build_server(client)
-            server_running.start_soon(partial(server.run, *server_streams, server.create_initialization_options()))
-            async with ClientSession(*client_streams, message_handler=notified) as mcp:
-                await mcp.initialize()
-                silent = await mcp.call_tool("wait_for_action", arguments)
-                unasked = list(notifications)
-                heard = await mcp.call_tool("wait_for_action", arguments, progress_callback=told)
-            server_running.cancel_scope.cancel()
+        async with served(client, message_handler=notified) as mcp:
+            silent = await mcp.call_tool("wait_for_action", arguments)
+            unasked = list(notifications)
+            heard = await mcp.call_tool("wait_for_action", arguments, progress_callback=told)
         return silent, unasked, heard
 
     with SuretyClient(stack.url, token) as client, ThreadPoolExecutor(1) as thread:
@@ -327,20 +336,14 @@ def test_the_longest_wait_a_tool_offers_answers_within_a_hosts_60_s_and_progress
         heard.set()
 
     async def session(client, key):
-        async with create_client_server_memory_streams() as (client_streams, server_streams), \
-                anyio.create_task_group() as server_running:
-            server = mcp_server.build_server(client)
-            server_running.start_soon(partial(server.run, *server_streams, server.create_initialization_options()))
-            async with ClientSession(*client_streams) as mcp:
-                await mcp.initialize()
-                longest = max(schema["maximum"] for tool in (await mcp.list_tools()).tools
-                              for name, schema in tool.input_schema["properties"].items()
-                              if name in ("wait", "seconds"))
-                waiting = {"operation_key": key, "seconds": longest}
-                nobody = await mcp.call_tool("wait_for_action", waiting, read_timeout_seconds=HOST_TIMEOUT)
-                approved = await mcp.call_tool("wait_for_action", waiting, read_timeout_seconds=HOST_TIMEOUT,
-                                               progress_callback=told)
-            server_running.cancel_scope.cancel()
+        async with served(client) as mcp:
+            longest = max(schema["maximum"] for tool in (await mcp.list_tools()).tools
+                          for name, schema in tool.input_schema["properties"].items()
+                          if name in ("wait", "seconds"))
+            waiting = {"operation_key": key, "seconds": longest}
+            nobody = await mcp.call_tool("wait_for_action", waiting, read_timeout_seconds=HOST_TIMEOUT)
+            approved = await mcp.call_tool("wait_for_action", waiting, read_timeout_seconds=HOST_TIMEOUT,
+                                           progress_callback=told)
         return longest, nobody, approved
 
     with SuretyClient(stack.url, token) as client, ThreadPoolExecutor(1) as thread:
@@ -377,17 +380,11 @@ def test_a_tool_call_the_host_cancels_stops_waiting_at_its_next_poll(stack, toke
     monkeypatch.setattr(mcp_server, "call", timed)
 
     async def session(client, key):
-        async with create_client_server_memory_streams() as (client_streams, server_streams), \
-                anyio.create_task_group() as server_running:
-            server = mcp_server.build_server(client)
-            server_running.start_soon(partial(server.run, *server_streams, server.create_initialization_options()))
-            async with ClientSession(*client_streams) as mcp:
-                await mcp.initialize()
-                with anyio.move_on_after(1.5):  # the host gives up on the call, as the SDK does it
-                    await mcp.call_tool("wait_for_action", {"operation_key": key, "seconds": 20})
-                cancelled = time.monotonic()
-                await anyio.sleep(client_module.PERSON_INTERVAL + 2)  # past the wait's next read
-            server_running.cancel_scope.cancel()
+        async with served(client) as mcp:
+            with anyio.move_on_after(1.5):  # the host gives up on the call, as the SDK does it
+                await mcp.call_tool("wait_for_action", {"operation_key": key, "seconds": 20})
+            cancelled = time.monotonic()
+            await anyio.sleep(client_module.PERSON_INTERVAL + 2)  # past the wait's next read
         return cancelled
 
     with SuretyClient(stack.url, token) as client, ThreadPoolExecutor(1) as thread:
@@ -408,17 +405,11 @@ def test_a_tool_call_that_fails_unexpectedly_says_why_not_that_a_task_group_fail
     monkeypatch.setattr(mcp_server, "call", broken)
 
     async def session():
-        async with create_client_server_memory_streams() as (client_streams, server_streams), \
-                anyio.create_task_group() as server_running:
-            server = mcp_server.build_server(SuretyClient("http://127.0.0.1:9", "token"))
-            server_running.start_soon(partial(server.run, *server_streams, server.create_initialization_options()))
-            async with ClientSession(*client_streams) as mcp:
-                await mcp.initialize()
-                try:
-                    await mcp.call_tool("get_action", {"operation_key": "k"})
-                except MCPError as error:  # the SDK answers a handler's exception as a JSON-RPC error
-                    told = str(error)
-            server_running.cancel_scope.cancel()
+        async with served(SuretyClient("http://127.0.0.1:9", "token")) as mcp:
+            try:
+                await mcp.call_tool("get_action", {"operation_key": "k"})
+            except MCPError as error:  # the SDK answers a handler's exception as a JSON-RPC error
+                told = str(error)
         return told
 
     with ThreadPoolExecutor(1) as thread:  # a thread of its own: a browser test may hold this one's event loop
