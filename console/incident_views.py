@@ -52,10 +52,12 @@ def open_incident_count():
 
 def incident_card(user, now):
     """The incidents' card on the overview (console.overview): the open ones, how
-    many of them this user may work, and the oldest."""
+    many of them this user may work, and the oldest. Both counts are exact up to
+    OPEN_EXACT_UP_TO, as the card is polled every 3 s."""
     open_incidents = Incident.objects.filter(status=IncidentStatus.OPEN)
     count = open_incident_count()
-    mine = open_incidents.filter(action_type__in=decidable_names(user, RESOLVE)).count() if count else 0
+    mine = count_up_to(open_incidents.filter(action_type__in=decidable_names(user, RESOLVE)),
+                       OPEN_EXACT_UP_TO) if count else 0
     return [{"kind": "incidents", "label": "Incidents", "href": reverse("incident-list"), "count": count,
              "count_id": "incidents-open", "mine": mine, "overdue": count,
              "oldest": open_incidents.aggregate(oldest=Min("created_at"))["oldest"] if count else None,

@@ -37,58 +37,74 @@ INCIDENT_TRANSITIONS = {I.OPEN: {I.RESOLVED}, I.RESOLVED: set()}
 
 class IncidentManager(models.Manager):
     def open_for(self, finding, *, actor):
-        """The incident for a reconciliation finding and its alert, in one transaction; None
-        if this finding already has an open incident (opened by an earlier or a concurrent run)."""
+        """The incident for a finding and its alert; None if one about it is open already (opened by
+        an earlier or a concurrent run, or a webhook), which then names the finding's effects too."""
+        incident, opened, _ = self.naming(finding, finding.external_refs, actor=actor)
+        return incident if opened else None
+
+    def naming(self, finding, refs, *, actor):
+        """The open incident about `finding` names its effects `refs`, in one transaction: it is
+        opened, with its alert, if none is; else those of `refs` it does not name yet (a third refund
+        of one order beside its double) are added to it, audited and alerted, as its reader resolves
+        it from what it names. (incident, whether it was opened, how many effects were added).
+
+        What a run read at its start may have changed since, so this looks again under the lock: an
+        incident resolved meanwhile is no longer the open one (its resolution waits for the lock, or
+        this waits for it), and one a concurrent run opened meanwhile is (its insert held the action's
+        lock, or the unique key, until it committed). Either way the effects are named before this
+        returns: the last run to read them may be the last that ever will."""
+        with transaction.atomic():
+            # The action its key names, locked: an archive run that chose it meanwhile waits, then
+            # reads this incident and keeps it; one that locked it first took it before. Two runs
+            # opening the same finding's incident wait for each other here too.
+            list(Action.objects.select_for_update(no_key=True).filter(operation_key=finding.operation_key)
+                 .values_list("pk", flat=True))
+            incident = self._open_about(finding)
+            if incident is None:
+                try:
+                    with transaction.atomic():
+                        return self._opened(finding, actor), True, 0
+                except IntegrityError:
+                    # One committed after the look (an orphan's key locks no action): the insert
+                    # waited for it, and now it is there to add to.
+                    incident = self._open_about(finding)
+                    if incident is None:
+                        raise
+            return incident, False, self._added(incident, finding, refs, actor)
+
+    def _open_about(self, finding):
+        return self.select_for_update().filter(connector=finding.connector, kind=finding.kind,
+                                               subject=finding.subject, status=IncidentStatus.OPEN).first()
+
+    def _opened(self, finding, actor):
         # By name: dlq.models imports this module to register the model.
         Alert = apps.get_model("dlq", "Alert")
-        try:
-            with transaction.atomic():
-                # The action its key names, locked: an archive run that chose it meanwhile waits,
-                # then reads this incident and keeps it; one that locked it first took it before.
-                list(Action.objects.select_for_update(no_key=True).filter(operation_key=finding.operation_key)
-                     .values_list("pk", flat=True))
-                incident = self.create(
-                    kind=finding.kind, connector=finding.connector, action_type=finding.action_type,
-                    operation_key=finding.operation_key, subject=finding.subject,
-                    external_refs=finding.external_refs, evidence=finding.evidence,
-                )
-                AuditEvent.objects.record(actor=actor, verb="incident_opened", obj=incident,
-                                          after={"status": incident.status, "kind": incident.kind},
-                                          reason=finding.summary)
-                Alert.objects.raise_for(incident=incident, kind=Alert.Kind.INCIDENT, link=incident.get_absolute_url(),
-                                        subject=f"Reconciliation: {finding.summary}",
-                                        body=f"{incident.get_kind_display()} at {incident.connector}.")
-        except IntegrityError:
-            if not self.filter(connector=finding.connector, kind=finding.kind, subject=finding.subject,
-                               status=IncidentStatus.OPEN).exists():
-                raise
-            return None
+        incident = self.create(kind=finding.kind, connector=finding.connector, action_type=finding.action_type,
+                               operation_key=finding.operation_key, subject=finding.subject,
+                               external_refs=finding.external_refs, evidence=finding.evidence)
+        AuditEvent.objects.record(actor=actor, verb="incident_opened", obj=incident,
+                                  after={"status": incident.status, "kind": incident.kind}, reason=finding.summary)
+        Alert.objects.raise_for(incident=incident, kind=Alert.Kind.INCIDENT, link=incident.get_absolute_url(),
+                                subject=f"Reconciliation: {finding.summary}",
+                                body=f"{incident.get_kind_display()} at {incident.connector}.")
         return incident
 
-
-    def add_effects(self, finding, refs, *, actor):
-        """Effects `refs` of `finding` made while the open incident about it waits for a person (a
-        third refund of one order beside its double): named on the incident, with their evidence,
-        audited and alerted, as its reader resolves it from what it names. How many were added (0
-        if it was resolved meanwhile: a later run then opens one of its own)."""
+    def _added(self, incident, finding, refs, actor):
         Alert = apps.get_model("dlq", "Alert")
-        with transaction.atomic():
-            incident = self.select_for_update().filter(connector=finding.connector, kind=finding.kind,
-                                                       subject=finding.subject, status=IncidentStatus.OPEN).first()
-            new = [] if incident is None else [effect for effect in finding.effects if effect["external_ref"] in refs
-                                               and effect["external_ref"] not in incident.external_refs]
-            if not new:
-                return 0
-            before = {"external_refs": incident.external_refs}
-            incident.external_refs = [*incident.external_refs, *(effect["external_ref"] for effect in new)]
-            incident.evidence = {**incident.evidence, "effects": [*incident.evidence.get("effects", []), *new]}
-            incident.save(update_fields=["external_refs", "evidence"])
-            AuditEvent.objects.record(actor=actor, verb="incident_effects_added", obj=incident, before=before,
-                                      after={"external_refs": incident.external_refs}, reason=finding.summary)
-            Alert.objects.raise_for(incident=incident, kind=Alert.Kind.INCIDENT, link=incident.get_absolute_url(),
-                                    subject=f"Reconciliation: {finding.summary} (more on incident #{incident.pk})",
-                                    body=f"{incident.get_kind_display()} at {incident.connector}: "
-                                         f"{', '.join(effect['external_ref'] for effect in new)} made since it opened.")
+        new = [effect for effect in finding.effects
+               if effect["external_ref"] in refs and effect["external_ref"] not in incident.external_refs]
+        if not new:
+            return 0
+        before = {"external_refs": incident.external_refs}
+        incident.external_refs = [*incident.external_refs, *(effect["external_ref"] for effect in new)]
+        incident.evidence = {**incident.evidence, "effects": [*incident.evidence.get("effects", []), *new]}
+        incident.save(update_fields=["external_refs", "evidence"])
+        AuditEvent.objects.record(actor=actor, verb="incident_effects_added", obj=incident, before=before,
+                                  after={"external_refs": incident.external_refs}, reason=finding.summary)
+        Alert.objects.raise_for(incident=incident, kind=Alert.Kind.INCIDENT, link=incident.get_absolute_url(),
+                                subject=f"Reconciliation: {finding.summary} (more on incident #{incident.pk})",
+                                body=f"{incident.get_kind_display()} at {incident.connector}: "
+                                     f"{', '.join(effect['external_ref'] for effect in new)} made since it opened.")
         return len(new)
 
 

@@ -130,6 +130,10 @@ class DeadLetter(StateMachine):
             # reading the whole open queue (decision 38).
             models.Index("status", KeyTransform("code", "last_error"), F("created_at").desc(), F("id").desc(),
                          name="deadletter_code_idx"),
+            # An entry's page offers the reasons its reader gave for their latest redrives
+            # (console.dlq_views.deadletter_detail), without reading and sorting every redriven entry.
+            models.Index(F("decided_by"), F("decided_at").desc(), condition=Q(status=E.REDRIVEN),
+                         name="deadletter_redriven_by_idx"),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(status__in=EntryStatus.values), name="deadletter_status_valid"),

@@ -56,7 +56,7 @@ from ledger.jobs import enqueue
 from ledger.models import SETTLED, Action, ActionStatus, ActionType
 from ledger.retention import key_lifetime, rfc3339
 
-from .incidents import Incident, IncidentKind, IncidentStatus, ReconciliationRun
+from .incidents import Incident, IncidentKind, ReconciliationRun
 
 logger = logging.getLogger("surety.reconcile")
 ACTOR = "system:reconcile"
@@ -249,29 +249,26 @@ def _open(findings):
     effects added). A finding has one while an incident of its kind about its subject is open, or
     when the incidents about it, resolved, named every effect it names: a window read again opens
     nothing. An effect none of them named (a third refund of one order) is added to the open one,
-    or opens an incident of its own once they are all resolved."""
+    or opens an incident of its own once they are all resolved: which of the two is decided per
+    finding under its lock (Incident.objects.naming), as people resolve and concurrent runs open
+    incidents while this one goes through its findings."""
     if not findings:
         return 0, 0
-    named, still_open = {}, set()
-    for connector, kind, subject, status, refs in Incident.objects.filter(
-            subject__in={f.subject for f in findings}).values_list("connector", "kind", "subject", "status",
-                                                                   "external_refs"):
+    named = {}
+    for connector, kind, subject, refs in Incident.objects.filter(
+            subject__in={f.subject for f in findings}).values_list("connector", "kind", "subject", "external_refs"):
         named.setdefault((connector, kind, subject), set()).update(refs)
-        if status == IncidentStatus.OPEN:
-            still_open.add((connector, kind, subject))
     opened = added = 0
     for finding in findings:
-        about = (finding.connector, finding.kind, finding.subject)
         found = set(finding.external_refs)
         if finding.kind == IncidentKind.DOUBLE_EFFECT:
             # The ledger's own effect is among a double's records when the window reaches back to it:
             # no finding of its own, whether an earlier, narrower window named it or not.
             found.discard(finding.ledger["external_ref"])
-        new = found - named.get(about, set())
-        if new and about in still_open:
-            added += Incident.objects.add_effects(finding, new, actor=ACTOR)
-        elif new:
-            opened += Incident.objects.open_for(finding, actor=ACTOR) is not None
+        new = found - named.get((finding.connector, finding.kind, finding.subject), set())
+        if new:
+            _, was_opened, effects_added = Incident.objects.naming(finding, new, actor=ACTOR)
+            opened, added = opened + was_opened, added + effects_added
     return opened, added
 
 
