@@ -24,6 +24,7 @@ from ledger.access import decidable_names
 from ledger.actions import action_lock_subjects, action_release, in_flight_near
 from ledger.models import Action, ActionStatus, ActionType, Agent, AuditEvent
 from ledger.statemachine import InvalidTransition
+from ledger.tasks import task_action_fail, task_stopped
 from ledger.versions import VersionRefused, action_version_create, version_params
 
 from .access import PERM_FOR_KIND, acting_for, standing_in_for
@@ -311,8 +312,11 @@ def _decide(item, action, user, behalf, decision, reason, external_ref, fingerpr
             action.mark_succeeded(actor=user, external_ref=external_ref, reason=reason or "confirmed by a person",
                                   locked=True)
         elif decision == "mark_failed":
-            action.mark_failed(actor=user, code="confirmed_absent", message=reason, retryable=True, reason=reason,
-                               locked=True)
+            # Retryable only while its task may still run it, as any failure of a task's action
+            # (its task locked after the action and the item, as an action's move wakes its task).
+            task_action_fail(action, task_stopped(action), lambda retryable: action.mark_failed(
+                actor=user, code="confirmed_absent", message=reason, retryable=retryable, reason=reason, locked=True),
+                actor=user)
         else:
             action.verify_again(actor=user, reason=reason or "verify again", locked=True)
     except InvalidTransition as exc:

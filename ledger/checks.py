@@ -9,6 +9,7 @@ from django.core.validators import validate_email
 
 from .connectors import check_connectors
 from .models import ActionType
+from .runner import renewed_below
 
 
 @checks.register()
@@ -23,7 +24,9 @@ def connectors_configured(app_configs=None, **kwargs):
 @checks.register()
 def lease_holds_a_call(app_configs=None, **kwargs):
     """A claim's lease must hold a call (CONNECTOR_TIMEOUT and the margin, or no call ever starts)
-    and, for a failure tried again, the look before it (ledger.executor: one more timeout)."""
+    and, for a failure tried again, the look before it (ledger.executor: one more timeout). A task's
+    lease must hold the same from a step's start, where its run renews it only once less than
+    `renewed_below` is left (ledger.runner): else the sweeper takes back a run whose step is out."""
     lease, timeout, margin = settings.LEASE_SECONDS, settings.CONNECTOR_TIMEOUT, settings.LEASE_MARGIN_SECONDS
     if lease <= timeout + margin:
         return [checks.Error(f"LEASE_SECONDS {lease:g} is not more than CONNECTOR_TIMEOUT {timeout:g} + "
@@ -34,6 +37,13 @@ def lease_holds_a_call(app_configs=None, **kwargs):
                                f"LEASE_MARGIN_SECONDS {margin:g}: a failure tried again may look at the provider "
                                "and have too little lease left to call, and wait for the sweeper",
                                id="surety.W004")]
+    if renewed_below() <= 2 * timeout + margin:
+        return [checks.Warning(f"a task's step may start with {renewed_below():g} s of its lease left (half of "
+                               f"LEASE_SECONDS {lease:g}), not more than 2 x CONNECTOR_TIMEOUT {timeout:g} + "
+                               f"LEASE_MARGIN_SECONDS {margin:g}: its look and call may outlast it, and the sweeper "
+                               "take back a run that is well (its attempt spent; on the last one, the task "
+                               "dead-lettered as worker_lost)",
+                               hint=f"set LEASE_SECONDS above {2 * (2 * timeout + margin):g}", id="surety.W008")]
     return []
 
 

@@ -31,21 +31,19 @@ from django.utils import timezone
 from . import hooks
 from . import clock
 from .compiled import Compiled
-from .actions import action_done_by_hand, action_give_up
 from .connectors import http
 from .connectors.base import Lookup, write_permit
 from .connectors.test_mode import connector_for_action, is_replay_action
 from .grants import grant_lapsed, grant_lapsed_now
 from .jobs import drain
 from .json_input import storable
-from .models import Action, ActionStatus, Agent, InvalidTransition, StaleClaim, Task, TaskState
+from .models import Action, ActionStatus, Agent, InvalidTransition, StaleClaim, TaskState
 from .retry import backoff_until
+from .tasks import task_action_fail, task_stopped
 
 logger = logging.getLogger("surety.executor")
 S = ActionStatus
 EXECUTOR = "system:executor"
-# A task in one of these runs no step until a person redrives it (dead-lettered), or ever again.
-TASK_STOPPED = (TaskState.DEAD_LETTERED, TaskState.CANCELLED, TaskState.FAILED, TaskState.SUCCEEDED)
 
 
 def _due(now):
@@ -283,7 +281,7 @@ def _again(action, claim, *, reason, evidence, wait=None, attempt_spent=True):
     runs again (a dead-lettered one redriven; one that ended or was resolved by hand never does:
     failed for good)."""
     with transaction.atomic():
-        stopped = _task_stopped(action)
+        stopped = task_stopped(action)
         if stopped:
             return _failed_under_stopped_task(action, claim, stopped, message=reason, evidence=evidence)
         return _settle(action.requeue, actor=EXECUTOR, claim=claim, reason=reason, attempt_spent=attempt_spent,
@@ -294,40 +292,19 @@ def _out_of_attempts(action, claim, *, code, message, evidence, retry_after=None
     """Failed, retryable, its attempts spent: its task's runner or a person may try again. Under a
     task that has stopped, as `_again` says."""
     with transaction.atomic():
-        stopped = _task_stopped(action)
+        stopped = task_stopped(action)
         if stopped:
             return _failed_under_stopped_task(action, claim, stopped, message=message, evidence=evidence)
         return _settle(action.mark_failed, actor=EXECUTOR, claim=claim, code=code, message=message, retryable=True,
                        evidence=evidence, retry_after=retry_after)
 
 
-def _task_stopped(action):
-    """The state and last error of the action's task if it has stopped, its row locked until the
-    caller's transaction settles the action: a redrive, a discard or a resolve by hand (each under
-    the task's lock, its entry with it: ledger.tasks) committing meanwhile would otherwise leave
-    the failure retryable under a task that never runs again (holding what it held for good), or
-    failed for good under one that was just redriven. None for a running task or none."""
-    return action.task_id and Task.objects.select_for_update(no_key=True).filter(
-        pk=action.task_id, state__in=TASK_STOPPED).values_list("state", "last_error").first()
-
-
 def _failed_under_stopped_task(action, claim, stopped, *, message, evidence):
-    """Only a task a person may still redrive (dead-lettered, its entry open) runs again; for any
-    other the failure is for good, and what the action held goes on, as after any failure for
-    good. One a person finished by hand (its entry resolved) did it by hand: the action is done by
-    hand too (its booking keeps its slot, its refund stays in the daily total), and one a person
-    gave up (its entry discarded) is given up, as each is when it failed before the person's word
-    (ledger.tasks.task_actions_let_go, which marks the task so)."""
-    state, last_error = stopped
-    by_hand = bool((last_error or {}).get("done_by_hand"))
-    settled = _settle(action.mark_failed, actor=EXECUTOR, claim=claim, code="task_not_running",
-                      retryable=by_hand or hooks.redrivable(action.task_id), evidence=evidence,
-                      message=f"{message}; its task is {state}: nothing attempts it unless the task runs again")
-    if settled is not None and by_hand:
-        settled = action_done_by_hand(settled, actor=EXECUTOR, reason=f"its task {action.task.task_id} was done by hand")
-    elif settled is not None and (last_error or {}).get("given_up"):
-        settled = action_give_up(settled, actor=EXECUTOR, reason=f"its task {action.task.task_id} was given up")
-    return settled
+    """Failed, retryable or for good as its stopped task allows (ledger.tasks.task_action_fail)."""
+    return task_action_fail(action, stopped, lambda retryable: _settle(
+        action.mark_failed, actor=EXECUTOR, claim=claim, code="task_not_running", retryable=retryable,
+        evidence=evidence, message=f"{message}; its task is {stopped.state}: nothing attempts it unless the task runs "
+        "again"), actor=EXECUTOR)
 
 
 def action_expire_leases(now=None):

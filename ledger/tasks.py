@@ -8,7 +8,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
-from . import clock
+from . import clock, hooks
 from .actions import KeyReused, action_done_by_hand, action_give_up, fingerprint
 from .compiled import update
 from .jobs import ring_after_commit
@@ -18,12 +18,19 @@ from .retention import archived_task_expired, refused_as_archived
 from .workflows import WORKFLOWS
 
 T = TaskState
+# A task in one of these runs no step until a person redrives it (dead-lettered), or ever again.
+TASK_STOPPED = (T.DEAD_LETTERED, T.CANCELLED, T.FAILED, T.SUCCEEDED)
 
 
-def task_request(*, agent, task_id, workflow, input):
-    """Return `(task, created)`; the same rules as actions: replay, KeyReused, or a new task."""
+_UNREAD = object()
+
+
+def task_request(*, agent, task_id, workflow, input, found=_UNREAD):
+    """Return `(task, created)`; the same rules as actions: replay, KeyReused, or a new task.
+    `found`: the task under `task_id` (anyone's) as the caller read it just now, None if none (the
+    API reads it first, to answer a replay from the row): a new task is not looked for twice."""
     print_ = fingerprint(f"workflow:{workflow}", task_id, input)
-    existing = Task.objects.filter(task_id=task_id).first()
+    existing = Task.objects.filter(task_id=task_id).first() if found is _UNREAD else found
     if existing is None:
         try:
             with transaction.atomic():
@@ -83,14 +90,15 @@ def task_actions_let_go(task, *, actor, reason, by_hand=False):
     does its work by hand (`by_hand`: its dead letter resolved): it will not run again, and
     nothing else runs a task's action (ledger.executor). Left queued or held, each would count as
     in flight on its order and customer for good, holding every later action on them for a person.
-    A failed one is failed for good, as one that fails after this does (ledger.executor._again):
+    A failed one is failed for good, as one that fails after this does (`task_action_fail`: its
+    call verified absent, or a person confirming absent one whose outcome was theirs to decide):
     left retryable, it would tell its agent it may still run, and keep what it held for a retry
     that never comes. Given up (`action_give_up`), it leaves its customer's daily total and a
     booking its slot; done by hand (`action_done_by_hand`), the person made its effect: it stays
     in the total, a booking keeps its slot, and no retry may make it again.
 
-    Under the task's lock, which the runner records a step's action under and the executor
-    settles a verification of the task's action under (ledger.executor._again): either,
+    Under the task's lock, which the runner records a step's action under and a failure of the
+    task's action is settled under (`task_stopped`): either,
     committing meanwhile, would leave an action this does not see, queued, or failed retryable,
     holding what it held for good.
 
@@ -117,7 +125,7 @@ def _task_marked(task, mark, *, actor, reason):
     """The locked task's checkpoint says what a person made of it, as its actions' errors do (its
     last error: no retry, and `done_by_hand` or `given_up`): its agent, reading it, would otherwise
     wait for a redrive that never comes, and an action of it that fails later (its call verified
-    absent) is marked the same way (ledger.executor._failed_under_stopped_task). Done by hand, its
+    absent, or marked failed by a person) is marked the same way (`task_action_fail`). Done by hand, its
     state stays where the work stopped (dead-lettered, failed)."""
     row = Task.objects.get(pk=task.pk)
     before = {"state": row.state, "last_error": row.last_error}
@@ -126,6 +134,43 @@ def _task_marked(task, mark, *, actor, reason):
     update(row, ["last_error", "updated_at"])
     AuditEvent.objects.record(actor=actor, verb=mark, obj=row, before=before,
                               after={"state": row.state, "last_error": row.last_error}, reason=reason)
+
+
+def task_stopped(action):
+    """The task id, state and last error of the action's task if it has stopped, its row locked
+    until the caller's transaction settles the action: a redrive, a discard or a resolve by hand
+    (each under the task's lock, its entry with it) committing meanwhile would otherwise leave the
+    failure retryable under a task that never runs again (holding what it held for good), or
+    failed for good under one that was just redriven. None for a running task or none."""
+    return action.task_id and Task.objects.select_for_update(no_key=True).filter(
+        pk=action.task_id, state__in=TASK_STOPPED).values_list("task_id", "state", "last_error", named=True).first()
+
+
+def task_action_fail(action, stopped, fail, *, actor):
+    """Fail `action` by `fail(retryable=...)` (its `mark_failed`, as the executor makes it after a
+    call or a look, or a person who confirms its effect absent: approvals.decisions), `stopped`
+    what `task_stopped` read of its task. The one rule of whether such a failure may be retried:
+    only if its task may run again, since nothing else retries a task's action (its runner does,
+    looking first). Running, or dead-lettered with its entry open (a person may redrive it:
+    hooks.redrivable), it may. Under any other stopped task it is failed for good, and what it held
+    goes on, as after any failure for good: one a person finished by hand (its entry resolved) is
+    done by hand too (a booking keeps its slot, a refund stays in the daily total), and one a
+    person gave up (its entry discarded) is given up, as each is when it failed before the
+    person's word (`task_actions_let_go`, which leaves a failure it cannot see yet, an outcome
+    still unknown or a person's to decide, to this). Returns the action as it ends, or what `fail`
+    returned if it wrote nothing."""
+    if not stopped:
+        return fail(retryable=True)
+    said = stopped.last_error or {}
+    by_hand = bool(said.get("done_by_hand"))
+    # Done by hand, it fails as one that keeps what it held (a booking its slot), which the person's
+    # work keeps from then on (action_done_by_hand).
+    failed = fail(retryable=by_hand or hooks.redrivable(action.task_id))
+    if failed is not None and by_hand:
+        return action_done_by_hand(failed, actor=actor, reason=f"its task {stopped.task_id} was done by hand")
+    if failed is not None and said.get("given_up"):
+        return action_give_up(failed, actor=actor, reason=f"its task {stopped.task_id} was given up")
+    return failed
 
 
 def task_expire_leases():

@@ -280,21 +280,18 @@ def archived(mine, key):
 
 
 @contextmanager
-def gone_whatever_the_body(mine, key, live=None):
+def gone_whatever_the_body(mine, key):
     """A request refused before the intake (its body, its grant) under a key of this agent's
-    whose action or task was archived (`mine`: its ArchivedKey or ArchivedTask), or is past its
-    lifetime still unarchived (`live`: the agent's row under the key, where the view has not
-    looked already), is answered `410` all the same: the contract's "whatever the body". Looked
-    up only then, so that a request that gets through costs no statement for it (the intake's
-    insert finds an archived key by itself, ledger.dbrules)."""
+    whose action or task was archived (`mine`: its ArchivedKey or ArchivedTask) is answered `410`
+    all the same: the contract's "whatever the body" (one past its lifetime still unarchived, the
+    view refuses as it reads its row). Looked up only then, so that a request that gets through
+    costs no statement for it (the intake's insert finds an archived key by itself, ledger.dbrules)."""
     try:
         yield
     except APIException:
         gone = archived(mine, key)
         if gone is not None:
             raise gone from None
-        if live is not None and (found := live.first()) is not None:
-            refuse_expired(key, found)
         raise
 
 
@@ -348,20 +345,38 @@ class TaskCreateView(APIView):
     )
     def post(self, request):
         task_id = idempotency_key(request)
-        live = Task.objects.filter(agent=request.auth, task_id=task_id)
-        with gone_whatever_the_body(ArchivedTask.objects.filter(agent=request.auth, task_id=task_id), task_id,
-                                    live=live):
-            incoming = TaskRequestSerializer(data=request.data, context={"recorded": live.exists})
+        agent = request.auth
+        # The intake's own look for the id (anyone's: another agent's is refused there), taken
+        # before the body is validated, so that a replay is answered from the row (decision 71).
+        found = Task.objects.filter(task_id=task_id).first()
+        stored = found if found is not None and found.agent_id == agent.pk else None
+        if stored is not None:
+            refuse_expired(task_id, stored)
+            if task_asks_again(stored, request.data):
+                require_grant(agent, Capability.Kind.WORKFLOW, stored.workflow)
+                return replayed(request, checkpoint(stored), stored)
+        with gone_whatever_the_body(ArchivedTask.objects.filter(agent=agent, task_id=task_id), task_id):
+            incoming = TaskRequestSerializer(data=request.data, context={"recorded": lambda: stored is not None})
             incoming.is_valid(raise_exception=True)
             data = incoming.validated_data
             room = task_id_room(data["workflow"])
             if len(task_id) > room:
                 raise Problem(400, "invalid", "Invalid request", f"A {data['workflow']} task's id is too long.",
                               {"Idempotency-Key": [f"At most {room} characters: the steps' keys add their names to it."]})
-            require_grant(request.auth, Capability.Kind.WORKFLOW, data["workflow"])
+            require_grant(agent, Capability.Kind.WORKFLOW, data["workflow"])
         return recorded(request, task_id, lambda: task_request(
-            agent=request.auth, task_id=task_id, workflow=data["workflow"], input=data["input"],
+            agent=agent, task_id=task_id, workflow=data["workflow"], input=data["input"], found=found,
         ), checkpoint)
+
+
+def task_asks_again(task, data):
+    """Whether the raw body `data` asks exactly what `task` recorded: its workflow, and its input
+    as stored (the form a client that sent it canonical sends again). Such a body was valid when
+    it was recorded, and its answer stays the same for the key's lifetime, whatever rules came
+    since (a currency no longer tender); anything else takes the full path, as for an action
+    (serializers.asks_again)."""
+    return (isinstance(data, dict) and data.keys() == {"workflow", "input"}
+            and data["workflow"] == task.workflow and data["input"] == task.input)
 
 
 class TaskDetailView(APIView):

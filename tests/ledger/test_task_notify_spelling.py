@@ -38,7 +38,7 @@ def test_the_migration_gives_a_task_recorded_before_the_rule_its_print_in_one_sp
     assert post_task(client, "ada@CUSTOMERS.example").status_code == 201
     written = {**Task.objects.get().input, "notify": "ada@CUSTOMERS.example"}  # as recorded before the rule
     Task.objects.update(input=written, fingerprint=reprint.hashed("workflow:refund", "task-n1", written))
-    assert post_task(client, "ada@CUSTOMERS.example").status_code == 422
+    assert post_task(client, "ada@customers.example").status_code == 422  # the exact body answers from its row
 
     reprint.forwards(django_apps, None)
 
