@@ -73,7 +73,7 @@ def _replay(action, print_, customer, decision_id):
 
 def _as_recorded(existing, print_, action_type, target, params, customer):
     """The print `existing` is compared with: that of the request, or for one recorded before its
-    subjects were stored in one spelling (an e-mail recipient's domain: recipients.email_recipient;
+    subjects were stored in one spelling (an e-mail recipient: recipients.email_recipient;
     a customer: recipients.customer_spelling), of the request in the spelling recorded then
     (docs/contract.md: still a replay)."""
     if (action_type == ActionType.SEND_MESSAGE and params.get("channel") == "email"
@@ -166,78 +166,85 @@ def action_request(*, agent, operation_key, action_type, target, params, custome
     print_ = request_fingerprint(action_type, target, params, customer)
     # Columns of their own for the limits and the queues, always read from the params.
     amount, currency = money_in_params(params)
-    try:
-        with transaction.atomic():
-            verdict = None if shadow else hooks.policy().verdict_for_request(
-                action_type=action_type, amount=amount, currency=currency, customer=customer,
-                limits_version=limits_version, lock_subjects=lambda: _lock_subjects(target, customer))
-            if verdict is not None and verdict.refused:
-                raise Refused(verdict)
-            status = S.SHADOW if shadow else S.AWAITING_APPROVAL if verdict.approvals_needed else S.QUEUED
-            action = insert(Action(
-                operation_key=operation_key, fingerprint=print_, action_type=action_type, target=target,
-                customer=customer, params=params, amount=amount, currency=currency, decision_id=decision_id,
-                task=task, agent=agent, status=status,
-                next_attempt_at=clock.now() if status == S.QUEUED else None,
-            ), stored=("status", "next_attempt_at"))
-            siblings = in_flight_near(action, locked=True) if action.status == S.HELD else []
-            if siblings:
-                reason = "another action is in flight for the same target or customer: " + ", ".join(
-                    _named(s, action) for s in siblings[:5]
-                )
-            elif action.status == S.HELD:  # a worker settled the one the insert saw, meanwhile
-                reason = "another action was in flight for the same target or customer when it was recorded"
-            elif shadow:
-                reason = "requested under a shadow grant: recorded, never executed"
-            else:
-                reason = verdict.reason if action.status == S.AWAITING_APPROVAL else ""
-            if action_type == ActionType.CREATE_BOOKING and not shadow:
-                _book(action)
-            AuditEvent.objects.record(actor=agent, verb="requested", obj=action, after={"status": action.status},
-                                      reason=reason)
-            # A new action that waits for a person is a move from no status; a queued one's
-            # only follower is the executor, rung below (a task's is run by its own runner).
-            if action.status not in (S.QUEUED, S.SHADOW):
-                hooks.moved(action, None, agent, reason)
-            for sibling in siblings:
-                if sibling.status in (S.QUEUED, S.AWAITING_APPROVAL):  # not started: held with it
-                    sibling.hold(actor="system:intake",
-                                 reason=f"{_named(action, sibling)} arrived for the same target or customer")
-            if action.status == S.HELD and not siblings:
-                # What held it at the insert settled before the look: its settle, which could not
-                # see this row yet, released nothing, and nothing holds it now.
-                action.release(actor="system:intake", reason="what held it as it was recorded has settled",
-                               needs_approval=bool(verdict and verdict.approvals_needed), locked=True)
-            if action.status == S.QUEUED and task is None:  # a task's runner executes its own actions
-                ring_after_commit("actions")
-    except Refused:
-        # The limits are asked before the insert finds the key taken: they refuse only what is
-        # not recorded yet. One recorded before they changed, retried, is answered as recorded.
-        if key_archived(operation_key):
-            raise archived_key_expired(operation_key) from None
-        recorded = _recorded(agent, operation_key, print_, action_type, target, params, customer, decision_id)
-        if recorded is None:
-            raise
-        return recorded
-    except IntegrityError as exc:
-        if refused_as_archived(exc):  # its action was archived past the key's lifetime
-            raise archived_key_expired(operation_key) from None
-        # The same key, inserted meanwhile (or before: the API's lookup missed it).
-        recorded = _recorded(agent, operation_key, print_, action_type, target, params, customer, decision_id)
-        if recorded is None:
-            raise
-        return recorded
-    except SlotTaken as taken:
-        # The booking holding the slot is this agent's, for the same customer and decision,
-        # recorded under another key (a client's older key form named the times): the same booking.
-        # Its customer is compared in the ledger's spelling (one recorded before may hold another).
-        existing = Action.objects.filter(pk=taken.holder, agent=agent, decision_id=decision_id,
-                                         ).first() if taken.holder and decision_id else None
-        if existing is None or customer_spelling(existing.customer) != customer:
-            raise
-        return _replay(existing, _as_recorded(existing, print_, action_type, target, params, customer), customer,
-                       decision_id)
-    return action, True
+    for last in (False, True):
+        try:
+            with transaction.atomic():
+                verdict = None if shadow else hooks.policy().verdict_for_request(
+                    action_type=action_type, amount=amount, currency=currency, customer=customer,
+                    limits_version=limits_version, lock_subjects=lambda: _lock_subjects(target, customer))
+                if verdict is not None and verdict.refused:
+                    raise Refused(verdict)
+                status = S.SHADOW if shadow else S.AWAITING_APPROVAL if verdict.approvals_needed else S.QUEUED
+                action = insert(Action(
+                    operation_key=operation_key, fingerprint=print_, action_type=action_type, target=target,
+                    customer=customer, params=params, amount=amount, currency=currency, decision_id=decision_id,
+                    task=task, agent=agent, status=status,
+                    next_attempt_at=clock.now() if status == S.QUEUED else None,
+                ), stored=("status", "next_attempt_at"))
+                siblings = in_flight_near(action, locked=True) if action.status == S.HELD else []
+                if siblings:
+                    reason = "another action is in flight for the same target or customer: " + ", ".join(
+                        _named(s, action) for s in siblings[:5]
+                    )
+                elif action.status == S.HELD:  # a worker settled the one the insert saw, meanwhile
+                    reason = "another action was in flight for the same target or customer when it was recorded"
+                elif shadow:
+                    reason = "requested under a shadow grant: recorded, never executed"
+                else:
+                    reason = verdict.reason if action.status == S.AWAITING_APPROVAL else ""
+                if action_type == ActionType.CREATE_BOOKING and not shadow:
+                    _book(action)
+                AuditEvent.objects.record(actor=agent, verb="requested", obj=action, after={"status": action.status},
+                                          reason=reason)
+                # A new action that waits for a person is a move from no status; a queued one's
+                # only follower is the executor, rung below (a task's is run by its own runner).
+                if action.status not in (S.QUEUED, S.SHADOW):
+                    hooks.moved(action, None, agent, reason)
+                for sibling in siblings:
+                    if sibling.status in (S.QUEUED, S.AWAITING_APPROVAL):  # not started: held with it
+                        sibling.hold(actor="system:intake",
+                                     reason=f"{_named(action, sibling)} arrived for the same target or customer")
+                if action.status == S.HELD and not siblings:
+                    # What held it at the insert settled before the look: its settle, which could not
+                    # see this row yet, released nothing, and nothing holds it now.
+                    action.release(actor="system:intake", reason="what held it as it was recorded has settled",
+                                   needs_approval=bool(verdict and verdict.approvals_needed), locked=True)
+                if action.status == S.QUEUED and task is None:  # a task's runner executes its own actions
+                    ring_after_commit("actions")
+        except Refused:
+            # The limits are asked before the insert finds the key taken: they refuse only what is
+            # not recorded yet. One recorded before they changed, retried, is answered as recorded.
+            if key_archived(operation_key):
+                raise archived_key_expired(operation_key) from None
+            recorded = _recorded(agent, operation_key, print_, action_type, target, params, customer, decision_id)
+            if recorded is None:
+                raise
+            return recorded
+        except IntegrityError as exc:
+            if refused_as_archived(exc):  # its action was archived past the key's lifetime
+                raise archived_key_expired(operation_key) from None
+            # The same key, inserted meanwhile (or before: the API's lookup missed it).
+            recorded = _recorded(agent, operation_key, print_, action_type, target, params, customer, decision_id)
+            if recorded is not None:
+                return recorded
+            if last:
+                raise
+            # What refused the insert was gone when _recorded looked: a booking of the decision that
+            # let go of its slot meanwhile (a person rejected or cancelled it, it failed for good), so
+            # that the once-per-decision rule no longer holds it. Nothing holds the decision now: the
+            # request is recorded as new, once more only (what refuses it for good refuses it again).
+            continue
+        except SlotTaken as taken:
+            # The booking holding the slot is this agent's, for the same customer and decision,
+            # recorded under another key (a client's older key form named the times): the same booking.
+            # Its customer is compared in the ledger's spelling (one recorded before may hold another).
+            existing = Action.objects.filter(pk=taken.holder, agent=agent, decision_id=decision_id,
+                                             ).first() if taken.holder and decision_id else None
+            if existing is None or customer_spelling(existing.customer) != customer:
+                raise
+            return _replay(existing, _as_recorded(existing, print_, action_type, target, params, customer), customer,
+                           decision_id)
+        return action, True
 
 
 def _recorded(agent, operation_key, print_, action_type, target, params, customer, decision_id):

@@ -1,7 +1,7 @@
 """A message's recipient and a customer as the ledger holds them, each in one spelling: read by
 the API's intake, the workflows' steps and the ledger's replay alike, and by the shards' router (through
 ledger.api.wire), so it imports no Django (only the check of a new recipient asks Django's
-e-mail rule, when it is called)."""
+e-mail rule, and the spelling of one Django's mail, when it is called)."""
 
 import unicodedata
 
@@ -19,21 +19,46 @@ class RecipientRefused(ValueError):
 
 
 def email_recipient(address):
-    """An e-mail address as one message per recipient is held: its domain in one spelling (its
-    case and Unicode normal form name no other domain); the part before the @ as written, which
-    the address's own server may tell apart by case."""
-    local, at, domain = address.rpartition("@")
-    return f"{local}{at}{unicodedata.normalize('NFC', domain).lower()}" if at else address
+    """An e-mail address as one message per recipient is held: the address the mail is sent to
+    (decision 72), so that two spellings of one mailbox are one recipient. An address the mail
+    could not be sent to is held as written (the check below refuses it)."""
+    sent = _as_sent(address)
+    return address if sent is None else sent
 
 
 def email_recipient_checked(address):
     """`address` as email_recipient holds it, or RecipientRefused: the API's rule for an e-mail
-    recipient, which a workflow holds its messages' recipients to before any step runs."""
-    recipient = email_recipient(address)
-    is_address, fits = _is_email_address(address), len(recipient) <= TARGET_LENGTH  # "İ" in lower case is "i̇"
+    recipient, which a workflow holds its messages' recipients to before any step runs. An address
+    Django's rule takes but its mail cannot be sent to (a domain IDNA refuses) is none."""
+    recipient = _as_sent(address)
+    is_address = recipient is not None and _is_email_address(address)
+    fits = len(recipient or address) <= TARGET_LENGTH  # in ASCII, a domain may be longer than as written
     if not (is_address and fits):
         raise RecipientRefused(address, is_address=is_address, fits=fits)
     return recipient
+
+
+def _as_sent(address):
+    """The address as Django's mail reads it (RFC 5322) and sends to it, for the SMTP envelope and
+    the To header alike (`sanitize_address`): a quoted part before the @ without the quotes it
+    does not need (`"ada"` is `ada`), the domain in ASCII (IDNA: `bücher.example` is
+    `xn--bcher-kva.example`; its full-width and other compatibility forms folded), and in lower
+    case (its case names no other domain); the part before the @ otherwise as written, which the
+    address's own server may tell apart by case. None if it is sent to no mailbox: not one
+    address (no @), a domain IDNA refuses, or a part before the @ not in ASCII (sent RFC
+    2047-encoded, a name no server reads as the mailbox; Django's rule refuses it too)."""
+    # Imported here: the shards' router imports this module and runs without Django.
+    from django.core.mail.message import sanitize_address
+
+    local, at, _ = address.rpartition("@")
+    if not (at and local.isascii()):
+        return None
+    try:
+        sent = sanitize_address(address, "utf-8")
+    except ValueError:  # UnicodeError, IDNA's refusal, is one
+        return None
+    local, at, domain = sent.rpartition("@")
+    return f"{local}{at}{domain.lower()}"
 
 
 def _is_email_address(address):

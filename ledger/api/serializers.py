@@ -75,15 +75,15 @@ class ActionRequestSerializer(StrictSerializer):
 
     @staticmethod
     def _recipient(target, channel):
-        """The recipient, checked, as one message per recipient is held (an e-mail address's domain
-        in one spelling: ledger.recipients), so that the same address written otherwise is not
+        """The recipient, checked, as one message per recipient is held (an e-mail address as the
+        mail is sent to it: ledger.recipients), so that the same address written otherwise is not
         a second recipient."""
         if channel == "email":
             try:
                 return email_recipient_checked(target)
             except RecipientRefused as refused:
-                said = (f"At most {TARGET_LENGTH} characters in lower case." if refused.is_address
-                        else "Not an e-mail address.")
+                said = (f"At most {TARGET_LENGTH} characters as it is sent to (its domain in ASCII)."
+                        if refused.is_address else "Not an e-mail address.")
                 raise serializers.ValidationError({"target": [said]}) from None
         if not PHONE.fullmatch(target):
             raise serializers.ValidationError({"target": ["Not a phone number in E.164 form (+4930123456)."]})
