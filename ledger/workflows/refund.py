@@ -39,14 +39,15 @@ class RefundInput(PayableAmount, StrictSerializer):
         except RecipientRefused as refused:
             self._refuse_recipient(refused, notify)
         else:
-            if notify:  # recorded so (its domain in one spelling): a retry spelled otherwise is the same task
+            if notify:  # recorded so (as the mail is sent to it): a retry spelled otherwise is the same task
                 data["notify"] = recipient
         return super().validate(data)
 
     def _refuse_recipient(self, refused, notify):
-        if notify:  # an e-mail address (its field's own check): held, it does not fit
-            raise serializers.ValidationError({"notify": [f"At most {TARGET_LENGTH} characters with its domain in "
-                                                          "lower case."]})
+        if notify:  # an e-mail address to its field's own check: held, it does not fit, or it cannot be sent to
+            raise serializers.ValidationError({"notify": [
+                f"At most {TARGET_LENGTH} characters as it is sent to (its domain in ASCII)." if refused.is_address
+                else "Not an e-mail address the mail can be sent to."]})
         if not refused.fits:  # in lower case: "İ" is one character and its lower case two
             raise serializers.ValidationError({"customer": [
                 f"At most {TARGET_LENGTH - len(CUSTOMERS_AT)} characters without notify: the confirmation goes to "

@@ -165,6 +165,14 @@ def test_a_notify_address_whose_domain_in_lower_case_would_not_fit_a_target_is_r
     assert "notify" in refused.errors
 
 
+def test_a_notify_address_the_mail_cannot_be_sent_to_is_refused_as_such_not_as_too_long():
+    """Django's rule takes a domain IDNA refuses (a label of Latin and Hebrew letters): the mail
+    cannot be sent to it, and the refusal says so (it said the address was too long)."""
+    refused = RefundInput(data={**refund_input("ORD-1", "C-1"), "notify": "ada@a\u05d0.example"})
+    assert not refused.is_valid()
+    assert refused.errors["notify"] == ["Not an e-mail address the mail can be sent to."]
+
+
 # Taken, refused as not an address, refused as too long once its domain is in lower case (the
 # last one both).
 ADDRESSES = ["ada@example.com", "Ada@Customers.EXAMPLE", "a@localhost", "not-an-email", "a@b@example.com",
