@@ -86,7 +86,10 @@ def action_claim_next(owner, *, only=None):
 
     A queued action whose agent's grant was revoked, or is shadow again, since it was
     recorded is cancelled instead, with the reason, and the next one is looked at: a revoke
-    stops what is queued, not only what is asked after it. (A verification, a read, goes on.)"""
+    stops what is queued, not only what is asked after it. (A verification, a read, goes on.)
+    A failure tried again (it carries its error) is claimed all the same: its effect may exist,
+    so the run asks the provider first and cancels it only if the look finds none (decision 59).
+    Cancelled here, a booking's slot was freed while the provider may hold it."""
     while True:
         with transaction.atomic():
             now = clock.now()
@@ -99,7 +102,7 @@ def action_claim_next(owner, *, only=None):
                 continue  # sent back to a person (its params are not the approved ones)
             lapsed = "" if is_replay_action(action) else grant_lapsed(
                 action, agent_user_id=action.agent_user_id, agent_grants_version=action.agent_grants_version)
-            if not lapsed:
+            if not lapsed or action.error:
                 return action.claim(owner=owner, locked=True)
             action.cancel(actor=EXECUTOR, reason=lapsed)
 
