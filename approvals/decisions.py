@@ -101,6 +101,11 @@ def review_decide(item, *, user, decision, reason="", external_ref="", fingerpri
             raise DecisionRefused("the provider reported the effect; mark it succeeded with its reference instead")
         if decision == "approve":
             _approvals_for_params_now(item, action)
+        elif item.kind == ReviewKind.APPROVAL and given_by_the_same_eyes(list(item.approvals.all()), user, behalf):
+            # An approval is refused by its own count below; a rejection by the same eyes would end
+            # the item one of them approved, where the second decision is someone else's.
+            raise DecisionRefused("four eyes: you, or whom you stand in for, gave its first approval: its second "
+                                  "decision, either way, is someone else's")
         if decision == "approve" and item.approvals_needed > 1 and not _approval_recorded(
                 item, action, user, behalf, reason, fingerprint):
             return item

@@ -104,25 +104,28 @@ def test_while_it_waits_each_approver_gets_a_link(people, mailoutbox):
                                                                 "bob@surety.example": True}
 
 
-def opened(user, token, item):
-    """The link's page (a GET) and its approval posted as the page would (a POST): what each showed."""
+def opened(user, token, item, decision="approve"):
+    """The link's page (a GET) and its `decision` posted as the page would (a POST): what each showed."""
     client = Client()
     client.force_login(user)
     page = client.get(f"/decide/{token}")
-    posted = client.post(f"/decide/{token}", {"decision": "approve", "reason": "from the mail",
+    posted = client.post(f"/decide/{token}", {"decision": decision, "reason": "from the mail",
                                               "fingerprint": item.action.params_fingerprint()})
     shown = client.get(posted["Location"]) if posted.status_code in (302, 303) else posted
     return page, posted, shown
 
 
+@pytest.mark.parametrize("decision", ["approve", "reject"])
 @pytest.mark.parametrize("who, callout", [("alice", "approved-by-me"), ("olga", "approved-by-us")])
-def test_a_link_mailed_before_its_persons_first_approval_says_so_and_decides_nothing(people, who, callout):
+def test_a_link_mailed_before_its_persons_first_approval_says_so_and_decides_nothing(people, who, callout, decision):
+    """Neither the second approval nor a rejection: the item's second decision is someone else's (a
+    rejection went through, in the first approver's name, and spent the link)."""
     item = asked("6000.00")
     alice_away(people)
     token = link_issue(people[who], item)
     first_approval(item, people, "alice")  # from the dashboard
 
-    page, posted, shown = opened(people[who], token, item)
+    page, posted, shown = opened(people[who], token, item, decision)
 
     assert page.status_code == 200
     assert f'id="{callout}"' in page.content.decode() and 'id="approve-button"' not in page.content.decode()
