@@ -21,6 +21,7 @@ AUDIT_SEAL = 1  # ledger.audit: one sealer at a time extends the hash chain
 BULK_REDRIVE_START = 2  # dlq.bulk: one start at a time looks for runs over the same connectors
 ARCHIVE_RUN = 3  # dlq.archive: one run at a time (webhook and audit events are taken without a row lock)
 NO_CUSTOMER_TOTAL = 4  # approvals.intake: the requests naming no customer share a daily total, summed in turn
+PARTITIONS_MADE = 5  # ledger.partitions: one pass at a time makes the next partitions (a sweeper's, migrate's)
 
 
 def take_turns(lock):

@@ -22,6 +22,8 @@ from django.conf import settings
 from django.db import IntegrityError, OperationalError, connection, transaction
 from psycopg import errors
 
+from .locks import PARTITIONS_MADE, take_turns
+
 logger = logging.getLogger("surety.sweeper")
 
 _BOUND = re.compile(r"FOR VALUES FROM \((MINVALUE|'?(\d+)'?)\) TO \('?(\d+)'?\)")
@@ -127,6 +129,12 @@ class Partitioned:
     def _extend(self, size):
         made = 0
         with transaction.atomic(), connection.cursor() as cursor:
+            # Two passes at once (one that outlasted its step's lease and the next leader's, or
+            # migrate's beside a sweeper's) would read the same ranges and make the same next one:
+            # the later CREATE TABLE failed and ended its sweeper. The second waits for the first's
+            # commit, with no lock_timeout (the first's own statements are bounded by it), and then
+            # reads the ranges it made.
+            take_turns(PARTITIONS_MADE)
             cursor.execute(f"SET LOCAL lock_timeout = '{DDL_LOCK_TIMEOUT}'")
             cursor.execute(f"SELECT last_value + CASE WHEN is_called THEN 1 ELSE 0 END FROM {self.table}_id_seq")
             # 0: no range left (the archive dropped every one the ids had passed).

@@ -65,6 +65,7 @@ import uuid
 from django.conf import settings
 from django.db import close_old_connections
 
+from .actions import held_looked_again
 from .audit import audit_verify_due, audit_walk
 from .executor import action_expire_leases, action_runnable_exists
 from .jobs import redis_connection, ring, worker_name
@@ -87,7 +88,8 @@ def sweep_once(steps, holder=None, ring_all=False):
     `ring_all` rings both doorbells unasked. A step's failure is raised once the others have run
     (see "Faults" above)."""
     failed = []
-    counts = _run([("actions_expired", action_expire_leases), ("tasks_expired", task_expire_leases)], holder, failed)
+    counts = _run([("actions_expired", action_expire_leases), ("tasks_expired", task_expire_leases),
+                   ("held_looked_again", held_looked_again)], holder, failed)
     # Every sweeper rings (no lease): a step as the others for its faults, a statement timeout in
     # its look ending no pass before the steps after it.
     counts |= _run([("doorbells_rung", lambda: _ring(ring_all))], None, failed)
