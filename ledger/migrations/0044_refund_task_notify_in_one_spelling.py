@@ -28,18 +28,25 @@ def one_spelling(address):
 def _reprint(apps, forward):
     """Forwards, a task recorded with its notify in another spelling gets its print over the
     address in one; backwards, its print over the input as recorded again."""
+    reprint(apps, forward, lambda notify: None if one_spelling(notify) == notify else (notify, one_spelling(notify)))
+
+
+def reprint(apps, forward, spellings):
+    """Each refund task's print taken over its notify in another spelling: `spellings(notify)` gives
+    (the spelling its print is over now, the one it is taken over from now on), None to leave it.
+    Backwards, the other way round. A print no rule took (not over the first) is left as it is."""
     Task = apps.get_model("ledger", "Task")
     tasks = Task.objects.filter(workflow="refund", input__has_key="notify").only(
         "id", "workflow", "task_id", "input", "fingerprint")
     batch = []
     for task in tasks.iterator(chunk_size=BATCH):
         notify = task.input.get("notify")
-        kind = f"workflow:{task.workflow}"
-        if not isinstance(notify, str) or one_spelling(notify) == notify:
+        pair = spellings(notify) if isinstance(notify, str) else None
+        if pair is None:
             continue
-        as_recorded = hashed(kind, task.task_id, canonical(task.input))
-        in_one_spelling = hashed(kind, task.task_id, canonical({**task.input, "notify": one_spelling(notify)}))
-        old, new = (as_recorded, in_one_spelling) if forward else (in_one_spelling, as_recorded)
+        kind = f"workflow:{task.workflow}"
+        old, new = (hashed(kind, task.task_id, canonical({**task.input, "notify": spelling})) for spelling in pair)
+        old, new = (old, new) if forward else (new, old)
         if task.fingerprint != old:
             continue  # not a print this rule took: left as it is
         task.fingerprint = new

@@ -8,7 +8,6 @@ import importlib
 from django.core.mail.message import sanitize_address
 from django.db import migrations
 
-BATCH = 1000
 # How tasks were printed, and their notify spelled for it, when this was written (0044's frozen rules).
 before = importlib.import_module("ledger.migrations.0044_refund_task_notify_in_one_spelling")
 
@@ -23,31 +22,15 @@ def as_sent(address):
     return f"{local}{at}{domain.lower()}" if at else None
 
 
+def _spellings(notify):
+    """A task whose print is over its notify in 0044's spelling gets it over the address as sent; none
+    for an address the mail is not sent to (the intake refuses it now), or already in one spelling."""
+    sent = as_sent(notify)
+    return None if sent is None or sent == before.one_spelling(notify) else (before.one_spelling(notify), sent)
+
+
 def _reprint(apps, forward):
-    """Forwards, a task whose print is over its notify in 0044's spelling gets it over the address as sent;
-    backwards, its print in 0044's spelling again."""
-    Task = apps.get_model("ledger", "Task")
-    tasks = Task.objects.filter(workflow="refund", input__has_key="notify").only(
-        "id", "workflow", "task_id", "input", "fingerprint")
-    batch = []
-    for task in tasks.iterator(chunk_size=BATCH):
-        notify = task.input.get("notify")
-        sent = as_sent(notify) if isinstance(notify, str) else None
-        if sent is None or sent == before.one_spelling(notify):
-            continue  # no address the mail is sent to (the intake refuses it now), or one spelling already
-        kind = f"workflow:{task.workflow}"
-        in_one_spelling = before.hashed(kind, task.task_id, before.canonical({**task.input,
-                                                                               "notify": before.one_spelling(notify)}))
-        as_sent_print = before.hashed(kind, task.task_id, before.canonical({**task.input, "notify": sent}))
-        old, new = (in_one_spelling, as_sent_print) if forward else (as_sent_print, in_one_spelling)
-        if task.fingerprint != old:
-            continue  # not a print this rule took: left as it is
-        task.fingerprint = new
-        batch.append(task)
-        if len(batch) == BATCH:
-            Task.objects.bulk_update(batch, ["fingerprint"])
-            batch = []
-    Task.objects.bulk_update(batch, ["fingerprint"])
+    before.reprint(apps, forward, _spellings)
 
 
 def forwards(apps, schema_editor):
