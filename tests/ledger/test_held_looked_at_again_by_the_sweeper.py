@@ -3,18 +3,15 @@ busy and left the look for after its commit; the worker was killed then, or the 
 away during it) is looked at by the sweeper's next pass, as that look would have gone: released
 once nothing holds it (decision 18). One that waits on purpose is left as it is."""
 
-import threading
-from concurrent.futures import ThreadPoolExecutor
-
 import pytest
-from django.db import connection, transaction
+from django.db import connection
 
 from console.sweeper import sweep_once
 from ledger import actions
 from ledger.actions import action_request
 from ledger.models import Action, ActionStatus
-from tests.conftest import wait_until
-from tests.factories import audit_events, make_agent, sessions_waiting_for_a_lock
+from tests.approvals.test_held_groups import settled_while_its_customer_is_busy
+from tests.factories import audit_events, make_agent
 
 S = ActionStatus
 
@@ -42,7 +39,7 @@ def test_a_held_action_whose_look_after_the_settle_failed_is_released_by_the_nex
     first = Action.objects.get(pk=refund(agent, "r1", "ORD-1", "CUST-1").pk).claim(owner="host:tests")
     second = refund(agent, "r2", "ORD-2", "CUST-1")
     assert status(second) == S.HELD
-    locked, settled, looks = threading.Event(), threading.Event(), []
+    looks = []
     look_again = actions._look_again
 
     def blip(*args):
@@ -51,25 +48,8 @@ def test_a_held_action_whose_look_after_the_settle_failed_is_released_by_the_nex
             cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
         return look_again(*args)
 
-    def intake():
-        try:
-            with transaction.atomic():
-                refund(agent, "r3", "ORD-3", "CUST-1", shadow=True)
-                locked.set()
-                wait_until(lambda: sessions_waiting_for_a_lock("ledger_lock_subjects") or settled.is_set(),
-                           seconds=60, interval=0.02, message="the settle to be done")
-        finally:
-            connection.close()
-
     monkeypatch.setattr(actions, "_look_again", blip)
-    with ThreadPoolExecutor(1) as other:
-        shadow = other.submit(intake)
-        assert locked.wait(20)
-        try:
-            first.mark_succeeded(actor="system:executor", external_ref="re_1", claim=first.fence)
-        finally:
-            settled.set()
-        shadow.result()
+    settled_while_its_customer_is_busy(agent, first)
     monkeypatch.undo()
     connection.close()  # the one the database dropped
     assert len(looks) == 1
