@@ -27,7 +27,7 @@ from django.utils.module_loading import import_string
 
 from . import clock
 from .compiled import register_cache
-from .outages import REDIS_UNREACHABLE, UNREACHABLE, Outage, connection_lost, rolled_back
+from .outages import REDIS_UNREACHABLE, Outage, connection_lost, rolled_back, waited_out
 
 logger = logging.getLogger("surety.jobs")
 DOORBELL_TTL_SECONDS = 15
@@ -102,8 +102,8 @@ _REDIS_OUTAGE = Outage("doorbell (the sweeper rings for what it misses)", logger
 @contextmanager
 def _redis_call(what):
     """Around calls to Redis that may fail (each block calls `_REDIS_OUTAGE.answered()` once
-    Redis did answer): the database is the truth, and the sweeper rings for whatever a failed
-    ring or enqueue left runnable."""
+    Redis did what it was asked): the database is the truth, and the sweeper rings for whatever a
+    failed ring or enqueue left runnable."""
     try:
         yield
     except REDIS_UNREACHABLE as exc:
@@ -126,10 +126,11 @@ def ring(kind):
         return
     with _redis_call(f"the doorbell for {kind}"):
         client = redis_connection()
-        waits = _announced_job_waits(client, kind)
-        _REDIS_OUTAGE.answered()
-        if waits:
+        if _announced_job_waits(client, kind):
+            _REDIS_OUTAGE.answered()
             return
+        # Counts its own failure, or Redis being back: a Redis that refuses writes (full, a
+        # replica) still answered the look above, which must not end the outage on each ring.
         job = enqueue(DRAINS[kind])
         if job is not None:
             client.set(_doorbell(kind), job.id, ex=DOORBELL_TTL_SECONDS)
@@ -204,7 +205,9 @@ def _drain_lane(kind, claim_next, run_claimed, give_back, deadline):
                 give_back(interrupted[-1])
                 interrupted.pop()
             claimed = claim_next(owner)
-        except UNREACHABLE as exc:
+        except Exception as exc:
+            if not waited_out(exc):
+                raise
             if not _went_on(outage, exc):
                 break
             continue
@@ -215,7 +218,14 @@ def _drain_lane(kind, claim_next, run_claimed, give_back, deadline):
             ring(kind)  # there is work: an idle worker may join in
         try:
             run_claimed(claimed)
-        except UNREACHABLE as exc:
+        except Exception as exc:
+            if not waited_out(exc):
+                # A bug met by one run must not end the lane (and with several lanes, fail the job
+                # and skip its re-ring): the run settled what it claimed, or its claim stands until
+                # the lease lapses, so the next claim is another's, never the same one again at once.
+                logger.exception("drain of %s: the run of %s failed; going on with the next", kind, claimed)
+                handled += 1
+                continue
             # Given back only when the connection itself was lost, or the database rolled the run's
             # transaction back to break a deadlock: an error the database answered otherwise (a
             # statement timeout, a full disk) would fail the run the same way again, and given
@@ -227,11 +237,6 @@ def _drain_lane(kind, claim_next, run_claimed, give_back, deadline):
             if not _went_on(outage, exc):
                 break
             continue
-        except Exception:
-            # A bug met by one run must not end the lane (and with several lanes, fail the job and
-            # skip its re-ring): the run settled what it claimed, or its claim stands until the
-            # lease lapses, so the next claim is another's, never the same one again at once.
-            logger.exception("drain of %s: the run of %s failed; going on with the next", kind, claimed)
         handled += 1
     # A run cut short as the drain ended is given back now if the database answers: left, it
     # would wait for its lease to lapse and the sweeper, and spend an attempt (dead-lettered on its last).
@@ -239,7 +244,9 @@ def _drain_lane(kind, claim_next, run_claimed, give_back, deadline):
         while interrupted:
             give_back(interrupted[-1])
             interrupted.pop()
-    except UNREACHABLE:
+    except Exception as exc:
+        if not waited_out(exc):
+            raise
         logger.warning("drain of %s: %d interrupted run(s) left to their leases", kind, len(interrupted))
     return handled
 

@@ -13,7 +13,8 @@ lapses, through the sweeper).
 2. `connection_lost(exc)`: of those, the ones where the connection itself is gone, so that a
    fresh one may try the same thing again (an intake, which is idempotent by key); and
    `rolled_back(exc)`: the ones where the database is there and rolled the transaction back to
-   break a deadlock or a serialization failure, which is no outage.
+   break a deadlock or a serialization failure, which is no outage. `waited_out(exc)`: what a
+   long-running loop waits out (any error of the connection, and a lost one of any class).
 3. `Outage`: the failures of one loop while the database (or, for the sweeper, Redis) is
    away, logged once per outage with what failed and once more when it answers again,
    instead of a traceback per row or pass; with a capped backoff.
@@ -30,7 +31,12 @@ import redis
 from django.db import Error, InterfaceError, OperationalError, close_old_connections
 
 UNREACHABLE = (OperationalError, InterfaceError, psycopg.OperationalError, psycopg.InterfaceError)
-REDIS_UNREACHABLE = (redis.ConnectionError, redis.TimeoutError)
+# Redis is away too while it answers but refuses every write: full (maxmemory reached under
+# noeviction: OutOfMemoryError), or a replica (after a failover demoted it: ReadOnlyError). Each
+# passes as the failover or the operator's fix does. (Still loading its data, it answers LOADING,
+# a BusyLoadingError, which redis-py counts as a ConnectionError.)
+REDIS_UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.OutOfMemoryError,
+                     redis.exceptions.ReadOnlyError)
 # What Retry-After says while the database is away: a failover or a restart takes seconds.
 RETRY_AFTER_SECONDS = 2
 # SQLSTATEs of a connection the server ended: class 08 (connection exception), and
@@ -84,6 +90,14 @@ def connection_lost(exc):
     if sqlstate is None:
         return isinstance(exc, (OperationalError, psycopg.OperationalError))
     return sqlstate.startswith("08") or sqlstate in _LOST_SQLSTATES
+
+
+def waited_out(exc):
+    """Whether a long-running loop (a drain lane, the sweeper) waits `exc` out, as the database
+    being away, rather than ending or taking it for a bug: an error of the connection
+    (`UNREACHABLE`), or a connection the server ended whatever class psycopg gives it (an idle
+    transaction's timeout, 25P03, is an InternalError)."""
+    return isinstance(exc, UNREACHABLE) or connection_lost(exc)
 
 
 def _sqlstate(exc):

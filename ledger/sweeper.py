@@ -72,7 +72,7 @@ from .jobs import redis_connection, ring, worker_name
 from .locks import lead
 from .metrics import sweeper_seen
 from .models import AuditEvent
-from .outages import REDIS_UNREACHABLE, UNREACHABLE, Outage, connection_lost
+from .outages import REDIS_UNREACHABLE, Outage, connection_lost, waited_out
 from .partitions import partitions_extend
 from .tasks import task_expire_leases, task_runnable_exists
 
@@ -147,7 +147,9 @@ def sweep_forever(interval, steps):
                 redis_connection().ping()
             counts = sweep_once(steps, holder, ring_all=outage.ongoing)
             sweeper_seen()
-        except UNREACHABLE + REDIS_UNREACHABLE as exc:
+        except Exception as exc:
+            if not (isinstance(exc, REDIS_UNREACHABLE) or waited_out(exc)):
+                raise
             time.sleep(outage.failed(exc))
             continue
         outage.answered()

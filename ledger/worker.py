@@ -9,9 +9,10 @@ every host's workers down until each one was restarted. A heartbeat that finds i
 a birth date (the key the heartbeat itself just made on an empty Redis) registers the worker
 again first.
 
-RQ waits for Redis only while it waits for a job: a connection error or a timeout in its other
-calls (the bookkeeping as it takes a job and as a job succeeds, the job's heartbeat as it ends,
-the worker's heartbeat after a job, the suspension check, its maintenance, the state it sets
+RQ waits for Redis only while it waits for a job: a connection error, a timeout or a refused
+write (a full Redis, a replica: ledger.outages.REDIS_UNREACHABLE) in its other calls (the
+bookkeeping as it takes a job and as a job succeeds, the job's heartbeat as it ends, the
+worker's heartbeat after a job, the suspension check, its maintenance, the state it sets
 before it listens) ends the worker. A drain job runs for up to a minute, so a Redis restart while one ran was met as it
 ended, and the worker quit, leaving the host one worker short until something restarted it.
 These calls wait for Redis instead, unless the worker was asked to stop meanwhile (a
@@ -19,18 +20,34 @@ deployment's stop must not wait for Redis). Each is one pipeline, sent whole or 
 sending it again is safe. (A failed job's bookkeeping already goes on without Redis.) The
 scheduler, a process of the worker's that a Redis restart ends, is started again at the
 loop's next turn rather than at RQ's next maintenance, up to ten minutes later.
+
+The jobs that run on the worker's own thread (an alert's delivery, a reconciliation's finish, a
+bulk redrive, a replay run; the drain jobs run in lanes of their own) share that thread's
+persistent connection to the database. Django checks and replaces such a connection only where
+it is told a unit of work begins or ends (`close_old_connections`, which it calls around each
+request): without that, a connection the database ended between jobs (a failover, a restarted
+pooler) failed the next job, and, broken and never closed, every job after it until the worker
+was restarted. So it is called around each job here too.
 """
 
 import time
 from functools import partial
 
-import redis
 from rq.worker import SimpleWorker
+
+from .outages import REDIS_UNREACHABLE, close_broken_connection
 
 REDIS_WAIT_MAX_SECONDS = 30
 
 
 class Worker(SimpleWorker):
+    def perform_job(self, job, queue):
+        close_broken_connection()  # a connection that died, or grew old, since the last job
+        try:
+            return super().perform_job(job, queue)
+        finally:
+            close_broken_connection()
+
     def prepare_execution(self, job):
         return self._until_redis_answers(partial(super().prepare_execution, job))
 
@@ -95,7 +112,7 @@ class Worker(SimpleWorker):
         while True:
             try:
                 return call()
-            except (redis.ConnectionError, redis.TimeoutError) as exc:  # RQ's loop quits on either
+            except REDIS_UNREACHABLE as exc:  # RQ's loop quits on any of them
                 if self._stop_requested:
                     raise
                 self.log.warning("Worker %s: Redis does not answer (%s); asking again in %d s", self.name, exc, wait)
