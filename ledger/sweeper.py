@@ -2,7 +2,8 @@
 
 Each pass:
 1. pending actions whose lease lapsed (plus CONNECTOR_TIMEOUT) become `unknown`; running
-   tasks whose lease lapsed go back to the queue;
+   tasks whose lease lapsed go back to the queue; a held action whose look after its holder's
+   settle was lost (a worker killed, a blip) is given it (ledger.actions.held_looked_again);
 2. if any action is runnable (queued and due, or due for verification), ring its doorbell,
    which enqueues a drain job unless one is already waiting — a flushed Redis or a
    SIGKILLed worker loses nothing; the same for tasks;
