@@ -55,7 +55,10 @@ def _as_sent(address):
         return None
     try:
         sent = sanitize_address(address, "utf-8")
-    except ValueError:  # UnicodeError, IDNA's refusal, is one
+    except Exception:  # noqa: BLE001 (what it fails with is no address, whatever its class)
+        # IDNA's refusal is a ValueError (UnicodeError), and the standard library's header parser,
+        # which reads the address first, fails on some malformed ones with errors of its own
+        # (`a@[`: AttributeError; `(@)"`: IndexError): none is an address the mail is sent to.
         return None
     local, at, domain = sent.rpartition("@")
     return f"{local}{at}{domain.lower()}"

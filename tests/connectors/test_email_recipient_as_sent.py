@@ -67,6 +67,18 @@ def test_the_recipient_is_the_address_django_sends_to_its_domain_in_lower_case(a
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("target", ["a@[", '(@)"', "a@b@["])
+def test_an_address_the_mail_library_cannot_read_is_refused_not_a_500(client, target):
+    """The standard library's header parser, which reads an address before it is sent to, fails on
+    some malformed ones with errors other than ValueError (AttributeError, IndexError): the
+    request answered 500."""
+    make_agent_on(client)
+    answer = post_action_in_process(client, "key-1", message(target))
+    assert answer.status_code == 400 and answer.json()["errors"]["target"] == ["Not an e-mail address."]
+    assert not Action.objects.exists()
+
+
+@pytest.mark.django_db
 def test_an_address_whose_domain_the_mail_cannot_send_to_is_refused(client):
     """Django's rule takes a domain IDNA refuses (a label of Latin and Hebrew letters): its message
     failed at the provider's call, after it was recorded."""
