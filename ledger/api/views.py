@@ -213,7 +213,15 @@ EVIDENCE_LINK = {"read_evidence": {
 }}
 
 
-class ActionCreateView(APIView):
+class AgentView(APIView):
+    """A path of the agents' API: it answers the methods it lists and 405 `method_not_allowed` to
+    any other, OPTIONS too (DRF answers it with a description of the view, 200, a method the
+    document lists on no path)."""
+
+    http_method_names = [method for method in APIView.http_method_names if method != "options"]
+
+
+class ActionCreateView(AgentView):
     finds_key = True  # see AgentTokenAuthentication
     schema = ApiSchema()
     openapi_links = {status: {**link, **EVIDENCE_LINK}
@@ -251,7 +259,7 @@ class ActionCreateView(APIView):
         ), lambda action: ActionSerializer(action).data)
 
 
-class ActionDetailView(APIView):
+class ActionDetailView(AgentView):
     @extend_schema(
         operation_id="actions_retrieve",
         responses={**read_responses(ActionSerializer, "action"), (410, PROBLEM_JSON): problem(KEY_EXPIRED)},
@@ -307,7 +315,7 @@ def evidence_view(sections):
     record and in the document (the product's are composed in console.evidence)."""
     record = evidence_record_serializer(sections)
 
-    class ActionEvidenceView(APIView):
+    class ActionEvidenceView(AgentView):
         @extend_schema(
             operation_id="actions_evidence_retrieve",
             parameters=[path_key("operation_key", "The action's operation key."), RETRY_AFTER, KEY_EXPIRES],
@@ -333,7 +341,7 @@ def evidence_view(sections):
 UNSETTLED_TASK = {TaskState.QUEUED, TaskState.RUNNING}
 
 
-class TaskCreateView(APIView):
+class TaskCreateView(AgentView):
     schema = ApiSchema()
     openapi_links = links_to("tasks_retrieve", "task_id")
 
@@ -379,7 +387,7 @@ def task_asks_again(task, data):
             and data["workflow"] == task.workflow and data["input"] == task.input)
 
 
-class TaskDetailView(APIView):
+class TaskDetailView(AgentView):
     @extend_schema(
         operation_id="tasks_retrieve",
         responses={**read_responses(CheckpointSerializer, "task"), (410, PROBLEM_JSON): problem(KEY_EXPIRED)},

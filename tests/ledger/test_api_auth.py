@@ -118,6 +118,16 @@ def test_it_refuses_a_wrong_method_with_a_problem(client, actors):
     assert "POST" in response["Allow"]
 
 
+@pytest.mark.parametrize("path", ["/api/v1/actions", "/api/v1/actions/k-1", "/api/v1/actions/k-1/evidence",
+                                  "/api/v1/tasks", "/api/v1/tasks/t-1"])
+def test_options_is_a_method_no_path_lists(client, actors, path):
+    """DRF answered OPTIONS with a description of the view (200), a method the document lists on
+    no path."""
+    response = client.options(path, headers=bearer(actors.billing_token))
+    assert_problem(response, 405, "method_not_allowed")
+    assert "OPTIONS" not in response["Allow"]
+
+
 def test_it_refuses_a_body_that_is_not_json(client, actors):
     response = post_action_in_process(client, KEY, "refund ORD-8841 25.00 EUR", headers=bearer(actors.billing_token),
                                       content_type="text/plain")
