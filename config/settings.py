@@ -429,6 +429,12 @@ ALLAUTH_TRUSTED_PROXY_COUNT = env_int("TRUSTED_PROXY_COUNT", 1 if PRODUCTION els
 MFA_REQUIRED = env_bool("MFA_REQUIRED", not DEBUG)
 MFA_SUPPORTED_TYPES = ["totp", "webauthn", "recovery_codes"]
 MFA_TOTP_ISSUER = "Surety"
+# A passkey's answer that cannot be parsed is a wrong passkey, never a 500 (console.mfa_forms).
+MFA_FORMS = {
+    "authenticate_webauthn": "console.mfa_forms.AuthenticateWebAuthnForm",
+    "reauthenticate_webauthn": "console.mfa_forms.ReauthenticateWebAuthnForm",
+    "add_webauthn": "console.mfa_forms.AddWebAuthnForm",
+}
 # WebAuthn over plain HTTP (a browser allows it for localhost only): development and tests.
 MFA_WEBAUTHN_ALLOW_INSECURE_ORIGIN = DEBUG
 # A money decision needs a second factor given within this many seconds (0: no step-up).

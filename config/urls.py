@@ -22,6 +22,7 @@ urlpatterns = [
     path("accounts/login/", account_views.login, name="login"),
     path("accounts/logout/", account_views.logout, name="logout"),
     path("accounts/email/", signin.addresses_set_by_an_admin, name="account_email"),
+    path("accounts/password/set/", signin.passwords_set_by_an_admin, name="account_set_password"),
     path("accounts/", include("allauth.urls")),
     # Every page people work in and /metrics (the health checks: console.monitoring.HealthChecksMiddleware).
     path("", include("console.urls")),

@@ -8,6 +8,8 @@ would then post to the factor page), the person is sent back to its page instead
 
 from allauth.account.decorators import secure_admin_login
 from django.contrib import admin
+from django.http import HttpResponseRedirect
+from django.urls import reverse
 
 from .stepup import step_up_required
 
@@ -21,6 +23,10 @@ class AdminSite(admin.AdminSite):
     def login(self, request, extra_context=None):
         """The admin signs in through the product's sign-in pages, second factor, failed-attempt
         limit and PASSWORD_SIGN_IN included: Django's own form signed a staff person in with a
-        password alone. Here, not by wrapping `admin.site.login` in the URLconf: the admin's URLs
-        hold the view they were built with, before such a line ran."""
-        return secure_admin_login(super().login)(request, extra_context)
+        password alone. allauth's `secure_admin_login` sends the signed out there and refuses the
+        signed-in who are not staff (403); the staff it lets through go to the admin's index, never
+        to Django's form, which took another person's password from a session already signed in
+        and made it theirs. Here, not by wrapping `admin.site.login` in the URLconf: the admin's
+        URLs hold the view they were built with, before such a line ran."""
+        index = reverse("admin:index", current_app=self.name)
+        return secure_admin_login(lambda request: HttpResponseRedirect(index))(request)

@@ -139,6 +139,13 @@ def addresses_set_by_an_admin(request):
     raise Http404("a person's e-mail address is set by an admin")
 
 
+def passwords_set_by_an_admin(request):
+    """allauth's page where a person without a password (one who signs in through the company's
+    provider) sets one, closed: it asked nothing, so any of their sessions could make itself a way
+    in past the provider. A local password is an admin's to give, as the person is."""
+    raise Http404("a password is set by an admin")
+
+
 def known_person(sociallogin):
     """The one active person with an e-mail address the provider vouches for, or None."""
     emails = {address.email for address in sociallogin.email_addresses if address.verified and address.email}

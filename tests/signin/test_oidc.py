@@ -77,3 +77,13 @@ def test_a_callback_with_a_forged_state_or_code_is_refused(oidc, ada, client):
     assert AuditEvent.objects.filter(verb="sign_in_failed").count() == 2
     # The forged code used up the state it came with: the real callback of that sign-in is spent too.
     assert back_from_provider(client, callback).status_code == 401 and signed_in_as(client) is None
+
+
+def test_a_person_who_signs_in_through_the_provider_cannot_set_a_password_here(oidc, ada, client):
+    """allauth's page for setting a password where there is none took one from any session of a
+    person who signs in through the provider, asking nothing: a way in past the company's provider."""
+    back_from_provider(client, at_provider(start_sign_in(client), "ada"))
+    assert signed_in_as(client) == str(ada.pk)
+    assert client.get("/accounts/password/set/").status_code == 404
+    client.post("/accounts/password/set/", {"password1": "a-password-of-my-own", "password2": "a-password-of-my-own"})
+    assert not get_user_model().objects.get(pk=ada.pk).has_usable_password()
