@@ -119,6 +119,27 @@ def _no_constants(name):
     raise ValueError(f"{name} is not JSON")
 
 
+# How deeply a body may nest (the body itself is level 1). The contract's bodies are two levels
+# (an action's params, a task's input, each of plain values); one parsed just short of the
+# interpreter's recursion limit exhausts the stack again in the view, which recurses over it (a
+# field's str() of a value): a 500. Refused well before that.
+MAX_NESTING = 32
+TOO_DEEP = "The body is nested too deeply."
+
+
+def _nested_deeper_than(data, levels):
+    """Whether parsed JSON `data` nests objects or arrays more than `levels` deep: a loop, not
+    recursion, for the reason above."""
+    pending = [(data, 1)]
+    while pending:
+        value, depth = pending.pop()
+        if isinstance(value, dict | list):
+            if depth > levels:
+                return True
+            pending.extend((item, depth + 1) for item in (value.values() if isinstance(value, dict) else value))
+    return False
+
+
 class BoundedJSONParser(JSONParser):
     """JSON bodies of at most API_MAX_BODY_BYTES; numbers with a fraction become Decimal,
     never float, so an amount sent as a number is seen (and refused) as what it is."""
@@ -135,7 +156,10 @@ class BoundedJSONParser(JSONParser):
         except (ValueError, UnicodeDecodeError) as exc:
             raise exceptions.ParseError(f"The body is not valid JSON: {exc}") from exc
         except RecursionError:
-            raise exceptions.ParseError("The body is nested too deeply.") from None
+            raise exceptions.ParseError(TOO_DEEP) from None
+        # Nesting needs a bracket a level, so a body with fewer is not walked.
+        if raw.count(b"[") + raw.count(b"{") > MAX_NESTING and _nested_deeper_than(data, MAX_NESTING):
+            raise exceptions.ParseError(TOO_DEEP)
         # Only a \u escape makes one (the UTF-8 decoding refuses an encoded surrogate), so a body
         # without any is not walked.
         if b"\\u" in raw and lone_surrogate(data):

@@ -1,7 +1,9 @@
 """The agents' API: one view per operation, no business logic here."""
 
+import re
 import time
 from contextlib import contextmanager
+from urllib.parse import unquote
 
 from django.conf import settings
 from django.db import InterfaceError, InternalError, OperationalError
@@ -303,11 +305,16 @@ def gone_whatever_the_body(mine, key):
         raise
 
 
+ENCODED_SLASH = re.compile("%2f", re.IGNORECASE)
+
+
 def key_ends_in_evidence(request):
-    """Whether the URL named an action whose own key ends in "/evidence" ("%2Fevidence"):
-    the server decodes the path before it is routed, so such a read reaches the evidence
-    view too. gunicorn passes the path as it was sent (RAW_URI), which tells them apart."""
-    return request.META.get("RAW_URI", "").split("?", 1)[0].lower().endswith("%2fevidence")
+    """Whether the URL named an action whose own key ends in "/evidence" ("%2Fevidence", or
+    any other spelling of it, "%2F%65vidence"): the server decodes the path before it is
+    routed, so such a read reaches the evidence view too. gunicorn passes the path as it was
+    sent (RAW_URI), which tells them apart once every escape but a "/"'s is decoded."""
+    path = request.META.get("RAW_URI", "").split("?", 1)[0]
+    return "%2F".join(unquote(piece) for piece in ENCODED_SLASH.split(path)).lower().endswith("%2fevidence")
 
 
 def evidence_view(sections):

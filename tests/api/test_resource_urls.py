@@ -63,3 +63,9 @@ def test_a_key_ending_in_evidence_is_read_at_its_url_and_its_evidence_below_it(s
         assert api.get(url).json()["operation_key"] == "refund:x/evidence"
         assert api.get(f"{url}/evidence").json()["request"]["operation_key"] == "refund:x/evidence"
         assert api.get(f"{ACTIONS}refund:x/evidence").json()["request"]["operation_key"] == "refund:x"
+        # Any percent-encoding of the same key is the same action (docs/contract.md, Keys).
+        for spelling in ("refund:x%2fevidence", "refund:x%2F%65vidence", "refund:x%2Fevid%65nce",
+                         "refund%3Ax%2f%65vidence"):
+            read = api.get(f"{ACTIONS}{spelling}")
+            assert (read.status_code, read.json().get("operation_key")) == (200, "refund:x/evidence"), spelling
+        assert api.get(f"{ACTIONS}refund:x/%65vidence").json()["request"]["operation_key"] == "refund:x"
