@@ -82,14 +82,27 @@ def factors_given(records):
     return {record["id"] for record in records if record.get("method") == "mfa" and "id" in record}
 
 
+# The ids of the second factors (passkeys, authenticator apps) a session enrolled. Kept apart from
+# allauth's records of factors given, which count as a step-up (console.stepup.fresh_factor):
+# enrolling one proves nothing the session did not have already. Recovery codes, made with a
+# factor and made again on request, are not one.
+FACTORS_ENROLLED = "factors_enrolled"
+
+
+def factors_of_session(request, records):
+    """The second factors a session stands on: those it gave and those it enrolled."""
+    return factors_given(records) | set(request.session.get(FACTORS_ENROLLED, ()))
+
+
 class SessionLifetimeMiddleware:
     """A session ends SESSION_COOKIE_AGE after its sign-in, however often it was saved since.
     Django's session store moves a session's end on every save, and a step-up saves it: a person
     who stepped up every few hours stayed signed in for good.
 
-    It also ends once a second factor it gave is removed (by an admin, or by the person in another
-    session): a factor is removed because it was lost or stolen, and the session it opened went on,
-    counted that factor as a step-up, and, left with no factor, enrolled one of its own unasked."""
+    It also ends once a second factor it gave or enrolled is removed (by an admin, or by the person
+    in another session): a factor is removed because it was lost or stolen, or was never the
+    person's, and the session it opened, or that enrolled it after a stolen password, went on,
+    counted that factor as a step-up, or, left with no factor, enrolled another unasked."""
 
     def __init__(self, get_response):
         self.get_response = get_response
@@ -99,7 +112,7 @@ class SessionLifetimeMiddleware:
         # the server answers the outage (config.urls.handler500: 503).
         if request.user.is_authenticated:
             records = get_authentication_records(request, request.user)
-            given = factors_given(records)
+            given = factors_of_session(request, records)
             if records and timezone.now().timestamp() - records[0]["at"] >= settings.SESSION_COOKIE_AGE:
                 request.session_ended = "session_expired"  # audited as such, not as the person's signing out
                 logout(request)
@@ -251,12 +264,19 @@ def audit_factor_added(sender, instance, created, **kwargs):
         _audit_factor("second_factor_added", context.request, _changed_by(instance), instance)
 
 
+@receiver(mfa_signals.authenticator_added)
+def remember_factor_enrolled(sender, request, authenticator, **kwargs):
+    # allauth's signal, after the factor's commit: a factor rolled back is never the session's.
+    if authenticator.type in SECOND_FACTORS:
+        request.session[FACTORS_ENROLLED] = [*request.session.get(FACTORS_ENROLLED, ()), authenticator.pk]
+
+
 @receiver(post_delete, sender=Authenticator)
 def audit_factor_removed(sender, instance, **kwargs):
     _audit_factor("second_factor_removed", context.request, _changed_by(instance), instance,
                   of=instance.user.get_username())
     # The person's own session that removes it (asked for a factor just before) stays signed in:
-    # it forgets having given this one, so SessionLifetimeMiddleware ends only the others.
+    # it forgets having given or enrolled this one, so SessionLifetimeMiddleware ends only the others.
     request = context.request
     session = getattr(request, "session", None)
     if session is not None and getattr(request, "user", None) == instance.user:
@@ -264,6 +284,8 @@ def audit_factor_removed(sender, instance, **kwargs):
         if instance.pk in factors_given(records):
             session[AUTHENTICATION_METHODS_SESSION_KEY] = [
                 r for r in records if not (r.get("method") == "mfa" and r.get("id") == instance.pk)]
+        if instance.pk in session.get(FACTORS_ENROLLED, ()):
+            session[FACTORS_ENROLLED] = [pk for pk in session[FACTORS_ENROLLED] if pk != instance.pk]
 
 
 @receiver(mfa_signals.authenticator_reset)

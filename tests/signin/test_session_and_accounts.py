@@ -6,6 +6,7 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
+from allauth.account.internal.flows.login import AUTHENTICATION_METHODS_SESSION_KEY
 from allauth.mfa.models import Authenticator
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
@@ -159,6 +160,52 @@ def test_a_session_ends_once_a_factor_it_gave_is_removed(client, settings):
     revoked = AuditEvent.objects.get(verb="session_revoked")
     assert revoked.actor == "system:sign-in" and revoked.object_id == str(alice.pk)
     assert AuditEvent.objects.filter(verb="signed_out").count() == 1  # her own, before the second sign-in
+
+
+# Transactional: allauth tells of a factor enrolled once its transaction has committed.
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("step_up")
+def test_a_session_ends_once_a_factor_it_enrolled_is_removed(client, settings):
+    """alice's password was stolen before she had a factor: the thief's session enrolled its own
+    authenticator app. An admin removed it, and the session went on: with no factor left, it was
+    asked for nothing, enrolled another, stepped up with it and decided. Now it ends, audited as
+    revoked. Enrolling is not a factor given: a decision right after it still asks for one."""
+    settings.MFA_REQUIRED = True
+    alice = someone("alice", "approvers")
+    sign_in(client, "alice")
+    enrol_totp(client)
+    given = client.session[AUTHENTICATION_METHODS_SESSION_KEY]
+    assert [record["method"] for record in given] == ["password"]
+    assert client.get("/").status_code == 200
+
+    Authenticator.objects.filter(user=alice, type=Authenticator.Type.TOTP).delete()  # the admin site's delete
+
+    answer = client.get("/accounts/2fa/totp/activate/")
+    assert answer.status_code == 302 and answer["Location"].startswith("/accounts/login/")
+    assert "_auth_user_id" not in client.session
+    revoked = AuditEvent.objects.get(verb="session_revoked")
+    assert revoked.actor == "system:sign-in" and revoked.object_id == str(alice.pk)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("step_up", "codes_checked_in_the_next_period")
+def test_a_session_that_enrolled_a_factor_stays_signed_in_as_it_makes_new_codes_and_removes_it(client, settings):
+    """The recovery codes made again, and the factor removed by the session that enrolled it
+    (asked for it first), end nothing."""
+    settings.MFA_REQUIRED = True
+    someone("alice", "approvers")
+    sign_in(client, "alice")
+    secret = enrol_totp(client)
+    asked = client.post("/accounts/2fa/recovery-codes/generate/")
+    assert asked["Location"].startswith(REAUTHENTICATE)
+    client.post(asked["Location"], {"code": totp(secret, 1)})
+    assert client.post("/accounts/2fa/recovery-codes/generate/").status_code == 302
+    assert AuditEvent.objects.filter(verb="second_factor_reset").exists()
+    assert client.get("/").status_code == 200
+    assert client.post("/accounts/2fa/totp/deactivate/").status_code == 302
+    assert not Authenticator.objects.filter(type=Authenticator.Type.TOTP).exists()
+    assert client.get("/")["Location"] == "/accounts/2fa/"
+    assert "_auth_user_id" in client.session and not AuditEvent.objects.filter(verb="session_revoked").exists()
 
 
 @pytest.mark.django_db
