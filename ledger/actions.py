@@ -7,7 +7,7 @@ import logging
 from datetime import datetime
 
 from django.db import DatabaseError, IntegrityError, connection, transaction
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Q
 from django.utils import timezone
 
 from . import clock, hooks
@@ -554,10 +554,8 @@ def _release_what_it_held(action):
             # Another transaction works on it or its subjects now: a settle releasing another
             # action held on them, or an intake. Once both have committed, it is looked at again.
             logger.info("%s or its target or customer is busy: looked at again after this commit", held.operation_key)
-            # A failure is logged; the look lost so (or with a worker killed before it) is the
-            # sweeper's (`held_looked_again`).
             transaction.on_commit(lambda held_pk=held.pk, settled_pk=action.pk: _look_again(held_pk, settled_pk),
-                                  robust=True)
+                                  robust=True)  # a failure is logged; the held one then waits for a person
             continue
         _release_if_nothing_holds(held, action)
 
@@ -569,62 +567,17 @@ def _named(other, seen_by):
     return other.operation_key if other.agent_id == seen_by.agent_id else f"action #{other.pk} (another agent's)"
 
 
-def _look_again(held_pk, settled_pk=None):
+def _look_again(held_pk, settled_pk):
     """After the settle's commit, a held action that was busy then: its subjects' locks first,
-    waiting as the intake waits (no row is held now), then its row, and the same look. With no
-    `settled_pk` (the sweeper's), the look a settle owed it and never gave (`_owed_by`), if one
-    did. Whether it looked."""
+    waiting as the intake waits (no row is held now), then its row, and the same look."""
     with transaction.atomic():
         held = Action.objects.filter(pk=held_pk, status=S.HELD).first()
         if held is None:
-            return False
+            return
         _lock_subjects(held.target, held.customer)
         held = Action.objects.select_for_update().filter(pk=held_pk, status=S.HELD).first()
-        settled = held and (Action.objects.get(pk=settled_pk) if settled_pk else _owed_by(held))
-        if not settled:
-            return False
-        _release_if_nothing_holds(held, settled)
-        return True
-
-
-def _owed_by(held):
-    """The settled action whose look at `held` never came, or None: the last to settle on its
-    subjects, if its settle looks at what it held (held_release_when_settled: not a failure kept
-    for its retry, not a held one let go, which lets go of nothing) and nothing was said of `held`
-    since (a look that kept it held said why)."""
-    last = [Action.objects.filter(subject, status__in=SETTLED).exclude(pk=held.pk).order_by("-updated_at", "-pk")
-            .first() for subject in _subjects(held)]
-    last = max(filter(None, last), key=lambda a: (a.updated_at, a.pk), default=None)
-    if last is None or last.is_retryable_failure:
-        return None
-    settle = AuditEvent.objects.history(last).filter(after__status=last.status).exclude(
-        before__status=last.status).last()
-    if settle is None or settle.before["status"] == S.HELD or AuditEvent.objects.history(held).filter(
-            pk__gt=settle.pk).exists():
-        return None
-    return last
-
-
-# How many held actions with nothing running on their subjects a sweeper pass looks at.
-HELD_LOOKS_PER_PASS = 100
-
-
-def held_looked_again(limit=HELD_LOOKS_PER_PASS):
-    """The sweeper's step: a settle that met a held action busy looks at it again after its
-    commit (`_look_again`), and that look is lost if its worker is killed first or the database
-    goes away during it. Held actions with nothing in flight on their target or customer but held
-    ones get the look their holder's settle owed them, as it would have gone. Those that wait on
-    purpose (for a retry, for a person) are left as they are. Returns how many it looked at.
-
-    A failure kept for its retry holds what it held (its settle let nothing go): its held ones are
-    passed over here, not looked at every pass, as a provider's outage leaves many of them."""
-    running = Action.objects.filter(Q(status__in=IN_FLIGHT_STATUSES - {S.HELD})
-                                    | Q(status=S.FAILED, error__retryable=True))
-    stranded = (Action.objects.filter(status=S.HELD)
-                .exclude(Exists(running.filter(target=OuterRef("target"))))
-                .exclude(Exists(running.filter(customer=OuterRef("customer")).exclude(customer="")))
-                .order_by("pk").values_list("pk", flat=True)[:limit])
-    return sum(_look_again(pk) for pk in stranded)
+        if held is not None:
+            _release_if_nothing_holds(held, Action.objects.get(pk=settled_pk))
 
 
 def _release_if_nothing_holds(held, action):

@@ -2,8 +2,7 @@
 
 Each pass:
 1. pending actions whose lease lapsed (plus CONNECTOR_TIMEOUT) become `unknown`; running
-   tasks whose lease lapsed go back to the queue; a held action whose look after its holder's
-   settle was lost (a worker killed, a blip) is given it (ledger.actions.held_looked_again);
+   tasks whose lease lapsed go back to the queue;
 2. if any action is runnable (queued and due, or due for verification), ring its doorbell,
    which enqueues a drain job unless one is already waiting — a flushed Redis or a
    SIGKILLed worker loses nothing; the same for tasks;
@@ -66,7 +65,6 @@ import uuid
 from django.conf import settings
 from django.db import close_old_connections
 
-from .actions import held_looked_again
 from .audit import audit_verify_due, audit_walk
 from .executor import action_expire_leases, action_runnable_exists
 from .jobs import redis_connection, ring, worker_name
@@ -89,8 +87,7 @@ def sweep_once(steps, holder=None, ring_all=False):
     `ring_all` rings both doorbells unasked. A step's failure is raised once the others have run
     (see "Faults" above)."""
     failed = []
-    counts = _run([("actions_expired", action_expire_leases), ("tasks_expired", task_expire_leases),
-                   ("held_looked_again", held_looked_again)], holder, failed)
+    counts = _run([("actions_expired", action_expire_leases), ("tasks_expired", task_expire_leases)], holder, failed)
     # Every sweeper rings (no lease): a step as the others for its faults, a statement timeout in
     # its look ending no pass before the steps after it.
     counts |= _run([("doorbells_rung", lambda: _ring(ring_all))], None, failed)
