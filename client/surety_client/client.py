@@ -450,6 +450,11 @@ def _stopped(stop: threading.Event | None) -> bool:
     return stop is not None and stop.is_set()
 
 
+def clock() -> float:
+    """The clock this client's waits are counted by (monotonic, in seconds)."""
+    return time.monotonic()
+
+
 def pause(seconds: float, stop: threading.Event | None) -> bool:
     """Sleep between reads (or, in the MCP server, before a throttled call's one more try), cut short
     when `stop` is set (or was): whether it is (the wait ends)."""

@@ -60,7 +60,7 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
-from .client import Action, Checkpoint, SuretyClient, pause, token_fault
+from .client import Action, Checkpoint, SuretyClient, clock, pause, token_fault
 from .errors import (
     NO_FIELD,
     IdempotencyKeyReused,
@@ -343,18 +343,19 @@ def _failed(body: dict[str, Any], done: str = "") -> types.CallToolResult:
                     "next_tool": None}, is_error=not retry)
 
 
-def throttled_said(retry_after: float | None, waited: float | None) -> str:
+def throttled_said(retry_after: float | None, waited: float | None, room: float = THROTTLED_WAIT_MAX) -> str:
     """What a throttled call did before answering, and how long Surety asked to be left alone (a model
     has no other way to know). `retry_after`: the last refusal's; `waited`: the seconds the call waited
-    before its one more try, or None when it made none. Told that the call waits a limit of up to 30 s
-    out itself when it had not (Surety asked for longer), a model took the limit for a short one."""
+    before its one more try, or None when it made none; `room`: the seconds it could still have waited
+    (what its first try left of CALL_WAIT_MAX). Told that the call waits a limit of up to 30 s out
+    itself when it had not (Surety asked for longer), a model took the limit for a short one."""
     asked = "" if retry_after is None else f"Surety asked for {retry_after:g} s before the next call (Retry-After)"
     if waited is not None:
         return (f"This call waited {waited:g} s, tried once more and was refused again, so the same call made "
                 f"again at once is refused alike. {asked}{'. ' if asked else ''}")
-    if retry_after is not None and retry_after > THROTTLED_WAIT_MAX:
-        return (f"{asked}, longer than the {THROTTLED_WAIT_MAX:g} s this call waits out itself, so it did not wait "
-                "or try again: do not make the same call again before then. ")
+    if retry_after is not None and retry_after > room:
+        return (f"{asked}, longer than the {math.floor(room):g} s this call could still wait out itself, so it did "
+                "not wait or try again: do not make the same call again before then. ")
     # Cancelled by the host during its wait: nobody reads this, but it says what happened.
     return f"{asked}{'. ' if asked else ''}This call was cancelled before it tried again. "
 
@@ -616,7 +617,8 @@ def call(client: SuretyClient, name: str, arguments: dict[str, Any] | None,
     try:
         return _answer(_run(tool, client, args, stop), waited)
     except _StillThrottled as throttled:
-        return _failed(throttled.problem.body, throttled_said(throttled.problem.retry_after, throttled.waited))
+        return _failed(throttled.problem.body, throttled_said(throttled.problem.retry_after, throttled.waited,
+                                                             throttled.room))
     except IdempotencyKeyReused as problem:
         return _reused(client, tool, problem)
     except Problem as problem:
@@ -632,13 +634,13 @@ def call(client: SuretyClient, name: str, arguments: dict[str, Any] | None,
 
 
 class _StillThrottled(Exception):
-    """A call refused for the agent's rate limit to the end: the last refusal (`problem`), and the
-    seconds the call waited before its one more try (`waited`; None: it made none)."""
+    """A call refused for the agent's rate limit to the end: the last refusal (`problem`), the
+    seconds the call waited before its one more try (`waited`; None: it made none), and those it
+    could have waited (`room`)."""
 
-    def __init__(self, problem: Throttled, waited: float | None) -> None:
+    def __init__(self, problem: Throttled, waited: float | None, room: float = THROTTLED_WAIT_MAX) -> None:
         super().__init__(str(problem))
-        self.problem = problem
-        self.waited = waited
+        self.problem, self.waited, self.room = problem, waited, room
 
 
 def _run(tool: Tool, client: SuretyClient, args: dict[str, Any], stop: threading.Event | None) -> Action | Checkpoint:
@@ -646,14 +648,18 @@ def _run(tool: Tool, client: SuretyClient, args: dict[str, Any], stop: threading
     by `stop`): told to wait, a model calls again at once, throttled again, over and over. The wait is
     taken from the call's own, which a host's timeout leaves no room to add to. Each run takes its
     arguments apart: it gets a copy."""
+    started = clock()
     try:
         return tool.run(client, dict(args), stop)
     except Throttled as throttled:
         wait = THROTTLED_WAIT_UNSAID if throttled.retry_after is None else throttled.retry_after
-        if wait > THROTTLED_WAIT_MAX or pause(wait, stop):
-            raise _StillThrottled(throttled, None) from None
+        # Refused partway through a wait (a person's decision read every few seconds), the call has
+        # spent some of its CALL_WAIT_MAX already: it waits only what is left.
+        room = max(0.0, THROTTLED_WAIT_MAX - (clock() - started))
+        if wait > room or pause(wait, stop):
+            raise _StillThrottled(throttled, None, room) from None
     try:
-        return tool.run(client, _less_waiting(tool, args, wait), stop)
+        return tool.run(client, _less_waiting(tool, args, clock() - started), stop)
     except Throttled as again:
         raise _StillThrottled(again, wait) from None
 

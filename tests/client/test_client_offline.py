@@ -227,6 +227,17 @@ def test_a_throttled_calls_wait_is_taken_from_its_own(clock):
     assert [request.method for request in requests] == ["POST", "POST"]
 
 
+def test_a_call_throttled_partway_through_its_wait_waits_only_what_is_left_of_it(clock):
+    """Refused at its fifth read, 20 s into a 30 s wait, with a Retry-After of 28 s: the call waited
+    it out and then the rest of its wait, about 55 s, near a host's 60 s. It has 10 s left: it answers
+    at once, and says so."""
+    throttled = (429, {"Retry-After": "28"}, _problem(429, "throttled"))
+    client, requests = scripted_api(*[(200, {}, _action("awaiting_approval"))] * 4, throttled)
+    answer = mcp_server.call(client, "wait_for_action", {"operation_key": KEY, "seconds": 30}).structured_content
+    assert answer["code"] == "throttled" and clock.now == 20 and len(requests) == 5
+    assert "longer than the 10 s this call could still wait out itself, so it did not wait" in answer["guidance"]
+
+
 def test_a_throttled_call_asked_to_wait_longer_or_cancelled_answers_at_once(clock):
     client, requests = scripted_api((429, {"Retry-After": "37"}, _problem(429, "throttled")))
     answer = mcp_server.call(client, "get_action", {"operation_key": KEY}).structured_content
