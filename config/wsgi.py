@@ -1,7 +1,7 @@
 """The web servers' WSGI application: Django's, behind `chunked_bodies_read`.
 
-`read_chunked`, the one rule by which a chunked body is read, needs no Django: the shards' router
-(sharding/router.py), which runs without it, reads its bodies by it too. So importing this module
+`read_chunked`, the one rule by which a chunked body is read, needs no Django set up: the shards'
+router (sharding/router.py), which runs without settings, reads its bodies by it too. So importing this module
 sets nothing up; `application` is made when it is first asked for (gunicorn's `config.wsgi`,
 Django's WSGI_APPLICATION)."""
 
@@ -83,11 +83,28 @@ def chunked_bodies_read(app):
         except UnreadableBody:
             return _refused(start_response, 400, UnreadableBody.title, UnreadableBody.detail)
         if upload and length is not None and length > limit:
+            environ["wsgi.input"].close()
             return _refused(start_response, 413, "Body too large",
                             f"A form sent chunked is read up to {limit} bytes; send a smaller file.")
-        return app(environ, start_response)
+        if not length:
+            return app(environ, start_response)
+        return _closing(app(environ, start_response), environ["wsgi.input"])
 
     return application
+
+
+def _closing(response, body):
+    """`response`, and with it the body read here (a temporary file past the memory's bound),
+    closed when the server closes the response: nothing else closes an input the server did not
+    open, and the file, unlinked, would hold its descriptor and its disk until collected."""
+    try:
+        yield from response
+    finally:
+        try:
+            if hasattr(response, "close"):
+                response.close()
+        finally:
+            body.close()
 
 
 def _content_type(environ):

@@ -144,6 +144,22 @@ def test_a_chunked_body_on_a_server_that_does_not_de_chunk_it_is_not_read():
     assert json.loads(body)["code"] == "webhook_refused"
 
 
+def test_a_chunked_body_read_into_a_temporary_file_is_closed_with_its_response(db):
+    """A form past the memory's bound goes to a temporary file in place of the server's input,
+    which nothing closed: unlinked, it held its descriptor and its disk until collected. (The
+    application called as a server calls it, with the input a de-chunking server gives.)"""
+    form = b"--b\r\nContent-Disposition: form-data; name=\"f\"; filename=\"e.json\"\r\n\r\n" + b"x" * (
+        2 * 1024 * 1024) + b"\r\n--b--\r\n"
+    environ = {"REQUEST_METHOD": "POST", "PATH_INFO": UPLOAD, "SERVER_NAME": "127.0.0.1", "SERVER_PORT": "80",
+               "wsgi.url_scheme": "http", "wsgi.input": io.BytesIO(form), "wsgi.errors": io.StringIO(),
+               "wsgi.input_terminated": True, "CONTENT_TYPE": "multipart/form-data; boundary=b"}
+    response = application(environ, lambda status, headers, exc_info=None: None)
+    b"".join(response)
+    response.close()
+    body = environ["wsgi.input"]
+    assert body._rolled and body.closed  # it went to disk, and is closed with the response
+
+
 def test_a_malformed_chunk_is_a_problem_not_the_servers_page(stack):
     """A chunk size that is no hexadecimal number: gunicorn cannot de-chunk the body, and the client
     is told so as every refused body is, in problem+json (it was gunicorn's own HTML page)."""
