@@ -7,7 +7,9 @@ bound too to what the person saw in flight on the action's target or customer (i
 
 Locks are taken action first, then item — the same order as an action's own moves (which
 close items), so a decision racing a webhook never deadlocks; a release takes its action's
-subjects' locks before both, as the intake takes them before its rows.
+subjects' locks before both, as the intake takes them before its rows; a failure marked on a
+task's action takes its task's lock before both, as a redrive, a discard or a resolve of the
+task's dead letter and the executor take a task's before its actions'.
 """
 
 import functools
@@ -22,7 +24,7 @@ from django.db.models import Exists, OuterRef, Q
 from ledger import clock, hooks
 from ledger.access import decidable_names
 from ledger.actions import action_lock_subjects, action_release, in_flight_near
-from ledger.models import Action, ActionStatus, ActionType, Agent, AuditEvent
+from ledger.models import Action, ActionStatus, ActionType, Agent, AuditEvent, Task
 from ledger.statemachine import InvalidTransition
 from ledger.tasks import task_action_fail, task_stopped
 from ledger.versions import VersionRefused, action_version_create, version_params
@@ -93,6 +95,8 @@ def review_decide(item, *, user, decision, reason="", external_ref="", fingerpri
     with _decision(item):
         if decision == "release":  # before any row, in the intake's order: no deadlock with it
             action_lock_subjects(item.action)  # its target and customer never change
+        elif decision == "mark_failed":  # tasks, then actions: a redrive's order (no deadlock with it)
+            _lock_its_task(item)
         action, item, fingerprint, behalf = _open_for(item, user, fingerprint)
         if decision == "release" and in_flight and in_flight != in_flight_print(in_flight_near(action)):
             raise DecisionRefused(IN_FLIGHT_CHANGED)
@@ -174,6 +178,14 @@ def _open_for(item, user, fingerprint):
     if fingerprint and fingerprint != now:
         raise DecisionRefused(PARAMS_CHANGED)
     return action, item, now, behalf
+
+
+def _lock_its_task(item):
+    """Lock the task of `item`'s action, if it has one (an action's task never changes), before the
+    action: `task_stopped` reads it under its lock after the action's, and a redrive or a give-up
+    of its dead letter that took it first, then waited for the action, deadlocked with the
+    decision. FOR UPDATE, as a redrive takes it: no lock is made stronger halfway through."""
+    Task.objects.select_for_update().filter(pk__in=Action.objects.filter(pk=item.action_id).values("task_id")).exists()
 
 
 def _approvals_for_params_now(item, action):
@@ -318,7 +330,7 @@ def _decide(item, action, user, behalf, decision, reason, external_ref, fingerpr
                                   locked=True)
         elif decision == "mark_failed":
             # Retryable only while its task may still run it, as any failure of a task's action
-            # (its task locked after the action and the item, as an action's move wakes its task).
+            # (its task locked before the action and the item: `_lock_its_task`).
             task_action_fail(action, task_stopped(action), lambda retryable: action.mark_failed(
                 actor=user, code="confirmed_absent", message=reason, retryable=retryable, reason=reason, locked=True),
                 actor=user)

@@ -13,24 +13,34 @@ the discard, done by hand with the resolve.
 
 The states are reached through the ledger's own moves (the claim, the sweeper's, the executor's
 look against the stack's sandbox, the dead letter's and the review's decisions), without a worker
-to kill."""
+to kill.
 
+The failure marked while a person redrives the task's dead letter: the decision locked the action,
+then the task (to read whether it stopped), the redrive the task, then its actions (entries, tasks,
+then actions), and PostgreSQL broke the deadlock by rolling one of them back. The decision takes
+the task's lock first now: the redrive waits for it, then redrives a task whose action may be retried."""
+
+import threading
 from datetime import timedelta
 from decimal import Decimal
 
 import pytest
+from django.db import connection
 
+from approvals import decisions
 from approvals.decisions import review_decide
 from approvals.intake import customer_total_today
 from approvals.models import ReviewItem
-from dlq.entries import deadletter_discard, deadletter_resolve
+from dlq.entries import deadletter_discard, deadletter_redrive, deadletter_resolve
+from dlq.models import DeadLetter, EntryStatus
 from ledger import clock
 from ledger.actions import action_request
 from ledger.executor import action_claim_next, action_expire_leases, action_verify
-from ledger.models import Action, ActionStatus, Task
+from ledger.models import Action, ActionStatus, Task, TaskState
 from ledger.resources import action_resource
 from ledger.tasks import task_request
-from tests.factories import api_client, open_entry, person, refund_input, sandbox
+from tests.conftest import wait_until
+from tests.factories import api_client, open_entry, person, refund_input, sandbox, sessions_waiting_for_a_lock
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("jobs_to_test_redis")]
 
@@ -105,3 +115,52 @@ def test_an_action_marked_failed_after_its_task_was_given_up_is_failed_for_good(
 
 def task_mark(task, mark):
     return bool(Task.objects.get(pk=task.pk).last_error.get(mark))
+
+
+def test_a_failure_marked_while_the_task_is_redriven_waits_for_the_redrive_rather_than_deadlocking(
+        stack, agent, settings, monkeypatch):
+    """The decision is held inside its read of the task (`task_stopped`) until the redrive waits for a
+    lock (or has finished): each then holds what the other comes for if they take them in two orders."""
+    task, action = needing_review_under_a_dead_lettered_task(stack, agent, settings)
+    item, entry = ReviewItem.objects.get(action=action, status="open"), open_entry(task)
+    alice, olga = person("alice", "approvers"), person("olga", "operators")
+    inside, go_on = threading.Event(), threading.Event()
+    read_whether_stopped = decisions.task_stopped
+
+    def held_inside(action):
+        inside.set()
+        assert go_on.wait(30)
+        return read_whether_stopped(action)
+
+    monkeypatch.setattr(decisions, "task_stopped", held_inside)
+    outcomes = {}
+
+    def run(name, work):
+        try:
+            outcomes[name] = work()
+        except BaseException as exc:  # noqa: BLE001 (looked at in the test's thread)
+            outcomes[name] = exc
+        finally:
+            connection.close()
+
+    marking = threading.Thread(target=run, args=("mark_failed", lambda: review_decide(
+        item, user=alice, decision="mark_failed", reason="not in the provider's dashboard")))
+    redriving = threading.Thread(target=run, args=("redrive", lambda: deadletter_redrive(
+        entry, actor=olga, reason="the provider is back")))
+    marking.start()
+    assert inside.wait(30)
+    redriving.start()
+    wait_until(lambda: sessions_waiting_for_a_lock() or not redriving.is_alive(), seconds=30,
+               message="the redrive to wait for a lock the decision holds")
+    go_on.set()
+    marking.join(30)
+    redriving.join(30)
+
+    assert not isinstance(outcomes["mark_failed"], BaseException), outcomes
+    assert not isinstance(outcomes["redrive"], BaseException), outcomes
+    # Marked failed first, while its task could still run it: retryable, and the redrive runs it again.
+    action.refresh_from_db()
+    error = action_resource(action)["error"]
+    assert (action.status, error["code"], error["retryable"]) == (ActionStatus.FAILED, "confirmed_absent", True)
+    assert Task.objects.get(pk=task.pk).state == TaskState.QUEUED
+    assert DeadLetter.objects.get(pk=entry.pk).status == EntryStatus.REDRIVEN
