@@ -258,12 +258,19 @@ def _refund_body(refund):
     }
 
 
+def _refund_listed(refund):
+    """A refund as the lists and its order show it: as it stands (one failed after it was made is
+    `failed` from then on, as Stripe lists it). Its create's answer, and a replay of it, say what
+    was made then (`_refund_body`)."""
+    return {**_refund_body(refund), "status": refund.status}
+
+
 def refund_create(request):
     return _effect_create(request, forms.RefundForm, SandboxRefund, target="order_id", body=_refund_body)
 
 
 def refund_list(request):
-    return _effect_list(request, SandboxRefund, _refund_body, "order_id", "operation_key")
+    return _effect_list(request, SandboxRefund, _refund_listed, "order_id", "operation_key")
 
 
 # --- Messages ---------------------------------------------------------------------------------
@@ -332,7 +339,7 @@ def _order_body(order, refunds):
         "amount": str(money.quantized(order.amount, order.currency)),
         "currency": order.currency,
         "created": order.created_at.isoformat(),
-        "refunds": [_refund_body(refund) for refund in refunds],
+        "refunds": [_refund_listed(refund) for refund in refunds],
     }
 
 

@@ -38,6 +38,19 @@ def test_a_refund_is_answered_made_then_failed_with_its_failure_event_after_its_
     assert SandboxFault.objects.get().remaining == 0
 
 
+def test_a_refund_failed_after_it_was_made_is_listed_failed_in_its_list_and_its_order(sandbox):
+    """The contract: "a refund is listed `failed` from then on". Only Stripe's wire format did; the
+    sandbox's own list and its order said `succeeded`."""
+    sandbox.post("orders", {"order_id": "ORD-1", "customer": "CUST-1", "amount": "80.00", "currency": "EUR"})
+    arm(sandbox, "ORD-1", "failed_after_commit")
+    made = sandbox.post("refunds", refund_body(), idempotency_key="k-1").json()
+
+    [listed] = sandbox.get("refunds", order_id="ORD-1").json()["data"]
+    [in_its_order] = sandbox.get("orders/ORD-1").json()["refunds"]
+    assert (made["status"], listed["status"], in_its_order["status"]) == ("succeeded", "failed", "failed")
+    assert listed["id"] == in_its_order["id"] == made["id"]
+
+
 def test_a_replay_of_the_key_fails_nothing_more(sandbox):
     arm(sandbox, "ORD-1", "failed_after_commit", times=2)
     first = sandbox.post("refunds", refund_body(), idempotency_key="k-1")
