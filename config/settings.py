@@ -223,8 +223,11 @@ RQ = {"WORKER_CLASS": "ledger.worker.Worker"}
 SITE_URL = env_str("SITE_URL", "http://127.0.0.1:8000")
 SANDBOX_ENABLED = env_bool("SANDBOX_ENABLED", not PRODUCTION)
 SANDBOX_BASE_URL = env_str("SANDBOX_BASE_URL", f"{SITE_URL.rstrip('/')}/sandbox/v1")
-SANDBOX_API_KEY = env_str("SANDBOX_API_KEY", "sandbox-dev-key")
-SANDBOX_WEBHOOK_SECRET = env_str("SANDBOX_WEBHOOK_SECRET", "whsec-sandbox-dev")
+# The sandbox's development key and webhook secret: public, in the repository (`check --deploy`
+# refuses them with DEBUG off: ledger.checks.sandbox_secrets).
+SANDBOX_DEV_SECRETS = {"SANDBOX_API_KEY": "sandbox-dev-key", "SANDBOX_WEBHOOK_SECRET": "whsec-sandbox-dev"}
+SANDBOX_API_KEY = env_str("SANDBOX_API_KEY", SANDBOX_DEV_SECRETS["SANDBOX_API_KEY"])
+SANDBOX_WEBHOOK_SECRET = env_str("SANDBOX_WEBHOOK_SECRET", SANDBOX_DEV_SECRETS["SANDBOX_WEBHOOK_SECRET"])
 SANDBOX_TIMEOUT_SLEEP = env_float("SANDBOX_TIMEOUT_SLEEP", 10)
 # Where the sandbox posts its signed events (empty: it sends none), and how often it sends one
 # twice and how late, as real providers do. PUT /sandbox/v1/settings can change all three.

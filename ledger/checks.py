@@ -52,6 +52,20 @@ def lease_holds_a_call(app_configs=None, **kwargs):
 NO_MAIL_DOMAINS = ("example", "invalid", "example.com", "example.net", "example.org")
 
 
+@checks.register(checks.Tags.security, deploy=True)
+def sandbox_secrets(app_configs=None, **kwargs):
+    """`check --deploy`: the sandbox on with DEBUG off (PRODUCTION unset, or SANDBOX_ENABLED) and the
+    repository's own key or webhook secret. Anyone could reset it, arm its faults, send its events
+    anywhere, and sign an event its webhook takes as the provider's, settling an open action."""
+    if settings.DEBUG or not settings.SANDBOX_ENABLED:
+        return []
+    public = [name for name, value in settings.SANDBOX_DEV_SECRETS.items() if getattr(settings, name) == value]
+    return [checks.Error(f"the sandbox is on with the repository's public {' and '.join(public)}",
+                         hint="set PRODUCTION=true (the sandbox is then off unless SANDBOX_ENABLED), or set "
+                              f"{' and '.join(public)} to values of this deployment's own", id="surety.E009")
+            ] if public else []
+
+
 @checks.register()
 def alert_channels(app_configs=None, **kwargs):
     """In production, alert settings that cannot work stop the start, rather than showing at the
