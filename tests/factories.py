@@ -194,6 +194,32 @@ def send_timed(monkeypatch, connector_class):
         monkeypatch.setattr(connector_class, "_send", send)
 
 
+def in_a_thread(work):
+    """`work()` started in a thread of its own (its own connection, closed once it ends): the thread,
+    and a list that holds, once it has ended, what `work()` answered or raised."""
+    answer = []
+
+    def run():
+        try:
+            answer.append(work())
+        except BaseException as exc:  # noqa: BLE001 (looked at in the test's thread)
+            answer.append(exc)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, answer
+
+
+def in_threads(*sends):
+    """Run each `send()` in a thread of its own (its own connection) at once; their answers, in order."""
+    started = [in_a_thread(send) for send in sends]
+    for thread, _ in started:
+        thread.join(30)
+    return [answer[0] if answer else None for _, answer in started]
+
+
 @contextmanager
 def another_transaction(hold, *, commit_when_waited_on=False):
     """Run `hold()` in a transaction on a connection and thread of its own, and keep that

@@ -33,8 +33,7 @@ from tests.conftest import REDIS_URL
 from tests.connectors.test_email import SMTP_BACKEND, MailServer
 from tests.dlq.test_alert_delivery import scheduled_tries
 from tests.dlq.test_deadletter_entries import receiver  # noqa: F401 (a fixture)
-from tests.factories import make_agent, person
-from tests.ledger.test_review_webhooks_concurrent import in_threads
+from tests.factories import in_threads, make_agent, person
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("jobs_to_test_redis")]
 

@@ -15,7 +15,7 @@ from dlq.incidents import Incident, IncidentKind
 from ledger import hooks, webhooks
 from ledger.models import Action, ActionStatus, WebhookClaim, WebhookEvent
 from tests.conftest import wait_until
-from tests.factories import audit_events, make_action, make_agent, sessions_waiting_for_a_lock
+from tests.factories import audit_events, in_threads, make_action, make_agent, sessions_waiting_for_a_lock
 from tests.ledger.test_webhooks import KEY, deliver, event, webhook_secret  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("jobs_to_test_redis")]
@@ -25,26 +25,6 @@ S = ActionStatus
 @pytest.fixture
 def unknown_action(transactional_db):
     return make_action(make_agent("billing", grants=())[0], S.UNKNOWN, key=KEY, target="ORD-W1", attempts=1, fence=2)
-
-
-def in_threads(*sends):
-    """Run each `send()` in a thread of its own (its own connection); their answers, in order."""
-    answers = [None] * len(sends)
-
-    def run(i, send):
-        try:
-            answers[i] = send()
-        except BaseException as exc:  # noqa: BLE001 (looked at in the test's thread)
-            answers[i] = exc
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=(i, send)) for i, send in enumerate(sends)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
-    return answers
 
 
 def test_the_same_event_twice_at_once_settles_once_and_the_other_is_a_duplicate(unknown_action, monkeypatch):

@@ -31,8 +31,9 @@ from ledger.models import Action, ActionStatus, WebhookEvent
 from sandbox.models import SandboxRefund, SandboxWebhook
 from sandbox.webhooks import webhook_deliver
 from tests.conftest import thread_server, wait_until
-from tests.factories import api_client, audit_events, make_action, make_agent, sandbox, sessions_waiting_for_a_lock
-from tests.ledger.test_review_webhooks_concurrent import held_once_succeeded, in_threads
+from tests.factories import (api_client, audit_events, in_threads, make_action, make_agent, sandbox,
+                             sessions_waiting_for_a_lock)
+from tests.ledger.test_review_webhooks_concurrent import held_once_succeeded
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("jobs_to_test_redis")]
 S = ActionStatus

@@ -25,7 +25,6 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
-from django.db import connection
 
 from approvals import decisions
 from approvals.decisions import review_decide
@@ -40,7 +39,8 @@ from ledger.models import Action, ActionStatus, Task, TaskState
 from ledger.resources import action_resource
 from ledger.tasks import task_request
 from tests.conftest import wait_until
-from tests.factories import api_client, open_entry, person, refund_input, sandbox, sessions_waiting_for_a_lock
+from tests.factories import (api_client, in_a_thread, open_entry, person, refund_input, sandbox,
+                             sessions_waiting_for_a_lock)
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("jobs_to_test_redis")]
 
@@ -133,29 +133,17 @@ def test_a_failure_marked_while_the_task_is_redriven_waits_for_the_redrive_rathe
         return read_whether_stopped(action)
 
     monkeypatch.setattr(decisions, "task_stopped", held_inside)
-    outcomes = {}
-
-    def run(name, work):
-        try:
-            outcomes[name] = work()
-        except BaseException as exc:  # noqa: BLE001 (looked at in the test's thread)
-            outcomes[name] = exc
-        finally:
-            connection.close()
-
-    marking = threading.Thread(target=run, args=("mark_failed", lambda: review_decide(
-        item, user=alice, decision="mark_failed", reason="not in the provider's dashboard")))
-    redriving = threading.Thread(target=run, args=("redrive", lambda: deadletter_redrive(
-        entry, actor=olga, reason="the provider is back")))
-    marking.start()
+    marking, marked = in_a_thread(lambda: review_decide(
+        item, user=alice, decision="mark_failed", reason="not in the provider's dashboard"))
     assert inside.wait(30)
-    redriving.start()
+    redriving, redriven = in_a_thread(lambda: deadletter_redrive(entry, actor=olga, reason="the provider is back"))
     wait_until(lambda: sessions_waiting_for_a_lock() or not redriving.is_alive(), seconds=30,
                message="the redrive to wait for a lock the decision holds")
     go_on.set()
     marking.join(30)
     redriving.join(30)
 
+    outcomes = {"mark_failed": marked[0], "redrive": redriven[0]}
     assert not isinstance(outcomes["mark_failed"], BaseException), outcomes
     assert not isinstance(outcomes["redrive"], BaseException), outcomes
     # Marked failed first, while its task could still run it: retryable, and the redrive runs it again.
